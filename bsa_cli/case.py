@@ -1,0 +1,207 @@
+"""The validated, immutable description of one test case, and its tensor geometry.
+
+`spec.py` builds `Case` objects from YAML; everything downstream (inputs, golden, store) reads them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+DTYPES: dict[str, Any] = {
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "uint8": np.dtype(np.uint8),
+    "int64": np.dtype(np.int64),
+}
+"""Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes)."""
+
+MAX_TOKENS = 2147483647
+"""The only preTokens/nextTokens value the operator accepts."""
+
+ACLNN_STATUS = {
+    "ACLNN_SUCCESS": 0,
+    "ACLNN_ERR_PARAM_NULLPTR": 161001,
+    "ACLNN_ERR_PARAM_INVALID": 161002,
+}
+"""aclnn status names and codes that cases can expect."""
+
+
+def numpy_dtype(name: str) -> np.dtype:
+    """Return the NumPy dtype for a manifest dtype name."""
+    return np.dtype(DTYPES[name])
+
+
+@dataclass(frozen=True)
+class Sparsity:
+    """How the block mask is drawn: a pattern, its parameters, and query-block rows forced empty."""
+
+    pattern: str = "dense"  # dense | random | causal | sliding_window | strided | explicit
+    density: float = 0.5  # random
+    window: int = 1  # sliding_window, strided: blocks to the left of and including the diagonal
+    stride: int = 4  # strided: every stride-th block column is also selected
+    explicit: np.ndarray | None = field(default=None, compare=False, hash=False)
+    """explicit: bool array broadcastable to [B, N1, nQ, nKV] (one [nQ, nKV] map, per head, or per batch+head)."""
+    explicit_source: str | None = None  # file path or 'inline', for the manifest
+    empty_rows: float | tuple[int, ...] = ()  # fraction of query-block rows, or their indices
+    per_head: bool = True  # random pattern: draw each query head's mask separately
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """Values of one input tensor: normal(mean, std) or uniform(low, high)."""
+
+    kind: str = "normal"  # normal | uniform
+    mean: float = 0.0
+    std: float = 1.0
+    low: float = -1.0
+    high: float = 1.0
+
+
+@dataclass(frozen=True)
+class Init:
+    """Value distributions of query, key, value and dout."""
+
+    query: Distribution = Distribution()
+    key: Distribution = Distribution()
+    value: Distribution = Distribution()
+    dout: Distribution = Distribution()
+
+
+@dataclass(frozen=True)
+class Expect:
+    """The aclnn status a case expects: 0 for a valid call, an error code for a negative case."""
+
+    status: int = 0
+    name: str = "ACLNN_SUCCESS"
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+
+@dataclass(frozen=True)
+class Case:
+    """One fully expanded, validated case.
+
+    Lengths are always per batch here (`actual_seq_lengths[b]` tokens of batch b); the manifest writes
+    them in `seq_lengths_encoding`. For BNSD, `q_seq_len`/`kv_seq_len` are the S dimensions of the tensors
+    and the actual lengths are optional; for TND they are the maxima of the actual lengths.
+    """
+
+    name: str
+    source: str  # spec file the case came from
+    layout: str  # BNSD | TND (the same for q and kv unless a negative case says otherwise)
+    dtype: str  # float16 | bfloat16 (other names only in negative cases)
+    batch: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    q_seq_len: int
+    kv_seq_len: int
+    actual_seq_lengths: tuple[int, ...] | None
+    actual_seq_lengths_kv: tuple[int, ...] | None
+    block_shape: tuple[int, int]
+    scale: float
+    seed: int
+    sparsity: Sparsity = Sparsity()
+    init: Init = Init()
+    expect: Expect = Expect()
+    kv_layout: str | None = None  # None: same as layout
+    seq_lengths_encoding: str = "per_batch"  # per_batch | cumulative
+    lse_shape: str = "trailing_one"  # trailing_one | squeezed
+    bnsd_lengths: str = "honored"  # honored (doc: padding skipped) | ignored (A2/A3 code: full S)
+    empty_row_lse: float = math.inf  # softmaxLse written for query rows with no selected block
+    mask_type: int = 0
+    pre_tokens: int = MAX_TOKENS
+    next_tokens: int = MAX_TOKENS
+    compare: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    """Per-case comparison settings from the spec (standard name, thresholds), passed through to the manifest."""
+    warnings: tuple[str, ...] = ()  # kernel constraints this case is outside of
+
+    # ---- geometry -------------------------------------------------------------------------------
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (N1 / N2)."""
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def num_q_blocks(self) -> int:
+        return math.ceil(self.q_seq_len / max(self.block_shape[0], 1))
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return math.ceil(self.kv_seq_len / max(self.block_shape[1], 1))
+
+    @property
+    def mask_shape(self) -> tuple[int, int, int, int]:
+        """blockSparseMask shape [B, N1, ceil(maxSq/X), ceil(maxSkv/Y)]."""
+        return (self.batch, self.num_heads, self.num_q_blocks, self.num_kv_blocks)
+
+    def q_lengths(self) -> tuple[int, ...]:
+        """Query tokens per batch that take part in the computation.
+
+        TND without lengths (a negative case) falls back to `q_seq_len` per batch, to give tensors a shape.
+        """
+        if self.actual_seq_lengths is not None and (self.layout == "TND" or self.bnsd_lengths == "honored"):
+            return self.actual_seq_lengths
+        return (self.q_seq_len,) * self.batch
+
+    def kv_lengths(self) -> tuple[int, ...]:
+        """Key/value tokens per batch that take part in the computation."""
+        if self.actual_seq_lengths_kv is not None and (self.layout == "TND" or self.bnsd_lengths == "honored"):
+            return self.actual_seq_lengths_kv
+        return (self.kv_seq_len,) * self.batch
+
+    @property
+    def q_shape(self) -> tuple[int, ...]:
+        """Shape of query, dout, attentionOut and dq."""
+        if self.layout == "TND":
+            return (sum(self.q_lengths()), self.num_heads, self.head_dim)
+        return (self.batch, self.num_heads, self.q_seq_len, self.head_dim)
+
+    @property
+    def kv_shape(self) -> tuple[int, ...]:
+        """Shape of key, value, dk and dv."""
+        if self.layout == "TND":
+            return (sum(self.kv_lengths()), self.num_kv_heads, self.head_dim)
+        return (self.batch, self.num_kv_heads, self.kv_seq_len, self.head_dim)
+
+    @property
+    def lse_shape_dims(self) -> tuple[int, ...]:
+        """Shape of softmaxLse: the q shape with D replaced by 1, or dropped when `lse_shape` is squeezed."""
+        tail = (1,) if self.lse_shape == "trailing_one" else ()
+        return self.q_shape[:-1] + tail
+
+    def spans(self) -> list[SequenceSpan]:
+        """Where each batch entry's tokens sit in the q and kv tensors."""
+        spans = []
+        q_start = kv_start = 0
+        for b, (q_len, kv_len) in enumerate(zip(self.q_lengths(), self.kv_lengths(), strict=True)):
+            spans.append(SequenceSpan(batch=b, q_start=q_start, q_len=q_len, kv_start=kv_start, kv_len=kv_len))
+            if self.layout == "TND":
+                q_start += q_len
+                kv_start += kv_len
+        return spans
+
+
+@dataclass(frozen=True)
+class SequenceSpan:
+    """One batch entry: its index and where its valid tokens lie.
+
+    For TND the starts are token offsets into the T dimension; for BNSD they are 0 (the batch index
+    selects the sequence) and the lengths are the tokens that take part.
+    """
+
+    batch: int
+    q_start: int
+    q_len: int
+    kv_start: int
+    kv_len: int

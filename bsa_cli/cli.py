@@ -1,0 +1,32 @@
+"""The `bsa` command line: parse options, call the library, turn its errors into messages, render.
+
+Exit codes (one policy for every command):
+    0  everything passed
+    1  a case failed its comparison
+    2  usage error, or a bad spec or file given by the user
+    3  a case could not be judged (missing outputs, harness error)
+"""
+
+from __future__ import annotations
+
+import click
+
+from . import __version__
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED = 0, 1, 2, 3
+
+
+class UserError(click.ClickException):
+    """A user mistake (bad spec, bad file, bad option value): `Error: ...` on stderr, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="bsa")
+def main() -> None:
+    """Test data and verdicts for aclnnBlockSparseAttentionGrad."""
+
+
+# Commands of the other modules register themselves on `main` when imported.
+from . import cli_compare, cli_gen, cli_run  # noqa: E402, F401

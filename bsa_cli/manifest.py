@@ -1,0 +1,182 @@
+"""The `case.json` manifest (format bsa-case/1) and the flat `case.txt` of a case, built from a `Case`.
+
+`case_from_manifest` rebuilds the geometry of a case from its manifest, so tools that only see a case
+directory (compare, the reference device) reason about lengths, blocks and layouts the same way gen did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from . import __version__
+from .case import Case, Expect
+from .store import FORMAT
+
+INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
+GRAD_NAMES = ("dq", "dk", "dv")
+
+
+def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] | None:
+    """Return lengths as the operator receives them: per batch, or cumulative end offsets without a leading 0."""
+    if lengths is None:
+        return None
+    if encoding == "cumulative":
+        total, ends = 0, []
+        for n in lengths:
+            total += n
+            ends.append(total)
+        return ends
+    return list(lengths)
+
+
+def decode_lengths(values: list[int] | None, encoding: str) -> tuple[int, ...] | None:
+    """Invert `encode_lengths`."""
+    if values is None:
+        return None
+    if encoding == "cumulative":
+        return tuple(b - a for a, b in zip([0, *values[:-1]], values, strict=True))
+    return tuple(values)
+
+
+def lse_text(value: float) -> str | float:
+    """Return the empty-row lse as JSON can hold it: 'inf', '-inf', 'nan' or the number."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def params(case: Case) -> dict[str, Any]:
+    """Return the op parameters of a case, as passed to aclnnBlockSparseAttentionGrad."""
+    return {
+        "layout": case.layout,
+        "kv_layout": case.kv_layout or case.layout,
+        "dtype": case.dtype,
+        "batch": case.batch,
+        "num_heads": case.num_heads,
+        "num_kv_heads": case.num_kv_heads,
+        "head_dim": case.head_dim,
+        "q_seq_len": case.q_seq_len,
+        "kv_seq_len": case.kv_seq_len,
+        "block_shape": list(case.block_shape),
+        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
+        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
+        "seq_lengths_encoding": case.seq_lengths_encoding,
+        "scale": case.scale,
+        "mask_type": case.mask_type,
+        "pre_tokens": case.pre_tokens,
+        "next_tokens": case.next_tokens,
+        "lse_shape": case.lse_shape,
+    }
+
+
+def semantics(case: Case) -> dict[str, Any]:
+    """Return what the golden assumes where the operator's documentation and kernel differ."""
+    return {
+        "bnsd_lengths": case.bnsd_lengths,
+        "empty_row_lse": lse_text(case.empty_row_lse),
+        "q_lengths": list(case.q_lengths()),
+        "kv_lengths": list(case.kv_lengths()),
+    }
+
+
+def output_entries(case: Case) -> dict[str, dict[str, Any]]:
+    """Return where a device writes dq, dk, dv: files relative to the output directory."""
+    return {
+        "dq": {"file": "dq.bin", "dtype": case.dtype, "shape": list(case.q_shape)},
+        "dk": {"file": "dk.bin", "dtype": case.dtype, "shape": list(case.kv_shape)},
+        "dv": {"file": "dv.bin", "dtype": case.dtype, "shape": list(case.kv_shape)},
+    }
+
+
+def build_manifest(
+    case: Case,
+    inputs: Mapping[str, dict[str, Any]],
+    golden: Mapping[str, dict[str, Any]],
+    benchmark: Mapping[str, dict[str, Any]],
+    stats: Mapping[str, Any],
+) -> dict[str, Any]:
+    """Assemble the manifest of a generated case."""
+    return {
+        "format": FORMAT,
+        "name": case.name,
+        "spec": case.source,
+        "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
+        "params": params(case),
+        "semantics": semantics(case),
+        "inputs": dict(inputs),
+        "golden": dict(golden),
+        "benchmark": dict(benchmark),
+        "outputs": output_entries(case),
+        "expect": {"status": case.expect.status, "name": case.expect.name},
+        "compare": dict(case.compare),
+        "warnings": list(case.warnings),
+        "stats": dict(stats),
+    }
+
+
+def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
+    """Rebuild the geometry of a case (shapes, lengths, semantics) from its manifest.
+
+    Sparsity and init are not recorded this way (the mask and inputs are in files); they keep defaults.
+    """
+    p = manifest["params"]
+    sem = manifest.get("semantics", {})
+    encoding = p.get("seq_lengths_encoding", "per_batch")
+    empty_lse = sem.get("empty_row_lse", "inf")
+    return Case(
+        name=manifest["name"],
+        source=manifest.get("spec", ""),
+        layout=p["layout"],
+        kv_layout=p.get("kv_layout"),
+        dtype=p["dtype"],
+        batch=p["batch"],
+        num_heads=p["num_heads"],
+        num_kv_heads=p["num_kv_heads"],
+        head_dim=p["head_dim"],
+        q_seq_len=p["q_seq_len"],
+        kv_seq_len=p["kv_seq_len"],
+        actual_seq_lengths=decode_lengths(p.get("actual_seq_lengths"), encoding),
+        actual_seq_lengths_kv=decode_lengths(p.get("actual_seq_lengths_kv"), encoding),
+        block_shape=tuple(p["block_shape"]),  # type: ignore[arg-type]
+        scale=p["scale"],
+        seed=manifest.get("generator", {}).get("seed", 0),
+        expect=Expect(**manifest.get("expect", {})),
+        seq_lengths_encoding=encoding,
+        lse_shape=p.get("lse_shape", "trailing_one"),
+        bnsd_lengths=sem.get("bnsd_lengths", "honored"),
+        empty_row_lse=float(empty_lse),
+        mask_type=p.get("mask_type", 0),
+        pre_tokens=p.get("pre_tokens", 2147483647),
+        next_tokens=p.get("next_tokens", 2147483647),
+        compare=dict(manifest.get("compare", {})),
+    )
+
+
+def flat_params(manifest: Mapping[str, Any]) -> str:
+    """Return the op parameters and file table as `key value...` lines a C++ harness can parse.
+
+    Lists are space-separated; an absent list is written as `-`; every array gets one line
+    `input|golden|output NAME FILE DTYPE NDIM DIM...` (input and golden files relative to the case
+    directory, output files relative to the output directory).
+    """
+    lines = [f"format {manifest['format']}", f"name {manifest['name']}"]
+    for key, value in manifest["params"].items():
+        if value is None:
+            text = "-"
+        elif isinstance(value, list):
+            text = " ".join(str(v) for v in value) if value else "-"
+        elif isinstance(value, float):
+            text = repr(value)
+        else:
+            text = str(value)
+        lines.append(f"{key} {text}")
+    lines.append(f"expect_status {manifest['expect']['status']}")
+    for section, tag in (("inputs", "input"), ("golden", "golden"), ("outputs", "output")):
+        for name, entry in manifest.get(section, {}).items():
+            dims = " ".join(str(d) for d in entry["shape"])
+            lines.append(f"{tag} {name} {entry['file']} {entry['dtype']} {len(entry['shape'])} {dims}".rstrip())
+    return "\n".join(lines) + "\n"
