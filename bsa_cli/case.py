@@ -19,6 +19,8 @@ DTYPES: dict[str, Any] = {
     "float64": np.dtype(np.float64),
     "uint8": np.dtype(np.uint8),
     "int64": np.dtype(np.int64),
+    "int8": np.dtype(np.int8),
+    "int32": np.dtype(np.int32),
 }
 """Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes)."""
 
@@ -107,7 +109,7 @@ class Case:
     kv_seq_len: int
     actual_seq_lengths: tuple[int, ...] | None
     actual_seq_lengths_kv: tuple[int, ...] | None
-    block_shape: tuple[int, int]
+    block_shape: tuple[int, ...]  # [X, Y]; other lengths or values only in negative cases
     scale: float
     seed: int
     sparsity: Sparsity = Sparsity()
@@ -133,12 +135,19 @@ class Case:
         return self.num_heads // self.num_kv_heads
 
     @property
+    def mask_block_shape(self) -> tuple[int, int]:
+        """The block shape that sizes the mask: `block_shape`, or 128 where a negative case breaks it."""
+        dims = [d if isinstance(d, int) and d > 0 else 128 for d in self.block_shape[:2]]
+        dims += [128] * (2 - len(dims))
+        return dims[0], dims[1]
+
+    @property
     def num_q_blocks(self) -> int:
-        return math.ceil(self.q_seq_len / max(self.block_shape[0], 1))
+        return math.ceil(self.q_seq_len / self.mask_block_shape[0])
 
     @property
     def num_kv_blocks(self) -> int:
-        return math.ceil(self.kv_seq_len / max(self.block_shape[1], 1))
+        return math.ceil(self.kv_seq_len / self.mask_block_shape[1])
 
     @property
     def mask_shape(self) -> tuple[int, int, int, int]:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 
-stdout = Console(highlight=False)
-stderr = Console(stderr=True, highlight=False)
+PIPE_WIDTH = 160
+"""Width of tables written to a file or pipe (CI logs), where no terminal tells the width."""
+
+stdout = Console(highlight=False, width=None if sys.stdout.isatty() else PIPE_WIDTH)
+stderr = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else PIPE_WIDTH)
 
 
 def warn(message: str) -> None:
