@@ -242,7 +242,7 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
         if kv_lengths is None and q_lengths is not None:
             kv_lengths = q_lengths
         for key in ("q_seq_len", "kv_seq_len"):
-            if key in raw and q_lengths is not None:
+            if raw.get(key) is not None and q_lengths is not None:
                 raise r.error(key, "applies to BNSD only; TND takes its maximum from actual_seq_lengths")
         if q_lengths is None:  # a negative case (missing lengths): tensors still need a shape
             q_seq_len = r.integer("q_seq_len", 128)

@@ -1,0 +1,129 @@
+"""`bsa gen`, `bsa validate`, `bsa list` through the CLI: files, manifest contract, errors, atomicity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from bsa_cli import generate
+from bsa_cli.cli import main
+from bsa_cli.store import read_array
+
+CASE = {"name": "tiny", "num_heads": 2, "q_seq_len": 96, "kv_seq_len": 80, "head_dim": 32, "block_shape": [32, 48],
+        "sparsity": {"pattern": "random", "density": 0.6}}  # fmt: skip
+
+
+@pytest.fixture
+def runner() -> CliRunner:
+    return CliRunner()
+
+
+def spec(tmp_path: Path, *cases: dict, name: str = "s.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump({"cases": list(cases)}, sort_keys=False))
+    return str(path)
+
+
+def test_gen_writes_the_documented_case_directory(runner: CliRunner, tmp_path: Path) -> None:
+    result = runner.invoke(main, ["gen", spec(tmp_path, CASE), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    case_dir = tmp_path / "out" / "tiny"
+    manifest = json.loads((case_dir / "case.json").read_text())
+    assert manifest["format"] == "bsa-case/1" and manifest["name"] == "tiny"
+    for key in ("layout", "dtype", "batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len",
+                "block_shape", "actual_seq_lengths", "actual_seq_lengths_kv", "seq_lengths_encoding", "scale",
+                "mask_type", "pre_tokens", "next_tokens"):  # fmt: skip
+        assert key in manifest["params"], key
+    assert set(manifest["inputs"]) == {"query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask"}
+    assert set(manifest["golden"]) == set(manifest["benchmark"]) == set(manifest["outputs"]) == {"dq", "dk", "dv"}
+    assert manifest["inputs"]["softmax_lse"]["shape"] == [1, 2, 96, 1]
+    assert manifest["inputs"]["block_sparse_mask"] == {**manifest["inputs"]["block_sparse_mask"], "dtype": "uint8", "shape": [1, 2, 3, 2]}
+    assert manifest["golden"]["dq"]["dtype"] == "float32" and manifest["benchmark"]["dk"]["dtype"] == "float16"
+    assert manifest["outputs"]["dv"] == {"file": "dv.bin", "dtype": "float16", "shape": [1, 2, 80, 32]}
+    assert manifest["expect"] == {"status": 0, "name": "ACLNN_SUCCESS"}
+    for section in ("inputs", "golden", "benchmark"):
+        for entry in manifest[section].values():
+            read_array(case_dir, entry)  # size and sha256 agree with the manifest
+    assert (case_dir / "outputs").is_dir()
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+
+
+def test_flat_params_file_lists_params_and_arrays(runner: CliRunner, tmp_path: Path) -> None:
+    tnd = {k: v for k, v in CASE.items() if not k.endswith("seq_len")}
+    tnd |= {"layout": "TND", "actual_seq_lengths": [40, 0, 56], "seq_lengths_encoding": "cumulative"}
+    result = runner.invoke(main, ["gen", spec(tmp_path, tnd), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    lines = dict(line.split(" ", 1) for line in (tmp_path / "out" / "tiny" / "case.txt").read_text().splitlines()
+                 if not line.startswith(("input ", "golden ", "output ")))  # fmt: skip
+    assert lines["layout"] == "TND" and lines["actual_seq_lengths"] == "40 40 96"
+    assert lines["block_shape"] == "32 48" and lines["expect_status"] == "0"
+    text = (tmp_path / "out" / "tiny" / "case.txt").read_text()
+    assert "input query inputs/query.bin float16 3 96 2 32\n" in text
+    assert "output dq dq.bin float16 3 96 2 32\n" in text
+
+
+def test_gen_is_reproducible_and_golden_precision_selectable(runner: CliRunner, tmp_path: Path) -> None:
+    path = spec(tmp_path, CASE)
+    runner.invoke(main, ["gen", path, "-o", str(tmp_path / "a")])
+    runner.invoke(main, ["gen", path, "-o", str(tmp_path / "b"), "--precision", "float64"])
+    a = json.loads((tmp_path / "a" / "tiny" / "case.json").read_text())
+    b = json.loads((tmp_path / "b" / "tiny" / "case.json").read_text())
+    assert a["inputs"] == b["inputs"]
+    assert b["golden"]["dq"]["dtype"] == "float64" and b["generator"]["golden_precision"] == "float64"
+    g32 = read_array(tmp_path / "a" / "tiny", a["golden"]["dq"])
+    g64 = read_array(tmp_path / "b" / "tiny", b["golden"]["dq"])
+    np.testing.assert_allclose(g32, g64, rtol=1e-4, atol=1e-5)
+
+
+def test_negative_case_has_inputs_and_no_golden(runner: CliRunner, tmp_path: Path) -> None:
+    neg = {**CASE, "num_kv_heads": 3, "num_heads": 4, "expect": "ACLNN_ERR_PARAM_INVALID"}
+    assert runner.invoke(main, ["gen", spec(tmp_path, neg), "-o", str(tmp_path / "o")]).exit_code == 0
+    manifest = json.loads((tmp_path / "o" / "tiny" / "case.json").read_text())
+    assert manifest["golden"] == {} and manifest["benchmark"] == {}
+    assert manifest["expect"] == {"status": 161002, "name": "ACLNN_ERR_PARAM_INVALID"}
+    assert (tmp_path / "o" / "tiny" / "inputs" / "query.bin").is_file()
+
+
+def test_spec_error_exits_2_with_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
+    path = spec(tmp_path, {**CASE, "dtyp": "fp16"})
+    result = runner.invoke(main, ["gen", path, "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.stderr == f"Error: {path}: case 'tiny': key 'dtyp': unknown key (did you mean 'dtype'?); " \
+        f"allowed: {', '.join(__import__('bsa_cli.spec', fromlist=['CASE_KEYS']).CASE_KEYS)}\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_interrupted_gen_leaves_no_case_that_looks_complete(runner: CliRunner, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    out = tmp_path / "out"
+    assert runner.invoke(main, ["gen", spec(tmp_path, CASE), "-o", str(out)]).exit_code == 0
+    before = (out / "tiny" / "case.json").read_bytes()
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate.CaseWriter, "commit", interrupted)
+    result = runner.invoke(main, ["gen", spec(tmp_path, {**CASE, "seed": 9}, {**CASE, "name": "new"}), "-o", str(out)])
+    assert result.exit_code != 0
+    assert (out / "tiny" / "case.json").read_bytes() == before  # the old complete case is untouched
+    assert sorted(p.name for p in out.iterdir()) == ["tiny"]  # no partial directories left behind
+
+
+def test_validate_and_list(runner: CliRunner, tmp_path: Path) -> None:
+    path = spec(tmp_path, CASE, {**CASE, "name": "gqa", "num_kv_heads": 1})
+    result = runner.invoke(main, ["validate", path])
+    assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path(s)\n"
+    assert "tiny: outside the A2/A3 kernel: head_dim 32" in result.stderr
+    result = runner.invoke(main, ["list", path, "--filter", "gq*"])
+    assert result.exit_code == 0 and "gqa" in result.stdout and "tiny" not in result.stdout
+    assert runner.invoke(main, ["list", path, "--filter", "zzz"]).stderr == "Error: --filter 'zzz' matches no case\n"
+
+
+def test_no_specs_is_a_usage_error(runner: CliRunner) -> None:
+    result = runner.invoke(main, ["validate"])
+    assert result.exit_code == 2 and "give at least one spec file" in result.stderr
