@@ -1,0 +1,931 @@
+"""The binary contract: run a device binary (or the reference device) on case directories and record it.
+
+The contract (docs/run.md documents it for users):
+
+    BINARY <case_dir>/case.json <output_dir>        (or a --cmd template, split with shlex, no shell)
+
+with `ASCEND_DEVICE_ID` set (and `BSAG_DETERMINISTIC=1` on request). The binary writes `dq.bin`, `dk.bin`,
+`dv.bin` as the manifest's `outputs` say, and `status.txt` (first line the aclnn status as a decimal
+integer, an optional second line a message); a negative case writes only `status.txt`. It exits 0 once
+the status is recorded, whatever the status; a non-zero exit means the binary itself failed.
+
+Each run of a binary writes into a fresh staging directory `<output_dir>/.run-K`; when the case is done,
+the first run's files move up into `<output_dir>` and `run.json` (this module's record) is written last,
+atomically. Stale results of an earlier run are deleted before a case starts, so nothing left over from
+another binary can be judged, and an interrupted case never leaves gradients without a record.
+
+This module never prints: callers watch progress through `RunEvent`s.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import fnmatch
+import os
+import queue
+import shlex
+import shutil
+import signal
+import string
+import subprocess
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from .case import numpy_dtype
+from .errors import BsaError, DataError, suggest
+from .store import (
+    MANIFEST,
+    OUTPUTS_DIR,
+    expected_nbytes,
+    find_cases,
+    iter_entries,
+    load_manifest,
+    sha256_file,
+    verify_inputs,
+    write_json_atomic,
+)
+
+RUN_FORMAT = "bsa-run/1"
+RUN_RECORD = "run.json"
+STATUS_FILE = "status.txt"
+REFERENCE_DEVICE = "reference (bsa emulate)"
+"""How the built-in reference device is named in records and output: never presented as device results."""
+
+PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
+"""Names a --cmd template may use, as `{name}`."""
+
+KILL_GRACE_S = 2.0
+"""Seconds between SIGTERM and SIGKILL when a process group is stopped."""
+
+OUTCOMES: dict[str, str] = {
+    "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
+    "nondeterministic": "ran --repeat times; the status or an output differed between runs",
+    "error": "inputs failed verification, the binary exited non-zero, or its outputs are missing or of the "
+    "wrong size",
+    "crashed": "the binary was killed by a signal (the reference device: raised an exception)",
+    "timeout": "ran past --timeout; its whole process group was killed",
+    "interrupted": "stopped by Ctrl-C before it finished",
+}
+"""Outcome of running one case, and what each means. Only `ok` leaves a result `bsa compare` can judge."""
+
+
+class RunConfigError(BsaError):
+    """A run cannot start: bad --binary, --cmd, --fault or --devices value."""
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Device:
+    """What runs the cases: an external binary and/or --cmd template, or the built-in reference device.
+
+    Build one with `Device.create`, which checks the binary, the template and the fault.
+    """
+
+    binary: Path | None = None
+    cmd: str | None = None
+    fault: str | None = None
+    binary_sha256: str | None = None
+
+    @classmethod
+    def create(
+        cls, binary: str | Path | None = None, cmd: str | None = None, fault: str | None = None
+    ) -> Device:
+        """Check the options and return the device.
+
+        Raises:
+            RunConfigError: the binary is missing or not executable, the template uses an unknown or
+                unavailable placeholder, or a fault is asked of an external binary or is unknown.
+        """
+        resolved = _resolve_binary(binary) if binary is not None else None
+        if cmd is not None:
+            _check_template(cmd, has_binary=resolved is not None)
+        if fault is not None:
+            if resolved is not None or cmd is not None:
+                raise RunConfigError(
+                    "--fault plants a fault in the reference device; it cannot be used with --binary or --cmd"
+                )
+            faults = reference_faults()
+            if fault not in faults:
+                known = ", ".join(sorted(faults)) or "none"
+                raise RunConfigError(
+                    f"unknown fault '{fault}'{suggest(fault, faults)}; known faults: {known}"
+                )
+        return cls(
+            binary=resolved,
+            cmd=cmd,
+            fault=fault,
+            binary_sha256=sha256_file(resolved) if resolved is not None else None,
+        )
+
+    @property
+    def is_reference(self) -> bool:
+        return self.binary is None and self.cmd is None
+
+    @property
+    def name(self) -> str:
+        """How records and output name the device."""
+        if self.is_reference:
+            return REFERENCE_DEVICE + (f" with fault '{self.fault}'" if self.fault else "")
+        if self.binary is not None:
+            return str(self.binary)
+        return shlex.split(self.cmd or "")[0]
+
+    def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
+        """Return the command line for one run (the reference device: the equivalent `bsa emulate` call)."""
+        manifest = str(case_dir / MANIFEST)
+        if self.is_reference:
+            argv = ["bsa", "emulate", manifest, str(output_dir)]
+            return argv + (["--fault", self.fault] if self.fault else [])
+        if self.cmd is None:
+            return [str(self.binary), manifest, str(output_dir)]
+        values = {
+            "binary": str(self.binary) if self.binary is not None else "",
+            "case_dir": str(case_dir),
+            "manifest": manifest,
+            "output_dir": str(output_dir),
+            "device_id": str(device_id),
+        }
+        return [token.format(**values) for token in shlex.split(self.cmd)]
+
+
+def _resolve_binary(binary: str | Path) -> Path:
+    path = Path(binary)
+    if not path.exists() and os.sep not in str(binary):
+        found = shutil.which(str(binary))
+        if found:
+            path = Path(found)
+    if not path.exists():
+        raise RunConfigError(f"--binary {binary}: no such file")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise RunConfigError(f"--binary {binary}: not an executable file (chmod +x?)")
+    return path.resolve()
+
+
+def _check_template(cmd: str, *, has_binary: bool) -> None:
+    try:
+        tokens = shlex.split(cmd)
+    except ValueError as exc:
+        raise RunConfigError(f"--cmd {cmd!r}: cannot split it like a shell would: {exc}") from None
+    if not tokens:
+        raise RunConfigError(
+            "--cmd is empty; give a command template such as '{binary} {manifest} {output_dir}'"
+        )
+    used = set()
+    for token in tokens:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(token) if f is not None]
+        except ValueError as exc:
+            raise RunConfigError(f"--cmd {cmd!r}: {exc} (write literal braces as {{{{ and }}}})") from None
+        for name in fields:
+            if name not in PLACEHOLDERS:
+                allowed = " ".join("{" + p + "}" for p in PLACEHOLDERS)
+                raise RunConfigError(
+                    f"--cmd {cmd!r}: unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)}; "
+                    f"allowed: {allowed}"
+                )
+            used.add(name)
+    if "binary" in used and not has_binary:
+        raise RunConfigError("--cmd uses {binary} but no --binary was given")
+    if "output_dir" not in used:
+        raise RunConfigError(
+            f"--cmd {cmd!r} has no {{output_dir}}: the binary would not know where to write dq, dk, dv"
+        )
+
+
+def reference_faults() -> dict[str, str]:
+    """Return the faults the reference device can plant (name: description)."""
+    return dict(_emulator().FAULTS)
+
+
+def _emulator() -> Any:
+    try:
+        from . import emulator
+    except ImportError as exc:  # pragma: no cover - the module ships with bsa
+        raise RunConfigError(f"the reference device (bsa_cli.emulator) is not available: {exc}") from None
+    return emulator
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `run_cases` runs: the device, the device ids, repeats, environment and time limit."""
+
+    device: Device = field(default_factory=Device)
+    device_ids: tuple[int, ...] = (0,)
+    repeat: int = 1
+    deterministic: bool = False
+    timeout: float | None = None  # seconds per run of an external binary; None: no limit
+    outputs_root: Path | None = None  # None: <case_dir>/outputs; else <outputs_root>/<case name>
+
+    def __post_init__(self) -> None:
+        if self.repeat < 1:
+            raise RunConfigError(f"--repeat {self.repeat}: give 1 or more runs per case")
+        if not self.device_ids:
+            raise RunConfigError("--devices is empty; give device ids such as 0 or 0,1")
+        if len(set(self.device_ids)) != len(self.device_ids):
+            raise RunConfigError(f"--devices {','.join(map(str, self.device_ids))}: a device id is repeated")
+        if self.timeout is not None and self.timeout <= 0:
+            raise RunConfigError(f"--timeout {self.timeout}: give a positive number of seconds")
+
+    def env(self, device_id: int) -> dict[str, str]:
+        """Return the variables bsa sets for a run on `device_id`."""
+        env = {"ASCEND_DEVICE_ID": str(device_id)}
+        if self.deterministic:
+            env["BSAG_DETERMINISTIC"] = "1"
+        return env
+
+
+def parse_device_ids(text: str) -> tuple[int, ...]:
+    """Parse `--devices 0,1,3` (a range `0-3` is accepted too).
+
+    Raises:
+        RunConfigError: a part is not a non-negative integer or range.
+    """
+    ids: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            if "-" in part:
+                low, high = (int(x) for x in part.split("-", 1))
+                if low > high or low < 0:
+                    raise ValueError
+                ids.extend(range(low, high + 1))
+            else:
+                value = int(part)
+                if value < 0:
+                    raise ValueError
+                ids.append(value)
+        except ValueError:
+            raise RunConfigError(
+                f"--devices {text!r}: '{part}' is not a device id; write ids like 0,1,2"
+            ) from None
+    return tuple(ids)
+
+
+# ---- selecting cases ----------------------------------------------------------------------------
+
+
+def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
+    """Return the case directories under `roots` whose names match any glob in `patterns` (all if none).
+
+    A case's name is its directory's name (the manifest's `name`, as `bsa gen` writes it).
+
+    Raises:
+        DataError: a root is missing or holds no case, or the patterns match no case.
+    """
+    found: list[Path] = []
+    for root in roots:
+        cases = find_cases(Path(root))
+        if not cases:
+            raise DataError(str(root), "no case directories (*/case.json) here; write them with `bsa gen`")
+        found.extend(c for c in cases if c not in found)
+    if patterns:
+        selected = [c for c in found if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
+        if not selected:
+            roots_text = ", ".join(str(r) for r in roots)
+            raise DataError(
+                roots_text, f"no case name matches --filter {' '.join(patterns)} ({len(found)} cases there)"
+            )
+        return selected
+    return found
+
+
+def output_dir_for(case_dir: Path, outputs_root: Path | None) -> Path:
+    """Return where a case's device outputs go: `<case_dir>/outputs`, or `<outputs_root>/<case name>`."""
+    return Path(case_dir) / OUTPUTS_DIR if outputs_root is None else Path(outputs_root) / Path(case_dir).name
+
+
+# ---- results ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The outcome of running one case (its `run.json` holds the full record)."""
+
+    name: str
+    case_dir: Path
+    output_dir: Path
+    outcome: str  # a key of OUTCOMES
+    problems: tuple[str, ...] = ()
+    status: int | None = None
+    expect_status: int | None = None
+    device_id: int = 0
+    duration_s: float = 0.0
+    record: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """Progress of a run: `kind` is "start" (a case began on a device) or "done" (with its result)."""
+
+    kind: str
+    case: str
+    device_id: int
+    result: CaseResult | None = None
+
+
+@dataclass
+class RunSummary:
+    """All case results of a run, in case order, and whether Ctrl-C stopped it."""
+
+    results: list[CaseResult]
+    device: Device
+    interrupted: bool = False
+    not_run: list[str] = field(default_factory=list)
+
+    def count(self, outcome: str) -> int:
+        return sum(r.outcome == outcome for r in self.results)
+
+    @property
+    def return_code(self) -> int:
+        """Exit code of `bsa run`.
+
+        3 if any case could not be judged (error, crashed, timeout, interrupted, or cases never run);
+        else 1 if any case was nondeterministic under --repeat (a failure of the kernel);
+        else 0. A run does not judge the gradients or the status: `bsa compare` does.
+        """
+        unjudged = {"error", "crashed", "timeout", "interrupted"}
+        if self.interrupted or self.not_run or any(r.outcome in unjudged for r in self.results):
+            return 3
+        if any(r.outcome == "nondeterministic" for r in self.results):
+            return 1
+        return 0
+
+
+# ---- running ------------------------------------------------------------------------------------
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+class _Cancel:
+    """Shared between workers: the cancel flag and the process groups running now."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._groups: set[int] = set()
+
+    def add(self, pgid: int) -> None:
+        with self._lock:
+            self._groups.add(pgid)
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._groups.discard(pgid)
+
+    def cancel(self) -> None:
+        self.event.set()
+        with self._lock:
+            groups = list(self._groups)
+        for pgid in groups:
+            _signal_group(pgid, signal.SIGKILL)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a run's whole process group: SIGTERM, then SIGKILL after KILL_GRACE_S."""
+    _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@dataclass
+class _Attempt:
+    """One run of a case: what was run, how it ended, what it left."""
+
+    index: int
+    argv: list[str]
+    staging: Path
+    stdout_log: str
+    stderr_log: str
+    started: str = ""
+    finished: str = ""
+    duration_s: float = 0.0
+    exit_code: int | None = None
+    signal: str | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    exception: str | None = None
+    status: int | None = None
+    status_message: str | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def outcome(self) -> str:
+        if self.interrupted:
+            return "interrupted"
+        if self.timed_out:
+            return "timeout"
+        if self.signal is not None or self.exception is not None:
+            return "crashed"
+        return "error" if self.problems else "ok"
+
+    def as_record(self) -> dict[str, Any]:
+        return {
+            "run": self.index,
+            "command": self.argv,
+            "output_dir": str(self.staging),
+            "started": self.started,
+            "finished": self.finished,
+            "duration_s": round(self.duration_s, 4),
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "timed_out": self.timed_out,
+            "outcome": self.outcome,
+            "status": self.status,
+            "status_message": self.status_message,
+            "outputs": self.outputs,
+            "stdout_log": self.stdout_log,
+            "stderr_log": self.stderr_log,
+            "problems": self.problems,
+        }
+
+
+def _clear_stale(output_dir: Path, manifest: Mapping[str, Any] | None) -> None:
+    """Delete results of an earlier run from `output_dir`: outputs, status, record, logs, staging dirs."""
+    if not output_dir.is_dir():
+        return
+    names = {STATUS_FILE, RUN_RECORD}
+    names.update(entry["file"] for _, entry in iter_entries(manifest or {}, "outputs"))
+    names.update({"dq.bin", "dk.bin", "dv.bin"})
+    for path in output_dir.iterdir():
+        stale = (
+            path.name in names
+            or (path.name.startswith(("stdout", "stderr")) and path.name.endswith(".log"))
+            or path.name.startswith(".run-")
+        )
+        if not stale:
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _read_status(staging: Path, attempt: _Attempt) -> None:
+    path = staging / STATUS_FILE
+    if not path.is_file():
+        attempt.problems.append(f"no {STATUS_FILE}: the binary must write the aclnn status there")
+        return
+    lines = path.read_text(errors="replace").splitlines()
+    first = lines[0].strip() if lines else ""
+    try:
+        attempt.status = int(first)
+    except ValueError:
+        attempt.problems.append(f"{STATUS_FILE}: first line {first!r} is not a decimal aclnn status")
+        return
+    message = "\n".join(lines[1:]).strip()
+    attempt.status_message = message or None
+
+
+def _check_outputs(staging: Path, manifest: Mapping[str, Any], attempt: _Attempt) -> None:
+    """Record size and sha256 of each output; note missing or wrong-size ones when the status is 0."""
+    for name, entry in iter_entries(manifest, "outputs"):
+        path = staging / entry["file"]
+        expected = expected_nbytes(entry)
+        if not path.is_file():
+            if attempt.status == 0:
+                attempt.problems.append(
+                    f"{entry['file']} missing (status 0 promises {expected} bytes, "
+                    f"shape {list(entry['shape'])} {entry['dtype']})"
+                )
+            continue
+        size = path.stat().st_size
+        attempt.outputs[name] = {"file": entry["file"], "bytes": size, "sha256": sha256_file(path)}
+        if size != expected and attempt.status == 0:
+            kind = "truncated" if size < expected else "oversized"
+            attempt.problems.append(
+                f"{entry['file']} {kind}: {size} bytes, expected {expected} "
+                f"(shape {list(entry['shape'])} {entry['dtype']})"
+            )
+
+
+def _differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int] | None:
+    """Return (elements that differ bitwise, total elements) of two same-size output files."""
+    a, b = first.read_bytes(), other.read_bytes()
+    itemsize = numpy_dtype(dtype_name).itemsize
+    if len(a) != len(b) or len(a) % itemsize:
+        return None
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
+    x, y = np.frombuffer(a, dtype=view), np.frombuffer(b, dtype=view)
+    return int(np.count_nonzero(x != y)), int(x.size)
+
+
+class _CaseRun:
+    """Runs one case (all its repeats) on one device id and writes its record."""
+
+    def __init__(self, case_dir: Path, options: RunOptions, device_id: int, cancel: _Cancel) -> None:
+        self.case_dir = Path(case_dir).resolve()
+        self.options = options
+        self.device = options.device
+        self.device_id = device_id
+        self.cancel = cancel
+        self.output_dir = output_dir_for(self.case_dir, options.outputs_root).resolve()
+        self.name = self.case_dir.name
+
+    def run(self) -> CaseResult:
+        started = _now()
+        clock = time.monotonic()
+        manifest: dict[str, Any] | None = None
+        attempts: list[_Attempt] = []
+        problems: list[str] = []
+        differences: list[dict[str, Any]] = []
+        outcome = "ok"
+        try:
+            manifest = load_manifest(self.case_dir)
+            self.name = manifest.get("name", self.name)
+        except DataError as exc:
+            problems.append(str(exc))
+            outcome = "error"
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        _clear_stale(self.output_dir, manifest)
+        if manifest is not None:
+            try:
+                verify_inputs(self.case_dir, manifest)
+            except DataError as exc:
+                problems.append(f"inputs not run: {exc}")
+                outcome = "error"
+        try:
+            if outcome == "ok" and manifest is not None:
+                outcome = self._run_all(manifest, attempts, problems, differences)
+        finally:
+            for attempt in attempts[1:]:
+                shutil.rmtree(attempt.staging, ignore_errors=True)
+        if attempts and outcome != "interrupted":
+            self._promote(attempts[0].staging)
+        elif attempts:
+            shutil.rmtree(attempts[0].staging, ignore_errors=True)
+        first = attempts[0] if attempts else None
+        duration = time.monotonic() - clock
+        record = self._record(manifest, attempts, outcome, problems, differences, started, duration)
+        write_json_atomic(self.output_dir / RUN_RECORD, record)
+        return CaseResult(
+            name=self.name,
+            case_dir=self.case_dir,
+            output_dir=self.output_dir,
+            outcome=outcome,
+            problems=tuple(problems),
+            status=first.status if first else None,
+            expect_status=(manifest or {}).get("expect", {}).get("status"),
+            device_id=self.device_id,
+            duration_s=duration,
+            record=record,
+        )
+
+    def _run_all(
+        self,
+        manifest: Mapping[str, Any],
+        attempts: list[_Attempt],
+        problems: list[str],
+        differences: list[dict[str, Any]],
+    ) -> str:
+        for index in range(1, self.options.repeat + 1):
+            if self.cancel.event.is_set():
+                return "interrupted"
+            attempt = self._attempt(index)
+            attempts.append(attempt)
+            self._execute(attempt)
+            if attempt.exit_code == 0:
+                _read_status(attempt.staging, attempt)
+                if attempt.status is not None:
+                    _check_outputs(attempt.staging, manifest, attempt)
+            elif attempt.exit_code is not None and (attempt.staging / STATUS_FILE).is_file():
+                _read_status(attempt.staging, attempt)  # for the record; the exit code already failed it
+            outcome = attempt.outcome
+            if outcome != "ok":
+                prefix = f"run {index} of {self.options.repeat}: " if self.options.repeat > 1 else ""
+                problems.extend(prefix + p for p in self._attempt_problems(attempt))
+                return outcome
+            if index > 1:
+                differences.extend(self._differences(manifest, attempts[0], attempt))
+        if differences:
+            for diff in differences:
+                problems.append(diff["message"])
+            return "nondeterministic"
+        return "ok"
+
+    def _attempt(self, index: int) -> _Attempt:
+        staging = self.output_dir / f".run-{index}"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        suffix = "" if index == 1 else f".run{index}"
+        return _Attempt(
+            index=index,
+            argv=self.device.argv(self.case_dir, staging, self.device_id),
+            staging=staging,
+            stdout_log=f"stdout{suffix}.log",
+            stderr_log=f"stderr{suffix}.log",
+        )
+
+    def _attempt_problems(self, attempt: _Attempt) -> list[str]:
+        if attempt.interrupted:
+            return ["interrupted by Ctrl-C"]
+        if attempt.timed_out:
+            return [f"timed out after {self.options.timeout:g} s; its process group was killed"]
+        if attempt.signal is not None:
+            return [f"killed by {attempt.signal} (see {attempt.stderr_log})"]
+        if attempt.exception is not None:
+            return [f"the reference device raised {attempt.exception} (see {attempt.stderr_log})"]
+        return attempt.problems
+
+    def _execute(self, attempt: _Attempt) -> None:
+        attempt.started = _now()
+        clock = time.monotonic()
+        try:
+            if self.device.is_reference:
+                self._emulate(attempt)
+            else:
+                self._spawn(attempt)
+        finally:
+            attempt.duration_s = time.monotonic() - clock
+            attempt.finished = _now()
+
+    def _emulate(self, attempt: _Attempt) -> None:
+        """Run the reference device in this process (same contract, same record)."""
+        stdout = self.output_dir / attempt.stdout_log
+        stderr = self.output_dir / attempt.stderr_log
+        stdout.write_text("")
+        try:
+            _emulator().emulate_case_dir(self.case_dir, attempt.staging, fault=self.device.fault)
+        except BsaError as exc:
+            stderr.write_text(f"Error: {exc}\n")
+            attempt.exit_code = 2
+            attempt.problems.append(f"the reference device refused the case: {exc}")
+            return
+        except Exception as exc:
+            stderr.write_text(traceback.format_exc())
+            attempt.exception = type(exc).__name__
+            return
+        stderr.write_text("")
+        attempt.exit_code = 0
+
+    def _spawn(self, attempt: _Attempt) -> None:
+        env = dict(os.environ)
+        env.update(self.options.env(self.device_id))
+        deadline = None if self.options.timeout is None else time.monotonic() + self.options.timeout
+        with (
+            open(self.output_dir / attempt.stdout_log, "wb") as out,
+            open(self.output_dir / attempt.stderr_log, "wb") as err,
+        ):
+            try:
+                proc = subprocess.Popen(
+                    attempt.argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                attempt.problems.append(f"cannot start {attempt.argv[0]}: {exc.strerror or exc}")
+                return
+            self.cancel.add(proc.pid)
+            try:
+                while True:
+                    try:
+                        proc.wait(timeout=0.05)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    if self.cancel.event.is_set():
+                        attempt.interrupted = True
+                        _stop_group(proc)
+                        break
+                    if deadline is not None and time.monotonic() > deadline:
+                        attempt.timed_out = True
+                        _stop_group(proc)
+                        break
+            finally:
+                # Children the binary left behind belong to the run: stop them too.
+                _signal_group(proc.pid, signal.SIGKILL)
+                self.cancel.discard(proc.pid)
+        code = proc.returncode
+        if code is not None and code < 0 and self.cancel.event.is_set() and not attempt.timed_out:
+            attempt.interrupted = True  # killed by the Ctrl-C handler before this worker saw the flag
+        if code is not None and code < 0 and not (attempt.timed_out or attempt.interrupted):
+            attempt.signal = _signal_name(-code)
+        elif code is not None and code >= 0:
+            attempt.exit_code = code
+            if code != 0 and not (attempt.timed_out or attempt.interrupted):
+                status_hint = ""
+                if (attempt.staging / STATUS_FILE).is_file():
+                    status_hint = " although it wrote status.txt (exit 0 once the status is recorded)"
+                attempt.problems.append(f"exited with code {code}{status_hint} (see {attempt.stderr_log})")
+
+    def _differences(
+        self, manifest: Mapping[str, Any], first: _Attempt, other: _Attempt
+    ) -> list[dict[str, Any]]:
+        diffs: list[dict[str, Any]] = []
+        if first.status != other.status:
+            diffs.append(
+                {
+                    "run": other.index,
+                    "output": "status",
+                    "message": f"status differs: run 1 {first.status}, run {other.index} {other.status}",
+                }
+            )
+        for name, entry in iter_entries(manifest, "outputs"):
+            a, b = first.outputs.get(name), other.outputs.get(name)
+            if (a or {}).get("sha256") == (b or {}).get("sha256"):
+                continue
+            diff: dict[str, Any] = {"run": other.index, "output": name}
+            counted = None
+            if a and b:
+                counted = _differing_elements(
+                    first.staging / entry["file"], other.staging / entry["file"], entry["dtype"]
+                )
+            if counted is not None:
+                diff["elements"], diff["total"] = counted
+                diff["message"] = (
+                    f"{name} not bitwise identical: run {other.index} differs from run 1 in "
+                    f"{counted[0]} of {counted[1]} elements"
+                )
+            else:
+                diff["message"] = f"{name} not bitwise identical: run {other.index} differs from run 1"
+            diffs.append(diff)
+        return diffs
+
+    def _promote(self, staging: Path) -> None:
+        """Move the first run's files from its staging directory up into the output directory."""
+        if not staging.is_dir():
+            return
+        for path in staging.iterdir():
+            target = self.output_dir / path.name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(path, target)
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def _record(
+        self,
+        manifest: Mapping[str, Any] | None,
+        attempts: list[_Attempt],
+        outcome: str,
+        problems: list[str],
+        differences: list[dict[str, Any]],
+        started: str,
+        duration: float,
+    ) -> dict[str, Any]:
+        first = attempts[0] if attempts else None
+        device = self.device
+        expect = (manifest or {}).get("expect")
+        runs = [a.as_record() for a in attempts]
+        if runs:
+            runs[0]["output_dir"] = str(self.output_dir)  # its files were moved up there
+        return {
+            "format": RUN_FORMAT,
+            "tool": {"name": "bsa", "version": __version__},
+            "case": self.name,
+            "case_dir": str(self.case_dir),
+            "output_dir": str(self.output_dir),
+            "device": {
+                "name": device.name,
+                "kind": "reference" if device.is_reference else "binary",
+                "id": self.device_id,
+                "fault": device.fault,
+            },
+            "binary": (
+                {"path": str(device.binary), "sha256": device.binary_sha256}
+                if device.binary is not None
+                else None
+            ),
+            "command": first.argv if first else None,
+            "env": self.options.env(self.device_id),
+            "timeout_s": None if device.is_reference else self.options.timeout,
+            "started": started,
+            "finished": _now(),
+            "duration_s": round(duration, 4),
+            "outcome": outcome,
+            "problems": problems,
+            "exit_code": first.exit_code if first else None,
+            "signal": first.signal if first else None,
+            "status": first.status if first else None,
+            "status_message": first.status_message if first else None,
+            "expect": expect,
+            "outputs": first.outputs if first else {},
+            "stdout_log": first.stdout_log if first else None,
+            "stderr_log": first.stderr_log if first else None,
+            "repeat": {
+                "count": self.options.repeat,
+                "completed": sum(a.outcome == "ok" for a in attempts),
+                "identical": not differences,
+                "differences": [{k: v for k, v in d.items() if k != "message"} for d in differences],
+            },
+            "runs": runs,
+        }
+
+
+def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) -> CaseResult:
+    """Run one case (with its repeats) and write its `run.json`; return the result."""
+    cancel = _Cancel()
+    return _CaseRun(
+        case_dir, options, options.device_ids[0] if device_id is None else device_id, cancel
+    ).run()
+
+
+def run_cases(
+    case_dirs: Sequence[Path],
+    options: RunOptions,
+    on_event: Callable[[RunEvent], None] | None = None,
+) -> RunSummary:
+    """Run every case, one worker per device id, and return the results in case order.
+
+    `on_event` is called in the calling thread, for each case's start and end. Ctrl-C (KeyboardInterrupt
+    in the calling thread) kills the running process groups, records the cases it stopped as
+    "interrupted", and returns a summary with `interrupted` set: finished cases keep their records.
+    A second Ctrl-C while workers wind down propagates.
+    """
+    pending: queue.Queue[tuple[int, Path]] = queue.Queue()
+    for index, case_dir in enumerate(case_dirs):
+        pending.put((index, Path(case_dir)))
+    events: queue.Queue[RunEvent] = queue.Queue()
+    results: dict[int, CaseResult] = {}
+    cancel = _Cancel()
+    failures: list[BaseException] = []
+
+    def worker(device_id: int) -> None:
+        while not cancel.event.is_set():
+            try:
+                index, case_dir = pending.get_nowait()
+            except queue.Empty:
+                return
+            events.put(RunEvent("start", case_dir.name, device_id))
+            try:
+                result = _CaseRun(case_dir, options, device_id, cancel).run()
+            except BaseException as exc:  # a bug in bsa: stop the run and re-raise in the caller
+                failures.append(exc)
+                cancel.cancel()
+                return
+            results[index] = result
+            events.put(RunEvent("done", result.name, device_id, result))
+
+    workers = [
+        threading.Thread(target=worker, args=(d,), name=f"bsa-device-{d}", daemon=True)
+        for d in options.device_ids[: max(1, len(case_dirs))]
+    ]
+    for thread in workers:
+        thread.start()
+
+    def drain() -> None:
+        while True:
+            try:
+                event = events.get_nowait()
+            except queue.Empty:
+                return
+            if on_event is not None:
+                on_event(event)
+
+    interrupted = False
+    try:
+        while any(t.is_alive() for t in workers):
+            try:
+                event = events.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if on_event is not None:
+                on_event(event)
+    except KeyboardInterrupt:
+        interrupted = True
+        cancel.cancel()
+        for thread in workers:
+            while thread.is_alive():
+                thread.join(timeout=0.1)
+                drain()
+    drain()
+    if failures:
+        raise failures[0]
+    ordered = [results[i] for i in sorted(results)]
+    not_run = [Path(c).name for i, c in enumerate(case_dirs) if i not in results]
+    return RunSummary(results=ordered, device=options.device, interrupted=interrupted, not_run=not_run)

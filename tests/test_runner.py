@@ -1,0 +1,429 @@
+"""The binary contract as bsa_cli.runner drives it: fake device binaries that behave and misbehave."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bsa_cli import runner
+from bsa_cli.case import Case, Expect, numpy_dtype
+from bsa_cli.errors import DataError
+from bsa_cli.manifest import build_manifest, flat_params
+from bsa_cli.store import CaseWriter
+
+FAKE_DEVICE = Path(__file__).parent / "bin" / "fake_device.py"
+
+
+# ---- helpers shared with test_cli_run.py -----------------------------------------------------------
+
+
+def make_case(root: Path, name: str, *, expect: int = 0, seed: int = 0) -> Path:
+    """Write a tiny BNSD float16 case directory (no golden math: the runner never looks at values)."""
+    case = Case(
+        name=name,
+        source="tests",
+        layout="BNSD",
+        dtype="float16",
+        batch=1,
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=16,
+        q_seq_len=32,
+        kv_seq_len=32,
+        actual_seq_lengths=None,
+        actual_seq_lengths_kv=None,
+        block_shape=(16, 16),
+        scale=0.25,
+        seed=seed,
+        expect=Expect(status=expect, name="ACLNN_SUCCESS" if expect == 0 else "ACLNN_ERR_PARAM_INVALID"),
+    )
+    rng = np.random.default_rng(seed)
+    f16 = numpy_dtype("float16")
+    with CaseWriter(root / name) as writer:
+        inputs = {
+            n: writer.array(f"inputs/{n}.bin", rng.standard_normal(shape).astype(f16), "float16")
+            for n, shape in (
+                ("query", case.q_shape),
+                ("key", case.kv_shape),
+                ("value", case.kv_shape),
+                ("dout", case.q_shape),
+                ("attention_out", case.q_shape),
+            )
+        }
+        lse = rng.standard_normal(case.lse_shape_dims).astype(np.float32)
+        inputs["softmax_lse"] = writer.array("inputs/softmax_lse.bin", lse, "float32")
+        mask = np.ones(case.mask_shape, dtype=np.uint8)
+        inputs["block_sparse_mask"] = writer.array("inputs/block_sparse_mask.bin", mask, "uint8")
+        golden, benchmark = {}, {}
+        if expect == 0:
+            for grad, shape in (("dq", case.q_shape), ("dk", case.kv_shape), ("dv", case.kv_shape)):
+                values = rng.standard_normal(shape)
+                golden[grad] = writer.array(f"golden/{grad}.bin", values.astype(np.float32), "float32")
+                benchmark[grad] = writer.array(f"benchmark/{grad}.bin", values.astype(f16), "float16")
+        manifest = build_manifest(case, inputs, golden, benchmark, {})
+        return writer.commit(manifest, flat_params(manifest))
+
+
+def fake_device(tmp_path: Path) -> Path:
+    """Copy the fake device binary into tmp_path and make it executable."""
+    binary = tmp_path / "fake_device.py"
+    shutil.copy(FAKE_DEVICE, binary)
+    binary.chmod(binary.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return binary
+
+
+def read_record(result: runner.CaseResult) -> dict:
+    return json.loads((result.output_dir / runner.RUN_RECORD).read_text())
+
+
+def options(binary: Path | None = None, **kwargs) -> runner.RunOptions:
+    cmd = kwargs.pop("cmd", None)
+    return runner.RunOptions(device=runner.Device.create(binary=binary, cmd=cmd), **kwargs)
+
+
+def process_gone(pid: int) -> bool:
+    """True if `pid` no longer runs (gone, or a zombie waiting for its reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+# ---- a device that follows the contract ---------------------------------------------------------------
+
+
+def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
+    case_dir = make_case(tmp_path / "out", "good_case")
+    binary = fake_device(tmp_path)
+
+    result = runner.run_case(case_dir, options(binary, device_ids=(3,)))
+
+    assert result.outcome == "ok", result.problems
+    assert result.status == 0
+    outputs = case_dir / "outputs"
+    for grad in ("dq", "dk", "dv"):
+        assert (outputs / f"{grad}.bin").read_bytes() == (case_dir / f"benchmark/{grad}.bin").read_bytes()
+    assert not list(outputs.glob(".run-*")), "staging directories are cleaned up"
+    record = read_record(result)
+    assert record["format"] == "bsa-run/1"
+    assert record["outcome"] == "ok"
+    assert record["command"] == [str(binary), str(case_dir / "case.json"), str(outputs / ".run-1")]
+    assert record["exit_code"] == 0 and record["signal"] is None
+    assert record["status"] == 0 and record["status_message"] == "fake device"
+    assert record["device"] == {"name": str(binary), "kind": "binary", "id": 3, "fault": None}
+    assert record["binary"]["sha256"] == runner.sha256_file(binary)
+    assert record["env"] == {"ASCEND_DEVICE_ID": "3"}
+    assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(outputs / "dq.bin")
+    assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": []}
+    assert record["started"] <= record["finished"]
+    stdout = (outputs / record["stdout_log"]).read_text()
+    assert "ASCEND_DEVICE_ID 3" in stdout
+    assert "BSAG_DETERMINISTIC None" in stdout
+
+
+def test_negative_case_records_the_status_without_gradients(tmp_path):
+    case_dir = make_case(tmp_path / "out", "bad_dtype", expect=161002)
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+
+    assert result.outcome == "ok", result.problems
+    assert (result.status, result.expect_status) == (161002, 161002)
+    assert not (case_dir / "outputs" / "dq.bin").exists()
+    assert read_record(result)["status_message"] == "fake device: expected error"
+
+
+def test_outputs_root_puts_outputs_under_the_case_name(tmp_path):
+    case_dir = make_case(tmp_path / "out", "rooted")
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path), outputs_root=tmp_path / "device"))
+
+    assert result.output_dir == (tmp_path / "device" / "rooted").resolve()
+    assert (result.output_dir / "dq.bin").is_file()
+    assert not (case_dir / "outputs" / "dq.bin").exists()
+
+
+# ---- devices that break the contract: each case reported, the others still run -------------------
+
+
+def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path):
+    root = tmp_path / "out"
+    names = ["a_crash", "b_hang", "c_truncated", "d_nothing", "e_exitcode", "f_badstatus", "g_good", "h_good"]
+    case_dirs = [make_case(root, n) for n in names]
+    events: list[runner.RunEvent] = []
+
+    started = time.monotonic()
+    summary = runner.run_cases(
+        case_dirs, options(fake_device(tmp_path), device_ids=(0, 1), timeout=1.5), on_event=events.append
+    )
+    elapsed = time.monotonic() - started
+
+    by_name = {r.name: r for r in summary.results}
+    assert [r.name for r in summary.results] == names, "results come back in case order"
+    assert by_name["a_crash"].outcome == "crashed"
+    assert "killed by SIGSEGV" in by_name["a_crash"].problems[0]
+    assert by_name["b_hang"].outcome == "timeout"
+    assert "timed out after 1.5 s" in by_name["b_hang"].problems[0]
+    assert by_name["c_truncated"].outcome == "error"
+    assert "dq.bin truncated: 2047 bytes, expected 2048" in by_name["c_truncated"].problems[0]
+    assert by_name["d_nothing"].outcome == "error"
+    assert by_name["d_nothing"].problems == ("no status.txt: the binary must write the aclnn status there",)
+    assert by_name["e_exitcode"].outcome == "error"
+    assert "exited with code 3 although it wrote status.txt" in by_name["e_exitcode"].problems[0]
+    assert by_name["f_badstatus"].outcome == "error"
+    assert "first line 'oops' is not a decimal aclnn status" in by_name["f_badstatus"].problems[0]
+    assert by_name["g_good"].outcome == by_name["h_good"].outcome == "ok"
+    assert summary.return_code == 3
+    assert elapsed < 1.5 + runner.KILL_GRACE_S + 4, "the hang did not hold up the other device"
+    assert {e.device_id for e in events} == {0, 1}
+    assert sorted(e.case for e in events if e.kind == "done") == names
+
+    crash = read_record(by_name["a_crash"])
+    assert crash["signal"] == "SIGSEGV" and crash["exit_code"] is None
+    assert crash["outputs"] == {}, "a crashed run's half-written dq.bin is not recorded as an output"
+    hang = read_record(by_name["b_hang"])
+    assert hang["outcome"] == "timeout" and hang["timeout_s"] == 1.5
+    child_pid = int((by_name["b_hang"].output_dir / "child.pid").read_text())
+    assert process_gone(child_pid), "the binary's child was killed with its process group"
+
+
+def test_timeout_kills_the_whole_process_group(tmp_path):
+    case_dir = make_case(tmp_path / "out", "only_hang")
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path), timeout=0.5))
+
+    assert result.outcome == "timeout"
+    child_pid = int((result.output_dir / "child.pid").read_text())
+    deadline = time.monotonic() + 2
+    while not process_gone(child_pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert process_gone(child_pid)
+
+
+def test_stale_outputs_of_an_earlier_run_are_deleted_before_a_case_runs(tmp_path):
+    case_dir = make_case(tmp_path / "out", "now_nothing")
+    outputs = case_dir / "outputs"
+    for stale in ("dq.bin", "dk.bin", "dv.bin", "status.txt", "stdout.run2.log", "run.json"):
+        (outputs / stale).write_text("stale")
+    (outputs / ".run-7").mkdir()
+    (outputs / "notes.md").write_text("mine")
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+
+    assert result.outcome == "error"
+    left = sorted(p.name for p in outputs.iterdir())
+    assert left == ["notes.md", "run.json", "stderr.log", "stdout.log"]
+    assert read_record(result)["outcome"] == "error"
+
+
+def test_stale_inputs_are_not_run(tmp_path):
+    case_dir = make_case(tmp_path / "out", "edited")
+    (case_dir / "inputs" / "query.bin").write_bytes(b"\1" * 2048)
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+
+    assert result.outcome == "error"
+    assert "inputs not run:" in result.problems[0]
+    assert "query.bin: sha256 differs from the manifest" in result.problems[0]
+    record = read_record(result)
+    assert record["runs"] == [] and record["command"] is None
+
+
+def test_missing_manifest_is_an_error_record(tmp_path):
+    case_dir = tmp_path / "out" / "broken"
+    case_dir.mkdir(parents=True)
+    (case_dir / "case.json").write_text("{not json")
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+
+    assert result.outcome == "error"
+    assert "not valid JSON" in result.problems[0]
+
+
+def test_binary_that_cannot_start_is_an_error(tmp_path):
+    case_dir = make_case(tmp_path / "out", "no_exec")
+    binary = fake_device(tmp_path)
+    device = runner.Device.create(binary=binary)
+    binary.unlink()
+
+    result = runner.run_case(case_dir, runner.RunOptions(device=device))
+
+    assert result.outcome == "error"
+    assert "cannot start" in result.problems[0]
+
+
+# ---- repeats and determinism ------------------------------------------------------------------------
+
+
+def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
+    root = tmp_path / "out"
+    case_dirs = [make_case(root, "steady_good"), make_case(root, "racy_random")]
+
+    summary = runner.run_cases(case_dirs, options(fake_device(tmp_path), repeat=3, deterministic=True))
+
+    steady, racy = summary.results
+    assert steady.outcome == "ok"
+    assert read_record(steady)["repeat"] == {"count": 3, "completed": 3, "identical": True, "differences": []}
+    assert racy.outcome == "nondeterministic"
+    assert "dq not bitwise identical: run 2 differs from run 1 in" in racy.problems[0]
+    record = read_record(racy)
+    assert record["repeat"]["identical"] is False
+    first_diff = record["repeat"]["differences"][0]
+    assert first_diff["run"] == 2 and first_diff["output"] == "dq" and first_diff["total"] == 1024
+    assert 0 < first_diff["elements"] <= 1024
+    assert len(record["runs"]) == 3
+    assert record["runs"][1]["outputs"]["dq"]["sha256"] != record["runs"][0]["outputs"]["dq"]["sha256"]
+    assert record["env"]["BSAG_DETERMINISTIC"] == "1"
+    assert "BSAG_DETERMINISTIC 1" in (racy.output_dir / "stdout.run3.log").read_text()
+    assert (racy.output_dir / "dq.bin").read_bytes() != b"", "the first run's outputs are kept"
+    assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(racy.output_dir / "dq.bin")
+    assert not list(racy.output_dir.glob(".run-*"))
+    assert summary.return_code == 1
+
+
+def test_repeat_stops_at_a_failing_run(tmp_path):
+    case_dir = make_case(tmp_path / "out", "repeat_crash")
+
+    result = runner.run_case(case_dir, options(fake_device(tmp_path), repeat=3))
+
+    assert result.outcome == "crashed"
+    assert result.problems[0].startswith("run 1 of 3: killed by SIGSEGV")
+    assert len(read_record(result)["runs"]) == 1
+
+
+# ---- Ctrl-C --------------------------------------------------------------------------------------------
+
+
+def test_ctrl_c_keeps_finished_cases_and_records_the_interrupted_one(tmp_path):
+    root = tmp_path / "out"
+    case_dirs = [make_case(root, "first_good"), make_case(root, "second_hang"), make_case(root, "third_good")]
+    outputs = case_dirs[1] / "outputs"
+    (outputs / "dq.bin").write_text("stale from an earlier run")
+
+    def interrupt_when_hanging(event: runner.RunEvent) -> None:
+        if event.kind == "start" and event.case == "second_hang":
+            deadline = time.monotonic() + 5
+            while not (outputs / ".run-1" / "child.pid").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            raise KeyboardInterrupt
+
+    summary = runner.run_cases(case_dirs, options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
+
+    assert summary.interrupted
+    assert [(r.name, r.outcome) for r in summary.results] == [("first_good", "ok"), ("second_hang", "interrupted")]
+    assert summary.not_run == ["third_good"]
+    assert summary.return_code == 3
+    assert json.loads((case_dirs[0] / "outputs" / "run.json").read_text())["outcome"] == "ok"
+    record = json.loads((outputs / "run.json").read_text())
+    assert record["outcome"] == "interrupted"
+    assert not (outputs / "dq.bin").exists(), "no stale or partial gradients next to an interrupted record"
+    assert not list(outputs.glob(".run-*"))
+    assert not (case_dirs[2] / "outputs" / "run.json").exists()
+    assert not list(root.rglob(".run.json.*.tmp")), "no half-written record"
+
+
+# ---- the --cmd template ---------------------------------------------------------------------------------
+
+
+def test_cmd_template_substitutes_every_placeholder_without_a_shell(tmp_path):
+    case_dir = make_case(tmp_path / "out", "templated")
+    binary = fake_device(tmp_path)
+    cmd = "{binary} --tag 'dev={device_id} dir={case_dir};$HOME' {manifest} {output_dir}"
+
+    result = runner.run_case(case_dir, options(binary, cmd=cmd, device_ids=(5,)))
+
+    assert result.outcome == "ok", result.problems
+    record = read_record(result)
+    staging = str(case_dir / "outputs" / ".run-1")
+    expected_tag = f"dev=5 dir={case_dir};$HOME"
+    assert record["command"] == [str(binary), "--tag", expected_tag, str(case_dir / "case.json"), staging]
+    stdout = (result.output_dir / "stdout.log").read_text()
+    assert f"tag {expected_tag}" in stdout, "quoted text reaches the binary as one argument, unexpanded"
+
+
+def test_cmd_template_without_binary_runs_the_command(tmp_path):
+    case_dir = make_case(tmp_path / "out", "via_cmd")
+    binary = fake_device(tmp_path)
+
+    result = runner.run_case(case_dir, options(cmd=f"{binary} {{manifest}} {{output_dir}}"))
+
+    assert result.outcome == "ok", result.problems
+    assert read_record(result)["binary"] is None
+
+
+@pytest.mark.parametrize(
+    ("cmd", "message"),
+    [
+        ("{binary} {manifest} {outdir}", "unknown placeholder {outdir} (did you mean 'output_dir'?)"),
+        ("{binary} {manifest}", "has no {output_dir}"),
+        ("run '{manifest} {output_dir}", "cannot split it like a shell would"),
+        ("{binary} {output_dir} }", "write literal braces as {{ and }}"),
+        ("", "--cmd is empty"),
+    ],
+)
+def test_bad_cmd_templates_are_refused(tmp_path, cmd, message):
+    with pytest.raises(runner.RunConfigError, match=None) as excinfo:
+        runner.Device.create(binary=fake_device(tmp_path), cmd=cmd)
+    assert message in str(excinfo.value)
+
+
+def test_cmd_binary_placeholder_needs_binary():
+    with pytest.raises(runner.RunConfigError, match=r"--cmd uses \{binary\} but no --binary was given"):
+        runner.Device.create(cmd="{binary} {manifest} {output_dir}")
+
+
+def test_binary_must_exist_and_be_executable(tmp_path):
+    with pytest.raises(runner.RunConfigError, match="no such file"):
+        runner.Device.create(binary=tmp_path / "missing")
+    plain = tmp_path / "plain"
+    plain.write_text("")
+    with pytest.raises(runner.RunConfigError, match=r"not an executable file \(chmod \+x\?\)"):
+        runner.Device.create(binary=plain)
+
+
+# ---- options and selection -----------------------------------------------------------------------------
+
+
+def test_parse_device_ids():
+    assert runner.parse_device_ids("0") == (0,)
+    assert runner.parse_device_ids("0,2, 5") == (0, 2, 5)
+    assert runner.parse_device_ids("0-3") == (0, 1, 2, 3)
+    with pytest.raises(runner.RunConfigError, match="'x' is not a device id"):
+        runner.parse_device_ids("0,x")
+    with pytest.raises(runner.RunConfigError, match="a device id is repeated"):
+        runner.RunOptions(device_ids=(1, 1))
+    with pytest.raises(runner.RunConfigError, match="--repeat 0"):
+        runner.RunOptions(repeat=0)
+
+
+def test_select_cases_filters_by_name_glob(tmp_path):
+    root = tmp_path / "out"
+    for name in ("smoke_a", "smoke_b", "edge_a"):
+        make_case(root, name)
+
+    assert [p.name for p in runner.select_cases([root])] == ["edge_a", "smoke_a", "smoke_b"]
+    assert [p.name for p in runner.select_cases([root], ["smoke_*"])] == ["smoke_a", "smoke_b"]
+    assert [p.name for p in runner.select_cases([root], ["*_b", "edge*"])] == ["edge_a", "smoke_b"]
+    assert [p.name for p in runner.select_cases([root / "edge_a"])] == ["edge_a"]
+    with pytest.raises(DataError, match=r"no case name matches --filter nightly_\* \(3 cases there\)"):
+        runner.select_cases([root], ["nightly_*"])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no case directories"):
+        runner.select_cases([tmp_path / "empty"])
+
+
+def test_environment_is_not_leaked_between_runs(tmp_path):
+    case_dir = make_case(tmp_path / "out", "env_good")
+    os.environ.pop("ASCEND_DEVICE_ID", None)
+
+    runner.run_case(case_dir, options(fake_device(tmp_path), device_ids=(2,), deterministic=True))
+
+    assert "ASCEND_DEVICE_ID" not in os.environ
+    assert "BSAG_DETERMINISTIC 1" in (case_dir / "outputs" / "stdout.log").read_text()
