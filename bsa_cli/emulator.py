@@ -1,0 +1,481 @@
+"""The built-in reference device: plays the NPU so the whole pipeline runs without hardware.
+
+Its results are a *reference*, never device results. It follows the A2/A3 kernel's precision path
+(DOMAIN.md section 2) exactly, with its own tiling and summation order, distinct from
+`golden.backward_kernel`:
+
+* kv-block major, as a FlashAttention-2 style backward: for each kv head and each kv block it gathers
+  every query row (over all query heads of the GQA group and all query blocks) that selects the block,
+  and computes that block's dK and dV with one matrix product each (the group sum happens inside the
+  product); dQ is accumulated across kv blocks, one kv block at a time, in ascending block order.
+* fp32 scores times the fp32 scale, `P32 = exp(S - lse)`, `P16 = cast(P32)`, `Dsum` from the given out in
+  fp32, `dS = P32 * (dP - Dsum)` in fp32, `dS16 = cast(dS)`, `dV += P16^T dout`, `dQ += dS16 K`,
+  `dK += dS16^T Q` in fp32 workspaces; dQ and dK are multiplied by the fp32 scale at the end, then all
+  three are cast to the case dtype.
+* Only the real rows and columns of a partial tail block take part; rows with no selected block are never
+  touched (dq = 0) and neither is their lse, so any empty-row lse (inf, -inf, nan) is harmless; kv
+  positions no query selects get dk = dv = 0.
+
+`emulate(..., fault=NAME)` plants one of `FAULTS`, a realistic kernel bug the comparator must catch.
+`check_interface` plays the aclnn parameter checks, and `emulate_case_dir` the binary contract of
+docs/design.md (a case directory in, dq.bin/dk.bin/dv.bin and status.txt out).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .case import ACLNN_STATUS, MAX_TOKENS, Case, SequenceSpan, numpy_dtype
+from .layout import kv_view, lse_view, mask_view, q_view
+from .manifest import GRAD_NAMES, case_from_manifest
+from .store import array_bytes, load_manifest, read_array
+
+__all__ = [
+    "FAULTS",
+    "STATUS_FILE",
+    "applicable_faults",
+    "check_interface",
+    "emulate",
+    "emulate_case_dir",
+    "fault_applies",
+]
+
+NULLPTR = ACLNN_STATUS["ACLNN_ERR_PARAM_NULLPTR"]
+INVALID = ACLNN_STATUS["ACLNN_ERR_PARAM_INVALID"]
+STATUS_FILE = "status.txt"
+
+FAULTS: dict[str, str] = {
+    "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "
+    "Skv % Y != 0, else the q tail block when Sq % X != 0 (applies when such a tail block is selected)",
+    "no-gqa-sum": "dk/dv take only the first query head of each GQA group instead of the group sum "
+    "(applies only with N1 > N2 and a selection in a non-first head of a group)",
+    "dk-no-scale": "dK is not multiplied by scale at the end (applies when scale != 1)",
+    "mask-transposed": "the block mask is read as [.., j, i] (out-of-range transposed indices read as "
+    "unselected; applies when the mask is not symmetric)",
+    "block-shift": "kv block j > 0 reads the selection of block j - 1 (applies when some row's selection "
+    "changes along the kv blocks)",
+    "lse-base2": "softmaxLse read as a base-2 log: P = exp2(S * log2(e) - lse)",
+    "no-dsum": "Dsum omitted: dS = P * dP",
+    "nan-row": "one row of dq (a selected query row) is NaN",
+    "stale-output": "dq, dk, dv all zero, as if never written",
+    "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
+    "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
+}
+"""Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
+selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
+
+_LOG2E = np.float32(math.log2(math.e))
+
+
+# ---- interface checks -----------------------------------------------------------------------------
+
+
+def check_interface(params: Mapping[str, Any]) -> tuple[int, str]:
+    """Check a manifest's `params` the way the aclnn interface does; return (status, message).
+
+    Null pointers (161001) are checked first: a null blockShape, and null actualSeqLengths(Kv) with TND.
+    Then invalid parameters (161002): dtype not float16/bfloat16, a layout not BNSD/TND, q and kv layouts
+    differing, N1 % N2 != 0 or N1 < N2, a block shape that is not two positive integers, maskType != 0,
+    preTokens/nextTokens != 2147483647. Kernel constraints (D = 128, BNSD only, MHA) are not errors here.
+
+    Returns:
+        (0, "") for a valid call, else the aclnn status and a message naming the bad value.
+    """
+    layout = params.get("layout")
+    kv_layout = params.get("kv_layout") or layout
+    block_shape = params.get("block_shape")
+    if block_shape is None:
+        return NULLPTR, "blockShape is null: it is mandatory (pass [X, Y])"
+    if "TND" in (layout, kv_layout):
+        for key, name in (
+            ("actual_seq_lengths", "actualSeqLengths"),
+            ("actual_seq_lengths_kv", "actualSeqLengthsKv"),
+        ):
+            if params.get(key) is None:
+                return NULLPTR, f"{name} is null: it is mandatory with the TND layout"
+    dtype = params.get("dtype")
+    if dtype not in ("float16", "bfloat16"):
+        return INVALID, f"dtype {dtype!r} is not supported: expected float16 or bfloat16"
+    for name, value in (("qInputLayout", layout), ("kvInputLayout", kv_layout)):
+        if value not in ("BNSD", "TND"):
+            return INVALID, f"{name} {value!r} is not supported: expected BNSD or TND"
+    if layout != kv_layout:
+        return INVALID, f"qInputLayout {layout!r} and kvInputLayout {kv_layout!r} must be equal"
+    heads, kv_heads = params.get("num_heads"), params.get("num_kv_heads")
+    if not (_is_int(heads) and _is_int(kv_heads) and heads > 0 and kv_heads > 0):
+        return INVALID, f"head numbers N1={heads!r}, N2={kv_heads!r} must be positive integers"
+    if heads < kv_heads or heads % kv_heads:
+        return INVALID, f"numHeads {heads} must be a multiple of numKeyValueHeads {kv_heads} (N1 >= N2)"
+    if not (
+        isinstance(block_shape, (list, tuple))
+        and len(block_shape) == 2
+        and all(_is_int(v) and v > 0 for v in block_shape)
+    ):
+        return INVALID, f"blockShape {block_shape!r} is invalid: expected two positive integers [X, Y]"
+    if params.get("mask_type", 0) != 0:
+        return INVALID, f"maskType {params.get('mask_type')!r} is not supported: only 0"
+    for key, name in (("pre_tokens", "preTokens"), ("next_tokens", "nextTokens")):
+        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
+            return INVALID, f"{name} {params.get(key)!r} is not supported: only {MAX_TOKENS}"
+    return 0, ""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+# ---- fault geometry -------------------------------------------------------------------------------
+
+
+def _effective_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault: str | None) -> np.ndarray:
+    """Return the [N1, nQ, nKV] bool mask of a batch entry as the (possibly faulty) kernel reads it."""
+    mask = mask_view(case, block_mask, span)
+    n_q, n_kv = mask.shape[1:]
+    if fault == "mask-transposed":
+        full = np.asarray(block_mask[span.batch]) != 0  # [N1, nQmax, nKVmax]
+        read = np.zeros_like(mask)
+        rows, cols = min(n_q, full.shape[2]), min(n_kv, full.shape[1])
+        read[:, :rows, :cols] = full[:, :cols, :rows].transpose(0, 2, 1)
+        return read
+    if fault == "block-shift":
+        read = mask.copy()
+        read[:, :, 1:] = mask[:, :, :-1]
+        return read
+    if fault == "drop-tail-block":
+        x, y = case.block_shape
+        read = mask.copy()
+        if span.kv_len % y and n_kv:
+            read[:, :, -1] = False
+        elif span.q_len % x and n_q:
+            read[:, -1, :] = False
+        return read
+    return mask
+
+
+def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -> bool:
+    """Say whether fault `name` changes the outputs of `case`.
+
+    With `block_mask` (the full [B, N1, nQ, nKV] input) the answer is exact up to coincidences of the
+    data (a zero dout, an lse of exactly 0); without it, only the geometry decides and faults that depend
+    on the mask pattern are assumed to apply.
+    """
+    if name not in FAULTS:
+        raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(FAULTS)}")
+    spans = [s for s in case.spans() if s.q_len and s.kv_len]
+    if name == "nan-row":
+        return any(s.q_len for s in case.spans()) and case.num_heads > 0 and case.head_dim > 0
+    if name == "no-gqa-sum" and case.group_size <= 1:
+        return False
+    if name == "dk-no-scale" and case.scale == 1.0:
+        return False
+    if name == "drop-tail-block" and not any(
+        s.kv_len % case.block_shape[1] or s.q_len % case.block_shape[0] for s in spans
+    ):
+        return False
+    if block_mask is None:
+        return bool(spans)
+    for span in spans:
+        mask = mask_view(case, block_mask, span)
+        if not mask.any():
+            continue
+        if name == "no-gqa-sum":
+            group = case.group_size
+            if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
+                return True
+        elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
+            if not np.array_equal(mask, _effective_mask(case, block_mask, span, name)):
+                return True
+        else:
+            return True
+    return False
+
+
+def applicable_faults(case: Case, block_mask: np.ndarray | None = None) -> list[str]:
+    """Return the names of the faults that change the outputs of `case` (see `fault_applies`)."""
+    return [name for name in FAULTS if fault_applies(name, case, block_mask)]
+
+
+# ---- the kernel path, one batch entry -------------------------------------------------------------
+
+
+def _io32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
+    """Return `tensor` rounded to the kernel's input dtype and upcast (exactly) to contiguous float32."""
+    return np.ascontiguousarray(np.asarray(tensor).astype(io_dtype).astype(np.float32))
+
+
+@dataclass
+class _Sequence:
+    """One batch entry's inputs, flattened heads-major and upcast: rows of query-shaped tensors are
+    indexed `head * q_len + position`."""
+
+    query: np.ndarray  # [N1 * sq, D] float32
+    dout: np.ndarray  # [N1 * sq, D] float32
+    dsum: np.ndarray  # [N1 * sq] float32
+    lse: np.ndarray  # [N1 * sq] float32
+    key: np.ndarray  # [N2, skv, D] float32
+    value: np.ndarray  # [N2, skv, D] float32
+    q_len: int
+
+
+def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: SequenceSpan) -> _Sequence:
+    io_dtype = numpy_dtype(case.dtype)
+    dim = case.head_dim
+    dout = _io32(q_view(case, tensors["dout"], span), io_dtype).reshape(-1, dim)
+    out = _io32(q_view(case, tensors["attention_out"], span), io_dtype).reshape(-1, dim)
+    lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
+    return _Sequence(
+        query=_io32(q_view(case, tensors["query"], span), io_dtype).reshape(-1, dim),
+        dout=dout,
+        dsum=(dout * out).sum(axis=1, dtype=np.float32),
+        lse=lse.reshape(-1),
+        key=_io32(kv_view(case, tensors["key"], span), io_dtype),
+        value=_io32(kv_view(case, tensors["value"], span), io_dtype),
+        q_len=span.q_len,
+    )
+
+
+_CHUNK_ROWS = 512
+"""Query rows per tile of the kv-block-major loop: dK and dV of a kv block are summed tile by tile."""
+
+
+def _sequence_grads(
+    seq: _Sequence, mask: np.ndarray, case: Case, fault: str | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major.
+
+    For each kv head and kv block, the (query head, query block) pairs that select the block are taken
+    in (head, block) order, in tiles of about `_CHUNK_ROWS` query rows; each tile adds its share to the
+    block's dK and dV and to the dQ of its rows.
+    """
+    x, y = case.block_shape
+    kv_heads, kv_len, _ = seq.key.shape
+    group = mask.shape[0] // kv_heads
+    dq = np.zeros_like(seq.query)
+    dk = np.zeros_like(seq.key)
+    dv = np.zeros_like(seq.value)
+    block_rows = [np.arange(i * x, min((i + 1) * x, seq.q_len)) for i in range(mask.shape[1])]
+    pairs_per_tile = max(1, _CHUNK_ROWS // x)
+    for kv_head in range(kv_heads):
+        group_mask = mask[kv_head * group : (kv_head + 1) * group]  # [G, nQ, nKV]
+        for block in range(mask.shape[2]):
+            members, q_blocks = np.nonzero(group_mask[:, :, block])
+            cols = slice(block * y, min((block + 1) * y, kv_len))
+            for first in range(0, members.size, pairs_per_tile):
+                tile = slice(first, first + pairs_per_tile)
+                rows = [
+                    (kv_head * group + m) * seq.q_len + block_rows[i]
+                    for m, i in zip(members[tile], q_blocks[tile], strict=True)
+                ]
+                if fault == "no-gqa-sum":
+                    in_sum = np.repeat(members[tile] == 0, [len(r) for r in rows])
+                else:
+                    in_sum = None
+                _tile_grads(seq, np.concatenate(rows), kv_head, cols, in_sum, case, fault, dq, dk, dv)
+    return dq, dk, dv
+
+
+def _tile_grads(
+    seq: _Sequence,
+    rows: np.ndarray,
+    kv_head: int,
+    cols: slice,
+    in_sum: np.ndarray | None,
+    case: Case,
+    fault: str | None,
+    dq: np.ndarray,
+    dk: np.ndarray,
+    dv: np.ndarray,
+) -> None:
+    """Add one tile (query `rows` against kv block `cols` of `kv_head`) to dq, dk, dv in place.
+
+    `in_sum` (no-gqa-sum fault) marks the rows whose contributions reach dk and dv.
+    """
+    io_dtype = numpy_dtype(case.dtype)
+    key = seq.key[kv_head, cols]
+    value = seq.value[kv_head, cols]
+    query = seq.query[rows]
+    dout = seq.dout[rows]
+    probs = query @ key.T
+    probs *= np.float32(case.scale)
+    if fault == "lse-base2":
+        probs *= _LOG2E
+        probs -= seq.lse[rows, None]
+        np.exp2(probs, out=probs)
+    else:
+        probs -= seq.lse[rows, None]
+        np.exp(probs, out=probs)
+    dscores = dout @ value.T
+    if fault != "no-dsum":
+        dscores -= seq.dsum[rows, None]
+    dscores *= probs
+    dscores_io = dscores.astype(io_dtype).astype(np.float32)
+    probs_io = probs.astype(io_dtype).astype(np.float32)
+    dq[rows] += dscores_io @ key  # rows are distinct within one kv block
+    if in_sum is not None:
+        probs_io, dscores_io, dout, query = probs_io[in_sum], dscores_io[in_sum], dout[in_sum], query[in_sum]
+    dv[kv_head, cols] += probs_io.T @ dout
+    dk[kv_head, cols] += dscores_io.T @ query
+
+
+# ---- whole case -----------------------------------------------------------------------------------
+
+
+def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None) -> dict[str, np.ndarray]:
+    """Compute dq, dk, dv of a case the way the kernel does, in the case dtype, optionally with a fault.
+
+    Args:
+        case: the case geometry (`manifest.case_from_manifest` gives it for a case directory).
+        tensors: query, key, value, dout, attention_out (case dtype), softmax_lse (float32, with or without
+            the trailing 1) and block_sparse_mask (nonzero = selected), keyed by the manifest input names.
+        fault: None for the clean reference, or a name from `FAULTS`.
+
+    Returns:
+        {"dq", "dk", "dv"} of the shapes of query and key, in the case dtype. Padding stays 0.
+    """
+    if fault is not None and fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(FAULTS)}")
+    io_dtype = numpy_dtype(case.dtype)
+    block_mask = np.asarray(tensors["block_sparse_mask"])
+    dq = np.zeros(case.q_shape, dtype=np.float32)
+    dk = np.zeros(case.kv_shape, dtype=np.float32)
+    dv = np.zeros(case.kv_shape, dtype=np.float32)
+    for span in case.spans():
+        if span.q_len == 0 or span.kv_len == 0:
+            continue
+        seq = _load_sequence(case, tensors, span)
+        mask = _effective_mask(case, block_mask, span, fault)
+        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault)
+        q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
+        kv_view(case, dk, span)[...] = dk_seq
+        kv_view(case, dv, span)[...] = dv_seq
+    scale32 = np.float32(case.scale)
+    dq *= scale32
+    if fault != "dk-no-scale":
+        dk *= scale32
+    grads = {"dq": dq.astype(io_dtype), "dk": dk.astype(io_dtype), "dv": dv.astype(io_dtype)}
+    if fault == "stale-output":
+        return {name: np.zeros_like(grad) for name, grad in grads.items()}
+    if fault in ("nan-row", "tile-noise"):
+        site = _fault_site(case, block_mask)
+        if fault == "nan-row":
+            _plant_nan_row(case, grads["dq"], site)
+        elif site is not None:
+            _plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
+    return grads
+
+
+@dataclass(frozen=True)
+class _Site:
+    """Where a row-level fault lands: batch entry, query head, query block."""
+
+    span: SequenceSpan
+    head: int
+    q_block: int
+
+
+def _fault_site(case: Case, block_mask: np.ndarray) -> _Site | None:
+    """Return the middle (head, query block) with a selected kv block, in (span, head, block) order."""
+    sites = []
+    for span in case.spans():
+        if span.q_len == 0 or span.kv_len == 0:
+            continue
+        heads, blocks = np.nonzero(mask_view(case, block_mask, span).any(axis=2))
+        sites.extend(_Site(span, int(h), int(i)) for h, i in zip(heads, blocks, strict=True))
+    return sites[len(sites) // 2] if sites else None
+
+
+def _plant_nan_row(case: Case, dq: np.ndarray, site: _Site | None) -> None:
+    """Write NaN into the first row of the site's query block (the first dq row without a site)."""
+    if site is None:
+        dq.reshape(-1, case.head_dim)[0] = np.nan
+    else:
+        q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
+
+
+def _plant_tile_noise(
+    case: Case, tensors: Mapping[str, np.ndarray], block_mask: np.ndarray, dq: np.ndarray, site: _Site
+) -> None:
+    """Scale the error of one 16x16 dq tile at `site` (against a float64 golden of those rows) by 5."""
+    x, y = case.block_shape
+    span, head = site.span, site.head
+    first = site.q_block * x
+    rows = slice(first, min(first + 16, span.q_len))
+    col0 = (case.head_dim // 16 // 2) * 16
+    cols = slice(col0, min(col0 + 16, case.head_dim))
+    kv_head = head // case.group_size
+    selected = np.flatnonzero(mask_view(case, block_mask, span)[head, site.q_block])
+    kv_pos = np.concatenate([np.arange(j * y, min((j + 1) * y, span.kv_len)) for j in selected])
+    key = kv_view(case, tensors["key"], span)[kv_head, kv_pos].astype(np.float64)
+    value = kv_view(case, tensors["value"], span)[kv_head, kv_pos].astype(np.float64)
+    query = q_view(case, tensors["query"], span)[head, rows].astype(np.float64)
+    dout = q_view(case, tensors["dout"], span)[head, rows].astype(np.float64)
+    out = q_view(case, tensors["attention_out"], span)[head, rows].astype(np.float64)
+    lse = lse_view(case, np.asarray(tensors["softmax_lse"]), span)[head, rows].astype(np.float64)
+    probs = np.exp(case.scale * (query @ key.T) - lse[:, None])
+    dscores = probs * (dout @ value.T - (dout * out).sum(axis=1, keepdims=True))
+    golden = case.scale * (dscores @ key)[:, cols]
+    tile = q_view(case, dq, span)[head, rows, cols]
+    error = tile.astype(np.float64) - golden
+    tile[...] = (golden + 5.0 * error).astype(dq.dtype)
+
+
+# ---- the binary contract ----------------------------------------------------------------------------
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes through a temporary file in the same directory and an atomic rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None) -> int:
+    """Act as the device binary on one case directory; return the aclnn status written to status.txt.
+
+    Checks the interface first: a rejected call writes only status.txt (status, message). A valid call
+    reads and verifies the inputs, emulates, writes dq.bin, dk.bin, dv.bin as the manifest's `outputs`
+    say, then status.txt "0". Old status and gradient files are removed first and every file is written
+    atomically, so an interrupted run never leaves a result that looks complete.
+
+    Raises:
+        DataError: the manifest or an input file is missing, malformed or stale.
+    """
+    case_dir, output_dir = Path(case_dir), Path(output_dir)
+    manifest = load_manifest(case_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    outputs = manifest.get("outputs") or {}
+    (output_dir / STATUS_FILE).unlink(missing_ok=True)
+    for name in GRAD_NAMES:
+        if name in outputs:
+            (output_dir / outputs[name]["file"]).unlink(missing_ok=True)
+    status, message = check_interface(manifest["params"])
+    if status != 0:
+        _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
+        return status
+    tensors = {name: read_array(case_dir, entry) for name, entry in manifest["inputs"].items()}
+    grads = emulate(case_from_manifest(manifest), tensors, fault)
+    for name in GRAD_NAMES:
+        entry = outputs[name]
+        grad = grads[name]
+        expected = numpy_dtype(entry["dtype"])
+        if grad.dtype != expected or list(grad.shape) != list(entry["shape"]):
+            wanted = f"{expected} {entry['shape']}"
+            raise ValueError(f"{name}: emulated {grad.dtype} {list(grad.shape)}, manifest wants {wanted}")
+        path = output_dir / entry["file"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, array_bytes(grad))
+    _write_atomic(output_dir / STATUS_FILE, b"0\n")
+    return 0
