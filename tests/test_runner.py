@@ -317,7 +317,10 @@ def test_ctrl_c_keeps_finished_cases_and_records_the_interrupted_one(tmp_path):
     summary = runner.run_cases(case_dirs, options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
 
     assert summary.interrupted
-    assert [(r.name, r.outcome) for r in summary.results] == [("first_good", "ok"), ("second_hang", "interrupted")]
+    assert [(r.name, r.outcome) for r in summary.results] == [
+        ("first_good", "ok"),
+        ("second_hang", "interrupted"),
+    ]
     assert summary.not_run == ["third_good"]
     assert summary.return_code == 3
     assert json.loads((case_dirs[0] / "outputs" / "run.json").read_text())["outcome"] == "ok"

@@ -1,0 +1,617 @@
+// bsa_grad_harness: run aclnnBlockSparseAttentionGrad on one case written by `bsa gen`.
+//
+// The bsa binary contract (docs/run.md):
+//
+//     bsa_grad_harness [options] <case_dir>/case.json <output_dir>
+//
+// reads <case_dir>/case.txt (the flat `key value...` file of the case) and the input .bin files it lists,
+// builds the aclTensors in the case's layout and dtype, calls aclnnBlockSparseAttentionGradGetWorkspaceSize
+// and aclnnBlockSparseAttentionGrad on device ASCEND_DEVICE_ID, and writes into <output_dir>:
+//   dq.bin dk.bin dv.bin   raw little-endian, as the case's `output` lines say (only when the status is 0)
+//   status.txt             first line the aclnn status (0, 161001, 161002, ...), second line a message
+//
+// Exit codes: 0 the status was recorded (whatever it is); 2 bad arguments or case files;
+// 3 an AscendCL runtime call failed (init, device, memory, stream sync); 4 an output file could not be
+// written. Every acl resource is released on every path (RAII).
+//
+// Options:
+//   --device N              device id (default: $ASCEND_DEVICE_ID, else 0)
+//   --fill nan|zero|none    fill dq/dk/dv on the device before the call (default nan: bytes 0xFF, so an
+//                           element the kernel never writes shows up as NaN instead of passing as 0)
+//   --mask-dtype uint8|bool dtype of the blockSparseMask tensor (default uint8; same bytes either way)
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "acl/acl.h"
+#include "aclnn/acl_meta.h"
+#include "aclnn_block_sparse_attention_grad.h"
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitBadInput = 2;
+constexpr int kExitRuntime = 3;
+constexpr int kExitWrite = 4;
+
+// An error that ends the run with an exit code (after every RAII owner has released its resource).
+class HarnessError : public std::runtime_error {
+public:
+    HarnessError(int exitCode, const std::string &message) : std::runtime_error(message), exitCode_(exitCode) {}
+    int exitCode() const { return exitCode_; }
+
+private:
+    int exitCode_;
+};
+
+std::string RecentAclMessage()
+{
+    const char *message = aclGetRecentErrMsg();
+    return message != nullptr ? std::string(message) : std::string();
+}
+
+void CheckAcl(aclError ret, const char *what)
+{
+    if (ret != ACL_SUCCESS) {
+        std::ostringstream text;
+        text << what << " failed with error " << ret;
+        const std::string detail = RecentAclMessage();
+        if (!detail.empty()) {
+            text << ": " << detail;
+        }
+        throw HarnessError(kExitRuntime, text.str());
+    }
+}
+
+// ---- the case ------------------------------------------------------------------------------------------
+
+struct ArraySpec {
+    std::string name;
+    std::string file;
+    std::string dtype;
+    std::vector<int64_t> dims;
+};
+
+struct CaseSpec {
+    std::map<std::string, std::string> params;  // key -> rest of the line
+    std::map<std::string, ArraySpec> inputs;
+    std::map<std::string, ArraySpec> outputs;
+
+    const std::string &Param(const std::string &key) const
+    {
+        auto it = params.find(key);
+        if (it == params.end()) {
+            throw HarnessError(kExitBadInput, "case.txt has no '" + key + "' line");
+        }
+        return it->second;
+    }
+
+    int64_t IntParam(const std::string &key) const
+    {
+        const std::string &text = Param(key);
+        char *end = nullptr;
+        errno = 0;
+        const long long value = std::strtoll(text.c_str(), &end, 10);
+        if (errno != 0 || end == text.c_str() || *end != '\0') {
+            throw HarnessError(kExitBadInput, "case.txt: '" + key + "' is not an integer: " + text);
+        }
+        return static_cast<int64_t>(value);
+    }
+
+    double DoubleParam(const std::string &key) const
+    {
+        const std::string &text = Param(key);
+        char *end = nullptr;
+        const double value = std::strtod(text.c_str(), &end);
+        if (end == text.c_str() || *end != '\0') {
+            throw HarnessError(kExitBadInput, "case.txt: '" + key + "' is not a number: " + text);
+        }
+        return value;
+    }
+
+    // A list parameter: nullptr-equivalent (false) when written as "-".
+    bool ListParam(const std::string &key, std::vector<int64_t> *values) const
+    {
+        const std::string &text = Param(key);
+        values->clear();
+        if (text == "-") {
+            return false;
+        }
+        std::istringstream in(text);
+        std::string token;
+        while (in >> token) {
+            char *end = nullptr;
+            const long long value = std::strtoll(token.c_str(), &end, 10);
+            if (end == token.c_str() || *end != '\0') {
+                throw HarnessError(kExitBadInput, "case.txt: '" + key + "' has a non-integer: " + token);
+            }
+            values->push_back(static_cast<int64_t>(value));
+        }
+        return true;
+    }
+};
+
+ArraySpec ParseArrayLine(std::istringstream &in, const std::string &line)
+{
+    ArraySpec spec;
+    size_t ndim = 0;
+    if (!(in >> spec.name >> spec.file >> spec.dtype >> ndim)) {
+        throw HarnessError(kExitBadInput, "case.txt: malformed array line: " + line);
+    }
+    for (size_t i = 0; i < ndim; ++i) {
+        int64_t dim = 0;
+        if (!(in >> dim) || dim < 0) {
+            throw HarnessError(kExitBadInput, "case.txt: bad dimension in: " + line);
+        }
+        spec.dims.push_back(dim);
+    }
+    return spec;
+}
+
+CaseSpec ReadCase(const std::string &path)
+{
+    std::ifstream file(path);
+    if (!file) {
+        throw HarnessError(kExitBadInput, "cannot read " + path + " (write the case with `bsa gen`)");
+    }
+    CaseSpec spec;
+    std::string line;
+    while (std::getline(file, line)) {
+        if (line.empty()) {
+            continue;
+        }
+        std::istringstream in(line);
+        std::string key;
+        in >> key;
+        if (key == "input" || key == "output") {
+            ArraySpec array = ParseArrayLine(in, line);
+            (key == "input" ? spec.inputs : spec.outputs)[array.name] = array;
+        } else if (key == "golden") {
+            continue;  // the harness never reads the golden
+        } else {
+            std::string rest;
+            std::getline(in >> std::ws, rest);
+            spec.params[key] = rest;
+        }
+    }
+    if (spec.Param("format") != "bsa-case/1") {
+        throw HarnessError(kExitBadInput, path + ": format '" + spec.Param("format") + "' is not bsa-case/1");
+    }
+    return spec;
+}
+
+struct DtypeInfo {
+    aclDataType acl;
+    size_t size;
+};
+
+DtypeInfo Dtype(const std::string &name)
+{
+    static const std::map<std::string, DtypeInfo> table = {
+        {"float16", {ACL_FLOAT16, 2}}, {"bfloat16", {ACL_BF16, 2}}, {"float32", {ACL_FLOAT, 4}},
+        {"float64", {ACL_DOUBLE, 8}},  {"uint8", {ACL_UINT8, 1}},   {"bool", {ACL_BOOL, 1}},
+        {"int64", {ACL_INT64, 8}},
+    };
+    auto it = table.find(name);
+    if (it == table.end()) {
+        throw HarnessError(kExitBadInput, "case.txt: unknown dtype '" + name + "'");
+    }
+    return it->second;
+}
+
+size_t ElementCount(const std::vector<int64_t> &dims)
+{
+    size_t count = 1;
+    for (int64_t dim : dims) {
+        count *= static_cast<size_t>(dim);
+    }
+    return count;
+}
+
+std::vector<char> ReadFile(const std::string &path, size_t expected)
+{
+    std::ifstream file(path, std::ios::binary | std::ios::ate);
+    if (!file) {
+        throw HarnessError(kExitBadInput, "cannot read " + path);
+    }
+    const std::streamoff size = file.tellg();
+    if (size < 0 || static_cast<size_t>(size) != expected) {
+        throw HarnessError(kExitBadInput, path + ": " + std::to_string(static_cast<long long>(size)) +
+                                              " bytes, expected " + std::to_string(expected));
+    }
+    std::vector<char> data(expected);
+    file.seekg(0);
+    if (expected > 0 && !file.read(data.data(), static_cast<std::streamsize>(expected))) {
+        throw HarnessError(kExitBadInput, "cannot read " + path);
+    }
+    return data;
+}
+
+void WriteFile(const std::string &path, const void *data, size_t size)
+{
+    std::ofstream file(path, std::ios::binary | std::ios::trunc);
+    if (!file || !file.write(static_cast<const char *>(data), static_cast<std::streamsize>(size)) || !file.flush()) {
+        throw HarnessError(kExitWrite, "cannot write " + path);
+    }
+}
+
+void WriteStatus(const std::string &outputDir, aclnnStatus status, const std::string &message)
+{
+    std::string text = std::to_string(status) + "\n";
+    if (!message.empty()) {
+        std::string oneLine = message;
+        for (char &c : oneLine) {
+            if (c == '\n' || c == '\r') {
+                c = ' ';
+            }
+        }
+        text += oneLine + "\n";
+    }
+    WriteFile(outputDir + "/status.txt", text.data(), text.size());
+}
+
+// ---- RAII owners of acl resources --------------------------------------------------------------------
+
+class AclSession {
+public:
+    explicit AclSession(int32_t deviceId) : deviceId_(deviceId)
+    {
+        CheckAcl(aclInit(nullptr), "aclInit");
+        initialized_ = true;
+        try {
+            CheckAcl(aclrtSetDevice(deviceId_), "aclrtSetDevice");
+            deviceSet_ = true;
+            CheckAcl(aclrtCreateStream(&stream_), "aclrtCreateStream");
+        } catch (...) {
+            Release();
+            throw;
+        }
+    }
+    ~AclSession() { Release(); }
+    AclSession(const AclSession &) = delete;
+    AclSession &operator=(const AclSession &) = delete;
+
+    aclrtStream stream() const { return stream_; }
+
+private:
+    void Release()
+    {
+        if (stream_ != nullptr) {
+            aclrtDestroyStream(stream_);
+            stream_ = nullptr;
+        }
+        if (deviceSet_) {
+            aclrtResetDevice(deviceId_);
+            deviceSet_ = false;
+        }
+        if (initialized_) {
+            aclFinalize();
+            initialized_ = false;
+        }
+    }
+
+    int32_t deviceId_;
+    aclrtStream stream_ = nullptr;
+    bool initialized_ = false;
+    bool deviceSet_ = false;
+};
+
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    explicit DeviceBuffer(size_t size) : size_(size)
+    {
+        if (size_ > 0) {
+            CheckAcl(aclrtMalloc(&ptr_, size_, ACL_MEM_MALLOC_HUGE_FIRST), "aclrtMalloc");
+        }
+    }
+    ~DeviceBuffer()
+    {
+        if (ptr_ != nullptr) {
+            aclrtFree(ptr_);
+        }
+    }
+    DeviceBuffer(const DeviceBuffer &) = delete;
+    DeviceBuffer &operator=(const DeviceBuffer &) = delete;
+    DeviceBuffer(DeviceBuffer &&other) noexcept : ptr_(std::exchange(other.ptr_, nullptr)), size_(other.size_) {}
+    DeviceBuffer &operator=(DeviceBuffer &&other) noexcept
+    {
+        std::swap(ptr_, other.ptr_);
+        std::swap(size_, other.size_);
+        return *this;
+    }
+
+    void *get() const { return ptr_; }
+    size_t size() const { return size_; }
+
+private:
+    void *ptr_ = nullptr;
+    size_t size_ = 0;
+};
+
+struct TensorDeleter {
+    void operator()(aclTensor *tensor) const { aclDestroyTensor(tensor); }
+};
+struct IntArrayDeleter {
+    void operator()(aclIntArray *array) const { aclDestroyIntArray(array); }
+};
+using TensorPtr = std::unique_ptr<aclTensor, TensorDeleter>;
+using IntArrayPtr = std::unique_ptr<aclIntArray, IntArrayDeleter>;
+
+// A device tensor: its buffer, its contiguous ND aclTensor, and what it holds.
+struct DeviceTensor {
+    ArraySpec spec;
+    DtypeInfo dtype{ACL_DT_UNDEFINED, 0};
+    DeviceBuffer buffer;
+    TensorPtr tensor;
+
+    size_t bytes() const { return ElementCount(spec.dims) * dtype.size; }
+};
+
+std::unique_ptr<DeviceTensor> MakeTensor(const ArraySpec &spec, const std::string &dtypeOverride = "")
+{
+    auto result = std::make_unique<DeviceTensor>();
+    result->spec = spec;
+    result->dtype = Dtype(dtypeOverride.empty() ? spec.dtype : dtypeOverride);
+    result->buffer = DeviceBuffer(result->bytes());
+    const std::vector<int64_t> &dims = spec.dims;
+    std::vector<int64_t> strides(dims.size(), 1);
+    for (size_t i = dims.size(); i-- > 1;) {
+        strides[i - 1] = strides[i] * dims[i];
+    }
+    aclTensor *tensor = aclCreateTensor(dims.data(), dims.size(), result->dtype.acl, strides.data(), 0, ACL_FORMAT_ND,
+                                        dims.data(), dims.size(), result->buffer.get());
+    if (tensor == nullptr) {
+        throw HarnessError(kExitRuntime, "aclCreateTensor failed for " + spec.name + ": " + RecentAclMessage());
+    }
+    result->tensor.reset(tensor);
+    return result;
+}
+
+// The executor of the first phase: the second phase releases it; if that never runs (the workspace
+// allocation failed), it is destroyed here, as the ops' own test framework does after a failed tiling.
+// Toolkits without aclDestroyAclOpExecutor: build with -DBSA_NO_EXECUTOR_DESTROY (leaks it on that path).
+class ExecutorGuard {
+public:
+    ExecutorGuard() = default;
+    ~ExecutorGuard()
+    {
+#ifndef BSA_NO_EXECUTOR_DESTROY
+        if (executor_ != nullptr) {
+            aclDestroyAclOpExecutor(executor_);
+        }
+#endif
+    }
+    ExecutorGuard(const ExecutorGuard &) = delete;
+    ExecutorGuard &operator=(const ExecutorGuard &) = delete;
+
+    aclOpExecutor **out() { return &executor_; }
+    // Hand the executor to the second phase, which releases it.
+    aclOpExecutor *release() { return std::exchange(executor_, nullptr); }
+
+private:
+    aclOpExecutor *executor_ = nullptr;
+};
+
+IntArrayPtr MakeIntArray(const std::vector<int64_t> &values, const char *what)
+{
+    aclIntArray *array = aclCreateIntArray(values.data(), values.size());
+    if (array == nullptr) {
+        throw HarnessError(kExitRuntime, std::string("aclCreateIntArray failed for ") + what);
+    }
+    return IntArrayPtr(array);
+}
+
+// ---- the run -----------------------------------------------------------------------------------------
+
+struct Options {
+    std::string manifest;
+    std::string outputDir;
+    int32_t deviceId = 0;
+    std::string fill = "nan";
+    std::string maskDtype = "uint8";
+};
+
+const char *kUsage =
+    "usage: bsa_grad_harness [--device N] [--fill nan|zero|none] [--mask-dtype uint8|bool] "
+    "<case_dir>/case.json <output_dir>\n";
+
+Options ParseArgs(int argc, char **argv)
+{
+    Options options;
+    if (const char *env = std::getenv("ASCEND_DEVICE_ID")) {
+        options.deviceId = static_cast<int32_t>(std::atoi(env));
+    }
+    std::vector<std::string> positional;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&](const char *flag) -> std::string {
+            if (i + 1 >= argc) {
+                throw HarnessError(kExitBadInput, std::string(flag) + " needs a value\n" + kUsage);
+            }
+            return argv[++i];
+        };
+        if (arg == "--device") {
+            options.deviceId = static_cast<int32_t>(std::atoi(value("--device").c_str()));
+        } else if (arg == "--fill") {
+            options.fill = value("--fill");
+            if (options.fill != "nan" && options.fill != "zero" && options.fill != "none") {
+                throw HarnessError(kExitBadInput, "--fill must be nan, zero or none");
+            }
+        } else if (arg == "--mask-dtype") {
+            options.maskDtype = value("--mask-dtype");
+            if (options.maskDtype != "uint8" && options.maskDtype != "bool") {
+                throw HarnessError(kExitBadInput, "--mask-dtype must be uint8 or bool");
+            }
+        } else if (arg == "-h" || arg == "--help") {
+            std::cout << kUsage;
+            std::exit(kExitOk);
+        } else if (!arg.empty() && arg[0] == '-') {
+            throw HarnessError(kExitBadInput, "unknown option " + arg + "\n" + kUsage);
+        } else {
+            positional.push_back(arg);
+        }
+    }
+    if (positional.size() != 2) {
+        throw HarnessError(kExitBadInput, kUsage);
+    }
+    options.manifest = positional[0];
+    options.outputDir = positional[1];
+    return options;
+}
+
+std::string CaseDir(const std::string &manifest)
+{
+    const size_t slash = manifest.find_last_of('/');
+    if (manifest.size() >= 9 && manifest.compare(manifest.size() - 9, 9, "case.json") == 0) {
+        return slash == std::string::npos ? "." : manifest.substr(0, slash);
+    }
+    return manifest;  // a case directory was given
+}
+
+std::vector<char> LayoutBuffer(const std::string &layout)
+{
+    std::vector<char> buffer(layout.begin(), layout.end());
+    buffer.push_back('\0');
+    return buffer;
+}
+
+int Run(const Options &options)
+{
+    const std::string caseDir = CaseDir(options.manifest);
+    const CaseSpec spec = ReadCase(caseDir + "/case.txt");
+    std::cout << "case " << spec.Param("name") << " on device " << options.deviceId << std::endl;
+
+    // Host data first: a bad or stale file fails before the device is touched.
+    static const char *kInputs[] = {"dout", "query", "key", "value", "attention_out", "softmax_lse",
+                                    "block_sparse_mask"};
+    std::map<std::string, std::vector<char>> host;
+    for (const char *name : kInputs) {
+        auto it = spec.inputs.find(name);
+        if (it != spec.inputs.end()) {
+            const ArraySpec &array = it->second;
+            host[name] = ReadFile(caseDir + "/" + array.file, ElementCount(array.dims) * Dtype(array.dtype).size);
+        }
+    }
+    for (const char *name : {"dq", "dk", "dv"}) {
+        if (spec.outputs.find(name) == spec.outputs.end()) {
+            throw HarnessError(kExitBadInput, std::string("case.txt has no 'output ") + name + "' line");
+        }
+    }
+
+    AclSession session(options.deviceId);
+
+    // Inputs (an input the case leaves out is passed as nullptr: negative cases).
+    std::map<std::string, std::unique_ptr<DeviceTensor>> inputs;
+    for (const char *name : kInputs) {
+        auto it = spec.inputs.find(name);
+        if (it == spec.inputs.end()) {
+            continue;
+        }
+        const bool isMask = std::string(name) == "block_sparse_mask";
+        auto tensor = MakeTensor(it->second, isMask ? options.maskDtype : "");
+        const std::vector<char> &data = host[name];
+        if (!data.empty()) {
+            CheckAcl(aclrtMemcpy(tensor->buffer.get(), tensor->buffer.size(), data.data(), data.size(),
+                                 ACL_MEMCPY_HOST_TO_DEVICE),
+                     "aclrtMemcpy (host to device)");
+        }
+        inputs[name] = std::move(tensor);
+    }
+    auto input = [&](const char *name) -> const aclTensor * {
+        auto it = inputs.find(name);
+        return it == inputs.end() ? nullptr : it->second->tensor.get();
+    };
+
+    std::map<std::string, std::unique_ptr<DeviceTensor>> grads;
+    for (const char *name : {"dq", "dk", "dv"}) {
+        auto tensor = MakeTensor(spec.outputs.at(name));
+        if (options.fill != "none" && tensor->buffer.size() > 0) {
+            const int32_t byte = options.fill == "nan" ? 0xFF : 0;
+            CheckAcl(aclrtMemset(tensor->buffer.get(), tensor->buffer.size(), byte, tensor->buffer.size()),
+                     "aclrtMemset");
+        }
+        grads[name] = std::move(tensor);
+    }
+
+    std::vector<int64_t> values;
+    IntArrayPtr blockShape = spec.ListParam("block_shape", &values) ? MakeIntArray(values, "blockShape") : nullptr;
+    IntArrayPtr qLengths =
+        spec.ListParam("actual_seq_lengths", &values) ? MakeIntArray(values, "actualSeqLengths") : nullptr;
+    IntArrayPtr kvLengths =
+        spec.ListParam("actual_seq_lengths_kv", &values) ? MakeIntArray(values, "actualSeqLengthsKv") : nullptr;
+    std::vector<char> qLayout = LayoutBuffer(spec.Param("layout"));
+    std::vector<char> kvLayout = LayoutBuffer(spec.Param("kv_layout"));
+
+    uint64_t workspaceSize = 0;
+    ExecutorGuard executor;
+    aclnnStatus status = aclnnBlockSparseAttentionGradGetWorkspaceSize(
+        input("dout"), input("query"), input("key"), input("value"), input("attention_out"), input("softmax_lse"),
+        input("block_sparse_mask"), nullptr /* attenMaskOptional: must be null */, blockShape.get(), qLengths.get(),
+        kvLengths.get(), qLayout.data(), kvLayout.data(), spec.IntParam("num_kv_heads"), spec.IntParam("mask_type"),
+        spec.DoubleParam("scale"), spec.IntParam("pre_tokens"), spec.IntParam("next_tokens"),
+        grads["dq"]->tensor.get(), grads["dk"]->tensor.get(), grads["dv"]->tensor.get(), &workspaceSize,
+        executor.out());
+    if (status != 0) {
+        const std::string message = "aclnnBlockSparseAttentionGradGetWorkspaceSize: " + RecentAclMessage();
+        std::cout << message << " (status " << status << ")" << std::endl;
+        WriteStatus(options.outputDir, status, message);
+        return kExitOk;
+    }
+    std::cout << "workspace " << workspaceSize << " bytes" << std::endl;
+
+    DeviceBuffer workspace(static_cast<size_t>(workspaceSize));
+    const auto start = std::chrono::steady_clock::now();
+    status = aclnnBlockSparseAttentionGrad(workspace.get(), workspaceSize, executor.release(), session.stream());
+    if (status != 0) {
+        const std::string message = "aclnnBlockSparseAttentionGrad: " + RecentAclMessage();
+        std::cout << message << " (status " << status << ")" << std::endl;
+        WriteStatus(options.outputDir, status, message);
+        return kExitOk;
+    }
+    CheckAcl(aclrtSynchronizeStream(session.stream()), "aclrtSynchronizeStream");
+    const double elapsedMs =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::cout << "kernel " << elapsedMs << " ms (launch and sync)" << std::endl;
+
+    for (const char *name : {"dq", "dk", "dv"}) {
+        const DeviceTensor &grad = *grads[name];
+        std::vector<char> data(grad.bytes());
+        if (!data.empty()) {
+            CheckAcl(aclrtMemcpy(data.data(), data.size(), grad.buffer.get(), grad.buffer.size(),
+                                 ACL_MEMCPY_DEVICE_TO_HOST),
+                     "aclrtMemcpy (device to host)");
+        }
+        WriteFile(options.outputDir + "/" + grad.spec.file, data.data(), data.size());
+    }
+    WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete gradient files
+    return kExitOk;
+}
+
+}  // namespace
+
+int main(int argc, char **argv)
+{
+    try {
+        return Run(ParseArgs(argc, argv));
+    } catch (const HarnessError &error) {
+        std::cerr << "bsa_grad_harness: " << error.what() << std::endl;
+        return error.exitCode();
+    } catch (const std::exception &error) {
+        std::cerr << "bsa_grad_harness: " << error.what() << std::endl;
+        return kExitRuntime;
+    }
+}

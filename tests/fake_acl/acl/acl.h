@@ -1,0 +1,41 @@
+// FAKE, declaration-only stand-in for CANN's acl/acl.h (AscendCL runtime), for compiling bsa's harness in CI.
+// Only what harness/bsa_grad_harness.cpp uses; values and signatures follow the real headers.
+#ifndef BSA_FAKE_ACL_ACL_H
+#define BSA_FAKE_ACL_ACL_H
+
+#include "acl/acl_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum aclrtMemMallocPolicy {
+    ACL_MEM_MALLOC_HUGE_FIRST = 0,
+    ACL_MEM_MALLOC_HUGE_ONLY = 1,
+    ACL_MEM_MALLOC_NORMAL_ONLY = 2,
+} aclrtMemMallocPolicy;
+
+typedef enum aclrtMemcpyKind {
+    ACL_MEMCPY_HOST_TO_HOST = 0,
+    ACL_MEMCPY_HOST_TO_DEVICE = 1,
+    ACL_MEMCPY_DEVICE_TO_HOST = 2,
+    ACL_MEMCPY_DEVICE_TO_DEVICE = 3,
+} aclrtMemcpyKind;
+
+aclError aclInit(const char *configPath);
+aclError aclFinalize();
+aclError aclrtSetDevice(int32_t deviceId);
+aclError aclrtResetDevice(int32_t deviceId);
+aclError aclrtCreateStream(aclrtStream *stream);
+aclError aclrtDestroyStream(aclrtStream stream);
+aclError aclrtSynchronizeStream(aclrtStream stream);
+aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
+aclError aclrtFree(void *devPtr);
+aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind);
+aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // BSA_FAKE_ACL_ACL_H
