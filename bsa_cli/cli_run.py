@@ -1,0 +1,471 @@
+"""`bsa run`, `bsa emulate`, `bsa check`: drive a device binary, or the reference device, over cases."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from . import output, runner
+from .cli import EXIT_UNJUDGED, EXIT_USAGE, UserError, main
+from .errors import BsaError
+
+EXIT_INTERRUPTED = 130
+"""Exit code after Ctrl-C (128 + SIGINT), whatever the finished cases did."""
+
+OUTCOME_STYLE = {
+    "ok": "green",
+    "skipped": "dim",
+    "generated": "green",
+    "nondeterministic": "red",
+    "error": "red",
+    "crashed": "red",
+    "timeout": "red",
+    "interrupted": "yellow",
+}
+
+
+# ---- progress display ------------------------------------------------------------------------------
+
+
+class Display:
+    """Per-case progress on stderr: a rich progress bar above per-case lines on a terminal, plain lines
+    otherwise."""
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or output.stderr
+        self._progress: Progress | None = None
+        self._task: Any = None
+        self._label = ""
+        self._width = 0
+
+    def __enter__(self) -> Display:
+        if self.console.is_terminal:
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=self.console,
+                transient=True,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def phase(self, label: str, total: int, names: Sequence[str] = ()) -> None:
+        """Start a phase (gen, run, compare) of `total` cases; `names` align the case column."""
+        self._label = label
+        self._width = min(max((len(n) for n in names), default=0), 48)
+        if self._progress is not None:
+            if self._task is not None:
+                self._progress.remove_task(self._task)
+            self._task = self._progress.add_task(label, total=total)
+
+    def running(self, text: str) -> None:
+        """Say what runs now (shown in the bar's description on a terminal only)."""
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, description=f"{self._label}: {escape(text)}")
+
+    def case(self, outcome: str, name: str, detail: str = "", problems: Sequence[str] = ()) -> None:
+        """Print one finished case and advance the bar."""
+        style = OUTCOME_STYLE.get(outcome, "red")
+        line = f"{self._label:<8} [{style}]{outcome:<16}[/{style}] {escape(name)}"
+        if detail:
+            line += " " * max(self._width - len(name), 0) + f"  [dim]{escape(detail)}[/dim]"
+        self.console.print(line, soft_wrap=True, highlight=False)
+        for problem in problems:
+            self.console.print(f"         {escape(problem)}", soft_wrap=True, highlight=False, style="red")
+        if self._progress is not None and self._task is not None:
+            self._progress.advance(self._task)
+
+    def on_run_event(self, event: runner.RunEvent) -> None:
+        """Show a runner event."""
+        if event.kind == "start":
+            self.running(f"{event.case} on device {event.device_id}")
+            return
+        result = event.result
+        assert result is not None
+        self.case(result.outcome, result.name, run_detail(result), result.problems)
+
+
+def run_detail(result: runner.CaseResult) -> str:
+    """Return the short status text of one run: aclnn status (and the expected one), time, device."""
+    parts = []
+    if result.status is not None:
+        status = f"status {result.status}"
+        if result.expect_status is not None and result.expect_status != result.status:
+            status += f" (expected {result.expect_status})"
+        parts.append(status)
+    parts.append(f"{result.duration_s:.2f} s")
+    parts.append(f"device {result.device_id}")
+    return ", ".join(parts)
+
+
+# ---- shared options --------------------------------------------------------------------------------
+
+
+def device_options(func: Any) -> Any:
+    """Add the options that choose and drive the device (shared by `run` and `check`)."""
+    options = [
+        click.option(
+            "--binary",
+            metavar="PATH",
+            help="Device binary, run as `BINARY <case_dir>/case.json <output_dir>`. "
+            "Without it (and without --cmd) the built-in reference device runs the cases.",
+        ),
+        click.option(
+            "--cmd",
+            metavar="TEMPLATE",
+            help="Command template instead of the default invocation, split like a shell would but never "
+            "run by one; placeholders {binary} {case_dir} {manifest} {output_dir} {device_id}.",
+        ),
+        click.option(
+            "--fault",
+            metavar="NAME",
+            help="Plant a fault in the reference device (see `bsa emulate --list-faults`); "
+            "not with --binary or --cmd.",
+        ),
+        click.option(
+            "--devices",
+            default="0",
+            show_default=True,
+            metavar="IDS",
+            help="Device ids, e.g. 0,1,2,3: one worker per device, cases run in parallel. "
+            "Each run gets ASCEND_DEVICE_ID.",
+        ),
+        click.option(
+            "--repeat",
+            type=click.IntRange(min=1),
+            default=1,
+            show_default=True,
+            help="Run each case N times; outputs that are not bitwise identical across runs fail the case.",
+        ),
+        click.option(
+            "--deterministic",
+            is_flag=True,
+            help="Export BSAG_DETERMINISTIC=1 (the kernel's deterministic mode).",
+        ),
+        click.option(
+            "--timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            default=600.0,
+            show_default=True,
+            metavar="SECONDS",
+            help="Kill a binary's whole process group after this long (not applied to the reference device, "
+            "which runs in-process).",
+        ),
+        click.option(
+            "--filter",
+            "filters",
+            multiple=True,
+            metavar="GLOB",
+            help="Only cases whose name matches this glob (repeatable).",
+        ),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def make_options(
+    binary: str | None,
+    cmd: str | None,
+    fault: str | None,
+    devices: str,
+    repeat: int,
+    deterministic: bool,
+    timeout: float,
+    outputs_root: str | None = None,
+) -> runner.RunOptions:
+    """Build run options from CLI values, turning configuration errors into `Error:` lines."""
+    try:
+        device = runner.Device.create(binary=binary, cmd=cmd, fault=fault)
+        return runner.RunOptions(
+            device=device,
+            device_ids=runner.parse_device_ids(devices),
+            repeat=repeat,
+            deterministic=deterministic,
+            timeout=timeout,
+            outputs_root=Path(outputs_root) if outputs_root else None,
+        )
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn library errors about user files into `Error:` messages with exit code 2."""
+    try:
+        yield
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
+
+
+def run_with_display(
+    case_dirs: Sequence[Path], options: runner.RunOptions, display: Display
+) -> runner.RunSummary:
+    """Run cases and show each one; say up front when the reference device stands in for a device."""
+    if options.device.is_reference:
+        output.info(f"device: {options.device.name}: reference results, not device results")
+    else:
+        output.info(f"device: {options.device.name} (sha256 {options.device.binary_sha256 or '-'})")
+    display.phase("run", len(case_dirs), [c.name for c in case_dirs])
+    return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
+
+
+def print_run_summary(summary: runner.RunSummary) -> None:
+    """Print the run's totals on stdout."""
+    counts = {o: summary.count(o) for o in runner.OUTCOMES if summary.count(o)}
+    text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
+    line = f"ran {len(summary.results)} case(s) on {summary.device.name}: {text}"
+    if summary.not_run:
+        line += f"; {len(summary.not_run)} not run (interrupted)"
+    output.stdout.print(line, markup=False, soft_wrap=True)
+
+
+# ---- bsa run -------------------------------------------------------------------------------------
+
+
+@main.command("run")
+@click.argument("cases", nargs=-1, required=True, type=click.Path(path_type=Path))
+@device_options
+@click.option(
+    "--outputs-root",
+    metavar="DIR",
+    help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs.",
+)
+def run_command(
+    cases: tuple[Path, ...],
+    binary: str | None,
+    cmd: str | None,
+    fault: str | None,
+    devices: str,
+    repeat: int,
+    deterministic: bool,
+    timeout: float,
+    filters: tuple[str, ...],
+    outputs_root: str | None,
+) -> None:
+    """Run a device binary (default: the reference device) on every case under CASES.
+
+    CASES are folders written by `bsa gen` (or single case folders). Each case's outputs, status.txt,
+    logs and run.json go to <case_dir>/outputs; judge them with `bsa compare`.
+
+    Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 3 a case
+    crashed, timed out or left missing or malformed outputs, 130 interrupted.
+    """
+    options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout, outputs_root)
+    with user_errors():
+        case_dirs = runner.select_cases(cases, filters)
+    with Display() as display:
+        summary = run_with_display(case_dirs, options, display)
+    print_run_summary(summary)
+    if summary.interrupted:
+        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+    raise click.exceptions.Exit(summary.return_code)
+
+
+# ---- bsa emulate ---------------------------------------------------------------------------------
+
+
+def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    with user_errors():
+        faults = runner.reference_faults()
+    for name, description in faults.items():
+        output.stdout.print(f"{name:<18} {description}", markup=False, soft_wrap=True)
+    ctx.exit(0)
+
+
+@main.command("emulate")
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--fault", metavar="NAME", help="Plant one of the reference device's faults (see --list-faults)."
+)
+@click.option(
+    "--list-faults",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_list_faults,
+    help="List the faults the reference device can plant, and exit.",
+)
+def emulate_command(manifest: Path, output_dir: Path, fault: str | None) -> None:
+    """Act as a device binary on one case: the built-in reference device.
+
+    Follows the binary contract: reads MANIFEST (a case's case.json, or its folder) and its inputs,
+    writes dq.bin, dk.bin, dv.bin and status.txt into OUTPUT_DIR. Its results are a reference (the kernel's
+    precision path on the CPU), never device results. Exits 0 once the status is written, whatever it is.
+    """
+    case_dir = manifest if manifest.is_dir() else manifest.parent
+    with user_errors():
+        runner.Device.create(fault=fault)  # checks the fault name
+        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault)
+    suffix = f" (fault '{fault}' planted)" if fault else ""
+    output.info(f"{runner.REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
+
+
+# ---- bsa check -----------------------------------------------------------------------------------
+
+
+def _generate(
+    specs: tuple[str, ...],
+    filters: tuple[str, ...],
+    out: Path,
+    precision: str,
+    jobs: int,
+    display: Display,
+) -> list[Path]:
+    """Generate the cases of `specs` into `out`, skipping those already there and current."""
+    from .generate import generate_case, is_current
+    from .spec import load_specs
+
+    with user_errors():
+        cases = load_specs(specs)
+    if filters:
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
+        if not cases:
+            raise UserError(f"--filter {' '.join(filters)} matches no case of {' '.join(specs)}")
+    for case in cases:
+        for note in case.warnings:
+            output.warn(f"{case.name}: outside the A2/A3 kernel: {note}")
+    display.phase("gen", len(cases), [c.name for c in cases])
+
+    def one(case: Any) -> tuple[str, Path]:
+        case_dir = out / case.name
+        if is_current(case, case_dir, precision):
+            return "skipped", case_dir
+        return "generated", generate_case(case, out, precision)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool, user_errors():
+        futures = [pool.submit(one, case) for case in cases]
+        try:
+            for case, future in zip(cases, futures, strict=True):
+                display.running(case.name)
+                outcome, _ = future.result()
+                detail = "inputs current" if outcome == "skipped" else ""
+                display.case(outcome, case.name, detail)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return [out / case.name for case in cases]
+
+
+@main.command("check")
+@click.argument("specs", nargs=-1, required=True)
+@click.option(
+    "-o",
+    "--out",
+    default="out",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of the generated cases (reused when current).",
+)
+@device_options
+@click.option(
+    "--precision",
+    type=click.Choice(["float32", "float64"]),
+    default="float32",
+    show_default=True,
+    help="Precision of the golden dq/dk/dv.",
+)
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Cases generated in parallel.",
+)
+@click.option(
+    "--standard", metavar="NAME", help="Comparison standard for every case (default: each case's own)."
+)
+@click.option("--json", "json_path", metavar="FILE", help="Also write the comparison as JSON.")
+@click.option("--junit", "junit_path", metavar="FILE", help="Also write a JUnit XML report.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every metric.")
+def check_command(
+    specs: tuple[str, ...],
+    out: Path,
+    binary: str | None,
+    cmd: str | None,
+    fault: str | None,
+    devices: str,
+    repeat: int,
+    deterministic: bool,
+    timeout: float,
+    filters: tuple[str, ...],
+    precision: str,
+    jobs: int,
+    standard: str | None,
+    json_path: str | None,
+    junit_path: str | None,
+    verbose: bool,
+) -> None:
+    """Generate, run and compare in one command: the main job.
+
+    SPECS are case spec files or folders. Cases already in OUT with current inputs are not generated
+    again. Without --binary the built-in reference device runs them (reference results, not device
+    results). Exit code as `bsa compare`: 0 all pass, 1 a case failed, 2 usage or spec error, 3 a case
+    could not be judged; 130 interrupted.
+    """
+    options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout)
+    compare_run = _comparator()
+    with Display() as display:
+        try:
+            case_dirs = _generate(specs, filters, out, precision, jobs, display)
+        except KeyboardInterrupt:
+            output.info("interrupted while generating; cases written so far are complete")
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+        summary = run_with_display(case_dirs, options, display)
+        if summary.interrupted:
+            print_run_summary(summary)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED)
+        code = compare_run(
+            case_dirs,
+            summary=summary,
+            display=display,
+            standard=standard,
+            json_path=json_path,
+            junit_path=junit_path,
+            verbose=verbose,
+        )
+    raise click.exceptions.Exit(code)
+
+
+def _comparator() -> Any:
+    """Return the function that compares and reports (bsa compare's library), or explain its absence."""
+    try:
+        from . import compare  # noqa: F401
+    except ImportError:
+        raise click.ClickException("bsa check needs bsa_cli.compare, which is not installed") from None
+    return _compare_and_report
+
+
+def _compare_and_report(case_dirs: Sequence[Path], *, summary: runner.RunSummary, **kwargs: Any) -> int:
+    raise click.ClickException("bsa check: comparison not wired yet")  # replaced once compare lands
+
+
+__all__ = ["EXIT_INTERRUPTED", "EXIT_UNJUDGED", "EXIT_USAGE", "Display", "check_command", "run_command"]

@@ -1,0 +1,269 @@
+"""`bsa run`, `bsa emulate` and `bsa check` through the CLI: reference device, fake binaries, errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+from rich.console import Console
+from test_runner import fake_device, make_case
+
+from bsa_cli import runner
+from bsa_cli.cli import main
+from bsa_cli.cli_run import Display
+
+SPEC = {
+    "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 5, "dtype": "fp16"},
+    "cases": [
+        {"name": "t-bnsd-tail", "q_seq_len": 40, "kv_seq_len": 24, "sparsity": {"pattern": "causal"}},
+        {"name": "t-tnd-gqa", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 0, 24],
+         "num_kv_heads": 1, "sparsity": {"pattern": "random", "density": 0.6}},
+        {"name": "t-neg-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
+        {"name": "t-neg-tnd", "layout": "TND", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_NULLPTR"},
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def spec_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("specs") / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory, spec_file) -> Path:
+    out = tmp_path_factory.mktemp("generated") / "out"
+    result = CliRunner().invoke(main, ["gen", str(spec_file), "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.fixture
+def out(generated, tmp_path) -> Path:
+    """A private copy of the generated cases (runs write into them)."""
+    return Path(shutil.copytree(generated, tmp_path / "out"))
+
+
+def invoke(*args: str) -> object:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def record(case_dir: Path) -> dict:
+    return json.loads((case_dir / "outputs" / "run.json").read_text())
+
+
+# ---- bsa run with the reference device ------------------------------------------------------------
+
+
+def test_run_without_binary_uses_the_reference_device_and_says_so(out):
+    result = invoke("run", out)
+
+    assert result.exit_code == 0, result.output
+    assert "device: reference (bsa emulate): reference results, not device results" in result.stderr
+    assert result.stdout == "ran 4 case(s) on reference (bsa emulate): 4 ok\n"
+    for case_dir in out.iterdir():
+        rec = record(case_dir)
+        assert rec["device"] == {
+            "name": "reference (bsa emulate)",
+            "kind": "reference",
+            "id": 0,
+            "fault": None,
+        }
+        assert rec["binary"] is None and rec["timeout_s"] is None
+        assert rec["command"][:2] == ["bsa", "emulate"]
+    assert record(out / "t-neg-dtype")["status"] == 161002
+    assert record(out / "t-neg-tnd")["status"] == 161001
+    assert not (out / "t-neg-tnd" / "outputs" / "dq.bin").exists()
+    dq = np.fromfile(out / "t-bnsd-tail" / "outputs" / "dq.bin", dtype=np.float16)
+    assert dq.size == 2 * 40 * 16 and np.isfinite(dq).all()
+
+
+def test_run_lines_show_status_time_and_device_per_case(out):
+    result = invoke("run", out, "--filter", "t-neg-*")
+
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("run ")]
+    assert len(lines) == 2
+    assert lines[0].startswith("run      ok               t-neg-dtype  status 161002, ")
+    assert lines[0].endswith(" s, device 0")
+
+
+def test_planted_fault_is_recorded_with_the_reference_device(out):
+    result = invoke("run", out, "--fault", "stale-output", "--filter", "t-bnsd-*")
+
+    assert result.exit_code == 0, result.output
+    assert "reference (bsa emulate) with fault 'stale-output'" in result.stdout
+    rec = record(out / "t-bnsd-tail")
+    assert rec["device"]["fault"] == "stale-output"
+    assert rec["command"][-2:] == ["--fault", "stale-output"]
+    assert not np.fromfile(out / "t-bnsd-tail" / "outputs" / "dq.bin", dtype=np.float16).any()
+
+
+def test_fault_needs_the_reference_device(out, tmp_path):
+    result = invoke("run", out, "--fault", "stale-output", "--binary", fake_device(tmp_path))
+
+    assert result.exit_code == 2
+    assert result.stderr == (
+        "Error: --fault plants a fault in the reference device; it cannot be used with --binary or --cmd\n"
+    )
+
+
+def test_unknown_fault_suggests_the_closest(out):
+    result = invoke("run", out, "--fault", "stale-outputs")
+
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        "Error: unknown fault 'stale-outputs' (did you mean 'stale-output'?); known"
+    )
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--devices", "0,x"], "Error: --devices '0,x': 'x' is not a device id; write ids like 0,1,2\n"),
+        (["--devices", "1,1"], "Error: --devices 1,1: a device id is repeated\n"),
+        (["--cmd", "{binary} {output_dir}"], "Error: --cmd uses {binary} but no --binary was given\n"),
+        (["--filter", "nope*"], "no case name matches --filter nope* (4 cases there)"),
+    ],
+)
+def test_bad_options_are_usage_errors(out, args, message):
+    result = invoke("run", out, *args)
+
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_run_on_a_folder_without_cases_is_a_usage_error(tmp_path):
+    result = invoke("run", tmp_path)
+
+    assert result.exit_code == 2
+    assert (
+        result.stderr
+        == f"Error: {tmp_path}: no case directories (*/case.json) here; write them with `bsa gen`\n"
+    )
+
+
+# ---- bsa run with external binaries -----------------------------------------------------------------
+
+
+def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
+    root = tmp_path / "out"
+    for name in ("a_crash", "b_good", "c_nothing", "d_hang"):
+        make_case(root, name)
+
+    result = invoke("run", root, "--binary", fake_device(tmp_path), "--timeout", "1", "--devices", "0,1")
+
+    assert result.exit_code == 3, result.output
+    assert "ran 4 case(s) on" in result.stdout
+    assert result.stdout.rstrip().endswith(": 1 ok, 1 error, 1 crashed, 1 timeout")
+    stderr = result.stderr
+    assert "crashed          a_crash" in stderr and "killed by SIGSEGV (see stderr.log)" in stderr
+    assert "ok               b_good" in stderr
+    assert "no status.txt: the binary must write the aclnn status there" in stderr
+    assert "timeout          d_hang" in stderr and "timed out after 1 s" in stderr
+
+
+def test_repeat_with_a_racy_binary_exits_1(tmp_path):
+    make_case(tmp_path / "out", "racy_random")
+
+    result = invoke(
+        "run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2", "--deterministic"
+    )
+
+    assert result.exit_code == 1, result.output
+    assert "nondeterministic racy_random" in result.stderr
+    assert "dq not bitwise identical: run 2 differs from run 1 in" in result.stderr
+
+
+def test_outputs_root_and_cmd_template(tmp_path):
+    make_case(tmp_path / "out", "templ")
+    binary = fake_device(tmp_path)
+
+    template = "{binary} --tag {device_id} {manifest} {output_dir}"
+    result = invoke(
+        "run", tmp_path / "out", "--binary", binary, "--cmd", template, "--outputs-root", tmp_path / "dev",
+        "--devices", "4",
+    )  # fmt: skip
+
+    assert result.exit_code == 0, result.output
+    rec = json.loads((tmp_path / "dev" / "templ" / "run.json").read_text())
+    assert rec["command"][1:3] == ["--tag", "4"]
+    assert "ASCEND_DEVICE_ID 4" in (tmp_path / "dev" / "templ" / "stdout.log").read_text()
+
+
+# ---- bsa emulate ------------------------------------------------------------------------------------
+
+
+def test_emulate_follows_the_binary_contract(generated, tmp_path):
+    result = invoke("emulate", generated / "t-tnd-gqa" / "case.json", tmp_path / "o")
+
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith("reference (bsa emulate): status 0; outputs in ")
+    assert (tmp_path / "o" / "status.txt").read_text().splitlines()[0] == "0"
+    manifest = json.loads((generated / "t-tnd-gqa" / "case.json").read_text())
+    for grad, entry in manifest["outputs"].items():
+        size = (tmp_path / "o" / entry["file"]).stat().st_size
+        assert size == int(np.prod(entry["shape"])) * 2, grad
+
+
+def test_emulate_negative_case_writes_only_the_status(generated, tmp_path):
+    result = invoke("emulate", generated / "t-neg-dtype", tmp_path / "o")
+
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["status.txt"]
+    assert (tmp_path / "o" / "status.txt").read_text().startswith("161002\n")
+
+
+def test_emulate_lists_faults_and_refuses_unknown_ones(generated, tmp_path):
+    listed = invoke("emulate", "--list-faults", "x", "y")
+    assert listed.exit_code == 0
+    assert listed.stdout.splitlines()[0].startswith("drop-tail-block    the partial last block")
+    assert len(listed.stdout.splitlines()) == len(runner.reference_faults())
+
+    result = invoke("emulate", generated / "t-bnsd-tail", tmp_path / "o", "--fault", "nan-rows")
+    assert result.exit_code == 2
+    assert "Error: unknown fault 'nan-rows' (did you mean 'nan-row'?)" in result.stderr
+
+
+def test_emulate_without_a_case_is_a_usage_error(tmp_path):
+    result = invoke("emulate", tmp_path / "case.json", tmp_path / "o")
+
+    assert result.exit_code == 2
+    assert (
+        result.stderr
+        == f"Error: {tmp_path / 'case.json'}: no manifest: not a case directory written by `bsa gen`\n"
+    )
+
+
+# ---- the progress display -----------------------------------------------------------------------------
+
+
+def test_display_prints_one_aligned_line_per_case_with_problems_below():
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    results = [
+        runner.CaseResult("short", Path("a"), Path("a/o"), "ok", (), 0, 0, 1, 0.25),
+        runner.CaseResult(
+            "a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5
+        ),
+        runner.CaseResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
+    ]
+    with Display(console) as display:
+        display.phase("run", 3, [r.name for r in results])
+        for result in results:
+            display.on_run_event(runner.RunEvent("done", result.name, result.device_id, result))
+
+    assert console.file.getvalue() == (
+        "run      ok               short          status 0, 0.25 s, device 1\n"
+        "run      timeout          a-longer-name  5.00 s, device 0\n"
+        "         timed out after 5 s\n"
+        "run      ok               neg            status 161001 (expected 161002), 0.01 s, device 0\n"
+    )
