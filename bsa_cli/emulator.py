@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -110,8 +110,9 @@ def check_interface(params: Mapping[str, Any]) -> tuple[int, str]:
     if layout != kv_layout:
         return INVALID, f"qInputLayout {layout!r} and kvInputLayout {kv_layout!r} must be equal"
     heads, kv_heads = params.get("num_heads"), params.get("num_kv_heads")
-    if not (_is_int(heads) and _is_int(kv_heads) and heads > 0 and kv_heads > 0):
+    if not (_is_int(heads) and _is_int(kv_heads) and int(heads) > 0 and int(kv_heads) > 0):
         return INVALID, f"head numbers N1={heads!r}, N2={kv_heads!r} must be positive integers"
+    heads, kv_heads = int(heads), int(kv_heads)
     if heads < kv_heads or heads % kv_heads:
         return INVALID, f"numHeads {heads} must be a multiple of numKeyValueHeads {kv_heads} (N1 >= N2)"
     if not (
@@ -128,7 +129,8 @@ def check_interface(params: Mapping[str, Any]) -> tuple[int, str]:
     return 0, ""
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
+    """Say whether a parameter is an integer (a bool is not)."""
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
@@ -171,7 +173,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(FAULTS)}")
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
     if name == "nan-row":
-        return any(s.q_len for s in case.spans()) and case.num_heads > 0 and case.head_dim > 0
+        return math.prod(case.q_shape) > 0
     if name == "no-gqa-sum" and case.group_size <= 1:
         return False
     if name == "dk-no-scale" and case.scale == 1.0:
@@ -383,7 +385,7 @@ class _Site:
 
 def _fault_site(case: Case, block_mask: np.ndarray) -> _Site | None:
     """Return the middle (head, query block) with a selected kv block, in (span, head, block) order."""
-    sites = []
+    sites: list[_Site] = []
     for span in case.spans():
         if span.q_len == 0 or span.kv_len == 0:
             continue
@@ -395,7 +397,8 @@ def _fault_site(case: Case, block_mask: np.ndarray) -> _Site | None:
 def _plant_nan_row(case: Case, dq: np.ndarray, site: _Site | None) -> None:
     """Write NaN into the first row of the site's query block (the first dq row without a site)."""
     if site is None:
-        dq.reshape(-1, case.head_dim)[0] = np.nan
+        if dq.size:
+            dq.reshape(-1, case.head_dim)[0] = np.nan
     else:
         q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
 
@@ -412,7 +415,7 @@ def _plant_tile_noise(
     cols = slice(col0, min(col0 + 16, case.head_dim))
     kv_head = head // case.group_size
     selected = np.flatnonzero(mask_view(case, block_mask, span)[head, site.q_block])
-    kv_pos = np.concatenate([np.arange(j * y, min((j + 1) * y, span.kv_len)) for j in selected])
+    kv_pos = np.concatenate([np.arange(int(j) * y, min((int(j) + 1) * y, span.kv_len)) for j in selected])
     key = kv_view(case, tensors["key"], span)[kv_head, kv_pos].astype(np.float64)
     value = kv_view(case, tensors["value"], span)[kv_head, kv_pos].astype(np.float64)
     query = q_view(case, tensors["query"], span)[head, rows].astype(np.float64)
