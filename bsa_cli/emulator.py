@@ -29,11 +29,12 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 import numpy as np
 
-from .case import ACLNN_STATUS, MAX_TOKENS, Case, SequenceSpan, numpy_dtype
+from . import interface
+from .case import Case, SequenceSpan, numpy_dtype
 from .layout import kv_view, lse_view, mask_view, q_view
 from .manifest import GRAD_NAMES, case_from_manifest
 from .store import array_bytes, load_manifest, read_array
@@ -48,8 +49,6 @@ __all__ = [
     "fault_applies",
 ]
 
-NULLPTR = ACLNN_STATUS["ACLNN_ERR_PARAM_NULLPTR"]
-INVALID = ACLNN_STATUS["ACLNN_ERR_PARAM_INVALID"]
 STATUS_FILE = "status.txt"
 
 FAULTS: dict[str, str] = {
@@ -81,57 +80,18 @@ _LOG2E = np.float32(math.log2(math.e))
 def check_interface(params: Mapping[str, Any]) -> tuple[int, str]:
     """Check a manifest's `params` the way the aclnn interface does; return (status, message).
 
-    Null pointers (161001) are checked first: a null blockShape, and null actualSeqLengths(Kv) with TND.
-    Then invalid parameters (161002): dtype not float16/bfloat16, a layout not BNSD/TND, q and kv layouts
-    differing, N1 % N2 != 0 or N1 < N2, a block shape that is not two positive integers, maskType != 0,
-    preTokens/nextTokens != 2147483647. Kernel constraints (D = 128, BNSD only, MHA) are not errors here.
+    The rules live in `interface` (shared with spec validation, so a negative case's expected status and
+    the reference device's answer cannot drift apart): 161002 ACLNN_ERR_PARAM_INVALID for a dtype other
+    than float16/bfloat16, a layout other than BNSD/TND, q and kv layouts differing, N1 % N2 != 0 or
+    N1 < N2, a block shape that is not two positive integers, maskType != 0, preTokens/nextTokens !=
+    2147483647; 161001 ACLNN_ERR_PARAM_NULLPTR for a null blockShape, and a null actualSeqLengths(Kv) with
+    TND. The first broken rule, in `interface.violations` order, decides. Kernel constraints (D = 128, BNSD
+    only, MHA) are not errors.
 
     Returns:
         (0, "") for a valid call, else the aclnn status and a message naming the bad value.
     """
-    layout = params.get("layout")
-    kv_layout = params.get("kv_layout") or layout
-    block_shape = params.get("block_shape")
-    if block_shape is None:
-        return NULLPTR, "blockShape is null: it is mandatory (pass [X, Y])"
-    if "TND" in (layout, kv_layout):
-        for key, name in (
-            ("actual_seq_lengths", "actualSeqLengths"),
-            ("actual_seq_lengths_kv", "actualSeqLengthsKv"),
-        ):
-            if params.get(key) is None:
-                return NULLPTR, f"{name} is null: it is mandatory with the TND layout"
-    dtype = params.get("dtype")
-    if dtype not in ("float16", "bfloat16"):
-        return INVALID, f"dtype {dtype!r} is not supported: expected float16 or bfloat16"
-    for name, value in (("qInputLayout", layout), ("kvInputLayout", kv_layout)):
-        if value not in ("BNSD", "TND"):
-            return INVALID, f"{name} {value!r} is not supported: expected BNSD or TND"
-    if layout != kv_layout:
-        return INVALID, f"qInputLayout {layout!r} and kvInputLayout {kv_layout!r} must be equal"
-    heads, kv_heads = params.get("num_heads"), params.get("num_kv_heads")
-    if not (_is_int(heads) and _is_int(kv_heads) and int(heads) > 0 and int(kv_heads) > 0):
-        return INVALID, f"head numbers N1={heads!r}, N2={kv_heads!r} must be positive integers"
-    heads, kv_heads = int(heads), int(kv_heads)
-    if heads < kv_heads or heads % kv_heads:
-        return INVALID, f"numHeads {heads} must be a multiple of numKeyValueHeads {kv_heads} (N1 >= N2)"
-    if not (
-        isinstance(block_shape, (list, tuple))
-        and len(block_shape) == 2
-        and all(_is_int(v) and v > 0 for v in block_shape)
-    ):
-        return INVALID, f"blockShape {block_shape!r} is invalid: expected two positive integers [X, Y]"
-    if params.get("mask_type", 0) != 0:
-        return INVALID, f"maskType {params.get('mask_type')!r} is not supported: only 0"
-    for key, name in (("pre_tokens", "preTokens"), ("next_tokens", "nextTokens")):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            return INVALID, f"{name} {params.get(key)!r} is not supported: only {MAX_TOKENS}"
-    return 0, ""
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    """Say whether a parameter is an integer (a bool is not)."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    return interface.check(params)
 
 
 # ---- fault geometry -------------------------------------------------------------------------------
