@@ -290,6 +290,7 @@ def _tile_grads(
 # ---- whole case -----------------------------------------------------------------------------------
 
 
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None) -> dict[str, np.ndarray]:
     """Compute dq, dk, dv of a case the way the kernel does, in the case dtype, optionally with a fault.
 
@@ -300,7 +301,9 @@ def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = N
         fault: None for the clean reference, or a name from `FAULTS`.
 
     Returns:
-        {"dq", "dk", "dv"} of the shapes of query and key, in the case dtype. Padding stays 0.
+        {"dq", "dk", "dv"} of the shapes of query and key, in the case dtype. Padding stays 0. Like the
+        kernel it raises no floating-point warnings: an inf or NaN (a selected row with an infinite lse, a
+        fault) just appears in the outputs, for the comparator to find.
     """
     if fault is not None and fault not in FAULTS:
         raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(FAULTS)}")
