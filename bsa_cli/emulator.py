@@ -5,9 +5,11 @@ Its results are a *reference*, never device results. It follows the A2/A3 kernel
 `golden.backward_kernel`:
 
 * kv-block major, as a FlashAttention-2 style backward: for each kv head and each kv block it gathers
-  every query row (over all query heads of the GQA group and all query blocks) that selects the block,
-  and computes that block's dK and dV with one matrix product each (the group sum happens inside the
-  product); dQ is accumulated across kv blocks, one kv block at a time, in ascending block order.
+  the query rows (over all query heads of the GQA group and all query blocks) that select the block, in
+  tiles of about 512 rows, and adds each tile's share to that block's dK and dV (the GQA group sum
+  happens inside the products) and to the dQ of its rows, so dQ is summed one kv block at a time, in
+  ascending block order. `golden.backward_kernel` instead goes query-block-row major and multiplies all
+  selected kv blocks of a row at once: same precision path, different summation order.
 * fp32 scores times the fp32 scale, `P32 = exp(S - lse)`, `P16 = cast(P32)`, `Dsum` from the given out in
   fp32, `dS = P32 * (dP - Dsum)` in fp32, `dS16 = cast(dS)`, `dV += P16^T dout`, `dQ += dS16 K`,
   `dK += dS16^T Q` in fp32 workspaces; dQ and dK are multiplied by the fp32 scale at the end, then all
