@@ -109,7 +109,7 @@ class Case:
     kv_seq_len: int
     actual_seq_lengths: tuple[int, ...] | None
     actual_seq_lengths_kv: tuple[int, ...] | None
-    block_shape: tuple[int, ...]  # [X, Y]; other lengths or values only in negative cases
+    block_shape: tuple[int, ...]  # [X, Y]; other lengths or values only in negative cases, () for null
     scale: float
     seed: int
     sparsity: Sparsity = Sparsity()

@@ -37,6 +37,14 @@ def _positive_int(value: Any) -> bool:
 def violations(params: Mapping[str, Any]) -> list[Violation]:
     """Return every interface rule that `params` breaks, in the order the op would check them."""
     found: list[Violation] = []
+    # Null pointers are checked before parameter values, as aclnn operators do.
+    block_shape = params.get("block_shape")
+    if block_shape is None:
+        found.append(Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR))
+    if params.get("layout") == "TND":
+        for key in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+            if params.get(key) is None:
+                found.append(Violation(key, "is null, but TND needs it", ACLNN_ERR_PARAM_NULLPTR))
     if params.get("dtype") not in OP_DTYPES:
         found.append(Violation("dtype", f"{params.get('dtype')!r} is not float16 or bfloat16", ACLNN_ERR_PARAM_INVALID))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
@@ -47,21 +55,14 @@ def violations(params: Mapping[str, Any]) -> list[Violation]:
             Violation("kv_layout", f"kvInputLayout {kv_layout!r} differs from qInputLayout {layout!r}", ACLNN_ERR_PARAM_INVALID)
         )
     n1, n2 = params.get("num_heads"), params.get("num_kv_heads")
-    if not (_positive_int(n1) and _positive_int(n2) and n1 >= n2 and n1 % n2 == 0):
+    if not (isinstance(n1, int) and isinstance(n2, int) and n1 > 0 and n2 > 0 and n1 >= n2 and n1 % n2 == 0):
         found.append(
             Violation("num_kv_heads", f"N1={n1}, N2={n2}: need N1 % N2 == 0 and N1 >= N2", ACLNN_ERR_PARAM_INVALID)
         )
-    block_shape = params.get("block_shape")
-    if block_shape is None:
-        found.append(Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR))
-    elif not (isinstance(block_shape, (list, tuple)) and len(block_shape) == 2 and all(map(_positive_int, block_shape))):
+    if block_shape is not None and not (isinstance(block_shape, (list, tuple)) and len(block_shape) == 2 and all(map(_positive_int, block_shape))):
         found.append(
             Violation("block_shape", f"{block_shape!r} is not two positive integers [X, Y]", ACLNN_ERR_PARAM_INVALID)
         )
-    if layout == "TND":
-        for key in ("actual_seq_lengths", "actual_seq_lengths_kv"):
-            if params.get(key) is None:
-                found.append(Violation(key, "is null, but TND needs it", ACLNN_ERR_PARAM_NULLPTR))
     if params.get("mask_type", 0) != 0:
         found.append(Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", ACLNN_ERR_PARAM_INVALID))
     for key in ("pre_tokens", "next_tokens"):

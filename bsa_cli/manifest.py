@@ -61,7 +61,7 @@ def params(case: Case) -> dict[str, Any]:
         "head_dim": case.head_dim,
         "q_seq_len": case.q_seq_len,
         "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape),
+        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
         "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
         "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
         "seq_lengths_encoding": case.seq_lengths_encoding,
@@ -141,7 +141,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         kv_seq_len=p["kv_seq_len"],
         actual_seq_lengths=decode_lengths(p.get("actual_seq_lengths"), encoding),
         actual_seq_lengths_kv=decode_lengths(p.get("actual_seq_lengths_kv"), encoding),
-        block_shape=tuple(p["block_shape"]),  # type: ignore[arg-type]
+        block_shape=tuple(p["block_shape"] or ()),
         scale=p["scale"],
         seed=manifest.get("generator", {}).get("seed", 0),
         expect=Expect(**manifest.get("expect", {})),

@@ -324,6 +324,8 @@ def _block_shape(r: _Reader, expect: Expect) -> tuple[int, ...]:
     valid = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
     if valid:
         return tuple(value)
+    if not expect.ok and value is None:
+        return ()  # a negative case passing a null blockShape
     if not expect.ok and isinstance(value, list) and all(isinstance(v, int) for v in value):
         return tuple(value)  # a negative case breaking the block-shape rule on purpose
     raise r.error("block_shape", f"{value!r} is not [X, Y] with two positive integers")
