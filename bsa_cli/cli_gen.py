@@ -3,39 +3,71 @@
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import output
 from .case import Case
 from .cli import UserError, main
 from .errors import BsaError
-from .generate import PRECISIONS, case_summary, generate_case
+from .generate import PRECISIONS, generate_suite
+from .schedule import Estimate, estimate, machine_memory, parse_shard, shard
 from .spec import load_specs
 
 
-def load_cases(specs: tuple[str, ...], name_filter: str | None = None) -> list[Case]:
-    """Load and filter the cases of the given specs, turning spec errors into `Error:` messages."""
+def load_cases(specs: Sequence[str], name_filters: Sequence[str] = (), shard_text: str | None = None) -> list[Case]:
+    """Load, filter and shard the cases of the given specs, turning spec errors into `Error:` messages."""
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
     try:
         cases = load_specs(specs)
     except BsaError as exc:
         raise UserError(str(exc)) from None
-    if name_filter:
-        cases = [c for c in cases if fnmatch.fnmatchcase(c.name, name_filter)]
+    if name_filters:
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
         if not cases:
-            raise UserError(f"--filter {name_filter!r} matches no case")
+            raise UserError(f"--filter {' '.join(map(repr, name_filters))} matches no case")
+    if shard_text:
+        try:
+            index, count = parse_shard(shard_text)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        cases = shard(cases, index, count)
     return cases
 
 
-def warn_constraints(cases: list[Case]) -> None:
+def warn_constraints(cases: Sequence[Case]) -> None:
     """Print each case's kernel-constraint warnings on stderr."""
     for case in cases:
         for note in case.warnings:
             output.warn(f"{case.name}: outside the A2/A3 kernel: {note}")
+
+
+def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:
+    """Refuse cases whose estimated peak memory exceeds this machine's, unless forced."""
+    memory = machine_memory()
+    too_big = [(name, e) for name, e in estimates.items() if memory and e.peak_memory > memory]
+    if too_big and not force:
+        name, e = too_big[0]
+        raise UserError(
+            f"case '{name}' needs about {e.peak_memory / 2**30:.1f} GiB, more than this machine's "
+            f"{memory / 2**30:.1f} GiB ({len(too_big)} such case(s)); use --force to try anyway, "
+            "or --filter/--shard to leave them out"
+        )
+
+
+filter_option = click.option(
+    "--filter", "name_filters", multiple=True, help="Only cases whose name matches this glob (repeatable)."
+)
+shard_option = click.option(
+    "--shard", "shard_text", metavar="I/N", help="Only shard I of N, balanced by FLOPs (CI matrices)."
+)
+jobs_option = click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+                           help="Processes: across cases, or across kv-head groups of one large case.")  # fmt: skip
 
 
 @main.command("validate")
@@ -50,23 +82,26 @@ def validate_command(specs: tuple[str, ...]) -> None:
 
 @main.command("list")
 @click.argument("specs", nargs=-1)
-@click.option("--filter", "name_filter", help="Only cases whose name matches this glob.")
-def list_command(specs: tuple[str, ...], name_filter: str | None) -> None:
-    """Show the expanded cases: shapes, selected-block density, FLOPs and bytes."""
-    cases = load_cases(specs, name_filter)
-    table = Table(title=f"{len(cases)} cases", show_lines=False)
-    for column in ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density",
-                   "GFLOP fwd+bwd", "MiB in/out", "expect"):  # fmt: skip
-        table.add_column(column, justify="left" if column in ("case", "pattern", "expect") else "right")
+@filter_option
+@shard_option
+def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_text: str | None) -> None:
+    """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory."""
+    cases = load_cases(specs, name_filters, shard_text)
+    table = Table(title=f"{len(cases)} cases")
+    columns = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density",
+               "GFLOP", "MiB in/out", "est. s", "est. GiB", "expect")  # fmt: skip
+    for column in columns:
+        left = column in ("case", "pattern", "expect")
+        overflow = "fold" if column == "case" else "ellipsis"
+        table.add_column(column, justify="left" if left else "right", overflow=overflow)
     for case in cases:
-        summary = case_summary(case)
-        gflop = (summary["flops_forward"] + summary["flops_backward"]) / 1e9
+        e = estimate(case)
         table.add_row(
             case.name, case.layout, case.dtype, str(case.batch), f"{case.num_heads}/{case.num_kv_heads}",
             str(case.head_dim), f"{case.q_seq_len}/{case.kv_seq_len}", "x".join(map(str, case.block_shape)),
-            case.sparsity.pattern, f"{summary['density']:.3f}", f"{gflop:.3g}",
-            f"{summary['input_bytes'] / 2**20:.1f}/{summary['output_bytes'] / 2**20:.1f}",
-            "ok" if case.expect.ok else str(case.expect.status),
+            case.sparsity.pattern, f"{e.density:.3f}", f"{e.flops / 1e9:.3g}",
+            f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}", f"{e.seconds:.2g}",
+            f"{e.peak_memory / 2**30:.2g}", "ok" if case.expect.ok else str(case.expect.status),
         )  # fmt: skip
     output.stdout.print(table)
 
@@ -76,15 +111,41 @@ def list_command(specs: tuple[str, ...], name_filter: str | None) -> None:
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True,
               help="Precision of the golden dq/dk/dv.")  # fmt: skip
-@click.option("--filter", "name_filter", help="Only cases whose name matches this glob.")
-def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filter: str | None) -> None:
+@filter_option
+@shard_option
+@jobs_option
+@click.option("--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's.")
+def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
+                shard_text: str | None, jobs: int, force: bool) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
-    cases = load_cases(specs, name_filter)
+    cases = load_cases(specs, name_filters, shard_text)
     warn_constraints(cases)
-    for case in cases:
+    estimates = {case.name: estimate(case) for case in cases}
+    refuse_oversized(estimates, force)
+    with gen_progress(sum(e.flops for e in estimates.values())) as progress:
+        task = progress.add_task("gen", total=sum(e.flops for e in estimates.values()) or 1)
+
+        def done(case: Case, outcome: str, path: Path) -> None:
+            progress.advance(task, estimates[case.name].flops)
+            progress.console.print(f"{outcome} {path}", markup=False, highlight=False)
+
         try:
-            path = generate_case(case, Path(out_dir), precision)
+            generate_suite(cases, Path(out_dir), precision, jobs, on_done=done)
         except BsaError as exc:
-            raise UserError(f"case '{case.name}': {exc}") from None
-        output.info(f"wrote {path}")
+            raise UserError(str(exc)) from None
     output.stdout.print(f"generated {len(cases)} cases in {out_dir}")
+
+
+def gen_progress(total_flops: int) -> Progress:
+    """Return a progress display on stderr whose ETA comes from FLOP counts."""
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        TextColumn(f"{{task.completed:.3g}}/{total_flops:.3g} FLOP"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=output.stderr,
+        transient=False,
+        disable=not output.stderr.is_terminal,
+    )

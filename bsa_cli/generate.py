@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
 import json
+import multiprocessing
+import os
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from . import __version__, golden
 from .case import Case, numpy_dtype
-from .inputs import draw, make_mask, make_tensors, mask_stats
-from .manifest import GRAD_NAMES, build_manifest, flat_params
-from .store import MANIFEST, CaseWriter, load_manifest, verify_inputs
 from .errors import DataError
+from .inputs import draw, make_mask, make_tensors, mask_stats
+from .manifest import GRAD_NAMES, INPUT_NAMES, build_manifest, flat_params
+from .store import MANIFEST, CaseWriter, load_manifest, verify_inputs
 
 PRECISIONS = ("float32", "float64")
 
@@ -45,8 +50,14 @@ def is_current(case: Case, case_dir: Path, precision: str) -> bool:
     return True
 
 
-def compute_case(case: Case, precision: str = "float32") -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Return (inputs, golden, benchmark) arrays of a case; negative cases get no golden or benchmark."""
+def compute_case(
+    case: Case, precision: str = "float32", jobs: int = 1
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Return (inputs, golden, benchmark) arrays of a case; negative cases get no golden or benchmark.
+
+    With `jobs` > 1 the kv-head groups (a kv head and its query heads) are computed in separate
+    processes; each group's arithmetic is the same as in one process, so the results are bit-identical.
+    """
     dtype = numpy_dtype(case.dtype)
     tensors = make_tensors(case)
     mask = make_mask(case)
@@ -56,25 +67,88 @@ def compute_case(case: Case, precision: str = "float32") -> tuple[dict[str, np.n
         tensors["softmax_lse"] = np.zeros(case.lse_shape_dims, dtype=np.float32)
         tensors["block_sparse_mask"] = mask
         return tensors, {}, {}
-    out, lse = golden.forward(case, tensors["query"], tensors["key"], tensors["value"], mask)
-    tensors["attention_out"] = out.astype(dtype)
-    tensors["softmax_lse"] = lse.astype(np.float32).reshape(case.lse_shape_dims)
     tensors["block_sparse_mask"] = mask
-    args = (case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"],
-            tensors["attention_out"], tensors["softmax_lse"], mask)  # fmt: skip
+    groups = [_group_inputs(case, tensors, g) for g in range(case.num_kv_heads)]
+    if jobs > 1 and len(groups) > 1:
+        with worker_pool(min(jobs, len(groups))) as pool:
+            results = list(pool.map(_compute_group, groups, [precision] * len(groups)))
+    else:
+        results = [_compute_group(group, precision) for group in groups]
+    tensors["attention_out"] = np.concatenate([r[0] for r in results], axis=1)
+    tensors["softmax_lse"] = np.concatenate([r[1] for r in results], axis=1)
+    gold = {name: np.concatenate([r[2][i] for r in results], axis=1) for i, name in enumerate(GRAD_NAMES)}
+    bench = {name: np.concatenate([r[3][i] for r in results], axis=1) for i, name in enumerate(GRAD_NAMES)}
+    return tensors, gold, bench
+
+
+HEAD_AXIS = 1
+"""The heads axis of every tensor and of the mask, in BNSD ([B, N, S, D]) and TND ([T, N, D]) alike."""
+
+
+def _group_inputs(case: Case, tensors: dict[str, np.ndarray], group: int) -> tuple[Case, dict[str, np.ndarray]]:
+    """Return kv-head group `group` as a case of its own: G query heads sharing one kv head."""
+    size = case.group_size
+    heads = slice(group * size, (group + 1) * size)
+    kv = slice(group, group + 1)
+    sub = dataclasses.replace(case, num_heads=size, num_kv_heads=1)
+    picked = {
+        "query": tensors["query"][:, heads],
+        "dout": tensors["dout"][:, heads],
+        "key": tensors["key"][:, kv],
+        "value": tensors["value"][:, kv],
+        "block_sparse_mask": tensors["block_sparse_mask"][:, heads],
+    }
+    return sub, {name: np.ascontiguousarray(array) for name, array in picked.items()}
+
+
+def _compute_group(
+    group: tuple[Case, dict[str, np.ndarray]], precision: str
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Forward, golden backward and kernel-faithful backward of one kv-head group."""
+    case, t = group
+    dtype = numpy_dtype(case.dtype)
+    out, lse = golden.forward(case, t["query"], t["key"], t["value"], t["block_sparse_mask"])
+    attention_out = out.astype(dtype)
+    softmax_lse = lse.astype(np.float32).reshape(case.lse_shape_dims)
+    args = (case, t["dout"], t["query"], t["key"], t["value"], attention_out, softmax_lse, t["block_sparse_mask"])
     gold = golden.backward(*args, precision=np.dtype(precision))
     bench = golden.backward_kernel(*args)
-    return tensors, dict(zip(GRAD_NAMES, gold, strict=True)), dict(zip(GRAD_NAMES, bench, strict=True))
+    return attention_out, softmax_lse, gold, bench
 
 
-def generate_case(case: Case, out_root: Path, precision: str = "float32") -> Path:
+@contextlib.contextmanager
+def worker_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """Yield a pool of `jobs` fresh processes whose BLAS uses its share of the cores.
+
+    The thread counts go through the environment, which spawned workers read before NumPy loads.
+    """
+    threads = str(max(1, (os.cpu_count() or 1) // jobs))
+    saved = {var: os.environ.get(var) for var in BLAS_THREAD_VARS}
+    os.environ.update({var: threads for var in BLAS_THREAD_VARS})
+    try:
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+            yield pool
+    finally:
+        for var, value in saved.items():
+            if value is None:
+                os.environ.pop(var, None)
+            else:
+                os.environ[var] = value
+
+
+BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def generate_case(case: Case, out_root: Path, precision: str = "float32", jobs: int = 1) -> Path:
     """Write case directory `out_root/<case.name>` atomically and return it."""
-    tensors, gold, bench = compute_case(case, precision)
+    tensors, gold, bench = compute_case(case, precision, jobs)
     with CaseWriter(Path(out_root) / case.name) as writer:
-        inputs = {name: writer.array(f"inputs/{name}.bin", array, _dtype_name(array)) for name, array in tensors.items()}
-        golden_entries = {name: writer.array(f"golden/{name}.bin", array, precision) for name, array in gold.items()}
-        bench_entries = {name: writer.array(f"benchmark/{name}.bin", array, case.dtype) for name, array in bench.items()}
-        manifest = build_manifest(case, inputs, golden_entries, bench_entries, mask_stats(case, tensors["block_sparse_mask"]))
+        inputs = {name: writer.array(f"inputs/{name}.bin", tensors[name], _dtype_name(tensors[name]))
+                  for name in INPUT_NAMES}  # fmt: skip
+        golden_entries = {name: writer.array(f"golden/{name}.bin", a, precision) for name, a in gold.items()}
+        bench_entries = {name: writer.array(f"benchmark/{name}.bin", a, case.dtype) for name, a in bench.items()}
+        stats = mask_stats(case, tensors["block_sparse_mask"])
+        manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats)
         manifest["generator"]["fingerprint"] = fingerprint(case, precision)
         manifest["generator"]["golden_precision"] = precision
         if case.sparsity.explicit_source:
@@ -82,17 +156,50 @@ def generate_case(case: Case, out_root: Path, precision: str = "float32") -> Pat
         return writer.commit(manifest, flat_params(manifest))
 
 
+def generate_suite(
+    cases: Sequence[Case],
+    out_root: Path,
+    precision: str = "float32",
+    jobs: int = 1,
+    *,
+    skip_current: bool = False,
+    on_done: Callable[[Case, str, Path], None] | None = None,
+) -> list[Path]:
+    """Generate every case; return their directories in the order of `cases`.
+
+    With `jobs` > 1, cases run in parallel processes when there are at least `jobs` of them, and
+    otherwise one at a time with their kv-head groups in parallel. With `skip_current`, cases whose
+    directory already holds the same generation (`is_current`) are left as they are.
+    `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current".
+    """
+    out_root = Path(out_root)
+    todo = []
+    for case in cases:
+        if skip_current and is_current(case, out_root / case.name, precision):
+            if on_done:
+                on_done(case, "current", out_root / case.name)
+        else:
+            todo.append(case)
+    if jobs > 1 and len(todo) >= jobs:
+        with worker_pool(jobs) as pool:
+            futures = {pool.submit(generate_case, case, out_root, precision): case for case in todo}
+            try:
+                for future in as_completed(futures):
+                    path = future.result()
+                    if on_done:
+                        on_done(futures[future], "generated", path)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+    else:
+        for case in todo:
+            path = generate_case(case, out_root, precision, jobs)
+            if on_done:
+                on_done(case, "generated", path)
+    return [out_root / case.name for case in cases]
+
+
 def _dtype_name(array: np.ndarray) -> str:
     name = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
     return name
-
-
-def case_summary(case: Case) -> dict[str, Any]:
-    """Return the figures `bsa list` shows: shapes, density, FLOPs and bytes of a case."""
-    mask = make_mask(case)
-    stats = mask_stats(case, mask)
-    itemsize = numpy_dtype(case.dtype).itemsize
-    q_elems = int(np.prod(case.q_shape))
-    kv_elems = int(np.prod(case.kv_shape))
-    input_bytes = (3 * q_elems + 2 * kv_elems) * itemsize + q_elems // max(case.head_dim, 1) * 4 + mask.size
-    return {**stats, "input_bytes": input_bytes, "output_bytes": (q_elems + 2 * kv_elems) * itemsize}

@@ -1,0 +1,98 @@
+"""Cost estimates for cases, and balanced shards of a suite for CI matrices.
+
+Costs come from the exact FLOP count of a case's selected blocks (DOMAIN.md section 6) and the byte size
+of its arrays; the time rate is a conservative figure for the 2-core development machine, measured with
+`benchmarks/golden_speed.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .case import Case, numpy_dtype
+from .inputs import make_mask, mask_stats
+
+GOLDEN_FLOPS_PER_SECOND = 40e9
+"""Effective rate of `bsa gen` (forward, golden and benchmark backward) on the 2-core development machine."""
+
+SHARD_RE = re.compile(r"^(\d+)/(\d+)$")
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What generating one case costs: FLOPs, bytes on disk, peak memory and seconds."""
+
+    flops: int
+    density: float
+    input_bytes: int
+    output_bytes: int
+    peak_memory: int
+    seconds: float
+
+
+def estimate(case: Case) -> Estimate:
+    """Estimate the cost of generating `case` (its mask is drawn: cheap next to the golden)."""
+    stats = mask_stats(case, make_mask(case))
+    itemsize = numpy_dtype(case.dtype).itemsize if case.dtype in ("float16", "bfloat16") else 4
+    q_elems = int(np.prod(case.q_shape))
+    kv_elems = int(np.prod(case.kv_shape))
+    mask_bytes = int(np.prod(case.mask_shape))
+    input_bytes = (3 * q_elems + 2 * kv_elems) * itemsize + (q_elems // max(case.head_dim, 1)) * 4 + mask_bytes
+    grad_elems = q_elems + 2 * kv_elems
+    output_bytes = grad_elems * (4 + itemsize)  # golden float32 and benchmark in the case dtype
+    # Working set: float64 forward copies of q, k, v, out, the float32 backward's upcast inputs and its
+    # accumulators, plus one query-block row of scores (X by selected columns) per head at a time.
+    working = 8 * (2 * q_elems + 2 * kv_elems) + 4 * (3 * q_elems + 2 * kv_elems) + 4 * grad_elems
+    x, y = case.mask_block_shape
+    row_scores = 8 * x * case.kv_seq_len * 4
+    flops = int(stats["flops_forward"] + stats["flops_backward"])
+    return Estimate(
+        flops=flops,
+        density=float(stats["density"]),
+        input_bytes=input_bytes,
+        output_bytes=output_bytes,
+        peak_memory=input_bytes + output_bytes + working + row_scores,
+        seconds=flops * 1.4 / GOLDEN_FLOPS_PER_SECOND,  # the benchmark backward repeats the golden's work
+    )
+
+
+def machine_memory() -> int:
+    """Return the physical memory of this machine in bytes (0 when it cannot be told)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Parse `I/N` (1-based shard I of N) or raise ValueError saying what is allowed."""
+    match = SHARD_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"--shard {text!r} is not I/N (for example 2/4)")
+    index, count = int(match[1]), int(match[2])
+    if not 1 <= index <= count:
+        raise ValueError(f"--shard {text!r}: I must be between 1 and N")
+    return index, count
+
+
+def shard(cases: list[Case], index: int, count: int, costs: list[float] | None = None) -> list[Case]:
+    """Return shard `index` (1-based) of `count`: a deterministic share balanced by cost.
+
+    Cases go, largest first (ties by name), to the shard with the least cost so far (ties to the lowest
+    shard), so every case lands in exactly one shard whatever the order of the suite. The share keeps the
+    suite's order.
+    """
+    if costs is None:
+        costs = [float(estimate(c).flops) for c in cases]
+    order = sorted(range(len(cases)), key=lambda i: (-costs[i], cases[i].name))
+    loads = [0.0] * count
+    owner = [0] * len(cases)
+    for i in order:
+        target = min(range(count), key=lambda s: (loads[s], s))
+        owner[i] = target
+        loads[target] += costs[i] + 1.0  # +1: cases of no cost (negative) still spread out
+    return [c for i, c in enumerate(cases) if owner[i] == index - 1]
