@@ -142,8 +142,7 @@ def device_options(func: Any) -> Any:
         click.option(
             "--fault",
             metavar="NAME",
-            help="Plant a fault in the reference device (see `bsa emulate --list-faults`); "
-            "not with --binary or --cmd.",
+            help="Plant a fault in the reference device (see `bsa emulate --list-faults`); not with --binary or --cmd.",
         ),
         click.option(
             "--devices",
@@ -221,16 +220,15 @@ def user_errors() -> Iterator[None]:
         raise UserError(str(exc)) from None
 
 
-def run_with_display(
-    case_dirs: Sequence[Path], options: runner.RunOptions, display: Display
-) -> runner.RunSummary:
+def run_with_display(case_dirs: Sequence[Path], options: runner.RunOptions, display: Display) -> runner.RunSummary:
     """Run cases and show each one; say up front when the reference device stands in for a device."""
     if options.device.is_reference:
         output.info(f"device: {options.device.name}: reference results, not device results")
     else:
         output.info(f"device: {options.device.name} (sha256 {options.device.binary_sha256 or '-'})")
     display.phase("run", len(case_dirs), [c.name for c in case_dirs])
-    return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
+    with user_errors():
+        return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
 
 
 def print_run_summary(summary: runner.RunSummary) -> None:
@@ -301,9 +299,7 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
 @main.command("emulate")
 @click.argument("manifest", type=click.Path(path_type=Path))
 @click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--fault", metavar="NAME", help="Plant one of the reference device's faults (see --list-faults)."
-)
+@click.option("--fault", metavar="NAME", help="Plant one of the reference device's faults (see --list-faults).")
 @click.option(
     "--list-faults",
     is_flag=True,
@@ -400,9 +396,7 @@ def _generate(
     show_default=True,
     help="Cases generated in parallel.",
 )
-@click.option(
-    "--standard", metavar="NAME", help="Comparison standard for every case (default: each case's own)."
-)
+@click.option("--standard", metavar="NAME", help="Comparison standard for every case (default: each case's own).")
 @click.option("--json", "json_path", metavar="FILE", help="Also write the comparison as JSON.")
 @click.option("--junit", "junit_path", metavar="FILE", help="Also write a JUnit XML report.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every metric.")

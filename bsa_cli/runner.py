@@ -68,8 +68,7 @@ KILL_GRACE_S = 2.0
 OUTCOMES: dict[str, str] = {
     "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
     "nondeterministic": "ran --repeat times; the status or an output differed between runs",
-    "error": "inputs failed verification, the binary exited non-zero, or its outputs are missing or of the "
-    "wrong size",
+    "error": "inputs failed verification, the binary exited non-zero, or its outputs are missing or of the wrong size",
     "crashed": "the binary was killed by a signal (the reference device: raised an exception)",
     "timeout": "ran past --timeout; its whole process group was killed",
     "interrupted": "stopped by Ctrl-C before it finished",
@@ -97,9 +96,7 @@ class Device:
     binary_sha256: str | None = None
 
     @classmethod
-    def create(
-        cls, binary: str | Path | None = None, cmd: str | None = None, fault: str | None = None
-    ) -> Device:
+    def create(cls, binary: str | Path | None = None, cmd: str | None = None, fault: str | None = None) -> Device:
         """Check the options and return the device.
 
         Raises:
@@ -117,9 +114,7 @@ class Device:
             faults = reference_faults()
             if fault not in faults:
                 known = ", ".join(sorted(faults)) or "none"
-                raise RunConfigError(
-                    f"unknown fault '{fault}'{suggest(fault, faults)}; known faults: {known}"
-                )
+                raise RunConfigError(f"unknown fault '{fault}'{suggest(fault, faults)}; known faults: {known}")
         return cls(
             binary=resolved,
             cmd=cmd,
@@ -177,9 +172,7 @@ def _check_template(cmd: str, *, has_binary: bool) -> None:
     except ValueError as exc:
         raise RunConfigError(f"--cmd {cmd!r}: cannot split it like a shell would: {exc}") from None
     if not tokens:
-        raise RunConfigError(
-            "--cmd is empty; give a command template such as '{binary} {manifest} {output_dir}'"
-        )
+        raise RunConfigError("--cmd is empty; give a command template such as '{binary} {manifest} {output_dir}'")
     used = set()
     for token in tokens:
         try:
@@ -190,8 +183,7 @@ def _check_template(cmd: str, *, has_binary: bool) -> None:
             if name not in PLACEHOLDERS:
                 allowed = " ".join("{" + p + "}" for p in PLACEHOLDERS)
                 raise RunConfigError(
-                    f"--cmd {cmd!r}: unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)}; "
-                    f"allowed: {allowed}"
+                    f"--cmd {cmd!r}: unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)}; allowed: {allowed}"
                 )
             used.add(name)
     if "binary" in used and not has_binary:
@@ -264,9 +256,7 @@ def parse_device_ids(text: str) -> tuple[int, ...]:
                     raise ValueError
                 ids.append(value)
         except ValueError:
-            raise RunConfigError(
-                f"--devices {text!r}: '{part}' is not a device id; write ids like 0,1,2"
-            ) from None
+            raise RunConfigError(f"--devices {text!r}: '{part}' is not a device id; write ids like 0,1,2") from None
     return tuple(ids)
 
 
@@ -744,9 +734,7 @@ class _CaseRun:
                     status_hint = " although it wrote status.txt (exit 0 once the status is recorded)"
                 attempt.problems.append(f"exited with code {code}{status_hint} (see {attempt.stderr_log})")
 
-    def _differences(
-        self, manifest: Mapping[str, Any], first: _Attempt, other: _Attempt
-    ) -> list[dict[str, Any]]:
+    def _differences(self, manifest: Mapping[str, Any], first: _Attempt, other: _Attempt) -> list[dict[str, Any]]:
         diffs: list[dict[str, Any]] = []
         if first.status != other.status:
             diffs.append(
@@ -817,9 +805,7 @@ class _CaseRun:
                 "fault": device.fault,
             },
             "binary": (
-                {"path": str(device.binary), "sha256": device.binary_sha256}
-                if device.binary is not None
-                else None
+                {"path": str(device.binary), "sha256": device.binary_sha256} if device.binary is not None else None
             ),
             "command": first.argv if first else None,
             "env": self.options.env(self.device_id),
@@ -850,9 +836,7 @@ class _CaseRun:
 def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) -> CaseResult:
     """Run one case (with its repeats) and write its `run.json`; return the result."""
     cancel = _Cancel()
-    return _CaseRun(
-        case_dir, options, options.device_ids[0] if device_id is None else device_id, cancel
-    ).run()
+    return _CaseRun(case_dir, options, options.device_ids[0] if device_id is None else device_id, cancel).run()
 
 
 def run_cases(
@@ -867,6 +851,12 @@ def run_cases(
     "interrupted", and returns a summary with `interrupted` set: finished cases keep their records.
     A second Ctrl-C while workers wind down propagates.
     """
+    for case_dir in case_dirs:
+        if output_dir_for(case_dir, options.outputs_root).resolve() == Path(case_dir).resolve():
+            raise RunConfigError(
+                f"--outputs-root {options.outputs_root} would put outputs into the case directory {case_dir} "
+                "itself; choose a folder outside the generated cases"
+            )
     pending: queue.Queue[tuple[int, Path]] = queue.Queue()
     for index, case_dir in enumerate(case_dirs):
         pending.put((index, Path(case_dir)))

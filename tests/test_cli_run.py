@@ -119,9 +119,7 @@ def test_unknown_fault_suggests_the_closest(out):
     result = invoke("run", out, "--fault", "stale-outputs")
 
     assert result.exit_code == 2
-    assert result.stderr.startswith(
-        "Error: unknown fault 'stale-outputs' (did you mean 'stale-output'?); known"
-    )
+    assert result.stderr.startswith("Error: unknown fault 'stale-outputs' (did you mean 'stale-output'?); known")
     assert "Traceback" not in result.output
 
 
@@ -142,14 +140,19 @@ def test_bad_options_are_usage_errors(out, args, message):
     assert "Traceback" not in result.output
 
 
+def test_outputs_root_into_the_cases_is_a_usage_error(out):
+    result = invoke("run", out, "--outputs-root", out)
+
+    assert result.exit_code == 2
+    assert "would put outputs into the case directory" in result.stderr
+    assert "Traceback" not in result.output
+
+
 def test_run_on_a_folder_without_cases_is_a_usage_error(tmp_path):
     result = invoke("run", tmp_path)
 
     assert result.exit_code == 2
-    assert (
-        result.stderr
-        == f"Error: {tmp_path}: no case directories (*/case.json) here; write them with `bsa gen`\n"
-    )
+    assert result.stderr == f"Error: {tmp_path}: no case directories (*/case.json) here; write them with `bsa gen`\n"
 
 
 # ---- bsa run with external binaries -----------------------------------------------------------------
@@ -175,9 +178,7 @@ def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
 def test_repeat_with_a_racy_binary_exits_1(tmp_path):
     make_case(tmp_path / "out", "racy_random")
 
-    result = invoke(
-        "run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2", "--deterministic"
-    )
+    result = invoke("run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2", "--deterministic")
 
     assert result.exit_code == 1, result.output
     assert "nondeterministic racy_random" in result.stderr
@@ -238,10 +239,7 @@ def test_emulate_without_a_case_is_a_usage_error(tmp_path):
     result = invoke("emulate", tmp_path / "case.json", tmp_path / "o")
 
     assert result.exit_code == 2
-    assert (
-        result.stderr
-        == f"Error: {tmp_path / 'case.json'}: no manifest: not a case directory written by `bsa gen`\n"
-    )
+    assert result.stderr == f"Error: {tmp_path / 'case.json'}: no manifest: not a case directory written by `bsa gen`\n"
 
 
 # ---- the progress display -----------------------------------------------------------------------------
@@ -251,9 +249,7 @@ def test_display_prints_one_aligned_line_per_case_with_problems_below():
     console = Console(file=io.StringIO(), width=100, color_system=None)
     results = [
         runner.CaseResult("short", Path("a"), Path("a/o"), "ok", (), 0, 0, 1, 0.25),
-        runner.CaseResult(
-            "a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5
-        ),
+        runner.CaseResult("a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5),
         runner.CaseResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
     ]
     with Display(console) as display:

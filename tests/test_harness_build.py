@@ -70,9 +70,7 @@ def harness(tmp_path_factory) -> Path:
         return build / "bsa_grad_harness"
     binary = build / "bsa_grad_harness"
     sources = [str(SOURCE), str(FAKE_ACL / "fake_acl_runtime.cpp")]
-    result = subprocess.run(
-        [CXX, *compile_flags(), "-O0", *sources, "-o", str(binary)], capture_output=True, text=True
-    )
+    result = subprocess.run([CXX, *compile_flags(), "-O0", *sources, "-o", str(binary)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return binary
 
@@ -95,9 +93,7 @@ def leaks(stderr: str) -> dict[str, int]:
     return {name: int(count) for name, count in counts.items() if int(count) != 0}
 
 
-def run_harness(
-    harness: Path, case_dir: Path, out: Path, *args: str, **env: str
-) -> subprocess.CompletedProcess:
+def run_harness(harness: Path, case_dir: Path, out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     out.mkdir(parents=True, exist_ok=True)
     command = [str(harness), *args, str(case_dir / "case.json"), str(out)]
     return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env}, timeout=30)
@@ -163,9 +159,7 @@ def test_a_failing_acl_call_frees_everything_and_records_no_status(harness, case
     assert result.returncode == exit_code, result.stderr
     assert f"fake failure of {fail.split(':')[0]}" in result.stderr or "failed" in result.stderr
     assert leaks(result.stderr) == {}
-    assert not (out / "status.txt").exists(), (
-        "a status means the op ran; a runtime failure must not write one"
-    )
+    assert not (out / "status.txt").exists(), "a status means the op ran; a runtime failure must not write one"
 
 
 def test_a_failing_second_phase_records_its_status_without_gradients(harness, cases, tmp_path):

@@ -430,3 +430,10 @@ def test_environment_is_not_leaked_between_runs(tmp_path):
 
     assert "ASCEND_DEVICE_ID" not in os.environ
     assert "BSAG_DETERMINISTIC 1" in (case_dir / "outputs" / "stdout.log").read_text()
+
+
+def test_outputs_root_may_not_be_the_cases_folder(tmp_path):
+    case_dir = make_case(tmp_path / "out", "here")
+
+    with pytest.raises(runner.RunConfigError, match="would put outputs into the case directory"):
+        runner.run_cases([case_dir], options(fake_device(tmp_path), outputs_root=tmp_path / "out"))
