@@ -1,0 +1,89 @@
+"""Scale features of `bsa gen`: -j bit-identical to -j 1, balanced shards, memory refusal."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from bsa_cli import cli_gen
+from bsa_cli.cli import main
+from bsa_cli.schedule import estimate, parse_shard, shard
+from bsa_cli.spec import load_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+CASES = [
+    {"name": "mha", "num_heads": 2, "q_seq_len": 160, "head_dim": 32, "block_shape": [32, 32],
+     "sparsity": {"pattern": "random", "density": 0.5}},
+    {"name": "gqa", "num_heads": 4, "num_kv_heads": 2, "q_seq_len": 200, "head_dim": 32, "block_shape": [64, 48],
+     "dtype": "bf16", "sparsity": {"pattern": "causal"}},
+    {"name": "tnd", "layout": "TND", "num_heads": 4, "num_kv_heads": 4, "head_dim": 32, "block_shape": [32, 32],
+     "actual_seq_lengths": [0, 90, 33], "sparsity": {"pattern": "random", "density": 0.7}},
+]  # fmt: skip
+
+
+def spec(tmp_path: Path, cases: list[dict]) -> str:
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"cases": cases}))
+    return str(path)
+
+
+def hashes(case_dir: Path) -> dict[str, str]:
+    manifest = json.loads((case_dir / "case.json").read_text())
+    return {f"{section}/{name}": entry["sha256"] for section in ("inputs", "golden", "benchmark")
+            for name, entry in manifest[section].items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("which", [["mha", "gqa", "tnd"], ["gqa"], ["tnd"]], ids=["across-cases", "heads-gqa", "heads-tnd"])
+def test_parallel_gen_is_bit_identical_to_one_process(tmp_path: Path, which: list[str]) -> None:
+    path = spec(tmp_path, [c for c in CASES if c["name"] in which])
+    runner = CliRunner()
+    assert runner.invoke(main, ["gen", path, "-o", str(tmp_path / "one")]).exit_code == 0
+    result = runner.invoke(main, ["gen", path, "-o", str(tmp_path / "many"), "-j", "2"])
+    assert result.exit_code == 0, result.output
+    for name in which:
+        assert hashes(tmp_path / "one" / name) == hashes(tmp_path / "many" / name), name
+
+
+def test_shards_cover_the_suite_exactly_once_and_balance_flops() -> None:
+    cases = load_specs([ROOT / "cases" / "edge.yaml", ROOT / "cases" / "negative.yaml"])
+    costs = [float(estimate(c).flops) for c in cases]
+    shards = [shard(cases, i, 3, costs) for i in (1, 2, 3)]
+    names = [c.name for s in shards for c in s]
+    assert sorted(names) == sorted(c.name for c in cases)
+    loads = [sum(estimate(c).flops for c in s) for s in shards]
+    assert max(loads) - min(loads) <= max(costs)  # greedy largest-first bound
+    reversed_shards = [shard(cases[::-1], i, 3) for i in (1, 2, 3)]
+    assert [{c.name for c in s} for s in reversed_shards] == [{c.name for c in s} for s in shards]
+
+
+@pytest.mark.parametrize("text", ["0/2", "3/2", "1", "a/b", "1/0"])
+def test_bad_shard_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="--shard"):
+        parse_shard(text)
+
+
+def test_gen_refuses_a_case_bigger_than_memory_unless_forced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli_gen, "machine_memory", lambda: 1000)
+    path = spec(tmp_path, CASES[:1])
+    result = CliRunner().invoke(main, ["gen", path, "-o", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "case 'mha' needs about" in result.stderr and "--force" in result.stderr
+    assert not (tmp_path / "o").exists()
+    assert CliRunner().invoke(main, ["gen", path, "-o", str(tmp_path / "o"), "--force"]).exit_code == 0
+
+
+def test_list_and_gen_take_a_shard(tmp_path: Path) -> None:
+    path = spec(tmp_path, CASES)
+    listed = [CliRunner().invoke(main, ["list", path, "--shard", f"{i}/2"]).stdout for i in (1, 2)]
+    for case in CASES:
+        assert sum(case["name"] in text for text in listed) == 1
+
+
+def test_estimate_grows_with_the_sequence_not_its_square() -> None:
+    (case,) = load_specs([ROOT / "cases" / "nightly.yaml"])[4:5]  # strided 32k, one head
+    small = dataclasses.replace(case, q_seq_len=case.q_seq_len // 4, kv_seq_len=case.kv_seq_len // 4)
+    assert estimate(case).peak_memory < 5 * estimate(small).peak_memory
