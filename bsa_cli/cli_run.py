@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from rich.progress import (
 )
 
 from . import output, runner
-from .cli import EXIT_UNJUDGED, EXIT_USAGE, UserError, main
+from .cli import UserError, main
 from .errors import BsaError
 
 EXIT_INTERRUPTED = 130
@@ -37,6 +35,9 @@ OUTCOME_STYLE = {
     "crashed": "red",
     "timeout": "red",
     "interrupted": "yellow",
+    "PASS": "green",
+    "FAIL": "red",
+    "ERROR": "red",
 }
 
 
@@ -329,45 +330,61 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None) -> None
 def _generate(
     specs: tuple[str, ...],
     filters: tuple[str, ...],
+    shard_text: str | None,
     out: Path,
     precision: str,
     jobs: int,
+    force: bool,
     display: Display,
 ) -> list[Path]:
-    """Generate the cases of `specs` into `out`, skipping those already there and current."""
-    from .generate import generate_case, is_current
-    from .spec import load_specs
+    """Generate the cases of `specs` into `out`, leaving alone those already there and current."""
+    from .cli_gen import load_cases, refuse_oversized, warn_constraints
+    from .generate import generate_suite
+    from .schedule import estimate
 
-    with user_errors():
-        cases = load_specs(specs)
-    if filters:
-        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
-        if not cases:
-            raise UserError(f"--filter {' '.join(filters)} matches no case of {' '.join(specs)}")
-    for case in cases:
-        for note in case.warnings:
-            output.warn(f"{case.name}: outside the A2/A3 kernel: {note}")
+    cases = load_cases(specs, filters, shard_text)
+    warn_constraints(cases)
+    refuse_oversized({case.name: estimate(case) for case in cases}, force)
     display.phase("gen", len(cases), [c.name for c in cases])
 
-    def one(case: Any) -> tuple[str, Path]:
-        case_dir = out / case.name
-        if is_current(case, case_dir, precision):
-            return "skipped", case_dir
-        return "generated", generate_case(case, out, precision)
+    def done(case: Any, outcome: str, _path: Path) -> None:
+        if outcome == "current":
+            display.case("skipped", case.name, "inputs current")
+        else:
+            display.case(outcome, case.name)
 
-    with ThreadPoolExecutor(max_workers=jobs) as pool, user_errors():
-        futures = [pool.submit(one, case) for case in cases]
-        try:
-            for case, future in zip(cases, futures, strict=True):
-                display.running(case.name)
-                outcome, _ = future.result()
-                detail = "inputs current" if outcome == "skipped" else ""
-                display.case(outcome, case.name, detail)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
-    return [out / case.name for case in cases]
+    with user_errors():
+        return generate_suite(cases, out, precision, jobs, skip_current=True, on_done=done)
+
+
+def _run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> Any:
+    """Build and check the comparison settings given for the whole run, before anything is generated."""
+    from .cli_compare import parse_thresholds
+    from .compare import RunSettings
+
+    settings = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return settings
+
+
+def _compare(case_dirs: Sequence[Path], settings: Any, display: Display) -> Any:
+    """Judge every case's outputs (and its run.json), showing each verdict; return the SuiteResult."""
+    from .compare import compare_suite
+
+    display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
+
+    def shown(result: Any) -> None:
+        message = result.message
+        detail = message if len(message) <= 100 else message[:97] + "..."
+        display.case(result.verdict, result.name, detail)
+
+    try:
+        return compare_suite(case_dirs, None, settings, on_case=shown)
+    except (ValueError, BsaError) as exc:
+        raise UserError(str(exc)) from None
 
 
 @main.command("check")
@@ -378,7 +395,7 @@ def _generate(
     default="out",
     show_default=True,
     type=click.Path(file_okay=False, path_type=Path),
-    help="Folder of the generated cases (reused when current).",
+    help="Folder of the generated cases (cases already there and current are reused).",
 )
 @device_options
 @click.option(
@@ -389,17 +406,23 @@ def _generate(
     help="Precision of the golden dq/dk/dv.",
 )
 @click.option(
-    "-j",
-    "--jobs",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Cases generated in parallel.",
+    "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Processes generating the cases."
 )
-@click.option("--standard", metavar="NAME", help="Comparison standard for every case (default: each case's own).")
-@click.option("--json", "json_path", metavar="FILE", help="Also write the comparison as JSON.")
-@click.option("--junit", "junit_path", metavar="FILE", help="Also write a JUnit XML report.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every metric.")
+@click.option("--shard", "shard_text", metavar="I/N", help="Only shard I of N of the cases, balanced by FLOPs.")
+@click.option("--force", is_flag=True, help="Generate cases even if they may not fit in this machine's memory.")
+@click.option("--standard", metavar="NAME[:PRESET]", help="Judge every case by this standard (as bsa compare).")
+@click.option(
+    "--threshold",
+    "thresholds",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override one threshold of the standard (repeatable), as bsa compare.",
+)
+@click.option("--padding", type=click.Choice(["ignore", "zero"]), help="BNSD padding rule, as bsa compare.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write JSON.")
+@click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write JUnit XML.")
+@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write HTML.")
+@click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def check_command(
     specs: tuple[str, ...],
     out: Path,
@@ -413,9 +436,14 @@ def check_command(
     filters: tuple[str, ...],
     precision: str,
     jobs: int,
+    shard_text: str | None,
+    force: bool,
     standard: str | None,
-    json_path: str | None,
-    junit_path: str | None,
+    thresholds: tuple[str, ...],
+    padding: str | None,
+    json_path: Path | None,
+    junit_path: Path | None,
+    html_path: Path | None,
     verbose: bool,
 ) -> None:
     """Generate, run and compare in one command: the main job.
@@ -425,41 +453,34 @@ def check_command(
     results). Exit code as `bsa compare`: 0 all pass, 1 a case failed, 2 usage or spec error, 3 a case
     could not be judged; 130 interrupted.
     """
+    from . import report
+
     options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout)
-    compare_run = _comparator()
-    with Display() as display:
-        try:
-            case_dirs = _generate(specs, filters, out, precision, jobs, display)
-        except KeyboardInterrupt:
-            output.info("interrupted while generating; cases written so far are complete")
-            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
-        summary = run_with_display(case_dirs, options, display)
-        if summary.interrupted:
-            print_run_summary(summary)
-            raise click.exceptions.Exit(EXIT_INTERRUPTED)
-        code = compare_run(
-            case_dirs,
-            summary=summary,
-            display=display,
-            standard=standard,
-            json_path=json_path,
-            junit_path=junit_path,
-            verbose=verbose,
-        )
-    raise click.exceptions.Exit(code)
-
-
-def _comparator() -> Any:
-    """Return the function that compares and reports (bsa compare's library), or explain its absence."""
+    settings = _run_settings(standard, thresholds, padding)
     try:
-        from . import compare  # noqa: F401
-    except ImportError:
-        raise click.ClickException("bsa check needs bsa_cli.compare, which is not installed") from None
-    return _compare_and_report
+        with Display() as display:
+            case_dirs = _generate(specs, filters, shard_text, out, precision, jobs, force, display)
+            summary = run_with_display(case_dirs, options, display)
+            if summary.interrupted:
+                raise KeyboardInterrupt
+            suite = _compare(case_dirs, settings, display)
+    except KeyboardInterrupt:
+        output.info("interrupted: finished cases keep their files and run records")
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    report.render_terminal(suite, output.stdout, verbose=verbose)
+    for kind, path, writer in (
+        ("--json", json_path, report.write_json),
+        ("--junit", junit_path, report.write_junit),
+        ("--html", html_path, report.write_html),
+    ):
+        if path is not None:
+            try:
+                writer(suite, path)
+            except OSError as exc:
+                raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
+    if options.device.is_reference:
+        output.stdout.print(f"device: {options.device.name}: reference results, not device results", markup=False)
+    raise click.exceptions.Exit(suite.return_code)
 
 
-def _compare_and_report(case_dirs: Sequence[Path], *, summary: runner.RunSummary, **kwargs: Any) -> int:
-    raise click.ClickException("bsa check: comparison not wired yet")  # replaced once compare lands
-
-
-__all__ = ["EXIT_INTERRUPTED", "EXIT_UNJUDGED", "EXIT_USAGE", "Display", "check_command", "run_command"]
+__all__ = ["EXIT_INTERRUPTED", "Display", "check_command", "emulate_command", "run_command"]

@@ -263,3 +263,103 @@ def test_display_prints_one_aligned_line_per_case_with_problems_below():
         "         timed out after 5 s\n"
         "run      ok               neg            status 161001 (expected 161002), 0.01 s, device 0\n"
     )
+
+
+# ---- bsa check: gen, run, compare ----------------------------------------------------------------------
+
+
+def test_check_generates_runs_and_compares_the_suite_with_the_reference_device(spec_file, tmp_path):
+    out = tmp_path / "out"
+    result = invoke("check", spec_file, "-o", out, "--json", tmp_path / "report.json")
+
+    assert result.exit_code == 0, result.output
+    assert "4 cases: 4 passed, 0 failed, 0 errors" in result.stdout
+    assert result.stdout.rstrip().endswith("device: reference (bsa emulate): reference results, not device results")
+    phases = [line.split()[:2] for line in result.stderr.splitlines() if line.startswith(("gen ", "run ", "compare "))]
+    assert phases == [["gen", "generated"]] * 4 + [["run", "ok"]] * 4 + [["compare", "PASS"]] * 4
+    document = json.loads((tmp_path / "report.json").read_text())
+    assert len(document["cases"]) == 4
+    assert record(out / "t-neg-tnd")["status"] == 161001
+
+    again = invoke("check", spec_file, "-o", out)
+
+    assert again.exit_code == 0, again.output
+    gen_lines = [line for line in again.stderr.splitlines() if line.startswith("gen ")]
+    assert len(gen_lines) == 4 and all(line.split()[1] == "skipped" and line.endswith("current") for line in gen_lines)
+
+
+def test_check_regenerates_only_cases_whose_spec_or_inputs_changed(spec_file, tmp_path):
+    out = tmp_path / "out"
+    assert invoke("check", spec_file, "-o", out).exit_code == 0
+    changed = yaml.safe_load(spec_file.read_text())
+    changed["cases"][0]["seed"] = 99
+    spec = tmp_path / "changed.yaml"
+    spec.write_text(yaml.safe_dump(changed))
+    (out / "t-tnd-gqa" / "inputs" / "query.bin").write_bytes(b"\0")
+
+    result = invoke("check", spec, "-o", out)
+
+    assert result.exit_code == 0, result.output
+    outcomes = {line.split()[2]: line.split()[1] for line in result.stderr.splitlines() if line.startswith("gen ")}
+    assert outcomes == {"t-bnsd-tail": "generated", "t-tnd-gqa": "generated", "t-neg-dtype": "skipped",
+                        "t-neg-tnd": "skipped"}  # fmt: skip
+
+
+def test_check_with_a_planted_fault_fails(spec_file, tmp_path):
+    result = invoke("check", spec_file, "-o", tmp_path / "out", "--fault", "dk-no-scale", "--filter", "t-bnsd-*")
+
+    assert result.exit_code == 1, result.output
+    assert ": 0 passed, 1 failed, 0 errors" in result.stdout
+    assert "compare  FAIL             t-bnsd-tail" in result.stderr
+    assert "with fault 'dk-no-scale': reference results, not device results" in result.stdout
+
+
+def test_check_with_a_crashing_binary_cannot_judge_that_case(tmp_path):
+    spec = tmp_path / "s.yaml"
+    cases = [{**SPEC["cases"][0], "name": "good"}, {**SPEC["cases"][0], "name": "crash"}]
+    spec.write_text(yaml.safe_dump({"defaults": SPEC["defaults"], "cases": cases}))
+
+    result = invoke("check", spec, "-o", tmp_path / "out", "--binary", fake_device(tmp_path))
+
+    assert result.exit_code == 3, result.output
+    assert "2 cases: 1 passed, 0 failed, 1 error" in result.stdout
+    assert "run      crashed          crash" in result.stderr
+    assert "reference results" not in result.stdout
+
+
+def test_check_fails_a_binary_whose_repeats_differ(tmp_path):
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"defaults": SPEC["defaults"], "cases": [{**SPEC["cases"][0], "name": "random"}]}))
+
+    result = invoke("check", spec, "-o", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2")
+
+    assert result.exit_code == 1, result.output
+    assert "nondeterministic random" in result.stderr
+    assert "compare  FAIL             random" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--standard", "double-bench"], "Error: unknown standard"),
+        (["--threshold", "rmse_ratio"], "Error: --threshold 'rmse_ratio': expected KEY=NUMBER"),
+        (["--fault", "no-such"], "Error: unknown fault 'no-such'"),
+    ],
+)
+def test_check_refuses_bad_options_before_generating(spec_file, tmp_path, args, message):
+    result = invoke("check", spec_file, "-o", tmp_path / "out", *args)
+
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(message)
+    assert not (tmp_path / "out").exists()
+
+
+def test_check_with_a_bad_spec_is_a_usage_error(tmp_path):
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(yaml.safe_dump({"cases": [{"name": "x", "layuot": "BNSD"}]}))
+
+    result = invoke("check", spec, "-o", tmp_path / "out")
+
+    assert result.exit_code == 2
+    assert "(did you mean 'layout'?)" in result.stderr
+    assert "Traceback" not in result.output
