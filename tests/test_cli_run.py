@@ -363,3 +363,38 @@ def test_check_with_a_bad_spec_is_a_usage_error(tmp_path):
     assert result.exit_code == 2
     assert "(did you mean 'layout'?)" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_ctrl_c_during_run_exits_130_and_keeps_finished_records(tmp_path, monkeypatch):
+    root = tmp_path / "out"
+    for name in ("a_good", "b_hang", "c_good"):
+        make_case(root, name)
+    shown = Display.on_run_event
+
+    def ctrl_c_on_hang(self, event):
+        shown(self, event)
+        if event.kind == "start" and event.case == "b_hang":
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(Display, "on_run_event", ctrl_c_on_hang)
+
+    result = invoke("run", root, "--binary", fake_device(tmp_path))
+
+    assert result.exit_code == 130, result.output
+    assert "1 ok, 1 interrupted; 1 not run (interrupted)" in result.stdout
+    assert record(root / "a_good")["outcome"] == "ok"
+    assert record(root / "b_hang")["outcome"] == "interrupted"
+    assert not (root / "c_good" / "outputs" / "run.json").exists()
+
+
+def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
+    console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system=None)
+    result = runner.CaseResult("only", Path("a"), Path("a/o"), "ok", (), 0, 0, 0, 0.5)
+    with Display(console) as display:
+        display.phase("run", 1, ["only"])
+        display.on_run_event(runner.RunEvent("start", "only", 0))
+        display.on_run_event(runner.RunEvent("done", "only", 0, result))
+
+    text = console.file.getvalue()
+    assert "run      ok               only  status 0, 0.50 s, device 0\n" in text
+    assert "1/1" in text
