@@ -143,9 +143,7 @@ def sdpa_sequence(
 def entry_lengths(case: Case) -> list[tuple[int, int]]:
     """Return (q_len, kv_len) per batch entry: TND and honored BNSD lengths use the actual lengths."""
     use_q = case.actual_seq_lengths is not None and (case.layout == "TND" or case.bnsd_lengths == "honored")
-    use_kv = case.actual_seq_lengths_kv is not None and (
-        case.layout == "TND" or case.bnsd_lengths == "honored"
-    )
+    use_kv = case.actual_seq_lengths_kv is not None and (case.layout == "TND" or case.bnsd_lengths == "honored")
     q_lengths = case.actual_seq_lengths if use_q else [case.q_seq_len] * case.batch
     kv_lengths = case.actual_seq_lengths_kv if use_kv else [case.kv_seq_len] * case.batch
     return list(zip(q_lengths, kv_lengths, strict=True))  # type: ignore[arg-type]
@@ -169,9 +167,7 @@ def _entry_indexers(case: Case) -> list[tuple[int, tuple, tuple, int, int]]:
             q_offset += q_len
             kv_offset += kv_len
         else:
-            result.append(
-                (b, (b, slice(None), slice(0, q_len)), (b, slice(None), slice(0, kv_len)), q_len, kv_len)
-            )
+            result.append((b, (b, slice(None), slice(0, q_len)), (b, slice(None), slice(0, kv_len)), q_len, kv_len))
     return result
 
 

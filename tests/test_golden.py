@@ -86,9 +86,7 @@ def golden_grads(case: Case, t: dict, out, lse, precision=np.float64):
 
 
 def kernel_grads(case: Case, t: dict, out, lse):
-    return golden.backward_kernel(
-        case, t["dout"], t["query"], t["key"], t["value"], out, lse, t["block_mask"]
-    )
+    return golden.backward_kernel(case, t["dout"], t["query"], t["key"], t["value"], out, lse, t["block_mask"])
 
 
 def rel_err(actual: np.ndarray, expected: np.ndarray) -> float:
@@ -105,12 +103,8 @@ def check_against_oracles(case: Case, t: dict) -> None:
     np.testing.assert_allclose(lse, ref_lse, rtol=1e-12, atol=1e-12)
 
     grads = golden_grads(case, t, out, lse)
-    dense = oracle.dense_backward(
-        case, t["dout"], t["query"], t["key"], t["value"], out, lse, t["block_mask"]
-    )
-    torch_out, *torch_grads = oracle.torch_backward(
-        case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"]
-    )
+    dense = oracle.dense_backward(case, t["dout"], t["query"], t["key"], t["value"], out, lse, t["block_mask"])
+    torch_out, *torch_grads = oracle.torch_backward(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"])
     np.testing.assert_allclose(out, torch_out, rtol=1e-10, atol=1e-12)
     for name, g, d, p in zip(("dq", "dk", "dv"), grads, dense, torch_grads, strict=True):
         assert g.dtype == np.float64
@@ -210,9 +204,7 @@ def test_tnd_zero_length_sequences_first_middle_and_last(dtype):
 
 def test_bnsd_lengths_honored_skips_padding_and_equals_the_cropped_case():
     kw = dict(batch=2, heads=2, kv_heads=1, dim=16, q_len=80, kv_len=96, block_shape=(16, 32))
-    case = make_case(
-        lengths=(50, 80), kv_lengths=(70, 33), bnsd_lengths="honored", empty_row_lse=-math.inf, **kw
-    )
+    case = make_case(lengths=(50, 80), kv_lengths=(70, 33), bnsd_lengths="honored", empty_row_lse=-math.inf, **kw)
     t = make_inputs(case, seed=11, density=0.8)
     check_against_oracles(case, t)
     out, lse = forward_of(case, t)
@@ -270,9 +262,7 @@ def test_causal_block_mask_with_unit_blocks_equals_sdpa_causal():
     t = make_inputs(case, seed=6, mask=causal)
     out, lse = forward_of(case, t)
     dq, dk, dv = golden_grads(case, t, out, lse)
-    ref = oracle.sdpa_sequence(
-        t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.scale, is_causal=True
-    )
+    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.scale, is_causal=True)
     for got, want in zip((out, dq, dk, dv), ref, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-10, atol=1e-12)
 
@@ -338,9 +328,7 @@ def test_sequence_level_accepts_any_lse_on_empty_rows():
     results = []
     for junk in (np.nan, np.inf, -np.inf, 7.0):
         lse_junk = np.where(empty, junk, lse)
-        grads = golden.backward_sequence(
-            dout, query, key, value, out, lse_junk, mask, (16, 16), 0.3, np.float64
-        )
+        grads = golden.backward_sequence(dout, query, key, value, out, lse_junk, mask, (16, 16), 0.3, np.float64)
         results.append(grads)
         assert all(np.isfinite(g).all() for g in grads)
     for grads in results[1:]:
@@ -366,9 +354,7 @@ def test_uint8_mask_values_other_than_one_count_as_selected():
 
 
 def test_lse_with_or_without_trailing_axis_gives_the_same_gradients():
-    case = make_case(
-        layout="TND", heads=2, kv_heads=1, dim=16, lengths=(30, 17), kv_lengths=(20, 40), batch=2
-    )
+    case = make_case(layout="TND", heads=2, kv_heads=1, dim=16, lengths=(30, 17), kv_lengths=(20, 40), batch=2)
     t = make_inputs(case, seed=4)
     out, lse = forward_of(case, t)
     for a, b in zip(golden_grads(case, t, out, lse), golden_grads(case, t, out, lse[..., None]), strict=True):
@@ -438,9 +424,7 @@ def test_kernel_path_is_close_to_float64_golden_and_reproducible(dtype, layout):
             block_shape=(64, 64),
         )
     else:
-        case = make_case(
-            layout, dtype, heads=4, kv_heads=1, dim=64, q_len=260, kv_len=300, block_shape=(64, 64)
-        )
+        case = make_case(layout, dtype, heads=4, kv_heads=1, dim=64, q_len=260, kv_len=300, block_shape=(64, 64))
     t = make_inputs(case, seed=15, density=0.5)
     out, lse = forward_of(case, t)
     io = np.dtype(FP16 if dtype == "float16" else BF16)
@@ -499,3 +483,16 @@ def test_mask_of_the_wrong_shape_is_rejected():
     query = np.ones((2, 10, 8))
     with pytest.raises(ValueError, match=r"block_mask has shape \(2, 2, 2\), expected \(2, 3, 2\)"):
         golden.forward_sequence(query, query[:1], query[:1], np.ones((2, 2, 2)), (4, 8), 1.0)
+
+
+def test_fast_float16_rounding_equals_numpy_cast_bit_for_bit():
+    rng = np.random.default_rng(0)
+    edges = np.array([0x38800000, 0x477FE000, 0x477FEFFF, 0x477FF000, 0x33000000, 0x33000001, 0x7F800000, 0x7F800001])
+    around = (edges[:, None] + np.arange(-2048, 2049)).ravel() & 0x7FFFFFFF
+    bits = np.concatenate([rng.integers(0, 2**32, 2**20), around, around | 0x80000000]).astype(np.uint32)
+    values = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        expected = values.astype(np.float16).astype(np.float32)
+    got = golden._round_to_float16(values)
+    same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got) & np.isnan(expected))
+    assert same.all(), bits[~same][:5]
