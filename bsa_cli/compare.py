@@ -1,0 +1,1872 @@
+"""Judge a device's dq, dk, dv against the golden: metrics, standards, structural checks, verdicts.
+
+Nothing here prints. `compare_suite` reads case directories and device output directories and returns a
+`SuiteResult`; `report.py` renders it. The pure core is `judge_tensors` (arrays in, `TensorResult`s out).
+
+Standards (docs/compare.md documents them for users; DOMAIN.md section 4 has the sources):
+
+* `double-benchmark` (default): CANN/ATK. Each error metric of the device against the golden is divided by
+  the same metric of the benchmark (the kernel-faithful result in the case dtype written by `bsa gen`),
+  floored at `err_thd`: MARE, MERE and RMSE ratios, and a small-value error count ratio. bsa adds a
+  localized check, `tile_ratio`: the RMSE ratio of every 16x16 tile of every block (the cube unit's
+  fractal), so a precision bug confined to one tile cannot hide in the tensor-wide means.
+  Preset `double-benchmark:fa` has the stricter flash-attention limits 2 / 1.2 / 1.2.
+* `single`: MERE < T and MARE < 10 T (relative error |a - g| / (|g| + 1e-7) over all elements).
+* `allclose`: at most a fraction `mismatch` of elements with |a - g| > atol + rtol |g|; or msOpST's
+  form (`allclose:msopst`, or any of diff_thd / pct_thd / max_diff given).
+* `fa-ratio`: max abs error <= k x the benchmark's max abs error + an ULP-sized floor (FlashAttention 3).
+
+Structural checks run under every standard: NaN/Inf where the golden has none; dq rows of empty query
+rows and dk/dv rows of never-selected kv positions exactly 0 (`zero_atol` relaxes); padding rows of BNSD
+cases whose actual lengths are honored are ignored, or required to be 0 with `padding: zero`.
+
+Settings precedence, for each case (one rule, also in docs/compare.md):
+
+1. standard: `--standard` > the case's `compare.standard` (from its spec) > `double-benchmark`;
+2. thresholds: the standard's defaults for the case dtype (with its preset) < the case's
+   `compare.thresholds` (dropped, except the general keys, when `--standard` names another standard)
+   < `--threshold`; a `--threshold` key the case's standard does not know is a usage error;
+3. padding: `--padding` > the case's `compare.padding` > `ignore`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+import mmap
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .case import ACLNN_STATUS, Case, numpy_dtype
+from .errors import DataError, suggest
+from .layout import mask_view
+from .manifest import GRAD_NAMES, case_from_manifest
+from .store import (
+    MANIFEST,
+    OUTPUTS_DIR,
+    expected_nbytes,
+    find_cases,
+    iter_entries,
+    load_manifest,
+    sha256_file,
+)
+
+__all__ = [
+    "DEFAULT_STANDARD",
+    "STANDARDS",
+    "BlockMap",
+    "CaseResult",
+    "Check",
+    "ErrorStats",
+    "HotBlock",
+    "RunSettings",
+    "Settings",
+    "SuiteResult",
+    "TensorResult",
+    "WorstElement",
+    "compare_case",
+    "compare_suite",
+    "judge_tensors",
+    "resolve_settings",
+    "validate_settings",
+]
+
+STATUS_FILE = "status.txt"
+RUN_RECORD = "run.json"
+PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
+
+# ---- standards and settings ---------------------------------------------------------------------
+
+ERR_THD = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-14}
+"""ATK's err_thd: the floor of benchmark errors, and the |golden| above which relative errors count."""
+SMALL_VALUE_THD = {"float16": 2.0**-16, "bfloat16": 2.0**-16, "float32": 2.0**-30}
+"""ATK's small-value rule: an element with |golden| <= err_thd is an error when |a - g| exceeds this."""
+SINGLE_T = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-13}
+"""The single-reference standard's T per dtype."""
+ALLCLOSE_TOL = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5)}
+"""torch.testing.assert_close defaults (rtol, atol) per dtype."""
+
+TILE = 16
+"""Side of the cube unit's fractal: the tile the localized check and the hot-block map work in."""
+
+
+@dataclass(frozen=True)
+class Standard:
+    """A named comparison standard: its threshold keys (with their meaning) and presets."""
+
+    name: str
+    summary: str
+    keys: Mapping[str, str]
+    presets: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    needs_benchmark: bool = False
+
+
+GENERAL_KEYS: dict[str, str] = {
+    "zero_atol": "largest |value| allowed where the output must be 0 (empty rows, never-selected kv "
+    "positions, zero padding); default 0 (exactly 0); inf turns those checks off",
+    "rtol": "relative tolerance of the mismatch count (torch assert_close default of the dtype)",
+    "atol": "absolute tolerance of the mismatch count (torch assert_close default of the dtype)",
+}
+"""Threshold keys every standard accepts."""
+
+STANDARDS: dict[str, Standard] = {
+    s.name: s
+    for s in (
+        Standard(
+            "double-benchmark",
+            "CANN/ATK: device error / max(benchmark error, err_thd) for MARE, MERE, RMSE, small-value "
+            "errors; and per 16x16 tile RMSE ratio",
+            {
+                "mare_ratio": "limit of max relative error ratio (default 10)",
+                "mere_ratio": "limit of mean relative error ratio (default 2)",
+                "rmse_ratio": "limit of RMSE ratio (default 2)",
+                "small_value_ratio": "limit of small-value error count ratio, device / max(benchmark, 1) (default 2)",
+                "err_thd": "error floor and large-value bound (2^-11 fp16, 2^-8 bf16)",
+                "small_value_thd": "error bound of small values (2^-16)",
+                "tile_ratio": "limit of any 16x16 tile's RMSE ratio (default 3; inf turns it off)",
+                "tile_floor": "a tile's benchmark RMSE is floored at this fraction of the tensor's (default 0.1)",
+            },
+            {"fa": {"mare_ratio": 2.0, "mere_ratio": 1.2, "rmse_ratio": 1.2}},
+            needs_benchmark=True,
+        ),
+        Standard(
+            "single",
+            "CANN single reference: MERE < T and MARE < 10 T",
+            {
+                "mere": "limit of mean relative error (T: 2^-10 fp16, 2^-7 bf16)",
+                "mare": "limit of max relative error (default 10 x mere)",
+            },
+        ),
+        Standard(
+            "allclose",
+            "|a - g| <= atol + rtol |g| for all but a fraction `mismatch` of elements; or msOpST's "
+            "[diff_thd, pct_thd] form",
+            {
+                "mismatch": "allowed fraction of mismatched elements (default 0)",
+                "diff_thd": "msOpST: per-element error bound, absolute below it, relative above (default 0.01)",
+                "pct_thd": "msOpST: allowed fraction of elements over diff_thd (default 0.05)",
+                "max_diff": "msOpST: the largest element error must stay below this (default 0.1)",
+            },
+            {"msopst": {"diff_thd": 0.01, "pct_thd": 0.05, "max_diff": 0.1}},
+        ),
+        Standard(
+            "fa-ratio",
+            "FlashAttention: max abs error <= k x benchmark max abs error + ULP floor",
+            {
+                "k": "factor on the benchmark's max abs error (default 3, FlashAttention's for gradients)",
+                "floor_factor": "ULP floor: this times max |(g + 0.3) - 0.3 - g| in the case dtype (default 2)",
+            },
+            needs_benchmark=True,
+        ),
+    )
+}
+"""The comparison standards by name."""
+
+DEFAULT_STANDARD = "double-benchmark"
+PADDING_MODES = ("ignore", "zero")
+SETTINGS_KEYS = ("standard", "thresholds", "padding")
+_MSOPST_KEYS = ("diff_thd", "pct_thd", "max_diff")
+
+
+def parse_standard(text: str) -> tuple[str, str | None]:
+    """Split 'name' or 'name:preset' and check both.
+
+    Raises:
+        ValueError: unknown standard or preset, with the allowed names.
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"standard {text!r} is not a name; allowed: {', '.join(_standard_names())}")
+    name, _, preset = text.partition(":")
+    if name not in STANDARDS:
+        raise ValueError(
+            f"unknown standard {text!r}{suggest(name, STANDARDS)}; allowed: {', '.join(_standard_names())}"
+        )
+    presets = STANDARDS[name].presets
+    if preset and preset not in presets:
+        allowed = ", ".join(f"{name}:{p}" for p in presets) or "none"
+        raise ValueError(f"standard {name!r} has no preset {preset!r}{suggest(preset, presets)}; presets: {allowed}")
+    if not preset and ":" in text:
+        raise ValueError(f"standard {text!r} has an empty preset; write {name!r}")
+    return name, preset or None
+
+
+def _standard_names() -> list[str]:
+    names = []
+    for name, standard in STANDARDS.items():
+        names.append(name)
+        names.extend(f"{name}:{p}" for p in standard.presets)
+    return names
+
+
+def threshold_keys(standard: str) -> list[str]:
+    """Return the threshold keys a standard accepts (its own and the general ones)."""
+    return [*STANDARDS[standard].keys, *GENERAL_KEYS]
+
+
+def _check_thresholds(standard: str, thresholds: Any, origin: str = "thresholds") -> dict[str, float]:
+    """Return thresholds as floats after checking their keys against `standard` and their values."""
+    if not isinstance(thresholds, Mapping):
+        raise ValueError(f"{origin} must be a mapping of key: number, got {thresholds!r}")
+    allowed = threshold_keys(standard)
+    checked = {}
+    for key, value in thresholds.items():
+        if key not in allowed:
+            raise ValueError(
+                f"threshold {key!r} does not apply to standard {standard!r}{suggest(str(key), allowed)}; "
+                f"its keys: {', '.join(allowed)}"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+            raise ValueError(f"threshold {key!r} must be a number >= 0 (inf allowed), got {value!r}")
+        checked[str(key)] = float(value)
+    if standard == "allclose":
+        msopst = [k for k in _MSOPST_KEYS if k in checked]
+        if msopst and "mismatch" in checked:
+            raise ValueError(
+                "allclose takes either mismatch (with rtol/atol) or msOpST's diff_thd/pct_thd/max_diff, "
+                f"not both (got mismatch and {', '.join(msopst)})"
+            )
+    return checked
+
+
+def validate_settings(settings: Mapping[str, Any]) -> None:
+    """Check a case's `compare:` settings: {standard: NAME[:PRESET], thresholds: {key: number}, padding}.
+
+    Thresholds are checked against the given standard, or the default one when none is given.
+
+    Raises:
+        ValueError: an unknown key, standard, preset or threshold key, or a bad value; the message lists
+            what is allowed.
+    """
+    if not isinstance(settings, Mapping):
+        raise ValueError(f"compare settings must be a mapping with keys {', '.join(SETTINGS_KEYS)}")
+    for key in settings:
+        if key not in SETTINGS_KEYS:
+            raise ValueError(
+                f"unknown compare key {key!r}{suggest(str(key), SETTINGS_KEYS)}; allowed: {', '.join(SETTINGS_KEYS)}"
+            )
+    name, preset = parse_standard(settings.get("standard", DEFAULT_STANDARD))
+    thresholds = _check_thresholds(name, settings.get("thresholds") or {})
+    if preset == "msopst" and "mismatch" in thresholds:
+        raise ValueError("allclose:msopst does not take mismatch (it uses diff_thd and pct_thd)")
+    padding = settings.get("padding", "ignore")
+    if padding not in PADDING_MODES:
+        raise ValueError(f"padding {padding!r} is not one of {', '.join(PADDING_MODES)}")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Comparison settings given for a whole run (the command line); None/empty: the case decides."""
+
+    standard: str | None = None
+    thresholds: Mapping[str, float] = field(default_factory=dict)
+    padding: str | None = None
+
+    def validate(self) -> None:
+        """Check the run's settings on their own.
+
+        Raises:
+            ValueError: a bad standard or padding, or a threshold key no standard knows (without
+                `standard`) or that the given standard does not know.
+        """
+        if self.padding is not None and self.padding not in PADDING_MODES:
+            raise ValueError(f"padding {self.padding!r} is not one of {', '.join(PADDING_MODES)}")
+        if self.standard is not None:
+            name, preset = parse_standard(self.standard)
+            checked = _check_thresholds(name, dict(self.thresholds))
+            if preset == "msopst" and "mismatch" in checked:
+                raise ValueError("allclose:msopst does not take mismatch (it uses diff_thd and pct_thd)")
+            return
+        known = {k for s in STANDARDS for k in threshold_keys(s)}
+        for key, value in self.thresholds.items():
+            if key not in known:
+                raise ValueError(f"unknown threshold {key!r}{suggest(key, known)}; keys: {', '.join(sorted(known))}")
+            _check_thresholds(next(s for s in STANDARDS if key in threshold_keys(s)), {key: value})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The resolved comparison settings of one case."""
+
+    standard: str  # base name, a key of STANDARDS
+    preset: str | None
+    thresholds: Mapping[str, float]  # every key the standard uses, resolved
+    padding: str  # ignore | zero
+    origin: Mapping[str, str]  # "standard", "padding" and each threshold key -> default|preset|case|cli
+
+    @property
+    def label(self) -> str:
+        return f"{self.standard}:{self.preset}" if self.preset else self.standard
+
+    @property
+    def msopst(self) -> bool:
+        """Whether an allclose standard uses msOpST's form."""
+        return self.standard == "allclose" and "diff_thd" in self.thresholds
+
+
+def default_thresholds(standard: str, dtype: str, preset: str | None = None) -> dict[str, float]:
+    """Return a standard's thresholds for a dtype before any override (with `preset` applied)."""
+    rtol, atol = ALLCLOSE_TOL.get(dtype, ALLCLOSE_TOL["float32"])
+    general = {"zero_atol": 0.0, "rtol": rtol, "atol": atol}
+    if standard == "double-benchmark":
+        values = {
+            "mare_ratio": 10.0,
+            "mere_ratio": 2.0,
+            "rmse_ratio": 2.0,
+            "small_value_ratio": 2.0,
+            "err_thd": ERR_THD.get(dtype, ERR_THD["float32"]),
+            "small_value_thd": SMALL_VALUE_THD.get(dtype, SMALL_VALUE_THD["float32"]),
+            "tile_ratio": 3.0,
+            "tile_floor": 0.1,
+        }
+    elif standard == "single":
+        t = SINGLE_T.get(dtype, SINGLE_T["float32"])
+        values = {"mere": t, "mare": 10 * t}
+    elif standard == "allclose":
+        values = {"mismatch": 0.0}
+    elif standard == "fa-ratio":
+        values = {"k": 3.0, "floor_factor": 2.0}
+    else:
+        raise ValueError(f"unknown standard {standard!r}")
+    if preset:
+        preset_values = dict(STANDARDS[standard].presets[preset])
+        if standard == "allclose" and preset == "msopst":
+            values.pop("mismatch")
+        values.update(preset_values)
+    return {**values, **general}
+
+
+def resolve_settings(dtype: str, case_settings: Mapping[str, Any] | None, run: RunSettings) -> Settings:
+    """Combine a case's `compare` settings with the run's, by the precedence in this module's docstring.
+
+    Raises:
+        ValueError: the case's settings are invalid, or a run threshold does not apply to the standard
+            the case is judged by.
+    """
+    case_settings = dict(case_settings or {})
+    validate_settings(case_settings)
+    origin: dict[str, str] = {}
+    if run.standard is not None:
+        name, preset = parse_standard(run.standard)
+        origin["standard"] = "cli"
+    elif "standard" in case_settings:
+        name, preset = parse_standard(case_settings["standard"])
+        origin["standard"] = "case"
+    else:
+        name, preset = DEFAULT_STANDARD, None
+        origin["standard"] = "default"
+    case_standard = parse_standard(case_settings.get("standard", DEFAULT_STANDARD))[0]
+    thresholds = default_thresholds(name, dtype, None)
+    origin.update(dict.fromkeys(thresholds, "default"))
+    if preset:
+        for key, value in default_thresholds(name, dtype, preset).items():
+            if thresholds.get(key) != value or key not in thresholds:
+                origin[key] = "preset"
+        thresholds = default_thresholds(name, dtype, preset)
+        origin = {k: v for k, v in origin.items() if k in thresholds or k == "standard"}
+    for key, value in (case_settings.get("thresholds") or {}).items():
+        if case_standard == name or key in GENERAL_KEYS:
+            thresholds[key] = float(value)
+            origin[key] = "case"
+    for key, value in run.thresholds.items():
+        if key not in threshold_keys(name):
+            raise ValueError(
+                f"--threshold {key}: does not apply to standard {name!r} that judges this case; "
+                f"its keys: {', '.join(threshold_keys(name))} (pass --standard to judge every case by one standard)"
+            )
+        thresholds[key] = float(value)
+        origin[key] = "cli"
+    if name == "allclose":
+        given = {k for k, o in origin.items() if o in ("case", "cli")}
+        if preset == "msopst" or any(k in given for k in _MSOPST_KEYS):
+            if "mismatch" in given:
+                raise ValueError("allclose takes either mismatch or msOpST's diff_thd/pct_thd/max_diff, not both")
+            thresholds.pop("mismatch", None)
+            origin.pop("mismatch", None)
+            for key, value in STANDARDS["allclose"].presets["msopst"].items():
+                thresholds.setdefault(key, value)
+                origin.setdefault(key, "preset")
+    if name == "single" and "mare" not in {k for k, o in origin.items() if o in ("case", "cli")}:
+        thresholds["mare"] = 10 * thresholds["mere"]
+    padding = run.padding or case_settings.get("padding") or "ignore"
+    origin["padding"] = "cli" if run.padding else "case" if case_settings.get("padding") else "default"
+    return Settings(name, preset, thresholds, padding, origin)
+
+
+# ---- results ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Check:
+    """One pass/fail decision: a metric of a tensor (or the case) against a limit.
+
+    `severity` is value / limit for upper limits (above 1 fails), so checks of different kinds can be
+    ranked; structural checks that fail have severity inf.
+    """
+
+    name: str
+    tensor: str | None
+    value: float
+    limit: float | None
+    passed: bool
+    detail: str
+    severity: float = 0.0
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Error metrics of one array (device or benchmark) against the golden, over the judged elements.
+
+    Relative errors: `max_rel_err`/`mean_rel_err` are ATK's (|a - g| / |g| over |g| > err_thd);
+    `mare`/`mere` are the single standard's (|a - g| / (|g| + 1e-7) over all elements). ULP errors are
+    msprobe's: |a - g| / ulp(g), the golden's unit in the last place in the case dtype. Non-finite
+    elements are counted and left out of every numeric metric. Metrics only the device needs are None
+    for the benchmark.
+    """
+
+    count: int
+    max_abs_err: float
+    mean_abs_err: float
+    rmse: float
+    max_rel_err: float
+    mean_rel_err: float
+    large_count: int
+    small_value_count: int
+    small_value_err_count: int
+    nan_count: int
+    inf_count: int
+    nonfinite_mismatch: int
+    mare: float | None = None
+    mere: float | None = None
+    cosine: float | None = None
+    mismatch_count: int | None = None
+    mismatch_ratio: float | None = None
+    ulp_max: float | None = None
+    ulp_mean: float | None = None
+    ulp_histogram: tuple[int, ...] | None = None
+    msopst_err_count: int | None = None
+    msopst_max_err: float | None = None
+
+
+@dataclass(frozen=True)
+class WorstElement:
+    """One of the largest absolute errors: where it is and what the three results say there."""
+
+    index: tuple[int, ...]  # in the tensor's layout
+    coords: Mapping[str, int]  # b, n, s, d (BNSD) or t, n, d and the b, s they map to (TND)
+    block: int  # q block i (dq) or kv block j (dk/dv)
+    device: float
+    golden: float
+    benchmark: float | None
+    abs_err: float
+    ulp: float
+
+
+@dataclass(frozen=True)
+class HotBlock:
+    """A block of the error map with its score; for dq a query block i, for dk/dv a kv block j."""
+
+    batch: int
+    head: int  # query head n (dq) or kv head n2 (dk/dv)
+    block: int
+    rows: tuple[int, int]  # positions [start, stop) in the sequence
+    score: float
+    rmse: float
+    rmse_benchmark: float | None
+    max_abs_err: float
+    tile: tuple[int, int] | None  # worst 16x16 tile: (first row in the sequence, first column)
+    tile_ratio: float | None
+
+
+@dataclass(frozen=True)
+class BlockMap:
+    """Errors aggregated per block: arrays [B, heads, max blocks], NaN where a batch entry has no block.
+
+    `score` ranks blocks: the worst 16x16 tile RMSE ratio against the benchmark when there is one, else the
+    block RMSE divided by the tensor's.
+    """
+
+    axis: str  # "q" (dq: per query block) or "kv" (dk, dv: per kv block)
+    block_size: int
+    rmse: np.ndarray
+    rmse_benchmark: np.ndarray | None
+    max_abs_err: np.ndarray
+    score: np.ndarray
+
+
+@dataclass(frozen=True)
+class TensorResult:
+    """The judgement of one gradient."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    axes: tuple[str, ...]
+    device: ErrorStats
+    benchmark: ErrorStats | None
+    checks: tuple[Check, ...]
+    worst: tuple[WorstElement, ...]
+    hot_blocks: tuple[HotBlock, ...]
+    block_map: BlockMap | None
+    extra: Mapping[str, float] = field(default_factory=dict)  # standard-specific figures (fa-ratio floor)
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The verdict of one case: PASS, FAIL or ERROR (could not be judged), with everything measured."""
+
+    name: str
+    case_dir: str
+    output_dir: str
+    verdict: str
+    spec: str | None  # the spec file the case came from (manifest "spec")
+    device: str | None  # who produced the outputs, from run.json (None without a run record)
+    standard: str
+    settings: Settings | None
+    dtype: str | None
+    layout: str | None
+    expect_status: int | None
+    status: int | None
+    status_message: str | None
+    checks: tuple[Check, ...]  # case-level: status, run record
+    tensors: tuple[TensorResult, ...]
+    errors: tuple[str, ...]  # why an ERROR case could not be judged
+    output_bytes: int
+    seconds: float
+
+    @property
+    def all_checks(self) -> tuple[Check, ...]:
+        return self.checks + tuple(c for t in self.tensors for c in t.checks)
+
+    @property
+    def deciding(self) -> Check | None:
+        """The check that decided the verdict: the most severe failure, else the one closest to its limit."""
+        checks = self.all_checks
+        failed = [c for c in checks if not c.passed]
+        pool = failed or [c for c in checks if c.limit is not None] or list(checks)
+        return max(pool, key=lambda c: c.severity) if pool else None
+
+    @property
+    def message(self) -> str:
+        """One line: the errors of an ERROR case, the failed checks of a FAIL, the deciding check of a PASS."""
+        if self.verdict == ERROR:
+            return "; ".join(self.errors)
+        if self.verdict == FAIL:
+            failed = sorted((c for c in self.all_checks if not c.passed), key=lambda c: -c.severity)
+            return "; ".join(c.detail for c in failed)
+        deciding = self.deciding
+        return deciding.detail if deciding else ""
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """All case results of one comparison (or of merged shards)."""
+
+    cases: tuple[CaseResult, ...]
+    seconds: float = 0.0
+
+    def count(self, verdict: str) -> int:
+        return sum(c.verdict == verdict for c in self.cases)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(c.output_bytes for c in self.cases)
+
+    @property
+    def return_code(self) -> int:
+        """Exit code of `bsa compare`, the one place the policy is written.
+
+        3 if any case could not be judged (ERROR: missing, truncated or stale files, a harness crash or
+        timeout recorded in run.json, no status.txt); else 1 if any case failed (a metric over its limit,
+        a structural check, a negative case's status not matching `expect`, a valid case's nonzero
+        status); else 0. Exit code 2 (usage, spec or user-file error) is raised by the CLI before any
+        case is judged.
+        """
+        if self.count(ERROR):
+            return 3
+        if self.count(FAIL):
+            return 1
+        return 0
+
+
+# ---- geometry -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """How a gradient's rows map to batch entries, heads, positions and blocks."""
+
+    name: str
+    kind: str  # q | kv
+    layout: str
+    shape: tuple[int, ...]
+    heads: int
+    dim: int
+    block: int
+    lengths: tuple[int, ...]
+    starts: tuple[int, ...]  # TND token offsets of each batch entry
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return ("t", "n", "d") if self.layout == "TND" else ("b", "n", "s", "d")
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64))
+
+    @property
+    def seq_axis(self) -> int:
+        return self.shape[2] if self.layout != "TND" else 0
+
+    def seq_view(self, per_row: np.ndarray, batch: int) -> np.ndarray:
+        """Return batch entry `batch` of a per-row array ([rows, ...]) as [heads, length, ...]."""
+        length = self.lengths[batch]
+        tail = per_row.shape[1:]
+        if self.layout == "TND":
+            start = self.starts[batch]
+            return per_row.reshape(-1, self.heads, *tail)[start : start + length].swapaxes(0, 1)
+        seq = self.shape[2]
+        return per_row.reshape(-1, self.heads, seq, *tail)[batch, :, :length]
+
+    def segments(self) -> list[tuple[int, int]]:
+        """Return the [start, stop) row ranges that hold real positions (all rows unless BNSD padding)."""
+        if self.layout == "TND" or all(n == self.shape[2] for n in self.lengths):
+            return [(0, self.rows)] if self.rows else []
+        seq = self.shape[2]
+        spans = []
+        for b, length in enumerate(self.lengths):
+            for n in range(self.heads):
+                first = (b * self.heads + n) * seq
+                if length:
+                    spans.append((first, first + length))
+        return spans
+
+    def locate(self, row: int) -> tuple[int, int, int]:
+        """Return (batch, head, position in the sequence) of a row."""
+        if self.layout == "TND":
+            t, n = divmod(row, self.heads)
+            b = int(np.searchsorted(np.asarray(self.starts) + np.asarray(self.lengths), t, side="right"))
+            return b, n, t - self.starts[b]
+        seq = self.shape[2]
+        bn, s = divmod(row, seq)
+        b, n = divmod(bn, self.heads)
+        return b, n, s
+
+    def index(self, row: int, col: int) -> tuple[tuple[int, ...], dict[str, int]]:
+        """Return the layout index of an element and its named coordinates (with b and s for TND)."""
+        b, n, s = self.locate(row)
+        if self.layout == "TND":
+            t = row // self.heads
+            return (t, n, col), {"t": t, "n": n, "d": col, "b": b, "s": s}
+        return (b, n, s, col), {"b": b, "n": n, "s": s, "d": col}
+
+
+def _geometry(case: Case, name: str) -> _Geometry:
+    kind = "q" if name == "dq" else "kv"
+    spans = case.spans()
+    if kind == "q":
+        shape, heads = case.q_shape, case.num_heads
+        lengths = tuple(s.q_len for s in spans)
+        starts = tuple(s.q_start for s in spans)
+        block = case.block_shape[0]
+    else:
+        shape, heads = case.kv_shape, case.num_kv_heads
+        lengths = tuple(s.kv_len for s in spans)
+        starts = tuple(s.kv_start for s in spans)
+        block = case.block_shape[1]
+    return _Geometry(name, kind, case.layout, tuple(shape), heads, case.head_dim, max(block, 1), lengths, starts)
+
+
+def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Return, per gradient, (rows that must be 0, padding rows) as bool arrays over the tensor's rows.
+
+    Rows that must be 0: dq rows of query rows whose blocks are all unselected, dk/dv rows of kv positions
+    no query head of the GQA group selects (all derived from the block mask cut to the actual lengths).
+    Padding rows: BNSD positions past a batch entry's honored actual length.
+    """
+    x, y = case.block_shape
+    group = case.group_size
+    result = {}
+    for name in GRAD_NAMES:
+        geom = _geometry(case, name)
+        zero = np.zeros(geom.rows, dtype=bool)
+        padding = np.zeros(geom.rows, dtype=bool)
+        if geom.layout != "TND" and geom.rows:
+            padding.reshape(case.batch, geom.heads, -1)[...] = True
+        result[name] = (zero, padding)
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)  # [N1, nQ, nKV]
+        empty = ~mask.any(axis=2)  # [N1, nQ]
+        never = ~mask.reshape(case.num_kv_heads, group, *mask.shape[1:]).any(axis=(1, 2))  # [N2, nKV]
+        for name in GRAD_NAMES:
+            geom = _geometry(case, name)
+            zero, padding = result[name]
+            if geom.layout != "TND" and geom.rows:
+                geom.seq_view(padding, span.batch)[...] = False
+            if name == "dq":
+                geom.seq_view(zero, span.batch)[...] = np.repeat(empty, x, axis=1)[:, : span.q_len]
+            else:
+                geom.seq_view(zero, span.batch)[...] = np.repeat(never, y, axis=1)[:, : span.kv_len]
+    return result
+
+
+# ---- the metrics engine -------------------------------------------------------------------------
+
+CHUNK_ELEMENTS = 1 << 16
+"""Elements per work item: small enough that a chunk's temporaries stay in cache, large enough to amortize."""
+TOP_K = 5
+
+
+@dataclass(frozen=True)
+class _Params:
+    io_dtype: str
+    err_thd: float
+    small_thd: float
+    rtol: float
+    atol: float
+    diff_thd: float | None  # msOpST form
+
+
+_MANTISSA_BITS = {"float16": 10, "bfloat16": 7, "float32": 23}
+_MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126}
+ULP_EDGES = (0.5, 1.0)
+ULP_BUCKETS = ("<=0.5", "0.5-1", ">1")
+"""Labels of `ErrorStats.ulp_histogram`: element counts by ULP error (0.5 or less is correctly rounded)."""
+
+
+_F16_MAGIC = np.float32(2.0**112)
+
+
+def _upcast(values: np.ndarray, io_dtype: str) -> np.ndarray:
+    """Return float16/bfloat16 (or float32/64) values as float32; exact for finite 16-bit values.
+
+    float16 goes through integer bit moves and one multiply (faster than NumPy's cast); its Inf/NaN come
+    out as finite values >= 65536, which `_chunk` detects and handles on its slow path.
+    """
+    if values.dtype.itemsize == 2:
+        bits = values.view(np.uint16).astype(np.uint32)
+        bits <<= np.uint32(16)
+        if io_dtype == "bfloat16":
+            return bits.view(np.float32)
+        sign = bits & np.uint32(0x80000000)
+        bits ^= sign
+        bits >>= np.uint32(3)
+        magnitude = bits.view(np.float32)
+        magnitude *= _F16_MAGIC  # rebias the exponent; subnormals come out right too
+        bits |= sign
+        return magnitude
+    return values.astype(np.float32)
+
+
+def _ulp_power(abs_golden: np.ndarray, io_dtype: str) -> np.ndarray:
+    """Return 2^floor(log2 |g|) as float32, clamped below at the dtype's smallest normal exponent.
+
+    The golden's ULP in the case dtype (msprobe's ULP unit) is this times 2^-mantissa_bits; callers divide
+    by the power and apply 2^mantissa_bits to the reduced figures.
+    """
+    power = np.bitwise_and(abs_golden.view(np.int32), np.int32(0x7F800000)).view(np.float32)
+    tiny = np.float32(2.0 ** max(_MIN_EXPONENT.get(io_dtype, -126), -126))
+    return np.maximum(power, tiny, out=power)
+
+
+def ulp_error(value: float, golden: float, io_dtype: str) -> float:
+    """Return |value - golden| in units of the golden's ULP in the case dtype (msprobe's ULP error)."""
+    power = _ulp_power(np.abs(np.asarray([golden], dtype=np.float32)), io_dtype)[0]
+    return float(abs(np.float32(value) - np.float32(golden)) / power * 2.0 ** _MANTISSA_BITS.get(io_dtype, 23))
+
+
+@dataclass
+class _Partial:
+    """Sums and extremes of one chunk of one array; `merge` folds chunks together."""
+
+    count: int = 0
+    sum_abs: float = 0.0
+    sum_sq: float = 0.0
+    max_abs: float = 0.0
+    sum_rel: float = 0.0
+    max_rel: float = 0.0
+    large: int = 0
+    sum_mre: float = 0.0
+    max_mre: float = 0.0
+    dot_ag: float = 0.0
+    dot_aa: float = 0.0
+    dot_gg: float = 0.0
+    mismatch: int = 0
+    small: int = 0
+    small_err: int = 0
+    nan: int = 0
+    inf: int = 0
+    nonfinite_mismatch: int = 0
+    ulp_sum: float = 0.0
+    ulp_max: float = 0.0
+    ulp_over: tuple[int, ...] = (0,) * len(ULP_EDGES)  # elements above each of ULP_EDGES
+    msopst_err: int = 0
+    msopst_max: float = 0.0
+    nonfinite_rows: list[int] = field(default_factory=list)
+
+    _SUMS = ("count", "sum_abs", "sum_sq", "sum_rel", "large", "sum_mre", "dot_ag", "dot_aa", "dot_gg",
+             "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err")  # fmt: skip
+    _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max")
+
+    def merge(self, other: _Partial) -> None:
+        for name in self._SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in self._MAXES:
+            setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        self.ulp_over = tuple(a + b for a, b in zip(self.ulp_over, other.ulp_over, strict=True))
+        self.nonfinite_rows.extend(other.nonfinite_rows[: TOP_K - len(self.nonfinite_rows)])
+
+    def stats(self, params: _Params, full: bool) -> ErrorStats:
+        count = max(self.count, 1)
+        norm = math.sqrt(self.dot_aa) * math.sqrt(self.dot_gg)
+        if norm > 0:
+            cosine = self.dot_ag / norm
+        else:
+            cosine = 1.0 if self.dot_aa == self.dot_gg else 0.0
+        over = (self.count, *self.ulp_over, 0)
+        histogram = tuple(int(over[i] - over[i + 1]) for i in range(len(ULP_EDGES) + 1))
+        return ErrorStats(
+            count=self.count,
+            max_abs_err=self.max_abs,
+            mean_abs_err=self.sum_abs / count,
+            rmse=math.sqrt(self.sum_sq / count),
+            max_rel_err=self.max_rel,
+            mean_rel_err=self.sum_rel / max(self.large, 1),
+            large_count=self.large,
+            mare=self.max_mre if full else None,
+            mere=self.sum_mre / count if full else None,
+            cosine=min(cosine, 1.0) if full else None,
+            mismatch_count=self.mismatch if full else None,
+            mismatch_ratio=self.mismatch / count if full else None,
+            small_value_count=self.small,
+            small_value_err_count=self.small_err,
+            nan_count=self.nan,
+            inf_count=self.inf,
+            nonfinite_mismatch=self.nonfinite_mismatch,
+            ulp_max=self.ulp_max if full else None,
+            ulp_mean=self.ulp_sum / count if full else None,
+            ulp_histogram=histogram if full else None,
+            msopst_err_count=self.msopst_err if full and params.diff_thd is not None else None,
+            msopst_max_err=self.msopst_max if full and params.diff_thd is not None else None,
+        )
+
+
+@dataclass
+class _RowOut:
+    """Per-row results written by the chunks (disjoint slices, so threads need no lock)."""
+
+    tile_sse: np.ndarray  # [rows, ceil(D / 16)] float32: sum of squared errors per row and 16 columns
+    max_abs: np.ndarray | None = None  # [rows] float32 (device only); -1 on rows never judged, inf if NaN/Inf
+    argmax: np.ndarray | None = None  # [rows] int32
+
+
+_ONES = np.ones(TILE, dtype=np.float32)
+
+
+def _tile_sums(squared: np.ndarray) -> np.ndarray:
+    """Sum [rows, D] squared errors over groups of 16 columns: [rows, ceil(D / 16)]."""
+    rows, dim = squared.shape
+    if dim % TILE == 0:
+        return (squared.reshape(-1, TILE) @ _ONES).reshape(rows, dim // TILE)
+    return np.add.reduceat(squared, np.arange(0, dim, TILE), axis=1)
+
+
+@dataclass
+class _Shared:
+    """What the golden contributes to every array's metrics in one chunk, computed once."""
+
+    golden: np.ndarray  # float32 [rows, D]
+    abs_golden: np.ndarray
+    large: np.ndarray  # bool: |g| > err_thd
+    inv_large: np.ndarray  # 1 / |g| where large, else 0
+    large_count: int
+    max_abs: float  # largest |g|
+
+
+def _shared(golden: np.ndarray, params: _Params) -> _Shared:
+    g = golden if golden.dtype == np.float32 else golden.astype(np.float32)
+    abs_g = np.abs(g)
+    large = abs_g > np.float32(params.err_thd)
+    inv_large = np.maximum(abs_g, np.float32(params.err_thd))
+    np.reciprocal(inv_large, out=inv_large)
+    np.multiply(inv_large, large, out=inv_large)
+    return _Shared(g, abs_g, large, inv_large, int(np.count_nonzero(large)), float(abs_g.max(initial=0.0)))
+
+
+_INDEX = np.arange(CHUNK_ELEMENTS, dtype=np.intp)
+
+
+def _measure_chunk(a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice, full: bool) -> _Partial:
+    """Measure float32 values `a` [rows, D] (all finite) against the shared golden of the chunk."""
+    part = _Partial()
+    diff = np.subtract(a, s.golden)
+    work = np.multiply(diff, diff)
+    tiles = _tile_sums(work)
+    out.tile_sse[rows] = tiles
+    part.count = diff.size
+    part.sum_sq = float(tiles.sum(dtype=np.float64))
+    abs_diff = np.abs(diff, out=diff)
+    part.sum_abs = float(abs_diff.sum())
+    np.multiply(abs_diff, s.inv_large, out=work)  # ATK's relative error, 0 on small values
+    part.sum_rel = float(work.sum())
+    part.max_rel = float(work.max(initial=0.0))
+    part.large = s.large_count
+    part.small = diff.size - s.large_count
+    flags = np.greater(abs_diff, np.float32(params.small_thd))
+    part.small_err = int(np.count_nonzero(np.greater(flags, s.large, out=flags)))
+    if out.max_abs is not None and out.argmax is not None:
+        arg = abs_diff.argmax(axis=1)
+        row_max = abs_diff[_INDEX[: len(arg)], arg]
+        out.argmax[rows] = arg
+        out.max_abs[rows] = row_max
+        part.max_abs = float(row_max.max(initial=0.0))
+    else:
+        part.max_abs = float(abs_diff.max(initial=0.0))
+    if not full:
+        return part
+    flat_a, flat_g = a.reshape(-1), s.golden.reshape(-1)
+    part.dot_ag = float(np.dot(flat_a, flat_g))
+    part.dot_aa = float(np.dot(flat_a, flat_a))
+    part.dot_gg = float(np.dot(flat_g, flat_g))
+    np.add(s.abs_golden, np.float32(1e-7), out=work)
+    np.divide(abs_diff, work, out=work)  # the single standard's relative error
+    part.sum_mre = float(work.sum())
+    part.max_mre = float(work.max(initial=0.0))
+    np.multiply(s.abs_golden, np.float32(params.rtol), out=work)
+    work += np.float32(params.atol)
+    part.mismatch = int(np.count_nonzero(np.greater(abs_diff, work, out=flags)))
+    np.divide(abs_diff, _ulp_power(s.abs_golden, params.io_dtype), out=work)  # ULP error / 2^mantissa
+    unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
+    part.ulp_sum = float(work.sum()) * unit
+    part.ulp_max = float(work.max(initial=0.0)) * unit
+    part.ulp_over = tuple(
+        int(np.count_nonzero(np.greater(work, np.float32(edge / unit), out=flags))) for edge in ULP_EDGES
+    )
+    if params.diff_thd is not None:
+        # msOpST: absolute error below diff_thd, else relative to max(|a|, |g|, 2^-14 / diff_thd).
+        floor = np.float32(2.0**-14 / params.diff_thd)
+        denominator = np.maximum(np.maximum(np.abs(a), s.abs_golden), floor) + np.float32(1e-9)
+        rdiff = np.where(abs_diff < params.diff_thd, abs_diff, abs_diff / denominator)
+        part.msopst_err = int(np.count_nonzero(rdiff > params.diff_thd))
+        part.msopst_max = float(rdiff.max(initial=0.0))
+    return part
+
+
+def _chunk(
+    device: np.ndarray,
+    bench: np.ndarray | None,
+    golden: np.ndarray,
+    params: _Params,
+    device_out: _RowOut,
+    bench_out: _RowOut | None,
+    first: int,
+) -> tuple[_Partial, _Partial | None]:
+    """Measure rows [first, first + len(device)) of the device (and benchmark) arrays against the golden.
+
+    Arrays are [rows, D]: device and benchmark in the case dtype, golden float32 or float64. Non-finite
+    elements are counted, then judged as if equal to the golden (their error shows in the counts and the
+    structural check, not in every metric).
+    """
+    rows = slice(first, first + len(device))
+    shared = _shared(golden, params)
+    sources = [(device, device_out, True)] + ([(bench, bench_out, False)] if bench is not None else [])
+    parts: list[_Partial] = []
+    for values, out, full in sources:
+        assert values is not None and out is not None
+        part = _measure_chunk(_upcast(values, params.io_dtype), shared, params, out, rows, full)
+        # float16 Inf/NaN come out of _upcast as finite values >= 65536: an error that large, or a golden
+        # that large, sends the chunk to the exact (slow) path; bfloat16 Inf/NaN propagate as themselves.
+        suspect = values.dtype == np.float16 and part.max_abs + shared.max_abs >= 65504.0
+        if suspect or not math.isfinite(part.sum_sq + part.sum_abs):
+            a = values.astype(np.float32)
+            part = _measure_nonfinite(a, shared, params, out, rows, full)
+            if full and out.max_abs is not None:
+                bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
+                out.max_abs[first + bad_rows] = np.inf
+            part.nonfinite_rows = [first + int(r) for r in part.nonfinite_rows]
+        parts.append(part)
+    return parts[0], parts[1] if len(parts) > 1 else None
+
+
+def _measure_nonfinite(a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice, full: bool) -> _Partial:
+    """The slow path of a chunk holding NaN/Inf (or errors too large to square in float32)."""
+    finite_a, finite_g = np.isfinite(a), np.isfinite(s.golden)
+    bad = finite_a != finite_g
+    both = ~finite_a & ~finite_g
+    bad |= both & (a != s.golden) & ~(np.isnan(a) & np.isnan(s.golden))
+    golden = np.where(finite_g, s.golden, np.float32(0))
+    cleaned = np.where(finite_a & finite_g, a, golden)
+    limit = np.float32(1e18)  # squares of larger errors would overflow float32
+    cleaned = np.clip(cleaned, golden - limit, golden + limit)
+    shared = _shared(golden, params) if not finite_g.all() else s
+    part = _measure_chunk(cleaned.astype(np.float32), shared, params, out, rows, full)
+    left_out = ~(finite_a & finite_g)  # judged as equal to the golden above; now left out of the counts
+    n_left, n_large = int(np.count_nonzero(left_out)), int(np.count_nonzero(left_out & shared.large))
+    part.count -= n_left
+    part.large -= n_large
+    part.small -= n_left - n_large
+    part.nan = int(np.count_nonzero(np.isnan(a)))
+    part.inf = int(np.count_nonzero(np.isinf(a)))
+    part.nonfinite_mismatch = int(np.count_nonzero(bad))
+    part.nonfinite_rows = [int(r) for r in np.flatnonzero(bad.any(axis=1))[:TOP_K]]
+    return part
+
+
+def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
+    """Split the judged row segments of a tensor into work items of about CHUNK_ELEMENTS elements."""
+    step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
+    items = []
+    for start, stop in geom.segments():
+        items.extend((r, min(r + step, stop)) for r in range(start, stop, step))
+    return items
+
+
+def _measure(
+    device: np.ndarray,
+    bench: np.ndarray | None,
+    golden: np.ndarray,
+    geom: _Geometry,
+    params: _Params,
+    pool: Executor | None,
+) -> tuple[ErrorStats, _RowOut, list[int], ErrorStats | None, _RowOut | None]:
+    """Measure the device (and benchmark) array against the golden over the judged rows, chunk by chunk."""
+    rows, dim = geom.rows, geom.dim
+    device2d, golden2d = device.reshape(rows, dim), golden.reshape(rows, dim)
+    bench2d = None if bench is None else bench.reshape(rows, dim)
+    tiles = -(-dim // TILE)
+    device_out = _RowOut(
+        np.zeros((rows, tiles), dtype=np.float32),
+        np.full(rows, -1.0, dtype=np.float32),
+        np.zeros(rows, dtype=np.int32),
+    )
+    bench_out = None if bench is None else _RowOut(np.zeros((rows, tiles), dtype=np.float32))
+
+    def work(item: tuple[int, int]) -> tuple[_Partial, _Partial | None]:
+        start, stop = item
+        bench_rows = None if bench2d is None else bench2d[start:stop]
+        return _chunk(device2d[start:stop], bench_rows, golden2d[start:stop], params, device_out, bench_out, start)
+
+    items = _chunks(geom)
+    results = pool.map(work, items) if pool is not None and len(items) > 1 else map(work, items)
+    device_total, bench_total = _Partial(), _Partial()
+    for device_part, bench_part in results:
+        device_total.merge(device_part)
+        if bench_part is not None:
+            bench_total.merge(bench_part)
+    device_stats = device_total.stats(params, full=True)
+    bench_stats = None if bench is None else bench_total.stats(params, full=False)
+    return device_stats, device_out, device_total.nonfinite_rows, bench_stats, bench_out
+
+
+# ---- block maps ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _SpanTiles:
+    """One batch entry's tile grid: ratio per (head, tile row, tile column) and which block each row is in."""
+
+    starts: np.ndarray  # first position of each tile row
+    stops: np.ndarray
+    block_of: np.ndarray  # block index of each tile row
+    ratio: np.ndarray | None  # [heads, tile rows, tile cols]
+
+
+def _block_map(
+    geom: _Geometry,
+    device_rows: _RowOut,
+    bench_rows: _RowOut | None,
+    bench_rmse: float,
+    device_rmse: float,
+    tile_floor: float,
+) -> tuple[BlockMap, dict[int, _SpanTiles]]:
+    """Aggregate per-row errors into blocks (and 16x16 tiles) of each batch entry."""
+    batches = len(geom.lengths)
+    max_blocks = max((-(-n // geom.block) for n in geom.lengths), default=0)
+    shape = (batches, geom.heads, max_blocks)
+    rmse = np.full(shape, np.nan)
+    rmse_bench = np.full(shape, np.nan) if bench_rows is not None else None
+    max_abs = np.full(shape, np.nan)
+    score = np.full(shape, np.nan)
+    dim = geom.dim
+    col_sizes = np.minimum(TILE, dim - np.arange(0, dim, TILE)).astype(np.float64)
+    floor = max(tile_floor * bench_rmse, 1e-30)
+    spans: dict[int, _SpanTiles] = {}
+    assert device_rows.max_abs is not None
+    for b, length in enumerate(geom.lengths):
+        if length == 0:
+            continue
+        block_starts = np.arange(0, length, geom.block)
+        n_blocks = len(block_starts)
+        tile_starts = np.concatenate([np.arange(s, min(s + geom.block, length), TILE) for s in block_starts])
+        tile_stops = np.append(tile_starts[1:], length)
+        block_of = np.repeat(
+            np.arange(n_blocks), [len(range(s, min(s + geom.block, length), TILE)) for s in block_starts]
+        )
+        first_tile = np.searchsorted(tile_starts, block_starts)
+        dev_tiles = np.add.reduceat(geom.seq_view(device_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
+        counts = (tile_stops - tile_starts)[:, None] * col_sizes[None, :]  # [tile rows, tile cols]
+        block_rows = np.minimum(block_starts + geom.block, length) - block_starts
+        dev_block = np.add.reduceat(dev_tiles.sum(axis=2), first_tile, axis=1)
+        rmse[b, :, :n_blocks] = np.sqrt(dev_block / (block_rows * dim))
+        row_max = geom.seq_view(device_rows.max_abs, b)
+        max_abs[b, :, :n_blocks] = np.maximum.reduceat(row_max, block_starts, axis=1)
+        ratio = None
+        if bench_rows is not None and rmse_bench is not None:
+            bench_tiles = np.add.reduceat(geom.seq_view(bench_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
+            bench_block = np.add.reduceat(bench_tiles.sum(axis=2), first_tile, axis=1)
+            rmse_bench[b, :, :n_blocks] = np.sqrt(bench_block / (block_rows * dim))
+            ratio = np.sqrt(dev_tiles / counts) / np.maximum(np.sqrt(bench_tiles / counts), floor)
+            score[b, :, :n_blocks] = np.maximum.reduceat(ratio.max(axis=2), first_tile, axis=1)
+        else:
+            score[b, :, :n_blocks] = rmse[b, :, :n_blocks] / max(device_rmse, 1e-30)
+        nonfinite = np.isinf(max_abs[b, :, :n_blocks])  # rows with NaN/Inf (see _chunk)
+        score[b, :, :n_blocks][nonfinite] = np.inf
+        spans[b] = _SpanTiles(tile_starts, tile_stops, block_of, ratio)
+    block_map = BlockMap(geom.kind, geom.block, rmse, rmse_bench, max_abs, score)
+    return block_map, spans
+
+
+def _hot_blocks(
+    block_map: BlockMap, spans: dict[int, _SpanTiles], geom: _Geometry, count: int = TOP_K
+) -> tuple[HotBlock, ...]:
+    """Return the `count` blocks of highest score, worst first."""
+    score = np.where(np.isnan(block_map.score), -np.inf, block_map.score)
+    if score.size == 0:
+        return ()
+    order = np.argsort(score, axis=None)[::-1][:count]
+    hot = []
+    for flat in order:
+        b, n, j = (int(v) for v in np.unravel_index(flat, score.shape))
+        if score[b, n, j] == -np.inf:
+            break
+        length = geom.lengths[b]
+        rows = (j * geom.block, min((j + 1) * geom.block, length))
+        tile = tile_ratio = None
+        tiles = spans.get(b)
+        if tiles is not None and tiles.ratio is not None:
+            members = np.flatnonzero(tiles.block_of == j)
+            sub = tiles.ratio[n, members]
+            r, c = np.unravel_index(int(np.argmax(sub)), sub.shape)
+            tile = (int(tiles.starts[members[r]]), int(c) * TILE)
+            tile_ratio = float(sub[r, c])
+        hot.append(
+            HotBlock(
+                batch=b,
+                head=n,
+                block=j,
+                rows=rows,
+                score=float(score[b, n, j]),
+                rmse=float(block_map.rmse[b, n, j]),
+                rmse_benchmark=None if block_map.rmse_benchmark is None else float(block_map.rmse_benchmark[b, n, j]),
+                max_abs_err=float(block_map.max_abs_err[b, n, j]),
+                tile=tile,
+                tile_ratio=tile_ratio,
+            )
+        )
+    return tuple(hot)
+
+
+def _worst_elements(
+    geom: _Geometry,
+    rows_out: _RowOut,
+    device: np.ndarray,
+    golden: np.ndarray,
+    bench: np.ndarray | None,
+    io_dtype: str,
+    count: int = TOP_K,
+) -> tuple[WorstElement, ...]:
+    """Return the elements of largest absolute error (at most one per row), worst first."""
+    assert rows_out.max_abs is not None and rows_out.argmax is not None
+    row_max = rows_out.max_abs
+    if row_max.size == 0:
+        return ()
+    k = min(count, row_max.size)
+    top = np.argpartition(row_max, row_max.size - k)[-k:]
+    top = top[np.argsort(row_max[top])[::-1]]
+    device2d = device.reshape(geom.rows, geom.dim)
+    golden2d = golden.reshape(geom.rows, geom.dim)
+    bench2d = None if bench is None else bench.reshape(geom.rows, geom.dim)
+    worst = []
+    for row in top:
+        if row_max[row] < 0:
+            break
+        col = int(rows_out.argmax[row])
+        value = device2d[row, col : col + 1]
+        gold = np.asarray(golden2d[row, col : col + 1], dtype=np.float32)
+        index, coords = geom.index(int(row), col)
+        worst.append(
+            WorstElement(
+                index=index,
+                coords=coords,
+                block=coords["s"] // geom.block,
+                device=float(value.astype(np.float32)[0]),
+                golden=float(golden2d[row, col]),
+                benchmark=None if bench2d is None else float(bench2d[row, col].astype(np.float32)),
+                abs_err=float(row_max[row]),
+                ulp=ulp_error(float(value.astype(np.float32)[0]), float(gold[0]), io_dtype),
+            )
+        )
+    return tuple(worst)
+
+
+# ---- judging ------------------------------------------------------------------------------------
+
+
+def _ratio(value: float, reference: float, floor: float) -> float:
+    return value / max(reference, floor)
+
+
+def _upper(name: str, tensor: str, value: float, limit: float, text: str, strict: bool = False) -> Check:
+    """A check `value <= limit` (or `<` with `strict`)."""
+    passed = value < limit if strict else value <= limit
+    if limit > 0:
+        severity = value / limit
+    else:
+        severity = 0.0 if value <= 0 else math.inf
+    if not passed and severity <= 1:
+        severity = 1.0 + 1e-12  # a strict limit reached exactly still fails
+    op = ("<" if strict else "<=") if passed else (">=" if strict else ">")
+    return Check(
+        name,
+        tensor,
+        float(value),
+        float(limit),
+        passed,
+        f"{tensor} {text} {_fmt(value)} {op} {_fmt(limit)}",
+        severity,
+    )
+
+
+def _fmt(value: float | None) -> str:
+    """Format a metric for a check's text: integers plainly, others with 4 significant digits."""
+    if value is None:
+        return "-"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    text = f"{value:.4g}"
+    if "." not in text and "e" not in text:  # 1.00004 would read as the integer 1
+        text = f"{value:.3f}"
+    return text
+
+
+def _standard_checks(
+    name: str,
+    settings: Settings,
+    device: ErrorStats,
+    bench: ErrorStats | None,
+    tile_max: float | None,
+    extra: dict[str, float],
+) -> list[Check]:
+    """Return the checks of the case's standard for one tensor."""
+    t = settings.thresholds
+    checks: list[Check] = []
+    if settings.standard == "double-benchmark":
+        assert bench is not None
+        thd = t["err_thd"]
+        for key, label, dev, ref in (
+            ("mare_ratio", "MARE ratio", device.max_rel_err, bench.max_rel_err),
+            ("mere_ratio", "MERE ratio", device.mean_rel_err, bench.mean_rel_err),
+            ("rmse_ratio", "RMSE ratio", device.rmse, bench.rmse),
+        ):
+            ratio = _ratio(dev, ref, thd)
+            check = _upper(key, name, ratio, t[key], label)
+            checks.append(_with_detail(check, f" (device {_fmt(dev)}, benchmark {_fmt(ref)}, err_thd {_fmt(thd)})"))
+        ratio = _ratio(device.small_value_err_count, bench.small_value_err_count, 1)
+        check = _upper("small_value_ratio", name, ratio, t["small_value_ratio"], "small-value error ratio")
+        detail = f" (device {device.small_value_err_count}, benchmark {bench.small_value_err_count} errors)"
+        checks.append(_with_detail(check, detail))
+        if tile_max is not None and math.isfinite(t["tile_ratio"]):
+            checks.append(_upper("tile_ratio", name, tile_max, t["tile_ratio"], "worst 16x16 tile RMSE ratio"))
+    elif settings.standard == "single":
+        checks.append(_upper("mere", name, device.mere, t["mere"], "MERE", strict=True))
+        checks.append(_upper("mare", name, device.mare, t["mare"], "MARE", strict=True))
+    elif settings.standard == "allclose":
+        if settings.msopst:
+            assert device.msopst_err_count is not None and device.msopst_max_err is not None
+            fraction = device.msopst_err_count / max(device.count, 1)
+            check = _upper("pct_thd", name, fraction, t["pct_thd"], f"fraction over diff_thd {_fmt(t['diff_thd'])}")
+            checks.append(_with_detail(check, f" ({device.msopst_err_count} of {device.count})"))
+            checks.append(
+                _upper("max_diff", name, device.msopst_max_err, t["max_diff"], "msOpST max error", strict=True)
+            )
+        else:
+            check = _upper("mismatch", name, device.mismatch_ratio, t["mismatch"], "mismatch fraction")
+            detail = (
+                f" ({device.mismatch_count} of {device.count} beyond atol {_fmt(t['atol'])} + rtol {_fmt(t['rtol'])})"
+            )
+            checks.append(_with_detail(check, detail))
+    elif settings.standard == "fa-ratio":
+        assert bench is not None
+        limit = t["k"] * bench.max_abs_err + extra["ulp_floor"]
+        check = _upper("max_abs_err", name, device.max_abs_err, limit, "max abs error")
+        detail = f" (k {_fmt(t['k'])} x benchmark {_fmt(bench.max_abs_err)} + floor {_fmt(extra['ulp_floor'])})"
+        checks.append(_with_detail(check, detail))
+    return checks
+
+
+def _with_detail(check: Check, suffix: str) -> Check:
+    return Check(
+        check.name,
+        check.tensor,
+        check.value,
+        check.limit,
+        check.passed,
+        check.detail + suffix,
+        check.severity,
+    )
+
+
+def _zero_check(
+    name: str, check: str, label: str, values: np.ndarray, rows: np.ndarray, geom: _Geometry, zero_atol: float
+) -> Check | None:
+    """Check that the rows flagged in `rows` hold only |value| <= zero_atol; None when no row is flagged."""
+    if not rows.any():
+        return None
+    values2d = values.reshape(geom.rows, geom.dim)
+    flagged = np.flatnonzero(rows)
+    bad_count = 0
+    first_bad: int | None = None
+    worst = 0.0
+    step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
+    for start in range(0, len(flagged), step):
+        ids = flagged[start : start + step]
+        magnitude = np.abs(values2d[ids].astype(np.float32))
+        bad = ~(magnitude <= zero_atol)
+        n_bad = int(np.count_nonzero(bad))
+        if n_bad:
+            bad_count += n_bad
+            if first_bad is None:
+                first_bad = int(ids[np.flatnonzero(bad.any(axis=1))[0]])
+            worst_here = magnitude[bad]
+            worst = max(worst, float(np.where(np.isnan(worst_here), np.inf, worst_here).max()))
+    total = len(flagged) * geom.dim
+    if bad_count == 0:
+        return Check(check, name, 0.0, 0.0, True, f"{name} {label}: all {total} elements 0", 0.0)
+    assert first_bad is not None
+    b, n, s = geom.locate(first_bad)
+    where = f"first at b={b} n={n} s={s} ({'q' if geom.kind == 'q' else 'kv'} block {s // geom.block})"
+    text = f"{name} {label}: {bad_count} of {total} elements nonzero (largest |value| {_fmt(worst)}), {where}"
+    return Check(check, name, float(bad_count), 0.0, False, text, math.inf)
+
+
+def _fa_floor(golden: np.ndarray, io_dtype: str, factor: float) -> float:
+    """FlashAttention 3's ULP floor: factor x max |(g + 0.3) - 0.3 - g|, all in the case dtype."""
+    dtype = numpy_dtype(io_dtype)
+    flat = golden.reshape(-1)
+    worst = 0.0
+    step = CHUNK_ELEMENTS * 8
+    for start in range(0, flat.size, step):
+        g = flat[start : start + step].astype(dtype).astype(np.float32)
+        shifted = (g + np.float32(0.3)).astype(dtype).astype(np.float32)
+        back = (shifted - np.float32(np.asarray(0.3, dtype=dtype))).astype(dtype).astype(np.float32)
+        worst = max(worst, float(np.abs(back - g).max(initial=0.0)))
+    return factor * worst
+
+
+def judge_tensors(
+    case: Case,
+    settings: Settings,
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    block_mask: np.ndarray,
+    pool: Executor | None = None,
+) -> tuple[TensorResult, ...]:
+    """Judge dq, dk, dv of a valid case: metrics, the standard's checks, structural checks, block maps.
+
+    Args:
+        case: the case geometry (`manifest.case_from_manifest`).
+        settings: resolved settings (`resolve_settings`).
+        device, golden, benchmark: {"dq", "dk", "dv"} arrays of the case's shapes; device and benchmark in
+            the case dtype, golden float32 or float64. `benchmark` may be None when the standard needs none.
+        block_mask: the case's blockSparseMask input.
+        pool: an executor to spread chunks over; None works serially.
+
+    Raises:
+        ValueError: the standard needs a benchmark and none is given, or shapes do not match the case.
+    """
+    standard = STANDARDS[settings.standard]
+    if standard.needs_benchmark and not benchmark:
+        raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs")
+    t = settings.thresholds
+    rtol, atol = t["rtol"], t["atol"]
+    params = _Params(
+        io_dtype=case.dtype,
+        err_thd=t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"])),
+        small_thd=t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"])),
+        rtol=rtol,
+        atol=atol,
+        diff_thd=t["diff_thd"] if settings.msopst else None,
+    )
+    rows = structural_rows(case, block_mask)
+    results = []
+    for name in GRAD_NAMES:
+        geom = _geometry(case, name)
+        dev, gold = device[name], golden[name]
+        bench = benchmark.get(name) if benchmark else None
+        for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
+            if array is not None and tuple(array.shape) != geom.shape:
+                raise ValueError(f"{name}: {label} shape {list(array.shape)} is not {list(geom.shape)}")
+        dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = _measure(dev, bench, gold, geom, params, pool)
+        block_map, spans = _block_map(
+            geom,
+            dev_rows,
+            bench_rows,
+            bench_stats.rmse if bench_stats else 0.0,
+            dev_stats.rmse,
+            t.get("tile_floor", 0.1),
+        )
+        tile_max = None
+        if bench is not None:
+            ratios = [float(t.ratio.max()) for t in spans.values() if t.ratio is not None and t.ratio.size]
+            tile_max = max(ratios, default=0.0)
+        extra: dict[str, float] = {}
+        if settings.standard == "fa-ratio":
+            extra["ulp_floor"] = _fa_floor(gold, case.dtype, t["floor_factor"])
+        checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows[name], settings)
+        checks += _standard_checks(name, settings, dev_stats, bench_stats, tile_max, extra)
+        results.append(
+            TensorResult(
+                name=name,
+                shape=geom.shape,
+                dtype=case.dtype,
+                axes=geom.axes,
+                device=dev_stats,
+                benchmark=bench_stats,
+                checks=tuple(checks),
+                worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype),
+                hot_blocks=_hot_blocks(block_map, spans, geom),
+                block_map=block_map,
+                extra=extra,
+            )
+        )
+    return tuple(results)
+
+
+def _structural_checks(
+    name: str,
+    geom: _Geometry,
+    values: np.ndarray,
+    stats: ErrorStats,
+    nonfinite_rows: list[int],
+    rows: tuple[np.ndarray, np.ndarray],
+    settings: Settings,
+) -> list[Check]:
+    checks = []
+    bad = stats.nonfinite_mismatch
+    if bad:
+        places = []
+        for row in nonfinite_rows[:3]:
+            b, n, s = geom.locate(row)
+            places.append(f"b={b} n={n} s={s} ({geom.kind} block {s // geom.block})")
+        detail = f"{name} NaN/Inf where the golden is finite: {bad} elements ({stats.nan_count} NaN, " \
+                 f"{stats.inf_count} Inf), rows {', '.join(places)}"  # fmt: skip
+        checks.append(Check("nonfinite", name, float(bad), 0.0, False, detail, math.inf))
+    else:
+        checks.append(Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite", 0.0))
+    zero_rows, padding_rows = rows
+    zero_atol = settings.thresholds["zero_atol"]
+    if math.isfinite(zero_atol):
+        label = "empty query rows" if geom.kind == "q" else "never-selected kv rows"
+        check = _zero_check(name, "empty_rows" if geom.kind == "q" else "unselected_kv", label, values,
+                            zero_rows & ~padding_rows, geom, zero_atol)  # fmt: skip
+        if check is not None:
+            checks.append(check)
+        if settings.padding == "zero":
+            check = _zero_check(
+                name, "padding", "padding past the actual length", values, padding_rows, geom, zero_atol
+            )
+            if check is not None:
+                checks.append(check)
+    return checks
+
+
+# ---- reading a case -----------------------------------------------------------------------------
+
+
+def _read_status(output_dir: Path) -> tuple[int, str | None]:
+    """Read `status.txt`: the aclnn status on the first line, an optional message after it.
+
+    Raises:
+        DataError: the file is missing or its first line is not a decimal integer.
+    """
+    path = output_dir / STATUS_FILE
+    if not path.is_file():
+        raise DataError(str(path), "missing: the binary writes the aclnn status there (first line, decimal)")
+    lines = path.read_text(errors="replace").splitlines()
+    first = lines[0].strip() if lines else ""
+    try:
+        status = int(first)
+    except ValueError:
+        raise DataError(str(path), f"first line {first!r} is not a decimal aclnn status") from None
+    message = "\n".join(lines[1:]).strip() or None
+    return status, message
+
+
+def _run_device(output_dir: Path) -> str | None:
+    """Return the device name a run record gives, if any."""
+    try:
+        record = json.loads((output_dir / RUN_RECORD).read_text())
+        return str(record["device"]["name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check]]:
+    """Read the runner's `run.json` if present: (reasons the case cannot be judged, case-level checks)."""
+    path = output_dir / RUN_RECORD
+    if not path.is_file():
+        return [], []
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        return [f"{path}: not valid JSON ({exc})"], []
+    if not isinstance(record, dict):
+        return [f"{path}: not a run record"], []
+    if record.get("case") not in (None, *names):
+        return [f"{path}: a record of case {record.get('case')!r}, not of this case (a stale output directory?)"], []
+    outcome = record.get("outcome")
+    problems = [str(p) for p in record.get("problems") or []]
+    if outcome in ("timeout", "crashed", "interrupted", "error") or record.get("timed_out"):
+        why = {
+            "timeout": "timed out",
+            "crashed": f"crashed ({record.get('signal') or 'exception'})",
+            "interrupted": "was interrupted",
+        }.get(str(outcome), "failed")
+        exit_code = record.get("exit_code")
+        text = f"the run {why}" + (f", exit code {exit_code}" if exit_code not in (None, 0) else "")
+        return [text + (": " + "; ".join(problems) if problems else "") + f" (see {path})"], []
+    if outcome == "nondeterministic":
+        repeat = record.get("repeat") or {}
+        differences = repeat.get("differences") or []
+        detail = "; ".join(", ".join(f"{k} {v}" for k, v in d.items()) for d in differences[:3] if isinstance(d, dict))
+        text = f"repeated runs differ ({repeat.get('count', '?')} runs){': ' + detail if detail else ''}"
+        return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)]
+    return [], []
+
+
+def _open_array(directory: Path, entry: Mapping[str, Any]) -> np.ndarray:
+    """Map the array a manifest entry describes (read-only, no copy); sha256 is checked separately.
+
+    Raises:
+        DataError: the file is missing or its size does not match shape and dtype (as `store.read_array`).
+    """
+    path = directory / entry["file"]
+    expected = expected_nbytes(entry)
+    shape_text = f"shape {list(entry['shape'])} {entry['dtype']}"
+    if not path.is_file():
+        raise DataError(str(path), f"missing (expected {expected} bytes for {shape_text})")
+    found = path.stat().st_size
+    if found != expected:
+        kind = "truncated" if found < expected else "oversized"
+        raise DataError(str(path), f"{kind}: {found} bytes, expected {expected} bytes for {shape_text}")
+    dtype = numpy_dtype(entry["dtype"]).newbyteorder("<")
+    if expected == 0:
+        return np.zeros(entry["shape"], dtype=dtype)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=dtype).reshape(entry["shape"])
+
+
+def _stale(path: Path, sha256: str | None, what: str) -> str | None:
+    """Return the message for a file whose content no longer matches its manifest sha256, else None."""
+    if not sha256 or sha256_file(path) == sha256:
+        return None
+    return str(DataError(str(path), f"sha256 differs from the manifest: stale {what}; run `bsa gen` again"))
+
+
+@dataclass
+class _Opened:
+    """A valid case's arrays, mapped; `pending` hash checks must all come back None before a verdict."""
+
+    device: dict[str, np.ndarray] = field(default_factory=dict)
+    golden: dict[str, np.ndarray] = field(default_factory=dict)
+    benchmark: dict[str, np.ndarray] | None = None
+    block_mask: np.ndarray | None = None
+    problems: list[str] = field(default_factory=list)
+    pending: list[Future[str | None]] = field(default_factory=list)
+
+    def stale(self) -> list[str]:
+        """Wait for the hash checks; return the stale files' messages."""
+        return [message for future in self.pending if (message := future.result()) is not None]
+
+
+class _Inline(Executor):
+    """An executor that runs each job at once (no pool given)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def _open_arrays(
+    case_dir: Path,
+    output_dir: Path,
+    manifest: Mapping[str, Any],
+    need_benchmark: bool,
+    pool: Executor | None,
+    verify_inputs: bool = True,
+) -> _Opened:
+    """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
+
+    Every input is size-checked and hashed (a stale input means the golden no longer matches what the
+    device was given; without `verify_inputs` only the block mask, which the judge reads, is hashed);
+    golden and benchmark files are hashed; device outputs are not (nothing to compare
+    their hash with). Hashing runs alongside the metrics; `_Opened.stale` collects it.
+    """
+    executor = pool or _Inline()
+    opened = _Opened()
+    sections = [("outputs", output_dir, opened.device), ("golden", case_dir, opened.golden)]
+    bench_entries = dict(iter_entries(manifest, "benchmark"))
+    if bench_entries or need_benchmark:
+        opened.benchmark = {}
+        sections.append(("benchmark", case_dir, opened.benchmark))
+    for section, base, arrays in sections:
+        entries = dict(iter_entries(manifest, section))
+        for name in GRAD_NAMES:
+            if name not in entries:
+                opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
+                continue
+            try:
+                arrays[name] = _open_array(base, entries[name])
+            except DataError as exc:
+                opened.problems.append(str(exc))
+                continue
+            if section != "outputs":
+                path, sha = base / entries[name]["file"], entries[name].get("sha256")
+                opened.pending.append(executor.submit(_stale, path, sha, section))
+    inputs = dict(iter_entries(manifest, "inputs"))
+    if "block_sparse_mask" not in inputs:
+        opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
+    for name, entry in inputs.items():
+        try:
+            array = _open_array(case_dir, entry)
+        except DataError as exc:
+            opened.problems.append(str(exc))
+            continue
+        if name == "block_sparse_mask":
+            opened.block_mask = array
+        elif not verify_inputs:
+            continue
+        opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+    return opened
+
+
+def _status_name(status: int | None) -> str:
+    names = {code: name for name, code in ACLNN_STATUS.items()}
+    return f"{status} ({names[status]})" if status in names else str(status)
+
+
+def compare_case(
+    case_dir: Path,
+    output_dir: Path | None = None,
+    run: RunSettings | None = None,
+    pool: Executor | None = None,
+    verify_inputs: bool = True,
+) -> CaseResult:
+    """Judge one case directory's device outputs; never raises for bad case or output files (ERROR).
+
+    Args:
+        case_dir: a directory written by `bsa gen`.
+        output_dir: the device output directory; default `<case_dir>/outputs`.
+        run: settings given for the whole run (command line).
+        pool: an executor for hashing and measuring in parallel.
+        verify_inputs: hash every input file, not only the block mask the judge reads.
+
+    Raises:
+        ValueError: a run threshold does not apply to the standard that judges this case (a usage error).
+    """
+    started = time.perf_counter()
+    case_dir = Path(case_dir)
+    output_dir = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+    run = run or RunSettings()
+    base = {"case_dir": str(case_dir), "output_dir": str(output_dir)}
+
+    def error(name: str, errors: list[str], **known: Any) -> CaseResult:
+        fields: dict[str, Any] = dict.fromkeys(
+            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+        )
+        fields.update(standard="-", checks=(), tensors=())
+        fields.update(known)
+        seconds = time.perf_counter() - started
+        return CaseResult(
+            name=name, verdict=ERROR, errors=tuple(errors), output_bytes=0, seconds=seconds, **base, **fields
+        )
+
+    try:
+        manifest = load_manifest(case_dir)
+        case = case_from_manifest(manifest)
+    except DataError as exc:
+        return error(case_dir.name, [str(exc)])
+    except (KeyError, TypeError, ValueError) as exc:
+        return error(case_dir.name, [f"{case_dir / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})"])
+    name = str(manifest.get("name", case_dir.name))
+    try:
+        settings = resolve_settings(case.dtype, manifest.get("compare"), run)
+    except ValueError as exc:
+        if str(exc).startswith("--threshold"):
+            raise ValueError(f"case {name!r}: {exc}") from None
+        return error(name, [f"{case_dir / MANIFEST}: compare settings: {exc}"], dtype=case.dtype, layout=case.layout)
+    known: dict[str, Any] = {
+        "spec": manifest.get("spec"),
+        "standard": settings.label,
+        "settings": settings,
+        "dtype": case.dtype,
+        "layout": case.layout,
+        "expect_status": case.expect.status,
+    }
+    known["device"] = _run_device(output_dir)
+    problems, run_checks = _read_run_record(output_dir, (name, case_dir.name))
+    if problems:
+        return error(name, problems, **known)
+    try:
+        status, status_message = _read_status(output_dir)
+    except DataError as exc:
+        return error(name, [str(exc)], **known)
+    known.update(status=status, status_message=status_message)
+    checks = list(run_checks)
+    if not case.expect.ok:
+        passed = status == case.expect.status
+        op = "==" if passed else "!="
+        text = f"status {_status_name(status)} {op} expected {_status_name(case.expect.status)}"
+        if status_message and not passed:
+            text += f": {status_message}"
+        checks.append(
+            Check(
+                "status",
+                None,
+                float(status),
+                float(case.expect.status),
+                passed,
+                text,
+                0.0 if passed else math.inf,
+            )
+        )
+        return _finish(name, base, known, checks, (), started, 0)
+    if status != 0:
+        text = f"status {_status_name(status)}, expected 0 (ACLNN_SUCCESS)" + (
+            f": {status_message}" if status_message else ""
+        )
+        checks.append(Check("status", None, float(status), 0.0, False, text, math.inf))
+        return _finish(name, base, known, checks, (), started, 0)
+    checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
+    need_bench = STANDARDS[settings.standard].needs_benchmark
+    opened = _open_arrays(case_dir, output_dir, manifest, need_bench, pool, verify_inputs)
+    if opened.problems:
+        opened.stale()
+        return error(name, opened.problems, **known)
+    if need_bench and not opened.benchmark:
+        opened.stale()
+        text = f"{case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"
+        return error(name, [text], **known)
+    assert opened.block_mask is not None
+    try:
+        tensors = judge_tensors(case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, pool)
+    except ValueError as exc:
+        opened.stale()
+        return error(name, [f"{case_dir}: {exc}"], **known)
+    stale = opened.stale()  # the verdict only stands if every file hashed as the manifest says
+    if stale:
+        return error(name, stale, **known)
+    output_bytes = sum(a.nbytes for a in opened.device.values())
+    return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+def _finish(
+    name: str,
+    base: Mapping[str, str],
+    known: Mapping[str, Any],
+    checks: list[Check],
+    tensors: tuple[TensorResult, ...],
+    started: float,
+    output_bytes: int,
+) -> CaseResult:
+    passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
+    return CaseResult(
+        name=name,
+        verdict=PASS if passed else FAIL,
+        errors=(),
+        checks=tuple(checks),
+        tensors=tensors,
+        output_bytes=output_bytes,
+        seconds=time.perf_counter() - started,
+        **base,
+        **known,
+    )
+
+
+def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
+    """Return the case directories under `roots` whose directory name matches any glob of `patterns`.
+
+    Raises:
+        DataError: a root is not a directory, holds no case directories, or no case matches the filter.
+    """
+    found: list[Path] = []
+    for root in roots:
+        cases = find_cases(Path(root))
+        if not cases:
+            raise DataError(str(root), "no case directories (*/case.json) here; write them with `bsa gen`")
+        found.extend(cases)
+    if patterns:
+        selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
+        if not selected:
+            shown = " or ".join(repr(p) for p in patterns)
+            raise DataError(", ".join(str(r) for r in roots), f"--filter {shown} matches none of {len(found)} cases")
+        found = selected
+    return found
+
+
+def compare_suite(
+    case_dirs: Sequence[Path],
+    outputs_root: Path | None = None,
+    run: RunSettings | None = None,
+    workers: int | None = None,
+    on_case: Callable[[CaseResult], None] | None = None,
+    verify_inputs: bool = True,
+) -> SuiteResult:
+    """Judge every case directory; a case that cannot be judged is an ERROR, the others still get judged.
+
+    Args:
+        case_dirs: case directories (see `select_cases`).
+        outputs_root: where device outputs are, as `<outputs_root>/<case dir name>`; default each case's
+            `outputs/`.
+        run: settings given for the whole run.
+        workers: threads for reading and measuring (default: the CPU count).
+        on_case: called with each result as it is done (progress).
+        verify_inputs: hash every input file (default), not only the block mask the judge reads.
+
+    Raises:
+        ValueError: the run settings are invalid, or a run threshold does not apply to a case's standard.
+    """
+    run = run or RunSettings()
+    run.validate()
+    started = time.perf_counter()
+    results = []
+    workers = workers or os.cpu_count() or 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for case_dir in case_dirs:
+            case_dir = Path(case_dir)
+            output_dir = case_dir / OUTPUTS_DIR if outputs_root is None else Path(outputs_root) / case_dir.name
+            result = compare_case(case_dir, output_dir, run, pool, verify_inputs)
+            results.append(result)
+            if on_case is not None:
+                on_case(result)
+    return SuiteResult(tuple(results), time.perf_counter() - started)
+
+
+__all__ += ["ERROR", "FAIL", "PASS", "select_cases"]
