@@ -156,6 +156,7 @@ def device_options(func: Any) -> Any:
         click.option(
             "--repeat",
             type=click.IntRange(min=1),
+            metavar="N",
             default=1,
             show_default=True,
             help="Run each case N times; outputs that are not bitwise identical across runs fail the case.",
@@ -270,8 +271,8 @@ def run_command(
     CASES are folders written by `bsa gen` (or single case folders). Each case's outputs, status.txt,
     logs and run.json go to <case_dir>/outputs; judge them with `bsa compare`.
 
-    Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 3 a case
-    crashed, timed out or left missing or malformed outputs, 130 interrupted.
+    Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
+    error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
     options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout, outputs_root)
     with user_errors():
