@@ -1,0 +1,272 @@
+"""Tests of bsa_cli.report: terminal snapshots, JSON schema and round trip, shard merging, JUnit, HTML.
+
+Rendering is tested on a hand-built `SuiteResult` (no numerics, so snapshots do not depend on BLAS);
+the JSON round trip also runs on real results. Set BSA_UPDATE_SNAPSHOTS=1 to rewrite the snapshots.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+from rich.console import Console
+
+from bsa_cli import compare, report
+from bsa_cli.compare import (
+    ERROR,
+    FAIL,
+    PASS,
+    BlockMap,
+    CaseResult,
+    Check,
+    ErrorStats,
+    HotBlock,
+    RunSettings,
+    SuiteResult,
+    TensorResult,
+    WorstElement,
+)
+
+SNAPSHOTS = Path(__file__).parent / "snapshots"
+
+
+def assert_snapshot(name: str, text: str) -> None:
+    path = SNAPSHOTS / name
+    if os.environ.get("BSA_UPDATE_SNAPSHOTS") or not path.exists():
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; rerun with BSA_UPDATE_SNAPSHOTS=1 if that is intended"
+
+
+def render(suite: SuiteResult, verbose: bool = False) -> str:
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    report.render_terminal(suite, console, verbose=verbose)
+    return console.file.getvalue()
+
+
+# ---- a hand-built suite -------------------------------------------------------------------------
+
+
+def stats(rmse: float, full: bool = True, **fields) -> ErrorStats:
+    base = dict(
+        count=1024, max_abs_err=rmse * 8, mean_abs_err=rmse * 0.8, rmse=rmse, max_rel_err=0.125, mean_rel_err=0.001,
+        large_count=1000, small_value_count=24, small_value_err_count=2, nan_count=0, inf_count=0,
+        nonfinite_mismatch=0,
+    )  # fmt: skip
+    if full:
+        base.update(mare=0.25, mere=0.002, cosine=0.99999, mismatch_count=3, mismatch_ratio=3 / 1024, ulp_max=6.5,
+                    ulp_mean=0.375, ulp_histogram=(700, 300, 24))  # fmt: skip
+    base.update(fields)
+    return ErrorStats(**base)
+
+
+def tensor(name: str, failed: bool) -> TensorResult:
+    axis = "q" if name == "dq" else "kv"
+    score = np.array([[[1.0, 1.0, 5.0 if failed else 1.5, math.nan]]])
+    block_map = BlockMap(axis, 32, score * 1e-4, np.full_like(score, 1e-4), score * 1e-3, score)
+    checks = [
+        Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite"),
+        Check("rmse_ratio", name, 1.0, 2.0, True, f"{name} RMSE ratio 1 <= 2", 0.5),
+        Check("tile_ratio", name, 5.0 if failed else 1.5, 3.0, not failed,
+              f"{name} worst 16x16 tile RMSE ratio {5 if failed else 1.5} {'>' if failed else '<='} 3",
+              5 / 3 if failed else 0.5),
+    ]  # fmt: skip
+    worst = (
+        WorstElement((0, 1, 70, 33), {"b": 0, "n": 1, "s": 70, "d": 33}, 2, 0.5, 0.499, 0.4995, 0.001, 2.0),
+        WorstElement((0, 0, 3, 1), {"b": 0, "n": 0, "s": 3, "d": 1}, 0, -1.25, -1.2495, -1.25, 0.0005, 0.5),
+    )
+    hot = (HotBlock(0, 1, 2, (64, 96), 5.0, 5e-4, 1e-4, 5e-3, (64, 32), 5.0),) if failed else ()
+    return TensorResult(name, (1, 2, 100, 64), "float16", ("b", "n", "s", "d"), stats(1e-4), stats(1e-4, full=False),
+                        tuple(checks), worst, hot, block_map)  # fmt: skip
+
+
+def case(name: str, verdict: str, **fields) -> CaseResult:
+    settings = compare.resolve_settings("float16", {}, RunSettings())
+    base = dict(
+        name=name, case_dir=f"out/{name}", output_dir=f"out/{name}/outputs", verdict=verdict, spec="cases/edge.yaml",
+        device="reference (bsa emulate)", standard="double-benchmark", settings=settings, dtype="float16",
+        layout="BNSD", expect_status=0, status=0, status_message=None,
+        checks=(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)"),),
+        tensors=(), errors=(), output_bytes=1000, seconds=0.5,
+    )  # fmt: skip
+    base.update(fields)
+    return CaseResult(**base)
+
+
+def sample_suite() -> SuiteResult:
+    passing = case("edge-tail", PASS, tensors=(tensor("dq", False), tensor("dk", False), tensor("dv", False)))
+    failing = case("edge-tile", FAIL, tensors=(tensor("dq", True), tensor("dk", False), tensor("dv", False)))
+    unjudged = case(
+        "edge-missing", ERROR, settings=None, standard="-", checks=(), output_bytes=0,
+        errors=("out/edge-missing/outputs/dk.bin: missing (expected 25600 bytes for shape [1, 2, 100, 64] float16)",),
+    )  # fmt: skip
+    negative = case(
+        "neg-dtype", PASS, expect_status=161002, status=161002, status_message="dtype float32 is not supported",
+        checks=(Check("status", None, 161002.0, 161002.0, True,
+                      "status 161002 (ACLNN_ERR_PARAM_INVALID) == expected 161002 (ACLNN_ERR_PARAM_INVALID)"),),
+    )  # fmt: skip
+    return SuiteResult((passing, failing, unjudged, negative), seconds=1.5)
+
+
+# ---- terminal -----------------------------------------------------------------------------------
+
+
+def test_terminal_report_snapshot():
+    assert_snapshot("terminal.txt", render(sample_suite()))
+
+
+def test_terminal_report_verbose_snapshot():
+    assert_snapshot("terminal_verbose.txt", render(sample_suite(), verbose=True))
+
+
+def test_terminal_report_shows_failures_hot_blocks_and_summary():
+    text = render(sample_suite())
+    assert "edge-tile dq: hot blocks (query block i)" in text
+    assert "edge-tile dk: hot blocks" not in text  # passing tensors stay quiet
+    assert "b=0,n=1,s=70,d=33 i=2" in text
+    assert "edge-missing: could not be judged" in text
+    assert "come from the reference device (bsa emulate), not from hardware" in text
+    assert text.rstrip().endswith("4 cases: 2 passed, 1 failed, 1 error")
+
+
+def test_terminal_output_is_plain_text_without_a_tty():
+    text = render(sample_suite())
+    assert "\x1b[" not in text and text.isascii()
+
+
+# ---- JSON ---------------------------------------------------------------------------------------
+
+CASE_KEYS = {
+    "name", "case_dir", "output_dir", "verdict", "spec", "device", "standard", "settings", "dtype", "layout",
+    "expect_status", "status", "status_message", "checks", "tensors", "errors", "output_bytes", "seconds",
+    "message", "deciding",
+}  # fmt: skip
+TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
+               "extra", "passed"}  # fmt: skip
+STATS_KEYS = {
+    "count", "max_abs_err", "mean_abs_err", "rmse", "max_rel_err", "mean_rel_err", "large_count", "small_value_count",
+    "small_value_err_count", "nan_count", "inf_count", "nonfinite_mismatch", "mare", "mere", "cosine",
+    "mismatch_count", "mismatch_ratio", "ulp_max", "ulp_mean", "ulp_histogram", "msopst_err_count", "msopst_max_err",
+}  # fmt: skip
+
+
+def test_json_schema_is_stable():
+    document = report.to_document(sample_suite())
+    assert set(document) == {"schema", "tool", "exit_code", "summary", "cases"}
+    assert document["schema"] == "bsa-compare/1" and document["exit_code"] == 3
+    assert document["summary"] == {"cases": 4, "passed": 2, "failed": 1, "errors": 1, "output_bytes": 3000,
+                                   "seconds": 1.5}  # fmt: skip
+    for case_data in document["cases"]:
+        assert set(case_data) == CASE_KEYS
+    tensor_data = document["cases"][1]["tensors"][0]
+    assert set(tensor_data) == TENSOR_KEYS
+    assert set(tensor_data["device"]) == STATS_KEYS
+    assert set(tensor_data["hot_blocks"][0]) == {"batch", "head", "block", "rows", "score", "rmse", "rmse_benchmark",
+                                                 "max_abs_err", "tile", "tile_ratio"}  # fmt: skip
+    assert set(tensor_data["worst"][0]) == {"index", "coords", "block", "device", "golden", "benchmark", "abs_err",
+                                            "ulp"}  # fmt: skip
+    assert set(tensor_data["block_map"]) == {"axis", "block_size", "rmse", "rmse_benchmark", "max_abs_err", "score"}
+    assert tensor_data["block_map"]["score"] == [[[1.0, 1.0, 5.0, None]]]
+    assert document["cases"][1]["deciding"]["name"] == "tile_ratio"
+    assert document["cases"][1]["message"] == "dq worst 16x16 tile RMSE ratio 5 > 3"
+
+
+def test_json_snapshot(tmp_path):
+    report.write_json(sample_suite(), tmp_path / "r.json")
+    document = json.loads((tmp_path / "r.json").read_text())
+    document["tool"]["version"] = "<version>"
+    assert_snapshot("report.json", json.dumps(document, indent=1) + "\n")
+
+
+def test_json_round_trip_keeps_everything(tmp_path):
+    suite = sample_suite()
+    document = report.to_document(suite)
+    back = report.from_document(json.loads(json.dumps(document, allow_nan=False)))
+    assert report.to_document(back) == document
+    assert back.return_code == suite.return_code
+    assert render(back) == render(suite)
+
+
+def test_json_round_trip_of_real_results_is_strict_json(tmp_path):
+    from test_compare import build_case, make_case
+
+    case_dir = build_case(tmp_path, make_case("real", batch=2, actual_seq_lengths=(96, 10),
+                                              actual_seq_lengths_kv=(80, 5)), fault="nan-row")  # fmt: skip
+    suite = compare.compare_suite([case_dir], workers=1)
+    report.write_json(suite, tmp_path / "r.json")
+    document = json.loads((tmp_path / "r.json").read_text())  # NaN and Inf are written as strings
+    assert document["cases"][0]["tensors"][0]["worst"][0]["device"] == "nan"
+    back = report.from_document(document)
+    assert report.to_document(back) == document
+    assert math.isnan(back.cases[0].tensors[0].worst[0].device)
+    np.testing.assert_array_equal(
+        np.isnan(back.cases[0].tensors[0].block_map.score), np.isnan(suite.cases[0].tensors[0].block_map.score)
+    )
+
+
+def test_from_document_refuses_other_schemas():
+    with pytest.raises(ValueError, match="r.json: schema 'bsa-run/1' is not 'bsa-compare/1'"):
+        report.from_document({"schema": "bsa-run/1"}, "r.json")
+    with pytest.raises(ValueError, match="malformed report"):
+        report.from_document({"schema": "bsa-compare/1", "cases": [{"name": "x"}]}, "r.json")
+
+
+def test_merge_of_shards_gives_the_suite_and_its_verdict():
+    suite = sample_suite()
+    document = report.to_document(suite)
+    first = {**document, "cases": document["cases"][:2]}
+    second = {**document, "cases": document["cases"][2:]}
+    merged = report.merge([("a.json", first), ("b.json", second)])
+    assert [c.name for c in merged.cases] == [c.name for c in suite.cases]
+    assert merged.return_code == 3
+    assert report.merge([("a.json", first)]).return_code == 1
+    with pytest.raises(ValueError, match="case 'edge-tail' is in both a.json and b.json"):
+        report.merge([("a.json", first), ("b.json", first)])
+
+
+# ---- JUnit and HTML -----------------------------------------------------------------------------
+
+
+def test_junit_has_one_testcase_per_case_with_failure_and_error_elements():
+    root = ET.fromstring(report.junit_xml(sample_suite()))
+    assert root.tag == "testsuites"
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == (
+        "4",
+        "1",
+        "1",
+        "0",
+    )
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert list(cases) == ["edge-tail", "edge-tile", "edge-missing", "neg-dtype"]
+    assert cases["edge-tail"].get("classname") == "bsa.edge"
+    assert cases["edge-tail"].find("failure") is None and cases["edge-tail"].find("error") is None
+    failure = cases["edge-tile"].find("failure")
+    assert failure is not None and failure.get("message") == "dq worst 16x16 tile RMSE ratio 5 > 3"
+    assert "dq hot q block: b=0 n=1 q block=2 rows 64-96" in (failure.text or "")
+    error = cases["edge-missing"].find("error")
+    assert error is not None and "dk.bin: missing (expected 25600 bytes" in (error.get("message") or "")
+    assert float(cases["edge-tile"].get("time")) == 0.5
+
+
+def test_junit_escapes_control_characters_from_device_messages():
+    bad = case("odd", FAIL, status=5, checks=(Check("status", None, 5.0, 0.0, False, "status 5: \x1b[31mboom\x00"),))
+    root = ET.fromstring(report.junit_xml(SuiteResult((bad,))))
+    assert root.find("testsuite/testcase/failure").get("message") == "status 5: ?[31mboom?"
+
+
+def test_html_is_self_contained_and_lists_every_case():
+    page = report.html_report(sample_suite())
+    assert page.startswith("<!DOCTYPE html>")
+    for tag in ("<script", "<link", "src=", "http://", "https://"):
+        assert tag not in page
+    for name in ("edge-tail", "edge-tile", "edge-missing", "neg-dtype"):
+        assert f'id="{name}"' in page
+    assert "class=map" in page and "rgb(255,0,0)" in page  # the hot block at the limit is red
