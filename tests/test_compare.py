@@ -217,6 +217,47 @@ def test_empty_rows_and_unselected_kv_are_checked_when_the_mask_has_them(tmp_pat
     assert check(result, "unselected_kv", "dk").detail == "dk never-selected kv rows: all 1024 elements 0"
 
 
+def test_unusual_shapes_pass_when_clean(tmp_path):
+    for case in (
+        make_case("d40", head_dim=40),  # D not a multiple of 16: partial tile columns
+        make_case(
+            "no-queries",
+            layout="TND",
+            batch=2,
+            actual_seq_lengths=(0, 0),
+            actual_seq_lengths_kv=(0, 5),
+            q_seq_len=0,
+            kv_seq_len=5,
+        ),  # fmt: skip
+    ):
+        result = compare.compare_case(build_case(tmp_path, case))
+        assert result.verdict == PASS, result.message
+
+
+def test_float64_golden_is_judged_like_float32(tmp_path):
+    from bsa_cli.generate import generate_case
+
+    case = make_case("f64", dtype="bfloat16")
+    case_dir = generate_case(case, tmp_path, precision="float64")
+    emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+    result = compare.compare_case(case_dir)
+    assert result.verdict == PASS, result.message
+
+
+def test_bfloat16_inf_is_a_structural_failure(tmp_path):
+    case = make_case("bf-inf", dtype="bfloat16")
+    case_dir = build_case(tmp_path, case)
+    dk = read_grad(case_dir, "dk", case).copy()
+    dk[0, 1, 5, 3] = np.inf
+    rewrite_grad(case_dir, "dk", dk)
+    result = compare.compare_case(case_dir)
+    assert failing(result) == {"dk"}
+    assert (
+        result.message
+        == "dk NaN/Inf where the golden is finite: 1 element (0 NaN, 1 Inf), rows b=0 n=1 s=5 (kv block 0)"
+    )
+
+
 # ---- planted faults fail, and the report points at the tensor and block --------------------------
 
 FAULT_CASE = dict(
