@@ -1955,7 +1955,7 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Pa
         cases = find_cases(Path(root))
         if not cases:
             raise DataError(str(root), "no case directories (*/case.json) here; write them with `bsa gen`")
-        found.extend(cases)
+        found.extend(c for c in cases if c not in found)
     if patterns:
         selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
         if not selected:

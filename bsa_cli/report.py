@@ -431,9 +431,13 @@ def _metrics_text(case: CaseResult) -> str:
         d, b = tensor.device, tensor.benchmark
         lines.append(
             f"{tensor.name}: max_abs_err {_fmt(d.max_abs_err)} rmse {_fmt(d.rmse)} "
-            f"mare {_fmt(d.max_rel_err)} mere {_fmt(d.mean_rel_err)} cosine {_fmt(d.cosine, 8)} "
+            f"max_rel_err {_fmt(d.max_rel_err)} mean_rel_err {_fmt(d.mean_rel_err)} cosine {_fmt(d.cosine, 8)} "
             f"ulp_max {_fmt(d.ulp_max, 3)}"
-            + (f"; benchmark rmse {_fmt(b.rmse)} mare {_fmt(b.max_rel_err)} mere {_fmt(b.mean_rel_err)}" if b else "")
+            + (
+                f"; benchmark rmse {_fmt(b.rmse)} max_rel_err {_fmt(b.max_rel_err)} mean_rel_err {_fmt(b.mean_rel_err)}"
+                if b
+                else ""
+            )
         )
     return "\n".join(lines)
 
@@ -485,10 +489,13 @@ def _esc(value: Any) -> str:
 
 
 def _heat_color(score: float, limit: float) -> str:
-    """White for a score of 0, red at or above `limit`, grey for no block."""
+    """White for a score of 1 or less (the benchmark's error), red at or above `limit`, grey for no block."""
     if math.isnan(score):
         return "#eee"
-    level = 1.0 if math.isinf(score) else max(0.0, min(score / limit, 1.0)) if limit > 0 else 1.0
+    if math.isinf(score) or limit <= 1:
+        level = 1.0 if score > 1 else 0.0
+    else:
+        level = max(0.0, min((score - 1.0) / (limit - 1.0), 1.0))
     shade = int(255 * (1 - level))
     return f"rgb(255,{shade},{shade})"
 
@@ -511,7 +518,7 @@ def _heat_map(tensor: TensorResult, limit: float, max_cells: int = 4096) -> str:
                 for j, v in enumerate(score[b, n])
             )
             rows.append(f"<tr><th>b{b} n{n}</th>{cells}</tr>")
-    title = f"<p>{_esc(tensor.name)} block map (score per {axis}; red = at the limit)</p>"
+    title = f"<p>{_esc(tensor.name)} block map (score per {axis}; white = the benchmark's error, red = the limit)</p>"
     return f"{title}<table class=map>{''.join(rows)}</table>"
 
 
