@@ -298,6 +298,23 @@ def test_each_planted_fault_fails_on_the_right_tensor(fault_case, tmp_path, faul
             assert tensor.hot_blocks and tensor.hot_blocks[0].score >= tensor.hot_blocks[-1].score
 
 
+@pytest.mark.parametrize("fault", sorted(emulator.FAULTS))
+def test_each_fault_s_hottest_block_is_one_the_fault_changed(fault_case, tmp_path, fault):
+    case_dir, case, tensors = fault_case
+    faulty = write_outputs(tmp_path / "out", case, tensors, fault)
+    clean = emulator.emulate(case, tensors)
+    result = compare.compare_case(case_dir, tmp_path / "out")
+    for tensor in result.tensors:
+        if tensor.passed:
+            continue
+        hot = tensor.hot_blocks[0]
+        size = case.block_shape[0] if tensor.name == "dq" else case.block_shape[1]
+        rows = slice(hot.block * size, (hot.block + 1) * size)
+        before = clean[tensor.name][hot.batch, hot.head, rows]
+        after = faulty[tensor.name][hot.batch, hot.head, rows]
+        assert not np.array_equal(before, after, equal_nan=True), (tensor.name, hot)
+
+
 def test_tile_noise_hot_block_is_the_tile_of_the_fault(fault_case, tmp_path):
     case_dir, case, tensors = fault_case
     write_outputs(tmp_path / "out", case, tensors, "tile-noise")
@@ -662,3 +679,22 @@ def test_mask_view_agrees_with_structural_rows(tmp_path):
         for head in range(case.num_heads):
             for s in range(span.q_len):
                 assert zero_dq[span.q_start + s, head] == (not view[head, s // 16].any())
+
+
+@pytest.mark.slow
+def test_edge_suite_every_applicable_fault_fails(tmp_path):
+    from bsa_cli.generate import generate_case
+    from bsa_cli.spec import load_specs
+    from bsa_cli.store import load_manifest, read_array
+
+    missed = []
+    for case in load_specs([Path(__file__).parent.parent / "cases" / "edge.yaml"]):
+        case_dir = generate_case(case, tmp_path)
+        mask = read_array(case_dir, load_manifest(case_dir)["inputs"]["block_sparse_mask"])
+        for fault in emulator.applicable_faults(case, mask):
+            output_dir = tmp_path / "faults" / case.name / fault
+            emulator.emulate_case_dir(case_dir, output_dir, fault=fault)
+            result = compare.compare_case(case_dir, output_dir)
+            if result.verdict != FAIL:
+                missed.append(f"{case.name} {fault}: {result.verdict} {result.message}")
+    assert missed == []
