@@ -1115,7 +1115,7 @@ def _measure_nonfinite(a: np.ndarray, s: _Shared, params: _Params, out: _RowOut,
 def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
     """Split the judged row segments of a tensor into work items of about CHUNK_ELEMENTS elements."""
     step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
-    items = []
+    items: list[tuple[int, int]] = []
     for start, stop in geom.segments():
         items.extend((r, min(r + step, stop)) for r in range(start, stop, step))
     return items
@@ -1195,13 +1195,13 @@ def _block_map(
     for b, length in enumerate(geom.lengths):
         if length == 0:
             continue
-        block_starts = np.arange(0, length, geom.block)
-        n_blocks = len(block_starts)
-        tile_starts = np.concatenate([np.arange(s, min(s + geom.block, length), TILE) for s in block_starts])
+        starts = range(0, length, geom.block)
+        block_starts = np.asarray(starts)
+        n_blocks = len(starts)
+        tiles_per_block = [range(s, min(s + geom.block, length), TILE) for s in starts]
+        tile_starts = np.concatenate([np.asarray(tiles) for tiles in tiles_per_block])
         tile_stops = np.append(tile_starts[1:], length)
-        block_of = np.repeat(
-            np.arange(n_blocks), [len(range(s, min(s + geom.block, length), TILE)) for s in block_starts]
-        )
+        block_of = np.repeat(np.arange(n_blocks), [len(tiles) for tiles in tiles_per_block])
         first_tile = np.searchsorted(tile_starts, block_starts)
         dev_tiles = np.add.reduceat(geom.seq_view(device_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
         counts = (tile_stops - tile_starts)[:, None] * col_sizes[None, :]  # [tile rows, tile cols]
@@ -1381,6 +1381,7 @@ def _standard_checks(
         if tile_max is not None and math.isfinite(t["tile_ratio"]):
             checks.append(_upper("tile_ratio", name, tile_max, t["tile_ratio"], "worst 16x16 tile RMSE ratio"))
     elif settings.standard == "single":
+        assert device.mere is not None and device.mare is not None
         checks.append(_upper("mere", name, device.mere, t["mere"], "MERE", strict=True))
         checks.append(_upper("mare", name, device.mare, t["mare"], "MARE", strict=True))
     elif settings.standard == "allclose":
@@ -1393,6 +1394,7 @@ def _standard_checks(
                 _upper("max_diff", name, device.msopst_max_err, t["max_diff"], "msOpST max error", strict=True)
             )
         else:
+            assert device.mismatch_ratio is not None
             check = _upper("mismatch", name, device.mismatch_ratio, t["mismatch"], "mismatch fraction")
             detail = (
                 f" ({device.mismatch_count} of {device.count} beyond atol {_fmt(t['atol'])} + rtol {_fmt(t['rtol'])})"
@@ -1831,7 +1833,7 @@ def _compare_case(
     case_dir = Path(case_dir)
     output_dir = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
     run = run or RunSettings()
-    base = {"case_dir": str(case_dir), "output_dir": str(output_dir)}
+    base: dict[str, Any] = {"case_dir": str(case_dir), "output_dir": str(output_dir)}
 
     def error(name: str, errors: list[str], **known: Any) -> CaseResult:
         fields: dict[str, Any] = dict.fromkeys(
@@ -1925,7 +1927,7 @@ def _compare_case(
 
 def _finish(
     name: str,
-    base: Mapping[str, str],
+    base: Mapping[str, Any],
     known: Mapping[str, Any],
     checks: list[Check],
     tensors: tuple[TensorResult, ...],

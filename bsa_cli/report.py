@@ -128,7 +128,7 @@ def _load(tp: Any, data: Any) -> Any:
         if data is None:
             return None
         return _load(args[0], data)
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise ValueError(f"expected an object for {tp.__name__}, got {data!r}")
         hints = typing.get_type_hints(tp)
@@ -140,13 +140,13 @@ def _load(tp: Any, data: Any) -> Any:
                 raise ValueError(f"{tp.__name__}: missing key {f.name!r}")
         return tp(**kwargs)
     if origin is tuple:
-        args = typing.get_args(tp)
-        if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_load(args[0], v) for v in data)
-        return tuple(_load(a, v) for a, v in zip(args, data, strict=True))
+        items = typing.get_args(tp)
+        if len(items) == 2 and items[1] is Ellipsis:
+            return tuple(_load(items[0], v) for v in data)
+        return tuple(_load(a, v) for a, v in zip(items, data, strict=True))
     if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
-        args = typing.get_args(tp)
-        value_type = args[1] if len(args) == 2 else Any
+        pair = typing.get_args(tp)
+        value_type = pair[1] if len(pair) == 2 else Any
         return {k: _load(value_type, v) for k, v in data.items()}
     if tp is np.ndarray:
         return np.array(_cells_back(data), dtype=np.float64)
@@ -401,7 +401,7 @@ def _xml_text(text: str) -> str:
 
 def _case_report_text(case: CaseResult) -> str:
     """Return the plain-text details of one case: failed checks, worst elements, hot blocks."""
-    lines = []
+    lines: list[str] = []
     if case.verdict == ERROR:
         lines.extend(case.errors)
         return "\n".join(lines)
