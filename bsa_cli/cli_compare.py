@@ -11,8 +11,9 @@ import click
 
 from . import output, report
 from .cli import UserError, main
-from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite, select_cases
+from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError
+from .store import select_cases
 
 
 def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:

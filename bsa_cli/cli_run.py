@@ -19,7 +19,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from . import output, runner
+from . import output, runner, store
 from .cli import UserError, main
 from .errors import BsaError
 
@@ -276,7 +276,7 @@ def run_command(
     """
     options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout, outputs_root)
     with user_errors():
-        case_dirs = runner.select_cases(cases, filters)
+        case_dirs = store.select_cases(cases, filters)
     with Display() as display:
         summary = run_with_display(case_dirs, options, display)
     print_run_summary(summary)

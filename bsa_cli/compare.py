@@ -31,7 +31,6 @@ Settings precedence, for each case (one rule, also in docs/compare.md):
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import math
@@ -55,7 +54,6 @@ from .store import (
     MANIFEST,
     OUTPUTS_DIR,
     expected_nbytes,
-    find_cases,
     iter_entries,
     load_manifest,
     sha256_file,
@@ -1948,27 +1946,6 @@ def _finish(
     )
 
 
-def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
-    """Return the case directories under `roots` whose directory name matches any glob of `patterns`.
-
-    Raises:
-        DataError: a root is not a directory, holds no case directories, or no case matches the filter.
-    """
-    found: list[Path] = []
-    for root in roots:
-        cases = find_cases(Path(root))
-        if not cases:
-            raise DataError(str(root), "no case directories (*/case.json) here; write them with `bsa gen`")
-        found.extend(c for c in cases if c not in found)
-    if patterns:
-        selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
-        if not selected:
-            shown = " or ".join(repr(p) for p in patterns)
-            raise DataError(", ".join(str(r) for r in roots), f"--filter {shown} matches none of {len(found)} cases")
-        found = selected
-    return found
-
-
 def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
     """Raise ValueError before any judging when a run threshold does not apply to some case's standard."""
     for case_dir in case_dirs:
@@ -1996,7 +1973,7 @@ def compare_suite(
     """Judge every case directory; a case that cannot be judged is an ERROR, the others still get judged.
 
     Args:
-        case_dirs: case directories (see `select_cases`).
+        case_dirs: case directories (see `store.select_cases`).
         outputs_root: where device outputs are, as `<outputs_root>/<case dir name>`; default each case's
             `outputs/`.
         run: settings given for the whole run.
@@ -2029,4 +2006,4 @@ def compare_suite(
     return SuiteResult(tuple(results), time.perf_counter() - started)
 
 
-__all__ += ["ERROR", "FAIL", "PASS", "select_cases"]
+__all__ += ["ERROR", "FAIL", "PASS"]

@@ -20,7 +20,6 @@ This module never prints: callers watch progress through `RunEvent`s.
 from __future__ import annotations
 
 import datetime as _dt
-import fnmatch
 import os
 import queue
 import shlex
@@ -45,7 +44,6 @@ from .store import (
     MANIFEST,
     OUTPUTS_DIR,
     expected_nbytes,
-    find_cases,
     iter_entries,
     load_manifest,
     sha256_file,
@@ -261,31 +259,6 @@ def parse_device_ids(text: str) -> tuple[int, ...]:
 
 
 # ---- selecting cases ----------------------------------------------------------------------------
-
-
-def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
-    """Return the case directories under `roots` whose names match any glob in `patterns` (all if none).
-
-    A case's name is its directory's name (the manifest's `name`, as `bsa gen` writes it).
-
-    Raises:
-        DataError: a root is missing or holds no case, or the patterns match no case.
-    """
-    found: list[Path] = []
-    for root in roots:
-        cases = find_cases(Path(root))
-        if not cases:
-            raise DataError(str(root), "no case directories (*/case.json) here; write them with `bsa gen`")
-        found.extend(c for c in cases if c not in found)
-    if patterns:
-        selected = [c for c in found if any(fnmatch.fnmatchcase(c.name, p) for p in patterns)]
-        if not selected:
-            roots_text = ", ".join(str(r) for r in roots)
-            raise DataError(
-                roots_text, f"no case name matches --filter {' '.join(patterns)} ({len(found)} cases there)"
-            )
-        return selected
-    return found
 
 
 def output_dir_for(case_dir: Path, outputs_root: Path | None) -> Path:

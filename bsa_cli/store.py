@@ -15,12 +15,13 @@ renamed into place once complete, so an interrupted run never leaves a case that
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +126,30 @@ def find_cases(root: Path) -> list[Path]:
     if not root.is_dir():
         raise DataError(str(root), "no such directory")
     return sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
+
+
+def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
+    """Return the case directories under `roots` whose directory name matches any glob of `patterns`.
+
+    A case's name is its directory's name (the manifest's `name`, as `bsa gen` writes it); no patterns
+    selects every case.
+
+    Raises:
+        DataError: a root is not a directory, holds no case directories, or no case matches the filter.
+    """
+    found: list[Path] = []
+    for root in roots:
+        cases = find_cases(Path(root))
+        if not cases:
+            raise DataError(str(root), "no case directories (*/case.json) here; write them with `bsa gen`")
+        found.extend(c for c in cases if c not in found)
+    if patterns:
+        selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
+        if not selected:
+            shown = " or ".join(repr(p) for p in patterns)
+            raise DataError(", ".join(str(r) for r in roots), f"--filter {shown} matches none of {len(found)} cases")
+        found = selected
+    return found
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

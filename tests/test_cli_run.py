@@ -129,7 +129,7 @@ def test_unknown_fault_suggests_the_closest(out):
         (["--devices", "0,x"], "Error: --devices '0,x': 'x' is not a device id; write ids like 0,1,2\n"),
         (["--devices", "1,1"], "Error: --devices 1,1: a device id is repeated\n"),
         (["--cmd", "{binary} {output_dir}"], "Error: --cmd uses {binary} but no --binary was given\n"),
-        (["--filter", "nope*"], "no case name matches --filter nope* (4 cases there)"),
+        (["--filter", "nope*"], "--filter 'nope*' matches none of 4 cases"),
     ],
 )
 def test_bad_options_are_usage_errors(out, args, message):

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bsa_cli import compare, emulator, golden
+from bsa_cli import compare, emulator, golden, store
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS, RunSettings
 from bsa_cli.layout import mask_view
@@ -634,9 +634,9 @@ def test_exit_code_policy():
 
 
 def test_select_cases_filters_by_directory_name(two_cases, tmp_path):
-    assert [p.name for p in compare.select_cases([tmp_path], ["b*"])] == ["b"]
+    assert [p.name for p in store.select_cases([tmp_path], ["b*"])] == ["b"]
     with pytest.raises(Exception, match="--filter 'z' matches none of 2 cases"):
-        compare.select_cases([tmp_path], ["z"])
+        store.select_cases([tmp_path], ["z"])
 
 
 # ---- specificity over many seeds (edge suite through bsa gen) ------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bsa_cli import runner
+from bsa_cli import runner, store
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.errors import DataError
 from bsa_cli.manifest import build_manifest, flat_params
@@ -411,15 +411,15 @@ def test_select_cases_filters_by_name_glob(tmp_path):
     for name in ("smoke_a", "smoke_b", "edge_a"):
         make_case(root, name)
 
-    assert [p.name for p in runner.select_cases([root])] == ["edge_a", "smoke_a", "smoke_b"]
-    assert [p.name for p in runner.select_cases([root], ["smoke_*"])] == ["smoke_a", "smoke_b"]
-    assert [p.name for p in runner.select_cases([root], ["*_b", "edge*"])] == ["edge_a", "smoke_b"]
-    assert [p.name for p in runner.select_cases([root / "edge_a"])] == ["edge_a"]
-    with pytest.raises(DataError, match=r"no case name matches --filter nightly_\* \(3 cases there\)"):
-        runner.select_cases([root], ["nightly_*"])
+    assert [p.name for p in store.select_cases([root])] == ["edge_a", "smoke_a", "smoke_b"]
+    assert [p.name for p in store.select_cases([root], ["smoke_*"])] == ["smoke_a", "smoke_b"]
+    assert [p.name for p in store.select_cases([root], ["*_b", "edge*"])] == ["edge_a", "smoke_b"]
+    assert [p.name for p in store.select_cases([root / "edge_a"])] == ["edge_a"]
+    with pytest.raises(DataError, match=r"--filter .nightly_\*. matches none of 3 cases"):
+        store.select_cases([root], ["nightly_*"])
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no case directories"):
-        runner.select_cases([tmp_path / "empty"])
+        store.select_cases([tmp_path / "empty"])
 
 
 def test_environment_is_not_leaked_between_runs(tmp_path):
