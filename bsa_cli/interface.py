@@ -52,22 +52,32 @@ def violations(params: Mapping[str, Any]) -> list[Violation]:
         found.append(Violation("layout", f"{layout!r} is not BNSD or TND", ACLNN_ERR_PARAM_INVALID))
     if kv_layout != layout:
         found.append(
-            Violation("kv_layout", f"kvInputLayout {kv_layout!r} differs from qInputLayout {layout!r}", ACLNN_ERR_PARAM_INVALID)
+            Violation(
+                "kv_layout",
+                f"kvInputLayout {kv_layout!r} differs from qInputLayout {layout!r}",
+                ACLNN_ERR_PARAM_INVALID,
+            )
         )
     n1, n2 = params.get("num_heads"), params.get("num_kv_heads")
     if not (isinstance(n1, int) and isinstance(n2, int) and n1 > 0 and n2 > 0 and n1 >= n2 and n1 % n2 == 0):
         found.append(
             Violation("num_kv_heads", f"N1={n1}, N2={n2}: need N1 % N2 == 0 and N1 >= N2", ACLNN_ERR_PARAM_INVALID)
         )
-    if block_shape is not None and not (isinstance(block_shape, (list, tuple)) and len(block_shape) == 2 and all(map(_positive_int, block_shape))):
+    if block_shape is not None and not (
+        isinstance(block_shape, (list, tuple)) and len(block_shape) == 2 and all(map(_positive_int, block_shape))
+    ):
         found.append(
             Violation("block_shape", f"{block_shape!r} is not two positive integers [X, Y]", ACLNN_ERR_PARAM_INVALID)
         )
     if params.get("mask_type", 0) != 0:
-        found.append(Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", ACLNN_ERR_PARAM_INVALID))
+        found.append(
+            Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", ACLNN_ERR_PARAM_INVALID)
+        )
     for key in ("pre_tokens", "next_tokens"):
         if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            found.append(Violation(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported", ACLNN_ERR_PARAM_INVALID))
+            found.append(
+                Violation(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported", ACLNN_ERR_PARAM_INVALID)
+            )
     return found
 
 
@@ -89,7 +99,8 @@ def kernel_constraints(params: Mapping[str, Any]) -> list[str]:
         notes.append(f"layout {params.get('layout')}: the A2/A3 kernel supports BNSD only")
     if params.get("num_heads") != params.get("num_kv_heads"):
         notes.append(
-            f"N1={params.get('num_heads')} != N2={params.get('num_kv_heads')}: the A2/A3 kernel supports MHA (N1 == N2) only"
+            f"N1={params.get('num_heads')} != N2={params.get('num_kv_heads')}: "
+            "the A2/A3 kernel supports MHA (N1 == N2) only"
         )
     x, y = params.get("block_shape") or (0, 0)
     if x % 16 or y % 16:

@@ -54,7 +54,9 @@ def load_specs(paths: Iterable[str | Path]) -> list[Case]:
     for file in spec_files(paths):
         for case in load_spec_file(file):
             if case.name in seen:
-                raise SpecError(str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name")
+                raise SpecError(
+                    str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name"
+                )
             seen[case.name] = str(file)
             cases.append(case)
     return cases
@@ -90,7 +92,9 @@ def load_spec_file(path: Path) -> list[Case]:
         raise SpecError(file, "a spec file is a mapping with a 'cases:' list")
     for key in document:
         if key not in FILE_KEYS:
-            raise SpecError(file, f"unknown top-level key '{key}'{suggest(str(key), FILE_KEYS)}; allowed: {', '.join(FILE_KEYS)}")
+            raise SpecError(
+                file, f"unknown top-level key '{key}'{suggest(str(key), FILE_KEYS)}; allowed: {', '.join(FILE_KEYS)}"
+            )
     raw_cases = document.get("cases")
     if not isinstance(raw_cases, list) or not raw_cases:
         raise SpecError(file, "'cases:' must be a non-empty list of case mappings", key="cases")
@@ -137,7 +141,9 @@ def expand_matrix(
     for key in keys:
         top = key.split(".")[0]
         if top not in CASE_KEYS or top == "matrix":
-            raise SpecError(file, f"matrix key '{key}' is not a case key{suggest(top, CASE_KEYS)}", case=case, key="matrix")
+            raise SpecError(
+                file, f"matrix key '{key}' is not a case key{suggest(top, CASE_KEYS)}", case=case, key="matrix"
+            )
     variants = []
     for values in itertools.product(*(matrix[k] for k in keys)):
         variant = copy.deepcopy(raw)
@@ -196,14 +202,18 @@ class _Reader:
     def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
         value = self.raw.get(key, default)
         if value not in allowed:
-            raise self.error(key, f"{value!r} is not allowed{suggest(str(value), allowed)}; allowed: {', '.join(allowed)}")
+            raise self.error(
+                key, f"{value!r} is not allowed{suggest(str(value), allowed)}; allowed: {', '.join(allowed)}"
+            )
         return str(value)
 
     def lengths(self, key: str) -> tuple[int, ...] | None:
         value = self.raw.get(key)
         if value is None:
             return None
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value):
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
+        ):
             raise self.error(key, f"{value!r} is not a list of non-negative integers (one per batch)")
         return tuple(value)
 
@@ -260,7 +270,10 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
         kv_seq_len = r.integer("kv_seq_len", q_seq_len, minimum=1)
         if kv_lengths is None and q_lengths is not None and kv_seq_len == q_seq_len:
             kv_lengths = q_lengths
-        for key, lengths, limit in (("actual_seq_lengths", q_lengths, q_seq_len), ("actual_seq_lengths_kv", kv_lengths, kv_seq_len)):
+        for key, lengths, limit in (
+            ("actual_seq_lengths", q_lengths, q_seq_len),
+            ("actual_seq_lengths_kv", kv_lengths, kv_seq_len),
+        ):
             if lengths is not None and max(lengths, default=0) > limit:
                 raise r.error(key, f"{list(lengths)}: a length exceeds the sequence dimension {limit}")
     for key, lengths in (("actual_seq_lengths", q_lengths), ("actual_seq_lengths_kv", kv_lengths)):
@@ -321,7 +334,11 @@ def _expect(r: _Reader) -> Expect:
 
 def _block_shape(r: _Reader, expect: Expect) -> tuple[int, ...]:
     value = r.get("block_shape", [128, 128])
-    valid = isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    valid = (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
+    )
     if valid:
         return tuple(value)
     if not expect.ok and value is None:
@@ -339,7 +356,9 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
         raise r.error("sparsity", f"{raw!r} is not a mapping with a 'pattern'")
     for key in raw:
         if key not in SPARSITY_KEYS:
-            raise r.error(f"sparsity.{key}", f"unknown key{suggest(str(key), SPARSITY_KEYS)}; allowed: {', '.join(SPARSITY_KEYS)}")
+            raise r.error(
+                f"sparsity.{key}", f"unknown key{suggest(str(key), SPARSITY_KEYS)}; allowed: {', '.join(SPARSITY_KEYS)}"
+            )
     sub = _Reader(r.path, raw, r.case)
     sub.error = lambda key, message: r.error(f"sparsity.{key}", message)  # type: ignore[method-assign]
     pattern = sub.choice("pattern", PATTERNS, "dense")
@@ -357,7 +376,9 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     empty: float | tuple[int, ...]
     if isinstance(empty_rows, float) and 0.0 <= empty_rows <= 1.0:
         empty = empty_rows
-    elif isinstance(empty_rows, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in empty_rows):
+    elif isinstance(empty_rows, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in empty_rows
+    ):
         empty = tuple(empty_rows)
     elif empty_rows in ((), 0) and not isinstance(empty_rows, bool):
         empty = ()
@@ -374,7 +395,9 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
 def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
     value = r.get("mask")
     if value is None:
-        raise r.error("mask", "pattern explicit needs 'mask': a nested list of 0/1, or a .npy path relative to the spec")
+        raise r.error(
+            "mask", "pattern explicit needs 'mask': a nested list of 0/1, or a .npy path relative to the spec"
+        )
     if isinstance(value, str):
         file = path.parent / value
         try:
@@ -388,8 +411,15 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         except ValueError:
             raise r.error("mask", "is a ragged nested list: every row needs the same length") from None
         source = "inline"
-    if array.dtype == object or array.ndim not in (2, 3, 4) or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool):
-        raise r.error("mask", f"needs 2 to 4 dimensions of 0/1 ([nQ, nKV], [N1, nQ, nKV] or [B, N1, nQ, nKV]), got shape {array.shape}")
+    if (
+        array.dtype == object
+        or array.ndim not in (2, 3, 4)
+        or not (np.issubdtype(array.dtype, np.number) or array.dtype == bool)
+    ):
+        raise r.error(
+            "mask",
+            f"needs 2 to 4 dimensions of 0/1 ([nQ, nKV], [N1, nQ, nKV] or [B, N1, nQ, nKV]), got shape {array.shape}",
+        )
     return array != 0, source
 
 
@@ -456,8 +486,12 @@ def _check_interface(r: _Reader, case: Case) -> Case:
         warnings = tuple(interface.kernel_constraints(params))
         return dataclasses.replace(case, warnings=warnings)
     if not broken:
-        raise r.error("expect", f"expects {case.expect.name} ({case.expect.status}), but the case breaks no interface rule")
+        raise r.error(
+            "expect", f"expects {case.expect.name} ({case.expect.status}), but the case breaks no interface rule"
+        )
     if broken[0].status != case.expect.status:
         v = broken[0]
-        raise r.error("expect", f"expects {case.expect.status}, but '{v.key}' ({v.message}) makes the operator return {v.status}")
+        raise r.error(
+            "expect", f"expects {case.expect.status}, but '{v.key}' ({v.message}) makes the operator return {v.status}"
+        )
     return case

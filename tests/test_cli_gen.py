@@ -39,10 +39,22 @@ def test_gen_writes_the_documented_case_directory(runner: CliRunner, tmp_path: P
                 "block_shape", "actual_seq_lengths", "actual_seq_lengths_kv", "seq_lengths_encoding", "scale",
                 "mask_type", "pre_tokens", "next_tokens"):  # fmt: skip
         assert key in manifest["params"], key
-    assert set(manifest["inputs"]) == {"query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask"}
+    assert set(manifest["inputs"]) == {
+        "query",
+        "key",
+        "value",
+        "dout",
+        "attention_out",
+        "softmax_lse",
+        "block_sparse_mask",
+    }
     assert set(manifest["golden"]) == set(manifest["benchmark"]) == set(manifest["outputs"]) == {"dq", "dk", "dv"}
     assert manifest["inputs"]["softmax_lse"]["shape"] == [1, 2, 96, 1]
-    assert manifest["inputs"]["block_sparse_mask"] == {**manifest["inputs"]["block_sparse_mask"], "dtype": "uint8", "shape": [1, 2, 3, 2]}
+    assert manifest["inputs"]["block_sparse_mask"] == {
+        **manifest["inputs"]["block_sparse_mask"],
+        "dtype": "uint8",
+        "shape": [1, 2, 3, 2],
+    }
     assert manifest["golden"]["dq"]["dtype"] == "float32" and manifest["benchmark"]["dk"]["dtype"] == "float16"
     assert manifest["outputs"]["dv"] == {"file": "dv.bin", "dtype": "float16", "shape": [1, 2, 80, 32]}
     assert manifest["expect"] == {"status": 0, "name": "ACLNN_SUCCESS"}
@@ -93,13 +105,16 @@ def test_spec_error_exits_2_with_one_error_line(runner: CliRunner, tmp_path: Pat
     path = spec(tmp_path, {**CASE, "dtyp": "fp16"})
     result = runner.invoke(main, ["gen", path, "-o", str(tmp_path / "o")])
     assert result.exit_code == 2
-    assert result.stderr == f"Error: {path}: case 'tiny': key 'dtyp': unknown key (did you mean 'dtype'?); " \
+    assert (
+        result.stderr == f"Error: {path}: case 'tiny': key 'dtyp': unknown key (did you mean 'dtype'?); "
         f"allowed: {', '.join(__import__('bsa_cli.spec', fromlist=['CASE_KEYS']).CASE_KEYS)}\n"
+    )
     assert not (tmp_path / "o").exists()
 
 
-def test_interrupted_gen_leaves_no_case_that_looks_complete(runner: CliRunner, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_gen_leaves_no_case_that_looks_complete(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     out = tmp_path / "out"
     assert runner.invoke(main, ["gen", spec(tmp_path, CASE), "-o", str(out)]).exit_code == 0
     before = (out / "tiny" / "case.json").read_bytes()

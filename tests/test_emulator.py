@@ -99,9 +99,7 @@ def dense_backward(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.n
     for span in case.spans():
         if span.q_len == 0 or span.kv_len == 0:
             continue
-        q, do, out = (
-            q_view(case, tensors[n], span).astype(np.float64) for n in ("query", "dout", "attention_out")
-        )
+        q, do, out = (q_view(case, tensors[n], span).astype(np.float64) for n in ("query", "dout", "attention_out"))
         k = kv_heads_of(case, kv_view(case, tensors["key"], span).astype(np.float64))
         v = kv_heads_of(case, kv_view(case, tensors["value"], span).astype(np.float64))
         lse = lse_view(case, lse_all, span)
@@ -129,16 +127,12 @@ def dense_kernel_path(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, n
     for span in case.spans():
         if span.q_len == 0 or span.kv_len == 0:
             continue
-        q, do, out = (
-            q_view(case, tensors[n], span).astype(np.float32) for n in ("query", "dout", "attention_out")
-        )
+        q, do, out = (q_view(case, tensors[n], span).astype(np.float32) for n in ("query", "dout", "attention_out"))
         k = kv_heads_of(case, kv_view(case, tensors["key"], span).astype(np.float32))
         v = kv_heads_of(case, kv_view(case, tensors["value"], span).astype(np.float32))
         scores = (q @ k.transpose(0, 2, 1)) * scale - lse_view(case, lse_all, span)[..., None]
         with np.errstate(invalid="ignore", over="ignore"):
-            probs = np.where(
-                element_mask(case, tensors["block_sparse_mask"], span), np.exp(scores), np.float32(0)
-            )
+            probs = np.where(element_mask(case, tensors["block_sparse_mask"], span), np.exp(scores), np.float32(0))
         dsum = (do * out).sum(axis=2, dtype=np.float32)[..., None]
         dscores = (probs * (do @ v.transpose(0, 2, 1) - dsum)).astype(io_dtype).astype(np.float32)
         probs = probs.astype(io_dtype).astype(np.float32)
@@ -164,17 +158,13 @@ def random_mask(case: Case, density: float, rng: np.random.Generator) -> np.ndar
     return (rng.random(case.mask_shape) < density).astype(np.uint8)
 
 
-def make_inputs(
-    case: Case, block_mask: np.ndarray | None = None, density: float = 0.6
-) -> dict[str, np.ndarray]:
+def make_inputs(case: Case, block_mask: np.ndarray | None = None, density: float = 0.6) -> dict[str, np.ndarray]:
     """Random inputs of a case rounded to its dtype, with out and lse from the dense float64 forward."""
     rng = np.random.default_rng(case.seed)
     dtype = numpy_dtype(case.dtype)
     if block_mask is None:
         block_mask = random_mask(case, density, rng)
-    query, key, value = (
-        rng.standard_normal(s).astype(dtype) for s in (case.q_shape, case.kv_shape, case.kv_shape)
-    )
+    query, key, value = (rng.standard_normal(s).astype(dtype) for s in (case.q_shape, case.kv_shape, case.kv_shape))
     dout = rng.standard_normal(case.q_shape).astype(dtype)
     out, lse = dense_forward(case, query, key, value, block_mask)
     return {
@@ -193,9 +183,7 @@ def relative_error(actual: np.ndarray, reference: np.ndarray) -> float:
     return float(np.abs(actual.astype(np.float64) - reference).max(initial=0.0)) / scale
 
 
-def assert_close_to_reference(
-    case: Case, grads: dict[str, np.ndarray], reference: dict[str, np.ndarray]
-) -> None:
+def assert_close_to_reference(case: Case, grads: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> None:
     for name in GRADS:
         grad = grads[name]
         assert grad.dtype == numpy_dtype(case.dtype)
@@ -209,9 +197,7 @@ def assert_close_to_reference(
 
 CASES = {
     "mha-fp16": dict(num_heads=2, num_kv_heads=2, head_dim=64, q_seq_len=192, kv_seq_len=256),
-    "mha-bf16": dict(
-        dtype="bfloat16", num_heads=2, num_kv_heads=2, head_dim=64, q_seq_len=192, kv_seq_len=128
-    ),
+    "mha-bf16": dict(dtype="bfloat16", num_heads=2, num_kv_heads=2, head_dim=64, q_seq_len=192, kv_seq_len=128),
     "gqa2": dict(num_heads=4, num_kv_heads=2),
     "gqa4-bf16": dict(dtype="bfloat16", num_heads=4, num_kv_heads=1),
     "gqa4-n2": dict(num_heads=8, num_kv_heads=2, q_seq_len=96, kv_seq_len=160),
@@ -348,9 +334,7 @@ HAS_KERNEL_GOLDEN = hasattr(golden, "backward_kernel")
 
 
 @pytest.mark.skipif(not HAS_KERNEL_GOLDEN, reason="golden.backward_kernel not written yet")
-@pytest.mark.parametrize(
-    "name", ["mha-fp16", "gqa4-bf16", "tails-80x32-gqa", "tnd-zero-first-last", "bnsd-honored"]
-)
+@pytest.mark.parametrize("name", ["mha-fp16", "gqa4-bf16", "tails-80x32-gqa", "tnd-zero-first-last", "bnsd-honored"])
 def test_agrees_with_golden_backward_kernel_to_a_few_ulps(name):
     case = make_case(name=name, **CASES[name])
     tensors = make_inputs(case)
@@ -557,9 +541,7 @@ def write_case_dir(root: Path, case: Case, tensors: dict[str, np.ndarray]) -> Pa
         inputs = {}
         for name in manifest.INPUT_NAMES:
             array = tensors[name]
-            dtype_name = {np.dtype(np.float32): "float32", np.dtype(np.uint8): "uint8"}.get(
-                array.dtype, case.dtype
-            )
+            dtype_name = {np.dtype(np.float32): "float32", np.dtype(np.uint8): "uint8"}.get(array.dtype, case.dtype)
             inputs[name] = writer.array(f"inputs/{name}.bin", array, dtype_name)
         built = manifest.build_manifest(case, inputs, {}, {}, {})
         return writer.commit(built, manifest.flat_params(built))

@@ -78,8 +78,14 @@ def test_stats_count_only_real_rows_and_columns() -> None:
 
 
 def test_stats_skip_blocks_past_actual_lengths() -> None:
-    case = dataclasses.replace(make_case(batch=2, num_heads=1, num_kv_heads=1), layout="TND",
-                               actual_seq_lengths=(0, 40), actual_seq_lengths_kv=(10, 64), q_seq_len=40, kv_seq_len=64)
+    case = dataclasses.replace(
+        make_case(batch=2, num_heads=1, num_kv_heads=1),
+        layout="TND",
+        actual_seq_lengths=(0, 40),
+        actual_seq_lengths_kv=(10, 64),
+        q_seq_len=40,
+        kv_seq_len=64,
+    )
     stats = mask_stats(case, make_mask(case))
     assert stats["selected_blocks"] == 4 and stats["total_blocks"] == 4
 
@@ -87,8 +93,14 @@ def test_stats_skip_blocks_past_actual_lengths() -> None:
 @pytest.mark.parametrize("layout", ["BNSD", "TND"])
 def test_shapes_follow_layout(layout: str) -> None:
     lengths = (100, 0, 28) if layout == "TND" else None
-    case = make_case(layout=layout, batch=3, actual_seq_lengths=lengths, actual_seq_lengths_kv=lengths,
-                     q_seq_len=100 if lengths else 256, kv_seq_len=100 if lengths else 256)
+    case = make_case(
+        layout=layout,
+        batch=3,
+        actual_seq_lengths=lengths,
+        actual_seq_lengths_kv=lengths,
+        q_seq_len=100 if lengths else 256,
+        kv_seq_len=100 if lengths else 256,
+    )
     tensors = make_tensors(case)
     expected = (128, 4, 16) if layout == "TND" else (3, 4, 256, 16)
     assert tensors["query"].shape == expected and tensors["dout"].shape == expected

@@ -38,7 +38,9 @@ def hashes(case_dir: Path) -> dict[str, str]:
             for name, entry in manifest[section].items()}  # fmt: skip
 
 
-@pytest.mark.parametrize("which", [["mha", "gqa", "tnd"], ["gqa"], ["tnd"]], ids=["across-cases", "heads-gqa", "heads-tnd"])
+@pytest.mark.parametrize(
+    "which", [["mha", "gqa", "tnd"], ["gqa"], ["tnd"]], ids=["across-cases", "heads-gqa", "heads-tnd"]
+)
 def test_parallel_gen_is_bit_identical_to_one_process(tmp_path: Path, which: list[str]) -> None:
     path = spec(tmp_path, [c for c in CASES if c["name"] in which])
     runner = CliRunner()

@@ -158,11 +158,7 @@ def test_kernel_constraints_are_warnings_not_errors(tmp_path: Path) -> None:
 def test_tnd_takes_batch_and_max_lengths_from_actual_lengths(tmp_path: Path) -> None:
     fields = {k: v for k, v in BASE.items() if k != "q_seq_len"}
     (case,) = load_specs(
-        [
-            write_spec(
-                tmp_path, {"cases": [{**fields, "layout": "TND", "actual_seq_lengths": [0, 100, 37, 0]}]}
-            )
-        ]
+        [write_spec(tmp_path, {"cases": [{**fields, "layout": "TND", "actual_seq_lengths": [0, 100, 37, 0]}]})]
     )
     assert case.batch == 4 and case.q_seq_len == 100 and case.actual_seq_lengths_kv == (0, 100, 37, 0)
     assert case.q_shape == (137, 2, 128) and case.lse_shape_dims == (137, 2, 1)
@@ -213,9 +209,7 @@ def test_explicit_mask_inline_and_npy(tmp_path: Path) -> None:
 
 
 def test_explicit_mask_of_wrong_shape_is_refused(tmp_path: Path) -> None:
-    message = spec_error(
-        tmp_path, {"cases": [{**BASE, "sparsity": {"pattern": "explicit", "mask": [[1, 0, 1]]}}]}
-    )
+    message = spec_error(tmp_path, {"cases": [{**BASE, "sparsity": {"pattern": "explicit", "mask": [[1, 0, 1]]}}]})
     assert "key 'sparsity.mask'" in message and "[1, 2, 2, 2]" in message
 
 
