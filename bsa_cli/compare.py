@@ -53,9 +53,9 @@ from .manifest import GRAD_NAMES, case_from_manifest
 from .store import (
     MANIFEST,
     OUTPUTS_DIR,
-    expected_nbytes,
     iter_entries,
     load_manifest,
+    map_array,
     sha256_file,
 )
 
@@ -1648,29 +1648,6 @@ def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str],
     return [], []
 
 
-def _open_array(directory: Path, entry: Mapping[str, Any]) -> np.ndarray:
-    """Map the array a manifest entry describes (read-only, no copy); sha256 is checked separately.
-
-    Raises:
-        DataError: the file is missing or its size does not match shape and dtype (as `store.read_array`).
-    """
-    path = directory / entry["file"]
-    expected = expected_nbytes(entry)
-    shape_text = f"shape {list(entry['shape'])} {entry['dtype']}"
-    if not path.is_file():
-        raise DataError(str(path), f"missing (expected {expected} bytes for {shape_text})")
-    found = path.stat().st_size
-    if found != expected:
-        kind = "truncated" if found < expected else "oversized"
-        raise DataError(str(path), f"{kind}: {found} bytes, expected {expected} bytes for {shape_text}")
-    dtype = numpy_dtype(entry["dtype"]).newbyteorder("<")
-    if expected == 0:
-        return np.zeros(entry["shape"], dtype=dtype)
-    with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    return np.frombuffer(mapped, dtype=dtype).reshape(entry["shape"])
-
-
 _VERIFIED: dict[tuple[object, ...], str] = {}
 _VERIFIED_LOCK = threading.Lock()
 _RACY_NS = 2_000_000_000
@@ -1768,7 +1745,7 @@ def _open_arrays(
                 opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
                 continue
             try:
-                arrays[name] = _open_array(base, entries[name])
+                arrays[name] = map_array(base, entries[name])
             except DataError as exc:
                 opened.problems.append(str(exc))
                 continue
@@ -1780,7 +1757,7 @@ def _open_arrays(
         opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
     for name, entry in inputs.items():
         try:
-            array = _open_array(case_dir, entry)
+            array = map_array(case_dir, entry)
         except DataError as exc:
             opened.problems.append(str(exc))
             continue

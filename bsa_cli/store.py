@@ -18,6 +18,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import mmap
 import os
 import shutil
 import tempfile
@@ -78,14 +79,13 @@ def expected_nbytes(entry: Mapping[str, Any]) -> int:
     return count * numpy_dtype(entry["dtype"]).itemsize
 
 
-def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True) -> np.ndarray:
-    """Read the array a manifest entry describes, relative to `directory`.
+def check_size(directory: Path, entry: Mapping[str, Any]) -> Path:
+    """Return the path of a manifest entry's file after checking that it exists with the promised size.
 
     Raises:
-        DataError: the file is missing, its size does not match shape and dtype, or (with `verify` and a
-            recorded sha256) its content changed since the manifest was written.
+        DataError: the file is missing, truncated or oversized (bytes found and expected, shape and dtype).
     """
-    path = directory / entry["file"]
+    path = Path(directory) / entry["file"]
     expected = expected_nbytes(entry)
     shape_text = f"shape {list(entry['shape'])} {entry['dtype']}"
     if not path.is_file():
@@ -94,6 +94,32 @@ def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True
     if found != expected:
         kind = "truncated" if found < expected else "oversized"
         raise DataError(str(path), f"{kind}: {found} bytes, expected {expected} bytes for {shape_text}")
+    return path
+
+
+def map_array(directory: Path, entry: Mapping[str, Any]) -> np.ndarray:
+    """Map the array a manifest entry describes, read-only and without a copy; its sha256 is not checked.
+
+    Raises:
+        DataError: as `check_size`.
+    """
+    path = check_size(directory, entry)
+    dtype = numpy_dtype(entry["dtype"]).newbyteorder("<")
+    if path.stat().st_size == 0:
+        return np.zeros(entry["shape"], dtype=dtype)
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    return np.frombuffer(mapped, dtype=dtype).reshape(entry["shape"])
+
+
+def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True) -> np.ndarray:
+    """Read the array a manifest entry describes, relative to `directory`.
+
+    Raises:
+        DataError: the file is missing, its size does not match shape and dtype, or (with `verify` and a
+            recorded sha256) its content changed since the manifest was written.
+    """
+    path = check_size(directory, entry)
     data = path.read_bytes()
     if verify and entry.get("sha256") and hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise DataError(
