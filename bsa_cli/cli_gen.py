@@ -92,8 +92,9 @@ def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_te
                "GFLOP", "MiB in/out", "est. s", "est. GiB", "expect")  # fmt: skip
     for column in columns:
         left = column in ("case", "pattern", "expect")
-        overflow = "fold" if column == "case" else "ellipsis"
-        table.add_column(column, justify="left" if left else "right", overflow=overflow)
+        table.add_column(
+            column, justify="left" if left else "right", overflow="fold" if column == "case" else "ellipsis"
+        )
     for case in cases:
         e = estimate(case)
         table.add_row(

@@ -104,7 +104,7 @@ def load_spec_file(path: Path) -> list[Case]:
     file_matrix = document.get("matrix") or {}
     cases = []
     for index, raw in enumerate(raw_cases):
-        label = raw.get("name") if isinstance(raw, dict) and isinstance(raw.get("name"), str) else f"#{index + 1}"
+        label = str(raw["name"]) if isinstance(raw, dict) and isinstance(raw.get("name"), str) else f"#{index + 1}"
         if not isinstance(raw, dict):
             raise SpecError(file, "each entry of 'cases:' must be a mapping", case=label)
         merged = deep_merge(defaults, raw)
@@ -172,11 +172,15 @@ def _label(value: Any) -> str:
 class _Reader:
     """Typed access to one raw case mapping, raising SpecErrors that name the file, case and key."""
 
-    def __init__(self, path: Path, raw: Mapping[str, Any], case: str) -> None:
-        self.path, self.raw, self.case = path, raw, case
+    def __init__(self, path: Path, raw: Mapping[str, Any], case: str, prefix: str = "") -> None:
+        self.path, self.raw, self.case, self.prefix = path, raw, case, prefix
 
     def error(self, key: str, message: str) -> SpecError:
-        return SpecError(str(self.path), message, case=self.case, key=key)
+        return SpecError(str(self.path), message, case=self.case, key=self.prefix + key)
+
+    def nested(self, key: str, raw: Mapping[str, Any]) -> _Reader:
+        """Return a reader of the mapping under `key`, whose errors name keys as `key.sub`."""
+        return _Reader(self.path, raw, self.case, f"{self.prefix}{key}.")
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
@@ -359,8 +363,7 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
             raise r.error(
                 f"sparsity.{key}", f"unknown key{suggest(str(key), SPARSITY_KEYS)}; allowed: {', '.join(SPARSITY_KEYS)}"
             )
-    sub = _Reader(r.path, raw, r.case)
-    sub.error = lambda key, message: r.error(f"sparsity.{key}", message)  # type: ignore[method-assign]
+    sub = r.nested("sparsity", raw)
     pattern = sub.choice("pattern", PATTERNS, "dense")
     density = sub.number("density", 0.5)
     if not 0.0 <= density <= 1.0:
@@ -427,8 +430,7 @@ def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
     for k in raw:
         if k not in DIST_KEYS:
             raise r.error(f"{key}.{k}", f"unknown key{suggest(str(k), DIST_KEYS)}; allowed: {', '.join(DIST_KEYS)}")
-    sub = _Reader(r.path, raw, r.case)
-    sub.error = lambda k, message: r.error(f"{key}.{k}", message)  # type: ignore[method-assign]
+    sub = r.nested(key, raw)
     kind = sub.choice("distribution", ("normal", "uniform"), "normal")
     dist = Distribution(kind=kind, mean=sub.number("mean", 0.0), std=sub.number("std", 1.0),
                         low=sub.number("low", -1.0), high=sub.number("high", 1.0))  # fmt: skip
