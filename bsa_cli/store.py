@@ -149,8 +149,10 @@ def find_cases(root: Path) -> list[Path]:
     root = Path(root)
     if (root / MANIFEST).is_file():
         return [root]
-    if not root.is_dir():
+    if not root.exists():
         raise DataError(str(root), "no such directory")
+    if not root.is_dir():
+        raise DataError(str(root), "is a file, not a case directory or a folder of cases written by `bsa gen`")
     return sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
 
 
