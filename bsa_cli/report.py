@@ -41,6 +41,7 @@ from .compare import (
     SuiteResult,
     TensorResult,
 )
+from .manifest import json_number
 
 SCHEMA = "bsa-compare/1"
 """The JSON report format; a reader refuses any other."""
@@ -51,19 +52,11 @@ VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
 # ---- JSON ---------------------------------------------------------------------------------------
 
 
-def _number(value: float) -> float | str:
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return value
-
-
 def _map_cells(array: np.ndarray) -> Any:
     """Return a block map as nested lists, 6 significant digits, NaN as null, Inf as "inf"."""
     if array.ndim == 0:
         value = float(array)
-        return None if math.isnan(value) else _number(float(f"{value:.6g}"))
+        return None if math.isnan(value) else json_number(float(f"{value:.6g}"))
     return [_map_cells(row) for row in array]
 
 
@@ -82,7 +75,7 @@ def _plain(value: Any) -> Any:
     if isinstance(value, (int, np.integer)):
         return int(value)
     if isinstance(value, (float, np.floating)):
-        return _number(float(value))
+        return json_number(float(value))
     return value
 
 
