@@ -66,6 +66,16 @@ filter_option = click.option(
 shard_option = click.option(
     "--shard", "shard_text", metavar="I/N", help="Only shard I of N, balanced by FLOPs (CI matrices)."
 )
+precision_option = click.option(
+    "--precision",
+    type=click.Choice(PRECISIONS),
+    default="float32",
+    show_default=True,
+    help="Precision of the golden dq/dk/dv.",
+)
+force_option = click.option(
+    "--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's."
+)
 jobs_option = click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
                            help="Processes: across cases, or across kv-head groups of one large case.")  # fmt: skip
 
@@ -110,12 +120,11 @@ def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_te
 @main.command("gen")
 @click.argument("specs", nargs=-1)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="float32", show_default=True,
-              help="Precision of the golden dq/dk/dv.")  # fmt: skip
+@precision_option
 @filter_option
 @shard_option
 @jobs_option
-@click.option("--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's.")
+@force_option
 def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
                 shard_text: str | None, jobs: int, force: bool) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""

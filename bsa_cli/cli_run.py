@@ -21,6 +21,7 @@ from rich.progress import (
 
 from . import output, runner, store
 from .cli import UserError, main
+from .cli_gen import force_option, jobs_option, precision_option, shard_option
 from .errors import BsaError
 
 EXIT_INTERRUPTED = 130
@@ -399,18 +400,10 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display) -> Any:
     help="Folder of the generated cases (cases already there and current are reused).",
 )
 @device_options
-@click.option(
-    "--precision",
-    type=click.Choice(["float32", "float64"]),
-    default="float32",
-    show_default=True,
-    help="Precision of the golden dq/dk/dv.",
-)
-@click.option(
-    "-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True, help="Processes generating the cases."
-)
-@click.option("--shard", "shard_text", metavar="I/N", help="Only shard I of N of the cases, balanced by FLOPs.")
-@click.option("--force", is_flag=True, help="Generate cases even if they may not fit in this machine's memory.")
+@precision_option
+@jobs_option
+@shard_option
+@force_option
 @click.option("--standard", metavar="NAME[:PRESET]", help="Judge every case by this standard (as bsa compare).")
 @click.option(
     "--threshold",
