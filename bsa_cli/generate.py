@@ -74,11 +74,16 @@ def compute_case(
             results = list(pool.map(_compute_group, groups, [precision] * len(groups)))
     else:
         results = [_compute_group(group, precision) for group in groups]
-    tensors["attention_out"] = np.concatenate([r[0] for r in results], axis=1)
-    tensors["softmax_lse"] = np.concatenate([r[1] for r in results], axis=1)
-    gold = {name: np.concatenate([r[2][i] for r in results], axis=1) for i, name in enumerate(GRAD_NAMES)}
-    bench = {name: np.concatenate([r[3][i] for r in results], axis=1) for i, name in enumerate(GRAD_NAMES)}
+    tensors["attention_out"] = _join_heads([r[0] for r in results])
+    tensors["softmax_lse"] = _join_heads([r[1] for r in results])
+    gold = {name: _join_heads([r[2][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
+    bench = {name: _join_heads([r[3][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
     return tensors, gold, bench
+
+
+def _join_heads(parts: list[np.ndarray]) -> np.ndarray:
+    """Join kv-head groups' arrays along the heads axis (a single group is returned as it is, not copied)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=HEAD_AXIS)
 
 
 HEAD_AXIS = 1
@@ -104,16 +109,13 @@ def _group_inputs(case: Case, tensors: dict[str, np.ndarray], group: int) -> tup
 def _compute_group(
     group: tuple[Case, dict[str, np.ndarray]], precision: str
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """Forward, golden backward and kernel-faithful backward of one kv-head group."""
+    """Forward with golden backward (one pass), then the kernel-faithful backward, of one kv-head group."""
     case, t = group
-    dtype = numpy_dtype(case.dtype)
-    out, lse = golden.forward(case, t["query"], t["key"], t["value"], t["block_sparse_mask"])
-    attention_out = out.astype(dtype)
-    softmax_lse = lse.astype(np.float32).reshape(case.lse_shape_dims)
-    args = (case, t["dout"], t["query"], t["key"], t["value"], attention_out, softmax_lse, t["block_sparse_mask"])
-    gold = golden.backward(*args, precision=np.dtype(precision))
-    bench = golden.backward_kernel(*args)
-    return attention_out, softmax_lse, gold, bench
+    tensors = (t["dout"], t["query"], t["key"], t["value"])
+    attention_out, lse, *gold = golden.forward_backward(case, *tensors, t["block_sparse_mask"], precision)
+    softmax_lse = lse.reshape(case.lse_shape_dims)
+    bench = golden.backward_kernel(case, *tensors, attention_out, softmax_lse, t["block_sparse_mask"])
+    return attention_out, softmax_lse, tuple(gold), bench
 
 
 @contextlib.contextmanager

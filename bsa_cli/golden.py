@@ -4,7 +4,10 @@ Pure computation: arrays in, arrays out. Nothing here prints or touches files.
 
 Every function works block row by block row: for one query head and one query block row it gathers the
 selected key/value blocks into one contiguous array and does one matrix product per formula, so no
-Sq x Skv matrix ever exists and memory grows with the sequence length, not its square.
+Sq x Skv matrix ever exists and memory grows with the sequence length, not its square. A block row whose
+selection is very wide (long causal rows) is cut into groups of query rows (`_TILE_ELEMENTS`), and the dK/dV
+products are added a bounded number of blocks at a time, so working memory stays bounded too. Work buffers
+are reused from row to row, and inputs are upcast one block row at a time.
 
 Three precisions:
 
@@ -16,6 +19,13 @@ Three precisions:
   fp32 scores and probabilities, P and dS rounded to the input dtype before the products that use them,
   fp32 accumulation, scale applied to dQ and dK at the end, outputs cast to the input dtype.
 
+`forward_backward` / `forward_backward_sequence` do the first two in one pass, as `bsa gen` needs them:
+per block row the float64 forward, out and lse rounded to the tensor dtypes right there, then that row's
+golden backward from the ROUNDED out and lse. The scores are not computed again: the backward's
+`P = exp(S - lse)` is the forward's float64 `exp(S - rowmax)` times `exp(rowmax - lse)`, which is the same
+formula on the same given lse, only more accurate than a float32 recomputation. Out and lse are bit for bit
+those of `forward` rounded; the gradients agree with `backward`'s to its own rounding.
+
 Semantics shared by all: a query block row with no selected kv block is empty (dq = 0 there, out = 0);
 a kv position that no query selects gets dk = dv = 0; in a partial last block only real rows and
 columns take part. The lse of an empty row is never read.
@@ -23,6 +33,7 @@ columns take part. The lse of an empty row is never read.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -35,13 +46,25 @@ __all__ = [
     "forward_sequence",
     "backward_sequence",
     "backward_sequence_kernel",
+    "forward_backward_sequence",
     "forward",
     "backward",
     "backward_kernel",
+    "forward_backward",
 ]
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+
+_TILE_ELEMENTS = 1 << 23
+"""Most query rows x selected columns one score tile holds (64 MiB in float64); wider block rows go in row groups.
+
+Rows are independent in the forward (same products, same row sums), so out and lse do not depend on the cut
+(checked bit for bit on OpenBLAS: tiles of `_MIN_TILE_ROWS` rows or more of such wide rows keep to its regular
+gemm path); the backward then sums a row's dK/dV share group by group."""
+
+_PRODUCT_ELEMENTS = 1 << 20
+"""Most elements of one dK/dV share (selected columns x D) computed before it is added to its blocks."""
 
 
 def _check_mask(block_mask: np.ndarray, heads: int, q_len: int, kv_len: int, block_shape: Sequence[int]) -> np.ndarray:
@@ -65,6 +88,14 @@ def _check_heads(num_heads: int, num_kv_heads: int) -> int:
     return num_heads // num_kv_heads
 
 
+def _check_precision(precision: DTypeLike) -> np.dtype:
+    """Return `precision` as a dtype, after checking it is float32 or float64."""
+    precision = np.dtype(precision)
+    if precision not in (np.dtype(np.float32), np.dtype(np.float64)):
+        raise ValueError(f"precision must be float32 or float64, got {precision}")
+    return precision
+
+
 def _selections(mask_rows: np.ndarray) -> list[np.ndarray]:
     """Return, per query block row of one head's [nQ, nKV] mask, the selected kv block indices (ascending)."""
     return [np.flatnonzero(row) for row in mask_rows]
@@ -79,12 +110,56 @@ def _padded_blocks(tensor: np.ndarray, block: int, dtype: DTypeLike) -> np.ndarr
     return blocks.reshape(n_blocks, block, dim)
 
 
-def _gather(blocks: np.ndarray, selected: np.ndarray) -> np.ndarray:
-    """Return blocks[selected] as [len(selected) * Y, D]; a view when the blocks are consecutive."""
-    first, last = selected[0], selected[-1]
-    if last - first + 1 == selected.size:
-        return blocks[first : last + 1].reshape(-1, blocks.shape[2])
-    return blocks[selected].reshape(-1, blocks.shape[2])
+class _Scratch:
+    """Named work buffers reused from one block row to the next instead of fresh allocations."""
+
+    SLACK = 1 << 21
+    """Most elements a buffer grows by beyond the request (growing rows, as in a causal mask, reallocate rarely)."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, np.ndarray] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: DTypeLike) -> np.ndarray:
+        """Return an uninitialised C-contiguous array of `shape` and `dtype`, backed by buffer `name`."""
+        dtype = np.dtype(dtype)
+        size = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or buffer.size < size:
+            slack = 0 if buffer is None else min(buffer.size // 2, self.SLACK)
+            self._buffers.pop(name, None)
+            buffer = self._buffers[name] = np.empty(size + slack, dtype=dtype)
+        return buffer[:size].reshape(shape)
+
+
+def _consecutive(selected: np.ndarray) -> bool:
+    """Return whether the (ascending, unique) selected block indices have no gap."""
+    return bool(selected[-1] - selected[0] + 1 == selected.size)
+
+
+def _gather(blocks: np.ndarray, selected: np.ndarray, scratch: _Scratch, name: str) -> np.ndarray:
+    """Return blocks[selected] as [len(selected) * Y, D]: a view when the blocks are consecutive."""
+    _, block, dim = blocks.shape
+    if _consecutive(selected):
+        return blocks[selected[0] : selected[-1] + 1].reshape(-1, dim)
+    gathered = scratch.get(name, (selected.size, block, dim), blocks.dtype)
+    for target, index in zip(gathered, selected, strict=True):
+        target[...] = blocks[index]
+    return gathered.reshape(-1, dim)
+
+
+_MIN_TILE_ROWS = 16
+"""Fewest query rows in a tile: thinner products may take other BLAS code paths (gemv, small-matrix kernels)."""
+
+
+def _row_tiles(start: int, stop: int, width: int) -> list[slice]:
+    """Cut query rows [start, stop) into near-equal groups whose score tiles (rows x `width`) fit `_TILE_ELEMENTS`.
+
+    No group has fewer than `_MIN_TILE_ROWS` rows (unless the block row has): that wins over the budget.
+    """
+    rows_per_tile = _TILE_ELEMENTS // max(width, 1)
+    count = max(1, min(-(-(stop - start) // max(rows_per_tile, 1)), (stop - start) // _MIN_TILE_ROWS))
+    bounds = [start + (stop - start) * i // count for i in range(count + 1)]
+    return [slice(first, last) for first, last in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
 def _mask_tail(scores: np.ndarray, selected: np.ndarray, n_kv_blocks: int, tail_pad: int) -> None:
@@ -100,12 +175,34 @@ _SCATTER_LOOP_MIN = 4096
 def _scatter_add(blocks: np.ndarray, selected: np.ndarray, contribution: np.ndarray) -> None:
     """Add contribution [len(selected) * Y, D] to `blocks[selected]` ([nKV, Y, D]); indices are unique."""
     contribution = contribution.reshape(selected.size, blocks.shape[1], blocks.shape[2])
-    if blocks.shape[1] * blocks.shape[2] < _SCATTER_LOOP_MIN:
+    if _consecutive(selected):
+        target = blocks[selected[0] : selected[-1] + 1]
+        np.add(target, contribution, out=target)
+    elif blocks.shape[1] * blocks.shape[2] < _SCATTER_LOOP_MIN:
         blocks[selected] += contribution
-        return
-    for block, index in zip(contribution, selected, strict=True):
-        target = blocks[index]
-        np.add(target, block, out=target)
+    else:
+        for block, index in zip(contribution, selected, strict=True):
+            target = blocks[index]
+            np.add(target, block, out=target)
+
+
+def _add_products(
+    blocks: np.ndarray, selected: np.ndarray, left: np.ndarray, right: np.ndarray, scratch: _Scratch
+) -> None:
+    """Add left^T @ right ([len(selected) * Y, D]) to `blocks[selected]`, a bounded number of blocks at a time.
+
+    Args:
+        blocks: [nKV, Y, D] accumulators.
+        left: [rows, len(selected) * Y] (probabilities or dS of one tile); right: [rows, D].
+    """
+    _, block, dim = blocks.shape
+    step = max(1, _PRODUCT_ELEMENTS // (block * dim))
+    for first in range(0, selected.size, step):
+        part = selected[first : first + step]
+        columns = left[:, first * block : (first + part.size) * block]
+        product = scratch.get("product", (part.size * block, dim), blocks.dtype)
+        np.matmul(columns.T, right, out=product)
+        _scatter_add(blocks, part, product)
 
 
 def _round_to_float16(values: np.ndarray) -> np.ndarray:
@@ -152,6 +249,298 @@ def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
 # ---- one batch entry ----------------------------------------------------------------------------
 
 
+def _geometry(
+    query: np.ndarray, key: np.ndarray, block_mask: np.ndarray, block_shape: Sequence[int]
+) -> tuple[int, np.ndarray, int]:
+    """Check one entry's shapes; return the GQA group size, the bool mask and the padding of the last kv block."""
+    heads, q_len = query.shape[:2]
+    kv_heads, kv_len = key.shape[:2]
+    group = _check_heads(heads, kv_heads)
+    mask = _check_mask(block_mask, heads, q_len, kv_len, block_shape)
+    return group, mask, mask.shape[2] * block_shape[1] - kv_len
+
+
+def _forward_tile(
+    query: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    selected: np.ndarray,
+    n_kv_blocks: int,
+    tail_pad: int,
+    scale: float,
+    scratch: _Scratch,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Forward of one tile of query rows against its selected keys, in float64.
+
+    Returns:
+        out [rows, D], lse [rows], exp(S - rowmax) [rows, cols] (a scratch buffer) and rowmax [rows, 1].
+    """
+    scores = scratch.get("scores", (query.shape[0], keys.shape[0]), np.float64)
+    np.matmul(np.asarray(query, dtype=np.float64) * scale, keys.T, out=scores)
+    _mask_tail(scores, selected, n_kv_blocks, tail_pad)
+    row_max = scores.max(axis=1, keepdims=True)
+    scores -= row_max
+    np.exp(scores, out=scores)
+    row_sum = scores.sum(axis=1)
+    out = (scores @ values) / row_sum[:, None]
+    lse = row_max[:, 0] + np.log(row_sum)
+    return out, lse, scores, row_max
+
+
+def _backward_tile(
+    probs: np.ndarray,
+    dout: np.ndarray,
+    query_scaled: np.ndarray,
+    dsum: np.ndarray,
+    keys: np.ndarray,
+    values: np.ndarray,
+    selected: np.ndarray,
+    dk_blocks: np.ndarray,
+    dv_blocks: np.ndarray,
+    scratch: _Scratch,
+) -> np.ndarray:
+    """Finish one tile's golden backward from its P [rows, cols]: add its dV and dK shares, return dS @ K."""
+    dscores = scratch.get("dscores", probs.shape, probs.dtype)
+    np.matmul(dout, values.T, out=dscores)
+    dscores -= dsum[:, None]
+    dscores *= probs
+    _add_products(dv_blocks, selected, probs, dout, scratch)
+    _add_products(dk_blocks, selected, dscores, query_scaled, scratch)
+    return dscores @ keys
+
+
+def _forward_into(
+    out: np.ndarray,
+    lse: np.ndarray,
+    empty: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+    block_shape: Sequence[int],
+    scale: float,
+) -> None:
+    """Fill heads-major out [N1, sq, D], lse and empty [N1, sq] with the float64 forward of one entry."""
+    x, y = block_shape
+    q_len = query.shape[1]
+    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
+    scratch = _Scratch()
+    for kv_head in range(key.shape[0]):
+        key_blocks = _padded_blocks(key[kv_head], y, np.float64)
+        value_blocks = _padded_blocks(value[kv_head], y, np.float64)
+        for head in range(kv_head * group, (kv_head + 1) * group):
+            for row, selected in enumerate(_selections(mask[head])):
+                if selected.size == 0:
+                    continue
+                keys = _gather(key_blocks, selected, scratch, "keys")
+                values = _gather(value_blocks, selected, scratch, "values")
+                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
+                    tile = _forward_tile(
+                        query[head, rows], keys, values, selected, mask.shape[2], tail_pad, scale, scratch
+                    )
+                    out[head, rows], lse[head, rows] = tile[:2]
+                    empty[head, rows] = False
+
+
+def _backward_into(
+    grads: tuple[np.ndarray, np.ndarray, np.ndarray],
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    block_mask: np.ndarray,
+    block_shape: Sequence[int],
+    scale: float,
+) -> None:
+    """Fill heads-major (dq, dk, dv), zero-filled, with one entry's golden backward in their dtype."""
+    dq, dk, dv = grads
+    precision = dq.dtype
+    x, y = block_shape
+    q_len, dim = query.shape[1:]
+    kv_len = key.shape[1]
+    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
+    if q_len == 0 or kv_len == 0:
+        return
+    scale_cast = precision.type(scale)
+    scratch = _Scratch()
+    for kv_head in range(key.shape[0]):
+        key_blocks = _padded_blocks(key[kv_head], y, precision)
+        value_blocks = _padded_blocks(value[kv_head], y, precision)
+        dk_blocks = np.zeros_like(key_blocks)
+        dv_blocks = np.zeros_like(value_blocks)
+        for head in range(kv_head * group, (kv_head + 1) * group):
+            for row, selected in enumerate(_selections(mask[head])):
+                if selected.size == 0:
+                    continue
+                keys = _gather(key_blocks, selected, scratch, "keys")
+                values = _gather(value_blocks, selected, scratch, "values")
+                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
+                    query_scaled = np.asarray(query[head, rows], dtype=precision) * scale_cast
+                    dout_rows = np.asarray(dout[head, rows], dtype=precision)
+                    dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(out[head, rows], dtype=precision))
+                    with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
+                        lse_rows = np.asarray(lse[head, rows], dtype=precision)
+                    probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
+                    np.matmul(query_scaled, keys.T, out=probs)
+                    probs -= lse_rows[:, None]
+                    _mask_tail(probs, selected, mask.shape[2], tail_pad)
+                    np.exp(probs, out=probs)
+                    dq_rows = _backward_tile(
+                        probs, dout_rows, query_scaled, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
+                    )
+                    dq_rows *= scale_cast
+                    dq[head, rows] = dq_rows
+        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
+        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
+
+
+def _backward_kernel_into(
+    grads: tuple[np.ndarray, np.ndarray, np.ndarray],
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    out: np.ndarray,
+    lse: np.ndarray,
+    block_mask: np.ndarray,
+    block_shape: Sequence[int],
+    scale: float,
+) -> None:
+    """Fill heads-major (dq, dk, dv), zero-filled and of the input dtype, on the kernel's precision path."""
+    dq, dk, dv = grads
+    io_dtype = dq.dtype
+    x, y = block_shape
+    q_len, dim = query.shape[1:]
+    kv_len = key.shape[1]
+    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
+    if q_len == 0 or kv_len == 0:
+        return
+    scale32 = np.float32(scale)
+    scratch = _Scratch()
+    for kv_head in range(key.shape[0]):
+        key_blocks = _padded_blocks(_to_io_fp32(key[kv_head], io_dtype), y, np.float32)
+        value_blocks = _padded_blocks(_to_io_fp32(value[kv_head], io_dtype), y, np.float32)
+        dk_blocks = np.zeros_like(key_blocks)
+        dv_blocks = np.zeros_like(value_blocks)
+        for head in range(kv_head * group, (kv_head + 1) * group):
+            for row, selected in enumerate(_selections(mask[head])):
+                if selected.size == 0:
+                    continue
+                keys = _gather(key_blocks, selected, scratch, "keys")
+                values = _gather(value_blocks, selected, scratch, "values")
+                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
+                    query_rows = _to_io_fp32(query[head, rows], io_dtype)
+                    dout_rows = _to_io_fp32(dout[head, rows], io_dtype)
+                    dsum = (dout_rows * _to_io_fp32(out[head, rows], io_dtype)).sum(axis=1, dtype=np.float32)
+                    with np.errstate(over="ignore"):
+                        lse_rows = np.asarray(lse[head, rows], dtype=np.float32)
+                    probs = scratch.get("probs", (query_rows.shape[0], keys.shape[0]), np.float32)
+                    np.matmul(query_rows, keys.T, out=probs)
+                    probs *= scale32
+                    probs -= lse_rows[:, None]
+                    _mask_tail(probs, selected, mask.shape[2], tail_pad)
+                    np.exp(probs, out=probs)
+                    probs_io = _round_to_io(probs, io_dtype)
+                    dscores = scratch.get("dscores", probs.shape, np.float32)
+                    np.matmul(dout_rows, values.T, out=dscores)
+                    dscores -= dsum[:, None]
+                    dscores *= probs
+                    dscores_io = _round_to_io(dscores, io_dtype)
+                    _add_products(dv_blocks, selected, probs_io, dout_rows, scratch)
+                    dq_rows = dscores_io @ keys
+                    dq_rows *= scale32
+                    dq[head, rows] = dq_rows
+                    _add_products(dk_blocks, selected, dscores_io, query_rows, scratch)
+        dk_blocks *= scale32
+        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
+        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
+
+
+def _forward_backward_into(
+    forward: tuple[np.ndarray, np.ndarray, np.ndarray],
+    grads: tuple[np.ndarray, np.ndarray, np.ndarray],
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+    block_shape: Sequence[int],
+    scale: float,
+) -> None:
+    """Fill (out, lse, empty) with the rounded float64 forward and (dq, dk, dv) with the golden backward from it.
+
+    out is of the input dtype, lse float32; the backward's precision is that of dq. Per tile of query rows:
+    the forward leaves E = exp(S - rowmax) (float64); with f = exp(rowmax - lse) on the ROUNDED lse,
+    P = exp(S - lse) = f E. The row factor f goes onto dout (dO' = f dO, Dsum' = f Dsum, both [rows, D] or
+    [rows]) rather than onto E, so the wide arrays see one cast: dP' = dO' V^T = f dP,
+    dS = E (dP' - Dsum') = P (dP - Dsum), dV += E^T dO' = P^T dO; dQ and dK as in `_backward_tile`.
+    """
+    out, lse, empty = forward
+    dq, dk, dv = grads
+    io_dtype, precision = out.dtype, dq.dtype
+    x, y = block_shape
+    q_len, dim = query.shape[1:]
+    kv_len = key.shape[1]
+    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
+    if q_len == 0 or kv_len == 0:
+        return
+    scale_cast = precision.type(scale)
+    scratch = _Scratch()
+    for kv_head in range(key.shape[0]):
+        key_blocks = _padded_blocks(key[kv_head], y, precision)
+        value_blocks = _padded_blocks(value[kv_head], y, precision)
+        dk_blocks = np.zeros_like(key_blocks)
+        dv_blocks = np.zeros_like(value_blocks)
+        for head in range(kv_head * group, (kv_head + 1) * group):
+            for row, selected in enumerate(_selections(mask[head])):
+                if selected.size == 0:
+                    continue
+                keys = _gather(key_blocks, selected, scratch, "keys")
+                values = _gather(value_blocks, selected, scratch, "values")
+                keys64, values64 = keys, values
+                if precision != np.float64:  # exact upcasts of the gathered blocks for the float64 forward
+                    keys64 = scratch.get("keys64", keys.shape, np.float64)
+                    values64 = scratch.get("values64", values.shape, np.float64)
+                    np.copyto(keys64, keys)
+                    np.copyto(values64, values)
+                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
+                    query_rows = query[head, rows].astype(precision)  # a copy: scaled in place below
+                    out64, lse64, exp_scores, row_max = _forward_tile(
+                        query_rows, keys64, values64, selected, mask.shape[2], tail_pad, scale, scratch
+                    )
+                    with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
+                        out_rows = out[head, rows] = out64.astype(io_dtype)
+                    lse_rows = lse[head, rows] = lse64.astype(np.float32)
+                    empty[head, rows] = False
+                    factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
+                    if precision == np.float64:
+                        probs = exp_scores
+                    else:
+                        probs = scratch.get("probs", exp_scores.shape, precision)
+                        np.copyto(probs, exp_scores, casting="same_kind")
+                    dout_rows = dout[head, rows].astype(precision)
+                    dsum = np.einsum("ij,ij->i", dout_rows, out_rows.astype(precision))
+                    dout_rows *= factor
+                    dsum *= factor[:, 0]
+                    query_rows *= scale_cast
+                    dq_rows = _backward_tile(
+                        probs, dout_rows, query_rows, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
+                    )
+                    dq_rows *= scale_cast
+                    dq[head, rows] = dq_rows
+        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
+        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
+
+
+def _zeros_grads(
+    q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype: DTypeLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return zero-filled (dq, dk, dv) of the query's and the key's shape."""
+    return np.zeros(q_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype)
+
+
 def forward_sequence(
     query: np.ndarray,
     key: np.ndarray,
@@ -173,187 +562,12 @@ def forward_sequence(
         out [N1, sq, D] float64 (0 on empty rows), lse [N1, sq] float64 (natural log of the sum of exp
         of the scaled scores over the selected positions; -inf on empty rows), and empty [N1, sq] bool.
     """
-    x, y = block_shape
     heads, q_len, dim = query.shape
-    kv_heads, kv_len = key.shape[:2]
-    group = _check_heads(heads, kv_heads)
-    mask = _check_mask(block_mask, heads, q_len, kv_len, block_shape)
     out = np.zeros((heads, q_len, dim))
     lse = np.full((heads, q_len), -np.inf)
     empty = np.ones((heads, q_len), dtype=bool)
-    n_kv_blocks = mask.shape[2]
-    tail_pad = n_kv_blocks * y - kv_len
-    for kv_head in range(kv_heads):
-        key_blocks = _padded_blocks(key[kv_head], y, np.float64)
-        value_blocks = _padded_blocks(value[kv_head], y, np.float64)
-        for head in range(kv_head * group, (kv_head + 1) * group):
-            query_head = np.asarray(query[head], dtype=np.float64) * scale
-            for row, selected in enumerate(_selections(mask[head])):
-                if selected.size == 0:
-                    continue
-                rows = slice(row * x, min(q_len, (row + 1) * x))
-                keys = _gather(key_blocks, selected)
-                scores = query_head[rows] @ keys.T
-                _mask_tail(scores, selected, n_kv_blocks, tail_pad)
-                row_max = scores.max(axis=1, keepdims=True)
-                scores -= row_max
-                np.exp(scores, out=scores)
-                row_sum = scores.sum(axis=1)
-                out[head, rows] = (scores @ _gather(value_blocks, selected)) / row_sum[:, None]
-                lse[head, rows] = row_max[:, 0] + np.log(row_sum)
-                empty[head, rows] = False
+    _forward_into(out, lse, empty, query, key, value, block_mask, block_shape, scale)
     return out, lse, empty
-
-
-def _backward_head(
-    dout: np.ndarray,
-    query: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    key_blocks: np.ndarray,
-    value_blocks: np.ndarray,
-    selections: list[np.ndarray],
-    block_rows: int,
-    tail_pad: int,
-    scale: float,
-    dtype: np.dtype,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Backward of one query head in `dtype` (DOMAIN.md section 1, scale folded into the query).
-
-    Args:
-        dout, query, out: [sq, D]; lse: [sq].
-        key_blocks, value_blocks: the head's kv head as zero-padded [nKV, Y, D] blocks of `dtype`.
-        selections: selected kv block indices per query block row.
-
-    Returns:
-        dq [sq, D] and this head's dk, dv contributions as [nKV, Y, D] blocks (padding rows are junk).
-    """
-    n_kv_blocks, _, dim = key_blocks.shape
-    dout = np.asarray(dout, dtype=dtype)
-    scale_cast = dtype.type(scale)
-    query_scaled = np.asarray(query, dtype=dtype) * scale_cast
-    with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; it is never read
-        lse = np.asarray(lse, dtype=dtype)
-    dsum = np.einsum("ij,ij->i", dout, np.asarray(out, dtype=dtype))
-    dq = np.zeros(query.shape, dtype=dtype)
-    dk_blocks = np.zeros_like(key_blocks)
-    dv_blocks = np.zeros_like(value_blocks)
-    for row, selected in enumerate(selections):
-        if selected.size == 0:
-            continue
-        rows = slice(row * block_rows, (row + 1) * block_rows)
-        keys = _gather(key_blocks, selected)
-        values = _gather(value_blocks, selected)
-        probs = query_scaled[rows] @ keys.T
-        probs -= lse[rows, None]
-        _mask_tail(probs, selected, n_kv_blocks, tail_pad)
-        np.exp(probs, out=probs)
-        dscores = dout[rows] @ values.T
-        dscores -= dsum[rows, None]
-        dscores *= probs
-        _scatter_add(dv_blocks, selected, probs.T @ dout[rows])
-        dq[rows] = dscores @ keys
-        _scatter_add(dk_blocks, selected, dscores.T @ query_scaled[rows])
-    dq *= scale_cast
-    return dq, dk_blocks, dv_blocks
-
-
-def _backward_head_kernel(
-    dout: np.ndarray,
-    query: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    key_blocks: np.ndarray,
-    value_blocks: np.ndarray,
-    selections: list[np.ndarray],
-    block_rows: int,
-    tail_pad: int,
-    scale: float,
-    io_dtype: np.dtype,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Backward of one query head on the kernel's precision path; fp32 results, dq and dk NOT yet scaled.
-
-    Arguments as `_backward_head`; key_blocks/value_blocks are float32 holding io_dtype values.
-    """
-    n_kv_blocks, _, dim = key_blocks.shape
-    dout = _to_io_fp32(dout, io_dtype)
-    query = _to_io_fp32(query, io_dtype)
-    with np.errstate(over="ignore"):
-        lse = np.asarray(lse, dtype=np.float32)
-    scale32 = np.float32(scale)
-    dsum = (dout * _to_io_fp32(out, io_dtype)).sum(axis=1, dtype=np.float32)
-    dq = np.zeros(query.shape, dtype=np.float32)
-    dk_blocks = np.zeros_like(key_blocks)
-    dv_blocks = np.zeros_like(value_blocks)
-    for row, selected in enumerate(selections):
-        if selected.size == 0:
-            continue
-        rows = slice(row * block_rows, (row + 1) * block_rows)
-        keys = _gather(key_blocks, selected)
-        values = _gather(value_blocks, selected)
-        probs = query[rows] @ keys.T
-        probs *= scale32
-        probs -= lse[rows, None]
-        _mask_tail(probs, selected, n_kv_blocks, tail_pad)
-        np.exp(probs, out=probs)
-        probs_io = _round_to_io(probs, io_dtype)
-        dscores = dout[rows] @ values.T
-        dscores -= dsum[rows, None]
-        dscores *= probs
-        dscores_io = _round_to_io(dscores, io_dtype)
-        _scatter_add(dv_blocks, selected, probs_io.T @ dout[rows])
-        dq[rows] = dscores_io @ keys
-        _scatter_add(dk_blocks, selected, dscores_io.T @ query[rows])
-    return dq, dk_blocks, dv_blocks
-
-
-def _backward_sequence(
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    block_mask: np.ndarray,
-    block_shape: Sequence[int],
-    scale: float,
-    io_dtype: np.dtype | None,
-    precision: DTypeLike,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run the per-head backward over all heads of one batch entry; kernel path when io_dtype is given."""
-    x, y = block_shape
-    heads, q_len, dim = query.shape
-    kv_heads, kv_len = key.shape[:2]
-    group = _check_heads(heads, kv_heads)
-    mask = _check_mask(block_mask, heads, q_len, kv_len, block_shape)
-    precision = np.dtype(precision)
-    dq = np.zeros((heads, q_len, dim), dtype=precision)
-    dk = np.zeros((kv_heads, kv_len, dim), dtype=precision)
-    dv = np.zeros((kv_heads, kv_len, dim), dtype=precision)
-    if q_len == 0 or kv_len == 0:
-        return dq, dk, dv
-    tail_pad = mask.shape[2] * y - kv_len
-    for kv_head in range(kv_heads):
-        if io_dtype is None:
-            key_blocks = _padded_blocks(np.asarray(key[kv_head], dtype=precision), y, precision)
-            value_blocks = _padded_blocks(np.asarray(value[kv_head], dtype=precision), y, precision)
-        else:
-            key_blocks = _padded_blocks(_to_io_fp32(key[kv_head], io_dtype), y, np.float32)
-            value_blocks = _padded_blocks(_to_io_fp32(value[kv_head], io_dtype), y, np.float32)
-        dk_blocks = np.zeros_like(key_blocks)
-        dv_blocks = np.zeros_like(value_blocks)
-        for head in range(kv_head * group, (kv_head + 1) * group):
-            args = (dout[head], query[head], out[head], lse[head], key_blocks, value_blocks)
-            rest = (_selections(mask[head]), x, tail_pad, scale)
-            if io_dtype is None:
-                dq[head], dk_part, dv_part = _backward_head(*args, *rest, precision)
-            else:
-                dq[head], dk_part, dv_part = _backward_head_kernel(*args, *rest, io_dtype)
-            dk_blocks += dk_part
-            dv_blocks += dv_part
-        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
-        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
-    return dq, dk, dv
 
 
 def backward_sequence(
@@ -378,9 +592,10 @@ def backward_sequence(
     Returns:
         dq [N1, sq, D], dk and dv [N2, skv, D], all of `precision`.
     """
-    if np.dtype(precision) not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise ValueError(f"precision must be float32 or float64, got {np.dtype(precision)}")
-    return _backward_sequence(dout, query, key, value, out, lse, block_mask, block_shape, scale, None, precision)
+    precision = _check_precision(precision)
+    grads = _zeros_grads(query.shape, key.shape, precision)
+    _backward_into(grads, dout, query, key, value, out, lse, block_mask, block_shape, scale)
+    return grads
 
 
 def backward_sequence_kernel(
@@ -403,14 +618,45 @@ def backward_sequence_kernel(
     Returns:
         dq, dk, dv of `io_dtype` (float16 or bfloat16).
     """
-    io_dtype = np.dtype(io_dtype)
-    dq, dk, dv = _backward_sequence(
-        dout, query, key, value, out, lse, block_mask, block_shape, scale, io_dtype, np.float32
+    grads = _zeros_grads(query.shape, key.shape, io_dtype)
+    _backward_kernel_into(grads, dout, query, key, value, out, lse, block_mask, block_shape, scale)
+    return grads
+
+
+def forward_backward_sequence(
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+    block_shape: Sequence[int],
+    scale: float,
+    io_dtype: DTypeLike,
+    precision: DTypeLike = np.float32,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Compute one entry's forward, rounded to the tensor dtypes, and the golden backward from the rounded values.
+
+    Args:
+        dout, query: [N1, sq, D]; key, value: [N2, skv, D]; block_mask, block_shape, scale as `forward_sequence`.
+            Their values are read through `precision` (exact for the op's float16/bfloat16 tensors).
+        io_dtype: the dtype out is rounded to (float16 or bfloat16); lse is rounded to float32.
+        precision: of the backward, float32 or float64.
+
+    Returns:
+        out [N1, sq, D] of `io_dtype` and lse [N1, sq] float32, bit for bit `forward_sequence`'s rounded
+        (0 and -inf on empty rows), empty [N1, sq] bool, and dq [N1, sq, D], dk, dv [N2, skv, D] of `precision`,
+        the golden backward of that out and lse (as `backward_sequence`, to its rounding).
+    """
+    precision = _check_precision(precision)
+    heads, q_len, dim = query.shape
+    forward = (
+        np.zeros((heads, q_len, dim), dtype=io_dtype),
+        np.full((heads, q_len), -np.inf, dtype=np.float32),
+        np.ones((heads, q_len), dtype=bool),
     )
-    scale32 = np.float32(scale)
-    dq *= scale32
-    dk *= scale32
-    return dq.astype(io_dtype), dk.astype(io_dtype), dv.astype(io_dtype)
+    grads = _zeros_grads(query.shape, key.shape, precision)
+    _forward_backward_into(forward, grads, dout, query, key, value, block_mask, block_shape, scale)
+    return (*forward, *grads)
 
 
 # ---- whole case ---------------------------------------------------------------------------------
@@ -430,7 +676,11 @@ def forward(
     for span in case.spans():
         if span.q_len == 0:
             continue
-        out, lse, empty = forward_sequence(
+        lse = lse_view(case, softmax_lse, span)
+        _forward_into(
+            q_view(case, attention_out, span),
+            lse,
+            np.ones(lse.shape, dtype=bool),
             q_view(case, query, span),
             kv_view(case, key, span),
             kv_view(case, value, span),
@@ -438,10 +688,20 @@ def forward(
             case.block_shape,
             case.scale,
         )
-        lse[empty] = case.empty_row_lse
-        q_view(case, attention_out, span)[...] = out
-        lse_view(case, softmax_lse, span)[...] = lse
     return attention_out, softmax_lse
+
+
+def _zero_case_grads(case: Case, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        np.zeros(case.q_shape, dtype=dtype),
+        np.zeros(case.kv_shape, dtype=dtype),
+        np.zeros(case.kv_shape, dtype=dtype),
+    )
+
+
+def _grad_views(case: Case, grads: tuple[np.ndarray, ...], span) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    dq, dk, dv = grads
+    return q_view(case, dq, span), kv_view(case, dk, span), kv_view(case, dv, span)
 
 
 def _backward_case(
@@ -449,18 +709,17 @@ def _backward_case(
     tensors: tuple[np.ndarray, ...],
     softmax_lse: np.ndarray,
     block_mask: np.ndarray,
-    sequence_backward,
+    fill,
     out_dtype: DTypeLike,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run `sequence_backward` on every batch entry and write the results into zero-filled full tensors."""
+    """Run `fill` (`_backward_into` or `_backward_kernel_into`) on every batch entry, into zero-filled tensors."""
     dout, query, key, value, attention_out = tensors
-    dq = np.zeros(case.q_shape, dtype=out_dtype)
-    dk = np.zeros(case.kv_shape, dtype=out_dtype)
-    dv = np.zeros(case.kv_shape, dtype=out_dtype)
+    grads = _zero_case_grads(case, out_dtype)
     for span in case.spans():
         if span.q_len == 0 or span.kv_len == 0:
             continue
-        grads = sequence_backward(
+        fill(
+            _grad_views(case, grads, span),
             q_view(case, dout, span),
             q_view(case, query, span),
             kv_view(case, key, span),
@@ -471,10 +730,7 @@ def _backward_case(
             case.block_shape,
             case.scale,
         )
-        q_view(case, dq, span)[...] = grads[0]
-        kv_view(case, dk, span)[...] = grads[1]
-        kv_view(case, dv, span)[...] = grads[2]
-    return dq, dk, dv
+    return grads
 
 
 def backward(
@@ -492,12 +748,8 @@ def backward(
 
     `softmax_lse` may have the trailing axis of size one or not. Padding stays 0.
     """
-
-    def sequence_backward(*args):
-        return backward_sequence(*args, precision=precision)
-
     tensors = (dout, query, key, value, attention_out)
-    return _backward_case(case, tensors, softmax_lse, block_mask, sequence_backward, precision)
+    return _backward_case(case, tensors, softmax_lse, block_mask, _backward_into, _check_precision(precision))
 
 
 def backward_kernel(
@@ -511,10 +763,47 @@ def backward_kernel(
     block_mask: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute dq, dk, dv of a case on the kernel's precision path, in the case dtype."""
-    io_dtype = numpy_dtype(case.dtype)
-
-    def sequence_backward(*args):
-        return backward_sequence_kernel(*args, io_dtype=io_dtype)
-
     tensors = (dout, query, key, value, attention_out)
-    return _backward_case(case, tensors, softmax_lse, block_mask, sequence_backward, io_dtype)
+    return _backward_case(case, tensors, softmax_lse, block_mask, _backward_kernel_into, numpy_dtype(case.dtype))
+
+
+def forward_backward(
+    case: Case,
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+    precision: DTypeLike = np.float32,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Compute a case's attentionOut and softmaxLse, rounded as written, and the golden dq, dk, dv from them.
+
+    One pass instead of `forward` then `backward` (see `forward_backward_sequence`).
+
+    Returns:
+        attention_out of shape `case.q_shape` in the case dtype and softmax_lse of shape `case.q_shape[:-1]` in
+        float32: bit for bit `forward`'s, cast; then dq, dk, dv in `precision` (float32 or float64), as
+        `backward` gives for that out and lse, to its rounding.
+    """
+    precision = _check_precision(precision)
+    attention_out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
+    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
+        empty_row_lse = np.float64(case.empty_row_lse).astype(np.float32)
+    softmax_lse = np.full(case.q_shape[:-1], empty_row_lse, dtype=np.float32)
+    grads = _zero_case_grads(case, precision)
+    for span in case.spans():
+        if span.q_len == 0:
+            continue
+        lse = lse_view(case, softmax_lse, span)
+        _forward_backward_into(
+            (q_view(case, attention_out, span), lse, np.ones(lse.shape, dtype=bool)),
+            _grad_views(case, grads, span),
+            q_view(case, dout, span),
+            q_view(case, query, span),
+            kv_view(case, key, span),
+            kv_view(case, value, span),
+            mask_view(case, block_mask, span),
+            case.block_shape,
+            case.scale,
+        )
+    return (attention_out, softmax_lse, *grads)

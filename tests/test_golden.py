@@ -375,6 +375,113 @@ def test_float32_golden_is_close_to_float64_golden(dtype):
         assert rel_err(a, b) < 2e-6
 
 
+# ---- forward and backward in one pass (what `bsa gen` runs) -------------------------------------
+
+FUSED_GEOMETRIES = {
+    "gqa-tails": dict(heads=4, kv_heads=2, dim=32, q_len=200, kv_len=170, block_shape=(16, 48)),
+    "gqa4-bf16": dict(dtype="bfloat16", heads=4, kv_heads=1, dim=64, q_len=300, kv_len=260, block_shape=(64, 64)),
+    "tnd-zero-lengths": dict(
+        layout="TND", batch=4, heads=4, kv_heads=2, dim=16, lengths=(0, 37, 20, 50), kv_lengths=(45, 0, 29, 61),
+        block_shape=(16, 48),
+    ),
+    "bnsd-honored": dict(
+        batch=2, heads=2, kv_heads=1, dim=16, q_len=80, kv_len=96, lengths=(50, 80), kv_lengths=(70, 33),
+        block_shape=(16, 32), bnsd_lengths="honored", empty_row_lse=-math.inf,
+    ),
+}  # fmt: skip
+
+
+def fused(case: Case, t: dict, precision=np.float32):
+    return golden.forward_backward(
+        case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], precision=precision
+    )
+
+
+@pytest.mark.parametrize("geometry", FUSED_GEOMETRIES)
+def test_forward_backward_writes_the_rounded_forward_bit_for_bit(geometry):
+    case = make_case(**FUSED_GEOMETRIES[geometry])
+    t = make_inputs(case, seed=17, density=0.6)
+    io = np.dtype(BF16 if case.dtype == "bfloat16" else FP16)
+    out, lse = forward_of(case, t)
+    for precision in (np.float32, np.float64):
+        out_io, lse32, *_ = fused(case, t, precision)
+        assert out_io.dtype == io and lse32.dtype == np.float32 and lse32.shape == lse.shape
+        np.testing.assert_array_equal(out_io.view(np.uint16), out.astype(io).view(np.uint16))
+        np.testing.assert_array_equal(lse32.view(np.uint32), lse.astype(np.float32).view(np.uint32))
+
+
+@pytest.mark.parametrize("geometry", FUSED_GEOMETRIES)
+def test_forward_backward_gradients_are_the_golden_backward_of_the_rounded_forward(geometry):
+    case = make_case(**FUSED_GEOMETRIES[geometry])
+    t = make_inputs(case, seed=18, density=0.6)
+    out_io, lse32, *grads32 = fused(case, t, np.float32)
+    grads64 = fused(case, t, np.float64)[2:]
+    reference = golden_grads(case, t, out_io, lse32, np.float64)  # DOMAIN.md section 1 on the GIVEN out and lse
+    standalone32 = golden_grads(case, t, out_io, lse32, np.float32)
+    for name, g32, g64, ref, s32 in zip(("dq", "dk", "dv"), grads32, grads64, reference, standalone32, strict=True):
+        assert g32.dtype == np.float32 and g64.dtype == np.float64
+        np.testing.assert_allclose(g64, ref, rtol=1e-10, atol=1e-12, err_msg=name)
+        # float32 from the float64 scores: no less accurate than recomputing them in float32
+        assert rel_err(g32, ref) < max(2e-6, 1.5 * rel_err(s32, ref)), name
+
+
+def test_forward_backward_on_empty_rows_writes_the_sentinel_and_exact_zeros():
+    case = make_case(heads=4, kv_heads=2, dim=16, q_len=75, kv_len=70, block_shape=(16, 16), empty_row_lse=1e300)
+    t = make_inputs(case, seed=9, density=0.7)
+    t["block_mask"][0, 1, [0, 4]] = 0
+    t["block_mask"][0, 1, 1:4, 0] = 1
+    t["block_mask"][0, 2] = 0
+    t["block_mask"][0, 0:2, :, 2] = 0
+    with np.errstate(all="raise"):
+        out_io, lse32, dq, dk, dv = fused(case, t)
+    assert np.all(lse32[0, 2] == np.inf) and np.all(lse32[0, 1, :16] == np.inf)  # 1e300 as a float32 file holds it
+    assert np.all(out_io[0, 2] == 0) and np.all(dq[0, 2] == 0) and np.all(dq[0, 1, 64:] == 0)
+    assert np.all(dk[0, 0, 32:48] == 0) and np.all(dv[0, 0, 32:48] == 0)
+    assert all(np.isfinite(g).all() for g in (dq, dk, dv))
+
+
+def test_forward_backward_leaves_float_inputs_of_its_own_precision_untouched():
+    rng = np.random.default_rng(2)
+    query, dout = rng.standard_normal((2, 2, 40, 8))
+    key, value = rng.standard_normal((2, 1, 50, 8))
+    mask = rng.random((2, 3, 4)) < 0.7
+    inputs64 = (dout, query, key, value)
+    inputs32 = tuple(a.astype(np.float32) for a in inputs64)
+    before = [a.copy() for a in inputs64 + inputs32]
+    for precision in (np.float32, np.float64):
+        for inputs in (inputs64, inputs32):
+            golden.forward_backward_sequence(*inputs, mask, (16, 16), 0.3, FP16, precision)
+    for a, b in zip(inputs64 + inputs32, before, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("path", ["fused", "float32", "kernel"])
+def test_wide_block_rows_cut_into_row_tiles_give_the_same_results(path, monkeypatch):
+    case = make_case(heads=2, kv_heads=1, dim=16, q_len=130, kv_len=333, block_shape=(48, 16))
+    t = make_inputs(case, seed=19, density=0.8)
+    t["block_mask"][..., -1, -1] = 1
+
+    def run():
+        if path == "fused":
+            return fused(case, t)
+        out, lse = forward_of(case, t)
+        out_io, lse32 = out.astype(FP16), lse.astype(np.float32)
+        if path == "kernel":
+            return (out_io, lse32, *kernel_grads(case, t, out_io, lse32))
+        return (out_io, lse32, *golden_grads(case, t, out_io, lse32, np.float32))
+
+    whole = run()
+    monkeypatch.setattr(golden, "_TILE_ELEMENTS", 16 * 48)  # tiles of 16 rows: 48 -> 16 + 16 + 16, 34 -> 17 + 17
+    monkeypatch.setattr(golden, "_PRODUCT_ELEMENTS", 3 * 16 * 16)  # dK/dV shares three blocks at a time
+    assert golden._row_tiles(96, 130, 300) == [slice(96, 113), slice(113, 130)]
+    tiled = run()
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), tiled, whole, strict=True):
+        if path == "kernel" and name in ("dq", "dk", "dv"):  # fp32 sums in another order, then a cast
+            np.testing.assert_allclose(oracle.f64(a), oracle.f64(b), rtol=2e-3, atol=2e-3, err_msg=name)
+        else:
+            np.testing.assert_allclose(oracle.f64(a), oracle.f64(b), rtol=2e-6, atol=1e-7, err_msg=name)
+
+
 def test_backward_matches_finite_differences_of_the_forward():
     rng = np.random.default_rng(21)
     heads, kv_heads, q_len, kv_len, dim, scale = 2, 1, 7, 8, 3, 0.7
