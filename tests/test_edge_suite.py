@@ -35,13 +35,17 @@ def test_gen_golden_matches_the_dense_float64_formula(case) -> None:
     tensors, gold, bench = compute_case(case, "float64")
     args = [tensors[n] for n in ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")]
     expected = oracle.dense_backward(case, *args)
-    for name, want in zip(("dq", "dk", "dv"), expected, strict=True):
-        assert_close(gold[name], want, 1e-10, f"{case.name} {name}")
-        assert (gold[name][want == 0] == 0).all(), f"{case.name} {name}: not 0 where the oracle is exactly 0"
-        assert np.isfinite(bench[name].astype(np.float32)).all(), f"{case.name} benchmark {name}"
     out, lse = oracle.dense_forward(
         case, tensors["query"], tensors["key"], tensors["value"], tensors["block_sparse_mask"]
     )
+    # Structural zeros: query rows that attend to nothing (out and dq rows 0), kv rows nobody selects
+    # (dv rows 0), padding. Other exact zeros of the oracle (one selected key: dP == Dsum) are rounding luck.
+    no_query = (expected[2] == 0).all(axis=-1)
+    structural = {"dq": (out == 0).all(axis=-1), "dk": no_query, "dv": no_query}
+    for name, want in zip(("dq", "dk", "dv"), expected, strict=True):
+        assert_close(gold[name], want, 1e-10, f"{case.name} {name}")
+        assert (gold[name][structural[name]] == 0).all(), f"{case.name} {name}: rows that take no part are not 0"
+        assert np.isfinite(bench[name].astype(np.float32)).all(), f"{case.name} benchmark {name}"
     rounding = 2.0**-8 if case.dtype == "bfloat16" else 2.0**-11  # half an ulp, relative
     error = np.abs(tensors["attention_out"].astype(np.float64) - out)
     assert (error <= rounding * np.abs(out) + 2.0**-24).all(), f"{case.name}: attention_out is not out rounded"
