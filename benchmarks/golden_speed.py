@@ -175,7 +175,12 @@ def compare_throughput(seq: int) -> tuple[float, float] | None:
 
 
 def load() -> str:
-    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    """Return the load averages, with a warning when other work competes for the cores."""
+    averages = os.getloadavg()
+    text = "load average " + " ".join(f"{x:.2f}" for x in averages)
+    if averages[0] > 0.5:
+        text += " (other work is running: the matmul reference drops more than the golden, ratios read high)"
+    return text
 
 
 def main() -> None:
