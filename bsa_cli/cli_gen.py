@@ -14,7 +14,8 @@ from . import output
 from .case import Case
 from .cli import UserError, main
 from .errors import BsaError
-from .generate import PRECISIONS, generate_suite
+from .generate import generate_suite
+from .options import filter_option, force_option, jobs_option, precision_option, shard_option
 from .schedule import Estimate, estimate, machine_memory, parse_shard, shard
 from .spec import load_specs
 
@@ -58,26 +59,6 @@ def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:
             f"{memory / 2**30:.1f} GiB ({len(too_big)} such case(s)); use --force to try anyway, "
             "or --filter/--shard to leave them out"
         )
-
-
-filter_option = click.option(
-    "--filter", "name_filters", multiple=True, help="Only cases whose name matches this glob (repeatable)."
-)
-shard_option = click.option(
-    "--shard", "shard_text", metavar="I/N", help="Only shard I of N, balanced by FLOPs (CI matrices)."
-)
-precision_option = click.option(
-    "--precision",
-    type=click.Choice(PRECISIONS),
-    default="float32",
-    show_default=True,
-    help="Precision of the golden dq/dk/dv.",
-)
-force_option = click.option(
-    "--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's."
-)
-jobs_option = click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-                           help="Processes: across cases, or across kv-head groups of one large case.")  # fmt: skip
 
 
 @main.command("validate")

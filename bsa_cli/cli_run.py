@@ -21,8 +21,8 @@ from rich.progress import (
 
 from . import output, runner, store
 from .cli import UserError, main
-from .cli_gen import force_option, jobs_option, precision_option, shard_option
 from .errors import BsaError
+from .options import force_option, jobs_option, precision_option, shard_option
 
 EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), whatever the finished cases did."""
