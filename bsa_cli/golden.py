@@ -34,7 +34,7 @@ columns take part. The lse of an empty row is never read.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -149,6 +149,36 @@ def _gather(blocks: np.ndarray, selected: np.ndarray, scratch: _Scratch, name: s
 
 _MIN_TILE_ROWS = 16
 """Fewest query rows in a tile: thinner products may take other BLAS code paths (gemv, small-matrix kernels)."""
+
+
+def _selected_rows(
+    mask: np.ndarray,
+    group: int,
+    kv_head: int,
+    block_rows: int,
+    q_len: int,
+    key_blocks: np.ndarray,
+    value_blocks: np.ndarray,
+    scratch: _Scratch,
+) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, list[slice]]]:
+    """Yield (head, selected, keys, values, row tiles) for each query-block row of a kv head's group.
+
+    Rows that select no block are skipped. keys/values hold the row's selected blocks, gathered into
+    scratch buffers that the next row reuses.
+    """
+    for head in range(kv_head * group, (kv_head + 1) * group):
+        for row, selected in enumerate(_selections(mask[head])):
+            if selected.size == 0:
+                continue
+            keys = _gather(key_blocks, selected, scratch, "keys")
+            values = _gather(value_blocks, selected, scratch, "values")
+            yield (
+                head,
+                selected,
+                keys,
+                values,
+                _row_tiles(row * block_rows, min(q_len, (row + 1) * block_rows), keys.shape[0]),
+            )
 
 
 def _row_tiles(start: int, stop: int, width: int) -> list[slice]:
@@ -328,18 +358,13 @@ def _forward_into(
     for kv_head in range(key.shape[0]):
         key_blocks = _padded_blocks(key[kv_head], y, np.float64)
         value_blocks = _padded_blocks(value[kv_head], y, np.float64)
-        for head in range(kv_head * group, (kv_head + 1) * group):
-            for row, selected in enumerate(_selections(mask[head])):
-                if selected.size == 0:
-                    continue
-                keys = _gather(key_blocks, selected, scratch, "keys")
-                values = _gather(value_blocks, selected, scratch, "values")
-                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
-                    tile = _forward_tile(
-                        query[head, rows], keys, values, selected, mask.shape[2], tail_pad, scale, scratch
-                    )
-                    out[head, rows], lse[head, rows] = tile[:2]
-                    empty[head, rows] = False
+        for head, selected, keys, values, row_tiles in _selected_rows(
+            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
+        ):
+            for rows in row_tiles:
+                tile = _forward_tile(query[head, rows], keys, values, selected, mask.shape[2], tail_pad, scale, scratch)
+                out[head, rows], lse[head, rows] = tile[:2]
+                empty[head, rows] = False
 
 
 def _backward_into(
@@ -370,28 +395,25 @@ def _backward_into(
         value_blocks = _padded_blocks(value[kv_head], y, precision)
         dk_blocks = np.zeros_like(key_blocks)
         dv_blocks = np.zeros_like(value_blocks)
-        for head in range(kv_head * group, (kv_head + 1) * group):
-            for row, selected in enumerate(_selections(mask[head])):
-                if selected.size == 0:
-                    continue
-                keys = _gather(key_blocks, selected, scratch, "keys")
-                values = _gather(value_blocks, selected, scratch, "values")
-                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
-                    query_scaled = np.asarray(query[head, rows], dtype=precision) * scale_cast
-                    dout_rows = np.asarray(dout[head, rows], dtype=precision)
-                    dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(out[head, rows], dtype=precision))
-                    with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
-                        lse_rows = np.asarray(lse[head, rows], dtype=precision)
-                    probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
-                    np.matmul(query_scaled, keys.T, out=probs)
-                    probs -= lse_rows[:, None]
-                    _mask_tail(probs, selected, mask.shape[2], tail_pad)
-                    np.exp(probs, out=probs)
-                    dq_rows = _backward_tile(
-                        probs, dout_rows, query_scaled, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
-                    )
-                    dq_rows *= scale_cast
-                    dq[head, rows] = dq_rows
+        for head, selected, keys, values, row_tiles in _selected_rows(
+            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
+        ):
+            for rows in row_tiles:
+                query_scaled = np.asarray(query[head, rows], dtype=precision) * scale_cast
+                dout_rows = np.asarray(dout[head, rows], dtype=precision)
+                dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(out[head, rows], dtype=precision))
+                with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
+                    lse_rows = np.asarray(lse[head, rows], dtype=precision)
+                probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
+                np.matmul(query_scaled, keys.T, out=probs)
+                probs -= lse_rows[:, None]
+                _mask_tail(probs, selected, mask.shape[2], tail_pad)
+                np.exp(probs, out=probs)
+                dq_rows = _backward_tile(
+                    probs, dout_rows, query_scaled, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
+                )
+                dq_rows *= scale_cast
+                dq[head, rows] = dq_rows
         dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
         dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
 
@@ -424,35 +446,32 @@ def _backward_kernel_into(
         value_blocks = _padded_blocks(_to_io_fp32(value[kv_head], io_dtype), y, np.float32)
         dk_blocks = np.zeros_like(key_blocks)
         dv_blocks = np.zeros_like(value_blocks)
-        for head in range(kv_head * group, (kv_head + 1) * group):
-            for row, selected in enumerate(_selections(mask[head])):
-                if selected.size == 0:
-                    continue
-                keys = _gather(key_blocks, selected, scratch, "keys")
-                values = _gather(value_blocks, selected, scratch, "values")
-                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
-                    query_rows = _to_io_fp32(query[head, rows], io_dtype)
-                    dout_rows = _to_io_fp32(dout[head, rows], io_dtype)
-                    dsum = (dout_rows * _to_io_fp32(out[head, rows], io_dtype)).sum(axis=1, dtype=np.float32)
-                    with np.errstate(over="ignore"):
-                        lse_rows = np.asarray(lse[head, rows], dtype=np.float32)
-                    probs = scratch.get("probs", (query_rows.shape[0], keys.shape[0]), np.float32)
-                    np.matmul(query_rows, keys.T, out=probs)
-                    probs *= scale32
-                    probs -= lse_rows[:, None]
-                    _mask_tail(probs, selected, mask.shape[2], tail_pad)
-                    np.exp(probs, out=probs)
-                    probs_io = _round_to_io(probs, io_dtype)
-                    dscores = scratch.get("dscores", probs.shape, np.float32)
-                    np.matmul(dout_rows, values.T, out=dscores)
-                    dscores -= dsum[:, None]
-                    dscores *= probs
-                    dscores_io = _round_to_io(dscores, io_dtype)
-                    _add_products(dv_blocks, selected, probs_io, dout_rows, scratch)
-                    dq_rows = dscores_io @ keys
-                    dq_rows *= scale32
-                    dq[head, rows] = dq_rows
-                    _add_products(dk_blocks, selected, dscores_io, query_rows, scratch)
+        for head, selected, keys, values, row_tiles in _selected_rows(
+            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
+        ):
+            for rows in row_tiles:
+                query_rows = _to_io_fp32(query[head, rows], io_dtype)
+                dout_rows = _to_io_fp32(dout[head, rows], io_dtype)
+                dsum = (dout_rows * _to_io_fp32(out[head, rows], io_dtype)).sum(axis=1, dtype=np.float32)
+                with np.errstate(over="ignore"):
+                    lse_rows = np.asarray(lse[head, rows], dtype=np.float32)
+                probs = scratch.get("probs", (query_rows.shape[0], keys.shape[0]), np.float32)
+                np.matmul(query_rows, keys.T, out=probs)
+                probs *= scale32
+                probs -= lse_rows[:, None]
+                _mask_tail(probs, selected, mask.shape[2], tail_pad)
+                np.exp(probs, out=probs)
+                probs_io = _round_to_io(probs, io_dtype)
+                dscores = scratch.get("dscores", probs.shape, np.float32)
+                np.matmul(dout_rows, values.T, out=dscores)
+                dscores -= dsum[:, None]
+                dscores *= probs
+                dscores_io = _round_to_io(dscores, io_dtype)
+                _add_products(dv_blocks, selected, probs_io, dout_rows, scratch)
+                dq_rows = dscores_io @ keys
+                dq_rows *= scale32
+                dq[head, rows] = dq_rows
+                _add_products(dk_blocks, selected, dscores_io, query_rows, scratch)
         dk_blocks *= scale32
         dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
         dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
@@ -493,43 +512,40 @@ def _forward_backward_into(
         value_blocks = _padded_blocks(value[kv_head], y, precision)
         dk_blocks = np.zeros_like(key_blocks)
         dv_blocks = np.zeros_like(value_blocks)
-        for head in range(kv_head * group, (kv_head + 1) * group):
-            for row, selected in enumerate(_selections(mask[head])):
-                if selected.size == 0:
-                    continue
-                keys = _gather(key_blocks, selected, scratch, "keys")
-                values = _gather(value_blocks, selected, scratch, "values")
-                keys64, values64 = keys, values
-                if precision != np.float64:  # exact upcasts of the gathered blocks for the float64 forward
-                    keys64 = scratch.get("keys64", keys.shape, np.float64)
-                    values64 = scratch.get("values64", values.shape, np.float64)
-                    np.copyto(keys64, keys)
-                    np.copyto(values64, values)
-                for rows in _row_tiles(row * x, min(q_len, (row + 1) * x), keys.shape[0]):
-                    query_rows = query[head, rows].astype(precision)  # a copy: scaled in place below
-                    out64, lse64, exp_scores, row_max = _forward_tile(
-                        query_rows, keys64, values64, selected, mask.shape[2], tail_pad, scale, scratch
-                    )
-                    with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
-                        out_rows = out[head, rows] = out64.astype(io_dtype)
-                    lse_rows = lse[head, rows] = lse64.astype(np.float32)
-                    empty[head, rows] = False
-                    factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
-                    if precision == np.float64:
-                        probs = exp_scores
-                    else:
-                        probs = scratch.get("probs", exp_scores.shape, precision)
-                        np.copyto(probs, exp_scores, casting="same_kind")
-                    dout_rows = dout[head, rows].astype(precision)
-                    dsum = np.einsum("ij,ij->i", dout_rows, out_rows.astype(precision))
-                    dout_rows *= factor
-                    dsum *= factor[:, 0]
-                    query_rows *= scale_cast
-                    dq_rows = _backward_tile(
-                        probs, dout_rows, query_rows, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
-                    )
-                    dq_rows *= scale_cast
-                    dq[head, rows] = dq_rows
+        for head, selected, keys, values, row_tiles in _selected_rows(
+            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
+        ):
+            keys64, values64 = keys, values
+            if precision != np.float64:  # exact upcasts of the gathered blocks for the float64 forward
+                keys64 = scratch.get("keys64", keys.shape, np.float64)
+                values64 = scratch.get("values64", values.shape, np.float64)
+                np.copyto(keys64, keys)
+                np.copyto(values64, values)
+            for rows in row_tiles:
+                query_rows = query[head, rows].astype(precision)  # a copy: scaled in place below
+                out64, lse64, exp_scores, row_max = _forward_tile(
+                    query_rows, keys64, values64, selected, mask.shape[2], tail_pad, scale, scratch
+                )
+                with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
+                    out_rows = out[head, rows] = out64.astype(io_dtype)
+                lse_rows = lse[head, rows] = lse64.astype(np.float32)
+                empty[head, rows] = False
+                factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
+                if precision == np.float64:
+                    probs = exp_scores
+                else:
+                    probs = scratch.get("probs", exp_scores.shape, precision)
+                    np.copyto(probs, exp_scores, casting="same_kind")
+                dout_rows = dout[head, rows].astype(precision)
+                dsum = np.einsum("ij,ij->i", dout_rows, out_rows.astype(precision))
+                dout_rows *= factor
+                dsum *= factor[:, 0]
+                query_rows *= scale_cast
+                dq_rows = _backward_tile(
+                    probs, dout_rows, query_rows, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
+                )
+                dq_rows *= scale_cast
+                dq[head, rows] = dq_rows
         dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
         dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
 
