@@ -106,7 +106,12 @@ _STANDARD_HELP = (
     is_flag=True,
     help="Hash only the inputs the judge reads (the block mask), not query/key/value/dout/out.",
 )
-@click.option("-j", "--jobs", type=click.IntRange(min=1), help="Threads for hashing and measuring (default: CPUs).")
+@click.option(
+    "-j",
+    "--jobs",
+    type=click.IntRange(min=1),
+    help="Processes judging cases side by side (default: the CPU count when the outputs reach 256 MB, else 1).",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(
     paths: tuple[Path, ...],
@@ -141,7 +146,7 @@ def compare_command(
         try:
             run.validate()
             case_dirs = select_cases(paths, filters)
-            suite = compare_suite(case_dirs, outputs_root, run, workers=jobs, verify_inputs=not no_verify_inputs)
+            suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs)
         except (ValueError, BsaError) as exc:
             raise UserError(str(exc)) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)

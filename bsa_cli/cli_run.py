@@ -384,7 +384,7 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display) -> Any:
         display.case(result.verdict, result.name, detail)
 
     try:
-        return compare_suite(case_dirs, None, settings, on_case=shown)
+        return compare_suite(case_dirs, None, settings, on_case=shown, jobs=None)
     except (ValueError, BsaError) as exc:
         raise UserError(str(exc)) from None
 

@@ -31,15 +31,17 @@ Settings precedence, for each case (one rule, also in docs/compare.md):
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import mmap
+import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1125,9 +1127,13 @@ def _measure(
     golden: np.ndarray,
     geom: _Geometry,
     params: _Params,
-    pool: Executor | None,
 ) -> tuple[ErrorStats, _RowOut, list[int], ErrorStats | None, _RowOut | None]:
-    """Measure the device (and benchmark) array against the golden over the judged rows, chunk by chunk."""
+    """Measure the device (and benchmark) array against the golden over the judged rows, chunk by chunk.
+
+    Chunks run one after another in the calling thread: each is a few dozen short NumPy passes, and
+    threads sharing them spend more time handing the GIL back and forth than they gain (measured: two
+    threads no faster than one). Parallelism comes from hashing alongside, and from processes per case.
+    """
     rows, dim = geom.rows, geom.dim
     device2d, golden2d = device.reshape(rows, dim), golden.reshape(rows, dim)
     bench2d = None if bench is None else bench.reshape(rows, dim)
@@ -1144,8 +1150,7 @@ def _measure(
         bench_rows = None if bench2d is None else bench2d[start:stop]
         return _chunk(device2d[start:stop], bench_rows, golden2d[start:stop], params, device_out, bench_out, start)
 
-    items = _chunks(geom)
-    results = pool.map(work, items) if pool is not None and len(items) > 1 else map(work, items)
+    results = map(work, _chunks(geom))
     device_total, bench_total = _Partial(), _Partial()
     for device_part, bench_part in results:
         device_total.merge(device_part)
@@ -1473,7 +1478,6 @@ def judge_tensors(
     golden: Mapping[str, np.ndarray],
     benchmark: Mapping[str, np.ndarray] | None,
     block_mask: np.ndarray,
-    pool: Executor | None = None,
 ) -> tuple[TensorResult, ...]:
     """Judge dq, dk, dv of a valid case: metrics, the standard's checks, structural checks, block maps.
 
@@ -1483,7 +1487,6 @@ def judge_tensors(
         device, golden, benchmark: {"dq", "dk", "dv"} arrays of the case's shapes; device and benchmark in
             the case dtype, golden float32 or float64. `benchmark` may be None when the standard needs none.
         block_mask: the case's blockSparseMask input.
-        pool: an executor to spread chunks over; None works serially.
 
     Raises:
         ValueError: the standard needs a benchmark and none is given, or shapes do not match the case.
@@ -1510,7 +1513,7 @@ def judge_tensors(
         for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
             if array is not None and tuple(array.shape) != geom.shape:
                 raise ValueError(f"{name}: {label} shape {list(array.shape)} is not {list(geom.shape)}")
-        dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = _measure(dev, bench, gold, geom, params, pool)
+        dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = _measure(dev, bench, gold, geom, params)
         block_map, spans = _block_map(
             geom,
             dev_rows,
@@ -1788,8 +1791,8 @@ def compare_case(
         case_dir: a directory written by `bsa gen`.
         output_dir: the device output directory; default `<case_dir>/outputs`.
         run: settings given for the whole run (command line).
-        pool: an executor for hashing and measuring in parallel; without one, a pool of `workers` threads
-            (default: the CPU count) is made for the call, and `workers=1` works serially.
+        pool: an executor hashing files while the metrics are measured; without one, a pool of `workers`
+            threads (default: the CPU count) is made for the call, and `workers=1` works serially.
         verify_inputs: hash every input file, not only the block mask the judge reads.
 
     Raises:
@@ -1889,7 +1892,7 @@ def _compare_case(
         return error(name, [text], **known)
     assert opened.block_mask is not None
     try:
-        tensors = judge_tensors(case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, pool)
+        tensors = judge_tensors(case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask)
     except ValueError as exc:
         opened.stale()
         return error(name, [f"{case_dir}: {exc}"], **known)
@@ -1939,6 +1942,36 @@ def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
             raise ValueError(f"case {manifest.get('name', Path(case_dir).name)!r}: {exc}") from None
 
 
+PARALLEL_MIN_BYTES = 256 << 20
+"""Device output bytes from which a suite is judged in several processes by default. Starting a process
+and mapping its first files costs about half a second; on the 2-core development machine 100 MB of
+outputs took longer with two processes than with one."""
+
+
+def suite_jobs(case_dirs: Sequence[Path], outputs_root: Path | None, jobs: int | None) -> int:
+    """Return how many processes judge the suite: `jobs` if given, else the CPU count for a large suite, else 1."""
+    if jobs is not None:
+        return max(1, min(jobs, len(case_dirs)))
+    if len(case_dirs) < 2:
+        return 1
+    total = sum(_output_bytes(_output_dir(Path(case_dir), outputs_root)) for case_dir in case_dirs)
+    return min(os.cpu_count() or 1, len(case_dirs)) if total >= PARALLEL_MIN_BYTES else 1
+
+
+def _output_dir(case_dir: Path, outputs_root: Path | None) -> Path:
+    return case_dir / OUTPUTS_DIR if outputs_root is None else Path(outputs_root) / case_dir.name
+
+
+def _judge_in_worker(case_dir: Path, output_dir: Path, run: RunSettings, verify_inputs: bool) -> CaseResult:
+    """Judge one case in a worker process, hashing alongside on a thread of its own."""
+    with ThreadPoolExecutor(max_workers=HASH_THREADS) as hashing:
+        return _compare_case(case_dir, output_dir, run, hashing, verify_inputs)
+
+
+HASH_THREADS = 2
+"""Threads hashing a case's golden, benchmark and input files while the metrics are measured."""
+
+
 def compare_suite(
     case_dirs: Sequence[Path],
     outputs_root: Path | None = None,
@@ -1946,6 +1979,7 @@ def compare_suite(
     workers: int | None = None,
     on_case: Callable[[CaseResult], None] | None = None,
     verify_inputs: bool = True,
+    jobs: int | None = 1,
 ) -> SuiteResult:
     """Judge every case directory; a case that cannot be judged is an ERROR, the others still get judged.
 
@@ -1954,9 +1988,12 @@ def compare_suite(
         outputs_root: where device outputs are, as `<outputs_root>/<case dir name>`; default each case's
             `outputs/`.
         run: settings given for the whole run.
-        workers: threads for reading and measuring (default: the CPU count).
+        workers: threads hashing files while the metrics are measured (default: the CPU count; 1 hashes
+            in the measuring thread, before the metrics).
         on_case: called with each result as it is done (progress).
         verify_inputs: hash every input file (default), not only the block mask the judge reads.
+        jobs: processes judging cases side by side; None picks `suite_jobs`'s default. Results are the
+            same as with one process and come back in the order of `case_dirs`.
 
     Raises:
         ValueError: the run settings are invalid, or a run threshold does not apply to a case's standard.
@@ -1966,21 +2003,53 @@ def compare_suite(
     started = time.perf_counter()
     if run.thresholds:
         _check_run_thresholds(case_dirs, run)
-    results = []
-    workers = workers or os.cpu_count() or 1
-    pool = ThreadPoolExecutor(max_workers=workers) if workers > 1 else None
-    try:
-        for case_dir in case_dirs:
-            case_dir = Path(case_dir)
-            output_dir = case_dir / OUTPUTS_DIR if outputs_root is None else Path(outputs_root) / case_dir.name
-            result = _compare_case(case_dir, output_dir, run, pool, verify_inputs)
-            results.append(result)
-            if on_case is not None:
-                on_case(result)
-    finally:
-        if pool is not None:
-            pool.shutdown()
+    work = [(Path(case_dir), _output_dir(Path(case_dir), outputs_root)) for case_dir in case_dirs]
+    processes = suite_jobs(case_dirs, outputs_root, jobs)
+    if processes > 1:
+        results = _judge_in_processes(work, run, verify_inputs, processes, on_case)
+    else:
+        results = []
+        workers = workers or os.cpu_count() or 1
+        with ThreadPoolExecutor(max_workers=workers) if workers > 1 else contextlib.nullcontext() as pool:
+            for case_dir, output_dir in work:
+                result = _compare_case(case_dir, output_dir, run, pool, verify_inputs)
+                results.append(result)
+                if on_case is not None:
+                    on_case(result)
     return SuiteResult(tuple(results), time.perf_counter() - started)
+
+
+def _judge_in_processes(
+    work: Sequence[tuple[Path, Path]],
+    run: RunSettings,
+    verify_inputs: bool,
+    processes: int,
+    on_case: Callable[[CaseResult], None] | None,
+) -> list[CaseResult]:
+    """Judge cases in `processes` fresh processes, largest first; return results in the order of `work`."""
+    context = multiprocessing.get_context("spawn")
+    order = sorted(range(len(work)), key=lambda i: -_output_bytes(work[i][1]))
+    results: list[CaseResult | None] = [None] * len(work)
+    with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+        futures = {pool.submit(_judge_in_worker, *work[i], run, verify_inputs): i for i in order}
+        try:
+            for future in as_completed(futures):
+                result = results[futures[future]] = future.result()
+                if on_case is not None:
+                    on_case(result)
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
+    return [result for result in results if result is not None]
+
+
+def _output_bytes(output_dir: Path) -> int:
+    total = 0
+    for name in GRAD_NAMES:
+        with contextlib.suppress(OSError):
+            total += (output_dir / f"{name}.bin").stat().st_size
+    return total
 
 
 __all__ += ["ERROR", "FAIL", "PASS"]

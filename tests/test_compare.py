@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bsa_cli import compare, emulator, golden, store
+from bsa_cli import compare, emulator, golden, report, store
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS, RunSettings
 from bsa_cli.layout import mask_view
@@ -509,6 +509,30 @@ def test_missing_output_is_an_error_with_the_bytes_expected_and_others_are_judge
         f"{a}/outputs/dk.bin: missing (expected 10240 bytes for shape [1, 2, 80, 32] float16)",
     )
     assert suite.return_code == 3
+
+
+def test_cases_judged_in_processes_match_one_process_in_order(two_cases, tmp_path):
+    a, b = two_cases
+    (a / "outputs" / "dk.bin").unlink()  # an ERROR travels back from a worker like a verdict
+    c = build_case(tmp_path, make_case("c", seed=3))
+    seen: list[str] = []
+    serial = compare.compare_suite([a, b, c], workers=1)
+    parallel = compare.compare_suite([a, b, c], jobs=2, on_case=lambda r: seen.append(r.name))
+    assert [r.name for r in parallel.cases] == ["a", "b", "c"] and sorted(seen) == ["a", "b", "c"]
+    assert [r.verdict for r in parallel.cases] == [ERROR, PASS, PASS]
+    for one, other in zip(serial.cases, parallel.cases, strict=True):
+        documents = [report.case_document(dataclasses.replace(r, seconds=0.0)) for r in (one, other)]
+        assert documents[0] == documents[1]  # every metric, check and block map
+
+
+def test_suite_jobs_default_to_processes_only_for_large_suites(two_cases, monkeypatch):
+    a, b = two_cases
+    assert compare.suite_jobs([a, b], None, None) == 1  # a few kilobytes: not worth starting processes
+    assert compare.suite_jobs([a, b], None, 8) == 2  # never more processes than cases
+    assert compare.suite_jobs([a], None, None) == 1
+    monkeypatch.setattr(compare, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(compare.os, "cpu_count", lambda: 4)
+    assert compare.suite_jobs([a, b], None, None) == 2
 
 
 @pytest.mark.parametrize(("size", "kind"), [(100, "truncated"), (10242, "oversized")])
