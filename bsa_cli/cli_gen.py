@@ -115,13 +115,18 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
     refuse_oversized(estimates, force)
     with gen_progress(sum(e.flops for e in estimates.values())) as progress:
         task = progress.add_task("gen", total=sum(e.flops for e in estimates.values()) or 1)
+        reached: dict[str, float] = {}
+
+        def advance(case: Case, fraction: float) -> None:
+            progress.advance(task, (fraction - reached.get(case.name, 0.0)) * estimates[case.name].flops)
+            reached[case.name] = fraction
 
         def done(case: Case, outcome: str, path: Path) -> None:
-            progress.advance(task, estimates[case.name].flops)
+            advance(case, 1.0)
             progress.console.print(f"{outcome} {path}", markup=False, highlight=False)
 
         try:
-            generate_suite(cases, Path(out_dir), precision, jobs, on_done=done)
+            generate_suite(cases, Path(out_dir), precision, jobs, on_done=done, on_progress=advance)
         except BsaError as exc:
             raise UserError(str(exc)) from None
     output.stdout.print(f"generated {len(cases)} cases in {out_dir}")

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import json
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from .case import Case, numpy_dtype
 from .errors import DataError
 from .inputs import draw, make_mask, make_tensors, mask_stats
 from .manifest import GRAD_NAMES, INPUT_NAMES, build_manifest, flat_params
+from .schedule import available_memory, estimate
 from .store import MANIFEST, CaseWriter, load_manifest, verify_inputs
 
 PRECISIONS = ("float32", "float64")
@@ -51,12 +53,14 @@ def is_current(case: Case, case_dir: Path, precision: str) -> bool:
 
 
 def compute_case(
-    case: Case, precision: str = "float32", jobs: int = 1
+    case: Case, precision: str = "float32", jobs: int = 1, on_progress: Callable[[float], None] | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Return (inputs, golden, benchmark) arrays of a case; negative cases get no golden or benchmark.
 
     With `jobs` > 1 the kv-head groups (a kv head and its query heads) are computed in separate
     processes; each group's arithmetic is the same as in one process, so the results are bit-identical.
+    `on_progress(fraction)` hears how much of the case's arithmetic is done: after every query-block row
+    in this process, after every kv-head group in worker processes.
     """
     dtype = numpy_dtype(case.dtype)
     tensors = make_tensors(case)
@@ -69,16 +73,40 @@ def compute_case(
         return tensors, {}, {}
     tensors["block_sparse_mask"] = mask
     groups = [_group_inputs(case, tensors, g) for g in range(case.num_kv_heads)]
+    progress = _Progress(int(np.count_nonzero(mask)), on_progress)
     if jobs > 1 and len(groups) > 1:
         with worker_pool(min(jobs, len(groups))) as pool:
-            results = list(pool.map(_compute_group, groups, [precision] * len(groups)))
+            results = []
+            computed = pool.map(_compute_group, groups, [precision] * len(groups))
+            for group, result in zip(groups, computed, strict=True):
+                results.append(result)
+                progress.pairs(int(np.count_nonzero(group[1]["block_sparse_mask"])) * _PASSES)
     else:
-        results = [_compute_group(group, precision) for group in groups]
+        with golden.reporting(progress.pairs):
+            results = [_compute_group(group, precision) for group in groups]
     tensors["attention_out"] = _join_heads([r[0] for r in results])
     tensors["softmax_lse"] = _join_heads([r[1] for r in results])
     gold = {name: _join_heads([r[2][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
     bench = {name: _join_heads([r[3][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
     return tensors, gold, bench
+
+
+_PASSES = 2
+"""Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward."""
+
+
+class _Progress:
+    """Turns selected block pairs walked into the fraction of a case done (the two walks count alike)."""
+
+    def __init__(self, pairs: int, listener: Callable[[float], None] | None) -> None:
+        self.total = max(1, pairs * _PASSES)
+        self.done = 0
+        self.listener = listener
+
+    def pairs(self, count: int) -> None:
+        if self.listener is not None:
+            self.done += count
+            self.listener(min(1.0, self.done / self.total))
 
 
 def _join_heads(parts: list[np.ndarray]) -> np.ndarray:
@@ -141,9 +169,15 @@ def worker_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def generate_case(case: Case, out_root: Path, precision: str = "float32", jobs: int = 1) -> Path:
-    """Write case directory `out_root/<case.name>` atomically and return it."""
-    tensors, gold, bench = compute_case(case, precision, jobs)
+def generate_case(
+    case: Case,
+    out_root: Path,
+    precision: str = "float32",
+    jobs: int = 1,
+    on_progress: Callable[[float], None] | None = None,
+) -> Path:
+    """Write case directory `out_root/<case.name>` atomically and return it (progress as `compute_case`)."""
+    tensors, gold, bench = compute_case(case, precision, jobs, on_progress)
     with CaseWriter(Path(out_root) / case.name) as writer:
         inputs = {name: writer.array(f"inputs/{name}.bin", tensors[name], _dtype_name(tensors[name]))
                   for name in INPUT_NAMES}  # fmt: skip
@@ -166,13 +200,18 @@ def generate_suite(
     *,
     skip_current: bool = False,
     on_done: Callable[[Case, str, Path], None] | None = None,
+    on_progress: Callable[[Case, float], None] | None = None,
+    memory_budget: int | None = None,
 ) -> list[Path]:
     """Generate every case; return their directories in the order of `cases`.
 
-    With `jobs` > 1, cases run in parallel processes when there are at least `jobs` of them, and
-    otherwise one at a time with their kv-head groups in parallel. With `skip_current`, cases whose
-    directory already holds the same generation (`is_current`) are left as they are.
-    `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current".
+    With `jobs` > 1, cases run in parallel processes when there are at least `jobs` of them, largest
+    first, and only as many at once as their estimated peak memory allows within `memory_budget` bytes
+    (default: the memory available now; a case too large for the budget runs alone); otherwise they run
+    one at a time with their kv-head groups in parallel. With `skip_current`, cases whose directory
+    already holds the same generation (`is_current`) are left as they are.
+    `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current";
+    `on_progress(case, fraction)` as its arithmetic advances (cases in worker processes: at the end).
     """
     out_root = Path(out_root)
     todo = []
@@ -183,23 +222,50 @@ def generate_suite(
         else:
             todo.append(case)
     if jobs > 1 and len(todo) >= jobs:
-        with worker_pool(jobs) as pool:
-            futures = {pool.submit(generate_case, case, out_root, precision): case for case in todo}
-            try:
-                for future in as_completed(futures):
-                    path = future.result()
-                    if on_done:
-                        on_done(futures[future], "generated", path)
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
+        budget = available_memory() if memory_budget is None else memory_budget
+        _generate_in_processes(todo, out_root, precision, jobs, budget, on_done)
     else:
         for case in todo:
-            path = generate_case(case, out_root, precision, jobs)
+            listen = None if on_progress is None else functools.partial(on_progress, case)
+            path = generate_case(case, out_root, precision, jobs, listen)
             if on_done:
                 on_done(case, "generated", path)
     return [out_root / case.name for case in cases]
+
+
+def _generate_in_processes(
+    cases: Sequence[Case],
+    out_root: Path,
+    precision: str,
+    jobs: int,
+    budget: int,
+    on_done: Callable[[Case, str, Path], None] | None,
+) -> None:
+    """Generate cases in `jobs` processes, largest first, keeping the running cases' peak memory in `budget`."""
+    peaks = {case.name: estimate(case).peak_memory for case in cases}
+    waiting = sorted(cases, key=lambda c: (-peaks[c.name], c.name))
+    running: dict[Future[Path], Case] = {}
+    with worker_pool(jobs) as pool:
+        try:
+            while waiting or running:
+                in_use = sum(peaks[c.name] for c in running.values())
+                for case in list(waiting):
+                    if len(running) == jobs:
+                        break
+                    if not running or not budget or in_use + peaks[case.name] <= budget:
+                        running[pool.submit(generate_case, case, out_root, precision)] = case
+                        in_use += peaks[case.name]
+                        waiting.remove(case)
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    case = running.pop(future)
+                    path = future.result()
+                    if on_done:
+                        on_done(case, "generated", path)
+        except BaseException:
+            for future in running:
+                future.cancel()
+            raise
 
 
 def _dtype_name(array: np.ndarray) -> str:

@@ -33,8 +33,10 @@ columns take part. The lse of an empty row is never read.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 from numpy.typing import DTypeLike
@@ -51,6 +53,7 @@ __all__ = [
     "backward",
     "backward_kernel",
     "forward_backward",
+    "reporting",
 ]
 
 
@@ -164,8 +167,10 @@ def _selected_rows(
     """Yield (head, selected, keys, values, row tiles) for each query-block row of a kv head's group.
 
     Rows that select no block are skipped. keys/values hold the row's selected blocks, gathered into
-    scratch buffers that the next row reuses.
+    scratch buffers that the next row reuses. When the caller is done with a row, the `reporting`
+    callback (if any) hears how many selected block pairs it held.
     """
+    report = _PROGRESS.get()
     for head in range(kv_head * group, (kv_head + 1) * group):
         for row, selected in enumerate(_selections(mask[head])):
             if selected.size == 0:
@@ -179,6 +184,25 @@ def _selected_rows(
                 values,
                 _row_tiles(row * block_rows, min(q_len, (row + 1) * block_rows), keys.shape[0]),
             )
+            if report is not None:
+                report(int(selected.size))
+
+
+_PROGRESS: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
+
+
+@contextlib.contextmanager
+def reporting(callback: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, every function here calls `callback(pairs)` after each query-block row it finishes.
+
+    `pairs` is the number of selected (query block, kv block) pairs of the row: progress for long cases,
+    in the units of `np.count_nonzero(block_mask)`.
+    """
+    token = _PROGRESS.set(callback)
+    try:
+        yield
+    finally:
+        _PROGRESS.reset(token)
 
 
 def _row_tiles(start: int, stop: int, width: int) -> list[slice]:

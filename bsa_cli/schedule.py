@@ -68,6 +68,18 @@ def machine_memory() -> int:
         return 0
 
 
+def available_memory() -> int:
+    """Return the memory available to new work now (MemAvailable), else the physical memory; 0 if unknown."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return machine_memory()
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     """Parse `I/N` (1-based shard I of N) or raise ValueError saying what is allowed."""
     match = SHARD_RE.match(text.strip())

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import cli_gen
+from bsa_cli import cli_gen, generate
+from bsa_cli.case import Case
 from bsa_cli.cli import main
+from bsa_cli.generate import compute_case
 from bsa_cli.schedule import estimate, parse_shard, shard
 from bsa_cli.spec import load_specs
 
@@ -89,3 +96,48 @@ def test_estimate_grows_with_the_sequence_not_its_square() -> None:
     (case,) = load_specs([ROOT / "cases" / "nightly.yaml"])[4:5]  # strided 32k, one head
     small = dataclasses.replace(case, q_seq_len=case.q_seq_len // 4, kv_seq_len=case.kv_seq_len // 4)
     assert estimate(case).peak_memory < 5 * estimate(small).peak_memory
+
+
+def test_progress_within_a_case_rises_row_by_row_to_one(tmp_path: Path) -> None:
+    (case,) = load_specs([spec(tmp_path, CASES[1:2])])  # gqa: 2 kv-head groups
+    seen: list[float] = []
+    compute_case(case, on_progress=seen.append)
+    assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0  # one step per block row
+    in_groups: list[float] = []
+    compute_case(case, jobs=2, on_progress=in_groups.append)
+    assert len(in_groups) == 2 and in_groups[-1] == 1.0  # worker processes report per kv-head group
+
+
+def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cases run side by side only while their estimated peaks fit the budget; one too big runs alone."""
+    cases = load_specs([spec(tmp_path, CASES)])
+    peaks = {c.name: estimate(c).peak_memory for c in cases}
+    running: list[str] = []
+    overlaps: list[set[str]] = []
+    lock = threading.Lock()
+
+    def fake_generate(case: Case, out_root: Path, precision: str) -> Path:  # stands in for generate_case
+        with lock:
+            running.append(case.name)
+            overlaps.append(set(running))
+        time.sleep(0.2)
+        with lock:
+            running.remove(case.name)
+        return Path(out_root) / case.name
+
+    @contextlib.contextmanager
+    def threads(jobs: int) -> Iterator[ThreadPoolExecutor]:
+        with ThreadPoolExecutor(jobs) as pool:
+            yield pool
+
+    monkeypatch.setattr(generate, "generate_case", fake_generate)
+    monkeypatch.setattr(generate, "worker_pool", threads)
+    done: list[str] = []
+    budget = sorted(peaks.values())[-1] + sorted(peaks.values())[0]  # the largest fits only with the smallest
+    generate.generate_suite(cases, tmp_path, jobs=3, memory_budget=budget, on_done=lambda c, o, p: done.append(c.name))
+    assert sorted(done) == sorted(peaks)
+    assert all(sum(peaks[n] for n in group) <= budget for group in overlaps)
+    assert max(len(group) for group in overlaps) == 2
+    overlaps.clear()
+    generate.generate_suite(cases, tmp_path, jobs=3, memory_budget=1)  # nothing fits: one at a time, all run
+    assert max(len(group) for group in overlaps) == 1 and len(overlaps) == 3
