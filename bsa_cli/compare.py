@@ -1618,19 +1618,33 @@ def _run_device(output_dir: Path) -> str | None:
         return None
 
 
-def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check]]:
-    """Read the runner's `run.json` if present: (reasons the case cannot be judged, case-level checks)."""
+def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict[str, str] | None]:
+    """Read the runner's `run.json` if present.
+
+    Returns:
+        reasons the case cannot be judged, case-level checks, and the sha256 of each input the runner
+        checked the files against before the device ran (None when not recorded).
+    """
+    problems, checks, record = _run_record_checks(output_dir, names)
+    inputs = record.get("inputs") if record else None
+    if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
+        inputs = None
+    return problems, checks, inputs
+
+
+def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict | None]:
     path = output_dir / RUN_RECORD
     if not path.is_file():
-        return [], []
+        return [], [], None
     try:
         record = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        return [f"{path}: not valid JSON ({exc})"], []
+        return [f"{path}: not valid JSON ({exc})"], [], None
     if not isinstance(record, dict):
-        return [f"{path}: not a run record"], []
+        return [f"{path}: not a run record"], [], None
     if record.get("case") not in (None, *names):
-        return [f"{path}: a record of case {record.get('case')!r}, not of this case (a stale output directory?)"], []
+        text = f"{path}: a record of case {record.get('case')!r}, not of this case (a stale output directory?)"
+        return [text], [], None
     outcome = record.get("outcome")
     problems = [str(p) for p in record.get("problems") or []]
     if outcome in ("timeout", "crashed", "interrupted", "error") or record.get("timed_out"):
@@ -1641,14 +1655,14 @@ def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str],
         }.get(str(outcome), "failed")
         exit_code = record.get("exit_code")
         text = f"the run {why}" + (f", exit code {exit_code}" if exit_code not in (None, 0) else "")
-        return [text + (": " + "; ".join(problems) if problems else "") + f" (see {path})"], []
+        return [text + (": " + "; ".join(problems) if problems else "") + f" (see {path})"], [], record
     if outcome == "nondeterministic":
         repeat = record.get("repeat") or {}
         differences = repeat.get("differences") or []
         detail = "; ".join(", ".join(f"{k} {v}" for k, v in d.items()) for d in differences[:3] if isinstance(d, dict))
         text = f"repeated runs differ ({repeat.get('count', '?')} runs){': ' + detail if detail else ''}"
-        return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)]
-    return [], []
+        return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)], record
+    return [], [], record
 
 
 _VERIFIED: dict[tuple[object, ...], str] = {}
@@ -1726,13 +1740,17 @@ def _open_arrays(
     need_benchmark: bool,
     pool: Executor | None,
     verify_inputs: bool = True,
+    inputs_run: Mapping[str, str] | None = None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
-    Every input is size-checked and hashed (a stale input means the golden no longer matches what the
-    device was given; without `verify_inputs` only the block mask, which the judge reads, is hashed);
-    golden and benchmark files are hashed; device outputs are not (nothing to compare
-    their hash with). Hashing runs alongside the metrics; `_Opened.stale` collects it.
+    Every input is size-checked and hashed: a stale input means the golden no longer matches what the
+    device was given. Where `bsa run` recorded the sha256 it checked an input against just before the
+    device ran (`inputs_run`, from run.json), that record answers instead: equal to the manifest's, the
+    device ran on the inputs this golden comes from (whatever happened to the file since); different,
+    the case was generated again after the run (stale). Without `verify_inputs` only the block mask, which
+    the judge reads, is hashed. Golden and benchmark files are hashed; device outputs are not (nothing to
+    compare their hash with). Hashing runs alongside the metrics; `_Opened.stale` collects it.
     """
     executor = pool or _Inline()
     opened = _Opened()
@@ -1765,8 +1783,15 @@ def _open_arrays(
             opened.problems.append(str(exc))
             continue
         if name == "block_sparse_mask":
-            opened.block_mask = array
+            opened.block_mask = array  # the judge reads it: always hashed
         elif not verify_inputs:
+            continue
+        elif inputs_run is not None and entry.get("sha256"):
+            if inputs_run.get(name) != entry["sha256"]:
+                opened.problems.append(
+                    str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
+                                  f"{output_dir / RUN_RECORD}): the case was generated again since; run it again"))
+                )  # fmt: skip
             continue
         opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
     return opened
@@ -1847,7 +1872,7 @@ def _compare_case(
         "expect_status": case.expect.status,
     }
     known["device"] = _run_device(output_dir)
-    problems, run_checks = _read_run_record(output_dir, (name, case_dir.name))
+    problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
     if problems:
         return error(name, problems, **known)
     try:
@@ -1882,7 +1907,7 @@ def _compare_case(
         return _finish(name, base, known, checks, (), started, 0)
     checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
     need_bench = STANDARDS[settings.standard].needs_benchmark
-    opened = _open_arrays(case_dir, output_dir, manifest, need_bench, pool, verify_inputs)
+    opened = _open_arrays(case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run)
     if opened.problems:
         opened.stale()
         return error(name, opened.problems, **known)

@@ -534,9 +534,12 @@ class _CaseRun:
             outcome = "error"
         self.output_dir.mkdir(parents=True, exist_ok=True)
         _clear_stale(self.output_dir, manifest)
+        inputs_run: dict[str, str] | None = None
         if manifest is not None:
             try:
                 verify_inputs(self.case_dir, manifest)
+                entries = iter_entries(manifest, "inputs")
+                inputs_run = {name: str(entry["sha256"]) for name, entry in entries if entry.get("sha256")}
             except DataError as exc:
                 problems.append(f"inputs not run: {exc}")
                 outcome = "error"
@@ -553,6 +556,7 @@ class _CaseRun:
         first = attempts[0] if attempts else None
         duration = time.monotonic() - clock
         record = self._record(manifest, attempts, outcome, problems, differences, started, duration)
+        record["inputs"] = inputs_run
         write_json_atomic(self.output_dir / RUN_RECORD, record)
         return CaseResult(
             name=self.name,

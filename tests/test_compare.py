@@ -565,6 +565,38 @@ def test_stale_input_or_golden_is_an_error_naming_the_file(two_cases, relative, 
     assert result.errors == (f"{path}: sha256 differs from the manifest: stale {what}; run `bsa gen` again",)
 
 
+def write_run_record(case_dir: Path, **inputs: str) -> None:
+    """Write the run.json `bsa run` leaves: the input digests it checked, the manifest's unless given."""
+    manifest = json.loads((case_dir / "case.json").read_text())
+    digests = {name: entry["sha256"] for name, entry in manifest["inputs"].items()} | inputs
+    record = {"format": "bsa-run/1", "case": case_dir.name, "outcome": "ok", "inputs": digests}
+    (case_dir / "outputs" / "run.json").write_text(json.dumps(record))
+
+
+def test_inputs_checked_by_the_run_are_not_hashed_again(two_cases):
+    a, _ = two_cases
+    write_run_record(a)
+    query = a / "inputs" / "query.bin"
+    query.write_bytes(bytes(len(query.read_bytes())))  # changed after the device read it: the verdict stands
+    assert compare.compare_case(a).verdict == PASS
+    mask = a / "inputs" / "block_sparse_mask.bin"
+    mask.write_bytes(bytes(len(mask.read_bytes())))  # the judge reads the mask itself: still hashed
+    result = compare.compare_case(a)
+    assert result.verdict == ERROR
+    assert result.errors == (f"{mask}: sha256 differs from the manifest: stale input; run `bsa gen` again",)
+
+
+def test_inputs_run_that_are_not_the_manifests_make_the_case_an_error(two_cases):
+    a, _ = two_cases
+    write_run_record(a, key="0" * 64)  # the case was generated again after the run
+    result = compare.compare_case(a)
+    assert result.verdict == ERROR
+    assert result.errors == (
+        f"{a / 'inputs' / 'key.bin'}: the device ran on other contents (sha256 in {a / 'outputs' / 'run.json'}):"
+        " the case was generated again since; run it again",
+    )
+
+
 def test_without_input_verification_only_the_mask_is_hashed(two_cases):
     a, _ = two_cases
     path = a / "inputs" / "query.bin"

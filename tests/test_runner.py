@@ -124,6 +124,8 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
     assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(outputs / "dq.bin")
     assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": []}
     assert record["started"] <= record["finished"]
+    manifest = json.loads((case_dir / "case.json").read_text())
+    assert record["inputs"] == {name: entry["sha256"] for name, entry in manifest["inputs"].items()}
     stdout = (outputs / record["stdout_log"]).read_text()
     assert "ASCEND_DEVICE_ID 3" in stdout
     assert "BSAG_DETERMINISTIC None" in stdout
@@ -234,6 +236,7 @@ def test_stale_inputs_are_not_run(tmp_path):
     assert "query.bin: sha256 differs from the manifest" in result.problems[0]
     record = read_record(result)
     assert record["runs"] == [] and record["command"] is None
+    assert record["inputs"] is None  # nothing was run on them
 
 
 def test_missing_manifest_is_an_error_record(tmp_path):
