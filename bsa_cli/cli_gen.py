@@ -16,7 +16,7 @@ from .cli import UserError, main
 from .errors import BsaError
 from .generate import generate_suite
 from .options import filter_option, force_option, jobs_option, precision_option, shard_option
-from .schedule import Estimate, estimate, machine_memory, parse_shard, shard
+from .schedule import Estimate, auto_jobs, estimate, machine_memory, parse_shard, shard
 from .spec import load_specs
 
 
@@ -107,12 +107,13 @@ def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_te
 @jobs_option
 @force_option
 def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
-                shard_text: str | None, jobs: int, force: bool) -> None:  # fmt: skip
+                shard_text: str | None, jobs: int | None, force: bool) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
     cases = load_cases(specs, name_filters, shard_text)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
+    jobs = auto_jobs(jobs, list(estimates.values()))
     with gen_progress(sum(e.flops for e in estimates.values())) as progress:
         task = progress.add_task("gen", total=sum(e.flops for e in estimates.values()) or 1)
         reached: dict[str, float] = {}

@@ -335,18 +335,20 @@ def _generate(
     shard_text: str | None,
     out: Path,
     precision: str,
-    jobs: int,
+    jobs: int | None,
     force: bool,
     display: Display,
 ) -> list[Path]:
     """Generate the cases of `specs` into `out`, leaving alone those already there and current."""
     from .cli_gen import load_cases, refuse_oversized, warn_constraints
     from .generate import generate_suite
-    from .schedule import estimate
+    from .schedule import auto_jobs, estimate
 
     cases = load_cases(specs, filters, shard_text)
     warn_constraints(cases)
-    refuse_oversized({case.name: estimate(case) for case in cases}, force)
+    estimates = {case.name: estimate(case) for case in cases}
+    refuse_oversized(estimates, force)
+    jobs = auto_jobs(jobs, list(estimates.values()))
     display.phase("gen", len(cases), [c.name for c in cases])
 
     def done(case: Any, outcome: str, _path: Path) -> None:
@@ -429,7 +431,7 @@ def check_command(
     timeout: float,
     filters: tuple[str, ...],
     precision: str,
-    jobs: int,
+    jobs: int | None,
     shard_text: str | None,
     force: bool,
     standard: str | None,

@@ -22,5 +22,31 @@ precision_option = click.option(
 force_option = click.option(
     "--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's."
 )
-jobs_option = click.option("-j", "--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-                           help="Processes: across cases, or across kv-head groups of one large case.")  # fmt: skip
+
+
+class Jobs(click.ParamType):
+    """A process count: a positive integer, or `auto` (kept as None; `schedule.auto_jobs` decides)."""
+
+    name = "N|auto"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if value is None or value == "auto":
+            return None
+        try:
+            jobs = int(value)  # type: ignore[call-overload]
+        except (TypeError, ValueError):
+            jobs = 0
+        if jobs < 1:
+            self.fail(f"{value!r} is not a positive whole number or 'auto'", param, ctx)
+        return jobs
+
+
+jobs_option = click.option(
+    "-j",
+    "--jobs",
+    type=Jobs(),
+    default="auto",
+    show_default=True,
+    help="Processes, across cases or across kv-head groups of one large case; auto: one per CPU when the "
+    "estimated work is a few seconds or more, else one.",
+)

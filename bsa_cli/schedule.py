@@ -60,6 +60,19 @@ def estimate(case: Case) -> Estimate:
     )
 
 
+AUTO_JOBS_MIN_SECONDS = 3.0
+"""Estimated work from which `-j auto` starts worker processes (each costs about half a second to start)."""
+
+
+def auto_jobs(jobs: int | None, estimates: list[Estimate]) -> int:
+    """Return `jobs` if given, else one process per CPU for work estimated at `AUTO_JOBS_MIN_SECONDS` or more."""
+    if jobs is not None:
+        return jobs
+    if sum(e.seconds for e in estimates) < AUTO_JOBS_MIN_SECONDS:
+        return 1
+    return os.cpu_count() or 1
+
+
 def machine_memory() -> int:
     """Return the physical memory of this machine in bytes (0 when it cannot be told)."""
     try:

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import cli_gen, generate
+from bsa_cli import cli_gen, generate, schedule
 from bsa_cli.case import Case
 from bsa_cli.cli import main
 from bsa_cli.generate import compute_case
@@ -141,3 +141,17 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
     overlaps.clear()
     generate.generate_suite(cases, tmp_path, jobs=3, memory_budget=1)  # nothing fits: one at a time, all run
     assert max(len(group) for group in overlaps) == 1 and len(overlaps) == 3
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "many"])
+def test_bad_job_counts_are_refused(tmp_path: Path, value: str) -> None:
+    result = CliRunner().invoke(main, ["gen", spec(tmp_path, CASES[:1]), "-o", str(tmp_path / "o"), "-j", value])
+    assert result.exit_code == 2 and f"{value!r} is not a positive whole number or 'auto'" in result.stderr
+
+
+def test_auto_jobs_start_processes_only_for_seconds_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule.os, "cpu_count", lambda: 8)
+    small = [schedule.Estimate(flops=1, density=1.0, input_bytes=0, output_bytes=0, peak_memory=0, seconds=0.5)]
+    assert schedule.auto_jobs(None, small) == 1
+    assert schedule.auto_jobs(None, small * 10) == 8
+    assert schedule.auto_jobs(3, small) == 3
