@@ -35,7 +35,6 @@ import contextlib
 import hashlib
 import json
 import math
-import mmap
 import multiprocessing
 import os
 import threading
@@ -58,6 +57,7 @@ from .store import (
     iter_entries,
     load_manifest,
     map_array,
+    map_read_only,
     sha256_file,
 )
 
@@ -1692,7 +1692,7 @@ def _sha256(path: Path) -> str:
     if path.stat().st_size == 0:
         digest = sha256_file(path)
     else:
-        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        with open(path, "rb") as f, map_read_only(f.fileno(), populate=True) as mapped:
             digest = hashlib.sha256(mapped).hexdigest()
     changed = max(int(signature[4]), int(signature[5]))  # type: ignore[call-overload]
     if _signature(path) == signature and changed < started - _RACY_NS:
@@ -1766,7 +1766,7 @@ def _open_arrays(
                 opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
                 continue
             try:
-                arrays[name] = map_array(base, entries[name])
+                arrays[name] = map_array(base, entries[name], populate=True)
             except DataError as exc:
                 opened.problems.append(str(exc))
                 continue

@@ -97,8 +97,10 @@ def check_size(directory: Path, entry: Mapping[str, Any]) -> Path:
     return path
 
 
-def map_array(directory: Path, entry: Mapping[str, Any]) -> np.ndarray:
+def map_array(directory: Path, entry: Mapping[str, Any], populate: bool = False) -> np.ndarray:
     """Map the array a manifest entry describes, read-only and without a copy; its sha256 is not checked.
+
+    With `populate` (for arrays about to be read whole) the pages are mapped up front, see `map_read_only`.
 
     Raises:
         DataError: as `check_size`.
@@ -108,8 +110,20 @@ def map_array(directory: Path, entry: Mapping[str, Any]) -> np.ndarray:
     if path.stat().st_size == 0:
         return np.zeros(entry["shape"], dtype=dtype)
     with open(path, "rb") as f:
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mapped = map_read_only(f.fileno(), populate)
     return np.frombuffer(mapped, dtype=dtype).reshape(entry["shape"])
+
+
+def map_read_only(fileno: int, populate: bool = False) -> mmap.mmap:
+    """Map a whole file read-only; with `populate`, on Linux, its pages are mapped up front (MAP_POPULATE).
+
+    For a file about to be read to the end: faulting a cached file in one call is several times faster
+    than page by page.
+    """
+    flag = getattr(mmap, "MAP_POPULATE", 0)
+    if populate and flag and hasattr(mmap, "MAP_SHARED"):
+        return mmap.mmap(fileno, 0, flags=mmap.MAP_SHARED | flag, prot=mmap.PROT_READ)
+    return mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
 
 
 def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True) -> np.ndarray:
