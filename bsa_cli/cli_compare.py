@@ -110,7 +110,7 @@ _STANDARD_HELP = (
     "-j",
     "--jobs",
     type=click.IntRange(min=1),
-    help="Processes judging cases side by side (default: the CPU count when the outputs reach 256 MB, else 1).",
+    help="Processes judging cases side by side (default: the CPU count when the outputs reach 160 MB, else 1).",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(

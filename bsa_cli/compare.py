@@ -31,6 +31,7 @@ Settings precedence, for each case (one rule, also in docs/compare.md):
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -40,7 +41,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1967,10 +1968,10 @@ def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
             raise ValueError(f"case {manifest.get('name', Path(case_dir).name)!r}: {exc}") from None
 
 
-PARALLEL_MIN_BYTES = 256 << 20
-"""Device output bytes from which a suite is judged in several processes by default. Starting a process
-and mapping its first files costs about half a second; on the 2-core development machine 100 MB of
-outputs took longer with two processes than with one."""
+PARALLEL_MIN_BYTES = 160 << 20
+"""Device output bytes from which a suite is judged in several processes by default (about a second of
+judging). A worker takes about half a second to start: on the 2-core development machine, 100 MB of
+outputs took 10% longer with two processes than with one, 300 MB 15-35% less."""
 
 
 def suite_jobs(case_dirs: Sequence[Path], outputs_root: Path | None, jobs: int | None) -> int:
@@ -2051,22 +2052,84 @@ def _judge_in_processes(
     processes: int,
     on_case: Callable[[CaseResult], None] | None,
 ) -> list[CaseResult]:
-    """Judge cases in `processes` fresh processes, largest first; return results in the order of `work`."""
-    context = multiprocessing.get_context("spawn")
-    order = sorted(range(len(work)), key=lambda i: -_output_bytes(work[i][1]))
+    """Judge cases here and in `processes - 1` fresh worker processes; return results in the order of `work`.
+
+    All draw from one queue, largest case first. This process starts judging at once (a worker takes
+    about half a second to start), and a thread keeps each worker fed.
+    """
+    queue = collections.deque(sorted(range(len(work)), key=lambda i: -_output_bytes(work[i][1])))
     results: list[CaseResult | None] = [None] * len(work)
-    with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
-        futures = {pool.submit(_judge_in_worker, *work[i], run, verify_inputs): i for i in order}
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def take() -> int | None:
+        with lock:
+            return None if stop.is_set() or not queue else queue.popleft()
+
+    def finish(index: int, result: CaseResult) -> None:
+        with lock:
+            results[index] = result
+            if on_case is not None:
+                on_case(result)
+
+    def feed(pool: ProcessPoolExecutor) -> None:
+        running: dict[Future[CaseResult], int] = {}
+        while True:
+            while len(running) < processes - 1 and (index := take()) is not None:
+                running[pool.submit(_judge_in_worker, *work[index], run, verify_inputs)] = index
+            if not running:
+                return
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                index = running.pop(future)
+                try:
+                    result = future.result()
+                except BaseException:  # a worker died (killed, out of memory): this process takes over
+                    with lock:
+                        queue.extendleft(sorted([index, *running.values()], reverse=True))
+                    return
+                finish(index, result)
+
+    def judge_here(hashing: Executor) -> None:
+        while (index := take()) is not None:
+            finish(index, _compare_case(*work[index], run, hashing, verify_inputs))
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context) as pool:
+        feeder = _Feeder(feed, pool)
         try:
-            for future in as_completed(futures):
-                result = results[futures[future]] = future.result()
-                if on_case is not None:
-                    on_case(result)
-        except BaseException:
-            for future in futures:
-                future.cancel()
-            raise
+            with ThreadPoolExecutor(max_workers=HASH_THREADS) as hashing:
+                judge_here(hashing)
+                feeder.join()
+                judge_here(hashing)  # cases handed back by a worker that died
+        finally:
+            stop.set()  # after an interrupt here: the workers' cases in flight end, no new ones start
+            feeder.join()
+    missing = [str(work[i][0]) for i, result in enumerate(results) if result is None]
+    if missing:
+        raise RuntimeError(f"cases left unjudged: {', '.join(missing)}")
     return [result for result in results if result is not None]
+
+
+class _Feeder(threading.Thread):
+    """Runs `feed(pool)` on a thread; `join` re-raises what it raised."""
+
+    def __init__(self, feed: Callable[[ProcessPoolExecutor], None], pool: ProcessPoolExecutor) -> None:
+        super().__init__(daemon=True)
+        self._feed, self._pool = feed, pool
+        self._error: BaseException | None = None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._feed(self._pool)
+        except BaseException as exc:  # handed to the joining thread
+            self._error = exc
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self._error is not None:
+            raise self._error
 
 
 def _output_bytes(output_dir: Path) -> int:

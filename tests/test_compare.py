@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -523,6 +524,23 @@ def test_cases_judged_in_processes_match_one_process_in_order(two_cases, tmp_pat
     for one, other in zip(serial.cases, parallel.cases, strict=True):
         documents = [report.case_document(dataclasses.replace(r, seconds=0.0)) for r in (one, other)]
         assert documents[0] == documents[1]  # every metric, check and block map
+
+
+def dying_worker(*args: Any) -> None:
+    """Stands in for `compare._judge_in_worker` in a worker process: the process dies (as if killed)."""
+    os._exit(9)
+
+
+def test_cases_of_a_worker_that_dies_are_judged_here(two_cases, tmp_path, monkeypatch):
+    a, b = two_cases
+    c = build_case(tmp_path, make_case("c", seed=3))
+    monkeypatch.setattr(compare, "_judge_in_worker", dying_worker)
+    here: list[str] = []
+    judge = compare._compare_case
+    monkeypatch.setattr(compare, "_compare_case", lambda d, *rest: here.append(d.name) or judge(d, *rest))
+    suite = compare.compare_suite([a, b, c], jobs=2)
+    assert [r.name for r in suite.cases] == ["a", "b", "c"] and suite.count(PASS) == 3
+    assert sorted(here) == ["a", "b", "c"]  # including the one first handed to the worker
 
 
 def test_suite_jobs_default_to_processes_only_for_large_suites(two_cases, monkeypatch):
