@@ -84,7 +84,8 @@ def golden_rates(case: Case, tensors: dict[str, np.ndarray], mask: np.ndarray, r
     Each round measures all three one after another, and each figure keeps its best round, so a burst of
     load on the shared machine cannot fall on one side of a ratio only.
     """
-    from bsa_cli.generate import _group_inputs, worker_pool
+    from bsa_cli.generate import _group_inputs
+    from bsa_cli.workers import worker_pool
 
     inputs = (case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
     groups = [_group_inputs(case, dict(tensors, block_sparse_mask=mask), g) for g in range(case.num_kv_heads)]

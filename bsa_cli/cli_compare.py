@@ -13,6 +13,7 @@ from . import output, report
 from .cli import UserError, main
 from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError
+from .options import Jobs
 from .store import select_cases
 
 
@@ -109,8 +110,10 @@ _STANDARD_HELP = (
 @click.option(
     "-j",
     "--jobs",
-    type=click.IntRange(min=1),
-    help="Processes judging cases side by side (default: the CPU count when the outputs reach 160 MB, else 1).",
+    type=Jobs(),
+    default="auto",
+    show_default=True,
+    help="Processes judging cases side by side; auto: one per CPU when the outputs reach 160 MiB, else one.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(
@@ -136,7 +139,8 @@ def compare_command(
     if merge:
         given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", standard),
                                           ("--threshold", thresholds), ("--padding", padding),
-                                          ("--filter", filters), ("--no-verify-inputs", no_verify_inputs))
+                                          ("--filter", filters), ("--no-verify-inputs", no_verify_inputs),
+                                          ("--jobs", jobs))
                  if value]  # fmt: skip
         if given:
             raise UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")

@@ -374,8 +374,10 @@ def _run_settings(standard: str | None, thresholds: tuple[str, ...], padding: st
     return settings
 
 
-def _compare(case_dirs: Sequence[Path], settings: Any, display: Display) -> Any:
-    """Judge every case's outputs (and its run.json), showing each verdict; return the SuiteResult."""
+def _compare(case_dirs: Sequence[Path], settings: Any, display: Display, jobs: int | None) -> Any:
+    """Judge every case's outputs (and its run.json), showing each verdict; return the SuiteResult.
+
+    `jobs` as `bsa compare -j` (None: auto)."""
     from .compare import compare_suite
 
     display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
@@ -386,7 +388,7 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display) -> Any:
         display.case(result.verdict, result.name, detail)
 
     try:
-        return compare_suite(case_dirs, None, settings, on_case=shown, jobs=None)
+        return compare_suite(case_dirs, None, settings, on_case=shown, jobs=jobs)
     except (ValueError, BsaError) as exc:
         raise UserError(str(exc)) from None
 
@@ -459,7 +461,7 @@ def check_command(
             summary = run_with_display(case_dirs, options, display)
             if summary.interrupted:
                 raise KeyboardInterrupt
-            suite = _compare(case_dirs, settings, display)
+            suite = _compare(case_dirs, settings, display, jobs)
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None

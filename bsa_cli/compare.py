@@ -36,12 +36,12 @@ import contextlib
 import hashlib
 import json
 import math
-import multiprocessing
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,6 +61,7 @@ from .store import (
     map_read_only,
     sha256_file,
 )
+from .workers import cpu_count, worker_pool
 
 __all__ = [
     "DEFAULT_STANDARD",
@@ -1784,17 +1785,16 @@ def _open_arrays(
             opened.problems.append(str(exc))
             continue
         if name == "block_sparse_mask":
-            opened.block_mask = array  # the judge reads it: always hashed
+            opened.block_mask = array
         elif not verify_inputs:
             continue
-        elif inputs_run is not None and entry.get("sha256"):
-            if inputs_run.get(name) != entry["sha256"]:
-                opened.problems.append(
-                    str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
-                                  f"{output_dir / RUN_RECORD}): the case was generated again since; run it again"))
-                )  # fmt: skip
-            continue
-        opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+        if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
+            opened.problems.append(
+                str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
+                              f"{output_dir / RUN_RECORD}): the case was generated again since; run it again"))
+            )  # fmt: skip
+        elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
+            opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
     return opened
 
 
@@ -1969,8 +1969,8 @@ def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
 
 
 PARALLEL_MIN_BYTES = 160 << 20
-"""Device output bytes from which a suite is judged in several processes by default (about a second of
-judging). A worker takes about half a second to start: on the 2-core development machine, 100 MB of
+"""Device output bytes (160 MiB) from which a suite is judged in several processes by default (about a
+second of judging). A worker takes about half a second to start: on the 2-core development machine, 100 MB of
 outputs took 10% longer with two processes than with one, 300 MB 15-35% less."""
 
 
@@ -1981,7 +1981,7 @@ def suite_jobs(case_dirs: Sequence[Path], outputs_root: Path | None, jobs: int |
     if len(case_dirs) < 2:
         return 1
     total = sum(_output_bytes(_output_dir(Path(case_dir), outputs_root)) for case_dir in case_dirs)
-    return min(os.cpu_count() or 1, len(case_dirs)) if total >= PARALLEL_MIN_BYTES else 1
+    return min(cpu_count(), len(case_dirs)) if total >= PARALLEL_MIN_BYTES else 1
 
 
 def _output_dir(case_dir: Path, outputs_root: Path | None) -> Path:
@@ -2014,8 +2014,9 @@ def compare_suite(
         outputs_root: where device outputs are, as `<outputs_root>/<case dir name>`; default each case's
             `outputs/`.
         run: settings given for the whole run.
-        workers: threads hashing files while the metrics are measured (default: the CPU count; 1 hashes
-            in the measuring thread, before the metrics).
+        workers: threads hashing files while the metrics are measured, when judging in this process only
+            (default: the CPU count; 1 hashes in the measuring thread, before the metrics). With several
+            processes each has `HASH_THREADS`.
         on_case: called with each result as it is done (progress).
         verify_inputs: hash every input file (default), not only the block mask the judge reads.
         jobs: processes judging cases side by side; None picks `suite_jobs`'s default. Results are the
@@ -2055,7 +2056,9 @@ def _judge_in_processes(
     """Judge cases here and in `processes - 1` fresh worker processes; return results in the order of `work`.
 
     All draw from one queue, largest case first. This process starts judging at once (a worker takes
-    about half a second to start), and a thread keeps each worker fed.
+    about half a second to start), and a thread keeps each worker fed. The cases of a worker that dies
+    go back to the queue and are judged here. Workers ignore Ctrl-C: on an interrupt here no new case
+    starts, the workers' cases in flight end unreported, and the interrupt goes on.
     """
     queue = collections.deque(sorted(range(len(work)), key=lambda i: -_output_bytes(work[i][1])))
     results: list[CaseResult | None] = [None] * len(work)
@@ -2066,17 +2069,25 @@ def _judge_in_processes(
         with lock:
             return None if stop.is_set() or not queue else queue.popleft()
 
+    def hand_back(indices: list[int]) -> None:
+        with lock:
+            queue.extendleft(sorted(indices, reverse=True))
+
     def finish(index: int, result: CaseResult) -> None:
         with lock:
             results[index] = result
-            if on_case is not None:
+            if on_case is not None and not stop.is_set():
                 on_case(result)
 
     def feed(pool: ProcessPoolExecutor) -> None:
         running: dict[Future[CaseResult], int] = {}
         while True:
             while len(running) < processes - 1 and (index := take()) is not None:
-                running[pool.submit(_judge_in_worker, *work[index], run, verify_inputs)] = index
+                try:
+                    running[pool.submit(_judge_in_worker, *work[index], run, verify_inputs)] = index
+                except BrokenProcessPool:  # a worker died since the last case came back
+                    hand_back([index, *running.values()])
+                    return
             if not running:
                 return
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -2084,9 +2095,8 @@ def _judge_in_processes(
                 index = running.pop(future)
                 try:
                     result = future.result()
-                except BaseException:  # a worker died (killed, out of memory): this process takes over
-                    with lock:
-                        queue.extendleft(sorted([index, *running.values()], reverse=True))
+                except BrokenProcessPool:  # a worker died (killed, out of memory): this process takes over
+                    hand_back([index, *running.values()])
                     return
                 finish(index, result)
 
@@ -2094,17 +2104,17 @@ def _judge_in_processes(
         while (index := take()) is not None:
             finish(index, _compare_case(*work[index], run, hashing, verify_inputs))
 
-    context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=processes - 1, mp_context=context) as pool:
+    with worker_pool(processes - 1, blas_threads=1, ignore_interrupt=True) as pool:
         feeder = _Feeder(feed, pool)
         try:
             with ThreadPoolExecutor(max_workers=HASH_THREADS) as hashing:
                 judge_here(hashing)
                 feeder.join()
                 judge_here(hashing)  # cases handed back by a worker that died
-        finally:
-            stop.set()  # after an interrupt here: the workers' cases in flight end, no new ones start
-            feeder.join()
+        except BaseException:
+            stop.set()
+            feeder.join(reraise=False)
+            raise
     missing = [str(work[i][0]) for i, result in enumerate(results) if result is None]
     if missing:
         raise RuntimeError(f"cases left unjudged: {', '.join(missing)}")
@@ -2112,7 +2122,7 @@ def _judge_in_processes(
 
 
 class _Feeder(threading.Thread):
-    """Runs `feed(pool)` on a thread; `join` re-raises what it raised."""
+    """Runs `feed(pool)` on a thread; `join` re-raises what it raised (a worker's unexpected exception)."""
 
     def __init__(self, feed: Callable[[ProcessPoolExecutor], None], pool: ProcessPoolExecutor) -> None:
         super().__init__(daemon=True)
@@ -2126,10 +2136,11 @@ class _Feeder(threading.Thread):
         except BaseException as exc:  # handed to the joining thread
             self._error = exc
 
-    def join(self, timeout: float | None = None) -> None:
+    def join(self, timeout: float | None = None, reraise: bool = True) -> None:
         super().join(timeout)
-        if self._error is not None:
-            raise self._error
+        if reraise and self._error is not None:
+            error, self._error = self._error, None
+            raise error
 
 
 def _output_bytes(output_dir: Path) -> int:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
-import multiprocessing
-import os
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,6 +20,7 @@ from .inputs import draw, make_mask, make_tensors, mask_stats
 from .manifest import GRAD_NAMES, INPUT_NAMES, build_manifest, flat_params
 from .schedule import available_memory, estimate
 from .store import MANIFEST, CaseWriter, load_manifest, verify_inputs
+from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")
 
@@ -73,14 +71,14 @@ def compute_case(
         return tensors, {}, {}
     tensors["block_sparse_mask"] = mask
     groups = [_group_inputs(case, tensors, g) for g in range(case.num_kv_heads)]
-    progress = _Progress(int(np.count_nonzero(mask)), on_progress)
+    progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]), on_progress)
     if jobs > 1 and len(groups) > 1:
         with worker_pool(min(jobs, len(groups))) as pool:
             results = []
             computed = pool.map(_compute_group, groups, [precision] * len(groups))
-            for group, result in zip(groups, computed, strict=True):
+            for (sub, arrays), result in zip(groups, computed, strict=True):
                 results.append(result)
-                progress.pairs(int(np.count_nonzero(group[1]["block_sparse_mask"])) * _PASSES)
+                progress.pairs(int(mask_stats(sub, arrays["block_sparse_mask"])["selected_blocks"]) * _PASSES)
     else:
         with golden.reporting(progress.pairs):
             results = [_compute_group(group, precision) for group in groups]
@@ -96,7 +94,10 @@ _PASSES = 2
 
 
 class _Progress:
-    """Turns selected block pairs walked into the fraction of a case done (the two walks count alike)."""
+    """Turns selected block pairs walked into the fraction of a case done (the two walks count alike).
+
+    Pairs are counted as `mask_stats` counts them (within each batch entry's lengths), as the walks see them.
+    """
 
     def __init__(self, pairs: int, listener: Callable[[float], None] | None) -> None:
         self.total = max(1, pairs * _PASSES)
@@ -146,29 +147,6 @@ def _compute_group(
     return attention_out, softmax_lse, tuple(gold), bench
 
 
-@contextlib.contextmanager
-def worker_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
-    """Yield a pool of `jobs` fresh processes whose BLAS uses its share of the cores.
-
-    The thread counts go through the environment, which spawned workers read before NumPy loads.
-    """
-    threads = str(max(1, (os.cpu_count() or 1) // jobs))
-    saved = {var: os.environ.get(var) for var in BLAS_THREAD_VARS}
-    os.environ.update({var: threads for var in BLAS_THREAD_VARS})
-    try:
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            yield pool
-    finally:
-        for var, value in saved.items():
-            if value is None:
-                os.environ.pop(var, None)
-            else:
-                os.environ[var] = value
-
-
-BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
 def generate_case(
     case: Case,
     out_root: Path,
@@ -205,10 +183,10 @@ def generate_suite(
 ) -> list[Path]:
     """Generate every case; return their directories in the order of `cases`.
 
-    With `jobs` > 1, cases run in parallel processes when there are at least `jobs` of them, largest
-    first, and only as many at once as their estimated peak memory allows within `memory_budget` bytes
-    (default: the memory available now; a case too large for the budget runs alone); otherwise they run
-    one at a time with their kv-head groups in parallel. With `skip_current`, cases whose directory
+    With `jobs` > 1 and several cases, cases run in up to `jobs` processes, largest first, and only as
+    many at once as their estimated peak memory allows within `memory_budget` bytes (default: the memory
+    available now; 0 or unknown: no limit; a case too large for the budget runs alone). A single case
+    runs with its kv-head groups in parallel instead. With `skip_current`, cases whose directory
     already holds the same generation (`is_current`) are left as they are.
     `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current";
     `on_progress(case, fraction)` as its arithmetic advances (cases in worker processes: at the end).
@@ -221,9 +199,9 @@ def generate_suite(
                 on_done(case, "current", out_root / case.name)
         else:
             todo.append(case)
-    if jobs > 1 and len(todo) >= jobs:
+    if jobs > 1 and len(todo) > 1:
         budget = available_memory() if memory_budget is None else memory_budget
-        _generate_in_processes(todo, out_root, precision, jobs, budget, on_done)
+        _generate_in_processes(todo, out_root, precision, min(jobs, len(todo)), budget, on_done)
     else:
         for case in todo:
             listen = None if on_progress is None else functools.partial(on_progress, case)

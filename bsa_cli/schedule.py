@@ -15,6 +15,7 @@ import numpy as np
 
 from .case import Case, numpy_dtype
 from .inputs import make_mask, mask_stats
+from .workers import cpu_count
 
 GOLDEN_FLOPS_PER_SECOND = 40e9
 """Effective rate of `bsa gen` (forward, golden and benchmark backward) on the 2-core development machine."""
@@ -70,7 +71,7 @@ def auto_jobs(jobs: int | None, estimates: list[Estimate]) -> int:
         return jobs
     if sum(e.seconds for e in estimates) < AUTO_JOBS_MIN_SECONDS:
         return 1
-    return os.cpu_count() or 1
+    return cpu_count()
 
 
 def machine_memory() -> int:

@@ -121,9 +121,15 @@ def map_read_only(fileno: int, populate: bool = False) -> mmap.mmap:
     than page by page.
     """
     flag = getattr(mmap, "MAP_POPULATE", 0)
-    if populate and flag and hasattr(mmap, "MAP_SHARED"):
+    small = os.fstat(fileno).st_size <= POPULATE_MAX_BYTES
+    if populate and small and flag and hasattr(mmap, "MAP_SHARED"):
         return mmap.mmap(fileno, 0, flags=mmap.MAP_SHARED | flag, prot=mmap.PROT_READ)
     return mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
+
+
+POPULATE_MAX_BYTES = 256 << 20
+"""Largest file mapped up front: a larger one is faulted in as it is read, so a file that does not fit in
+free memory is not read twice (and an interrupt is not held up by one long mapping call)."""
 
 
 def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True) -> np.ndarray:

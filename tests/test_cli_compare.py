@@ -92,6 +92,8 @@ def test_standard_threshold_and_filter_options(out):
         (["--filter", "zzz*"], "matches none of 4 cases\n"),
         (["--merge", "--standard", "single"], "Error: --merge cannot be used with --standard: shard reports are "
                                               "already judged\n"),
+        (["--merge", "-j", "2"], "Error: --merge cannot be used with --jobs"),
+        (["-j", "0"], "'0' is not a positive whole number or 'auto'"),
     ],
 )  # fmt: skip
 def test_usage_errors_exit_2_with_one_error_line(out, args, message):

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -512,18 +513,10 @@ def test_missing_output_is_an_error_with_the_bytes_expected_and_others_are_judge
     assert suite.return_code == 3
 
 
-def test_cases_judged_in_processes_match_one_process_in_order(two_cases, tmp_path):
-    a, b = two_cases
-    (a / "outputs" / "dk.bin").unlink()  # an ERROR travels back from a worker like a verdict
-    c = build_case(tmp_path, make_case("c", seed=3))
-    seen: list[str] = []
-    serial = compare.compare_suite([a, b, c], workers=1)
-    parallel = compare.compare_suite([a, b, c], jobs=2, on_case=lambda r: seen.append(r.name))
-    assert [r.name for r in parallel.cases] == ["a", "b", "c"] and sorted(seen) == ["a", "b", "c"]
-    assert [r.verdict for r in parallel.cases] == [ERROR, PASS, PASS]
-    for one, other in zip(serial.cases, parallel.cases, strict=True):
-        documents = [report.case_document(dataclasses.replace(r, seconds=0.0)) for r in (one, other)]
-        assert documents[0] == documents[1]  # every metric, check and block map
+def marking_worker(case_dir: Path, *rest: Any) -> Any:
+    """Stands in for `compare._judge_in_worker`: leaves a mark that a worker process judged the case."""
+    (case_dir / f"judged-by-{os.getpid()}").touch()
+    return compare._judge_in_worker(case_dir, *rest)
 
 
 def dying_worker(*args: Any) -> None:
@@ -531,16 +524,59 @@ def dying_worker(*args: Any) -> None:
     os._exit(9)
 
 
-def test_cases_of_a_worker_that_dies_are_judged_here(two_cases, tmp_path, monkeypatch):
-    a, b = two_cases
-    c = build_case(tmp_path, make_case("c", seed=3))
-    monkeypatch.setattr(compare, "_judge_in_worker", dying_worker)
+def failing_worker(*args: Any) -> None:
+    raise RuntimeError("a bug in the judge")
+
+
+def slow_here(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[str]:
+    """Make this process judge slowly (so workers get cases); return the names of the cases judged here."""
     here: list[str] = []
     judge = compare._compare_case
-    monkeypatch.setattr(compare, "_compare_case", lambda d, *rest: here.append(d.name) or judge(d, *rest))
-    suite = compare.compare_suite([a, b, c], jobs=2)
-    assert [r.name for r in suite.cases] == ["a", "b", "c"] and suite.count(PASS) == 3
+
+    def slow(case_dir: Path, *rest: Any) -> Any:
+        here.append(case_dir.name)
+        time.sleep(seconds)
+        return judge(case_dir, *rest)
+
+    monkeypatch.setattr(compare, "_compare_case", slow)
+    return here
+
+
+@pytest.fixture
+def three_cases(two_cases, tmp_path) -> list[Path]:
+    a, b = two_cases
+    (a / "outputs" / "dk.bin").unlink()  # an ERROR travels back from a worker like a verdict
+    return [a, b, build_case(tmp_path, make_case("c", seed=3))]
+
+
+def test_cases_judged_in_processes_match_one_process_in_order(three_cases, monkeypatch):
+    serial = compare.compare_suite(three_cases, workers=1)
+    monkeypatch.setattr(compare, "_judge_in_worker", marking_worker)
+    here = slow_here(monkeypatch, 1.0)
+    seen: list[str] = []
+    parallel = compare.compare_suite(three_cases, jobs=2, on_case=lambda r: seen.append(r.name))
+    assert [r.name for r in parallel.cases] == ["a", "b", "c"] and sorted(seen) == ["a", "b", "c"]
+    assert [r.verdict for r in parallel.cases] == [ERROR, PASS, PASS]
+    in_worker = {d.name for d in three_cases if list(d.glob("judged-by-*"))}
+    assert in_worker and in_worker.isdisjoint(here) and in_worker | set(here) == {"a", "b", "c"}
+    for one, other in zip(serial.cases, parallel.cases, strict=True):
+        documents = [report.case_document(dataclasses.replace(r, seconds=0.0)) for r in (one, other)]
+        assert documents[0] == documents[1]  # every metric, check and block map
+
+
+def test_cases_of_a_worker_that_dies_are_judged_here(three_cases, monkeypatch):
+    monkeypatch.setattr(compare, "_judge_in_worker", dying_worker)
+    here = slow_here(monkeypatch, 0.5)
+    suite = compare.compare_suite(three_cases, jobs=2)
+    assert [r.name for r in suite.cases] == ["a", "b", "c"] and suite.count(PASS) == 2
     assert sorted(here) == ["a", "b", "c"]  # including the one first handed to the worker
+
+
+def test_a_worker_that_raises_is_not_mistaken_for_one_that_died(three_cases, monkeypatch):
+    monkeypatch.setattr(compare, "_judge_in_worker", failing_worker)
+    slow_here(monkeypatch, 0.5)
+    with pytest.raises(RuntimeError, match="a bug in the judge"):
+        compare.compare_suite(three_cases, jobs=2)
 
 
 def test_suite_jobs_default_to_processes_only_for_large_suites(two_cases, monkeypatch):
@@ -549,7 +585,7 @@ def test_suite_jobs_default_to_processes_only_for_large_suites(two_cases, monkey
     assert compare.suite_jobs([a, b], None, 8) == 2  # never more processes than cases
     assert compare.suite_jobs([a], None, None) == 1
     monkeypatch.setattr(compare, "PARALLEL_MIN_BYTES", 1)
-    monkeypatch.setattr(compare.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(compare, "cpu_count", lambda: 4)
     assert compare.suite_jobs([a, b], None, None) == 2
 
 
@@ -604,13 +640,14 @@ def test_inputs_checked_by_the_run_are_not_hashed_again(two_cases):
     assert result.errors == (f"{mask}: sha256 differs from the manifest: stale input; run `bsa gen` again",)
 
 
-def test_inputs_run_that_are_not_the_manifests_make_the_case_an_error(two_cases):
+@pytest.mark.parametrize("name", ["key", "block_sparse_mask"])
+def test_inputs_run_that_are_not_the_manifests_make_the_case_an_error(two_cases, name):
     a, _ = two_cases
-    write_run_record(a, key="0" * 64)  # the case was generated again after the run
+    write_run_record(a, **{name: "0" * 64})  # the case was generated again after the run
     result = compare.compare_case(a)
     assert result.verdict == ERROR
     assert result.errors == (
-        f"{a / 'inputs' / 'key.bin'}: the device ran on other contents (sha256 in {a / 'outputs' / 'run.json'}):"
+        f"{a / 'inputs' / name}.bin: the device ran on other contents (sha256 in {a / 'outputs' / 'run.json'}):"
         " the case was generated again since; run it again",
     )
 

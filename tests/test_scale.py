@@ -116,8 +116,11 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
     overlaps: list[set[str]] = []
     lock = threading.Lock()
 
+    started: list[str] = []
+
     def fake_generate(case: Case, out_root: Path, precision: str) -> Path:  # stands in for generate_case
         with lock:
+            started.append(case.name)
             running.append(case.name)
             overlaps.append(set(running))
         time.sleep(0.2)
@@ -136,6 +139,7 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
     budget = sorted(peaks.values())[-1] + sorted(peaks.values())[0]  # the largest fits only with the smallest
     generate.generate_suite(cases, tmp_path, jobs=3, memory_budget=budget, on_done=lambda c, o, p: done.append(c.name))
     assert sorted(done) == sorted(peaks)
+    assert started[0] == max(peaks, key=lambda n: peaks[n])  # largest first
     assert all(sum(peaks[n] for n in group) <= budget for group in overlaps)
     assert max(len(group) for group in overlaps) == 2
     overlaps.clear()
@@ -150,7 +154,7 @@ def test_bad_job_counts_are_refused(tmp_path: Path, value: str) -> None:
 
 
 def test_auto_jobs_start_processes_only_for_seconds_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schedule.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(schedule, "cpu_count", lambda: 8)
     small = [schedule.Estimate(flops=1, density=1.0, input_bytes=0, output_bytes=0, peak_memory=0, seconds=0.5)]
     assert schedule.auto_jobs(None, small) == 1
     assert schedule.auto_jobs(None, small * 10) == 8
