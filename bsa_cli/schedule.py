@@ -75,23 +75,43 @@ def auto_jobs(jobs: int | None, estimates: list[Estimate]) -> int:
 
 
 def machine_memory() -> int:
-    """Return the physical memory of this machine in bytes (0 when it cannot be told)."""
+    """Return the memory this process may use in bytes: the physical memory, or a smaller cgroup (container)
+    limit; 0 when it cannot be told."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        return 0
+        physical = 0
+    limit = _cgroup_value("memory.max")
+    return min(physical, limit) if physical and limit else physical or limit
 
 
 def available_memory() -> int:
-    """Return the memory available to new work now (MemAvailable), else the physical memory; 0 if unknown."""
+    """Return the memory available to new work now (MemAvailable, within a cgroup limit), else
+    `machine_memory()`; 0 if unknown."""
+    available = 0
     try:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return machine_memory()
+    limit, used = _cgroup_value("memory.max"), _cgroup_value("memory.current")
+    if limit:
+        available = min(available, limit - used) if available else limit - used
+    return max(available, 0) or machine_memory()
+
+
+def _cgroup_value(name: str) -> int:
+    """Return a number from this process's cgroup v2 memory controller (0 if absent or "max")."""
+    try:
+        with open("/proc/self/cgroup") as groups:
+            path = next((line.split(":", 2)[2].strip() for line in groups if line.startswith("0::")), "/")
+        with open(f"/sys/fs/cgroup{path.rstrip('/')}/{name}") as value:
+            text = value.read().strip()
+        return int(text) if text.isdigit() else 0
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -159,3 +159,12 @@ def test_auto_jobs_start_processes_only_for_seconds_of_work(monkeypatch: pytest.
     assert schedule.auto_jobs(None, small) == 1
     assert schedule.auto_jobs(None, small * 10) == 8
     assert schedule.auto_jobs(3, small) == 3
+
+
+def test_a_container_memory_limit_bounds_the_memory_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
+    values = {"memory.max": 2 << 30, "memory.current": 1 << 30}
+    monkeypatch.setattr(schedule, "_cgroup_value", lambda name: values[name])
+    assert schedule.machine_memory() == 2 << 30  # the limit, below this machine's physical memory
+    assert schedule.available_memory() <= 1 << 30  # the limit less what the container uses
+    values.update({"memory.max": 0, "memory.current": 0})  # no limit ("max")
+    assert schedule.machine_memory() > 0 and schedule.available_memory() > 0
