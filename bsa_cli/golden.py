@@ -196,7 +196,7 @@ def reporting(callback: Callable[[int], None]) -> Iterator[None]:
     """Within the block, every function here calls `callback(pairs)` after each query-block row it finishes.
 
     `pairs` is the number of selected (query block, kv block) pairs of the row: progress for long cases,
-    in the units of `np.count_nonzero(block_mask)`.
+    in the units of `inputs.mask_stats`'s `selected_blocks` (pairs within each batch entry's lengths).
     """
     token = _PROGRESS.set(callback)
     try:
