@@ -5,6 +5,7 @@ Exit codes (one policy for every command):
     1  a case failed its comparison
     2  usage error, or a bad spec or file given by the user
     3  a case could not be judged (missing outputs, harness error)
+  130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import click
 
 from . import __version__
 
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED = 0, 1, 2, 3
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 
 class UserError(click.ClickException):
@@ -22,7 +23,18 @@ class UserError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Commands(click.Group):
+    """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr."""
+
+    def invoke(self, ctx: click.Context) -> object:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            click.echo("interrupted: finished work is complete, unfinished work was not written", err=True)
+            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="bsa")
 def main() -> None:
     """Test data and verdicts for aclnnBlockSparseAttentionGrad."""

@@ -20,11 +20,10 @@ from rich.progress import (
 )
 
 from . import output, runner, store
-from .cli import UserError, main
+from .cli import EXIT_INTERRUPTED, UserError, main
 from .errors import BsaError
 from .options import force_option, jobs_option, precision_option, shard_option
 
-EXIT_INTERRUPTED = 130
 """Exit code after Ctrl-C (128 + SIGINT), whatever the finished cases did."""
 
 OUTCOME_STYLE = {

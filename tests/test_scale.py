@@ -168,3 +168,13 @@ def test_a_container_memory_limit_bounds_the_memory_estimates(monkeypatch: pytes
     assert schedule.available_memory() <= 1 << 30  # the limit less what the container uses
     values.update({"memory.max": 0, "memory.current": 0})  # no limit ("max")
     assert schedule.machine_memory() > 0 and schedule.available_memory() > 0
+
+
+def test_ctrl_c_ends_any_command_with_130_and_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli_gen, "generate_suite", interrupted)
+    result = CliRunner().invoke(main, ["gen", spec(tmp_path, CASES[:1]), "-o", str(tmp_path / "o")])
+    assert result.exit_code == 130
+    assert result.stderr.endswith("\ninterrupted: finished work is complete, unfinished work was not written\n")
