@@ -100,11 +100,12 @@ def golden_rates(case: Case, tensors: dict[str, np.ndarray], mask: np.ndarray, r
 
 
 def torch_dense_seconds(case: Case, tensors, mask) -> dict[str, float] | None:
-    """Time dense fp32 PyTorch autograd references (full S x S masked attention) on the same inputs.
+    """Time dense PyTorch autograd references (full S x S masked attention) on the same inputs.
 
-    Two ways, both given their best chance (all cores, the mask built beforehand, no needless S x S passes):
-    the explicit formula (scores, in-place mask, softmax, P V, `.backward`) and PyTorch's own fused
-    `scaled_dot_product_attention` with the boolean element mask.
+    All given their best chance (all cores, the mask built beforehand, no needless S x S passes): the
+    explicit formula (scores, in-place mask, softmax, P V, `.backward`) in float32, PyTorch's own fused
+    `scaled_dot_product_attention` with the boolean element mask in float32, and the explicit formula in
+    float64, the precision of the test suite's oracle (tests/oracle.py).
     """
     try:
         import torch
@@ -117,32 +118,23 @@ def torch_dense_seconds(case: Case, tensors, mask) -> dict[str, float] | None:
     q, k, v, do = (torch.from_numpy(tensors[n][0].astype(np.float32)) for n in ("query", "key", "value", "dout"))
     empty_rows = not bool(keep.any(dim=-1).all())
 
-    def explicit() -> None:
-        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    def explicit(dtype: torch.dtype) -> None:
+        qq, kk, vv = (t.to(dtype, copy=True).requires_grad_(True) for t in (q, k, v))
         scores = (qq * case.scale) @ kk.transpose(-1, -2)
         scores.masked_fill_(~keep, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         if empty_rows:
             probs = probs.nan_to_num(0.0)
-        (probs @ vv).backward(do)
+        (probs @ vv).backward(do.to(dtype))
 
     def sdpa() -> None:
         qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
         F.scaled_dot_product_attention(qq, kk, vv, attn_mask=keep, scale=case.scale).backward(do)
 
-    def explicit64() -> None:  # the precision of the test suite's oracle (tests/oracle.py)
-        qq, kk, vv = (t.double().requires_grad_(True) for t in (q, k, v))
-        scores = (qq * case.scale) @ kk.transpose(-1, -2)
-        scores.masked_fill_(~keep, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if empty_rows:
-            probs = probs.nan_to_num(0.0)
-        (probs @ vv).backward(do.double())
-
-    times = {"explicit": best_of(1, explicit)}
+    times = {"explicit": best_of(1, lambda: explicit(torch.float32))}
     if not empty_rows:  # SDPA gives NaN on fully masked rows; the explicit formula is the reference then
         times["sdpa"] = best_of(1, sdpa)
-    times["explicit float64"] = best_of(1, explicit64)
+    times["explicit float64"] = best_of(1, lambda: explicit(torch.float64))  # the test oracle's precision
     return times
 
 
