@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
-    MofNCompleteColumn,
     Progress,
     SpinnerColumn,
     TextColumn,
     TimeElapsedColumn,
+    TimeRemainingColumn,
 )
 
 from . import output, runner, store
@@ -54,6 +54,8 @@ class Display:
         self._task: Any = None
         self._label = ""
         self._width = 0
+        self._weights: Mapping[str, float] = {}
+        self._reached: dict[str, float] = {}
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -61,8 +63,10 @@ class Display:
                 SpinnerColumn(),
                 TextColumn("{task.description}"),
                 BarColumn(),
-                MofNCompleteColumn(),
+                TextColumn("{task.completed:.4g}/{task.total:.4g} {task.fields[unit]}"),
                 TimeElapsedColumn(),
+                TextColumn("ETA"),
+                TimeRemainingColumn(),
                 console=self.console,
                 transient=True,
             )
@@ -73,14 +77,32 @@ class Display:
         if self._progress is not None:
             self._progress.stop()
 
-    def phase(self, label: str, total: int, names: Sequence[str] = ()) -> None:
-        """Start a phase (gen, run, compare) of `total` cases; `names` align the case column."""
+    def phase(
+        self, label: str, total: int, names: Sequence[str] = (), flops: Mapping[str, float] | None = None
+    ) -> None:
+        """Start a phase (gen, run, compare) of `total` cases; `names` align the case column.
+
+        With `flops` (per case name) the bar and its ETA count FLOPs instead of cases, and `progress`
+        moves it within a case.
+        """
         self._label = label
         self._width = min(max((len(n) for n in names), default=0), 48)
+        self._weights = {name: value / 1e9 for name, value in (flops or {}).items()}
+        self._reached = {}
         if self._progress is not None:
             if self._task is not None:
                 self._progress.remove_task(self._task)
-            self._task = self._progress.add_task(label, total=total)
+            unit = "GFLOP" if flops is not None else "cases"
+            size = sum(self._weights.values()) if flops is not None else total
+            self._task = self._progress.add_task(label, total=size or 1, unit=unit)
+
+    def progress(self, name: str, fraction: float) -> None:
+        """Move the bar to `fraction` of case `name` (phases counted in FLOPs)."""
+        weight = self._weights.get(name, 0.0)
+        step = (fraction - self._reached.get(name, 0.0)) * weight
+        self._reached[name] = fraction
+        if self._progress is not None and self._task is not None and step:
+            self._progress.advance(self._task, step)
 
     def running(self, text: str) -> None:
         """Say what runs now (shown in the bar's description on a terminal only)."""
@@ -96,7 +118,9 @@ class Display:
         self.console.print(line, soft_wrap=True, highlight=False)
         for problem in problems:
             self.console.print(f"         {escape(problem)}", soft_wrap=True, highlight=False, style="red")
-        if self._progress is not None and self._task is not None:
+        if name in self._weights:
+            self.progress(name, 1.0)
+        elif self._progress is not None and self._task is not None:
             self._progress.advance(self._task)
 
     def on_run_event(self, event: runner.RunEvent) -> None:
@@ -348,7 +372,7 @@ def _generate(
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    display.phase("gen", len(cases), [c.name for c in cases])
+    display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})
 
     def done(case: Any, outcome: str, _path: Path) -> None:
         if outcome == "current":
@@ -357,7 +381,10 @@ def _generate(
             display.case(outcome, case.name)
 
     with user_errors():
-        return generate_suite(cases, out, precision, jobs, skip_current=True, on_done=done)
+        return generate_suite(
+            cases, out, precision, jobs, skip_current=True, on_done=done,
+            on_progress=lambda case, fraction: display.progress(case.name, fraction),
+        )  # fmt: skip
 
 
 def _run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> Any:

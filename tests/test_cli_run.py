@@ -398,3 +398,19 @@ def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
     text = console.file.getvalue()
     assert "run      ok               only  status 0, 0.50 s, device 0\n" in text
     assert "1/1" in text
+
+
+def test_display_counts_a_gen_phase_in_flops_within_cases():
+    console = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
+    with Display(console) as display:
+        display.phase("gen", 2, ["a", "b"], flops={"a": 3e9, "b": 1e9})
+        display.progress("a", 0.5)
+        display._progress.refresh()
+        assert "1.5/4 GFLOP" in console.file.getvalue()
+        display.case("generated", "a")
+        display.progress("b", 0.5)
+        display._progress.refresh()
+        assert "3.5/4 GFLOP" in console.file.getvalue()
+        display.case("generated", "b")
+        display._progress.refresh()
+    assert "4/4 GFLOP" in console.file.getvalue()
