@@ -113,7 +113,7 @@ _STANDARD_HELP = (
     type=Jobs(),
     default="auto",
     show_default=True,
-    help="Processes judging cases side by side; auto: one per CPU when the outputs reach 160 MiB, else one.",
+    help="Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ import numpy as np
 from .case import ACLNN_STATUS, Case, numpy_dtype
 from .errors import DataError, suggest
 from .layout import mask_view
-from .manifest import GRAD_NAMES, case_from_manifest
+from .manifest import GRAD_NAMES, case_from_manifest, json_number
 from .store import (
     MANIFEST,
     OUTPUTS_DIR,
@@ -1033,21 +1033,22 @@ def _measure_chunk(
 
 
 def _chunk(
-    device: np.ndarray,
+    device: np.ndarray | None,
     bench: np.ndarray | None,
     golden: np.ndarray,
     params: _Params,
-    device_out: _RowOut,
+    device_out: _RowOut | None,
     bench_out: _RowOut | None,
     first: int,
-) -> tuple[_Partial, _Partial | None]:
-    """Measure rows [first, first + len(device)) of the device (and benchmark) arrays against the golden.
+) -> tuple[_Partial | None, _Partial | None]:
+    """Measure rows [first, first + len(golden)) of the device and benchmark arrays (either may be None)
+    against the golden.
 
     Arrays are [rows, D]: device and benchmark in the case dtype, golden float32 or float64. Non-finite
     elements are counted, then judged as if equal to the golden (their error shows in the counts and the
     structural check, not in every metric).
     """
-    rows = slice(first, first + len(device))
+    rows = slice(first, first + len(golden))
     scratch = _take_scratch()
     try:
         # Overflowing squares and sums of a wild device (huge errors) are expected: they mean failure.
@@ -1058,21 +1059,22 @@ def _chunk(
 
 
 def _chunk_in(
-    device: np.ndarray,
+    device: np.ndarray | None,
     bench: np.ndarray | None,
     golden: np.ndarray,
     params: _Params,
-    device_out: _RowOut,
+    device_out: _RowOut | None,
     bench_out: _RowOut | None,
     first: int,
     rows: slice,
     scratch: _Scratch,
-) -> tuple[_Partial, _Partial | None]:
+) -> tuple[_Partial | None, _Partial | None]:
     shared = _shared(golden, params, scratch)
-    sources = [(device, device_out, True)] + ([(bench, bench_out, False)] if bench is not None else [])
-    parts: list[_Partial] = []
-    for values, out, full in sources:
-        assert values is not None and out is not None
+    parts: list[_Partial | None] = []
+    for values, out, full in ((device, device_out, True), (bench, bench_out, False)):
+        if values is None or out is None:
+            parts.append(None)
+            continue
         a = _upcast(values, params.io_dtype, scratch)
         part = _measure_chunk(a, shared, params, out, rows, full, scratch)
         # float16 Inf/NaN come out of _upcast as finite values >= 65536: an error that large, or a golden
@@ -1086,7 +1088,7 @@ def _chunk_in(
                 out.max_abs[first + bad_rows] = np.inf
             part.nonfinite_rows = [first + int(r) for r in part.nonfinite_rows]
         parts.append(part)
-    return parts[0], parts[1] if len(parts) > 1 else None
+    return parts[0], parts[1]
 
 
 def _measure_nonfinite(a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice, full: bool) -> _Partial:
@@ -1124,41 +1126,46 @@ def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
 
 
 def _measure(
-    device: np.ndarray,
+    device: np.ndarray | None,
     bench: np.ndarray | None,
     golden: np.ndarray,
     geom: _Geometry,
     params: _Params,
-) -> tuple[ErrorStats, _RowOut, list[int], ErrorStats | None, _RowOut | None]:
-    """Measure the device (and benchmark) array against the golden over the judged rows, chunk by chunk.
+) -> tuple[ErrorStats | None, _RowOut | None, list[int], ErrorStats | None, _RowOut | None]:
+    """Measure the device and benchmark arrays (either may be None) against the golden over the judged
+    rows, chunk by chunk: (device stats, device rows, device non-finite rows, benchmark stats and rows).
 
     Chunks run one after another in the calling thread: each is a few dozen short NumPy passes, and
     threads sharing them spend more time handing the GIL back and forth than they gain (measured: two
     threads no faster than one). Parallelism comes from hashing alongside, and from processes per case.
     """
     rows, dim = geom.rows, geom.dim
-    device2d, golden2d = device.reshape(rows, dim), golden.reshape(rows, dim)
+    golden2d = golden.reshape(rows, dim)
+    device2d = None if device is None else device.reshape(rows, dim)
     bench2d = None if bench is None else bench.reshape(rows, dim)
     tiles = -(-dim // TILE)
-    device_out = _RowOut(
-        np.zeros((rows, tiles), dtype=np.float32),
-        np.full(rows, -1.0, dtype=np.float32),
-        np.zeros(rows, dtype=np.int32),
-    )
+    device_out = None
+    if device is not None:
+        device_out = _RowOut(
+            np.zeros((rows, tiles), dtype=np.float32),
+            np.full(rows, -1.0, dtype=np.float32),
+            np.zeros(rows, dtype=np.int32),
+        )
     bench_out = None if bench is None else _RowOut(np.zeros((rows, tiles), dtype=np.float32))
 
-    def work(item: tuple[int, int]) -> tuple[_Partial, _Partial | None]:
+    def work(item: tuple[int, int]) -> tuple[_Partial | None, _Partial | None]:
         start, stop = item
+        device_rows = None if device2d is None else device2d[start:stop]
         bench_rows = None if bench2d is None else bench2d[start:stop]
-        return _chunk(device2d[start:stop], bench_rows, golden2d[start:stop], params, device_out, bench_out, start)
+        return _chunk(device_rows, bench_rows, golden2d[start:stop], params, device_out, bench_out, start)
 
-    results = map(work, _chunks(geom))
     device_total, bench_total = _Partial(), _Partial()
-    for device_part, bench_part in results:
-        device_total.merge(device_part)
+    for device_part, bench_part in map(work, _chunks(geom)):
+        if device_part is not None:
+            device_total.merge(device_part)
         if bench_part is not None:
             bench_total.merge(bench_part)
-    device_stats = device_total.stats(params, full=True)
+    device_stats = None if device is None else device_total.stats(params, full=True)
     bench_stats = None if bench is None else bench_total.stats(params, full=False)
     return device_stats, device_out, device_total.nonfinite_rows, bench_stats, bench_out
 
@@ -1473,6 +1480,90 @@ def _fa_floor(golden: np.ndarray, io_dtype: str, factor: float) -> float:
     return factor * worst
 
 
+def _params(case: Case, settings: Settings) -> _Params:
+    t = settings.thresholds
+    return _Params(
+        io_dtype=case.dtype,
+        err_thd=t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"])),
+        small_thd=t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"])),
+        rtol=t["rtol"],
+        atol=t["atol"],
+        diff_thd=t["diff_thd"] if settings.msopst else None,
+    )
+
+
+SUMMARY_FORMAT = 1
+"""Version of the benchmark summary's arithmetic: a summary of another version is measured again."""
+
+
+@dataclass(frozen=True)
+class BenchmarkSummary:
+    """The benchmark (kernel-faithful) outputs measured against the golden once, at `bsa gen`.
+
+    Neither depends on the device, so every judgement of the case can reuse the figures instead of
+    reading, hashing and measuring the benchmark again. `key` holds what else they depend on.
+    """
+
+    key: Mapping[str, Any]
+    stats: Mapping[str, ErrorStats]  # per gradient, as `_measure` gives for the benchmark
+    tiles: Mapping[str, np.ndarray]  # per gradient, [rows, ceil(D / 16)] float32 sums of squared errors
+
+
+def case_settings(case: Case) -> Settings:
+    """Return the settings a case is judged by when the command line sets nothing (its spec, else defaults)."""
+    return resolve_settings(case.dtype, case.compare or None, RunSettings())
+
+
+def summary_key(case: Case, settings: Settings) -> dict[str, Any]:
+    """Return what a benchmark summary depends on besides the golden and benchmark files."""
+    params = _params(case, settings)
+    return {"format": SUMMARY_FORMAT, "dtype": case.dtype, "err_thd": params.err_thd,
+            "small_value_thd": params.small_thd, "chunk_elements": CHUNK_ELEMENTS}  # fmt: skip
+
+
+def summarize_benchmark(
+    case: Case, settings: Settings, golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray]
+) -> BenchmarkSummary:
+    """Measure the benchmark against the golden as `judge_tensors` would under `settings`."""
+    params = _params(case, settings)
+    stats, tiles = {}, {}
+    for name in GRAD_NAMES:
+        geom = _geometry(case, name)
+        _, _, _, bench_stats, bench_rows = _measure(None, benchmark[name], golden[name], geom, params)
+        assert bench_stats is not None and bench_rows is not None
+        stats[name], tiles[name] = bench_stats, bench_rows.tile_sse
+    return BenchmarkSummary(summary_key(case, settings), stats, tiles)
+
+
+def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
+    """Return a summary's key and figures as strict JSON (the tiles are stored as arrays of their own)."""
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, float):
+            return json_number(value)
+        return list(value) if isinstance(value, tuple) else value
+
+    stats = {name: {k: plain(v) for k, v in asdict(s).items()} for name, s in summary.stats.items()}
+    return {"key": dict(summary.key), "stats": stats}
+
+
+def summary_from_document(document: Mapping[str, Any], tiles: Mapping[str, np.ndarray]) -> BenchmarkSummary:
+    """Rebuild a summary from `summary_document` and its tiles; ValueError if the document is malformed."""
+    try:
+        stats = {}
+        for name in GRAD_NAMES:
+            fields = dict(document["stats"][name])
+            for key, value in fields.items():
+                if isinstance(value, str):
+                    fields[key] = float(value)
+                elif isinstance(value, list):
+                    fields[key] = tuple(value)
+            stats[name] = ErrorStats(**fields)
+        return BenchmarkSummary(dict(document["key"]), stats, {name: tiles[name] for name in GRAD_NAMES})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"malformed benchmark summary ({type(exc).__name__}: {exc})") from None
+
+
 def judge_tensors(
     case: Case,
     settings: Settings,
@@ -1480,6 +1571,7 @@ def judge_tensors(
     golden: Mapping[str, np.ndarray],
     benchmark: Mapping[str, np.ndarray] | None,
     block_mask: np.ndarray,
+    summary: BenchmarkSummary | None = None,
 ) -> tuple[TensorResult, ...]:
     """Judge dq, dk, dv of a valid case: metrics, the standard's checks, structural checks, block maps.
 
@@ -1487,25 +1579,21 @@ def judge_tensors(
         case: the case geometry (`manifest.case_from_manifest`).
         settings: resolved settings (`resolve_settings`).
         device, golden, benchmark: {"dq", "dk", "dv"} arrays of the case's shapes; device and benchmark in
-            the case dtype, golden float32 or float64. `benchmark` may be None when the standard needs none.
+            the case dtype, golden float32 or float64. `benchmark` may be None when the standard needs none
+            or `summary` stands for it (then it only adds the benchmark's values to the worst elements).
         block_mask: the case's blockSparseMask input.
+        summary: the benchmark measured against this golden beforehand (`summarize_benchmark`); used
+            instead of measuring `benchmark` again when its key matches these settings.
 
     Raises:
         ValueError: the standard needs a benchmark and none is given, or shapes do not match the case.
     """
     standard = STANDARDS[settings.standard]
-    if standard.needs_benchmark and not benchmark:
+    usable = summary if summary is not None and summary.key == summary_key(case, settings) else None
+    if standard.needs_benchmark and not benchmark and usable is None:
         raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs")
     t = settings.thresholds
-    rtol, atol = t["rtol"], t["atol"]
-    params = _Params(
-        io_dtype=case.dtype,
-        err_thd=t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"])),
-        small_thd=t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"])),
-        rtol=rtol,
-        atol=atol,
-        diff_thd=t["diff_thd"] if settings.msopst else None,
-    )
+    params = _params(case, settings)
     rows = structural_rows(case, block_mask)
     results = []
     for name in GRAD_NAMES:
@@ -1515,7 +1603,11 @@ def judge_tensors(
         for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
             if array is not None and tuple(array.shape) != geom.shape:
                 raise ValueError(f"{name}: {label} shape {list(array.shape)} is not {list(geom.shape)}")
-        dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = _measure(dev, bench, gold, geom, params)
+        measured = _measure(dev, None if usable else bench, gold, geom, params)
+        dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = measured
+        if usable is not None:
+            bench_stats, bench_rows = usable.stats[name], _RowOut(usable.tiles[name].reshape(geom.rows, -1))
+        assert dev_stats is not None and dev_rows is not None
         block_map, spans = _block_map(
             geom,
             dev_rows,
@@ -1718,6 +1810,7 @@ class _Opened:
     golden: dict[str, np.ndarray] = field(default_factory=dict)
     benchmark: dict[str, np.ndarray] | None = None
     block_mask: np.ndarray | None = None
+    summary: BenchmarkSummary | None = None
     problems: list[str] = field(default_factory=list)
     pending: list[Future[str | None]] = field(default_factory=list)
 
@@ -1743,8 +1836,13 @@ def _open_arrays(
     pool: Executor | None,
     verify_inputs: bool = True,
     inputs_run: Mapping[str, str] | None = None,
+    key: Mapping[str, Any] | None = None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
+
+    When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`),
+    the summary and its tiles (hashed) stand for the benchmark: the benchmark files are mapped unhashed,
+    if present, only for the benchmark's values at the worst elements.
 
     Every input is size-checked and hashed: a stale input means the golden no longer matches what the
     device was given. Where `bsa run` recorded the sha256 it checked an input against just before the
@@ -1756,6 +1854,9 @@ def _open_arrays(
     """
     executor = pool or _Inline()
     opened = _Opened()
+    document = manifest.get("benchmark_summary")
+    if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
+        opened.summary = _open_summary(case_dir, manifest, document, executor, opened)
     sections = [("outputs", output_dir, opened.device), ("golden", case_dir, opened.golden)]
     bench_entries = dict(iter_entries(manifest, "benchmark"))
     if bench_entries or need_benchmark:
@@ -1764,6 +1865,10 @@ def _open_arrays(
     for section, base, arrays in sections:
         entries = dict(iter_entries(manifest, section))
         for name in GRAD_NAMES:
+            if section == "benchmark" and opened.summary is not None:
+                with contextlib.suppress(KeyError, DataError):  # only for the worst elements' table
+                    arrays[name] = map_array(base, entries[name])
+                continue
             if name not in entries:
                 opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
                 continue
@@ -1796,6 +1901,25 @@ def _open_arrays(
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
             opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
     return opened
+
+
+def _open_summary(
+    case_dir: Path, manifest: Mapping[str, Any], document: Mapping[str, Any], executor: Executor, opened: _Opened
+) -> BenchmarkSummary | None:
+    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it; None, with a problem noted,
+    if it is malformed or a tiles file is missing or of the wrong size."""
+    tiles = {}
+    try:
+        for name, entry in dict(document["tiles"]).items():
+            tiles[name] = map_array(case_dir, entry, populate=True)
+            path, sha = case_dir / entry["file"], entry.get("sha256")
+            opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
+        return summary_from_document(document, tiles)
+    except DataError as exc:
+        opened.problems.append(str(exc))
+    except (KeyError, TypeError, ValueError) as exc:
+        opened.problems.append(f"{case_dir / MANIFEST}: benchmark_summary: {exc}")
+    return None
 
 
 def _status_name(status: int | None) -> str:
@@ -1908,17 +2032,20 @@ def _compare_case(
         return _finish(name, base, known, checks, (), started, 0)
     checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
     need_bench = STANDARDS[settings.standard].needs_benchmark
-    opened = _open_arrays(case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run)
+    key = summary_key(case, settings)
+    opened = _open_arrays(case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run, key)
     if opened.problems:
         opened.stale()
         return error(name, opened.problems, **known)
-    if need_bench and not opened.benchmark:
+    if need_bench and not opened.benchmark and opened.summary is None:
         opened.stale()
         text = f"{case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"
         return error(name, [text], **known)
     assert opened.block_mask is not None
     try:
-        tensors = judge_tensors(case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask)
+        tensors = judge_tensors(
+            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
+        )
     except ValueError as exc:
         opened.stale()
         return error(name, [f"{case_dir}: {exc}"], **known)
@@ -1968,10 +2095,10 @@ def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
             raise ValueError(f"case {manifest.get('name', Path(case_dir).name)!r}: {exc}") from None
 
 
-PARALLEL_MIN_BYTES = 160 << 20
-"""Device output bytes (160 MiB) from which a suite is judged in several processes by default (about a
-second of judging). A worker takes about half a second to start: on the 2-core development machine, 100 MB of
-outputs took 10% longer with two processes than with one, 300 MB 15-35% less."""
+PARALLEL_MIN_BYTES = 384 << 20
+"""Device output bytes (384 MiB) from which a suite is judged in several processes by default. A worker
+takes about half a second to start: on the 2-core development machine, 300 MB of outputs took as long
+with two processes as with one, 600 MB 20-30% less."""
 
 
 def suite_jobs(case_dirs: Sequence[Path], outputs_root: Path | None, jobs: int | None) -> int:

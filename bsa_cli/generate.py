@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import __version__, golden
+from . import __version__, compare, golden
 from .case import Case, numpy_dtype
 from .errors import DataError
 from .inputs import draw, make_mask, make_tensors, mask_stats
@@ -163,6 +163,12 @@ def generate_case(
         bench_entries = {name: writer.array(f"benchmark/{name}.bin", a, case.dtype) for name, a in bench.items()}
         stats = mask_stats(case, tensors["block_sparse_mask"])
         manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats)
+        if bench:
+            summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench)
+            document = compare.summary_document(summary)
+            document["tiles"] = {name: writer.array(f"benchmark/{name}.tiles.bin", tiles, "float32")
+                                 for name, tiles in summary.tiles.items()}  # fmt: skip
+            manifest["benchmark_summary"] = document
         manifest["generator"]["fingerprint"] = fingerprint(case, precision)
         manifest["generator"]["golden_precision"] = precision
         if case.sparsity.explicit_source:

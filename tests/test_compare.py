@@ -809,3 +809,59 @@ def test_edge_suite_every_applicable_fault_fails(tmp_path):
             if result.verdict != FAIL:
                 missed.append(f"{case.name} {fault}: {result.verdict} {result.message}")
     assert missed == []
+
+
+# ---- the benchmark summary written at gen -------------------------------------------------------
+
+EDGE = Path(__file__).resolve().parent.parent / "cases" / "edge.yaml"
+
+
+@pytest.mark.parametrize(
+    ("case_name", "fault"),
+    [("edge-varlen-tnd", None), ("edge-gqa-8to2-bf16", "tile-noise"), ("edge-varlen-bnsd", "dk-no-scale"),
+     ("edge-empty-rows", None)],
+)  # fmt: skip
+def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(tmp_path, case_name, fault):
+    from bsa_cli.generate import generate_case
+    from bsa_cli.spec import load_specs
+
+    case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
+    case_dir = generate_case(case, tmp_path)
+    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
+    manifest = json.loads((case_dir / "case.json").read_text())
+    assert set(manifest["benchmark_summary"]["tiles"]) == {"dq", "dk", "dv"}
+    with_summary = compare.compare_case(case_dir)
+    del manifest["benchmark_summary"]
+    (case_dir / "case.json").write_text(json.dumps(manifest))
+    measured = compare.compare_case(case_dir)
+    assert with_summary.verdict == measured.verdict == (PASS if fault is None else FAIL)
+    documents = [report.case_document(dataclasses.replace(r, seconds=0.0)) for r in (with_summary, measured)]
+    assert documents[0] == documents[1]
+
+
+@pytest.fixture
+def generated(tmp_path) -> Path:
+    from bsa_cli.generate import generate_case
+
+    case_dir = generate_case(make_case("g"), tmp_path)
+    emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+    return case_dir
+
+
+def test_with_a_usable_summary_the_benchmark_files_are_not_read_for_the_verdict(generated):
+    bench = generated / "benchmark" / "dq.bin"
+    bench.write_bytes(bytes(len(bench.read_bytes())))  # the summary stands for it
+    assert compare.compare_case(generated).verdict == PASS
+    other = RunSettings(thresholds={"err_thd": 0.5})  # another key: the benchmark is measured again
+    result = compare.compare_case(generated, run=other)
+    assert result.verdict == ERROR
+    assert result.errors == (f"{bench}: sha256 differs from the manifest: stale benchmark; run `bsa gen` again",)
+
+
+def test_a_changed_summary_tiles_file_is_stale(generated):
+    tiles = generated / "benchmark" / "dv.tiles.bin"
+    tiles.write_bytes(bytes(len(tiles.read_bytes())))
+    result = compare.compare_case(generated)
+    assert result.verdict == ERROR
+    stale = "sha256 differs from the manifest: stale benchmark summary; run `bsa gen` again"
+    assert result.errors == (f"{tiles}: {stale}",)
