@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import hashlib
 import json
 import math
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -48,6 +50,7 @@ from typing import Any
 
 import numpy as np
 
+from . import __version__
 from .case import ACLNN_STATUS, Case, numpy_dtype
 from .errors import DataError, suggest
 from .layout import mask_view
@@ -1515,10 +1518,23 @@ def case_settings(case: Case) -> Settings:
 
 
 def summary_key(case: Case, settings: Settings) -> dict[str, Any]:
-    """Return what a benchmark summary depends on besides the golden and benchmark files."""
+    """Return what a benchmark summary depends on besides the golden and benchmark files, as strict JSON.
+
+    The thresholds that shape the benchmark's figures, and what the float32 arithmetic could differ by
+    in its last bits: the bsa and NumPy versions and the machine's architecture (a case generated on x86
+    and judged on an aarch64 host measures its benchmark again).
+    """
     params = _params(case, settings)
-    return {"format": SUMMARY_FORMAT, "dtype": case.dtype, "err_thd": params.err_thd,
-            "small_value_thd": params.small_thd, "chunk_elements": CHUNK_ELEMENTS}  # fmt: skip
+    return {
+        "format": SUMMARY_FORMAT,
+        "bsa": __version__,
+        "numpy": np.__version__,
+        "machine": platform.machine(),
+        "dtype": case.dtype,
+        "err_thd": json_number(params.err_thd),
+        "small_value_thd": json_number(params.small_thd),
+        "chunk_elements": CHUNK_ELEMENTS,
+    }
 
 
 def summarize_benchmark(
@@ -1550,18 +1566,33 @@ def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
 def summary_from_document(document: Mapping[str, Any], tiles: Mapping[str, np.ndarray]) -> BenchmarkSummary:
     """Rebuild a summary from `summary_document` and its tiles; ValueError if the document is malformed."""
     try:
-        stats = {}
-        for name in GRAD_NAMES:
-            fields = dict(document["stats"][name])
-            for key, value in fields.items():
-                if isinstance(value, str):
-                    fields[key] = float(value)
-                elif isinstance(value, list):
-                    fields[key] = tuple(value)
-            stats[name] = ErrorStats(**fields)
+        stats = {name: ErrorStats(**_stats_fields(document["stats"][name])) for name in GRAD_NAMES}
         return BenchmarkSummary(dict(document["key"]), stats, {name: tiles[name] for name in GRAD_NAMES})
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed benchmark summary ({type(exc).__name__}: {exc})") from None
+
+
+_BENCHMARK_FIELDS = {f.name: f.type for f in dataclasses.fields(ErrorStats)}
+
+
+def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
+    """Check and convert a benchmark's `ErrorStats` fields from JSON; ValueError names the first bad one."""
+    if set(data) != set(_BENCHMARK_FIELDS):
+        raise ValueError(f"fields {sorted(set(data) ^ set(_BENCHMARK_FIELDS))} missing or unknown")
+    fields: dict[str, Any] = {}
+    for name, value in data.items():
+        kind = str(_BENCHMARK_FIELDS[name])
+        if value is None and "None" in kind:
+            fields[name] = None
+        elif kind.startswith("int") and isinstance(value, int) and not isinstance(value, bool):
+            fields[name] = value
+        elif kind.startswith("float") and isinstance(value, (int, float, str)) and not isinstance(value, bool):
+            fields[name] = float(value)  # "inf", "-inf", "nan" as json_number writes them
+        elif kind.startswith("tuple") and isinstance(value, list) and all(isinstance(v, int) for v in value):
+            fields[name] = tuple(value)
+        else:
+            raise ValueError(f"{name}: {value!r} is not {kind}")
+    return fields
 
 
 def judge_tensors(
@@ -1606,7 +1637,12 @@ def judge_tensors(
         measured = _measure(dev, None if usable else bench, gold, geom, params)
         dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = measured
         if usable is not None:
-            bench_stats, bench_rows = usable.stats[name], _RowOut(usable.tiles[name].reshape(geom.rows, -1))
+            tiles = usable.tiles[name]
+            expected = (geom.rows, -(-geom.dim // TILE))
+            if tiles.dtype != np.float32 or tuple(tiles.shape) != expected:
+                raise ValueError(f"{name}: benchmark summary tiles are {tiles.dtype} {list(tiles.shape)}, "
+                                 f"expected float32 {list(expected)}")  # fmt: skip
+            bench_stats, bench_rows = usable.stats[name], _RowOut(tiles)
         assert dev_stats is not None and dev_rows is not None
         block_map, spans = _block_map(
             geom,
@@ -1617,7 +1653,7 @@ def judge_tensors(
             t.get("tile_floor", 0.1),
         )
         tile_max = None
-        if bench is not None:
+        if bench_rows is not None:
             ratios = [float(t.ratio.max()) for t in spans.values() if t.ratio is not None and t.ratio.size]
             tile_max = max(ratios, default=0.0)
         extra: dict[str, float] = {}
@@ -1840,9 +1876,9 @@ def _open_arrays(
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
-    When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`),
-    the summary and its tiles (hashed) stand for the benchmark: the benchmark files are mapped unhashed,
-    if present, only for the benchmark's values at the worst elements.
+    When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
+    opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
+    still size-checked and hashed.
 
     Every input is size-checked and hashed: a stale input means the golden no longer matches what the
     device was given. Where `bsa run` recorded the sha256 it checked an input against just before the
@@ -1864,16 +1900,14 @@ def _open_arrays(
         sections.append(("benchmark", case_dir, opened.benchmark))
     for section, base, arrays in sections:
         entries = dict(iter_entries(manifest, section))
+        # With a summary the benchmark is hashed and read at its worst elements only, not measured.
+        populate = section != "benchmark" or opened.summary is None
         for name in GRAD_NAMES:
-            if section == "benchmark" and opened.summary is not None:
-                with contextlib.suppress(KeyError, DataError):  # only for the worst elements' table
-                    arrays[name] = map_array(base, entries[name])
-                continue
             if name not in entries:
                 opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
                 continue
             try:
-                arrays[name] = map_array(base, entries[name], populate=True)
+                arrays[name] = map_array(base, entries[name], populate=populate)
             except DataError as exc:
                 opened.problems.append(str(exc))
                 continue

@@ -816,25 +816,51 @@ def test_edge_suite_every_applicable_fault_fails(tmp_path):
 EDGE = Path(__file__).resolve().parent.parent / "cases" / "edge.yaml"
 
 
+def measured_benchmark(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Spy on `compare._measure`: one entry per call, True when it measured a benchmark array."""
+    calls: list[bool] = []
+    measure = compare._measure
+
+    def spy(device: Any, bench: Any, *rest: Any) -> Any:
+        calls.append(bench is not None)
+        return measure(device, bench, *rest)
+
+    monkeypatch.setattr(compare, "_measure", spy)
+    return calls
+
+
 @pytest.mark.parametrize(
-    ("case_name", "fault"),
-    [("edge-varlen-tnd", None), ("edge-gqa-8to2-bf16", "tile-noise"), ("edge-varlen-bnsd", "dk-no-scale"),
-     ("edge-empty-rows", None)],
+    ("case_name", "fault", "compare_settings", "precision"),
+    [
+        ("edge-varlen-tnd", None, {}, "float32"),
+        ("edge-gqa-8to2-bf16", "tile-noise", {}, "float32"),
+        ("edge-varlen-bnsd", "dk-no-scale", {"thresholds": {"err_thd": 0.01, "small_value_thd": 0.001}}, "float32"),
+        ("edge-empty-rows", None, {"standard": "fa-ratio"}, "float32"),
+        ("edge-tail", "tile-noise", {"standard": "fa-ratio"}, "float64"),
+        ("edge-gqa", None, {"standard": "single"}, "float64"),
+    ],
 )  # fmt: skip
-def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(tmp_path, case_name, fault):
+def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
+    tmp_path, monkeypatch, case_name, fault, compare_settings, precision
+):
     from bsa_cli.generate import generate_case
     from bsa_cli.spec import load_specs
 
     case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
-    case_dir = generate_case(case, tmp_path)
+    case = dataclasses.replace(case, compare=compare_settings)
+    case_dir = generate_case(case, tmp_path, precision)
     emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
     manifest = json.loads((case_dir / "case.json").read_text())
     assert set(manifest["benchmark_summary"]["tiles"]) == {"dq", "dk", "dv"}
+    calls = measured_benchmark(monkeypatch)
     with_summary = compare.compare_case(case_dir)
+    assert calls == [False] * 3  # the summary stood for the benchmark
     del manifest["benchmark_summary"]
     (case_dir / "case.json").write_text(json.dumps(manifest))
     measured = compare.compare_case(case_dir)
-    assert with_summary.verdict == measured.verdict == (PASS if fault is None else FAIL)
+    assert calls[3:] == [True] * 3  # without it the benchmark is measured (reported under every standard)
+    if fault is not None and "standard" not in compare_settings:
+        assert with_summary.verdict == FAIL  # the default standard catches both planted faults
     documents = [report.case_document(dataclasses.replace(r, seconds=0.0)) for r in (with_summary, measured)]
     assert documents[0] == documents[1]
 
@@ -848,14 +874,23 @@ def generated(tmp_path) -> Path:
     return case_dir
 
 
-def test_with_a_usable_summary_the_benchmark_files_are_not_read_for_the_verdict(generated):
-    bench = generated / "benchmark" / "dq.bin"
-    bench.write_bytes(bytes(len(bench.read_bytes())))  # the summary stands for it
+def test_settings_that_change_the_summary_key_measure_the_benchmark_again(generated, monkeypatch):
+    calls = measured_benchmark(monkeypatch)
     assert compare.compare_case(generated).verdict == PASS
-    other = RunSettings(thresholds={"err_thd": 0.5})  # another key: the benchmark is measured again
-    result = compare.compare_case(generated, run=other)
+    assert compare.compare_case(generated, run=RunSettings(thresholds={"err_thd": 0.5})).verdict == PASS
+    assert calls == [False] * 3 + [True] * 3
+
+
+def test_benchmark_files_are_still_checked_when_the_summary_stands_for_them(generated):
+    bench = generated / "benchmark" / "dq.bin"
+    data = bytearray(bench.read_bytes())
+    data[0] ^= 1
+    bench.write_bytes(bytes(data))
+    result = compare.compare_case(generated)
     assert result.verdict == ERROR
     assert result.errors == (f"{bench}: sha256 differs from the manifest: stale benchmark; run `bsa gen` again",)
+    bench.unlink()
+    assert compare.compare_case(generated).errors[0].startswith(f"{bench}: missing")
 
 
 def test_a_changed_summary_tiles_file_is_stale(generated):
@@ -865,3 +900,24 @@ def test_a_changed_summary_tiles_file_is_stale(generated):
     assert result.verdict == ERROR
     stale = "sha256 differs from the manifest: stale benchmark summary; run `bsa gen` again"
     assert result.errors == (f"{tiles}: {stale}",)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda m: m["benchmark_summary"]["stats"]["dq"].update(rmse=None), "rmse: None is not float"),
+        (lambda m: m["benchmark_summary"]["stats"]["dk"].update(count=True), "count: True is not int"),
+        (lambda m: m["benchmark_summary"]["stats"]["dv"].pop("rmse"), "fields ['rmse'] missing or unknown"),
+        (lambda m: m["benchmark_summary"].pop("tiles"), "benchmark_summary: 'tiles'"),
+        (lambda m: m["benchmark_summary"]["tiles"]["dq"].update(shape=[96, 4]),  # same bytes as [192, 2]
+         "dq: benchmark summary tiles are float32 [96, 4], expected float32 [192, 2]"),
+        (lambda m: m["benchmark_summary"]["tiles"]["dq"].update(shape=[192, 1]), "oversized"),
+    ],
+)  # fmt: skip
+def test_a_malformed_summary_makes_the_case_an_error_not_a_crash(generated, edit, message):
+    manifest = json.loads((generated / "case.json").read_text())
+    edit(manifest)
+    (generated / "case.json").write_text(json.dumps(manifest))
+    result = compare.compare_case(generated)
+    assert result.verdict == ERROR
+    assert any(message in e for e in result.errors), result.errors
