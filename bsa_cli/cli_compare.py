@@ -111,6 +111,7 @@ _STANDARD_HELP = (
     "-j",
     "--jobs",
     type=Jobs(),
+    metavar="N|auto",
     default="auto",
     show_default=True,
     help="Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.",

@@ -45,6 +45,7 @@ jobs_option = click.option(
     "-j",
     "--jobs",
     type=Jobs(),
+    metavar="N|auto",
     default="auto",
     show_default=True,
     help="Processes, across cases or across kv-head groups of one large case; auto: one per CPU when the "
