@@ -6,10 +6,13 @@ import dataclasses
 import functools
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+import multiprocessing
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import asdict
 from pathlib import Path
+from queue import Empty
+from typing import Any
 
 import numpy as np
 
@@ -195,7 +198,7 @@ def generate_suite(
     runs with its kv-head groups in parallel instead. With `skip_current`, cases whose directory
     already holds the same generation (`is_current`) are left as they are.
     `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current";
-    `on_progress(case, fraction)` as its arithmetic advances (cases in worker processes: at the end).
+    `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps of 1%).
     """
     out_root = Path(out_root)
     todo = []
@@ -207,7 +210,7 @@ def generate_suite(
             todo.append(case)
     if jobs > 1 and len(todo) > 1:
         budget = available_memory() if memory_budget is None else memory_budget
-        _generate_in_processes(todo, out_root, precision, min(jobs, len(todo)), budget, on_done)
+        _generate_in_processes(todo, out_root, precision, min(jobs, len(todo)), budget, on_done, on_progress)
     else:
         for case in todo:
             listen = None if on_progress is None else functools.partial(on_progress, case)
@@ -224,12 +227,17 @@ def _generate_in_processes(
     jobs: int,
     budget: int,
     on_done: Callable[[Case, str, Path], None] | None,
+    on_progress: Callable[[Case, float], None] | None = None,
 ) -> None:
-    """Generate cases in `jobs` processes, largest first, keeping the running cases' peak memory in `budget`."""
+    """Generate cases in `jobs` processes, largest first, keeping the running cases' peak memory in `budget`.
+
+    Workers send their cases' progress back through a queue, read here between completions.
+    """
     peaks = {case.name: estimate(case).peak_memory for case in cases}
     waiting = sorted(cases, key=lambda c: (-peaks[c.name], c.name))
     running: dict[Future[Path], Case] = {}
-    with worker_pool(jobs) as pool:
+    queue = multiprocessing.get_context("spawn").Queue() if on_progress is not None else None
+    with worker_pool(jobs, initializer=_report_to, initargs=(queue,)) as pool:
         try:
             while waiting or running:
                 in_use = sum(peaks[c.name] for c in running.values())
@@ -237,10 +245,12 @@ def _generate_in_processes(
                     if len(running) == jobs:
                         break
                     if not running or not budget or in_use + peaks[case.name] <= budget:
-                        running[pool.submit(generate_case, case, out_root, precision)] = case
+                        running[pool.submit(_generate_reporting, case, out_root, precision)] = case
                         in_use += peaks[case.name]
                         waiting.remove(case)
-                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                finished, _ = wait(running, timeout=_PROGRESS_SECONDS if queue else None, return_when=FIRST_COMPLETED)
+                if queue is not None and on_progress is not None:
+                    _pass_on(queue, {case.name: case for case in running.values()}, on_progress)
                 for future in finished:
                     case = running.pop(future)
                     path = future.result()
@@ -250,6 +260,43 @@ def _generate_in_processes(
             for future in running:
                 future.cancel()
             raise
+
+
+_PROGRESS_SECONDS = 0.25
+"""How often the progress of cases in worker processes is read."""
+
+_REPORTS: Any = None
+"""In a worker process: the queue its cases' progress goes back through (None: not reported)."""
+
+
+def _report_to(queue: Any) -> None:
+    global _REPORTS
+    _REPORTS = queue
+
+
+def _generate_reporting(case: Case, out_root: Path, precision: str) -> Path:
+    """`generate_case` in a worker, sending (case name, fraction done) back at each 1% (`_report_to`)."""
+    queue = _REPORTS
+    sent = [0.0]
+
+    def report(fraction: float) -> None:
+        if queue is not None and fraction - sent[0] >= 0.01:
+            sent[0] = fraction
+            queue.put((case.name, fraction))
+
+    return generate_case(case, out_root, precision, on_progress=report)
+
+
+def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Case, float], None]) -> None:
+    """Hand the progress waiting in `queue` to `on_progress`, for cases still running (late news of a case
+    already done is dropped)."""
+    while True:
+        try:
+            name, fraction = queue.get_nowait()
+        except Empty:
+            return
+        if name in running:
+            on_progress(running[name], fraction)
 
 
 def _dtype_name(array: np.ndarray) -> str:

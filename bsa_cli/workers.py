@@ -6,8 +6,9 @@ import contextlib
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -22,7 +23,11 @@ def cpu_count() -> int:
 
 @contextlib.contextmanager
 def worker_pool(
-    jobs: int, blas_threads: int | None = None, ignore_interrupt: bool = False
+    jobs: int,
+    blas_threads: int | None = None,
+    ignore_interrupt: bool = False,
+    initializer: Callable[..., None] | None = None,
+    initargs: tuple[Any, ...] = (),
 ) -> Iterator[ProcessPoolExecutor]:
     """Yield a pool of `jobs` fresh (spawned) processes.
 
@@ -32,14 +37,15 @@ def worker_pool(
             environment, which a spawned worker reads before NumPy loads.
         ignore_interrupt: workers ignore Ctrl-C (SIGINT) and leave it to this process, which decides what
             becomes of their work; otherwise they are interrupted with it.
+        initializer, initargs: called in each worker as it starts (a queue back to this process, say).
     """
     threads = str(blas_threads or max(1, cpu_count() // jobs))
     saved = {var: os.environ.get(var) for var in BLAS_THREAD_VARS}
     os.environ.update({var: threads for var in BLAS_THREAD_VARS})
     try:
         context = multiprocessing.get_context("spawn")
-        initializer = _ignore_interrupt if ignore_interrupt else None
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=initializer) as pool:
+        start = (ignore_interrupt, initializer, initargs)
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start, initargs=start) as pool:
             yield pool
     finally:
         for var, value in saved.items():
@@ -49,5 +55,8 @@ def worker_pool(
                 os.environ[var] = value
 
 
-def _ignore_interrupt() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def _start(ignore_interrupt: bool, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    if ignore_interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)

@@ -118,7 +118,7 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
 
     started: list[str] = []
 
-    def fake_generate(case: Case, out_root: Path, precision: str) -> Path:  # stands in for generate_case
+    def fake_generate(case: Case, out_root: Path, precision: str, **progress: object) -> Path:  # generate_case
         with lock:
             started.append(case.name)
             running.append(case.name)
@@ -129,7 +129,7 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
         return Path(out_root) / case.name
 
     @contextlib.contextmanager
-    def threads(jobs: int) -> Iterator[ThreadPoolExecutor]:
+    def threads(jobs: int, **start: object) -> Iterator[ThreadPoolExecutor]:
         with ThreadPoolExecutor(jobs) as pool:
             yield pool
 
@@ -178,3 +178,21 @@ def test_ctrl_c_ends_any_command_with_130_and_one_line(tmp_path: Path, monkeypat
     result = CliRunner().invoke(main, ["gen", spec(tmp_path, CASES[:1]), "-o", str(tmp_path / "o")])
     assert result.exit_code == 130
     assert result.stderr.endswith("\ninterrupted: finished work is complete, unfinished work was not written\n")
+
+
+def test_cases_in_worker_processes_report_progress_before_they_end(tmp_path: Path) -> None:
+    big = [dict(CASES[0], name=f"big{i}", q_seq_len=4096, head_dim=128, block_shape=[128, 128], seed=i)
+           for i in range(2)]  # fmt: skip
+    cases = load_specs([spec(tmp_path, big)])
+    events: list[tuple[str, str, float]] = []
+    generate.generate_suite(
+        cases, tmp_path / "o", jobs=2,
+        on_progress=lambda case, fraction: events.append(("progress", case.name, fraction)),
+        on_done=lambda case, outcome, path: events.append(("done", case.name, 1.0)),
+    )  # fmt: skip
+    for name in ("big0", "big1"):
+        mine = [(kind, fraction) for kind, case, fraction in events if case == name]
+        assert mine[-1] == ("done", 1.0) and [k for k, _ in mine].count("done") == 1  # nothing after the end
+        fractions = [f for k, f in mine if k == "progress"]
+        assert fractions == sorted(fractions) and all(0 < f <= 1 for f in fractions)
+    assert any(kind == "progress" for kind, _, _ in events)
