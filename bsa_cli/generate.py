@@ -272,6 +272,8 @@ _REPORTS: Any = None
 def _report_to(queue: Any) -> None:
     global _REPORTS
     _REPORTS = queue
+    if queue is not None:
+        queue.cancel_join_thread()  # a worker never waits at exit for progress nobody reads any more
 
 
 def _generate_reporting(case: Case, out_root: Path, precision: str) -> Path:
