@@ -13,7 +13,7 @@ from . import output, report
 from .cli import UserError, main
 from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError
-from .options import Jobs
+from .options import jobs_option_for
 from .store import select_cases
 
 
@@ -107,15 +107,7 @@ _STANDARD_HELP = (
     is_flag=True,
     help="Hash only the inputs the judge reads (the block mask), not query/key/value/dout/out.",
 )
-@click.option(
-    "-j",
-    "--jobs",
-    type=Jobs(),
-    metavar="N|auto",
-    default="auto",
-    show_default=True,
-    help="Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.",
-)
+@jobs_option_for("Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(
     paths: tuple[Path, ...],

@@ -1,6 +1,9 @@
-"""Click options shared by several commands (gen, list, check), defined once."""
+"""Click options shared by several commands (gen, list, check, compare), defined once."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import click
 
@@ -41,13 +44,14 @@ class Jobs(click.ParamType):
         return jobs
 
 
-jobs_option = click.option(
-    "-j",
-    "--jobs",
-    type=Jobs(),
-    metavar="N|auto",
-    default="auto",
-    show_default=True,
-    help="Processes, across cases or across kv-head groups of one large case; auto: one per CPU when the "
-    "estimated work is a few seconds or more, else one.",
+def jobs_option_for(help_text: str) -> Callable[[Any], Any]:
+    """Return the `-j/--jobs N|auto` option (default auto) with a command's own help text."""
+    return click.option(
+        "-j", "--jobs", type=Jobs(), metavar="N|auto", default="auto", show_default=True, help=help_text
+    )
+
+
+jobs_option = jobs_option_for(
+    "Processes, across cases or across kv-head groups of one large case; auto: one per CPU when the "
+    "estimated work is a few seconds or more, else one."
 )
