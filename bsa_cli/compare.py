@@ -2044,7 +2044,7 @@ def _compare_case(
     except Exception as exc:  # a case bsa did not foresee: one line, not a traceback
         where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
         at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
-        text = f"{case_dir}: cannot be judged: {type(exc).__name__}: {show(str(exc), 200)}{at} (a bug in bsa?)"
+        text = f"{case_dir}: cannot be judged: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
         out = Path(output_dir) if output_dir is not None else Path(case_dir) / OUTPUTS_DIR
         fields: dict[str, Any] = dict.fromkeys(
             ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
@@ -22,7 +23,7 @@ from .errors import DataError
 from .inputs import draw, make_mask, make_tensors, mask_stats
 from .manifest import GRAD_NAMES, INPUT_NAMES, build_manifest, flat_params
 from .schedule import available_memory, estimate
-from .store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
+from .store import MANIFEST, CaseWriter, is_case_name, load_manifest, remove_leftovers, verify_inputs
 from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")
@@ -163,7 +164,11 @@ def generate_case(
         DataError: the golden is not finite (the case's values overflow), or the case cannot be written
             (a full disk, no permission); nothing of the case is left half-written.
     """
-    tensors, gold, bench = compute_case(case, precision, jobs, on_progress)
+    if not is_case_name(case.name):
+        raise DataError(str(Path(out_root) / case.name), "a case name must name one visible folder inside the "
+                        "output folder")  # fmt: skip
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
+        tensors, gold, bench = compute_case(case, precision, jobs, on_progress)
     final_dir = Path(out_root) / case.name
     for name, array in gold.items():
         if array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
@@ -279,7 +284,11 @@ def _generate_in_processes(
                     _pass_on(queue, {case.name: case for case in running.values()}, on_progress)
                 for future in finished:
                     case = running.pop(future)
-                    path = future.result()
+                    try:
+                        path = future.result()
+                    except BrokenProcessPool:
+                        raise DataError(str(out_root / case.name), "its worker process died (out of memory? "
+                                        "killed?); try fewer processes with -j") from None  # fmt: skip
                     if on_done:
                         on_done(case, "generated", path)
         except BaseException:

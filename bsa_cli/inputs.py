@@ -120,36 +120,43 @@ class MaskCounts:
     active_rows: int  # (batch, head, query block) rows that select at least one block
 
 
-_CHUNK_ELEMENTS = 1 << 22
-"""Mask elements counted at a time (bounds the temporaries of `mask_counts`)."""
+_CHUNK_ELEMENTS = 1 << 20
+"""Mask elements counted at a time (bounds the temporaries of `mask_counts` to a few MiB)."""
 
 
 def mask_counts(case: Case, mask: np.ndarray) -> MaskCounts:
-    """Count what `mask` selects within the lengths of each batch entry, a few batch entries at a time."""
+    """Count what `mask` selects within the lengths of each batch entry.
+
+    The mask is taken in slabs of about `_CHUNK_ELEMENTS` elements: several batch entries at a time when
+    they are small, a few query-block rows of one entry at a time when they are large.
+    """
     x, y = case.mask_block_shape
     batch, heads, n_q, n_kv = mask.shape
     q_lengths = np.asarray(case.q_lengths(), dtype=np.int64)
     kv_lengths = np.asarray(case.kv_lengths(), dtype=np.int64)
-    per_batch = max(1, heads * n_q * n_kv)
-    step = max(1, _CHUNK_ELEMENTS // per_batch)
-    exact = x * y < 1 << 40  # cell counts of one chunk fit int64; else count in float64
+    per_row = max(1, heads * n_kv)
+    rows_per_slab = max(1, _CHUNK_ELEMENTS // per_row)
+    batches_per_slab = max(1, rows_per_slab // max(n_q, 1)) if rows_per_slab >= n_q else 1
+    exact = x * y < 1 << 40  # cell counts of one slab fit int64; else count in float64
     selected = total = active = 0
     cells: int | float = 0
-    for first in range(0, batch, step):
-        last = min(batch, first + step)
-        rows = np.clip(q_lengths[first:last, None] - np.arange(n_q, dtype=np.int64) * x, 0, x)  # [c, nQ]
+    for first in range(0, batch, batches_per_slab):
+        last = min(batch, first + batches_per_slab)
         cols = np.clip(kv_lengths[first:last, None] - np.arange(n_kv, dtype=np.int64) * y, 0, y)  # [c, nKV]
-        reachable = (rows[:, :, None] > 0) & (cols[:, None, :] > 0)  # [c, nQ, nKV]
-        chosen = (np.asarray(mask[first:last]) != 0) & reachable[:, None]  # [c, N1, nQ, nKV]
-        selected += int(np.count_nonzero(chosen))
-        total += int(np.count_nonzero(reachable)) * heads
-        active += int(np.count_nonzero(chosen.any(axis=3)))
-        per_block = chosen.sum(axis=1, dtype=np.int64)  # heads selecting each block: [c, nQ, nKV]
-        weight = rows[:, :, None] * cols[:, None, :]
-        if exact:
-            cells += int((per_block * weight).sum(dtype=np.int64))
-        else:
-            cells += float((per_block * weight.astype(np.float64)).sum())
+        for row0 in range(0, n_q, rows_per_slab):
+            row1 = min(n_q, row0 + rows_per_slab)
+            rows = np.clip(q_lengths[first:last, None] - np.arange(row0, row1, dtype=np.int64) * x, 0, x)
+            reachable = (rows[:, :, None] > 0) & (cols[:, None, :] > 0)  # [c, r, nKV]
+            chosen = (np.asarray(mask[first:last, :, row0:row1]) != 0) & reachable[:, None]  # [c, N1, r, nKV]
+            selected += int(np.count_nonzero(chosen))
+            total += int(np.count_nonzero(reachable)) * heads
+            active += int(np.count_nonzero(chosen.any(axis=3)))
+            per_block = chosen.sum(axis=1, dtype=np.int64 if exact else np.float64)  # heads per block
+            per_row_cells = (per_block * cols[:, None, :]).sum(axis=2)  # [c, r]
+            if exact:
+                cells += int((per_row_cells * rows).sum(dtype=np.int64))
+            else:
+                cells += float((per_row_cells * rows.astype(np.float64)).sum())
     return MaskCounts(selected_blocks=selected, total_blocks=total, cells=int(cells), active_rows=active)
 
 

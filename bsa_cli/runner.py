@@ -40,7 +40,7 @@ import numpy as np
 
 from . import __version__
 from .case import numpy_dtype
-from .errors import BsaError, DataError, show, suggest
+from .errors import BsaError, DataError, clip, show, suggest
 from .store import (
     MANIFEST,
     OUTPUTS_DIR,
@@ -913,7 +913,7 @@ def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Except
     """Return the error result of a case whose run raised `exc` (one line naming it, no traceback)."""
     where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
-    problem = f"bsa could not run this case: {type(exc).__name__}: {show(str(exc), 200)}{at} (a bug in bsa?)"
+    problem = f"bsa could not run this case: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
     return CaseResult(
         name=Path(case_dir).name,
         case_dir=Path(case_dir),

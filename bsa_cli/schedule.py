@@ -55,8 +55,10 @@ SECONDS_PER_GROUP_SPAN = 4e-4
 """Time per (kv-head group, non-empty batch entry): the per-sequence set-up of each pass."""
 SECONDS_PER_ROW = 1.5e-4
 """Time per (batch entry, query head, query block) row that selects a block: the per-row NumPy calls."""
-SECONDS_PER_BLOCK = 6e-7
-"""Time per selected block (gathering and scattering it)."""
+SECONDS_PER_BLOCK = 3e-7
+SECONDS_PER_GATHERED_BLOCK = 2e-6
+"""Time per selected block: sliced when a row's blocks are consecutive (dense, causal, sliding window),
+gathered and scattered one by one otherwise (random, strided, explicit)."""
 
 
 def estimate(case: Case) -> Estimate:
@@ -84,18 +86,20 @@ def estimate(case: Case) -> Estimate:
         + input_bytes
         + output_bytes
         + _working_memory(case, q_elems, kv_elems, itemsize, density)
-        + mask_elements * (10 if case.sparsity.pattern == "random" else 3)  # drawn, then as uint8
+        + mask_elements * (13 if case.sparsity.pattern == "random" else 5)  # drawn, copied, written, checked
+        + 8 * counts.selected_blocks // max(case.num_heads, 1)  # one head's selected block indices
         + GROUP_MEMORY * case.num_kv_heads
         + SPAN_MEMORY * case.batch
     )
     flops = 14 * counts.cells * case.head_dim
     spans = _nonempty_spans(case)
+    consecutive = case.sparsity.pattern in ("dense", "causal", "sliding_window")
     seconds = (
         SECONDS_PER_CASE
         + flops * 1.4 / GOLDEN_FLOPS_PER_SECOND  # the benchmark backward repeats the golden's work
         + SECONDS_PER_GROUP_SPAN * spans * case.num_kv_heads
         + SECONDS_PER_ROW * counts.active_rows
-        + SECONDS_PER_BLOCK * counts.selected_blocks
+        + (SECONDS_PER_BLOCK if consecutive else SECONDS_PER_GATHERED_BLOCK) * counts.selected_blocks
     )
     return Estimate(
         flops=flops,

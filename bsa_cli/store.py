@@ -370,6 +370,14 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
                 check_entry(entry, f"{section}.{entry_name}")
             except DataError as exc:
                 raise DataError(where, str(exc)) from None
+    summary = manifest.get("benchmark_summary")
+    tiles = summary.get("tiles") if isinstance(summary, dict) else None
+    if isinstance(tiles, dict):
+        for entry_name, entry in tiles.items():
+            try:
+                check_entry(entry, f"benchmark_summary.tiles.{entry_name}")
+            except DataError as exc:
+                raise DataError(where, str(exc)) from None
     seen: set[str] = set()
     for entry_name, entry in (manifest.get("outputs") or {}).items():
         file = PurePosixPath(entry["file"])
