@@ -12,9 +12,12 @@ import click
 from . import output, report
 from .cli import UserError, main
 from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
-from .errors import BsaError
+from .errors import BsaError, DataError
 from .options import jobs_option_for
-from .store import select_cases
+from .store import read_regular, select_cases
+
+REPORT_MAX_BYTES = 1 << 30
+"""Largest JSON report `--merge` reads."""
 
 
 def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
@@ -45,11 +48,11 @@ def _load_reports(paths: tuple[Path, ...]) -> SuiteResult:
     documents = []
     for path in paths:
         try:
-            documents.append((str(path), json.loads(Path(path).read_text())))
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read JSON report: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: not valid JSON: {exc}") from None
+            documents.append((str(path), json.loads(read_regular(Path(path), REPORT_MAX_BYTES))))
+        except DataError as exc:
+            raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
     try:
         return report.merge(documents)
     except ValueError as exc:

@@ -40,7 +40,7 @@ from .case import Case, SequenceSpan, numpy_dtype
 from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
 from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
-from .store import MANIFEST, array_bytes, check_output_dir, inside, load_manifest, read_array
+from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, load_manifest, read_array
 
 __all__ = [
     "FAULTS",
@@ -455,7 +455,7 @@ def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None)
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = manifest.get("outputs") or {}
-    paths = {name: inside(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
+    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
     for path in [output_dir / STATUS_FILE, *paths.values()]:
         if path.is_symlink() or path.is_file():
             path.unlink()

@@ -47,6 +47,7 @@ from .store import (
     check_output_dir,
     expected_nbytes,
     inside,
+    inside_parent,
     iter_entries,
     load_manifest,
     read_regular,
@@ -468,7 +469,7 @@ def _clear_stale(output_dir: Path, manifest: Mapping[str, Any] | None) -> list[s
     paths += [output_dir / name for name in ("dq.bin", "dk.bin", "dv.bin")]
     for _, entry in iter_entries(manifest or {}, "outputs"):
         try:
-            paths.append(inside(output_dir, entry["file"]))
+            paths.append(inside_parent(output_dir, entry["file"]))
         except DataError as exc:
             problems.append(str(exc))
     for path in output_dir.iterdir():

@@ -103,6 +103,11 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
             found = sorted(p for p in [*path.glob("*.yaml"), *path.glob("*.yml")] if not p.name.startswith("."))
             if not found:
                 raise SpecError(str(path), "folder holds no *.yaml spec files")
+            for file in found:
+                try:
+                    inside(path, file.name)
+                except DataError as exc:
+                    raise SpecError(str(file), exc.message) from None
             files.extend(found)
         elif path.is_file():
             files.append(path)

@@ -114,6 +114,23 @@ def inside(base: Path, relative: str, what: str | None = None) -> Path:
     return path
 
 
+def inside_parent(base: Path, relative: str, what: str | None = None) -> Path:
+    """Return `base / relative` after checking that its folder lies inside `base` (links followed); the
+    last part itself may be anything, a link leading anywhere included: for removing or replacing it
+    (which never follows it), not for reading through it.
+
+    Raises:
+        DataError: as `inside`, for the folder that holds the file.
+    """
+    base = Path(base)
+    check_relative(relative, what or str(base / str(relative)))
+    path = base / relative
+    parent = PurePosixPath(relative).parent
+    if str(parent) != ".":
+        inside(base, str(parent), what)
+    return path
+
+
 def entry_path(directory: Path, entry: Mapping[str, Any]) -> Path:
     """Return the path of a manifest entry's file inside `directory` (see `inside`)."""
     if not isinstance(entry, Mapping):
@@ -357,8 +374,8 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
         if not isinstance(manifest.get(key), dict):
             raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")
     status = manifest["expect"].get("status", 0)
-    if not isinstance(status, int) or isinstance(status, bool):
-        raise DataError(where, f"expect.status: {_show(status)} is not an integer")
+    if not isinstance(status, int) or isinstance(status, bool) or not -(2**63) <= status < 2**63:
+        raise DataError(where, f"expect.status: {_show(status)} is not a 64-bit integer")
     for section in SECTIONS:
         entries = manifest.get(section)
         if entries is None:

@@ -298,6 +298,38 @@ def _emulate_into_link(box: Sandbox) -> list[str]:
     return ["emulate", str(out / "p" / "case.json"), str(box.root / "emulated")]
 
 
+def _record_link(case_dir: Path, box: Sandbox) -> None:
+    (case_dir / "outputs").mkdir(exist_ok=True)
+    for name in ("run.json", "status.txt", "stdout.log", "dq.bin"):
+        (case_dir / "outputs" / name).symlink_to(box.victim / "precious.txt")
+
+
+def _outputs_root_link(command: str) -> Callable[[Sandbox], list[str]]:
+    def setup(box: Sandbox) -> list[str]:
+        out = box.cases("p")
+        (box.root / "roots").mkdir()
+        (box.root / "roots" / "p").symlink_to(box.victim)
+        return [command, str(out), "--outputs-root", str(box.root / "roots")]
+
+    return setup
+
+
+def _report(document: Any) -> Callable[[Sandbox], list[str]]:
+    def setup(box: Sandbox) -> list[str]:
+        path = box.root / "report.json"
+        path.write_text(document if isinstance(document, str) else json.dumps(document))
+        return ["compare", "--merge", str(path)]
+
+    return setup
+
+
+def _spec_folder_link(box: Sandbox) -> list[str]:
+    (box.root / "specs").mkdir()
+    (box.victim / "v.yaml").write_text(yaml.safe_dump({"cases": [BASE]}))
+    (box.root / "specs" / "v.yaml").symlink_to(box.victim / "v.yaml")
+    return ["validate", str(box.root / "specs")]
+
+
 def _many_cases(box: Sandbox) -> list[str]:
     cases = [{"name": f"c{i}"} for i in range(10_001)]
     return ["validate", box.spec(text=yaml.safe_dump({"defaults": BASE, "cases": cases}))]
@@ -415,6 +447,14 @@ TRIALS = [
     Trial("emulate-into-link", _emulate_into_link, 2, "is a symbolic link"),
     Trial("outputs-entry-folder", _outputs_folder_entry, 3, "is a folder where bsa writes a result file"),
     Trial("record-is-folder", _case_file(_run_folder_record), 3, "is a folder where bsa writes"),
+    Trial("results-are-links", _case_file(_record_link), 0, "1 ok"),
+    Trial("results-are-links-compare", _case_file(_record_link, "compare"), 3, "leads out of"),
+    Trial("outputs-root-link-run", _outputs_root_link("run"), 3, "is a symbolic link"),
+    Trial("outputs-root-link-compare", _outputs_root_link("compare"), 3, "is a symbolic link"),
+    Trial("spec-folder-link-out", _spec_folder_link, 2, "leads out of"),
+    Trial("merge-name-list", _report({"schema": "bsa-compare/1", "cases": [{"name": ["x"]}]}), 2, "malformed report"),
+    Trial("merge-deep-json", _report("[" * 100_000 + "]" * 100_000), 2, "not valid JSON"),
+    Trial("merge-cases-number", _report({"schema": "bsa-compare/1", "cases": 7}), 2, "malformed report"),
     Trial("staging-link", _case_file(_staging_link), 0, "1 ok"),
     Trial("hidden-and-linked-cases", _hidden_only, 2, "no case directories"),
     # ---- malformed manifests (item 5) ----
@@ -495,6 +535,6 @@ def test_hostile_input_ends_cleanly(trial: Trial, generated: Path, tmp_path: Pat
         errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
         assert len(errors) == 1 and trial.text in errors[0], result.stderr
     assert digest(box.victim) == victim_before
-    assert set(os.listdir(tmp_path)) <= listing_before | {"out", "emulated", "specs"}
+    assert set(os.listdir(tmp_path)) <= listing_before | {"out", "emulated", "specs", "roots"}
     assert peak < MEMORY_LIMIT
     assert elapsed < TIME_LIMIT_S

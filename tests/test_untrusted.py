@@ -306,6 +306,25 @@ def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> 
         assert proc.returncode in (0, 130), (delay, proc.returncode, stderr.decode())
 
 
+def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Path) -> None:
+    path = write_spec(tmp_path / "specs", {"name": "a", "q_seq_len": 2048, "head_dim": 64}, {"name": "b", "seed": 1})
+    for delay in (0.0, 0.1, 0.5):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bsa_cli", "gen", path, "-o", str(tmp_path / "out"), "-j", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while len(children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        time.sleep(delay)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=120)
+        assert b"Traceback" not in stderr, stderr.decode()
+        assert proc.returncode in (0, 130), (delay, proc.returncode, stderr.decode())
+
+
 def test_a_folder_named_like_a_log_or_record_made_by_a_binary_is_no_crash(out: Path, tmp_path: Path) -> None:
     binary = tmp_path / "device.sh"
     binary.write_text('#!/bin/sh\nmkdir "$2/run.json" "$2/stderr.log" "$2/stdout.log"\n'
