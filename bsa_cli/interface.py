@@ -106,3 +106,21 @@ def kernel_constraints(params: Mapping[str, Any]) -> list[str]:
     if x % 16 or y % 16:
         notes.append(f"block_shape [{x}, {y}]: the operator README asks for multiples of 16")
     return notes
+
+
+def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+    """Return the actualSeqLengths and actualSeqLengthsKv to pass to the operator for manifest `params`.
+
+    A BNSD case without lengths passes `[S] * B` (q and kv S), never a null list: the A2/A3
+    post-processing reads `actualSeqLengths[b]` even for BNSD, and the operator's example and
+    torch_npu's tests always pass the lengths. TND passes the lengths as the case has them (a TND
+    case without lengths is a negative case and passes null).
+    """
+    q_lengths, kv_lengths = params.get("actual_seq_lengths"), params.get("actual_seq_lengths_kv")
+    if params.get("layout") == "BNSD":
+        batch = params.get("batch")
+        if q_lengths is None and isinstance(batch, int):
+            q_lengths = [params.get("q_seq_len")] * batch
+        if kv_lengths is None and isinstance(batch, int):
+            kv_lengths = [params.get("kv_seq_len")] * batch
+    return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
