@@ -67,6 +67,9 @@ FAULTS: dict[str, str] = {
     "no-dsum": "Dsum omitted: dS = P * dP",
     "nan-row": "one row of dq (a selected query row) is NaN",
     "stale-output": "dq, dk, dv all zero, as if never written",
+    "race-lost-update": "a race in the dK/dV accumulation: in about half the runs (decided by the run's order "
+    "seed; never without one) the first kv block that two or more pairs select loses one pair's partial, a "
+    "lost update (applies when a kv block is selected by two or more query blocks or heads)",
     "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
     "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
 }
@@ -137,6 +140,8 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         return math.prod(case.q_shape) > 0
     if name == "no-gqa-sum" and case.group_size <= 1:
         return False
+    if name == "race-lost-update" and block_mask is not None:
+        return any(_shared_blocks(case, block_mask, span) for span in spans)
     if name == "dk-no-scale" and case.kernel_scale == 1.0:
         return False
     if name == "drop-tail-block" and not any(
@@ -159,6 +164,13 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         else:
             return True
     return False
+
+
+def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
+    """Say whether some kv block of a batch entry is selected by two or more (query head, query block) pairs."""
+    mask = mask_view(case, block_mask, span)
+    groups = mask.reshape(case.num_kv_heads, case.group_size * mask.shape[1], mask.shape[2])
+    return bool((groups.sum(axis=1) >= 2).any())
 
 
 def applicable_faults(case: Case, block_mask: np.ndarray | None = None) -> list[str]:
@@ -210,7 +222,12 @@ _CHUNK_ROWS = 512
 
 
 def _sequence_grads(
-    seq: _Sequence, mask: np.ndarray, case: Case, fault: str | None, order: np.random.Generator | None
+    seq: _Sequence,
+    mask: np.ndarray,
+    case: Case,
+    fault: str | None,
+    order: np.random.Generator | None,
+    lost_update: list[bool],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major.
 
@@ -220,6 +237,7 @@ def _sequence_grads(
     each pair's dK and dV partial products. The partials are then added to the block's fp32 dK and dV
     one by one, as the kernel's atomic adds do: in (head, block) order, or in the order `order`
     permutes them into, which changes the last bits whenever three or more pairs meet in a block.
+    `lost_update` (race-lost-update fault) holds one flag while a partial is still to be lost.
     """
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
@@ -244,7 +262,10 @@ def _sequence_grads(
                 # no-gqa-sum: only the first query head of the group reaches dK and dV.
                 in_sum = members[tile] == 0 if fault == "no-gqa-sum" else np.ones(len(rows), dtype=bool)
                 partials += _tile_grads(seq, rows, in_sum, kv_head, cols, case, fault, dq)
-            sequence = range(len(partials)) if order is None else order.permutation(len(partials))
+            sequence = list(range(len(partials)) if order is None else order.permutation(len(partials)))
+            if fault == "race-lost-update" and lost_update and len(sequence) >= 2:
+                lost_update.pop()
+                sequence.pop()  # the last add of this block never lands
             for index in sequence:
                 dk_part, dv_part = partials[index]
                 dk[kv_head, cols] += dk_part
@@ -326,6 +347,7 @@ def emulate(
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
     order = None if order_seed is None else np.random.default_rng(order_seed)
+    lost_update = [True] if fault == "race-lost-update" and order is not None and order.random() < 0.5 else []
     dq = np.zeros(case.q_shape, dtype=np.float32)
     dk = np.zeros(case.kv_shape, dtype=np.float32)
     dv = np.zeros(case.kv_shape, dtype=np.float32)
@@ -334,7 +356,7 @@ def emulate(
             continue
         seq = _load_sequence(case, tensors, span)
         mask = _effective_mask(case, block_mask, span, fault)
-        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order)
+        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order, lost_update)
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
