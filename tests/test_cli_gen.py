@@ -93,12 +93,13 @@ def test_gen_is_reproducible_and_golden_precision_selectable(runner: CliRunner, 
 
 
 def test_negative_case_has_inputs_and_no_golden(runner: CliRunner, tmp_path: Path) -> None:
-    neg = {**CASE, "num_kv_heads": 3, "num_heads": 4, "expect": "ACLNN_ERR_PARAM_INVALID"}
+    neg = {**CASE, "tensors": {"block_sparse_mask": {"dtype": "int8"}}, "expect": "ACLNN_ERR_PARAM_INVALID"}
     assert runner.invoke(main, ["gen", spec(tmp_path, neg), "-o", str(tmp_path / "o")]).exit_code == 0
     manifest = json.loads((tmp_path / "o" / "tiny" / "case.json").read_text())
     assert manifest["golden"] == {} and manifest["benchmark"] == {}
     assert manifest["expect"] == {"status": 161002, "name": "ACLNN_ERR_PARAM_INVALID"}
     assert (tmp_path / "o" / "tiny" / "inputs" / "query.bin").is_file()
+    assert manifest["inputs"]["block_sparse_mask"]["dtype"] == "int8"
 
 
 def test_spec_error_exits_2_with_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
