@@ -4,10 +4,11 @@ The contract (docs/run.md documents it for users):
 
     BINARY <case_dir>/case.json <output_dir>        (or a --cmd template, split with shlex, no shell)
 
-with `ASCEND_DEVICE_ID` set (and `BSAG_DETERMINISTIC=1` on request). The binary writes `dq.bin`, `dk.bin`,
-`dv.bin` as the manifest's `outputs` say, and `status.txt` (first line the aclnn status as a decimal
-integer, an optional second line a message); a negative case writes only `status.txt`. It exits 0 once
-the status is recorded, whatever the status; a non-zero exit means the binary itself failed.
+with `ASCEND_DEVICE_ID` set. The binary writes `dq.bin`, `dk.bin`, `dv.bin` as the manifest's `outputs`
+say, and `status.txt` (first line the aclnn status as a decimal integer, an optional second line a
+message); a negative case writes only `status.txt`. It exits 0 once the status is recorded, whatever the
+status; a non-zero exit means the binary itself failed. The torch_npu device is such a binary too:
+`python -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>` in a child process per run.
 
 Each run of a binary writes into a fresh staging directory `<output_dir>/.run-K`; when the case is done,
 the first run's files move up into `<output_dir>` and `run.json` (this module's record) is written last,
@@ -20,6 +21,7 @@ This module never prints: callers watch progress through `RunEvent`s.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import os
 import queue
 import shlex
@@ -27,6 +29,7 @@ import shutil
 import signal
 import string
 import subprocess
+import sys
 import threading
 import time
 import traceback
@@ -56,6 +59,15 @@ RUN_RECORD = "run.json"
 STATUS_FILE = "status.txt"
 REFERENCE_DEVICE = "reference (bsa emulate)"
 """How the built-in reference device is named in records and output: never presented as device results."""
+TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
+"""How the torch_npu device is named in records and output."""
+TORCH_NPU_MODULE = "bsa_cli.torch_npu_device"
+"""The module each run of the torch_npu device executes (`python -m`), one child process per run."""
+DEVICE_KINDS: dict[str, str] = {
+    "reference": "the built-in reference device (bsa emulate), in this process: reference results",
+    "torch_npu": "torch_npu.npu_block_sparse_attention_backward, in a child process per case (an Ascend host)",
+}
+"""Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd)."""
 
 PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 """Names a --cmd template may use, as `{name}`."""
@@ -75,7 +87,7 @@ OUTCOMES: dict[str, str] = {
 
 
 class RunConfigError(BsaError):
-    """A run cannot start: bad --binary, --cmd, --fault or --devices value."""
+    """A run cannot start: bad --device, --binary, --cmd, --fault or --devices value."""
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -83,24 +95,54 @@ class RunConfigError(BsaError):
 
 @dataclass(frozen=True)
 class Device:
-    """What runs the cases: an external binary and/or --cmd template, or the built-in reference device.
+    """What runs the cases: an external binary and/or --cmd template, the torch_npu device, or the built-in
+    reference device.
 
-    Build one with `Device.create`, which checks the binary, the template and the fault.
+    Build one with `Device.create`, which checks the binary, the template, the fault and the kind.
     """
 
     binary: Path | None = None
     cmd: str | None = None
     fault: str | None = None
     binary_sha256: str | None = None
+    torch_npu: bool = False
 
     @classmethod
-    def create(cls, binary: str | Path | None = None, cmd: str | None = None, fault: str | None = None) -> Device:
+    def create(
+        cls,
+        binary: str | Path | None = None,
+        cmd: str | None = None,
+        fault: str | None = None,
+        kind: str | None = None,
+    ) -> Device:
         """Check the options and return the device.
+
+        Args:
+            kind: a key of `DEVICE_KINDS` (`--device`), or None: the reference device unless a binary or
+                template is given.
 
         Raises:
             RunConfigError: the binary is missing or not executable, the template uses an unknown or
-                unavailable placeholder, or a fault is asked of an external binary or is unknown.
+                unavailable placeholder, a fault is asked of another device than the reference one or is
+                unknown, the kind is unknown or given with --binary/--cmd, or torch_npu is not installed.
         """
+        if kind is not None and kind not in DEVICE_KINDS:
+            raise RunConfigError(
+                f"unknown device '{kind}'{suggest(kind, DEVICE_KINDS)}; known devices: {', '.join(DEVICE_KINDS)}"
+            )
+        if kind is not None and (binary is not None or cmd is not None):
+            given = "--binary" if binary is not None else "--cmd"
+            raise RunConfigError(
+                f"--device {kind} cannot be used with {given}: --binary/--cmd run an external binary, "
+                "--device runs a built-in one; give one of them"
+            )
+        if kind == "torch_npu":
+            if fault is not None:
+                raise RunConfigError(
+                    "--fault plants a fault in the reference device; it cannot be used with --device torch_npu"
+                )
+            _check_torch_npu()
+            return cls(torch_npu=True)
         resolved = _resolve_binary(binary) if binary is not None else None
         if cmd is not None:
             _check_template(cmd, has_binary=resolved is not None)
@@ -122,11 +164,20 @@ class Device:
 
     @property
     def is_reference(self) -> bool:
-        return self.binary is None and self.cmd is None
+        return self.binary is None and self.cmd is None and not self.torch_npu
+
+    @property
+    def kind(self) -> str:
+        """How records name the kind of device: "reference", "torch_npu" or "binary"."""
+        if self.torch_npu:
+            return "torch_npu"
+        return "reference" if self.is_reference else "binary"
 
     @property
     def name(self) -> str:
         """How records and output name the device."""
+        if self.torch_npu:
+            return TORCH_NPU_DEVICE
         if self.is_reference:
             return REFERENCE_DEVICE + (f" with fault '{self.fault}'" if self.fault else "")
         if self.binary is not None:
@@ -136,6 +187,8 @@ class Device:
     def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
         """Return the command line for one run (the reference device: the equivalent `bsa emulate` call)."""
         manifest = str(case_dir / MANIFEST)
+        if self.torch_npu:
+            return [sys.executable, "-m", TORCH_NPU_MODULE, manifest, str(output_dir)]
         if self.is_reference:
             argv = ["bsa", "emulate", manifest, str(output_dir)]
             return argv + (["--fault", self.fault] if self.fault else [])
@@ -149,6 +202,25 @@ class Device:
             "device_id": str(device_id),
         }
         return [token.format(**values) for token in shlex.split(self.cmd)]
+
+
+def _check_torch_npu() -> None:
+    """Check that this Python finds torch and torch_npu, without importing them (the child imports them).
+
+    Raises:
+        RunConfigError: naming the module that is missing and what to install.
+    """
+    for module in ("torch", "torch_npu"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise RunConfigError(
+                f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
+                "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
+                "'On an Ascend host'), or run the C++ harness with --binary"
+            )
 
 
 def _resolve_binary(binary: str | Path) -> Path:
@@ -212,8 +284,7 @@ class RunOptions:
     device: Device = field(default_factory=Device)
     device_ids: tuple[int, ...] = (0,)
     repeat: int = 1
-    deterministic: bool = False
-    timeout: float | None = None  # seconds per run of an external binary; None: no limit
+    timeout: float | None = None  # seconds per run of an external binary or torch_npu child; None: no limit
     outputs_root: Path | None = None  # None: <case_dir>/outputs; else <outputs_root>/<case name>
 
     def __post_init__(self) -> None:
@@ -228,10 +299,7 @@ class RunOptions:
 
     def env(self, device_id: int) -> dict[str, str]:
         """Return the variables bsa sets for a run on `device_id`."""
-        env = {"ASCEND_DEVICE_ID": str(device_id)}
-        if self.deterministic:
-            env["BSAG_DETERMINISTIC"] = "1"
-        return env
+        return {"ASCEND_DEVICE_ID": str(device_id)}
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:
@@ -777,7 +845,7 @@ class _CaseRun:
             "output_dir": str(self.output_dir),
             "device": {
                 "name": device.name,
-                "kind": "reference" if device.is_reference else "binary",
+                "kind": device.kind,
                 "id": self.device_id,
                 "fault": device.fault,
             },

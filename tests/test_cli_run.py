@@ -178,7 +178,7 @@ def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
 def test_repeat_with_a_racy_binary_exits_1(tmp_path):
     make_case(tmp_path / "out", "racy_random")
 
-    result = invoke("run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2", "--deterministic")
+    result = invoke("run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2")
 
     assert result.exit_code == 1, result.output
     assert "nondeterministic racy_random" in result.stderr
