@@ -121,8 +121,15 @@ class Call:
         }
 
 
+def _int(value: Any) -> int:
+    """Return an integer value as a Python int (the binding's `int`), refusing anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{value!r}, not an integer")
+    return int(value)
+
+
 def _int_list(values: Sequence[Any] | None) -> list[int] | None:
-    return None if values is None else [int(v) for v in values]
+    return None if values is None else [_int(v) for v in values]
 
 
 def _desc(entry: Mapping[str, Any] | None) -> tuple[Any, tuple[int, ...]]:
@@ -186,16 +193,19 @@ def plan_call(manifest: Mapping[str, Any]) -> Call:
         if entry.get("dtype") not in TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     q_lengths, kv_lengths = call_lengths(params)
-    return Call(
-        block_shape=[int(v) for v in block_shape],
-        actual_seq_lengths=_int_list(q_lengths),
-        actual_seq_lengths_kv=_int_list(kv_lengths),
-        q_input_layout=str(params.get("layout")),
-        kv_input_layout=str(params.get("kv_layout", params.get("layout"))),
-        num_key_value_heads=int(params.get("num_kv_heads", 1)),
-        scale_value=float(params.get("scale", 1.0)),
-        null_inputs=tuple(n for n in CALL_ORDER if n not in inputs),
-    )
+    try:
+        return Call(
+            block_shape=[_int(v) for v in block_shape],
+            actual_seq_lengths=_int_list(q_lengths),
+            actual_seq_lengths_kv=_int_list(kv_lengths),
+            q_input_layout=str(params.get("layout")),
+            kv_input_layout=str(params.get("kv_layout", params.get("layout"))),
+            num_key_value_heads=_int(params.get("num_kv_heads")),
+            scale_value=float(params["scale"]),
+            null_inputs=tuple(n for n in CALL_ORDER if n not in inputs),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
 
 
 def aclnn_status(message: str) -> int | None:
@@ -263,13 +273,13 @@ def import_torch_npu() -> tuple[Any, Any]:
         import torch
     except ImportError as exc:
         raise TorchNpuMissing(f"cannot import torch: {exc}; install torch and torch_npu (README.md)") from None
+    advice = f"install the torch_npu release that matches torch {torch.__version__}, and source <CANN>/set_env.sh first"
     try:
         import torch_npu
     except ImportError as exc:
-        raise TorchNpuMissing(
-            f"cannot import torch_npu: {exc}; install the torch_npu release that matches torch "
-            f"{torch.__version__}, and source <CANN>/set_env.sh first"
-        ) from None
+        raise TorchNpuMissing(f"cannot import torch_npu: {exc}; {advice}") from None
+    except Exception as exc:  # torch_npu's own initialisation failed (driver, CANN version)
+        raise TorchNpuMissing(f"importing torch_npu failed: {type(exc).__name__}: {exc}; {advice}") from None
     return torch, torch_npu
 
 

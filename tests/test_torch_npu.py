@@ -312,6 +312,8 @@ def test_plan_call_passes_what_the_harness_passes(generated):
         (lambda m: m["outputs"]["dq"].update(dtype="float32"),
          "dq is float32 [2, 2, 40, 16], but the binding allocates it like query (bfloat16 [2, 2, 40, 16])"),
         (lambda m: m["outputs"].pop("dv"), "dv is null: the binding always allocates dq, dk, dv"),
+        (lambda m: m["params"].update(block_shape=[16.5, 16]),
+         "a value the binding takes as int, int list or float is 16.5, not an integer"),
     ],
 )  # fmt: skip
 def test_plan_call_refuses_what_the_binding_cannot_express(generated, change, reason):
