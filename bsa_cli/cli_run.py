@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -339,17 +340,26 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     callback=_list_faults,
     help="List the faults the reference device can plant, and exit.",
 )
-def emulate_command(manifest: Path, output_dir: Path, fault: str | None) -> None:
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seed of the order in which dK/dV partials are added (a device's atomic adds); default: a fresh one.",
+)
+def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: int | None) -> None:
     """Act as a device binary on one case: the built-in reference device.
 
     Follows the binary contract: reads MANIFEST (a case's case.json, or its folder) and its inputs,
     writes dq.bin, dk.bin, dv.bin and status.txt into OUTPUT_DIR. Its results are a reference (the kernel's
-    precision path on the CPU), never device results. Exits 0 once the status is written, whatever it is.
+    precision path on the CPU), never device results. Like a device, it adds dK/dV partials in another
+    order on every run (dq stays bit for bit the same); --seed repeats an order. Exits 0 once the status
+    is written, whatever it is.
     """
     case_dir = manifest if manifest.is_dir() else manifest.parent
+    order_seed = seed if seed is not None else secrets.randbits(32)
     with user_errors():
         runner.Device.create(fault=fault)  # checks the fault name
-        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault)
+        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
     suffix = f" (fault '{fault}' planted)" if fault else ""
     output.info(f"{runner.REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
 
