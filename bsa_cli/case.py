@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ DTYPES: dict[str, Any] = {
     "int64": np.dtype(np.int64),
     "int8": np.dtype(np.int8),
     "int32": np.dtype(np.int32),
+    "bool": np.dtype(np.bool_),
 }
 """Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes)."""
 
@@ -31,8 +33,29 @@ ACLNN_STATUS = {
     "ACLNN_SUCCESS": 0,
     "ACLNN_ERR_PARAM_NULLPTR": 161001,
     "ACLNN_ERR_PARAM_INVALID": 161002,
+    "ACLNN_ERR_INNER_TILING_ERROR": 561002,
 }
 """aclnn status names and codes that cases can expect."""
+
+TENSOR_NAMES = (
+    "dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask",
+    "dq", "dk", "dv",
+)  # fmt: skip
+"""Every tensor of the aclnn call, in its parameter order; `atten_mask` is absent (null) unless a case gives it."""
+
+
+@dataclass(frozen=True)
+class TensorOverride:
+    """A tensor of the call made different on purpose (negative cases; a bool mask in valid ones too).
+
+    `null` passes a null pointer; `dtype` and `shape` replace the tensor's own (None: unchanged). For
+    `atten_mask`, which is null by default, any override other than `null` passes a tensor.
+    """
+
+    name: str
+    null: bool = False
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -110,7 +133,7 @@ class Case:
     actual_seq_lengths: tuple[int, ...] | None
     actual_seq_lengths_kv: tuple[int, ...] | None
     block_shape: tuple[int, ...]  # [X, Y]; other lengths or values only in negative cases, () for null
-    scale: float
+    scale: float  # scaleValue as passed to the interface (a double)
     seed: int
     sparsity: Sparsity = Sparsity()
     init: Init = Init()
@@ -123,11 +146,50 @@ class Case:
     mask_type: int = 0
     pre_tokens: int = MAX_TOKENS
     next_tokens: int = MAX_TOKENS
+    tensors: tuple[TensorOverride, ...] = ()
+    """Tensors of the call passed null or with another dtype or shape (see `tensor_descs`)."""
     compare: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Per-case comparison settings from the spec (standard name, thresholds), passed through to the manifest."""
     warnings: tuple[str, ...] = ()  # kernel constraints this case is outside of
 
     # ---- geometry -------------------------------------------------------------------------------
+
+    @property
+    def kernel_scale(self) -> float:
+        """The scale the kernel computes with: scaleValue rounded to float32, as the op passes it on.
+
+        (ops-transformer 3a280bc, op_host/op_api/block_sparse_attention_grad.cpp: `static_cast<float>`.)
+        """
+        return float(np.float32(self.scale))
+
+    def override(self, name: str) -> TensorOverride | None:
+        """Return the override of tensor `name`, or None."""
+        return next((t for t in self.tensors if t.name == name), None)
+
+    def tensor_descs(self) -> dict[str, dict[str, Any]]:
+        """Return {name: {"dtype", "shape"}} of every non-null tensor of the call, overrides applied."""
+        descs: dict[str, dict[str, Any]] = {
+            "dout": {"dtype": self.dtype, "shape": self.q_shape},
+            "query": {"dtype": self.dtype, "shape": self.q_shape},
+            "key": {"dtype": self.dtype, "shape": self.kv_shape},
+            "value": {"dtype": self.dtype, "shape": self.kv_shape},
+            "attention_out": {"dtype": self.dtype, "shape": self.q_shape},
+            "softmax_lse": {"dtype": "float32", "shape": self.lse_shape_dims},
+            "block_sparse_mask": {"dtype": "uint8", "shape": self.mask_shape},
+            "dq": {"dtype": self.dtype, "shape": self.q_shape},
+            "dk": {"dtype": self.dtype, "shape": self.kv_shape},
+            "dv": {"dtype": self.dtype, "shape": self.kv_shape},
+        }
+        for item in self.tensors:
+            if item.null:
+                descs.pop(item.name, None)
+                continue
+            desc = descs.setdefault(item.name, {"dtype": "bool", "shape": (self.q_seq_len, self.kv_seq_len)})
+            if item.dtype is not None:
+                desc["dtype"] = item.dtype
+            if item.shape is not None:
+                desc["shape"] = item.shape
+        return {name: {"dtype": d["dtype"], "shape": tuple(d["shape"])} for name, d in descs.items()}
 
     @property
     def group_size(self) -> int:
@@ -169,14 +231,14 @@ class Case:
             return self.actual_seq_lengths_kv
         return (self.kv_seq_len,) * self.batch
 
-    @property
+    @functools.cached_property
     def q_shape(self) -> tuple[int, ...]:
         """Shape of query, dout, attentionOut and dq."""
         if self.layout == "TND":
             return (sum(self.q_lengths()), self.num_heads, self.head_dim)
         return (self.batch, self.num_heads, self.q_seq_len, self.head_dim)
 
-    @property
+    @functools.cached_property
     def kv_shape(self) -> tuple[int, ...]:
         """Shape of key, value, dk and dv."""
         if self.layout == "TND":

@@ -1,7 +1,9 @@
-"""`bsa run`, `bsa emulate`, `bsa check`: drive a device binary, or the reference device, over cases."""
+"""`bsa run`, `bsa emulate`, `bsa check`: drive a device (a binary, torch_npu, or the reference device) over cases."""
 
 from __future__ import annotations
 
+import secrets
+import sys
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -153,10 +155,18 @@ def device_options(func: Any) -> Any:
     """Add the options that choose and drive the device (shared by `run` and `check`)."""
     options = [
         click.option(
+            "--device",
+            "device_kind",
+            type=click.Choice(list(runner.DEVICE_KINDS)),
+            help="Built-in device: reference (the default: the reference device, reference results) or "
+            "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
+            "per case). Not with --binary or --cmd.",
+        ),
+        click.option(
             "--binary",
             metavar="PATH",
             help="Device binary, run as `BINARY <case_dir>/case.json <output_dir>`. "
-            "Without it (and without --cmd) the built-in reference device runs the cases.",
+            "Without it (and without --cmd or --device) the built-in reference device runs the cases.",
         ),
         click.option(
             "--cmd",
@@ -186,18 +196,13 @@ def device_options(func: Any) -> Any:
             help="Run each case N times; outputs that are not bitwise identical across runs fail the case.",
         ),
         click.option(
-            "--deterministic",
-            is_flag=True,
-            help="Export BSAG_DETERMINISTIC=1 (the kernel's deterministic mode).",
-        ),
-        click.option(
             "--timeout",
             type=click.FloatRange(min=0, min_open=True),
             default=600.0,
             show_default=True,
             metavar="SECONDS",
-            help="Kill a binary's whole process group after this long (not applied to the reference device, "
-            "which runs in-process).",
+            help="Kill a binary's (or a torch_npu child's) whole process group after this long (not applied "
+            "to the reference device, which runs in-process).",
         ),
         click.option(
             "--filter",
@@ -213,23 +218,22 @@ def device_options(func: Any) -> Any:
 
 
 def make_options(
+    device_kind: str | None,
     binary: str | None,
     cmd: str | None,
     fault: str | None,
     devices: str,
     repeat: int,
-    deterministic: bool,
     timeout: float,
     outputs_root: str | None = None,
 ) -> runner.RunOptions:
     """Build run options from CLI values, turning configuration errors into `Error:` lines."""
     try:
-        device = runner.Device.create(binary=binary, cmd=cmd, fault=fault)
+        device = runner.Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
         return runner.RunOptions(
             device=device,
             device_ids=runner.parse_device_ids(devices),
             repeat=repeat,
-            deterministic=deterministic,
             timeout=timeout,
             outputs_root=Path(outputs_root) if outputs_root else None,
         )
@@ -250,6 +254,8 @@ def run_with_display(case_dirs: Sequence[Path], options: runner.RunOptions, disp
     """Run cases and show each one; say up front when the reference device stands in for a device."""
     if options.device.is_reference:
         output.info(f"device: {options.device.name}: reference results, not device results")
+    elif options.device.torch_npu:
+        output.info(f"device: {options.device.name}, through {runner.TORCH_NPU_MODULE} in {sys.executable}")
     else:
         output.info(f"device: {options.device.name} (sha256 {options.device.binary_sha256 or '-'})")
     display.phase("run", len(case_dirs), [c.name for c in case_dirs])
@@ -280,17 +286,17 @@ def print_run_summary(summary: runner.RunSummary) -> None:
 )
 def run_command(
     cases: tuple[Path, ...],
+    device_kind: str | None,
     binary: str | None,
     cmd: str | None,
     fault: str | None,
     devices: str,
     repeat: int,
-    deterministic: bool,
     timeout: float,
     filters: tuple[str, ...],
     outputs_root: str | None,
 ) -> None:
-    """Run a device binary (default: the reference device) on every case under CASES.
+    """Run a device (default: the reference device) on every case under CASES.
 
     CASES are folders written by `bsa gen` (or single case folders). Each case's outputs, status.txt,
     logs and run.json go to <case_dir>/outputs; judge them with `bsa compare`.
@@ -298,7 +304,7 @@ def run_command(
     Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
-    options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout, outputs_root)
+    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
     with Display() as display:
@@ -334,17 +340,26 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     callback=_list_faults,
     help="List the faults the reference device can plant, and exit.",
 )
-def emulate_command(manifest: Path, output_dir: Path, fault: str | None) -> None:
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seed of the order in which dK/dV partials are added (a device's atomic adds); default: a fresh one.",
+)
+def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: int | None) -> None:
     """Act as a device binary on one case: the built-in reference device.
 
     Follows the binary contract: reads MANIFEST (a case's case.json, or its folder) and its inputs,
     writes dq.bin, dk.bin, dv.bin and status.txt into OUTPUT_DIR. Its results are a reference (the kernel's
-    precision path on the CPU), never device results. Exits 0 once the status is written, whatever it is.
+    precision path on the CPU), never device results. Like a device, it adds dK/dV partials in another
+    order on every run (dq stays bit for bit the same); --seed repeats an order. Exits 0 once the status
+    is written, whatever it is.
     """
     case_dir = manifest if manifest.is_dir() else manifest.parent
+    order_seed = seed if seed is not None else secrets.randbits(32)
     with user_errors():
         runner.Device.create(fault=fault)  # checks the fault name
-        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault)
+        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
     suffix = f" (fault '{fault}' planted)" if fault else ""
     output.info(f"{runner.REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
 
@@ -452,12 +467,12 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display, jobs: i
 def check_command(
     specs: tuple[str, ...],
     out: Path,
+    device_kind: str | None,
     binary: str | None,
     cmd: str | None,
     fault: str | None,
     devices: str,
     repeat: int,
-    deterministic: bool,
     timeout: float,
     filters: tuple[str, ...],
     precision: str,
@@ -476,13 +491,13 @@ def check_command(
     """Generate, run and compare in one command: the main job.
 
     SPECS are case spec files or folders. Cases already in OUT with current inputs are not generated
-    again. Without --binary the built-in reference device runs them (reference results, not device
-    results). Exit code as `bsa compare`: 0 all pass, 1 a case failed, 2 usage or spec error, 3 a case
-    could not be judged; 130 interrupted.
+    again. Without --binary, --cmd or --device torch_npu the built-in reference device runs them
+    (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
+    2 usage or spec error, 3 a case could not be judged; 130 interrupted.
     """
     from . import report
 
-    options = make_options(binary, cmd, fault, devices, repeat, deterministic, timeout)
+    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout)
     settings = _run_settings(standard, thresholds, padding)
     try:
         with Display() as display:

@@ -77,6 +77,7 @@ __all__ = [
     "BlockMap",
     "CaseResult",
     "Check",
+    "DeviceOutcome",
     "ErrorStats",
     "HotBlock",
     "RunSettings",
@@ -86,6 +87,7 @@ __all__ = [
     "WorstElement",
     "compare_case",
     "compare_suite",
+    "judge_outcome",
     "judge_tensors",
     "resolve_settings",
     "validate_settings",
@@ -556,6 +558,11 @@ class CaseResult:
     errors: tuple[str, ...]  # why an ERROR case could not be judged
     output_bytes: int
     seconds: float
+
+    @property
+    def passed(self) -> bool:
+        """Whether the verdict is PASS."""
+        return self.verdict == PASS
 
     @property
     def all_checks(self) -> tuple[Check, ...]:
@@ -1828,6 +1835,14 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         )
         text = f"repeated runs differ ({clip(repeat.get('count', '?'), 20)} runs){': ' + detail if detail else ''}"
         return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)], record
+    noise = (record.get("repeat") or {}).get("noise")
+    if outcome == "ok" and isinstance(noise, dict) and noise:
+        parts = [f"{clip(name, 20)} {clip(v.get('elements'), 20)} of {clip(v.get('total'), 20)} elements by <= "
+                 f"{clip(v.get('max_ulp'), 20)} ULP"
+                 for name, v in list(noise.items())[:6] if isinstance(v, dict)]  # fmt: skip
+        count = clip(record["repeat"].get("count"), 20)
+        text = f"dq bitwise identical over {count} runs; atomic-add noise: " + "; ".join(parts)
+        return [], [Check("repeat-noise", None, float(len(parts)), None, True, text)], record
     return [], [], record
 
 
@@ -1902,15 +1917,18 @@ class _Inline(Executor):
 
 def _open_arrays(
     case_dir: Path,
-    output_dir: Path,
+    output_dir: Path | None,
     manifest: Mapping[str, Any],
     need_benchmark: bool,
     pool: Executor | None,
     verify_inputs: bool = True,
     inputs_run: Mapping[str, str] | None = None,
     key: Mapping[str, Any] | None = None,
+    device: Mapping[str, np.ndarray] | None = None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
+
+    Device outputs given as arrays (`device`) stand for the files of `output_dir`.
 
     When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
     opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
@@ -1929,7 +1947,12 @@ def _open_arrays(
     document = manifest.get("benchmark_summary")
     if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
         opened.summary = _open_summary(case_dir, manifest, document, executor, opened)
-    sections = [("outputs", output_dir, opened.device), ("golden", case_dir, opened.golden)]
+    sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
+    if device is not None:
+        opened.device.update((name, device[name]) for name in GRAD_NAMES)
+    else:
+        assert output_dir is not None
+        sections.insert(0, ("outputs", output_dir, opened.device))
     bench_entries = dict(iter_entries(manifest, "benchmark"))
     if bench_entries or need_benchmark:
         opened.benchmark = {}
@@ -1964,9 +1987,10 @@ def _open_arrays(
         elif not verify_inputs:
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
+            record = output_dir / RUN_RECORD if output_dir is not None else RUN_RECORD
             opened.problems.append(
                 str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
-                              f"{output_dir / RUN_RECORD}): the case was generated again since; run it again"))
+                              f"{record}): the case was generated again since; run it again"))
             )  # fmt: skip
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
             opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
@@ -2028,6 +2052,54 @@ class RunThresholdError(ValueError):
     """A --threshold given for the whole run does not apply to a case's standard (a usage error)."""
 
 
+@dataclass(frozen=True)
+class DeviceOutcome:
+    """What a device returned for one case, held in memory instead of written to an output directory.
+
+    `status` is the aclnn status (0 for success); `grads` are dq, dk, dv for a call that succeeded (the
+    case's dtype and shapes). `problems` say why the outcome cannot be judged (as a crash in run.json
+    does): with any, the case is an ERROR.
+    """
+
+    status: int | None
+    message: str | None = None
+    grads: Mapping[str, np.ndarray] | None = None
+    device: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+IN_MEMORY = "(in memory)"
+"""The `output_dir` of a result judged from arrays in memory (`judge_outcome`)."""
+
+
+def judge_outcome(
+    case_dir: Path,
+    outcome: DeviceOutcome,
+    manifest: Mapping[str, Any] | None = None,
+    run: RunSettings | None = None,
+    pool: Executor | None = None,
+) -> CaseResult:
+    """Judge a device's outcome held in memory exactly as `compare_case` judges the same written to files.
+
+    The case's golden, benchmark (or its summary) and block mask are read and hashed from `case_dir`;
+    its other inputs are not hashed again (whoever read them for the device checked them, as `bsa run`
+    does). Never raises for bad case files (ERROR).
+
+    Args:
+        case_dir: a directory written by `bsa gen`.
+        outcome: the status the device returned, and dq, dk, dv when it succeeded.
+        manifest: the case's manifest as already read (default: read from `case_dir`).
+        run: settings given for the whole run, as `compare_case`.
+        pool: an executor hashing files while the metrics are measured (default: serially).
+
+    Raises:
+        ValueError: a gradient of a call that returned 0 is missing or not of the case's shape and dtype
+            (naming the tensor, what was expected and what was given), or a run threshold does not apply.
+    """
+    started = time.perf_counter()
+    return _judge_case(Path(case_dir), None, manifest, run, pool, False, started, outcome)
+
+
 def _compare_case(
     case_dir: Path, output_dir: Path | None, run: RunSettings | None, pool: Executor | None, verify_inputs: bool
 ) -> CaseResult:
@@ -2038,7 +2110,9 @@ def _compare_case(
     """
     started = time.perf_counter()
     try:
-        return _judge_case(case_dir, output_dir, run, pool, verify_inputs)
+        case_dir = Path(case_dir)
+        files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+        return _judge_case(case_dir, files, None, run, pool, verify_inputs, started, None)
     except RunThresholdError:
         raise
     except Exception as exc:  # a case bsa did not foresee: one line, not a traceback
@@ -2057,13 +2131,21 @@ def _compare_case(
 
 
 def _judge_case(
-    case_dir: Path, output_dir: Path | None, run: RunSettings | None, pool: Executor | None, verify_inputs: bool
+    case_dir: Path,
+    output_dir: Path | None,
+    manifest: Mapping[str, Any] | None,
+    run: RunSettings | None,
+    pool: Executor | None,
+    verify_inputs: bool,
+    started: float,
+    outcome: DeviceOutcome | None,
 ) -> CaseResult:
-    started = time.perf_counter()
-    case_dir = Path(case_dir)
-    output_dir = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+    """Judge one case: from the files in `output_dir`, or from `outcome` in memory (then `output_dir` is None).
+
+    The two differ only in where the status, the run's problems and the gradients come from.
+    """
     run = run or RunSettings()
-    base: dict[str, Any] = {"case_dir": str(case_dir), "output_dir": str(output_dir)}
+    base: dict[str, Any] = {"case_dir": str(case_dir), "output_dir": str(output_dir or IN_MEMORY)}
 
     def error(name: str, errors: list[str], **known: Any) -> CaseResult:
         fields: dict[str, Any] = dict.fromkeys(
@@ -2077,7 +2159,7 @@ def _judge_case(
         )
 
     try:
-        manifest = load_manifest(case_dir)
+        manifest = load_manifest(case_dir) if manifest is None else manifest
         case = case_from_manifest(manifest)
     except DataError as exc:
         return error(case_dir.name, [str(exc)])
@@ -2098,18 +2180,29 @@ def _judge_case(
         "layout": case.layout,
         "expect_status": case.expect.status,
     }
-    try:
-        check_output_dir(output_dir)
-    except DataError as exc:
-        return error(name, [str(exc)], **known)
-    known["device"] = _run_device(output_dir)
-    problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
+    if outcome is None:
+        assert output_dir is not None
+        try:
+            check_output_dir(output_dir)
+        except DataError as exc:
+            return error(name, [str(exc)], **known)
+        known["device"] = _run_device(output_dir)
+        problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
+    else:
+        known["device"] = outcome.device
+        problems, run_checks, inputs_run = list(outcome.problems), [], None
     if problems:
         return error(name, problems, **known)
-    try:
-        status, status_message = _read_status(output_dir)
-    except DataError as exc:
-        return error(name, [str(exc)], **known)
+    if outcome is None:
+        assert output_dir is not None
+        try:
+            status, status_message = _read_status(output_dir)
+        except DataError as exc:
+            return error(name, [str(exc)], **known)
+    elif outcome.status is None:
+        return error(name, ["no aclnn status given for the outcome"], **known)
+    else:
+        status, status_message = outcome.status, outcome.message
     known.update(status=status, status_message=status_message)
     checks = list(run_checks)
     if not case.expect.ok:
@@ -2137,9 +2230,14 @@ def _judge_case(
         checks.append(Check("status", None, float(status), 0.0, False, text, math.inf))
         return _finish(name, base, known, checks, (), started, 0)
     checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
+    if outcome is not None:
+        _check_grads(manifest, outcome.grads)
     need_bench = STANDARDS[settings.standard].needs_benchmark
     key = summary_key(case, settings)
-    opened = _open_arrays(case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run, key)
+    opened = _open_arrays(
+        case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run, key,
+        device=outcome.grads if outcome is not None else None,
+    )  # fmt: skip
     if opened.problems:
         opened.stale()
         return error(name, opened.problems, **known)
@@ -2160,6 +2258,29 @@ def _judge_case(
         return error(name, stale, **known)
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+def _check_grads(manifest: Mapping[str, Any], grads: Mapping[str, np.ndarray] | None) -> None:
+    """Raise ValueError unless `grads` holds dq, dk, dv of the dtypes and shapes the manifest's `outputs` give."""
+    outputs = manifest.get("outputs") or {}
+    for name in GRAD_NAMES:
+        entry = outputs.get(name)
+        if entry is None:
+            continue  # the manifest's own problem: _open_arrays reports it
+        expected = f"{entry['dtype']} {list(entry['shape'])}"
+        array = (grads or {}).get(name)
+        if array is None:
+            raise ValueError(f"{name}: missing; expected {expected}")
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
+        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
+        if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
+            raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
+    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
 
 
 def _finish(

@@ -39,8 +39,8 @@ from . import interface
 from .case import Case, SequenceSpan, numpy_dtype
 from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
-from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
-from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, load_manifest, read_array
+from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest
+from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
 
 __all__ = [
     "FAULTS",
@@ -68,6 +68,9 @@ FAULTS: dict[str, str] = {
     "no-dsum": "Dsum omitted: dS = P * dP",
     "nan-row": "one row of dq (a selected query row) is NaN",
     "stale-output": "dq, dk, dv all zero, as if never written",
+    "race-lost-update": "a race in the dK/dV accumulation: the first kv block that two or more pairs select "
+    "loses one pair's partial, a lost update, in the runs whose order seed is odd (about half of `bsa run`'s "
+    "runs) and always without a seed (applies when a kv block is selected by two or more query blocks or heads)",
     "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
     "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
 }
@@ -80,21 +83,20 @@ _LOG2E = np.float32(math.log2(math.e))
 # ---- interface checks -----------------------------------------------------------------------------
 
 
-def check_interface(params: Mapping[str, Any]) -> tuple[int, str]:
-    """Check a manifest's `params` the way the aclnn interface does; return (status, message).
+def check_interface(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> tuple[int, str]:
+    """Check a call the way aclnn and the A2/A3 tiling do; return (status, message).
 
     The rules live in `interface` (shared with spec validation, so a negative case's expected status and
-    the reference device's answer cannot drift apart): 161002 ACLNN_ERR_PARAM_INVALID for a dtype other
-    than float16/bfloat16, a layout other than BNSD/TND, q and kv layouts differing, N1 % N2 != 0 or
-    N1 < N2, a block shape that is not two positive integers, maskType != 0, preTokens/nextTokens !=
-    2147483647; 161001 ACLNN_ERR_PARAM_NULLPTR for a null blockShape, and a null actualSeqLengths(Kv) with
-    TND. The first broken rule, in `interface.violations` order, decides. Kernel constraints (D = 128, BNSD
-    only, MHA) are not errors.
+    the reference device's answer cannot drift apart): ops-transformer master's `ValidateParams`
+    (161001 for a null mandatory tensor or blockShape, 161002 for dtypes, shapes, attenMask, maskType,
+    tokens, TND without lengths, mixed BNSD/non-BNSD layouts, a bad blockShape), then the tiling's
+    refusals (561002: a layout other than TND/BNSD, N1 % N2 != 0 or N1 < N2, no query token). The first
+    broken rule decides. `tensors` is `manifest.call_tensors(manifest)`: what a harness would pass.
 
     Returns:
         (0, "") for a valid call, else the aclnn status and a message naming the bad value.
     """
-    return interface.check(params)
+    return interface.check(params, tensors)
 
 
 # ---- fault geometry -------------------------------------------------------------------------------
@@ -139,7 +141,9 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         return math.prod(case.q_shape) > 0
     if name == "no-gqa-sum" and case.group_size <= 1:
         return False
-    if name == "dk-no-scale" and case.scale == 1.0:
+    if name == "race-lost-update" and block_mask is not None:
+        return any(_shared_blocks(case, block_mask, span) for span in spans)
+    if name == "dk-no-scale" and case.kernel_scale == 1.0:
         return False
     if name == "drop-tail-block" and not any(
         s.kv_len % case.block_shape[1] or s.q_len % case.block_shape[0] for s in spans
@@ -161,6 +165,13 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         else:
             return True
     return False
+
+
+def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
+    """Say whether some kv block of a batch entry is selected by two or more (query head, query block) pairs."""
+    mask = mask_view(case, block_mask, span)
+    groups = mask.reshape(case.num_kv_heads, case.group_size * mask.shape[1], mask.shape[2])
+    return bool((groups.sum(axis=1) >= 2).any())
 
 
 def applicable_faults(case: Case, block_mask: np.ndarray | None = None) -> list[str]:
@@ -212,13 +223,22 @@ _CHUNK_ROWS = 512
 
 
 def _sequence_grads(
-    seq: _Sequence, mask: np.ndarray, case: Case, fault: str | None
+    seq: _Sequence,
+    mask: np.ndarray,
+    case: Case,
+    fault: str | None,
+    order: np.random.Generator | None,
+    lost_update: list[bool],
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major.
 
     For each kv head and kv block, the (query head, query block) pairs that select the block are taken
     in (head, block) order, in tiles of about `_CHUNK_ROWS` query rows; each tile adds its share to the
-    block's dK and dV and to the dQ of its rows.
+    dQ of its rows (a row has one owner: the same sums in the same order on every run) and computes
+    each pair's dK and dV partial products. The partials are then added to the block's fp32 dK and dV
+    one by one, as the kernel's atomic adds do: in (head, block) order, or in the order `order`
+    permutes them into, which changes the last bits whenever three or more pairs meet in a block.
+    `lost_update` (race-lost-update fault) holds one flag while a partial is still to be lost.
     """
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
@@ -233,43 +253,49 @@ def _sequence_grads(
         for block in range(mask.shape[2]):
             members, q_blocks = np.nonzero(group_mask[:, :, block])
             cols = slice(block * y, min((block + 1) * y, kv_len))
+            partials: list[tuple[np.ndarray, np.ndarray]] = []
             for first in range(0, members.size, pairs_per_tile):
                 tile = slice(first, first + pairs_per_tile)
                 rows = [
                     (kv_head * group + m) * seq.q_len + block_rows[i]
                     for m, i in zip(members[tile], q_blocks[tile], strict=True)
                 ]
-                if fault == "no-gqa-sum":
-                    in_sum = np.repeat(members[tile] == 0, [len(r) for r in rows])
-                else:
-                    in_sum = None
-                _tile_grads(seq, np.concatenate(rows), kv_head, cols, in_sum, case, fault, dq, dk, dv)
+                # no-gqa-sum: only the first query head of the group reaches dK and dV.
+                in_sum = members[tile] == 0 if fault == "no-gqa-sum" else np.ones(len(rows), dtype=bool)
+                partials += _tile_grads(seq, rows, in_sum, kv_head, cols, case, fault, dq)
+            sequence = list(range(len(partials)) if order is None else order.permutation(len(partials)))
+            if fault == "race-lost-update" and lost_update and len(sequence) >= 2:
+                lost_update.pop()
+                sequence.pop()  # the last add of this block never lands
+            for index in sequence:
+                dk_part, dv_part = partials[index]
+                dk[kv_head, cols] += dk_part
+                dv[kv_head, cols] += dv_part
     return dq, dk, dv
 
 
 def _tile_grads(
     seq: _Sequence,
-    rows: np.ndarray,
+    pair_rows: list[np.ndarray],
+    in_sum: np.ndarray,
     kv_head: int,
     cols: slice,
-    in_sum: np.ndarray | None,
     case: Case,
     fault: str | None,
     dq: np.ndarray,
-    dk: np.ndarray,
-    dv: np.ndarray,
-) -> None:
-    """Add one tile (query `rows` against kv block `cols` of `kv_head`) to dq, dk, dv in place.
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Add one tile (the query rows of some pairs against kv block `cols` of `kv_head`) to dq in place.
 
-    `in_sum` (no-gqa-sum fault) marks the rows whose contributions reach dk and dv.
+    Returns the (dK, dV) partial product of every pair whose rows `in_sum` marks, in pair order.
     """
     io_dtype = numpy_dtype(case.dtype)
+    rows = np.concatenate(pair_rows)
     key = seq.key[kv_head, cols]
     value = seq.value[kv_head, cols]
     query = seq.query[rows]
     dout = seq.dout[rows]
     probs = query @ key.T
-    probs *= np.float32(case.scale)
+    probs *= np.float32(case.kernel_scale)
     if fault == "lse-base2":
         probs *= _LOG2E
         probs -= seq.lse[rows, None]
@@ -284,17 +310,23 @@ def _tile_grads(
     dscores_io = dscores.astype(io_dtype).astype(np.float32)
     probs_io = probs.astype(io_dtype).astype(np.float32)
     dq[rows] += dscores_io @ key  # rows are distinct within one kv block
-    if in_sum is not None:
-        probs_io, dscores_io, dout, query = probs_io[in_sum], dscores_io[in_sum], dout[in_sum], query[in_sum]
-    dv[kv_head, cols] += probs_io.T @ dout
-    dk[kv_head, cols] += dscores_io.T @ query
+    partials = []
+    start = 0
+    for pair, counted in zip(pair_rows, in_sum, strict=True):
+        part = slice(start, start + len(pair))
+        start += len(pair)
+        if counted:
+            partials.append((dscores_io[part].T @ query[part], probs_io[part].T @ dout[part]))
+    return partials
 
 
 # ---- whole case -----------------------------------------------------------------------------------
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None) -> dict[str, np.ndarray]:
+def emulate(
+    case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None, order_seed: int | None = None
+) -> dict[str, np.ndarray]:
     """Compute dq, dk, dv of a case the way the kernel does, in the case dtype, optionally with a fault.
 
     Args:
@@ -302,6 +334,9 @@ def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = N
         tensors: query, key, value, dout, attention_out (case dtype), softmax_lse (float32, with or without
             the trailing 1) and block_sparse_mask (nonzero = selected), keyed by the manifest input names.
         fault: None for the clean reference, or a name from `FAULTS`.
+        order_seed: None adds each kv block's dK/dV partials in (head, query block) order; a seed
+            shuffles that order as a device's atomic adds do, differently for every seed (dq is the
+            same for every seed, bit for bit).
 
     Returns:
         {"dq", "dk", "dv"} of the shapes of query and key, in the case dtype. Padding stays 0. Like the
@@ -312,6 +347,9 @@ def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = N
         raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(FAULTS)}")
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
+    order = None if order_seed is None else np.random.default_rng(order_seed)
+    strikes = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
+    lost_update = [True] if strikes else []
     dq = np.zeros(case.q_shape, dtype=np.float32)
     dk = np.zeros(case.kv_shape, dtype=np.float32)
     dv = np.zeros(case.kv_shape, dtype=np.float32)
@@ -320,11 +358,11 @@ def emulate(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = N
             continue
         seq = _load_sequence(case, tensors, span)
         mask = _effective_mask(case, block_mask, span, fault)
-        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault)
+        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order, lost_update)
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
-    scale32 = np.float32(case.scale)
+    scale32 = np.float32(case.kernel_scale)
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
@@ -388,9 +426,9 @@ def _plant_tile_noise(
     dout = q_view(case, tensors["dout"], span)[head, rows].astype(np.float64)
     out = q_view(case, tensors["attention_out"], span)[head, rows].astype(np.float64)
     lse = lse_view(case, np.asarray(tensors["softmax_lse"]), span)[head, rows].astype(np.float64)
-    probs = np.exp(case.scale * (query @ key.T) - lse[:, None])
+    probs = np.exp(case.kernel_scale * (query @ key.T) - lse[:, None])
     dscores = probs * (dout @ value.T - (dout * out).sum(axis=1, keepdims=True))
-    golden = case.scale * (dscores @ key)[:, cols]
+    golden = case.kernel_scale * (dscores @ key)[:, cols]
     tile = q_view(case, dq, span)[head, rows, cols]
     error = tile.astype(np.float64) - golden
     tile[...] = (golden + 5.0 * error).astype(dq.dtype)
@@ -439,7 +477,9 @@ def _case_of(case_dir: Path, manifest: Mapping[str, Any]) -> Case:
     return case
 
 
-def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None) -> int:
+def emulate_case_dir(
+    case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None
+) -> int:
     """Act as the device binary on one case directory; return the aclnn status written to status.txt.
 
     Checks the interface first: a rejected call writes only status.txt (status, message). A valid call
@@ -455,17 +495,17 @@ def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None)
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = manifest.get("outputs") or {}
-    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
+    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if outputs.get(name)}
     for path in [output_dir / STATUS_FILE, *paths.values()]:
         if path.is_symlink() or path.is_file():
             path.unlink()
-    status, message = check_interface(manifest["params"])
+    status, message = check_interface(manifest["params"], call_tensors(manifest))
     if status != 0:
         _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
         return status
     case = _case_of(case_dir, manifest)
-    tensors = {name: read_array(case_dir, entry) for name, entry in manifest["inputs"].items()}
-    grads = emulate(case, tensors, fault)
+    tensors = {name: read_array(case_dir, entry) for name, entry in iter_entries(manifest, "inputs")}
+    grads = emulate(case, tensors, fault, order_seed)
     for name in GRAD_NAMES:
         entry = outputs[name]
         grad = grads[name]

@@ -20,8 +20,8 @@ import numpy as np
 from . import __version__, compare, golden
 from .case import Case, numpy_dtype
 from .errors import DataError
-from .inputs import draw, make_mask, make_tensors, mask_stats
-from .manifest import GRAD_NAMES, INPUT_NAMES, build_manifest, flat_params
+from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
+from .manifest import GRAD_NAMES, build_manifest, flat_params
 from .schedule import available_memory, estimate
 from .store import MANIFEST, CaseWriter, is_case_name, load_manifest, remove_leftovers, verify_inputs
 from .workers import worker_pool
@@ -72,7 +72,7 @@ def compute_case(
         tensors["attention_out"] = draw(case, "attention_out", case.q_shape, case.init.dout, dtype)
         tensors["softmax_lse"] = np.zeros(case.lse_shape_dims, dtype=np.float32)
         tensors["block_sparse_mask"] = mask
-        return tensors, {}, {}
+        return call_inputs(case, tensors), {}, {}
     tensors["block_sparse_mask"] = mask
     groups = [_group_inputs(case, tensors, g) for g in range(case.num_kv_heads)]
     progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]), on_progress)
@@ -90,7 +90,7 @@ def compute_case(
     tensors["softmax_lse"] = _join_heads([r[1] for r in results])
     gold = {name: _join_heads([r[2][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
     bench = {name: _join_heads([r[3][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
-    return tensors, gold, bench
+    return call_inputs(case, tensors), gold, bench
 
 
 _PASSES = 2
@@ -190,11 +190,12 @@ def _write_case(
     bench: dict[str, np.ndarray],
 ) -> Path:
     with CaseWriter(final_dir) as writer:
-        inputs = {name: writer.array(f"inputs/{name}.bin", tensors[name], _dtype_name(tensors[name]))
-                  for name in INPUT_NAMES}  # fmt: skip
+        inputs = {name: writer.array(f"inputs/{name}.bin", array, _dtype_name(array))
+                  for name, array in tensors.items()}  # fmt: skip
         golden_entries = {name: writer.array(f"golden/{name}.bin", a, precision) for name, a in gold.items()}
         bench_entries = {name: writer.array(f"benchmark/{name}.bin", a, case.dtype) for name, a in bench.items()}
-        stats = mask_stats(case, tensors["block_sparse_mask"])
+        mask = tensors.get("block_sparse_mask")
+        stats = mask_stats(case, mask) if mask is not None and mask.shape == case.mask_shape else {}
         manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats)
         if bench:
             summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench)

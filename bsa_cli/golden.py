@@ -726,7 +726,7 @@ def forward(
             kv_view(case, value, span),
             mask_view(case, block_mask, span),
             case.block_shape,
-            case.scale,
+            case.kernel_scale,
         )
     return attention_out, softmax_lse
 
@@ -768,7 +768,7 @@ def _backward_case(
             lse_view(case, softmax_lse, span),
             mask_view(case, block_mask, span),
             case.block_shape,
-            case.scale,
+            case.kernel_scale,
         )
     return grads
 
@@ -844,6 +844,6 @@ def forward_backward(
             kv_view(case, value, span),
             mask_view(case, block_mask, span),
             case.block_shape,
-            case.scale,
+            case.kernel_scale,
         )
     return (attention_out, softmax_lse, *grads)

@@ -47,6 +47,29 @@ def make_tensors(case: Case) -> dict[str, np.ndarray]:
     }
 
 
+def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Return the inputs as the call passes them: null ones left out, overridden dtypes and shapes applied.
+
+    A tensor whose dtype or shape a case overrides (a negative case: the op refuses the call before it
+    reads any data) is drawn anew from its own stream in that dtype and shape; a bool mask keeps the
+    mask's selection. `tensors` holds every input in its own dtype and shape.
+    """
+    descs = case.tensor_descs()
+    result = {}
+    for name in (*tensors, "atten_mask"):
+        if name not in descs:
+            continue
+        dtype, shape = numpy_dtype(descs[name]["dtype"]), tuple(descs[name]["shape"])
+        array = tensors.get(name)
+        if array is not None and array.shape == shape:
+            result[name] = array if array.dtype == dtype else array.astype(dtype)
+        elif np.issubdtype(dtype, np.floating) or dtype == numpy_dtype("bfloat16"):
+            result[name] = draw(case, name, shape, Distribution(), dtype)
+        else:
+            result[name] = (rng(case, name).random(size=shape) < 0.5).astype(dtype)
+    return result
+
+
 def pattern_mask(case: Case) -> np.ndarray:
     """Return the block mask the sparsity pattern selects, as bool [B, N1, nQ, nKV] (before empty rows)."""
     sparsity = case.sparsity

@@ -1,8 +1,18 @@
 """The aclnnBlockSparseAttentionGrad interface rules, and the A2/A3 kernel constraints.
 
-Interface rules decide the aclnn status a call returns (DOMAIN.md section 1); kernel constraints are
-limits of the current A2/A3 kernel that a valid call may still be outside of (a warning, not an error).
-Both read the manifest `params` dict, so a spec, a manifest and the reference device agree on them.
+The rules are those of ops-transformer master (v9.1.x), read from its code at commit 3a280bcc
+(2026-07-21; the dtype and shape rules came with af7571d0, 2026-07-03):
+`attention/block_sparse_attention_grad/op_host/op_api/aclnn_block_sparse_attention_grad.cpp`
+(`ValidateParams`: statuses 161001 and 161002, in the order below) and
+`op_host/arch22/block_sparse_attention_grad_tiling_arch22.cpp` (the A2/A3 tiling, which runs inside
+GetWorkspaceSize after those checks: its refusals come back as ACLNN_ERR_INNER_TILING_ERROR, 561002).
+The operator's documentation differs in places (TND without lengths is 161002 in the code, 161001 in
+the doc; the doc's "D = 128, BNSD and MHA only" on A2/A3 is not enforced): the code wins here.
+
+`RULES` names the rule set; the manifest records it (`semantics.interface`), so a case says which
+operator version its expected status comes from. The rules read the manifest `params` and a table of
+the call's tensors ({name: {"dtype", "shape"}}, a null tensor absent: `Case.tensor_descs`, or a
+manifest's `inputs` and `outputs` entries), so a spec, a manifest and the reference device agree.
 """
 
 from __future__ import annotations
@@ -16,9 +26,32 @@ from .case import MAX_TOKENS
 ACLNN_SUCCESS = 0
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
+ACLNN_ERR_INNER_TILING_ERROR = 561002
+
+RULES = "ops-transformer master 3a280bcc (v9.1.x): aclnn ValidateParams + A2/A3 (arch22) tiling"
+"""The rule set `violations` follows, as recorded in manifests."""
 
 OP_DTYPES = ("float16", "bfloat16")
-OP_LAYOUTS = ("BNSD", "TND")
+MASK_DTYPES = ("bool", "uint8")
+TILING_LAYOUTS = ("TND", "BNSD")
+
+MANDATORY = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
+"""Tensors a null pointer of which is 161001, in the order `CheckMandatoryTensors` reads them."""
+
+SAME_DTYPE_AS_QUERY = ("key", "value", "attention_out", "dout")
+OUTPUTS = ("dq", "dk", "dv")
+
+BNSD_HEAD_DIM_PAIRS = (
+    ("query", "key"), ("value", "attention_out"), ("value", "dout"),
+    ("query", "dq"), ("key", "dk"), ("value", "dv"),
+)  # fmt: skip
+"""Non-TND layouts: pairs of tensors whose dim 3 (D) must be equal. q and v are not compared."""
+
+BNSD_BATCH_TENSORS = ("key", "value", "attention_out", "dout", "softmax_lse", "dq", "dk", "dv")
+"""Non-TND layouts: tensors whose dim 0 must equal query's."""
+
+TND_DIM2_TENSORS = ("key", "value", "attention_out", "dout", "dq", "dk", "dv")
+"""TND: tensors whose dim 2 (D) must equal query's; nothing else of the shapes is checked."""
 
 
 @dataclass(frozen=True)
@@ -34,75 +67,182 @@ def _positive_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-def violations(params: Mapping[str, Any]) -> list[Violation]:
-    """Return every interface rule that `params` breaks, in the order the op would check them."""
-    found: list[Violation] = []
-    # Null pointers are checked before parameter values, as aclnn operators do.
-    block_shape = params.get("block_shape")
-    if block_shape is None:
-        found.append(Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR))
-    if params.get("layout") == "TND":
-        for key in ("actual_seq_lengths", "actual_seq_lengths_kv"):
-            if params.get(key) is None:
-                found.append(Violation(key, "is null, but TND needs it", ACLNN_ERR_PARAM_NULLPTR))
-    if params.get("dtype") not in OP_DTYPES:
-        found.append(Violation("dtype", f"{params.get('dtype')!r} is not float16 or bfloat16", ACLNN_ERR_PARAM_INVALID))
-    layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
-    if layout not in OP_LAYOUTS:
-        found.append(Violation("layout", f"{layout!r} is not BNSD or TND", ACLNN_ERR_PARAM_INVALID))
-    if kv_layout != layout:
-        found.append(
-            Violation(
-                "kv_layout",
-                f"kvInputLayout {kv_layout!r} differs from qInputLayout {layout!r}",
-                ACLNN_ERR_PARAM_INVALID,
-            )
-        )
-    n1, n2 = params.get("num_heads"), params.get("num_kv_heads")
-    if not (isinstance(n1, int) and isinstance(n2, int) and n1 > 0 and n2 > 0 and n1 >= n2 and n1 % n2 == 0):
-        found.append(
-            Violation("num_kv_heads", f"N1={n1}, N2={n2}: need N1 % N2 == 0 and N1 >= N2", ACLNN_ERR_PARAM_INVALID)
-        )
-    if block_shape is not None and not (
-        isinstance(block_shape, (list, tuple)) and len(block_shape) == 2 and all(map(_positive_int, block_shape))
-    ):
-        found.append(
-            Violation("block_shape", f"{block_shape!r} is not two positive integers [X, Y]", ACLNN_ERR_PARAM_INVALID)
-        )
-    if params.get("mask_type", 0) != 0:
-        found.append(
-            Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", ACLNN_ERR_PARAM_INVALID)
-        )
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            found.append(
-                Violation(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported", ACLNN_ERR_PARAM_INVALID)
-            )
+def _dim(desc: Mapping[str, Any] | None, axis: int) -> Any:
+    shape = list((desc or {}).get("shape") or ())
+    return shape[axis] if len(shape) > axis else None
+
+
+def undefined_behaviour(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Return what in a call master does not check before reading it (so no status can be expected).
+
+    A null layout string is read before its null check; dq, dk and dv are read unchecked; the shape
+    checks read dims 3 (non-TND) or 2 (TND) without checking the rank.
+    """
+    found = []
+    for key in ("layout", "kv_layout"):
+        if not isinstance(params.get(key), str):
+            found.append(f"{key} is null: master reads the layout string before any check")
+    for name in OUTPUTS:
+        if name not in tensors:
+            found.append(f"{name} is null: master reads its dtype without a null check")
+    rank = 3 if params.get("layout") == "TND" else 4
+    for name, desc in tensors.items():
+        if name in (*MANDATORY, *OUTPUTS) and name not in ("softmax_lse", "block_sparse_mask"):
+            if len(desc.get("shape") or ()) < rank:
+                found.append(f"{name} has rank {len(desc.get('shape') or ())}: the shape checks read dim {rank - 1}")
     return found
 
 
-def check(params: Mapping[str, Any]) -> tuple[int, str]:
-    """Return the aclnn status of a call with `params` and a message: the first broken rule, or (0, "")."""
-    found = violations(params)
+def violations(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """Return every interface rule that a call breaks, in the order the op checks them.
+
+    Args:
+        params: manifest `params` (layouts, heads, block shape, lengths, maskType, tokens...).
+        tensors: the call's non-null tensors, {name: {"dtype": str, "shape": [...]}}; `atten_mask` is
+            present only when the call passes one.
+
+    Returns:
+        The aclnn `ValidateParams` violations (161001/161002) in its order, then the A2/A3 tiling's
+        refusals (561002). The first one decides the status.
+    """
+    found: list[Violation] = []
+    invalid = ACLNN_ERR_PARAM_INVALID
+
+    def add(key: str, message: str, status: int = invalid) -> None:
+        found.append(Violation(key, message, status))
+
+    # 1. CheckMandatoryTensors: null inputs.
+    for name in MANDATORY:
+        if name not in tensors:
+            add(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR)
+    # 2. dtypes.
+    q_dtype = tensors.get("query", {}).get("dtype")
+    if "query" in tensors and q_dtype not in OP_DTYPES:
+        add("query", f"dtype {q_dtype!r} is not float16 or bfloat16")
+    for name in SAME_DTYPE_AS_QUERY:
+        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
+            add(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}")
+    lse = tensors.get("softmax_lse")
+    if lse is not None and lse.get("dtype") != "float32":
+        add("softmax_lse", f"dtype {lse.get('dtype')!r} is not float32")
+    mask = tensors.get("block_sparse_mask")
+    if mask is not None and mask.get("dtype") not in MASK_DTYPES:
+        add("block_sparse_mask", f"dtype {mask.get('dtype')!r} is not bool or uint8")
+    for name in OUTPUTS:
+        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
+            add(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}")
+    # 3. shapes: TND compares dim 2 only; any other q layout string takes the BNSD branch.
+    query = tensors.get("query")
+    if query is not None:
+        if params.get("layout") == "TND":
+            for name in TND_DIM2_TENSORS:
+                if name in tensors and _dim(tensors[name], 2) != _dim(query, 2):
+                    add(name, f"dim 2 (D) {_dim(tensors[name], 2)} differs from query's {_dim(query, 2)}")
+        else:
+            for name in BNSD_BATCH_TENSORS:
+                if name in tensors and _dim(tensors[name], 0) != _dim(query, 0):
+                    add(name, f"dim 0 (B) {_dim(tensors[name], 0)} differs from query's {_dim(query, 0)}")
+            for first, second in BNSD_HEAD_DIM_PAIRS:
+                if first in tensors and second in tensors and _dim(tensors[first], 3) != _dim(tensors[second], 3):
+                    add(second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s "
+                        f"{_dim(tensors[first], 3)}")  # fmt: skip
+    # 4. attributes.
+    if "atten_mask" in tensors:
+        add("atten_mask", "attenMask is not null: only a null attenMask is supported")
+    if params.get("mask_type", 0) != 0:
+        add("mask_type", f"{params.get('mask_type')!r}: only 0 is supported")
+    for key in ("pre_tokens", "next_tokens"):
+        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
+            add(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported")
+    # 5. layouts and lengths.
+    layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
+    if layout == "TND" and params.get("actual_seq_lengths") is None:
+        add("actual_seq_lengths", "is null, but a TND query needs it")
+    if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
+        add("actual_seq_lengths_kv", "is null, but a TND key/value needs it")
+    if (layout == "BNSD") != (kv_layout == "BNSD"):
+        add("kv_layout", f"kvInputLayout {kv_layout!r} and qInputLayout {layout!r}: both BNSD or neither")
+    # 6. ParseBlockShape.
+    block_shape = params.get("block_shape")
+    if block_shape is None:
+        add("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)
+    elif not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
+        add("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]")
+    elif not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
+        add("block_shape", f"{block_shape!r}: X and Y must be positive")
+    found.extend(tiling_refusals(params, tensors))
+    return found
+
+
+def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """Return what the A2/A3 tiling refuses in a call that passed `ValidateParams` (status 561002).
+
+    It reads only the q layout (TND or BNSD), takes N1 from query and N2 from key (numKeyValueHeads is
+    never read) and needs N1 >= N2, N1 % N2 == 0, D > 0 and at least one query block to work on.
+    """
+    tiling = ACLNN_ERR_INNER_TILING_ERROR
+    found = []
+    layout = params.get("layout")
+    if layout not in TILING_LAYOUTS:
+        found.append(Violation("layout", f"{layout!r}: the A2/A3 tiling supports TND and BNSD only", tiling))
+        return found
+    head_axis = 1
+    n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
+    if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):
+        found.append(Violation("num_kv_heads", f"N1={n1}, N2={n2}: the tiling needs N1 % N2 == 0 and N1 >= N2", tiling))
+    if _dim(tensors.get("query"), 2 if layout == "TND" else 3) == 0:
+        found.append(Violation("head_dim", "D = 0: the tiling needs a head dim", tiling))
+    lengths = params.get("actual_seq_lengths")
+    if layout == "TND" and lengths is not None and not any(lengths):
+        found.append(Violation("actual_seq_lengths", f"{lengths}: no query tokens, so no block to work on", tiling))
+    return found
+
+
+def check(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> tuple[int, str]:
+    """Return the aclnn status of a call and a message: the first broken rule, or (0, "")."""
+    found = violations(params, tensors)
     if not found:
         return ACLNN_SUCCESS, ""
     first = found[0]
     return first.status, f"{first.key}: {first.message}"
 
 
-def kernel_constraints(params: Mapping[str, Any]) -> list[str]:
-    """Return the documented A2/A3 kernel constraints a valid call is outside of."""
+def kernel_constraints(params: Mapping[str, Any], semantics: Mapping[str, Any]) -> list[str]:
+    """Return warnings for a valid call whose golden the A2/A3 kernel will not match.
+
+    Master's A2/A3 tiling accepts GQA and TND (since v9.1.0), any block shape with positive values
+    (no multiple-of-16 rule), and does not check D, so a call it accepts gets no warning for its shape
+    (torch_npu's binding alone asks D <= 128; its device reports that itself). What remains is a
+    semantic gap: with BNSD actual lengths shorter than S, the A2/A3 code computes over the whole S,
+    so a golden that honours the lengths (the documentation's semantics) is not what it computes.
+    """
     notes = []
-    if params.get("head_dim") != 128:
-        notes.append(f"head_dim {params.get('head_dim')}: the A2/A3 kernel supports D = 128 only")
-    if params.get("layout") != "BNSD":
-        notes.append(f"layout {params.get('layout')}: the A2/A3 kernel supports BNSD only")
-    if params.get("num_heads") != params.get("num_kv_heads"):
-        notes.append(
-            f"N1={params.get('num_heads')} != N2={params.get('num_kv_heads')}: "
-            "the A2/A3 kernel supports MHA (N1 == N2) only"
-        )
-    x, y = params.get("block_shape") or (0, 0)
-    if x % 16 or y % 16:
-        notes.append(f"block_shape [{x}, {y}]: the operator README asks for multiples of 16")
+    if params.get("layout") == "BNSD" and semantics.get("bnsd_lengths") == "honored":
+        for key, full in (("actual_seq_lengths", "q_seq_len"), ("actual_seq_lengths_kv", "kv_seq_len")):
+            lengths = params.get(key) or []
+            if any(n < params.get(full, 0) for n in lengths):
+                notes.append(
+                    f"{key} {list(lengths)} shorter than {full} {params.get(full)} with bnsd_lengths: honored: "
+                    "the A2/A3 kernel ignores BNSD lengths (computes over all S); use bnsd_lengths: ignored "
+                    "to judge it on its own terms"
+                )
+                break
     return notes
+
+
+def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+    """Return the actualSeqLengths and actualSeqLengthsKv to pass to the operator for manifest `params`.
+
+    A BNSD case without lengths passes `[S] * B` (q and kv S), never a null list: the A2/A3
+    post-processing reads `actualSeqLengths[b]` even for BNSD, and the operator's example and
+    torch_npu's tests always pass the lengths. TND passes the lengths as the case has them (a TND
+    case without lengths is a negative case and passes null).
+    """
+    q_lengths, kv_lengths = params.get("actual_seq_lengths"), params.get("actual_seq_lengths_kv")
+    if params.get("layout") == "BNSD":
+        batch = params.get("batch")
+        if q_lengths is None and isinstance(batch, int):
+            q_lengths = [params.get("q_seq_len")] * batch
+        if kv_lengths is None and isinstance(batch, int):
+            kv_lengths = [params.get("kv_seq_len")] * batch
+    return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)

@@ -11,10 +11,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import __version__
-from .case import Case, Expect
+from . import interface
+from .case import Case, Expect, TensorOverride
 from .store import FORMAT
 
 INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
+OPTIONAL_INPUT_NAMES = ("atten_mask",)
+"""Inputs a case passes only to break a rule (a non-null attenMask); absent from a manifest otherwise."""
 GRAD_NAMES = ("dq", "dk", "dv")
 
 
@@ -66,6 +69,7 @@ def params(case: Case) -> dict[str, Any]:
         "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
         "seq_lengths_encoding": case.seq_lengths_encoding,
         "scale": case.scale,
+        "kernel_scale": case.kernel_scale,
         "mask_type": case.mask_type,
         "pre_tokens": case.pre_tokens,
         "next_tokens": case.next_tokens,
@@ -76,6 +80,7 @@ def params(case: Case) -> dict[str, Any]:
 def semantics(case: Case) -> dict[str, Any]:
     """Return what the golden assumes where the operator's documentation and kernel differ."""
     return {
+        "interface": interface.RULES,
         "bnsd_lengths": case.bnsd_lengths,
         "empty_row_lse": json_number(case.empty_row_lse),
         "q_lengths": list(case.q_lengths()),
@@ -85,11 +90,29 @@ def semantics(case: Case) -> dict[str, Any]:
 
 def output_entries(case: Case) -> dict[str, dict[str, Any]]:
     """Return where a device writes dq, dk, dv: files relative to the output directory."""
+    descs = case.tensor_descs()
     return {
-        "dq": {"file": "dq.bin", "dtype": case.dtype, "shape": list(case.q_shape)},
-        "dk": {"file": "dk.bin", "dtype": case.dtype, "shape": list(case.kv_shape)},
-        "dv": {"file": "dv.bin", "dtype": case.dtype, "shape": list(case.kv_shape)},
+        name: {"file": f"{name}.bin", "dtype": descs[name]["dtype"], "shape": list(descs[name]["shape"])}
+        for name in GRAD_NAMES
+        if name in descs
     }
+
+
+def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Return the tensors a device passes for a manifest: {name: {"dtype", "shape"}}, null ones absent.
+
+    This is what the interface rules judge (`interface.check(params, call_tensors(manifest))`): the
+    inputs and outputs entries as a harness turns them into aclTensors.
+    """
+    table: dict[str, dict[str, Any]] = {}
+    for section in ("inputs", "outputs"):
+        entries = manifest.get(section)
+        if not isinstance(entries, Mapping):
+            continue
+        for name, entry in entries.items():
+            if isinstance(entry, Mapping):
+                table[str(name)] = {"dtype": entry.get("dtype"), "shape": list(entry.get("shape") or ())}
+    return table
 
 
 def build_manifest(
@@ -186,6 +209,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         actual_seq_lengths_kv=decode_lengths(p.get("actual_seq_lengths_kv"), encoding),
         block_shape=tuple(p["block_shape"] or ()),
         scale=p["scale"],
+        tensors=_overrides(manifest),
         seed=manifest.get("generator", {}).get("seed", 0),
         expect=Expect(**manifest.get("expect", {})),
         seq_lengths_encoding=encoding,
@@ -204,6 +228,14 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         if math.prod(shape) > MAX_PARAM_ELEMENTS:
             raise ValueError(f"params: {what} of shape {list(shape)} is beyond bsa's limits")
     return case
+
+
+def _overrides(manifest: Mapping[str, Any]) -> tuple[TensorOverride, ...]:
+    """Return the tensor overrides a manifest's entries imply (only a bool mask matters to valid cases)."""
+    mask = (manifest.get("inputs") or {}).get("block_sparse_mask") or {}
+    if mask.get("dtype") not in (None, "uint8"):
+        return (TensorOverride("block_sparse_mask", dtype=mask["dtype"]),)
+    return ()
 
 
 def flat_params(manifest: Mapping[str, Any]) -> str:

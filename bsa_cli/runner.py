@@ -4,10 +4,11 @@ The contract (docs/run.md documents it for users):
 
     BINARY <case_dir>/case.json <output_dir>        (or a --cmd template, split with shlex, no shell)
 
-with `ASCEND_DEVICE_ID` set (and `BSAG_DETERMINISTIC=1` on request). The binary writes `dq.bin`, `dk.bin`,
-`dv.bin` as the manifest's `outputs` say, and `status.txt` (first line the aclnn status as a decimal
-integer, an optional second line a message); a negative case writes only `status.txt`. It exits 0 once
-the status is recorded, whatever the status; a non-zero exit means the binary itself failed.
+with `ASCEND_DEVICE_ID` set. The binary writes `dq.bin`, `dk.bin`, `dv.bin` as the manifest's `outputs`
+say, and `status.txt` (first line the aclnn status as a decimal integer, an optional second line a
+message); a negative case writes only `status.txt`. It exits 0 once the status is recorded, whatever the
+status; a non-zero exit means the binary itself failed. The torch_npu device is such a binary too:
+`python -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>` in a child process per run.
 
 Each run of a binary writes into a fresh staging directory `<output_dir>/.run-K`; when the case is done,
 the first run's files move up into `<output_dir>` and `run.json` (this module's record) is written last,
@@ -20,17 +21,21 @@ This module never prints: callers watch progress through `RunEvent`s.
 from __future__ import annotations
 
 import datetime as _dt
+import importlib.util
 import os
 import queue
+import secrets
 import selectors
 import shlex
 import shutil
 import signal
 import string
 import subprocess
+import sys
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +66,15 @@ RUN_RECORD = "run.json"
 STATUS_FILE = "status.txt"
 REFERENCE_DEVICE = "reference (bsa emulate)"
 """How the built-in reference device is named in records and output: never presented as device results."""
+TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
+"""How the torch_npu device is named in records and output."""
+TORCH_NPU_MODULE = "bsa_cli.torch_npu_device"
+"""The module each run of the torch_npu device executes (`python -m`), one child process per run."""
+DEVICE_KINDS: dict[str, str] = {
+    "reference": "the built-in reference device (bsa emulate), in this process: reference results",
+    "torch_npu": "torch_npu.npu_block_sparse_attention_backward, in a child process per case (an Ascend host)",
+}
+"""Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd)."""
 
 PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 """Names a --cmd template may use, as `{name}`."""
@@ -81,7 +95,8 @@ group may hold the pipe open)."""
 
 OUTCOMES: dict[str, str] = {
     "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
-    "nondeterministic": "ran --repeat times; the status or an output differed between runs",
+    "nondeterministic": "ran --repeat times and met a race that matters: the status or dq differed between runs, "
+    "or a repeat failed the standard (last-bit noise in dk/dv alone is reported, not failed)",
     "error": "inputs failed verification, the binary exited non-zero, or its outputs are missing or of the wrong size",
     "crashed": "the binary was killed by a signal (the reference device: raised an exception)",
     "timeout": "ran past --timeout; its whole process group was killed",
@@ -91,7 +106,7 @@ OUTCOMES: dict[str, str] = {
 
 
 class RunConfigError(BsaError):
-    """A run cannot start: bad --binary, --cmd, --fault or --devices value."""
+    """A run cannot start: bad --device, --binary, --cmd, --fault or --devices value."""
 
 
 # ---- configuration ------------------------------------------------------------------------------
@@ -99,24 +114,54 @@ class RunConfigError(BsaError):
 
 @dataclass(frozen=True)
 class Device:
-    """What runs the cases: an external binary and/or --cmd template, or the built-in reference device.
+    """What runs the cases: an external binary and/or --cmd template, the torch_npu device, or the built-in
+    reference device.
 
-    Build one with `Device.create`, which checks the binary, the template and the fault.
+    Build one with `Device.create`, which checks the binary, the template, the fault and the kind.
     """
 
     binary: Path | None = None
     cmd: str | None = None
     fault: str | None = None
     binary_sha256: str | None = None
+    torch_npu: bool = False
 
     @classmethod
-    def create(cls, binary: str | Path | None = None, cmd: str | None = None, fault: str | None = None) -> Device:
+    def create(
+        cls,
+        binary: str | Path | None = None,
+        cmd: str | None = None,
+        fault: str | None = None,
+        kind: str | None = None,
+    ) -> Device:
         """Check the options and return the device.
+
+        Args:
+            kind: a key of `DEVICE_KINDS` (`--device`), or None: the reference device unless a binary or
+                template is given.
 
         Raises:
             RunConfigError: the binary is missing or not executable, the template uses an unknown or
-                unavailable placeholder, or a fault is asked of an external binary or is unknown.
+                unavailable placeholder, a fault is asked of another device than the reference one or is
+                unknown, the kind is unknown or given with --binary/--cmd, or torch_npu is not installed.
         """
+        if kind is not None and kind not in DEVICE_KINDS:
+            raise RunConfigError(
+                f"unknown device '{kind}'{suggest(kind, DEVICE_KINDS)}; known devices: {', '.join(DEVICE_KINDS)}"
+            )
+        if kind is not None and (binary is not None or cmd is not None):
+            given = "--binary" if binary is not None else "--cmd"
+            raise RunConfigError(
+                f"--device {kind} cannot be used with {given}: --binary/--cmd run an external binary, "
+                "--device runs a built-in one; give one of them"
+            )
+        if kind == "torch_npu":
+            if fault is not None:
+                raise RunConfigError(
+                    "--fault plants a fault in the reference device; it cannot be used with --device torch_npu"
+                )
+            _check_torch_npu()
+            return cls(torch_npu=True)
         resolved = _resolve_binary(binary) if binary is not None else None
         if cmd is not None:
             _check_template(cmd, has_binary=resolved is not None)
@@ -138,11 +183,20 @@ class Device:
 
     @property
     def is_reference(self) -> bool:
-        return self.binary is None and self.cmd is None
+        return self.binary is None and self.cmd is None and not self.torch_npu
+
+    @property
+    def kind(self) -> str:
+        """How records name the kind of device: "reference", "torch_npu" or "binary"."""
+        if self.torch_npu:
+            return "torch_npu"
+        return "reference" if self.is_reference else "binary"
 
     @property
     def name(self) -> str:
         """How records and output name the device."""
+        if self.torch_npu:
+            return TORCH_NPU_DEVICE
         if self.is_reference:
             return REFERENCE_DEVICE + (f" with fault '{self.fault}'" if self.fault else "")
         if self.binary is not None:
@@ -152,6 +206,8 @@ class Device:
     def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
         """Return the command line for one run (the reference device: the equivalent `bsa emulate` call)."""
         manifest = str(case_dir / MANIFEST)
+        if self.torch_npu:
+            return [sys.executable, "-m", TORCH_NPU_MODULE, manifest, str(output_dir)]
         if self.is_reference:
             argv = ["bsa", "emulate", manifest, str(output_dir)]
             return argv + (["--fault", self.fault] if self.fault else [])
@@ -165,6 +221,25 @@ class Device:
             "device_id": str(device_id),
         }
         return [token.format(**values) for token in shlex.split(self.cmd)]
+
+
+def _check_torch_npu() -> None:
+    """Check that this Python finds torch and torch_npu, without importing them (the child imports them).
+
+    Raises:
+        RunConfigError: naming the module that is missing and what to install.
+    """
+    for module in ("torch", "torch_npu"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise RunConfigError(
+                f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
+                "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
+                "'On an Ascend host'), or run the C++ harness with --binary"
+            )
 
 
 def _resolve_binary(binary: str | Path) -> Path:
@@ -228,11 +303,14 @@ class RunOptions:
     device: Device = field(default_factory=Device)
     device_ids: tuple[int, ...] = (0,)
     repeat: int = 1
-    deterministic: bool = False
-    timeout: float | None = None  # seconds per run of an external binary; None: no limit
+    timeout: float | None = None  # seconds per run of an external binary or torch_npu child; None: no limit
     outputs_root: Path | None = None  # None: <case_dir>/outputs; else <outputs_root>/<case name>
+    seed: int | None = None
+    """Seeds the reference device's dK/dV accumulation order, run by run (`order_seed`); None: a fresh one."""
 
     def __post_init__(self) -> None:
+        if self.seed is None:
+            object.__setattr__(self, "seed", secrets.randbits(32))
         if self.repeat < 1:
             raise RunConfigError(f"--repeat {self.repeat}: give 1 or more runs per case")
         if not self.device_ids:
@@ -244,10 +322,7 @@ class RunOptions:
 
     def env(self, device_id: int) -> dict[str, str]:
         """Return the variables bsa sets for a run on `device_id`."""
-        env = {"ASCEND_DEVICE_ID": str(device_id)}
-        if self.deterministic:
-            env["BSAG_DETERMINISTIC"] = "1"
-        return env
+        return {"ASCEND_DEVICE_ID": str(device_id)}
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:
@@ -420,6 +495,7 @@ class _Attempt:
     status_message: str | None = None
     outputs: dict[str, Any] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
+    order_seed: int | None = None  # the reference device's accumulation order for this run
 
     @property
     def outcome(self) -> str:
@@ -449,6 +525,7 @@ class _Attempt:
             "stdout_log": self.stdout_log,
             "stderr_log": self.stderr_log,
             "problems": self.problems,
+            "order_seed": self.order_seed,
         }
 
 
@@ -542,15 +619,53 @@ def _check_outputs(staging: Path, manifest: Mapping[str, Any], attempt: _Attempt
             )
 
 
-def _differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int] | None:
-    """Return (elements that differ bitwise, total elements) of two same-size output files."""
+ATOMIC_OUTPUTS = ("dk", "dv")
+"""Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (DOMAIN.md section 2)."""
+
+
+def _differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:
+    """Return (elements that differ, elements, largest difference in ULPs) of two output files, or None.
+
+    ULPs count the representable values between the two (across zero too: a near-zero sum whose sign
+    flips counts every value between -x and x).
+    """
     a, b = first.read_bytes(), other.read_bytes()
     itemsize = numpy_dtype(dtype_name).itemsize
     if len(a) != len(b) or len(a) % itemsize:
         return None
     view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
     x, y = np.frombuffer(a, dtype=view), np.frombuffer(b, dtype=view)
-    return int(np.count_nonzero(x != y)), int(x.size)
+    differ = x != y
+    count = int(np.count_nonzero(differ))
+    if not count:
+        return 0, int(x.size), 0
+    return count, int(x.size), _max_ulp(x[differ], y[differ], itemsize)
+
+
+def _noise(differences: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Summarize run-to-run differences per output: runs that differed, most elements, most ULPs."""
+    noise: dict[str, dict[str, int]] = {}
+    for diff in differences:
+        if "elements" not in diff:
+            continue
+        entry = noise.setdefault(diff["output"], {"runs": 0, "elements": 0, "total": diff["total"], "max_ulp": 0})
+        entry["runs"] += 1
+        entry["elements"] = max(entry["elements"], diff["elements"])
+        entry["max_ulp"] = max(entry["max_ulp"], diff["max_ulp"])
+    return noise
+
+
+def _max_ulp(x: np.ndarray, y: np.ndarray, itemsize: int) -> int:
+    """Return the largest ULP distance between bit patterns of floats (sign-magnitude mapped to a line)."""
+    bits = itemsize * 8
+    sign = np.uint64(1) << np.uint64(bits - 1)
+
+    def ordinal(v: np.ndarray) -> np.ndarray:
+        u = v.astype(np.uint64)
+        magnitude = (u & (sign - np.uint64(1))).astype(np.int64)
+        return np.where((u & sign) != 0, -magnitude, magnitude)
+
+    return int(np.abs(ordinal(x) - ordinal(y)).max())
 
 
 class _CaseRun:
@@ -673,11 +788,27 @@ class _CaseRun:
                 return outcome
             if index > 1:
                 differences.extend(self._differences(manifest, attempts[0], attempt))
-        if differences:
-            for diff in differences:
-                problems.append(diff["message"])
-            return "nondeterministic"
-        return "ok"
+        if self.options.repeat > 1:  # every run is judged, so a race that moves outputs fails the run
+            for attempt in attempts:
+                differences.extend(self._judge_repeat(manifest, attempt))
+        races = [d for d in differences if d.get("matters")]
+        for diff in races:
+            problems.append(diff["message"])
+        return "nondeterministic" if races else "ok"
+
+    def _judge_repeat(self, manifest: Mapping[str, Any], attempt: _Attempt) -> list[dict[str, Any]]:
+        """Judge one run's outputs by the case's own standard (as `bsa compare` would); a failure is a race."""
+        expect = (manifest.get("expect") or {}).get("status", 0)
+        if attempt.status != 0 or expect != 0 or not manifest.get("golden"):
+            return []
+        from . import compare  # judging is only needed for repeats
+
+        result = compare.compare_case(self.case_dir, attempt.staging, workers=1, verify_inputs=False)
+        if result.verdict == "PASS":
+            return []
+        why = result.deciding.detail if result.deciding is not None else result.message
+        return [{"run": attempt.index, "output": "verdict", "verdict": result.verdict, "matters": True,
+                 "message": f"run {attempt.index} is {result.verdict} by the standard: {why}"}]  # fmt: skip
 
     def _attempt(self, index: int) -> _Attempt:
         staging = self.output_dir / f".run-{index}"
@@ -686,12 +817,18 @@ class _CaseRun:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         suffix = "" if index == 1 else f".run{index}"
+        argv = self.device.argv(self.case_dir, staging, self.device_id)
+        order_seed = None
+        if self.device.is_reference:
+            order_seed = zlib.crc32(f"{self.options.seed}:{self.name}:{index}".encode())
+            argv += ["--seed", str(order_seed)]
         return _Attempt(
             index=index,
-            argv=self.device.argv(self.case_dir, staging, self.device_id),
+            argv=argv,
             staging=staging,
             stdout_log=f"stdout{suffix}.log",
             stderr_log=f"stderr{suffix}.log",
+            order_seed=order_seed,
         )
 
     def _attempt_problems(self, attempt: _Attempt) -> list[str]:
@@ -726,7 +863,9 @@ class _CaseRun:
         stderr = self.output_dir / attempt.stderr_log
         stdout.write_text("")
         try:
-            _emulator().emulate_case_dir(self.case_dir, attempt.staging, fault=self.device.fault)
+            _emulator().emulate_case_dir(
+                self.case_dir, attempt.staging, fault=self.device.fault, order_seed=attempt.order_seed
+            )
         except BsaError as exc:
             stderr.write_text(f"Error: {exc}\n")
             attempt.exit_code = 2
@@ -801,12 +940,19 @@ class _CaseRun:
                 attempt.problems.append(f"exited with code {code}{status_hint} (see {attempt.stderr_log})")
 
     def _differences(self, manifest: Mapping[str, Any], first: _Attempt, other: _Attempt) -> list[dict[str, Any]]:
+        """Compare a repeat with run 1: the status, and each output element by element.
+
+        dQ rows have one owner in the kernel, so dQ must be bitwise identical; dK and dV are summed with
+        fp32 atomic adds, so their last bits may move from run to run (noise, reported, not a failure).
+        A differing status or dQ (or an output that vanished) is a race that matters (`matters`).
+        """
         diffs: list[dict[str, Any]] = []
         if first.status != other.status:
             diffs.append(
                 {
                     "run": other.index,
                     "output": "status",
+                    "matters": True,
                     "message": f"status differs: run 1 {first.status}, run {other.index} {other.status}",
                 }
             )
@@ -814,20 +960,22 @@ class _CaseRun:
             a, b = first.outputs.get(name), other.outputs.get(name)
             if (a or {}).get("sha256") == (b or {}).get("sha256"):
                 continue
-            diff: dict[str, Any] = {"run": other.index, "output": name}
+            diff: dict[str, Any] = {"run": other.index, "output": name, "matters": name not in ATOMIC_OUTPUTS}
             counted = None
             if a and b:
                 counted = _differing_elements(
                     first.staging / entry["file"], other.staging / entry["file"], entry["dtype"]
                 )
-            if counted is not None:
-                diff["elements"], diff["total"] = counted
-                diff["message"] = (
-                    f"{name} not bitwise identical: run {other.index} differs from run 1 in "
-                    f"{counted[0]} of {counted[1]} elements"
-                )
-            else:
+            if counted is None:
+                diff["matters"] = True
                 diff["message"] = f"{name} not bitwise identical: run {other.index} differs from run 1"
+            else:
+                diff["elements"], diff["total"], diff["max_ulp"] = counted
+                what = "a race: its rows have one owner" if diff["matters"] else "fp32 atomic-add noise"
+                diff["message"] = (
+                    f"{name} not bitwise identical: run {other.index} differs from run 1 in {counted[0]} of "
+                    f"{counted[1]} elements, by at most {counted[2]} ULP ({what})"
+                )
             diffs.append(diff)
         return diffs
 
@@ -877,7 +1025,7 @@ class _CaseRun:
             "output_dir": str(self.output_dir),
             "device": {
                 "name": device.name,
-                "kind": "reference" if device.is_reference else "binary",
+                "kind": device.kind,
                 "id": self.device_id,
                 "fault": device.fault,
             },
@@ -905,6 +1053,8 @@ class _CaseRun:
                 "completed": sum(a.outcome == "ok" for a in attempts),
                 "identical": not differences,
                 "differences": [{k: v for k, v in d.items() if k != "message"} for d in differences],
+                "noise": _noise(differences),
+                "seed": self.options.seed if self.device.is_reference else None,
             },
             "runs": runs,
         }

@@ -23,10 +23,22 @@ import numpy as np
 import yaml
 
 from . import interface
-from .case import ACLNN_STATUS, DTYPES, MAX_TOKENS, Case, Distribution, Expect, Init, Sparsity
+from .case import (
+    ACLNN_STATUS,
+    DTYPES,
+    MAX_TOKENS,
+    TENSOR_NAMES,
+    Case,
+    Distribution,
+    Expect,
+    Init,
+    Sparsity,
+    TensorOverride,
+)
 from .errors import DataError, SpecError, show, suggest
 from .inputs import fit_explicit
 from .manifest import params as case_params
+from .manifest import semantics as case_semantics
 from .store import MAX_NAME_BYTES, inside, is_case_name, read_regular
 
 DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
@@ -38,8 +50,11 @@ CASE_KEYS = (
     "name", "description", "layout", "kv_layout", "dtype", "batch", "num_heads", "num_kv_heads", "head_dim",
     "q_seq_len", "kv_seq_len", "actual_seq_lengths", "actual_seq_lengths_kv", "block_shape", "scale", "seed",
     "sparsity", "init", "expect", "seq_lengths_encoding", "lse_shape", "bnsd_lengths", "empty_row_lse",
-    "mask_type", "pre_tokens", "next_tokens", "compare", "matrix",
+    "mask_type", "pre_tokens", "next_tokens", "tensors", "compare", "matrix",
 )  # fmt: skip
+TENSOR_KEYS = ("dtype", "shape")
+MAX_OVERRIDE_ELEMENTS = 1 << 26
+"""Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data."""
 SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head")
 DIST_KEYS = ("distribution", "mean", "std", "low", "high")
 FILE_KEYS = ("cases", "defaults", "matrix")
@@ -498,8 +513,9 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
     q_lengths = r.lengths("actual_seq_lengths")
     kv_lengths = r.lengths("actual_seq_lengths_kv")
     tnd = layout == "TND"
+    kv_lengths_null = "actual_seq_lengths_kv" in raw and raw["actual_seq_lengths_kv"] is None
     if tnd:
-        if kv_lengths is None and q_lengths is not None:
+        if kv_lengths is None and q_lengths is not None and not kv_lengths_null:
             kv_lengths = q_lengths
         for key in ("q_seq_len", "kv_seq_len"):
             if raw.get(key) is not None and q_lengths is not None:
@@ -509,16 +525,17 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
             kv_seq_len = r.integer("kv_seq_len", q_seq_len)
             batch = r.integer("batch", 1, minimum=1)
         else:
-            assert kv_lengths is not None
             batch = len(q_lengths)
             if "batch" in raw and raw["batch"] != batch:
                 raise r.error("batch", f"{show(raw['batch'])} differs from the {batch} entries of actual_seq_lengths")
-            q_seq_len, kv_seq_len = max(q_lengths, default=0), max(kv_lengths, default=0)
+            q_seq_len = max(q_lengths, default=0)
+            # a negative case with null kv lengths: kv tensors take the q lengths' shape
+            kv_seq_len = max(kv_lengths if kv_lengths is not None else q_lengths, default=0)
     else:
         batch = r.integer("batch", 1, minimum=1)
         q_seq_len = r.integer("q_seq_len", minimum=1)
         kv_seq_len = r.integer("kv_seq_len", q_seq_len, minimum=1)
-        if kv_lengths is None and q_lengths is not None and kv_seq_len == q_seq_len:
+        if kv_lengths is None and q_lengths is not None and kv_seq_len == q_seq_len and not kv_lengths_null:
             kv_lengths = q_lengths
         for key, lengths, limit in (
             ("actual_seq_lengths", q_lengths, q_seq_len),
@@ -564,6 +581,7 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
         mask_type=r.integer("mask_type", 0, minimum=None, maximum=INT64_LIMIT - 1),
         pre_tokens=r.integer("pre_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
         next_tokens=r.integer("next_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
+        tensors=_tensors(r),
         compare=_compare(r),
     )
     _check_sizes(r, case)
@@ -640,6 +658,48 @@ def _expect(r: _Reader) -> Expect:
             return Expect(status=code, name=name)
     allowed = ", ".join(f"{n} ({c})" for n, c in ACLNN_STATUS.items() if c)
     raise r.error("expect", f"{show(value)} is not allowed{_suggest(value, ACLNN_STATUS)}; allowed: ok, {allowed}")
+
+
+def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
+    """Read `tensors:`: {name: null (a null pointer) | {dtype: ..., shape: [...]}} for the call's tensors."""
+    raw = r.get("tensors", {})
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise r.error("tensors", f"{show(raw)} is not a mapping of tensor names to null or {{dtype, shape}}")
+    overrides = []
+    for name, value in raw.items():
+        key = f"tensors.{_key(name)}"
+        if name not in TENSOR_NAMES:
+            raise r.error(key, f"unknown tensor{_suggest(name, TENSOR_NAMES)}; allowed: {', '.join(TENSOR_NAMES)}")
+        if value is None:
+            if name == "atten_mask":
+                raise r.error(key, "attenMask is null already; give {dtype: bool} to pass one")
+            overrides.append(TensorOverride(name, null=True))
+            continue
+        if not isinstance(value, dict) or not value:
+            raise r.error(key, f"{show(value)} is neither null (a null pointer) nor a mapping with dtype and/or shape")
+        for sub in value:
+            if sub not in TENSOR_KEYS:
+                raise r.error(f"{key}.{_key(sub)}", f"unknown key{_suggest(sub, TENSOR_KEYS)}; allowed: dtype, shape")
+        dtype = value.get("dtype")
+        if dtype is not None:
+            dtype = DTYPE_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+            if not isinstance(dtype, str) or dtype not in DTYPES:
+                raise r.error(f"{key}.dtype", f"{show(dtype)} is not allowed{_suggest(dtype, DTYPES)}; "
+                              f"allowed: {', '.join(DTYPES)}")  # fmt: skip
+        shape = value.get("shape")
+        if shape is not None:
+            if not isinstance(shape, list) or len(shape) > 8 or not all(
+                isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
+            ):
+                raise r.error(f"{key}.shape", f"{show(shape)} is not a list of non-negative integers "
+                              f"(up to 8, each at most {MAX_DIM})")
+            if math.prod(shape) > MAX_OVERRIDE_ELEMENTS:
+                raise r.error(f"{key}.shape", f"{show(shape)} holds over {MAX_OVERRIDE_ELEMENTS} elements")
+            shape = tuple(shape)
+        overrides.append(TensorOverride(name, dtype=dtype, shape=shape))
+    return tuple(overrides)
 
 
 def _block_shape(r: _Reader, expect: Expect) -> tuple[int, ...]:
@@ -833,13 +893,20 @@ def _compare(r: _Reader) -> dict[str, Any]:
 def _check_interface(r: _Reader, case: Case) -> Case:
     """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
     params = case_params(case)
-    broken = interface.violations(params)
+    tensors = case.tensor_descs()
+    undefined = interface.undefined_behaviour(params, tensors)
+    if undefined:
+        raise r.error("tensors" if case.tensors else "layout", f"{undefined[0]}: undefined behaviour, "
+                      "no status to expect (ops-transformer master reads it unchecked)")  # fmt: skip
+    broken = interface.violations(params, tensors)
     if case.expect.ok:
         if broken:
             v = broken[0]
-            raise r.error(v.key, f"{v.message}: the operator returns {v.status}; "
+            key = v.key if v.key in CASE_KEYS or v.key != "query" or case.override("query") else "dtype"
+            key = key if key in CASE_KEYS else f"tensors.{key}"
+            raise r.error(key, f"{v.message}: the operator returns {v.status}; "
                           f"set 'expect: {v.status}' for a negative case")  # fmt: skip
-        warnings = tuple(interface.kernel_constraints(params))
+        warnings = tuple(interface.kernel_constraints(params, case_semantics(case)))
         return dataclasses.replace(case, warnings=warnings)
     if not broken:
         raise r.error(

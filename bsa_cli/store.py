@@ -383,6 +383,8 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
         if not isinstance(entries, dict):
             raise DataError(where, f"{section}: {_show(entries)} is not a mapping of array entries")
         for entry_name, entry in entries.items():
+            if entry is None:
+                continue  # a null tensor (a negative case passes a null pointer)
             try:
                 check_entry(entry, f"{section}.{entry_name}")
             except DataError as exc:
@@ -396,7 +398,7 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
             except DataError as exc:
                 raise DataError(where, str(exc)) from None
     seen: set[str] = set()
-    for entry_name, entry in (manifest.get("outputs") or {}).items():
+    for entry_name, entry in iter_entries(manifest, "outputs"):
         file = PurePosixPath(entry["file"])
         first = file.parts[0]
         if (
@@ -573,8 +575,8 @@ class CaseWriter:
 
 
 def iter_entries(manifest: Mapping[str, Any], section: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (name, entry) of a manifest section such as "inputs", "golden" or "outputs"."""
-    yield from (manifest.get(section) or {}).items()
+    """Yield (name, entry) of a manifest section such as "inputs", "golden" or "outputs" (null ones left out)."""
+    yield from ((name, entry) for name, entry in (manifest.get(section) or {}).items() if entry is not None)
 
 
 def verify_inputs(case_dir: Path, manifest: Mapping[str, Any]) -> None:

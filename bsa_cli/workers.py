@@ -62,21 +62,39 @@ def worker_pool(
 
 class _Pool(ProcessPoolExecutor):
     """A pool whose workers are all started at once, from this thread, with SIGINT ignored (a spawned
-    Python keeps a SIGINT its parent ignored ignored until it says otherwise)."""
+    Python keeps a SIGINT its parent ignored ignored until it says otherwise).
+
+    Ctrl-C stays ignored here too until the pool is entered (`with`), so that an interrupt can only come
+    once leaving the pool waits for the workers: a worker still starting up reads its queues' semaphores,
+    which go when this process ends. (An interrupt in those few milliseconds is lost, not half-handled.)
+    """
 
     def __init__(
         self, jobs: int, context: Any, ignore_interrupt: bool, start: tuple[Callable[..., None] | None, Any]
     ) -> None:
         super().__init__(max_workers=jobs, mp_context=context, initializer=_start, initargs=start)
         self.interruptible = not ignore_interrupt
+        self._previous: Any = None
         launch = getattr(self, "_launch_processes", None)
-        main = threading.current_thread() is threading.main_thread()
-        if launch is None or not main:
+        manage = getattr(self, "_start_executor_manager_thread", None)
+        if launch is None or manage is None or threading.current_thread() is not threading.main_thread():
             return  # workers start on demand, as in any pool
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             launch()
-        finally:
+            manage()  # managed from now on: leaving the pool waits for every worker
+        except BaseException:
+            self._restore()
+            self.shutdown(wait=True)
+            raise
+
+    def __enter__(self) -> _Pool:
+        self._restore()
+        return self
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            previous, self._previous = self._previous, None
             signal.signal(signal.SIGINT, previous)
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:

@@ -18,7 +18,8 @@
 //   --device N              device id (default: $ASCEND_DEVICE_ID, else 0)
 //   --fill nan|zero|none    fill dq/dk/dv on the device before the call (default nan: bytes 0xFF, so an
 //                           element the kernel never writes shows up as NaN instead of passing as 0)
-//   --mask-dtype uint8|bool dtype of the blockSparseMask tensor (default uint8; same bytes either way)
+//   --mask-dtype uint8|bool dtype of the blockSparseMask tensor (default: the case's, uint8 unless a case
+//                           says bool or, for a negative case, int8; same bytes either way)
 
 #include <cerrno>
 #include <chrono>
@@ -203,7 +204,7 @@ DtypeInfo Dtype(const std::string &name)
     static const std::map<std::string, DtypeInfo> table = {
         {"float16", {ACL_FLOAT16, 2}}, {"bfloat16", {ACL_BF16, 2}}, {"float32", {ACL_FLOAT, 4}},
         {"float64", {ACL_DOUBLE, 8}},  {"uint8", {ACL_UINT8, 1}},   {"bool", {ACL_BOOL, 1}},
-        {"int64", {ACL_INT64, 8}},
+        {"int64", {ACL_INT64, 8}},    {"int8", {ACL_INT8, 1}},     {"int32", {ACL_INT32, 4}},
     };
     auto it = table.find(name);
     if (it == table.end()) {
@@ -422,7 +423,7 @@ struct Options {
     std::string outputDir;
     int32_t deviceId = 0;
     std::string fill = "nan";
-    std::string maskDtype = "uint8";
+    std::string maskDtype;  // empty: the dtype of the case's block_sparse_mask input line
 };
 
 const char *kUsage =
@@ -496,8 +497,9 @@ int Run(const Options &options)
     std::cout << "case " << spec.Param("name") << " on device " << options.deviceId << std::endl;
 
     // Host data first: a bad or stale file fails before the device is touched.
+    // atten_mask is passed only when a (negative) case gives one; otherwise attenMask is null.
     static const char *kInputs[] = {"dout", "query", "key", "value", "attention_out", "softmax_lse",
-                                    "block_sparse_mask"};
+                                    "block_sparse_mask", "atten_mask"};
     std::map<std::string, std::vector<char>> host;
     for (const char *name : kInputs) {
         auto it = spec.inputs.find(name);
@@ -549,10 +551,21 @@ int Run(const Options &options)
 
     std::vector<int64_t> values;
     IntArrayPtr blockShape = spec.ListParam("block_shape", &values) ? MakeIntArray(values, "blockShape") : nullptr;
-    IntArrayPtr qLengths =
-        spec.ListParam("actual_seq_lengths", &values) ? MakeIntArray(values, "actualSeqLengths") : nullptr;
-    IntArrayPtr kvLengths =
-        spec.ListParam("actual_seq_lengths_kv", &values) ? MakeIntArray(values, "actualSeqLengthsKv") : nullptr;
+    // A BNSD case without lengths passes [S] * B, never null: the A2/A3 post-processing reads
+    // actualSeqLengths[b] even for BNSD (as the operator's example and torch_npu's tests pass them).
+    const bool bnsd = spec.Param("layout") == "BNSD";
+    auto lengths = [&](const char *key, const char *seqKey, const char *what) -> IntArrayPtr {
+        if (spec.ListParam(key, &values)) {
+            return MakeIntArray(values, what);
+        }
+        if (!bnsd) {
+            return nullptr;  // TND without lengths: a negative case
+        }
+        values.assign(static_cast<size_t>(spec.IntParam("batch")), spec.IntParam(seqKey));
+        return MakeIntArray(values, what);
+    };
+    IntArrayPtr qLengths = lengths("actual_seq_lengths", "q_seq_len", "actualSeqLengths");
+    IntArrayPtr kvLengths = lengths("actual_seq_lengths_kv", "kv_seq_len", "actualSeqLengthsKv");
     std::vector<char> qLayout = LayoutBuffer(spec.Param("layout"));
     std::vector<char> kvLayout = LayoutBuffer(spec.Param("kv_layout"));
 
@@ -560,7 +573,8 @@ int Run(const Options &options)
     ExecutorGuard executor;
     aclnnStatus status = aclnnBlockSparseAttentionGradGetWorkspaceSize(
         input("dout"), input("query"), input("key"), input("value"), input("attention_out"), input("softmax_lse"),
-        input("block_sparse_mask"), nullptr /* attenMaskOptional: must be null */, blockShape.get(), qLengths.get(),
+        input("block_sparse_mask"), input("atten_mask") /* null unless a negative case gives one */, blockShape.get(),
+        qLengths.get(),
         kvLengths.get(), qLayout.data(), kvLayout.data(), spec.IntParam("num_kv_heads"), spec.IntParam("mask_type"),
         spec.DoubleParam("scale"), spec.IntParam("pre_tokens"), spec.IntParam("next_tokens"),
         grads["dq"]->tensor.get(), grads["dk"]->tensor.get(), grads["dv"]->tensor.get(), &workspaceSize,

@@ -193,7 +193,7 @@ def dense_forward(
             _heads_major(case, key[kv_index]),
             _heads_major(case, value[kv_index]),
             mask,
-            case.scale,
+            case.kernel_scale,
         )
         out[q_index] = _heads_major(case, entry_out)
         lse[q_index] = _heads_major(case, np.where(empty, case.empty_row_lse, entry_lse))
@@ -222,7 +222,7 @@ def dense_backward(
             _heads_major(case, attention_out[q_index]),
             _heads_major(case, softmax_lse[q_index]),
             element_mask(block_mask[b], q_len, kv_len, case.block_shape),
-            case.scale,
+            case.kernel_scale,
         )
         dq[q_index] = _heads_major(case, grads[0])
         dk[kv_index] = _heads_major(case, grads[1])
@@ -248,7 +248,7 @@ def torch_backward(
             _heads_major(case, key[kv_index]),
             _heads_major(case, value[kv_index]),
             element_mask(block_mask[b], q_len, kv_len, case.block_shape),
-            case.scale,
+            case.kernel_scale,
         )
         out[q_index], dq[q_index] = (_heads_major(case, t) for t in results[:2])
         dk[kv_index], dv[kv_index] = (_heads_major(case, t) for t in results[2:])

@@ -93,12 +93,13 @@ def test_gen_is_reproducible_and_golden_precision_selectable(runner: CliRunner, 
 
 
 def test_negative_case_has_inputs_and_no_golden(runner: CliRunner, tmp_path: Path) -> None:
-    neg = {**CASE, "num_kv_heads": 3, "num_heads": 4, "expect": "ACLNN_ERR_PARAM_INVALID"}
+    neg = {**CASE, "tensors": {"block_sparse_mask": {"dtype": "int8"}}, "expect": "ACLNN_ERR_PARAM_INVALID"}
     assert runner.invoke(main, ["gen", spec(tmp_path, neg), "-o", str(tmp_path / "o")]).exit_code == 0
     manifest = json.loads((tmp_path / "o" / "tiny" / "case.json").read_text())
     assert manifest["golden"] == {} and manifest["benchmark"] == {}
     assert manifest["expect"] == {"status": 161002, "name": "ACLNN_ERR_PARAM_INVALID"}
     assert (tmp_path / "o" / "tiny" / "inputs" / "query.bin").is_file()
+    assert manifest["inputs"]["block_sparse_mask"]["dtype"] == "int8"
 
 
 def test_spec_error_exits_2_with_one_error_line(runner: CliRunner, tmp_path: Path) -> None:
@@ -133,10 +134,13 @@ def test_validate_and_list(runner: CliRunner, tmp_path: Path) -> None:
     path = spec(tmp_path, CASE, {**CASE, "name": "gqa", "num_kv_heads": 1})
     result = runner.invoke(main, ["validate", path])
     assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path(s)\n"
-    assert "tiny: outside the A2/A3 kernel: head_dim 32" in result.stderr
+    assert result.stderr == ""  # head_dim 32 and GQA: the A2/A3 kernel of master accepts both
     result = runner.invoke(main, ["list", path, "--filter", "gq*"])
     assert result.exit_code == 0 and "gqa" in result.stdout and "tiny" not in result.stdout
     assert runner.invoke(main, ["list", path, "--filter", "zzz"]).stderr == "Error: --filter 'zzz' matches no case\n"
+    honored = {**CASE, "name": "short", "batch": 2, "actual_seq_lengths": [96, 1], "actual_seq_lengths_kv": [80, 80]}
+    result = runner.invoke(main, ["validate", spec(tmp_path, honored)])
+    assert result.exit_code == 0 and "Warning: short: actual_seq_lengths" in result.stderr
 
 
 def test_no_specs_is_a_usage_error(runner: CliRunner) -> None:

@@ -25,7 +25,7 @@ SPEC = {
         {"name": "t-tnd-gqa", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 0, 24],
          "num_kv_heads": 1, "sparsity": {"pattern": "random", "density": 0.6}},
         {"name": "t-neg-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
-        {"name": "t-neg-tnd", "layout": "TND", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_NULLPTR"},
+        {"name": "t-neg-tnd", "layout": "TND", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
     ],
 }  # fmt: skip
 
@@ -79,7 +79,7 @@ def test_run_without_binary_uses_the_reference_device_and_says_so(out):
         assert rec["binary"] is None and rec["timeout_s"] is None
         assert rec["command"][:2] == ["bsa", "emulate"]
     assert record(out / "t-neg-dtype")["status"] == 161002
-    assert record(out / "t-neg-tnd")["status"] == 161001
+    assert record(out / "t-neg-tnd")["status"] == 161002
     assert not (out / "t-neg-tnd" / "outputs" / "dq.bin").exists()
     dq = np.fromfile(out / "t-bnsd-tail" / "outputs" / "dq.bin", dtype=np.float16)
     assert dq.size == 2 * 40 * 16 and np.isfinite(dq).all()
@@ -102,7 +102,8 @@ def test_planted_fault_is_recorded_with_the_reference_device(out):
     assert "reference (bsa emulate) with fault 'stale-output'" in result.stdout
     rec = record(out / "t-bnsd-tail")
     assert rec["device"]["fault"] == "stale-output"
-    assert rec["command"][-2:] == ["--fault", "stale-output"]
+    assert rec["command"][-4:-2] == ["--fault", "stale-output"]
+    assert rec["command"][-2:] == ["--seed", str(rec["runs"][0]["order_seed"])]
     assert not np.fromfile(out / "t-bnsd-tail" / "outputs" / "dq.bin", dtype=np.float16).any()
 
 
@@ -178,7 +179,7 @@ def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
 def test_repeat_with_a_racy_binary_exits_1(tmp_path):
     make_case(tmp_path / "out", "racy_random")
 
-    result = invoke("run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2", "--deterministic")
+    result = invoke("run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2")
 
     assert result.exit_code == 1, result.output
     assert "nondeterministic racy_random" in result.stderr
@@ -279,7 +280,7 @@ def test_check_generates_runs_and_compares_the_suite_with_the_reference_device(s
     assert phases == [["gen", "generated"]] * 4 + [["run", "ok"]] * 4 + [["compare", "PASS"]] * 4
     document = json.loads((tmp_path / "report.json").read_text())
     assert len(document["cases"]) == 4
-    assert record(out / "t-neg-tnd")["status"] == 161001
+    assert record(out / "t-neg-tnd")["status"] == 161002
 
     again = invoke("check", spec_file, "-o", out)
 

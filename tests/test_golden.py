@@ -251,7 +251,7 @@ def test_all_ones_mask_equals_dense_sdpa(heads, kv_heads):
     t = make_inputs(case, seed=5, mask=np.ones(1, np.uint8))
     out, lse = forward_of(case, t)
     dq, dk, dv = golden_grads(case, t, out, lse)
-    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.scale)
+    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.kernel_scale)
     for got, want in zip((out, dq, dk, dv), ref, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-10, atol=1e-12)
 
@@ -262,7 +262,7 @@ def test_causal_block_mask_with_unit_blocks_equals_sdpa_causal():
     t = make_inputs(case, seed=6, mask=causal)
     out, lse = forward_of(case, t)
     dq, dk, dv = golden_grads(case, t, out, lse)
-    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.scale, is_causal=True)
+    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.kernel_scale, is_causal=True)
     for got, want in zip((out, dq, dk, dv), ref, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-10, atol=1e-12)
 
@@ -275,7 +275,7 @@ def test_causal_block_mask_equals_sdpa_with_block_causal_element_mask():
     dq, dk, dv = golden_grads(case, t, out, lse)
     rows, cols = np.arange(130)[:, None] // 32, np.arange(130)[None, :] // 32
     ref = oracle.sdpa_sequence(
-        t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.scale, attn_mask=cols <= rows
+        t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.kernel_scale, attn_mask=cols <= rows
     )
     for got, want in zip((out, dq, dk, dv), ref, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-10, atol=1e-12)
@@ -558,7 +558,7 @@ def test_kernel_path_matches_dense_emulation_of_section_2(dtype):
     kernel = kernel_grads(case, t, out_io, lse32)
     mask = oracle.element_mask(t["block_mask"][0], 100, 90, (16, 48))
     emulated = oracle.kernel_emulation_sequence(
-        t["dout"][0], t["query"][0], t["key"][0], t["value"][0], out_io[0], lse32[0], mask, case.scale, io
+        t["dout"][0], t["query"][0], t["key"][0], t["value"][0], out_io[0], lse32[0], mask, case.kernel_scale, io
     )
     for k, e in zip(kernel, emulated, strict=True):
         k, e = oracle.f64(k[0]), oracle.f64(e)

@@ -123,7 +123,10 @@ def test_bad_dtype_without_expect_is_an_error_naming_the_status(tmp_path: Path) 
     [
         ({"num_kv_heads": 3}, "num_kv_heads"),
         ({"layout": "BSND"}, "layout"),
-        ({"kv_layout": "TND"}, "kv_layout"),
+        ({"kv_layout": "TND"}, "actual_seq_lengths_kv"),  # master checks kv TND lengths before the layout mix
+        ({"kv_layout": "BSND"}, "kv_layout"),
+        ({"tensors": {"block_sparse_mask": {"dtype": "int8"}}}, "tensors.block_sparse_mask"),
+        ({"tensors": {"softmax_lse": None}}, "tensors.softmax_lse"),
         ({"mask_type": 1}, "mask_type"),
         ({"pre_tokens": 10}, "pre_tokens"),
         ({"next_tokens": 0}, "next_tokens"),
@@ -134,10 +137,38 @@ def test_interface_violation_without_expect_is_refused(tmp_path: Path, fields: d
 
 
 def test_negative_case_with_matching_expect_is_accepted(tmp_path: Path) -> None:
-    case = load_one(tmp_path, num_kv_heads=3, expect="ACLNN_ERR_PARAM_INVALID")
-    assert case.expect.status == 161002 and not case.expect.ok
-    case = load_one(tmp_path, layout="TND", expect=161001)
-    assert case.expect.name == "ACLNN_ERR_PARAM_NULLPTR"
+    case = load_one(tmp_path, num_kv_heads=3, expect="ACLNN_ERR_INNER_TILING_ERROR")
+    assert case.expect.status == 561002 and not case.expect.ok
+    case = load_one(tmp_path, layout="TND", expect=161002)
+    assert case.expect.name == "ACLNN_ERR_PARAM_INVALID"
+    case = load_one(tmp_path, tensors={"softmax_lse": None}, expect=161001)
+    assert case.expect.name == "ACLNN_ERR_PARAM_NULLPTR" and case.tensor_descs().get("softmax_lse") is None
+
+
+def test_tensors_key_expresses_null_dtype_and_shape_overrides(tmp_path: Path) -> None:
+    case = load_one(tmp_path, tensors={"block_sparse_mask": {"dtype": "bool"}})  # valid: aclnn takes bool
+    assert case.expect.ok and case.tensor_descs()["block_sparse_mask"]["dtype"] == "bool"
+    case = load_one(tmp_path, tensors={"key": {"shape": [2, 2, 256, 128]}}, expect=161002)
+    assert case.tensor_descs()["key"]["shape"] == (2, 2, 256, 128)
+    case = load_one(tmp_path, tensors={"atten_mask": {"dtype": "bool"}}, expect=161002)
+    assert "atten_mask" in case.tensor_descs()
+
+
+@pytest.mark.parametrize(
+    ("tensors", "fragment"),
+    [
+        ({"keys": None}, "unknown tensor"),
+        ({"key": {"dtype": "fp8"}}, "'fp8' is not allowed"),
+        ({"key": {"shape": [1, -2]}}, "is not a list of non-negative integers"),
+        ({"key": {"shape": [1 << 20, 1 << 20]}}, "holds over"),
+        ({"key": {"size": 3}}, "unknown key"),
+        ({"dq": None}, "undefined behaviour"),
+        ({"key": {"shape": [1, 2, 256]}}, "undefined behaviour"),
+        ({"atten_mask": None}, "null already"),
+    ],
+)
+def test_bad_tensor_overrides_are_refused(tmp_path: Path, tensors: dict, fragment: str) -> None:
+    assert fragment in spec_error(tmp_path, {"cases": [{**BASE, "tensors": tensors, "expect": 161002}]})
 
 
 def test_expect_that_no_rule_explains_is_refused(tmp_path: Path) -> None:
@@ -145,14 +176,21 @@ def test_expect_that_no_rule_explains_is_refused(tmp_path: Path) -> None:
 
 
 def test_expect_with_the_wrong_code_is_refused(tmp_path: Path) -> None:
-    message = spec_error(tmp_path, {"cases": [{**BASE, "layout": "TND", "expect": 161002}]})
-    assert "makes the operator return 161001" in message
+    message = spec_error(tmp_path, {"cases": [{**BASE, "layout": "TND", "expect": 161001}]})
+    assert "makes the operator return 161002" in message
 
 
-def test_kernel_constraints_are_warnings_not_errors(tmp_path: Path) -> None:
+def test_shapes_the_current_kernel_accepts_get_no_warning(tmp_path: Path) -> None:
     case = load_one(tmp_path, head_dim=64, num_kv_heads=1, block_shape=[80, 40])
-    text = " ".join(case.warnings)
-    assert "D = 128" in text and "MHA" in text and "multiples of 16" in text
+    assert case.warnings == ()
+    fields = {k: v for k, v in BASE.items() if k != "q_seq_len"}
+    (tnd,) = load_specs([write_spec(tmp_path, {"cases": [{**fields, "layout": "TND", "actual_seq_lengths": [7, 9]}]})])
+    assert tnd.warnings == ()
+
+
+def test_honoured_bnsd_lengths_shorter_than_s_warn(tmp_path: Path) -> None:
+    case = load_one(tmp_path, batch=2, actual_seq_lengths=[256, 100])
+    assert "ignores BNSD lengths" in " ".join(case.warnings)
 
 
 def test_tnd_takes_batch_and_max_lengths_from_actual_lengths(tmp_path: Path) -> None:

@@ -289,7 +289,7 @@ def children(pid: int) -> list[int]:
 
 
 def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> None:
-    for delay in (0.0, 0.1, 0.4):
+    for delay in (0.0, 0.002, 0.02, 0.4):
         proc = subprocess.Popen(
             [sys.executable, "-m", "bsa_cli", "compare", str(suite), "-j", "2"],
             stdout=subprocess.PIPE,
@@ -303,12 +303,12 @@ def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> 
         os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole foreground group
         _, stderr = proc.communicate(timeout=60)
         assert b"Traceback" not in stderr, stderr.decode()
-        assert proc.returncode in (0, 130), (delay, proc.returncode, stderr.decode())
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, stderr.decode())
 
 
 def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Path) -> None:
     path = write_spec(tmp_path / "specs", {"name": "a", "q_seq_len": 2048, "head_dim": 64}, {"name": "b", "seed": 1})
-    for delay in (0.0, 0.1, 0.5):
+    for delay in (0.0, 0.002, 0.02, 0.5):
         proc = subprocess.Popen(
             [sys.executable, "-m", "bsa_cli", "gen", path, "-o", str(tmp_path / "out"), "-j", "2"],
             stdout=subprocess.PIPE,
@@ -322,7 +322,7 @@ def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Pat
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=120)
         assert b"Traceback" not in stderr, stderr.decode()
-        assert proc.returncode in (0, 130), (delay, proc.returncode, stderr.decode())
+        assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, stderr.decode())
 
 
 def test_a_folder_named_like_a_log_or_record_made_by_a_binary_is_no_crash(out: Path, tmp_path: Path) -> None:

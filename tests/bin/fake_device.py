@@ -13,7 +13,7 @@ What it does depends on a word in the case's name:
     badstatus  writes "oops" as the status
     otherwise  a correct device: the benchmark gradients when the case has them (zeros otherwise), and
                the expected status for negative cases (no gradient files then).
-It prints its argv and the ASCEND_DEVICE_ID / BSAG_DETERMINISTIC it sees on stdout.
+It prints its argv and the ASCEND_DEVICE_ID it sees on stdout.
 """
 
 import json
@@ -44,7 +44,6 @@ def main(argv):
     print("argv", json.dumps(sys.argv[1:]))
     print("tag", tag)
     print("ASCEND_DEVICE_ID", os.environ.get("ASCEND_DEVICE_ID"))
-    print("BSAG_DETERMINISTIC", os.environ.get("BSAG_DETERMINISTIC"))
     sys.stdout.flush()
     name = manifest["name"]
     outputs = manifest["outputs"]

@@ -198,6 +198,18 @@ aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor)
     return 0;
 }
 
+static std::string Join(const aclIntArray *array)
+{
+    if (array == nullptr) {
+        return "null";
+    }
+    std::string text;
+    for (int64_t value : array->values) {
+        text += (text.empty() ? "" : ",") + std::to_string(value);
+    }
+    return "[" + text + "]";
+}
+
 aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     const aclTensor *dout, const aclTensor *query, const aclTensor *key, const aclTensor *value,
     const aclTensor *attentionOut, const aclTensor *softmaxLse, const aclTensor *blockSparseMaskOptional,
@@ -207,30 +219,102 @@ aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     int64_t nextTokens, aclTensor *dq, aclTensor *dk, aclTensor *dv, uint64_t *workspaceSize,
     aclOpExecutor **executor)
 {
-    (void)softmaxLse, (void)blockSparseMaskOptional, (void)numKeyValueHeads, (void)maskType, (void)scaleValue;
-    (void)preTokens, (void)nextTokens;
-    if (!dout || !query || !key || !value || !attentionOut) {
-        return Reject(161001, "fake: a required input is null");
+    (void)numKeyValueHeads, (void)scaleValue;
+    // The checks of ops-transformer master (3a280bcc) in their order: ValidateParams
+    // (op_host/op_api/aclnn_block_sparse_attention_grad.cpp), then the A2/A3 tiling (561002). Written
+    // apart from bsa_cli/interface.py on purpose: running the negative suite through the harness and
+    // this fake checks both, and that the harness passes every tensor, null and list as the case says.
+    const std::string qLayout(qInputLayout), kvLayout(kvInputLayout);
+    const aclTensor *mandatory[] = {dout, query, key, value, attentionOut, softmaxLse, blockSparseMaskOptional};
+    for (const aclTensor *tensor : mandatory) {
+        if (tensor == nullptr) {
+            return Reject(161001, "fake: a mandatory tensor is null");
+        }
+    }
+    const aclDataType q = query->dtype;
+    if (q != ACL_FLOAT16 && q != ACL_BF16) {
+        return Reject(161002, "fake: query dtype must be float16 or bfloat16");
+    }
+    for (const aclTensor *tensor : {key, value, attentionOut, dout}) {
+        if (tensor->dtype != q) {
+            return Reject(161002, "fake: key/value/attentionOut/dout dtype differs from query");
+        }
+    }
+    if (softmaxLse->dtype != ACL_FLOAT) {
+        return Reject(161002, "fake: softmaxLse dtype must be float32");
+    }
+    if (blockSparseMaskOptional->dtype != ACL_BOOL && blockSparseMaskOptional->dtype != ACL_UINT8) {
+        return Reject(161002, "fake: blockSparseMask dtype must be bool or uint8");
+    }
+    for (const aclTensor *tensor : {dq, dk, dv}) {
+        if (tensor->dtype != q) {
+            return Reject(161002, "fake: dq/dk/dv dtype differs from query");
+        }
+    }
+    auto dim = [](const aclTensor *tensor, size_t axis) { return tensor->dims.at(axis); };
+    if (qLayout == "TND") {
+        for (const aclTensor *tensor : {key, value, attentionOut, dout, (const aclTensor *)dq, (const aclTensor *)dk,
+                                        (const aclTensor *)dv}) {
+            if (dim(tensor, 2) != dim(query, 2)) {
+                return Reject(161002, "fake: dim 2 differs from query's");
+            }
+        }
+    } else {
+        for (const aclTensor *tensor : {key, value, attentionOut, dout, softmaxLse, (const aclTensor *)dq,
+                                        (const aclTensor *)dk, (const aclTensor *)dv}) {
+            if (dim(tensor, 0) != dim(query, 0)) {
+                return Reject(161002, "fake: dim 0 differs from query's");
+            }
+        }
+        const std::pair<const aclTensor *, const aclTensor *> pairs[] = {
+            {query, key}, {value, attentionOut}, {value, dout}, {query, dq}, {key, dk}, {value, dv}};
+        for (const auto &pair : pairs) {
+            if (dim(pair.first, 3) != dim(pair.second, 3)) {
+                return Reject(161002, "fake: dim 3 differs");
+            }
+        }
     }
     if (attenMaskOptional != nullptr) {
         return Reject(161002, "fake: attenMask must be null");
     }
+    if (maskType != 0) {
+        return Reject(161002, "fake: maskType must be 0");
+    }
+    if (preTokens != 2147483647 || nextTokens != 2147483647) {
+        return Reject(161002, "fake: preTokens/nextTokens must be 2147483647");
+    }
+    if ((qLayout == "TND" && !actualSeqLengthsOptional) || (kvLayout == "TND" && !actualSeqLengthsKvOptional)) {
+        return Reject(161002, "fake: TND needs actual sequence lengths");
+    }
+    if ((qLayout == "BNSD") != (kvLayout == "BNSD")) {
+        return Reject(161002, "fake: layouts must both be BNSD or both not");
+    }
     if (blockShapeOptional == nullptr) {
         return Reject(161001, "fake: blockShape is null");
     }
-    const std::string qLayout(qInputLayout), kvLayout(kvInputLayout);
-    if ((qLayout != "BNSD" && qLayout != "TND") || qLayout != kvLayout) {
-        return Reject(161002, "fake: layouts must both be BNSD or both TND");
+    if (blockShapeOptional->values.size() < 2 || blockShapeOptional->values[0] <= 0 ||
+        blockShapeOptional->values[1] <= 0) {
+        return Reject(161002, "fake: blockShape must hold two positive values");
     }
-    if (qLayout == "TND" && (!actualSeqLengthsOptional || !actualSeqLengthsKvOptional)) {
-        return Reject(161001, "fake: TND needs actual sequence lengths");
+    if (qLayout != "TND" && qLayout != "BNSD") {
+        return Reject(561002, "fake tiling: unsupported layout");
     }
-    if (query->dtype != ACL_FLOAT16 && query->dtype != ACL_BF16) {
-        return Reject(161002, "fake: dtype must be float16 or bfloat16");
+    const int64_t n1 = dim(query, 1), n2 = dim(key, 1);
+    if (n2 <= 0 || n1 < n2 || n1 % n2 != 0) {
+        return Reject(561002, "fake tiling: N1 % N2 != 0 or N1 < N2");
     }
-    if (dq->dims != query->dims || dk->dims != key->dims || dv->dims != value->dims) {
-        return Reject(161002, "fake: gradient shapes differ from query/key/value");
+    if (qLayout == "TND") {
+        int64_t tokens = 0;
+        for (int64_t length : actualSeqLengthsOptional->values) {
+            tokens += length;
+        }
+        if (tokens == 0) {
+            return Reject(561002, "fake tiling: blockDim is 0 (no query token)");
+        }
     }
+    // What a run received, for the tests: the lengths (BNSD without lengths must still get [S] * B).
+    std::printf("fake op: actualSeqLengths %s actualSeqLengthsKv %s\n", Join(actualSeqLengthsOptional).c_str(),
+                Join(actualSeqLengthsKvOptional).c_str());
     if (ShouldFail("aclnnBlockSparseAttentionGradGetWorkspaceSize")) {
         return Reject(161002, "fake: forced failure");
     }

@@ -1,0 +1,388 @@
+"""The torch_npu device: run one case through `torch_npu.npu_block_sparse_attention_backward`.
+
+    python -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>
+
+`bsa run --device torch_npu` runs this module once per case, in a child process, so the binary contract
+of docs/run.md applies unchanged (timeout, crash, status.txt, output checks): it writes dq.bin, dk.bin,
+dv.bin as the manifest's `outputs` say and then status.txt "0"; when the operator rejects the call with an
+aclnn status it writes only status.txt (the status, then the operator's message) and exits 0 too.
+
+The binding, as read in op-plugin (github.com/Ascend/op-plugin, master at 517f2e7d, 2026-08-21; the
+binding's files last changed in c0f67e98):
+
+* `op_plugin/config/op_plugin_functions.yaml`: `npu_block_sparse_attention_backward(Tensor d_out,
+  Tensor query, Tensor key, Tensor value, Tensor attention_out, Tensor softmax_lse, Tensor
+  block_sparse_mask, int[]? block_shape, int[]? actual_seq_lengths, int[]? actual_seq_lengths_kv,
+  str q_input_layout, str kv_input_layout, int num_key_value_heads, float scale_value)
+  -> (Tensor, Tensor, Tensor)`: no defaults, every argument positional or keyword. torch_npu exports it
+  as `torch_npu.npu_block_sparse_attention_backward` (= `torch.ops.npu....`), whose schema matcher
+  passes None for a `Tensor` as an undefined tensor.
+* `op_plugin/ops/opapi/BlockSparseAttentionBackwardKernelNpuOpApi.cpp`: before aclnn it checks that
+  query, key, value share a dtype, that head_dim (query.size(-1)) <= 128, and (master, not the 26.0.0
+  branch) that a TND layout comes with non-empty lengths; a block_shape of fewer than 2 values becomes
+  [128, 128]; attenMask = null, maskType = 0, preTokens = nextTokens = 2147483647 are fixed; dq, dk, dv
+  are allocated like query, key, value; an undefined tensor reaches aclnn as a null aclTensor
+  (`ConvertType` in `op_plugin/utils/op_api_common.cpp`).
+* `op_plugin/utils/op_api_common.h`, EXEC_NPU_NO_FORMAT_CHECK_CMD: a failing
+  aclnnBlockSparseAttentionGradGetWorkspaceSize (or launch) goes through torch_npu's NPU_CHECK_ERROR
+  (github.com/Ascend/pytorch 9e73e708, `torch_npu/csrc/core/npu/NPUException.h`), a RuntimeError whose
+  message holds "call aclnnBlockSparseAttentionGrad failed, error code is 161002". With
+  TASK_QUEUE_ENABLE=2 the workspace call runs on the task-queue thread and the message that reaches
+  Python is another one; with TORCH_NPU_COMPACT_ERROR_OUTPUT set CANN's own message may replace it. This
+  module therefore runs with TASK_QUEUE_ENABLE=1 (if it was 2) and without the compact output, and says
+  so on stderr.
+
+So a case whose call the binding can make runs as the harness would run it; a case it cannot express
+(a non-null attenMask, maskType or tokens other than the defaults, a null or short blockShape, a null
+layout, outputs unlike query/key/value, a dtype torch has no tensor for) is refused with exit code 2.
+
+Exit codes: 0 a status was recorded; 2 bad arguments, an unreadable case, a case the binding cannot
+express, torch or torch_npu cannot be imported; 3 the operator or the device failed without an aclnn
+status, or returned gradients of the wrong dtype or shape; 4 an output file could not be written.
+torch and torch_npu are imported only when a case runs, never by `import bsa_cli`; only APIs that
+PyTorch 2.1 has are used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .case import MAX_TOKENS, numpy_dtype
+from .emulator import STATUS_FILE, _write_atomic
+from .errors import BsaError, DataError
+from .interface import call_lengths
+from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
+from .store import array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
+
+BINDING = "npu_block_sparse_attention_backward"
+"""The torch_npu function this device calls."""
+
+STATUS_PATTERN = re.compile(r"call aclnnBlockSparseAttentionGrad failed, error code is (\d+)")
+"""How an aclnn status appears in the RuntimeError torch_npu raises (NPU_CHECK_ERROR after EXEC_NPU_CMD)."""
+
+CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
+"""The manifest inputs in the binding's order (d_out first): the seven tensors, passed positionally."""
+
+GRAD_OF = {"dq": "query", "dk": "key", "dv": "value"}
+"""The input each gradient is allocated like by the binding (`apply_tensor_without_format`)."""
+
+TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
+"""Manifest dtypes this device can hand to torch (torch names them alike)."""
+
+EXIT_STATUS, EXIT_USAGE, EXIT_DEVICE, EXIT_WRITE = 0, 2, 3, 4
+
+
+class NotExpressible(BsaError):
+    """A case that the torch_npu binding cannot express (it fixes or fills in what the case varies)."""
+
+
+class DeviceFailure(BsaError):
+    """The operator or the device failed without an aclnn status, or returned unusable gradients.
+
+    `str()` is one line; `detail` holds the whole message of the exception behind it, if any.
+    """
+
+    def __init__(self, message: str, detail: str = "") -> None:
+        super().__init__(message)
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class Call:
+    """The non-tensor arguments of one binding call, and which inputs are passed as None (null)."""
+
+    block_shape: list[int]
+    actual_seq_lengths: list[int] | None
+    actual_seq_lengths_kv: list[int] | None
+    q_input_layout: str
+    kv_input_layout: str
+    num_key_value_heads: int
+    scale_value: float
+    null_inputs: tuple[str, ...] = ()
+
+    def keywords(self) -> dict[str, Any]:
+        """Return the arguments after the seven tensors, by their names in the binding's schema."""
+        return {
+            "block_shape": self.block_shape,
+            "actual_seq_lengths": self.actual_seq_lengths,
+            "actual_seq_lengths_kv": self.actual_seq_lengths_kv,
+            "q_input_layout": self.q_input_layout,
+            "kv_input_layout": self.kv_input_layout,
+            "num_key_value_heads": self.num_key_value_heads,
+            "scale_value": self.scale_value,
+        }
+
+
+def _int(value: Any) -> int:
+    """Return an integer value as a Python int (the binding's `int`), refusing anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{value!r}, not an integer")
+    return int(value)
+
+
+def _int_list(values: Sequence[Any] | None) -> list[int] | None:
+    return None if values is None else [_int(v) for v in values]
+
+
+def _desc(entry: Mapping[str, Any] | None) -> tuple[Any, tuple[int, ...]]:
+    """Return (dtype, shape) of a manifest entry ((None, ()) for a null one)."""
+    entry = entry or {}
+    return entry.get("dtype"), tuple(entry.get("shape") or ())
+
+
+def _default_outputs(manifest: Mapping[str, Any]) -> dict[str, tuple[Any, tuple[int, ...]]]:
+    """Return dq, dk, dv as a case without tensor overrides has them (case dtype, shapes of q and kv)."""
+    try:
+        case = case_from_manifest(manifest)
+        q_shape, kv_shape = tuple(case.q_shape), tuple(case.kv_shape)
+    except (KeyError, TypeError, ValueError):
+        return {}
+    return {"dq": (case.dtype, q_shape), "dk": (case.dtype, kv_shape), "dv": (case.dtype, kv_shape)}
+
+
+def plan_call(manifest: Mapping[str, Any]) -> Call:
+    """Return the binding call that runs a case, as the C++ harness would make the aclnn call.
+
+    Raises:
+        NotExpressible: the binding fixes or fills in something the case sets otherwise.
+    """
+    name = manifest.get("name", "?")
+    params = manifest.get("params") or {}
+    inputs = manifest.get("inputs") or {}
+    outputs = manifest.get("outputs") or {}
+
+    def refuse(reason: str) -> NotExpressible:
+        return NotExpressible(f"case {name}: torch_npu.{BINDING} cannot express this call: {reason}")
+
+    extra = sorted(set(inputs) - set(INPUT_NAMES))
+    if extra:
+        raise refuse(f"input {extra[0]} is passed, but the binding always passes a null attenMask")
+    if params.get("mask_type", 0) != 0:
+        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
+    for key in ("pre_tokens", "next_tokens"):
+        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
+            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
+    block_shape = params.get("block_shape")
+    if not isinstance(block_shape, list) or len(block_shape) < 2:
+        raise refuse(f"blockShape {block_shape!r}: the binding passes [128, 128] for a null or short block_shape")
+    for key in ("layout", "kv_layout"):
+        if not isinstance(params.get(key, params.get("layout")), str):
+            raise refuse(f"{key} is null: the binding takes a str")
+    defaults = _default_outputs(manifest)
+    for grad, source in GRAD_OF.items():
+        entry, like = outputs.get(grad), inputs.get(source)
+        if entry is None:
+            raise refuse(f"{grad} is null: the binding always allocates dq, dk, dv")
+        # An output the case left alone may follow its input's override (the binding allocates it like the
+        # input); an output the case set itself cannot be passed.
+        dtype, shape = _desc(entry)
+        if (dtype, shape) not in (_desc(like), defaults.get(grad)):
+            raise refuse(
+                f"{grad} is {dtype} {list(shape)}, but the binding allocates it like {source}"
+                + (f" ({like.get('dtype')} {list(like.get('shape', ()))})" if like else " (null here)")
+            )
+    for input_name, entry in inputs.items():
+        if entry.get("dtype") not in TORCH_DTYPES:
+            raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
+    q_lengths, kv_lengths = call_lengths(params)
+    try:
+        return Call(
+            block_shape=[_int(v) for v in block_shape],
+            actual_seq_lengths=_int_list(q_lengths),
+            actual_seq_lengths_kv=_int_list(kv_lengths),
+            q_input_layout=str(params.get("layout")),
+            kv_input_layout=str(params.get("kv_layout", params.get("layout"))),
+            num_key_value_heads=_int(params.get("num_kv_heads")),
+            scale_value=float(params["scale"]),
+            null_inputs=tuple(n for n in CALL_ORDER if n not in inputs),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
+
+
+def aclnn_status(message: str) -> int | None:
+    """Return the aclnn status an exception message from torch_npu carries, or None."""
+    found = STATUS_PATTERN.search(message)
+    return int(found.group(1)) if found else None
+
+
+# ---- tensors (torch is imported by the caller and passed in) --------------------------------------
+
+
+def to_tensor(torch: Any, array: np.ndarray, dtype_name: str) -> Any:
+    """Return a CPU tensor holding exactly the bytes of `array` (bfloat16 through an int16 view)."""
+    array = np.ascontiguousarray(array)
+    if dtype_name == "bfloat16":
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())
+
+
+def to_array(torch: Any, tensor: Any, dtype_name: str, shape: Sequence[int], what: str) -> np.ndarray:
+    """Return the bytes of a CPU tensor as a NumPy array of the manifest dtype (bfloat16 through int16).
+
+    Raises:
+        DeviceFailure: the tensor is not of `dtype_name` and `shape`.
+    """
+    expected = getattr(torch, dtype_name)
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != expected or list(tensor.shape) != list(shape):
+        found = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise DeviceFailure(f"{what}: torch_npu returned {found}, the manifest wants {expected} {list(shape)}")
+    tensor = tensor.contiguous()
+    if dtype_name == "bfloat16":
+        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
+    return tensor.numpy()
+
+
+# ---- one case --------------------------------------------------------------------------------------
+
+
+def prepare_environment(env: MutableMapping[str, str]) -> list[str]:
+    """Make torch_npu report aclnn statuses in the calling thread; return what was changed, in words."""
+    notes = []
+    if env.get("TASK_QUEUE_ENABLE", "").strip() == "2":
+        env["TASK_QUEUE_ENABLE"] = "1"
+        notes.append(
+            "TASK_QUEUE_ENABLE=2 runs aclnn's parameter checks on the task queue, where their status is "
+            "lost: this case runs with TASK_QUEUE_ENABLE=1"
+        )
+    if env.get("TORCH_NPU_COMPACT_ERROR_OUTPUT", "").strip() not in ("", "0"):
+        del env["TORCH_NPU_COMPACT_ERROR_OUTPUT"]
+        notes.append("TORCH_NPU_COMPACT_ERROR_OUTPUT may hide the aclnn status: unset for this case")
+    return notes
+
+
+class TorchNpuMissing(BsaError):
+    """torch or torch_npu cannot be imported in this Python, or has no such binding."""
+
+
+def import_torch_npu() -> tuple[Any, Any]:
+    """Import torch and torch_npu (torch_npu patches `Tensor.npu` and `torch.npu` in).
+
+    Raises:
+        TorchNpuMissing: naming the module and what to install.
+    """
+    try:
+        import torch
+    except ImportError as exc:
+        raise TorchNpuMissing(f"cannot import torch: {exc}; install torch and torch_npu (README.md)") from None
+    advice = f"install the torch_npu release that matches torch {torch.__version__}, and source <CANN>/set_env.sh first"
+    try:
+        import torch_npu
+    except ImportError as exc:
+        raise TorchNpuMissing(f"cannot import torch_npu: {exc}; {advice}") from None
+    except Exception as exc:  # torch_npu's own initialisation failed (driver, CANN version)
+        raise TorchNpuMissing(f"importing torch_npu failed: {type(exc).__name__}: {exc}; {advice}") from None
+    return torch, torch_npu
+
+
+def _clear(output_dir: Path, outputs: Mapping[str, Any]) -> None:
+    """Remove an earlier status and gradient files (links as links), never outside `output_dir`."""
+    paths = [output_dir / STATUS_FILE]
+    paths += [inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if outputs.get(name)]
+    for path in paths:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+
+
+def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
+    """Run one case through torch_npu and write its outputs and status; return the aclnn status.
+
+    Raises:
+        DataError: the manifest or an input file is missing or malformed.
+        NotExpressible: the binding cannot express the case.
+        DeviceFailure: the operator or device failed without a status, or returned unusable gradients.
+        OSError: an output file could not be written.
+    """
+    case_dir, output_dir = Path(case_dir), Path(output_dir)
+    manifest = load_manifest(case_dir)
+    call = plan_call(manifest)
+    outputs = manifest["outputs"]
+    check_output_dir(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _clear(output_dir, outputs)
+    # `bsa run` checked every input against its sha256 just before starting this process.
+    arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in iter_entries(manifest, "inputs")}
+    for note in prepare_environment(os.environ):
+        print(f"note: {note}", file=sys.stderr)
+    torch, torch_npu = import_torch_npu()
+    version = getattr(torch_npu, "__version__", "?")
+    print(f"torch {torch.__version__}, torch_npu {version}, device {device_id}")
+    binding = getattr(torch_npu, BINDING, None)
+    if binding is None:
+        raise TorchNpuMissing(
+            f"torch_npu {version} has no {BINDING} (op-plugin added it in 2026-03, branch 26.0.0): update torch_npu"
+        )
+    if call.null_inputs:
+        print(f"null inputs, passed as None: {', '.join(call.null_inputs)}")
+    try:
+        torch.npu.set_device(device_id)
+        tensors = {
+            name: to_tensor(torch, arrays[name], manifest["inputs"][name]["dtype"]).npu() if name in arrays else None
+            for name in CALL_ORDER
+        }
+    except Exception as exc:
+        raise DeviceFailure(f"cannot place the inputs on NPU {device_id}: {type(exc).__name__}: {exc}") from None
+    try:
+        grads = binding(*(tensors[name] for name in CALL_ORDER), **call.keywords())
+        torch.npu.synchronize()
+    except Exception as exc:
+        message = str(exc).strip()
+        status = aclnn_status(message)
+        if status is None:
+            first = message.splitlines()[0] if message else ""
+            raise DeviceFailure(f"{BINDING} raised {type(exc).__name__}: {first}", detail=message) from None
+        _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
+        print(f"status {status}")
+        return status
+    if not isinstance(grads, (tuple, list)) or len(grads) != len(GRAD_NAMES):
+        raise DeviceFailure(f"{BINDING} returned {type(grads).__name__}, not (dq, dk, dv)")
+    for grad_name, grad in zip(GRAD_NAMES, grads, strict=True):
+        entry = outputs[grad_name]
+        array = to_array(torch, grad.cpu(), entry["dtype"], entry["shape"], grad_name)
+        path = inside_parent(output_dir, entry["file"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, array_bytes(array))
+    _write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files
+    print("status 0")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the device on the case named on the command line; return the exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 2 or args[0].startswith("-"):
+        print(f"usage: {sys.executable} -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>", file=sys.stderr)
+        return EXIT_USAGE
+    manifest, output_dir = Path(args[0]), Path(args[1])
+    case_dir = manifest if manifest.is_dir() else manifest.parent
+    try:
+        device_id = int(os.environ.get("ASCEND_DEVICE_ID", "0"))
+    except ValueError:
+        print(f"Error: ASCEND_DEVICE_ID={os.environ['ASCEND_DEVICE_ID']!r} is not a device id", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        run_case(case_dir, output_dir, device_id)
+    except (DataError, NotExpressible, TorchNpuMissing) as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DeviceFailure as exc:
+        print(f"Error: {exc}", file=sys.stderr)
+        if "\n" in exc.detail:
+            print(f"the whole message:\n{exc.detail}", file=sys.stderr)
+        return EXIT_DEVICE
+    except OSError as exc:
+        print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_WRITE
+    return EXIT_STATUS
+
+
+if __name__ == "__main__":
+    sys.exit(main())
