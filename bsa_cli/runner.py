@@ -717,6 +717,9 @@ class _CaseRun:
         try:
             if outcome == "ok" and manifest is not None:
                 outcome = self._run_all(manifest, attempts, problems, differences)
+        except OSError as exc:  # a staging folder that cannot be made (a full disk, no permission)
+            problems.append(f"cannot run the case in {self.output_dir}: {exc.strerror or exc}")
+            outcome = "error"
         finally:
             for attempt in attempts[1:]:
                 shutil.rmtree(attempt.staging, ignore_errors=True)
