@@ -428,16 +428,17 @@ def test_hidden_folders_and_links_are_never_taken_as_cases(out: Path, tmp_path: 
 
 
 EXTREME = {
-    # name: (spec, measured seconds, measured peak RSS in MiB) of `bsa gen -j 1` on the 2-core development
-    # machine (2026-11-30, while other jobs ran: figures within about 2x of a quiet machine's)
-    "heads-1e6-d1": ({"num_heads": 10**6, "head_dim": 1, "q_seq_len": 16}, 310.0, 4300.0),
-    "heads-1e5-d1": ({"num_heads": 10**5, "head_dim": 1, "q_seq_len": 16}, 30.1, 461.0),
-    "tnd-200k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 200_000}, 140.0, 1500.0),
-    "tnd-20k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 20_000}, 14.2, 222.0),
+    # name: (spec, measured CPU seconds (user + sys) and peak RSS in MiB of `bsa gen -j 1` on the 2-core
+    # development machine, 2026-11-30). Other jobs loaded the machine, so CPU time stands for a quiet
+    # machine's wall time; the estimates count for one process in the same way.
+    "heads-1e6-d1": ({"num_heads": 10**6, "head_dim": 1, "q_seq_len": 16}, 264.1, 5612.0),
+    "heads-1e5-d1": ({"num_heads": 10**5, "head_dim": 1, "q_seq_len": 16}, 31.4, 602.0),
+    "tnd-200k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 200_000}, 65.6, 1634.0),
+    "tnd-20k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 20_000}, 6.3, 222.0),
     "block-1x1-random": ({"q_seq_len": 2048, "block_shape": [1, 1],
-                          "sparsity": {"pattern": "random", "density": 0.1}}, 1.45, 135.0),
-    "block-1x1-causal": ({"q_seq_len": 4096, "block_shape": [1, 1], "sparsity": {"pattern": "causal"}}, 5.0, 400.0),
-    "block-1-rows": ({"q_seq_len": 65536, "kv_seq_len": 16, "block_shape": [1, 16]}, 8.1, 81.0),
+                          "sparsity": {"pattern": "random", "density": 0.1}}, 1.9, 86.0),
+    "block-1x1-causal": ({"q_seq_len": 4096, "block_shape": [1, 1], "sparsity": {"pattern": "causal"}}, 2.6, 151.0),
+    "block-1-rows": ({"q_seq_len": 65536, "kv_seq_len": 16, "block_shape": [1, 16]}, 9.4, 80.0),
 }  # fmt: skip
 
 
