@@ -435,7 +435,9 @@ class ErrorStats:
 
     Relative errors: `max_rel_err`/`mean_rel_err` are ATK's (|a - g| / |g| over |g| > err_thd);
     `mare`/`mere` are the single standard's (|a - g| / (|g| + 1e-7) over all elements). ULP errors are
-    msprobe's: |a - g| / ulp(g), the golden's unit in the last place in the case dtype. Non-finite
+    msprobe's, |a - g| / ulp(g) with ulp(g) the golden's unit in the last place in the case dtype, except
+    that |g| is floored at err_thd (`_ulp_floor`: a golden that cancelled to nearly 0 would otherwise
+    give astronomical counts, 10^33 in bfloat16). Non-finite
     elements are counted and left out of every numeric metric. Metrics only the device needs are None
     for the benchmark.
     """
@@ -839,21 +841,39 @@ def _floor_array(value: float, shape: tuple[int, ...]) -> np.ndarray:
     return array[:size].reshape(shape)
 
 
-def _ulp_power(abs_golden: np.ndarray, io_dtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """Return 2^floor(log2 |g|) as float32, clamped below at the dtype's smallest normal exponent.
+def _ulp_floor(io_dtype: str, err_thd: float | None) -> float:
+    """Return the smallest power of two an ULP unit is measured from: 2^floor(log2 err_thd), at least the
+    dtype's smallest normal number.
 
-    The golden's ULP in the case dtype (msprobe's ULP unit) is this times 2^-mantissa_bits; callers divide
-    by the power and apply 2^mantissa_bits to the reduced figures.
+    Below err_thd a golden is one of ATK's small values: its size says nothing of the error its rounding
+    may carry (it is usually a sum of larger terms that cancelled). Measured from the golden's own
+    exponent, such an element would count in ULPs of an ever smaller number, without bound for bfloat16
+    (which shares float32's exponent range): a golden that cancelled to 1e-30 would turn an ordinary
+    rounding error into 10^33 ULP. From err_thd up, the ULP is the golden's own.
+    """
+    tiny = 2.0 ** max(_MIN_EXPONENT.get(io_dtype, -126), -126)
+    if err_thd is None or not err_thd > 0 or not math.isfinite(err_thd):
+        return tiny
+    return max(tiny, 2.0 ** math.floor(math.log2(err_thd)))
+
+
+def _ulp_power(
+    abs_golden: np.ndarray, io_dtype: str, out: np.ndarray | None = None, err_thd: float | None = None
+) -> np.ndarray:
+    """Return 2^floor(log2 max(|g|, err_thd)) as float32 (see `_ulp_floor`).
+
+    The ULP unit in the case dtype is this times 2^-mantissa_bits; callers divide by the power and apply
+    2^mantissa_bits to the reduced figures.
     """
     bits = None if out is None else out.view(np.int32)
     power = np.bitwise_and(abs_golden.view(np.int32), np.int32(0x7F800000), out=bits).view(np.float32)
-    tiny = 2.0 ** max(_MIN_EXPONENT.get(io_dtype, -126), -126)
-    return np.maximum(power, _floor_array(tiny, power.shape), out=power)
+    return np.maximum(power, _floor_array(_ulp_floor(io_dtype, err_thd), power.shape), out=power)
 
 
-def ulp_error(value: float, golden: float, io_dtype: str) -> float:
-    """Return |value - golden| in units of the golden's ULP in the case dtype (msprobe's ULP error)."""
-    power = _ulp_power(np.abs(np.asarray([golden], dtype=np.float32)), io_dtype)[0]
+def ulp_error(value: float, golden: float, io_dtype: str, err_thd: float | None = None) -> float:
+    """Return |value - golden| in ULPs of the golden in the case dtype (msprobe's ULP error), the golden's
+    magnitude floored at `err_thd` (see `_ulp_floor`; None: at the dtype's smallest normal number)."""
+    power = _ulp_power(np.abs(np.asarray([golden], dtype=np.float32)), io_dtype, err_thd=err_thd)[0]
     return float(abs(np.float32(value) - np.float32(golden)) / power * 2.0 ** _MANTISSA_BITS.get(io_dtype, 23))
 
 
@@ -1025,7 +1045,7 @@ def _measure_chunk(
     np.multiply(s.abs_golden, np.float32(params.rtol), out=work)
     work += np.float32(params.atol)
     part.mismatch = int(np.count_nonzero(np.greater(abs_diff, work, out=flags)))
-    np.divide(abs_diff, _ulp_power(s.abs_golden, params.io_dtype, out=work), out=work)  # ULP error / 2^mantissa
+    np.divide(abs_diff, _ulp_power(s.abs_golden, params.io_dtype, work, params.err_thd), out=work)  # ULP / 2^m
     unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
     part.ulp_sum = float(work.sum()) * unit
     part.ulp_max = float(work.max(initial=0.0)) * unit
@@ -1296,6 +1316,7 @@ def _worst_elements(
     bench: np.ndarray | None,
     io_dtype: str,
     count: int = TOP_K,
+    err_thd: float | None = None,
 ) -> tuple[WorstElement, ...]:
     """Return the elements of largest absolute error (at most one per row), worst first."""
     assert rows_out.max_abs is not None and rows_out.argmax is not None
@@ -1325,7 +1346,7 @@ def _worst_elements(
                 golden=float(golden2d[row, col]),
                 benchmark=None if bench2d is None else float(bench2d[row, col].astype(np.float32)),
                 abs_err=float(row_max[row]),
-                ulp=ulp_error(float(value.astype(np.float32)[0]), float(gold[0]), io_dtype),
+                ulp=ulp_error(float(value.astype(np.float32)[0]), float(gold[0]), io_dtype, err_thd),
             )
         )
     return tuple(worst)
@@ -1677,7 +1698,7 @@ def judge_tensors(
                 device=dev_stats,
                 benchmark=bench_stats,
                 checks=tuple(checks),
-                worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype),
+                worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
                 hot_blocks=_hot_blocks(block_map, spans, geom),
                 block_map=block_map,
                 extra=extra,
