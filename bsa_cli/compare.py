@@ -494,6 +494,7 @@ class HotBlock:
     max_abs_err: float
     tile: tuple[int, int] | None  # worst 16x16 tile: (first row in the sequence, first column)
     tile_ratio: float | None
+    tiles: np.ndarray | None = None  # each 16x16 tile's ratio [tile rows, tile cols]: hottest block of a failure
 
 
 @dataclass(frozen=True)
@@ -512,6 +513,20 @@ class BlockMap:
     score: np.ndarray
 
 
+ULP_CHART_EDGES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+"""Upper edges of the ULP-error chart's bins (the last bin holds everything above 1024 ULP)."""
+
+
+@dataclass(frozen=True)
+class UlpChart:
+    """Element counts by ULP error (`ulp_error`'s unit), device and benchmark against the golden, in the
+    bins of `ULP_CHART_EDGES` plus one for more; the pictures of a failing tensor draw it."""
+
+    edges: tuple[float, ...]
+    device: tuple[int, ...]
+    benchmark: tuple[int, ...] | None
+
+
 @dataclass(frozen=True)
 class TensorResult:
     """The judgement of one gradient."""
@@ -527,10 +542,34 @@ class TensorResult:
     hot_blocks: tuple[HotBlock, ...]
     block_map: BlockMap | None
     extra: Mapping[str, float] = field(default_factory=dict)  # standard-specific figures (fa-ratio floor)
+    ulp_chart: UlpChart | None = None  # failing tensors only
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
+
+
+SELECTION_MAX_CELLS = 1 << 16
+"""Largest block mask (cells) a failing case's result keeps for its pictures."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A case's block mask as the judge read it, kept with a failing case for the heat maps.
+
+    `rows` holds one string per (batch entry, query head, query block) of the mask's [B, N1, nQ, nKV]
+    shape, one character per kv block: "1" selected, "0" not selected (never computed), "-" past the
+    batch entry's actual lengths (no such block).
+    """
+
+    shape: tuple[int, ...]
+    rows: tuple[str, ...]
+
+    def grid(self, batch: int, head: int) -> list[str]:
+        """Return the rows of one batch entry and query head."""
+        blocks = self.shape[2]
+        first = (batch * self.shape[1] + head) * blocks
+        return list(self.rows[first : first + blocks])
 
 
 @dataclass(frozen=True)
@@ -555,11 +594,26 @@ class CaseResult:
     errors: tuple[str, ...]  # why an ERROR case could not be judged
     output_bytes: int
     seconds: float
+    device_kind: str | None = None  # reference | torch_npu | binary (run.json); None when not recorded
+    fault: str | None = None  # the fault planted in the reference device, if any (run.json)
+    binary_sha256: str | None = None  # the device binary's sha256 (run.json)
+    notes: tuple[str, ...] = ()  # what a reader must know beyond the checks (a planted fault that does not apply)
+    selection: Selection | None = None  # the block mask, kept with a failing case for its pictures
 
     @property
     def passed(self) -> bool:
         """Whether the verdict is PASS."""
         return self.verdict == PASS
+
+    @property
+    def headline(self) -> str:
+        """One line saying what happened: the notes, then the deciding check (or the first error)."""
+        if self.verdict == ERROR:
+            main = self.errors[0] if self.errors else ""
+        else:
+            deciding = self.deciding
+            main = deciding.detail if deciding else ""
+        return "; ".join([*self.notes, main] if main else self.notes)
 
     @property
     def all_checks(self) -> tuple[Check, ...]:
@@ -1269,21 +1323,21 @@ def _block_map(
 
 
 def _hot_blocks(
-    block_map: BlockMap, spans: dict[int, _SpanTiles], geom: _Geometry, count: int = TOP_K
+    block_map: BlockMap, spans: dict[int, _SpanTiles], geom: _Geometry, count: int = TOP_K, keep_tiles: bool = False
 ) -> tuple[HotBlock, ...]:
-    """Return the `count` blocks of highest score, worst first."""
+    """Return the `count` blocks of highest score, worst first (with `keep_tiles`, the first with its tiles)."""
     score = np.where(np.isnan(block_map.score), -np.inf, block_map.score)
     if score.size == 0:
         return ()
     order = np.argsort(score, axis=None)[::-1][:count]
-    hot = []
+    hot: list[HotBlock] = []
     for flat in order:
         b, n, j = (int(v) for v in np.unravel_index(flat, score.shape))
         if score[b, n, j] == -np.inf:
             break
         length = geom.lengths[b]
         rows = (j * geom.block, min((j + 1) * geom.block, length))
-        tile = tile_ratio = None
+        tile = tile_ratio = block_tiles = None
         tiles = spans.get(b)
         if tiles is not None and tiles.ratio is not None:
             members = np.flatnonzero(tiles.block_of == j)
@@ -1291,6 +1345,8 @@ def _hot_blocks(
             r, c = np.unravel_index(int(np.argmax(sub)), sub.shape)
             tile = (int(tiles.starts[members[r]]), int(c) * TILE)
             tile_ratio = float(sub[r, c])
+            if keep_tiles and not hot:
+                block_tiles = np.array(sub, dtype=np.float64)
         hot.append(
             HotBlock(
                 batch=b,
@@ -1303,6 +1359,7 @@ def _hot_blocks(
                 max_abs_err=float(block_map.max_abs_err[b, n, j]),
                 tile=tile,
                 tile_ratio=tile_ratio,
+                tiles=block_tiles,
             )
         )
     return tuple(hot)
@@ -1416,10 +1473,15 @@ def _standard_checks(
         ):
             ratio = _ratio(dev, ref, thd)
             check = _upper(key, name, ratio, t[key], label)
-            checks.append(_with_detail(check, f" (device {_fmt(dev)}, benchmark {_fmt(ref)}, err_thd {_fmt(thd)})"))
+            if ref < thd:  # the ratio's denominator is err_thd, not the benchmark's error: say so
+                detail = f" (device {_fmt(dev)} / err_thd {_fmt(thd)}: benchmark {_fmt(ref)} floored at err_thd)"
+            else:
+                detail = f" (device {_fmt(dev)}, benchmark {_fmt(ref)}, err_thd {_fmt(thd)})"
+            checks.append(_with_detail(check, detail))
         ratio = _ratio(device.small_value_err_count, bench.small_value_err_count, 1)
         check = _upper("small_value_ratio", name, ratio, t["small_value_ratio"], "small-value error ratio")
-        detail = f" (device {device.small_value_err_count}, benchmark {bench.small_value_err_count} errors)"
+        detail = f" (device {device.small_value_err_count}, benchmark {bench.small_value_err_count} errors"
+        detail += ", floored at 1)" if bench.small_value_err_count < 1 else ")"
         checks.append(_with_detail(check, detail))
         if tile_max is not None and math.isfinite(t["tile_ratio"]):
             checks.append(_upper("tile_ratio", name, tile_max, t["tile_ratio"], "worst 16x16 tile RMSE ratio"))
@@ -1495,6 +1557,28 @@ def _zero_check(
     where = f"first at b={b} n={n} s={s} ({'q' if geom.kind == 'q' else 'kv'} block {s // geom.block})"
     text = f"{name} {label}: {bad_count} of {total} elements nonzero (largest |value| {_fmt(worst)}), {where}"
     return Check(check, name, float(bad_count), 0.0, False, text, math.inf)
+
+
+def _all_zero_check(name: str, values: np.ndarray, stats: ErrorStats) -> Check | None:
+    """Return a failed check when the device output is all zero and the golden is not; else None.
+
+    An output that is all zero was most likely never written: every ratio against it is huge, and a
+    headline such as "tile ratio 4214" would hide what happened. The metrics tell the case for free
+    (the cosine of a zero vector with a nonzero golden is exactly 0); only then are the values read.
+    """
+    if stats.cosine != 0.0 or stats.large_count + stats.small_value_count == 0:
+        return None
+    flat = values.reshape(-1)
+    step = CHUNK_ELEMENTS * 8
+    for start in range(0, flat.size, step):
+        chunk = flat[start : start + step]
+        magnitude = chunk.view(np.uint16) & np.uint16(0x7FFF) if chunk.dtype.itemsize == 2 else np.abs(chunk)
+        if np.count_nonzero(magnitude):
+            return None
+    detail = f"{name} is all zero, as if never written, where the golden is not"
+    if stats.large_count:
+        detail += f" ({stats.large_count} elements with |golden| > err_thd)"
+    return Check("all_zero", name, float(flat.size), 0.0, False, detail, math.inf)
 
 
 def _fa_floor(golden: np.ndarray, io_dtype: str, factor: float) -> float:
@@ -1623,6 +1707,41 @@ def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def ulp_chart(
+    device: np.ndarray, bench: np.ndarray | None, golden: np.ndarray, geom: _Geometry, params: _Params
+) -> UlpChart:
+    """Count the judged elements of device and benchmark by ULP error in the bins of `ULP_CHART_EDGES`.
+
+    One more pass over the arrays, made for failing tensors only (their pictures). NaN/Inf elements are
+    left out, as from the other metrics.
+    """
+    unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
+    edges = np.asarray(ULP_CHART_EDGES, dtype=np.float64) / unit
+    counts: dict[str, np.ndarray] = {}
+    golden2d = golden.reshape(geom.rows, geom.dim)
+    arrays = {"device": device, "benchmark": bench}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for label, values in arrays.items():
+            if values is None:
+                continue
+            total = np.zeros(len(edges) + 1, dtype=np.int64)
+            values2d = values.reshape(geom.rows, geom.dim)
+            for start, stop in _chunks(geom):
+                g = np.asarray(golden2d[start:stop], dtype=np.float32)
+                a = np.asarray(values2d[start:stop]).astype(np.float32)
+                power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
+                error = (np.abs(a - g) / power).astype(np.float64)
+                error = error[np.isfinite(error)]
+                total += np.bincount(np.searchsorted(edges, error, side="left"), minlength=len(edges) + 1)
+            counts[label] = total
+    bench_counts = counts.get("benchmark")
+    return UlpChart(
+        edges=ULP_CHART_EDGES,
+        device=tuple(int(c) for c in counts["device"]),
+        benchmark=None if bench_counts is None else tuple(int(c) for c in bench_counts),
+    )
+
+
 def judge_tensors(
     case: Case,
     settings: Settings,
@@ -1689,6 +1808,8 @@ def judge_tensors(
             extra["ulp_floor"] = _fa_floor(gold, case.dtype, t["floor_factor"])
         checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows[name], settings)
         checks += _standard_checks(name, settings, dev_stats, bench_stats, tile_max, extra)
+        failed = not all(c.passed for c in checks)
+        chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
         results.append(
             TensorResult(
                 name=name,
@@ -1699,9 +1820,10 @@ def judge_tensors(
                 benchmark=bench_stats,
                 checks=tuple(checks),
                 worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
-                hot_blocks=_hot_blocks(block_map, spans, geom),
+                hot_blocks=_hot_blocks(block_map, spans, geom, keep_tiles=failed),
                 block_map=block_map,
                 extra=extra,
+                ulp_chart=chart,
             )
         )
     return tuple(results)
@@ -1728,6 +1850,9 @@ def _structural_checks(
         checks.append(Check("nonfinite", name, float(bad), 0.0, False, detail, math.inf))
     else:
         checks.append(Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite", 0.0))
+    check = _all_zero_check(name, values, stats)
+    if check is not None:
+        checks.append(check)
     zero_rows, padding_rows = rows
     zero_atol = settings.thresholds["zero_atol"]
     if math.isfinite(zero_atol):
@@ -1769,11 +1894,27 @@ def _read_status(output_dir: Path) -> tuple[int, str | None]:
 
 def _run_device(output_dir: Path) -> str | None:
     """Return the device name a run record gives, if any."""
+    return _run_device_info(output_dir).get("device")
+
+
+def _run_device_info(output_dir: Path) -> dict[str, Any]:
+    """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
+    binary_sha256 (those it gives)."""
     try:
         record = json.loads((output_dir / RUN_RECORD).read_text())
-        return str(record["device"]["name"])
+        device = record["device"]
+        info: dict[str, Any] = {"device": str(device["name"])}
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return {}
+    if isinstance(device, dict):
+        if isinstance(device.get("kind"), str):
+            info["device_kind"] = device["kind"]
+        if isinstance(device.get("fault"), str):
+            info["fault"] = device["fault"]
+    binary = record.get("binary")
+    if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
+        info["binary_sha256"] = binary["sha256"]
+    return info
 
 
 def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict[str, str] | None]:
@@ -1813,7 +1954,9 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         }.get(str(outcome), "failed")
         exit_code = record.get("exit_code")
         text = f"the run {why}" + (f", exit code {exit_code}" if exit_code not in (None, 0) else "")
-        return [text + (": " + "; ".join(problems) if problems else "") + f" (see {path})"], [], record
+        log = record.get("stderr_log")
+        where = f"log {output_dir / log}, record {path}" if isinstance(log, str) and log else f"see {path}"
+        return [text + (": " + "; ".join(problems) if problems else "") + f" ({where})"], [], record
     if outcome == "nondeterministic":
         repeat = record.get("repeat") or {}
         differences = repeat.get("differences") or []
@@ -2140,7 +2283,7 @@ def _judge_case(
     }
     if outcome is None:
         assert output_dir is not None
-        known["device"] = _run_device(output_dir)
+        known.update({"device": None, **_run_device_info(output_dir)})
         problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
     else:
         known["device"] = outcome.device
@@ -2176,6 +2319,8 @@ def _judge_case(
                 0.0 if passed else math.inf,
             )
         )
+        if known.get("fault"):
+            known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
         return _finish(name, base, known, checks, (), started, 0)
     if status != 0:
         text = f"status {_status_name(status)}, expected 0 (ACLNN_SUCCESS)" + (
@@ -2210,8 +2355,37 @@ def _judge_case(
     stale = opened.stale()  # the verdict only stands if every file hashed as the manifest says
     if stale:
         return error(name, stale, **known)
+    if known.get("fault"):
+        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
+    if not all(t.passed for t in tensors):
+        known["selection"] = selection(case, opened.block_mask)
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
+    """Return a note when the planted fault does not apply to the case (the device ran it clean)."""
+    from . import emulator  # only cases run with a planted fault need it
+
+    try:
+        reason = emulator.fault_not_applied(fault, case, block_mask)
+    except ValueError:  # a fault this bsa does not know (a record of another version)
+        return ()
+    return () if reason is None else (reason,)
+
+
+def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
+    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
+    shape = tuple(int(n) for n in block_mask.shape)
+    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
+        return None
+    cells = np.full(shape, "-", dtype="<U1")
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)
+        n_q, n_kv = mask.shape[1:]
+        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
+    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
+    return Selection(shape, rows)
 
 
 def _check_grads(manifest: Mapping[str, Any], grads: Mapping[str, np.ndarray] | None) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -49,6 +50,8 @@ __all__ = [
     "emulate",
     "emulate_case_dir",
     "fault_applies",
+    "fault_condition",
+    "fault_not_applied",
 ]
 
 STATUS_FILE = "status.txt"
@@ -164,6 +167,35 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         else:
             return True
     return False
+
+
+def fault_condition(name: str) -> str:
+    """Return when fault `name` changes a case's outputs, in words ("applies when ...")."""
+    if name == "drop-tail-block":
+        return "applies when a partial tail block (Skv % Y != 0, or else Sq % X != 0) is selected"
+    match = re.search(r"[(;] ?(applies [^)]*)\)", FAULTS[name])
+    if match:
+        return match.group(1)
+    if name == "nan-row":
+        return "applies to every case with a query row"
+    return "applies when at least one block is selected"
+
+
+def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None) -> str | None:
+    """Return why fault `name` leaves the outputs of `case` as the clean reference's, or None if it applies.
+
+    The sentence is meant for reports: a case that passes with a planted fault it could not carry must
+    not read as a fault the comparator missed.
+
+    Raises:
+        ValueError: an unknown fault.
+    """
+    if fault_applies(name, case, block_mask):
+        return None
+    return (
+        f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
+        "computed it without the fault"
+    )
 
 
 def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:

@@ -83,6 +83,7 @@ def case_document(case: CaseResult) -> dict[str, Any]:
     """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
     document = _plain(case)
     document["message"] = case.message
+    document["headline"] = case.headline
     deciding = case.deciding
     document["deciding"] = None if deciding is None else _plain(deciding)
     for tensor, data in zip(case.tensors, document["tensors"], strict=True):

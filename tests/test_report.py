@@ -145,10 +145,10 @@ def test_terminal_output_is_plain_text_without_a_tty():
 CASE_KEYS = {
     "name", "case_dir", "output_dir", "verdict", "spec", "device", "standard", "settings", "dtype", "layout",
     "expect_status", "status", "status_message", "checks", "tensors", "errors", "output_bytes", "seconds",
-    "message", "deciding",
+    "device_kind", "fault", "binary_sha256", "notes", "selection", "message", "headline", "deciding",
 }  # fmt: skip
 TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
-               "extra", "passed"}  # fmt: skip
+               "extra", "ulp_chart", "passed"}  # fmt: skip
 STATS_KEYS = {
     "count", "max_abs_err", "mean_abs_err", "rmse", "max_rel_err", "mean_rel_err", "large_count", "small_value_count",
     "small_value_err_count", "nan_count", "inf_count", "nonfinite_mismatch", "mare", "mere", "cosine",
@@ -168,7 +168,7 @@ def test_json_schema_is_stable():
     assert set(tensor_data) == TENSOR_KEYS
     assert set(tensor_data["device"]) == STATS_KEYS
     assert set(tensor_data["hot_blocks"][0]) == {"batch", "head", "block", "rows", "score", "rmse", "rmse_benchmark",
-                                                 "max_abs_err", "tile", "tile_ratio"}  # fmt: skip
+                                                 "max_abs_err", "tile", "tile_ratio", "tiles"}  # fmt: skip
     assert set(tensor_data["worst"][0]) == {"index", "coords", "block", "device", "golden", "benchmark", "abs_err",
                                             "ulp"}  # fmt: skip
     assert set(tensor_data["block_map"]) == {"axis", "block_size", "rmse", "rmse_benchmark", "max_abs_err", "score"}
