@@ -464,6 +464,23 @@ class ErrorStats:
     ulp_histogram: tuple[int, ...] | None = None
     msopst_err_count: int | None = None
     msopst_max_err: float | None = None
+    # msprobe's compare figures (device only): fractions of elements whose relative error |a - g| / (|g| + 1e-7)
+    # is below 0.001 and 0.005, and the values' statistics of both sides (finite elements).
+    thousandth_ratio: float | None = None
+    five_thousandths_ratio: float | None = None
+    value_max: float | None = None
+    value_min: float | None = None
+    value_mean: float | None = None
+    value_l2norm: float | None = None
+    golden_max: float | None = None
+    golden_min: float | None = None
+    golden_mean: float | None = None
+    golden_l2norm: float | None = None
+
+
+MSPROBE_FIELDS = ("thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean",
+                  "value_l2norm", "golden_max", "golden_min", "golden_mean", "golden_l2norm")  # fmt: skip
+"""`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
 
 
 @dataclass(frozen=True)
@@ -543,6 +560,7 @@ class TensorResult:
     block_map: BlockMap | None
     extra: Mapping[str, float] = field(default_factory=dict)  # standard-specific figures (fa-ratio floor)
     ulp_chart: UlpChart | None = None  # failing tensors only
+    golden_dtype: str | None = None  # float32, or float64 for a golden generated with --precision float64
 
     @property
     def passed(self) -> bool:
@@ -958,17 +976,29 @@ class _Partial:
     ulp_over: tuple[int, ...] = (0,) * len(ULP_EDGES)  # elements above each of ULP_EDGES
     msopst_err: int = 0
     msopst_max: float = 0.0
+    within_1e3: int = 0
+    within_5e3: int = 0
+    value_sum: float = 0.0
+    value_max: float = -math.inf
+    value_min: float = math.inf
+    golden_sum: float = 0.0
+    golden_max: float = -math.inf
+    golden_min: float = math.inf
     nonfinite_rows: list[int] = field(default_factory=list)
 
     _SUMS = ("count", "sum_abs", "sum_sq", "sum_rel", "large", "sum_mre", "dot_ag", "dot_aa", "dot_gg",
-             "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err")  # fmt: skip
-    _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max")
+             "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err",
+             "within_1e3", "within_5e3", "value_sum", "golden_sum")  # fmt: skip
+    _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max", "value_max", "golden_max")
+    _MINS = ("value_min", "golden_min")
 
     def merge(self, other: _Partial) -> None:
         for name in self._SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in self._MAXES:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        for name in self._MINS:
+            setattr(self, name, min(getattr(self, name), getattr(other, name)))
         self.ulp_over = tuple(a + b for a, b in zip(self.ulp_over, other.ulp_over, strict=True))
         self.nonfinite_rows.extend(other.nonfinite_rows[: TOP_K - len(self.nonfinite_rows)])
 
@@ -1004,7 +1034,23 @@ class _Partial:
             ulp_histogram=histogram if full else None,
             msopst_err_count=self.msopst_err if full and params.diff_thd is not None else None,
             msopst_max_err=self.msopst_max if full and params.diff_thd is not None else None,
+            **(self._msprobe() if full and self.count else {}),
         )
+
+    def _msprobe(self) -> dict[str, float]:
+        """msprobe's figures of the measured elements (`ErrorStats.thousandth_ratio` and the rest)."""
+        return {
+            "thousandth_ratio": self.within_1e3 / self.count,
+            "five_thousandths_ratio": self.within_5e3 / self.count,
+            "value_max": self.value_max,
+            "value_min": self.value_min,
+            "value_mean": self.value_sum / self.count,
+            "value_l2norm": math.sqrt(self.dot_aa),
+            "golden_max": self.golden_max,
+            "golden_min": self.golden_min,
+            "golden_mean": self.golden_sum / self.count,
+            "golden_l2norm": math.sqrt(self.dot_gg),
+        }
 
 
 @dataclass
@@ -1096,6 +1142,12 @@ def _measure_chunk(
     np.divide(abs_diff, work, out=work)  # the single standard's relative error
     part.sum_mre = float(work.sum())
     part.max_mre = float(work.max(initial=0.0))
+    part.within_1e3 = int(np.count_nonzero(np.less(work, np.float32(1e-3), out=flags)))
+    part.within_5e3 = int(np.count_nonzero(np.less(work, np.float32(5e-3), out=flags)))
+    if flat_a.size:
+        part.value_sum, part.golden_sum = float(flat_a.sum()), float(flat_g.sum())
+        part.value_max, part.value_min = float(flat_a.max()), float(flat_a.min())
+        part.golden_max, part.golden_min = float(flat_g.max()), float(flat_g.min())
     np.multiply(s.abs_golden, np.float32(params.rtol), out=work)
     work += np.float32(params.atol)
     part.mismatch = int(np.count_nonzero(np.greater(abs_diff, work, out=flags)))
@@ -1689,7 +1741,7 @@ _BENCHMARK_FIELDS = {f.name: f.type for f in dataclasses.fields(ErrorStats)}
 
 def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """Check and convert a benchmark's `ErrorStats` fields from JSON; ValueError names the first bad one."""
-    if set(data) != set(_BENCHMARK_FIELDS):
+    if set(data) != set(_BENCHMARK_FIELDS) and set(data) | set(MSPROBE_FIELDS) != set(_BENCHMARK_FIELDS):
         raise ValueError(f"fields {sorted(set(data) ^ set(_BENCHMARK_FIELDS))} missing or unknown")
     fields: dict[str, Any] = {}
     for name, value in data.items():
@@ -1824,6 +1876,7 @@ def judge_tensors(
                 block_map=block_map,
                 extra=extra,
                 ulp_chart=chart,
+                golden_dtype=str(gold.dtype),
             )
         )
     return tuple(results)
