@@ -156,11 +156,12 @@ def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_te
     (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
     """
     cases = load_cases(specs, name_filters, shard_text)
-    table, hidden = list_table(list_rows(cases), output.stdout.width)
+    width = output.width()
+    table, hidden = list_table(list_rows(cases), width)
     output.stdout.print(f"{len(cases)} case{'s' if len(cases) != 1 else ''}", soft_wrap=True)
     output.stdout.print(table, soft_wrap=True, crop=False)
     if hidden:
-        output.stdout.print(f"left out at {output.stdout.width} columns: {', '.join(hidden)}")
+        output.stdout.print(f"left out at {width} columns: {', '.join(hidden)}", width=width)
 
 
 @main.command("gen")

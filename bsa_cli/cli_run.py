@@ -328,7 +328,8 @@ def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
     for case_dir in case_dirs:
         try:
             manifest = store.load_manifest(case_dir)
-            flops[str(manifest.get("name", case_dir.name))] = float(manifest["stats"]["flops_backward"])
+            refused = (manifest.get("expect") or {}).get("status", 0) != 0  # a negative case computes nothing
+            flops[str(manifest.get("name", case_dir.name))] = 0.0 if refused else float(manifest["stats"]["flops_backward"])
         except (BsaError, KeyError, TypeError, ValueError):
             flops[case_dir.name] = 0.0
     return flops

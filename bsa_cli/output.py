@@ -25,6 +25,15 @@ stdout = Console(highlight=False, width=_width(sys.stdout))
 stderr = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
+def width() -> int:
+    """Return the width a table for stdout should fit now: COLUMNS when set (as rich reads it), else the
+    terminal's, else PIPE_WIDTH."""
+    columns = os.environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return stdout.width if stdout.is_terminal else PIPE_WIDTH
+
+
 def warn(message: str) -> None:
     """Print a warning line on stderr."""
     stderr.print(f"[yellow]Warning:[/yellow] {message}", markup=True, soft_wrap=True)
