@@ -329,7 +329,8 @@ def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
         try:
             manifest = store.load_manifest(case_dir)
             refused = (manifest.get("expect") or {}).get("status", 0) != 0  # a negative case computes nothing
-            flops[str(manifest.get("name", case_dir.name))] = 0.0 if refused else float(manifest["stats"]["flops_backward"])
+            work = 0.0 if refused else float(manifest["stats"]["flops_backward"])
+            flops[str(manifest.get("name", case_dir.name))] = work
         except (BsaError, KeyError, TypeError, ValueError):
             flops[case_dir.name] = 0.0
     return flops

@@ -126,7 +126,11 @@ def _error_threshold(manifest: Mapping[str, Any]) -> list[float]:
     return [float(settings.get("diff_thd", 0.01)), float(settings.get("pct_thd", 0.05))]
 
 
-ATK_STANDARD_KEYS = {"mare_ratio": "max_re_ratio", "mere_ratio": "avg_re_ratio", "rmse_ratio": "root_mean_squared_ratio"}
+ATK_STANDARD_KEYS = {
+    "mare_ratio": "max_re_ratio",
+    "mere_ratio": "avg_re_ratio",
+    "rmse_ratio": "root_mean_squared_ratio",
+}
 """bsa's double-benchmark limits -> ATK's cv_fused_double_benchmark keys."""
 
 

@@ -1,4 +1,4 @@
-"""`bsa export --format msopst|atk`: the case files parse back, point at the right .bin files, and say what to expect."""
+"""`bsa export --format msopst|atk`: case files parse back, point at the right .bin files, say what to expect."""
 
 from __future__ import annotations
 
@@ -76,14 +76,14 @@ def test_atk_cases_name_their_bin_files_standard_and_seed(out, tmp_path):
     manifest = load_manifest(out / "t-tnd-gqa")
     assert case["name"] == "t-tnd-gqa" and case["aclnn_name"] == "aclnnBlockSparseAttentionGrad"
     assert case["api_type"] == "aclnn" and case["default_seed"] == manifest["generator"]["seed"]
-    assert case["standard"] == {"acc": {"cv_fused_double_benchmark": {"max_re_ratio": 10.0, "avg_re_ratio": 2.0,
-                                                                      "root_mean_squared_ratio": 2.0}}}  # fmt: skip
+    limits = {"max_re_ratio": 10.0, "avg_re_ratio": 2.0, "root_mean_squared_ratio": 2.0}
+    assert case["standard"] == {"acc": {"cv_fused_double_benchmark": limits}}
     tensors = [i for i in case["inputs"] if i["type"] == "tensor"]
     attrs = {i["name"]: i for i in case["inputs"] if i["type"] == "attr"}
     assert [t["name"] for t in tensors][:2] == ["dout", "query"]
     for item in tensors:
-        entry = manifest["inputs"][{"attentionOut": "attention_out", "softmaxLse": "softmax_lse",
-                                    "blockSparseMask": "block_sparse_mask"}.get(item["name"], item["name"])]  # fmt: skip
+        names = {"attentionOut": "attention_out", "softmaxLse": "softmax_lse", "blockSparseMask": "block_sparse_mask"}
+        entry = manifest["inputs"][names.get(item["name"], item["name"])]
         values = read_array(out / "t-tnd-gqa", entry).astype(np.float64)
         assert item["dtype"] == entry["dtype"] and item["shape"] == entry["shape"]
         assert Path(item["bin_file"]) == (out / "t-tnd-gqa" / entry["file"]).resolve()
