@@ -36,9 +36,9 @@ def find_browser(given: str | None) -> str:
 def make_report(work: Path, case: str, fault: str) -> Path:
     """Generate, run and judge one case with a planted fault; return the HTML report's path."""
     html = work / "report.html"
-    command = [sys.executable, "-m", "bsa_cli", "check", str(ROOT / "cases" / "edge.yaml"), "-o", str(work / "out"),
-               "--fault", fault, "--filter", case, "--html", str(html)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    command = [sys.executable, "-m", "bsa_cli", "check", str(ROOT / "cases" / "edge.yaml"), "-o", "out",
+               "--fault", fault, "--filter", case, "--html", "report.html"]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, cwd=work)  # the report names the folder "out"
     if done.returncode != 1 or not html.is_file():  # 1: the planted fault made the case fail, as wanted
         sys.exit(f"bsa check exited {done.returncode} (expected 1, a failing case):\n{done.stderr}")
     return html
