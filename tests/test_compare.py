@@ -788,6 +788,7 @@ def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
     return failures
 
 
+@pytest.mark.slow  # 30 s: the 50-seed sweep covers it; the fast loop keeps the per-fault tests
 def test_edge_suite_clean_outputs_pass_one_seed(tmp_path):
     assert _edge_sweep(tmp_path, range(100, 101)) == []
 
