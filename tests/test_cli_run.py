@@ -102,8 +102,8 @@ def test_planted_fault_is_recorded_with_the_reference_device(out):
     assert "reference (bsa emulate) with fault 'stale-output'" in result.stdout
     rec = record(out / "t-bnsd-tail")
     assert rec["device"]["fault"] == "stale-output"
-    command = rec["command"]
-    assert command[command.index("--fault") + 1] == "stale-output"
+    assert rec["command"][-4:-2] == ["--fault", "stale-output"]
+    assert rec["command"][-2:] == ["--seed", str(rec["runs"][0]["order_seed"])]
     assert not np.fromfile(out / "t-bnsd-tail" / "outputs" / "dq.bin", dtype=np.float16).any()
 
 

@@ -6,7 +6,6 @@ outputs for every case of a small generated suite.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -161,12 +160,7 @@ def test_the_torch_npu_example_passes_smoke_and_edge_on_the_stand_in(
     for case in ET.parse(junit).getroot().iter("testcase"):
         name = case.get("name", "").removeprefix("test_block_sparse_attention_backward[").removesuffix("]")
         outcomes[name] = next((child.tag for child in case if child.tag in ("failure", "error", "skipped")), "passed")
-    manifests = {d.name: json.loads((d / "case.json").read_text()) for d in smoke_and_edge.iterdir()}
-    assert set(outcomes) == set(manifests), result.stdout.str()
-    # A case that warns that the A2/A3 kernel computes otherwise than its golden (BNSD lengths honored)
-    # fails on the stand-in as it would on the kernel; every other case passes.
-    expected = {name: "failure" if m["warnings"] else "passed" for name, m in manifests.items()}
-    assert outcomes == expected, result.stdout.str()
+    assert outcomes == dict.fromkeys(sorted(d.name for d in smoke_and_edge.iterdir()), "passed"), result.stdout.str()
 
 
 @pytest.mark.slow  # shares the generated smoke and edge suites
