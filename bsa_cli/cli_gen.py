@@ -82,7 +82,7 @@ LIST_DROP_ORDER = ("MiB in/out", "block", "D", "B", "pattern", "expect", "layout
 """Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay."""
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 BACKWARD_SHARE = 10 / 14
-"""Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, DOMAIN.md section 6):
+"""Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
 what the reference device computes."""
 
 

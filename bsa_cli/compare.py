@@ -3,7 +3,7 @@
 Nothing here prints. `compare_suite` reads case directories and device output directories and returns a
 `SuiteResult`; `report.py` renders it. The pure core is `judge_tensors` (arrays in, `TensorResult`s out).
 
-Standards (docs/compare.md documents them for users; DOMAIN.md section 4 has the sources):
+Standards (docs/compare.md documents them for users; docs/operator.md section 4 has the sources):
 
 * `double-benchmark` (default): CANN/ATK. Each error metric of the device against the golden is divided by
   the same metric of the benchmark (the kernel-faithful result in the case dtype written by `bsa gen`),

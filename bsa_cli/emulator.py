@@ -1,7 +1,7 @@
 """The built-in reference device: plays the NPU so the whole pipeline runs without hardware.
 
 Its results are a *reference*, never device results. It follows the A2/A3 kernel's precision path
-(DOMAIN.md section 2) exactly, with its own tiling and summation order, distinct from
+(docs/operator.md section 2) exactly, with its own tiling and summation order, distinct from
 `golden.backward_kernel`:
 
 * kv-block major, as a FlashAttention-2 style backward: for each kv head and each kv block it gathers
