@@ -1145,7 +1145,8 @@ def _measure_chunk(
     part.within_1e3 = int(np.count_nonzero(np.less(work, np.float32(1e-3), out=flags)))
     part.within_5e3 = int(np.count_nonzero(np.less(work, np.float32(5e-3), out=flags)))
     if flat_a.size:
-        part.value_sum, part.golden_sum = float(flat_a.sum()), float(flat_g.sum())
+        ones = _floor_array(1.0, flat_a.shape)  # a dot with ones: three times faster than NumPy's sum here
+        part.value_sum, part.golden_sum = float(np.dot(flat_a, ones)), float(np.dot(flat_g, ones))
         part.value_max, part.value_min = float(flat_a.max()), float(flat_a.min())
         part.golden_max, part.golden_min = float(flat_g.max()), float(flat_g.min())
     np.multiply(s.abs_golden, np.float32(params.rtol), out=work)
@@ -1723,7 +1724,9 @@ def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
             return json_number(value)
         return list(value) if isinstance(value, tuple) else value
 
-    stats = {name: {k: plain(v) for k, v in asdict(s).items()} for name, s in summary.stats.items()}
+    # msprobe's figures are the device's only: left out (not null), a summary stays readable by a bsa before them
+    stats = {name: {k: plain(v) for k, v in asdict(s).items() if not (k in MSPROBE_FIELDS and v is None)}
+             for name, s in summary.stats.items()}  # fmt: skip
     return {"key": dict(summary.key), "stats": stats}
 
 
