@@ -314,8 +314,9 @@ def _strip_map(tensor: TensorResult, block_map: BlockMap, scale: Scale) -> str:
     shown = rows[::rows_pool]
     width, height = left + cols * cell + 10, top + len(shown) * cell + 10
     axis = "query block i" if block_map.axis == "q" else "kv block j"
-    out = [_text(4, 12, f"{tensor.name}: error ratio per (head, {axis}); block mask too large to draw",
-                 extra=' font-weight="bold"')]  # fmt: skip
+    title = f"{tensor.name}: error ratio per (head, {axis}); the block mask was too large to keep"
+    width = max(width, len(title) * 6.3 + 10)
+    out = [_text(4, 12, title, extra=' font-weight="bold"')]
     for c in range(0, cols, _tick_step(cols, cell)):
         out.append(_text(left + (c + 0.5) * cell, top - 4, str(c * pool), "middle"))
     for r, (b, n) in enumerate(shown):
