@@ -135,7 +135,7 @@ def block_extents(length: int, block: int, count: int) -> np.ndarray:
 def mask_stats(case: Case, mask: np.ndarray) -> dict[str, float | int]:
     """Return selected blocks, density and FLOPs of a case, counting only real rows and columns.
 
-    FLOPs follow DOMAIN.md section 6: forward 4*rows*cols*D, backward 10*rows*cols*D per selected pair.
+    FLOPs follow docs/operator.md section 6: forward 4*rows*cols*D, backward 10*rows*cols*D per selected pair.
     """
     x, y = case.mask_block_shape
     selected = 0
