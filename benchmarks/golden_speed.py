@@ -10,7 +10,7 @@ Prints, each as a ratio against a reference measured in the same run:
   5. `bsa compare` throughput, a fresh process over a suite run by `bsa run` (target >= 200 MB/s)
 
 Usage: python benchmarks/golden_speed.py [--quick] [--skip-long] [--long-causal]
-FLOPs follow DOMAIN.md section 6: 14 X Y D per selected block pair for forward + backward.
+FLOPs follow docs/operator.md section 6: 14 X Y D per selected block pair for forward + backward.
 Timings are wall-clock bests of a few runs; the load average is printed because a busy machine slows both
 sides of a ratio unevenly (BLAS threads suffer most).
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
@@ -13,11 +13,14 @@ from . import output, report
 from .cli import UserError, main
 from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError, DataError
-from .options import jobs_option_for
-from .store import read_regular, select_cases
+from .options import jobs_option_for, report_options
+from .store import MANIFEST, find_cases, read_regular, select_cases
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
+
+SUITE_DEPTH = 3
+"""How deep below a folder without cases `bsa compare` looks for folders of suites."""
 
 
 def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
@@ -42,6 +45,72 @@ def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], s
         writer(suite, path)
     except OSError as exc:
         raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
+
+
+def prepare_reports(paths: dict[str, Path | None]) -> None:
+    """Create the report files' folders and check they can be written, before any case is judged."""
+    try:
+        report.prepare_report_paths(paths)
+    except report.ReportPathError as exc:
+        raise UserError(str(exc)) from None
+
+
+def write_reports(suite: SuiteResult, paths: dict[str, Path | None], out: Sequence[Path] = ()) -> None:
+    """Write the reports asked for by --json, --junit, --html and --csv."""
+    header = report.report_header(suite, out)
+    writers: dict[str, Callable[[SuiteResult, Path], None]] = {
+        "--json": report.write_json,
+        "--junit": report.write_junit,
+        "--html": lambda s, p: report.write_html(s, p, header),
+        "--csv": report.write_csv,
+    }
+    for option, path in paths.items():
+        if path is not None:
+            _write(option, path, writers[option], suite)
+
+
+def find_suites(root: Path, depth: int = SUITE_DEPTH) -> list[Path]:
+    """Return the folders below `root` (down to `depth` levels) that hold case directories, sorted."""
+    suites: list[Path] = []
+    level = [root]
+    for _ in range(depth):
+        below = sorted(p for folder in level for p in folder.iterdir()
+                       if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))  # fmt: skip
+        suites.extend(p for p in below if not (p / MANIFEST).is_file() and find_cases(p))
+        level = [p for p in below if not (p / MANIFEST).is_file() and p not in suites]
+    return sorted(suites)
+
+
+def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> list[Path]:
+    """Return the case directories under `paths`; a folder that holds no case itself but folders of suites
+    (OUT/smoke, OUT/edge, ...) stands for all of them, and says so on stderr.
+
+    Raises:
+        UserError: a path holds no case at any depth (naming where to look), or no case matches the filter.
+    """
+    roots: list[Path] = []
+    for path in paths:
+        try:
+            if Path(path).is_dir() and not find_cases(Path(path)):
+                suites = find_suites(Path(path))
+                if not suites:
+                    raise DataError(
+                        str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders below; "
+                        "write them with `bsa gen SPECS -o OUT` and compare OUT"
+                    )  # fmt: skip
+                counts = ", ".join(f"{s} ({len(find_cases(s))} cases)" for s in suites)
+                output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
+                roots.extend(suites)
+            else:
+                roots.append(Path(path))
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except BsaError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        return select_cases(roots, filters)
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
 
 
 def _load_reports(paths: tuple[Path, ...]) -> SuiteResult:
@@ -89,21 +158,7 @@ _STANDARD_HELP = (
 @click.option(
     "--filter", "filters", multiple=True, metavar="GLOB", help="Only cases whose directory name matches (repeatable)."
 )
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Write everything measured as JSON (schema bsa-compare/1).",
-)
-@click.option(
-    "--junit",
-    "junit_path",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="Write a JUnit XML report (one testcase per case).",
-)
-@click.option(
-    "--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), help="Write a self-contained HTML report."
-)
+@report_options
 @click.option("--merge", is_flag=True, help="PATHS are JSON reports of shards: merge them into one verdict and report.")
 @click.option(
     "--no-verify-inputs",
@@ -122,6 +177,7 @@ def compare_command(
     json_path: Path | None,
     junit_path: Path | None,
     html_path: Path | None,
+    csv_path: Path | None,
     merge: bool,
     no_verify_inputs: bool,
     jobs: int | None,
@@ -129,9 +185,14 @@ def compare_command(
 ) -> None:
     """Judge the device's dq, dk, dv of every case under OUT (or merge shard reports with --merge).
 
+    OUT is a folder written by `bsa gen` (or one case of it); a folder of such folders (OUT/smoke,
+    OUT/edge, ...) is compared whole. Report files' folders are created; a report that cannot be written
+    stops the command before any case is judged.
+
     Exit code: 0 all cases pass, 1 a case failed, 2 usage error, 3 a case could not be judged.
     """
     started = time.perf_counter()
+    reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
     if merge:
         given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", standard),
                                           ("--threshold", thresholds), ("--padding", padding),
@@ -140,22 +201,22 @@ def compare_command(
                  if value]  # fmt: skip
         if given:
             raise UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")
+        prepare_reports(reports)
         suite = _load_reports(paths)
     else:
         run = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
         try:
             run.validate()
-            case_dirs = select_cases(paths, filters)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        case_dirs = select_cases_or_suites(paths, filters)
+        prepare_reports(reports)
+        try:
             suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs)
         except (ValueError, BsaError) as exc:
             raise UserError(str(exc)) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
-    if json_path is not None:
-        _write("--json", json_path, report.write_json, suite)
-    if junit_path is not None:
-        _write("--junit", junit_path, report.write_junit, suite)
-    if html_path is not None:
-        _write("--html", html_path, report.write_html, suite)
+    write_reports(suite, reports, () if merge else paths)
     if not merge:
         seconds = time.perf_counter() - started
         megabytes = suite.output_bytes / 1e6

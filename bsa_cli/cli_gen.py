@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import fnmatch
+import io
 from collections.abc import Sequence
 from pathlib import Path
 
 import click
+from rich import box
+from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -77,6 +80,76 @@ def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
     output.stdout.print(f"{len(cases)} cases OK ({negative} negative) in {len(specs)} spec path(s)")
 
 
+LIST_COLUMNS = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density", "GFLOP",
+                "MiB in/out", "gen s", "ref s", "GiB", "expect")  # fmt: skip
+"""The columns of `bsa list`, in order."""
+LIST_DROP_ORDER = ("MiB in/out", "block", "D", "B", "pattern", "expect", "layout", "density", "N1/N2", "Sq/Skv",
+                   "GFLOP", "dtype", "GiB")  # fmt: skip
+"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay."""
+SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+BACKWARD_SHARE = 10 / 14
+"""Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
+what the reference device computes."""
+
+
+def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
+    """Return the cells of `bsa list`, one mapping per case (column -> text)."""
+    from .emulator import estimate_seconds
+
+    rows = []
+    for case in cases:
+        e = estimate(case)
+        rows.append({
+            "case": case.name, "layout": case.layout, "dtype": SHORT_DTYPE.get(case.dtype, case.dtype),
+            "B": str(case.batch), "N1/N2": f"{case.num_heads}/{case.num_kv_heads}", "D": str(case.head_dim),
+            "Sq/Skv": f"{case.q_seq_len}/{case.kv_seq_len}", "block": "x".join(map(str, case.block_shape)),
+            "pattern": case.sparsity.pattern, "density": f"{e.density:.3f}", "GFLOP": f"{e.flops / 1e9:.3g}",
+            "MiB in/out": f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}", "gen s": _seconds(e.seconds),
+            "ref s": _seconds(estimate_seconds(e.flops * BACKWARD_SHARE)) if case.expect.ok else "0",
+            "GiB": f"{e.peak_memory / 2**30:.2g}", "expect": "ok" if case.expect.ok else str(case.expect.status),
+        })  # fmt: skip
+    return rows
+
+
+def _seconds(value: float) -> str:
+    """Seconds in at most 5 characters, never cut: 0.004, 3.2, 17, 1234."""
+    return f"{value:.2g}" if value < 100 else f"{value:.0f}"
+
+
+def list_table(rows: Sequence[dict[str, str]], width: int) -> tuple[Table, list[str]]:
+    """Return the table of `bsa list` that fits `width` columns, and the columns it leaves out.
+
+    Columns go in LIST_DROP_ORDER until the table fits; no cell is ever wrapped or cut (a case name
+    longer than the terminal still shows whole, on a line of its own width).
+    """
+    shown = list(LIST_COLUMNS)
+    hidden: list[str] = []
+    for column in (None, *LIST_DROP_ORDER):
+        if column is not None:
+            shown.remove(column)
+            hidden.append(column)
+        table = _list_table(rows, shown)
+        if _table_width(table) <= width:
+            break
+    return table, hidden
+
+
+def _list_table(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
+    for column in columns:
+        left = column in ("case", "layout", "dtype", "pattern", "expect")
+        widest = max([len(column), *(len(row[column]) for row in rows)])
+        table.add_column(column, justify="left" if left else "right", no_wrap=True, min_width=widest)
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    return table
+
+
+def _table_width(table: Table) -> int:
+    console = Console(width=10_000, file=io.StringIO(), color_system=None)
+    return console.measure(table).maximum
+
+
 @main.command("list")
 @click.argument("specs", nargs=-1)
 @filter_option
@@ -85,26 +158,19 @@ def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
 def list_command(
     specs: tuple[str, ...], name_filters: tuple[str, ...], shard_text: str | None, max_cases: int
 ) -> None:
-    """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory."""
+    """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
+
+    gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the 2-core development machine,
+    ref s the reference device's (`bsa run` without a device). The table fits the terminal's width
+    (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
+    """
     cases = load_cases(specs, name_filters, shard_text, max_cases)
-    table = Table(title=f"{len(cases)} cases")
-    columns = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density",
-               "GFLOP", "MiB in/out", "est. s", "est. GiB", "expect")  # fmt: skip
-    for column in columns:
-        left = column in ("case", "pattern", "expect")
-        table.add_column(
-            column, justify="left" if left else "right", overflow="fold" if column == "case" else "ellipsis"
-        )
-    for case in cases:
-        e = estimate(case)
-        table.add_row(
-            case.name, case.layout, case.dtype, str(case.batch), f"{case.num_heads}/{case.num_kv_heads}",
-            str(case.head_dim), f"{case.q_seq_len}/{case.kv_seq_len}", "x".join(map(str, case.block_shape)),
-            case.sparsity.pattern, f"{e.density:.3f}", f"{e.flops / 1e9:.3g}",
-            f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}", f"{e.seconds:.2g}",
-            f"{e.peak_memory / 2**30:.2g}", "ok" if case.expect.ok else str(case.expect.status),
-        )  # fmt: skip
-    output.stdout.print(table)
+    width = output.width()
+    table, hidden = list_table(list_rows(cases), width)
+    output.stdout.print(f"{len(cases)} case{'s' if len(cases) != 1 else ''}", soft_wrap=True)
+    output.stdout.print(table, soft_wrap=True, crop=False)
+    if hidden:
+        output.stdout.print(f"left out at {width} columns: {', '.join(hidden)}", width=width)
 
 
 @main.command("gen")

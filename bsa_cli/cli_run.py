@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import sys
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ from rich.progress import (
 from . import output, runner, store
 from .cli import EXIT_INTERRUPTED, UserError, main
 from .errors import BsaError
-from .options import force_option, jobs_option, max_cases_option, precision_option, shard_option
+from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
 
 """Exit code after Ctrl-C (128 + SIGINT), whatever the finished cases did."""
 
@@ -58,6 +59,8 @@ class Display:
         self._width = 0
         self._weights: Mapping[str, float] = {}
         self._reached: dict[str, float] = {}
+        self._started = 0.0
+        self._last_line = 0.0
 
     def __enter__(self) -> Display:
         if self.console.is_terminal:
@@ -91,6 +94,7 @@ class Display:
         self._width = min(max((len(n) for n in names), default=0), 48)
         self._weights = {name: value / 1e9 for name, value in (flops or {}).items()}
         self._reached = {}
+        self._started = self._last_line = time.monotonic()
         if self._progress is not None:
             if self._task is not None:
                 self._progress.remove_task(self._task)
@@ -99,12 +103,29 @@ class Display:
             self._task = self._progress.add_task(label, total=size or 1, unit=unit)
 
     def progress(self, name: str, fraction: float) -> None:
-        """Move the bar to `fraction` of case `name` (phases counted in FLOPs)."""
+        """Move the bar to `fraction` of case `name` (phases counted in FLOPs).
+
+        Without a terminal (a CI log) a line says how far a long phase is, every PLAIN_PROGRESS_S at most.
+        """
         weight = self._weights.get(name, 0.0)
         step = (fraction - self._reached.get(name, 0.0)) * weight
         self._reached[name] = fraction
         if self._progress is not None and self._task is not None and step:
             self._progress.advance(self._task, step)
+        elif self._progress is None and fraction < 1.0 and time.monotonic() - self._last_line >= PLAIN_PROGRESS_S:
+            self._last_line = time.monotonic()
+            self.console.print(self._progress_line(name, fraction), soft_wrap=True, highlight=False, markup=False)
+
+    def _progress_line(self, name: str, fraction: float) -> str:
+        """E.g. "run      nightly-causal-16k 40%; phase 23% of 520 GFLOP, ETA 3m 10s"."""
+        total = sum(self._weights.values())
+        done = sum(self._weights.get(n, 0.0) * f for n, f in self._reached.items())
+        line = f"{self._label:<8} {name} {100 * fraction:.0f}%"
+        elapsed = time.monotonic() - self._started
+        if total > 0 and done > 0:
+            eta = elapsed * (total - done) / done
+            line += f"; {self._label} {100 * done / total:.0f}% of {total:.3g} GFLOP, ETA {_duration(eta)}"
+        return line
 
     def running(self, text: str) -> None:
         """Say what runs now (shown in the bar's description on a terminal only)."""
@@ -120,6 +141,10 @@ class Display:
         self.console.print(line, soft_wrap=True, highlight=False)
         for problem in problems:
             self.console.print(f"         {escape(problem)}", soft_wrap=True, highlight=False, style="red")
+        self.advance(name)
+
+    def advance(self, name: str) -> None:
+        """Count case `name` as done on the bar without printing a line."""
         if name in self._weights:
             self.progress(name, 1.0)
         elif self._progress is not None and self._task is not None:
@@ -132,7 +157,31 @@ class Display:
             return
         result = event.result
         assert result is not None
-        self.case(result.outcome, result.name, run_detail(result), result.problems)
+        self.case(result.outcome, result.name, run_detail(result), [*result.problems, *log_lines(result)])
+
+
+PLAIN_PROGRESS_S = 15.0
+"""Least seconds between two progress lines when stderr is not a terminal."""
+
+
+def _duration(seconds: float) -> str:
+    """Return e.g. "45s", "3m 10s", "1h 02m"."""
+    seconds = max(int(round(seconds)), 0)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m {seconds % 60:02d}s"
+    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+
+
+def log_lines(result: runner.CaseResult) -> list[str]:
+    """Return where a failed run's logs are (full paths), nothing for a run that left a result."""
+    if result.ok:
+        return []
+    logs = [result.record.get(key) for key in ("stderr_log", "stdout_log")]
+    paths = [Path(result.output_dir) / name for name in logs if isinstance(name, str) and name]
+    shown = [str(path) for path in paths if path.is_file() and path.stat().st_size] or [str(p) for p in paths[:1]]
+    return [f"log: {', '.join(shown)}"] if shown else []
 
 
 def run_detail(result: runner.CaseResult) -> str:
@@ -251,16 +300,61 @@ def user_errors() -> Iterator[None]:
 
 
 def run_with_display(case_dirs: Sequence[Path], options: runner.RunOptions, display: Display) -> runner.RunSummary:
-    """Run cases and show each one; say up front when the reference device stands in for a device."""
+    """Run cases and show each one; say up front when the reference device stands in for a device, and
+    which cases a planted fault cannot change. On the reference device the bar (and its ETA) counts
+    backward FLOPs and moves within a case."""
     if options.device.is_reference:
         output.info(f"device: {options.device.name}: reference results, not device results")
+        if options.device.fault:
+            warn_inapplicable_fault(case_dirs, options.device.fault)
     elif options.device.torch_npu:
         output.info(f"device: {options.device.name}, through {runner.TORCH_NPU_MODULE} in {sys.executable}")
     else:
         output.info(f"device: {options.device.name} (sha256 {options.device.binary_sha256 or '-'})")
-    display.phase("run", len(case_dirs), [c.name for c in case_dirs])
-    with user_errors():
+    if not options.device.is_reference:
+        display.phase("run", len(case_dirs), [c.name for c in case_dirs])
+        with user_errors():
+            return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
+    from .emulator import reporting
+
+    display.phase("run", len(case_dirs), [c.name for c in case_dirs], backward_flops(case_dirs))
+    with user_errors(), reporting(display.progress):
         return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
+
+
+def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
+    """Return each case's backward FLOPs from its manifest (what the reference device computes)."""
+    flops: dict[str, float] = {}
+    for case_dir in case_dirs:
+        try:
+            manifest = store.load_manifest(case_dir)
+            refused = (manifest.get("expect") or {}).get("status", 0) != 0  # a negative case computes nothing
+            work = 0.0 if refused else float(manifest["stats"]["flops_backward"])
+            flops[str(manifest.get("name", case_dir.name))] = work
+        except (BsaError, KeyError, TypeError, ValueError):
+            flops[case_dir.name] = 0.0
+    return flops
+
+
+def warn_inapplicable_fault(case_dirs: Sequence[Path], fault: str) -> None:
+    """Warn, before running, about each case that the planted fault cannot change (it runs clean)."""
+    from . import emulator
+    from .manifest import case_from_manifest
+
+    for case_dir in case_dirs:
+        try:
+            manifest = store.load_manifest(case_dir)
+            if (manifest.get("expect") or {}).get("status", 0) != 0:
+                output.warn(f"{manifest.get('name', case_dir.name)}: fault '{fault}' not planted: a negative case "
+                            "is refused before any computation")  # fmt: skip
+                continue
+            case = case_from_manifest(manifest)
+            mask = store.read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
+            reason = emulator.fault_not_applied(fault, case, mask)
+        except (BsaError, KeyError, TypeError, ValueError):
+            continue  # the run reports a broken case itself
+        if reason is not None:
+            output.warn(f"{case.name}: {reason}")
 
 
 def print_run_summary(summary: runner.RunSummary) -> None:
@@ -423,14 +517,13 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display, jobs: i
     from .compare import compare_suite
 
     display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
+    output.info(f"judging {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}: verdicts in the table below")
 
-    def shown(result: Any) -> None:
-        message = result.message
-        detail = message if len(message) <= 100 else message[:97] + "..."
-        display.case(result.verdict, result.name, detail)
+    def judged(result: Any) -> None:
+        display.advance(result.name)  # the verdict itself is printed once, in the report's table
 
     try:
-        return compare_suite(case_dirs, None, settings, on_case=shown, jobs=jobs)
+        return compare_suite(case_dirs, None, settings, on_case=judged, jobs=jobs)
     except (ValueError, BsaError) as exc:
         raise UserError(str(exc)) from None
 
@@ -460,9 +553,7 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display, jobs: i
     help="Override one threshold of the standard (repeatable), as bsa compare.",
 )
 @click.option("--padding", type=click.Choice(["ignore", "zero"]), help="BNSD padding rule, as bsa compare.")
-@click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write JSON.")
-@click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write JUnit XML.")
-@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False), help="Also write HTML.")
+@report_options
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def check_command(
     specs: tuple[str, ...],
@@ -486,6 +577,7 @@ def check_command(
     json_path: Path | None,
     junit_path: Path | None,
     html_path: Path | None,
+    csv_path: Path | None,
     verbose: bool,
 ) -> None:
     """Generate, run and compare in one command: the main job.
@@ -496,9 +588,12 @@ def check_command(
     2 usage or spec error, 3 a case could not be judged; 130 interrupted.
     """
     from . import report
+    from .cli_compare import prepare_reports, write_reports
 
     options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout)
     settings = _run_settings(standard, thresholds, padding)
+    reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
+    prepare_reports(reports)
     try:
         with Display() as display:
             case_dirs = _generate(specs, filters, shard_text, out, precision, jobs, force, display, max_cases)
@@ -510,16 +605,7 @@ def check_command(
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
-    for kind, path, writer in (
-        ("--json", json_path, report.write_json),
-        ("--junit", junit_path, report.write_junit),
-        ("--html", html_path, report.write_html),
-    ):
-        if path is not None:
-            try:
-                writer(suite, path)
-            except OSError as exc:
-                raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
+    write_reports(suite, reports, (out,))
     if options.device.is_reference:
         output.stdout.print(f"device: {options.device.name}: reference results, not device results", markup=False)
     raise click.exceptions.Exit(suite.return_code)

@@ -3,7 +3,7 @@
 Nothing here prints. `compare_suite` reads case directories and device output directories and returns a
 `SuiteResult`; `report.py` renders it. The pure core is `judge_tensors` (arrays in, `TensorResult`s out).
 
-Standards (docs/compare.md documents them for users; DOMAIN.md section 4 has the sources):
+Standards (docs/compare.md documents them for users; docs/operator.md section 4 has the sources):
 
 * `double-benchmark` (default): CANN/ATK. Each error metric of the device against the golden is divided by
   the same metric of the benchmark (the kernel-faithful result in the case dtype written by `bsa gen`),
@@ -440,7 +440,9 @@ class ErrorStats:
 
     Relative errors: `max_rel_err`/`mean_rel_err` are ATK's (|a - g| / |g| over |g| > err_thd);
     `mare`/`mere` are the single standard's (|a - g| / (|g| + 1e-7) over all elements). ULP errors are
-    msprobe's: |a - g| / ulp(g), the golden's unit in the last place in the case dtype. Non-finite
+    msprobe's, |a - g| / ulp(g) with ulp(g) the golden's unit in the last place in the case dtype, except
+    that |g| is floored at err_thd (`_ulp_floor`: a golden that cancelled to nearly 0 would otherwise
+    give astronomical counts, 10^33 in bfloat16). Non-finite
     elements are counted and left out of every numeric metric. Metrics only the device needs are None
     for the benchmark.
     """
@@ -467,6 +469,23 @@ class ErrorStats:
     ulp_histogram: tuple[int, ...] | None = None
     msopst_err_count: int | None = None
     msopst_max_err: float | None = None
+    # msprobe's compare figures (device only): fractions of elements whose relative error |a - g| / (|g| + 1e-7)
+    # is below 0.001 and 0.005, and the values' statistics of both sides (finite elements).
+    thousandth_ratio: float | None = None
+    five_thousandths_ratio: float | None = None
+    value_max: float | None = None
+    value_min: float | None = None
+    value_mean: float | None = None
+    value_l2norm: float | None = None
+    golden_max: float | None = None
+    golden_min: float | None = None
+    golden_mean: float | None = None
+    golden_l2norm: float | None = None
+
+
+MSPROBE_FIELDS = ("thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean",
+                  "value_l2norm", "golden_max", "golden_min", "golden_mean", "golden_l2norm")  # fmt: skip
+"""`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
 
 
 @dataclass(frozen=True)
@@ -497,6 +516,7 @@ class HotBlock:
     max_abs_err: float
     tile: tuple[int, int] | None  # worst 16x16 tile: (first row in the sequence, first column)
     tile_ratio: float | None
+    tiles: np.ndarray | None = None  # each 16x16 tile's ratio [tile rows, tile cols]: hottest block of a failure
 
 
 @dataclass(frozen=True)
@@ -515,6 +535,20 @@ class BlockMap:
     score: np.ndarray
 
 
+ULP_CHART_EDGES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+"""Upper edges of the ULP-error chart's bins (the last bin holds everything above 1024 ULP)."""
+
+
+@dataclass(frozen=True)
+class UlpChart:
+    """Element counts by ULP error (`ulp_error`'s unit), device and benchmark against the golden, in the
+    bins of `ULP_CHART_EDGES` plus one for more; the pictures of a failing tensor draw it."""
+
+    edges: tuple[float, ...]
+    device: tuple[int, ...]
+    benchmark: tuple[int, ...] | None
+
+
 @dataclass(frozen=True)
 class TensorResult:
     """The judgement of one gradient."""
@@ -530,10 +564,35 @@ class TensorResult:
     hot_blocks: tuple[HotBlock, ...]
     block_map: BlockMap | None
     extra: Mapping[str, float] = field(default_factory=dict)  # standard-specific figures (fa-ratio floor)
+    ulp_chart: UlpChart | None = None  # failing tensors only
+    golden_dtype: str | None = None  # float32, or float64 for a golden generated with --precision float64
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
+
+
+SELECTION_MAX_CELLS = 1 << 16
+"""Largest block mask (cells) a failing case's result keeps for its pictures."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A case's block mask as the judge read it, kept with a failing case for the heat maps.
+
+    `rows` holds one string per (batch entry, query head, query block) of the mask's [B, N1, nQ, nKV]
+    shape, one character per kv block: "1" selected, "0" not selected (never computed), "-" past the
+    batch entry's actual lengths (no such block).
+    """
+
+    shape: tuple[int, ...]
+    rows: tuple[str, ...]
+
+    def grid(self, batch: int, head: int) -> list[str]:
+        """Return the rows of one batch entry and query head."""
+        blocks = self.shape[2]
+        first = (batch * self.shape[1] + head) * blocks
+        return list(self.rows[first : first + blocks])
 
 
 @dataclass(frozen=True)
@@ -558,11 +617,26 @@ class CaseResult:
     errors: tuple[str, ...]  # why an ERROR case could not be judged
     output_bytes: int
     seconds: float
+    device_kind: str | None = None  # reference | torch_npu | binary (run.json); None when not recorded
+    fault: str | None = None  # the fault planted in the reference device, if any (run.json)
+    binary_sha256: str | None = None  # the device binary's sha256 (run.json)
+    notes: tuple[str, ...] = ()  # what a reader must know beyond the checks (a planted fault that does not apply)
+    selection: Selection | None = None  # the block mask, kept with a failing case for its pictures
 
     @property
     def passed(self) -> bool:
         """Whether the verdict is PASS."""
         return self.verdict == PASS
+
+    @property
+    def headline(self) -> str:
+        """One line saying what happened: the notes, then the deciding check (or the first error)."""
+        if self.verdict == ERROR:
+            main = self.errors[0] if self.errors else ""
+        else:
+            deciding = self.deciding
+            main = deciding.detail if deciding else ""
+        return "; ".join([*self.notes, main] if main else self.notes)
 
     @property
     def all_checks(self) -> tuple[Check, ...]:
@@ -844,21 +918,39 @@ def _floor_array(value: float, shape: tuple[int, ...]) -> np.ndarray:
     return array[:size].reshape(shape)
 
 
-def _ulp_power(abs_golden: np.ndarray, io_dtype: str, out: np.ndarray | None = None) -> np.ndarray:
-    """Return 2^floor(log2 |g|) as float32, clamped below at the dtype's smallest normal exponent.
+def _ulp_floor(io_dtype: str, err_thd: float | None) -> float:
+    """Return the smallest power of two an ULP unit is measured from: 2^floor(log2 err_thd), at least the
+    dtype's smallest normal number.
 
-    The golden's ULP in the case dtype (msprobe's ULP unit) is this times 2^-mantissa_bits; callers divide
-    by the power and apply 2^mantissa_bits to the reduced figures.
+    Below err_thd a golden is one of ATK's small values: its size says nothing of the error its rounding
+    may carry (it is usually a sum of larger terms that cancelled). Measured from the golden's own
+    exponent, such an element would count in ULPs of an ever smaller number, without bound for bfloat16
+    (which shares float32's exponent range): a golden that cancelled to 1e-30 would turn an ordinary
+    rounding error into 10^33 ULP. From err_thd up, the ULP is the golden's own.
+    """
+    tiny = 2.0 ** max(_MIN_EXPONENT.get(io_dtype, -126), -126)
+    if err_thd is None or not err_thd > 0 or not math.isfinite(err_thd):
+        return tiny
+    return max(tiny, 2.0 ** math.floor(math.log2(err_thd)))
+
+
+def _ulp_power(
+    abs_golden: np.ndarray, io_dtype: str, out: np.ndarray | None = None, err_thd: float | None = None
+) -> np.ndarray:
+    """Return 2^floor(log2 max(|g|, err_thd)) as float32 (see `_ulp_floor`).
+
+    The ULP unit in the case dtype is this times 2^-mantissa_bits; callers divide by the power and apply
+    2^mantissa_bits to the reduced figures.
     """
     bits = None if out is None else out.view(np.int32)
     power = np.bitwise_and(abs_golden.view(np.int32), np.int32(0x7F800000), out=bits).view(np.float32)
-    tiny = 2.0 ** max(_MIN_EXPONENT.get(io_dtype, -126), -126)
-    return np.maximum(power, _floor_array(tiny, power.shape), out=power)
+    return np.maximum(power, _floor_array(_ulp_floor(io_dtype, err_thd), power.shape), out=power)
 
 
-def ulp_error(value: float, golden: float, io_dtype: str) -> float:
-    """Return |value - golden| in units of the golden's ULP in the case dtype (msprobe's ULP error)."""
-    power = _ulp_power(np.abs(np.asarray([golden], dtype=np.float32)), io_dtype)[0]
+def ulp_error(value: float, golden: float, io_dtype: str, err_thd: float | None = None) -> float:
+    """Return |value - golden| in ULPs of the golden in the case dtype (msprobe's ULP error), the golden's
+    magnitude floored at `err_thd` (see `_ulp_floor`; None: at the dtype's smallest normal number)."""
+    power = _ulp_power(np.abs(np.asarray([golden], dtype=np.float32)), io_dtype, err_thd=err_thd)[0]
     return float(abs(np.float32(value) - np.float32(golden)) / power * 2.0 ** _MANTISSA_BITS.get(io_dtype, 23))
 
 
@@ -889,17 +981,29 @@ class _Partial:
     ulp_over: tuple[int, ...] = (0,) * len(ULP_EDGES)  # elements above each of ULP_EDGES
     msopst_err: int = 0
     msopst_max: float = 0.0
+    within_1e3: int = 0
+    within_5e3: int = 0
+    value_sum: float = 0.0
+    value_max: float = -math.inf
+    value_min: float = math.inf
+    golden_sum: float = 0.0
+    golden_max: float = -math.inf
+    golden_min: float = math.inf
     nonfinite_rows: list[int] = field(default_factory=list)
 
     _SUMS = ("count", "sum_abs", "sum_sq", "sum_rel", "large", "sum_mre", "dot_ag", "dot_aa", "dot_gg",
-             "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err")  # fmt: skip
-    _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max")
+             "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err",
+             "within_1e3", "within_5e3", "value_sum", "golden_sum")  # fmt: skip
+    _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max", "value_max", "golden_max")
+    _MINS = ("value_min", "golden_min")
 
     def merge(self, other: _Partial) -> None:
         for name in self._SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in self._MAXES:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
+        for name in self._MINS:
+            setattr(self, name, min(getattr(self, name), getattr(other, name)))
         self.ulp_over = tuple(a + b for a, b in zip(self.ulp_over, other.ulp_over, strict=True))
         self.nonfinite_rows.extend(other.nonfinite_rows[: TOP_K - len(self.nonfinite_rows)])
 
@@ -935,7 +1039,23 @@ class _Partial:
             ulp_histogram=histogram if full else None,
             msopst_err_count=self.msopst_err if full and params.diff_thd is not None else None,
             msopst_max_err=self.msopst_max if full and params.diff_thd is not None else None,
+            **(self._msprobe() if full and self.count else {}),
         )
+
+    def _msprobe(self) -> dict[str, float]:
+        """msprobe's figures of the measured elements (`ErrorStats.thousandth_ratio` and the rest)."""
+        return {
+            "thousandth_ratio": self.within_1e3 / self.count,
+            "five_thousandths_ratio": self.within_5e3 / self.count,
+            "value_max": self.value_max,
+            "value_min": self.value_min,
+            "value_mean": self.value_sum / self.count,
+            "value_l2norm": math.sqrt(self.dot_aa),
+            "golden_max": self.golden_max,
+            "golden_min": self.golden_min,
+            "golden_mean": self.golden_sum / self.count,
+            "golden_l2norm": math.sqrt(self.dot_gg),
+        }
 
 
 @dataclass
@@ -1027,10 +1147,17 @@ def _measure_chunk(
     np.divide(abs_diff, work, out=work)  # the single standard's relative error
     part.sum_mre = float(work.sum())
     part.max_mre = float(work.max(initial=0.0))
+    part.within_1e3 = int(np.count_nonzero(np.less(work, np.float32(1e-3), out=flags)))
+    part.within_5e3 = int(np.count_nonzero(np.less(work, np.float32(5e-3), out=flags)))
+    if flat_a.size:
+        ones = _floor_array(1.0, flat_a.shape)  # a dot with ones: three times faster than NumPy's sum here
+        part.value_sum, part.golden_sum = float(np.dot(flat_a, ones)), float(np.dot(flat_g, ones))
+        part.value_max, part.value_min = float(flat_a.max()), float(flat_a.min())
+        part.golden_max, part.golden_min = float(flat_g.max()), float(flat_g.min())
     np.multiply(s.abs_golden, np.float32(params.rtol), out=work)
     work += np.float32(params.atol)
     part.mismatch = int(np.count_nonzero(np.greater(abs_diff, work, out=flags)))
-    np.divide(abs_diff, _ulp_power(s.abs_golden, params.io_dtype, out=work), out=work)  # ULP error / 2^mantissa
+    np.divide(abs_diff, _ulp_power(s.abs_golden, params.io_dtype, work, params.err_thd), out=work)  # ULP / 2^m
     unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
     part.ulp_sum = float(work.sum()) * unit
     part.ulp_max = float(work.max(initial=0.0)) * unit
@@ -1254,21 +1381,21 @@ def _block_map(
 
 
 def _hot_blocks(
-    block_map: BlockMap, spans: dict[int, _SpanTiles], geom: _Geometry, count: int = TOP_K
+    block_map: BlockMap, spans: dict[int, _SpanTiles], geom: _Geometry, count: int = TOP_K, keep_tiles: bool = False
 ) -> tuple[HotBlock, ...]:
-    """Return the `count` blocks of highest score, worst first."""
+    """Return the `count` blocks of highest score, worst first (with `keep_tiles`, the first with its tiles)."""
     score = np.where(np.isnan(block_map.score), -np.inf, block_map.score)
     if score.size == 0:
         return ()
     order = np.argsort(score, axis=None)[::-1][:count]
-    hot = []
+    hot: list[HotBlock] = []
     for flat in order:
         b, n, j = (int(v) for v in np.unravel_index(flat, score.shape))
         if score[b, n, j] == -np.inf:
             break
         length = geom.lengths[b]
         rows = (j * geom.block, min((j + 1) * geom.block, length))
-        tile = tile_ratio = None
+        tile = tile_ratio = block_tiles = None
         tiles = spans.get(b)
         if tiles is not None and tiles.ratio is not None:
             members = np.flatnonzero(tiles.block_of == j)
@@ -1276,6 +1403,8 @@ def _hot_blocks(
             r, c = np.unravel_index(int(np.argmax(sub)), sub.shape)
             tile = (int(tiles.starts[members[r]]), int(c) * TILE)
             tile_ratio = float(sub[r, c])
+            if keep_tiles and not hot:
+                block_tiles = np.array(sub, dtype=np.float64)
         hot.append(
             HotBlock(
                 batch=b,
@@ -1288,6 +1417,7 @@ def _hot_blocks(
                 max_abs_err=float(block_map.max_abs_err[b, n, j]),
                 tile=tile,
                 tile_ratio=tile_ratio,
+                tiles=block_tiles,
             )
         )
     return tuple(hot)
@@ -1301,6 +1431,7 @@ def _worst_elements(
     bench: np.ndarray | None,
     io_dtype: str,
     count: int = TOP_K,
+    err_thd: float | None = None,
 ) -> tuple[WorstElement, ...]:
     """Return the elements of largest absolute error (at most one per row), worst first."""
     assert rows_out.max_abs is not None and rows_out.argmax is not None
@@ -1330,7 +1461,7 @@ def _worst_elements(
                 golden=float(golden2d[row, col]),
                 benchmark=None if bench2d is None else float(bench2d[row, col].astype(np.float32)),
                 abs_err=float(row_max[row]),
-                ulp=ulp_error(float(value.astype(np.float32)[0]), float(gold[0]), io_dtype),
+                ulp=ulp_error(float(value.astype(np.float32)[0]), float(gold[0]), io_dtype, err_thd),
             )
         )
     return tuple(worst)
@@ -1400,10 +1531,15 @@ def _standard_checks(
         ):
             ratio = _ratio(dev, ref, thd)
             check = _upper(key, name, ratio, t[key], label)
-            checks.append(_with_detail(check, f" (device {_fmt(dev)}, benchmark {_fmt(ref)}, err_thd {_fmt(thd)})"))
+            if ref < thd:  # the ratio's denominator is err_thd, not the benchmark's error: say so
+                detail = f" (device {_fmt(dev)} / err_thd {_fmt(thd)}: benchmark {_fmt(ref)} floored at err_thd)"
+            else:
+                detail = f" (device {_fmt(dev)}, benchmark {_fmt(ref)}, err_thd {_fmt(thd)})"
+            checks.append(_with_detail(check, detail))
         ratio = _ratio(device.small_value_err_count, bench.small_value_err_count, 1)
         check = _upper("small_value_ratio", name, ratio, t["small_value_ratio"], "small-value error ratio")
-        detail = f" (device {device.small_value_err_count}, benchmark {bench.small_value_err_count} errors)"
+        detail = f" (device {device.small_value_err_count}, benchmark {bench.small_value_err_count} errors"
+        detail += ", floored at 1)" if bench.small_value_err_count < 1 else ")"
         checks.append(_with_detail(check, detail))
         if tile_max is not None and math.isfinite(t["tile_ratio"]):
             checks.append(_upper("tile_ratio", name, tile_max, t["tile_ratio"], "worst 16x16 tile RMSE ratio"))
@@ -1479,6 +1615,28 @@ def _zero_check(
     where = f"first at b={b} n={n} s={s} ({'q' if geom.kind == 'q' else 'kv'} block {s // geom.block})"
     text = f"{name} {label}: {bad_count} of {total} elements nonzero (largest |value| {_fmt(worst)}), {where}"
     return Check(check, name, float(bad_count), 0.0, False, text, math.inf)
+
+
+def _all_zero_check(name: str, values: np.ndarray, stats: ErrorStats) -> Check | None:
+    """Return a failed check when the device output is all zero and the golden is not; else None.
+
+    An output that is all zero was most likely never written: every ratio against it is huge, and a
+    headline such as "tile ratio 4214" would hide what happened. The metrics tell the case for free
+    (the cosine of a zero vector with a nonzero golden is exactly 0); only then are the values read.
+    """
+    if stats.cosine != 0.0 or stats.large_count + stats.small_value_count == 0:
+        return None
+    flat = values.reshape(-1)
+    step = CHUNK_ELEMENTS * 8
+    for start in range(0, flat.size, step):
+        chunk = flat[start : start + step]
+        magnitude = chunk.view(np.uint16) & np.uint16(0x7FFF) if chunk.dtype.itemsize == 2 else np.abs(chunk)
+        if np.count_nonzero(magnitude):
+            return None
+    detail = f"{name} is all zero, as if never written, where the golden is not"
+    if stats.large_count:
+        detail += f" ({stats.large_count} elements with |golden| > err_thd)"
+    return Check("all_zero", name, float(flat.size), 0.0, False, detail, math.inf)
 
 
 def _fa_floor(golden: np.ndarray, io_dtype: str, factor: float) -> float:
@@ -1571,7 +1729,9 @@ def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
             return json_number(value)
         return list(value) if isinstance(value, tuple) else value
 
-    stats = {name: {k: plain(v) for k, v in asdict(s).items()} for name, s in summary.stats.items()}
+    # msprobe's figures are the device's only: left out (not null), a summary stays readable by a bsa before them
+    stats = {name: {k: plain(v) for k, v in asdict(s).items() if not (k in MSPROBE_FIELDS and v is None)}
+             for name, s in summary.stats.items()}  # fmt: skip
     return {"key": dict(summary.key), "stats": stats}
 
 
@@ -1589,8 +1749,9 @@ _BENCHMARK_FIELDS = {f.name: f.type for f in dataclasses.fields(ErrorStats)}
 
 def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """Check and convert a benchmark's `ErrorStats` fields from JSON; ValueError names the first bad one."""
-    if set(data) != set(_BENCHMARK_FIELDS):
-        raise ValueError(f"fields {sorted(set(data) ^ set(_BENCHMARK_FIELDS))} missing or unknown")
+    wrong = (set(_BENCHMARK_FIELDS) - set(MSPROBE_FIELDS) - set(data)) | (set(data) - set(_BENCHMARK_FIELDS))
+    if wrong:  # msprobe's figures may be absent: a summary never holds them (the device's only)
+        raise ValueError(f"fields {sorted(wrong)} missing or unknown")
     fields: dict[str, Any] = {}
     for name, value in data.items():
         kind = str(_BENCHMARK_FIELDS[name])
@@ -1605,6 +1766,41 @@ def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise ValueError(f"{name}: {value!r} is not {kind}")
     return fields
+
+
+def ulp_chart(
+    device: np.ndarray, bench: np.ndarray | None, golden: np.ndarray, geom: _Geometry, params: _Params
+) -> UlpChart:
+    """Count the judged elements of device and benchmark by ULP error in the bins of `ULP_CHART_EDGES`.
+
+    One more pass over the arrays, made for failing tensors only (their pictures). NaN/Inf elements are
+    left out, as from the other metrics.
+    """
+    unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
+    edges = np.asarray(ULP_CHART_EDGES, dtype=np.float64) / unit
+    counts: dict[str, np.ndarray] = {}
+    golden2d = golden.reshape(geom.rows, geom.dim)
+    arrays = {"device": device, "benchmark": bench}
+    with np.errstate(over="ignore", invalid="ignore"):
+        for label, values in arrays.items():
+            if values is None:
+                continue
+            total = np.zeros(len(edges) + 1, dtype=np.int64)
+            values2d = values.reshape(geom.rows, geom.dim)
+            for start, stop in _chunks(geom):
+                g = np.asarray(golden2d[start:stop], dtype=np.float32)
+                a = np.asarray(values2d[start:stop]).astype(np.float32)
+                power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
+                error = (np.abs(a - g) / power).astype(np.float64)
+                error = error[np.isfinite(error)]
+                total += np.bincount(np.searchsorted(edges, error, side="left"), minlength=len(edges) + 1)
+            counts[label] = total
+    bench_counts = counts.get("benchmark")
+    return UlpChart(
+        edges=ULP_CHART_EDGES,
+        device=tuple(int(c) for c in counts["device"]),
+        benchmark=None if bench_counts is None else tuple(int(c) for c in bench_counts),
+    )
 
 
 def judge_tensors(
@@ -1673,6 +1869,8 @@ def judge_tensors(
             extra["ulp_floor"] = _fa_floor(gold, case.dtype, t["floor_factor"])
         checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows[name], settings)
         checks += _standard_checks(name, settings, dev_stats, bench_stats, tile_max, extra)
+        failed = not all(c.passed for c in checks)
+        chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
         results.append(
             TensorResult(
                 name=name,
@@ -1682,10 +1880,12 @@ def judge_tensors(
                 device=dev_stats,
                 benchmark=bench_stats,
                 checks=tuple(checks),
-                worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype),
-                hot_blocks=_hot_blocks(block_map, spans, geom),
+                worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
+                hot_blocks=_hot_blocks(block_map, spans, geom, keep_tiles=failed),
                 block_map=block_map,
                 extra=extra,
+                ulp_chart=chart,
+                golden_dtype=str(gold.dtype),
             )
         )
     return tuple(results)
@@ -1712,6 +1912,9 @@ def _structural_checks(
         checks.append(Check("nonfinite", name, float(bad), 0.0, False, detail, math.inf))
     else:
         checks.append(Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite", 0.0))
+    check = _all_zero_check(name, values, stats)
+    if check is not None:
+        checks.append(check)
     zero_rows, padding_rows = rows
     zero_atol = settings.thresholds["zero_atol"]
     if math.isfinite(zero_atol):
@@ -1776,11 +1979,27 @@ STATUS_MAX_BYTES = 64 << 10
 
 def _run_device(output_dir: Path) -> str | None:
     """Return the device name a run record gives, if any."""
+    return _run_device_info(output_dir).get("device")
+
+
+def _run_device_info(output_dir: Path) -> dict[str, Any]:
+    """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
+    binary_sha256 (those it gives)."""
     try:
         record = _load_record(output_dir)
-        return clip(record["device"]["name"])
+        device = record["device"]
+        info: dict[str, Any] = {"device": clip(device["name"])}
     except (DataError, KeyError, TypeError):
-        return None
+        return {}
+    if isinstance(device, dict):
+        if isinstance(device.get("kind"), str):
+            info["device_kind"] = clip(device["kind"], 40)
+        if isinstance(device.get("fault"), str):
+            info["fault"] = clip(device["fault"], 40)
+    binary = record.get("binary")
+    if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
+        info["binary_sha256"] = clip(binary["sha256"], 64)
+    return info
 
 
 def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict[str, str] | None]:
@@ -1822,7 +2041,9 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         }.get(str(outcome), "failed")
         exit_code = record.get("exit_code")
         text = f"the run {why}" + (f", exit code {clip(exit_code, 20)}" if exit_code not in (None, 0) else "")
-        return [text + (": " + "; ".join(problems) if problems else "") + f" (see {path})"], [], record
+        log = record.get("stderr_log")
+        where = f"log {output_dir / clip(log, 60)}, record {path}" if isinstance(log, str) and log else f"see {path}"
+        return [text + (": " + "; ".join(problems) if problems else "") + f" ({where})"], [], record
     if outcome == "nondeterministic":
         repeat = record.get("repeat") or {}
         differences = repeat.get("differences") or []
@@ -2186,7 +2407,7 @@ def _judge_case(
             check_output_dir(output_dir)
         except DataError as exc:
             return error(name, [str(exc)], **known)
-        known["device"] = _run_device(output_dir)
+        known.update({"device": None, **_run_device_info(output_dir)})
         problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
     else:
         known["device"] = outcome.device
@@ -2222,6 +2443,8 @@ def _judge_case(
                 0.0 if passed else math.inf,
             )
         )
+        if known.get("fault"):
+            known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
         return _finish(name, base, known, checks, (), started, 0)
     if status != 0:
         text = f"status {_status_name(status)}, expected 0 (ACLNN_SUCCESS)" + (
@@ -2256,8 +2479,37 @@ def _judge_case(
     stale = opened.stale()  # the verdict only stands if every file hashed as the manifest says
     if stale:
         return error(name, stale, **known)
+    if known.get("fault"):
+        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
+    if not all(t.passed for t in tensors):
+        known["selection"] = selection(case, opened.block_mask)
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
+    """Return a note when the planted fault does not apply to the case (the device ran it clean)."""
+    from . import emulator  # only cases run with a planted fault need it
+
+    try:
+        reason = emulator.fault_not_applied(fault, case, block_mask)
+    except ValueError:  # a fault this bsa does not know (a record of another version)
+        return ()
+    return () if reason is None else (reason,)
+
+
+def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
+    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
+    shape = tuple(int(n) for n in block_mask.shape)
+    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
+        return None
+    cells = np.full(shape, "-", dtype="<U1")
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)
+        n_q, n_kv = mask.shape[1:]
+        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
+    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
+    return Selection(shape, rows)
 
 
 def _check_grads(manifest: Mapping[str, Any], grads: Mapping[str, np.ndarray] | None) -> None:

@@ -1,7 +1,7 @@
 """The built-in reference device: plays the NPU so the whole pipeline runs without hardware.
 
 Its results are a *reference*, never device results. It follows the A2/A3 kernel's precision path
-(DOMAIN.md section 2) exactly, with its own tiling and summation order, distinct from
+(docs/operator.md section 2) exactly, with its own tiling and summation order, distinct from
 `golden.backward_kernel`:
 
 * kv-block major, as a FlashAttention-2 style backward: for each kv head and each kv block it gathers
@@ -27,8 +27,12 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,10 @@ __all__ = [
     "emulate",
     "emulate_case_dir",
     "fault_applies",
+    "fault_condition",
+    "fault_not_applied",
+    "reporting",
+    "estimate_seconds",
 ]
 
 STATUS_FILE = "status.txt"
@@ -78,6 +86,55 @@ FAULTS: dict[str, str] = {
 selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
 
 _LOG2E = np.float32(math.log2(math.e))
+
+REFERENCE_FLOPS_PER_SECOND = 2.0e9
+"""Backward FLOPs per second of the reference device on the 2-core development machine (measured 2.1-3.6
+GFLOP/s on 2k-4k token cases, kv-block-major with per-pair dK/dV partials; the low end, for estimates)."""
+
+
+def estimate_seconds(flops_backward: float) -> float:
+    """Return the reference device's estimated seconds for a case of `flops_backward` backward FLOPs."""
+    return flops_backward / REFERENCE_FLOPS_PER_SECOND
+
+
+# ---- progress ---------------------------------------------------------------------------------------
+
+_REPORTERS: list[Callable[[str, float], None]] = []
+_REPORTERS_LOCK = threading.Lock()
+PROGRESS_INTERVAL_S = 0.25
+"""Least time between two progress calls of one case (the first and the last always come)."""
+
+
+@contextmanager
+def reporting(callback: Callable[[str, float], None]) -> Iterator[None]:
+    """While the block runs, every `emulate` call (in any thread) calls `callback(case name, fraction done)`
+    as its kv blocks are done (at most every PROGRESS_INTERVAL_S), so a long case shows its progress."""
+    with _REPORTERS_LOCK:
+        _REPORTERS.append(callback)
+    try:
+        yield
+    finally:
+        with _REPORTERS_LOCK:
+            _REPORTERS.remove(callback)
+
+
+class _Ticker:
+    """Counts a case's selected (query head, query block, kv block) pairs as they are done."""
+
+    def __init__(self, name: str, total: int) -> None:
+        with _REPORTERS_LOCK:
+            self.callbacks = list(_REPORTERS)
+        self.name, self.total, self.done, self.last = name, max(total, 1), 0, 0.0
+
+    def add(self, pairs: int) -> None:
+        if not self.callbacks:
+            return
+        self.done += pairs
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_INTERVAL_S or self.done >= self.total:
+            self.last = now
+            for callback in self.callbacks:
+                callback(self.name, min(self.done / self.total, 1.0))
 
 
 # ---- interface checks -----------------------------------------------------------------------------
@@ -167,6 +224,35 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
     return False
 
 
+def fault_condition(name: str) -> str:
+    """Return when fault `name` changes a case's outputs, in words ("applies when ...")."""
+    if name == "drop-tail-block":
+        return "applies when a partial tail block (Skv % Y != 0, or else Sq % X != 0) is selected"
+    match = re.search(r"[(;] ?(applies [^)]*)\)", FAULTS[name])
+    if match:
+        return match.group(1)
+    if name == "nan-row":
+        return "applies to every case with a query row"
+    return "applies when at least one block is selected"
+
+
+def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None) -> str | None:
+    """Return why fault `name` leaves the outputs of `case` as the clean reference's, or None if it applies.
+
+    The sentence is meant for reports: a case that passes with a planted fault it could not carry must
+    not read as a fault the comparator missed.
+
+    Raises:
+        ValueError: an unknown fault.
+    """
+    if fault_applies(name, case, block_mask):
+        return None
+    return (
+        f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
+        "computed it without the fault"
+    )
+
+
 def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
     """Say whether some kv block of a batch entry is selected by two or more (query head, query block) pairs."""
     mask = mask_view(case, block_mask, span)
@@ -229,6 +315,7 @@ def _sequence_grads(
     fault: str | None,
     order: np.random.Generator | None,
     lost_update: list[bool],
+    ticker: _Ticker | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major.
 
@@ -263,6 +350,8 @@ def _sequence_grads(
                 # no-gqa-sum: only the first query head of the group reaches dK and dV.
                 in_sum = members[tile] == 0 if fault == "no-gqa-sum" else np.ones(len(rows), dtype=bool)
                 partials += _tile_grads(seq, rows, in_sum, kv_head, cols, case, fault, dq)
+            if ticker is not None:
+                ticker.add(int(members.size))
             sequence = list(range(len(partials)) if order is None else order.permutation(len(partials)))
             if fault == "race-lost-update" and lost_update and len(sequence) >= 2:
                 lost_update.pop()
@@ -353,12 +442,13 @@ def emulate(
     dq = np.zeros(case.q_shape, dtype=np.float32)
     dk = np.zeros(case.kv_shape, dtype=np.float32)
     dv = np.zeros(case.kv_shape, dtype=np.float32)
-    for span in case.spans():
-        if span.q_len == 0 or span.kv_len == 0:
-            continue
+    spans = [span for span in case.spans() if span.q_len and span.kv_len]
+    masks = {span.batch: _effective_mask(case, block_mask, span, fault) for span in spans}
+    ticker = _Ticker(case.name, sum(int(np.count_nonzero(m)) for m in masks.values())) if _REPORTERS else None
+    for span in spans:
         seq = _load_sequence(case, tensors, span)
-        mask = _effective_mask(case, block_mask, span, fault)
-        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order, lost_update)
+        mask = masks[span.batch]
+        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order, lost_update, ticker)
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq

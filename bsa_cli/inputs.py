@@ -186,7 +186,7 @@ def mask_counts(case: Case, mask: np.ndarray) -> MaskCounts:
 def mask_stats(case: Case, mask: np.ndarray) -> dict[str, float | int]:
     """Return selected blocks, density and FLOPs of a case, counting only real rows and columns.
 
-    FLOPs follow DOMAIN.md section 6: forward 4*rows*cols*D, backward 10*rows*cols*D per selected pair.
+    FLOPs follow docs/operator.md section 6: forward 4*rows*cols*D, backward 10*rows*cols*D per selected pair.
     """
     counts = mask_counts(case, mask)
     d = case.head_dim

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -63,3 +64,20 @@ jobs_option = jobs_option_for(
     "Processes, across cases or across kv-head groups of one large case; auto: one per CPU when the "
     "estimated work is a few seconds or more, else one."
 )
+
+
+def report_options(func: Any) -> Any:
+    """Add --json, --junit, --html and --csv (report files; their folders are created) to a command."""
+    options = [
+        click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Write everything measured as JSON (schema bsa-compare/1)."),
+        click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Write a JUnit XML report (one testcase per case; says when results are reference ones)."),
+        click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Write a self-contained HTML report with pictures of every failing tensor."),
+        click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False),
+                     help="Write msprobe's compare CSV (one row per tensor) with bsa's verdict columns."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func

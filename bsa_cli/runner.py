@@ -620,7 +620,7 @@ def _check_outputs(staging: Path, manifest: Mapping[str, Any], attempt: _Attempt
 
 
 ATOMIC_OUTPUTS = ("dk", "dv")
-"""Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (DOMAIN.md section 2)."""
+"""Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2)."""
 
 
 def _differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:

@@ -1,6 +1,6 @@
 """Cost estimates for cases, and balanced shards of a suite for CI matrices.
 
-Costs come from the exact FLOP count of a case's selected blocks (DOMAIN.md section 6) and the byte size
+Costs come from the exact FLOP count of a case's selected blocks (docs/operator.md section 6) and the byte size
 of its arrays; the time rate is a conservative figure for the 2-core development machine, measured with
 `benchmarks/golden_speed.py`.
 """

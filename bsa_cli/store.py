@@ -370,6 +370,9 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
     name = manifest.get("name")
     if not isinstance(name, str) or not name:
         raise DataError(where, f"name {_show(name)} is not a non-empty string")
+    if not is_case_name(name):
+        raise DataError(where, f"name {_show(name)} cannot name a case: one visible folder name ('.' and '..', "
+                        f"a leading '.', '/' and names over {MAX_NAME_BYTES} bytes are not)")  # fmt: skip
     for key in ("params", "expect"):
         if not isinstance(manifest.get(key), dict):
             raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")

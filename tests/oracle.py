@@ -4,7 +4,7 @@ Written differently from `bsa_cli.golden` on purpose: dense [Sq, Skv] matrices p
 element mask built by repeating the block mask, and batch entries located from the case's lengths by
 this module's own arithmetic (not `layout.py`). Two references:
 
-* a dense float64 NumPy formula (forward: masked softmax; backward: DOMAIN.md section 1 on the GIVEN
+* a dense float64 NumPy formula (forward: masked softmax; backward: docs/operator.md section 1 on the GIVEN
   out and lse);
 * a PyTorch float64 autograd peer (masked scores, softmax, matmul, `.backward(dout)`), whose gradients
   come from its own forward, plus `sdpa_sequence` for unmasked or causal attention.
@@ -266,7 +266,7 @@ def kernel_emulation_sequence(
     scale: float,
     io_dtype: np.dtype,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return dq, dk, dv (io_dtype) by DOMAIN.md section 2 on dense fp32 matrices, head by head."""
+    """Return dq, dk, dv (io_dtype) by docs/operator.md section 2 on dense fp32 matrices, head by head."""
     heads, kv_heads = query.shape[0], key.shape[0]
     group = heads // kv_heads
 

@@ -107,7 +107,10 @@ def test_usage_errors_exit_2_with_one_error_line(out, args, message):
 def test_a_folder_without_cases_is_a_usage_error(tmp_path):
     result = invoke(tmp_path)
     assert result.exit_code == 2
-    assert result.stderr == f"Error: {tmp_path}: no case directories (*/case.json) here; write them with `bsa gen`\n"
+    assert result.stderr == (
+        f"Error: {tmp_path}: no case directories (*/case.json) here or up to 3 folders below; write them with "
+        "`bsa gen SPECS -o OUT` and compare OUT\n"
+    )
     result = invoke(tmp_path / "nope")
     assert result.stderr == f"Error: {tmp_path / 'nope'}: no such directory\n"
 
@@ -150,10 +153,24 @@ def test_report_files_and_merge_of_shards(out, tmp_path):
     assert bad.exit_code == 2 and bad.stderr.startswith(f"Error: {tmp_path / 'bad.json'}: not valid JSON")
 
 
-def test_unwritable_report_is_a_usage_error(out, tmp_path):
-    result = invoke(out, "--json", tmp_path / "no" / "such" / "dir" / "r.json")
-    assert result.exit_code == 2
-    assert result.stderr.startswith(f"Error: cannot write --json {tmp_path}/no/such/dir/r.json: ")
+def test_unwritable_report_is_a_usage_error_before_any_case_is_judged(out, tmp_path):
+    (tmp_path / "file").write_text("")
+    result = invoke(out, "--html", tmp_path / "ok.html", "--json", tmp_path / "file" / "dir" / "r.json")
+    assert result.exit_code == 2 and result.stdout == ""  # nothing judged
+    assert result.stderr.startswith(f"Error: --json {tmp_path}/file/dir/r.json: cannot create folder {tmp_path}/file")
+    assert not (tmp_path / "ok.html").exists()
+    folder = invoke(out, "--junit", tmp_path)
+    assert folder.exit_code == 2 and "is a directory" in folder.stderr  # click's own check
+    same = invoke(out, "--junit", tmp_path / "r.x", "--html", tmp_path / "r.x")
+    assert same.exit_code == 2 and "is also the --junit report" in same.stderr
+
+
+def test_report_folders_are_created(out, tmp_path):
+    paths = {flag: tmp_path / "new" / flag.strip("-") / f"r.{flag.strip('-')}" for flag in
+             ("--json", "--junit", "--html", "--csv")}  # fmt: skip
+    result = invoke(out, *(x for flag, path in paths.items() for x in (flag, path)))
+    assert result.exit_code == 0, result.output
+    assert all(path.is_file() and path.stat().st_size for path in paths.values())
 
 
 def test_verbose_shows_every_metric(out):

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -460,6 +461,23 @@ def test_ulp_error_uses_the_golden_ulp_in_the_case_dtype():
     assert compare.ulp_error(1.0 + 2**-10, 1.0, "float16") == 1.0
     assert compare.ulp_error(0.5 + 2**-9, 0.5, "bfloat16") == 0.5
     assert compare.ulp_error(2.0**-20, 0.0, "float16") == 16.0  # subnormal spacing 2^-24
+    assert compare.ulp_error(2.0**-20, 0.0, "float16", err_thd=2.0**-11) == 2.0  # in ULPs of err_thd: 2^-21
+
+
+def test_ulp_figures_of_a_golden_that_cancelled_to_zero_stay_finite_sized_in_bf16():
+    """A bf16 golden of 0 (a sum that cancelled) has an ULP of 2^-133: counted there, an ordinary 2^-22
+    rounding error read 2.2e+33 ULP on a passing dq. Below err_thd the unit is the ULP of err_thd."""
+    case = make_case("u", dtype="bfloat16", num_heads=1, num_kv_heads=1, q_seq_len=16, kv_seq_len=16, head_dim=16,
+                     block_shape=(16, 16))  # fmt: skip
+    rng = np.random.default_rng(1)
+    gold = {n: (rng.random((1, 1, 16, 16)) + 0.5).astype(np.float32) for n in ("dq", "dk", "dv")}
+    gold["dq"][0, 0, 5, 5] = 0.0
+    device = {n: g.astype(ml_dtypes.bfloat16) for n, g in gold.items()}
+    device["dq"][0, 0, 5, 5] = 2.0**-22
+    dq = synthetic(case, gold, device)["dq"]
+    assert compare._ulp_floor("bfloat16", 2.0**-8) == 2.0**-8
+    assert compare.ulp_error(2.0**-22, 0.0, "bfloat16", 2.0**-8) == 2.0**-7  # ULPs of err_thd (2^-15)
+    assert dq.device.ulp_max <= 0.5 and dq.device.ulp_histogram[2] == 0  # was 2^111 ULP
 
 
 @pytest.mark.parametrize(
@@ -770,6 +788,7 @@ def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
     return failures
 
 
+@pytest.mark.slow  # 30 s: the 50-seed sweep covers it; the fast loop keeps the per-fault tests
 def test_edge_suite_clean_outputs_pass_one_seed(tmp_path):
     assert _edge_sweep(tmp_path, range(100, 101)) == []
 

@@ -1,6 +1,6 @@
 """The golden of every case of cases/edge.yaml against independent oracles.
 
-Two peers, written differently from golden.py: the dense float64 formula of DOMAIN.md section 1
+Two peers, written differently from golden.py: the dense float64 formula of docs/operator.md section 1
 (tests/oracle.py, full element masks, from the rounded out and lse that `bsa gen` writes), and PyTorch
 float64 autograd of masked attention (which knows nothing of block masks, out or lse: it differentiates
 the forward itself, so the golden is fed the unrounded float64 forward for that comparison).
@@ -55,6 +55,7 @@ def test_gen_golden_matches_the_dense_float64_formula(case) -> None:
     np.testing.assert_allclose(got_lse[finite], lse[finite], rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow  # 40 s over the suite; the fast loop keeps the dense float64 oracle above
 @pytest.mark.parametrize("case", EDGE, ids=lambda c: c.name)
 def test_golden_matches_torch_autograd(case) -> None:
     tensors = make_tensors(case)

@@ -91,7 +91,7 @@ def dense_forward(case: Case, query, key, value, block_mask) -> tuple[np.ndarray
 
 
 def dense_backward(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Dense float64 backward from the given out and lse (DOMAIN.md section 1)."""
+    """Dense float64 backward from the given out and lse (docs/operator.md section 1)."""
     dq = np.zeros(case.q_shape)
     dk = np.zeros(case.kv_shape)
     dv = np.zeros(case.kv_shape)
@@ -118,7 +118,7 @@ def dense_backward(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.n
 
 
 def dense_kernel_path(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Dense fp32 backward on the kernel's precision path (DOMAIN.md section 2), in the case dtype."""
+    """Dense fp32 backward on the kernel's precision path (docs/operator.md section 2), in the case dtype."""
     io_dtype = numpy_dtype(case.dtype)
     scale = np.float32(case.kernel_scale)
     grads = {"dq": np.zeros(case.q_shape, np.float32), "dk": np.zeros(case.kv_shape, np.float32)}

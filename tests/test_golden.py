@@ -416,7 +416,7 @@ def test_forward_backward_gradients_are_the_golden_backward_of_the_rounded_forwa
     t = make_inputs(case, seed=18, density=0.6)
     out_io, lse32, *grads32 = fused(case, t, np.float32)
     grads64 = fused(case, t, np.float64)[2:]
-    reference = golden_grads(case, t, out_io, lse32, np.float64)  # DOMAIN.md section 1 on the GIVEN out and lse
+    reference = golden_grads(case, t, out_io, lse32, np.float64)  # docs/operator.md section 1 on the GIVEN out and lse
     standalone32 = golden_grads(case, t, out_io, lse32, np.float32)
     for name, g32, g64, ref, s32 in zip(("dq", "dk", "dv"), grads32, grads64, reference, standalone32, strict=True):
         assert g32.dtype == np.float32 and g64.dtype == np.float64

@@ -469,6 +469,9 @@ TRIALS = [
     Trial("params-lengths-string", _manifest(_set("params.actual_seq_lengths", "abc"), "compare"), 3,
           "params.actual_seq_lengths"),
     Trial("name-not-string", _manifest(_set("name", {"x": 1})), 3, "name {'x': 1} is not a non-empty string"),
+    Trial("name-climbs-export", lambda b: (b.edit(lambda m: m.update(name="../../victim/x")),
+                                           ["export", str(b.out), "--format", "atk", "-o", str(b.out / "ex")])[1],
+          2, "cannot name a case"),
     Trial("record-hostile-compare", _case_file(lambda c, b: (c / "outputs").mkdir(exist_ok=True) or (
         c / "outputs" / "run.json").write_text(json.dumps({"case": "p", "outcome": "crashed", "problems": 7,
                                                            "repeat": []})), "compare"), 3, "not a run record"),

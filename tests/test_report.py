@@ -145,14 +145,16 @@ def test_terminal_output_is_plain_text_without_a_tty():
 CASE_KEYS = {
     "name", "case_dir", "output_dir", "verdict", "spec", "device", "standard", "settings", "dtype", "layout",
     "expect_status", "status", "status_message", "checks", "tensors", "errors", "output_bytes", "seconds",
-    "message", "deciding",
+    "device_kind", "fault", "binary_sha256", "notes", "selection", "message", "headline", "deciding",
 }  # fmt: skip
 TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
-               "extra", "passed"}  # fmt: skip
+               "extra", "ulp_chart", "golden_dtype", "passed"}  # fmt: skip
 STATS_KEYS = {
     "count", "max_abs_err", "mean_abs_err", "rmse", "max_rel_err", "mean_rel_err", "large_count", "small_value_count",
     "small_value_err_count", "nan_count", "inf_count", "nonfinite_mismatch", "mare", "mere", "cosine",
     "mismatch_count", "mismatch_ratio", "ulp_max", "ulp_mean", "ulp_histogram", "msopst_err_count", "msopst_max_err",
+    "thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean", "value_l2norm",
+    "golden_max", "golden_min", "golden_mean", "golden_l2norm",
 }  # fmt: skip
 
 
@@ -168,7 +170,7 @@ def test_json_schema_is_stable():
     assert set(tensor_data) == TENSOR_KEYS
     assert set(tensor_data["device"]) == STATS_KEYS
     assert set(tensor_data["hot_blocks"][0]) == {"batch", "head", "block", "rows", "score", "rmse", "rmse_benchmark",
-                                                 "max_abs_err", "tile", "tile_ratio"}  # fmt: skip
+                                                 "max_abs_err", "tile", "tile_ratio", "tiles"}  # fmt: skip
     assert set(tensor_data["worst"][0]) == {"index", "coords", "block", "device", "golden", "benchmark", "abs_err",
                                             "ulp"}  # fmt: skip
     assert set(tensor_data["block_map"]) == {"axis", "block_size", "rmse", "rmse_benchmark", "max_abs_err", "score"}
@@ -265,8 +267,7 @@ def test_junit_escapes_control_characters_from_device_messages():
 def test_html_is_self_contained_and_lists_every_case():
     page = report.html_report(sample_suite())
     assert page.startswith("<!DOCTYPE html>")
-    for tag in ("<script", "<link", "src=", "http://", "https://"):
+    for tag in ("<script", "<link", "src=", "http://", "https://", "@import", "url(http"):
         assert tag not in page
     for name in ("edge-tail", "edge-tile", "edge-missing", "neg-dtype"):
-        assert f'id="{name}"' in page
-    assert "class=map" in page and "rgb(255,0,0)" in page  # the hot block at the limit is red
+        assert f'id="case-{name}"' in page

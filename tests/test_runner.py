@@ -122,7 +122,8 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
     assert record["binary"]["sha256"] == runner.sha256_file(binary)
     assert record["env"] == {"ASCEND_DEVICE_ID": "3"}
     assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(outputs / "dq.bin")
-    assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": []}
+    assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": [], "noise": {},
+                                "seed": None}  # fmt: skip
     assert record["started"] <= record["finished"]
     manifest = json.loads((case_dir / "case.json").read_text())
     assert record["inputs"] == {name: entry["sha256"] for name, entry in manifest["inputs"].items()}
@@ -272,14 +273,15 @@ def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
 
     steady, racy = summary.results
     assert steady.outcome == "ok"
-    assert read_record(steady)["repeat"] == {"count": 3, "completed": 3, "identical": True, "differences": []}
+    assert read_record(steady)["repeat"] == {"count": 3, "completed": 3, "identical": True, "differences": [],
+                                             "noise": {}, "seed": None}  # fmt: skip
     assert racy.outcome == "nondeterministic"
     assert "dq not bitwise identical: run 2 differs from run 1 in" in racy.problems[0]
     record = read_record(racy)
     assert record["repeat"]["identical"] is False
     first_diff = record["repeat"]["differences"][0]
     assert first_diff["run"] == 2 and first_diff["output"] == "dq" and first_diff["total"] == 1024
-    assert 0 < first_diff["elements"] <= 1024
+    assert 0 < first_diff["elements"] <= 1024 and first_diff["matters"] and first_diff["max_ulp"] > 0
     assert len(record["runs"]) == 3
     assert record["runs"][1]["outputs"]["dq"]["sha256"] != record["runs"][0]["outputs"]["dq"]["sha256"]
     assert record["env"] == {"ASCEND_DEVICE_ID": "0"}

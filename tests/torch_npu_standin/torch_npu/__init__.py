@@ -21,7 +21,7 @@ Strict where the real binding is (read in github.com/Ascend/op-plugin, master 51
   failed, error code is 161002 ...".
 
 The gradients are computed here, in torch, independently of bsa's golden and reference device, along the
-A2/A3 kernel's precision path (DOMAIN.md section 2): fp32 scores times the fp32 scale, P32 = exp(S - lse),
+A2/A3 kernel's precision path (docs/operator.md section 2): fp32 scores times the fp32 scale, P32 = exp(S - lse),
 P16 and dS16 casts to the input dtype, Dsum = rowsum(dout * out) in fp32, fp32 accumulation of dV += P16^T
 dout, dQ += dS16 K, dK += dS16^T Q, dQ and dK times the fp32 scale at the end. BNSD computes over the full
 S, whatever the lengths (as the A2/A3 code does); TND lengths are read per batch (A2/A3) or as cumulative

@@ -1,0 +1,39 @@
+"""`bsa export`: write generated cases as msOpST or ATK test cases that point at their .bin files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from . import output
+from .cli import UserError, main
+from .errors import BsaError
+from .export import FORMATS, export_cases
+
+
+@main.command("export")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
+              help="msopst: MindStudio msOpST test-case JSON; atk: ops-transformer ATK-style case JSON.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Folder for the case files (created).")
+@click.option("--filter", "filters", multiple=True, metavar="GLOB", help="Only cases whose name matches (repeatable).")
+def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tuple[str, ...]) -> None:
+    """Write each case under PATHS (folders written by `bsa gen`) as an msOpST or ATK test case.
+
+    The cases point at the .bin files `bsa gen` wrote (absolute paths): move or delete those and the
+    exported cases break. msOpST cases get their expected outputs from bsa's golden through
+    bsa_msopst_expect.py, written beside them. docs/export.md lists every field and how it is filled.
+    """  # fmt: skip
+    from .cli_compare import select_cases_or_suites
+
+    case_dirs = select_cases_or_suites(paths, filters)
+    try:
+        written = export_cases(case_dirs, fmt, out_dir)
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:
+        raise UserError(f"cannot write in {out_dir}: {exc.strerror or exc}") from None
+    output.stdout.print(f"exported {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''} as {fmt} into "
+                        f"{out_dir} ({len(written)} files)", markup=False, soft_wrap=True)  # fmt: skip

@@ -1,0 +1,256 @@
+"""Write generated cases in the ecosystem's test-case formats: msOpST and ATK, pointing at the case's .bin files.
+
+Both formats describe one call of aclnnBlockSparseAttentionGrad: its tensors (dtype, shape, where the data
+is), its attributes, and what to expect. Every field bsa fills, and how, is in docs/export.md.
+
+* msOpST (MindStudio op system test): a JSON list holding one case, `case_name`, `op`, `input_desc`,
+  `output_desc`, `attr`, `expect`, `error_threshold`, and `calc_expect_func_file`, a function of the
+  Python module `bsa_msopst_expect.py` written beside the cases that returns the case's golden
+  dq, dk, dv, so msOpST judges the device against bsa's golden.
+* ATK (the ops-transformer test kit's case JSON): `id`, `name`, `aclnn_name`, `api_type`, `standard`,
+  `inputs` (tensors and attributes), `outputs`, `default_seed`; each tensor names its .bin file.
+
+Nothing here judges or runs anything; `export_cases` reads manifests and writes JSON (and the expect module).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import interface
+from .compare import case_settings
+from .errors import DataError
+from .manifest import GRAD_NAMES, case_from_manifest
+from .report.files import write_text_atomic
+from .store import iter_entries, load_manifest, read_array
+
+FORMATS = ("msopst", "atk")
+OP_TYPE = "BlockSparseAttentionGrad"
+ACLNN_NAME = "aclnnBlockSparseAttentionGrad"
+EXPECT_MODULE = "bsa_msopst_expect.py"
+
+INPUT_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask")
+"""The operator's tensor arguments, in its order, by manifest name."""
+OP_NAMES = {
+    "dout": "dout", "query": "query", "key": "key", "value": "value", "attention_out": "attentionOut",
+    "softmax_lse": "softmaxLse", "block_sparse_mask": "blockSparseMask", "atten_mask": "attenMask",
+    "dq": "dq", "dk": "dk", "dv": "dv",
+}  # fmt: skip
+"""Manifest names -> the aclnn interface's argument names."""
+REQUIRED = {"atten_mask": False}
+
+
+def _attributes(params: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
+    """Return the call's attributes as (aclnn name, type, value), lengths as every caller passes them."""
+    q_lengths, kv_lengths = interface.call_lengths(params)
+    block_shape = params.get("block_shape")
+    return [
+        ("blockShape", "list_int", list(block_shape) if block_shape is not None else None),
+        ("actualSeqLengths", "list_int", q_lengths),
+        ("actualSeqLengthsKv", "list_int", kv_lengths),
+        ("qInputLayout", "string", params.get("layout")),
+        ("kvInputLayout", "string", params.get("kv_layout", params.get("layout"))),
+        ("numKeyValueHeads", "int", params.get("num_kv_heads")),
+        ("maskType", "int", params.get("mask_type", 0)),
+        ("scaleValue", "double", params.get("scale")),
+        ("preTokens", "int", params.get("pre_tokens")),
+        ("nextTokens", "int", params.get("next_tokens")),
+    ]
+
+
+def _tensors(manifest: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """Return the input entries the call passes, in the operator's order (a null tensor is absent)."""
+    inputs = dict(iter_entries(manifest, "inputs"))
+    return [(name, inputs[name]) for name in INPUT_ORDER if name in inputs]
+
+
+def _value_range(case_dir: Path, entry: Mapping[str, Any]) -> list[float] | None:
+    """Return [min, max] of a tensor's finite values (read from its .bin), None when it holds none."""
+    values = np.asarray(read_array(case_dir, entry), dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        return None
+    return [_number(float(finite.min())), _number(float(finite.max()))]
+
+
+def _number(value: float) -> float | int:
+    """A JSON-friendly number: integers plainly, floats with 7 significant digits."""
+    return int(value) if float(value).is_integer() else float(f"{value:.7g}")
+
+
+def _function_name(case_name: str) -> str:
+    return "expect_" + re.sub(r"\W", "_", case_name)
+
+
+def msopst_case(case_dir: Path, manifest: Mapping[str, Any], expect_module: Path) -> list[dict[str, Any]]:
+    """Return the msOpST test-case JSON (a list of one case) of a generated case."""
+    case_dir = Path(case_dir).resolve()
+    params = manifest["params"]
+    inputs = []
+    for name, entry in _tensors(manifest):
+        inputs.append({
+            "name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"]),
+            "value": str(case_dir / entry["file"]),
+        })  # fmt: skip
+    outputs = [
+        {"name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"])}
+        for name, entry in iter_entries(manifest, "outputs")
+    ]
+    attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(params)]
+    expect = manifest.get("expect") or {}
+    ok = expect.get("status", 0) == 0
+    document: dict[str, Any] = {
+        "case_name": re.sub(r"\W", "_", str(manifest["name"])),
+        "op": OP_TYPE,
+        "input_desc": inputs,
+        "output_desc": outputs,
+        "attr": attrs,
+        "expect": "success" if ok else "failed",
+        "error_threshold": _error_threshold(manifest),
+    }
+    if ok and manifest.get("golden"):
+        document["calc_expect_func_file"] = f"{expect_module}:{_function_name(str(manifest['name']))}"
+    return [document]
+
+
+def _error_threshold(manifest: Mapping[str, Any]) -> list[float]:
+    """msOpST's [diff_thd, pct_thd]: the case's own when it is judged by allclose:msopst, else msOpST's default."""
+    settings = (manifest.get("compare") or {}).get("thresholds") or {}
+    return [float(settings.get("diff_thd", 0.01)), float(settings.get("pct_thd", 0.05))]
+
+
+ATK_STANDARD_KEYS = {
+    "mare_ratio": "max_re_ratio",
+    "mere_ratio": "avg_re_ratio",
+    "rmse_ratio": "root_mean_squared_ratio",
+}
+"""bsa's double-benchmark limits -> ATK's cv_fused_double_benchmark keys."""
+
+
+def atk_case(case_dir: Path, manifest: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """Return the ATK-style case JSON of a generated case (`index`: its id in the export)."""
+    case_dir = Path(case_dir).resolve()
+    case = case_from_manifest(manifest)
+    params = manifest["params"]
+    inputs: list[dict[str, Any]] = []
+    for name, entry in _tensors(manifest):
+        inputs.append({
+            "name": OP_NAMES[name], "type": "tensor", "required": REQUIRED.get(name, True), "dtype": entry["dtype"],
+            "shape": list(entry["shape"]), "range_values": _value_range(case_dir, entry),
+            "bin_file": str(case_dir / entry["file"]),
+        })  # fmt: skip
+    for name, kind, value in _attributes(params):
+        inputs.append({"name": name, "type": "attr", "required": True, "dtype": kind, "value": value})
+    golden = dict(iter_entries(manifest, "golden"))
+    outputs = []
+    for name, entry in iter_entries(manifest, "outputs"):
+        output: dict[str, Any] = {"name": OP_NAMES[name], "type": "tensor", "dtype": entry["dtype"],
+                                  "shape": list(entry["shape"])}  # fmt: skip
+        if name in golden:
+            output["golden_file"] = str(case_dir / golden[name]["file"])
+            output["golden_dtype"] = golden[name]["dtype"]
+        outputs.append(output)
+    expect = manifest.get("expect") or {"status": 0, "name": "ACLNN_SUCCESS"}
+    return {
+        "id": index,
+        "name": str(manifest["name"]),
+        "aclnn_name": ACLNN_NAME,
+        "api_type": "aclnn",
+        "standard": _atk_standard(case) if expect.get("status", 0) == 0 else {},
+        "inputs": inputs,
+        "outputs": outputs,
+        "default_seed": int((manifest.get("generator") or {}).get("seed", case.seed)),
+        "expect": {"status": expect.get("status", 0), "name": expect.get("name")},
+    }
+
+
+def _atk_standard(case: Any) -> dict[str, Any]:
+    """The case's own standard in ATK's words: cv_fused_double_benchmark for double-benchmark, else bsa's."""
+    settings = case_settings(case)
+    thresholds = {key: _json_float(value) for key, value in settings.thresholds.items()}
+    if settings.standard == "double-benchmark":
+        limits = {atk: thresholds[bsa] for bsa, atk in ATK_STANDARD_KEYS.items()}
+        return {"acc": {"cv_fused_double_benchmark": limits}}
+    return {"acc": {"bsa": {"standard": settings.label, "thresholds": thresholds}}}
+
+
+def _json_float(value: float) -> float | str:
+    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
+
+
+def expect_module(manifests: Sequence[tuple[Path, Mapping[str, Any]]]) -> str:
+    """Return the Python module msOpST calls for each case's expected dq, dk, dv (the golden, cast to the
+    output dtype), one function per case."""
+    lines = [
+        '"""Expected outputs of bsa cases for msOpST: each function returns the golden dq, dk, dv of one case.',
+        "",
+        "Written by `bsa export --format msopst`; the golden .bin files stay where `bsa gen` wrote them.",
+        '"""',
+        "",
+        "import numpy as np",
+        "",
+        "try:",
+        "    from ml_dtypes import bfloat16",
+        "except ImportError:  # only bfloat16 cases need it",
+        "    bfloat16 = None",
+        "",
+        "",
+        "def _load(path, dtype, shape, out_dtype):",
+        "    values = np.fromfile(path, dtype=dtype).reshape(shape)",
+        "    if out_dtype == 'bfloat16':",
+        "        return values.astype(bfloat16)",
+        "    return values.astype(out_dtype)",
+    ]
+    for case_dir, manifest in manifests:
+        if (manifest.get("expect") or {}).get("status", 0) != 0 or not manifest.get("golden"):
+            continue
+        golden = dict(iter_entries(manifest, "golden"))
+        outputs = dict(iter_entries(manifest, "outputs"))
+        lines += ["", "", f"def {_function_name(str(manifest['name']))}(*inputs, **attrs):", "    return ["]
+        for name in GRAD_NAMES:
+            entry = golden[name]
+            path = str(Path(case_dir).resolve() / entry["file"])
+            lines.append(f"        _load({path!r}, {entry['dtype']!r}, {list(entry['shape'])!r}, "
+                         f"{outputs[name]['dtype']!r}),")  # fmt: skip
+        lines.append("    ]")
+    return "\n".join(lines) + "\n"
+
+
+def export_cases(case_dirs: Sequence[Path], fmt: str, out_dir: Path) -> list[Path]:
+    """Write every case in `fmt` ("msopst" or "atk") into `out_dir`; return the files written.
+
+    Files: `<case>.msopst.json` (and `bsa_msopst_expect.py`) or `<case>.atk.json`.
+
+    Raises:
+        ValueError: an unknown format.
+        DataError: a case's manifest or input file is missing or malformed.
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    manifests = [(Path(case_dir), load_manifest(Path(case_dir))) for case_dir in case_dirs]
+    written = []
+    expect_path = (out_dir / EXPECT_MODULE).resolve()
+    for index, (case_dir, manifest) in enumerate(manifests, start=1):
+        try:
+            if fmt == "msopst":
+                document: Any = msopst_case(case_dir, manifest, expect_path)
+            else:
+                document = atk_case(case_dir, manifest, index)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise DataError(str(case_dir / "case.json"), f"cannot export: {type(exc).__name__}: {exc}") from None
+        path = out_dir / f"{manifest['name']}.{fmt}.json"
+        write_text_atomic(path, json.dumps(document, indent=2) + "\n")
+        written.append(path)
+    if fmt == "msopst":
+        write_text_atomic(expect_path, expect_module(manifests))
+        written.append(expect_path)
+    return written

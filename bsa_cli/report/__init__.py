@@ -1,0 +1,51 @@
+"""Render comparison results for people and tools: terminal, JSON, JUnit, HTML (with SVG pictures), CSV.
+
+Every report works from the result dataclasses of `compare.py`; JSON is their faithful image, so shards
+judged in separate CI jobs merge into one `SuiteResult` that renders exactly like a local run.
+
+Modules: `document` (JSON, merging), `terminal`, `junit`, `page` (HTML) with `svg` (its pictures),
+`msprobe_csv` (msprobe's compare CSV), `header` (date, version, host, folders), `formatting` (shared words
+and numbers), `files` (report paths checked up front, atomic writes).
+"""
+
+from __future__ import annotations
+
+from . import msprobe_csv
+from .document import SCHEMA, case_document, from_document, merge, to_document, write_json
+from .files import ReportPathError, prepare_report_paths, write_text_atomic
+from .formatting import summary_line
+from .header import ReportHeader, report_header
+from .junit import case_report_text, junit_xml, testcase_id, write_junit
+from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, csv_text, write_csv
+from .page import html_report, write_html
+from .terminal import render_terminal
+
+_case_report_text = case_report_text  # the name api.py imports
+
+__all__ = [
+    "MSPROBE_COLUMNS",
+    "SCHEMA",
+    "ReportHeader",
+    "ReportPathError",
+    "case_document",
+    "case_report_text",
+    "csv_rows",
+    "csv_text",
+    "from_document",
+    "html_report",
+    "junit_xml",
+    "merge",
+    "msprobe_csv",
+    "prepare_report_paths",
+    "render_terminal",
+    "report_header",
+    "summary_line",
+    "svg",
+    "testcase_id",
+    "to_document",
+    "write_csv",
+    "write_html",
+    "write_json",
+    "write_junit",
+    "write_text_atomic",
+]

@@ -1,0 +1,177 @@
+"""The JSON report: the faithful image of the result dataclasses, read back and merged across shards.
+
+JSON schema "bsa-compare/1" (docs/compare.md describes every key): a document is
+`{schema, tool, exit_code, summary, cases: [case...]}`; each case carries its verdict, message, headline,
+deciding check, settings, checks and errors, and per tensor the device and benchmark metrics, checks, worst
+elements, hot blocks and the per-block error map. Non-finite numbers are written as the strings
+"inf", "-inf" and "nan" (JSON has no such numbers); NaN cells of block maps as null.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import __version__
+from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
+from ..manifest import json_number
+from .files import write_text_atomic
+
+SCHEMA = "bsa-compare/1"
+"""The JSON report format; a reader refuses any other."""
+
+
+def _map_cells(array: np.ndarray) -> Any:
+    """Return a block map as nested lists, 6 significant digits, NaN as null, Inf as "inf"."""
+    if array.ndim == 0:
+        value = float(array)
+        return None if math.isnan(value) else json_number(float(f"{value:.6g}"))
+    return [_map_cells(row) for row in array]
+
+
+def _plain(value: Any) -> Any:
+    """Return `value` (dataclasses, tuples, mappings, arrays, numbers) as JSON-ready data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, np.ndarray):
+        return _map_cells(value)
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return json_number(float(value))
+    return value
+
+
+def case_document(case: CaseResult) -> dict[str, Any]:
+    """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
+    document = _plain(case)
+    document["message"] = case.message
+    document["headline"] = case.headline
+    deciding = case.deciding
+    document["deciding"] = None if deciding is None else _plain(deciding)
+    for tensor, data in zip(case.tensors, document["tensors"], strict=True):
+        data["passed"] = tensor.passed
+    return document
+
+
+def to_document(suite: SuiteResult) -> dict[str, Any]:
+    """Return the whole result as the "bsa-compare/1" JSON document."""
+    return {
+        "schema": SCHEMA,
+        "tool": {"name": "bsa", "version": __version__},
+        "exit_code": suite.return_code,
+        "summary": {
+            "cases": len(suite.cases),
+            "passed": suite.count(PASS),
+            "failed": suite.count(FAIL),
+            "errors": suite.count(ERROR),
+            "output_bytes": suite.output_bytes,
+            "seconds": round(suite.seconds, 3),
+        },
+        "cases": [case_document(c) for c in suite.cases],
+    }
+
+
+def write_json(suite: SuiteResult, path: Path) -> None:
+    """Write the JSON report to `path`."""
+    write_text_atomic(Path(path), json.dumps(to_document(suite), indent=1, allow_nan=False) + "\n")
+
+
+def _load(tp: Any, data: Any) -> Any:
+    """Build a value of type `tp` from JSON data (the inverse of `_plain`)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if data is None:
+            return None
+        return _load(args[0], data)
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object for {tp.__name__}, got {data!r}")
+        hints = typing.get_type_hints(tp)
+        kwargs = {}
+        for f in dataclasses.fields(tp):
+            if f.name in data:
+                kwargs[f.name] = _load(hints[f.name], data[f.name])
+            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{tp.__name__}: missing key {f.name!r}")
+        return tp(**kwargs)
+    if origin is tuple:
+        items = typing.get_args(tp)
+        if len(items) == 2 and items[1] is Ellipsis:
+            return tuple(_load(items[0], v) for v in data)
+        return tuple(_load(a, v) for a, v in zip(items, data, strict=True))
+    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
+        pair = typing.get_args(tp)
+        value_type = pair[1] if len(pair) == 2 else Any
+        return {k: _load(value_type, v) for k, v in data.items()}
+    if tp is np.ndarray:
+        return np.array(_cells_back(data), dtype=np.float64)
+    if tp is float:
+        return float(data)  # also "inf", "-inf", "nan"
+    if tp is int:
+        return int(data)
+    if tp in (str, bool) and not isinstance(data, tp):
+        raise ValueError(f"expected {tp.__name__}, got {type(data).__name__}")
+    return data
+
+
+def _cells_back(data: Any) -> Any:
+    if isinstance(data, list):
+        return [_cells_back(v) for v in data]
+    if data is None:
+        return math.nan
+    return float(data)
+
+
+def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteResult:
+    """Rebuild a `SuiteResult` from a JSON report.
+
+    Raises:
+        ValueError: not a "bsa-compare/1" document, or a malformed one.
+    """
+    if not isinstance(document, Mapping) or document.get("schema") != SCHEMA:
+        found = document.get("schema") if isinstance(document, Mapping) else None
+        raise ValueError(f"{origin}: schema {found!r} is not {SCHEMA!r} (write it with `bsa compare --json`)")
+    try:
+        cases = tuple(_load(CaseResult, c) for c in document["cases"])
+        seconds = float(document.get("summary", {}).get("seconds", 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+        raise ValueError(f"{origin}: malformed report ({type(exc).__name__}: {str(exc)[:200]})") from None
+    return SuiteResult(cases, seconds)
+
+
+def merge(documents: Sequence[tuple[str, Mapping[str, Any]]]) -> SuiteResult:
+    """Merge the JSON reports of several shards into one result (cases in the order given).
+
+    Raises:
+        ValueError: a document is not a valid report, or a case appears in two of them.
+    """
+    cases: list[CaseResult] = []
+    seen: dict[str, str] = {}
+    seconds = 0.0
+    for origin, document in documents:
+        suite = from_document(document, origin)
+        for case in suite.cases:
+            if case.name in seen:
+                raise ValueError(
+                    f"case {case.name!r} is in both {seen[case.name]} and {origin}: shards must not overlap"
+                )
+            seen[case.name] = origin
+            cases.append(case)
+        seconds += suite.seconds
+    return SuiteResult(tuple(cases), seconds)

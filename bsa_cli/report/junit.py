@@ -1,0 +1,144 @@
+"""The JUnit XML report: one testcase per case, named the same in every run, saying where results come from."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from ..compare import ERROR, FAIL, CaseResult, SuiteResult
+from .files import write_text_atomic
+from .formatting import fmt, is_reference, planted_fault, provenance, where
+
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    return _XML_INVALID.sub("?", text)
+
+
+def case_report_text(case: CaseResult) -> str:
+    """Return the plain-text details of one case: failed checks, worst elements, hot blocks."""
+    lines: list[str] = list(case.notes)
+    if case.verdict == ERROR:
+        lines.extend(case.errors)
+        return "\n".join(lines)
+    for check in sorted(case.all_checks, key=lambda c: -c.severity):
+        if not check.passed:
+            lines.append(f"FAIL {check.detail}")
+    for tensor in case.tensors:
+        if tensor.passed:
+            continue
+        for element in tensor.worst[:3]:
+            lines.append(
+                f"{tensor.name} worst at {where(tensor, element.coords, element.block)}: device "
+                f"{fmt(element.device, 6)}, golden {fmt(element.golden, 6)}, abs err {fmt(element.abs_err)}"
+            )
+        for hot in tensor.hot_blocks[:3]:
+            kind = "q block" if tensor.name == "dq" else "kv block"
+            tile = "" if hot.tile is None else f", worst tile s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
+            lines.append(
+                f"{tensor.name} hot {kind}: b={hot.batch} n={hot.head} {kind}={hot.block} "
+                f"rows {hot.rows[0]}-{hot.rows[1]} score {fmt(hot.score, 3)}, max abs err {fmt(hot.max_abs_err, 3)}"
+                f"{tile}"
+            )
+    return "\n".join(lines)
+
+
+def _provenance_text(case: CaseResult) -> str:
+    """The first line of a testcase's system-out: who produced the outputs (a warning for reference results)."""
+    if is_reference(case):
+        fault = planted_fault(case)
+        text = "REFERENCE RESULTS: outputs from the reference device (bsa emulate), not from hardware"
+        return text + (f"; PLANTED FAULT '{fault}'" if fault else "")
+    return f"device: {provenance(case)}"
+
+
+def _metrics_text(case: CaseResult) -> str:
+    lines = [_provenance_text(case), *case.notes, f"standard {case.standard}; status {case.status}"]
+    for tensor in case.tensors:
+        d, b = tensor.device, tensor.benchmark
+        lines.append(
+            f"{tensor.name}: max_abs_err {fmt(d.max_abs_err)} rmse {fmt(d.rmse)} "
+            f"max_rel_err {fmt(d.max_rel_err)} mean_rel_err {fmt(d.mean_rel_err)} cosine {fmt(d.cosine, 8)} "
+            f"ulp_max {fmt(d.ulp_max, 3)}"
+            + (
+                f"; benchmark rmse {fmt(b.rmse)} max_rel_err {fmt(b.max_rel_err)} mean_rel_err {fmt(b.mean_rel_err)}"
+                if b
+                else ""
+            )
+        )
+    if not case.tensors:
+        lines.append(case.message)
+    return "\n".join(lines)
+
+
+def _properties(parent: ET.Element, values: dict[str, str]) -> None:
+    properties = ET.SubElement(parent, "properties")
+    for name, value in values.items():
+        ET.SubElement(properties, "property", name=name, value=_xml_text(value))
+
+
+def _case_properties(case: CaseResult) -> dict[str, str]:
+    values = {"device": case.device or "not recorded", "reference_results": str(is_reference(case)).lower()}
+    fault = planted_fault(case)
+    if fault:
+        values["planted_fault"] = fault
+    if case.binary_sha256:
+        values["binary_sha256"] = case.binary_sha256
+    values["standard"] = case.standard
+    if case.dtype:
+        values["dtype"] = case.dtype
+    return values
+
+
+def testcase_id(case: CaseResult) -> tuple[str, str]:
+    """Return a case's (classname, name): `bsa.<spec file stem>` and the case name, whatever the verdict,
+    device, fault or shard, so CI keeps one history per case."""
+    spec = Path(case.spec).stem if case.spec else "cases"
+    return f"bsa.{spec}", case.name
+
+
+def junit_xml(suite: SuiteResult) -> str:
+    """Return a JUnit XML report: one testcase per case, <failure> for FAIL, <error> for ERROR.
+
+    Every testcase carries properties (device, reference_results, planted_fault, binary_sha256,
+    standard, dtype) and a system-out whose first line says where the outputs come from; the testsuite
+    says so too when any case holds reference results.
+    """
+    tests, failures, errors = len(suite.cases), suite.count(FAIL), suite.count(ERROR)
+    seconds = f"{sum(c.seconds for c in suite.cases):.3f}"
+    root = ET.Element("testsuites", name="bsa compare", tests=str(tests), failures=str(failures),
+                      errors=str(errors), time=seconds)  # fmt: skip
+    testsuite = ET.SubElement(root, "testsuite", name="bsa compare", tests=str(tests), failures=str(failures),
+                              errors=str(errors), skipped="0", time=seconds)  # fmt: skip
+    reference = sum(is_reference(c) for c in suite.cases)
+    faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
+    suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}
+    _properties(testsuite, suite_values)
+    for case in suite.cases:
+        classname, name = testcase_id(case)
+        testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")
+        _properties(testcase, _case_properties(case))
+        message = "; ".join([*case.notes, case.message])
+        if case.verdict == FAIL:
+            element = ET.SubElement(testcase, "failure", message=_xml_text(message[:1000]), type="FAIL")
+            element.text = _xml_text(case_report_text(case))
+        elif case.verdict == ERROR:
+            element = ET.SubElement(testcase, "error", message=_xml_text(message[:1000]), type="ERROR")
+            element.text = _xml_text(case_report_text(case))
+        out = ET.SubElement(testcase, "system-out")
+        out.text = _xml_text(_metrics_text(case))
+    if reference:
+        out = ET.SubElement(testsuite, "system-out")
+        out.text = _xml_text(
+            f"REFERENCE RESULTS: the outputs of {reference} of {tests} cases come from the reference device "
+            "(bsa emulate), not from hardware" + (f"; planted faults: {', '.join(faults)}" if faults else "")
+        )
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def write_junit(suite: SuiteResult, path: Path) -> None:
+    """Write the JUnit XML report to `path` (atomically)."""
+    write_text_atomic(Path(path), junit_xml(suite))

@@ -1,0 +1,109 @@
+"""msprobe's compare CSV: one row per tensor, msprobe's columns first, then bsa's verdict and deciding check.
+
+msprobe (MindStudio Probe) writes its accuracy comparison as a table with the columns of
+`MSPROBE_COLUMNS` ("real data" mode); dashboards built on it read those names. bsa fills them from its own
+measurements: "NPU" is the device's output, "Bench" the golden (the float32/float64 reference).
+
+* Cosine, MaxAbsErr: as msprobe computes them. MaxRelativeErr: max |a - g| / (|g| + 1e-7) (bsa's MARE;
+  msprobe adds a machine epsilon to a zero golden instead).
+* One / Five Thousandths Err Ratio: the fraction of elements whose relative error is below 0.001 / 0.005
+  (the higher, the better, as in msprobe).
+* NPU/Bench max, min, mean, l2norm: of the finite elements bsa judged (BNSD padding left out).
+* Accuracy Reached or Not: "Yes" when the tensor passes every check of its case's standard, "No"
+  otherwise; not msprobe's own cosine / max-abs rule, which a precision bug confined to one 16x16 tile
+  passes. Err_message: the tensor's failed checks, or why the case could not be judged.
+* bsa's columns: the case, its verdict, the tensor's verdict, the standard, and the check that decided
+  the case.
+
+A case without tensor results (a negative case judged on its status, or one that could not be judged)
+has one row named after the case, with "N/A" in the numeric columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from pathlib import Path
+
+from ..compare import ERROR, PASS, CaseResult, SuiteResult, TensorResult
+from .files import write_text_atomic
+
+MSPROBE_COLUMNS = (
+    "NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape", "Cosine",
+    "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio", "NPU max", "NPU min",
+    "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm", "Accuracy Reached or Not",
+    "Err_message",
+)  # fmt: skip
+"""msprobe's compare result header (real data mode)."""
+
+BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check")
+"""The columns bsa adds after msprobe's."""
+
+NA = "N/A"
+OP = "aclnnBlockSparseAttentionGrad"
+
+
+def _number(value: float | int | None) -> str:
+    if value is None:
+        return NA
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.6g}"
+
+
+def _deciding(case: CaseResult) -> str:
+    return case.headline
+
+
+def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
+    d = tensor.device
+    failed = [c.detail for c in sorted(tensor.checks, key=lambda c: -c.severity) if not c.passed]
+    shape = str(list(tensor.shape))
+    row = [
+        f"{OP}/{case.name}/{tensor.name}", f"golden/{case.name}/{tensor.name}", tensor.dtype,
+        tensor.golden_dtype or "float32", shape, shape, _number(d.cosine), _number(d.max_abs_err), _number(d.mare),
+        _number(d.thousandth_ratio), _number(d.five_thousandths_ratio), _number(d.value_max), _number(d.value_min),
+        _number(d.value_mean), _number(d.value_l2norm), _number(d.golden_max), _number(d.golden_min),
+        _number(d.golden_mean), _number(d.golden_l2norm), "Yes" if tensor.passed else "No",
+        "; ".join([*case.notes, *failed]),
+    ]  # fmt: skip
+    tensor_verdict = PASS if tensor.passed else "FAIL"
+    return row + [case.name, case.verdict, tensor_verdict, case.standard, _deciding(case)]
+
+
+def _case_row(case: CaseResult) -> list[str]:
+    """The one row of a case without tensor results."""
+    why = case.errors if case.verdict == ERROR else (case.message,)
+    message = "; ".join([*case.notes, *why])
+    dtype = case.dtype or NA
+    row = [f"{OP}/{case.name}/status", f"expected/{case.name}/status", dtype, dtype, NA, NA, *([NA] * 13),
+           "Yes" if case.verdict == PASS else "No", message]  # fmt: skip
+    return row + [case.name, case.verdict, case.verdict, case.standard, _deciding(case)]
+
+
+def csv_rows(suite: SuiteResult) -> list[list[str]]:
+    """Return the CSV's rows, header first: one per tensor of each case (one per case without tensors)."""
+    rows: list[list[str]] = [[*MSPROBE_COLUMNS, *BSA_COLUMNS]]
+    for case in suite.cases:
+        if case.tensors:
+            rows.extend(_tensor_row(case, tensor) for tensor in case.tensors)
+        else:
+            rows.append(_case_row(case))
+    return rows
+
+
+def csv_text(suite: SuiteResult) -> str:
+    """Return the CSV (RFC 4180 quoting, CRLF line ends as Python's csv module writes them)."""
+    buffer = io.StringIO()
+    csv.writer(buffer).writerows(csv_rows(suite))
+    return buffer.getvalue()
+
+
+def write_csv(suite: SuiteResult, path: Path) -> None:
+    """Write msprobe's compare CSV with bsa's columns to `path` (atomically)."""
+    write_text_atomic(Path(path), csv_text(suite))

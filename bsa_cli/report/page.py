@@ -1,0 +1,263 @@
+"""The HTML report: a header, one summary table with filters by verdict, then each case; pictures first.
+
+The page is one self-contained file: inline CSS and SVG, no script, font, image or link to anything else,
+so it opens from a CI artifact or a mail attachment as it is. The verdict filters are radio buttons
+styled by CSS alone. Passing cases fold away; failing ones open with their pictures (`svg.py`): the heat
+map of each failing tensor, its hottest block's 16x16 tiles, and its ULP chart against the benchmark's.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
+from . import svg
+from .files import write_text_atomic
+from .formatting import METRIC_ROWS, device_lines, fmt, standards_line, summary_line, where
+from .header import ReportHeader, report_header
+
+VERDICTS = (FAIL, ERROR, PASS)
+
+_CSS = """
+:root{--fail:#b3001b;--error:#8a1a8a;--pass:#16702a;--line:#d6d6d6}
+body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1d;background:#fff}
+main,header.top{padding:0 1.5em}
+header.top{padding-top:1em;padding-bottom:.6em;border-bottom:1px solid var(--line);background:#fafafa}
+h1{font-size:1.35em;margin:.2em 0 .5em}h3{font-size:1.02em;margin:1.2em 0 .4em}
+dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em;margin:0;font-size:.92em}
+dl.meta dt{color:#555}dl.meta dd{margin:0}
+.warn{color:var(--fail);font-weight:600}
+table{border-collapse:collapse;margin:.4em 0 1em;font-size:.88em}
+td,th{border:1px solid var(--line);padding:.18em .5em;text-align:left;vertical-align:top}
+th{background:#f1f1f1;font-weight:600}
+td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+.PASS{color:var(--pass);font-weight:700}.FAIL{color:var(--fail);font-weight:700}.ERROR{color:var(--error);font-weight:700}
+.badge{display:inline-block;min-width:3.6em;text-align:center;border-radius:3px;color:#fff;font-size:.8em;
+ font-weight:700;padding:.05em .3em}
+.badge.PASS{background:var(--pass)}.badge.FAIL{background:var(--fail)}.badge.ERROR{background:var(--error)}
+input.filter{position:absolute;opacity:0;pointer-events:none}
+nav.filters{margin:1em 0 .3em;font-size:.9em}
+nav.filters label{display:inline-block;border:1px solid #aaa;border-radius:3px;padding:.1em .6em;margin-right:.3em;
+ cursor:pointer;background:#fff}
+#show-all:checked~nav label[for=show-all],#show-problems:checked~nav label[for=show-problems],
+#show-FAIL:checked~nav label[for=show-FAIL],#show-ERROR:checked~nav label[for=show-ERROR],
+#show-PASS:checked~nav label[for=show-PASS]{background:#333;color:#fff;border-color:#333}
+#show-problems:checked~table.cases tr.v-PASS,#show-problems:checked~section.v-PASS,
+#show-FAIL:checked~table.cases tr.v-PASS,#show-FAIL:checked~table.cases tr.v-ERROR,
+#show-FAIL:checked~section.v-PASS,#show-FAIL:checked~section.v-ERROR,
+#show-ERROR:checked~table.cases tr.v-PASS,#show-ERROR:checked~table.cases tr.v-FAIL,
+#show-ERROR:checked~section.v-PASS,#show-ERROR:checked~section.v-FAIL,
+#show-PASS:checked~table.cases tr.v-FAIL,#show-PASS:checked~table.cases tr.v-ERROR,
+#show-PASS:checked~section.v-FAIL,#show-PASS:checked~section.v-ERROR{display:none}
+table.cases td.headline{max-width:60em}
+section.case{border-top:1px solid var(--line);padding:.2em 0}
+section.case>details>summary{cursor:pointer;padding:.35em 0;font-size:.95em}
+section.case>details>summary b{font-size:1.05em}
+.sub{color:#555}.note{color:#9a4a00;font-weight:600}
+.figs{display:flex;flex-wrap:wrap;gap:1.2em;align-items:flex-start;margin:.3em 0}
+.figs svg{background:#fff;border:1px solid #eee;display:block;margin-bottom:.6em}
+details.more>summary{cursor:pointer;color:#333;font-size:.9em}
+ul.errors li{color:var(--error)}
+"""
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()) -> str:
+    """Return an HTML table; cells are HTML already; columns in `numeric` are right-aligned."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        body.append(f"<tr>{cells}</tr>")
+    attr = f' class="{cls}"' if cls else ""
+    return f"<table{attr}><tr>{head}</tr>{''.join(body)}</table>"
+
+
+def _header(suite: SuiteResult, head: ReportHeader) -> str:
+    verdict = FAIL if suite.count(FAIL) else ERROR if suite.count(ERROR) else PASS
+    rows = [("date", _esc(head.date)), ("bsa", _esc(head.version)), ("host", _esc(head.host)),
+            ("output folder", "<br>".join(_esc(p) for p in head.out) or "-")]  # fmt: skip
+    devices = []
+    for text, count, warned in device_lines(suite):
+        share = f" ({count} of {len(suite.cases)} cases)" if len(suite.cases) > 1 else ""
+        devices.append(f'<span class="warn">{_esc(text)}</span>{share}' if warned else f"{_esc(text)}{share}")
+    rows.append(("device", "<br>".join(devices) or "-"))
+    rows.append(("standard", _esc(standards_line(suite))))
+    rows.append(("cases", f"{_esc(summary_line(suite))}; exit code {suite.return_code}"))
+    meta = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
+    return (
+        f'<header class="top"><h1>bsa compare: <span class="{verdict}">{verdict}</span></h1>'
+        f'<dl class="meta">{meta}</dl></header>'
+    )
+
+
+def _filters(suite: SuiteResult) -> str:
+    problems = suite.count(FAIL) + suite.count(ERROR)
+    choices = [("all", f"all ({len(suite.cases)})"), ("problems", f"failed or not judged ({problems})")]
+    choices += [(v, f"{v} ({suite.count(v)})") for v in VERDICTS]
+    inputs = "".join(
+        f'<input type="radio" name="show" id="show-{key}" class="filter"{" checked" if key == "all" else ""}>'
+        for key, _ in choices
+    )
+    labels = "".join(f'<label for="show-{key}">{_esc(text)}</label>' for key, text in choices)
+    return f'{inputs}<nav class="filters">show: {labels}</nav>'
+
+
+def _summary_table(suite: SuiteResult) -> str:
+    rows = []
+    for case in suite.cases:
+        rows.append(
+            f'<tr class="v-{case.verdict}"><td><a href="#case-{_esc(case.name)}">{_esc(case.name)}</a></td>'
+            f'<td><span class="badge {case.verdict}">{case.verdict}</span></td><td>{_esc(case.dtype or "-")}</td>'
+            f"<td>{_esc(case.layout or '-')}</td><td>{_esc(case.standard)}</td>"
+            f'<td class="headline">{_esc(case.headline)}</td></tr>'
+        )
+    head = "".join(f"<th>{h}</th>" for h in ("case", "verdict", "dtype", "layout", "standard", "what happened"))
+    return f'<table class="cases"><tr class="head">{head}</tr>{"".join(rows)}</table>'
+
+
+def _checks_table(case: CaseResult, only_failed: bool) -> str:
+    checks = sorted(case.all_checks, key=lambda c: (c.passed, -c.severity)) if only_failed else case.all_checks
+    rows = [
+        [_esc(c.tensor or "-"), _esc(c.name), _esc(fmt(c.value)), _esc(fmt(c.limit)),
+         '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>', _esc(c.detail)]
+        for c in checks if not (only_failed and c.passed)
+    ]  # fmt: skip
+    return _table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
+
+
+def _metrics_table(tensors: Sequence[TensorResult]) -> str:
+    """Device / benchmark metrics of the given tensors, one column per tensor."""
+    rows = []
+    for key, label in METRIC_ROWS:
+        cells = []
+        for tensor in tensors:
+            device = getattr(tensor.device, key)
+            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
+            digits = 7 if key == "cosine" else 4
+            text = fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}"
+            cells.append(_esc(text))
+        if all(c == "-" for c in cells):
+            continue
+        rows.append([_esc(label), *cells])
+    headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
+    return _table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
+
+
+def _hot_table(tensor: TensorResult) -> str:
+    kind = "query block i" if tensor.name == "dq" else "kv block j"
+    rows = []
+    for hot in tensor.hot_blocks:
+        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
+        rows.append([str(hot.batch), str(hot.head), str(hot.block), f"{hot.rows[0]}-{hot.rows[1]}",
+                     _esc(fmt(hot.score, 3)), _esc(fmt(hot.rmse, 3)), _esc(fmt(hot.rmse_benchmark, 3)),
+                     _esc(fmt(hot.max_abs_err, 3)), _esc(tile)])  # fmt: skip
+    headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
+    return f"<p class=sub>hot blocks</p>{_table(headers, rows, numeric=tuple(range(0, 8)))}"
+
+
+def _worst_table(tensor: TensorResult) -> str:
+    rows = [
+        [_esc(where(tensor, e.coords, e.block)), _esc(fmt(e.device, 6)), _esc(fmt(e.golden, 6)),
+         _esc(fmt(e.benchmark, 6)), _esc(fmt(e.abs_err)), _esc(fmt(e.ulp, 3))]
+        for e in tensor.worst
+    ]  # fmt: skip
+    headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
+    return f"<p class=sub>worst elements</p>{_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
+
+
+def _tile_limit(case: CaseResult) -> float:
+    limit = case.settings.thresholds.get("tile_ratio", 3.0) if case.settings else 3.0
+    return limit if math.isfinite(limit) and limit > 1 else 3.0
+
+
+def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
+    failed = sorted((c for c in tensor.checks if not c.passed), key=lambda c: -c.severity)
+    first = failed[0].detail if failed else ""
+    badge = '<span class="badge FAIL">FAIL</span>'
+    parts = [f'<h3>{_esc(tensor.name)} {badge} <span class="sub">{_esc(first)}</span></h3>']
+    block_map = tensor.block_map
+    if block_map is not None and block_map.score.size:
+        limit = _tile_limit(case)
+        scale = svg.Scale.for_scores(block_map.score.reshape(-1), limit)
+        what = "worst 16x16 tile RMSE ratio" if block_map.rmse_benchmark is not None else "block RMSE / tensor RMSE"
+        left = svg.heat_map(tensor, case.selection, limit) + svg.legend(scale, what)
+        right = svg.tile_map(tensor, scale)
+        if tensor.ulp_chart is not None:
+            right += svg.ulp_chart(tensor, tensor.ulp_chart)
+        parts.append(f'<div class="figs"><div class="col">{left}</div><div class="col">{right}</div></div>')
+    elif tensor.ulp_chart is not None:
+        parts.append(f'<div class="figs">{svg.ulp_chart(tensor, tensor.ulp_chart)}</div>')
+    if tensor.hot_blocks:
+        parts.append(_hot_table(tensor))
+    if tensor.worst:
+        parts.append(_worst_table(tensor))
+    return "".join(parts)
+
+
+def _case_section(case: CaseResult) -> str:
+    """One case: open with pictures when it failed, folded when it passed."""
+    is_open = " open" if case.verdict != PASS else ""
+    facts = " · ".join(_esc(x) for x in (case.dtype, case.layout, case.standard) if x and x != "-")
+    summary = (
+        f'<summary><span class="badge {case.verdict}">{case.verdict}</span> <b>{_esc(case.name)}</b> '
+        f'<span class="sub">{facts}</span> — {_esc(case.headline)}</summary>'
+    )
+    parts = [f'<section class="case v-{case.verdict}" id="case-{_esc(case.name)}"><details{is_open}>{summary}']
+    parts.extend(f'<p class="note">{_esc(note)}</p>' for note in case.notes)
+    if case.verdict == ERROR:
+        parts.append('<ul class="errors">' + "".join(f"<li>{_esc(e)}</li>" for e in case.errors) + "</ul>")
+        parts.append(f'<p class="sub">case {_esc(case.case_dir)}, outputs {_esc(case.output_dir)}</p>')
+        parts.append("</details></section>")
+        return "".join(parts)
+    if case.verdict == FAIL:
+        parts.append(_checks_table(case, only_failed=True))
+        for tensor in case.tensors:
+            if not tensor.passed:
+                parts.append(_failing_tensor(case, tensor))
+        passing = [t for t in case.tensors if t.passed]
+        if passing:
+            names = ", ".join(t.name for t in passing)
+            parts.append(f'<p class="sub">{_esc(names)} pass.</p>')
+        more = [_checks_table(case, only_failed=False)]
+    else:
+        more = [_checks_table(case, only_failed=False)]
+    if case.tensors:
+        more.append(_metrics_table(case.tensors))
+    more.append(f'<p class="sub">case {_esc(case.case_dir)}, outputs {_esc(case.output_dir)}; '
+                f"judged in {case.seconds:.2f} s</p>")  # fmt: skip
+    if case.verdict == PASS:
+        parts.extend(more)
+    else:
+        parts.append('<details class="more"><summary>every check and metric</summary>' + "".join(more) + "</details>")
+    parts.append("</details></section>")
+    return "".join(parts)
+
+
+def html_report(suite: SuiteResult, header: ReportHeader | None = None) -> str:
+    """Return a self-contained HTML report (no script, no external file, font or link)."""
+    head = header or report_header(suite)
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
+        f"<title>bsa compare: {_esc(summary_line(suite))}</title><style>{_CSS}</style></head><body>",
+        _header(suite, head),
+        "<main>",
+        _filters(suite),
+        _summary_table(suite),
+    ]
+    parts.extend(_case_section(case) for case in suite.cases)
+    parts.append("</main></body></html>\n")
+    return "\n".join(parts)
+
+
+def write_html(suite: SuiteResult, path: Path, header: ReportHeader | None = None) -> None:
+    """Write the HTML report to `path` (atomically)."""
+    write_text_atomic(Path(path), html_report(suite, header))

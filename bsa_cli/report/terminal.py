@@ -1,0 +1,139 @@
+"""The terminal report: a case table, the failures' checks, worst elements and hot blocks, a summary line."""
+
+from __future__ import annotations
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
+from .formatting import METRIC_ROWS, fmt, is_reference, planted_fault, summary_line, where
+
+VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
+
+
+def _box(console: Console) -> box.Box:
+    return box.ROUNDED if console.is_terminal else box.ASCII
+
+
+def _verdict_text(verdict: str) -> Text:
+    return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
+
+
+def _case_table(suite: SuiteResult, console: Console) -> Table:
+    table = Table(box=_box(console), title="bsa compare", title_justify="left", expand=False)
+    table.add_column("case", overflow="fold")
+    table.add_column("verdict")
+    table.add_column("standard", overflow="fold")
+    table.add_column("deciding check", overflow="fold")
+    for case in suite.cases:
+        table.add_row(case.name, _verdict_text(case.verdict), case.standard, case.headline)
+    return table
+
+
+def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
+    table = Table(box=_box(console), title=f"{case.name}: checks", title_justify="left")
+    for column in ("tensor", "check", "value", "limit", "result"):
+        table.add_column(column, justify="right" if column in ("value", "limit") else "left")
+    for check in case.all_checks:
+        if only_failed and check.passed:
+            continue
+        result = Text("ok", style="green") if check.passed else Text("FAIL", style="bold red")
+        table.add_row(check.tensor or "-", check.name, fmt(check.value), fmt(check.limit), result)
+    return table
+
+
+def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
+    table = Table(box=_box(console), title=f"{case.name} {tensor.name}: worst elements", title_justify="left")
+    for column in ("where", "device", "golden", "benchmark", "abs err", "ulp"):
+        table.add_column(column, justify="left" if column == "where" else "right")
+    for element in tensor.worst:
+        table.add_row(
+            where(tensor, element.coords, element.block),
+            fmt(element.device, 6),
+            fmt(element.golden, 6),
+            fmt(element.benchmark, 6),
+            fmt(element.abs_err),
+            fmt(element.ulp, 3),
+        )
+    return table
+
+
+def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
+    kind = "query block i" if tensor.name == "dq" else "kv block j"
+    table = Table(box=_box(console), title=f"{case.name} {tensor.name}: hot blocks ({kind})", title_justify="left")
+    for column in ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile"):
+        table.add_column(column, justify="right")
+    for hot in tensor.hot_blocks:
+        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
+        table.add_row(
+            str(hot.batch),
+            str(hot.head),
+            str(hot.block),
+            f"{hot.rows[0]}-{hot.rows[1]}",
+            fmt(hot.score, 3),
+            fmt(hot.rmse, 3),
+            fmt(hot.rmse_benchmark, 3),
+            fmt(hot.max_abs_err, 3),
+            tile,
+        )
+    return table
+
+
+def _metrics_table(case: CaseResult, console: Console) -> Table:
+    table = Table(box=_box(console), title=f"{case.name}: metrics (device / benchmark)", title_justify="left")
+    table.add_column("metric")
+    for tensor in case.tensors:
+        table.add_column(tensor.name, justify="right")
+    for key, label in METRIC_ROWS:
+        cells = []
+        for tensor in case.tensors:
+            device = getattr(tensor.device, key)
+            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
+            digits = 7 if key == "cosine" else 4
+            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
+        if all(c == "-" for c in cells):
+            continue
+        table.add_row(label, *cells)
+    hist_cells = []
+    for tensor in case.tensors:
+        histogram = tensor.device.ulp_histogram or ()
+        hist_cells.append(" ".join(f"{label}:{count}" for label, count in zip(ULP_BUCKETS, histogram, strict=False)))
+    table.add_row("ULP histogram", *hist_cells)
+    return table
+
+
+def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
+    """Print the case table, details of failing and unjudged cases (every metric with `verbose`), a summary."""
+    console.print(_case_table(suite, console))
+    reference = sum(1 for c in suite.cases if is_reference(c))
+    if reference:
+        faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
+        names = ", ".join(repr(f) for f in faults)
+        planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
+        console.print(
+            f"Note: the outputs of {reference} case{'s' if reference != 1 else ''} come from the reference device "
+            f"(bsa emulate), not from hardware{planted}.",
+            style="yellow",
+        )
+    for case in suite.cases:
+        if case.verdict == ERROR:
+            console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
+            for error in case.errors:
+                console.print(Text(f"  {error}"), soft_wrap=True)
+            continue
+        if case.verdict == PASS and not verbose:
+            continue
+        console.print(_checks_table(case, console, only_failed=not verbose))
+        for tensor in case.tensors:
+            if tensor.passed and not verbose:
+                continue
+            if tensor.worst:
+                console.print(_worst_table(case, tensor, console))
+            if tensor.hot_blocks:
+                console.print(_hot_table(case, tensor, console))
+        if verbose and case.tensors:
+            console.print(_metrics_table(case, console))
+    style = "bold red" if suite.count(FAIL) else VERDICT_STYLE[ERROR] if suite.count(ERROR) else "bold green"
+    console.print(Text(summary_line(suite), style=style))

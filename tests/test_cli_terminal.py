@@ -1,0 +1,165 @@
+"""The first hour at the terminal: `bsa list` at 80/100/120 columns, a folder of suites, a failing binary's
+log, a fault that does not apply, progress and ETA of a long case on the reference device."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from rich.console import Console
+from test_cli_run import SPEC, invoke, record
+from test_runner import fake_device
+
+from bsa_cli import emulator
+from bsa_cli.cli import main
+from bsa_cli.cli_gen import LIST_COLUMNS, list_rows, list_table
+from bsa_cli.cli_run import Display
+from bsa_cli.spec import load_specs
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITES = sorted((ROOT / "cases").glob("*.yaml"))
+
+
+def list_output(width: int, *specs: Path) -> str:
+    result = CliRunner().invoke(main, ["list", *map(str, specs)], env={"COLUMNS": str(width)})
+    assert result.exit_code == 0, result.output
+    return result.stdout
+
+
+@pytest.mark.parametrize("width", [80, 100, 120])
+def test_list_fits_the_width_and_keeps_every_name_and_number_whole(width):
+    cases = load_specs(SUITES)
+    text = list_output(width, *SUITES)
+    lines = text.splitlines()
+    assert max(len(line) for line in lines[:-1]) <= width  # the note below the table may wrap, not the table
+    names = [line.split()[0] for line in lines[3 : 3 + len(cases)]]
+    assert names == [c.name for c in cases]  # one line per case, the name whole
+    rows = {row["case"]: row for row in list_rows(cases)}
+    header = f" {lines[1]} "
+    shown = [c for c in LIST_COLUMNS if re.search(rf"\s{re.escape(c)}\s", header)]
+    assert shown[0] == "case" and {"gen s", "ref s"} <= set(shown)
+    for line in lines[3 : 3 + len(cases)]:
+        cells = line.split()
+        assert cells == [rows[cells[0]][c] for c in shown]  # every number whole, in its column
+
+
+def test_list_at_80_columns_says_what_it_left_out_and_keeps_the_estimates():
+    text = list_output(80, ROOT / "cases" / "nightly.yaml")
+    assert "gen s" in text and "ref s" in text and "nightly-causal-16k" in text
+    assert "left out at 80 columns: MiB in/out, block, D," in " ".join(text.split())
+    wide = list_output(200, ROOT / "cases" / "nightly.yaml")
+    assert "left out" not in wide and all(column in wide for column in LIST_COLUMNS)
+
+
+def test_list_table_never_cuts_a_name_even_narrower_than_the_name():
+    rows = list_rows(load_specs([ROOT / "cases" / "edge.yaml"]))
+    table, hidden = list_table(rows, 20)
+    console = Console(width=20, file=io.StringIO(), color_system=None)
+    console.print(table, crop=False, soft_wrap=True)
+    text = console.file.getvalue()
+    assert "edge-zero-length-middle.fp16" in text and "…" not in text
+    assert "ref s" not in hidden and "gen s" not in hidden
+
+
+def test_list_estimates_the_reference_device_from_backward_flops():
+    (case,) = load_specs([ROOT / "cases" / "nightly.yaml"])[2:3]  # causal 16k
+    (row,) = list_rows([case])
+    from bsa_cli.schedule import estimate
+
+    expected = emulator.estimate_seconds(estimate(case).flops * 10 / 14)
+    assert float(row["ref s"]) == pytest.approx(expected, rel=0.05) and expected > float(row["gen s"])
+
+
+# ---- bsa compare on a folder of suites ------------------------------------------------------------------
+
+
+def test_compare_finds_the_suites_below_a_folder(tmp_path, spec_file):
+    for suite in ("smoke", "edge"):
+        result = invoke("check", spec_file, "-o", tmp_path / "all" / suite, "--filter", "t-bnsd-*")
+        assert result.exit_code == 0, result.output
+    result = invoke("compare", tmp_path / "all")
+    assert result.exit_code == 0, result.output
+    assert f"{tmp_path / 'all'} holds no case itself; comparing the 2 suites below it" in result.stderr
+    assert "2 cases: 2 passed" in result.stdout
+
+
+def test_compare_of_a_folder_without_any_case_says_where_cases_come_from(tmp_path):
+    (tmp_path / "empty" / "deeper").mkdir(parents=True)
+    result = invoke("compare", tmp_path / "empty")
+    assert result.exit_code == 2
+    assert "no case directories (*/case.json) here or up to 3 folders below" in result.stderr
+    assert "bsa gen SPECS -o OUT" in result.stderr
+
+
+@pytest.fixture
+def spec_file(tmp_path) -> Path:
+    import yaml
+
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(SPEC, sort_keys=False))
+    return path
+
+
+# ---- a failing binary, a fault that does not apply -----------------------------------------------------
+
+
+def test_a_failing_binary_names_its_log(tmp_path):
+    import yaml
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"defaults": SPEC["defaults"], "cases": [{**SPEC["cases"][0], "name": "crash"}]}))
+    result = invoke("check", spec, "-o", tmp_path / "out", "--binary", fake_device(tmp_path))
+    assert result.exit_code == 3, result.output
+    log = tmp_path / "out" / "crash" / "outputs" / "stdout.log"
+    assert f"log: {log}" in result.stderr  # the crash left its argv on stdout, and no stderr
+    assert f"log {tmp_path / 'out' / 'crash' / 'outputs' / 'stderr.log'}" in result.stdout  # in the error
+
+
+def test_a_fault_that_does_not_apply_is_said_before_the_run_and_in_the_table(tmp_path, spec_file):
+    result = invoke("check", spec_file, "-o", tmp_path / "out", "--fault", "no-gqa-sum", "--filter", "t-bnsd-*")
+    assert result.exit_code == 0, result.output  # MHA: nothing to lose in the GQA sum
+    assert "Warning: t-bnsd-tail: fault 'no-gqa-sum' does not apply to this case (applies only with N1 > N2" in (
+        result.stderr.replace("\n", " ")
+    )
+    assert "fault 'no-gqa-sum' does not apply" in result.stdout
+    assert record(tmp_path / "out" / "t-bnsd-tail")["device"]["fault"] == "no-gqa-sum"
+
+
+# ---- progress within a case on the reference device -------------------------------------------------
+
+
+def test_the_reference_device_reports_progress_within_a_case(tmp_path, spec_file, monkeypatch):
+    monkeypatch.setattr(emulator, "PROGRESS_INTERVAL_S", 0.0)
+    result = invoke("gen", spec_file, "-o", tmp_path / "out", "--filter", "t-tnd-gqa")
+    assert result.exit_code == 0, result.output
+    seen: list[tuple[str, float]] = []
+    with emulator.reporting(lambda name, fraction: seen.append((name, fraction))):
+        emulator.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
+    fractions = [f for name, f in seen if name == "t-tnd-gqa"]
+    assert len(fractions) >= 2 and fractions == sorted(fractions) and fractions[-1] == 1.0 and fractions[0] < 1.0
+    emulator.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
+    assert len(seen) == len(fractions)  # no reporting outside the block
+
+
+def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monkeypatch):
+    from bsa_cli import cli_run
+
+    monkeypatch.setattr(cli_run, "PLAIN_PROGRESS_S", 0.0)
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    with Display(console) as display:
+        display.phase("run", 2, ["big", "small"], {"big": 90e9, "small": 10e9})
+        display.progress("big", 0.5)
+    text = console.file.getvalue()
+    assert text.startswith("run      big 50%; run 45% of 100 GFLOP, ETA ")
+
+
+def test_run_on_the_reference_device_weighs_the_bar_by_backward_flops(tmp_path, spec_file):
+    from bsa_cli.cli_run import backward_flops
+
+    assert invoke("gen", spec_file, "-o", tmp_path / "out").exit_code == 0
+    flops = backward_flops(sorted((tmp_path / "out").iterdir()))
+    assert flops["t-bnsd-tail"] > 0 and flops["t-neg-dtype"] == 0
+

@@ -1,0 +1,128 @@
+"""Headlines say what happened: an output never written, a fault that does not apply, a floored ratio, a
+failed run's log; and what a failing case keeps for its pictures (block mask, tiles, ULP chart)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_compare import build_case, check, make_case, make_inputs, write_outputs
+
+from bsa_cli import compare, emulator
+from bsa_cli.compare import ERROR, FAIL, PASS
+
+
+def record_fault(output_dir: Path, fault: str | None, kind: str = "reference") -> None:
+    """Write the part of run.json compare reads about the device."""
+    name = "reference (bsa emulate)" + (f" with fault '{fault}'" if fault else "")
+    record = {"case": None, "outcome": "ok", "device": {"name": name, "kind": kind, "fault": fault}, "binary": None}
+    (output_dir / "run.json").write_text(json.dumps(record))
+
+
+def test_an_all_zero_output_is_named_as_never_written_not_by_its_ratio(tmp_path):
+    case = make_case("zero")
+    case_dir = build_case(tmp_path, case, fault="stale-output")
+    result = compare.compare_case(case_dir, workers=1)
+
+    assert result.verdict == FAIL
+    assert result.deciding is not None and result.deciding.name == "all_zero"
+    assert result.headline.startswith("dq is all zero, as if never written, where the golden is not")
+    assert {c.tensor for c in result.all_checks if c.name == "all_zero" and not c.passed} == {"dq", "dk", "dv"}
+
+
+def test_a_nonzero_output_has_no_all_zero_check(tmp_path):
+    result = compare.compare_case(build_case(tmp_path, make_case("clean")), workers=1)
+    assert result.verdict == PASS
+    assert not any(c.name == "all_zero" for c in result.all_checks)
+
+
+def test_a_ratio_whose_benchmark_error_is_below_err_thd_says_it_was_floored(tmp_path):
+    result = compare.compare_case(build_case(tmp_path, make_case("floor")), workers=1)
+    dq = result.tensors[0]
+    assert dq.benchmark is not None and result.settings is not None
+    err_thd = result.settings.thresholds["err_thd"]
+    assert dq.benchmark.rmse < err_thd < dq.benchmark.max_rel_err  # one of each kind
+    assert "benchmark" in check(result, "rmse_ratio", "dq").detail
+    assert "floored at err_thd" in check(result, "rmse_ratio", "dq").detail
+    assert "floored" not in check(result, "mare_ratio", "dq").detail
+
+
+def test_a_fault_that_does_not_apply_is_said_in_the_headline(tmp_path):
+    case = make_case("mha", num_heads=2, num_kv_heads=2)  # no-gqa-sum needs N1 > N2
+    case_dir = build_case(tmp_path, case, fault="no-gqa-sum")
+    record_fault(case_dir / "outputs", "no-gqa-sum")
+    result = compare.compare_case(case_dir, workers=1)
+
+    assert result.verdict == PASS and result.fault == "no-gqa-sum" and result.device_kind == "reference"
+    assert result.notes == (
+        "fault 'no-gqa-sum' does not apply to this case (applies only with N1 > N2 and a selection in a "
+        "non-first head of a group): the reference device computed it without the fault",
+    )
+    assert result.headline.startswith("fault 'no-gqa-sum' does not apply to this case")
+
+
+def test_a_fault_that_applies_adds_no_note(tmp_path):
+    case_dir = build_case(tmp_path, make_case("tile"), fault="tile-noise")
+    record_fault(case_dir / "outputs", "tile-noise")
+    result = compare.compare_case(case_dir, workers=1)
+    assert result.verdict == FAIL and result.notes == () and result.fault == "tile-noise"
+
+
+def test_fault_not_applied_explains_each_fault_in_words():
+    case = make_case("c")
+    for name in emulator.FAULTS:
+        assert emulator.fault_condition(name).startswith("applies ")
+    assert emulator.fault_not_applied("dk-no-scale", make_case("c", scale=1.0)) is not None
+    assert emulator.fault_not_applied("tile-noise", case) is None
+    with pytest.raises(ValueError, match="unknown fault"):
+        emulator.fault_not_applied("nope", case)
+
+
+def test_a_failed_run_names_its_log(tmp_path):
+    case_dir = build_case(tmp_path, make_case("crash"), outputs=False)
+    output_dir = case_dir / "outputs"
+    output_dir.mkdir(exist_ok=True)
+    record = {"case": "crash", "outcome": "error", "exit_code": 1, "problems": ["exited with code 1 (see stderr.log)"],
+              "stderr_log": "stderr.log", "device": {"name": "b", "kind": "binary", "fault": None}}  # fmt: skip
+    (output_dir / "run.json").write_text(json.dumps(record))
+    result = compare.compare_case(case_dir, workers=1)
+    assert result.verdict == ERROR
+    assert f"log {output_dir / 'stderr.log'}" in result.errors[0]
+
+
+def test_a_failing_case_keeps_its_block_mask_tiles_and_ulp_chart(tmp_path):
+    case = make_case("pict", batch=2, actual_seq_lengths=(96, 40), actual_seq_lengths_kv=(80, 20))
+    tensors = make_inputs(case)
+    case_dir = build_case(tmp_path, case, fault="tile-noise")
+    result = compare.compare_case(case_dir, workers=1)
+    assert result.verdict == FAIL
+
+    selection = result.selection
+    assert selection is not None and selection.shape == case.mask_shape
+    mask = tensors["block_sparse_mask"]
+    first = selection.grid(0, 1)
+    assert first == ["".join("1" if v else "0" for v in row) for row in mask[0, 1]]
+    second = selection.grid(1, 0)  # 40 query rows of 32: 2 blocks; 20 kv columns of 16: 2 blocks
+    assert all(row[2:] == "-" * (len(row) - 2) for row in second[:2]) and second[2] == "-" * len(second[2])
+
+    dq = result.tensors[0]
+    assert not dq.passed and dq.ulp_chart is not None
+    assert len(dq.ulp_chart.device) == len(compare.ULP_CHART_EDGES) + 1
+    assert sum(dq.ulp_chart.device) == dq.device.count and sum(dq.ulp_chart.benchmark or ()) == dq.device.count
+    assert dq.hot_blocks[0].tiles is not None and dq.hot_blocks[0].tiles.max() == dq.hot_blocks[0].tile_ratio
+    assert all(h.tiles is None for h in dq.hot_blocks[1:])
+    passing = [t for t in result.tensors if t.passed]
+    assert passing and all(t.ulp_chart is None and t.hot_blocks[0].tiles is None for t in passing)
+
+
+def test_a_passing_case_keeps_no_pictures(tmp_path):
+    result = compare.compare_case(build_case(tmp_path, make_case("ok")), workers=1)
+    assert result.verdict == PASS and result.selection is None
+
+
+def test_write_outputs_helper_is_the_reference_device(tmp_path):
+    case = make_case("w")
+    grads = write_outputs(tmp_path / "o", case, make_inputs(case), "stale-output")
+    assert not any(np.any(g) for g in grads.values())

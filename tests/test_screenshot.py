@@ -1,0 +1,32 @@
+"""The README's screenshot script works: a failing GQA report photographed in headless Chromium.
+
+Slow (Chromium starts in seconds) and skipped where no Chromium is installed (`apt-get install chromium`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BROWSER is None, reason="no Chromium installed")
+def test_screenshot_script_photographs_a_failing_report(tmp_path):
+    png = tmp_path / "r.png"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "screenshot_report.py"), "--out", str(png),
+                           "--keep", str(tmp_path / "work"), "--width", "1000", "--height", "700"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (1000, 700)
+    assert len(data) < 300_000
+    page = (tmp_path / "work" / "report.html").read_text()
+    assert "planted fault &#x27;tile-noise&#x27;" in page and "edge-gqa-8to2-bf16" in page
