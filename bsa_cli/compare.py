@@ -791,8 +791,9 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
     x, y = case.block_shape
     group = case.group_size
     result = {}
+    geometries = {name: _geometry(case, name) for name in GRAD_NAMES}  # once: each walks every batch entry
     for name in GRAD_NAMES:
-        geom = _geometry(case, name)
+        geom = geometries[name]
         zero = np.zeros(geom.rows, dtype=bool)
         padding = np.zeros(geom.rows, dtype=bool)
         if geom.layout != "TND" and geom.rows:
@@ -803,7 +804,7 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
         empty = ~mask.any(axis=2)  # [N1, nQ]
         never = ~mask.reshape(case.num_kv_heads, group, *mask.shape[1:]).any(axis=(1, 2))  # [N2, nKV]
         for name in GRAD_NAMES:
-            geom = _geometry(case, name)
+            geom = geometries[name]
             zero, padding = result[name]
             if geom.layout != "TND" and geom.rows:
                 geom.seq_view(padding, span.batch)[...] = False
