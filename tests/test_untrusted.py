@@ -451,6 +451,37 @@ def test_estimates_of_extreme_shapes_are_within_3x_of_measured(tmp_path: Path, n
     assert mib / 3 <= estimate.peak_memory / 2**20 <= mib * 3, estimate
 
 
+def test_gen_and_compare_walk_the_batch_entries_a_bounded_number_of_times(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Work grows with the batch, not with its square (1000 BNSD entries took 25 s to judge)."""
+    from bsa_cli import case as case_module
+    from bsa_cli import compare
+
+    calls = {"spans": 0, "q_lengths": 0}
+    spans, q_lengths = case_module.Case.spans, case_module.Case.q_lengths
+
+    def counted_spans(self: case_module.Case) -> list:
+        calls["spans"] += 1
+        return spans(self)
+
+    def counted_q_lengths(self: case_module.Case) -> tuple:
+        calls["q_lengths"] += 1
+        return q_lengths(self)
+
+    tnd = {"name": "tnd", "layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16, 0, 5] * 20}
+    path = write_spec(tmp_path / "specs", {"name": "bnsd", "batch": 64, "q_seq_len": 16}, tnd)
+    assert invoke("check", path, "-o", tmp_path / "out").exit_code == 0
+    monkeypatch.setattr(case_module.Case, "spans", counted_spans)
+    monkeypatch.setattr(case_module.Case, "q_lengths", counted_q_lengths)
+    for name in ("bnsd", "tnd"):
+        calls.update(spans=0, q_lengths=0)
+        compare.compare_case(tmp_path / "out" / name, workers=1)
+        case = spec.load_specs([path])[0 if name == "bnsd" else 1]
+        generate.compute_case(case)
+        assert calls["spans"] < 30 and calls["q_lengths"] < 60, (name, calls)
+
+
 def test_estimating_a_huge_mask_does_not_draw_it(tmp_path: Path) -> None:
     case = spec.load_specs([write_spec(tmp_path, {"q_seq_len": 1 << 20, "block_shape": [1, 1]})])[0]
     tracemalloc.start()
