@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -230,14 +231,14 @@ class Case:
             return self.actual_seq_lengths_kv
         return (self.kv_seq_len,) * self.batch
 
-    @property
+    @functools.cached_property
     def q_shape(self) -> tuple[int, ...]:
         """Shape of query, dout, attentionOut and dq."""
         if self.layout == "TND":
             return (sum(self.q_lengths()), self.num_heads, self.head_dim)
         return (self.batch, self.num_heads, self.q_seq_len, self.head_dim)
 
-    @property
+    @functools.cached_property
     def kv_shape(self) -> tuple[int, ...]:
         """Shape of key, value, dk and dv."""
         if self.layout == "TND":

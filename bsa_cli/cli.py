@@ -24,7 +24,9 @@ class UserError(click.ClickException):
 
 
 class _Commands(click.Group):
-    """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr."""
+    """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr; a file
+    that cannot be read or written (a full disk, no permission) or memory running out end it with one
+    `Error:` line and exit code 2, never a traceback."""
 
     def invoke(self, ctx: click.Context) -> object:
         try:
@@ -32,6 +34,11 @@ class _Commands(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted: finished work is complete, unfinished work was not written", err=True)
             raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+        except OSError as exc:
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise UserError(f"{where}{exc.strerror or exc}") from None
+        except MemoryError:
+            raise UserError("out of memory; try fewer processes (-j), --filter or --shard") from None
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})

@@ -14,10 +14,13 @@ from .cli import UserError, main
 from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
-from .store import MANIFEST, find_cases, select_cases
+from .store import MANIFEST, find_cases, read_regular, select_cases
 
 SUITE_DEPTH = 3
 """How deep below a folder without cases `bsa compare` looks for folders of suites."""
+
+REPORT_MAX_BYTES = 1 << 30
+"""Largest JSON report `--merge` reads."""
 
 
 def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
@@ -113,11 +116,11 @@ def _load_reports(paths: tuple[Path, ...]) -> SuiteResult:
     documents = []
     for path in paths:
         try:
-            documents.append((str(path), json.loads(Path(path).read_text())))
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read JSON report: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}: not valid JSON: {exc}") from None
+            documents.append((str(path), json.loads(read_regular(Path(path), REPORT_MAX_BYTES))))
+        except DataError as exc:
+            raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
     try:
         return report.merge(documents)
     except ValueError as exc:

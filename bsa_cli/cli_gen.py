@@ -18,17 +18,22 @@ from .case import Case
 from .cli import UserError, main
 from .errors import BsaError
 from .generate import generate_suite
-from .options import filter_option, force_option, jobs_option, precision_option, shard_option
+from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
 from .schedule import Estimate, auto_jobs, estimate, machine_memory, parse_shard, shard
-from .spec import load_specs
+from .spec import MAX_CASES, load_specs
 
 
-def load_cases(specs: Sequence[str], name_filters: Sequence[str] = (), shard_text: str | None = None) -> list[Case]:
+def load_cases(
+    specs: Sequence[str],
+    name_filters: Sequence[str] = (),
+    shard_text: str | None = None,
+    max_cases: int = MAX_CASES,
+) -> list[Case]:
     """Load, filter and shard the cases of the given specs, turning spec errors into `Error:` messages."""
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
     try:
-        cases = load_specs(specs)
+        cases = load_specs(specs, max_cases)
     except BsaError as exc:
         raise UserError(str(exc)) from None
     if name_filters:
@@ -66,9 +71,10 @@ def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:
 
 @main.command("validate")
 @click.argument("specs", nargs=-1)
-def validate_command(specs: tuple[str, ...]) -> None:
+@max_cases_option
+def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
     """Check case specs and print how many cases they expand to."""
-    cases = load_cases(specs)
+    cases = load_cases(specs, max_cases=max_cases)
     warn_constraints(cases)
     negative = sum(not c.expect.ok for c in cases)
     output.stdout.print(f"{len(cases)} cases OK ({negative} negative) in {len(specs)} spec path(s)")
@@ -148,14 +154,17 @@ def _table_width(table: Table) -> int:
 @click.argument("specs", nargs=-1)
 @filter_option
 @shard_option
-def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_text: str | None) -> None:
+@max_cases_option
+def list_command(
+    specs: tuple[str, ...], name_filters: tuple[str, ...], shard_text: str | None, max_cases: int
+) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
     gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the 2-core development machine,
     ref s the reference device's (`bsa run` without a device). The table fits the terminal's width
     (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
     """
-    cases = load_cases(specs, name_filters, shard_text)
+    cases = load_cases(specs, name_filters, shard_text, max_cases)
     width = output.width()
     table, hidden = list_table(list_rows(cases), width)
     output.stdout.print(f"{len(cases)} case{'s' if len(cases) != 1 else ''}", soft_wrap=True)
@@ -172,10 +181,11 @@ def list_command(specs: tuple[str, ...], name_filters: tuple[str, ...], shard_te
 @shard_option
 @jobs_option
 @force_option
+@max_cases_option
 def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
-                shard_text: str | None, jobs: int | None, force: bool) -> None:  # fmt: skip
+                shard_text: str | None, jobs: int | None, force: bool, max_cases: int) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
-    cases = load_cases(specs, name_filters, shard_text)
+    cases = load_cases(specs, name_filters, shard_text, max_cases)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)

@@ -25,7 +25,7 @@ from rich.progress import (
 from . import output, runner, store
 from .cli import EXIT_INTERRUPTED, UserError, main
 from .errors import BsaError
-from .options import force_option, jobs_option, precision_option, report_options, shard_option
+from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
 
 """Exit code after Ctrl-C (128 + SIGINT), whatever the finished cases did."""
 
@@ -470,13 +470,14 @@ def _generate(
     jobs: int | None,
     force: bool,
     display: Display,
+    max_cases: int,
 ) -> list[Path]:
     """Generate the cases of `specs` into `out`, leaving alone those already there and current."""
     from .cli_gen import load_cases, refuse_oversized, warn_constraints
     from .generate import generate_suite
     from .schedule import auto_jobs, estimate
 
-    cases = load_cases(specs, filters, shard_text)
+    cases = load_cases(specs, filters, shard_text, max_cases)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
@@ -542,6 +543,7 @@ def _compare(case_dirs: Sequence[Path], settings: Any, display: Display, jobs: i
 @jobs_option
 @shard_option
 @force_option
+@max_cases_option
 @click.option("--standard", metavar="NAME[:PRESET]", help="Judge every case by this standard (as bsa compare).")
 @click.option(
     "--threshold",
@@ -568,6 +570,7 @@ def check_command(
     jobs: int | None,
     shard_text: str | None,
     force: bool,
+    max_cases: int,
     standard: str | None,
     thresholds: tuple[str, ...],
     padding: str | None,
@@ -593,7 +596,7 @@ def check_command(
     prepare_reports(reports)
     try:
         with Display() as display:
-            case_dirs = _generate(specs, filters, shard_text, out, precision, jobs, force, display)
+            case_dirs = _generate(specs, filters, shard_text, out, precision, jobs, force, display, max_cases)
             summary = run_with_display(case_dirs, options, display)
             if summary.interrupted:
                 raise KeyboardInterrupt

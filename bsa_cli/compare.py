@@ -41,6 +41,7 @@ import os
 import platform
 import threading
 import time
+import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -52,16 +53,20 @@ import numpy as np
 
 from . import __version__
 from .case import ACLNN_STATUS, Case, numpy_dtype
-from .errors import DataError, suggest
+from .errors import DataError, clip, show, suggest
 from .layout import mask_view
 from .manifest import GRAD_NAMES, case_from_manifest, json_number
 from .store import (
     MANIFEST,
     OUTPUTS_DIR,
+    check_output_dir,
+    entry_path,
+    inside,
     iter_entries,
     load_manifest,
     map_array,
     map_read_only,
+    read_regular,
     sha256_file,
 )
 from .workers import cpu_count, worker_pool
@@ -1937,40 +1942,58 @@ def _read_status(output_dir: Path) -> tuple[int, str | None]:
         DataError: the file is missing or its first line is not a decimal integer.
     """
     path = output_dir / STATUS_FILE
-    if not path.is_file():
+    if not path.exists():
         raise DataError(str(path), "missing: the binary writes the aclnn status there (first line, decimal)")
-    lines = path.read_text(errors="replace").splitlines()
+    inside(output_dir, STATUS_FILE)
+    lines = read_regular(path, STATUS_MAX_BYTES, truncate=True).decode("utf-8", errors="replace").splitlines()
     first = lines[0].strip() if lines else ""
     try:
+        if len(first) > 20:
+            raise ValueError
         status = int(first)
     except ValueError:
-        raise DataError(str(path), f"first line {first!r} is not a decimal aclnn status") from None
+        raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status") from None
     message = "\n".join(lines[1:]).strip() or None
     return status, message
 
 
-def _run_device(output_dir: Path) -> str | None:
-    """Return the device name a run record gives, if any."""
-    return _run_device_info(output_dir).get("device")
+def _load_record(output_dir: Path) -> Any:
+    """Return the parsed `run.json` of an output directory (a regular file inside it, of bounded size).
+
+    Raises:
+        DataError: it is not a readable regular file inside the folder, or not JSON.
+    """
+    path = inside(output_dir, RUN_RECORD)
+    try:
+        return json.loads(read_regular(path, RUN_RECORD_MAX_BYTES))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(str(path), f"not valid JSON ({show(str(exc), 100)})") from None
+
+
+RUN_RECORD_MAX_BYTES = 16 << 20
+"""Largest run.json read (one of `bsa run` is a few KiB)."""
+
+STATUS_MAX_BYTES = 64 << 10
+"""Bytes of status.txt read (its status line and message)."""
 
 
 def _run_device_info(output_dir: Path) -> dict[str, Any]:
     """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
     binary_sha256 (those it gives)."""
     try:
-        record = json.loads((output_dir / RUN_RECORD).read_text())
+        record = _load_record(output_dir)
         device = record["device"]
-        info: dict[str, Any] = {"device": str(device["name"])}
-    except (OSError, ValueError, KeyError, TypeError):
+        info: dict[str, Any] = {"device": clip(device["name"])}
+    except (DataError, KeyError, TypeError):
         return {}
     if isinstance(device, dict):
         if isinstance(device.get("kind"), str):
-            info["device_kind"] = device["kind"]
+            info["device_kind"] = clip(device["kind"])
         if isinstance(device.get("fault"), str):
-            info["fault"] = device["fault"]
-    binary = record.get("binary")
+            info["fault"] = clip(device["fault"])
+    binary = record.get("binary") if isinstance(record, dict) else None
     if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
-        info["binary_sha256"] = binary["sha256"]
+        info["binary_sha256"] = clip(binary["sha256"])
     return info
 
 
@@ -1990,41 +2013,51 @@ def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str],
 
 def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict | None]:
     path = output_dir / RUN_RECORD
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():
         return [], [], None
     try:
-        record = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        return [f"{path}: not valid JSON ({exc})"], [], None
-    if not isinstance(record, dict):
+        record = _load_record(output_dir)
+    except DataError as exc:
+        return [str(exc)], [], None
+    if not isinstance(record, dict) or not isinstance(record.get("problems") or [], list) or not isinstance(
+        record.get("repeat") or {}, dict
+    ):
         return [f"{path}: not a run record"], [], None
     if record.get("case") not in (None, *names):
-        text = f"{path}: a record of case {record.get('case')!r}, not of this case (a stale output directory?)"
+        text = f"{path}: a record of case {show(record.get('case'))}, not of this case (a stale output directory?)"
         return [text], [], None
     outcome = record.get("outcome")
-    problems = [str(p) for p in record.get("problems") or []]
+    problems = [clip(p, 300) for p in (record.get("problems") or [])[:20]]
     if outcome in ("timeout", "crashed", "interrupted", "error") or record.get("timed_out"):
         why = {
             "timeout": "timed out",
-            "crashed": f"crashed ({record.get('signal') or 'exception'})",
+            "crashed": f"crashed ({clip(record.get('signal') or 'exception', 40)})",
             "interrupted": "was interrupted",
         }.get(str(outcome), "failed")
         exit_code = record.get("exit_code")
-        text = f"the run {why}" + (f", exit code {exit_code}" if exit_code not in (None, 0) else "")
+        text = f"the run {why}" + (f", exit code {clip(exit_code, 20)}" if exit_code not in (None, 0) else "")
         log = record.get("stderr_log")
-        where = f"log {output_dir / log}, record {path}" if isinstance(log, str) and log else f"see {path}"
+        where = f"log {output_dir / clip(log)}, record {path}" if isinstance(log, str) and log else f"see {path}"
         return [text + (": " + "; ".join(problems) if problems else "") + f" ({where})"], [], record
     if outcome == "nondeterministic":
         repeat = record.get("repeat") or {}
         differences = repeat.get("differences") or []
-        detail = "; ".join(", ".join(f"{k} {v}" for k, v in d.items()) for d in differences[:3] if isinstance(d, dict))
-        text = f"repeated runs differ ({repeat.get('count', '?')} runs){': ' + detail if detail else ''}"
+        if not isinstance(differences, list):
+            differences = []
+        detail = "; ".join(
+            ", ".join(f"{clip(k, 40)} {clip(v, 40)}" for k, v in list(d.items())[:6])
+            for d in differences[:3]
+            if isinstance(d, dict)
+        )
+        text = f"repeated runs differ ({clip(repeat.get('count', '?'), 20)} runs){': ' + detail if detail else ''}"
         return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)], record
     noise = (record.get("repeat") or {}).get("noise")
     if outcome == "ok" and isinstance(noise, dict) and noise:
-        parts = [f"{name} {v.get('elements')} of {v.get('total')} elements by <= {v.get('max_ulp')} ULP"
-                 for name, v in noise.items() if isinstance(v, dict)]  # fmt: skip
-        text = f"dq bitwise identical over {record['repeat'].get('count')} runs; atomic-add noise: " + "; ".join(parts)
+        parts = [f"{clip(name, 20)} {clip(v.get('elements'), 20)} of {clip(v.get('total'), 20)} elements by <= "
+                 f"{clip(v.get('max_ulp'), 20)} ULP"
+                 for name, v in list(noise.items())[:6] if isinstance(v, dict)]  # fmt: skip
+        count = clip(record["repeat"].get("count"), 20)
+        text = f"dq bitwise identical over {count} runs; atomic-add noise: " + "; ".join(parts)
         return [], [Check("repeat-noise", None, float(len(parts)), None, True, text)], record
     return [], [], record
 
@@ -2154,7 +2187,7 @@ def _open_arrays(
                 opened.problems.append(str(exc))
                 continue
             if section != "outputs":
-                path, sha = base / entries[name]["file"], entries[name].get("sha256")
+                path, sha = entry_path(base, entries[name]), entries[name].get("sha256")
                 opened.pending.append(executor.submit(_stale, path, sha, section))
     inputs = dict(iter_entries(manifest, "inputs"))
     if "block_sparse_mask" not in inputs:
@@ -2231,6 +2264,10 @@ def compare_case(
     return _compare_case(Path(case_dir), output_dir, run, pool, verify_inputs)
 
 
+class RunThresholdError(ValueError):
+    """A --threshold given for the whole run does not apply to a case's standard (a usage error)."""
+
+
 @dataclass(frozen=True)
 class DeviceOutcome:
     """What a device returned for one case, held in memory instead of written to an output directory.
@@ -2282,10 +2319,31 @@ def judge_outcome(
 def _compare_case(
     case_dir: Path, output_dir: Path | None, run: RunSettings | None, pool: Executor | None, verify_inputs: bool
 ) -> CaseResult:
+    """Judge one case; whatever its files hold, it ends as a verdict (an ERROR naming what went wrong).
+
+    Raises:
+        RunThresholdError: as `compare_case`.
+    """
     started = time.perf_counter()
-    case_dir = Path(case_dir)
-    output_dir = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
-    return _judge_case(case_dir, output_dir, None, run, pool, verify_inputs, started, None)
+    try:
+        case_dir = Path(case_dir)
+        files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+        return _judge_case(case_dir, files, None, run, pool, verify_inputs, started, None)
+    except RunThresholdError:
+        raise
+    except Exception as exc:  # a case bsa did not foresee: one line, not a traceback
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        text = f"{case_dir}: cannot be judged: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
+        out = Path(output_dir) if output_dir is not None else Path(case_dir) / OUTPUTS_DIR
+        fields: dict[str, Any] = dict.fromkeys(
+            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+        )
+        return CaseResult(
+            name=Path(case_dir).name, verdict=ERROR, errors=(text,), output_bytes=0,
+            seconds=time.perf_counter() - started, case_dir=str(case_dir), output_dir=str(out),
+            standard="-", checks=(), tensors=(), **fields,
+        )  # fmt: skip
 
 
 def _judge_case(
@@ -2328,7 +2386,7 @@ def _judge_case(
         settings = resolve_settings(case.dtype, manifest.get("compare"), run)
     except ValueError as exc:
         if str(exc).startswith("--threshold"):
-            raise ValueError(f"case {name!r}: {exc}") from None
+            raise RunThresholdError(f"case {name!r}: {exc}") from None
         return error(name, [f"{case_dir / MANIFEST}: compare settings: {exc}"], dtype=case.dtype, layout=case.layout)
     known: dict[str, Any] = {
         "spec": manifest.get("spec"),
@@ -2340,6 +2398,10 @@ def _judge_case(
     }
     if outcome is None:
         assert output_dir is not None
+        try:
+            check_output_dir(output_dir)
+        except DataError as exc:
+            return error(name, [str(exc)], **known)
         known.update({"device": None, **_run_device_info(output_dir)})
         problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
     else:
@@ -2684,6 +2746,8 @@ class _Feeder(threading.Thread):
 
 def _output_bytes(output_dir: Path) -> int:
     total = 0
+    if output_dir.is_symlink():
+        return 0
     for name in GRAD_NAMES:
         with contextlib.suppress(OSError):
             total += (output_dir / f"{name}.bin").stat().st_size

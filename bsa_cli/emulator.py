@@ -41,9 +41,10 @@ import numpy as np
 
 from . import interface
 from .case import Case, SequenceSpan, numpy_dtype
+from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
-from .manifest import GRAD_NAMES, call_tensors, case_from_manifest
-from .store import array_bytes, load_manifest, read_array
+from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest
+from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
 
 __all__ = [
     "FAULTS",
@@ -538,6 +539,34 @@ def _write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+def _case_of(case_dir: Path, manifest: Mapping[str, Any]) -> Case:
+    """Rebuild a case from its manifest and check that its inputs and outputs have the case's shapes.
+
+    Raises:
+        DataError: the params cannot describe a case, or an entry's shape differs from what they give.
+    """
+    where = str(Path(case_dir) / MANIFEST)
+    try:
+        case = case_from_manifest(manifest)
+        shapes = {"query": case.q_shape, "dout": case.q_shape, "attention_out": case.q_shape,
+                  "key": case.kv_shape, "value": case.kv_shape, "block_sparse_mask": case.mask_shape,
+                  "dq": case.q_shape, "dk": case.kv_shape, "dv": case.kv_shape}  # fmt: skip
+        lse_shapes = (tuple(case.lse_shape_dims), tuple(case.q_shape[:-1]))
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+        raise DataError(where, f"params do not describe a case ({type(exc).__name__}: {exc})") from None
+    for section, names in (("inputs", (*INPUT_NAMES,)), ("outputs", GRAD_NAMES)):
+        entries = manifest.get(section) or {}
+        for name in names:
+            if name not in entries:
+                raise DataError(where, f"{section}: no entry for {name}")
+            shape = tuple(entries[name]["shape"])
+            wanted = lse_shapes if name == "softmax_lse" else (tuple(shapes[name]),)
+            if shape not in wanted:
+                raise DataError(where, f"{section}.{name}.shape {list(shape)} differs from the case's "
+                                f"{list(wanted[0])}")  # fmt: skip
+    return case
+
+
 def emulate_case_dir(
     case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None
 ) -> int:
@@ -553,26 +582,29 @@ def emulate_case_dir(
     """
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
+    check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = manifest.get("outputs") or {}
-    (output_dir / STATUS_FILE).unlink(missing_ok=True)
-    for name in GRAD_NAMES:
-        if name in outputs:
-            (output_dir / outputs[name]["file"]).unlink(missing_ok=True)
+    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if outputs.get(name)}
+    for path in [output_dir / STATUS_FILE, *paths.values()]:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
     status, message = check_interface(manifest["params"], call_tensors(manifest))
     if status != 0:
         _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
         return status
-    tensors = {name: read_array(case_dir, entry) for name, entry in manifest["inputs"].items()}
-    grads = emulate(case_from_manifest(manifest), tensors, fault, order_seed)
+    case = _case_of(case_dir, manifest)
+    tensors = {name: read_array(case_dir, entry) for name, entry in iter_entries(manifest, "inputs")}
+    grads = emulate(case, tensors, fault, order_seed)
     for name in GRAD_NAMES:
         entry = outputs[name]
         grad = grads[name]
         expected = numpy_dtype(entry["dtype"])
         if grad.dtype != expected or list(grad.shape) != list(entry["shape"]):
             wanted = f"{expected} {entry['shape']}"
-            raise ValueError(f"{name}: emulated {grad.dtype} {list(grad.shape)}, manifest wants {wanted}")
-        path = output_dir / entry["file"]
+            raise DataError(str(case_dir / MANIFEST), f"outputs.{name}: the case gives {grad.dtype} "
+                            f"{list(grad.shape)}, the entry says {wanted}")  # fmt: skip
+        path = paths[name]
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, array_bytes(grad))
     _write_atomic(output_dir / STATUS_FILE, b"0\n")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 
 class BsaError(Exception):
@@ -44,3 +46,25 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     """Return ' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def show(value: Any, width: int = 60) -> str:
+    """Return a short repr of an untrusted value for an error message: one line, at most `width` characters.
+
+    Nested and long values are cut (`reprlib`) before they are rendered, so a huge or self-referencing
+    value costs no more than a short one.
+    """
+    shown = reprlib.Repr()
+    shown.maxstring = shown.maxother = width
+    shown.maxlist = shown.maxtuple = shown.maxdict = shown.maxset = 4
+    shown.maxlevel = 3
+    text = shown.repr(value)
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def clip(value: Any, width: int = 200) -> str:
+    """Return untrusted text as one line of at most `width` characters (anything else as `show` renders it)."""
+    if not isinstance(value, str):
+        return show(value, width)
+    text = " ".join(value[: width * 4].split())
+    return text if len(text) <= width else text[: width - 3] + "..."

@@ -9,6 +9,7 @@ import json
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
@@ -22,7 +23,7 @@ from .errors import DataError
 from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
 from .manifest import GRAD_NAMES, build_manifest, flat_params
 from .schedule import available_memory, estimate
-from .store import MANIFEST, CaseWriter, load_manifest, verify_inputs
+from .store import MANIFEST, CaseWriter, is_case_name, load_manifest, remove_leftovers, verify_inputs
 from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")
@@ -41,8 +42,8 @@ def fingerprint(case: Case, precision: str) -> str:
 
 def is_current(case: Case, case_dir: Path, precision: str) -> bool:
     """Return whether `case_dir` already holds this case, generated the same way, with intact inputs."""
-    if not (case_dir / MANIFEST).is_file():
-        return False
+    if case_dir.is_symlink() or not (case_dir / MANIFEST).is_file():
+        return False  # a link is never taken for a case: it is replaced, its target left alone
     try:
         manifest = load_manifest(case_dir)
         if manifest.get("generator", {}).get("fingerprint") != fingerprint(case, precision):
@@ -157,9 +158,38 @@ def generate_case(
     jobs: int = 1,
     on_progress: Callable[[float], None] | None = None,
 ) -> Path:
-    """Write case directory `out_root/<case.name>` atomically and return it (progress as `compute_case`)."""
-    tensors, gold, bench = compute_case(case, precision, jobs, on_progress)
-    with CaseWriter(Path(out_root) / case.name) as writer:
+    """Write case directory `out_root/<case.name>` atomically and return it (progress as `compute_case`).
+
+    Raises:
+        DataError: the golden is not finite (the case's values overflow), or the case cannot be written
+            (a full disk, no permission); nothing of the case is left half-written.
+    """
+    if not is_case_name(case.name):
+        raise DataError(str(Path(out_root) / case.name), "a case name must name one visible folder inside the "
+                        "output folder")  # fmt: skip
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
+        tensors, gold, bench = compute_case(case, precision, jobs, on_progress)
+    final_dir = Path(out_root) / case.name
+    for name, array in gold.items():
+        if array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise DataError(str(final_dir), f"the golden {name} has {bad} non-finite values ({precision}): "
+                            "the case's scale or init values overflow; make them smaller")  # fmt: skip
+    try:
+        return _write_case(case, final_dir, precision, tensors, gold, bench)
+    except OSError as exc:
+        raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
+
+
+def _write_case(
+    case: Case,
+    final_dir: Path,
+    precision: str,
+    tensors: dict[str, np.ndarray],
+    gold: dict[str, np.ndarray],
+    bench: dict[str, np.ndarray],
+) -> Path:
+    with CaseWriter(final_dir) as writer:
         inputs = {name: writer.array(f"inputs/{name}.bin", array, _dtype_name(array))
                   for name, array in tensors.items()}  # fmt: skip
         golden_entries = {name: writer.array(f"golden/{name}.bin", a, precision) for name, a in gold.items()}
@@ -202,6 +232,7 @@ def generate_suite(
     `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps of 1%).
     """
     out_root = Path(out_root)
+    remove_leftovers(out_root)
     todo = []
     for case in cases:
         if skip_current and is_current(case, out_root / case.name, precision):
@@ -254,7 +285,11 @@ def _generate_in_processes(
                     _pass_on(queue, {case.name: case for case in running.values()}, on_progress)
                 for future in finished:
                     case = running.pop(future)
-                    path = future.result()
+                    try:
+                        path = future.result()
+                    except BrokenProcessPool:
+                        raise DataError(str(out_root / case.name), "its worker process died (out of memory? "
+                                        "killed?); try fewer processes with -j") from None  # fmt: skip
                     if on_done:
                         on_done(case, "generated", path)
         except BaseException:

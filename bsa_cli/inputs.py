@@ -9,6 +9,7 @@ rounded once to the case dtype; everything later starts from the rounded values.
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -132,28 +133,67 @@ def block_extents(length: int, block: int, count: int) -> np.ndarray:
     return np.clip(length - starts, 0, block)
 
 
+@dataclass(frozen=True)
+class MaskCounts:
+    """What a block mask selects, counting only real rows and columns of each batch entry's lengths."""
+
+    selected_blocks: int  # selected (head, query block, kv block) triples that hold real tokens
+    total_blocks: int  # such triples, selected or not
+    cells: int  # query-token x kv-token pairs of the selected blocks
+    active_rows: int  # (batch, head, query block) rows that select at least one block
+
+
+_CHUNK_ELEMENTS = 1 << 20
+"""Mask elements counted at a time (bounds the temporaries of `mask_counts` to a few MiB)."""
+
+
+def mask_counts(case: Case, mask: np.ndarray) -> MaskCounts:
+    """Count what `mask` selects within the lengths of each batch entry.
+
+    The mask is taken in slabs of about `_CHUNK_ELEMENTS` elements: several batch entries at a time when
+    they are small, a few query-block rows of one entry at a time when they are large.
+    """
+    x, y = case.mask_block_shape
+    batch, heads, n_q, n_kv = mask.shape
+    q_lengths = np.asarray(case.q_lengths(), dtype=np.int64)
+    kv_lengths = np.asarray(case.kv_lengths(), dtype=np.int64)
+    per_row = max(1, heads * n_kv)
+    rows_per_slab = max(1, _CHUNK_ELEMENTS // per_row)
+    batches_per_slab = max(1, rows_per_slab // max(n_q, 1)) if rows_per_slab >= n_q else 1
+    exact = x * y < 1 << 40  # cell counts of one slab fit int64; else count in float64
+    selected = total = active = 0
+    cells: int | float = 0
+    for first in range(0, batch, batches_per_slab):
+        last = min(batch, first + batches_per_slab)
+        cols = np.clip(kv_lengths[first:last, None] - np.arange(n_kv, dtype=np.int64) * y, 0, y)  # [c, nKV]
+        for row0 in range(0, n_q, rows_per_slab):
+            row1 = min(n_q, row0 + rows_per_slab)
+            rows = np.clip(q_lengths[first:last, None] - np.arange(row0, row1, dtype=np.int64) * x, 0, x)
+            reachable = (rows[:, :, None] > 0) & (cols[:, None, :] > 0)  # [c, r, nKV]
+            chosen = (np.asarray(mask[first:last, :, row0:row1]) != 0) & reachable[:, None]  # [c, N1, r, nKV]
+            selected += int(np.count_nonzero(chosen))
+            total += int(np.count_nonzero(reachable)) * heads
+            active += int(np.count_nonzero(chosen.any(axis=3)))
+            per_block = chosen.sum(axis=1, dtype=np.int64 if exact else np.float64)  # heads per block
+            per_row_cells = (per_block * cols[:, None, :]).sum(axis=2)  # [c, r]
+            if exact:
+                cells += int((per_row_cells * rows).sum(dtype=np.int64))
+            else:
+                cells += float((per_row_cells * rows.astype(np.float64)).sum())
+    return MaskCounts(selected_blocks=selected, total_blocks=total, cells=int(cells), active_rows=active)
+
+
 def mask_stats(case: Case, mask: np.ndarray) -> dict[str, float | int]:
     """Return selected blocks, density and FLOPs of a case, counting only real rows and columns.
 
     FLOPs follow docs/operator.md section 6: forward 4*rows*cols*D, backward 10*rows*cols*D per selected pair.
     """
-    x, y = case.mask_block_shape
-    selected = 0
-    total = 0
-    cells = 0
-    for span in case.spans():
-        rows = block_extents(span.q_len, x, mask.shape[2])
-        cols = block_extents(span.kv_len, y, mask.shape[3])
-        reachable = (rows[:, None] > 0) & (cols[None, :] > 0)
-        chosen = (mask[span.batch] != 0) & reachable
-        selected += int(chosen.sum())
-        total += int(reachable.sum()) * mask.shape[1]
-        cells += int((chosen * (rows[:, None] * cols[None, :])).sum())
+    counts = mask_counts(case, mask)
     d = case.head_dim
     return {
-        "selected_blocks": selected,
-        "total_blocks": total,
-        "density": selected / total if total else 0.0,
-        "flops_forward": 4 * cells * d,
-        "flops_backward": 10 * cells * d,
+        "selected_blocks": counts.selected_blocks,
+        "total_blocks": counts.total_blocks,
+        "density": counts.selected_blocks / counts.total_blocks if counts.total_blocks else 0.0,
+        "flops_forward": 4 * counts.cells * d,
+        "flops_backward": 10 * counts.cells * d,
     }

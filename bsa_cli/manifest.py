@@ -141,16 +141,59 @@ def build_manifest(
     }
 
 
+MAX_PARAM = 2**31 - 1
+"""Largest size a manifest's params may give (as a spec's)."""
+
+MAX_PARAM_ELEMENTS = 1 << 40
+"""Most elements a tensor of a manifest's case may have (as a spec's)."""
+
+
+def _check_params(p: Any, sem: Any) -> None:
+    """Raise ValueError naming the first of a manifest's params that cannot describe a case."""
+    if not isinstance(p, Mapping) or not isinstance(sem, Mapping):
+        raise ValueError("params and semantics must be mappings")
+    for key in ("batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len"):
+        value = p.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PARAM:
+            raise ValueError(f"params.{key}: {value!r:.60} is not an integer from 0 to {MAX_PARAM}")
+    for key in ("layout", "kv_layout", "dtype", "seq_lengths_encoding", "lse_shape"):
+        if p.get(key) is not None and not isinstance(p.get(key), str):
+            raise ValueError(f"params.{key}: {p.get(key)!r:.60} is not a string")
+    for key in ("actual_seq_lengths", "actual_seq_lengths_kv"):
+        value = p.get(key)
+        if value is not None and not (
+            isinstance(value, list)
+            and len(value) == p["batch"]
+            and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_PARAM * MAX_PARAM for v in value)
+        ):
+            raise ValueError(f"params.{key}: not null or a list of {p['batch']} non-negative integers")
+    block_shape = p.get("block_shape")
+    if block_shape is not None and not (
+        isinstance(block_shape, list) and len(block_shape) <= 8
+        and all(isinstance(v, int) and abs(v) < 2**63 for v in block_shape)
+    ):  # fmt: skip
+        raise ValueError(f"params.block_shape: {block_shape!r:.60} is not null or a list of integers")
+    if not isinstance(p.get("scale"), (int, float)) or isinstance(p.get("scale"), bool):
+        raise ValueError(f"params.scale: {p.get('scale')!r:.60} is not a number")
+    empty = sem.get("empty_row_lse", "inf")
+    if not (isinstance(empty, (int, float)) and not isinstance(empty, bool)) and empty not in ("inf", "-inf", "nan"):
+        raise ValueError(f"semantics.empty_row_lse: {empty!r:.60} is not a number, 'inf', '-inf' or 'nan'")
+
+
 def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     """Rebuild the geometry of a case (shapes, lengths, semantics) from its manifest.
 
     Sparsity and init are not recorded this way (the mask and inputs are in files); they keep defaults.
+
+    Raises:
+        ValueError: a param cannot describe a case (a wrong type, a size beyond bsa's limits).
     """
     p = manifest["params"]
     sem = manifest.get("semantics", {})
+    _check_params(p, sem)
     encoding = p.get("seq_lengths_encoding", "per_batch")
     empty_lse = sem.get("empty_row_lse", "inf")
-    return Case(
+    case = Case(
         name=manifest["name"],
         source=manifest.get("spec", ""),
         layout=p["layout"],
@@ -176,8 +219,15 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         mask_type=p.get("mask_type", 0),
         pre_tokens=p.get("pre_tokens", 2147483647),
         next_tokens=p.get("next_tokens", 2147483647),
-        compare=dict(manifest.get("compare", {})),
+        compare=dict(manifest.get("compare") or {}),
     )
+    for lengths in (case.actual_seq_lengths, case.actual_seq_lengths_kv):
+        if lengths is not None and any(n < 0 for n in lengths):
+            raise ValueError("params: cumulative actual lengths that decrease")
+    for what, shape in (("query", case.q_shape), ("key", case.kv_shape), ("mask", case.mask_shape)):
+        if math.prod(shape) > MAX_PARAM_ELEMENTS:
+            raise ValueError(f"params: {what} of shape {list(shape)} is beyond bsa's limits")
+    return case
 
 
 def _overrides(manifest: Mapping[str, Any]) -> tuple[TensorOverride, ...]:

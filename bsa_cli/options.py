@@ -23,6 +23,14 @@ precision_option = click.option(
     show_default=True,
     help="Precision of the golden dq/dk/dv.",
 )
+max_cases_option = click.option(
+    "--max-cases",
+    type=click.IntRange(min=1),
+    default=10_000,
+    show_default=True,
+    metavar="N",
+    help="Refuse specs that expand to more than N cases (a matrix of many keys grows fast).",
+)
 force_option = click.option(
     "--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's."
 )

@@ -25,6 +25,7 @@ import importlib.util
 import os
 import queue
 import secrets
+import selectors
 import shlex
 import shutil
 import signal
@@ -44,13 +45,17 @@ import numpy as np
 
 from . import __version__
 from .case import numpy_dtype
-from .errors import BsaError, DataError, suggest
+from .errors import BsaError, DataError, clip, show, suggest
 from .store import (
     MANIFEST,
     OUTPUTS_DIR,
+    check_output_dir,
     expected_nbytes,
+    inside,
+    inside_parent,
     iter_entries,
     load_manifest,
+    read_regular,
     sha256_file,
     verify_inputs,
     write_json_atomic,
@@ -76,6 +81,17 @@ PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 
 KILL_GRACE_S = 2.0
 """Seconds between SIGTERM and SIGKILL when a process group is stopped."""
+
+LOG_HEAD_BYTES = 1 << 20
+LOG_TAIL_BYTES = 1 << 20
+"""A binary's stdout and stderr logs keep their first and last MiB; what lies between is cut (and counted)."""
+
+STATUS_MAX_BYTES = 64 << 10
+"""Bytes of status.txt read (its status line and message)."""
+
+PIPE_DRAIN_S = 2.0
+"""Seconds to keep reading a binary's output after its process group ended (a descendant that left the
+group may hold the pipe open)."""
 
 OUTCOMES: dict[str, str] = {
     "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
@@ -513,38 +529,63 @@ class _Attempt:
         }
 
 
-def _clear_stale(output_dir: Path, manifest: Mapping[str, Any] | None) -> None:
-    """Delete results of an earlier run from `output_dir`: outputs, status, record, logs, staging dirs."""
+def _clear_stale(output_dir: Path, manifest: Mapping[str, Any] | None) -> list[str]:
+    """Delete results of an earlier run from `output_dir`: outputs, status, record, logs, staging dirs.
+
+    Only files and symbolic links are removed (a link itself, never what it points to), and the staging
+    folders `.run-K` that `bsa run` makes; a folder where a result file belongs is left alone and
+    reported, never removed.
+
+    Returns:
+        problems that keep the case from running (a folder where a result file belongs).
+    """
     if not output_dir.is_dir():
-        return
-    names = {STATUS_FILE, RUN_RECORD}
-    names.update(entry["file"] for _, entry in iter_entries(manifest or {}, "outputs"))
-    names.update({"dq.bin", "dk.bin", "dv.bin"})
+        return []
+    problems: list[str] = []
+    paths = [output_dir / STATUS_FILE, output_dir / RUN_RECORD]
+    paths += [output_dir / name for name in ("dq.bin", "dk.bin", "dv.bin")]
+    for _, entry in iter_entries(manifest or {}, "outputs"):
+        try:
+            paths.append(inside_parent(output_dir, entry["file"]))
+        except DataError as exc:
+            problems.append(str(exc))
     for path in output_dir.iterdir():
-        stale = (
-            path.name in names
-            or (path.name.startswith(("stdout", "stderr")) and path.name.endswith(".log"))
-            or path.name.startswith(".run-")
-        )
-        if not stale:
-            continue
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        if path.name.startswith(".run-") or (path.name.startswith(("stdout", "stderr")) and path.name.endswith(".log")):
+            paths.append(path)
+    for path in dict.fromkeys(paths):
+        try:
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.name.startswith(".run-") and path.parent == output_dir and path.is_dir():
+                shutil.rmtree(path)  # a staging folder of an earlier run (rmtree never follows its links)
+            elif path.exists():
+                problems.append(
+                    f"{path} is a folder where bsa writes a result file; bsa removes only what it wrote: "
+                    "remove it yourself"
+                )
+        except OSError as exc:
+            problems.append(f"cannot remove {path}: {exc.strerror or exc}")
+    return problems
 
 
 def _read_status(staging: Path, attempt: _Attempt) -> None:
     path = staging / STATUS_FILE
-    if not path.is_file():
+    if not path.exists():
         attempt.problems.append(f"no {STATUS_FILE}: the binary must write the aclnn status there")
         return
-    lines = path.read_text(errors="replace").splitlines()
+    try:
+        text = read_regular(path, STATUS_MAX_BYTES, truncate=True).decode("utf-8", errors="replace")
+    except DataError as exc:
+        attempt.problems.append(f"{STATUS_FILE}: {exc.message}")
+        return
+    lines = text.splitlines()
     first = lines[0].strip() if lines else ""
     try:
+        if len(first) > 20:
+            raise ValueError
         attempt.status = int(first)
     except ValueError:
-        attempt.problems.append(f"{STATUS_FILE}: first line {first!r} is not a decimal aclnn status")
+        attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status")
         return
     message = "\n".join(lines[1:]).strip()
     attempt.status_message = message or None
@@ -553,17 +594,23 @@ def _read_status(staging: Path, attempt: _Attempt) -> None:
 def _check_outputs(staging: Path, manifest: Mapping[str, Any], attempt: _Attempt) -> None:
     """Record size and sha256 of each output; note missing or wrong-size ones when the status is 0."""
     for name, entry in iter_entries(manifest, "outputs"):
-        path = staging / entry["file"]
+        try:
+            path = inside(staging, entry["file"])
+        except DataError as exc:
+            attempt.problems.append(str(exc))
+            continue
         expected = expected_nbytes(entry)
-        if not path.is_file():
+        if not path.is_file() or path.is_symlink():
             if attempt.status == 0:
+                kind = "missing" if not (path.exists() or path.is_symlink()) else "not a regular file"
                 attempt.problems.append(
-                    f"{entry['file']} missing (status 0 promises {expected} bytes, "
+                    f"{entry['file']} {kind} (status 0 promises {expected} bytes, "
                     f"shape {list(entry['shape'])} {entry['dtype']})"
                 )
             continue
         size = path.stat().st_size
-        attempt.outputs[name] = {"file": entry["file"], "bytes": size, "sha256": sha256_file(path)}
+        digest = sha256_file(path) if size == expected else None  # an oversized file is not read
+        attempt.outputs[name] = {"file": entry["file"], "bytes": size, "sha256": digest}
         if size != expected and attempt.status == 0:
             kind = "truncated" if size < expected else "oversized"
             attempt.problems.append(
@@ -630,7 +677,8 @@ class _CaseRun:
         self.device = options.device
         self.device_id = device_id
         self.cancel = cancel
-        self.output_dir = output_dir_for(self.case_dir, options.outputs_root).resolve()
+        root = None if options.outputs_root is None else Path(options.outputs_root).resolve()
+        self.output_dir = output_dir_for(self.case_dir, root)  # its last part is never resolved: never a link
         self.name = self.case_dir.name
 
     def run(self) -> CaseResult:
@@ -647,10 +695,18 @@ class _CaseRun:
         except DataError as exc:
             problems.append(str(exc))
             outcome = "error"
-        self.output_dir.mkdir(parents=True, exist_ok=True)
-        _clear_stale(self.output_dir, manifest)
+        try:
+            check_output_dir(self.output_dir)
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        except (DataError, OSError) as exc:  # nowhere to write: the result goes without a record
+            problems.append(str(exc) if isinstance(exc, DataError) else f"{self.output_dir}: {exc.strerror or exc}")
+            return self._result(manifest, [], "error", problems, None, time.monotonic() - clock)
+        stale = _clear_stale(self.output_dir, manifest)
+        if stale:
+            problems.extend(stale)
+            outcome = "error"
         inputs_run: dict[str, str] | None = None
-        if manifest is not None:
+        if manifest is not None and outcome == "ok":
             try:
                 verify_inputs(self.case_dir, manifest)
                 entries = iter_entries(manifest, "inputs")
@@ -661,18 +717,41 @@ class _CaseRun:
         try:
             if outcome == "ok" and manifest is not None:
                 outcome = self._run_all(manifest, attempts, problems, differences)
+        except OSError as exc:  # a staging folder that cannot be made (a full disk, no permission)
+            problems.append(f"cannot run the case in {self.output_dir}: {exc.strerror or exc}")
+            outcome = "error"
         finally:
             for attempt in attempts[1:]:
                 shutil.rmtree(attempt.staging, ignore_errors=True)
         if attempts and outcome != "interrupted":
-            self._promote(attempts[0].staging)
+            try:
+                self._promote(attempts[0].staging)
+            except OSError as exc:
+                problems.append(f"cannot move the outputs into {self.output_dir}: {exc.strerror or exc}")
+                outcome = "error"
         elif attempts:
             shutil.rmtree(attempts[0].staging, ignore_errors=True)
-        first = attempts[0] if attempts else None
         duration = time.monotonic() - clock
         record = self._record(manifest, attempts, outcome, problems, differences, started, duration)
         record["inputs"] = inputs_run
-        write_json_atomic(self.output_dir / RUN_RECORD, record)
+        try:
+            write_json_atomic(self.output_dir / RUN_RECORD, record)
+        except OSError as exc:  # a full disk, or a folder in its place: the case ends without a record
+            problems.append(f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}")
+            record["outcome"], record["problems"] = "error", problems
+            outcome = "error"
+        return self._result(manifest, attempts, outcome, problems, record, duration)
+
+    def _result(
+        self,
+        manifest: Mapping[str, Any] | None,
+        attempts: list[_Attempt],
+        outcome: str,
+        problems: list[str],
+        record: Mapping[str, Any] | None,
+        duration: float,
+    ) -> CaseResult:
+        first = attempts[0] if attempts else None
         return CaseResult(
             name=self.name,
             case_dir=self.case_dir,
@@ -683,7 +762,7 @@ class _CaseRun:
             expect_status=(manifest or {}).get("expect", {}).get("status"),
             device_id=self.device_id,
             duration_s=duration,
-            record=record,
+            record=record or {},
         )
 
     def _run_all(
@@ -736,6 +815,8 @@ class _CaseRun:
 
     def _attempt(self, index: int) -> _Attempt:
         staging = self.output_dir / f".run-{index}"
+        if staging.is_symlink() or staging.is_file():
+            staging.unlink()
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
         suffix = "" if index == 1 else f".run{index}"
@@ -772,6 +853,9 @@ class _CaseRun:
                 self._emulate(attempt)
             else:
                 self._spawn(attempt)
+        except OSError as exc:  # a log or output that cannot be written (a full disk, a folder in its place)
+            attempt.problems.append(f"cannot run the case: {exc.strerror or exc}"
+                                    + (f" ({exc.filename})" if exc.filename else ""))  # fmt: skip
         finally:
             attempt.duration_s = time.monotonic() - clock
             attempt.finished = _now()
@@ -790,6 +874,11 @@ class _CaseRun:
             attempt.exit_code = 2
             attempt.problems.append(f"the reference device refused the case: {exc}")
             return
+        except OSError as exc:
+            stderr.write_text(f"Error: {exc}\n")
+            attempt.exit_code = 2
+            attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
+            return
         except Exception as exc:
             stderr.write_text(traceback.format_exc())
             attempt.exception = type(exc).__name__
@@ -802,15 +891,15 @@ class _CaseRun:
         env.update(self.options.env(self.device_id))
         deadline = None if self.options.timeout is None else time.monotonic() + self.options.timeout
         with (
-            open(self.output_dir / attempt.stdout_log, "wb") as out,
-            open(self.output_dir / attempt.stderr_log, "wb") as err,
+            _CappedLog(self.output_dir / attempt.stdout_log) as out,
+            _CappedLog(self.output_dir / attempt.stderr_log) as err,
         ):
             try:
                 proc = subprocess.Popen(
                     attempt.argv,
                     stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
                     env=env,
                     start_new_session=True,
                 )
@@ -818,6 +907,8 @@ class _CaseRun:
                 attempt.problems.append(f"cannot start {attempt.argv[0]}: {exc.strerror or exc}")
                 return
             self.cancel.add(proc.pid)
+            assert proc.stdout is not None and proc.stderr is not None
+            reader = _PipeReader({proc.stdout: out, proc.stderr: err})
             try:
                 while True:
                     try:
@@ -837,6 +928,7 @@ class _CaseRun:
                 # Children the binary left behind belong to the run: stop them too.
                 _signal_group(proc.pid, signal.SIGKILL)
                 self.cancel.discard(proc.pid)
+                reader.finish(PIPE_DRAIN_S)
         code = proc.returncode
         if code is not None and code < 0 and self.cancel.event.is_set() and not attempt.timed_out:
             attempt.interrupted = True  # killed by the Ctrl-C handler before this worker saw the flag
@@ -891,13 +983,24 @@ class _CaseRun:
         return diffs
 
     def _promote(self, staging: Path) -> None:
-        """Move the first run's files from its staging directory up into the output directory."""
-        if not staging.is_dir():
+        """Move the first run's files from its staging directory up into the output directory.
+
+        Names `bsa run` keeps for itself (run.json, the logs, .run-K) are not moved, and nothing replaces
+        a folder already in the output directory: the staging directory, with what was not moved, is
+        removed (never following a link).
+        """
+        if not staging.is_dir() or staging.is_symlink():
             return
         for path in staging.iterdir():
-            target = self.output_dir / path.name
+            name = path.name
+            if name == RUN_RECORD or name.startswith(".run-") or (
+                name.startswith(("stdout", "stderr")) and name.endswith(".log")
+            ):
+                continue
+            target = self.output_dir / name
             if target.is_dir() and not target.is_symlink():
-                shutil.rmtree(target)
+                if not (path.is_dir() and not path.is_symlink() and not any(target.iterdir())):
+                    continue  # an earlier folder stays; an empty one is replaced below
             os.replace(path, target)
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -960,6 +1063,99 @@ class _CaseRun:
         }
 
 
+def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Exception) -> CaseResult:
+    """Return the error result of a case whose run raised `exc` (one line naming it, no traceback)."""
+    where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+    at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+    problem = f"bsa could not run this case: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
+    return CaseResult(
+        name=Path(case_dir).name,
+        case_dir=Path(case_dir),
+        output_dir=output_dir_for(Path(case_dir), options.outputs_root),
+        outcome="error",
+        problems=(problem,),
+        device_id=device_id,
+    )
+
+
+class _CappedLog:
+    """A log file that keeps the first LOG_HEAD_BYTES and the last LOG_TAIL_BYTES written to it and says,
+    between them, how many bytes were cut."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file = open(path, "wb")  # noqa: SIM115 - closed in __exit__
+        self.head = 0
+        self.tail = bytearray()
+        self.cut = 0
+
+    def __enter__(self) -> _CappedLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.cut:
+                self.file.write(
+                    f"\n[bsa: {self.cut} bytes cut here; a log keeps its first {LOG_HEAD_BYTES} and last "
+                    f"{LOG_TAIL_BYTES} bytes]\n".encode()
+                )
+            self.file.write(self.tail)
+        finally:
+            self.file.close()
+
+    def write(self, data: bytes) -> None:
+        try:
+            self._write(data)
+        except OSError:  # a full disk: the rest of the output is read and dropped, so the child never blocks
+            self.cut += len(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.head < LOG_HEAD_BYTES:
+            part = data[: LOG_HEAD_BYTES - self.head]
+            self.file.write(part)
+            self.head += len(part)
+            data = data[len(part) :]
+        if data:
+            self.tail += data
+            if len(self.tail) > LOG_TAIL_BYTES:
+                extra = len(self.tail) - LOG_TAIL_BYTES
+                del self.tail[:extra]
+                self.cut += extra
+
+
+class _PipeReader(threading.Thread):
+    """Copies a child's stdout and stderr pipes into capped logs until both close or `finish` stops it."""
+
+    def __init__(self, pipes: Mapping[Any, _CappedLog]) -> None:
+        super().__init__(daemon=True, name="bsa-logs")
+        self.pipes = dict(pipes)
+        self.stop = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        with selectors.DefaultSelector() as selector:
+            for pipe, log in self.pipes.items():
+                selector.register(pipe, selectors.EVENT_READ, log)
+            while selector.get_map() and not self.stop.is_set():
+                for key, _ in selector.select(timeout=0.1):
+                    try:
+                        data = os.read(key.fd, 1 << 16)
+                    except OSError:
+                        data = b""
+                    if data:
+                        key.data.write(data)
+                    else:
+                        selector.unregister(key.fileobj)
+
+    def finish(self, timeout: float) -> None:
+        """Wait up to `timeout` s for the pipes to close (the process group is gone), then stop reading."""
+        self.join(timeout)
+        self.stop.set()
+        self.join()
+        for pipe in self.pipes:
+            pipe.close()
+
+
 def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) -> CaseResult:
     """Run one case (with its repeats) and write its `run.json`; return the result."""
     cancel = _Cancel()
@@ -1001,7 +1197,9 @@ def run_cases(
             events.put(RunEvent("start", case_dir.name, device_id))
             try:
                 result = _CaseRun(case_dir, options, device_id, cancel).run()
-            except BaseException as exc:  # a bug in bsa: stop the run and re-raise in the caller
+            except Exception as exc:  # a bug in bsa or a case it did not foresee: record it, go on
+                result = _unforeseen(case_dir, options, device_id, exc)
+            except BaseException as exc:  # stop the run and re-raise in the caller
                 failures.append(exc)
                 cancel.cancel()
                 return

@@ -7,6 +7,8 @@ of its arrays; the time rate is a conservative figure for the 2-core development
 
 from __future__ import annotations
 
+import collections
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .case import Case, numpy_dtype
-from .inputs import make_mask, mask_stats
+from .inputs import MaskCounts, make_mask, mask_counts
 from .workers import cpu_count
 
 GOLDEN_FLOPS_PER_SECOND = 40e9
@@ -35,30 +37,185 @@ class Estimate:
     seconds: float
 
 
+EXACT_MASK_ELEMENTS = 1 << 22
+"""Masks up to this many elements are drawn to count what they select; larger ones are counted from
+their pattern (`pattern_counts`), so estimating never costs memory in proportion to the case."""
+
+BASE_MEMORY = 64 << 20
+"""Resident memory of a `bsa gen` process before it holds any case (interpreter, NumPy, bsa)."""
+
+GROUP_MEMORY = 4 << 10
+"""Memory per kv-head group (its sub-case, views and partial results), held for the whole case."""
+
+SPAN_MEMORY = 320
+"""Memory per batch entry (its span and lengths), held for the whole case."""
+
+SECONDS_PER_CASE = 0.02
+SECONDS_PER_GROUP_SPAN = 4e-4
+"""Time per (kv-head group, non-empty batch entry): the per-sequence set-up of each pass."""
+SECONDS_PER_ROW = 1.5e-4
+"""Time per (batch entry, query head, query block) row that selects a block: the per-row NumPy calls."""
+SECONDS_PER_BLOCK = 3e-7
+SECONDS_PER_GATHERED_BLOCK = 2e-6
+"""Time per selected block: sliced when a row's blocks are consecutive (dense, causal, sliding window),
+gathered and scattered one by one otherwise (random, strided, explicit)."""
+
+
 def estimate(case: Case) -> Estimate:
-    """Estimate the cost of generating `case` (its mask is drawn: cheap next to the golden)."""
-    stats = mask_stats(case, make_mask(case))
+    """Estimate the cost of generating `case` (time and peak memory on the 2-core development machine).
+
+    Small masks are drawn and counted exactly; large ones are counted from their pattern. Beyond the
+    FLOPs, the time counts the Python work per batch entry, per row and per block that dominates cases
+    of many heads, many short sequences or tiny blocks; the memory counts the arrays, the per-sequence
+    working buffers, and what every kv-head group and batch entry holds.
+    """
+    mask_elements = math.prod(case.mask_shape)
+    if mask_elements <= EXACT_MASK_ELEMENTS:
+        counts = mask_counts(case, make_mask(case))
+    else:
+        counts = pattern_counts(case)
     itemsize = numpy_dtype(case.dtype).itemsize if case.dtype in ("float16", "bfloat16") else 4
-    q_elems = int(np.prod(case.q_shape))
-    kv_elems = int(np.prod(case.kv_shape))
-    mask_bytes = int(np.prod(case.mask_shape))
-    input_bytes = (3 * q_elems + 2 * kv_elems) * itemsize + (q_elems // max(case.head_dim, 1)) * 4 + mask_bytes
+    q_elems = math.prod(case.q_shape)
+    kv_elems = math.prod(case.kv_shape)
+    input_bytes = (3 * q_elems + 2 * kv_elems) * itemsize + (q_elems // max(case.head_dim, 1)) * 4 + mask_elements
     grad_elems = q_elems + 2 * kv_elems
     output_bytes = grad_elems * (4 + itemsize)  # golden float32 and benchmark in the case dtype
-    # Working set: float64 forward copies of q, k, v, out, the float32 backward's upcast inputs and its
-    # accumulators, plus one query-block row of scores (X by selected columns) per head at a time.
-    working = 8 * (2 * q_elems + 2 * kv_elems) + 4 * (3 * q_elems + 2 * kv_elems) + 4 * grad_elems
-    x, y = case.mask_block_shape
-    row_scores = 8 * x * case.kv_seq_len * 4
-    flops = int(stats["flops_forward"] + stats["flops_backward"])
+    density = counts.selected_blocks / counts.total_blocks if counts.total_blocks else 0.0
+    peak_memory = (
+        BASE_MEMORY
+        + input_bytes
+        + output_bytes
+        + _working_memory(case, q_elems, kv_elems, itemsize, density)
+        + mask_elements * (13 if case.sparsity.pattern == "random" else 5)  # drawn, copied, written, checked
+        + 8 * counts.selected_blocks // max(case.num_heads, 1)  # one head's selected block indices
+        + GROUP_MEMORY * case.num_kv_heads
+        + SPAN_MEMORY * case.batch
+    )
+    flops = 14 * counts.cells * case.head_dim
+    spans = _nonempty_spans(case)
+    consecutive = case.sparsity.pattern in ("dense", "causal", "sliding_window")
+    seconds = (
+        SECONDS_PER_CASE
+        + flops * 1.4 / GOLDEN_FLOPS_PER_SECOND  # the benchmark backward repeats the golden's work
+        + SECONDS_PER_GROUP_SPAN * spans * case.num_kv_heads
+        + SECONDS_PER_ROW * counts.active_rows
+        + (SECONDS_PER_BLOCK if consecutive else SECONDS_PER_GATHERED_BLOCK) * counts.selected_blocks
+    )
     return Estimate(
         flops=flops,
-        density=float(stats["density"]),
+        density=density,
         input_bytes=input_bytes,
         output_bytes=output_bytes,
-        peak_memory=input_bytes + output_bytes + working + row_scores,
-        seconds=flops * 1.4 / GOLDEN_FLOPS_PER_SECOND,  # the benchmark backward repeats the golden's work
+        peak_memory=int(peak_memory),
+        seconds=seconds if case.expect.ok else SECONDS_PER_CASE,
     )
+
+
+def _working_memory(case: Case, q_elems: int, kv_elems: int, itemsize: int, density: float) -> int:
+    """Bytes the golden works in besides inputs and outputs: contiguous copies of each kv-head group's
+    inputs (with several groups), the float32 upcasts of the largest sequence of one group, and one
+    query-block row of scores per head."""
+    copies = (2 * q_elems + 2 * kv_elems) * itemsize if case.num_kv_heads > 1 else 0
+    longest_q = max(_distinct_lengths(case), key=lambda pair: pair[0][0], default=((0, 0), 0))[0][0]
+    longest_kv = max(_distinct_lengths(case), key=lambda pair: pair[0][1], default=((0, 0), 0))[0][1]
+    span_q = longest_q * case.group_size * case.head_dim
+    span_kv = longest_kv * case.head_dim
+    x, _ = case.mask_block_shape
+    row_scores = 8 * x * case.kv_seq_len * 4 * max(density, 1.0 / max(case.num_kv_blocks, 1))
+    return int(copies + 4 * (3 * span_q + 2 * span_kv) + row_scores)
+
+
+def _distinct_lengths(case: Case) -> list[tuple[tuple[int, int], int]]:
+    """Return each distinct (q length, kv length) of the batch entries and how many entries have it,
+    without building a list of `batch` entries when the lengths are all the same."""
+    honored = case.layout == "TND" or case.bnsd_lengths == "honored"
+    if case.actual_seq_lengths is None or case.actual_seq_lengths_kv is None or not honored:
+        q = case.actual_seq_lengths if honored and case.actual_seq_lengths is not None else None
+        kv = case.actual_seq_lengths_kv if honored and case.actual_seq_lengths_kv is not None else None
+        if q is None and kv is None:
+            return [((case.q_seq_len, case.kv_seq_len), case.batch)]
+    q_lengths, kv_lengths = case.q_lengths(), case.kv_lengths()
+    for known_q, known_kv, counted in _COUNTED:
+        if known_q is q_lengths and known_kv is kv_lengths:
+            return counted
+    counted = sorted(collections.Counter(zip(q_lengths, kv_lengths, strict=True)).items())
+    _COUNTED.append((q_lengths, kv_lengths, counted))
+    return counted
+
+
+_COUNTED: collections.deque[tuple[tuple[int, ...], tuple[int, ...], list[tuple[tuple[int, int], int]]]] = (
+    collections.deque(maxlen=4)
+)
+"""The last distinct-length counts, by the identity of the length tuples (cases of a matrix share them)."""
+
+
+def _nonempty_spans(case: Case) -> int:
+    return sum(count for (q_len, kv_len), count in _distinct_lengths(case) if q_len and kv_len)
+
+
+def pattern_counts(case: Case) -> MaskCounts:
+    """Count what the sparsity pattern selects without drawing the mask (random: the expected counts).
+
+    Block rows are summed in closed form per distinct pair of lengths, so the cost does not grow with the
+    mask; partial tail blocks are counted whole, which is close enough for an estimate.
+    """
+    sparsity = case.sparsity
+    x, y = case.mask_block_shape
+    heads = case.num_heads
+    n_q = case.num_q_blocks
+    empty = sparsity.empty_rows
+    if isinstance(empty, float):
+        kept = 1.0 - (round(empty * n_q) / n_q if n_q else 0.0)
+    else:
+        kept = 1.0 - (len({r for r in empty if r < n_q}) / n_q if n_q else 0.0)
+    explicit_density = 0.0
+    if sparsity.pattern == "explicit" and sparsity.explicit is not None:
+        explicit_density = float(np.count_nonzero(sparsity.explicit)) / max(sparsity.explicit.size, 1)
+    selected = total = cells = rows = 0.0
+    for (q_len, kv_len), count in _distinct_lengths(case):
+        if not q_len or not kv_len:
+            continue
+        nq, nk = math.ceil(q_len / x), math.ceil(kv_len / y)
+        total += nq * nk * heads * count
+        if sparsity.pattern in ("dense", "random", "explicit"):
+            share = {"dense": 1.0, "random": sparsity.density, "explicit": explicit_density}[sparsity.pattern]
+            blocks, area = share * nq * nk, share * q_len * kv_len
+            active = nq * (1.0 - (1.0 - share) ** nk)
+        else:
+            window = sparsity.window
+            blocks = _blocks_up_to_diagonal(nq, nk, 0) - _blocks_up_to_diagonal(nq, nk, window)
+            area = x * (_columns(nq, kv_len, y, 0) - _columns(nq, kv_len, y, window))
+            active = min(nq, nk + window - 1)
+            if sparsity.pattern == "causal":
+                blocks = _blocks_up_to_diagonal(nq, nk, 0)
+                area = x * _columns(nq, kv_len, y, 0)
+                active = nq
+            elif sparsity.pattern == "strided":
+                left = _blocks_up_to_diagonal(nq, nk, window) / sparsity.stride
+                blocks += left
+                area += x * y * left
+                active = nq if nk >= sparsity.stride else active
+            area *= q_len / (x * nq)  # a partial last query block holds fewer rows
+        selected += blocks * kept * heads * count
+        cells += max(area, 0.0) * kept * heads * count
+        rows += active * kept * heads * count
+    return MaskCounts(selected_blocks=int(selected), total_blocks=int(total), cells=int(cells),
+                      active_rows=int(rows))  # fmt: skip
+
+
+def _blocks_up_to_diagonal(n_q: int, n_kv: int, shift: int) -> float:
+    """Return sum over query blocks i < n_q of min(n_kv, max(0, i + 1 - shift)): kv blocks j <= i - shift."""
+    n = max(0, n_q - shift)
+    m = min(n, n_kv)
+    return m * (m + 1) / 2 + (n - m) * n_kv
+
+
+def _columns(n_q: int, kv_len: int, y: int, shift: int) -> float:
+    """Return sum over query blocks i < n_q of min(kv_len, max(0, i + 1 - shift) * y): the kv tokens of
+    blocks j <= i - shift."""
+    n = max(0, n_q - shift)
+    m = min(n, kv_len // y)
+    return y * m * (m + 1) / 2 + (n - m) * kv_len
 
 
 AUTO_JOBS_MIN_SECONDS = 3.0

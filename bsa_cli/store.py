@@ -11,6 +11,11 @@ Layout of one generated case (the contract other tools read; README.md documents
 
 Arrays are raw little-endian C-order bytes. A case directory is written under a temporary name and
 renamed into place once complete, so an interrupted run never leaves a case that looks complete.
+
+Case folders travel between machines and teams, so everything read from them is untrusted. This module
+is the one place that turns a manifest's `file` into a path (`entry_path`, `inside`): a file must be a
+plain relative path that stays inside its folder (no absolute path, no `..`, no symbolic link leading
+out), and files are read only when they are regular files of bounded size (`read_regular`).
 """
 
 from __future__ import annotations
@@ -18,23 +23,167 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import math
 import mmap
 import os
+import re
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
 
-from .case import numpy_dtype
+from .case import DTYPES, numpy_dtype
 from .errors import DataError
+from .errors import show as _show
 
 FORMAT = "bsa-case/1"
 MANIFEST = "case.json"
 FLAT_PARAMS = "case.txt"
 OUTPUTS_DIR = "outputs"
+
+SECTIONS = ("inputs", "golden", "benchmark", "outputs")
+"""Manifest sections of array entries `{name: {file, dtype, shape, sha256}}`."""
+
+RESERVED_OUTPUT_NAMES = ("status.txt", "run.json")
+"""Files of an output directory that belong to the contract or to `bsa run`, never to an `outputs` entry
+(nor are `stdout*.log`, `stderr*.log` and `.run-*`)."""
+
+MAX_MANIFEST_BYTES = 64 << 20
+"""Largest `case.json` read (a generated one is a few KiB)."""
+
+MAX_ARRAY_BYTES = 1 << 44
+"""Largest array a manifest entry may promise (16 TiB): beyond any real case, and far from int64 overflow."""
+
+MAX_NAME_BYTES = 200
+"""Longest case (folder) name: the file system's 255 bytes less room for bsa's temporary names around it."""
+
+_LEFTOVER_RE = re.compile(r"^\..+\.(?:partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+"""Names of the temporary folders `CaseWriter` makes (with the pid of their writer since bsa 0.1.0)."""
+
+
+# ---- paths confined to their folder ------------------------------------------------------------------
+
+
+def check_relative(relative: Any, what: str) -> str:
+    """Return `relative` if it is a plain relative file path that cannot climb out of its folder.
+
+    Raises:
+        DataError: it is not a non-empty string, is absolute, holds a `..` part or a NUL, or names the
+            folder itself. The message names `what` (such as `outputs.dq.file`).
+    """
+    if not isinstance(relative, str) or not relative.strip():
+        raise DataError(what, f"{_show(relative)} is not a file name")
+    pure = PurePosixPath(relative)
+    problem = None
+    if "\0" in relative:
+        problem = "holds a NUL character"
+    elif pure.is_absolute() or relative.startswith("\\") or re.match(r"^[A-Za-z]:", relative):
+        problem = "is an absolute path"
+    elif ".." in pure.parts:
+        problem = "climbs out of its folder with '..'"
+    elif not pure.parts or pure.parts == (".",):
+        problem = "names the folder itself, not a file in it"
+    if problem:
+        raise DataError(what, f"{_show(relative)} {problem}; files are relative paths inside their folder")
+    return relative
+
+
+def inside(base: Path, relative: str, what: str | None = None) -> Path:
+    """Return `base / relative` after checking that it stays inside `base`, symbolic links followed.
+
+    Raises:
+        DataError: `relative` is not a plain relative path (`check_relative`), or a symbolic link on the
+            way leads out of `base` (or back to `base` itself).
+    """
+    base = Path(base)
+    check_relative(relative, what or str(base / str(relative)))
+    path = base / relative
+    try:
+        real_base = base.resolve()
+        real = path.resolve()
+    except (OSError, RuntimeError) as exc:  # a symlink loop
+        raise DataError(str(path), f"cannot be resolved: {exc}") from None
+    if real == real_base or not real.is_relative_to(real_base):
+        raise DataError(
+            str(path), f"leads out of {base} through a symbolic link; bsa reads and writes only inside the folder"
+        )
+    return path
+
+
+def inside_parent(base: Path, relative: str, what: str | None = None) -> Path:
+    """Return `base / relative` after checking that its folder lies inside `base` (links followed); the
+    last part itself may be anything, a link leading anywhere included: for removing or replacing it
+    (which never follows it), not for reading through it.
+
+    Raises:
+        DataError: as `inside`, for the folder that holds the file.
+    """
+    base = Path(base)
+    check_relative(relative, what or str(base / str(relative)))
+    path = base / relative
+    parent = PurePosixPath(relative).parent
+    if str(parent) != ".":
+        inside(base, str(parent), what)
+    return path
+
+
+def entry_path(directory: Path, entry: Mapping[str, Any]) -> Path:
+    """Return the path of a manifest entry's file inside `directory` (see `inside`)."""
+    if not isinstance(entry, Mapping):
+        raise DataError(str(directory), f"manifest entry {_show(entry)} is not a mapping with a 'file'")
+    file = check_relative(entry.get("file"), str(Path(directory) / str(entry.get("file"))))
+    return inside(directory, file)
+
+
+def read_regular(path: Path, limit: int, *, truncate: bool = False) -> bytes:
+    """Read a regular file of at most `limit` bytes (with `truncate`: its first `limit` bytes).
+
+    A FIFO, device or folder is refused without being opened for reading in a way that could block.
+
+    Raises:
+        DataError: the file is missing, not a regular file, larger than `limit` (without `truncate`) or
+            cannot be read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise DataError(str(path), "missing") from None
+    except OSError as exc:
+        raise DataError(str(path), f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise DataError(str(path), "is not a regular file")
+        if info.st_size > limit and not truncate:
+            raise DataError(str(path), f"is {info.st_size} bytes, more than the {limit} bytes bsa reads")
+        chunks, left = [], limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    except OSError as exc:
+        raise DataError(str(path), f"cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+
+
+def is_case_name(name: str) -> bool:
+    """Return whether `name` can be a case folder: one visible path component of at most MAX_NAME_BYTES."""
+    return (
+        isinstance(name, str)
+        and name not in ("", ".", "..")
+        and not name.startswith(".")
+        and "/" not in name
+        and "\0" not in name
+        and len(name.encode("utf-8", "surrogateescape")) <= MAX_NAME_BYTES
+    )
 
 
 def sha256_file(path: Path) -> str:
@@ -75,7 +224,7 @@ def write_array(directory: Path, relative: str, array: np.ndarray, dtype_name: s
 
 def expected_nbytes(entry: Mapping[str, Any]) -> int:
     """Return the byte size a manifest array entry promises."""
-    count = int(np.prod(entry["shape"], dtype=np.int64))
+    count = math.prod(int(d) for d in entry["shape"])
     return count * numpy_dtype(entry["dtype"]).itemsize
 
 
@@ -83,13 +232,17 @@ def check_size(directory: Path, entry: Mapping[str, Any]) -> Path:
     """Return the path of a manifest entry's file after checking that it exists with the promised size.
 
     Raises:
-        DataError: the file is missing, truncated or oversized (bytes found and expected, shape and dtype).
+        DataError: the entry is malformed or its file lies outside `directory` (`entry_path`), or the file is
+            missing, not a regular file, truncated or oversized (bytes found and expected, shape and dtype).
     """
-    path = Path(directory) / entry["file"]
+    path = entry_path(directory, entry)
+    check_entry(entry, str(path))
     expected = expected_nbytes(entry)
     shape_text = f"shape {list(entry['shape'])} {entry['dtype']}"
-    if not path.is_file():
+    if not path.exists():
         raise DataError(str(path), f"missing (expected {expected} bytes for {shape_text})")
+    if not path.is_file():
+        raise DataError(str(path), f"not a regular file (expected {expected} bytes for {shape_text})")
     found = path.stat().st_size
     if found != expected:
         kind = "truncated" if found < expected else "oversized"
@@ -140,7 +293,7 @@ def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True
             recorded sha256) its content changed since the manifest was written.
     """
     path = check_size(directory, entry)
-    data = path.read_bytes()
+    data = read_regular(path, expected_nbytes(entry))
     if verify and entry.get("sha256") and hashlib.sha256(data).hexdigest() != entry["sha256"]:
         raise DataError(
             str(path), "sha256 differs from the manifest: the file is stale or was changed; run `bsa gen` again"
@@ -150,22 +303,123 @@ def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True
 
 
 def load_manifest(case_dir: Path) -> dict[str, Any]:
-    """Read and check `case_dir/case.json`."""
+    """Read and check `case_dir/case.json` (`check_manifest`).
+
+    Raises:
+        DataError: the manifest is missing, not a regular file inside the case folder, too large, not
+            JSON, or breaks a rule of `check_manifest` (the message names the entry).
+    """
     path = Path(case_dir) / MANIFEST
+    if not path.exists() and not path.is_symlink():
+        raise DataError(str(path), "no manifest: not a case directory written by `bsa gen`")
+    inside(Path(case_dir), MANIFEST)
+    data = read_regular(path, MAX_MANIFEST_BYTES)
     try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(str(path), "no manifest: not a case directory written by `bsa gen`") from None
+        manifest = json.loads(data)
+    except UnicodeDecodeError as exc:
+        raise DataError(str(path), f"not valid JSON: {exc}") from None
     except json.JSONDecodeError as exc:
+        raise DataError(str(path), f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise DataError(str(path), "not valid JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise DataError(str(path), f"not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
-        raise DataError(str(path), f"format {found!r} is not {FORMAT!r}")
+        raise DataError(str(path), f"format {_show(found)} is not {FORMAT!r}")
+    check_manifest(manifest, str(path))
     return manifest
 
 
+def check_entry(entry: Any, what: str) -> None:
+    """Check one array entry: a mapping with a relative `file`, a known `dtype`, a `shape` of
+    non-negative integers of at most MAX_ARRAY_BYTES, and an optional string `sha256`.
+
+    Raises:
+        DataError: naming `what` and the bad field.
+    """
+    if not isinstance(entry, Mapping):
+        raise DataError(what, f"{_show(entry)} is not a mapping with file, dtype and shape")
+    for field_name in ("file", "dtype", "shape"):
+        if field_name not in entry:
+            raise DataError(what, f"has no '{field_name}'")
+    check_relative(entry["file"], f"{what}.file")
+    dtype = entry["dtype"]
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise DataError(f"{what}.dtype", f"{_show(dtype)} is not one of {', '.join(DTYPES)}")
+    shape = entry["shape"]
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                              for d in shape) or len(shape) > 8:  # fmt: skip
+        raise DataError(f"{what}.shape", f"{_show(shape)} is not a list of up to 8 non-negative integers")
+    nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
+    if nbytes > MAX_ARRAY_BYTES:
+        raise DataError(f"{what}.shape", f"{_show(shape)} {dtype} is {nbytes} bytes, more than bsa's limit")
+    if entry.get("sha256") is not None and not isinstance(entry["sha256"], str):
+        raise DataError(f"{what}.sha256", f"{_show(entry['sha256'])} is not a hex string")
+
+
+def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
+    """Check the parts of a manifest that bsa turns into paths, reads or indexes.
+
+    `name` a string; `params`, `expect` and every section mappings; every array entry as `check_entry`;
+    `outputs` files distinct and none of the files `bsa run` keeps for itself.
+
+    Raises:
+        DataError: `where: KEY: problem`, naming the entry.
+    """
+    name = manifest.get("name")
+    if not isinstance(name, str) or not name:
+        raise DataError(where, f"name {_show(name)} is not a non-empty string")
+    for key in ("params", "expect"):
+        if not isinstance(manifest.get(key), dict):
+            raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")
+    status = manifest["expect"].get("status", 0)
+    if not isinstance(status, int) or isinstance(status, bool) or not -(2**63) <= status < 2**63:
+        raise DataError(where, f"expect.status: {_show(status)} is not a 64-bit integer")
+    for section in SECTIONS:
+        entries = manifest.get(section)
+        if entries is None:
+            continue
+        if not isinstance(entries, dict):
+            raise DataError(where, f"{section}: {_show(entries)} is not a mapping of array entries")
+        for entry_name, entry in entries.items():
+            if entry is None:
+                continue  # a null tensor (a negative case passes a null pointer)
+            try:
+                check_entry(entry, f"{section}.{entry_name}")
+            except DataError as exc:
+                raise DataError(where, str(exc)) from None
+    summary = manifest.get("benchmark_summary")
+    tiles = summary.get("tiles") if isinstance(summary, dict) else None
+    if isinstance(tiles, dict):
+        for entry_name, entry in tiles.items():
+            try:
+                check_entry(entry, f"benchmark_summary.tiles.{entry_name}")
+            except DataError as exc:
+                raise DataError(where, str(exc)) from None
+    seen: set[str] = set()
+    for entry_name, entry in iter_entries(manifest, "outputs"):
+        file = PurePosixPath(entry["file"])
+        first = file.parts[0]
+        if (
+            first in RESERVED_OUTPUT_NAMES
+            or first.startswith(".run-")
+            or (first.startswith(("stdout", "stderr")) and first.endswith(".log"))
+        ):
+            raise DataError(where, f"outputs.{entry_name}.file: {_show(entry['file'])} is a file bsa run keeps "
+                            "for itself (status.txt, run.json, logs, .run-*)")  # fmt: skip
+        normal = str(file)
+        if normal in seen:
+            raise DataError(where, f"outputs.{entry_name}.file: {_show(entry['file'])} names another output too")
+        seen.add(normal)
+
+
 def find_cases(root: Path) -> list[Path]:
-    """Return the case directories under `root` (itself, or its subdirectories holding case.json), sorted."""
+    """Return the case directories under `root` (itself, or its subdirectories holding case.json), sorted.
+
+    Hidden folders (names starting with '.', such as bsa's temporary ones) and symbolic links are never
+    taken as cases.
+    """
     root = Path(root)
     if (root / MANIFEST).is_file():
         return [root]
@@ -173,7 +427,18 @@ def find_cases(root: Path) -> list[Path]:
         raise DataError(str(root), "no such directory")
     if not root.is_dir():
         raise DataError(str(root), "is a file, not a case directory or a folder of cases written by `bsa gen`")
-    return sorted(p.parent for p in root.glob(f"*/{MANIFEST}"))
+    try:
+        children = sorted(root.iterdir())
+    except OSError as exc:
+        raise DataError(str(root), f"cannot be listed: {exc.strerror or exc}") from None
+    return [
+        child
+        for child in children
+        if not child.name.startswith(".")
+        and not child.is_symlink()
+        and child.is_dir()
+        and (child / MANIFEST).is_file()
+    ]
 
 
 def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
@@ -215,17 +480,72 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+def check_output_dir(output_dir: Path) -> Path:
+    """Return `output_dir` after checking that a device may write there: a folder or nothing, never a
+    symbolic link (a case folder could carry one pointing anywhere).
+
+    Raises:
+        DataError: it is a symbolic link, or something other than a folder.
+    """
+    output_dir = Path(output_dir)
+    if output_dir.is_symlink():
+        raise DataError(str(output_dir), "is a symbolic link; bsa never reads or writes outputs through a link "
+                        "(remove it, or give --outputs-root)")  # fmt: skip
+    if output_dir.exists() and not output_dir.is_dir():
+        raise DataError(str(output_dir), "is not a folder; it cannot hold a device's outputs")
+    return output_dir
+
+
+def remove_leftovers(out_root: Path) -> list[Path]:
+    """Remove the temporary folders a killed `bsa gen` left in `out_root`; return them.
+
+    Only real folders (never a symbolic link) named as `CaseWriter` names them are removed, and not those
+    of a writer that is still running (its pid is in the name).
+    """
+    removed: list[Path] = []
+    try:
+        children = list(Path(out_root).iterdir())
+    except OSError:
+        return removed
+    for child in children:
+        match = _LEFTOVER_RE.match(child.name)
+        if not match or child.is_symlink() or not child.is_dir():
+            continue
+        if match.group(1) and _alive(int(match.group(1))):
+            continue
+        shutil.rmtree(child, ignore_errors=True)
+        removed.append(child)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
 class CaseWriter:
     """Build a case directory under a temporary name; `commit()` renames it into place.
 
     Use as a context manager: leaving the block without `commit()` (an error, Ctrl-C) removes the
-    temporary directory, so OUT never holds a half-written case under its real name.
+    temporary directory, so OUT never holds a half-written case under its real name. The case's name
+    must be one visible path component (`is_case_name`): a case never replaces its output folder or a
+    folder outside it.
     """
 
     def __init__(self, final_dir: Path) -> None:
         self.final_dir = Path(final_dir)
+        if not is_case_name(self.final_dir.name):
+            raise DataError(str(self.final_dir), "a case name must name one visible folder inside the output folder")
         self.final_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.dir = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=f".{self.final_dir.name}.partial-"))
+        prefix = f".{self.final_dir.name}.partial-{os.getpid()}-"
+        self.dir = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=prefix))
 
     def __enter__(self) -> CaseWriter:
         return self
@@ -243,8 +563,9 @@ class CaseWriter:
         (self.dir / FLAT_PARAMS).write_text(flat_params)
         # The manifest is written last: a directory with case.json is a complete case.
         write_json_atomic(self.dir / MANIFEST, manifest)
-        if self.final_dir.exists():
-            old = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=f".{self.final_dir.name}.old-"))
+        if self.final_dir.exists() or self.final_dir.is_symlink():
+            prefix = f".{self.final_dir.name}.old-{os.getpid()}-"
+            old = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=prefix))
             os.replace(self.final_dir, old / "case")
             os.replace(self.dir, self.final_dir)
             shutil.rmtree(old, ignore_errors=True)
@@ -254,8 +575,8 @@ class CaseWriter:
 
 
 def iter_entries(manifest: Mapping[str, Any], section: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (name, entry) of a manifest section such as "inputs", "golden" or "outputs"."""
-    yield from (manifest.get(section) or {}).items()
+    """Yield (name, entry) of a manifest section such as "inputs", "golden" or "outputs" (null ones left out)."""
+    yield from ((name, entry) for name, entry in (manifest.get(section) or {}).items() if entry is not None)
 
 
 def verify_inputs(case_dir: Path, manifest: Mapping[str, Any]) -> None:
@@ -265,9 +586,9 @@ def verify_inputs(case_dir: Path, manifest: Mapping[str, Any]) -> None:
         DataError: naming the first file that is missing, of the wrong size, or stale.
     """
     for _, entry in iter_entries(manifest, "inputs"):
-        path = Path(case_dir) / entry["file"]
+        path = entry_path(case_dir, entry)
         if not path.is_file():
-            raise DataError(str(path), "missing input file")
+            raise DataError(str(path), "missing input file" if not path.exists() else "not a regular file")
         if path.stat().st_size != expected_nbytes(entry):
             raise DataError(str(path), f"{path.stat().st_size} bytes, expected {expected_nbytes(entry)}")
         if entry.get("sha256") and sha256_file(path) != entry["sha256"]:

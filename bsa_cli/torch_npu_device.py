@@ -60,7 +60,7 @@ from .emulator import STATUS_FILE, _write_atomic
 from .errors import BsaError, DataError
 from .interface import call_lengths
 from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
-from .store import array_bytes, load_manifest, read_array
+from .store import array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
 
 BINDING = "npu_block_sparse_attention_backward"
 """The torch_npu function this device calls."""
@@ -284,10 +284,12 @@ def import_torch_npu() -> tuple[Any, Any]:
 
 
 def _clear(output_dir: Path, outputs: Mapping[str, Any]) -> None:
-    (output_dir / STATUS_FILE).unlink(missing_ok=True)
-    for name in GRAD_NAMES:
-        if name in outputs:
-            (output_dir / outputs[name]["file"]).unlink(missing_ok=True)
+    """Remove an earlier status and gradient files (links as links), never outside `output_dir`."""
+    paths = [output_dir / STATUS_FILE]
+    paths += [inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if outputs.get(name)]
+    for path in paths:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
 
 
 def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
@@ -303,10 +305,11 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     manifest = load_manifest(case_dir)
     call = plan_call(manifest)
     outputs = manifest["outputs"]
+    check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     _clear(output_dir, outputs)
     # `bsa run` checked every input against its sha256 just before starting this process.
-    arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in manifest["inputs"].items()}
+    arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in iter_entries(manifest, "inputs")}
     for note in prepare_environment(os.environ):
         print(f"note: {note}", file=sys.stderr)
     torch, torch_npu = import_torch_npu()
@@ -344,7 +347,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     for grad_name, grad in zip(GRAD_NAMES, grads, strict=True):
         entry = outputs[grad_name]
         array = to_array(torch, grad.cpu(), entry["dtype"], entry["shape"], grad_name)
-        path = output_dir / entry["file"]
+        path = inside_parent(output_dir, entry["file"])
         path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(path, array_bytes(array))
     _write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files

@@ -6,6 +6,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -31,12 +32,16 @@ def worker_pool(
 ) -> Iterator[ProcessPoolExecutor]:
     """Yield a pool of `jobs` fresh (spawned) processes.
 
+    Workers start with Ctrl-C (SIGINT) ignored, so one pressed while they start up, or while they wait for
+    work, never ends them with a traceback of their own.
+
     Args:
         jobs: processes.
         blas_threads: BLAS threads of each worker (default: its share of the CPUs), passed through the
             environment, which a spawned worker reads before NumPy loads.
-        ignore_interrupt: workers ignore Ctrl-C (SIGINT) and leave it to this process, which decides what
-            becomes of their work; otherwise they are interrupted with it.
+        ignore_interrupt: workers ignore Ctrl-C and leave it to this process, which decides what becomes
+            of their work; otherwise a task running in a worker is interrupted with it (KeyboardInterrupt
+            comes back as the task's result).
         initializer, initargs: called in each worker as it starts (a queue back to this process, say).
     """
     threads = str(blas_threads or max(1, cpu_count() // jobs))
@@ -44,8 +49,8 @@ def worker_pool(
     os.environ.update({var: threads for var in BLAS_THREAD_VARS})
     try:
         context = multiprocessing.get_context("spawn")
-        start = (ignore_interrupt, initializer, initargs)
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context, initializer=_start, initargs=start) as pool:
+        start = (initializer, initargs)
+        with _Pool(jobs, context, ignore_interrupt, start) as pool:
             yield pool
     finally:
         for var, value in saved.items():
@@ -55,8 +60,59 @@ def worker_pool(
                 os.environ[var] = value
 
 
-def _start(ignore_interrupt: bool, initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
-    if ignore_interrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+class _Pool(ProcessPoolExecutor):
+    """A pool whose workers are all started at once, from this thread, with SIGINT ignored (a spawned
+    Python keeps a SIGINT its parent ignored ignored until it says otherwise).
+
+    Ctrl-C stays ignored here too until the pool is entered (`with`), so that an interrupt can only come
+    once leaving the pool waits for the workers: a worker still starting up reads its queues' semaphores,
+    which go when this process ends. (An interrupt in those few milliseconds is lost, not half-handled.)
+    """
+
+    def __init__(
+        self, jobs: int, context: Any, ignore_interrupt: bool, start: tuple[Callable[..., None] | None, Any]
+    ) -> None:
+        super().__init__(max_workers=jobs, mp_context=context, initializer=_start, initargs=start)
+        self.interruptible = not ignore_interrupt
+        self._previous: Any = None
+        launch = getattr(self, "_launch_processes", None)
+        manage = getattr(self, "_start_executor_manager_thread", None)
+        if launch is None or manage is None or threading.current_thread() is not threading.main_thread():
+            return  # workers start on demand, as in any pool
+        self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            launch()
+            manage()  # managed from now on: leaving the pool waits for every worker
+        except BaseException:
+            self._restore()
+            self.shutdown(wait=True)
+            raise
+
+    def __enter__(self) -> _Pool:
+        self._restore()
+        return self
+
+    def _restore(self) -> None:
+        if self._previous is not None:
+            previous, self._previous = self._previous, None
+            signal.signal(signal.SIGINT, previous)
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+        if self.interruptible:
+            return super().submit(_interruptible, fn, *args, **kwargs)
+        return super().submit(fn, *args, **kwargs)
+
+
+def _start(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if initializer is not None:
         initializer(*initargs)
+
+
+def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Run one task of a worker with Ctrl-C raising KeyboardInterrupt, as in the process that asked for it."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -125,6 +125,8 @@ def _load(tp: Any, data: Any) -> Any:
         return float(data)  # also "inf", "-inf", "nan"
     if tp is int:
         return int(data)
+    if tp in (str, bool) and not isinstance(data, tp):
+        raise ValueError(f"expected {tp.__name__}, got {type(data).__name__}")
     return data
 
 
@@ -148,8 +150,8 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
     try:
         cases = tuple(_load(CaseResult, c) for c in document["cases"])
         seconds = float(document.get("summary", {}).get("seconds", 0.0))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"{origin}: malformed report ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
+        raise ValueError(f"{origin}: malformed report ({type(exc).__name__}: {str(exc)[:200]})") from None
     return SuiteResult(cases, seconds)
 
 
