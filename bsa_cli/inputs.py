@@ -9,6 +9,7 @@ rounded once to the case dtype; everything later starts from the rounded values.
 from __future__ import annotations
 
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -34,16 +35,25 @@ def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dt
     return values.astype(dtype)
 
 
-def make_tensors(case: Case) -> dict[str, np.ndarray]:
-    """Return query, key, value and dout in the case dtype, in the case layout."""
+def make_tensors(case: Case, jobs: int = 1) -> dict[str, np.ndarray]:
+    """Return query, key, value and dout in the case dtype, in the case layout (drawn in `jobs` threads)."""
     dtype = numpy_dtype(case.dtype)
     init = case.init
-    return {
-        "query": draw(case, "query", case.q_shape, init.query, dtype),
-        "key": draw(case, "key", case.kv_shape, init.key, dtype),
-        "value": draw(case, "value", case.kv_shape, init.value, dtype),
-        "dout": draw(case, "dout", case.q_shape, init.dout, dtype),
+    streams = {
+        "query": (case.q_shape, init.query),
+        "key": (case.kv_shape, init.key),
+        "value": (case.kv_shape, init.value),
+        "dout": (case.q_shape, init.dout),
     }
+
+    def draw_one(name: str) -> np.ndarray:
+        shape, dist = streams[name]
+        return draw(case, name, shape, dist, dtype)
+
+    if jobs <= 1:
+        return {name: draw_one(name) for name in streams}
+    with ThreadPoolExecutor(min(jobs, len(streams))) as pool:  # NumPy draws and casts without the GIL
+        return dict(zip(streams, pool.map(draw_one, streams), strict=True))
 
 
 def pattern_mask(case: Case) -> np.ndarray:

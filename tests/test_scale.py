@@ -103,9 +103,9 @@ def test_progress_within_a_case_rises_row_by_row_to_one(tmp_path: Path) -> None:
     seen: list[float] = []
     compute_case(case, on_progress=seen.append)
     assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0  # one step per block row
-    in_groups: list[float] = []
-    compute_case(case, jobs=2, on_progress=in_groups.append)
-    assert len(in_groups) == 2 and in_groups[-1] == 1.0  # worker processes report per kv-head group
+    in_threads: list[float] = []
+    compute_case(case, jobs=2, on_progress=in_threads.append)
+    assert len(in_threads) == len(seen) and in_threads == sorted(in_threads) and in_threads[-1] == 1.0  # every row
 
 
 def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
