@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -713,7 +714,8 @@ def _run_in_threads(tasks: list[_Task], lanes: int, report: Callable[[int], None
             with lock:
                 callback(pairs)
 
-    with ThreadPoolExecutor(lanes, thread_name_prefix="bsa-walk") as pool:
+    errstate = np.geterr()  # threads start with NumPy's defaults: give them the caller's floating-point handling
+    with ThreadPoolExecutor(lanes, "bsa-walk", initializer=functools.partial(np.seterr, **errstate)) as pool:
         futures: list[Future[None]] = [pool.submit(_walk, task, report, stop) for task in tasks]
         errors: list[BaseException] = []
         try:

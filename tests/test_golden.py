@@ -636,3 +636,13 @@ def test_walks_in_threads_give_blas_one_thread_each_and_restore_it():
         golden.golden_and_benchmark(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], jobs=2)
     assert seen and all(counts == [1] * len(before) for counts in seen)
     assert golden.blas.thread_counts() == before
+
+
+def test_walks_in_threads_handle_floating_point_errors_as_the_caller_does():
+    case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64, block_shape=(16, 16))
+    t = make_inputs(case, seed=8)
+    t["query"][0, 1, 5] = np.inf  # inf scores: inf - inf in the forward
+    inputs = (t["dout"], t["query"], t["key"], t["value"], t["block_mask"])
+    for jobs in (1, 2):
+        with np.errstate(invalid="raise"), pytest.raises(FloatingPointError):
+            golden.golden_and_benchmark(case, *inputs, jobs=jobs)
