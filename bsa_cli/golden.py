@@ -156,8 +156,7 @@ def _gather(blocks: np.ndarray, selected: np.ndarray, scratch: _Scratch, name: s
     if _consecutive(selected):
         return blocks[selected[0] : selected[-1] + 1].reshape(-1, dim)
     gathered = scratch.get(name, (selected.size, block, dim), blocks.dtype)
-    for target, index in zip(gathered, selected, strict=True):
-        target[...] = blocks[index]
+    np.take(blocks, selected, axis=0, out=gathered, mode="clip")  # "clip": no buffer (the indices are valid)
     return gathered.reshape(-1, dim)
 
 
