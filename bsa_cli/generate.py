@@ -177,7 +177,7 @@ def generate_suite(
     With `jobs` > 1 and several cases, cases run in up to `jobs` processes, largest first, and only as
     many at once as their estimated peak memory allows within `memory_budget` bytes (default: the memory
     available now; 0 or unknown: no limit; a case too large for the budget runs alone). A single case
-    runs with its kv-head groups in parallel instead. With `skip_current`, cases whose directory
+    runs its golden and benchmark walks in up to `jobs` threads instead. With `skip_current`, cases whose directory
     already holds the same generation (`is_current`) are left as they are.
     `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current";
     `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps of 1%).

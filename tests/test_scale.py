@@ -153,12 +153,19 @@ def test_bad_job_counts_are_refused(tmp_path: Path, value: str) -> None:
     assert result.exit_code == 2 and f"{value!r} is not a positive whole number or 'auto'" in result.stderr
 
 
-def test_auto_jobs_start_processes_only_for_seconds_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_jobs_start_processes_for_seconds_of_work_and_threads_for_a_fraction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(schedule, "cpu_count", lambda: 8)
-    small = [schedule.Estimate(flops=1, density=1.0, input_bytes=0, output_bytes=0, peak_memory=0, seconds=0.5)]
-    assert schedule.auto_jobs(None, small) == 1
-    assert schedule.auto_jobs(None, small * 10) == 8
-    assert schedule.auto_jobs(3, small) == 3
+
+    def work(seconds: float) -> schedule.Estimate:
+        return schedule.Estimate(flops=1, density=1.0, input_bytes=0, output_bytes=0, peak_memory=0, seconds=seconds)
+
+    assert schedule.auto_jobs(None, [work(0.5)] * 2) == 1  # processes for a second of work: not worth starting
+    assert schedule.auto_jobs(None, [work(0.5)] * 10) == 8
+    assert schedule.auto_jobs(None, [work(0.5)]) == 8  # one case: threads, which start at once
+    assert schedule.auto_jobs(None, [work(0.05)]) == 1
+    assert schedule.auto_jobs(3, [work(0.5)] * 2) == 3
 
 
 def test_a_container_memory_limit_bounds_the_memory_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
