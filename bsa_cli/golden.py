@@ -226,6 +226,21 @@ def _row_tiles(start: int, stop: int, width: int) -> list[slice]:
     return [slice(first, last) for first, last in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+_CHUNK_ELEMENTS = 1 << 15
+"""Most elements of the row chunks in which a tile's elementwise steps run, chunk after chunk.
+
+A tile is megabytes: step after step it would leave the core's cache and come back. A chunk of rows stays
+there through all the steps. Elementwise steps and row reductions give the same values in any chunks (the
+products still take whole tiles)."""
+
+
+def _chunks(shape: tuple[int, ...]) -> list[slice]:
+    """Cut the rows of a [rows, cols] tile into chunks of at most `_CHUNK_ELEMENTS` elements (one row at least)."""
+    rows, cols = shape
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    return [slice(first, min(first + step, rows)) for first in range(0, rows, step)]
+
+
 def _mask_tail(scores: np.ndarray, selected: np.ndarray, n_kv_blocks: int, tail_pad: int) -> None:
     """Set the padding columns of a selected partial last kv block to -inf (they are the last columns)."""
     if tail_pad and selected[-1] == n_kv_blocks - 1:
@@ -276,7 +291,7 @@ _HALF_SHIFT = np.uint32(13 << 23)  # 2**13: float32 keeps 13 more mantissa bits 
 _HALF_MAX = np.float32(65504)
 
 
-def _round_to_float16(values: np.ndarray) -> np.ndarray:
+def _round_to_float16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Return float32 `values` rounded to float16 (nearest, ties to even; overflow to inf), still as float32.
 
     Bit for bit `values.astype(np.float16).astype(np.float32)` (checked on all 2**32 float32 values; NaN
@@ -291,7 +306,7 @@ def _round_to_float16(values: np.ndarray) -> np.ndarray:
     magic += _HALF_SHIFT
     magic_float = magic.view(np.float32)
     with np.errstate(invalid="ignore"):  # signalling NaNs
-        result = np.abs(values)
+        result = np.abs(values, out=out)
         result += magic_float
         result -= magic_float
     if not result.max(initial=0) <= _HALF_MAX:  # overflow or NaN: rare
@@ -303,11 +318,14 @@ def _round_to_float16(values: np.ndarray) -> np.ndarray:
     return result
 
 
-def _round_to_io(values: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
-    """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32."""
+def _round_to_io(values: np.ndarray, io_dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32 (in `out` if given)."""
     if io_dtype == np.float16:
-        return _round_to_float16(values)
-    return values.astype(io_dtype).astype(np.float32)
+        return _round_to_float16(values, out)
+    if out is None:
+        return values.astype(io_dtype).astype(np.float32)
+    out[...] = values.astype(io_dtype)
+    return out
 
 
 def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
@@ -430,16 +448,18 @@ class _Golden(_Path):
             lse_rows = np.asarray(self.lse[head, rows], dtype=precision)
         probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
         np.matmul(query_scaled, keys.T, out=probs)
-        probs -= lse_rows[:, None]
-        _mask_tail(probs, selected, e.mask.shape[2], e.tail_pad)
-        np.exp(probs, out=probs)
+        for part in _chunks(probs.shape):
+            chunk = probs[part]
+            chunk -= lse_rows[part, None]
+            _mask_tail(chunk, selected, e.mask.shape[2], e.tail_pad)
+            np.exp(chunk, out=chunk)
         self.finish_tile(head, rows, probs, dout_rows, query_scaled, dsum, selected, keys, values, scratch)
 
     def finish_tile(
         self,
         head: int,
         rows: slice,
-        probs: np.ndarray,
+        exp_scores: np.ndarray,
         dout: np.ndarray,
         query_scaled: np.ndarray,
         dsum: np.ndarray,
@@ -448,11 +468,20 @@ class _Golden(_Path):
         values: np.ndarray,
         scratch: _Scratch,
     ) -> None:
-        """Finish one tile from its P [rows, cols]: add its dV and dK shares, write its dQ rows."""
-        dscores = scratch.get("dscores", probs.shape, probs.dtype)
+        """Finish one tile from its P [rows, cols] (`exp_scores`, cast to the precision if it is float64):
+        add its dV and dK shares, write its dQ rows."""
+        precision = self.block_dtype
+        probs = exp_scores
+        if exp_scores.dtype != precision:
+            probs = scratch.get("probs", exp_scores.shape, precision)
+        dscores = scratch.get("dscores", exp_scores.shape, precision)
         np.matmul(dout, values.T, out=dscores)
-        dscores -= dsum[:, None]
-        dscores *= probs
+        for part in _chunks(dscores.shape):
+            if probs is not exp_scores:
+                np.copyto(probs[part], exp_scores[part], casting="same_kind")
+            chunk = dscores[part]
+            chunk -= dsum[part, None]
+            chunk *= probs[part]
         _add_products(self.dv_blocks, selected, probs, dout, scratch)
         _add_products(self.dk_blocks, selected, dscores, query_scaled, scratch)
         dq_rows = dscores @ keys
@@ -507,17 +536,12 @@ class _ForwardGolden(_Golden):
         lse_rows = self.lse[head, rows] = lse64.astype(np.float32)
         self.empty[head, rows] = False
         factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
-        if precision == np.float64:
-            probs = exp_scores
-        else:
-            probs = scratch.get("probs", exp_scores.shape, precision)
-            np.copyto(probs, exp_scores, casting="same_kind")
         dout_rows = e.dout[head, rows].astype(precision)
         dsum = np.einsum("ij,ij->i", dout_rows, out_rows.astype(precision))
         dout_rows *= factor
         dsum *= factor[:, 0]
         query_rows *= self.scale_cast
-        self.finish_tile(head, rows, probs, dout_rows, query_rows, dsum, selected, keys, values, scratch)
+        self.finish_tile(head, rows, exp_scores, dout_rows, query_rows, dsum, selected, keys, values, scratch)
 
 
 class _Kernel(_Path):
@@ -551,18 +575,21 @@ class _Kernel(_Path):
         dsum = (dout_rows * _to_io_fp32(self.out[head, rows], io_dtype)).sum(axis=1, dtype=np.float32)
         with np.errstate(over="ignore"):
             lse_rows = np.asarray(self.lse[head, rows], dtype=np.float32)
-        probs = scratch.get("probs", (query_rows.shape[0], keys.shape[0]), np.float32)
+        shape = (query_rows.shape[0], keys.shape[0])
+        probs, probs_io = scratch.get("probs", shape, np.float32), scratch.get("probs_io", shape, np.float32)
+        dscores, dscores_io = scratch.get("dscores", shape, np.float32), scratch.get("dscores_io", shape, np.float32)
         np.matmul(query_rows, keys.T, out=probs)
-        probs *= self.scale32
-        probs -= lse_rows[:, None]
-        _mask_tail(probs, selected, e.mask.shape[2], e.tail_pad)
-        np.exp(probs, out=probs)
-        probs_io = _round_to_io(probs, io_dtype)
-        dscores = scratch.get("dscores", probs.shape, np.float32)
         np.matmul(dout_rows, values.T, out=dscores)
-        dscores -= dsum[:, None]
-        dscores *= probs
-        dscores_io = _round_to_io(dscores, io_dtype)
+        for part in _chunks(shape):
+            chunk_probs, chunk_dscores = probs[part], dscores[part]
+            chunk_probs *= self.scale32
+            chunk_probs -= lse_rows[part, None]
+            _mask_tail(chunk_probs, selected, e.mask.shape[2], e.tail_pad)
+            np.exp(chunk_probs, out=chunk_probs)
+            _round_to_io(chunk_probs, io_dtype, out=probs_io[part])
+            chunk_dscores -= dsum[part, None]
+            chunk_dscores *= chunk_probs
+            _round_to_io(chunk_dscores, io_dtype, out=dscores_io[part])
         _add_products(self.dv_blocks, selected, probs_io, dout_rows, scratch)
         dq_rows = dscores_io @ keys
         dq_rows *= self.scale32
@@ -593,11 +620,15 @@ def _forward_tile(
     """
     scores = scratch.get("scores", (query.shape[0], keys.shape[0]), np.float64)
     np.matmul(np.asarray(query, dtype=np.float64) * scale, keys.T, out=scores)
-    _mask_tail(scores, selected, n_kv_blocks, tail_pad)
-    row_max = scores.max(axis=1, keepdims=True)
-    scores -= row_max
-    np.exp(scores, out=scores)
-    row_sum = scores.sum(axis=1)
+    row_max = np.empty((scores.shape[0], 1))
+    row_sum = np.empty(scores.shape[0])
+    for part in _chunks(scores.shape):
+        chunk = scores[part]
+        _mask_tail(chunk, selected, n_kv_blocks, tail_pad)
+        np.max(chunk, axis=1, keepdims=True, out=row_max[part])
+        chunk -= row_max[part]
+        np.exp(chunk, out=chunk)
+        np.sum(chunk, axis=1, out=row_sum[part])
     out = (scores @ values) / row_sum[:, None]
     lse = row_max[:, 0] + np.log(row_sum)
     return out, lse, scores, row_max

@@ -97,6 +97,7 @@ def test_gen_writes_the_bits_of_2b40f9e_in_row_tiles(monkeypatch: pytest.MonkeyP
     for module in (golden, before):  # tiles of 32 rows, dK/dV shares of two blocks
         monkeypatch.setattr(module, "_TILE_ELEMENTS", 32 * 640)
         monkeypatch.setattr(module, "_PRODUCT_ELEMENTS", 2 * 128 * 128)
+    monkeypatch.setattr(golden, "_CHUNK_ELEMENTS", 700)  # elementwise steps row by row (rows of 384 or 640)
     expected = gen_before(case, "float32")
     for jobs in (1, 3):
         for label, a, b in zip(NAMES, gen_now(case, "float32", jobs), expected, strict=True):
