@@ -23,16 +23,25 @@ def rng(case: Case, stream: str) -> np.random.Generator:
     return np.random.default_rng([case.seed, zlib.crc32(stream.encode())])
 
 
+_DRAW_CHUNK = 1 << 20
+"""Values drawn (in float64) at a time: a stream gives the same values in chunks as in one go."""
+
+
 def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dtype: np.dtype) -> np.ndarray:
     """Draw `shape` values of `dist` from `stream`, rounded to `dtype`."""
     generator = rng(case, stream)
-    if dist.kind == "uniform":
-        values = generator.uniform(dist.low, dist.high, size=shape)
-    else:
-        values = generator.standard_normal(size=shape)
-        values *= dist.std
-        values += dist.mean
-    return values.astype(dtype)
+    drawn = np.empty(shape, dtype=dtype)
+    flat = drawn.reshape(-1)
+    for first in range(0, flat.size, _DRAW_CHUNK):
+        count = min(_DRAW_CHUNK, flat.size - first)
+        if dist.kind == "uniform":
+            values = generator.uniform(dist.low, dist.high, size=count)
+        else:
+            values = generator.standard_normal(size=count)
+            values *= dist.std
+            values += dist.mean
+        flat[first : first + count] = values  # rounded as `astype` rounds
+    return drawn
 
 
 def make_tensors(case: Case, jobs: int = 1) -> dict[str, np.ndarray]:

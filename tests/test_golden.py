@@ -603,6 +603,11 @@ def test_fast_float16_rounding_equals_numpy_cast_bit_for_bit():
     got = golden._round_to_float16(values)
     same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got) & np.isnan(expected))
     assert same.all(), bits[~same][:5]
+    nan = np.isnan(values)
+    assert np.array_equal(got.view(np.uint32)[nan], bits[nan])  # NaN as it came, payload and sign
+    in_place = values.copy()
+    assert golden._round_to_float16(in_place, out=in_place) is in_place
+    assert np.array_equal(in_place.view(np.uint32), got.view(np.uint32))
 
 
 # ---- walks in threads ---------------------------------------------------------------------------
