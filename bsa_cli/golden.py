@@ -384,8 +384,8 @@ class _Path:
         """Return one kv head's [skv, D] key or value as zero-padded [nKV, Y, D] blocks of `block_dtype`."""
         return _padded_blocks(tensor, self.entry.block_shape[1], self.block_dtype)
 
-    def start(self, key_blocks: np.ndarray) -> None:
-        """Prepare for the walk (accumulators of the padded blocks' shape)."""
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
+        """Prepare for the walk over `kv_head` (accumulators of the padded blocks' shape)."""
 
     def row(self, keys: np.ndarray, values: np.ndarray, scratch: _Scratch) -> None:
         """Prepare for one block row, given its gathered keys and values."""
@@ -430,9 +430,9 @@ class _Golden(_Path):
         self.block_dtype = self.dq.dtype
         self.scale_cast = self.block_dtype.type(entry.scale)
 
-    def start(self, key_blocks: np.ndarray) -> None:
-        self.dk_blocks = np.zeros_like(key_blocks)
-        self.dv_blocks = np.zeros_like(key_blocks)
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
+        self.dk_blocks = _accumulator(self.dk[kv_head], key_blocks)
+        self.dv_blocks = _accumulator(self.dv[kv_head], key_blocks)
 
     def tile(
         self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
@@ -488,8 +488,9 @@ class _Golden(_Path):
 
     def finish(self, kv_head: int) -> None:
         dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
-        self.dk[kv_head] = self.dk_blocks.reshape(-1, dim)[:kv_len]
-        self.dv[kv_head] = self.dv_blocks.reshape(-1, dim)[:kv_len]
+        for grad, blocks in ((self.dk, self.dk_blocks), (self.dv, self.dv_blocks)):
+            if not np.may_share_memory(grad, blocks):  # else the blocks are the gradient itself
+                grad[kv_head] = blocks.reshape(-1, dim)[:kv_len]
         del self.dk_blocks, self.dv_blocks  # while other walks go on
 
 
@@ -565,7 +566,7 @@ class _Kernel(_Path):
     def blocks(self, tensor: np.ndarray) -> np.ndarray:
         return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
 
-    def start(self, key_blocks: np.ndarray) -> None:
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
         self.dk_blocks = np.zeros_like(key_blocks)
         self.dv_blocks = np.zeros_like(key_blocks)
 
@@ -606,6 +607,14 @@ class _Kernel(_Path):
         self.dk[kv_head] = self.dk_blocks.reshape(-1, dim)[:kv_len]
         self.dv[kv_head] = self.dv_blocks.reshape(-1, dim)[:kv_len]
         del self.dk_blocks, self.dv_blocks  # while other walks go on
+
+
+def _accumulator(grad: np.ndarray, key_blocks: np.ndarray) -> np.ndarray:
+    """Return zeroed [nKV, Y, D] accumulators for one kv head's [skv, D] gradient `grad` (zero-filled, as callers
+    make it): `grad` itself, seen as blocks, when it has no padding and the blocks' dtype (no second copy of it)."""
+    if grad.dtype == key_blocks.dtype and grad.flags.c_contiguous and grad.size == key_blocks.size:
+        return grad.reshape(key_blocks.shape)
+    return np.zeros_like(key_blocks)
 
 
 def _forward_tile(
@@ -723,7 +732,7 @@ def _walk(task: _Task, report: Callable[[int], None] | None, stop: threading.Eve
             return path.blocks(entry.key[kv_head]), path.blocks(entry.value[kv_head])
 
         key_blocks, value_blocks = build() if task.shared is None else task.shared.get(build)
-        path.start(key_blocks)
+        path.start(kv_head, key_blocks)
         scratch = _Scratch()
         tiles = 0
         for head, selected, keys, values, row_tiles in _selected_rows(
