@@ -97,6 +97,27 @@ LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}$")
 """What a layout string may be (a negative case may pass one the operator rejects)."""
 
 
+class SpecErrors(SpecError):
+    """Errors of several cases (or files) of one load, in order: one line each (each case's first error)."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        flat = [e for error in errors for e in (error.errors if isinstance(error, SpecErrors) else [error])]
+        first = flat[0]
+        super().__init__(first.file, first.message, first.case, first.key)
+        self.errors = flat
+
+    def __str__(self) -> str:
+        return "\n".join(SpecError.__str__(e) for e in self.errors)
+
+
+def raise_spec_errors(errors: list[SpecError]) -> None:
+    """Raise nothing for no error, the error itself for one, and SpecErrors holding them all for more."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise SpecErrors(errors)
+
+
 def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[Case]:
     """Load every case of the given spec files or folders (their `*.yaml`/`*.yml` files, sorted).
 
@@ -106,14 +127,22 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
     """
     cases: list[Case] = []
     seen: dict[str, str] = {}
+    errors: list[SpecError] = []
     for file in spec_files(paths):
-        for case in load_spec_file(file, max_cases - len(cases)):
+        try:
+            loaded = load_spec_file(file, max_cases - len(cases))
+        except SpecError as exc:
+            errors.append(exc)  # every file's errors are reported, in order
+            continue
+        for case in loaded:
             if case.name in seen:
-                raise SpecError(
+                errors.append(SpecError(
                     str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name"
-                )
+                ))  # fmt: skip
+                continue
             seen[case.name] = str(file)
             cases.append(case)
+    raise_spec_errors(errors)
     return cases
 
 
@@ -317,9 +346,14 @@ def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
             raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases; raise it with "
                             "--max-cases")  # fmt: skip
     cases = []
+    errors: list[SpecError] = []
     for label, merged, matrix in planned:
-        for variant, suffix in expand_matrix(file, label, merged, matrix):
-            cases.append(build_case(path, variant, suffix))
+        try:  # a case's first error is reported, then the next case is read
+            variants = expand_matrix(file, label, merged, matrix)
+            cases.extend(build_case(path, variant, suffix) for variant, suffix in variants)
+        except SpecError as exc:
+            errors.append(exc)
+    raise_spec_errors(errors)
     return cases
 
 

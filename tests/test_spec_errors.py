@@ -61,3 +61,56 @@ def test_a_misspelt_dtype_gets_a_suggestion(tmp_path: Path, fields: dict, key: s
     with pytest.raises(SpecError) as info:
         load(tmp_path, [{**BASE, **fields}])
     assert key in str(info.value) and hint in str(info.value)
+
+
+def test_one_bad_case_gives_its_error_alone(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as info:
+        load(tmp_path, [{**BASE, "name": "a"}, {**BASE, "name": "b", "head_dim": "x"}])
+    assert type(info.value) is SpecError
+    assert str(info.value) == f"{tmp_path / 'spec.yaml'}: case 'b': key 'head_dim': 'x' is not an integer"
+
+
+def test_every_bad_case_of_a_file_is_reported_in_order(tmp_path: Path) -> None:
+    cases = [
+        {**BASE, "name": "a", "dtype": "fp8"},
+        {**BASE, "name": "ok"},
+        {**BASE, "name": "b", "head_dim": "x", "num_heads": -1},
+    ]
+    with pytest.raises(SpecError) as info:
+        load(tmp_path, cases)
+    lines = str(info.value).splitlines()
+    file = str(tmp_path / "spec.yaml")
+    assert len(lines) == 2
+    assert lines[0].startswith(f"{file}: case 'a': key 'dtype': 'fp8' is not allowed")
+    assert lines[1].startswith(f"{file}: case 'b': key ")  # its first error only
+    assert [e.case for e in info.value.errors] == ["a", "b"]  # type: ignore[attr-defined]
+
+
+def test_bad_cases_of_two_files_are_reported_together(tmp_path: Path) -> None:
+    first = tmp_path / "a.yaml"
+    first.write_text(yaml.safe_dump({"cases": [{**BASE, "name": "x", "head_dim": "x"}]}))
+    second = tmp_path / "b.yaml"
+    second.write_text("cases: [unclosed\n")  # a file-level error: that file stops, the others are still read
+    third = tmp_path / "c.yaml"
+    third.write_text(yaml.safe_dump({"cases": [{**BASE, "name": "y", "dtype": "fp8"}, {**BASE, "name": "x"}]}))
+    with pytest.raises(SpecError) as info:
+        load_specs([tmp_path])
+    lines = str(info.value).splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith(f"{first}: case 'x': key 'head_dim'")
+    assert lines[1].startswith(f"{second}: not valid YAML")
+    assert lines[2].startswith(f"{third}: case 'y': key 'dtype'")
+
+
+def test_cli_validate_prints_every_bad_case_and_exits_2(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from bsa_cli.cli import main
+
+    path = tmp_path / "spec.yaml"
+    cases = [{**BASE, "name": "a", "dtype": "fp8"}, {**BASE, "name": "b", "head_dim": "x"}]
+    path.write_text(yaml.safe_dump({"cases": cases}))
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert "case 'a': key 'dtype'" in result.output and "case 'b': key 'head_dim'" in result.output
+    assert "Traceback" not in result.output
