@@ -262,7 +262,8 @@ def test_causal_block_mask_with_unit_blocks_equals_sdpa_causal():
     t = make_inputs(case, seed=6, mask=causal)
     out, lse = forward_of(case, t)
     dq, dk, dv = golden_grads(case, t, out, lse)
-    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.kernel_scale, is_causal=True)
+    t0 = [t[name][0] for name in ("dout", "query", "key", "value")]
+    ref = oracle.sdpa_sequence(*t0, case.kernel_scale, is_causal=True)
     for got, want in zip((out, dq, dk, dv), ref, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-10, atol=1e-12)
 

@@ -184,7 +184,8 @@ def test_ctrl_c_ends_any_command_with_130_and_one_line(tmp_path: Path, monkeypat
     monkeypatch.setattr(cli_gen, "generate_suite", interrupted)
     result = CliRunner().invoke(main, ["gen", spec(tmp_path, CASES[:1]), "-o", str(tmp_path / "o")])
     assert result.exit_code == 130
-    assert result.stderr.splitlines()[-1:] == ["interrupted: finished work is complete, unfinished work was not written"]
+    last = result.stderr.splitlines()[-1:]
+    assert last == ["interrupted: finished work is complete, unfinished work was not written"]
     assert "Traceback" not in result.stderr
 
 
