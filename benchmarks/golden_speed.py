@@ -1,26 +1,31 @@
-"""Benchmark the golden engine and the comparator, measured side by side in one run.
+"""Benchmark `bsa gen`, the reference device and the comparator end to end, side by side in one run.
 
 Prints, each as a ratio against a reference measured in the same run:
-  1. golden forward + backward (float32), as `bsa gen` runs it (`golden.forward_backward`), vs NumPy's
-     float32 matmul rate: in this process (`-j 1`, BLAS on all cores) and over kv-head groups in
-     2 processes with one BLAS thread each (`-j 2`)                          (target >= 0.60)
-  2. the same golden vs a dense PyTorch CPU autograd reference             (target >= 15x faster)
-  3. kernel-faithful backward and the float64 golden vs the float32 golden  (target <= 2.5x)
-  4. peak memory of a 131072-token case vs the bytes of its inputs+outputs (target <= 3x)
-  5. `bsa compare` throughput, a fresh process over a suite run by `bsa run` (target >= 200 MB/s)
+  1. `bsa gen` as a user runs it (a fresh process: inputs, forward, golden, benchmark, summary, files) vs
+     NumPy's float32 matmul rate, counting 14 X Y D FLOPs per selected block pair     (target >= 0.25)
+  2. the same `bsa gen` vs a dense PyTorch float32 autograd forward + backward of the case (which computes
+     only a golden): the explicit formula, and PyTorch's fused SDPA with the element mask     (target >= 6x)
+  3. `bsa emulate` (the reference device `bsa run` uses without a binary) on the case `bsa gen` wrote, vs
+     that `bsa gen`                                                       (target: emulate no slower)
+  4. peak memory of a 131072-token case vs the bytes of its inputs+outputs               (target <= 3x)
+  5. `bsa compare` throughput, a fresh process over a suite run by `bsa run`        (target >= 200 MB/s)
 
-Usage: python benchmarks/golden_speed.py [--quick] [--skip-long] [--long-causal]
-FLOPs follow docs/operator.md section 6: 14 X Y D per selected block pair for forward + backward.
-Timings are wall-clock bests of a few runs; the load average is printed because a busy machine slows both
-sides of a ratio unevenly (BLAS threads suffer most).
+Usage: python benchmarks/golden_speed.py [--rounds N] [--quick] [--skip-long] [--long-causal] [--skip-compare]
+
+Case: B=1, N=4, S=8192, D=128, X=Y=128, random density 0.2 (S=4096 with --quick). Figures 1 to 3 are
+measured in rounds, each round running the matmul reference, `bsa gen` (default `-j auto`, then `-j 1`),
+`bsa emulate` and the PyTorch references one after another, and each figure keeps its best round, so a
+burst of load on the shared machine cannot fall on one side of a ratio only. Every command and every
+PyTorch reference runs in a process of its own; the PyTorch time is its computation only (its best
+chance: no interpreter start, no import, inputs ready), bsa's is the wall time of the whole command.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,11 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
-from bsa_cli import golden
 from bsa_cli.case import Case, Sparsity
-from bsa_cli.inputs import make_mask, make_tensors, mask_stats
+from bsa_cli.inputs import make_mask, mask_stats
 
-SINGLE_THREAD = {var: "1" for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+BSA = [sys.executable, "-m", "bsa_cli"]
 
 
 def best_of(repeats: int, fn) -> float:
@@ -56,15 +60,6 @@ def matmul_rate(size: int = 512, repeats: int = 20) -> float:
     return 2 * size**3 * repeats / seconds
 
 
-def single_thread_matmul_rate() -> float:
-    """Return NumPy's float32 matmul rate with one BLAS thread, measured in a child process."""
-    here = str(Path(__file__).resolve().parent)
-    code = f"import sys; sys.path.insert(0, {here!r}); import golden_speed as g; print(g.matmul_rate())"
-    env = dict(os.environ, **SINGLE_THREAD)
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
-    return float(result.stdout.split()[-1])
-
-
 def make_case(seq: int, heads: int, pattern: str, density: float = 0.2) -> Case:
     return Case(name=f"bench-{seq}", source="benchmark", layout="BNSD", dtype="float16", batch=1, num_heads=heads,
                 num_kv_heads=heads, head_dim=128, q_seq_len=seq, kv_seq_len=seq, actual_seq_lengths=None,
@@ -72,74 +67,141 @@ def make_case(seq: int, heads: int, pattern: str, density: float = 0.2) -> Case:
                 sparsity=Sparsity(pattern=pattern, density=density))  # fmt: skip
 
 
-def golden_group(group: tuple[Case, dict[str, np.ndarray]]) -> None:
-    """Run the golden forward + backward (float32) of one kv-head group; for the worker pool."""
-    case, t = group
-    golden.forward_backward(case, t["dout"], t["query"], t["key"], t["value"], t["block_sparse_mask"], np.float32)
+def single_thread_matmul_rate() -> float:
+    """Return NumPy's float32 matmul rate with one BLAS thread, measured in a child process.
 
-
-def golden_rates(case: Case, tensors: dict[str, np.ndarray], mask: np.ndarray, rounds: int) -> dict[str, float]:
-    """Time the matmul reference and the golden (-j 1 and over kv-head groups in 2 processes) in turns.
-
-    Each round measures all three one after another, and each figure keeps its best round, so a burst of
-    load on the shared machine cannot fall on one side of a ratio only.
+    Cores times this rate is the machine's matmul peak as one thread per core reaches it: a steadier
+    reference than the all-threads rate when other work competes for the cores (BLAS threads that wait
+    for each other slow down the most).
     """
-    from bsa_cli.generate import _group_inputs
-    from bsa_cli.workers import worker_pool
-
-    inputs = (case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
-    groups = [_group_inputs(case, dict(tensors, block_sparse_mask=mask), g) for g in range(case.num_kv_heads)]
-    best = {"rate": 0.0, "golden": math.inf, "parallel": math.inf}
-    with worker_pool(2) as pool:
-        list(pool.map(golden_group, groups[:2]))  # start the workers and import NumPy there
-        for _ in range(rounds):
-            best["rate"] = max(best["rate"], matmul_rate())
-            best["golden"] = min(best["golden"], best_of(1, lambda: golden.forward_backward(*inputs, np.float32)))
-            best["parallel"] = min(best["parallel"], best_of(1, lambda: list(pool.map(golden_group, groups))))
-    return best
+    here = str(Path(__file__).resolve().parent)
+    code = f"import sys; sys.path.insert(0, {here!r}); import golden_speed as g; print(g.matmul_rate())"
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    return float(result.stdout.split()[-1])
 
 
-def torch_dense_seconds(case: Case, tensors, mask) -> dict[str, float] | None:
-    """Time dense PyTorch autograd references (full S x S masked attention) on the same inputs.
+def write_spec(case: Case, path: Path) -> Path:
+    """Write `case` as a one-case spec file (the keys `bsa gen` reads)."""
+    spec = {"cases": [{
+        "name": case.name, "layout": case.layout, "dtype": case.dtype, "batch": case.batch,
+        "num_heads": case.num_heads, "num_kv_heads": case.num_kv_heads, "head_dim": case.head_dim,
+        "q_seq_len": case.q_seq_len, "kv_seq_len": case.kv_seq_len, "block_shape": list(case.block_shape),
+        "scale": case.scale, "seed": case.seed,
+        "sparsity": {"pattern": case.sparsity.pattern, "density": case.sparsity.density},
+    }]}  # fmt: skip
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
 
-    All given their best chance (all cores, the mask built beforehand, no needless S x S passes): the
-    explicit formula (scores, in-place mask, softmax, P V, `.backward`) in float32, PyTorch's own fused
-    `scaled_dot_product_attention` with the boolean element mask in float32, and the explicit formula in
-    float64, the precision of the test suite's oracle (tests/oracle.py).
+
+def timed_command(args: list[str], what: str, bsa_path: Path | None = None) -> float:
+    """Run a bsa command in a fresh process; return its wall time (interpreter start included).
+
+    With `bsa_path`, the command runs the bsa of that checkout (a baseline), from a neutral folder.
     """
-    try:
-        import torch
-        import torch.nn.functional as F
-    except ImportError:
-        return None
-    torch.set_num_threads(os.cpu_count() or 1)
-    x, y = case.block_shape
-    keep = torch.from_numpy(np.repeat(np.repeat(mask[0] != 0, x, axis=1), y, axis=2))
-    q, k, v, do = (torch.from_numpy(tensors[n][0].astype(np.float32)) for n in ("query", "key", "value", "dout"))
-    empty_rows = not bool(keep.any(dim=-1).all())
+    env, cwd = None, None
+    if bsa_path is not None:
+        env, cwd = dict(os.environ, PYTHONPATH=str(bsa_path)), tempfile.gettempdir()
+    start = time.perf_counter()
+    result = subprocess.run(args, capture_output=True, text=True, env=env, cwd=cwd)
+    seconds = time.perf_counter() - start
+    if result.returncode != 0:
+        raise RuntimeError(f"{what} failed ({result.returncode}): {result.stdout}{result.stderr}")
+    return seconds
 
-    def explicit(dtype: torch.dtype) -> None:
-        qq, kk, vv = (t.to(dtype, copy=True).requires_grad_(True) for t in (q, k, v))
-        scores = (qq * case.scale) @ kk.transpose(-1, -2)
-        scores.masked_fill_(~keep, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        if empty_rows:
-            probs = probs.nan_to_num(0.0)
-        (probs @ vv).backward(do.to(dtype))
 
-    def sdpa() -> None:
-        qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
-        F.scaled_dot_product_attention(qq, kk, vv, attn_mask=keep, scale=case.scale).backward(do)
+TORCH_CHILD = """
+import json, sys, time
+import numpy as np, torch, torch.nn.functional as F
+from bsa_cli.case import Case, Sparsity
+from bsa_cli.inputs import make_mask, make_tensors
+fields = json.loads(sys.argv[1])
+fields["block_shape"] = tuple(fields["block_shape"])
+case = Case(**fields, sparsity=Sparsity(pattern="random", density=float(sys.argv[2])))
+which = sys.argv[3]
+tensors, mask = make_tensors(case), make_mask(case)
+x, y = case.block_shape
+keep = torch.from_numpy(np.repeat(np.repeat(mask[0] != 0, x, axis=1), y, axis=2))
+q, k, v, do = (torch.from_numpy(tensors[n][0].astype(np.float32)) for n in ("query", "key", "value", "dout"))
+empty_rows = not bool(keep.any(dim=-1).all())
+start = time.perf_counter()
+if which == "explicit":
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    scores = (qq * case.scale) @ kk.transpose(-1, -2)
+    scores.masked_fill_(~keep, float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    if empty_rows:
+        probs = probs.nan_to_num(0.0)
+    (probs @ vv).backward(do)
+else:
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    F.scaled_dot_product_attention(qq, kk, vv, attn_mask=keep, scale=case.scale).backward(do)
+print(time.perf_counter() - start)
+"""
 
-    times = {"explicit": best_of(1, lambda: explicit(torch.float32))}
-    if not empty_rows:  # SDPA gives NaN on fully masked rows; the explicit formula is the reference then
-        times["sdpa"] = best_of(1, sdpa)
-    times["explicit float64"] = best_of(1, lambda: explicit(torch.float64))  # the test oracle's precision
-    return times
+
+def torch_seconds(case: Case, which: str) -> float | None:
+    """Time a dense PyTorch float32 autograd reference (full S x S masked attention) in a process of its own.
+
+    `explicit`: scores, in-place mask, softmax, P V, `.backward`; `sdpa`: PyTorch's fused
+    `scaled_dot_product_attention` with the boolean element mask. All cores; only the computation is timed.
+    """
+    fields = {f: getattr(case, f) for f in ("name", "source", "layout", "dtype", "batch", "num_heads", "num_kv_heads",
+                                            "head_dim", "q_seq_len", "kv_seq_len", "actual_seq_lengths",
+                                            "actual_seq_lengths_kv", "scale", "seed")}  # fmt: skip
+    fields["block_shape"] = list(case.block_shape)
+    args = [sys.executable, "-c", TORCH_CHILD, json.dumps(fields), str(case.sparsity.density), which]
+    result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode != 0:
+        if "No module named 'torch'" in result.stderr:
+            return None
+        raise RuntimeError(f"PyTorch reference failed: {result.stderr}")
+    return float(result.stdout.split()[-1])
+
+
+def end_to_end(case: Case, rounds: int, with_torch: bool, baseline: Path | None) -> list[dict[str, float]]:
+    """Time, in `rounds` rounds, the matmul rates and each command one after another; return each round's figures."""
+    measured = []
+    with tempfile.TemporaryDirectory() as work:
+        spec = write_spec(case, Path(work) / "bench.json")
+        out = Path(work) / "out"
+        for round_ in range(rounds):
+            figures = {"rate": matmul_rate(), "rate 1 thread": single_thread_matmul_rate()}
+            figures["gen"] = timed_command([*BSA, "gen", str(spec), "-o", str(out)], "bsa gen")
+            case_dir = out / case.name
+            figures["emulate"] = timed_command([*BSA, "emulate", str(case_dir), str(case_dir / "outputs")], "emulate")
+            shutil.rmtree(out)
+            figures["gen -j 1"] = timed_command([*BSA, "gen", str(spec), "-o", str(out), "-j", "1"], "bsa gen -j 1")
+            shutil.rmtree(out)
+            figures["gen float64"] = timed_command(
+                [*BSA, "gen", str(spec), "-o", str(out), "--precision", "float64"], "bsa gen --precision float64"
+            )
+            shutil.rmtree(out)
+            if baseline is not None:
+                gen = [*BSA, "gen", str(spec), "-o", str(out)]
+                figures["baseline gen"] = timed_command(gen, "the baseline's bsa gen", baseline)
+                shutil.rmtree(out)
+            if with_torch:
+                for which in ("explicit", "sdpa"):
+                    seconds = torch_seconds(case, which)
+                    if seconds is not None:
+                        figures[f"torch {which}"] = seconds
+            measured.append(figures)
+            print(f"  round {round_ + 1}: matmul {figures['rate'] / 1e9:.0f} GFLOP/s "
+                  f"(1 thread: {figures['rate 1 thread'] / 1e9:.0f}), "
+                  + ", ".join(f"{name} {value:.2f} s" for name, value in figures.items() if "rate" not in name)
+                  + f"; {load()}", flush=True)  # fmt: skip
+    return measured
+
+
+def span(values: list[float], digits: int) -> str:
+    """Return 'low-high' of the values (or the value, if they agree at `digits` digits)."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
 
 
 def peak_memory_child(seq: int, pattern: str, density: float) -> dict:
-    """Generate one long case in a fresh process; return its peak RSS and the bytes it wrote.
+    """Generate one long case in a fresh process (as `bsa gen` does, `-j auto`); return its peak RSS and bytes.
 
     The peak is the process's own high-water mark (VmHWM, reset at exec); `ru_maxrss` is not, on Linux it
     keeps the parent's size at the fork.
@@ -157,11 +219,12 @@ def peak_rss():
 base = peak_rss()
 from bsa_cli.case import Case, Sparsity
 from bsa_cli.generate import generate_case
+from bsa_cli.schedule import auto_jobs, estimate
 case = Case(name="long", source="benchmark", layout="BNSD", dtype="float16", batch=1, num_heads=1, num_kv_heads=1,
             head_dim=128, q_seq_len={seq}, kv_seq_len={seq}, actual_seq_lengths=None, actual_seq_lengths_kv=None,
             block_shape=(128, 128), scale=128**-0.5, seed=0, sparsity=Sparsity(pattern={pattern!r}, density={density}))
 with tempfile.TemporaryDirectory() as out:
-    path = generate_case(case, pathlib.Path(out))
+    path = generate_case(case, pathlib.Path(out), jobs=auto_jobs(None, [estimate(case)]))
     written = sum(p.stat().st_size for p in path.rglob("*.bin"))
 print(json.dumps({{"baseline": base, "peak": peak_rss(), "written": written}}))
 """
@@ -189,12 +252,11 @@ def compare_throughput(seq: int, cases: int) -> dict[str, float]:
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as out:
         generate_suite(suite, Path(out), jobs=os.cpu_count() or 1)
-        bsa = [sys.executable, "-m", "bsa_cli"]
-        subprocess.run([*bsa, "run", out], capture_output=True, check=True)
+        subprocess.run([*BSA, "run", out], capture_output=True, check=True)
         figures["megabytes"] = sum(p.stat().st_size for p in Path(out).glob("*/outputs/d*.bin")) / 1e6
         for _ in range(2):
             start = time.perf_counter()
-            result = subprocess.run([*bsa, "compare", out], capture_output=True, text=True)
+            result = subprocess.run([*BSA, "compare", out], capture_output=True, text=True)
             wall = time.perf_counter() - start
             judged = [line for line in result.stderr.splitlines() if line.startswith("judged")]
             if result.returncode != 0 or not judged:
@@ -210,67 +272,70 @@ def load() -> str:
     averages = os.getloadavg()
     text = "load average " + " ".join(f"{x:.2f}" for x in averages)
     if averages[0] > 0.5:
-        text += " (other work is running: the matmul reference drops more than the golden, ratios read high)"
+        text += " (other work is running)"
     return text
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of the side-by-side figures (default 3)")
     parser.add_argument("--quick", action="store_true", help="S=4096 instead of 8192 (a smoke run of this script)")
-    parser.add_argument("--skip-long", action="store_true", help="skip the 131072-token memory case")
+    parser.add_argument("--skip-torch", action="store_true", help="leave out the dense PyTorch references")
     parser.add_argument(
-        "--long-causal", action="store_true", help="also generate the causal 131072-token case (several minutes)"
+        "--baseline",
+        type=Path,
+        help="a checkout of another bsa (say `git worktree add /tmp/base 2b40f9e`) whose "
+        "`bsa gen` is timed side by side",
+    )
+    parser.add_argument("--skip-long", action="store_true", help="skip the 131072-token memory case")
+    parser.add_argument("--skip-compare", action="store_true", help="skip the `bsa compare` throughput")
+    parser.add_argument(
+        "--long-causal", action="store_true", help="also generate the causal 131072-token case (minutes)"
     )
     args = parser.parse_args()
     seq = 4096 if args.quick else 8192
     print(f"machine: {os.cpu_count()} cores, numpy {np.__version__}; {load()}")
 
     case = make_case(seq, 4, "random", 0.2)
-    tensors = make_tensors(case)
-    mask = make_mask(case)
-    stats = mask_stats(case, mask)
+    stats = mask_stats(case, make_mask(case))
     flops = stats["flops_forward"] + stats["flops_backward"]
-    inputs = (case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"])
+    print(f"case B=1 N=4 S={seq} D=128 X=Y=128 random density {stats['density']:.3f}: "
+          f"{stats['selected_blocks']} selected block pairs, {flops / 1e9:.1f} GFLOP (14 X Y D per pair)")  # fmt: skip
 
-    def fused(precision) -> tuple[np.ndarray, ...]:
-        return golden.forward_backward(*inputs, mask, precision=precision)
-
-    out, lse = fused(np.float32)[:2]
-    given = (*inputs, out, lse, mask)
-    print(f"\ncase B=1 N=4 S={seq} D=128 X=Y=128 random density {stats['density']:.3f}: "
-          f"{stats['selected_blocks']} selected blocks, {flops / 1e9:.1f} GFLOP (14 X Y D per block)")  # fmt: skip
-
-    rate_1 = single_thread_matmul_rate()
-    timed = golden_rates(case, tensors, mask, rounds=4)
-    rate, t_golden, t_parallel = timed["rate"], timed["golden"], timed["parallel"]
-    print(f"numpy float32 matmul 512x512: {rate / 1e9:.1f} GFLOP/s ({os.cpu_count()} threads), "
-          f"{rate_1 / 1e9:.1f} GFLOP/s (1 thread); {load()}")  # fmt: skip
-    for label, seconds in (("one pass, -j 1:", t_golden), ("over kv-head groups in 2 processes, -j 2:", t_parallel)):
-        print(f"golden forward (float64) + backward (float32), {label} {seconds:.2f} s = {flops / seconds / 1e9:.1f} "
-              f"GFLOP/s = {flops / seconds / rate:.2f} of the matmul rate   (target >= 0.60)")  # fmt: skip
-
-    t_forward = best_of(2, lambda: golden.forward(case, tensors["query"], tensors["key"], tensors["value"], mask))
-    t_b32 = best_of(2, lambda: golden.backward(*given, precision=np.float32))
-    t_kernel = best_of(2, lambda: golden.backward_kernel(*given))
-    t_b64 = best_of(2, lambda: golden.backward(*given, precision=np.float64))
-    t_f64 = best_of(2, lambda: fused(np.float64))
-    print(f"  separately: forward {t_forward:.2f} s + float32 backward {t_b32:.2f} s = {t_forward + t_b32:.2f} s")
-    print(f"kernel-faithful backward: {t_kernel:.2f} s = {t_kernel / t_b32:.2f}x the float32 backward, "
-          f"{t_kernel / t_golden:.2f}x the one-pass golden   (target <= 2.5)")  # fmt: skip
-    print(f"float64 golden: one pass {t_f64:.2f} s = {t_f64 / t_golden:.2f}x the float32 one; backward alone "
-          f"{t_b64:.2f} s = {t_b64 / t_b32:.2f}x the float32 backward   (target <= 2.5)")  # fmt: skip
-
-    dense = torch_dense_seconds(case, tensors, mask)
-    if dense is None:
-        print("dense PyTorch reference: torch not installed (pip install -e '.[test]')")
-    else:
-        named = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in dense.items())
-        fastest = min(seconds for name, seconds in dense.items() if name != "explicit float64")
-        slow = dense["explicit float64"]
-        print(f"dense PyTorch autograd references: {named}")
-        print(f"  against the fastest float32 one the golden is {fastest / t_golden:.1f}x faster with -j 1, "
-              f"{fastest / t_parallel:.1f}x with -j 2   (target >= 15); against the float64 formula "
-              f"(the test oracle's precision) {slow / t_golden:.1f}x and {slow / t_parallel:.1f}x")  # fmt: skip
+    rounds = end_to_end(case, args.rounds, not args.skip_torch, args.baseline)
+    best = {name: (max if "rate" in name else min)(r[name] for r in rounds) for name in rounds[0]}
+    rate, gen = best["rate"], best["gen"]
+    cores = os.cpu_count() or 1
+    peak = cores * best["rate 1 thread"]
+    print(f"each figure's best round (in brackets: the same ratio within each of the {len(rounds)} rounds)")
+    print(f"numpy float32 matmul 512x512: {rate / 1e9:.1f} GFLOP/s ({cores} threads); one thread "
+          f"{best['rate 1 thread'] / 1e9:.1f} GFLOP/s, times {cores} cores: {peak / 1e9:.1f} GFLOP/s")  # fmt: skip
+    for name in ("gen", "gen -j 1"):
+        seconds = best[name]
+        within = span([flops / r[name] / r["rate"] for r in rounds], 3)
+        target = "   (target >= 0.25)" if name == "gen" else ""
+        print(f"bsa {name} (fresh process): {seconds:.2f} s = {flops / seconds / 1e9:.1f} GFLOP/s = "
+              f"{flops / seconds / rate:.3f} of the matmul rate [{within}]{target}; "
+              f"{flops / seconds / peak:.3f} of {cores} x the one-thread rate")  # fmt: skip
+    if "baseline gen" in best:
+        within = span([r["baseline gen"] / r["gen"] for r in rounds], 2)
+        base = best["baseline gen"]
+        print(f"the baseline's bsa gen: {base:.2f} s = {flops / base / rate:.3f} of the matmul rate: "
+              f"bsa gen is {base / gen:.2f}x [{within}] faster")  # fmt: skip
+    within = span([r["gen float64"] / r["gen"] for r in rounds], 2)
+    print(f"bsa gen --precision float64: {best['gen float64']:.2f} s = {best['gen float64'] / gen:.2f}x [{within}] "
+          "the float32 gen")  # fmt: skip
+    for which in ("explicit", "sdpa"):
+        name = f"torch {which}"
+        if name in best:
+            within = span([r[name] / r["gen"] for r in rounds], 1)
+            target = "   (target >= 6)" if which == "explicit" else ""
+            print(f"dense PyTorch float32 autograd ({which}): {best[name]:.2f} s: bsa gen is "
+                  f"{best[name] / gen:.1f}x [{within}] faster{target}")  # fmt: skip
+    emulate = best["emulate"]
+    within = span([r["gen"] / r["emulate"] for r in rounds], 2)
+    print(f"bsa emulate (fresh process, same case): {emulate:.2f} s: bsa gen / bsa emulate = {gen / emulate:.2f} "
+          f"[{within}]   (target >= 1: emulate no slower than gen)")  # fmt: skip
 
     if not args.skip_long:
         long_cases = [("random", 0.05)] + ([("causal", 1.0)] if args.long_causal else [])
@@ -282,11 +347,12 @@ def main() -> None:
                   f"inputs+outputs {fig['written'] / 2**20:.0f} MiB: ratio {fig['peak'] / fig['written']:.2f}"
                   "   (target <= 3)")  # fmt: skip
 
-    judged = compare_throughput(seq, 4 if args.quick else 8)
-    size = judged["megabytes"]
-    print(f"bsa compare (fresh process, suite run by bsa run): {size:.0f} MB of outputs judged in "
-          f"{judged['seconds']:.2f} s = {size / judged['seconds']:.0f} MB/s   (target >= 200); with the "
-          f"interpreter's start {judged['wall']:.2f} s = {size / judged['wall']:.0f} MB/s")  # fmt: skip
+    if not args.skip_compare:
+        judged = compare_throughput(seq, 4 if args.quick else 8)
+        size = judged["megabytes"]
+        print(f"bsa compare (fresh process, suite run by bsa run): {size:.0f} MB of outputs judged in "
+              f"{judged['seconds']:.2f} s = {size / judged['seconds']:.0f} MB/s   (target >= 200); with the "
+              f"interpreter's start {judged['wall']:.2f} s = {size / judged['wall']:.0f} MB/s")  # fmt: skip
     print(load())
 
 

@@ -16,11 +16,11 @@ from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
 from .store import MANIFEST, find_cases, read_regular, select_cases
 
-REPORT_MAX_BYTES = 1 << 30
-"""Largest JSON report `--merge` reads."""
-
 SUITE_DEPTH = 3
 """How deep below a folder without cases `bsa compare` looks for folders of suites."""
+
+REPORT_MAX_BYTES = 1 << 30
+"""Largest JSON report `--merge` reads."""
 
 
 def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:

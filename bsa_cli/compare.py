@@ -1978,11 +1978,6 @@ STATUS_MAX_BYTES = 64 << 10
 """Bytes of status.txt read (its status line and message)."""
 
 
-def _run_device(output_dir: Path) -> str | None:
-    """Return the device name a run record gives, if any."""
-    return _run_device_info(output_dir).get("device")
-
-
 def _run_device_info(output_dir: Path) -> dict[str, Any]:
     """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
     binary_sha256 (those it gives)."""
@@ -1994,12 +1989,12 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
         return {}
     if isinstance(device, dict):
         if isinstance(device.get("kind"), str):
-            info["device_kind"] = clip(device["kind"], 40)
+            info["device_kind"] = clip(device["kind"])
         if isinstance(device.get("fault"), str):
-            info["fault"] = clip(device["fault"], 40)
-    binary = record.get("binary")
+            info["fault"] = clip(device["fault"])
+    binary = record.get("binary") if isinstance(record, dict) else None
     if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
-        info["binary_sha256"] = clip(binary["sha256"], 64)
+        info["binary_sha256"] = clip(binary["sha256"])
     return info
 
 
@@ -2043,7 +2038,7 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         exit_code = record.get("exit_code")
         text = f"the run {why}" + (f", exit code {clip(exit_code, 20)}" if exit_code not in (None, 0) else "")
         log = record.get("stderr_log")
-        where = f"log {output_dir / clip(log, 60)}, record {path}" if isinstance(log, str) and log else f"see {path}"
+        where = f"log {output_dir / clip(log)}, record {path}" if isinstance(log, str) and log else f"see {path}"
         return [text + (": " + "; ".join(problems) if problems else "") + f" ({where})"], [], record
     if outcome == "nondeterministic":
         repeat = record.get("repeat") or {}

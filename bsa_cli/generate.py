@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import json
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict
 from pathlib import Path
@@ -59,13 +58,13 @@ def compute_case(
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Return (inputs, golden, benchmark) arrays of a case; negative cases get no golden or benchmark.
 
-    With `jobs` > 1 the kv-head groups (a kv head and its query heads) are computed in separate
-    processes; each group's arithmetic is the same as in one process, so the results are bit-identical.
-    `on_progress(fraction)` hears how much of the case's arithmetic is done: after every query-block row
-    in this process, after every kv-head group in worker processes.
+    With `jobs` > 1 the inputs are drawn and the golden and benchmark walks (`golden.golden_and_benchmark`)
+    run in up to `jobs` threads; each walk's arithmetic is the same as in one thread, so the results are
+    bit-identical. `on_progress(fraction)` hears how much of the case's arithmetic is done, after every
+    query-block row (the golden and the benchmark walks count alike).
     """
     dtype = numpy_dtype(case.dtype)
-    tensors = make_tensors(case)
+    tensors = make_tensors(case, jobs)
     mask = make_mask(case)
     if not case.expect.ok:
         # The op rejects the call before reading data: any out and lse of the right shapes will do.
@@ -74,23 +73,14 @@ def compute_case(
         tensors["block_sparse_mask"] = mask
         return call_inputs(case, tensors), {}, {}
     tensors["block_sparse_mask"] = mask
-    groups = [_group_inputs(case, tensors, g) for g in range(case.num_kv_heads)]
     progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]), on_progress)
-    if jobs > 1 and len(groups) > 1:
-        with worker_pool(min(jobs, len(groups))) as pool:
-            results = []
-            computed = pool.map(_compute_group, groups, [precision] * len(groups))
-            for (sub, arrays), result in zip(groups, computed, strict=True):
-                results.append(result)
-                progress.pairs(int(mask_stats(sub, arrays["block_sparse_mask"])["selected_blocks"]) * _PASSES)
-    else:
-        with golden.reporting(progress.pairs):
-            results = [_compute_group(group, precision) for group in groups]
-    tensors["attention_out"] = _join_heads([r[0] for r in results])
-    tensors["softmax_lse"] = _join_heads([r[1] for r in results])
-    gold = {name: _join_heads([r[2][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
-    bench = {name: _join_heads([r[3][i] for r in results]) for i, name in enumerate(GRAD_NAMES)}
-    return call_inputs(case, tensors), gold, bench
+    arrays = (tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
+    with golden.reporting(progress.pairs):
+        out, lse, gold, bench = golden.golden_and_benchmark(case, *arrays, precision, jobs)
+    tensors["attention_out"] = out
+    tensors["softmax_lse"] = lse.reshape(case.lse_shape_dims)
+    gold_arrays = dict(zip(GRAD_NAMES, gold, strict=True))
+    return call_inputs(case, tensors), gold_arrays, dict(zip(GRAD_NAMES, bench, strict=True))
 
 
 _PASSES = 2
@@ -114,43 +104,6 @@ class _Progress:
             self.listener(min(1.0, self.done / self.total))
 
 
-def _join_heads(parts: list[np.ndarray]) -> np.ndarray:
-    """Join kv-head groups' arrays along the heads axis (a single group is returned as it is, not copied)."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=HEAD_AXIS)
-
-
-HEAD_AXIS = 1
-"""The heads axis of every tensor and of the mask, in BNSD ([B, N, S, D]) and TND ([T, N, D]) alike."""
-
-
-def _group_inputs(case: Case, tensors: dict[str, np.ndarray], group: int) -> tuple[Case, dict[str, np.ndarray]]:
-    """Return kv-head group `group` as a case of its own: G query heads sharing one kv head."""
-    size = case.group_size
-    heads = slice(group * size, (group + 1) * size)
-    kv = slice(group, group + 1)
-    sub = dataclasses.replace(case, num_heads=size, num_kv_heads=1)
-    picked = {
-        "query": tensors["query"][:, heads],
-        "dout": tensors["dout"][:, heads],
-        "key": tensors["key"][:, kv],
-        "value": tensors["value"][:, kv],
-        "block_sparse_mask": tensors["block_sparse_mask"][:, heads],
-    }
-    return sub, {name: np.ascontiguousarray(array) for name, array in picked.items()}
-
-
-def _compute_group(
-    group: tuple[Case, dict[str, np.ndarray]], precision: str
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """Forward with golden backward (one pass), then the kernel-faithful backward, of one kv-head group."""
-    case, t = group
-    tensors = (t["dout"], t["query"], t["key"], t["value"])
-    attention_out, lse, *gold = golden.forward_backward(case, *tensors, t["block_sparse_mask"], precision)
-    softmax_lse = lse.reshape(case.lse_shape_dims)
-    bench = golden.backward_kernel(case, *tensors, attention_out, softmax_lse, t["block_sparse_mask"])
-    return attention_out, softmax_lse, tuple(gold), bench
-
-
 def generate_case(
     case: Case,
     out_root: Path,
@@ -163,6 +116,8 @@ def generate_case(
     Raises:
         DataError: the golden is not finite (the case's values overflow), or the case cannot be written
             (a full disk, no permission); nothing of the case is left half-written.
+
+    With `jobs` > 1 the files are written (and hashed) in threads while this thread measures the benchmark.
     """
     if not is_case_name(case.name):
         raise DataError(str(Path(out_root) / case.name), "a case name must name one visible folder inside the "
@@ -176,7 +131,7 @@ def generate_case(
             raise DataError(str(final_dir), f"the golden {name} has {bad} non-finite values ({precision}): "
                             "the case's scale or init values overflow; make them smaller")  # fmt: skip
     try:
-        return _write_case(case, final_dir, precision, tensors, gold, bench)
+        return _write_case(case, final_dir, precision, jobs, tensors, gold, bench)
     except OSError as exc:
         raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
 
@@ -185,20 +140,25 @@ def _write_case(
     case: Case,
     final_dir: Path,
     precision: str,
+    jobs: int,
     tensors: dict[str, np.ndarray],
     gold: dict[str, np.ndarray],
     bench: dict[str, np.ndarray],
 ) -> Path:
-    with CaseWriter(final_dir) as writer:
-        inputs = {name: writer.array(f"inputs/{name}.bin", array, _dtype_name(array))
-                  for name, array in tensors.items()}  # fmt: skip
-        golden_entries = {name: writer.array(f"golden/{name}.bin", a, precision) for name, a in gold.items()}
-        bench_entries = {name: writer.array(f"benchmark/{name}.bin", a, case.dtype) for name, a in bench.items()}
+    files = [(f"inputs/{name}.bin", array, _dtype_name(array)) for name, array in tensors.items()]
+    files += [(f"golden/{name}.bin", array, precision) for name, array in gold.items()]
+    files += [(f"benchmark/{name}.bin", array, case.dtype) for name, array in bench.items()]
+    with CaseWriter(final_dir) as writer, _Writers(writer, jobs) as written:
+        pending = written.all(files)
+        summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench) if bench else None
+        entries = pending()
+        inputs = {name: entries[f"inputs/{name}.bin"] for name in tensors}
+        golden_entries = {name: entries[f"golden/{name}.bin"] for name in gold}
+        bench_entries = {name: entries[f"benchmark/{name}.bin"] for name in bench}
         mask = tensors.get("block_sparse_mask")
         stats = mask_stats(case, mask) if mask is not None and mask.shape == case.mask_shape else {}
         manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats)
-        if bench:
-            summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench)
+        if summary is not None:
             document = compare.summary_document(summary)
             document["tiles"] = {name: writer.array(f"benchmark/{name}.tiles.bin", tiles, "float32")
                                  for name, tiles in summary.tiles.items()}  # fmt: skip
@@ -208,6 +168,29 @@ def _write_case(
         if case.sparsity.explicit_source:
             manifest["generator"]["explicit_mask"] = case.sparsity.explicit_source
         return writer.commit(manifest, flat_params(manifest))
+
+
+class _Writers:
+    """Writes a case's arrays through a `CaseWriter`: in this thread, or in threads of its own (`jobs` > 1)."""
+
+    def __init__(self, writer: CaseWriter, jobs: int) -> None:
+        self.writer = writer
+        self.pool = ThreadPoolExecutor(min(jobs, 4), thread_name_prefix="bsa-write") if jobs > 1 else None
+
+    def __enter__(self) -> _Writers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+
+    def all(self, files: list[tuple[str, np.ndarray, str]]) -> Callable[[], dict[str, dict[str, Any]]]:
+        """Start writing (relative path, array, dtype name) files; return a call that waits and gives their entries."""
+        if self.pool is None:
+            entries = {path: self.writer.array(path, array, dtype) for path, array, dtype in files}
+            return lambda: entries
+        futures = {path: self.pool.submit(self.writer.array, path, array, dtype) for path, array, dtype in files}
+        return lambda: {path: future.result() for path, future in futures.items()}
 
 
 def generate_suite(
@@ -226,7 +209,7 @@ def generate_suite(
     With `jobs` > 1 and several cases, cases run in up to `jobs` processes, largest first, and only as
     many at once as their estimated peak memory allows within `memory_budget` bytes (default: the memory
     available now; 0 or unknown: no limit; a case too large for the budget runs alone). A single case
-    runs with its kv-head groups in parallel instead. With `skip_current`, cases whose directory
+    runs its golden and benchmark walks in up to `jobs` threads instead. With `skip_current`, cases whose directory
     already holds the same generation (`is_current`) are left as they are.
     `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current";
     `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps of 1%).

@@ -9,22 +9,27 @@ selection is very wide (long causal rows) is cut into groups of query rows (`_TI
 products are added a bounded number of blocks at a time, so working memory stays bounded too. Work buffers
 are reused from row to row, and inputs are upcast one block row at a time.
 
-Three precisions:
+One walker (`_walk`) does that for every function here; what it computes per tile of query rows is a
+precision path, its parameter:
 
-* `forward` / `forward_sequence`: always float64, so the generated `attentionOut` and `softmaxLse`
-  are stable across machines once rounded to the tensor dtypes.
-* `backward` / `backward_sequence`: the formulas of docs/operator.md section 1 on the GIVEN out and lse,
-  computed in float32 (the CANN "golden": inputs upcast to fp32) or float64.
-* `backward_kernel` / `backward_sequence_kernel`: the A2/A3 kernel's precision path (docs/operator.md section 2):
-  fp32 scores and probabilities, P and dS rounded to the input dtype before the products that use them,
-  fp32 accumulation, scale applied to dQ and dK at the end, outputs cast to the input dtype.
+* `_Forward` (`forward` / `forward_sequence`): always float64, so the generated `attentionOut` and
+  `softmaxLse` are stable across machines once rounded to the tensor dtypes.
+* `_Golden` (`backward` / `backward_sequence`): the formulas of docs/operator.md section 1 on the GIVEN out and
+  lse, computed in float32 (the CANN "golden": inputs upcast to fp32) or float64.
+* `_Kernel` (`backward_kernel` / `backward_sequence_kernel`): the A2/A3 kernel's precision path (docs/operator.md
+  section 2): fp32 scores and probabilities, P and dS rounded to the input dtype before the products that use
+  them, fp32 accumulation, scale applied to dQ and dK at the end, outputs cast to the input dtype.
+* `_ForwardGolden` (`forward_backward` / `forward_backward_sequence`): the first two in one pass: per block
+  row the float64 forward, out and lse rounded to the tensor dtypes right there, then that row's golden
+  backward from the ROUNDED out and lse. The scores are not computed again: the backward's
+  `P = exp(S - lse)` is the forward's float64 `exp(S - rowmax)` times `exp(rowmax - lse)`, which is the same
+  formula on the same given lse, only more accurate than a float32 recomputation. Out and lse are bit for bit
+  those of `forward` rounded; the gradients agree with `backward`'s to its own rounding.
 
-`forward_backward` / `forward_backward_sequence` do the first two in one pass, as `bsa gen` needs them:
-per block row the float64 forward, out and lse rounded to the tensor dtypes right there, then that row's
-golden backward from the ROUNDED out and lse. The scores are not computed again: the backward's
-`P = exp(S - lse)` is the forward's float64 `exp(S - rowmax)` times `exp(rowmax - lse)`, which is the same
-formula on the same given lse, only more accurate than a float32 recomputation. Out and lse are bit for bit
-those of `forward` rounded; the gradients agree with `backward`'s to its own rounding.
+`golden_and_benchmark` is what `bsa gen` computes: `_ForwardGolden` and, reading the out and lse it rounds,
+`_Kernel`. Each (path, batch entry, kv head) is one walk with accumulators of its own, so walks can run in
+threads side by side (`jobs`, BLAS on one thread each) and give the same bits as one after the other:
+the benchmark walk of a kv head follows its golden walk tile by tile.
 
 Semantics shared by all: a query block row with no selected kv block is empty (dq = 0 there, out = 0);
 a kv position that no query selects gets dk = dv = 0; in a partial last block only real rows and
@@ -35,13 +40,18 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import math
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .case import Case, numpy_dtype
+from . import blas
+from .case import Case, SequenceSpan, numpy_dtype
 from .layout import kv_view, lse_view, mask_view, q_view
 
 __all__ = [
@@ -53,6 +63,7 @@ __all__ = [
     "backward",
     "backward_kernel",
     "forward_backward",
+    "golden_and_benchmark",
     "reporting",
 ]
 
@@ -145,8 +156,7 @@ def _gather(blocks: np.ndarray, selected: np.ndarray, scratch: _Scratch, name: s
     if _consecutive(selected):
         return blocks[selected[0] : selected[-1] + 1].reshape(-1, dim)
     gathered = scratch.get(name, (selected.size, block, dim), blocks.dtype)
-    for target, index in zip(gathered, selected, strict=True):
-        target[...] = blocks[index]
+    np.take(blocks, selected, axis=0, out=gathered, mode="clip")  # "clip": no buffer (the indices are valid)
     return gathered.reshape(-1, dim)
 
 
@@ -163,14 +173,14 @@ def _selected_rows(
     key_blocks: np.ndarray,
     value_blocks: np.ndarray,
     scratch: _Scratch,
+    report: Callable[[int], None] | None,
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, list[slice]]]:
     """Yield (head, selected, keys, values, row tiles) for each query-block row of a kv head's group.
 
     Rows that select no block are skipped. keys/values hold the row's selected blocks, gathered into
-    scratch buffers that the next row reuses. When the caller is done with a row, the `reporting`
-    callback (if any) hears how many selected block pairs it held.
+    scratch buffers that the next row reuses. When the caller is done with a row, `report` (if any)
+    hears how many selected block pairs it held.
     """
-    report = _PROGRESS.get()
     for head in range(kv_head * group, (kv_head + 1) * group):
         for row, selected in enumerate(_selections(mask[head])):
             if selected.size == 0:
@@ -216,6 +226,21 @@ def _row_tiles(start: int, stop: int, width: int) -> list[slice]:
     return [slice(first, last) for first, last in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
+_CHUNK_ELEMENTS = 1 << 15
+"""Most elements of the row chunks in which a tile's elementwise steps run, chunk after chunk.
+
+A tile is megabytes: step after step it would leave the core's cache and come back. A chunk of rows stays
+there through all the steps. Elementwise steps and row reductions give the same values in any chunks (the
+products still take whole tiles)."""
+
+
+def _chunks(shape: tuple[int, ...]) -> list[slice]:
+    """Cut the rows of a [rows, cols] tile into chunks of at most `_CHUNK_ELEMENTS` elements (one row at least)."""
+    rows, cols = shape
+    step = max(1, _CHUNK_ELEMENTS // max(cols, 1))
+    return [slice(first, min(first + step, rows)) for first in range(0, rows, step)]
+
+
 def _mask_tail(scores: np.ndarray, selected: np.ndarray, n_kv_blocks: int, tail_pad: int) -> None:
     """Set the padding columns of a selected partial last kv block to -inf (they are the last columns)."""
     if tail_pad and selected[-1] == n_kv_blocks - 1:
@@ -259,40 +284,46 @@ def _add_products(
         _scatter_add(blocks, part, product)
 
 
-def _round_to_float16(values: np.ndarray) -> np.ndarray:
+_EXPONENT = np.uint32(0x7F800000)
+_HALF_LOWEST = np.uint32(113 << 23)  # exponent field of 2**-14, the smallest normal float16
+_HALF_BEYOND = np.uint32(143 << 23)  # exponent field of 2**16, past the largest float16 (65504)
+_HALF_SHIFT = np.uint32(13 << 23)  # 2**13: float32 keeps 13 more mantissa bits than float16
+_HALF_MAX = np.float32(65504)
+
+
+def _round_to_float16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Return float32 `values` rounded to float16 (nearest, ties to even; overflow to inf), still as float32.
 
-    Bit for bit `values.astype(np.float16).astype(np.float32)` (checked on all 2**32 float32 values),
-    about four times faster: NumPy converts to float16 one element at a time.
+    Bit for bit `values.astype(np.float16).astype(np.float32)` (checked on all 2**32 float32 values; NaN
+    keeps its payload), about twice as fast as that cast. Each |x| is rounded by one float32 addition:
+    with m = 2**(e + 13) for the exponent e of |x| (at least -14, the float16 subnormals' spacing 2**-24),
+    |x| + m has float32 spacing 2**(e - 10), the float16 spacing at |x|, so the hardware rounds it to
+    nearest, ties to even, and (|x| + m) - m is exact.
     """
     values = np.ascontiguousarray(values, dtype=np.float32)
-    bits = values.view(np.uint32)
-    with np.errstate(invalid="ignore"):
-        subnormal = np.abs(values)  # float16 subnormals are multiples of 2**-24, the ulp of float32 at 0.5
-        subnormal += np.float32(0.5)
-        subnormal -= np.float32(0.5)
-    np.copysign(subnormal, values, out=subnormal)
-    rounded = bits >> np.uint32(13)  # normal range: drop 13 of 23 mantissa bits, ties to even
-    rounded &= np.uint32(1)
-    rounded += np.uint32(0x0FFF)
-    rounded += bits
-    rounded &= np.uint32(0xFFFFE000)
-    result = rounded.view(np.float32)
-    magnitude = bits & np.uint32(0x7FFFFFFF)
-    np.copyto(result, subnormal, where=magnitude < np.uint32(0x38800000))  # below 2**-14
-    np.copyto(result, values, where=magnitude > np.uint32(0x7F800000))  # NaN stays NaN
-    magnitude = rounded & np.uint32(0x7FFFFFFF)
-    overflow = (magnitude > np.uint32(0x477FE000)) & (magnitude <= np.uint32(0x7F800000))  # past 65504
-    if overflow.any():
-        result[overflow] = np.copysign(np.float32(np.inf), values[overflow])
-    return result
+    magic = np.bitwise_and(values.view(np.uint32), _EXPONENT)
+    np.clip(magic, _HALF_LOWEST, _HALF_BEYOND, out=magic)
+    magic += _HALF_SHIFT
+    magic_float = magic.view(np.float32)
+    with np.errstate(invalid="ignore"):  # signalling NaNs
+        result = np.abs(values)  # a buffer of its own: `out` may be `values`
+        result += magic_float
+        result -= magic_float
+    if not result.max(initial=0) <= _HALF_MAX:  # overflow or NaN: rare
+        np.copyto(result, np.float32(np.inf), where=result > _HALF_MAX)
+        np.copyto(result, values, where=np.isnan(values))  # NaN keeps its payload (and, below, its sign)
+    return np.copysign(result, values, out=result if out is None else out)
 
 
-def _round_to_io(values: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
-    """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32."""
+def _round_to_io(values: np.ndarray, io_dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
+    """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32 (in `out` if given, which may
+    be `values`)."""
     if io_dtype == np.float16:
-        return _round_to_float16(values)
-    return values.astype(io_dtype).astype(np.float32)
+        return _round_to_float16(values, out)
+    if out is None:
+        return values.astype(io_dtype).astype(np.float32)
+    out[...] = values.astype(io_dtype)
+    return out
 
 
 def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
@@ -300,18 +331,290 @@ def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
     return np.asarray(tensor).astype(io_dtype, copy=False).astype(np.float32)
 
 
-# ---- one batch entry ----------------------------------------------------------------------------
+# ---- precision paths ----------------------------------------------------------------------------
 
 
-def _geometry(
-    query: np.ndarray, key: np.ndarray, block_mask: np.ndarray, block_shape: Sequence[int]
-) -> tuple[int, np.ndarray, int]:
-    """Check one entry's shapes; return the GQA group size, the bool mask and the padding of the last kv block."""
-    heads, q_len = query.shape[:2]
-    kv_heads, kv_len = key.shape[:2]
-    group = _check_heads(heads, kv_heads)
-    mask = _check_mask(block_mask, heads, q_len, kv_len, block_shape)
-    return group, mask, mask.shape[2] * block_shape[1] - kv_len
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+    """One batch entry: heads-major views ([N, S, D]) of its inputs, its block mask as bool, its geometry."""
+
+    dout: np.ndarray | None
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    mask: np.ndarray
+    block_shape: tuple[int, int]
+    scale: float
+    group: int
+    tail_pad: int  # padding columns of the last kv block
+
+    @classmethod
+    def of(
+        cls,
+        dout: np.ndarray | None,
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        block_mask: np.ndarray,
+        block_shape: Sequence[int],
+        scale: float,
+    ) -> _Entry:
+        """Check one entry's shapes (GQA group, mask) and return it."""
+        heads, q_len = query.shape[:2]
+        kv_heads, kv_len = key.shape[:2]
+        group = _check_heads(heads, kv_heads)
+        mask = _check_mask(block_mask, heads, q_len, kv_len, block_shape)
+        x, y = block_shape
+        return cls(dout, query, key, value, mask, (x, y), scale, group, mask.shape[2] * y - kv_len)
+
+
+class _Path:
+    """A precision path: what a walk over one kv head's selected blocks computes per tile of query rows.
+
+    One instance serves one walk (one entry, one kv head): it keeps that walk's accumulators.
+    """
+
+    block_dtype: np.dtype
+    """Dtype of the padded key and value blocks the walk gathers for `tile`."""
+
+    def __init__(self, entry: _Entry) -> None:
+        self.entry = entry
+
+    def blocks(self, tensor: np.ndarray) -> np.ndarray:
+        """Return one kv head's [skv, D] key or value as zero-padded [nKV, Y, D] blocks of `block_dtype`."""
+        return _padded_blocks(tensor, self.entry.block_shape[1], self.block_dtype)
+
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
+        """Prepare for the walk over `kv_head` (accumulators of the padded blocks' shape)."""
+
+    def row(self, keys: np.ndarray, values: np.ndarray, scratch: _Scratch) -> None:
+        """Prepare for one block row, given its gathered keys and values."""
+
+    def tile(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
+    ) -> None:
+        """Compute one tile: query rows `rows` of `head` against the selected blocks `keys`/`values`."""
+        raise NotImplementedError
+
+    def finish(self, kv_head: int) -> None:
+        """Write what the walk over `kv_head` accumulated."""
+
+
+class _Forward(_Path):
+    """The float64 forward: out and lse rows (stored in the dtypes of `out` and `lse`) and the empty rows."""
+
+    block_dtype = np.dtype(np.float64)
+
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, empty: np.ndarray) -> None:
+        super().__init__(entry)
+        self.out, self.lse, self.empty = out, lse, empty
+
+    def tile(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
+    ) -> None:
+        e = self.entry
+        tile = _forward_tile(e.query[head, rows], keys, values, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch)
+        self.out[head, rows], self.lse[head, rows] = tile[:2]
+        self.empty[head, rows] = False
+
+
+class _Golden(_Path):
+    """The golden backward (docs/operator.md section 1) in dq's dtype (float32 or float64), from the given out, lse."""
+
+    def __init__(
+        self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> None:
+        super().__init__(entry)
+        self.out, self.lse = out, lse
+        self.dq, self.dk, self.dv = grads
+        self.block_dtype = self.dq.dtype
+        self.scale_cast = self.block_dtype.type(entry.scale)
+
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
+        self.dk_blocks = _accumulator(self.dk[kv_head], key_blocks)
+        self.dv_blocks = _accumulator(self.dv[kv_head], key_blocks)
+
+    def tile(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
+    ) -> None:
+        e, precision = self.entry, self.block_dtype
+        assert e.dout is not None
+        query_scaled = np.asarray(e.query[head, rows], dtype=precision) * self.scale_cast
+        dout_rows = np.asarray(e.dout[head, rows], dtype=precision)
+        dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(self.out[head, rows], dtype=precision))
+        with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
+            lse_rows = np.asarray(self.lse[head, rows], dtype=precision)
+        probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
+        np.matmul(query_scaled, keys.T, out=probs)
+        for part in _chunks(probs.shape):
+            chunk = probs[part]
+            chunk -= lse_rows[part, None]
+            _mask_tail(chunk, selected, e.mask.shape[2], e.tail_pad)
+            np.exp(chunk, out=chunk)
+        self.finish_tile(head, rows, probs, dout_rows, query_scaled, dsum, selected, keys, values, scratch)
+
+    def finish_tile(
+        self,
+        head: int,
+        rows: slice,
+        exp_scores: np.ndarray,
+        dout: np.ndarray,
+        query_scaled: np.ndarray,
+        dsum: np.ndarray,
+        selected: np.ndarray,
+        keys: np.ndarray,
+        values: np.ndarray,
+        scratch: _Scratch,
+    ) -> None:
+        """Finish one tile from its P [rows, cols] (`exp_scores`, cast to the precision if it is float64):
+        add its dV and dK shares, write its dQ rows."""
+        precision = self.block_dtype
+        probs = exp_scores
+        if exp_scores.dtype != precision:
+            probs = scratch.get("probs", exp_scores.shape, precision)
+        dscores = scratch.get("dscores", exp_scores.shape, precision)
+        np.matmul(dout, values.T, out=dscores)
+        for part in _chunks(dscores.shape):
+            if probs is not exp_scores:
+                np.copyto(probs[part], exp_scores[part], casting="same_kind")
+            chunk = dscores[part]
+            chunk -= dsum[part, None]
+            chunk *= probs[part]
+        _add_products(self.dv_blocks, selected, probs, dout, scratch)
+        _add_products(self.dk_blocks, selected, dscores, query_scaled, scratch)
+        dq_rows = dscores @ keys
+        dq_rows *= self.scale_cast
+        self.dq[head, rows] = dq_rows
+
+    def finish(self, kv_head: int) -> None:
+        dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
+        for grad, blocks in ((self.dk, self.dk_blocks), (self.dv, self.dv_blocks)):
+            if not np.may_share_memory(grad, blocks):  # else the blocks are the gradient itself
+                grad[kv_head] = blocks.reshape(-1, dim)[:kv_len]
+        del self.dk_blocks, self.dv_blocks  # while other walks go on
+
+
+class _ForwardGolden(_Golden):
+    """The float64 forward, rounded to the dtypes of `out` and `lse`, and the golden backward from the rounded values.
+
+    Per tile of query rows: the forward leaves E = exp(S - rowmax) (float64); with f = exp(rowmax - lse) on
+    the ROUNDED lse, P = exp(S - lse) = f E. The row factor f goes onto dout (dO' = f dO, Dsum' = f Dsum,
+    both [rows, D] or [rows]) rather than onto E, so the wide arrays see one cast: dP' = dO' V^T = f dP,
+    dS = E (dP' - Dsum') = P (dP - Dsum), dV += E^T dO' = P^T dO; dQ and dK as in `_Golden`.
+    """
+
+    def __init__(
+        self,
+        entry: _Entry,
+        out: np.ndarray,
+        lse: np.ndarray,
+        empty: np.ndarray,
+        grads: tuple[np.ndarray, np.ndarray, np.ndarray],
+    ) -> None:
+        super().__init__(entry, out, lse, grads)
+        self.empty = empty
+        self.keys64 = self.values64 = np.empty((0, 0))
+
+    def row(self, keys: np.ndarray, values: np.ndarray, scratch: _Scratch) -> None:
+        self.keys64, self.values64 = keys, values
+        if self.block_dtype != np.float64:  # exact upcasts of the gathered blocks for the float64 forward
+            self.keys64 = scratch.get("keys64", keys.shape, np.float64)
+            self.values64 = scratch.get("values64", values.shape, np.float64)
+            np.copyto(self.keys64, keys)
+            np.copyto(self.values64, values)
+
+    def tile(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
+    ) -> None:
+        e, precision = self.entry, self.block_dtype
+        assert e.dout is not None
+        query_rows = e.query[head, rows].astype(precision)  # a copy: scaled in place below
+        out64, lse64, exp_scores, row_max = _forward_tile(
+            query_rows, self.keys64, self.values64, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch
+        )
+        with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
+            out_rows = self.out[head, rows] = out64.astype(self.out.dtype)
+        lse_rows = self.lse[head, rows] = lse64.astype(np.float32)
+        self.empty[head, rows] = False
+        factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
+        dout_rows = e.dout[head, rows].astype(precision)
+        dsum = np.einsum("ij,ij->i", dout_rows, out_rows.astype(precision))
+        dout_rows *= factor
+        dsum *= factor[:, 0]
+        query_rows *= self.scale_cast
+        self.finish_tile(head, rows, exp_scores, dout_rows, query_rows, dsum, selected, keys, values, scratch)
+
+    def finish(self, kv_head: int) -> None:
+        super().finish(kv_head)
+        self.keys64 = self.values64 = np.empty((0, 0))  # scratch of the walk, which is over
+
+
+class _Kernel(_Path):
+    """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
+
+    block_dtype = np.dtype(np.float32)
+
+    def __init__(
+        self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
+    ) -> None:
+        super().__init__(entry)
+        self.out, self.lse = out, lse
+        self.dq, self.dk, self.dv = grads
+        self.io_dtype = self.dq.dtype
+        self.scale32 = np.float32(entry.scale)
+
+    def blocks(self, tensor: np.ndarray) -> np.ndarray:
+        return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
+
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
+        self.dk_blocks = np.zeros_like(key_blocks)
+        self.dv_blocks = np.zeros_like(key_blocks)
+
+    def tile(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
+    ) -> None:
+        e, io_dtype = self.entry, self.io_dtype
+        assert e.dout is not None
+        query_rows = _to_io_fp32(e.query[head, rows], io_dtype)
+        dout_rows = _to_io_fp32(e.dout[head, rows], io_dtype)
+        dsum = (dout_rows * _to_io_fp32(self.out[head, rows], io_dtype)).sum(axis=1, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            lse_rows = np.asarray(self.lse[head, rows], dtype=np.float32)
+        shape = (query_rows.shape[0], keys.shape[0])
+        probs, dscores = scratch.get("probs", shape, np.float32), scratch.get("dscores", shape, np.float32)
+        np.matmul(query_rows, keys.T, out=probs)
+        np.matmul(dout_rows, values.T, out=dscores)
+        for part in _chunks(shape):  # P and dS, then rounded in place: P16 and dS16
+            chunk_probs, chunk_dscores = probs[part], dscores[part]
+            chunk_probs *= self.scale32
+            chunk_probs -= lse_rows[part, None]
+            _mask_tail(chunk_probs, selected, e.mask.shape[2], e.tail_pad)
+            np.exp(chunk_probs, out=chunk_probs)
+            chunk_dscores -= dsum[part, None]
+            chunk_dscores *= chunk_probs
+            _round_to_io(chunk_probs, io_dtype, out=chunk_probs)
+            _round_to_io(chunk_dscores, io_dtype, out=chunk_dscores)
+        probs_io, dscores_io = probs, dscores
+        _add_products(self.dv_blocks, selected, probs_io, dout_rows, scratch)
+        dq_rows = dscores_io @ keys
+        dq_rows *= self.scale32
+        self.dq[head, rows] = dq_rows
+        _add_products(self.dk_blocks, selected, dscores_io, query_rows, scratch)
+
+    def finish(self, kv_head: int) -> None:
+        dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
+        self.dk_blocks *= self.scale32
+        self.dk[kv_head] = self.dk_blocks.reshape(-1, dim)[:kv_len]
+        self.dv[kv_head] = self.dv_blocks.reshape(-1, dim)[:kv_len]
+        del self.dk_blocks, self.dv_blocks  # while other walks go on
+
+
+def _accumulator(grad: np.ndarray, key_blocks: np.ndarray) -> np.ndarray:
+    """Return zeroed [nKV, Y, D] accumulators for one kv head's [skv, D] gradient `grad` (zero-filled, as callers
+    make it): `grad` itself, seen as blocks, when it has no padding and the blocks' dtype (no second copy of it)."""
+    if grad.dtype == key_blocks.dtype and grad.flags.c_contiguous and grad.size == key_blocks.size:
+        return grad.reshape(key_blocks.shape)
+    return np.zeros_like(key_blocks)
 
 
 def _forward_tile(
@@ -331,247 +634,177 @@ def _forward_tile(
     """
     scores = scratch.get("scores", (query.shape[0], keys.shape[0]), np.float64)
     np.matmul(np.asarray(query, dtype=np.float64) * scale, keys.T, out=scores)
-    _mask_tail(scores, selected, n_kv_blocks, tail_pad)
-    row_max = scores.max(axis=1, keepdims=True)
-    scores -= row_max
-    np.exp(scores, out=scores)
-    row_sum = scores.sum(axis=1)
+    row_max = np.empty((scores.shape[0], 1))
+    row_sum = np.empty(scores.shape[0])
+    for part in _chunks(scores.shape):
+        chunk = scores[part]
+        _mask_tail(chunk, selected, n_kv_blocks, tail_pad)
+        np.max(chunk, axis=1, keepdims=True, out=row_max[part])
+        chunk -= row_max[part]
+        np.exp(chunk, out=chunk)
+        np.sum(chunk, axis=1, out=row_sum[part])
     out = (scores @ values) / row_sum[:, None]
     lse = row_max[:, 0] + np.log(row_sum)
     return out, lse, scores, row_max
 
 
-def _backward_tile(
-    probs: np.ndarray,
-    dout: np.ndarray,
-    query_scaled: np.ndarray,
-    dsum: np.ndarray,
-    keys: np.ndarray,
-    values: np.ndarray,
-    selected: np.ndarray,
-    dk_blocks: np.ndarray,
-    dv_blocks: np.ndarray,
-    scratch: _Scratch,
-) -> np.ndarray:
-    """Finish one tile's golden backward from its P [rows, cols]: add its dV and dK shares, return dS @ K."""
-    dscores = scratch.get("dscores", probs.shape, probs.dtype)
-    np.matmul(dout, values.T, out=dscores)
-    dscores -= dsum[:, None]
-    dscores *= probs
-    _add_products(dv_blocks, selected, probs, dout, scratch)
-    _add_products(dk_blocks, selected, dscores, query_scaled, scratch)
-    return dscores @ keys
+# ---- the walk -----------------------------------------------------------------------------------
 
 
-def _forward_into(
-    out: np.ndarray,
-    lse: np.ndarray,
-    empty: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    block_mask: np.ndarray,
-    block_shape: Sequence[int],
-    scale: float,
-) -> None:
-    """Fill heads-major out [N1, sq, D], lse and empty [N1, sq] with the float64 forward of one entry."""
-    x, y = block_shape
-    q_len = query.shape[1]
-    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
-    scratch = _Scratch()
-    for kv_head in range(key.shape[0]):
-        key_blocks = _padded_blocks(key[kv_head], y, np.float64)
-        value_blocks = _padded_blocks(value[kv_head], y, np.float64)
+class _Stopped(Exception):
+    """A walk gave up: another one failed, or the run was interrupted."""
+
+
+class _Tiles:
+    """How many tiles a walk has finished, for a walk that reads what they wrote (the benchmark reads out and lse)."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._finished = 0
+        self._ended = False
+
+    def finished_one(self) -> None:
+        with self._changed:
+            self._finished += 1
+            self._changed.notify_all()
+
+    def end(self) -> None:
+        """Say the walk is over (finished or failed): nobody waits for more."""
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
+
+    def wait_for(self, count: int) -> None:
+        """Return once `count` tiles are finished; raise `_Stopped` if the walk ended before."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._finished >= count or self._ended)
+            if self._finished < count:
+                raise _Stopped
+
+
+class _SharedBlocks:
+    """One kv head's padded key and value blocks for walks that read the same values (golden float32 and benchmark
+    of io-dtype tensors): built by the first walk that asks, dropped when the last one is done."""
+
+    def __init__(self, walks: int) -> None:
+        self._lock = threading.Lock()
+        self._walks = walks
+        self._blocks: tuple[np.ndarray, np.ndarray] | None = None
+
+    def get(self, build: Callable[[], tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+        with self._lock:
+            if self._blocks is None:
+                self._blocks = build()
+            return self._blocks
+
+    def done(self) -> None:
+        with self._lock:
+            self._walks -= 1
+            if self._walks == 0:
+                self._blocks = None
+
+
+@dataclasses.dataclass
+class _Task:
+    """One walk: a path over one kv head's query heads of its entry, and the tiles it waits for or announces."""
+
+    path: _Path
+    kv_head: int
+    after: _Tiles | None = None  # each tile waits for the same tile of this walk
+    announce: _Tiles | None = None  # each finished tile is counted here
+    shared: _SharedBlocks | None = None  # its padded blocks, if another walk reads the same
+
+    def pairs(self) -> int:
+        """Return the selected block pairs of the walk (its share of the work)."""
+        entry = self.path.entry
+        return int(entry.mask[self.kv_head * entry.group : (self.kv_head + 1) * entry.group].sum())
+
+
+def _walk(task: _Task, report: Callable[[int], None] | None, stop: threading.Event | None = None) -> None:
+    """Hand every tile of one kv head's selected rows to the task's path, then let it write its results."""
+    path, kv_head = task.path, task.kv_head
+    entry = path.entry
+    q_len, kv_len = entry.query.shape[1], entry.key.shape[1]
+    try:
+        if q_len == 0 or kv_len == 0:
+            return
+        def build() -> tuple[np.ndarray, np.ndarray]:
+            return path.blocks(entry.key[kv_head]), path.blocks(entry.value[kv_head])
+
+        key_blocks, value_blocks = build() if task.shared is None else task.shared.get(build)
+        path.start(kv_head, key_blocks)
+        scratch = _Scratch()
+        tiles = 0
         for head, selected, keys, values, row_tiles in _selected_rows(
-            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
+            entry.mask, entry.group, kv_head, entry.block_shape[0], q_len, key_blocks, value_blocks, scratch, report
         ):
+            if stop is not None and stop.is_set():
+                raise _Stopped
+            path.row(keys, values, scratch)
             for rows in row_tiles:
-                tile = _forward_tile(query[head, rows], keys, values, selected, mask.shape[2], tail_pad, scale, scratch)
-                out[head, rows], lse[head, rows] = tile[:2]
-                empty[head, rows] = False
+                tiles += 1
+                if task.after is not None:
+                    task.after.wait_for(tiles)
+                path.tile(head, rows, selected, keys, values, scratch)
+                if task.announce is not None:
+                    task.announce.finished_one()
+        path.finish(kv_head)
+    finally:
+        if task.announce is not None:
+            task.announce.end()
+        if task.shared is not None:
+            task.shared.done()
 
 
-def _backward_into(
-    grads: tuple[np.ndarray, np.ndarray, np.ndarray],
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    block_mask: np.ndarray,
-    block_shape: Sequence[int],
-    scale: float,
-) -> None:
-    """Fill heads-major (dq, dk, dv), zero-filled, with one entry's golden backward in their dtype."""
-    dq, dk, dv = grads
-    precision = dq.dtype
-    x, y = block_shape
-    q_len, dim = query.shape[1:]
-    kv_len = key.shape[1]
-    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
-    if q_len == 0 or kv_len == 0:
-        return
-    scale_cast = precision.type(scale)
-    scratch = _Scratch()
-    for kv_head in range(key.shape[0]):
-        key_blocks = _padded_blocks(key[kv_head], y, precision)
-        value_blocks = _padded_blocks(value[kv_head], y, precision)
-        dk_blocks = np.zeros_like(key_blocks)
-        dv_blocks = np.zeros_like(value_blocks)
-        for head, selected, keys, values, row_tiles in _selected_rows(
-            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
-        ):
-            for rows in row_tiles:
-                query_scaled = np.asarray(query[head, rows], dtype=precision) * scale_cast
-                dout_rows = np.asarray(dout[head, rows], dtype=precision)
-                dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(out[head, rows], dtype=precision))
-                with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
-                    lse_rows = np.asarray(lse[head, rows], dtype=precision)
-                probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
-                np.matmul(query_scaled, keys.T, out=probs)
-                probs -= lse_rows[:, None]
-                _mask_tail(probs, selected, mask.shape[2], tail_pad)
-                np.exp(probs, out=probs)
-                dq_rows = _backward_tile(
-                    probs, dout_rows, query_scaled, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
-                )
-                dq_rows *= scale_cast
-                dq[head, rows] = dq_rows
-        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
-        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
+def _run(tasks: list[_Task], jobs: int = 1) -> None:
+    """Walk every task: one after the other in this thread, or in up to `jobs` threads.
 
-
-def _backward_kernel_into(
-    grads: tuple[np.ndarray, np.ndarray, np.ndarray],
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    out: np.ndarray,
-    lse: np.ndarray,
-    block_mask: np.ndarray,
-    block_shape: Sequence[int],
-    scale: float,
-) -> None:
-    """Fill heads-major (dq, dk, dv), zero-filled and of the input dtype, on the kernel's precision path."""
-    dq, dk, dv = grads
-    io_dtype = dq.dtype
-    x, y = block_shape
-    q_len, dim = query.shape[1:]
-    kv_len = key.shape[1]
-    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
-    if q_len == 0 or kv_len == 0:
-        return
-    scale32 = np.float32(scale)
-    scratch = _Scratch()
-    for kv_head in range(key.shape[0]):
-        key_blocks = _padded_blocks(_to_io_fp32(key[kv_head], io_dtype), y, np.float32)
-        value_blocks = _padded_blocks(_to_io_fp32(value[kv_head], io_dtype), y, np.float32)
-        dk_blocks = np.zeros_like(key_blocks)
-        dv_blocks = np.zeros_like(value_blocks)
-        for head, selected, keys, values, row_tiles in _selected_rows(
-            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
-        ):
-            for rows in row_tiles:
-                query_rows = _to_io_fp32(query[head, rows], io_dtype)
-                dout_rows = _to_io_fp32(dout[head, rows], io_dtype)
-                dsum = (dout_rows * _to_io_fp32(out[head, rows], io_dtype)).sum(axis=1, dtype=np.float32)
-                with np.errstate(over="ignore"):
-                    lse_rows = np.asarray(lse[head, rows], dtype=np.float32)
-                probs = scratch.get("probs", (query_rows.shape[0], keys.shape[0]), np.float32)
-                np.matmul(query_rows, keys.T, out=probs)
-                probs *= scale32
-                probs -= lse_rows[:, None]
-                _mask_tail(probs, selected, mask.shape[2], tail_pad)
-                np.exp(probs, out=probs)
-                probs_io = _round_to_io(probs, io_dtype)
-                dscores = scratch.get("dscores", probs.shape, np.float32)
-                np.matmul(dout_rows, values.T, out=dscores)
-                dscores -= dsum[:, None]
-                dscores *= probs
-                dscores_io = _round_to_io(dscores, io_dtype)
-                _add_products(dv_blocks, selected, probs_io, dout_rows, scratch)
-                dq_rows = dscores_io @ keys
-                dq_rows *= scale32
-                dq[head, rows] = dq_rows
-                _add_products(dk_blocks, selected, dscores_io, query_rows, scratch)
-        dk_blocks *= scale32
-        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
-        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
-
-
-def _forward_backward_into(
-    forward: tuple[np.ndarray, np.ndarray, np.ndarray],
-    grads: tuple[np.ndarray, np.ndarray, np.ndarray],
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    block_mask: np.ndarray,
-    block_shape: Sequence[int],
-    scale: float,
-) -> None:
-    """Fill (out, lse, empty) with the rounded float64 forward and (dq, dk, dv) with the golden backward from it.
-
-    out is of the input dtype, lse float32; the backward's precision is that of dq. Per tile of query rows:
-    the forward leaves E = exp(S - rowmax) (float64); with f = exp(rowmax - lse) on the ROUNDED lse,
-    P = exp(S - lse) = f E. The row factor f goes onto dout (dO' = f dO, Dsum' = f Dsum, both [rows, D] or
-    [rows]) rather than onto E, so the wide arrays see one cast: dP' = dO' V^T = f dP,
-    dS = E (dP' - Dsum') = P (dP - Dsum), dV += E^T dO' = P^T dO; dQ and dK as in `_backward_tile`.
+    Threads take the tasks in order (a task that waits for another's tiles comes after it, so it never
+    waits for one not started), each BLAS call on one thread (`blas.one_thread_each`); where BLAS cannot
+    be told, the tasks run one after the other. The `reporting` callback of this thread hears every walk's
+    rows, one at a time.
     """
-    out, lse, empty = forward
-    dq, dk, dv = grads
-    io_dtype, precision = out.dtype, dq.dtype
-    x, y = block_shape
-    q_len, dim = query.shape[1:]
-    kv_len = key.shape[1]
-    group, mask, tail_pad = _geometry(query, key, block_mask, block_shape)
-    if q_len == 0 or kv_len == 0:
-        return
-    scale_cast = precision.type(scale)
-    scratch = _Scratch()
-    for kv_head in range(key.shape[0]):
-        key_blocks = _padded_blocks(key[kv_head], y, precision)
-        value_blocks = _padded_blocks(value[kv_head], y, precision)
-        dk_blocks = np.zeros_like(key_blocks)
-        dv_blocks = np.zeros_like(value_blocks)
-        for head, selected, keys, values, row_tiles in _selected_rows(
-            mask, group, kv_head, x, q_len, key_blocks, value_blocks, scratch
-        ):
-            keys64, values64 = keys, values
-            if precision != np.float64:  # exact upcasts of the gathered blocks for the float64 forward
-                keys64 = scratch.get("keys64", keys.shape, np.float64)
-                values64 = scratch.get("values64", values.shape, np.float64)
-                np.copyto(keys64, keys)
-                np.copyto(values64, values)
-            for rows in row_tiles:
-                query_rows = query[head, rows].astype(precision)  # a copy: scaled in place below
-                out64, lse64, exp_scores, row_max = _forward_tile(
-                    query_rows, keys64, values64, selected, mask.shape[2], tail_pad, scale, scratch
-                )
-                with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
-                    out_rows = out[head, rows] = out64.astype(io_dtype)
-                lse_rows = lse[head, rows] = lse64.astype(np.float32)
-                empty[head, rows] = False
-                factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
-                if precision == np.float64:
-                    probs = exp_scores
-                else:
-                    probs = scratch.get("probs", exp_scores.shape, precision)
-                    np.copyto(probs, exp_scores, casting="same_kind")
-                dout_rows = dout[head, rows].astype(precision)
-                dsum = np.einsum("ij,ij->i", dout_rows, out_rows.astype(precision))
-                dout_rows *= factor
-                dsum *= factor[:, 0]
-                query_rows *= scale_cast
-                dq_rows = _backward_tile(
-                    probs, dout_rows, query_rows, dsum, keys, values, selected, dk_blocks, dv_blocks, scratch
-                )
-                dq_rows *= scale_cast
-                dq[head, rows] = dq_rows
-        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
-        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
+    report = _PROGRESS.get()
+    lanes = min(jobs, len(tasks))
+    if lanes > 1:
+        with blas.one_thread_each() as single:
+            if single:
+                _run_in_threads(tasks, lanes, report)
+                return
+    for task in tasks:
+        _walk(task, report)
+
+
+def _run_in_threads(tasks: list[_Task], lanes: int, report: Callable[[int], None] | None) -> None:
+    """Walk the tasks in `lanes` threads; on the first failure (or Ctrl-C here) stop the rest and raise it."""
+    stop = threading.Event()
+    if report is not None:
+        lock, callback = threading.Lock(), report
+
+        def report(pairs: int) -> None:
+            with lock:
+                callback(pairs)
+
+    errstate = np.geterr()  # threads start with NumPy's defaults: give them the caller's floating-point handling
+    with ThreadPoolExecutor(lanes, "bsa-walk", initializer=functools.partial(np.seterr, **errstate)) as pool:
+        futures: list[Future[None]] = [pool.submit(_walk, task, report, stop) for task in tasks]
+        errors: list[BaseException] = []
+        try:
+            wait(futures, return_when=FIRST_EXCEPTION)
+            errors = [e for f in futures if f.done() and not f.cancelled() and (e := f.exception()) is not None]
+        finally:
+            if errors or not all(f.done() for f in futures):
+                stop.set()
+                for future in futures:
+                    future.cancel()
+                for task in tasks:
+                    if task.announce is not None:
+                        task.announce.end()
+        if errors:
+            raise next((e for e in errors if not isinstance(e, _Stopped)), errors[0])
+
+
+# ---- one batch entry ----------------------------------------------------------------------------
 
 
 def _zeros_grads(
@@ -579,6 +812,11 @@ def _zeros_grads(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return zero-filled (dq, dk, dv) of the query's and the key's shape."""
     return np.zeros(q_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype)
+
+
+def _each_kv_head(entry: _Entry, path: Callable[[], _Path]) -> list[_Task]:
+    """Return one walk per kv head of `entry`, each with a path of its own from `path()`."""
+    return [_Task(path(), kv_head) for kv_head in range(entry.key.shape[0])]
 
 
 def forward_sequence(
@@ -606,7 +844,8 @@ def forward_sequence(
     out = np.zeros((heads, q_len, dim))
     lse = np.full((heads, q_len), -np.inf)
     empty = np.ones((heads, q_len), dtype=bool)
-    _forward_into(out, lse, empty, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of(None, query, key, value, block_mask, block_shape, scale)
+    _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))
     return out, lse, empty
 
 
@@ -632,9 +871,9 @@ def backward_sequence(
     Returns:
         dq [N1, sq, D], dk and dv [N2, skv, D], all of `precision`.
     """
-    precision = _check_precision(precision)
-    grads = _zeros_grads(query.shape, key.shape, precision)
-    _backward_into(grads, dout, query, key, value, out, lse, block_mask, block_shape, scale)
+    grads = _zeros_grads(query.shape, key.shape, _check_precision(precision))
+    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    _run(_each_kv_head(entry, lambda: _Golden(entry, out, lse, grads)))
     return grads
 
 
@@ -659,7 +898,8 @@ def backward_sequence_kernel(
         dq, dk, dv of `io_dtype` (float16 or bfloat16).
     """
     grads = _zeros_grads(query.shape, key.shape, io_dtype)
-    _backward_kernel_into(grads, dout, query, key, value, out, lse, block_mask, block_shape, scale)
+    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    _run(_each_kv_head(entry, lambda: _Kernel(entry, out, lse, grads)))
     return grads
 
 
@@ -689,17 +929,55 @@ def forward_backward_sequence(
     """
     precision = _check_precision(precision)
     heads, q_len, dim = query.shape
-    forward = (
-        np.zeros((heads, q_len, dim), dtype=io_dtype),
-        np.full((heads, q_len), -np.inf, dtype=np.float32),
-        np.ones((heads, q_len), dtype=bool),
-    )
+    out = np.zeros((heads, q_len, dim), dtype=io_dtype)
+    lse = np.full((heads, q_len), -np.inf, dtype=np.float32)
+    empty = np.ones((heads, q_len), dtype=bool)
     grads = _zeros_grads(query.shape, key.shape, precision)
-    _forward_backward_into(forward, grads, dout, query, key, value, block_mask, block_shape, scale)
-    return (*forward, *grads)
+    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    _run(_each_kv_head(entry, lambda: _ForwardGolden(entry, out, lse, empty, grads)))
+    return (out, lse, empty, *grads)
 
 
 # ---- whole case ---------------------------------------------------------------------------------
+
+
+def _zero_case_grads(case: Case, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (
+        np.zeros(case.q_shape, dtype=dtype),
+        np.zeros(case.kv_shape, dtype=dtype),
+        np.zeros(case.kv_shape, dtype=dtype),
+    )
+
+
+def _grad_views(
+    case: Case, grads: tuple[np.ndarray, ...], span: SequenceSpan
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    dq, dk, dv = grads
+    return q_view(case, dq, span), kv_view(case, dk, span), kv_view(case, dv, span)
+
+
+def _case_entries(
+    case: Case,
+    dout: np.ndarray | None,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+) -> Iterator[tuple[SequenceSpan, _Entry]]:
+    """Yield (span, entry) for each batch entry of a case with query rows."""
+    for span in case.spans():
+        if span.q_len == 0:
+            continue
+        entry = _Entry.of(
+            None if dout is None else q_view(case, dout, span),
+            q_view(case, query, span),
+            kv_view(case, key, span),
+            kv_view(case, value, span),
+            mask_view(case, block_mask, span),
+            case.block_shape,
+            case.kernel_scale,
+        )
+        yield span, entry
 
 
 def forward(
@@ -713,64 +991,13 @@ def forward(
     """
     attention_out = np.zeros(case.q_shape)
     softmax_lse = np.full(case.q_shape[:-1], case.empty_row_lse, dtype=np.float64)
-    for span in case.spans():
-        if span.q_len == 0:
-            continue
-        lse = lse_view(case, softmax_lse, span)
-        _forward_into(
-            q_view(case, attention_out, span),
-            lse,
-            np.ones(lse.shape, dtype=bool),
-            q_view(case, query, span),
-            kv_view(case, key, span),
-            kv_view(case, value, span),
-            mask_view(case, block_mask, span),
-            case.block_shape,
-            case.kernel_scale,
-        )
+    tasks = []
+    for span, entry in _case_entries(case, None, query, key, value, block_mask):
+        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
+        empty = np.ones(lse.shape, dtype=bool)
+        tasks += [_Task(_Forward(entry, out, lse, empty), kv_head) for kv_head in range(case.num_kv_heads)]
+    _run(tasks)
     return attention_out, softmax_lse
-
-
-def _zero_case_grads(case: Case, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (
-        np.zeros(case.q_shape, dtype=dtype),
-        np.zeros(case.kv_shape, dtype=dtype),
-        np.zeros(case.kv_shape, dtype=dtype),
-    )
-
-
-def _grad_views(case: Case, grads: tuple[np.ndarray, ...], span) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    dq, dk, dv = grads
-    return q_view(case, dq, span), kv_view(case, dk, span), kv_view(case, dv, span)
-
-
-def _backward_case(
-    case: Case,
-    tensors: tuple[np.ndarray, ...],
-    softmax_lse: np.ndarray,
-    block_mask: np.ndarray,
-    fill,
-    out_dtype: DTypeLike,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Run `fill` (`_backward_into` or `_backward_kernel_into`) on every batch entry, into zero-filled tensors."""
-    dout, query, key, value, attention_out = tensors
-    grads = _zero_case_grads(case, out_dtype)
-    for span in case.spans():
-        if span.q_len == 0 or span.kv_len == 0:
-            continue
-        fill(
-            _grad_views(case, grads, span),
-            q_view(case, dout, span),
-            q_view(case, query, span),
-            kv_view(case, key, span),
-            kv_view(case, value, span),
-            q_view(case, attention_out, span),
-            lse_view(case, softmax_lse, span),
-            mask_view(case, block_mask, span),
-            case.block_shape,
-            case.kernel_scale,
-        )
-    return grads
 
 
 def backward(
@@ -788,8 +1015,14 @@ def backward(
 
     `softmax_lse` may have the trailing axis of size one or not. Padding stays 0.
     """
-    tensors = (dout, query, key, value, attention_out)
-    return _backward_case(case, tensors, softmax_lse, block_mask, _backward_into, _check_precision(precision))
+    grads = _zero_case_grads(case, _check_precision(precision))
+    tasks = []
+    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
+        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
+        views = _grad_views(case, grads, span)
+        tasks += [_Task(_Golden(entry, out, lse, views), kv_head) for kv_head in range(case.num_kv_heads)]
+    _run(tasks)
+    return grads
 
 
 def backward_kernel(
@@ -803,8 +1036,22 @@ def backward_kernel(
     block_mask: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute dq, dk, dv of a case on the kernel's precision path, in the case dtype."""
-    tensors = (dout, query, key, value, attention_out)
-    return _backward_case(case, tensors, softmax_lse, block_mask, _backward_kernel_into, numpy_dtype(case.dtype))
+    grads = _zero_case_grads(case, numpy_dtype(case.dtype))
+    tasks = []
+    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
+        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
+        views = _grad_views(case, grads, span)
+        tasks += [_Task(_Kernel(entry, out, lse, views), kv_head) for kv_head in range(case.num_kv_heads)]
+    _run(tasks)
+    return grads
+
+
+def _rounded_forward_arrays(case: Case) -> tuple[np.ndarray, np.ndarray]:
+    """Return attentionOut (zeros, case dtype) and softmaxLse ([q_shape[:-1]] float32, the empty-row sentinel)."""
+    attention_out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
+    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
+        empty_row_lse = np.float64(case.empty_row_lse).astype(np.float32)
+    return attention_out, np.full(case.q_shape[:-1], empty_row_lse, dtype=np.float32)
 
 
 def forward_backward(
@@ -815,35 +1062,77 @@ def forward_backward(
     value: np.ndarray,
     block_mask: np.ndarray,
     precision: DTypeLike = np.float32,
+    jobs: int = 1,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Compute a case's attentionOut and softmaxLse, rounded as written, and the golden dq, dk, dv from them.
 
-    One pass instead of `forward` then `backward` (see `forward_backward_sequence`).
+    One pass instead of `forward` then `backward` (see `forward_backward_sequence`); kv heads in up to
+    `jobs` threads, with the same results.
 
     Returns:
         attention_out of shape `case.q_shape` in the case dtype and softmax_lse of shape `case.q_shape[:-1]` in
         float32: bit for bit `forward`'s, cast; then dq, dk, dv in `precision` (float32 or float64), as
         `backward` gives for that out and lse, to its rounding.
     """
+    attention_out, softmax_lse, (dq, dk, dv), _ = _generate(
+        case, dout, query, key, value, block_mask, precision, jobs, False
+    )
+    return attention_out, softmax_lse, dq, dk, dv
+
+
+def golden_and_benchmark(
+    case: Case,
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+    precision: DTypeLike = np.float32,
+    jobs: int = 1,
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Compute what `bsa gen` writes: `forward_backward`'s out, lse and golden, and the kernel-faithful benchmark.
+
+    The benchmark is `backward_kernel` of the rounded out and lse, bit for bit. Its walk over a kv head
+    follows the golden's tile by tile; with `jobs` > 1 the walks run in up to `jobs` threads, largest first.
+
+    Returns:
+        attention_out, softmax_lse ([q_shape[:-1]] float32), golden (dq, dk, dv) of `precision`, and
+        benchmark (dq, dk, dv) of the case dtype.
+    """
+    return _generate(case, dout, query, key, value, block_mask, precision, jobs, True)
+
+
+def _generate(
+    case: Case,
+    dout: np.ndarray,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    block_mask: np.ndarray,
+    precision: DTypeLike,
+    jobs: int,
+    benchmark: bool,
+) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+    """Run the golden walks (and the benchmark walks after them) of every entry and kv head."""
     precision = _check_precision(precision)
-    attention_out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
-    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
-        empty_row_lse = np.float64(case.empty_row_lse).astype(np.float32)
-    softmax_lse = np.full(case.q_shape[:-1], empty_row_lse, dtype=np.float32)
-    grads = _zero_case_grads(case, precision)
-    for span in case.spans():
-        if span.q_len == 0:
-            continue
-        lse = lse_view(case, softmax_lse, span)
-        _forward_backward_into(
-            (q_view(case, attention_out, span), lse, np.ones(lse.shape, dtype=bool)),
-            _grad_views(case, grads, span),
-            q_view(case, dout, span),
-            q_view(case, query, span),
-            kv_view(case, key, span),
-            kv_view(case, value, span),
-            mask_view(case, block_mask, span),
-            case.block_shape,
-            case.kernel_scale,
-        )
-    return (attention_out, softmax_lse, *grads)
+    attention_out, softmax_lse = _rounded_forward_arrays(case)
+    gold = _zero_case_grads(case, precision)
+    bench = _zero_case_grads(case, numpy_dtype(case.dtype)) if benchmark else ()
+    walks: list[tuple[_Task, _Task | None]] = []  # (golden, benchmark) of each entry and kv head
+    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
+        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
+        empty = np.ones(lse.shape, dtype=bool)
+        io_inputs = all(a.dtype == attention_out.dtype for a in (entry.key, entry.value))
+        for kv_head in range(case.num_kv_heads):
+            golden_walk = _Task(_ForwardGolden(entry, out, lse, empty, _grad_views(case, gold, span)), kv_head)
+            kernel_walk = None
+            if benchmark:
+                golden_walk.announce = _Tiles()
+                kernel = _Kernel(entry, out, lse, _grad_views(case, bench, span))
+                kernel_walk = _Task(kernel, kv_head, after=golden_walk.announce)
+                if io_inputs and precision == np.float32:  # both walks read float32 blocks of the same values
+                    golden_walk.shared = kernel_walk.shared = _SharedBlocks(2)
+            walks.append((golden_walk, kernel_walk))
+    walks.sort(key=lambda pair: -pair[0].pairs())  # largest first
+    _run([g for g, _ in walks] + [k for _, k in walks if k is not None], jobs)
+    return attention_out, softmax_lse, gold, bench

@@ -9,6 +9,7 @@ rounded once to the case dtype; everything later starts from the rounded values.
 from __future__ import annotations
 
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,28 +24,46 @@ def rng(case: Case, stream: str) -> np.random.Generator:
     return np.random.default_rng([case.seed, zlib.crc32(stream.encode())])
 
 
+_DRAW_CHUNK = 1 << 20
+"""Values drawn (in float64) at a time: a stream gives the same values in chunks as in one go."""
+
+
 def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dtype: np.dtype) -> np.ndarray:
     """Draw `shape` values of `dist` from `stream`, rounded to `dtype`."""
     generator = rng(case, stream)
-    if dist.kind == "uniform":
-        values = generator.uniform(dist.low, dist.high, size=shape)
-    else:
-        values = generator.standard_normal(size=shape)
-        values *= dist.std
-        values += dist.mean
-    return values.astype(dtype)
+    drawn = np.empty(shape, dtype=dtype)
+    flat = drawn.reshape(-1)
+    for first in range(0, flat.size, _DRAW_CHUNK):
+        count = min(_DRAW_CHUNK, flat.size - first)
+        if dist.kind == "uniform":
+            values = generator.uniform(dist.low, dist.high, size=count)
+        else:
+            values = generator.standard_normal(size=count)
+            values *= dist.std
+            values += dist.mean
+        flat[first : first + count] = values  # rounded as `astype` rounds
+    return drawn
 
 
-def make_tensors(case: Case) -> dict[str, np.ndarray]:
-    """Return query, key, value and dout in the case dtype, in the case layout."""
+def make_tensors(case: Case, jobs: int = 1) -> dict[str, np.ndarray]:
+    """Return query, key, value and dout in the case dtype, in the case layout (drawn in `jobs` threads)."""
     dtype = numpy_dtype(case.dtype)
     init = case.init
-    return {
-        "query": draw(case, "query", case.q_shape, init.query, dtype),
-        "key": draw(case, "key", case.kv_shape, init.key, dtype),
-        "value": draw(case, "value", case.kv_shape, init.value, dtype),
-        "dout": draw(case, "dout", case.q_shape, init.dout, dtype),
+    streams = {
+        "query": (case.q_shape, init.query),
+        "key": (case.kv_shape, init.key),
+        "value": (case.kv_shape, init.value),
+        "dout": (case.q_shape, init.dout),
     }
+
+    def draw_one(name: str) -> np.ndarray:
+        shape, dist = streams[name]
+        return draw(case, name, shape, dist, dtype)
+
+    if jobs <= 1:
+        return {name: draw_one(name) for name in streams}
+    with ThreadPoolExecutor(min(jobs, len(streams))) as pool:  # NumPy draws and casts without the GIL
+        return dict(zip(streams, pool.map(draw_one, streams), strict=True))
 
 
 def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

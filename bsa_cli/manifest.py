@@ -10,8 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from . import __version__
-from . import interface
+from . import __version__, interface
 from .case import Case, Expect, TensorOverride
 from .store import FORMAT
 

@@ -61,8 +61,8 @@ def jobs_option_for(help_text: str) -> Callable[[Any], Any]:
 
 
 jobs_option = jobs_option_for(
-    "Processes, across cases or across kv-head groups of one large case; auto: one per CPU when the "
-    "estimated work is a few seconds or more, else one."
+    "Processes across cases, or threads within a single case; auto: one per CPU when the estimated work "
+    "is a few seconds or more (a single case: a fraction of a second), else one."
 )
 
 

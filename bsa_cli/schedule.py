@@ -219,14 +219,20 @@ def _columns(n_q: int, kv_len: int, y: int, shift: int) -> float:
 
 
 AUTO_JOBS_MIN_SECONDS = 3.0
-"""Estimated work from which `-j auto` starts worker processes (each costs about half a second to start)."""
+"""Estimated work from which `-j auto` starts worker processes for several cases (each takes about half a
+second to start)."""
+
+AUTO_THREADS_MIN_SECONDS = 0.2
+"""Estimated work of a single case from which `-j auto` runs its walks in threads (they start at once)."""
 
 
 def auto_jobs(jobs: int | None, estimates: list[Estimate]) -> int:
-    """Return `jobs` if given, else one process per CPU for work estimated at `AUTO_JOBS_MIN_SECONDS` or more."""
+    """Return `jobs` if given, else one process (or, for a single case, thread) per CPU for work estimated at
+    `AUTO_JOBS_MIN_SECONDS` (a single case: `AUTO_THREADS_MIN_SECONDS`) or more, else 1."""
     if jobs is not None:
         return jobs
-    if sum(e.seconds for e in estimates) < AUTO_JOBS_MIN_SECONDS:
+    least = AUTO_THREADS_MIN_SECONDS if len(estimates) == 1 else AUTO_JOBS_MIN_SECONDS
+    if sum(e.seconds for e in estimates) < least:
         return 1
     return cpu_count()
 

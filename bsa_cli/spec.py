@@ -41,7 +41,15 @@ from .manifest import params as case_params
 from .manifest import semantics as case_semantics
 from .store import MAX_NAME_BYTES, inside, is_case_name, read_regular
 
-DTYPE_ALIASES = {"fp16": "float16", "half": "float16", "bf16": "bfloat16", "fp32": "float32", "float": "float32"}
+DTYPE_ALIASES = {
+    "fp16": "float16", "half": "float16", "f16": "float16",
+    "bf16": "bfloat16", "bfloat": "bfloat16",
+    "fp32": "float32", "float": "float32", "single": "float32", "f32": "float32",
+    "fp64": "float64", "double": "float64", "f64": "float64",
+    "u8": "uint8", "i8": "int8", "i32": "int32", "int": "int32", "i64": "int64", "long": "int64",
+    "boolean": "bool",
+}  # fmt: skip
+"""Other names of spec dtypes; names are read case-insensitively, with an optional 'torch.' or 'np.' prefix."""
 PATTERNS = ("dense", "random", "causal", "sliding_window", "strided", "explicit")
 TENSORS = ("query", "key", "value", "dout")
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -89,6 +97,27 @@ LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}$")
 """What a layout string may be (a negative case may pass one the operator rejects)."""
 
 
+class SpecErrors(SpecError):
+    """Errors of several cases (or files) of one load, in order: one line each (each case's first error)."""
+
+    def __init__(self, errors: list[SpecError]) -> None:
+        flat = [e for error in errors for e in (error.errors if isinstance(error, SpecErrors) else [error])]
+        first = flat[0]
+        super().__init__(first.file, first.message, first.case, first.key)
+        self.errors: list[SpecError] = flat
+
+    def __str__(self) -> str:
+        return "\n".join(SpecError.__str__(e) for e in self.errors)
+
+
+def raise_spec_errors(errors: list[SpecError]) -> None:
+    """Raise nothing for no error, the error itself for one, and SpecErrors holding them all for more."""
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise SpecErrors(errors)
+
+
 def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[Case]:
     """Load every case of the given spec files or folders (their `*.yaml`/`*.yml` files, sorted).
 
@@ -98,14 +127,22 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
     """
     cases: list[Case] = []
     seen: dict[str, str] = {}
+    errors: list[SpecError] = []
     for file in spec_files(paths):
-        for case in load_spec_file(file, max_cases - len(cases)):
+        try:
+            loaded = load_spec_file(file, max_cases - len(cases))
+        except SpecError as exc:
+            errors.append(exc)  # every file's errors are reported, in order
+            continue
+        for case in loaded:
             if case.name in seen:
-                raise SpecError(
+                errors.append(SpecError(
                     str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name"
-                )
+                ))  # fmt: skip
+                continue
             seen[case.name] = str(file)
             cases.append(case)
+    raise_spec_errors(errors)
     return cases
 
 
@@ -308,16 +345,37 @@ def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
         if total > max_cases:
             raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases; raise it with "
                             "--max-cases")  # fmt: skip
-    cases = []
+    cases: list[Case] = []
+    errors: list[SpecError] = []
     for label, merged, matrix in planned:
-        for variant, suffix in expand_matrix(file, label, merged, matrix):
-            cases.append(build_case(path, variant, suffix))
+        try:  # a case's first error is reported, then the next case is read
+            variants = expand_matrix(file, label, merged, matrix)
+            cases.extend(build_case(path, variant, suffix) for variant, suffix in variants)
+        except SpecError as exc:
+            errors.append(exc)
+    raise_spec_errors(errors)
     return cases
 
 
 def _key(key: Any) -> str:
     """Return a mapping key as an error message names it (a string as it is, anything else as a short repr)."""
     return key if isinstance(key, str) and len(key) <= 60 else show(key)
+
+
+def dtype_name(value: Any) -> str | None:
+    """Return the dtype name of DTYPES that a spec's `value` names (FP16, half, torch.bfloat16, ...), or None."""
+    if not isinstance(value, str):
+        return None
+    name = value.strip().lower()
+    for prefix in ("torch.", "np.", "numpy."):
+        name = name.removeprefix(prefix)
+    name = DTYPE_ALIASES.get(name, name)
+    return name if name in DTYPES else None
+
+
+def _dtype_suggestion(value: Any, allowed: Iterable[str]) -> str:
+    """Return ' (did you mean ...?)' for a dtype name that is not one, compared in lower case."""
+    return suggest(value.strip().lower(), [*allowed, *DTYPE_ALIASES]) if isinstance(value, str) else ""
 
 
 def _suggest(value: Any, choices: Iterable[str]) -> str:
@@ -502,10 +560,10 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
         if value is not None and not (isinstance(value, str) and LAYOUT_RE.match(value)):
             raise r.error(key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); "
                           "allowed: BNSD, TND")  # fmt: skip
-    dtype = r.get("dtype", "float16")
-    dtype = DTYPE_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise r.error("dtype", f"{show(dtype)} is not allowed{_suggest(dtype, [*DTYPES, *DTYPE_ALIASES])}; "
+    raw_dtype = r.get("dtype", "float16")
+    dtype = dtype_name(raw_dtype)
+    if dtype is None:
+        raise r.error("dtype", f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
                       "allowed: float16 (fp16), bfloat16 (bf16)")  # fmt: skip
     num_heads = r.integer("num_heads", minimum=1)
     num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
@@ -682,11 +740,13 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
         for sub in value:
             if sub not in TENSOR_KEYS:
                 raise r.error(f"{key}.{_key(sub)}", f"unknown key{_suggest(sub, TENSOR_KEYS)}; allowed: dtype, shape")
-        dtype = value.get("dtype")
-        if dtype is not None:
-            dtype = DTYPE_ALIASES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-            if not isinstance(dtype, str) or dtype not in DTYPES:
-                raise r.error(f"{key}.dtype", f"{show(dtype)} is not allowed{_suggest(dtype, DTYPES)}; "
+        raw_dtype = value.get("dtype")
+        dtype = None
+        if raw_dtype is not None:
+            dtype = dtype_name(raw_dtype)
+            if dtype is None:
+                raise r.error(f"{key}.dtype", f"{show(raw_dtype)} is not allowed"
+                              f"{_dtype_suggestion(raw_dtype, DTYPES)}; "
                               f"allowed: {', '.join(DTYPES)}")  # fmt: skip
         shape = value.get("shape")
         if shape is not None:

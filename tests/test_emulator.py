@@ -16,7 +16,6 @@ from bsa_cli.emulator import (
     FAULTS,
     STATUS_FILE,
     applicable_faults,
-    check_interface,
     emulate,
     emulate_case_dir,
     fault_applies,

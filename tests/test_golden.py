@@ -262,7 +262,8 @@ def test_causal_block_mask_with_unit_blocks_equals_sdpa_causal():
     t = make_inputs(case, seed=6, mask=causal)
     out, lse = forward_of(case, t)
     dq, dk, dv = golden_grads(case, t, out, lse)
-    ref = oracle.sdpa_sequence(t["dout"][0], t["query"][0], t["key"][0], t["value"][0], case.kernel_scale, is_causal=True)
+    t0 = [t[name][0] for name in ("dout", "query", "key", "value")]
+    ref = oracle.sdpa_sequence(*t0, case.kernel_scale, is_causal=True)
     for got, want in zip((out, dq, dk, dv), ref, strict=True):
         np.testing.assert_allclose(got[0], want, rtol=1e-10, atol=1e-12)
 
@@ -603,3 +604,51 @@ def test_fast_float16_rounding_equals_numpy_cast_bit_for_bit():
     got = golden._round_to_float16(values)
     same = (got.view(np.uint32) == expected.view(np.uint32)) | (np.isnan(got) & np.isnan(expected))
     assert same.all(), bits[~same][:5]
+    nan = np.isnan(values)
+    assert np.array_equal(got.view(np.uint32)[nan], bits[nan])  # NaN as it came, payload and sign
+    in_place = values.copy()
+    assert golden._round_to_float16(in_place, out=in_place) is in_place
+    assert np.array_equal(in_place.view(np.uint32), got.view(np.uint32))
+
+
+# ---- walks in threads ---------------------------------------------------------------------------
+
+
+def test_a_failing_walk_in_a_thread_raises_its_own_error_and_nothing_waits_for_it(monkeypatch):
+    case = make_case(heads=4, kv_heads=4, dim=16, q_len=256, kv_len=256, block_shape=(16, 16))
+    t = make_inputs(case, seed=5, density=0.5)
+    tiles: list[int] = []
+    original = golden._ForwardGolden.tile
+
+    def failing(self, head, *args):
+        tiles.append(head)
+        if head == 2 and tiles.count(2) == 3:
+            raise FloatingPointError("planted")
+        return original(self, head, *args)
+
+    monkeypatch.setattr(golden._ForwardGolden, "tile", failing)
+    with pytest.raises(FloatingPointError, match="planted"):  # not the benchmark walk that waited in vain
+        golden.golden_and_benchmark(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], jobs=2)
+
+
+def test_walks_in_threads_give_blas_one_thread_each_and_restore_it():
+    if not golden.blas.thread_counts():
+        pytest.skip("NumPy's BLAS here is not an OpenBLAS whose threads can be set")
+    before = golden.blas.thread_counts()
+    seen: list[list[int]] = []
+    case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64)
+    t = make_inputs(case, seed=6)
+    with golden.reporting(lambda pairs: seen.append(golden.blas.thread_counts())):
+        golden.golden_and_benchmark(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], jobs=2)
+    assert seen and all(counts == [1] * len(before) for counts in seen)
+    assert golden.blas.thread_counts() == before
+
+
+def test_walks_in_threads_handle_floating_point_errors_as_the_caller_does():
+    case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64, block_shape=(16, 16))
+    t = make_inputs(case, seed=8)
+    t["query"][0, 1, 5] = np.inf  # inf scores: inf - inf in the forward
+    inputs = (t["dout"], t["query"], t["key"], t["value"], t["block_mask"])
+    for jobs in (1, 2):
+        with np.errstate(invalid="raise"), pytest.raises(FloatingPointError):
+            golden.golden_and_benchmark(case, *inputs, jobs=jobs)

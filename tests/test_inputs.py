@@ -8,6 +8,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from bsa_cli import inputs
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.inputs import make_mask, make_tensors, mask_stats
 
@@ -104,3 +105,21 @@ def test_shapes_follow_layout(layout: str) -> None:
     tensors = make_tensors(case)
     expected = (128, 4, 16) if layout == "TND" else (3, 4, 256, 16)
     assert tensors["query"].shape == expected and tensors["dout"].shape == expected
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_tensors_drawn_in_chunks_and_threads_are_the_stream_drawn_in_one_go(
+    dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    init = Init(key=Distribution("uniform", low=-2.0, high=3.0), dout=Distribution(std=0.5))
+    case = make_case(dtype=dtype, init=init)
+    monkeypatch.setattr(inputs, "_DRAW_CHUNK", 1000)  # 32768 values per tensor: 33 chunks, the last one short
+    tensors = make_tensors(case, jobs=3)
+    for name, dist in (("query", case.init.query), ("key", case.init.key), ("dout", case.init.dout)):
+        generator = inputs.rng(case, name)
+        shape = case.kv_shape if name == "key" else case.q_shape
+        if dist.kind == "uniform":
+            whole = generator.uniform(dist.low, dist.high, size=shape)
+        else:
+            whole = generator.standard_normal(size=shape) * dist.std + dist.mean
+        assert tensors[name].tobytes() == whole.astype(tensors[name].dtype).tobytes(), name

@@ -103,9 +103,9 @@ def test_progress_within_a_case_rises_row_by_row_to_one(tmp_path: Path) -> None:
     seen: list[float] = []
     compute_case(case, on_progress=seen.append)
     assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0  # one step per block row
-    in_groups: list[float] = []
-    compute_case(case, jobs=2, on_progress=in_groups.append)
-    assert len(in_groups) == 2 and in_groups[-1] == 1.0  # worker processes report per kv-head group
+    in_threads: list[float] = []
+    compute_case(case, jobs=2, on_progress=in_threads.append)
+    assert len(in_threads) == len(seen) and in_threads == sorted(in_threads) and in_threads[-1] == 1.0  # every row
 
 
 def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -153,12 +153,19 @@ def test_bad_job_counts_are_refused(tmp_path: Path, value: str) -> None:
     assert result.exit_code == 2 and f"{value!r} is not a positive whole number or 'auto'" in result.stderr
 
 
-def test_auto_jobs_start_processes_only_for_seconds_of_work(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_jobs_start_processes_for_seconds_of_work_and_threads_for_a_fraction(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(schedule, "cpu_count", lambda: 8)
-    small = [schedule.Estimate(flops=1, density=1.0, input_bytes=0, output_bytes=0, peak_memory=0, seconds=0.5)]
-    assert schedule.auto_jobs(None, small) == 1
-    assert schedule.auto_jobs(None, small * 10) == 8
-    assert schedule.auto_jobs(3, small) == 3
+
+    def work(seconds: float) -> schedule.Estimate:
+        return schedule.Estimate(flops=1, density=1.0, input_bytes=0, output_bytes=0, peak_memory=0, seconds=seconds)
+
+    assert schedule.auto_jobs(None, [work(0.5)] * 2) == 1  # processes for a second of work: not worth starting
+    assert schedule.auto_jobs(None, [work(0.5)] * 10) == 8
+    assert schedule.auto_jobs(None, [work(0.5)]) == 8  # one case: threads, which start at once
+    assert schedule.auto_jobs(None, [work(0.05)]) == 1
+    assert schedule.auto_jobs(3, [work(0.5)] * 2) == 3
 
 
 def test_a_container_memory_limit_bounds_the_memory_estimates(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -177,7 +184,8 @@ def test_ctrl_c_ends_any_command_with_130_and_one_line(tmp_path: Path, monkeypat
     monkeypatch.setattr(cli_gen, "generate_suite", interrupted)
     result = CliRunner().invoke(main, ["gen", spec(tmp_path, CASES[:1]), "-o", str(tmp_path / "o")])
     assert result.exit_code == 130
-    assert result.stderr.splitlines()[-1:] == ["interrupted: finished work is complete, unfinished work was not written"]
+    last = result.stderr.splitlines()[-1:]
+    assert last == ["interrupted: finished work is complete, unfinished work was not written"]
     assert "Traceback" not in result.stderr
 
 
