@@ -44,16 +44,18 @@ their pattern (`pattern_counts`), so estimating never costs memory in proportion
 BASE_MEMORY = 64 << 20
 """Resident memory of a `bsa gen` process before it holds any case (interpreter, NumPy, bsa)."""
 
-GROUP_MEMORY = 4 << 10
-"""Memory per kv-head group (its sub-case, views and partial results), held for the whole case."""
+GROUP_SPAN_MEMORY = 5 << 10
+"""Memory per (kv-head group, non-empty batch entry): the views and partial results its walks keep."""
 
-SPAN_MEMORY = 320
-"""Memory per batch entry (its span and lengths), held for the whole case."""
+SPAN_MEMORY = 3 << 10
+"""Memory per batch entry (its span, lengths and per-sequence views), held for the whole case."""
 
 SECONDS_PER_CASE = 0.02
-SECONDS_PER_GROUP_SPAN = 4e-4
-"""Time per (kv-head group, non-empty batch entry): the per-sequence set-up of each pass."""
-SECONDS_PER_ROW = 1.5e-4
+SECONDS_PER_GROUP_SPAN = 1e-4
+"""Time per (kv-head group, non-empty batch entry): the set-up of each walk over one sequence."""
+SECONDS_PER_SPAN = 1e-4
+"""Time per non-empty batch entry: its views and lengths, whatever its heads."""
+SECONDS_PER_ROW = 1.2e-4
 """Time per (batch entry, query head, query block) row that selects a block: the per-row NumPy calls."""
 SECONDS_PER_BLOCK = 3e-7
 SECONDS_PER_GATHERED_BLOCK = 2e-6
@@ -81,6 +83,7 @@ def estimate(case: Case) -> Estimate:
     grad_elems = q_elems + 2 * kv_elems
     output_bytes = grad_elems * (4 + itemsize)  # golden float32 and benchmark in the case dtype
     density = counts.selected_blocks / counts.total_blocks if counts.total_blocks else 0.0
+    spans = _nonempty_spans(case)
     peak_memory = (
         BASE_MEMORY
         + input_bytes
@@ -88,16 +91,16 @@ def estimate(case: Case) -> Estimate:
         + _working_memory(case, q_elems, kv_elems, itemsize, density)
         + mask_elements * (13 if case.sparsity.pattern == "random" else 5)  # drawn, copied, written, checked
         + 8 * counts.selected_blocks // max(case.num_heads, 1)  # one head's selected block indices
-        + GROUP_MEMORY * case.num_kv_heads
+        + GROUP_SPAN_MEMORY * spans * case.num_kv_heads
         + SPAN_MEMORY * case.batch
     )
     flops = 14 * counts.cells * case.head_dim
-    spans = _nonempty_spans(case)
     consecutive = case.sparsity.pattern in ("dense", "causal", "sliding_window")
     seconds = (
         SECONDS_PER_CASE
         + flops * 1.4 / GOLDEN_FLOPS_PER_SECOND  # the benchmark backward repeats the golden's work
         + SECONDS_PER_GROUP_SPAN * spans * case.num_kv_heads
+        + SECONDS_PER_SPAN * spans
         + SECONDS_PER_ROW * counts.active_rows
         + (SECONDS_PER_BLOCK if consecutive else SECONDS_PER_GATHERED_BLOCK) * counts.selected_blocks
     )
@@ -112,17 +115,15 @@ def estimate(case: Case) -> Estimate:
 
 
 def _working_memory(case: Case, q_elems: int, kv_elems: int, itemsize: int, density: float) -> int:
-    """Bytes the golden works in besides inputs and outputs: contiguous copies of each kv-head group's
-    inputs (with several groups), the float32 upcasts of the largest sequence of one group, and one
-    query-block row of scores per head."""
-    copies = (2 * q_elems + 2 * kv_elems) * itemsize if case.num_kv_heads > 1 else 0
+    """Bytes the golden works in besides inputs and outputs: the float32 upcasts of the largest sequence
+    of one group, and one query-block row of scores per head."""
     longest_q = max(_distinct_lengths(case), key=lambda pair: pair[0][0], default=((0, 0), 0))[0][0]
     longest_kv = max(_distinct_lengths(case), key=lambda pair: pair[0][1], default=((0, 0), 0))[0][1]
     span_q = longest_q * case.group_size * case.head_dim
     span_kv = longest_kv * case.head_dim
     x, _ = case.mask_block_shape
     row_scores = 8 * x * case.kv_seq_len * 4 * max(density, 1.0 / max(case.num_kv_blocks, 1))
-    return int(copies + 4 * (3 * span_q + 2 * span_kv) + row_scores)
+    return int(4 * (3 * span_q + 2 * span_kv) + row_scores)
 
 
 def _distinct_lengths(case: Case) -> list[tuple[tuple[int, int], int]]:

@@ -428,17 +428,17 @@ def test_hidden_folders_and_links_are_never_taken_as_cases(out: Path, tmp_path: 
 
 
 EXTREME = {
-    # name: (spec, measured CPU seconds (user + sys) and peak RSS in MiB of `bsa gen -j 1` on the 2-core
-    # development machine, 2026-11-30). Other jobs loaded the machine, so CPU time stands for a quiet
-    # machine's wall time; the estimates count for one process in the same way.
-    "heads-1e6-d1": ({"num_heads": 10**6, "head_dim": 1, "q_seq_len": 16}, 264.1, 5612.0),
-    "heads-1e5-d1": ({"num_heads": 10**5, "head_dim": 1, "q_seq_len": 16}, 31.4, 602.0),
-    "tnd-200k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 200_000}, 65.6, 1634.0),
-    "tnd-20k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 20_000}, 6.3, 222.0),
+    # name: (spec, measured seconds and peak RSS in MiB of `bsa gen -j 1` on the 2-core development machine,
+    # 2026-11-30, with the golden of issue 11; user + sys time, equal to the wall time when the machine
+    # was quiet)
+    "heads-1e6-d1": ({"num_heads": 10**6, "head_dim": 1, "q_seq_len": 16}, 185.4, 5968.0),
+    "heads-1e5-d1": ({"num_heads": 10**5, "head_dim": 1, "q_seq_len": 16}, 19.2, 640.0),
+    "tnd-200k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 200_000}, 56.2, 3174.0),
+    "tnd-20k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 20_000}, 5.7, 361.0),
     "block-1x1-random": ({"q_seq_len": 2048, "block_shape": [1, 1],
-                          "sparsity": {"pattern": "random", "density": 0.1}}, 1.9, 86.0),
-    "block-1x1-causal": ({"q_seq_len": 4096, "block_shape": [1, 1], "sparsity": {"pattern": "causal"}}, 2.6, 151.0),
-    "block-1-rows": ({"q_seq_len": 65536, "kv_seq_len": 16, "block_shape": [1, 16]}, 9.4, 80.0),
+                          "sparsity": {"pattern": "random", "density": 0.1}}, 0.93, 86.0),
+    "block-1x1-causal": ({"q_seq_len": 4096, "block_shape": [1, 1], "sparsity": {"pattern": "causal"}}, 2.1, 151.0),
+    "block-1-rows": ({"q_seq_len": 65536, "kv_seq_len": 16, "block_shape": [1, 16]}, 7.7, 81.0),
 }  # fmt: skip
 
 
