@@ -35,6 +35,16 @@ from .cli_common import (
     write_reports,
 )
 from .compare import CaseResult
+from .devices import (
+    DEVICE_KINDS,
+    REFERENCE_DEVICE,
+    TORCH_NPU_MODULE,
+    Device,
+    RunOptions,
+    _emulator,
+    parse_device_ids,
+    reference_faults,
+)
 from .errors import BsaError
 from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
 from .schedule import Estimate, estimate
@@ -216,7 +226,7 @@ def device_options(func: Any) -> Any:
         click.option(
             "--device",
             "device_kind",
-            type=click.Choice(list(runner.DEVICE_KINDS)),
+            type=click.Choice(list(DEVICE_KINDS)),
             help="Built-in device: reference (the default: the reference device, reference results) or "
             "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
             "per case). Not with --binary or --cmd.",
@@ -285,13 +295,13 @@ def make_options(
     repeat: int,
     timeout: float,
     outputs_root: str | None = None,
-) -> runner.RunOptions:
+) -> RunOptions:
     """Build run options from CLI values, turning configuration errors into `Error:` lines."""
     try:
-        device = runner.Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
-        return runner.RunOptions(
+        device = Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
+        return RunOptions(
             device=device,
-            device_ids=runner.parse_device_ids(devices),
+            device_ids=parse_device_ids(devices),
             repeat=repeat,
             timeout=timeout,
             outputs_root=Path(outputs_root) if outputs_root else None,
@@ -321,14 +331,14 @@ class Shown(pipeline.CheckProgress):
     def progress(self, name: str, fraction: float) -> None:
         self.display.progress(name, fraction)
 
-    def running(self, case_dirs: Sequence[Path], device: runner.Device, flops: Mapping[str, float] | None) -> None:
+    def running(self, case_dirs: Sequence[Path], device: Device, flops: Mapping[str, float] | None) -> None:
         if device.is_reference:
             output.info(f"device: {device.name}: reference results, not device results")
             if device.fault:
                 for warning in pipeline.inapplicable_faults(case_dirs, device.fault):
                     output.warn(warning)
         elif device.torch_npu:
-            output.info(f"device: {device.name}, through {runner.TORCH_NPU_MODULE} in {sys.executable}")
+            output.info(f"device: {device.name}, through {TORCH_NPU_MODULE} in {sys.executable}")
         else:
             output.info(f"device: {device.name} (sha256 {device.binary_sha256 or '-'})")
         self.display.phase("run", len(case_dirs), [c.name for c in case_dirs], flops)
@@ -403,7 +413,7 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     if not value or ctx.resilient_parsing:
         return
     with user_errors():
-        faults = runner.reference_faults()
+        faults = reference_faults()
     for name, description in faults.items():
         output.stdout.print(f"{name:<18} {description}", markup=False, soft_wrap=True)
     ctx.exit(0)
@@ -439,10 +449,10 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     case_dir = manifest if manifest.is_dir() else manifest.parent
     order_seed = seed if seed is not None else secrets.randbits(32)
     with user_errors():
-        runner.Device.create(fault=fault)  # checks the fault name
-        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
+        Device.create(fault=fault)  # checks the fault name
+        status = _emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
     suffix = f" (fault '{fault}' planted)" if fault else ""
-    output.info(f"{runner.REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
+    output.info(f"{REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
 
 
 # ---- bsa check -----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import runner, store
+from . import devices, runner, store
 from .case import Case
 from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError
@@ -32,7 +32,7 @@ class CheckProgress:
     def progress(self, name: str, fraction: float) -> None:
         """Case `name` is this far (0..1) through the current step (generating, or the reference device)."""
 
-    def running(self, case_dirs: Sequence[Path], device: runner.Device, flops: Mapping[str, float] | None) -> None:
+    def running(self, case_dirs: Sequence[Path], device: devices.Device, flops: Mapping[str, float] | None) -> None:
         """The device is about to run the cases; `flops` (the reference device only) weighs each case."""
 
     def on_run_event(self, event: runner.RunEvent) -> None:
@@ -62,7 +62,7 @@ class CheckResult:
 def check_suite(
     cases: Sequence[Case],
     out: Path,
-    options: runner.RunOptions,
+    options: devices.RunOptions,
     settings: RunSettings,
     precision: str = "float32",
     jobs: int | None = None,
@@ -74,7 +74,7 @@ def check_suite(
     Args:
         cases: the cases to check (`spec.load_specs`).
         out: the folder of the generated cases.
-        options: the device and how to run it (`runner.RunOptions`).
+        options: the device and how to run it (`devices.RunOptions`).
         settings: comparison settings given for the whole run (validated).
         precision: precision of the golden.
         jobs: processes generating (None: `schedule.auto_jobs` decides) and judging (None: as
@@ -105,7 +105,7 @@ def check_suite(
     return CheckResult(tuple(case_dirs), summary, suite)
 
 
-def run_suite(case_dirs: Sequence[Path], options: runner.RunOptions, progress: CheckProgress) -> runner.RunSummary:
+def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> runner.RunSummary:
     """Run the device on every case (`runner.run_cases`); the reference device also reports progress within
     a case, weighed by backward FLOPs."""
     flops = backward_flops(case_dirs) if options.device.is_reference else None
