@@ -1,6 +1,6 @@
 """Render comparison results for people and tools: terminal, JSON, JUnit, HTML (with SVG pictures), CSV.
 
-Every report works from the result dataclasses of `compare.py`; JSON is their faithful image, so shards
+Every report works from the result dataclasses of `compare/results.py`; JSON is their faithful image, so shards
 judged in separate CI jobs merge into one `SuiteResult` that renders exactly like a local run.
 
 Modules: `document` (JSON, merging), `terminal`, `junit`, `page` (HTML) with `svg` (its pictures),
