@@ -154,9 +154,8 @@ class Bias:
     def describe(self) -> str:
         """The estimate in words: relative and in ULPs, each side with its standard error."""
         return (
-            f"bias {self.device:+.3g} ± {self.device_se:.2g} ({self.in_ulp(self.device):+.3g} ± "
-            f"{self.in_ulp(self.device_se):.2g} ULP), benchmark {self.benchmark:+.3g} ± {self.benchmark_se:.2g}, "
-            f"difference {self.z:.3g} standard errors"
+            f"bias {self.device:+.3g} ± {self.device_se:.2g} relative ({self.in_ulp(self.device):+.3g} ± "
+            f"{self.in_ulp(self.device_se):.2g} ULP), benchmark {self.benchmark:+.3g} ± {self.benchmark_se:.2g}"
         )
 
 
