@@ -31,7 +31,7 @@ def main() -> None:
     cases = load_specs([Path(args.spec)])
     worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
     bias_worst: dict[str, tuple[float, str]] = defaultdict(lambda: (0.0, ""))
-    failures, judged, tensors = [], 0, 0
+    failures, judged, tensors, over = [], 0, 0, 0
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(args.seeds):
             for case in cases:
@@ -52,11 +52,13 @@ def main() -> None:
                     if estimate is None or not estimate.judgeable():
                         continue
                     tensors += 1
+                    over += estimate.benchmark_z > compare.bias.PATH_Z
                     where = f"{result.name} {tensor.name}"
                     floor = compare.bias.BIAS_FLOOR
                     for key, value in (("z against the benchmark", estimate.z),
-                                       ("z against zero (benchmark z <= 3)",
+                                       ("z against zero (benchmark z <= PATH_Z)",
                                         estimate.device_z if estimate.benchmark_z <= compare.bias.PATH_Z else 0.0),
+                                       ("benchmark z", estimate.benchmark_z),
                                        ("|bias| / floor", abs(estimate.device) / floor),
                                        ("|difference| / floor", abs(estimate.difference) / floor)):  # fmt: skip
                         if value > bias_worst[key][0]:
@@ -68,7 +70,7 @@ def main() -> None:
     print("largest value / limit per check:")
     for name, (fraction, where) in sorted(worst.items()):
         print(f"  {name:18s} {fraction:.3f}   {where[:150]}")
-    print(f"bias check, {tensors} judged tensors (largest values):")
+    print(f"bias check, {tensors} judged tensors, {over} with a benchmark z over PATH_Z (largest values):")
     for name, (value, where) in bias_worst.items():
         print(f"  {name:34s} {value:.3g}   {where}")
 

@@ -45,7 +45,7 @@ BIAS_Z = 5.0
 BIAS_FLOOR = 2.0**-16
 """Default `bias_floor`: the relative bias float32 accumulation cannot reach."""
 
-PATH_Z = 3.0
+PATH_Z = 4.0
 """The benchmark's bias within this many of its standard errors: the precision path shows no bias."""
 
 MIN_COUNT = 256
