@@ -24,6 +24,7 @@ none imports `bsa_cli.report` or the CLI):
 
 from __future__ import annotations
 
+from . import bias
 from .geometry import structural_rows
 from .judge import judge_tensors
 from .results import (

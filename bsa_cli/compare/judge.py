@@ -14,9 +14,11 @@ import numpy as np
 from ..case import Case, numpy_dtype
 from ..manifest import GRAD_NAMES
 from .buffers import CHUNK_ELEMENTS
-from .geometry import TILE, _geometry, structural_rows
+from . import bias
+from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
-from .metrics import _measure, _params, _RowOut
+from .metrics import _measure, _params, _Params, _RowOut, paired_relative_sums
+from .ulp import _MANTISSA_BITS
 from .results import Check, ErrorStats, TensorResult, _fmt
 from .standards import STANDARDS, Settings
 from .structural import _structural_checks
@@ -108,6 +110,55 @@ def _standard_checks(
         detail = f" (k {_fmt(t['k'])} x benchmark {_fmt(bench.max_abs_err)} + floor {_fmt(extra['ulp_floor'])})"
         checks.append(_with_detail(check, detail))
     return checks
+
+
+def _bias(
+    dev_stats: ErrorStats,
+    bench_stats: ErrorStats,
+    arrays: tuple[np.ndarray, np.ndarray | None, np.ndarray],
+    geom: _Geometry,
+    params: _Params,
+    floor: float,
+) -> bias.Bias:
+    """The bias of one tensor (`bias.py`): from each side's sums, with the paired difference measured
+    when the two biases differ by more than `floor` and the benchmark's arrays are at hand."""
+    assert dev_stats.bias is not None and dev_stats.bias_se is not None
+    assert bench_stats.bias is not None and bench_stats.bias_se is not None
+    sides = []
+    for stats in (dev_stats, bench_stats):
+        sums = bias.RelativeSums(count=stats.large_count, total=stats.bias * stats.large_count)
+        sums.squares = (stats.bias_se * stats.large_count) ** 2 + sums.total * stats.bias
+        sides.append(sums)
+    device, bench, golden = arrays
+    pairs = None
+    if bench is not None and abs(dev_stats.bias - bench_stats.bias) > floor:
+        pairs = paired_relative_sums(device, bench, golden, geom, params)
+    ulp = bias.ulp_relative(_MANTISSA_BITS.get(params.io_dtype, 23))
+    return bias.estimate(sides[0], sides[1], ulp, pairs)
+
+
+def _bias_check(name: str, estimate: bias.Bias, z_limit: float, floor: float) -> Check:
+    """The bias check of one tensor: its value is the standard errors of the deciding comparison."""
+    failed = estimate.beyond(z_limit, floor)
+    against_benchmark = estimate.against_benchmark(z_limit, floor)
+    z = estimate.z if against_benchmark or not failed else estimate.device_z
+    if not estimate.judgeable():
+        why = f"not judged: {estimate.count} values above err_thd, fewer than {bias.MIN_COUNT}"
+    elif failed and against_benchmark:
+        how = "paired" if estimate.paired else "unpaired"
+        why = f"{estimate.z:.3g} standard errors ({how}) from the benchmark's, over the floor {_fmt(floor)}"
+    elif failed:
+        why = (f"{estimate.device_z:.3g} standard errors from 0 where the benchmark shows none "
+               f"({estimate.benchmark_z:.2g}), over the floor {_fmt(floor)}")  # fmt: skip
+    elif abs(estimate.device) <= floor and abs(estimate.difference) <= floor:
+        why = f"within the floor {_fmt(floor)}"
+    else:
+        why = f"{estimate.z:.3g} standard errors from the benchmark's, not certain (limit {_fmt(z_limit)})"
+    severity = max(z / z_limit, 1.0 + 1e-12) if failed else min(z / z_limit, 1.0)
+    if not failed and severity >= 1:
+        severity = 1.0  # certain but within the floor, or a precision path biased like the device
+    return Check("bias", name, float(z), float(z_limit), not failed, f"{name} {estimate.describe()}: {why}",
+                 severity)  # fmt: skip
 
 
 def _with_detail(check: Check, suffix: str) -> Check:
@@ -202,6 +253,10 @@ def judge_tensors(
             extra["ulp_floor"] = _fa_floor(gold, case.dtype, t["floor_factor"])
         checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows[name], settings)
         checks += _standard_checks(name, settings, dev_stats, bench_stats, tile_max, extra)
+        estimate = None
+        if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:
+            estimate = _bias(dev_stats, bench_stats, (dev, bench, gold), geom, params, t["bias_floor"])
+            checks.append(_bias_check(name, estimate, t["bias_z"], t["bias_floor"]))
         failed = not all(c.passed for c in checks)
         chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
         results.append(
@@ -219,6 +274,7 @@ def judge_tensors(
                 extra=extra,
                 ulp_chart=chart,
                 golden_dtype=str(gold.dtype),
+                bias=estimate,
             )
         )
     return tuple(results)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..case import Case
+from .bias import RelativeSums
 from .buffers import CHUNK_ELEMENTS, _floor_array, _give_scratch, _Scratch, _take_scratch, _upcast
 from .geometry import TILE, _Geometry
 from .results import ErrorStats
@@ -50,6 +51,8 @@ class _Partial:
     dot_ag: float = 0.0
     dot_aa: float = 0.0
     dot_gg: float = 0.0
+    sum_signed_rel: float = 0.0  # signed relative errors (a - g) / g over large values: the bias check
+    sum_signed_rel_sq: float = 0.0
     mismatch: int = 0
     small: int = 0
     small_err: int = 0
@@ -72,6 +75,7 @@ class _Partial:
     nonfinite_rows: list[int] = field(default_factory=list)
 
     _SUMS = ("count", "sum_abs", "sum_sq", "sum_rel", "large", "sum_mre", "dot_ag", "dot_aa", "dot_gg",
+             "sum_signed_rel", "sum_signed_rel_sq",
              "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err",
              "within_1e3", "within_5e3", "value_sum", "golden_sum")  # fmt: skip
     _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max", "value_max", "golden_max")
@@ -103,6 +107,8 @@ class _Partial:
             rmse=math.sqrt(self.sum_sq / count),
             max_rel_err=self.max_rel,
             mean_rel_err=self.sum_rel / max(self.large, 1),
+            bias=self.sum_signed_rel / max(self.large, 1),
+            bias_se=self._bias_se(),
             large_count=self.large,
             mare=self.max_mre if full else None,
             mere=self.sum_mre / count if full else None,
@@ -121,6 +127,13 @@ class _Partial:
             msopst_max_err=self.msopst_max if full and params.diff_thd is not None else None,
             **(self._msprobe() if full and self.count else {}),
         )
+
+    def _bias_se(self) -> float:
+        """The standard error of the mean signed relative error (`compare.bias`)."""
+        if not self.large:
+            return 0.0
+        mean = self.sum_signed_rel / self.large
+        return math.sqrt(max(self.sum_signed_rel_sq - self.sum_signed_rel * mean, 0.0)) / self.large
 
     def _msprobe(self) -> dict[str, float]:
         """msprobe's figures of the measured elements (`ErrorStats.thousandth_ratio` and the rest)."""
@@ -165,7 +178,7 @@ class _Shared:
     golden: np.ndarray  # float32 [rows, D]
     abs_golden: np.ndarray
     large: np.ndarray  # bool: |g| > err_thd
-    inv_large: np.ndarray  # 1 / |g| where large, else 0
+    inv_large: np.ndarray  # 1 / g where large (signed, so (a - g) * inv_large is the signed relative error), else 0
     large_count: int
     max_abs: float  # largest |g|
 
@@ -183,6 +196,7 @@ def _shared(golden: np.ndarray, params: _Params, scratch: _Scratch) -> _Shared:
     # (NumPy's maximum with a scalar is several times slower than these two operations.)
     inv_large = np.add(abs_g, np.float32(1e-30), out=scratch.get("inv_large", np.float32, shape))
     np.divide(large, inv_large, out=inv_large)
+    np.copysign(inv_large, g, out=inv_large)
     return _Shared(g, abs_g, large, inv_large, int(np.count_nonzero(large)), float(abs_g.max(initial=0.0)))
 
 
@@ -200,9 +214,13 @@ def _measure_chunk(
     out.tile_sse[rows] = tiles
     part.count = diff.size
     part.sum_sq = float(tiles.sum(dtype=np.float64))
+    np.multiply(diff, s.inv_large, out=work)  # signed relative errors, 0 on small values
+    flat_rel = work.reshape(-1)
+    part.sum_signed_rel = float(np.dot(flat_rel, _floor_array(1.0, flat_rel.shape)))
+    part.sum_signed_rel_sq = float(np.dot(flat_rel, flat_rel))
     abs_diff = np.abs(diff, out=diff)
     part.sum_abs = float(abs_diff.sum())
-    np.multiply(abs_diff, s.inv_large, out=work)  # ATK's relative error, 0 on small values
+    np.abs(work, out=work)  # ATK's relative error, 0 on small values
     part.sum_rel = float(work.sum())
     part.max_rel = float(work.max(initial=0.0))
     part.large = s.large_count
@@ -390,6 +408,31 @@ def _measure(
     device_stats = None if device is None else device_total.stats(params, full=True)
     bench_stats = None if bench is None else bench_total.stats(params, full=False)
     return device_stats, device_out, device_total.nonfinite_rows, bench_stats, bench_out
+
+
+def paired_relative_sums(
+    device: np.ndarray, bench: np.ndarray, golden: np.ndarray, geom: _Geometry, params: _Params
+) -> RelativeSums:
+    """Sum the per-element differences (device - benchmark) / g over the judged large values (|g| >
+    err_thd) where both sides are finite: the bias check's paired estimate (`bias.py`).
+
+    A pass of its own over the three arrays, run only when the two sides' biases differ by more than the
+    check's floor (a clean device never gets here, so the benchmark stays unread when its summary stands
+    for it).
+    """
+    rows, dim = geom.rows, geom.dim
+    device2d, bench2d, golden2d = (a.reshape(rows, dim) for a in (device, bench, golden))
+    sums = RelativeSums()
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for start, stop in _chunks(geom):
+            g = golden2d[start:stop].astype(np.float64)
+            large = np.abs(g) > params.err_thd
+            d = device2d[start:stop].astype(np.float64)
+            b = bench2d[start:stop].astype(np.float64)
+            relative = np.divide(d - b, np.where(large, g, 1.0))
+            keep = large & np.isfinite(relative)
+            sums.add(np.where(keep, relative, 0.0), int(np.count_nonzero(keep)))
+    return sums
 
 
 def _params(case: Case, settings: Settings) -> _Params:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .bias import Bias
 from .standards import Settings
 
 PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
@@ -69,6 +70,10 @@ class ErrorStats:
     ulp_histogram: tuple[int, ...] | None = None
     msopst_err_count: int | None = None
     msopst_max_err: float | None = None
+    # The bias check's figures (device and benchmark): the mean signed relative error (a - g) / g over the
+    # large values (|g| > err_thd), a relative systematic error, and its standard error (`compare.bias`).
+    bias: float | None = None
+    bias_se: float | None = None
     # msprobe's compare figures (device only): fractions of elements whose relative error |a - g| / (|g| + 1e-7)
     # is below 0.001 and 0.005, and the values' statistics of both sides (finite elements).
     thousandth_ratio: float | None = None
@@ -166,6 +171,7 @@ class TensorResult:
     extra: Mapping[str, float] = field(default_factory=dict)  # standard-specific figures (fa-ratio floor)
     ulp_chart: UlpChart | None = None  # failing tensors only
     golden_dtype: str | None = None  # float32, or float64 for a golden generated with --precision float64
+    bias: Bias | None = None  # the bias check's estimate (`bias.py`), where the check ran
 
     @property
     def passed(self) -> bool:

@@ -31,6 +31,7 @@ from typing import Any
 
 from ..case import Case
 from ..errors import suggest
+from .bias import BIAS_FLOOR, BIAS_Z
 
 ERR_THD = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-14}
 """ATK's err_thd: the floor of benchmark errors, and the |golden| above which relative errors count."""
@@ -58,6 +59,9 @@ GENERAL_KEYS: dict[str, str] = {
     "positions, zero padding); default 0 (exactly 0); inf turns those checks off",
     "rtol": "relative tolerance of the mismatch count (torch assert_close default of the dtype)",
     "atol": "absolute tolerance of the mismatch count (torch assert_close default of the dtype)",
+    "bias_z": "standard errors a systematic relative error must exceed to fail the bias check (default 5 "
+    "under double-benchmark; inf, the default of the other standards, turns the check off)",
+    "bias_floor": "relative systematic error the bias check never fails below (default 2^-16)",
 }
 """Threshold keys every standard accepts."""
 
@@ -258,7 +262,8 @@ class Settings:
 def default_thresholds(standard: str, dtype: str, preset: str | None = None) -> dict[str, float]:
     """Return a standard's thresholds for a dtype before any override (with `preset` applied)."""
     rtol, atol = ALLCLOSE_TOL.get(dtype, ALLCLOSE_TOL["float32"])
-    general = {"zero_atol": 0.0, "rtol": rtol, "atol": atol}
+    bias_z = BIAS_Z if standard == "double-benchmark" else math.inf
+    general = {"zero_atol": 0.0, "rtol": rtol, "atol": atol, "bias_z": bias_z, "bias_floor": BIAS_FLOOR}
     if standard == "double-benchmark":
         values = {
             "mare_ratio": 10.0,

@@ -23,7 +23,7 @@ from .metrics import _measure, _params
 from .results import MSPROBE_FIELDS, ErrorStats
 from .standards import Settings
 
-SUMMARY_FORMAT = 1
+SUMMARY_FORMAT = 2
 """Version of the benchmark summary's arithmetic: a summary of another version is measured again."""
 
 
@@ -102,8 +102,9 @@ _BENCHMARK_FIELDS = {f.name: f.type for f in dataclasses.fields(ErrorStats)}
 
 def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """Check and convert a benchmark's `ErrorStats` fields from JSON; ValueError names the first bad one."""
-    wrong = (set(_BENCHMARK_FIELDS) - set(MSPROBE_FIELDS) - set(data)) | (set(data) - set(_BENCHMARK_FIELDS))
-    if wrong:  # msprobe's figures may be absent: a summary never holds them (the device's only)
+    optional = {*MSPROBE_FIELDS, "bias", "bias_se"}
+    wrong = (set(_BENCHMARK_FIELDS) - optional - set(data)) | (set(data) - set(_BENCHMARK_FIELDS))
+    if wrong:  # msprobe's figures may be absent (the device's only); the bias's are absent before format 2
         raise ValueError(f"fields {sorted(wrong)} missing or unknown")
     fields: dict[str, Any] = {}
     for name, value in data.items():
