@@ -18,7 +18,7 @@ COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen
 """Modules that define click commands; `bsa_cli.cli` adds them to the `bsa` group."""
 
 COMPARE_ORDER = (
-    "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
+    "bias", "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
     "case_files", "verdict", "suite",
 )  # fmt: skip
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""

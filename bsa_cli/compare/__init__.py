@@ -7,6 +7,7 @@ out), in `judge.py`.
 The package, from the pure core outwards (each module imports only those above it in this list, and
 none imports `bsa_cli.report` or the CLI):
 
+* `bias.py`       the bias check's statistic: a signed, relative systematic error and its standard error;
 * `standards.py`  the comparison standards, their thresholds, the settings a case is judged by and their
   precedence (`resolve_settings`);
 * `results.py`    the results as data: `Check`, `ErrorStats`, `TensorResult`, `CaseResult`, `SuiteResult`;
