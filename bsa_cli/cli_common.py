@@ -23,9 +23,9 @@ import click
 from . import output, report
 from .case import Case
 from .compare import RunSettings, SuiteResult
-from .errors import BsaError, DataError
+from .errors import BsaError, DataError, SpecError
 from .schedule import Estimate, machine_memory, parse_shard, shard
-from .spec import MAX_CASES, load_specs
+from .spec import MAX_CASES, SpecErrors, load_specs
 from .store import MANIFEST, find_cases, select_cases
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
@@ -40,13 +40,20 @@ class UserError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
+def user_error(exc: BsaError) -> UserError:
+    """The `Error:` message of a library error about user files; several bad cases get a line each."""
+    if isinstance(exc, SpecErrors):
+        return UserError("\nError: ".join(SpecError.__str__(e) for e in exc.errors))
+    return UserError(str(exc))
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn library errors about user files into `Error:` messages with exit code 2."""
     try:
         yield
     except BsaError as exc:
-        raise UserError(str(exc)) from None
+        raise user_error(exc) from None
 
 
 # ---- cases from specs (gen, list, check) ----------------------------------------------------------
@@ -64,7 +71,7 @@ def load_cases(
     try:
         cases = load_specs(specs, max_cases)
     except BsaError as exc:
-        raise UserError(str(exc)) from None
+        raise user_error(exc) from None
     if name_filters:
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
         if not cases:

@@ -113,4 +113,6 @@ def test_cli_validate_prints_every_bad_case_and_exits_2(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2
     assert "case 'a': key 'dtype'" in result.output and "case 'b': key 'head_dim'" in result.output
+    lines = result.output.splitlines()
+    assert len(lines) == 2 and all(line.startswith("Error: ") for line in lines)
     assert "Traceback" not in result.output
