@@ -76,6 +76,11 @@ class Sparsity:
     explicit_source: str | None = None  # file path or 'inline', for the manifest
     empty_rows: float | tuple[int, ...] = ()  # fraction of query-block rows, or their indices
     per_head: bool = True  # random pattern: draw each query head's mask separately
+    causal_alignment: str = "top_left"  # top_left | bottom_right: where the diagonal of causal-like patterns sits
+    """Patterns with a diagonal (causal, sliding_window, strided). top_left: query block i's diagonal is kv
+    block i (block indices, the same for every batch entry). bottom_right: the diagonal of each batch entry's
+    last query token is its last key token (query token t sees key tokens k <= t + Skv - Sq, per batch entry);
+    a block is kept when any of its keys is visible to any of its queries."""
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,19 @@ from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")
 
+FINGERPRINT_DEFAULTS: tuple[tuple[str, str, Any], ...] = (("sparsity", "causal_alignment", "top_left"),)
+"""(section, key, default) of case fields added after fingerprints were first written: left out of the
+fingerprint at their default, so cases that do not use them keep the fingerprint they had."""
+
 
 def fingerprint(case: Case, precision: str) -> str:
     """Return a digest of everything that determines a case's files (spec values, precision, bsa version)."""
     fields = asdict(case)
     fields.pop("source", None)
     fields.pop("warnings", None)
+    for section, key, default in FINGERPRINT_DEFAULTS:
+        if fields[section].get(key) == default:
+            fields[section].pop(key)  # a key added later leaves earlier cases' fingerprints as they were
     explicit = case.sparsity.explicit
     fields["sparsity"]["explicit"] = None if explicit is None else np.packbits(explicit).tobytes().hex()
     text = json.dumps([fields, precision, __version__], sort_keys=True, default=repr)

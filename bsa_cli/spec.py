@@ -36,7 +36,7 @@ from .case import (
     TensorOverride,
 )
 from .errors import DataError, SpecError, show, suggest
-from .inputs import fit_explicit
+from .inputs import ALIGNMENTS, fit_explicit, unreachable_kv_blocks
 from .manifest import params as case_params
 from .manifest import semantics as case_semantics
 from .store import MAX_NAME_BYTES, inside, is_case_name, read_regular
@@ -63,7 +63,7 @@ CASE_KEYS = (
 TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26
 """Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data."""
-SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head")
+SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head", "causal_alignment")
 DIST_KEYS = ("distribution", "mean", "std", "low", "high")
 FILE_KEYS = ("cases", "defaults", "matrix")
 
@@ -821,8 +821,10 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     per_head = raw.get("per_head", True)
     if not isinstance(per_head, bool):
         raise sub.error("per_head", f"{show(per_head)} is not true or false")
+    alignment = sub.choice("causal_alignment", ALIGNMENTS, "top_left")
     return Sparsity(pattern=pattern, density=density, window=window, stride=stride, explicit=explicit,
-                    explicit_source=source, empty_rows=empty, per_head=per_head)  # fmt: skip
+                    explicit_source=source, empty_rows=empty, per_head=per_head,
+                    causal_alignment=alignment)  # fmt: skip
 
 
 _SHARED: dict[Any, Any] = {}
@@ -966,8 +968,8 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             key = key if key in CASE_KEYS else f"tensors.{key}"
             raise r.error(key, f"{v.message}: the operator returns {v.status}; "
                           f"set 'expect: {v.status}' for a negative case")  # fmt: skip
-        warnings = tuple(interface.kernel_constraints(params, case_semantics(case)))
-        return dataclasses.replace(case, warnings=warnings)
+        warnings = (*interface.kernel_constraints(params, case_semantics(case)), *unreachable_kv_blocks(case))
+        return dataclasses.replace(case, warnings=tuple(warnings))
     if not broken:
         raise r.error(
             "expect", f"expects {case.expect.name} ({case.expect.status}), but the case breaks no interface rule"
