@@ -84,24 +84,59 @@ class Sparsity:
 
 
 @dataclass(frozen=True)
+class Outliers:
+    """A fraction of a tensor's rows (tokens, per head) or channels (of D) scaled by a large factor."""
+
+    fraction: float = 0.01
+    factor: float = 20.0
+    axis: str = "token"  # token | channel
+
+
+@dataclass(frozen=True)
+class RowScale:
+    """Every row (token, per head) of a tensor scaled by its own factor, log-uniform in [low, high]."""
+
+    low: float = 1e-3
+    high: float = 1e2
+
+
+@dataclass(frozen=True)
 class Distribution:
-    """Values of one input tensor: normal(mean, std) or uniform(low, high)."""
+    """Values of one input tensor: normal(mean, std) or uniform(low, high), with optional stress shapes."""
 
     kind: str = "normal"  # normal | uniform
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0
     high: float = 1.0
+    outliers: Outliers | None = None
+    row_scale: RowScale | None = None
+
+
+@dataclass(frozen=True)
+class Sink:
+    """An attention sink: key `token` of every sequence, which most queries score `strength` above the rest.
+
+    The queries of each kv-head group get a shared direction u added (twice their std); the sink key is
+    set to a multiple of u so that its scaled score is about `strength` for the typical query.
+    """
+
+    token: int = 0
+    strength: float = 8.0
 
 
 @dataclass(frozen=True)
 class Init:
-    """Value distributions of query, key, value and dout."""
+    """Value distributions of query, key, value and dout, and the case-level stress shapes."""
 
     query: Distribution = Distribution()
     key: Distribution = Distribution()
     value: Distribution = Distribution()
     dout: Distribution = Distribution()
+    sink: Sink | None = None
+    logit_std: float | None = None
+    """Set: query and key are drawn normal(0, s) with s chosen so that scale * q.k has this std (peaked
+    softmax for tens, near-uniform for hundredths); None: their own distributions."""
 
 
 @dataclass(frozen=True)

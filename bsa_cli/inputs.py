@@ -8,13 +8,16 @@ rounded once to the case dtype; everything later starts from the rounded values.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import stress
 from .case import Case, Distribution, numpy_dtype
+from .stress import Adjust
 
 STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out")
 
@@ -28,8 +31,15 @@ _DRAW_CHUNK = 1 << 20
 """Values drawn (in float64) at a time: a stream gives the same values in chunks as in one go."""
 
 
-def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dtype: np.dtype) -> np.ndarray:
-    """Draw `shape` values of `dist` from `stream`, rounded to `dtype`."""
+def draw(
+    case: Case,
+    stream: str,
+    shape: tuple[int, ...],
+    dist: Distribution,
+    dtype: np.dtype,
+    adjust: Adjust | None = None,
+) -> np.ndarray:
+    """Draw `shape` values of `dist` from `stream`, changed by `adjust` (stress shapes), rounded to `dtype`."""
     generator = rng(case, stream)
     drawn = np.empty(shape, dtype=dtype)
     flat = drawn.reshape(-1)
@@ -41,6 +51,8 @@ def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dt
             values = generator.standard_normal(size=count)
             values *= dist.std
             values += dist.mean
+        if adjust is not None:
+            adjust(values, first)
         flat[first : first + count] = values  # rounded as `astype` rounds
     return drawn
 
@@ -56,9 +68,15 @@ def make_tensors(case: Case, jobs: int = 1) -> dict[str, np.ndarray]:
         "dout": (case.q_shape, init.dout),
     }
 
+    if init.logit_std is not None:  # peaked or near-uniform softmax: q and k spread for that score std
+        spread = stress.logit_std_spread(case)
+        streams["query"] = (case.q_shape, replace(init.query, kind="normal", mean=0.0, std=spread))
+        streams["key"] = (case.kv_shape, replace(init.key, kind="normal", mean=0.0, std=spread))
+
     def draw_one(name: str) -> np.ndarray:
         shape, dist = streams[name]
-        return draw(case, name, shape, dist, dtype)
+        adjust = stress.adjuster(case, name, shape, dtype, functools.partial(rng, case))
+        return draw(case, name, shape, dist, dtype, adjust)
 
     if jobs <= 1:
         return {name: draw_one(name) for name in streams}
