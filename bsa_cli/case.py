@@ -76,27 +76,67 @@ class Sparsity:
     explicit_source: str | None = None  # file path or 'inline', for the manifest
     empty_rows: float | tuple[int, ...] = ()  # fraction of query-block rows, or their indices
     per_head: bool = True  # random pattern: draw each query head's mask separately
+    causal_alignment: str = "top_left"  # top_left | bottom_right: where the diagonal of causal-like patterns sits
+    """Patterns with a diagonal (causal, sliding_window, strided). top_left: query block i's diagonal is kv
+    block i (block indices, the same for every batch entry). bottom_right: the diagonal of each batch entry's
+    last query token is its last key token (query token t sees key tokens k <= t + Skv - Sq, per batch entry);
+    a block is kept when any of its keys is visible to any of its queries."""
+
+
+@dataclass(frozen=True)
+class Outliers:
+    """A fraction of a tensor's rows (tokens, per head) or channels (of D) scaled by a large factor."""
+
+    fraction: float = 0.01
+    factor: float = 20.0
+    axis: str = "token"  # token | channel
+
+
+@dataclass(frozen=True)
+class RowScale:
+    """Every row (token, per head) of a tensor scaled by its own factor, log-uniform in [low, high]."""
+
+    low: float = 1e-3
+    high: float = 1e2
 
 
 @dataclass(frozen=True)
 class Distribution:
-    """Values of one input tensor: normal(mean, std) or uniform(low, high)."""
+    """Values of one input tensor: normal(mean, std) or uniform(low, high), with optional stress shapes."""
 
     kind: str = "normal"  # normal | uniform
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0
     high: float = 1.0
+    outliers: Outliers | None = None
+    row_scale: RowScale | None = None
+
+
+@dataclass(frozen=True)
+class Sink:
+    """An attention sink: key `token` of every sequence, which most queries score `strength` above the rest.
+
+    The queries of each kv-head group get a shared direction u added (twice their std); the sink key is
+    set to a multiple of u so that its scaled score is about `strength` for the typical query.
+    """
+
+    token: int = 0
+    strength: float = 8.0
 
 
 @dataclass(frozen=True)
 class Init:
-    """Value distributions of query, key, value and dout."""
+    """Value distributions of query, key, value and dout, and the case-level stress shapes."""
 
     query: Distribution = Distribution()
     key: Distribution = Distribution()
     value: Distribution = Distribution()
     dout: Distribution = Distribution()
+    sink: Sink | None = None
+    logit_std: float | None = None
+    """Set: query and key are drawn normal(0, s) with s chosen so that scale * q.k has this std (peaked
+    softmax for tens, near-uniform for hundredths); None: their own distributions."""
 
 
 @dataclass(frozen=True)

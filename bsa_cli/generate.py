@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -14,6 +15,7 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from . import __version__, compare, golden
@@ -27,12 +29,27 @@ from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")
 
+FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("sparsity", "causal_alignment"), "top_left"),
+    (("init", "sink"), None),
+    (("init", "logit_std"), None),
+    *((("init", tensor, key), None) for tensor in ("query", "key", "value", "dout") for key in ("outliers", "row_scale")),
+)
+"""(path, default) of case fields added after fingerprints were first written: left out of the fingerprint
+at their default, so cases that do not use them keep the fingerprint they had."""
+
 
 def fingerprint(case: Case, precision: str) -> str:
     """Return a digest of everything that determines a case's files (spec values, precision, bsa version)."""
     fields = asdict(case)
     fields.pop("source", None)
     fields.pop("warnings", None)
+    for (*parents, key), default in FINGERPRINT_DEFAULTS:
+        node = fields
+        for parent in parents:
+            node = node[parent]
+        if node.get(key) == default:
+            node.pop(key)  # a key added later leaves earlier cases' fingerprints as they were
     explicit = case.sparsity.explicit
     fields["sparsity"]["explicit"] = None if explicit is None else np.packbits(explicit).tobytes().hex()
     text = json.dumps([fields, precision, __version__], sort_keys=True, default=repr)
@@ -54,14 +71,19 @@ def is_current(case: Case, case_dir: Path, precision: str) -> bool:
 
 
 def compute_case(
-    case: Case, precision: str = "float32", jobs: int = 1, on_progress: Callable[[float], None] | None = None
+    case: Case,
+    precision: str = "float32",
+    jobs: int = 1,
+    on_progress: Callable[[float], None] | None = None,
+    kernel_range: golden.KernelRange | None = None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Return (inputs, golden, benchmark) arrays of a case; negative cases get no golden or benchmark.
 
     With `jobs` > 1 the inputs are drawn and the golden and benchmark walks (`golden.golden_and_benchmark`)
     run in up to `jobs` threads; each walk's arithmetic is the same as in one thread, so the results are
     bit-identical. `on_progress(fraction)` hears how much of the case's arithmetic is done, after every
-    query-block row (the golden and the benchmark walks count alike).
+    query-block row (the golden and the benchmark walks count alike). `kernel_range`, if given, gathers the
+    range of the benchmark's P and dS before they are rounded (`golden.watching`).
     """
     dtype = numpy_dtype(case.dtype)
     tensors = make_tensors(case, jobs)
@@ -75,7 +97,8 @@ def compute_case(
     tensors["block_sparse_mask"] = mask
     progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]), on_progress)
     arrays = (tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
-    with golden.reporting(progress.pairs):
+    watch = golden.watching(kernel_range) if kernel_range is not None else contextlib.nullcontext()
+    with golden.reporting(progress.pairs), watch:
         out, lse, gold, bench = golden.golden_and_benchmark(case, *arrays, precision, jobs)
     tensors["attention_out"] = out
     tensors["softmax_lse"] = lse.reshape(case.lse_shape_dims)
@@ -122,8 +145,9 @@ def generate_case(
     if not is_case_name(case.name):
         raise DataError(str(Path(out_root) / case.name), "a case name must name one visible folder inside the "
                         "output folder")  # fmt: skip
+    kernel_range = golden.KernelRange()
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
-        tensors, gold, bench = compute_case(case, precision, jobs, on_progress)
+        tensors, gold, bench = compute_case(case, precision, jobs, on_progress, kernel_range)
     final_dir = Path(out_root) / case.name
     for name, array in gold.items():
         if array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
@@ -131,7 +155,7 @@ def generate_case(
             raise DataError(str(final_dir), f"the golden {name} has {bad} non-finite values ({precision}): "
                             "the case's scale or init values overflow; make them smaller")  # fmt: skip
     try:
-        return _write_case(case, final_dir, precision, jobs, tensors, gold, bench)
+        return _write_case(case, final_dir, precision, jobs, tensors, gold, bench, kernel_range)
     except OSError as exc:
         raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
 
@@ -144,6 +168,7 @@ def _write_case(
     tensors: dict[str, np.ndarray],
     gold: dict[str, np.ndarray],
     bench: dict[str, np.ndarray],
+    kernel_range: golden.KernelRange,
 ) -> Path:
     files = [(f"inputs/{name}.bin", array, _dtype_name(array)) for name, array in tensors.items()]
     files += [(f"golden/{name}.bin", array, precision) for name, array in gold.items()]
@@ -158,6 +183,9 @@ def _write_case(
         mask = tensors.get("block_sparse_mask")
         stats = mask_stats(case, mask) if mask is not None and mask.shape == case.mask_shape else {}
         manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats)
+        if bench:
+            manifest["kernel_path"] = kernel_path_record(kernel_range)
+            manifest["notes"] = kernel_path_notes(case, kernel_range, gold, bench)
         if summary is not None:
             document = compare.summary_document(summary)
             document["tiles"] = {name: writer.array(f"benchmark/{name}.tiles.bin", tiles, "float32")
@@ -168,6 +196,51 @@ def _write_case(
         if case.sparsity.explicit_source:
             manifest["generator"]["explicit_mask"] = case.sparsity.explicit_source
         return writer.commit(manifest, flat_params(manifest))
+
+
+UNDERFLOW_NOTE_SHARE = 0.01
+"""Share of the nonzero P or dS values of the kernel path flushed to zero from which the manifest notes it."""
+
+
+def kernel_path_record(kernel_range: golden.KernelRange) -> dict[str, Any]:
+    """Return the range of the benchmark's P and dS before rounding, as the manifest records it."""
+    return {
+        "max_abs_probs": kernel_range.max_abs_probs,
+        "max_abs_dscores": kernel_range.max_abs_dscores,
+        "probs_nonzero": kernel_range.probs_nonzero,
+        "probs_flushed_to_zero": kernel_range.probs_flushed,
+        "dscores_nonzero": kernel_range.dscores_nonzero,
+        "dscores_flushed_to_zero": kernel_range.dscores_flushed,
+    }
+
+
+def kernel_path_notes(
+    case: Case, kernel_range: golden.KernelRange, gold: Mapping[str, np.ndarray], bench: Mapping[str, np.ndarray]
+) -> list[str]:
+    """Say where the kernel path overflows or underflows the input dtype, as the benchmark (which rounds P and
+    dS, and the gradients, as the kernel does) shows it: dS (or P) beyond the dtype's largest number rounds to
+    inf; a share of nonzero P or dS values that flush to zero beyond `UNDERFLOW_NOTE_SHARE`; a benchmark
+    gradient that is not finite where the golden is."""
+    notes = []
+    dtype = numpy_dtype(case.dtype)
+    largest = float(ml_dtypes.finfo(dtype).max)
+    for name, what in (("dscores", "dS"), ("probs", "P")):
+        top = getattr(kernel_range, f"max_abs_{name}")
+        if top > largest:
+            notes.append(f"{case.dtype} overflow: max |{what}| in the kernel path is {top:.6g}, beyond {case.dtype}'s "
+                         f"largest number {largest:.6g}: the benchmark's {what} rounds to inf there")  # fmt: skip
+        nonzero, flushed = getattr(kernel_range, f"{name}_nonzero"), getattr(kernel_range, f"{name}_flushed")
+        if nonzero and flushed / nonzero > UNDERFLOW_NOTE_SHARE:
+            notes.append(f"{case.dtype} underflow: {flushed} of {nonzero} nonzero {what} values "
+                         f"({100 * flushed / nonzero:.1f}%) in the kernel path flush to zero when rounded to "
+                         f"{case.dtype}")  # fmt: skip
+    for name, array in bench.items():
+        if array.size and not np.isfinite(array.astype(np.float32)).all():
+            bad = int(np.count_nonzero(~np.isfinite(array.astype(np.float32))))
+            if np.isfinite(gold[name]).all():
+                notes.append(f"{case.dtype} overflow: the benchmark {name} has {bad} non-finite values where the "
+                             "golden is finite")  # fmt: skip
+    return notes
 
 
 class _Writers:

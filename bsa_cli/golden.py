@@ -198,6 +198,58 @@ def _selected_rows(
                 report(int(selected.size))
 
 
+@dataclasses.dataclass
+class KernelRange:
+    """What the kernel path's P and dS hold before they are rounded to the input dtype (`watching`).
+
+    `*_flushed` counts nonzero float32 values that round to zero (underflow below the dtype's smallest
+    subnormal); `max_abs_*` beyond the dtype's largest finite number rounds to inf (overflow).
+    """
+
+    max_abs_probs: float = 0.0
+    max_abs_dscores: float = 0.0
+    probs_nonzero: int = 0
+    probs_flushed: int = 0
+    dscores_nonzero: int = 0
+    dscores_flushed: int = 0
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, other: KernelRange) -> None:
+        with self.lock:
+            self.max_abs_probs = max(self.max_abs_probs, other.max_abs_probs)
+            self.max_abs_dscores = max(self.max_abs_dscores, other.max_abs_dscores)
+            self.probs_nonzero += other.probs_nonzero
+            self.probs_flushed += other.probs_flushed
+            self.dscores_nonzero += other.dscores_nonzero
+            self.dscores_flushed += other.dscores_flushed
+
+    def before(self, name: str, values: np.ndarray) -> None:
+        """Add one chunk of `name` ('probs' or 'dscores') before rounding: two reductions and a count."""
+        if values.size:
+            top = max(float(values.max()), -float(values.min()))
+            setattr(self, f"max_abs_{name}", max(getattr(self, f"max_abs_{name}"), top))
+        count = int(np.count_nonzero(values))
+        setattr(self, f"{name}_nonzero", getattr(self, f"{name}_nonzero") + count)
+        setattr(self, f"{name}_flushed", getattr(self, f"{name}_flushed") + count)
+
+    def after(self, name: str, values: np.ndarray) -> None:
+        """Take the same chunk after rounding: the nonzero values that remain were not flushed."""
+        setattr(self, f"{name}_flushed", getattr(self, f"{name}_flushed") - int(np.count_nonzero(values)))
+
+
+_WATCH: contextvars.ContextVar[KernelRange | None] = contextvars.ContextVar("watch", default=None)
+
+
+@contextlib.contextmanager
+def watching(kernel_range: KernelRange) -> Iterator[None]:
+    """Within the block, kernel-path walks started here add the range of their P and dS to `kernel_range`."""
+    token = _WATCH.set(kernel_range)
+    try:
+        yield
+    finally:
+        _WATCH.reset(token)
+
+
 _PROGRESS: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
 
 
@@ -562,6 +614,8 @@ class _Kernel(_Path):
         self.dq, self.dk, self.dv = grads
         self.io_dtype = self.dq.dtype
         self.scale32 = np.float32(entry.scale)
+        self.watch = _WATCH.get()
+        self.seen = KernelRange() if self.watch is not None else None
 
     def blocks(self, tensor: np.ndarray) -> np.ndarray:
         return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
@@ -592,8 +646,14 @@ class _Kernel(_Path):
             np.exp(chunk_probs, out=chunk_probs)
             chunk_dscores -= dsum[part, None]
             chunk_dscores *= chunk_probs
+            if self.seen is not None:
+                self.seen.before("probs", chunk_probs)
+                self.seen.before("dscores", chunk_dscores)
             _round_to_io(chunk_probs, io_dtype, out=chunk_probs)
             _round_to_io(chunk_dscores, io_dtype, out=chunk_dscores)
+            if self.seen is not None:
+                self.seen.after("probs", chunk_probs)
+                self.seen.after("dscores", chunk_dscores)
         probs_io, dscores_io = probs, dscores
         _add_products(self.dv_blocks, selected, probs_io, dout_rows, scratch)
         dq_rows = dscores_io @ keys
@@ -607,6 +667,9 @@ class _Kernel(_Path):
         self.dk[kv_head] = self.dk_blocks.reshape(-1, dim)[:kv_len]
         self.dv[kv_head] = self.dv_blocks.reshape(-1, dim)[:kv_len]
         del self.dk_blocks, self.dv_blocks  # while other walks go on
+        if self.watch is not None and self.seen is not None:
+            self.watch.add(self.seen)
+            self.seen = KernelRange()
 
 
 def _accumulator(grad: np.ndarray, key_blocks: np.ndarray) -> np.ndarray:

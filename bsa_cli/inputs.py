@@ -8,13 +8,16 @@ rounded once to the case dtype; everything later starts from the rounded values.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from . import stress
 from .case import Case, Distribution, numpy_dtype
+from .stress import Adjust
 
 STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out")
 
@@ -28,8 +31,15 @@ _DRAW_CHUNK = 1 << 20
 """Values drawn (in float64) at a time: a stream gives the same values in chunks as in one go."""
 
 
-def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dtype: np.dtype) -> np.ndarray:
-    """Draw `shape` values of `dist` from `stream`, rounded to `dtype`."""
+def draw(
+    case: Case,
+    stream: str,
+    shape: tuple[int, ...],
+    dist: Distribution,
+    dtype: np.dtype,
+    adjust: Adjust | None = None,
+) -> np.ndarray:
+    """Draw `shape` values of `dist` from `stream`, changed by `adjust` (stress shapes), rounded to `dtype`."""
     generator = rng(case, stream)
     drawn = np.empty(shape, dtype=dtype)
     flat = drawn.reshape(-1)
@@ -41,6 +51,8 @@ def draw(case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dt
             values = generator.standard_normal(size=count)
             values *= dist.std
             values += dist.mean
+        if adjust is not None:
+            adjust(values, first)
         flat[first : first + count] = values  # rounded as `astype` rounds
     return drawn
 
@@ -56,9 +68,15 @@ def make_tensors(case: Case, jobs: int = 1) -> dict[str, np.ndarray]:
         "dout": (case.q_shape, init.dout),
     }
 
+    if init.logit_std is not None:  # peaked or near-uniform softmax: q and k spread for that score std
+        spread = stress.logit_std_spread(case)
+        streams["query"] = (case.q_shape, replace(init.query, kind="normal", mean=0.0, std=spread))
+        streams["key"] = (case.kv_shape, replace(init.key, kind="normal", mean=0.0, std=spread))
+
     def draw_one(name: str) -> np.ndarray:
         shape, dist = streams[name]
-        return draw(case, name, shape, dist, dtype)
+        adjust = stress.adjuster(case, name, shape, dtype, functools.partial(rng, case))
+        return draw(case, name, shape, dist, dtype, adjust)
 
     if jobs <= 1:
         return {name: draw_one(name) for name in streams}
@@ -89,21 +107,62 @@ def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
     return result
 
 
+DIAGONAL_PATTERNS = ("causal", "sliding_window", "strided")
+"""Patterns built around a diagonal, which `causal_alignment` places."""
+
+ALIGNMENTS = ("top_left", "bottom_right")
+
+
+def diagonal_blocks(case: Case, q_len: int, kv_len: int, rows: np.ndarray) -> np.ndarray:
+    """Return, for query-block rows `rows` of a batch entry, the last kv block on or left of the diagonal.
+
+    top_left (bsa's block rule): row i's diagonal is kv block i, whatever the lengths. bottom_right: query
+    token t sees key tokens k <= t + (kv_len - q_len); row i's last query token min((i+1)X, q_len) - 1 sees
+    up to kv block floor((that + kv_len - q_len) / Y). -1 marks a row that selects nothing (no query token,
+    or no visible key).
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    if case.sparsity.causal_alignment == "top_left":
+        return rows
+    x, y = case.mask_block_shape
+    last_query = np.minimum((rows + 1) * x, q_len) - 1
+    last_key = last_query + (kv_len - q_len)
+    diagonal = np.where(last_key >= 0, last_key // y, -1)
+    return np.where(rows * x < q_len, diagonal, -1)
+
+
+def diagonal_grid(case: Case, diagonal: np.ndarray, n_kv: int) -> np.ndarray:
+    """Return the pattern's bool [..., nQ, nKV] selection around per-row diagonals `diagonal` [..., nQ]."""
+    sparsity = case.sparsity
+    d = diagonal[..., :, None]
+    j = np.arange(n_kv)
+    grid = j <= d
+    if sparsity.pattern == "sliding_window":
+        grid &= j > d - sparsity.window
+    elif sparsity.pattern == "strided":
+        grid &= (j > d - sparsity.window) | (j % sparsity.stride == sparsity.stride - 1)
+    return grid
+
+
 def pattern_mask(case: Case) -> np.ndarray:
     """Return the block mask the sparsity pattern selects, as bool [B, N1, nQ, nKV] (before empty rows)."""
     sparsity = case.sparsity
     shape = case.mask_shape
     n_q, n_kv = shape[2], shape[3]
-    i = np.arange(n_q)[:, None]
-    j = np.arange(n_kv)[None, :]
     if sparsity.pattern == "dense":
         grid = np.ones((n_q, n_kv), dtype=bool)
-    elif sparsity.pattern == "causal":
-        grid = j <= i
-    elif sparsity.pattern == "sliding_window":
-        grid = (j <= i) & (j > i - sparsity.window)
-    elif sparsity.pattern == "strided":
-        grid = (j <= i) & ((j > i - sparsity.window) | (j % sparsity.stride == sparsity.stride - 1))
+    elif sparsity.pattern in DIAGONAL_PATTERNS and sparsity.causal_alignment == "top_left":
+        grid = diagonal_grid(case, np.arange(n_q), n_kv)
+    elif sparsity.pattern in DIAGONAL_PATTERNS:  # per batch entry: the diagonal follows its lengths
+        rows = np.arange(n_q)
+        diagonals: dict[tuple[int, int], np.ndarray] = {}
+        per_batch = []
+        for q_len, kv_len in zip(case.q_lengths(), case.kv_lengths(), strict=True):
+            key = (q_len, kv_len)
+            if key not in diagonals:
+                diagonals[key] = diagonal_blocks(case, q_len, kv_len, rows)
+            per_batch.append(diagonals[key])
+        grid = diagonal_grid(case, np.stack(per_batch), n_kv)[:, None]
     elif sparsity.pattern == "random":
         draw_shape = shape if sparsity.per_head else (shape[0], 1, n_q, n_kv)
         grid = rng(case, "mask").random(draw_shape) < sparsity.density
@@ -113,6 +172,38 @@ def pattern_mask(case: Case) -> np.ndarray:
     else:  # spec.py admits only the patterns above
         raise ValueError(f"unknown sparsity pattern {sparsity.pattern!r}")
     return np.broadcast_to(grid, shape).copy()
+
+
+def unreachable_kv_blocks(case: Case) -> list[str]:
+    """Describe kv blocks holding real keys that no query block of the same batch entry can ever select.
+
+    Only patterns with a diagonal have such blocks: those right of the last query block's diagonal (with
+    top_left, a sequence with more keys than queries ends in them). One line per distinct pair of lengths,
+    naming the batch entries, the blocks and their key tokens.
+    """
+    if case.sparsity.pattern not in DIAGONAL_PATTERNS:
+        return []
+    x, y = case.mask_block_shape
+    found: dict[tuple[int, int], list[int]] = {}
+    for b, (q_len, kv_len) in enumerate(zip(case.q_lengths(), case.kv_lengths(), strict=True)):
+        if q_len and kv_len:
+            found.setdefault((q_len, kv_len), []).append(b)
+    notes = []
+    for (q_len, kv_len), entries in found.items():
+        last_row = -(-q_len // x) - 1
+        reach = int(diagonal_blocks(case, q_len, kv_len, np.array([last_row]))[0])
+        kv_blocks = min(-(-kv_len // y), case.num_kv_blocks)
+        if reach + 1 >= kv_blocks:
+            continue
+        first = max(reach + 1, 0)
+        blocks = f"kv block {first}" if first == kv_blocks - 1 else f"kv blocks {first}..{kv_blocks - 1}"
+        shown = ", ".join(str(b) for b in entries[:4]) + (f" and {len(entries) - 4} more" if len(entries) > 4 else "")
+        notes.append(
+            f"{case.sparsity.pattern} pattern with causal_alignment {case.sparsity.causal_alignment}: {blocks} "
+            f"(key tokens {first * y}..{kv_len - 1} of {kv_len}, Sq {q_len}) of batch entr"
+            f"{'y' if len(entries) == 1 else 'ies'} {shown} can never be selected by any query block"
+        )
+    return notes
 
 
 def fit_explicit(explicit: np.ndarray, shape: tuple[int, int, int, int]) -> np.ndarray:

@@ -87,6 +87,23 @@ def semantics(case: Case) -> dict[str, Any]:
     }
 
 
+def sparsity_record(case: Case) -> dict[str, Any]:
+    """Return how the block mask was drawn: the pattern, its parameters, and where its diagonal sits."""
+    sparsity = case.sparsity
+    record: dict[str, Any] = {"pattern": sparsity.pattern}
+    if sparsity.pattern == "random":
+        record.update(density=sparsity.density, per_head=sparsity.per_head)
+    if sparsity.pattern in ("sliding_window", "strided"):
+        record["window"] = sparsity.window
+    if sparsity.pattern == "strided":
+        record["stride"] = sparsity.stride
+    if sparsity.pattern in ("causal", "sliding_window", "strided"):
+        record["causal_alignment"] = sparsity.causal_alignment
+    empty = sparsity.empty_rows
+    record["empty_rows"] = empty if isinstance(empty, float) else list(empty)
+    return record
+
+
 def output_entries(case: Case) -> dict[str, dict[str, Any]]:
     """Return where a device writes dq, dk, dv: files relative to the output directory."""
     descs = case.tensor_descs()
@@ -129,6 +146,7 @@ def build_manifest(
         "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
         "params": params(case),
         "semantics": semantics(case),
+        "sparsity": sparsity_record(case),
         "inputs": dict(inputs),
         "golden": dict(golden),
         "benchmark": dict(benchmark),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .case import Case, numpy_dtype
-from .inputs import MaskCounts, make_mask, mask_counts
+from .inputs import DIAGONAL_PATTERNS, MaskCounts, diagonal_blocks, make_mask, mask_counts
 from .workers import cpu_count
 
 GOLDEN_FLOPS_PER_SECOND = 40e9
@@ -178,7 +178,9 @@ def pattern_counts(case: Case) -> MaskCounts:
             continue
         nq, nk = math.ceil(q_len / x), math.ceil(kv_len / y)
         total += nq * nk * heads * count
-        if sparsity.pattern in ("dense", "random", "explicit"):
+        if sparsity.pattern in DIAGONAL_PATTERNS and sparsity.causal_alignment != "top_left":
+            blocks, area, active = _diagonal_rows(case, q_len, kv_len)
+        elif sparsity.pattern in ("dense", "random", "explicit"):
             share = {"dense": 1.0, "random": sparsity.density, "explicit": explicit_density}[sparsity.pattern]
             blocks, area = share * nq * nk, share * q_len * kv_len
             active = nq * (1.0 - (1.0 - share) ** nk)
@@ -202,6 +204,34 @@ def pattern_counts(case: Case) -> MaskCounts:
         rows += active * kept * heads * count
     return MaskCounts(selected_blocks=int(selected), total_blocks=int(total), cells=int(cells),
                       active_rows=int(rows))  # fmt: skip
+
+
+_SAMPLED_ROWS = 4096
+"""Query-block rows of one batch entry counted one by one in `_diagonal_rows`; more are sampled evenly."""
+
+
+def _diagonal_rows(case: Case, q_len: int, kv_len: int) -> tuple[float, float, float]:
+    """Return (selected blocks, query x key cells, active rows) of a diagonal pattern in one batch entry, from
+    its per-row diagonals (`inputs.diagonal_blocks`); beyond `_SAMPLED_ROWS` rows, from an even sample."""
+    x, y = case.mask_block_shape
+    sparsity = case.sparsity
+    nq, nk = math.ceil(q_len / x), math.ceil(kv_len / y)
+    rows = np.unique(np.linspace(0, nq - 1, min(nq, _SAMPLED_ROWS)).astype(np.int64))
+    diagonal = np.minimum(diagonal_blocks(case, q_len, kv_len, rows), nk - 1)
+    upto = np.clip(diagonal + 1, 0, nk)  # blocks j <= d
+    keys = np.minimum(upto * y, kv_len)
+    if sparsity.pattern == "causal":
+        blocks, columns = upto, keys
+    else:
+        left = np.clip(diagonal + 1 - sparsity.window, 0, nk)  # blocks j <= d - window
+        blocks, columns = upto - left, keys - np.minimum(left * y, kv_len)
+        if sparsity.pattern == "strided":
+            extra = left // sparsity.stride
+            blocks, columns = blocks + extra, columns + extra * y
+    row_tokens = np.minimum(q_len - rows * x, x)
+    weight = nq / len(rows)
+    return (float(blocks.sum()) * weight, float((columns * row_tokens).sum()) * weight,
+            float(np.count_nonzero(blocks)) * weight)  # fmt: skip
 
 
 def _blocks_up_to_diagonal(n_q: int, n_kv: int, shift: int) -> float:

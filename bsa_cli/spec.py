@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import yaml
 
-from . import interface
+from . import interface, stress
 from .case import (
     ACLNN_STATUS,
     DTYPES,
@@ -32,11 +32,14 @@ from .case import (
     Distribution,
     Expect,
     Init,
+    Outliers,
+    RowScale,
+    Sink,
     Sparsity,
     TensorOverride,
 )
 from .errors import DataError, SpecError, show, suggest
-from .inputs import fit_explicit
+from .inputs import ALIGNMENTS, fit_explicit, unreachable_kv_blocks
 from .manifest import params as case_params
 from .manifest import semantics as case_semantics
 from .store import MAX_NAME_BYTES, inside, is_case_name, read_regular
@@ -63,8 +66,14 @@ CASE_KEYS = (
 TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26
 """Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data."""
-SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head")
-DIST_KEYS = ("distribution", "mean", "std", "low", "high")
+SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head", "causal_alignment")
+DIST_KEYS = ("distribution", "mean", "std", "low", "high", "outliers", "row_scale")
+SHAPE_KEYS = ("distribution", "mean", "std", "low", "high")
+"""Keys that shape a distribution (what `init.logit_std` decides for query and key)."""
+INIT_KEYS = (*DIST_KEYS, *("query", "key", "value", "dout"), "sink", "logit_std")
+OUTLIER_KEYS = ("fraction", "factor", "axis")
+ROW_SCALE_KEYS = ("low", "high")
+SINK_KEYS = ("token", "strength")
 FILE_KEYS = ("cases", "defaults", "matrix")
 
 
@@ -689,9 +698,25 @@ def _check_finite(r: _Reader, case: Case) -> None:
         return  # a negative case of another dtype: the operator rejects it before reading values
     largest = float(ml_dtypes.finfo(DTYPES[case.dtype]).max)
     size = {}
+    init = case.init
+    if (init.sink is not None or init.logit_std is not None) and case.kernel_scale == 0:
+        raise r.error("init.sink" if init.sink is not None else "init.logit_std", "needs a nonzero scale: it is "
+                      "defined by the scaled scores")  # fmt: skip
+    if init.sink is not None and stress.query_spread(case) == 0:
+        raise r.error("init.sink", "needs queries that vary (std or range > 0): they move by twice their std")
     for tensor in TENSORS:
-        dist = getattr(case.init, tensor)
+        dist = getattr(init, tensor)
+        if init.logit_std is not None and tensor in ("query", "key"):
+            dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
         size[tensor] = _magnitude(dist)
+        if dist.row_scale is not None:
+            size[tensor] *= dist.row_scale.high
+        if dist.outliers is not None:
+            size[tensor] *= max(1.0, dist.outliers.factor)
+        if init.sink is not None and tensor == "query":
+            size[tensor] += stress.sink_query_shift(case)
+        if init.sink is not None and tensor == "key":
+            size[tensor] = max(size[tensor], stress.sink_key_length(case))
         if size[tensor] > largest:
             raise r.error(f"init.{tensor}", f"values of {tensor} reach about {size[tensor]:.3g}, beyond "
                           f"{case.dtype}'s largest number {largest:.5g}: the inputs and the golden cannot be "
@@ -821,8 +846,10 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     per_head = raw.get("per_head", True)
     if not isinstance(per_head, bool):
         raise sub.error("per_head", f"{show(per_head)} is not true or false")
+    alignment = sub.choice("causal_alignment", ALIGNMENTS, "top_left")
     return Sparsity(pattern=pattern, density=density, window=window, stride=stride, explicit=explicit,
-                    explicit_source=source, empty_rows=empty, per_head=per_head)  # fmt: skip
+                    explicit_source=source, empty_rows=empty, per_head=per_head,
+                    causal_alignment=alignment)  # fmt: skip
 
 
 _SHARED: dict[Any, Any] = {}
@@ -900,6 +927,42 @@ def _read_npy(r: _Reader, spec: Path, relative: str) -> np.ndarray:
     return np.frombuffer(data, dtype=dtype, offset=stream.tell()).reshape(shape, order="F" if fortran else "C")
 
 
+def _mapping(r: _Reader, key: str, raw: Any, keys: tuple[str, ...], what: str) -> _Reader:
+    """Return a reader of the mapping `raw` under `key`, refusing a non-mapping or an unknown key."""
+    if not isinstance(raw, dict):
+        raise r.error(key, f"{show(raw)} is not a mapping of {what}")
+    for k in raw:
+        if k not in keys:
+            raise r.error(f"{key}.{_key(k)}", f"unknown key{_suggest(k, keys)}; allowed: {', '.join(keys)}")
+    return r.nested(key, raw)
+
+
+def _positive(r: _Reader, key: str, default: float, what: str) -> float:
+    value = r.number(key, default)
+    if not (math.isfinite(value) and value > 0):
+        raise r.error(key, f"{show(value)} is not allowed; allowed: {what}")
+    return value
+
+
+def _outliers(r: _Reader, key: str, raw: Any) -> Outliers:
+    sub = _mapping(r, key, raw, OUTLIER_KEYS, "fraction, factor, axis")
+    fraction = sub.number("fraction", 0.01)
+    if not 0.0 < fraction <= 1.0:
+        raise sub.error("fraction", f"{show(fraction)} is not allowed; allowed: a fraction in (0, 1], like 0.01")
+    factor = _positive(sub, "factor", 20.0, "a finite number > 0, like 20")
+    axis = sub.choice("axis", ("token", "channel"), "token")
+    return Outliers(fraction=fraction, factor=factor, axis=axis)
+
+
+def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
+    sub = _mapping(r, key, raw, ROW_SCALE_KEYS, "low, high (log-uniform row factors)")
+    low = _positive(sub, "low", 1e-3, "a finite number > 0, like 1e-3")
+    high = _positive(sub, "high", 1e2, "a finite number > 0, like 100")
+    if low > high:
+        raise sub.error("low", f"{show(low)} is above high {show(high)}")
+    return RowScale(low=low, high=high)
+
+
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
     for k in raw:
         if k not in DIST_KEYS:
@@ -914,6 +977,10 @@ def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
         raise sub.error("std", f"{dist.std} is negative")
     if dist.low > dist.high:
         raise sub.error("low", f"low {dist.low} is above high {dist.high}")
+    if raw.get("outliers") is not None:
+        dist = dataclasses.replace(dist, outliers=_outliers(sub, "outliers", raw["outliers"]))
+    if raw.get("row_scale") is not None:
+        dist = dataclasses.replace(dist, row_scale=_row_scale(sub, "row_scale", raw["row_scale"]))
     return dist
 
 
@@ -922,9 +989,9 @@ def _init(r: _Reader) -> Init:
     if not isinstance(raw, dict):
         raise r.error("init", f"{show(raw)} is not a mapping")
     for key in raw:
-        if key not in (*DIST_KEYS, *TENSORS):
-            raise r.error(f"init.{_key(key)}", f"unknown key{_suggest(key, (*DIST_KEYS, *TENSORS))}; "
-                          f"allowed: {', '.join((*DIST_KEYS, *TENSORS))}")  # fmt: skip
+        if key not in INIT_KEYS:
+            raise r.error(f"init.{_key(key)}", f"unknown key{_suggest(key, INIT_KEYS)}; "
+                          f"allowed: {', '.join(INIT_KEYS)}")  # fmt: skip
     base = {k: v for k, v in raw.items() if k in DIST_KEYS}
     per_tensor = {}
     for tensor in TENSORS:
@@ -932,7 +999,21 @@ def _init(r: _Reader) -> Init:
         if not isinstance(override, dict):
             raise r.error(f"init.{tensor}", f"{show(override)} is not a mapping of distribution keys")
         per_tensor[tensor] = _distribution(r, f"init.{tensor}" if override else "init", {**base, **override})
-    return Init(**per_tensor)
+    sink = None
+    if raw.get("sink") is not None:
+        sub = _mapping(r, "init.sink", raw["sink"], SINK_KEYS, "token, strength")
+        sink = Sink(token=sub.integer("token", 0), strength=_positive(sub, "strength", 8.0, "a finite number > 0 "
+                    "(the sink's score in nats), like 8"))  # fmt: skip
+    logit_std = None
+    if raw.get("logit_std") is not None:
+        logit_std = _positive(r.nested("init", raw), "logit_std", 1.0, "a finite number > 0 (the std of "
+                              "scale * q.k), like 20 or 0.01")  # fmt: skip
+        for tensor in ("query", "key"):
+            for k in SHAPE_KEYS:
+                if k in (raw.get(tensor) or {}):
+                    raise r.error(f"init.{tensor}.{k}", "logit_std sets the distribution of query and key; give "
+                                  "one or the other")  # fmt: skip
+    return Init(**per_tensor, sink=sink, logit_std=logit_std)
 
 
 def _compare(r: _Reader) -> dict[str, Any]:
@@ -966,8 +1047,8 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             key = key if key in CASE_KEYS else f"tensors.{key}"
             raise r.error(key, f"{v.message}: the operator returns {v.status}; "
                           f"set 'expect: {v.status}' for a negative case")  # fmt: skip
-        warnings = tuple(interface.kernel_constraints(params, case_semantics(case)))
-        return dataclasses.replace(case, warnings=warnings)
+        warnings = (*interface.kernel_constraints(params, case_semantics(case)), *unreachable_kv_blocks(case))
+        return dataclasses.replace(case, warnings=tuple(warnings))
     if not broken:
         raise r.error(
             "expect", f"expects {case.expect.name} ({case.expect.status}), but the case breaks no interface rule"
