@@ -23,10 +23,10 @@ import click
 from . import output, report
 from .case import Case
 from .compare import RunSettings, SuiteResult
-from .errors import BsaError, DataError, SpecError
+from .errors import BsaError, DataError, SpecError, clip
 from .schedule import Estimate, machine_memory, parse_shard, shard
 from .spec import MAX_CASES, SpecErrors, load_specs
-from .store import MANIFEST, find_cases, select_cases
+from .store import MANIFEST, find_cases, load_manifest, select_cases
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
@@ -90,6 +90,18 @@ def warn_constraints(cases: Sequence[Case]) -> None:
     for case in cases:
         for note in case.warnings:
             output.warn(f"{case.name}: {note}")
+
+
+def show_kernel_path_notes(case_dirs: Sequence[Path]) -> None:
+    """Print on stderr what `bsa gen` noted about each case's kernel precision path (manifest `notes`:
+    fp16 overflow, values flushed to zero)."""
+    for case_dir in case_dirs:
+        try:
+            notes = load_manifest(case_dir).get("notes") or []
+        except (BsaError, OSError):
+            continue
+        for note in notes[:8] if isinstance(notes, list) else []:
+            output.warn(f"{case_dir.name}: {clip(note, 300)}")
 
 
 def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:

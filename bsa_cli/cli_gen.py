@@ -14,7 +14,7 @@ from rich.table import Table
 
 from . import output
 from .case import Case
-from .cli_common import UserError, load_cases, refuse_oversized, warn_constraints
+from .cli_common import UserError, load_cases, refuse_oversized, show_kernel_path_notes, warn_constraints
 from .errors import BsaError
 from .generate import generate_suite
 from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
@@ -155,10 +155,11 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
             progress.console.print(f"{outcome} {path}", markup=False, highlight=False)
 
         try:
-            generate_suite(cases, Path(out_dir), precision, jobs, on_done=done, on_progress=advance)
+            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, on_done=done, on_progress=advance)
         except BsaError as exc:
             raise UserError(str(exc)) from None
     output.stdout.print(f"generated {len(cases)} cases in {out_dir}")
+    show_kernel_path_notes(case_dirs)
 
 
 def gen_progress(total_flops: int) -> Progress:

@@ -217,3 +217,20 @@ def test_a_stress_option_changes_only_the_cases_that_use_it() -> None:
     assert dataclasses.replace(plain, init=Init()).init == plain.init  # defaults are no stress at all
     assert make_tensors(plain)["query"].tobytes() == make_tensors(make_case(init=Init(dout=Distribution(
         row_scale=RowScale()))))["query"].tobytes()  # fmt: skip
+
+
+def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
+    """A stress case whose kernel path flushes values to zero says so in compare's results and HTML."""
+    from bsa_cli import compare, emulator, report
+    from bsa_cli.generate import generate_case
+    from bsa_cli.spec import load_specs
+
+    case = next(c for c in load_specs([Path(__file__).parent.parent / "cases" / "stress.yaml"])
+                if c.name == "stress-peaked.fp16")  # fmt: skip
+    case_dir = generate_case(case, tmp_path)
+    emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
+    result = compare.compare_case(case_dir)
+    assert result.verdict == compare.PASS
+    assert any("underflow" in note for note in result.kernel_notes)
+    assert not any("underflow" in note for note in result.notes)  # the headline stays the verdict's
+    assert "precision path: float16 underflow" in report.html_report(compare.SuiteResult((result,)))

@@ -228,6 +228,7 @@ class CaseResult:
     binary_sha256: str | None = None  # the device binary's sha256 (run.json)
     notes: tuple[str, ...] = ()  # what a reader must know beyond the checks (a planted fault that does not apply)
     selection: Selection | None = None  # the block mask, kept with a failing case for its pictures
+    kernel_notes: tuple[str, ...] = ()  # what `bsa gen` noted of the kernel's precision path (fp16 overflow, underflow)
 
     @property
     def passed(self) -> bool:

@@ -271,10 +271,23 @@ def _judge_case(
         return error(name, stale, **known)
     if known.get("fault"):
         known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
+    known["kernel_notes"] = _manifest_notes(manifest)
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+MAX_NOTES = 8
+
+
+def _manifest_notes(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """What `bsa gen` noted about the kernel's precision path (fp16 overflow, underflow), one line each;
+    the manifest is untrusted, so at most `MAX_NOTES` lines, clipped."""
+    notes = manifest.get("notes")
+    if not isinstance(notes, list):
+        return ()
+    return tuple(clip(note, 300) for note in notes[:MAX_NOTES])
 
 
 def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:

@@ -55,7 +55,8 @@ def _provenance_text(case: CaseResult) -> str:
 
 
 def _metrics_text(case: CaseResult) -> str:
-    lines = [_provenance_text(case), *case.notes, f"standard {case.standard}; status {case.status}"]
+    lines = [_provenance_text(case), *case.notes, *(f"precision path: {n}" for n in case.kernel_notes),
+             f"standard {case.standard}; status {case.status}"]
     for tensor in case.tensors:
         d, b = tensor.device, tensor.benchmark
         lines.append(

@@ -212,6 +212,7 @@ def _case_section(case: CaseResult) -> str:
     )
     parts = [f'<section class="case v-{case.verdict}" id="case-{_esc(case.name)}"><details{is_open}>{summary}']
     parts.extend(f'<p class="note">{_esc(note)}</p>' for note in case.notes)
+    parts.extend(f'<p class="sub">precision path: {_esc(note)}</p>' for note in case.kernel_notes)
     if case.verdict == ERROR:
         parts.append('<ul class="errors">' + "".join(f"<li>{_esc(e)}</li>" for e in case.errors) + "</ul>")
         parts.append(f'<p class="sub">case {_esc(case.case_dir)}, outputs {_esc(case.output_dir)}</p>')
