@@ -48,4 +48,4 @@ def main() -> None:
 
 
 # Commands of the other modules register themselves on `main` when imported.
-from . import cli_compare, cli_export, cli_gen, cli_run  # noqa: E402, F401
+from . import cli_compare, cli_export, cli_gen, cli_run, cli_trend  # noqa: E402, F401

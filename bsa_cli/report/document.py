@@ -1,7 +1,8 @@
 """The JSON report: the faithful image of the result dataclasses, read back and merged across shards.
 
 JSON schema "bsa-compare/1" (docs/compare.md describes every key): a document is
-`{schema, tool, exit_code, summary, cases: [case...]}`; each case carries its verdict, message, headline,
+`{schema, schema_minor, tool, date, host, devices, exit_code, summary, cases: [case...]}` (with a baseline
+also `drift` and `regressions`); each case carries its verdict, message, headline,
 deciding check, settings, checks and errors, and per tensor the device and benchmark metrics, checks, worst
 elements, hot blocks and the per-block error map. Non-finite numbers are written as the strings
 "inf", "-inf" and "nan" (JSON has no such numbers); NaN cells of block maps as null.
@@ -10,10 +11,12 @@ elements, hot blocks and the per-block error map. Non-finite numbers are written
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import math
 import types
 import typing
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,9 +27,14 @@ from .. import __version__
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
 from ..manifest import json_number
 from .files import write_text_atomic
+from .header import ReportHeader, report_header
 
 SCHEMA = "bsa-compare/1"
 """The JSON report format; a reader refuses any other."""
+
+SCHEMA_MINOR = 1
+"""Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
+baseline, `drift` and `regressions`); a document without `schema_minor` is minor 0."""
 
 
 def _map_cells(array: np.ndarray) -> Any:
@@ -68,11 +76,56 @@ def case_document(case: CaseResult) -> dict[str, Any]:
     return document
 
 
-def to_document(suite: SuiteResult) -> dict[str, Any]:
-    """Return the whole result as the "bsa-compare/1" JSON document."""
-    return {
+def utc_date(date: str) -> str:
+    """Return an ISO 8601 date with an offset as the same moment in UTC (a date without one is kept)."""
+    try:
+        moment = _dt.datetime.fromisoformat(date)
+    except ValueError:
+        return date
+    if moment.tzinfo is None:
+        return date
+    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
+    """Return who produced the suite's outputs, one entry per distinct device, most cases first:
+    `{"device": words, "kind", "name", "fault", "binary_sha256", "cases"}` (from each case's run record)."""
+    counts: Counter[tuple[Any, ...]] = Counter()
+    for case in suite.cases:
+        counts[(provenance_label(case), case.device_kind, case.device, case.fault, case.binary_sha256)] += 1
+    return [{"device": label, "kind": kind, "name": name, "fault": fault, "binary_sha256": sha, "cases": count}
+            for (label, kind, name, fault, sha), count in counts.most_common()]  # fmt: skip
+
+
+def provenance_label(case: CaseResult) -> str:
+    """Return a short name of who produced a case's outputs: the reference device with its planted fault,
+    a binary with the start of its sha256, torch_npu, or "not recorded"."""
+    if case.device is None:
+        return "not recorded"
+    if case.binary_sha256:
+        return f"{case.device} (sha256 {case.binary_sha256[:12]})"
+    if case.device_kind == "reference" and case.fault and case.fault not in case.device:
+        return f"{case.device} with fault '{case.fault}'"
+    return case.device
+
+
+def to_document(
+    suite: SuiteResult, header: ReportHeader | None = None, additions: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Return the whole result as the "bsa-compare/1" JSON document.
+
+    Args:
+        header: when and where the result was judged (default: now, this machine); its date is written in UTC.
+        additions: top-level keys to add or replace (a baseline's `drift`, `regressions`, `exit_code`).
+    """
+    head = header or report_header(suite)
+    document = {
         "schema": SCHEMA,
+        "schema_minor": SCHEMA_MINOR,
         "tool": {"name": "bsa", "version": __version__},
+        "date": utc_date(head.date),
+        "host": head.host,
+        "devices": suite_devices(suite),
         "exit_code": suite.return_code,
         "summary": {
             "cases": len(suite.cases),
@@ -84,11 +137,16 @@ def to_document(suite: SuiteResult) -> dict[str, Any]:
         },
         "cases": [case_document(c) for c in suite.cases],
     }
+    document.update(additions or {})
+    return document
 
 
-def write_json(suite: SuiteResult, path: Path) -> None:
-    """Write the JSON report to `path`."""
-    write_text_atomic(Path(path), json.dumps(to_document(suite), indent=1, allow_nan=False) + "\n")
+def write_json(
+    suite: SuiteResult, path: Path, header: ReportHeader | None = None, additions: Mapping[str, Any] | None = None
+) -> None:
+    """Write the JSON report to `path` (see `to_document`)."""
+    text = json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n"
+    write_text_atomic(Path(path), text)
 
 
 def _load(tp: Any, data: Any) -> Any:
@@ -175,3 +233,30 @@ def merge(documents: Sequence[tuple[str, Mapping[str, Any]]]) -> SuiteResult:
             cases.append(case)
         seconds += suite.seconds
     return SuiteResult(tuple(cases), seconds)
+
+
+def merged_header(documents: Sequence[tuple[str, Mapping[str, Any]]], out: Sequence[str] = ()) -> ReportHeader | None:
+    """Return the header of merged shard reports: the latest of their dates (when the last shard was
+    judged), their hosts and bsa versions (distinct, in order); None when no shard carries a date."""
+    dates: list[tuple[_dt.datetime, str]] = []
+    hosts: dict[str, None] = {}
+    versions: dict[str, None] = {}
+    for _, document in documents:
+        date = document.get("date") if isinstance(document, Mapping) else None
+        if isinstance(date, str):
+            try:
+                moment = _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
+            except ValueError:
+                continue
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=_dt.timezone.utc)
+            dates.append((moment, utc_date(moment.isoformat(timespec="seconds"))))
+            if isinstance(document.get("host"), str):
+                hosts[document["host"][:200]] = None
+            tool = document.get("tool")
+            if isinstance(tool, Mapping) and isinstance(tool.get("version"), str):
+                versions[tool["version"][:40]] = None
+    if not dates:
+        return None
+    latest = max(dates)[1]
+    return ReportHeader(latest, ", ".join(versions) or __version__, ", ".join(hosts) or "-", tuple(out))
