@@ -255,13 +255,17 @@ class Drift:
             return 1
         return suite_code
 
-    def summary_line(self) -> str:
-        """E.g. "against 2026-11-29 02:00 reference (bsa emulate): 35 cases compared, 1 regression, ..."."""
+    def counts_line(self) -> str:
+        """E.g. "35 cases compared, 1 regression, 0 passed before and not now, 0 vanished, 0 appeared"."""
         parts = [f"{self.compared} case{'s' if self.compared != 1 else ''} compared",
                  _count(len(self.regressions), "regression"),
                  f"{len(self.worsened)} passed before and not now", f"{len(self.vanished)} vanished",
                  f"{len(self.appeared)} appeared"]  # fmt: skip
-        return f"drift against {self.baseline.label}: {', '.join(parts)}"
+        return ", ".join(parts)
+
+    def summary_line(self) -> str:
+        """E.g. "drift against 2026-11-29 02:00 reference (bsa emulate): 35 cases compared, 1 regression, ..."."""
+        return f"drift against {self.baseline.label}: {self.counts_line()}"
 
 
 def _count(n: int, word: str) -> str:

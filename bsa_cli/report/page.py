@@ -248,7 +248,7 @@ def _case_section(case: CaseResult) -> str:
 
 def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: Drift | None = None) -> str:
     """Return a self-contained HTML report (no script, no external file, font or link); with `drift`, a
-    section comparing the run with a baseline report follows the summary table."""
+    section comparing the run with a baseline report comes first."""
     head = header or report_header(suite)
     parts = [
         "<!DOCTYPE html>",
@@ -257,11 +257,10 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
         f"<style>{_CSS}{_DRIFT_CSS if drift else ''}</style></head><body>",
         _header(suite, head),
         "<main>",
+        drift_html(drift) if drift is not None else "",
         _filters(suite),
         _summary_table(suite),
     ]
-    if drift is not None:
-        parts.append(drift_html(drift))
     parts.extend(_case_section(case) for case in suite.cases)
     parts.append("</main></body></html>\n")
     return "\n".join(parts)

@@ -101,9 +101,11 @@ def drift_html(drift: Drift) -> str:
     """Return the drift section of the HTML report (a `<section class="drift">`)."""
     night = drift.baseline
     margin = f"+{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x the limit"
+    counts = drift.counts_line()
     parts = [f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
+             f"<p><b>{_esc(counts)}</b></p>"
              f'<p class="sub">baseline {_esc(night.source)}: {_esc(night.label)}; a regression grew by more than '
-             f"{_esc(margin)}. {_esc(drift.summary_line())}</p>"]  # fmt: skip
+             f"{_esc(margin)}</p>"]  # fmt: skip
     parts.extend(f'<p class="note">{_esc(note)}</p>' for note in drift.notes)
     if drift.verdicts:
         rows = [[f'<a href="#case-{_esc(v.case)}">{_esc(v.case)}</a>', _badge(v.old), _badge(v.new), _esc(v.headline)]

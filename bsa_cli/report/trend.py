@@ -2,7 +2,8 @@
 
 Self-contained like the HTML report (`page.py`): inline CSS and SVG, no script, font or link. The page
 lists the nights (date in UTC, device, host, bsa, counts, file), a table of the cases (the followed check,
-first and last value, rising ones marked), then one chart per case: nights along x in date order, the
+first and last value, rising ones marked), then one chart per case (rising cases first, then those not
+passing in their latest night, then the rest): nights along x in date order, the
 check's value along y from 0, its limit as a dashed red line, points coloured by the night's verdict
 (PASS green, FAIL red, ERROR purple, drawn on the x axis as a hollow mark), a gap where the case is
 missing from a night, and a tooltip per point.
@@ -39,6 +40,7 @@ td,th{border:1px solid var(--line);padding:.18em .5em;text-align:left;vertical-a
 th{background:#f1f1f1;font-weight:600}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 tr.rising td{background:#fbe3e6}td.flag{color:var(--fail);font-weight:700}
+table.nights td:nth-child(2){white-space:nowrap}
 .sub{color:#555}
 .charts{display:flex;flex-wrap:wrap;gap:1em;align-items:flex-start}
 figure.case{margin:0;border:1px solid #eee;padding:.3em .4em}
@@ -68,7 +70,7 @@ def night_short(night: Night) -> str:
 
 def chart(series: Series, nights: Sequence[Night]) -> str:
     """Return the SVG line chart of one case across the nights."""
-    left, right, top, plot_h = 48.0, 16.0, 22.0, 130.0
+    left, right, top, plot_h = 48.0, 56.0, 22.0, 130.0
     step = max(28.0, min(70.0, 520.0 / max(len(nights), 1)))
     plot_w = step * max(len(nights) - 1, 1)
     width, height = left + plot_w + right + 20, top + plot_h + 58
@@ -84,7 +86,7 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
     def y_of(v: float) -> float:
         return top + plot_h - plot_h * min(max(v, 0.0), y_top) / y_top
 
-    out = [f'<text x="4" y="12" font-weight="bold">{_esc(series.case)}: {_esc(series.label)}</text>']
+    out = []
     ticks = int(round(y_top / tick))
     for k in range(ticks + 1):
         v = k * tick
@@ -104,7 +106,7 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
                        'stroke="#555"/>')
             out.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" transform="rotate(-35 {x:.1f} {y:.1f})">'
                        f"{_esc(night_short(night))}</text>")  # fmt: skip
-    out.append(f'<text x="{left - 40:.1f}" y="{top - 8:.1f}">{_esc(series.check or "")}</text>')
+    out.append(f'<text x="4" y="{top - 10:.1f}">{_esc(series.label)}</text>')
     out.extend(_line(series.points, x_of, y_of))
     for i, point in enumerate(series.points):
         if point is not None:
@@ -126,8 +128,7 @@ def _limit_line(points: Sequence[Point | None], x_of, y_of, x0: float, x1: float
         y = y_of(limit)
         return (f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
                 f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {_esc(fmt(limit))}</title></line>'
-                f'<text x="{x1:.1f}" y="{y - 3:.1f}" text-anchor="end" fill="{LIMIT_COLOUR}">limit {_esc(fmt(limit))}'
-                "</text>")  # fmt: skip
+                f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {_esc(fmt(limit))}</text>')
     parts = []
     for i, limit in limits:
         y = y_of(limit)
@@ -175,9 +176,19 @@ def _nights_table(nights: Sequence[Night]) -> str:
     return f'<table class="nights"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
+def shown_order(trend: Trend) -> list[Series]:
+    """The cases as the page shows them: rising ones first, then those not passing in their latest night,
+    then the others, each group by name."""
+
+    def latest_verdict(series: Series) -> str:
+        return next((p.verdict for p in reversed(series.points) if p is not None), PASS)
+
+    return sorted(trend.series, key=lambda s: (not s.rising, latest_verdict(s) == PASS, s.case))
+
+
 def _cases_table(trend: Trend) -> str:
     rows = []
-    for series in trend.series:
+    for series in shown_order(trend):
         measured = [v for v in series.values if v is not None]
         first = fmt(measured[0]) if measured else "-"
         last = fmt(measured[-1]) if measured else "-"
@@ -200,7 +211,7 @@ def trend_html(trend: Trend) -> str:
     figures = [
         f'<figure class="case" id="trend-{_esc(s.case)}"><figcaption><b>{_esc(s.case)}</b> '
         f'<span class="sub">{_esc(s.label)}</span></figcaption>{chart(s, nights)}</figure>'
-        for s in trend.series
+        for s in shown_order(trend)
     ]
     return "\n".join([
         "<!DOCTYPE html>",
