@@ -182,7 +182,14 @@ def ratio_checks(case: CaseResult) -> list[Check]:
 def deciding_ratio(case: CaseResult) -> Check | None:
     """The ratio check closest to (or furthest past) its limit: what a chart of the case follows."""
     checks = ratio_checks(case)
-    return max(checks, key=lambda c: c.value / c.limit if not math.isnan(c.value) else -math.inf) if checks else None
+    return max(checks, key=_share_of_limit) if checks else None
+
+
+def _share_of_limit(check: Check) -> float:
+    """A ratio check's value as a fraction of its limit (NaN last)."""
+    if check.limit is None or math.isnan(check.value):
+        return -math.inf
+    return check.value / check.limit
 
 
 @dataclass(frozen=True)
