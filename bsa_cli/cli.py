@@ -1,11 +1,8 @@
-"""The `bsa` command line: parse options, call the library, turn its errors into messages, render.
+"""The `bsa` command line: the command group, built from the command modules.
 
-Exit codes (one policy for every command):
-    0  everything passed
-    1  a case failed its comparison
-    2  usage error, or a bad spec or file given by the user
-    3  a case could not be judged (missing outputs, harness error)
-  130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
+Each command module defines click commands that parse options, call the library, turn its errors into
+messages and render; `cli_common` holds what they share (exit codes, `UserError`). This module only
+imports them and adds their commands to `main`: imports flow one way, from here down.
 """
 
 from __future__ import annotations
@@ -13,14 +10,12 @@ from __future__ import annotations
 import click
 
 from . import __version__
-
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-
-
-class UserError(click.ClickException):
-    """A user mistake (bad spec, bad file, bad option value): `Error: ...` on stderr, exit code 2."""
-
-    exit_code = EXIT_USAGE
+from .cli_common import EXIT_INTERRUPTED, UserError
+from .cli_compare import compare_command
+from .cli_export import export_command
+from .cli_gen import gen_command, list_command, validate_command
+from .cli_run import check_command, emulate_command, run_command
+from .cli_trend import trend_command
 
 
 class _Commands(click.Group):
@@ -47,5 +42,6 @@ def main() -> None:
     """Test data and verdicts for aclnnBlockSparseAttentionGrad."""
 
 
-# Commands of the other modules register themselves on `main` when imported.
-from . import cli_compare, cli_export, cli_gen, cli_run, cli_trend  # noqa: E402, F401
+for _command in (validate_command, list_command, gen_command, run_command, emulate_command, check_command,
+                 compare_command, export_command, trend_command):  # fmt: skip
+    main.add_command(_command)

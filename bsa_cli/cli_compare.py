@@ -4,127 +4,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import click
 
 from . import drift as drift_
 from . import output, report
-from .cli import UserError, main
-from .compare import STANDARDS, RunSettings, SuiteResult, compare_suite
+from .cli_common import UserError, prepare_reports, run_settings, select_cases_or_suites, write_reports
+from .compare import STANDARDS, SuiteResult, compare_suite
 from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
-from .store import MANIFEST, find_cases, read_regular, select_cases
-
-SUITE_DEPTH = 3
-"""How deep below a folder without cases `bsa compare` looks for folders of suites."""
+from .store import read_regular
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
-
-
-def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
-    """Parse `--threshold KEY=VALUE` options into a mapping (VALUE a number, `inf` allowed)."""
-    thresholds: dict[str, float] = {}
-    for text in values:
-        key, sep, raw = text.partition("=")
-        key = key.strip()
-        try:
-            if not sep or not key:
-                raise ValueError
-            thresholds[key] = float(raw)
-        except ValueError:
-            raise UserError(
-                f"--threshold {text!r}: expected KEY=NUMBER, for example --threshold rmse_ratio=1.5"
-            ) from None
-    return thresholds
-
-
-def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], suite: SuiteResult) -> None:
-    try:
-        writer(suite, path)
-    except OSError as exc:
-        raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
-
-
-def prepare_reports(paths: dict[str, Path | None]) -> None:
-    """Create the report files' folders and check they can be written, before any case is judged."""
-    try:
-        report.prepare_report_paths(paths)
-    except report.ReportPathError as exc:
-        raise UserError(str(exc)) from None
-
-
-def write_reports(
-    suite: SuiteResult,
-    paths: dict[str, Path | None],
-    out: Sequence[Path] = (),
-    header: report.ReportHeader | None = None,
-    drift: drift_.Drift | None = None,
-    exit_code: int | None = None,
-) -> None:
-    """Write the reports asked for by --json, --junit, --html and --csv (with a baseline's drift in JSON and
-    HTML; `exit_code` replaces the suite's in JSON when --fail-on-regression changed it)."""
-    header = header or report.report_header(suite, out)
-    additions: dict[str, object] = {}
-    if drift is not None:
-        additions = {"drift": drift_.drift_document(drift), "regressions": drift_.regressions_document(drift)}
-    if exit_code is not None:
-        additions["exit_code"] = exit_code
-    writers: dict[str, Callable[[SuiteResult, Path], None]] = {
-        "--json": lambda s, p: report.write_json(s, p, header, additions),
-        "--junit": report.write_junit,
-        "--html": lambda s, p: report.write_html(s, p, header, drift),
-        "--csv": report.write_csv,
-    }
-    for option, path in paths.items():
-        if path is not None:
-            _write(option, path, writers[option], suite)
-
-
-def find_suites(root: Path, depth: int = SUITE_DEPTH) -> list[Path]:
-    """Return the folders below `root` (down to `depth` levels) that hold case directories, sorted."""
-    suites: list[Path] = []
-    level = [root]
-    for _ in range(depth):
-        below = sorted(p for folder in level for p in folder.iterdir()
-                       if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))  # fmt: skip
-        suites.extend(p for p in below if not (p / MANIFEST).is_file() and find_cases(p))
-        level = [p for p in below if not (p / MANIFEST).is_file() and p not in suites]
-    return sorted(suites)
-
-
-def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> list[Path]:
-    """Return the case directories under `paths`; a folder that holds no case itself but folders of suites
-    (OUT/smoke, OUT/edge, ...) stands for all of them, and says so on stderr.
-
-    Raises:
-        UserError: a path holds no case at any depth (naming where to look), or no case matches the filter.
-    """
-    roots: list[Path] = []
-    for path in paths:
-        try:
-            if Path(path).is_dir() and not find_cases(Path(path)):
-                suites = find_suites(Path(path))
-                if not suites:
-                    raise DataError(
-                        str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders below; "
-                        "write them with `bsa gen SPECS -o OUT` and compare OUT"
-                    )  # fmt: skip
-                counts = ", ".join(f"{s} ({len(find_cases(s))} cases)" for s in suites)
-                output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
-                roots.extend(suites)
-            else:
-                roots.append(Path(path))
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        except BsaError as exc:
-            raise UserError(str(exc)) from None
-    try:
-        return select_cases(roots, filters)
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
 
 
 def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHeader | None]:
@@ -145,7 +38,7 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
 def load_baseline(path: Path) -> drift_.Night:
     """Read `--baseline` (an earlier JSON report), or stop with a usage error naming the file."""
     try:
-        return drift_.night_from_document(drift_.read_report(path), str(path))
+        return report.night_from_document(report.read_report(path), str(path))
     except ValueError as exc:
         raise UserError(f"--baseline {exc}") from None
 
@@ -157,7 +50,7 @@ _STANDARD_HELP = (
 )
 
 
-@main.command("compare")
+@click.command("compare")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--outputs-root",
@@ -241,11 +134,7 @@ def compare_command(
         prepare_reports(reports)
         suite, header = _load_reports(paths)
     else:
-        run = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
-        try:
-            run.validate()
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+        run = run_settings(standard, thresholds, padding)
         case_dirs = select_cases_or_suites(paths, filters)
         prepare_reports(reports)
         try:
@@ -253,7 +142,8 @@ def compare_command(
         except (ValueError, BsaError) as exc:
             raise UserError(str(exc)) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
-    drift = None if night is None else drift_.compare_with_baseline(suite, night, margin)
+    devices = tuple(d["device"] for d in report.suite_devices(suite))
+    drift = None if night is None else drift_.compare_with_baseline(suite, night, margin, devices)
     code = suite.return_code if drift is None else drift.return_code(suite.return_code, fail_on_regression)
     if drift is not None:
         report.render_drift(drift, output.stdout)

@@ -7,12 +7,12 @@ from pathlib import Path
 import click
 
 from . import output
-from .cli import UserError, main
+from .cli_common import UserError, select_cases_or_suites
 from .errors import BsaError
 from .export import FORMATS, export_cases
 
 
-@main.command("export")
+@click.command("export")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--format", "fmt", type=click.Choice(FORMATS), required=True,
               help="msopst: MindStudio msOpST test-case JSON; atk: ops-transformer ATK-style case JSON.")
@@ -26,8 +26,6 @@ def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tu
     exported cases break. msOpST cases get their expected outputs from bsa's golden through
     bsa_msopst_expect.py, written beside them. docs/export.md lists every field and how it is filled.
     """  # fmt: skip
-    from .cli_compare import select_cases_or_suites
-
     case_dirs = select_cases_or_suites(paths, filters)
     try:
         written = export_cases(case_dirs, fmt, out_dir)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fnmatch
 import io
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,61 +14,14 @@ from rich.table import Table
 
 from . import output
 from .case import Case
-from .cli import UserError, main
+from .cli_common import UserError, load_cases, refuse_oversized, warn_constraints
 from .errors import BsaError
 from .generate import generate_suite
 from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
-from .schedule import Estimate, auto_jobs, estimate, machine_memory, parse_shard, shard
-from .spec import MAX_CASES, load_specs
+from .schedule import auto_jobs, estimate
 
 
-def load_cases(
-    specs: Sequence[str],
-    name_filters: Sequence[str] = (),
-    shard_text: str | None = None,
-    max_cases: int = MAX_CASES,
-) -> list[Case]:
-    """Load, filter and shard the cases of the given specs, turning spec errors into `Error:` messages."""
-    if not specs:
-        raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
-    try:
-        cases = load_specs(specs, max_cases)
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
-    if name_filters:
-        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
-        if not cases:
-            raise UserError(f"--filter {' '.join(map(repr, name_filters))} matches no case")
-    if shard_text:
-        try:
-            index, count = parse_shard(shard_text)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        cases = shard(cases, index, count)
-    return cases
-
-
-def warn_constraints(cases: Sequence[Case]) -> None:
-    """Print on stderr where each case's golden and the A2/A3 kernel part ways."""
-    for case in cases:
-        for note in case.warnings:
-            output.warn(f"{case.name}: {note}")
-
-
-def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:
-    """Refuse cases whose estimated peak memory exceeds this machine's, unless forced."""
-    memory = machine_memory()
-    too_big = [(name, e) for name, e in estimates.items() if memory and e.peak_memory > memory]
-    if too_big and not force:
-        name, e = too_big[0]
-        raise UserError(
-            f"case '{name}' needs about {e.peak_memory / 2**30:.1f} GiB, more than this machine's "
-            f"{memory / 2**30:.1f} GiB ({len(too_big)} such case(s)); use --force to try anyway, "
-            "or --filter/--shard to leave them out"
-        )
-
-
-@main.command("validate")
+@click.command("validate")
 @click.argument("specs", nargs=-1)
 @max_cases_option
 def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
@@ -150,7 +102,7 @@ def _table_width(table: Table) -> int:
     return console.measure(table).maximum
 
 
-@main.command("list")
+@click.command("list")
 @click.argument("specs", nargs=-1)
 @filter_option
 @shard_option
@@ -173,7 +125,7 @@ def list_command(
         output.stdout.print(f"left out at {width} columns: {', '.join(hidden)}", width=width)
 
 
-@main.command("gen")
+@click.command("gen")
 @click.argument("specs", nargs=-1)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @precision_option

@@ -5,8 +5,7 @@ from __future__ import annotations
 import secrets
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,33 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from . import output, runner, store
-from .cli import EXIT_INTERRUPTED, UserError, main
+from . import output, pipeline, report, runner, store
+from .case import Case
+from .cli_common import (
+    EXIT_INTERRUPTED,
+    UserError,
+    load_cases,
+    prepare_reports,
+    refuse_oversized,
+    run_settings,
+    user_errors,
+    warn_constraints,
+    write_reports,
+)
+from .compare import CaseResult
+from .devices import (
+    DEVICE_KINDS,
+    REFERENCE_DEVICE,
+    TORCH_NPU_MODULE,
+    Device,
+    RunOptions,
+    _emulator,
+    parse_device_ids,
+    reference_faults,
+)
 from .errors import BsaError
 from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
-
-"""Exit code after Ctrl-C (128 + SIGINT), whatever the finished cases did."""
+from .schedule import Estimate, estimate
 
 OUTCOME_STYLE = {
     "ok": "green",
@@ -206,7 +226,7 @@ def device_options(func: Any) -> Any:
         click.option(
             "--device",
             "device_kind",
-            type=click.Choice(list(runner.DEVICE_KINDS)),
+            type=click.Choice(list(DEVICE_KINDS)),
             help="Built-in device: reference (the default: the reference device, reference results) or "
             "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
             "per case). Not with --binary or --cmd.",
@@ -275,13 +295,13 @@ def make_options(
     repeat: int,
     timeout: float,
     outputs_root: str | None = None,
-) -> runner.RunOptions:
+) -> RunOptions:
     """Build run options from CLI values, turning configuration errors into `Error:` lines."""
     try:
-        device = runner.Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
-        return runner.RunOptions(
+        device = Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
+        return RunOptions(
             device=device,
-            device_ids=runner.parse_device_ids(devices),
+            device_ids=parse_device_ids(devices),
             repeat=repeat,
             timeout=timeout,
             outputs_root=Path(outputs_root) if outputs_root else None,
@@ -290,71 +310,48 @@ def make_options(
         raise UserError(str(exc)) from None
 
 
-@contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn library errors about user files into `Error:` messages with exit code 2."""
-    try:
-        yield
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
+class Shown(pipeline.CheckProgress):
+    """Shows what `pipeline.check_suite` and `pipeline.run_suite` report: a `Display`, and on stderr which
+    device runs (saying up front when the reference device stands in for one) and which cases a planted
+    fault cannot change."""
 
+    def __init__(self, display: Display) -> None:
+        self.display = display
 
-def run_with_display(case_dirs: Sequence[Path], options: runner.RunOptions, display: Display) -> runner.RunSummary:
-    """Run cases and show each one; say up front when the reference device stands in for a device, and
-    which cases a planted fault cannot change. On the reference device the bar (and its ETA) counts
-    backward FLOPs and moves within a case."""
-    if options.device.is_reference:
-        output.info(f"device: {options.device.name}: reference results, not device results")
-        if options.device.fault:
-            warn_inapplicable_fault(case_dirs, options.device.fault)
-    elif options.device.torch_npu:
-        output.info(f"device: {options.device.name}, through {runner.TORCH_NPU_MODULE} in {sys.executable}")
-    else:
-        output.info(f"device: {options.device.name} (sha256 {options.device.binary_sha256 or '-'})")
-    if not options.device.is_reference:
-        display.phase("run", len(case_dirs), [c.name for c in case_dirs])
-        with user_errors():
-            return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
-    from .emulator import reporting
+    def generating(self, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
+        flops = {name: e.flops for name, e in estimates.items()}
+        self.display.phase("gen", len(cases), [c.name for c in cases], flops)
 
-    display.phase("run", len(case_dirs), [c.name for c in case_dirs], backward_flops(case_dirs))
-    with user_errors(), reporting(display.progress):
-        return runner.run_cases(case_dirs, options, on_event=display.on_run_event)
+    def generated(self, case: Case, outcome: str) -> None:
+        if outcome == "current":
+            self.display.case("skipped", case.name, "inputs current")
+        else:
+            self.display.case(outcome, case.name)
 
+    def progress(self, name: str, fraction: float) -> None:
+        self.display.progress(name, fraction)
 
-def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
-    """Return each case's backward FLOPs from its manifest (what the reference device computes)."""
-    flops: dict[str, float] = {}
-    for case_dir in case_dirs:
-        try:
-            manifest = store.load_manifest(case_dir)
-            refused = (manifest.get("expect") or {}).get("status", 0) != 0  # a negative case computes nothing
-            work = 0.0 if refused else float(manifest["stats"]["flops_backward"])
-            flops[str(manifest.get("name", case_dir.name))] = work
-        except (BsaError, KeyError, TypeError, ValueError):
-            flops[case_dir.name] = 0.0
-    return flops
+    def running(self, case_dirs: Sequence[Path], device: Device, flops: Mapping[str, float] | None) -> None:
+        if device.is_reference:
+            output.info(f"device: {device.name}: reference results, not device results")
+            if device.fault:
+                for warning in pipeline.inapplicable_faults(case_dirs, device.fault):
+                    output.warn(warning)
+        elif device.torch_npu:
+            output.info(f"device: {device.name}, through {TORCH_NPU_MODULE} in {sys.executable}")
+        else:
+            output.info(f"device: {device.name} (sha256 {device.binary_sha256 or '-'})")
+        self.display.phase("run", len(case_dirs), [c.name for c in case_dirs], flops)
 
+    def on_run_event(self, event: runner.RunEvent) -> None:
+        self.display.on_run_event(event)
 
-def warn_inapplicable_fault(case_dirs: Sequence[Path], fault: str) -> None:
-    """Warn, before running, about each case that the planted fault cannot change (it runs clean)."""
-    from . import emulator
-    from .manifest import case_from_manifest
+    def judging(self, case_dirs: Sequence[Path]) -> None:
+        self.display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
+        output.info(f"judging {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}: verdicts in the table below")
 
-    for case_dir in case_dirs:
-        try:
-            manifest = store.load_manifest(case_dir)
-            if (manifest.get("expect") or {}).get("status", 0) != 0:
-                output.warn(f"{manifest.get('name', case_dir.name)}: fault '{fault}' not planted: a negative case "
-                            "is refused before any computation")  # fmt: skip
-                continue
-            case = case_from_manifest(manifest)
-            mask = store.read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
-            reason = emulator.fault_not_applied(fault, case, mask)
-        except (BsaError, KeyError, TypeError, ValueError):
-            continue  # the run reports a broken case itself
-        if reason is not None:
-            output.warn(f"{case.name}: {reason}")
+    def judged(self, result: CaseResult) -> None:
+        self.display.advance(result.name)  # the verdict itself is printed once, in the report's table
 
 
 def print_run_summary(summary: runner.RunSummary) -> None:
@@ -370,7 +367,7 @@ def print_run_summary(summary: runner.RunSummary) -> None:
 # ---- bsa run -------------------------------------------------------------------------------------
 
 
-@main.command("run")
+@click.command("run")
 @click.argument("cases", nargs=-1, required=True, type=click.Path(path_type=Path))
 @device_options
 @click.option(
@@ -401,8 +398,8 @@ def run_command(
     options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
-    with Display() as display:
-        summary = run_with_display(case_dirs, options, display)
+    with Display() as display, user_errors():
+        summary = pipeline.run_suite(case_dirs, options, Shown(display))
     print_run_summary(summary)
     if summary.interrupted:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
@@ -416,13 +413,13 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     if not value or ctx.resilient_parsing:
         return
     with user_errors():
-        faults = runner.reference_faults()
+        faults = reference_faults()
     for name, description in faults.items():
         output.stdout.print(f"{name:<18} {description}", markup=False, soft_wrap=True)
     ctx.exit(0)
 
 
-@main.command("emulate")
+@click.command("emulate")
 @click.argument("manifest", type=click.Path(path_type=Path))
 @click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--fault", metavar="NAME", help="Plant one of the reference device's faults (see --list-faults).")
@@ -452,83 +449,16 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     case_dir = manifest if manifest.is_dir() else manifest.parent
     order_seed = seed if seed is not None else secrets.randbits(32)
     with user_errors():
-        runner.Device.create(fault=fault)  # checks the fault name
-        status = runner._emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
+        Device.create(fault=fault)  # checks the fault name
+        status = _emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
     suffix = f" (fault '{fault}' planted)" if fault else ""
-    output.info(f"{runner.REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
+    output.info(f"{REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
 
 
 # ---- bsa check -----------------------------------------------------------------------------------
 
 
-def _generate(
-    specs: tuple[str, ...],
-    filters: tuple[str, ...],
-    shard_text: str | None,
-    out: Path,
-    precision: str,
-    jobs: int | None,
-    force: bool,
-    display: Display,
-    max_cases: int,
-) -> list[Path]:
-    """Generate the cases of `specs` into `out`, leaving alone those already there and current."""
-    from .cli_gen import load_cases, refuse_oversized, warn_constraints
-    from .generate import generate_suite
-    from .schedule import auto_jobs, estimate
-
-    cases = load_cases(specs, filters, shard_text, max_cases)
-    warn_constraints(cases)
-    estimates = {case.name: estimate(case) for case in cases}
-    refuse_oversized(estimates, force)
-    jobs = auto_jobs(jobs, list(estimates.values()))
-    display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})
-
-    def done(case: Any, outcome: str, _path: Path) -> None:
-        if outcome == "current":
-            display.case("skipped", case.name, "inputs current")
-        else:
-            display.case(outcome, case.name)
-
-    with user_errors():
-        return generate_suite(
-            cases, out, precision, jobs, skip_current=True, on_done=done,
-            on_progress=lambda case, fraction: display.progress(case.name, fraction),
-        )  # fmt: skip
-
-
-def _run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> Any:
-    """Build and check the comparison settings given for the whole run, before anything is generated."""
-    from .cli_compare import parse_thresholds
-    from .compare import RunSettings
-
-    settings = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
-    try:
-        settings.validate()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    return settings
-
-
-def _compare(case_dirs: Sequence[Path], settings: Any, display: Display, jobs: int | None) -> Any:
-    """Judge every case's outputs (and its run.json), showing each verdict; return the SuiteResult.
-
-    `jobs` as `bsa compare -j` (None: auto)."""
-    from .compare import compare_suite
-
-    display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
-    output.info(f"judging {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}: verdicts in the table below")
-
-    def judged(result: Any) -> None:
-        display.advance(result.name)  # the verdict itself is printed once, in the report's table
-
-    try:
-        return compare_suite(case_dirs, None, settings, on_case=judged, jobs=jobs)
-    except (ValueError, BsaError) as exc:
-        raise UserError(str(exc)) from None
-
-
-@main.command("check")
+@click.command("check")
 @click.argument("specs", nargs=-1, required=True)
 @click.option(
     "-o",
@@ -587,20 +517,23 @@ def check_command(
     (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
     2 usage or spec error, 3 a case could not be judged; 130 interrupted.
     """
-    from . import report
-    from .cli_compare import prepare_reports, write_reports
-
     options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout)
-    settings = _run_settings(standard, thresholds, padding)
+    settings = run_settings(standard, thresholds, padding)
     reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
     prepare_reports(reports)
     try:
         with Display() as display:
-            case_dirs = _generate(specs, filters, shard_text, out, precision, jobs, force, display, max_cases)
-            summary = run_with_display(case_dirs, options, display)
-            if summary.interrupted:
+            cases = load_cases(specs, filters, shard_text, max_cases)
+            warn_constraints(cases)
+            estimates = {case.name: estimate(case) for case in cases}
+            refuse_oversized(estimates, force)
+            with user_errors():
+                checked = pipeline.check_suite(
+                    cases, out, options, settings, precision, jobs, Shown(display), estimates
+                )
+            if checked.suite is None:
                 raise KeyboardInterrupt
-            suite = _compare(case_dirs, settings, display, jobs)
+            suite = checked.suite
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
@@ -611,4 +544,4 @@ def check_command(
     raise click.exceptions.Exit(suite.return_code)
 
 
-__all__ = ["EXIT_INTERRUPTED", "Display", "check_command", "emulate_command", "run_command"]
+__all__ = ["Display", "Shown", "check_command", "emulate_command", "run_command"]

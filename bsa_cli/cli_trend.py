@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 
 from . import drift, output
-from .cli import UserError, main
-from .report import prepare_report_paths
+from .cli_common import UserError
+from .report import night_from_document, prepare_report_paths, read_report
 from .report.files import ReportPathError
 from .report.trend import render_trend, write_trend_html
 
 
-@main.command("trend")
+@click.command("trend")
 @click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
 @click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Write a self-contained HTML page with one SVG line chart per case.")
@@ -40,7 +40,7 @@ def trend_command(reports: tuple[Path, ...], html_path: Path | None, regression_
     nights = []
     for path in reports:
         try:
-            nights.append(drift.night_from_document(drift.read_report(path), str(path)))
+            nights.append(night_from_document(read_report(path), str(path)))
         except ValueError as exc:
             raise UserError(str(exc)) from None
     try:

@@ -10,25 +10,20 @@ crosses 2. This module reads JSON reports ("bsa-compare/1") back and compares th
 * `trend(nights)`: the nights ordered by date, and per case one series of its deciding ratio.
 
 Why the margins are what they are (measured run-to-run noise of the reference device) is written in
-docs/compare.md, "Drift between nights". `read_report` is the one function here that touches a file.
+docs/compare.md, "Drift between nights". Reading a report file back into a `Night` is the job of
+`report.document` (`read_report`, `night_from_document`); nothing here touches a file.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .compare import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult
-from .errors import DataError
-from .store import read_regular
-
-REPORT_MAX_BYTES = 1 << 30
-"""Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`)."""
+from .manifest import json_number
 
 RELATIVE_MARGIN = 0.10
 """A regression grows by more than this fraction of its old value (measured run-to-run noise: at most 4.5%)."""
@@ -105,23 +100,6 @@ class Night:
         return f"{when} {', '.join(self.devices) or 'device not recorded'}"
 
 
-def read_report(path: Path, max_bytes: int | None = None) -> Any:
-    """Read a JSON report file (a regular file of at most `max_bytes`, default REPORT_MAX_BYTES) and return
-    its parsed JSON.
-
-    Raises:
-        ValueError: the file cannot be read, is too large or is not JSON; the message names the file.
-    """
-    try:
-        data = read_regular(Path(path), REPORT_MAX_BYTES if max_bytes is None else max_bytes)
-    except DataError as exc:
-        raise ValueError(f"{path}: cannot read JSON report: {exc.message}") from None
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-        raise ValueError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
-
-
 def parse_date(text: Any) -> _dt.datetime | None:
     """Return an ISO 8601 date as an aware UTC datetime (a date without offset is taken as UTC); None if absent.
 
@@ -141,41 +119,22 @@ def parse_date(text: Any) -> _dt.datetime | None:
     return moment.astimezone(_dt.timezone.utc)
 
 
-def night_from_document(document: Any, source: str) -> Night:
-    """Read a "bsa-compare/1" document back as a `Night`.
-
-    Raises:
-        ValueError: not a report, a malformed one, or a malformed date; the message names `source`.
-    """
-    from .report.document import from_document, suite_devices  # report imports this module's users
-
-    suite = from_document(document, source)
-    try:
-        date = parse_date(document.get("date"))
-    except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from None
-    host = document.get("host")
-    tool = document.get("tool")
-    version = tool.get("version") if isinstance(tool, Mapping) else None
-    devices = tuple(d["device"] for d in suite_devices(suite))
-    return Night(source, date, _text_or_none(host), _text_or_none(version), devices, suite)
-
-
-def _text_or_none(value: Any) -> str | None:
-    return value[:200] if isinstance(value, str) else None
-
-
 # ---- comparing with a baseline --------------------------------------------------------------------
+
+
+SCORES = frozenset({"bias"})
+"""Checks whose value is a statistical score (the bias check's standard errors), not the size of an error:
+a margin on sizes means nothing for it, so only its verdict counts for drift."""
 
 
 def ratio_checks(case: CaseResult) -> list[Check]:
     """The checks of a case's tensors that compare a value with a limit (finite, > 0): the ratios and
-    fractions a standard decides by, not the structural checks (whose limit is 0)."""
+    fractions a standard decides by, not the structural checks (whose limit is 0) nor `SCORES`."""
     return [
         check
         for tensor in case.tensors
         for check in tensor.checks
-        if check.limit is not None and math.isfinite(check.limit) and check.limit > 0
+        if check.limit is not None and math.isfinite(check.limit) and check.limit > 0 and check.name not in SCORES
     ]
 
 
@@ -284,9 +243,16 @@ def _growth(change: MetricChange) -> float:
     return delta / change.limit if math.isfinite(delta) else math.inf
 
 
-def compare_with_baseline(suite: SuiteResult, baseline: Night, margin: Margin | None = None) -> Drift:
+def compare_with_baseline(
+    suite: SuiteResult, baseline: Night, margin: Margin | None = None, devices: Sequence[str] = ()
+) -> Drift:
     """Compare this run's results with a baseline report's, case by case (by name), tensor by tensor and
-    check by check (by name); checks without a positive limit (structural ones) are left to the verdict."""
+    check by check (by name); checks without a positive limit (structural ones) are left to the verdict.
+
+    Args:
+        devices: who produced this run's outputs, in words (`report.suite_devices`): a note says when the
+            baseline's came from another device.
+    """
     margin = margin or Margin()
     before = {case.name: case for case in baseline.suite.cases}
     now = {case.name: case for case in suite.cases}
@@ -310,18 +276,12 @@ def compare_with_baseline(suite: SuiteResult, baseline: Night, margin: Margin | 
     vanished = tuple(name for name in before if name not in now)
     appeared = tuple(name for name in now if name not in before)
     notes = []
-    now_devices = tuple(d["device"] for d in _devices(suite))
+    now_devices = tuple(devices)
     if baseline.devices and now_devices and set(baseline.devices) != set(now_devices):
         notes.append(f"the baseline's outputs came from {', '.join(baseline.devices)}; "
                      f"this run's from {', '.join(now_devices)}")  # fmt: skip
     compared = sum(1 for name in now if name in before)
     return Drift(baseline, margin, tuple(changes), tuple(verdicts), vanished, appeared, compared, tuple(notes))
-
-
-def _devices(suite: SuiteResult) -> list[dict[str, Any]]:
-    from .report.document import suite_devices
-
-    return suite_devices(suite)
 
 
 def drift_document(drift: Drift) -> dict[str, Any]:
@@ -349,8 +309,6 @@ def regressions_document(drift: Drift) -> list[dict[str, Any]]:
 
 
 def _change_document(change: MetricChange) -> dict[str, Any]:
-    from .manifest import json_number
-
     return {"case": change.case, "tensor": change.tensor, "check": change.check, "old": json_number(change.old),
             "new": json_number(change.new), "delta": json_number(change.delta), "limit": json_number(change.limit),
             "regressed": change.regressed, "passed": change.passed}  # fmt: skip

@@ -79,6 +79,9 @@ FAULTS: dict[str, str] = {
     "race-lost-update": "a race in the dK/dV accumulation: the first kv block that two or more pairs select "
     "loses one pair's partial, a lost update, in the runs whose order seed is odd (about half of `bsa run`'s "
     "runs) and always without a seed (applies when a kv block is selected by two or more query blocks or heads)",
+    "scale-rounded": "scaleValue is held in the case dtype (float16/bfloat16) instead of float32: every score "
+    "and dQ, dK are off by the same relative error, about 1e-4 for 1/sqrt(128), well inside one ULP "
+    "(applies when the scale is not exact in the case dtype)",
     "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
     "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
 }
@@ -156,6 +159,14 @@ def check_interface(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     return interface.check(params, tensors)
 
 
+def _kernel_scale(case: Case, fault: str | None) -> np.float32:
+    """The scale the kernel multiplies by: the float32 scaleValue, or with `scale-rounded` the case dtype's."""
+    scale = np.float32(case.kernel_scale)
+    if fault == "scale-rounded":
+        return np.float32(scale.astype(numpy_dtype(case.dtype)))
+    return scale
+
+
 # ---- fault geometry -------------------------------------------------------------------------------
 
 
@@ -201,6 +212,8 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
     if name == "race-lost-update" and block_mask is not None:
         return any(_shared_blocks(case, block_mask, span) for span in spans)
     if name == "dk-no-scale" and case.kernel_scale == 1.0:
+        return False
+    if name == "scale-rounded" and _kernel_scale(case, name) == np.float32(case.kernel_scale):
         return False
     if name == "drop-tail-block" and not any(
         s.kv_len % case.block_shape[1] or s.q_len % case.block_shape[0] for s in spans
@@ -384,7 +397,7 @@ def _tile_grads(
     query = seq.query[rows]
     dout = seq.dout[rows]
     probs = query @ key.T
-    probs *= np.float32(case.kernel_scale)
+    probs *= _kernel_scale(case, fault)
     if fault == "lse-base2":
         probs *= _LOG2E
         probs -= seq.lse[rows, None]
@@ -452,7 +465,7 @@ def emulate(
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
-    scale32 = np.float32(case.kernel_scale)
+    scale32 = _kernel_scale(case, fault)
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from rich.console import Console
 from test_runner import fake_device, make_case
 
-from bsa_cli import runner
+from bsa_cli import devices, runner
 from bsa_cli.cli import main
 from bsa_cli.cli_run import Display
 
@@ -229,7 +229,7 @@ def test_emulate_lists_faults_and_refuses_unknown_ones(generated, tmp_path):
     listed = invoke("emulate", "--list-faults", "x", "y")
     assert listed.exit_code == 0
     assert listed.stdout.splitlines()[0].startswith("drop-tail-block    the partial last block")
-    assert len(listed.stdout.splitlines()) == len(runner.reference_faults())
+    assert len(listed.stdout.splitlines()) == len(devices.reference_faults())
 
     result = invoke("emulate", generated / "t-bnsd-tail", tmp_path / "o", "--fault", "nan-rows")
     assert result.exit_code == 2

@@ -157,7 +157,7 @@ def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monke
 
 
 def test_run_on_the_reference_device_weighs_the_bar_by_backward_flops(tmp_path, spec_file):
-    from bsa_cli.cli_run import backward_flops
+    from bsa_cli.pipeline import backward_flops
 
     assert invoke("gen", spec_file, "-o", tmp_path / "out").exit_code == 0
     flops = backward_flops(sorted((tmp_path / "out").iterdir()))

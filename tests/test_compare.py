@@ -475,7 +475,7 @@ def test_ulp_figures_of_a_golden_that_cancelled_to_zero_stay_finite_sized_in_bf1
     device = {n: g.astype(ml_dtypes.bfloat16) for n, g in gold.items()}
     device["dq"][0, 0, 5, 5] = 2.0**-22
     dq = synthetic(case, gold, device)["dq"]
-    assert compare._ulp_floor("bfloat16", 2.0**-8) == 2.0**-8
+    assert compare.ulp._ulp_floor("bfloat16", 2.0**-8) == 2.0**-8
     assert compare.ulp_error(2.0**-22, 0.0, "bfloat16", 2.0**-8) == 2.0**-7  # ULPs of err_thd (2^-15)
     assert dq.device.ulp_max <= 0.5 and dq.device.ulp_histogram[2] == 0  # was 2^111 ULP
 
@@ -483,7 +483,7 @@ def test_ulp_figures_of_a_golden_that_cancelled_to_zero_stay_finite_sized_in_bf1
 @pytest.mark.parametrize(
     ("standard", "names"),
     [
-        ("double-benchmark", {"mare_ratio", "mere_ratio", "rmse_ratio", "small_value_ratio", "tile_ratio"}),
+        ("double-benchmark", {"mare_ratio", "mere_ratio", "rmse_ratio", "small_value_ratio", "tile_ratio", "bias"}),
         ("single", {"mere", "mare"}),
         ("allclose", {"mismatch"}),
         ("allclose:msopst", {"pct_thd", "max_diff"}),
@@ -496,6 +496,13 @@ def test_each_standard_decides_by_its_own_checks(tmp_path, standard, names):
     own = {c.name for c in result.all_checks} - {"status", "nonfinite", "empty_rows", "unselected_kv"}
     assert own == names
     assert result.standard == standard
+
+
+@pytest.mark.parametrize("standard", ["single", "allclose", "fa-ratio"])
+def test_the_other_standards_run_the_bias_check_when_given_bias_z(tmp_path, standard):
+    case_dir = build_case(tmp_path, make_case("std"))
+    result = compare.compare_case(case_dir, run=RunSettings(standard=standard, thresholds={"bias_z": 5}))
+    assert {c.tensor for c in result.all_checks if c.name == "bias"} == {"dq", "dk", "dv"}
 
 
 def test_allclose_and_fa_ratio_limits():
@@ -532,13 +539,13 @@ def test_missing_output_is_an_error_with_the_bytes_expected_and_others_are_judge
 
 
 def marking_worker(case_dir: Path, *rest: Any) -> Any:
-    """Stands in for `compare._judge_in_worker`: leaves a mark that a worker process judged the case."""
+    """Stands in for `compare.suite._judge_in_worker`: leaves a mark that a worker process judged the case."""
     (case_dir / f"judged-by-{os.getpid()}").touch()
-    return compare._judge_in_worker(case_dir, *rest)
+    return compare.suite._judge_in_worker(case_dir, *rest)
 
 
 def dying_worker(*args: Any) -> None:
-    """Stands in for `compare._judge_in_worker` in a worker process: the process dies (as if killed)."""
+    """Stands in for `compare.suite._judge_in_worker` in a worker process: the process dies (as if killed)."""
     os._exit(9)
 
 
@@ -549,14 +556,14 @@ def failing_worker(*args: Any) -> None:
 def slow_here(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[str]:
     """Make this process judge slowly (so workers get cases); return the names of the cases judged here."""
     here: list[str] = []
-    judge = compare._compare_case
+    judge = compare.suite._compare_case
 
     def slow(case_dir: Path, *rest: Any) -> Any:
         here.append(case_dir.name)
         time.sleep(seconds)
         return judge(case_dir, *rest)
 
-    monkeypatch.setattr(compare, "_compare_case", slow)
+    monkeypatch.setattr(compare.suite, "_compare_case", slow)
     return here
 
 
@@ -569,7 +576,7 @@ def three_cases(two_cases, tmp_path) -> list[Path]:
 
 def test_cases_judged_in_processes_match_one_process_in_order(three_cases, monkeypatch):
     serial = compare.compare_suite(three_cases, workers=1)
-    monkeypatch.setattr(compare, "_judge_in_worker", marking_worker)
+    monkeypatch.setattr(compare.suite, "_judge_in_worker", marking_worker)
     here = slow_here(monkeypatch, 1.0)
     seen: list[str] = []
     parallel = compare.compare_suite(three_cases, jobs=2, on_case=lambda r: seen.append(r.name))
@@ -583,7 +590,7 @@ def test_cases_judged_in_processes_match_one_process_in_order(three_cases, monke
 
 
 def test_cases_of_a_worker_that_dies_are_judged_here(three_cases, monkeypatch):
-    monkeypatch.setattr(compare, "_judge_in_worker", dying_worker)
+    monkeypatch.setattr(compare.suite, "_judge_in_worker", dying_worker)
     here = slow_here(monkeypatch, 0.5)
     suite = compare.compare_suite(three_cases, jobs=2)
     assert [r.name for r in suite.cases] == ["a", "b", "c"] and suite.count(PASS) == 2
@@ -591,7 +598,7 @@ def test_cases_of_a_worker_that_dies_are_judged_here(three_cases, monkeypatch):
 
 
 def test_a_worker_that_raises_is_not_mistaken_for_one_that_died(three_cases, monkeypatch):
-    monkeypatch.setattr(compare, "_judge_in_worker", failing_worker)
+    monkeypatch.setattr(compare.suite, "_judge_in_worker", failing_worker)
     slow_here(monkeypatch, 0.5)
     with pytest.raises(RuntimeError, match="a bug in the judge"):
         compare.compare_suite(three_cases, jobs=2)
@@ -602,8 +609,8 @@ def test_suite_jobs_default_to_processes_only_for_large_suites(two_cases, monkey
     assert compare.suite_jobs([a, b], None, None) == 1  # a few kilobytes: not worth starting processes
     assert compare.suite_jobs([a, b], None, 8) == 2  # never more processes than cases
     assert compare.suite_jobs([a], None, None) == 1
-    monkeypatch.setattr(compare, "PARALLEL_MIN_BYTES", 1)
-    monkeypatch.setattr(compare, "cpu_count", lambda: 4)
+    monkeypatch.setattr(compare.suite, "PARALLEL_MIN_BYTES", 1)
+    monkeypatch.setattr(compare.suite, "cpu_count", lambda: 4)
     assert compare.suite_jobs([a, b], None, None) == 2
 
 
@@ -781,7 +788,8 @@ def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
         for case in cases:
             case = dataclasses.replace(case, seed=seed, name=f"{case.name}.s{seed}")
             case_dir = generate_case(case, tmp_path)
-            emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+            # a run seed, as `bsa run` gives: dK/dV partials summed in another order every seed
+            emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
             result = compare.compare_case(case_dir)
             if result.verdict != PASS:
                 failures.append(f"{result.name}: {result.message}")
@@ -836,15 +844,17 @@ EDGE = Path(__file__).resolve().parent.parent / "cases" / "edge.yaml"
 
 
 def measured_benchmark(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Spy on `compare._measure`: one entry per call, True when it measured a benchmark array."""
+    """Spy on `compare.metrics._measure` where judging and summarizing call it: one entry per call, True when
+    it measured a benchmark array."""
     calls: list[bool] = []
-    measure = compare._measure
+    measure = compare.metrics._measure
 
     def spy(device: Any, bench: Any, *rest: Any) -> Any:
         calls.append(bench is not None)
         return measure(device, bench, *rest)
 
-    monkeypatch.setattr(compare, "_measure", spy)
+    monkeypatch.setattr(compare.judge, "_measure", spy)
+    monkeypatch.setattr(compare.summary, "_measure", spy)
     return calls
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bsa_cli import compare, runner
+from bsa_cli import compare, devices, runner
 from bsa_cli.cli import main
 from bsa_cli.emulator import applicable_faults, emulate
 from bsa_cli.generate import generate_suite
@@ -60,7 +60,7 @@ def test_order_seeds_move_dk_dv_last_bits_and_never_dq(suite: Path, name: str) -
 
 
 def test_repeat_reports_dk_dv_noise_without_failing(suite: Path) -> None:
-    summary = runner.run_cases(sorted(suite.iterdir()), runner.RunOptions(repeat=3, seed=11))
+    summary = runner.run_cases(sorted(suite.iterdir()), devices.RunOptions(repeat=3, seed=11))
     assert summary.return_code == 0
     noisy = 0
     for result in summary.results:
@@ -87,8 +87,8 @@ def test_a_planted_race_that_moves_outputs_fails_the_run(suite: Path, tmp_path: 
     for case_dir in case_dirs:
         case, tensors = case_inputs(case_dir)
         assert "race-lost-update" in applicable_faults(case, tensors["block_sparse_mask"])
-    device = runner.Device.create(fault="race-lost-update")
-    options = runner.RunOptions(device=device, repeat=4, seed=5, outputs_root=tmp_path / "outputs")
+    device = devices.Device.create(fault="race-lost-update")
+    options = devices.RunOptions(device=device, repeat=4, seed=5, outputs_root=tmp_path / "outputs")
     summary = runner.run_cases(case_dirs, options)
     assert summary.return_code == 1
     failed = [r for r in summary.results if r.outcome == "nondeterministic"]

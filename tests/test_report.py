@@ -148,11 +148,12 @@ CASE_KEYS = {
     "device_kind", "fault", "binary_sha256", "notes", "selection", "message", "headline", "deciding",
 }  # fmt: skip
 TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
-               "extra", "ulp_chart", "golden_dtype", "passed"}  # fmt: skip
+               "extra", "ulp_chart", "golden_dtype", "bias", "passed"}  # fmt: skip
 STATS_KEYS = {
     "count", "max_abs_err", "mean_abs_err", "rmse", "max_rel_err", "mean_rel_err", "large_count", "small_value_count",
     "small_value_err_count", "nan_count", "inf_count", "nonfinite_mismatch", "mare", "mere", "cosine",
     "mismatch_count", "mismatch_ratio", "ulp_max", "ulp_mean", "ulp_histogram", "msopst_err_count", "msopst_max_err",
+    "bias", "bias_se",
     "thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean", "value_l2norm",
     "golden_max", "golden_min", "golden_mean", "golden_l2norm",
 }  # fmt: skip

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bsa_cli import runner, store
+from bsa_cli import devices, runner, store
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.errors import DataError
 from bsa_cli.manifest import build_manifest, flat_params
@@ -83,9 +83,9 @@ def read_record(result: runner.CaseResult) -> dict:
     return json.loads((result.output_dir / runner.RUN_RECORD).read_text())
 
 
-def options(binary: Path | None = None, **kwargs) -> runner.RunOptions:
+def options(binary: Path | None = None, **kwargs) -> devices.RunOptions:
     cmd = kwargs.pop("cmd", None)
-    return runner.RunOptions(device=runner.Device.create(binary=binary, cmd=cmd), **kwargs)
+    return devices.RunOptions(device=devices.Device.create(binary=binary, cmd=cmd), **kwargs)
 
 
 def process_gone(pid: int) -> bool:
@@ -253,10 +253,10 @@ def test_missing_manifest_is_an_error_record(tmp_path):
 def test_binary_that_cannot_start_is_an_error(tmp_path):
     case_dir = make_case(tmp_path / "out", "no_exec")
     binary = fake_device(tmp_path)
-    device = runner.Device.create(binary=binary)
+    device = devices.Device.create(binary=binary)
     binary.unlink()
 
-    result = runner.run_case(case_dir, runner.RunOptions(device=device))
+    result = runner.run_case(case_dir, devices.RunOptions(device=device))
 
     assert result.outcome == "error"
     assert "cannot start" in result.problems[0]
@@ -376,38 +376,38 @@ def test_cmd_template_without_binary_runs_the_command(tmp_path):
     ],
 )
 def test_bad_cmd_templates_are_refused(tmp_path, cmd, message):
-    with pytest.raises(runner.RunConfigError, match=None) as excinfo:
-        runner.Device.create(binary=fake_device(tmp_path), cmd=cmd)
+    with pytest.raises(devices.RunConfigError, match=None) as excinfo:
+        devices.Device.create(binary=fake_device(tmp_path), cmd=cmd)
     assert message in str(excinfo.value)
 
 
 def test_cmd_binary_placeholder_needs_binary():
-    with pytest.raises(runner.RunConfigError, match=r"--cmd uses \{binary\} but no --binary was given"):
-        runner.Device.create(cmd="{binary} {manifest} {output_dir}")
+    with pytest.raises(devices.RunConfigError, match=r"--cmd uses \{binary\} but no --binary was given"):
+        devices.Device.create(cmd="{binary} {manifest} {output_dir}")
 
 
 def test_binary_must_exist_and_be_executable(tmp_path):
-    with pytest.raises(runner.RunConfigError, match="no such file"):
-        runner.Device.create(binary=tmp_path / "missing")
+    with pytest.raises(devices.RunConfigError, match="no such file"):
+        devices.Device.create(binary=tmp_path / "missing")
     plain = tmp_path / "plain"
     plain.write_text("")
-    with pytest.raises(runner.RunConfigError, match=r"not an executable file \(chmod \+x\?\)"):
-        runner.Device.create(binary=plain)
+    with pytest.raises(devices.RunConfigError, match=r"not an executable file \(chmod \+x\?\)"):
+        devices.Device.create(binary=plain)
 
 
 # ---- options and selection -----------------------------------------------------------------------------
 
 
 def test_parse_device_ids():
-    assert runner.parse_device_ids("0") == (0,)
-    assert runner.parse_device_ids("0,2, 5") == (0, 2, 5)
-    assert runner.parse_device_ids("0-3") == (0, 1, 2, 3)
-    with pytest.raises(runner.RunConfigError, match="'x' is not a device id"):
-        runner.parse_device_ids("0,x")
-    with pytest.raises(runner.RunConfigError, match="a device id is repeated"):
-        runner.RunOptions(device_ids=(1, 1))
-    with pytest.raises(runner.RunConfigError, match="--repeat 0"):
-        runner.RunOptions(repeat=0)
+    assert devices.parse_device_ids("0") == (0,)
+    assert devices.parse_device_ids("0,2, 5") == (0, 2, 5)
+    assert devices.parse_device_ids("0-3") == (0, 1, 2, 3)
+    with pytest.raises(devices.RunConfigError, match="'x' is not a device id"):
+        devices.parse_device_ids("0,x")
+    with pytest.raises(devices.RunConfigError, match="a device id is repeated"):
+        devices.RunOptions(device_ids=(1, 1))
+    with pytest.raises(devices.RunConfigError, match="--repeat 0"):
+        devices.RunOptions(repeat=0)
 
 
 def test_select_cases_filters_by_name_glob(tmp_path):
@@ -439,5 +439,5 @@ def test_environment_is_not_leaked_between_runs(tmp_path):
 def test_outputs_root_may_not_be_the_cases_folder(tmp_path):
     case_dir = make_case(tmp_path / "out", "here")
 
-    with pytest.raises(runner.RunConfigError, match="would put outputs into the case directory"):
+    with pytest.raises(devices.RunConfigError, match="would put outputs into the case directory"):
         runner.run_cases([case_dir], options(fake_device(tmp_path), outputs_root=tmp_path / "out"))

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import cli_gen, generate, schedule
+from bsa_cli import cli_common, cli_gen, generate, schedule
 from bsa_cli.case import Case
 from bsa_cli.cli import main
 from bsa_cli.generate import compute_case
@@ -77,7 +77,7 @@ def test_bad_shard_is_refused(text: str) -> None:
 
 
 def test_gen_refuses_a_case_bigger_than_memory_unless_forced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cli_gen, "machine_memory", lambda: 1000)
+    monkeypatch.setattr(cli_common, "machine_memory", lambda: 1000)
     path = spec(tmp_path, CASES[:1])
     result = CliRunner().invoke(main, ["gen", path, "-o", str(tmp_path / "o")])
     assert result.exit_code == 2 and "case 'mha' needs about" in result.stderr and "--force" in result.stderr

@@ -27,7 +27,7 @@ import yaml
 from click.testing import CliRunner
 from test_runner import make_case
 
-from bsa_cli import runner, store, torch_npu_device
+from bsa_cli import devices, runner, store, torch_npu_device
 from bsa_cli.cli import main
 from bsa_cli.torch_npu_device import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
 
@@ -112,8 +112,8 @@ def record(case_dir: Path) -> dict:
     return json.loads((case_dir / "outputs" / "run.json").read_text())
 
 
-def options(**kwargs: Any) -> runner.RunOptions:
-    return runner.RunOptions(device=runner.Device.create(kind="torch_npu"), **kwargs)
+def options(**kwargs: Any) -> devices.RunOptions:
+    return devices.RunOptions(device=devices.Device.create(kind="torch_npu"), **kwargs)
 
 
 # ---- bsa check / bsa run --device torch_npu ------------------------------------------------------------
@@ -251,7 +251,7 @@ def test_deterministic_is_gone(out):
     result = invoke("run", out, "--deterministic")
 
     assert result.exit_code == 2 and "No such option" in result.stderr and "--deterministic" in result.stderr
-    assert runner.RunOptions().env(1) == {"ASCEND_DEVICE_ID": "1"}
+    assert devices.RunOptions().env(1) == {"ASCEND_DEVICE_ID": "1"}
 
 
 def test_bsa_never_imports_torch():

@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 from test_hostile import BASE, digest
 
-from bsa_cli import generate, runner, schedule, spec, store
+from bsa_cli import devices, generate, runner, schedule, spec, store
 from bsa_cli.cli import main
 from bsa_cli.errors import DataError, SpecError
 
@@ -242,7 +242,7 @@ def test_an_unforeseen_exception_in_one_case_does_not_stop_the_run(out: Path, mo
         return real(self)
 
     monkeypatch.setattr(runner._CaseRun, "run", flaky)
-    summary = runner.run_cases(store.select_cases([out]), runner.RunOptions())
+    summary = runner.run_cases(store.select_cases([out]), devices.RunOptions())
     assert [(r.name, r.outcome) for r in summary.results] == [("a", "error"), ("b", "ok")]
     assert "ZeroDivisionError: boom" in summary.results[0].problems[0]
 
@@ -404,7 +404,7 @@ def test_status_txt_is_read_up_to_a_bound(out: Path, tmp_path: Path, monkeypatch
                       "'161002\\n' + 'm' * 100000)\n")  # fmt: skip
     binary.chmod(0o755)
     monkeypatch.setattr(runner, "STATUS_MAX_BYTES", 1000)
-    result = runner.run_case(out / "a", runner.RunOptions(device=runner.Device.create(binary=binary)))
+    result = runner.run_case(out / "a", devices.RunOptions(device=devices.Device.create(binary=binary)))
     assert result.status == 161002
     assert len(result.record["status_message"]) == 1000 - len("161002\n")
 

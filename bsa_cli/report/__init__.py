@@ -1,6 +1,6 @@
 """Render comparison results for people and tools: terminal, JSON, JUnit, HTML (with SVG pictures), CSV.
 
-Every report works from the result dataclasses of `compare.py`; JSON is their faithful image, so shards
+Every report works from the result dataclasses of `compare/results.py`; JSON is their faithful image, so shards
 judged in separate CI jobs merge into one `SuiteResult` that renders exactly like a local run.
 
 Modules: `document` (JSON, merging), `terminal`, `junit`, `page` (HTML) with `svg` (its pictures),
@@ -19,6 +19,8 @@ from .document import (
     from_document,
     merge,
     merged_header,
+    night_from_document,
+    read_report,
     suite_devices,
     to_document,
     write_json,
@@ -50,6 +52,8 @@ __all__ = [
     "junit_xml",
     "merge",
     "merged_header",
+    "night_from_document",
+    "read_report",
     "msprobe_csv",
     "prepare_report_paths",
     "render_drift",

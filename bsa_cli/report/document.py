@@ -23,14 +23,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, drift
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
+from ..errors import DataError
 from ..manifest import json_number
+from ..store import read_regular
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
 
 SCHEMA = "bsa-compare/1"
 """The JSON report format; a reader refuses any other."""
+
+REPORT_MAX_BYTES = 1 << 30
+"""Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`)."""
 
 SCHEMA_MINOR = 1
 """Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
@@ -238,25 +243,62 @@ def merge(documents: Sequence[tuple[str, Mapping[str, Any]]]) -> SuiteResult:
 def merged_header(documents: Sequence[tuple[str, Mapping[str, Any]]], out: Sequence[str] = ()) -> ReportHeader | None:
     """Return the header of merged shard reports: the latest of their dates (when the last shard was
     judged), their hosts and bsa versions (distinct, in order); None when no shard carries a date."""
-    dates: list[tuple[_dt.datetime, str]] = []
+    dates: list[_dt.datetime] = []
     hosts: dict[str, None] = {}
     versions: dict[str, None] = {}
     for _, document in documents:
-        date = document.get("date") if isinstance(document, Mapping) else None
-        if isinstance(date, str):
-            try:
-                moment = _dt.datetime.fromisoformat(date.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-            if moment.tzinfo is None:
-                moment = moment.replace(tzinfo=_dt.timezone.utc)
-            dates.append((moment, utc_date(moment.isoformat(timespec="seconds"))))
-            if isinstance(document.get("host"), str):
-                hosts[document["host"][:200]] = None
-            tool = document.get("tool")
-            if isinstance(tool, Mapping) and isinstance(tool.get("version"), str):
-                versions[tool["version"][:40]] = None
+        try:
+            moment = drift.parse_date(document.get("date")) if isinstance(document, Mapping) else None
+        except ValueError:
+            continue
+        if moment is None:
+            continue
+        dates.append(moment)
+        if isinstance(document.get("host"), str):
+            hosts[document["host"][:200]] = None
+        tool = document.get("tool")
+        if isinstance(tool, Mapping) and isinstance(tool.get("version"), str):
+            versions[tool["version"][:40]] = None
     if not dates:
         return None
-    latest = max(dates)[1]
+    latest = max(dates).isoformat(timespec="seconds")
     return ReportHeader(latest, ", ".join(versions) or __version__, ", ".join(hosts) or "-", tuple(out))
+
+
+def read_report(path: Path, max_bytes: int | None = None) -> Any:
+    """Read a JSON report file (a regular file of at most `max_bytes`, default REPORT_MAX_BYTES: a baseline,
+    a night of `bsa trend`) and return its parsed JSON.
+
+    Raises:
+        ValueError: the file cannot be read, is too large or is not JSON; the message names the file.
+    """
+    try:
+        data = read_regular(Path(path), REPORT_MAX_BYTES if max_bytes is None else max_bytes)
+    except DataError as exc:
+        raise ValueError(f"{path}: cannot read JSON report: {exc.message}") from None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
+
+
+def night_from_document(document: Any, source: str) -> drift.Night:
+    """Read a "bsa-compare/1" document back as a `Night`.
+
+    Raises:
+        ValueError: not a report, a malformed one, or a malformed date; the message names `source`.
+    """
+    suite = from_document(document, source)
+    try:
+        date = drift.parse_date(document.get("date"))
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    host = document.get("host")
+    tool = document.get("tool")
+    version = tool.get("version") if isinstance(tool, Mapping) else None
+    devices = tuple(d["device"] for d in suite_devices(suite))
+    return drift.Night(source, date, _text_or_none(host), _text_or_none(version), devices, suite)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value[:200] if isinstance(value, str) else None

@@ -28,6 +28,8 @@ METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("ulp_mean", "mean ULP error"),
     ("msopst_err_count", "msOpST errors"),
     ("msopst_max_err", "msOpST max error"),
+    ("bias", "relative bias (signed)"),
+    ("bias_se", "relative bias, standard error"),
 )
 """Rows of the metrics tables: ErrorStats field, label."""
 

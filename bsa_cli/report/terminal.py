@@ -44,6 +44,33 @@ def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Tabl
     return table
 
 
+def _short(value: float, digits: int) -> str:
+    """A compact signed number: -2.67e-4 rather than -2.67e-04."""
+    text = f"{value:+.{digits}g}" if value else "0"
+    return text.replace("e-0", "e-").replace("e+0", "e+")
+
+
+def _bias_table(case: CaseResult, console: Console) -> Table:
+    """Each tensor's estimated systematic error, relative and in ULPs, with standard errors (`compare.bias`);
+    the checks table says which failed."""
+    table = Table(box=_box(console), title=f"{case.name}: bias (signed, relative to the golden)", title_justify="left")
+    for column in ("tensor", "device", "in ULP", "benchmark", "z bench", "z 0"):
+        table.add_column(column, justify="left" if column == "tensor" else "right")
+    for tensor in case.tensors:
+        e = tensor.bias
+        if e is None:
+            continue
+        table.add_row(
+            tensor.name,
+            f"{_short(e.device, 3)}±{_short(e.device_se, 2)[1:]}",
+            f"{_short(e.in_ulp(e.device), 2)}±{_short(e.in_ulp(e.device_se), 2)[1:]}",
+            f"{_short(e.benchmark, 3)}±{_short(e.benchmark_se, 2)[1:]}",
+            fmt(e.z, 3),
+            fmt(e.device_z, 3),
+        )
+    return table
+
+
 def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
     table = Table(box=_box(console), title=f"{case.name} {tensor.name}: worst elements", title_justify="left")
     for column in ("where", "device", "golden", "benchmark", "abs err", "ulp"):
@@ -126,6 +153,9 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         if case.verdict == PASS and not verbose:
             continue
         console.print(_checks_table(case, console, only_failed=not verbose))
+        if verbose or any(c.name == "bias" and not c.passed for c in case.all_checks):
+            if any(t.bias is not None for t in case.tensors):
+                console.print(_bias_table(case, console))
         for tensor in case.tensors:
             if tensor.passed and not verbose:
                 continue

@@ -1,0 +1,219 @@
+"""What the `bsa` commands share: exit codes, `UserError`, and the helpers several commands call.
+
+Exit codes (one policy for every command):
+    0  everything passed
+    1  a case failed its comparison
+    2  usage error, or a bad spec or file given by the user
+    3  a case could not be judged (missing outputs, harness error)
+  130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
+
+The command modules (`cli_gen`, `cli_run`, `cli_compare`, `cli_export`) import this module and the
+library, never each other nor `cli`; `cli.py` builds the `bsa` group from them. So imports flow one way.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from . import output, report
+from .case import Case
+from .compare import RunSettings, SuiteResult
+from .drift import Drift, drift_document, regressions_document
+from .errors import BsaError, DataError
+from .schedule import Estimate, machine_memory, parse_shard, shard
+from .spec import MAX_CASES, load_specs
+from .store import MANIFEST, find_cases, select_cases
+
+EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+SUITE_DEPTH = 3
+"""How deep below a folder without cases `bsa compare` looks for folders of suites."""
+
+
+class UserError(click.ClickException):
+    """A user mistake (bad spec, bad file, bad option value): `Error: ...` on stderr, exit code 2."""
+
+    exit_code = EXIT_USAGE
+
+
+@contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn library errors about user files into `Error:` messages with exit code 2."""
+    try:
+        yield
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
+
+
+# ---- cases from specs (gen, list, check) ----------------------------------------------------------
+
+
+def load_cases(
+    specs: Sequence[str],
+    name_filters: Sequence[str] = (),
+    shard_text: str | None = None,
+    max_cases: int = MAX_CASES,
+) -> list[Case]:
+    """Load, filter and shard the cases of the given specs, turning spec errors into `Error:` messages."""
+    if not specs:
+        raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
+    try:
+        cases = load_specs(specs, max_cases)
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
+    if name_filters:
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
+        if not cases:
+            raise UserError(f"--filter {' '.join(map(repr, name_filters))} matches no case")
+    if shard_text:
+        try:
+            index, count = parse_shard(shard_text)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        cases = shard(cases, index, count)
+    return cases
+
+
+def warn_constraints(cases: Sequence[Case]) -> None:
+    """Print on stderr where each case's golden and the A2/A3 kernel part ways."""
+    for case in cases:
+        for note in case.warnings:
+            output.warn(f"{case.name}: {note}")
+
+
+def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:
+    """Refuse cases whose estimated peak memory exceeds this machine's, unless forced."""
+    memory = machine_memory()
+    too_big = [(name, e) for name, e in estimates.items() if memory and e.peak_memory > memory]
+    if too_big and not force:
+        name, e = too_big[0]
+        raise UserError(
+            f"case '{name}' needs about {e.peak_memory / 2**30:.1f} GiB, more than this machine's "
+            f"{memory / 2**30:.1f} GiB ({len(too_big)} such case(s)); use --force to try anyway, "
+            "or --filter/--shard to leave them out"
+        )
+
+
+# ---- case folders (compare, export) ---------------------------------------------------------------
+
+
+def find_suites(root: Path, depth: int = SUITE_DEPTH) -> list[Path]:
+    """Return the folders below `root` (down to `depth` levels) that hold case directories, sorted."""
+    suites: list[Path] = []
+    level = [root]
+    for _ in range(depth):
+        below = sorted(p for folder in level for p in folder.iterdir()
+                       if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))  # fmt: skip
+        suites.extend(p for p in below if not (p / MANIFEST).is_file() and find_cases(p))
+        level = [p for p in below if not (p / MANIFEST).is_file() and p not in suites]
+    return sorted(suites)
+
+
+def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> list[Path]:
+    """Return the case directories under `paths`; a folder that holds no case itself but folders of suites
+    (OUT/smoke, OUT/edge, ...) stands for all of them, and says so on stderr.
+
+    Raises:
+        UserError: a path holds no case at any depth (naming where to look), or no case matches the filter.
+    """
+    roots: list[Path] = []
+    for path in paths:
+        try:
+            if Path(path).is_dir() and not find_cases(Path(path)):
+                suites = find_suites(Path(path))
+                if not suites:
+                    raise DataError(
+                        str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders below; "
+                        "write them with `bsa gen SPECS -o OUT` and compare OUT"
+                    )  # fmt: skip
+                counts = ", ".join(f"{s} ({len(find_cases(s))} cases)" for s in suites)
+                output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
+                roots.extend(suites)
+            else:
+                roots.append(Path(path))
+        except OSError as exc:
+            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
+        except BsaError as exc:
+            raise UserError(str(exc)) from None
+    try:
+        return select_cases(roots, filters)
+    except BsaError as exc:
+        raise UserError(str(exc)) from None
+
+
+# ---- comparison settings and reports (compare, check) ---------------------------------------------
+
+
+def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
+    """Parse `--threshold KEY=VALUE` options into a mapping (VALUE a number, `inf` allowed)."""
+    thresholds: dict[str, float] = {}
+    for text in values:
+        key, sep, raw = text.partition("=")
+        key = key.strip()
+        try:
+            if not sep or not key:
+                raise ValueError
+            thresholds[key] = float(raw)
+        except ValueError:
+            raise UserError(
+                f"--threshold {text!r}: expected KEY=NUMBER, for example --threshold rmse_ratio=1.5"
+            ) from None
+    return thresholds
+
+
+def run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> RunSettings:
+    """Build and check the comparison settings given for the whole run, before any case is touched."""
+    settings = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
+    try:
+        settings.validate()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return settings
+
+
+def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], suite: SuiteResult) -> None:
+    try:
+        writer(suite, path)
+    except OSError as exc:
+        raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
+
+
+def prepare_reports(paths: dict[str, Path | None]) -> None:
+    """Create the report files' folders and check they can be written, before any case is judged."""
+    try:
+        report.prepare_report_paths(paths)
+    except report.ReportPathError as exc:
+        raise UserError(str(exc)) from None
+
+
+def write_reports(
+    suite: SuiteResult,
+    paths: dict[str, Path | None],
+    out: Sequence[Path] = (),
+    header: report.ReportHeader | None = None,
+    drift: Drift | None = None,
+    exit_code: int | None = None,
+) -> None:
+    """Write the reports asked for by --json, --junit, --html and --csv (with a baseline's `drift` in JSON and
+    HTML; `exit_code` replaces the suite's in JSON when --fail-on-regression changed it; `header`: the merged
+    shards' date and hosts, default now and here)."""
+    header = header or report.report_header(suite, out)
+    additions: dict[str, object] = {}
+    if drift is not None:
+        additions = {"drift": drift_document(drift), "regressions": regressions_document(drift)}
+    if exit_code is not None:
+        additions["exit_code"] = exit_code
+    writers: dict[str, Callable[[SuiteResult, Path], None]] = {
+        "--json": lambda s, p: report.write_json(s, p, header, additions),
+        "--junit": report.write_junit,
+        "--html": lambda s, p: report.write_html(s, p, header, drift),
+        "--csv": report.write_csv,
+    }
+    for option, path in paths.items():
+        if path is not None:
+            _write(option, path, writers[option], suite)

@@ -1,0 +1,98 @@
+"""Judge a device's dq, dk, dv against the golden: metrics, standards, structural checks, verdicts.
+
+Nothing here prints. `compare_suite` reads case directories and device output directories and returns a
+`SuiteResult`; `bsa_cli.report` renders it. The pure core is `judge_tensors` (arrays in, `TensorResult`s
+out), in `judge.py`.
+
+The package, from the pure core outwards (each module imports only those above it in this list, and
+none imports `bsa_cli.report` or the CLI):
+
+* `bias.py`       the bias check's statistic: a signed, relative systematic error and its standard error;
+* `standards.py`  the comparison standards, their thresholds, the settings a case is judged by and their
+  precedence (`resolve_settings`);
+* `results.py`    the results as data: `Check`, `ErrorStats`, `TensorResult`, `CaseResult`, `SuiteResult`;
+* `geometry.py`   how a gradient's rows map to batch entries, heads, positions and blocks; rows that must be 0;
+* `buffers.py`, `ulp.py`  the metrics engine's reusable work arrays and fast upcast; ULP errors;
+* `metrics.py`    the streaming metrics engine: arrays measured against the golden chunk by chunk;
+* `locate.py`     where the errors are: block maps, hot blocks and tiles, worst elements, the ULP chart;
+* `structural.py` the checks every standard runs: NaN/Inf, rows that must be 0, padding, all-zero outputs;
+* `summary.py`    the benchmark measured once at `bsa gen` and reused by every judgement;
+* `judge.py`      `judge_tensors`: the pure core, with the checks of each standard;
+* `case_files.py` reading a case and an output directory: status, run record, hashes, mapped arrays;
+* `verdict.py`    one case to its verdict: `compare_case` (files) and `judge_outcome` (in memory);
+* `suite.py`      a suite of cases, in this process or in worker processes: `compare_suite`.
+"""
+
+from __future__ import annotations
+
+from . import bias
+from .geometry import structural_rows
+from .judge import judge_tensors
+from .results import (
+    ERROR,
+    FAIL,
+    PASS,
+    ULP_CHART_EDGES,
+    BlockMap,
+    CaseResult,
+    Check,
+    ErrorStats,
+    HotBlock,
+    Selection,
+    SuiteResult,
+    TensorResult,
+    UlpChart,
+    WorstElement,
+)
+from .standards import (
+    DEFAULT_STANDARD,
+    STANDARDS,
+    RunSettings,
+    Settings,
+    case_settings,
+    resolve_settings,
+    validate_settings,
+)
+from .suite import HASH_THREADS, compare_suite, suite_jobs
+from .summary import BenchmarkSummary, summarize_benchmark, summary_document, summary_from_document, summary_key
+from .ulp import ULP_BUCKETS, ulp_error
+from .verdict import DeviceOutcome, compare_case, judge_outcome
+
+__all__ = [
+    "DEFAULT_STANDARD",
+    "ERROR",
+    "FAIL",
+    "HASH_THREADS",
+    "PASS",
+    "STANDARDS",
+    "ULP_BUCKETS",
+    "ULP_CHART_EDGES",
+    "BenchmarkSummary",
+    "BlockMap",
+    "CaseResult",
+    "Check",
+    "DeviceOutcome",
+    "ErrorStats",
+    "HotBlock",
+    "RunSettings",
+    "Selection",
+    "Settings",
+    "SuiteResult",
+    "TensorResult",
+    "UlpChart",
+    "WorstElement",
+    "case_settings",
+    "compare_case",
+    "compare_suite",
+    "judge_outcome",
+    "judge_tensors",
+    "resolve_settings",
+    "structural_rows",
+    "suite_jobs",
+    "summarize_benchmark",
+    "summary_document",
+    "summary_from_document",
+    "summary_key",
+    "ulp_error",
+    "validate_settings",
+]

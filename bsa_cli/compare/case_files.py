@@ -1,0 +1,326 @@
+"""Reading a case directory and a device output directory: status, run record, hashes, mapped arrays.
+
+Everything read is untrusted: files are read bounded, inside their folder, and every problem becomes a
+message (the case then ends as an ERROR), never an exception.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError, clip, show
+from ..manifest import GRAD_NAMES
+from ..store import MANIFEST, entry_path, inside, iter_entries, map_array, map_read_only, read_regular, sha256_file
+from .results import Check
+from .summary import BenchmarkSummary, summary_from_document
+
+STATUS_FILE = "status.txt"
+RUN_RECORD = "run.json"
+
+
+def _read_status(output_dir: Path) -> tuple[int, str | None]:
+    """Read `status.txt`: the aclnn status on the first line, an optional message after it.
+
+    Raises:
+        DataError: the file is missing or its first line is not a decimal integer.
+    """
+    path = output_dir / STATUS_FILE
+    if not path.exists():
+        raise DataError(str(path), "missing: the binary writes the aclnn status there (first line, decimal)")
+    inside(output_dir, STATUS_FILE)
+    lines = read_regular(path, STATUS_MAX_BYTES, truncate=True).decode("utf-8", errors="replace").splitlines()
+    first = lines[0].strip() if lines else ""
+    try:
+        if len(first) > 20:
+            raise ValueError
+        status = int(first)
+    except ValueError:
+        raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status") from None
+    message = "\n".join(lines[1:]).strip() or None
+    return status, message
+
+
+def _load_record(output_dir: Path) -> Any:
+    """Return the parsed `run.json` of an output directory (a regular file inside it, of bounded size).
+
+    Raises:
+        DataError: it is not a readable regular file inside the folder, or not JSON.
+    """
+    path = inside(output_dir, RUN_RECORD)
+    try:
+        return json.loads(read_regular(path, RUN_RECORD_MAX_BYTES))
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise DataError(str(path), f"not valid JSON ({show(str(exc), 100)})") from None
+
+
+RUN_RECORD_MAX_BYTES = 16 << 20
+"""Largest run.json read (one of `bsa run` is a few KiB)."""
+
+STATUS_MAX_BYTES = 64 << 10
+"""Bytes of status.txt read (its status line and message)."""
+
+
+def _run_device_info(output_dir: Path) -> dict[str, Any]:
+    """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
+    binary_sha256 (those it gives)."""
+    try:
+        record = _load_record(output_dir)
+        device = record["device"]
+        info: dict[str, Any] = {"device": clip(device["name"])}
+    except (DataError, KeyError, TypeError):
+        return {}
+    if isinstance(device, dict):
+        if isinstance(device.get("kind"), str):
+            info["device_kind"] = clip(device["kind"])
+        if isinstance(device.get("fault"), str):
+            info["fault"] = clip(device["fault"])
+    binary = record.get("binary") if isinstance(record, dict) else None
+    if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
+        info["binary_sha256"] = clip(binary["sha256"])
+    return info
+
+
+def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict[str, str] | None]:
+    """Read the runner's `run.json` if present.
+
+    Returns:
+        reasons the case cannot be judged, case-level checks, and the sha256 of each input the runner
+        checked the files against before the device ran (None when not recorded).
+    """
+    problems, checks, record = _run_record_checks(output_dir, names)
+    inputs = record.get("inputs") if record else None
+    if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
+        inputs = None
+    return problems, checks, inputs
+
+
+def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict | None]:
+    path = output_dir / RUN_RECORD
+    if not path.exists() and not path.is_symlink():
+        return [], [], None
+    try:
+        record = _load_record(output_dir)
+    except DataError as exc:
+        return [str(exc)], [], None
+    if not isinstance(record, dict) or not isinstance(record.get("problems") or [], list) or not isinstance(
+        record.get("repeat") or {}, dict
+    ):
+        return [f"{path}: not a run record"], [], None
+    if record.get("case") not in (None, *names):
+        text = f"{path}: a record of case {show(record.get('case'))}, not of this case (a stale output directory?)"
+        return [text], [], None
+    outcome = record.get("outcome")
+    problems = [clip(p, 300) for p in (record.get("problems") or [])[:20]]
+    if outcome in ("timeout", "crashed", "interrupted", "error") or record.get("timed_out"):
+        why = {
+            "timeout": "timed out",
+            "crashed": f"crashed ({clip(record.get('signal') or 'exception', 40)})",
+            "interrupted": "was interrupted",
+        }.get(str(outcome), "failed")
+        exit_code = record.get("exit_code")
+        text = f"the run {why}" + (f", exit code {clip(exit_code, 20)}" if exit_code not in (None, 0) else "")
+        log = record.get("stderr_log")
+        where = f"log {output_dir / clip(log)}, record {path}" if isinstance(log, str) and log else f"see {path}"
+        return [text + (": " + "; ".join(problems) if problems else "") + f" ({where})"], [], record
+    if outcome == "nondeterministic":
+        repeat = record.get("repeat") or {}
+        differences = repeat.get("differences") or []
+        if not isinstance(differences, list):
+            differences = []
+        detail = "; ".join(
+            ", ".join(f"{clip(k, 40)} {clip(v, 40)}" for k, v in list(d.items())[:6])
+            for d in differences[:3]
+            if isinstance(d, dict)
+        )
+        text = f"repeated runs differ ({clip(repeat.get('count', '?'), 20)} runs){': ' + detail if detail else ''}"
+        return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)], record
+    noise = (record.get("repeat") or {}).get("noise")
+    if outcome == "ok" and isinstance(noise, dict) and noise:
+        parts = [f"{clip(name, 20)} {clip(v.get('elements'), 20)} of {clip(v.get('total'), 20)} elements by <= "
+                 f"{clip(v.get('max_ulp'), 20)} ULP"
+                 for name, v in list(noise.items())[:6] if isinstance(v, dict)]  # fmt: skip
+        count = clip(record["repeat"].get("count"), 20)
+        text = f"dq bitwise identical over {count} runs; atomic-add noise: " + "; ".join(parts)
+        return [], [Check("repeat-noise", None, float(len(parts)), None, True, text)], record
+    return [], [], record
+
+
+_VERIFIED: dict[tuple[object, ...], str] = {}
+_VERIFIED_LOCK = threading.Lock()
+_RACY_NS = 2_000_000_000
+
+
+def _signature(path: Path) -> tuple[object, ...]:
+    st = path.stat()
+    return (str(path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _sha256(path: Path) -> str:
+    """Return the hex sha256 of a file, hashed straight from a read-only mapping (no copy).
+
+    Digests are remembered for the life of the process, keyed by the file's identity, size and change
+    times, so judging several output directories of one case hashes its golden and inputs once. A file
+    changed less than two seconds before hashing is not remembered (a later write in the same clock tick
+    could otherwise go unseen).
+    """
+    signature = _signature(path)
+    with _VERIFIED_LOCK:
+        known = _VERIFIED.get(signature)
+    if known is not None:
+        return known
+    started = time.time_ns()
+    if path.stat().st_size == 0:
+        digest = sha256_file(path)
+    else:
+        with open(path, "rb") as f, map_read_only(f.fileno(), populate=True) as mapped:
+            digest = hashlib.sha256(mapped).hexdigest()
+    changed = max(int(signature[4]), int(signature[5]))  # type: ignore[call-overload]
+    if _signature(path) == signature and changed < started - _RACY_NS:
+        with _VERIFIED_LOCK:
+            _VERIFIED[signature] = digest
+    return digest
+
+
+def _stale(path: Path, sha256: str | None, what: str) -> str | None:
+    """Return the message for a file whose content no longer matches its manifest sha256, else None."""
+    if not sha256 or _sha256(path) == sha256:
+        return None
+    return str(DataError(str(path), f"sha256 differs from the manifest: stale {what}; run `bsa gen` again"))
+
+
+@dataclass
+class _Opened:
+    """A valid case's arrays, mapped; `pending` hash checks must all come back None before a verdict."""
+
+    device: dict[str, np.ndarray] = field(default_factory=dict)
+    golden: dict[str, np.ndarray] = field(default_factory=dict)
+    benchmark: dict[str, np.ndarray] | None = None
+    block_mask: np.ndarray | None = None
+    summary: BenchmarkSummary | None = None
+    problems: list[str] = field(default_factory=list)
+    pending: list[Future[str | None]] = field(default_factory=list)
+
+    def stale(self) -> list[str]:
+        """Wait for the hash checks; return the stale files' messages."""
+        return [message for future in self.pending if (message := future.result()) is not None]
+
+
+class _Inline(Executor):
+    """An executor that runs each job at once (no pool given)."""
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
+def _open_arrays(
+    case_dir: Path,
+    output_dir: Path | None,
+    manifest: Mapping[str, Any],
+    need_benchmark: bool,
+    pool: Executor | None,
+    verify_inputs: bool = True,
+    inputs_run: Mapping[str, str] | None = None,
+    key: Mapping[str, Any] | None = None,
+    device: Mapping[str, np.ndarray] | None = None,
+) -> _Opened:
+    """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
+
+    Device outputs given as arrays (`device`) stand for the files of `output_dir`.
+
+    When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
+    opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
+    still size-checked and hashed.
+
+    Every input is size-checked and hashed: a stale input means the golden no longer matches what the
+    device was given. Where `bsa run` recorded the sha256 it checked an input against just before the
+    device ran (`inputs_run`, from run.json), that record answers instead: equal to the manifest's, the
+    device ran on the inputs this golden comes from (whatever happened to the file since); different,
+    the case was generated again after the run (stale). Without `verify_inputs` only the block mask, which
+    the judge reads, is hashed. Golden and benchmark files are hashed; device outputs are not (nothing to
+    compare their hash with). Hashing runs alongside the metrics; `_Opened.stale` collects it.
+    """
+    executor = pool or _Inline()
+    opened = _Opened()
+    document = manifest.get("benchmark_summary")
+    if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
+        opened.summary = _open_summary(case_dir, manifest, document, executor, opened)
+    sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
+    if device is not None:
+        opened.device.update((name, device[name]) for name in GRAD_NAMES)
+    else:
+        assert output_dir is not None
+        sections.insert(0, ("outputs", output_dir, opened.device))
+    bench_entries = dict(iter_entries(manifest, "benchmark"))
+    if bench_entries or need_benchmark:
+        opened.benchmark = {}
+        sections.append(("benchmark", case_dir, opened.benchmark))
+    for section, base, arrays in sections:
+        entries = dict(iter_entries(manifest, section))
+        # With a summary the benchmark is hashed and read at its worst elements only, not measured.
+        populate = section != "benchmark" or opened.summary is None
+        for name in GRAD_NAMES:
+            if name not in entries:
+                opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
+                continue
+            try:
+                arrays[name] = map_array(base, entries[name], populate=populate)
+            except DataError as exc:
+                opened.problems.append(str(exc))
+                continue
+            if section != "outputs":
+                path, sha = entry_path(base, entries[name]), entries[name].get("sha256")
+                opened.pending.append(executor.submit(_stale, path, sha, section))
+    inputs = dict(iter_entries(manifest, "inputs"))
+    if "block_sparse_mask" not in inputs:
+        opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
+    for name, entry in inputs.items():
+        try:
+            array = map_array(case_dir, entry)
+        except DataError as exc:
+            opened.problems.append(str(exc))
+            continue
+        if name == "block_sparse_mask":
+            opened.block_mask = array
+        elif not verify_inputs:
+            continue
+        if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
+            record = output_dir / RUN_RECORD if output_dir is not None else RUN_RECORD
+            opened.problems.append(
+                str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
+                              f"{record}): the case was generated again since; run it again"))
+            )  # fmt: skip
+        elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
+            opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+    return opened
+
+
+def _open_summary(
+    case_dir: Path, manifest: Mapping[str, Any], document: Mapping[str, Any], executor: Executor, opened: _Opened
+) -> BenchmarkSummary | None:
+    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it; None, with a problem noted,
+    if it is malformed or a tiles file is missing or of the wrong size."""
+    tiles = {}
+    try:
+        for name, entry in dict(document["tiles"]).items():
+            tiles[name] = map_array(case_dir, entry, populate=True)
+            path, sha = case_dir / entry["file"], entry.get("sha256")
+            opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
+        return summary_from_document(document, tiles)
+    except DataError as exc:
+        opened.problems.append(str(exc))
+    except (KeyError, TypeError, ValueError) as exc:
+        opened.problems.append(f"{case_dir / MANIFEST}: benchmark_summary: {exc}")
+    return None

@@ -1,0 +1,133 @@
+"""How a gradient's rows map to batch entries, heads, positions and blocks, and which rows must be 0."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..case import Case
+from ..layout import mask_view
+from ..manifest import GRAD_NAMES
+
+TILE = 16
+"""Side of the cube unit's fractal: the tile the localized check and the hot-block map work in."""
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    """How a gradient's rows map to batch entries, heads, positions and blocks."""
+
+    name: str
+    kind: str  # q | kv
+    layout: str
+    shape: tuple[int, ...]
+    heads: int
+    dim: int
+    block: int
+    lengths: tuple[int, ...]
+    starts: tuple[int, ...]  # TND token offsets of each batch entry
+
+    @property
+    def axes(self) -> tuple[str, ...]:
+        return ("t", "n", "d") if self.layout == "TND" else ("b", "n", "s", "d")
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[:-1], dtype=np.int64))
+
+    @property
+    def seq_axis(self) -> int:
+        return self.shape[2] if self.layout != "TND" else 0
+
+    def seq_view(self, per_row: np.ndarray, batch: int) -> np.ndarray:
+        """Return batch entry `batch` of a per-row array ([rows, ...]) as [heads, length, ...]."""
+        length = self.lengths[batch]
+        tail = per_row.shape[1:]
+        if self.layout == "TND":
+            start = self.starts[batch]
+            return per_row.reshape(-1, self.heads, *tail)[start : start + length].swapaxes(0, 1)
+        seq = self.shape[2]
+        return per_row.reshape(-1, self.heads, seq, *tail)[batch, :, :length]
+
+    def segments(self) -> list[tuple[int, int]]:
+        """Return the [start, stop) row ranges that hold real positions (all rows unless BNSD padding)."""
+        if self.layout == "TND" or all(n == self.shape[2] for n in self.lengths):
+            return [(0, self.rows)] if self.rows else []
+        seq = self.shape[2]
+        spans = []
+        for b, length in enumerate(self.lengths):
+            for n in range(self.heads):
+                first = (b * self.heads + n) * seq
+                if length:
+                    spans.append((first, first + length))
+        return spans
+
+    def locate(self, row: int) -> tuple[int, int, int]:
+        """Return (batch, head, position in the sequence) of a row."""
+        if self.layout == "TND":
+            t, n = divmod(row, self.heads)
+            b = int(np.searchsorted(np.asarray(self.starts) + np.asarray(self.lengths), t, side="right"))
+            return b, n, t - self.starts[b]
+        seq = self.shape[2]
+        bn, s = divmod(row, seq)
+        b, n = divmod(bn, self.heads)
+        return b, n, s
+
+    def index(self, row: int, col: int) -> tuple[tuple[int, ...], dict[str, int]]:
+        """Return the layout index of an element and its named coordinates (with b and s for TND)."""
+        b, n, s = self.locate(row)
+        if self.layout == "TND":
+            t = row // self.heads
+            return (t, n, col), {"t": t, "n": n, "d": col, "b": b, "s": s}
+        return (b, n, s, col), {"b": b, "n": n, "s": s, "d": col}
+
+
+def _geometry(case: Case, name: str) -> _Geometry:
+    kind = "q" if name == "dq" else "kv"
+    spans = case.spans()
+    if kind == "q":
+        shape, heads = case.q_shape, case.num_heads
+        lengths = tuple(s.q_len for s in spans)
+        starts = tuple(s.q_start for s in spans)
+        block = case.block_shape[0]
+    else:
+        shape, heads = case.kv_shape, case.num_kv_heads
+        lengths = tuple(s.kv_len for s in spans)
+        starts = tuple(s.kv_start for s in spans)
+        block = case.block_shape[1]
+    return _Geometry(name, kind, case.layout, tuple(shape), heads, case.head_dim, max(block, 1), lengths, starts)
+
+
+def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Return, per gradient, (rows that must be 0, padding rows) as bool arrays over the tensor's rows.
+
+    Rows that must be 0: dq rows of query rows whose blocks are all unselected, dk/dv rows of kv positions
+    no query head of the GQA group selects (all derived from the block mask cut to the actual lengths).
+    Padding rows: BNSD positions past a batch entry's honored actual length.
+    """
+    x, y = case.block_shape
+    group = case.group_size
+    result = {}
+    geometries = {name: _geometry(case, name) for name in GRAD_NAMES}  # once: each walks every batch entry
+    for name in GRAD_NAMES:
+        geom = geometries[name]
+        zero = np.zeros(geom.rows, dtype=bool)
+        padding = np.zeros(geom.rows, dtype=bool)
+        if geom.layout != "TND" and geom.rows:
+            padding.reshape(case.batch, geom.heads, -1)[...] = True
+        result[name] = (zero, padding)
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)  # [N1, nQ, nKV]
+        empty = ~mask.any(axis=2)  # [N1, nQ]
+        never = ~mask.reshape(case.num_kv_heads, group, *mask.shape[1:]).any(axis=(1, 2))  # [N2, nKV]
+        for name in GRAD_NAMES:
+            geom = geometries[name]
+            zero, padding = result[name]
+            if geom.layout != "TND" and geom.rows:
+                geom.seq_view(padding, span.batch)[...] = False
+            if name == "dq":
+                geom.seq_view(zero, span.batch)[...] = np.repeat(empty, x, axis=1)[:, : span.q_len]
+            else:
+                geom.seq_view(zero, span.batch)[...] = np.repeat(never, y, axis=1)[:, : span.kv_len]
+    return result

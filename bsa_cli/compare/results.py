@@ -1,0 +1,314 @@
+"""The results of judging, as data: checks, error statistics, located errors, case and suite verdicts.
+
+Reports (`bsa_cli.report`) render these dataclasses to the terminal, JSON, JUnit, HTML and CSV; nothing
+here computes or prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .bias import Bias
+from .standards import Settings
+
+PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One pass/fail decision: a metric of a tensor (or the case) against a limit.
+
+    `severity` is value / limit for upper limits (above 1 fails), so checks of different kinds can be
+    ranked; structural checks that fail have severity inf.
+    """
+
+    name: str
+    tensor: str | None
+    value: float
+    limit: float | None
+    passed: bool
+    detail: str
+    severity: float = 0.0
+
+
+@dataclass(frozen=True)
+class ErrorStats:
+    """Error metrics of one array (device or benchmark) against the golden, over the judged elements.
+
+    Relative errors: `max_rel_err`/`mean_rel_err` are ATK's (|a - g| / |g| over |g| > err_thd);
+    `mare`/`mere` are the single standard's (|a - g| / (|g| + 1e-7) over all elements). ULP errors are
+    msprobe's, |a - g| / ulp(g) with ulp(g) the golden's unit in the last place in the case dtype, except
+    that |g| is floored at err_thd (`_ulp_floor`: a golden that cancelled to nearly 0 would otherwise
+    give astronomical counts, 10^33 in bfloat16). Non-finite
+    elements are counted and left out of every numeric metric. Metrics only the device needs are None
+    for the benchmark.
+    """
+
+    count: int
+    max_abs_err: float
+    mean_abs_err: float
+    rmse: float
+    max_rel_err: float
+    mean_rel_err: float
+    large_count: int
+    small_value_count: int
+    small_value_err_count: int
+    nan_count: int
+    inf_count: int
+    nonfinite_mismatch: int
+    mare: float | None = None
+    mere: float | None = None
+    cosine: float | None = None
+    mismatch_count: int | None = None
+    mismatch_ratio: float | None = None
+    ulp_max: float | None = None
+    ulp_mean: float | None = None
+    ulp_histogram: tuple[int, ...] | None = None
+    msopst_err_count: int | None = None
+    msopst_max_err: float | None = None
+    # The bias check's figures (device and benchmark): the mean signed relative error (a - g) / g over the
+    # large values (|g| > err_thd), a relative systematic error, and its standard error (`compare.bias`).
+    bias: float | None = None
+    bias_se: float | None = None
+    # msprobe's compare figures (device only): fractions of elements whose relative error |a - g| / (|g| + 1e-7)
+    # is below 0.001 and 0.005, and the values' statistics of both sides (finite elements).
+    thousandth_ratio: float | None = None
+    five_thousandths_ratio: float | None = None
+    value_max: float | None = None
+    value_min: float | None = None
+    value_mean: float | None = None
+    value_l2norm: float | None = None
+    golden_max: float | None = None
+    golden_min: float | None = None
+    golden_mean: float | None = None
+    golden_l2norm: float | None = None
+
+
+MSPROBE_FIELDS = ("thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean",
+                  "value_l2norm", "golden_max", "golden_min", "golden_mean", "golden_l2norm")  # fmt: skip
+"""`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
+
+
+@dataclass(frozen=True)
+class WorstElement:
+    """One of the largest absolute errors: where it is and what the three results say there."""
+
+    index: tuple[int, ...]  # in the tensor's layout
+    coords: Mapping[str, int]  # b, n, s, d (BNSD) or t, n, d and the b, s they map to (TND)
+    block: int  # q block i (dq) or kv block j (dk/dv)
+    device: float
+    golden: float
+    benchmark: float | None
+    abs_err: float
+    ulp: float
+
+
+@dataclass(frozen=True)
+class HotBlock:
+    """A block of the error map with its score; for dq a query block i, for dk/dv a kv block j."""
+
+    batch: int
+    head: int  # query head n (dq) or kv head n2 (dk/dv)
+    block: int
+    rows: tuple[int, int]  # positions [start, stop) in the sequence
+    score: float
+    rmse: float
+    rmse_benchmark: float | None
+    max_abs_err: float
+    tile: tuple[int, int] | None  # worst 16x16 tile: (first row in the sequence, first column)
+    tile_ratio: float | None
+    tiles: np.ndarray | None = None  # each 16x16 tile's ratio [tile rows, tile cols]: hottest block of a failure
+
+
+@dataclass(frozen=True)
+class BlockMap:
+    """Errors aggregated per block: arrays [B, heads, max blocks], NaN where a batch entry has no block.
+
+    `score` ranks blocks: the worst 16x16 tile RMSE ratio against the benchmark when there is one, else the
+    block RMSE divided by the tensor's.
+    """
+
+    axis: str  # "q" (dq: per query block) or "kv" (dk, dv: per kv block)
+    block_size: int
+    rmse: np.ndarray
+    rmse_benchmark: np.ndarray | None
+    max_abs_err: np.ndarray
+    score: np.ndarray
+
+
+ULP_CHART_EDGES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+"""Upper edges of the ULP-error chart's bins (the last bin holds everything above 1024 ULP)."""
+
+
+@dataclass(frozen=True)
+class UlpChart:
+    """Element counts by ULP error (`ulp_error`'s unit), device and benchmark against the golden, in the
+    bins of `ULP_CHART_EDGES` plus one for more; the pictures of a failing tensor draw it."""
+
+    edges: tuple[float, ...]
+    device: tuple[int, ...]
+    benchmark: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class TensorResult:
+    """The judgement of one gradient."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    axes: tuple[str, ...]
+    device: ErrorStats
+    benchmark: ErrorStats | None
+    checks: tuple[Check, ...]
+    worst: tuple[WorstElement, ...]
+    hot_blocks: tuple[HotBlock, ...]
+    block_map: BlockMap | None
+    extra: Mapping[str, float] = field(default_factory=dict)  # standard-specific figures (fa-ratio floor)
+    ulp_chart: UlpChart | None = None  # failing tensors only
+    golden_dtype: str | None = None  # float32, or float64 for a golden generated with --precision float64
+    bias: Bias | None = None  # the bias check's estimate (`bias.py`), where the check ran
+
+    @property
+    def passed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+
+SELECTION_MAX_CELLS = 1 << 16
+"""Largest block mask (cells) a failing case's result keeps for its pictures."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """A case's block mask as the judge read it, kept with a failing case for the heat maps.
+
+    `rows` holds one string per (batch entry, query head, query block) of the mask's [B, N1, nQ, nKV]
+    shape, one character per kv block: "1" selected, "0" not selected (never computed), "-" past the
+    batch entry's actual lengths (no such block).
+    """
+
+    shape: tuple[int, ...]
+    rows: tuple[str, ...]
+
+    def grid(self, batch: int, head: int) -> list[str]:
+        """Return the rows of one batch entry and query head."""
+        blocks = self.shape[2]
+        first = (batch * self.shape[1] + head) * blocks
+        return list(self.rows[first : first + blocks])
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """The verdict of one case: PASS, FAIL or ERROR (could not be judged), with everything measured."""
+
+    name: str
+    case_dir: str
+    output_dir: str
+    verdict: str
+    spec: str | None  # the spec file the case came from (manifest "spec")
+    device: str | None  # who produced the outputs, from run.json (None without a run record)
+    standard: str
+    settings: Settings | None
+    dtype: str | None
+    layout: str | None
+    expect_status: int | None
+    status: int | None
+    status_message: str | None
+    checks: tuple[Check, ...]  # case-level: status, run record
+    tensors: tuple[TensorResult, ...]
+    errors: tuple[str, ...]  # why an ERROR case could not be judged
+    output_bytes: int
+    seconds: float
+    device_kind: str | None = None  # reference | torch_npu | binary (run.json); None when not recorded
+    fault: str | None = None  # the fault planted in the reference device, if any (run.json)
+    binary_sha256: str | None = None  # the device binary's sha256 (run.json)
+    notes: tuple[str, ...] = ()  # what a reader must know beyond the checks (a planted fault that does not apply)
+    selection: Selection | None = None  # the block mask, kept with a failing case for its pictures
+
+    @property
+    def passed(self) -> bool:
+        """Whether the verdict is PASS."""
+        return self.verdict == PASS
+
+    @property
+    def headline(self) -> str:
+        """One line saying what happened: the notes, then the deciding check (or the first error)."""
+        if self.verdict == ERROR:
+            main = self.errors[0] if self.errors else ""
+        else:
+            deciding = self.deciding
+            main = deciding.detail if deciding else ""
+        return "; ".join([*self.notes, main] if main else self.notes)
+
+    @property
+    def all_checks(self) -> tuple[Check, ...]:
+        return self.checks + tuple(c for t in self.tensors for c in t.checks)
+
+    @property
+    def deciding(self) -> Check | None:
+        """The check that decided the verdict: the most severe failure, else the one closest to its limit."""
+        checks = self.all_checks
+        failed = [c for c in checks if not c.passed]
+        pool = failed or [c for c in checks if c.limit is not None] or list(checks)
+        return max(pool, key=lambda c: c.severity) if pool else None
+
+    @property
+    def message(self) -> str:
+        """One line: the errors of an ERROR case, the failed checks of a FAIL, the deciding check of a PASS."""
+        if self.verdict == ERROR:
+            return "; ".join(self.errors)
+        if self.verdict == FAIL:
+            failed = sorted((c for c in self.all_checks if not c.passed), key=lambda c: -c.severity)
+            return "; ".join(c.detail for c in failed)
+        deciding = self.deciding
+        return deciding.detail if deciding else ""
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """All case results of one comparison (or of merged shards)."""
+
+    cases: tuple[CaseResult, ...]
+    seconds: float = 0.0
+
+    def count(self, verdict: str) -> int:
+        return sum(c.verdict == verdict for c in self.cases)
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(c.output_bytes for c in self.cases)
+
+    @property
+    def return_code(self) -> int:
+        """Exit code of `bsa compare`, the one place the policy is written.
+
+        3 if any case could not be judged (ERROR: missing, truncated or stale files, a harness crash or
+        timeout recorded in run.json, no status.txt); else 1 if any case failed (a metric over its limit,
+        a structural check, a negative case's status not matching `expect`, a valid case's nonzero
+        status); else 0. Exit code 2 (usage, spec or user-file error) is raised by the CLI before any
+        case is judged.
+        """
+        if self.count(ERROR):
+            return 3
+        if self.count(FAIL):
+            return 1
+        return 0
+
+
+def _fmt(value: float | None) -> str:
+    """Format a metric for a check's text: integers plainly, others with 4 significant digits."""
+    if value is None:
+        return "-"
+    value = float(value)
+    if not math.isfinite(value):
+        return str(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    text = f"{value:.4g}"
+    if "." not in text and "e" not in text:  # 1.00004 would read as the integer 1
+        text = f"{value:.3f}"
+    return text

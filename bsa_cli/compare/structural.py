@@ -1,0 +1,113 @@
+"""Structural checks, run under every standard.
+
+NaN/Inf where the golden has none; dq rows of empty query rows and dk/dv rows of never-selected kv
+positions exactly 0 (`zero_atol` relaxes); padding rows of BNSD cases whose actual lengths are honored are
+ignored, or required to be 0 with `padding: zero`; an output that is all zero where the golden is not.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .buffers import CHUNK_ELEMENTS
+from .geometry import _Geometry
+from .results import Check, ErrorStats, _fmt
+from .standards import Settings
+
+
+def _zero_check(
+    name: str, check: str, label: str, values: np.ndarray, rows: np.ndarray, geom: _Geometry, zero_atol: float
+) -> Check | None:
+    """Check that the rows flagged in `rows` hold only |value| <= zero_atol; None when no row is flagged."""
+    if not rows.any():
+        return None
+    values2d = values.reshape(geom.rows, geom.dim)
+    flagged = np.flatnonzero(rows)
+    bad_count = 0
+    first_bad: int | None = None
+    worst = 0.0
+    step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
+    for start in range(0, len(flagged), step):
+        ids = flagged[start : start + step]
+        magnitude = np.abs(values2d[ids].astype(np.float32))
+        bad = ~(magnitude <= zero_atol)
+        n_bad = int(np.count_nonzero(bad))
+        if n_bad:
+            bad_count += n_bad
+            if first_bad is None:
+                first_bad = int(ids[np.flatnonzero(bad.any(axis=1))[0]])
+            worst_here = magnitude[bad]
+            worst = max(worst, float(np.where(np.isnan(worst_here), np.inf, worst_here).max()))
+    total = len(flagged) * geom.dim
+    if bad_count == 0:
+        return Check(check, name, 0.0, 0.0, True, f"{name} {label}: all {total} elements 0", 0.0)
+    assert first_bad is not None
+    b, n, s = geom.locate(first_bad)
+    where = f"first at b={b} n={n} s={s} ({'q' if geom.kind == 'q' else 'kv'} block {s // geom.block})"
+    text = f"{name} {label}: {bad_count} of {total} elements nonzero (largest |value| {_fmt(worst)}), {where}"
+    return Check(check, name, float(bad_count), 0.0, False, text, math.inf)
+
+
+def _all_zero_check(name: str, values: np.ndarray, stats: ErrorStats) -> Check | None:
+    """Return a failed check when the device output is all zero and the golden is not; else None.
+
+    An output that is all zero was most likely never written: every ratio against it is huge, and a
+    headline such as "tile ratio 4214" would hide what happened. The metrics tell the case for free
+    (the cosine of a zero vector with a nonzero golden is exactly 0); only then are the values read.
+    """
+    if stats.cosine != 0.0 or stats.large_count + stats.small_value_count == 0:
+        return None
+    flat = values.reshape(-1)
+    step = CHUNK_ELEMENTS * 8
+    for start in range(0, flat.size, step):
+        chunk = flat[start : start + step]
+        magnitude = chunk.view(np.uint16) & np.uint16(0x7FFF) if chunk.dtype.itemsize == 2 else np.abs(chunk)
+        if np.count_nonzero(magnitude):
+            return None
+    detail = f"{name} is all zero, as if never written, where the golden is not"
+    if stats.large_count:
+        detail += f" ({stats.large_count} elements with |golden| > err_thd)"
+    return Check("all_zero", name, float(flat.size), 0.0, False, detail, math.inf)
+
+
+def _structural_checks(
+    name: str,
+    geom: _Geometry,
+    values: np.ndarray,
+    stats: ErrorStats,
+    nonfinite_rows: list[int],
+    rows: tuple[np.ndarray, np.ndarray],
+    settings: Settings,
+) -> list[Check]:
+    checks = []
+    bad = stats.nonfinite_mismatch
+    if bad:
+        places = []
+        for row in nonfinite_rows[:3]:
+            b, n, s = geom.locate(row)
+            places.append(f"b={b} n={n} s={s} ({geom.kind} block {s // geom.block})")
+        elements = f"{bad} element{'s' if bad != 1 else ''} ({stats.nan_count} NaN, {stats.inf_count} Inf)"
+        detail = f"{name} NaN/Inf where the golden is finite: {elements}, rows {', '.join(places)}"
+        checks.append(Check("nonfinite", name, float(bad), 0.0, False, detail, math.inf))
+    else:
+        checks.append(Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite", 0.0))
+    check = _all_zero_check(name, values, stats)
+    if check is not None:
+        checks.append(check)
+    zero_rows, padding_rows = rows
+    zero_atol = settings.thresholds["zero_atol"]
+    if math.isfinite(zero_atol):
+        label = "empty query rows" if geom.kind == "q" else "never-selected kv rows"
+        check = _zero_check(name, "empty_rows" if geom.kind == "q" else "unselected_kv", label, values,
+                            zero_rows & ~padding_rows, geom, zero_atol)  # fmt: skip
+        if check is not None:
+            checks.append(check)
+        if settings.padding == "zero":
+            check = _zero_check(
+                name, "padding", "padding past the actual length", values, padding_rows, geom, zero_atol
+            )
+            if check is not None:
+                checks.append(check)
+    return checks

@@ -1,0 +1,348 @@
+"""Judge one case to its verdict: from a device output directory (`compare_case`) or from a device's
+outcome held in memory (`judge_outcome`); whatever the files hold, it ends as PASS, FAIL or ERROR."""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from collections.abc import Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..case import ACLNN_STATUS, Case, numpy_dtype
+from ..errors import DataError, clip
+from ..layout import mask_view
+from ..manifest import GRAD_NAMES, case_from_manifest
+from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
+from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info
+from .judge import judge_tensors
+from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Selection, TensorResult
+from .standards import STANDARDS, RunSettings, resolve_settings
+from .summary import summary_key
+
+
+def _status_name(status: int | None) -> str:
+    names = {code: name for name, code in ACLNN_STATUS.items()}
+    return f"{status} ({names[status]})" if status in names else str(status)
+
+
+def compare_case(
+    case_dir: Path,
+    output_dir: Path | None = None,
+    run: RunSettings | None = None,
+    pool: Executor | None = None,
+    verify_inputs: bool = True,
+    workers: int | None = None,
+) -> CaseResult:
+    """Judge one case directory's device outputs; never raises for bad case or output files (ERROR).
+
+    Args:
+        case_dir: a directory written by `bsa gen`.
+        output_dir: the device output directory; default `<case_dir>/outputs`.
+        run: settings given for the whole run (command line).
+        pool: an executor hashing files while the metrics are measured; without one, a pool of `workers`
+            threads (default: the CPU count) is made for the call, and `workers=1` works serially.
+        verify_inputs: hash every input file, not only the block mask the judge reads.
+
+    Raises:
+        ValueError: a run threshold does not apply to the standard that judges this case (a usage error).
+    """
+    if pool is None and (workers or os.cpu_count() or 1) > 1:
+        with ThreadPoolExecutor(max_workers=workers or os.cpu_count()) as own:
+            return _compare_case(Path(case_dir), output_dir, run, own, verify_inputs)
+    return _compare_case(Path(case_dir), output_dir, run, pool, verify_inputs)
+
+
+class RunThresholdError(ValueError):
+    """A --threshold given for the whole run does not apply to a case's standard (a usage error)."""
+
+
+@dataclass(frozen=True)
+class DeviceOutcome:
+    """What a device returned for one case, held in memory instead of written to an output directory.
+
+    `status` is the aclnn status (0 for success); `grads` are dq, dk, dv for a call that succeeded (the
+    case's dtype and shapes). `problems` say why the outcome cannot be judged (as a crash in run.json
+    does): with any, the case is an ERROR.
+    """
+
+    status: int | None
+    message: str | None = None
+    grads: Mapping[str, np.ndarray] | None = None
+    device: str | None = None
+    problems: tuple[str, ...] = ()
+
+
+IN_MEMORY = "(in memory)"
+"""The `output_dir` of a result judged from arrays in memory (`judge_outcome`)."""
+
+
+def judge_outcome(
+    case_dir: Path,
+    outcome: DeviceOutcome,
+    manifest: Mapping[str, Any] | None = None,
+    run: RunSettings | None = None,
+    pool: Executor | None = None,
+) -> CaseResult:
+    """Judge a device's outcome held in memory exactly as `compare_case` judges the same written to files.
+
+    The case's golden, benchmark (or its summary) and block mask are read and hashed from `case_dir`;
+    its other inputs are not hashed again (whoever read them for the device checked them, as `bsa run`
+    does). Never raises for bad case files (ERROR).
+
+    Args:
+        case_dir: a directory written by `bsa gen`.
+        outcome: the status the device returned, and dq, dk, dv when it succeeded.
+        manifest: the case's manifest as already read (default: read from `case_dir`).
+        run: settings given for the whole run, as `compare_case`.
+        pool: an executor hashing files while the metrics are measured (default: serially).
+
+    Raises:
+        ValueError: a gradient of a call that returned 0 is missing or not of the case's shape and dtype
+            (naming the tensor, what was expected and what was given), or a run threshold does not apply.
+    """
+    started = time.perf_counter()
+    return _judge_case(Path(case_dir), None, manifest, run, pool, False, started, outcome)
+
+
+def _compare_case(
+    case_dir: Path, output_dir: Path | None, run: RunSettings | None, pool: Executor | None, verify_inputs: bool
+) -> CaseResult:
+    """Judge one case; whatever its files hold, it ends as a verdict (an ERROR naming what went wrong).
+
+    Raises:
+        RunThresholdError: as `compare_case`.
+    """
+    started = time.perf_counter()
+    try:
+        case_dir = Path(case_dir)
+        files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+        return _judge_case(case_dir, files, None, run, pool, verify_inputs, started, None)
+    except RunThresholdError:
+        raise
+    except Exception as exc:  # a case bsa did not foresee: one line, not a traceback
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
+        text = f"{case_dir}: cannot be judged: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
+        out = Path(output_dir) if output_dir is not None else Path(case_dir) / OUTPUTS_DIR
+        fields: dict[str, Any] = dict.fromkeys(
+            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+        )
+        return CaseResult(
+            name=Path(case_dir).name, verdict=ERROR, errors=(text,), output_bytes=0,
+            seconds=time.perf_counter() - started, case_dir=str(case_dir), output_dir=str(out),
+            standard="-", checks=(), tensors=(), **fields,
+        )  # fmt: skip
+
+
+def _judge_case(
+    case_dir: Path,
+    output_dir: Path | None,
+    manifest: Mapping[str, Any] | None,
+    run: RunSettings | None,
+    pool: Executor | None,
+    verify_inputs: bool,
+    started: float,
+    outcome: DeviceOutcome | None,
+) -> CaseResult:
+    """Judge one case: from the files in `output_dir`, or from `outcome` in memory (then `output_dir` is None).
+
+    The two differ only in where the status, the run's problems and the gradients come from.
+    """
+    run = run or RunSettings()
+    base: dict[str, Any] = {"case_dir": str(case_dir), "output_dir": str(output_dir or IN_MEMORY)}
+
+    def error(name: str, errors: list[str], **known: Any) -> CaseResult:
+        fields: dict[str, Any] = dict.fromkeys(
+            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+        )
+        fields.update(standard="-", checks=(), tensors=())
+        fields.update(known)
+        seconds = time.perf_counter() - started
+        return CaseResult(
+            name=name, verdict=ERROR, errors=tuple(errors), output_bytes=0, seconds=seconds, **base, **fields
+        )
+
+    try:
+        manifest = load_manifest(case_dir) if manifest is None else manifest
+        case = case_from_manifest(manifest)
+    except DataError as exc:
+        return error(case_dir.name, [str(exc)])
+    except (KeyError, TypeError, ValueError) as exc:
+        return error(case_dir.name, [f"{case_dir / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})"])
+    name = str(manifest.get("name", case_dir.name))
+    try:
+        settings = resolve_settings(case.dtype, manifest.get("compare"), run)
+    except ValueError as exc:
+        if str(exc).startswith("--threshold"):
+            raise RunThresholdError(f"case {name!r}: {exc}") from None
+        return error(name, [f"{case_dir / MANIFEST}: compare settings: {exc}"], dtype=case.dtype, layout=case.layout)
+    known: dict[str, Any] = {
+        "spec": manifest.get("spec"),
+        "standard": settings.label,
+        "settings": settings,
+        "dtype": case.dtype,
+        "layout": case.layout,
+        "expect_status": case.expect.status,
+    }
+    if outcome is None:
+        assert output_dir is not None
+        try:
+            check_output_dir(output_dir)
+        except DataError as exc:
+            return error(name, [str(exc)], **known)
+        known.update({"device": None, **_run_device_info(output_dir)})
+        problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
+    else:
+        known["device"] = outcome.device
+        problems, run_checks, inputs_run = list(outcome.problems), [], None
+    if problems:
+        return error(name, problems, **known)
+    if outcome is None:
+        assert output_dir is not None
+        try:
+            status, status_message = _read_status(output_dir)
+        except DataError as exc:
+            return error(name, [str(exc)], **known)
+    elif outcome.status is None:
+        return error(name, ["no aclnn status given for the outcome"], **known)
+    else:
+        status, status_message = outcome.status, outcome.message
+    known.update(status=status, status_message=status_message)
+    checks = list(run_checks)
+    if not case.expect.ok:
+        passed = status == case.expect.status
+        op = "==" if passed else "!="
+        text = f"status {_status_name(status)} {op} expected {_status_name(case.expect.status)}"
+        if status_message and not passed:
+            text += f": {status_message}"
+        checks.append(
+            Check(
+                "status",
+                None,
+                float(status),
+                float(case.expect.status),
+                passed,
+                text,
+                0.0 if passed else math.inf,
+            )
+        )
+        if known.get("fault"):
+            known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
+        return _finish(name, base, known, checks, (), started, 0)
+    if status != 0:
+        text = f"status {_status_name(status)}, expected 0 (ACLNN_SUCCESS)" + (
+            f": {status_message}" if status_message else ""
+        )
+        checks.append(Check("status", None, float(status), 0.0, False, text, math.inf))
+        return _finish(name, base, known, checks, (), started, 0)
+    checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
+    if outcome is not None:
+        _check_grads(manifest, outcome.grads)
+    need_bench = STANDARDS[settings.standard].needs_benchmark
+    key = summary_key(case, settings)
+    opened = _open_arrays(
+        case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run, key,
+        device=outcome.grads if outcome is not None else None,
+    )  # fmt: skip
+    if opened.problems:
+        opened.stale()
+        return error(name, opened.problems, **known)
+    if need_bench and not opened.benchmark and opened.summary is None:
+        opened.stale()
+        text = f"{case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"
+        return error(name, [text], **known)
+    assert opened.block_mask is not None
+    try:
+        tensors = judge_tensors(
+            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
+        )
+    except ValueError as exc:
+        opened.stale()
+        return error(name, [f"{case_dir}: {exc}"], **known)
+    stale = opened.stale()  # the verdict only stands if every file hashed as the manifest says
+    if stale:
+        return error(name, stale, **known)
+    if known.get("fault"):
+        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
+    if not all(t.passed for t in tensors):
+        known["selection"] = selection(case, opened.block_mask)
+    output_bytes = sum(a.nbytes for a in opened.device.values())
+    return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
+    """Return a note when the planted fault does not apply to the case (the device ran it clean)."""
+    from .. import emulator  # only cases run with a planted fault need it
+
+    try:
+        reason = emulator.fault_not_applied(fault, case, block_mask)
+    except ValueError:  # a fault this bsa does not know (a record of another version)
+        return ()
+    return () if reason is None else (reason,)
+
+
+def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
+    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
+    shape = tuple(int(n) for n in block_mask.shape)
+    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
+        return None
+    cells = np.full(shape, "-", dtype="<U1")
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)
+        n_q, n_kv = mask.shape[1:]
+        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
+    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
+    return Selection(shape, rows)
+
+
+def _check_grads(manifest: Mapping[str, Any], grads: Mapping[str, np.ndarray] | None) -> None:
+    """Raise ValueError unless `grads` holds dq, dk, dv of the dtypes and shapes the manifest's `outputs` give."""
+    outputs = manifest.get("outputs") or {}
+    for name in GRAD_NAMES:
+        entry = outputs.get(name)
+        if entry is None:
+            continue  # the manifest's own problem: _open_arrays reports it
+        expected = f"{entry['dtype']} {list(entry['shape'])}"
+        array = (grads or {}).get(name)
+        if array is None:
+            raise ValueError(f"{name}: missing; expected {expected}")
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
+        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
+        if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
+            raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
+    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
+
+
+def _finish(
+    name: str,
+    base: Mapping[str, Any],
+    known: Mapping[str, Any],
+    checks: list[Check],
+    tensors: tuple[TensorResult, ...],
+    started: float,
+    output_bytes: int,
+) -> CaseResult:
+    passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
+    return CaseResult(
+        name=name,
+        verdict=PASS if passed else FAIL,
+        errors=(),
+        checks=tuple(checks),
+        tensors=tensors,
+        output_bytes=output_bytes,
+        seconds=time.perf_counter() - started,
+        **base,
+        **known,
+    )

@@ -1,0 +1,155 @@
+"""`bsa check` as a library function: generate a suite's cases, run a device on them, judge the outputs.
+
+`check_suite` composes the library's three steps (`generate.generate_suite`, `runner.run_cases`,
+`compare.compare_suite`) and returns what each gave; `run_suite` is the run step alone (`bsa run`). Nothing
+here prints: a `CheckProgress` is told what happens (the CLI shows it), and errors are raised as
+`BsaError`s for the caller to turn into messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import devices, runner, store
+from .case import Case
+from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
+from .errors import BsaError
+from .generate import generate_suite
+from .schedule import Estimate, auto_jobs, estimate
+
+
+class CheckProgress:
+    """What `check_suite` and `run_suite` report as they go; every method does nothing unless overridden."""
+
+    def generating(self, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
+        """The cases are about to be generated (those current in the folder are left alone)."""
+
+    def generated(self, case: Case, outcome: str) -> None:
+        """A case is generated, or found current ("current")."""
+
+    def progress(self, name: str, fraction: float) -> None:
+        """Case `name` is this far (0..1) through the current step (generating, or the reference device)."""
+
+    def running(self, case_dirs: Sequence[Path], device: devices.Device, flops: Mapping[str, float] | None) -> None:
+        """The device is about to run the cases; `flops` (the reference device only) weighs each case."""
+
+    def on_run_event(self, event: runner.RunEvent) -> None:
+        """A case started or ended on the device."""
+
+    def judging(self, case_dirs: Sequence[Path]) -> None:
+        """The cases' outputs are about to be judged."""
+
+    def judged(self, result: CaseResult) -> None:
+        """A case is judged."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """What `check_suite` did: the case directories, the run, and the verdicts (None if the run was
+    interrupted: then nothing is judged)."""
+
+    case_dirs: tuple[Path, ...]
+    run: runner.RunSummary
+    suite: SuiteResult | None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.suite is None
+
+
+def check_suite(
+    cases: Sequence[Case],
+    out: Path,
+    options: devices.RunOptions,
+    settings: RunSettings,
+    precision: str = "float32",
+    jobs: int | None = None,
+    progress: CheckProgress | None = None,
+    estimates: Mapping[str, Estimate] | None = None,
+) -> CheckResult:
+    """Generate `cases` into `out` (reusing those current there), run the device on them, judge the outputs.
+
+    Args:
+        cases: the cases to check (`spec.load_specs`).
+        out: the folder of the generated cases.
+        options: the device and how to run it (`devices.RunOptions`).
+        settings: comparison settings given for the whole run (validated).
+        precision: precision of the golden.
+        jobs: processes generating (None: `schedule.auto_jobs` decides) and judging (None: as
+            `compare.suite_jobs` decides) cases side by side.
+        progress: told what happens.
+        estimates: each case's `schedule.estimate`, if already made.
+
+    Raises:
+        BsaError: a case cannot be generated or run, or a run threshold does not apply to a case's standard.
+    """
+    progress = progress or CheckProgress()
+    estimates = estimates if estimates is not None else {case.name: estimate(case) for case in cases}
+    gen_jobs = auto_jobs(jobs, list(estimates.values()))
+    progress.generating(cases, estimates)
+    case_dirs = generate_suite(
+        cases, out, precision, gen_jobs, skip_current=True,
+        on_done=lambda case, outcome, _path: progress.generated(case, outcome),
+        on_progress=lambda case, fraction: progress.progress(case.name, fraction),
+    )  # fmt: skip
+    summary = run_suite(case_dirs, options, progress)
+    if summary.interrupted:
+        return CheckResult(tuple(case_dirs), summary, None)
+    progress.judging(case_dirs)
+    try:
+        suite = compare_suite(case_dirs, None, settings, on_case=progress.judged, jobs=jobs)
+    except ValueError as exc:  # a run threshold that does not apply to a case's standard
+        raise BsaError(str(exc)) from None
+    return CheckResult(tuple(case_dirs), summary, suite)
+
+
+def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> runner.RunSummary:
+    """Run the device on every case (`runner.run_cases`); the reference device also reports progress within
+    a case, weighed by backward FLOPs."""
+    flops = backward_flops(case_dirs) if options.device.is_reference else None
+    progress.running(case_dirs, options.device, flops)
+    if not options.device.is_reference:
+        return runner.run_cases(case_dirs, options, on_event=progress.on_run_event)
+    from .emulator import reporting
+
+    with reporting(progress.progress):
+        return runner.run_cases(case_dirs, options, on_event=progress.on_run_event)
+
+
+def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
+    """Return each case's backward FLOPs from its manifest (what the reference device computes)."""
+    flops: dict[str, float] = {}
+    for case_dir in case_dirs:
+        try:
+            manifest = store.load_manifest(case_dir)
+            refused = (manifest.get("expect") or {}).get("status", 0) != 0  # a negative case computes nothing
+            work = 0.0 if refused else float(manifest["stats"]["flops_backward"])
+            flops[str(manifest.get("name", case_dir.name))] = work
+        except (BsaError, KeyError, TypeError, ValueError):
+            flops[case_dir.name] = 0.0
+    return flops
+
+
+def inapplicable_faults(case_dirs: Sequence[Path], fault: str) -> list[str]:
+    """Return a warning for each case that the planted fault cannot change (it runs clean)."""
+    from . import emulator
+    from .manifest import case_from_manifest
+
+    warnings = []
+    for case_dir in case_dirs:
+        try:
+            manifest = store.load_manifest(case_dir)
+            if (manifest.get("expect") or {}).get("status", 0) != 0:
+                warnings.append(f"{manifest.get('name', case_dir.name)}: fault '{fault}' not planted: a negative "
+                                "case is refused before any computation")  # fmt: skip
+                continue
+            case = case_from_manifest(manifest)
+            mask = store.read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
+            reason = emulator.fault_not_applied(fault, case, mask)
+        except (BsaError, KeyError, TypeError, ValueError):
+            continue  # the run reports a broken case itself
+        if reason is not None:
+            warnings.append(f"{case.name}: {reason}")
+    return warnings

@@ -1,0 +1,150 @@
+"""The shape of the code (docs/design.md): imports flow one way, and no module outgrows one job.
+
+Imports are read from the source (every `import`, also those inside functions), so a lazy import cannot
+bring a circle back unseen.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "bsa_cli"
+
+COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen", "bsa_cli.cli_run",
+                   "bsa_cli.cli_trend"}
+"""Modules that define click commands; `bsa_cli.cli` adds them to the `bsa` group."""
+
+COMPARE_ORDER = (
+    "bias", "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
+    "case_files", "verdict", "suite",
+)  # fmt: skip
+"""The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
+
+MAX_LINES = 1300
+"""No module of bsa_cli is longer: past this, it holds more than one job (docs/design.md)."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Return the bsa_cli modules a source file imports (absolute names; `from . import x` names x)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("bsa_cli"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            elif node.module and node.module.startswith("bsa_cli"):
+                module = node.module
+            else:
+                continue
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)  # `from . import report`
+    return found
+
+
+def source_imports() -> dict[str, set[str]]:
+    """Return every bsa_cli module with the bsa_cli modules it imports."""
+    files = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(path) for path in files}
+    return {module_name(path): imported_modules(path) & modules for path in files}
+
+
+def is_cli(module: str) -> bool:
+    return module.rpartition(".")[2].startswith("cli") and module.count(".") == 1
+
+
+def import_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
+    """Return each import that breaks the one-way flow of docs/design.md.
+
+    * Only `bsa_cli.__main__` imports `bsa_cli.cli`; only `bsa_cli.cli` imports the command modules;
+      the command modules import `bsa_cli.cli_common` and the library; the library imports no CLI module.
+    * `bsa_cli.compare` imports neither the CLI nor `bsa_cli.report` (reports render its results) nor
+      `bsa_cli.pipeline`; inside it, each module imports only those before it in `COMPARE_ORDER`.
+    """
+    problems = []
+    for module, targets in sorted(imports.items()):
+        for target in sorted(targets):
+            if target == module:
+                continue
+            if target == "bsa_cli.cli" and module != "bsa_cli.__main__":
+                problems.append(f"{module} imports {target}: only `python -m bsa_cli` starts the group")
+            elif target in COMMAND_MODULES and module != "bsa_cli.cli":
+                problems.append(f"{module} imports {target}: a command module is imported by bsa_cli.cli only")
+            elif target == "bsa_cli.cli_common" and not is_cli(module):
+                problems.append(f"{module} imports {target}: the library does not know the CLI")
+            if module.startswith("bsa_cli.compare"):
+                if target.startswith(("bsa_cli.report", "bsa_cli.pipeline")) or is_cli(target):
+                    problems.append(f"{module} imports {target}: judging knows nothing of reports or the CLI")
+                inner, target_inner = module.rpartition(".")[2], target.rpartition(".")[2]
+                if (
+                    module.startswith("bsa_cli.compare.")
+                    and target.startswith("bsa_cli.compare.")
+                    and COMPARE_ORDER.index(target_inner) >= COMPARE_ORDER.index(inner)
+                ):
+                    problems.append(f"{module} imports {target}: later in COMPARE_ORDER (a circle in the making)")
+    return problems
+
+
+def test_imports_flow_one_way() -> None:
+    assert import_violations(source_imports()) == []
+
+
+def test_every_module_of_compare_has_its_place_in_the_order() -> None:
+    names = {p.stem for p in (PACKAGE / "compare").glob("*.py")} - {"__init__"}
+    assert names == set(COMPARE_ORDER)
+
+
+def test_the_import_reader_sees_relative_and_lazy_imports() -> None:
+    imports = source_imports()
+    assert "bsa_cli.cli_common" in imports["bsa_cli.cli_run"]
+    assert "bsa_cli.emulator" in imports["bsa_cli.compare.verdict"]  # `from .. import emulator` in a function
+    assert "bsa_cli.compare.metrics" in imports["bsa_cli.compare.judge"]
+
+
+@pytest.mark.parametrize(
+    ("module", "target"),
+    [
+        ("bsa_cli.cli_compare", "bsa_cli.cli"),  # a command module importing the group: the old circle
+        ("bsa_cli.cli_run", "bsa_cli.cli_gen"),  # a command reaching into another
+        ("bsa_cli.pipeline", "bsa_cli.cli_common"),  # the library knowing the CLI
+        ("bsa_cli.compare.judge", "bsa_cli.report"),
+        ("bsa_cli.compare.judge", "bsa_cli.report.formatting"),
+        ("bsa_cli.compare.metrics", "bsa_cli.compare.judge"),  # the core importing outwards
+        ("bsa_cli.compare.standards", "bsa_cli.compare.results"),
+    ],
+)
+def test_a_planted_backward_import_is_caught(module: str, target: str) -> None:
+    imports = source_imports()
+    imports[module] = {*imports[module], target}
+    problems = import_violations(imports)
+    assert len(problems) == 1 and problems[0].startswith(f"{module} imports {target}:")
+
+
+def module_lengths(root: Path = PACKAGE) -> dict[str, int]:
+    return {module_name(path): len(path.read_text().splitlines()) for path in sorted(root.rglob("*.py"))}
+
+
+def too_long(lengths: Mapping[str, int], limit: int = MAX_LINES) -> list[str]:
+    return [f"{module}: {n} lines (at most {limit})" for module, n in lengths.items() if n > limit]
+
+
+def test_no_module_outgrows_one_job() -> None:
+    assert too_long(module_lengths()) == []
+
+
+def test_a_module_too_long_is_caught() -> None:
+    lengths = module_lengths()
+    planted = {**lengths, "bsa_cli.runner": MAX_LINES + 1}
+    assert too_long(planted) == [f"bsa_cli.runner: {MAX_LINES + 1} lines (at most {MAX_LINES})"]
