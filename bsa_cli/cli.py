@@ -15,6 +15,7 @@ from .cli_compare import compare_command
 from .cli_export import export_command
 from .cli_gen import gen_command, list_command, validate_command
 from .cli_run import check_command, emulate_command, run_command
+from .cli_trend import trend_command
 
 
 class _Commands(click.Group):
@@ -42,5 +43,5 @@ def main() -> None:
 
 
 for _command in (validate_command, list_command, gen_command, run_command, emulate_command, check_command,
-                 compare_command, export_command):  # fmt: skip
+                 compare_command, export_command, trend_command):  # fmt: skip
     main.add_command(_command)

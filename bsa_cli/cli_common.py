@@ -23,6 +23,7 @@ import click
 from . import output, report
 from .case import Case
 from .compare import RunSettings, SuiteResult
+from .drift import Drift, drift_document, regressions_document
 from .errors import BsaError, DataError, SpecError, clip
 from .schedule import Estimate, machine_memory, parse_shard, shard
 from .spec import MAX_CASES, SpecErrors, load_specs
@@ -209,13 +210,27 @@ def prepare_reports(paths: dict[str, Path | None]) -> None:
         raise UserError(str(exc)) from None
 
 
-def write_reports(suite: SuiteResult, paths: dict[str, Path | None], out: Sequence[Path] = ()) -> None:
-    """Write the reports asked for by --json, --junit, --html and --csv."""
-    header = report.report_header(suite, out)
+def write_reports(
+    suite: SuiteResult,
+    paths: dict[str, Path | None],
+    out: Sequence[Path] = (),
+    header: report.ReportHeader | None = None,
+    drift: Drift | None = None,
+    exit_code: int | None = None,
+) -> None:
+    """Write the reports asked for by --json, --junit, --html and --csv (with a baseline's `drift` in JSON and
+    HTML; `exit_code` replaces the suite's in JSON when --fail-on-regression changed it; `header`: the merged
+    shards' date and hosts, default now and here)."""
+    header = header or report.report_header(suite, out)
+    additions: dict[str, object] = {}
+    if drift is not None:
+        additions = {"drift": drift_document(drift), "regressions": regressions_document(drift)}
+    if exit_code is not None:
+        additions["exit_code"] = exit_code
     writers: dict[str, Callable[[SuiteResult, Path], None]] = {
-        "--json": report.write_json,
+        "--json": lambda s, p: report.write_json(s, p, header, additions),
         "--junit": report.write_junit,
-        "--html": lambda s, p: report.write_html(s, p, header),
+        "--html": lambda s, p: report.write_html(s, p, header, drift),
         "--csv": report.write_csv,
     }
     for option, path in paths.items():

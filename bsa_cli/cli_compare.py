@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from . import drift as drift_
 from . import output, report
 from .cli_common import UserError, prepare_reports, run_settings, select_cases_or_suites, write_reports
 from .compare import STANDARDS, SuiteResult, compare_suite
@@ -19,7 +20,7 @@ REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
 
 
-def _load_reports(paths: tuple[Path, ...]) -> SuiteResult:
+def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHeader | None]:
     documents = []
     for path in paths:
         try:
@@ -29,9 +30,17 @@ def _load_reports(paths: tuple[Path, ...]) -> SuiteResult:
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
     try:
-        return report.merge(documents)
+        return report.merge(documents), report.merged_header(documents)
     except ValueError as exc:
         raise UserError(str(exc)) from None
+
+
+def load_baseline(path: Path) -> drift_.Night:
+    """Read `--baseline` (an earlier JSON report), or stop with a usage error naming the file."""
+    try:
+        return report.night_from_document(report.read_report(path), str(path))
+    except ValueError as exc:
+        raise UserError(f"--baseline {exc}") from None
 
 
 _STANDARD_HELP = (
@@ -71,6 +80,15 @@ _STANDARD_HELP = (
     is_flag=True,
     help="Hash only the inputs the judge reads (the block mask), not query/key/value/dout/out.",
 )
+@click.option("--baseline", type=click.Path(path_type=Path, dir_okay=False), metavar="OLD.json",
+              help="Compare with an earlier JSON report: each ratio's change, regressions, verdict changes, "
+                   "vanished and new cases (terminal, --json, --html).")
+@click.option("--fail-on-regression", is_flag=True,
+              help="With --baseline: exit 1 (instead of 0) on a regression, a case gone from PASS to FAIL or "
+                   "ERROR, or a vanished case.")
+@click.option("--regression-margin", metavar="REL,ABS",
+              help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
+                   f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).")
 @jobs_option_for("Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(
@@ -86,6 +104,9 @@ def compare_command(
     csv_path: Path | None,
     merge: bool,
     no_verify_inputs: bool,
+    baseline: Path | None,
+    fail_on_regression: bool,
+    regression_margin: str | None,
     jobs: int | None,
     verbose: bool,
 ) -> None:
@@ -95,10 +116,13 @@ def compare_command(
     OUT/edge, ...) is compared whole. Report files' folders are created; a report that cannot be written
     stops the command before any case is judged.
 
-    Exit code: 0 all cases pass, 1 a case failed, 2 usage error, 3 a case could not be judged.
+    Exit code: 0 all cases pass, 1 a case failed (or, with --fail-on-regression, drifted), 2 usage error,
+    3 a case could not be judged.
     """
     started = time.perf_counter()
     reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
+    margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
+    header = None
     if merge:
         given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", standard),
                                           ("--threshold", thresholds), ("--padding", padding),
@@ -108,7 +132,7 @@ def compare_command(
         if given:
             raise UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")
         prepare_reports(reports)
-        suite = _load_reports(paths)
+        suite, header = _load_reports(paths)
     else:
         run = run_settings(standard, thresholds, padding)
         case_dirs = select_cases_or_suites(paths, filters)
@@ -118,10 +142,32 @@ def compare_command(
         except (ValueError, BsaError) as exc:
             raise UserError(str(exc)) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
-    write_reports(suite, reports, () if merge else paths)
+    devices = tuple(d["device"] for d in report.suite_devices(suite))
+    drift = None if night is None else drift_.compare_with_baseline(suite, night, margin, devices)
+    code = suite.return_code if drift is None else drift.return_code(suite.return_code, fail_on_regression)
+    if drift is not None:
+        report.render_drift(drift, output.stdout)
+    write_reports(suite, reports, () if merge else paths, header, drift, code)
     if not merge:
         seconds = time.perf_counter() - started
         megabytes = suite.output_bytes / 1e6
         rate = f" ({megabytes / seconds:.0f} MB/s)" if seconds > 0 and megabytes >= 1 else ""
         output.info(f"judged {megabytes:.1f} MB of device outputs in {seconds:.2f} s{rate}")
-    click.get_current_context().exit(suite.return_code)
+    click.get_current_context().exit(code)
+
+
+def _baseline_options(
+    baseline: Path | None, fail_on_regression: bool, regression_margin: str | None
+) -> tuple[drift_.Margin, drift_.Night | None]:
+    """Check --baseline, --fail-on-regression and --regression-margin, and read the baseline report."""
+    if baseline is None:
+        given = [flag for flag, value in (("--fail-on-regression", fail_on_regression),
+                                          ("--regression-margin", regression_margin)) if value]  # fmt: skip
+        if given:
+            raise UserError(f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)")
+        return drift_.Margin(), None
+    try:
+        margin = drift_.parse_margin(regression_margin) if regression_margin is not None else drift_.Margin()
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return margin, load_baseline(baseline)

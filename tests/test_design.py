@@ -14,7 +14,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bsa_cli"
 
-COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen", "bsa_cli.cli_run"}
+COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen", "bsa_cli.cli_run",
+                   "bsa_cli.cli_trend"}
 """Modules that define click commands; `bsa_cli.cli` adds them to the `bsa` group."""
 
 COMPARE_ORDER = (

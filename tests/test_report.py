@@ -161,8 +161,12 @@ STATS_KEYS = {
 
 def test_json_schema_is_stable():
     document = report.to_document(sample_suite())
-    assert set(document) == {"schema", "tool", "exit_code", "summary", "cases"}
-    assert document["schema"] == "bsa-compare/1" and document["exit_code"] == 3
+    assert set(document) == {"schema", "schema_minor", "tool", "date", "host", "devices", "exit_code", "summary",
+                             "cases"}  # fmt: skip
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 1 and document["exit_code"] == 3
+    reference = "reference (bsa emulate)"
+    assert document["devices"] == [{"device": reference, "kind": None, "name": reference, "fault": None,
+                                    "binary_sha256": None, "cases": 4}]  # fmt: skip
     assert document["summary"] == {"cases": 4, "passed": 2, "failed": 1, "errors": 1, "output_bytes": 3000,
                                    "seconds": 1.5}  # fmt: skip
     for case_data in document["cases"]:
@@ -184,6 +188,7 @@ def test_json_snapshot(tmp_path):
     report.write_json(sample_suite(), tmp_path / "r.json")
     document = json.loads((tmp_path / "r.json").read_text())
     document["tool"]["version"] = "<version>"
+    document["date"], document["host"] = "<date>", "<host>"
     assert_snapshot("report.json", json.dumps(document, indent=1) + "\n")
 
 

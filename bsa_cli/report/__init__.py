@@ -4,6 +4,7 @@ Every report works from the result dataclasses of `compare/results.py`; JSON is 
 judged in separate CI jobs merge into one `SuiteResult` that renders exactly like a local run.
 
 Modules: `document` (JSON, merging), `terminal`, `junit`, `page` (HTML) with `svg` (its pictures),
+`regressions` (the drift section against a baseline report), `trend` (the page of `bsa trend`),
 `msprobe_csv` (msprobe's compare CSV), `header` (date, version, host, folders), `formatting` (shared words
 and numbers), `files` (report paths checked up front, atomic writes).
 """
@@ -11,13 +12,26 @@ and numbers), `files` (report paths checked up front, atomic writes).
 from __future__ import annotations
 
 from . import msprobe_csv
-from .document import SCHEMA, case_document, from_document, merge, to_document, write_json
+from .document import (
+    SCHEMA,
+    SCHEMA_MINOR,
+    case_document,
+    from_document,
+    merge,
+    merged_header,
+    night_from_document,
+    read_report,
+    suite_devices,
+    to_document,
+    write_json,
+)
 from .files import ReportPathError, prepare_report_paths, write_text_atomic
 from .formatting import summary_line
 from .header import ReportHeader, report_header
 from .junit import case_report_text, junit_xml, testcase_id, write_junit
 from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, csv_text, write_csv
 from .page import html_report, write_html
+from .regressions import drift_html, render_drift
 from .terminal import render_terminal
 
 _case_report_text = case_report_text  # the name api.py imports
@@ -25,20 +39,27 @@ _case_report_text = case_report_text  # the name api.py imports
 __all__ = [
     "MSPROBE_COLUMNS",
     "SCHEMA",
+    "SCHEMA_MINOR",
     "ReportHeader",
     "ReportPathError",
     "case_document",
     "case_report_text",
     "csv_rows",
     "csv_text",
+    "drift_html",
     "from_document",
     "html_report",
     "junit_xml",
     "merge",
+    "merged_header",
+    "night_from_document",
+    "read_report",
     "msprobe_csv",
     "prepare_report_paths",
+    "render_drift",
     "render_terminal",
     "report_header",
+    "suite_devices",
     "summary_line",
     "svg",
     "testcase_id",

@@ -1,7 +1,8 @@
 """The JSON report: the faithful image of the result dataclasses, read back and merged across shards.
 
 JSON schema "bsa-compare/1" (docs/compare.md describes every key): a document is
-`{schema, tool, exit_code, summary, cases: [case...]}`; each case carries its verdict, message, headline,
+`{schema, schema_minor, tool, date, host, devices, exit_code, summary, cases: [case...]}` (with a baseline
+also `drift` and `regressions`); each case carries its verdict, message, headline,
 deciding check, settings, checks and errors, and per tensor the device and benchmark metrics, checks, worst
 elements, hot blocks and the per-block error map. Non-finite numbers are written as the strings
 "inf", "-inf" and "nan" (JSON has no such numbers); NaN cells of block maps as null.
@@ -10,23 +11,35 @@ elements, hot blocks and the per-block error map. Non-finite numbers are written
 from __future__ import annotations
 
 import dataclasses
+import datetime as _dt
 import json
 import math
 import types
 import typing
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .. import __version__, drift
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
+from ..errors import DataError
 from ..manifest import json_number
+from ..store import read_regular
 from .files import write_text_atomic
+from .header import ReportHeader, report_header
 
 SCHEMA = "bsa-compare/1"
 """The JSON report format; a reader refuses any other."""
+
+REPORT_MAX_BYTES = 1 << 30
+"""Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`)."""
+
+SCHEMA_MINOR = 1
+"""Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
+baseline, `drift` and `regressions`); a document without `schema_minor` is minor 0."""
 
 
 def _map_cells(array: np.ndarray) -> Any:
@@ -68,11 +81,56 @@ def case_document(case: CaseResult) -> dict[str, Any]:
     return document
 
 
-def to_document(suite: SuiteResult) -> dict[str, Any]:
-    """Return the whole result as the "bsa-compare/1" JSON document."""
-    return {
+def utc_date(date: str) -> str:
+    """Return an ISO 8601 date with an offset as the same moment in UTC (a date without one is kept)."""
+    try:
+        moment = _dt.datetime.fromisoformat(date)
+    except ValueError:
+        return date
+    if moment.tzinfo is None:
+        return date
+    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
+    """Return who produced the suite's outputs, one entry per distinct device, most cases first:
+    `{"device": words, "kind", "name", "fault", "binary_sha256", "cases"}` (from each case's run record)."""
+    counts: Counter[tuple[Any, ...]] = Counter()
+    for case in suite.cases:
+        counts[(provenance_label(case), case.device_kind, case.device, case.fault, case.binary_sha256)] += 1
+    return [{"device": label, "kind": kind, "name": name, "fault": fault, "binary_sha256": sha, "cases": count}
+            for (label, kind, name, fault, sha), count in counts.most_common()]  # fmt: skip
+
+
+def provenance_label(case: CaseResult) -> str:
+    """Return a short name of who produced a case's outputs: the reference device with its planted fault,
+    a binary with the start of its sha256, torch_npu, or "not recorded"."""
+    if case.device is None:
+        return "not recorded"
+    if case.binary_sha256:
+        return f"{case.device} (sha256 {case.binary_sha256[:12]})"
+    if case.device_kind == "reference" and case.fault and case.fault not in case.device:
+        return f"{case.device} with fault '{case.fault}'"
+    return case.device
+
+
+def to_document(
+    suite: SuiteResult, header: ReportHeader | None = None, additions: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Return the whole result as the "bsa-compare/1" JSON document.
+
+    Args:
+        header: when and where the result was judged (default: now, this machine); its date is written in UTC.
+        additions: top-level keys to add or replace (a baseline's `drift`, `regressions`, `exit_code`).
+    """
+    head = header or report_header(suite)
+    document = {
         "schema": SCHEMA,
+        "schema_minor": SCHEMA_MINOR,
         "tool": {"name": "bsa", "version": __version__},
+        "date": utc_date(head.date),
+        "host": head.host,
+        "devices": suite_devices(suite),
         "exit_code": suite.return_code,
         "summary": {
             "cases": len(suite.cases),
@@ -84,11 +142,16 @@ def to_document(suite: SuiteResult) -> dict[str, Any]:
         },
         "cases": [case_document(c) for c in suite.cases],
     }
+    document.update(additions or {})
+    return document
 
 
-def write_json(suite: SuiteResult, path: Path) -> None:
-    """Write the JSON report to `path`."""
-    write_text_atomic(Path(path), json.dumps(to_document(suite), indent=1, allow_nan=False) + "\n")
+def write_json(
+    suite: SuiteResult, path: Path, header: ReportHeader | None = None, additions: Mapping[str, Any] | None = None
+) -> None:
+    """Write the JSON report to `path` (see `to_document`)."""
+    text = json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n"
+    write_text_atomic(Path(path), text)
 
 
 def _load(tp: Any, data: Any) -> Any:
@@ -175,3 +238,67 @@ def merge(documents: Sequence[tuple[str, Mapping[str, Any]]]) -> SuiteResult:
             cases.append(case)
         seconds += suite.seconds
     return SuiteResult(tuple(cases), seconds)
+
+
+def merged_header(documents: Sequence[tuple[str, Mapping[str, Any]]], out: Sequence[str] = ()) -> ReportHeader | None:
+    """Return the header of merged shard reports: the latest of their dates (when the last shard was
+    judged), their hosts and bsa versions (distinct, in order); None when no shard carries a date."""
+    dates: list[_dt.datetime] = []
+    hosts: dict[str, None] = {}
+    versions: dict[str, None] = {}
+    for _, document in documents:
+        try:
+            moment = drift.parse_date(document.get("date")) if isinstance(document, Mapping) else None
+        except ValueError:
+            continue
+        if moment is None:
+            continue
+        dates.append(moment)
+        if isinstance(document.get("host"), str):
+            hosts[document["host"][:200]] = None
+        tool = document.get("tool")
+        if isinstance(tool, Mapping) and isinstance(tool.get("version"), str):
+            versions[tool["version"][:40]] = None
+    if not dates:
+        return None
+    latest = max(dates).isoformat(timespec="seconds")
+    return ReportHeader(latest, ", ".join(versions) or __version__, ", ".join(hosts) or "-", tuple(out))
+
+
+def read_report(path: Path, max_bytes: int | None = None) -> Any:
+    """Read a JSON report file (a regular file of at most `max_bytes`, default REPORT_MAX_BYTES: a baseline,
+    a night of `bsa trend`) and return its parsed JSON.
+
+    Raises:
+        ValueError: the file cannot be read, is too large or is not JSON; the message names the file.
+    """
+    try:
+        data = read_regular(Path(path), REPORT_MAX_BYTES if max_bytes is None else max_bytes)
+    except DataError as exc:
+        raise ValueError(f"{path}: cannot read JSON report: {exc.message}") from None
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise ValueError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
+
+
+def night_from_document(document: Any, source: str) -> drift.Night:
+    """Read a "bsa-compare/1" document back as a `Night`.
+
+    Raises:
+        ValueError: not a report, a malformed one, or a malformed date; the message names `source`.
+    """
+    suite = from_document(document, source)
+    try:
+        date = drift.parse_date(document.get("date"))
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    host = document.get("host")
+    tool = document.get("tool")
+    version = tool.get("version") if isinstance(tool, Mapping) else None
+    devices = tuple(d["device"] for d in suite_devices(suite))
+    return drift.Night(source, date, _text_or_none(host), _text_or_none(version), devices, suite)
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value[:200] if isinstance(value, str) else None

@@ -30,10 +30,10 @@ def report_header(
 
     Args:
         out: the folders the cases were read from (default: the common folder of the case directories).
-        now: the report's time (default: now, local time with its offset).
+        now: the report's time (default: now, in UTC).
         host: the machine's name (default: this one's).
     """
-    moment = (now or _dt.datetime.now().astimezone()).isoformat(timespec="seconds")
+    moment = (now or _dt.datetime.now(_dt.timezone.utc)).isoformat(timespec="seconds")
     folders = tuple(str(p) for p in out) or _common_folder([c.case_dir for c in suite.cases])
     return ReportHeader(moment, __version__, host or platform.node() or "-", folders)
 

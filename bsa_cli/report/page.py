@@ -12,13 +12,18 @@ import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
 from . import svg
 from .files import write_text_atomic
 from .formatting import METRIC_ROWS, device_lines, fmt, standards_line, summary_line, where
 from .header import ReportHeader, report_header
+from .regressions import CSS as _DRIFT_CSS
+from .regressions import drift_html
+
+if TYPE_CHECKING:
+    from ..drift import Drift
 
 VERDICTS = (FAIL, ERROR, PASS)
 
@@ -242,15 +247,18 @@ def _case_section(case: CaseResult) -> str:
     return "".join(parts)
 
 
-def html_report(suite: SuiteResult, header: ReportHeader | None = None) -> str:
-    """Return a self-contained HTML report (no script, no external file, font or link)."""
+def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: Drift | None = None) -> str:
+    """Return a self-contained HTML report (no script, no external file, font or link); with `drift`, a
+    section comparing the run with a baseline report comes first."""
     head = header or report_header(suite)
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
-        f"<title>bsa compare: {_esc(summary_line(suite))}</title><style>{_CSS}</style></head><body>",
+        f"<title>bsa compare: {_esc(summary_line(suite))}</title>",
+        f"<style>{_CSS}{_DRIFT_CSS if drift else ''}</style></head><body>",
         _header(suite, head),
         "<main>",
+        drift_html(drift) if drift is not None else "",
         _filters(suite),
         _summary_table(suite),
     ]
@@ -259,6 +267,6 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None) -> str:
     return "\n".join(parts)
 
 
-def write_html(suite: SuiteResult, path: Path, header: ReportHeader | None = None) -> None:
+def write_html(suite: SuiteResult, path: Path, header: ReportHeader | None = None, drift: Drift | None = None) -> None:
     """Write the HTML report to `path` (atomically)."""
-    write_text_atomic(Path(path), html_report(suite, header))
+    write_text_atomic(Path(path), html_report(suite, header, drift))

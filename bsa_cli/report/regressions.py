@@ -1,0 +1,144 @@
+"""The drift section of the terminal and HTML reports: this run against a baseline report.
+
+Both render the same `drift.Drift`: a summary line, then the regressions (checks whose value grew beyond
+the margin, passing or not), the cases whose verdict changed, and the cases that vanished or appeared.
+The HTML table also shows, per case and tensor, the check closest to its limit, so a reader sees what
+did not move as well; regressions come first and are highlighted.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ..compare import ERROR, FAIL, PASS
+from ..drift import Drift, MetricChange
+from .formatting import fmt
+
+CSS = """
+section.drift{margin:1em 0 1.2em}
+section.drift h2{font-size:1.1em;margin:.6em 0 .3em}
+table.drift tr.regressed td{background:#fbe3e6}
+table.drift tr.regressed td.flag{color:var(--fail);font-weight:700}
+td.up{color:var(--fail)}td.down{color:var(--pass)}
+"""
+
+MAX_ROWS = 400
+"""Rows of the HTML drift table (regressions first); the JSON report holds every change."""
+
+
+def _box(console: Console):  # type: ignore[no-untyped-def]
+    from rich import box
+
+    return box.ROUNDED if console.is_terminal else box.ASCII
+
+
+def _delta(change: MetricChange) -> str:
+    delta = change.delta
+    if not math.isfinite(delta):
+        return fmt(delta)
+    share = f" ({100 * delta / change.old:+.0f}%)" if change.old > 0 and math.isfinite(change.old) else ""
+    return f"{delta:+.4g}{share}"
+
+
+def render_drift(drift: Drift, console: Console) -> None:
+    """Print the drift section: regressions, verdict changes, vanished and appeared cases, a summary line."""
+    if drift.regressions:
+        table = Table(box=_box(console), title=f"regressions since {drift.baseline.label}", title_justify="left")
+        for column in ("case", "tensor", "check", "before", "now", "change", "limit", "now passes"):
+            table.add_column(column, justify="right" if column in ("before", "now", "change", "limit") else "left",
+                             overflow="fold")  # fmt: skip
+        for change in drift.regressions:
+            table.add_row(change.case, change.tensor, change.check, fmt(change.old), fmt(change.new), _delta(change),
+                          fmt(change.limit), "yes" if change.passed else Text("no", style="bold red"))  # fmt: skip
+        console.print(table)
+    for verdict in drift.verdicts:
+        style = "bold red" if verdict.worsened else "green" if verdict.new == PASS else ""
+        console.print(Text(f"{verdict.case}: {verdict.old} -> {verdict.new}: {verdict.headline}", style=style),
+                      soft_wrap=True)  # fmt: skip
+    if drift.vanished:
+        console.print(Text(f"vanished since the baseline: {', '.join(drift.vanished)}", style="bold red"),
+                      soft_wrap=True)  # fmt: skip
+    if drift.appeared:
+        console.print(Text(f"new since the baseline: {', '.join(drift.appeared)}"), soft_wrap=True)
+    for note in drift.notes:
+        console.print(Text(f"Note: {note}", style="yellow"), soft_wrap=True)
+    margin = f"margin: +{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x limit"
+    style = "bold red" if drift.problems else "bold green"
+    console.print(Text(f"{drift.summary_line()} ({margin})", style=style), soft_wrap=True)
+
+
+def _esc(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _rows(drift: Drift) -> list[MetricChange]:
+    """Regressions, then per case and tensor the check closest to its limit now (once each)."""
+    chosen: list[MetricChange] = list(drift.regressions)
+    seen = {(c.case, c.tensor, c.check) for c in chosen}
+    closest: dict[tuple[str, str], MetricChange] = {}
+    for change in drift.changes:
+        key = (change.case, change.tensor)
+        best = closest.get(key)
+        if best is None or _share(change) > _share(best):
+            closest[key] = change
+    for change in closest.values():
+        if (change.case, change.tensor, change.check) not in seen:
+            chosen.append(change)
+    return chosen[:MAX_ROWS]
+
+
+def _share(change: MetricChange) -> float:
+    return change.new / change.limit if not math.isnan(change.new) else -math.inf
+
+
+def drift_html(drift: Drift) -> str:
+    """Return the drift section of the HTML report (a `<section class="drift">`)."""
+    night = drift.baseline
+    margin = f"+{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x the limit"
+    counts = drift.counts_line()
+    parts = [f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
+             f"<p><b>{_esc(counts)}</b></p>"
+             f'<p class="sub">baseline {_esc(night.source)}: {_esc(night.label)}; a regression grew by more than '
+             f"{_esc(margin)}</p>"]  # fmt: skip
+    parts.extend(f'<p class="note">{_esc(note)}</p>' for note in drift.notes)
+    if drift.verdicts:
+        rows = [[f'<a href="#case-{_esc(v.case)}">{_esc(v.case)}</a>', _badge(v.old), _badge(v.new), _esc(v.headline)]
+                for v in drift.verdicts]  # fmt: skip
+        parts.append(_table(("case", "before", "now", "what happened now"), rows, "drift verdicts", ()))
+    for title, names in (("vanished since the baseline", drift.vanished), ("new since the baseline", drift.appeared)):
+        if names:
+            cls = "warn" if title.startswith("vanished") else "sub"
+            parts.append(f'<p class="{cls}">{_esc(title)}: {_esc(", ".join(names))}</p>')
+    rows_html = []
+    for change in _rows(drift):
+        direction = "up" if change.delta > 0 else "down" if change.delta < 0 else ""
+        cells = [("", f'<a href="#case-{_esc(change.case)}">{_esc(change.case)}</a>'), ("", _esc(change.tensor)),
+                 ("", _esc(change.check)), ("num", _esc(fmt(change.old))), ("num", _esc(fmt(change.new))),
+                 (f"num {direction}".strip(), _esc(_delta(change))), ("num", _esc(fmt(change.limit))),
+                 ("flag", "REGRESSION" if change.regressed else "")]  # fmt: skip
+        tds = "".join(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>" for cls, text in cells)
+        row_class = ' class="regressed"' if change.regressed else ""
+        rows_html.append(f"<tr{row_class}>{tds}</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("case", "tensor", "check", "before", "now", "change", "limit", ""))
+    if rows_html:
+        parts.append(f'<table class="drift"><tr>{head}</tr>{"".join(rows_html)}</table>')
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _badge(verdict: str) -> str:
+    cls = verdict if verdict in (PASS, FAIL, ERROR) else ""
+    return f'<span class="badge {cls}">{_esc(verdict)}</span>'
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str, numeric: Sequence[int]) -> str:
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
+                                    for i, c in enumerate(row)) + "</tr>" for row in rows)  # fmt: skip
+    return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'
