@@ -345,3 +345,21 @@ def test_trend_refuses_bad_and_undated_reports(nights, tmp_path):
     assert not (tmp_path / "t.html").exists()
     result = invoke("trend", nights[1], "--html", tmp_path)
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize("columns", [80, 100, 120])
+def test_the_terminal_drift_section_keeps_names_whole_at_every_width(nights, tmp_path, columns):
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "out3"
+    shutil.copytree(Path(str(nights[2]).replace("night-3.json", "out3")), out)
+    env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
+    result = subprocess.run([sys.executable, "-m", "bsa_cli", "compare", str(out), "--baseline", str(nights[0])],
+                            capture_output=True, text=True, env=env)  # fmt: skip
+    lines = result.stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("regressions since"))
+    section = [line for line in lines[start:] if "mere_ratio" in line]
+    assert section and all("grow" in line for line in section)  # case and check on one line
+    assert all(len(line.rstrip()) <= columns for line in section)

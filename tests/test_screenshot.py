@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "google-chrome") if shutil.which(b)), None)
+BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome") if shutil.which(b)), None)
 
 
 @pytest.mark.slow

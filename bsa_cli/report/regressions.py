@@ -49,14 +49,25 @@ def _delta(change: MetricChange) -> str:
 def render_drift(drift: Drift, console: Console) -> None:
     """Print the drift section: regressions, verdict changes, vanished and appeared cases, a summary line."""
     if drift.regressions:
-        table = Table(box=_box(console), title=f"regressions since {drift.baseline.label}", title_justify="left")
-        for column in ("case", "tensor", "check", "before", "now", "change", "limit", "now passes"):
-            table.add_column(column, justify="right" if column in ("before", "now", "change", "limit") else "left",
-                             overflow="fold")  # fmt: skip
-        for change in drift.regressions:
-            table.add_row(change.case, change.tensor, change.check, fmt(change.old), fmt(change.new), _delta(change),
-                          fmt(change.limit), "yes" if change.passed else Text("no", style="bold red"))  # fmt: skip
-        console.print(table)
+        title = f"regressions since {drift.baseline.label}"
+        wide = max(len(c.case) for c in drift.regressions) + len("tensor check before now change limit passes") + 40
+        if console.width >= wide:
+            table = Table(box=_box(console), title=title, title_justify="left")
+            for column in ("case", "tensor", "check", "before", "now", "change", "limit", "passes"):
+                table.add_column(column, justify="right" if column in ("before", "now", "change", "limit") else "left",
+                                 no_wrap=column in ("case", "check"), overflow="fold")  # fmt: skip
+            for change in drift.regressions:
+                table.add_row(change.case, change.tensor, change.check, fmt(change.old), fmt(change.new),
+                              _delta(change), fmt(change.limit),
+                              "yes" if change.passed else Text("no", style="bold red"))  # fmt: skip
+            console.print(table)
+        else:  # a narrow terminal: one line per regression keeps every name whole
+            console.print(Text(title + ":", style="bold"), soft_wrap=True)
+            for change in drift.regressions:
+                passes = "still passes" if change.passed else "fails"
+                line = (f"  {change.case} {change.tensor} {change.check}: {fmt(change.old)} -> {fmt(change.new)}, "
+                        f"{_delta(change)}, limit {fmt(change.limit)}, {passes}")  # fmt: skip
+                console.print(Text(line, style="" if change.passed else "bold red"), soft_wrap=True)
     for verdict in drift.verdicts:
         style = "bold red" if verdict.worsened else "green" if verdict.new == PASS else ""
         console.print(Text(f"{verdict.case}: {verdict.old} -> {verdict.new}: {verdict.headline}", style=style),
