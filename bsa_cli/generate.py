@@ -33,7 +33,8 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("sparsity", "causal_alignment"), "top_left"),
     (("init", "sink"), None),
     (("init", "logit_std"), None),
-    *((("init", tensor, key), None) for tensor in ("query", "key", "value", "dout") for key in ("outliers", "row_scale")),
+    *((("init", tensor, key), None)
+      for tensor in ("query", "key", "value", "dout") for key in ("outliers", "row_scale")),
 )
 """(path, default) of case fields added after fingerprints were first written: left out of the fingerprint
 at their default, so cases that do not use them keep the fingerprint they had."""

@@ -21,7 +21,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-BROWSERS = ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome", "google-chrome-stable", "chrome")
+BROWSERS = (
+    "chromium", "chromium-browser", "chromium-headless-shell", "google-chrome", "google-chrome-stable", "chrome",
+)  # fmt: skip
 
 
 def find_browser(given: str | None) -> str:

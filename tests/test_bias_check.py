@@ -119,7 +119,8 @@ def test_bias_z_inf_turns_the_check_off_and_other_standards_can_turn_it_on(gener
     assert off.verdict == PASS and not any(c.name == "bias" for c in off.all_checks)
     single = compare.compare_case(case_dir, tmp_path / "out", run=RunSettings(standard="fa-ratio"))
     assert not any(c.name == "bias" for c in single.all_checks)
-    on = compare.compare_case(case_dir, tmp_path / "out", run=RunSettings(standard="fa-ratio", thresholds={"bias_z": 5}))
+    fa_ratio_with_bias = RunSettings(standard="fa-ratio", thresholds={"bias_z": 5})
+    on = compare.compare_case(case_dir, tmp_path / "out", run=fa_ratio_with_bias)
     assert on.verdict == FAIL and on.deciding.name == "bias"
 
 

@@ -140,7 +140,8 @@ def load(tmp_path: Path, **fields: object) -> Case:
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ("bottom-right", "'bottom-right' is not allowed (did you mean 'bottom_right'?); allowed: top_left, bottom_right"),
+        ("bottom-right",
+         "'bottom-right' is not allowed (did you mean 'bottom_right'?); allowed: top_left, bottom_right"),
         ("topleft", "(did you mean 'top_left'?)"),
         (1, "1 is not allowed; allowed: top_left, bottom_right"),
     ],

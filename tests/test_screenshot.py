@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-BROWSER = next((shutil.which(b) for b in ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome") if shutil.which(b)), None)
+BROWSERS = ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome")
+BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 
 
 @pytest.mark.slow

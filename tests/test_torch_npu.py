@@ -182,7 +182,7 @@ def test_a_misbehaving_torch_npu_is_recorded(tmp_path, with_standin, monkeypatch
         return runner.run_case(cases[device], options(device_ids=tuple(faults), timeout=limits[device]), device)
 
     with ThreadPoolExecutor(len(faults)) as pool:  # one case per device id, side by side
-        results = dict(zip(faults, pool.map(run, faults)))
+        results = dict(zip(faults, pool.map(run, faults), strict=True))
 
     outcomes = {faults[d]: (r.outcome, r.problems[0].split(" (see")[0]) for d, r in results.items()}
     assert outcomes == {

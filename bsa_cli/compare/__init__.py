@@ -25,7 +25,7 @@ none imports `bsa_cli.report` or the CLI):
 
 from __future__ import annotations
 
-from . import bias
+from . import bias  # noqa: F401  (compare.bias: the statistic's module, for reports and scripts)
 from .geometry import structural_rows
 from .judge import judge_tensors
 from .results import (

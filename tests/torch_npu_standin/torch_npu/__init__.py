@@ -242,8 +242,8 @@ def _lengths(values: list[int], total: int, what: str) -> list[int]:
     if sum(values) == total and all(v >= 0 for v in values):
         return list(values)
     ends = [0, *values]
-    if values and values[-1] == total and all(b >= a for a, b in zip(ends, ends[1:])):
-        return [b - a for a, b in zip(ends, ends[1:])]
+    if values and values[-1] == total and all(b >= a for a, b in zip(ends, ends[1:], strict=False)):
+        return [b - a for a, b in zip(ends, ends[1:], strict=False)]
     raise RuntimeError(
         f"stand-in: {what} {values} neither sum to nor end at the {total} tokens of the tensor; the real "
         "kernels do not check this and read out of bounds"
