@@ -81,6 +81,7 @@ def bsa_case(request: pytest.FixtureRequest) -> LoadedCase:
     case_dir = getattr(request, "param", None)
     if case_dir is None:
         pytest.skip(SKIP_REASON)
+    assert case_dir is not None  # pytest.skip raises
     from .api import load_case
 
     return load_case(case_dir)

@@ -60,6 +60,12 @@ class RelativeSums:
     total: float = 0.0
     squares: float = 0.0
 
+    @classmethod
+    def of(cls, mean: float, se: float, count: int) -> RelativeSums:
+        """The sums that give `mean` and standard error `se` over `count` values (as `ErrorStats` keeps them)."""
+        total = mean * count
+        return cls(count=count, total=total, squares=(se * count) ** 2 + total * mean)
+
     def add(self, relative: np.ndarray, count: int) -> None:
         """Add a chunk's signed relative errors (0 where the golden is not large) and its large count."""
         flat = relative.reshape(-1)

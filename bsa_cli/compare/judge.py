@@ -122,16 +122,14 @@ def _bias(
 ) -> bias.Bias:
     """The bias of one tensor (`bias.py`): from each side's sums, with the paired difference measured
     when the two biases differ by more than `floor` and the benchmark's arrays are at hand."""
-    assert dev_stats.bias is not None and dev_stats.bias_se is not None
-    assert bench_stats.bias is not None and bench_stats.bias_se is not None
     sides = []
     for stats in (dev_stats, bench_stats):
-        sums = bias.RelativeSums(count=stats.large_count, total=stats.bias * stats.large_count)
-        sums.squares = (stats.bias_se * stats.large_count) ** 2 + sums.total * stats.bias
-        sides.append(sums)
+        mean, se = stats.bias, stats.bias_se
+        assert mean is not None and se is not None
+        sides.append(bias.RelativeSums.of(mean, se, stats.large_count))
     device, bench, golden = arrays
     pairs = None
-    if bench is not None and abs(dev_stats.bias - bench_stats.bias) > floor:
+    if bench is not None and abs(sides[0].mean - sides[1].mean) > floor:
         pairs = paired_relative_sums(device, bench, golden, geom, params)
     ulp = bias.ulp_relative(_MANTISSA_BITS.get(params.io_dtype, 23))
     return bias.estimate(sides[0], sides[1], ulp, pairs)
