@@ -937,6 +937,7 @@ def test_a_changed_summary_tiles_file_is_stale(generated):
         (lambda m: m["benchmark_summary"]["stats"]["dq"].update(rmse=None), "rmse: None is not float"),
         (lambda m: m["benchmark_summary"]["stats"]["dk"].update(count=True), "count: True is not int"),
         (lambda m: m["benchmark_summary"]["stats"]["dv"].pop("rmse"), "fields ['rmse'] missing or unknown"),
+        (lambda m: m["benchmark_summary"]["stats"]["dk"].update(bias="nan"), "dk: bias nan ± "),
         (lambda m: m["benchmark_summary"].pop("tiles"), "benchmark_summary: 'tiles'"),
         (lambda m: m["benchmark_summary"]["tiles"]["dq"].update(shape=[96, 4]),  # same bytes as [192, 2]
          "dq: benchmark summary tiles are float32 [96, 4], expected float32 [192, 2]"),

@@ -7,6 +7,7 @@ figures instead of reading, hashing and measuring the benchmark again.
 from __future__ import annotations
 
 import dataclasses
+import math
 import platform
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -92,6 +93,9 @@ def summary_from_document(document: Mapping[str, Any], tiles: Mapping[str, np.nd
     """Rebuild a summary from `summary_document` and its tiles; ValueError if the document is malformed."""
     try:
         stats = {name: ErrorStats(**_stats_fields(document["stats"][name])) for name in GRAD_NAMES}
+        for name, figures in stats.items():  # finite for any real benchmark: NaN would switch the bias check off
+            if not all(v is None or math.isfinite(v) for v in (figures.bias, figures.bias_se)):
+                raise ValueError(f"{name}: bias {figures.bias!r} ± {figures.bias_se!r} is not finite")
         return BenchmarkSummary(dict(document["key"]), stats, {name: tiles[name] for name in GRAD_NAMES})
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed benchmark summary ({type(exc).__name__}: {exc})") from None
