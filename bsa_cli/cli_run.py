@@ -30,6 +30,7 @@ from .cli_common import (
     prepare_reports,
     refuse_oversized,
     run_settings,
+    show_kernel_path_notes,
     user_errors,
     warn_constraints,
     write_reports,
@@ -534,6 +535,7 @@ def check_command(
             if checked.suite is None:
                 raise KeyboardInterrupt
             suite = checked.suite
+            show_kernel_path_notes(checked.case_dirs)
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None

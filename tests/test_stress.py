@@ -235,3 +235,15 @@ def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     assert any("underflow" in note for note in result.kernel_notes)
     assert not any("underflow" in note for note in result.notes)  # the headline stays the verdict's
     assert "precision path: float16 underflow" in report.html_report(compare.SuiteResult((result,)))
+
+
+def test_gen_and_check_print_the_kernel_path_notes(tmp_path):
+    from click.testing import CliRunner
+
+    from bsa_cli.cli import main
+
+    spec = Path(__file__).parent.parent / "cases" / "stress.yaml"
+    for command in (["gen", str(spec), "-o", str(tmp_path / "g")], ["check", str(spec), "-o", str(tmp_path / "c")]):
+        result = CliRunner().invoke(main, [*command, "--filter", "stress-peaked.fp16"], catch_exceptions=False)
+        assert result.exit_code == 0, result.output
+        assert "stress-peaked.fp16: float16 underflow:" in result.output
