@@ -142,3 +142,18 @@ def test_the_json_report_keeps_the_estimate(generated, tmp_path):
     assert dv["bias"]["device"] == pytest.approx(-1e-4, abs=3e-5) and dv["bias"]["device_se"] > 0
     back = report.from_document(document)
     assert dataclasses.asdict(back.cases[0].tensors[2].bias) == dataclasses.asdict(result.tensors[2].bias)
+
+
+def test_the_html_report_draws_the_bias_first_when_it_decides(generated, tmp_path):
+    from bsa_cli import report
+
+    case_dir = generated["fp16-mha"]
+    _plant(case_dir, tmp_path / "out", "dk", 1 - 1e-4)
+    result = compare.compare_case(case_dir, tmp_path / "out")
+    page = report.html_report(compare.SuiteResult((result,)))
+    section = page[page.index("<h3>dk "):]
+    chart = section[: section.index("</svg>")]
+    assert "dk: systematic relative error against the golden" in chart
+    assert chart.count("<circle") == 2 and "within the floor" in chart  # device, benchmark; the floor band
+    assert section.index("systematic relative error") < section.index("error ratio per")  # before the heat map
+    assert "dq: systematic" not in page  # passing tensors get no chart

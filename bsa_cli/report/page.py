@@ -188,6 +188,13 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     first = failed[0].detail if failed else ""
     badge = '<span class="badge FAIL">FAIL</span>'
     parts = [f'<h3>{_esc(tensor.name)} {badge} <span class="sub">{_esc(first)}</span></h3>']
+    bias_figure = ""
+    if tensor.bias is not None and any(c.name == "bias" for c in failed):
+        floor = case.settings.thresholds.get("bias_floor", 2.0**-16) if case.settings else 2.0**-16
+        bias_figure = f'<div class="figs">{svg.bias_chart(tensor, tensor.bias, floor)}</div>'
+    if failed and failed[0].name == "bias":  # the picture of what decided first
+        parts.append(bias_figure)
+        bias_figure = ""
     block_map = tensor.block_map
     if block_map is not None and block_map.score.size:
         limit = _tile_limit(case)
@@ -200,6 +207,7 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
         parts.append(f'<div class="figs"><div class="col">{left}</div><div class="col">{right}</div></div>')
     elif tensor.ulp_chart is not None:
         parts.append(f'<div class="figs">{svg.ulp_chart(tensor, tensor.ulp_chart)}</div>')
+    parts.append(bias_figure)
     if tensor.hot_blocks:
         parts.append(_hot_table(tensor))
     if tensor.worst:

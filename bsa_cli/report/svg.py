@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compare import BlockMap, HotBlock, Selection, TensorResult, UlpChart
+from ..compare.bias import Bias
 from .formatting import fmt
 
 NOT_COMPUTED = "url(#bsa-hatch)"
@@ -476,5 +477,47 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
     return _svg(max(width, 420), height, "".join(out), title)
 
 
-__all__ = ["AT_BENCHMARK", "NONFINITE", "NOT_COMPUTED", "Scale", "heat_map", "legend", "tile_map", "ulp_bins",
-           "ulp_chart"]  # fmt: skip
+def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
+    """Return the device's and the benchmark's relative bias with bars of 2 standard errors, on one axis with
+    the floor band (where the bias check never fails) around 0; the ULP scale along the top."""
+    rows = [("device", estimate.device, estimate.device_se, DEVICE_FILL),
+            ("benchmark", estimate.benchmark, estimate.benchmark_se, BENCHMARK_FILL)]  # fmt: skip
+    reach = max([floor * 1.5] + [abs(v) + 2 * se for _, v, se, _ in rows if math.isfinite(v) and math.isfinite(se)])
+    left, right, top, row_h = 80.0, 440.0, 44.0, 26.0
+    width, height = right + 80, top + row_h * len(rows) + 44
+
+    def x(value: float) -> float:
+        return left + (right - left) * (value + reach) / (2 * reach)
+
+    title = f"{tensor.name}: systematic relative error against the golden (± 2 standard errors)"
+    out = [_text(4, 12, title, extra=' font-weight="bold"')]
+    band = f"within the floor ±{floor:.3g}: never a failure"
+    out.append(f'<rect x="{x(-floor):.1f}" y="{top - 8}" width="{x(floor) - x(-floor):.1f}" '
+               f'height="{row_h * len(rows) + 8}" fill="{AT_BENCHMARK}"><title>{_esc(band)}</title></rect>')  # fmt: skip
+    out.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{top + row_h * len(rows)}" stroke="#555"/>')
+    for i, (name, value, se, fill) in enumerate(rows):
+        y = top + i * row_h + row_h / 2 - 4
+        out.append(_text(left - 6, y + 3.5, name, "end"))
+        if not (math.isfinite(value) and math.isfinite(se)):
+            continue
+        lo, hi = x(max(value - 2 * se, -reach)), x(min(value + 2 * se, reach))
+        tip = (f"{name}: {value:+.3g} ± {se:.2g} relative ({estimate.in_ulp(value):+.3g} ± "
+               f"{estimate.in_ulp(se):.2g} ULP)")  # fmt: skip
+        out.append(f'<line x1="{lo:.1f}" y1="{y:.1f}" x2="{hi:.1f}" y2="{y:.1f}" stroke="#333" stroke-width="1.5"/>')
+        out.append(f'<circle cx="{x(value):.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="#333">'
+                   f"<title>{_esc(tip)}</title></circle>")  # fmt: skip
+    axis_y = top + row_h * len(rows)
+    out.append(f'<line x1="{left}" y1="{axis_y}" x2="{right}" y2="{axis_y}" stroke="#555"/>')
+    for value in (-reach, -reach / 2, 0.0, reach / 2, reach):
+        out.append(_text(x(value), axis_y + 13, f"{value:+.2g}" if value else "0", "middle"))
+        if estimate.ulp > 0:
+            out.append(_text(x(value), top - 14, f"{estimate.in_ulp(value):+.2g}" if value else "0", "middle"))
+    out.append(_text(right + 34, top - 14, "ULP"))
+    out.append(_text(right + 34, axis_y + 13, "relative"))
+    verdict = f"difference {estimate.difference:+.3g} ± {estimate.difference_se:.2g}: {estimate.z:.3g} standard errors"
+    out.append(_text(left, height - 8, verdict + (" (paired)" if estimate.paired else "")))
+    return _svg(width, height, "".join(out), title)
+
+
+__all__ = ["AT_BENCHMARK", "NONFINITE", "NOT_COMPUTED", "Scale", "bias_chart", "heat_map", "legend", "tile_map",
+           "ulp_bins", "ulp_chart"]  # fmt: skip
