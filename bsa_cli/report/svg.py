@@ -482,7 +482,8 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     the floor band (where the bias check never fails) around 0; the ULP scale along the top."""
     rows = [("device", estimate.device, estimate.device_se, DEVICE_FILL),
             ("benchmark", estimate.benchmark, estimate.benchmark_se, BENCHMARK_FILL)]  # fmt: skip
-    reach = max([floor * 1.5] + [abs(v) + 2 * se for _, v, se, _ in rows if math.isfinite(v) and math.isfinite(se)])
+    finite = [abs(v) + 2 * se for _, v, se, _ in rows if math.isfinite(v) and math.isfinite(se)]
+    reach = max([floor * 1.5, *finite])
     left, right, top, row_h = 80.0, 440.0, 44.0, 26.0
     width, height = right + 80, top + row_h * len(rows) + 44
 
