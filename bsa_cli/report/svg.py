@@ -493,8 +493,9 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     title = f"{tensor.name}: systematic relative error against the golden (± 2 standard errors)"
     out = [_text(4, 12, title, extra=' font-weight="bold"')]
     band = f"within the floor ±{floor:.3g}: never a failure"
-    out.append(f'<rect x="{x(-floor):.1f}" y="{top - 8}" width="{x(floor) - x(-floor):.1f}" '
-               f'height="{row_h * len(rows) + 8}" fill="{AT_BENCHMARK}"><title>{_esc(band)}</title></rect>')  # fmt: skip
+    band_h = row_h * len(rows) + 8
+    out.append(f'<rect x="{x(-floor):.1f}" y="{top - 8}" width="{x(floor) - x(-floor):.1f}" height="{band_h}" '
+               f'fill="{AT_BENCHMARK}"><title>{_esc(band)}</title></rect>')  # fmt: skip
     out.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{top + row_h * len(rows)}" stroke="#555"/>')
     for i, (name, value, se, fill) in enumerate(rows):
         y = top + i * row_h + row_h / 2 - 4
