@@ -410,6 +410,9 @@ def _series(name: str, by_night: Sequence[Mapping[str, CaseResult]], margin: Mar
             check = next((c for c in ratio_checks(case) if (c.tensor, c.name) == key), None)
         if check is None:
             points.append(Point(case.verdict, None, None, case.headline))
+        elif case.verdict != PASS and case.headline and case.headline != check.detail:
+            # what failed that night (the bias check's score, say), then the charted value
+            points.append(Point(case.verdict, check.value, check.limit, f"{case.headline}; charted: {check.detail}"))
         else:
             points.append(Point(case.verdict, check.value, check.limit, check.detail))
     if followed is None:

@@ -363,3 +363,21 @@ def test_the_terminal_drift_section_keeps_names_whole_at_every_width(nights, tmp
     section = [line for line in lines[start:] if "mere_ratio" in line]
     assert section and all("grow" in line for line in section)  # case and check on one line
     assert all(len(line.rstrip()) <= columns for line in section)
+
+
+def test_a_failing_night_says_what_failed_even_when_the_chart_follows_another_check(nights):
+    """The bias check's value is a score, never charted: a night it fails shows its text on the point."""
+    from bsa_cli import report
+    from bsa_cli.drift import trend
+
+    documents = [json.loads(path.read_text()) for path in nights[:2]]
+    case = next(c for c in documents[1]["cases"] if c["name"] == "grow")
+    case["verdict"] = "FAIL"
+    case["tensors"][0]["checks"].append({"name": "bias", "tensor": case["tensors"][0]["name"], "value": 9.0,
+                                         "limit": 5.0, "passed": False, "detail": "dq bias -3e-4 ± 1e-5 (planted)",
+                                         "severity": 1.8})  # fmt: skip
+    series = next(s for s in trend([report.night_from_document(d, f"n{i}") for i, d in enumerate(documents)]).series
+                  if s.case == "grow")  # fmt: skip
+    assert series.check != "bias"  # a score is never charted
+    assert series.points[1].detail.startswith("dq bias -3e-4") and "; charted: " in series.points[1].detail
+    assert "dq bias" not in series.points[0].detail
