@@ -1,7 +1,8 @@
 """The golden module as of commit 2b40f9e, kept verbatim: the reference that tests/test_golden_bits.py holds
 today's bsa_cli/golden.py to, bit for bit (golden float32 and float64, the kernel-faithful benchmark, out, lse).
 
-Not used by bsa. Only the imports differ from that commit (absolute instead of relative). Its own docstring:
+Not used by bsa. Only the imports (absolute instead of relative) and the name of the operator notes
+(docs/operator.md) differ from that commit. Its own docstring:
 
 Block-sparse attention forward and backward on arrays: the golden and the kernel-faithful path.
 
@@ -18,9 +19,9 @@ Three precisions:
 
 * `forward` / `forward_sequence`: always float64, so the generated `attentionOut` and `softmaxLse`
   are stable across machines once rounded to the tensor dtypes.
-* `backward` / `backward_sequence`: the formulas of DOMAIN.md section 1 on the GIVEN out and lse,
+* `backward` / `backward_sequence`: the formulas of docs/operator.md section 1 on the GIVEN out and lse,
   computed in float32 (the CANN "golden": inputs upcast to fp32) or float64.
-* `backward_kernel` / `backward_sequence_kernel`: the A2/A3 kernel's precision path (DOMAIN.md section 2):
+* `backward_kernel` / `backward_sequence_kernel`: the A2/A3 kernel's precision path (docs/operator.md section 2):
   fp32 scores and probabilities, P and dS rounded to the input dtype before the products that use them,
   fp32 accumulation, scale applied to dQ and dK at the end, outputs cast to the input dtype.
 
@@ -655,7 +656,7 @@ def backward_sequence_kernel(
     scale: float,
     io_dtype: DTypeLike,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Compute dq, dk, dv of one batch entry the way the A2/A3 kernel does (DOMAIN.md section 2).
+    """Compute dq, dk, dv of one batch entry the way the A2/A3 kernel does (docs/operator.md section 2).
 
     Tensors are first rounded to `io_dtype` and lse to float32, as the kernel sees them.
     Arguments as `backward_sequence`.
