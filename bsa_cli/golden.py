@@ -278,12 +278,13 @@ def _row_tiles(start: int, stop: int, width: int) -> list[slice]:
     return [slice(first, last) for first, last in zip(bounds[:-1], bounds[1:], strict=True)]
 
 
-_CHUNK_ELEMENTS = 1 << 15
+_CHUNK_ELEMENTS = 1 << 18
 """Most elements of the row chunks in which a tile's elementwise steps run, chunk after chunk.
 
-A tile is megabytes: step after step it would leave the core's cache and come back. A chunk of rows stays
-there through all the steps. Elementwise steps and row reductions give the same values in any chunks (the
-products still take whole tiles)."""
+It bounds the temporaries of those steps (the float16 rounding's) on wide tiles (long causal rows: up to
+`_TILE_ELEMENTS`); a tile of typical width is one chunk (smaller chunks only add NumPy calls, which
+threads then take turns to make). Elementwise steps and row reductions give the same values in any chunks;
+the products still take whole tiles."""
 
 
 def _chunks(shape: tuple[int, ...]) -> list[slice]:
