@@ -792,6 +792,7 @@ def _walk(task: _Task, report: Callable[[int], None] | None, stop: threading.Eve
     try:
         if q_len == 0 or kv_len == 0:
             return
+
         def build() -> tuple[np.ndarray, np.ndarray]:
             return path.blocks(entry.key[kv_head]), path.blocks(entry.value[kv_head])
 
@@ -1055,12 +1056,10 @@ def forward(
     """
     attention_out = np.zeros(case.q_shape)
     softmax_lse = np.full(case.q_shape[:-1], case.empty_row_lse, dtype=np.float64)
-    tasks = []
     for span, entry in _case_entries(case, None, query, key, value, block_mask):
         out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
         empty = np.ones(lse.shape, dtype=bool)
-        tasks += [_Task(_Forward(entry, out, lse, empty), kv_head) for kv_head in range(case.num_kv_heads)]
-    _run(tasks)
+        _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))  # noqa: B023 (called at once)
     return attention_out, softmax_lse
 
 
@@ -1080,12 +1079,13 @@ def backward(
     `softmax_lse` may have the trailing axis of size one or not. Padding stays 0.
     """
     grads = _zero_case_grads(case, _check_precision(precision))
-    tasks = []
     for span, entry in _case_entries(case, dout, query, key, value, block_mask):
-        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
-        views = _grad_views(case, grads, span)
-        tasks += [_Task(_Golden(entry, out, lse, views), kv_head) for kv_head in range(case.num_kv_heads)]
-    _run(tasks)
+        out, lse, views = (
+            q_view(case, attention_out, span),
+            lse_view(case, softmax_lse, span),
+            _grad_views(case, grads, span),
+        )
+        _run(_each_kv_head(entry, lambda: _Golden(entry, out, lse, views)))  # noqa: B023 (called at once)
     return grads
 
 
@@ -1101,12 +1101,13 @@ def backward_kernel(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute dq, dk, dv of a case on the kernel's precision path, in the case dtype."""
     grads = _zero_case_grads(case, numpy_dtype(case.dtype))
-    tasks = []
     for span, entry in _case_entries(case, dout, query, key, value, block_mask):
-        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
-        views = _grad_views(case, grads, span)
-        tasks += [_Task(_Kernel(entry, out, lse, views), kv_head) for kv_head in range(case.num_kv_heads)]
-    _run(tasks)
+        out, lse, views = (
+            q_view(case, attention_out, span),
+            lse_view(case, softmax_lse, span),
+            _grad_views(case, grads, span),
+        )
+        _run(_each_kv_head(entry, lambda: _Kernel(entry, out, lse, views)))  # noqa: B023 (called at once)
     return grads
 
 
@@ -1157,7 +1158,8 @@ def golden_and_benchmark(
     """Compute what `bsa gen` writes: `forward_backward`'s out, lse and golden, and the kernel-faithful benchmark.
 
     The benchmark is `backward_kernel` of the rounded out and lse, bit for bit. Its walk over a kv head
-    follows the golden's tile by tile; with `jobs` > 1 the walks run in up to `jobs` threads, largest first.
+    follows the golden's tile by tile; with `jobs` > 1 the walks run in up to `jobs` threads, largest first,
+    when the case's rows carry enough arithmetic to share (`_THREADS_MIN_ROW_FLOPS`).
 
     Returns:
         attention_out, softmax_lse ([q_shape[:-1]] float32), golden (dq, dk, dv) of `precision`, and
@@ -1182,21 +1184,55 @@ def _generate(
     attention_out, softmax_lse = _rounded_forward_arrays(case)
     gold = _zero_case_grads(case, precision)
     bench = _zero_case_grads(case, numpy_dtype(case.dtype)) if benchmark else ()
-    walks: list[tuple[_Task, _Task | None]] = []  # (golden, benchmark) of each entry and kv head
+    jobs = _lanes(case, block_mask, jobs)
+    walks: list[tuple[_Task, _Task | None]] = []  # (golden, benchmark) of entries and kv heads, one round
     for span, entry in _case_entries(case, dout, query, key, value, block_mask):
         out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
         empty = np.ones(lse.shape, dtype=bool)
+        gold_views = _grad_views(case, gold, span)
+        bench_views = _grad_views(case, bench, span) if benchmark else None
         io_inputs = all(a.dtype == attention_out.dtype for a in (entry.key, entry.value))
         for kv_head in range(case.num_kv_heads):
-            golden_walk = _Task(_ForwardGolden(entry, out, lse, empty, _grad_views(case, gold, span)), kv_head)
+            golden_walk = _Task(_ForwardGolden(entry, out, lse, empty, gold_views), kv_head)
             kernel_walk = None
-            if benchmark:
+            if bench_views is not None:
                 golden_walk.announce = _Tiles()
-                kernel = _Kernel(entry, out, lse, _grad_views(case, bench, span))
-                kernel_walk = _Task(kernel, kv_head, after=golden_walk.announce)
+                kernel_walk = _Task(_Kernel(entry, out, lse, bench_views), kv_head, after=golden_walk.announce)
                 if io_inputs and precision == np.float32:  # both walks read float32 blocks of the same values
                     golden_walk.shared = kernel_walk.shared = _SharedBlocks(2)
             walks.append((golden_walk, kernel_walk))
-    walks.sort(key=lambda pair: -pair[0].pairs())  # largest first
-    _run([g for g, _ in walks] + [k for _, k in walks if k is not None], jobs)
+            if len(walks) == _WALKS_PER_ROUND:
+                _run_round(walks, jobs)
+                walks = []
+    _run_round(walks, jobs)
     return attention_out, softmax_lse, gold, bench
+
+
+_WALKS_PER_ROUND = 64
+"""Golden walks (each with its benchmark walk) made and run together; the next are made once they are done,
+so a case of many batch entries or kv heads never holds the walks of all of them at once."""
+
+
+def _run_round(walks: list[tuple[_Task, _Task | None]], jobs: int) -> None:
+    """Run the golden walks (in threads: largest first), then their benchmark walks in the same order."""
+    if jobs > 1:
+        walks.sort(key=lambda pair: -pair[0].pairs())
+    _run([g for g, _ in walks] + [k for _, k in walks if k is not None], jobs)
+
+
+_THREADS_MIN_ROW_FLOPS = 4e6
+"""Arithmetic per query-block row (14 X Y D per selected block pair) from which walks run in threads.
+
+Below it a row's few dozen NumPy calls take longer than their arithmetic, and threads would only take
+turns at the interpreter (tiny blocks, head dims or sequences)."""
+
+
+def _lanes(case: Case, block_mask: np.ndarray, jobs: int) -> int:
+    """Return `jobs` if the case's rows carry enough arithmetic to gain from threads, else 1."""
+    if jobs <= 1:
+        return 1
+    selected = np.asarray(block_mask) != 0
+    rows = int(np.count_nonzero(selected.any(axis=-1)))
+    x, y = case.block_shape
+    per_row = 14 * x * y * case.head_dim * np.count_nonzero(selected) / max(rows, 1)
+    return jobs if per_row >= _THREADS_MIN_ROW_FLOPS else 1

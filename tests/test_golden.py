@@ -615,6 +615,7 @@ def test_fast_float16_rounding_equals_numpy_cast_bit_for_bit():
 
 
 def test_a_failing_walk_in_a_thread_raises_its_own_error_and_nothing_waits_for_it(monkeypatch):
+    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
     case = make_case(heads=4, kv_heads=4, dim=16, q_len=256, kv_len=256, block_shape=(16, 16))
     t = make_inputs(case, seed=5, density=0.5)
     tiles: list[int] = []
@@ -631,9 +632,10 @@ def test_a_failing_walk_in_a_thread_raises_its_own_error_and_nothing_waits_for_i
         golden.golden_and_benchmark(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], jobs=2)
 
 
-def test_walks_in_threads_give_blas_one_thread_each_and_restore_it():
+def test_walks_in_threads_give_blas_one_thread_each_and_restore_it(monkeypatch):
     if not golden.blas.thread_counts():
         pytest.skip("NumPy's BLAS here is not an OpenBLAS whose threads can be set")
+    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
     before = golden.blas.thread_counts()
     seen: list[list[int]] = []
     case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64)
@@ -644,7 +646,8 @@ def test_walks_in_threads_give_blas_one_thread_each_and_restore_it():
     assert golden.blas.thread_counts() == before
 
 
-def test_walks_in_threads_handle_floating_point_errors_as_the_caller_does():
+def test_walks_in_threads_handle_floating_point_errors_as_the_caller_does(monkeypatch):
+    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
     case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64, block_shape=(16, 16))
     t = make_inputs(case, seed=8)
     t["query"][0, 1, 5] = np.inf  # inf scores: inf - inf in the forward
@@ -652,3 +655,11 @@ def test_walks_in_threads_handle_floating_point_errors_as_the_caller_does():
     for jobs in (1, 2):
         with np.errstate(invalid="raise"), pytest.raises(FloatingPointError):
             golden.golden_and_benchmark(case, *inputs, jobs=jobs)
+
+
+def test_walks_take_threads_only_for_rows_with_arithmetic_to_share():
+    small = make_case(heads=4, kv_heads=4, dim=16, q_len=64, kv_len=64, block_shape=(16, 16))
+    large = make_case(heads=2, kv_heads=2, dim=128, q_len=256, kv_len=256, block_shape=(128, 128))
+    for case, lanes in ((small, 1), (large, 3)):  # 14 * 16**3 = 57 kFLOP per block pair; 14 * 128**3 = 29 MFLOP
+        assert golden._lanes(case, make_inputs(case, seed=3)["block_mask"], jobs=3) == lanes
+    assert golden._lanes(large, np.zeros(large.mask_shape, np.uint8), jobs=3) == 1  # nothing selected

@@ -82,6 +82,12 @@ def gen_now(case: Case, precision: str, jobs: int) -> list[np.ndarray]:
     return [tensors["attention_out"], tensors["softmax_lse"], *gold.values(), *bench.values()]
 
 
+@pytest.fixture(autouse=True)
+def walks_in_threads_however_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Let `-j 2` run the walks of these small cases in threads (they would stay in one thread otherwise)."""
+    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
+
+
 NAMES = ("attention_out", "softmax_lse", "golden dq", "golden dk", "golden dv", "bench dq", "bench dk", "bench dv")
 
 
@@ -125,3 +131,12 @@ def test_separate_passes_give_the_bits_of_2b40f9e(name: str) -> None:
         assert all(same_bits(a, b) for a, b in zip(now, then, strict=True)), precision
     now, then = golden.backward_kernel(case, *given), before.backward_kernel(case, *given)
     assert all(same_bits(a, b) for a, b in zip(now, then, strict=True))
+
+
+def test_gen_writes_the_bits_of_2b40f9e_in_rounds_of_walks(monkeypatch: pytest.MonkeyPatch) -> None:
+    case = make_case("tnd-zero-lengths")  # 3 entries with rows (one without kv) x 2 kv heads: 6 golden walks
+    monkeypatch.setattr(golden, "_WALKS_PER_ROUND", 4)
+    expected = gen_before(case, "float32")
+    for jobs in (1, 2):
+        for label, a, b in zip(NAMES, gen_now(case, "float32", jobs), expected, strict=True):
+            assert same_bits(a, b), f"-j {jobs}: {label} differs"
