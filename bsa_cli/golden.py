@@ -1078,15 +1078,8 @@ def backward(
 
     `softmax_lse` may have the trailing axis of size one or not. Padding stays 0.
     """
-    grads = _zero_case_grads(case, _check_precision(precision))
-    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
-        out, lse, views = (
-            q_view(case, attention_out, span),
-            lse_view(case, softmax_lse, span),
-            _grad_views(case, grads, span),
-        )
-        _run(_each_kv_head(entry, lambda: _Golden(entry, out, lse, views)))  # noqa: B023 (called at once)
-    return grads
+    arrays = (dout, query, key, value, attention_out, softmax_lse, block_mask)
+    return _backward_case(case, arrays, _check_precision(precision), _Golden)
 
 
 def backward_kernel(
@@ -1100,14 +1093,27 @@ def backward_kernel(
     block_mask: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute dq, dk, dv of a case on the kernel's precision path, in the case dtype."""
-    grads = _zero_case_grads(case, numpy_dtype(case.dtype))
+    arrays = (dout, query, key, value, attention_out, softmax_lse, block_mask)
+    return _backward_case(case, arrays, numpy_dtype(case.dtype), _Kernel)
+
+
+def _backward_case(
+    case: Case,
+    arrays: tuple[np.ndarray, ...],
+    dtype: DTypeLike,
+    path: Callable[[_Entry, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]], _Path],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Walk a backward precision path (`_Golden`, `_Kernel`) over every batch entry and kv head of a case,
+    from the given out and lse, into dq, dk, dv of `dtype`."""
+    dout, query, key, value, attention_out, softmax_lse, block_mask = arrays
+    grads = _zero_case_grads(case, dtype)
     for span, entry in _case_entries(case, dout, query, key, value, block_mask):
         out, lse, views = (
             q_view(case, attention_out, span),
             lse_view(case, softmax_lse, span),
             _grad_views(case, grads, span),
         )
-        _run(_each_kv_head(entry, lambda: _Kernel(entry, out, lse, views)))  # noqa: B023 (called at once)
+        _run(_each_kv_head(entry, lambda: path(entry, out, lse, views)))  # noqa: B023 (called at once)
     return grads
 
 
