@@ -24,7 +24,8 @@ from . import output, report
 from .case import Case
 from .compare import RunSettings, SuiteResult
 from .drift import Drift, drift_document, regressions_document
-from .errors import BsaError, DataError, SpecError, clip
+from .errors import BsaError, DataError, SpecError
+from .manifest import notes as manifest_notes
 from .schedule import Estimate, machine_memory, parse_shard, shard
 from .spec import MAX_CASES, SpecErrors, load_specs
 from .store import MANIFEST, find_cases, load_manifest, select_cases
@@ -98,11 +99,11 @@ def show_kernel_path_notes(case_dirs: Sequence[Path]) -> None:
     fp16 overflow, values flushed to zero)."""
     for case_dir in case_dirs:
         try:
-            notes = load_manifest(case_dir).get("notes") or []
+            manifest = load_manifest(case_dir)
         except (BsaError, OSError):
             continue
-        for note in notes[:8] if isinstance(notes, list) else []:
-            output.warn(f"{case_dir.name}: {clip(note, 300)}")
+        for note in manifest_notes(manifest):
+            output.warn(f"{case_dir.name}: {note}")
 
 
 def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import __version__, interface
 from .case import Case, Expect, TensorOverride
+from .errors import clip
 from .store import FORMAT
 
 INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
@@ -129,6 +130,19 @@ def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
             if isinstance(entry, Mapping):
                 table[str(name)] = {"dtype": entry.get("dtype"), "shape": list(entry.get("shape") or ())}
     return table
+
+
+MAX_NOTES = 8
+"""Most `notes` lines a reader takes from a manifest (it is untrusted)."""
+
+
+def notes(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """Return what `bsa gen` noted of a case's kernel precision path (fp16 overflow, values flushed to
+    zero): at most `MAX_NOTES` lines, each one clipped line, since the manifest is untrusted."""
+    found = manifest.get("notes")
+    if not isinstance(found, list):
+        return ()
+    return tuple(clip(note, 300) for note in found[:MAX_NOTES])
 
 
 def build_manifest(

@@ -19,6 +19,7 @@ from ..case import ACLNN_STATUS, Case, numpy_dtype
 from ..errors import DataError, clip
 from ..layout import mask_view
 from ..manifest import GRAD_NAMES, case_from_manifest
+from ..manifest import notes as manifest_notes
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
 from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info
 from .judge import judge_tensors
@@ -271,23 +272,11 @@ def _judge_case(
         return error(name, stale, **known)
     if known.get("fault"):
         known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
-    known["kernel_notes"] = _manifest_notes(manifest)
+    known["kernel_notes"] = manifest_notes(manifest)
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
-
-
-MAX_NOTES = 8
-
-
-def _manifest_notes(manifest: Mapping[str, Any]) -> tuple[str, ...]:
-    """What `bsa gen` noted about the kernel's precision path (fp16 overflow, underflow), one line each;
-    the manifest is untrusted, so at most `MAX_NOTES` lines, clipped."""
-    notes = manifest.get("notes")
-    if not isinstance(notes, list):
-        return ()
-    return tuple(clip(note, 300) for note in notes[:MAX_NOTES])
 
 
 def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
