@@ -27,7 +27,7 @@ def _round(values: np.ndarray, dtype) -> np.ndarray:
 
 def _sums(values: np.ndarray, golden: np.ndarray, err_thd: float) -> bias.RelativeSums:
     sums = bias.RelativeSums()
-    relative, count = bias.relative_errors(values, golden, err_thd)
+    relative, count = bias.relative_errors(values.astype(np.float64) - golden, golden, err_thd)
     sums.add(relative, count)
     return sums
 
@@ -36,10 +36,8 @@ def _estimate(device, bench, golden, dtype_name: str, paired: bool = True) -> bi
     _, mantissa, err_thd = DTYPES[dtype_name]
     pairs = None
     if paired:
-        g = golden.astype(np.float64)
-        large = np.abs(g) > err_thd
         pairs = bias.RelativeSums()
-        pairs.add(np.where(large, (device.astype(np.float64) - bench) / np.where(large, g, 1), 0), int(large.sum()))
+        pairs.add(*bias.relative_errors(device.astype(np.float64) - bench, golden, err_thd))
     return bias.estimate(
         _sums(device, golden, err_thd), _sums(bench, golden, err_thd), bias.ulp_relative(mantissa), pairs
     )

@@ -90,13 +90,16 @@ class RelativeSums:
         return math.sqrt(max(self.squares - self.total * self.mean, 0.0)) / self.count
 
 
-def relative_errors(values: np.ndarray, golden: np.ndarray, err_thd: float) -> tuple[np.ndarray, int]:
-    """Return (a - g) / g where |g| > err_thd, else 0 (float64), and the count of such elements."""
+def relative_errors(difference: np.ndarray, golden: np.ndarray, err_thd: float) -> tuple[np.ndarray, int]:
+    """Return difference / g (float64, flat) where |g| > err_thd and the quotient is finite, else 0, and
+    how many elements were kept: a device's signed relative errors (difference a - g), or the paired ones
+    of device and benchmark (d - b)."""
     g = golden.astype(np.float64).reshape(-1)
     large = np.abs(g) > err_thd
-    relative = np.zeros(g.shape, dtype=np.float64)
-    np.divide(values.astype(np.float64).reshape(-1) - g, g, out=relative, where=large)
-    return relative, int(np.count_nonzero(large))
+    with np.errstate(over="ignore", invalid="ignore"):
+        relative = difference.astype(np.float64).reshape(-1) / np.where(large, g, np.inf)
+    keep = large & np.isfinite(relative)
+    return np.where(keep, relative, 0.0), int(np.count_nonzero(keep))
 
 
 @dataclass(frozen=True)
