@@ -8,11 +8,10 @@ map of each failing tensor, its hottest block's 16x16 tiles, and its ULP chart a
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
 from . import svg
@@ -21,25 +20,18 @@ from .formatting import METRIC_ROWS, device_lines, fmt, standards_line, summary_
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
 from .regressions import drift_html
+from .style import BASE_CSS, esc
 
 if TYPE_CHECKING:
     from ..drift import Drift
 
 VERDICTS = (FAIL, ERROR, PASS)
 
-_CSS = """
-:root{--fail:#b3001b;--error:#8a1a8a;--pass:#16702a;--line:#d6d6d6}
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1d;background:#fff}
-main,header.top{padding:0 1.5em}
-header.top{padding-top:1em;padding-bottom:.6em;border-bottom:1px solid var(--line);background:#fafafa}
-h1{font-size:1.35em;margin:.2em 0 .5em}h3{font-size:1.02em;margin:1.2em 0 .4em}
+_CSS = BASE_CSS + """
+h3{font-size:1.02em;margin:1.2em 0 .4em}
 dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em;margin:0;font-size:.92em}
 dl.meta dt{color:#555}dl.meta dd{margin:0}
 .warn{color:var(--fail);font-weight:600}
-table{border-collapse:collapse;margin:.4em 0 1em;font-size:.88em}
-td,th{border:1px solid var(--line);padding:.18em .5em;text-align:left;vertical-align:top}
-th{background:#f1f1f1;font-weight:600}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 .PASS{color:var(--pass);font-weight:700}.FAIL{color:var(--fail);font-weight:700}.ERROR{color:var(--error);font-weight:700}
 .badge{display:inline-block;min-width:3.6em;text-align:center;border-radius:3px;color:#fff;font-size:.8em;
  font-weight:700;padding:.05em .3em}
@@ -70,13 +62,10 @@ ul.errors li{color:var(--error)}
 """
 
 
-def _esc(value: Any) -> str:
-    return html.escape(str(value))
-
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()) -> str:
     """Return an HTML table; cells are HTML already; columns in `numeric` are right-aligned."""
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = []
     for row in rows:
         cells = "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
@@ -87,15 +76,15 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "",
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
     verdict = FAIL if suite.count(FAIL) else ERROR if suite.count(ERROR) else PASS
-    rows = [("date", _esc(head.date)), ("bsa", _esc(head.version)), ("host", _esc(head.host)),
-            ("output folder", "<br>".join(_esc(p) for p in head.out) or "-")]  # fmt: skip
+    rows = [("date", esc(head.date)), ("bsa", esc(head.version)), ("host", esc(head.host)),
+            ("output folder", "<br>".join(esc(p) for p in head.out) or "-")]  # fmt: skip
     devices = []
     for text, count, warned in device_lines(suite):
         share = f" ({count} of {len(suite.cases)} cases)" if len(suite.cases) > 1 else ""
-        devices.append(f'<span class="warn">{_esc(text)}</span>{share}' if warned else f"{_esc(text)}{share}")
+        devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
-    rows.append(("standard", _esc(standards_line(suite))))
-    rows.append(("cases", f"{_esc(summary_line(suite))}; exit code {suite.return_code}"))
+    rows.append(("standard", esc(standards_line(suite))))
+    rows.append(("cases", f"{esc(summary_line(suite))}; exit code {suite.return_code}"))
     meta = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
     return (
         f'<header class="top"><h1>bsa compare: <span class="{verdict}">{verdict}</span></h1>'
@@ -111,7 +100,7 @@ def _filters(suite: SuiteResult) -> str:
         f'<input type="radio" name="show" id="show-{key}" class="filter"{" checked" if key == "all" else ""}>'
         for key, _ in choices
     )
-    labels = "".join(f'<label for="show-{key}">{_esc(text)}</label>' for key, text in choices)
+    labels = "".join(f'<label for="show-{key}">{esc(text)}</label>' for key, text in choices)
     return f'{inputs}<nav class="filters">show: {labels}</nav>'
 
 
@@ -119,10 +108,10 @@ def _summary_table(suite: SuiteResult) -> str:
     rows = []
     for case in suite.cases:
         rows.append(
-            f'<tr class="v-{case.verdict}"><td><a href="#case-{_esc(case.name)}">{_esc(case.name)}</a></td>'
-            f'<td><span class="badge {case.verdict}">{case.verdict}</span></td><td>{_esc(case.dtype or "-")}</td>'
-            f"<td>{_esc(case.layout or '-')}</td><td>{_esc(case.standard)}</td>"
-            f'<td class="headline">{_esc(case.headline)}</td></tr>'
+            f'<tr class="v-{case.verdict}"><td><a href="#case-{esc(case.name)}">{esc(case.name)}</a></td>'
+            f'<td><span class="badge {case.verdict}">{case.verdict}</span></td><td>{esc(case.dtype or "-")}</td>'
+            f"<td>{esc(case.layout or '-')}</td><td>{esc(case.standard)}</td>"
+            f'<td class="headline">{esc(case.headline)}</td></tr>'
         )
     head = "".join(f"<th>{h}</th>" for h in ("case", "verdict", "dtype", "layout", "standard", "what happened"))
     return f'<table class="cases"><tr class="head">{head}</tr>{"".join(rows)}</table>'
@@ -131,8 +120,8 @@ def _summary_table(suite: SuiteResult) -> str:
 def _checks_table(case: CaseResult, only_failed: bool) -> str:
     checks = sorted(case.all_checks, key=lambda c: (c.passed, -c.severity)) if only_failed else case.all_checks
     rows = [
-        [_esc(c.tensor or "-"), _esc(c.name), _esc(fmt(c.value)), _esc(fmt(c.limit)),
-         '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>', _esc(c.detail)]
+        [esc(c.tensor or "-"), esc(c.name), esc(fmt(c.value)), esc(fmt(c.limit)),
+         '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>', esc(c.detail)]
         for c in checks if not (only_failed and c.passed)
     ]  # fmt: skip
     return _table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
@@ -148,10 +137,10 @@ def _metrics_table(tensors: Sequence[TensorResult]) -> str:
             bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
             digits = 7 if key == "cosine" else 4
             text = fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}"
-            cells.append(_esc(text))
+            cells.append(esc(text))
         if all(c == "-" for c in cells):
             continue
-        rows.append([_esc(label), *cells])
+        rows.append([esc(label), *cells])
     headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
     return _table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
 
@@ -162,16 +151,16 @@ def _hot_table(tensor: TensorResult) -> str:
     for hot in tensor.hot_blocks:
         tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
         rows.append([str(hot.batch), str(hot.head), str(hot.block), f"{hot.rows[0]}-{hot.rows[1]}",
-                     _esc(fmt(hot.score, 3)), _esc(fmt(hot.rmse, 3)), _esc(fmt(hot.rmse_benchmark, 3)),
-                     _esc(fmt(hot.max_abs_err, 3)), _esc(tile)])  # fmt: skip
+                     esc(fmt(hot.score, 3)), esc(fmt(hot.rmse, 3)), esc(fmt(hot.rmse_benchmark, 3)),
+                     esc(fmt(hot.max_abs_err, 3)), esc(tile)])  # fmt: skip
     headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
     return f"<p class=sub>hot blocks</p>{_table(headers, rows, numeric=tuple(range(0, 8)))}"
 
 
 def _worst_table(tensor: TensorResult) -> str:
     rows = [
-        [_esc(where(tensor, e.coords, e.block)), _esc(fmt(e.device, 6)), _esc(fmt(e.golden, 6)),
-         _esc(fmt(e.benchmark, 6)), _esc(fmt(e.abs_err)), _esc(fmt(e.ulp, 3))]
+        [esc(where(tensor, e.coords, e.block)), esc(fmt(e.device, 6)), esc(fmt(e.golden, 6)),
+         esc(fmt(e.benchmark, 6)), esc(fmt(e.abs_err)), esc(fmt(e.ulp, 3))]
         for e in tensor.worst
     ]  # fmt: skip
     headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
@@ -187,7 +176,7 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     failed = sorted((c for c in tensor.checks if not c.passed), key=lambda c: -c.severity)
     first = failed[0].detail if failed else ""
     badge = '<span class="badge FAIL">FAIL</span>'
-    parts = [f'<h3>{_esc(tensor.name)} {badge} <span class="sub">{_esc(first)}</span></h3>']
+    parts = [f'<h3>{esc(tensor.name)} {badge} <span class="sub">{esc(first)}</span></h3>']
     bias_figure = ""
     if tensor.bias is not None and any(c.name == "bias" for c in failed):
         floor = case.settings.thresholds.get("bias_floor", 2.0**-16) if case.settings else 2.0**-16
@@ -218,17 +207,17 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
 def _case_section(case: CaseResult) -> str:
     """One case: open with pictures when it failed, folded when it passed."""
     is_open = " open" if case.verdict != PASS else ""
-    facts = " · ".join(_esc(x) for x in (case.dtype, case.layout, case.standard) if x and x != "-")
+    facts = " · ".join(esc(x) for x in (case.dtype, case.layout, case.standard) if x and x != "-")
     summary = (
-        f'<summary><span class="badge {case.verdict}">{case.verdict}</span> <b>{_esc(case.name)}</b> '
-        f'<span class="sub">{facts}</span> — {_esc(case.headline)}</summary>'
+        f'<summary><span class="badge {case.verdict}">{case.verdict}</span> <b>{esc(case.name)}</b> '
+        f'<span class="sub">{facts}</span> — {esc(case.headline)}</summary>'
     )
-    parts = [f'<section class="case v-{case.verdict}" id="case-{_esc(case.name)}"><details{is_open}>{summary}']
-    parts.extend(f'<p class="note">{_esc(note)}</p>' for note in case.notes)
-    parts.extend(f'<p class="sub">precision path: {_esc(note)}</p>' for note in case.kernel_notes)
+    parts = [f'<section class="case v-{case.verdict}" id="case-{esc(case.name)}"><details{is_open}>{summary}']
+    parts.extend(f'<p class="note">{esc(note)}</p>' for note in case.notes)
+    parts.extend(f'<p class="sub">precision path: {esc(note)}</p>' for note in case.kernel_notes)
     if case.verdict == ERROR:
-        parts.append('<ul class="errors">' + "".join(f"<li>{_esc(e)}</li>" for e in case.errors) + "</ul>")
-        parts.append(f'<p class="sub">case {_esc(case.case_dir)}, outputs {_esc(case.output_dir)}</p>')
+        parts.append('<ul class="errors">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
+        parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
         parts.append("</details></section>")
         return "".join(parts)
     if case.verdict == FAIL:
@@ -239,13 +228,13 @@ def _case_section(case: CaseResult) -> str:
         passing = [t for t in case.tensors if t.passed]
         if passing:
             names = ", ".join(t.name for t in passing)
-            parts.append(f'<p class="sub">{_esc(names)} pass.</p>')
+            parts.append(f'<p class="sub">{esc(names)} pass.</p>')
         more = [_checks_table(case, only_failed=False)]
     else:
         more = [_checks_table(case, only_failed=False)]
     if case.tensors:
         more.append(_metrics_table(case.tensors))
-    more.append(f'<p class="sub">case {_esc(case.case_dir)}, outputs {_esc(case.output_dir)}; '
+    more.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}; '
                 f"judged in {case.seconds:.2f} s</p>")  # fmt: skip
     if case.verdict == PASS:
         parts.extend(more)
@@ -262,7 +251,7 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
-        f"<title>bsa compare: {_esc(summary_line(suite))}</title>",
+        f"<title>bsa compare: {esc(summary_line(suite))}</title>",
         f"<style>{_CSS}{_DRIFT_CSS if drift else ''}</style></head><body>",
         _header(suite, head),
         "<main>",

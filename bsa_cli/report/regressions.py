@@ -8,7 +8,6 @@ did not move as well; regressions come first and are highlighted.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 
@@ -19,6 +18,7 @@ from rich.text import Text
 from ..compare import ERROR, FAIL, PASS
 from ..drift import Drift, MetricChange
 from .formatting import fmt
+from .style import esc
 
 CSS = """
 section.drift{margin:1em 0 1.2em}
@@ -84,9 +84,6 @@ def render_drift(drift: Drift, console: Console) -> None:
     console.print(Text(f"{drift.summary_line()} ({margin})", style=style), soft_wrap=True)
 
 
-def _esc(value: object) -> str:
-    return html.escape(str(value))
-
 
 def _rows(drift: Drift) -> list[MetricChange]:
     """Regressions, then per case and tensor the check closest to its limit now (once each)."""
@@ -114,24 +111,24 @@ def drift_html(drift: Drift) -> str:
     margin = f"+{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x the limit"
     counts = drift.counts_line()
     parts = [f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
-             f"<p><b>{_esc(counts)}</b></p>"
-             f'<p class="sub">baseline {_esc(night.source)}: {_esc(night.label)}; a regression grew by more than '
-             f"{_esc(margin)}</p>"]  # fmt: skip
-    parts.extend(f'<p class="note">{_esc(note)}</p>' for note in drift.notes)
+             f"<p><b>{esc(counts)}</b></p>"
+             f'<p class="sub">baseline {esc(night.source)}: {esc(night.label)}; a regression grew by more than '
+             f"{esc(margin)}</p>"]  # fmt: skip
+    parts.extend(f'<p class="note">{esc(note)}</p>' for note in drift.notes)
     if drift.verdicts:
-        rows = [[f'<a href="#case-{_esc(v.case)}">{_esc(v.case)}</a>', _badge(v.old), _badge(v.new), _esc(v.headline)]
+        rows = [[f'<a href="#case-{esc(v.case)}">{esc(v.case)}</a>', _badge(v.old), _badge(v.new), esc(v.headline)]
                 for v in drift.verdicts]  # fmt: skip
         parts.append(_table(("case", "before", "now", "what happened now"), rows, "drift verdicts", ()))
     for title, names in (("vanished since the baseline", drift.vanished), ("new since the baseline", drift.appeared)):
         if names:
             cls = "warn" if title.startswith("vanished") else "sub"
-            parts.append(f'<p class="{cls}">{_esc(title)}: {_esc(", ".join(names))}</p>')
+            parts.append(f'<p class="{cls}">{esc(title)}: {esc(", ".join(names))}</p>')
     rows_html = []
     for change in _rows(drift):
         direction = "up" if change.delta > 0 else "down" if change.delta < 0 else ""
-        cells = [("", f'<a href="#case-{_esc(change.case)}">{_esc(change.case)}</a>'), ("", _esc(change.tensor)),
-                 ("", _esc(change.check)), ("num", _esc(fmt(change.old))), ("num", _esc(fmt(change.new))),
-                 (f"num {direction}".strip(), _esc(_delta(change))), ("num", _esc(fmt(change.limit))),
+        cells = [("", f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'), ("", esc(change.tensor)),
+                 ("", esc(change.check)), ("num", esc(fmt(change.old))), ("num", esc(fmt(change.new))),
+                 (f"num {direction}".strip(), esc(_delta(change))), ("num", esc(fmt(change.limit))),
                  ("flag", "REGRESSION" if change.regressed else "")]  # fmt: skip
         tds = "".join(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>" for cls, text in cells)
         row_class = ' class="regressed"' if change.regressed else ""
@@ -145,11 +142,11 @@ def drift_html(drift: Drift) -> str:
 
 def _badge(verdict: str) -> str:
     cls = verdict if verdict in (PASS, FAIL, ERROR) else ""
-    return f'<span class="badge {cls}">{_esc(verdict)}</span>'
+    return f'<span class="badge {cls}">{esc(verdict)}</span>'
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str, numeric: Sequence[int]) -> str:
-    head = "".join(f"<th>{_esc(h)}</th>" for h in headers)
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
                                     for i, c in enumerate(row)) + "</tr>" for row in rows)  # fmt: skip
     return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'

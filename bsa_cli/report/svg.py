@@ -11,7 +11,6 @@ no font or file from elsewhere. Colours (`score_colour`) are shared by the pictu
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,6 +20,7 @@ import numpy as np
 from ..compare import BlockMap, HotBlock, Selection, TensorResult, UlpChart
 from ..compare.bias import Bias
 from .formatting import fmt
+from .style import SVG_FONT, esc
 
 NOT_COMPUTED = "url(#bsa-hatch)"
 AT_BENCHMARK = "#cfe8cf"
@@ -28,15 +28,11 @@ NONFINITE = "#1b0a2a"
 CELL_STROKE = "#8a8a8a"
 _LOW = ((255, 243, 176), (253, 174, 97))  # just above the benchmark's error .. just below the limit
 _HIGH = ((244, 109, 67), (120, 0, 30))  # the limit .. the top of the scale
-FONT = "font-family:ui-monospace,Menlo,Consolas,monospace;font-size:10px"
 MAX_PANELS = 8
 """Heat-map panels (batch entry, head) drawn per tensor: the hottest, in (b, n) order."""
 MAX_CELLS = 6000
 """Cells drawn per tensor heat map; larger grids are pooled (each cell covers f x f blocks)."""
 
-
-def _esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _mix(pair: tuple[tuple[int, int, int], tuple[int, int, int]], t: float) -> str:
@@ -85,13 +81,13 @@ def _defs() -> str:
 def _svg(width: float, height: float, body: str, label: str) -> str:
     return (
         f'<svg width="{width:.0f}" height="{height:.0f}" '
-        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{_esc(label)}" style="{FONT}">'
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{esc(label)}" style="{SVG_FONT}">'
         f"{_defs()}{body}</svg>"
     )
 
 
 def _text(x: float, y: float, text: str, anchor: str = "start", extra: str = "") -> str:
-    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{_esc(text)}</text>'
+    return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{esc(text)}</text>'
 
 
 def _tick_step(count: int, cell: float) -> int:
@@ -237,7 +233,7 @@ def _panel_svg(
             if "1" not in flat:
                 if flat and all(ch == "-" for ch in flat):
                     out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" fill="#fff">'
-                               f"<title>{_esc(where)}: no block (past the actual length)</title></rect>")  # fmt: skip
+                               f"<title>{esc(where)}: no block (past the actual length)</title></rect>")  # fmt: skip
                 continue
             blocks = range(q_range[0], q_range[1] + 1) if block_map.axis == "q" else range(kv_range[0], kv_range[1] + 1)
             values = [float(panel.scores[k]) for k in blocks if k < len(panel.scores)]
@@ -250,7 +246,7 @@ def _panel_svg(
                 block = blocks[0]
             out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
                        f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                       f"<title>{_esc(tip)}</title></rect>")  # fmt: skip
+                       f"<title>{esc(tip)}</title></rect>")  # fmt: skip
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
         k = hot.block // pool
         if block_map.axis == "q":
@@ -258,7 +254,7 @@ def _panel_svg(
         else:
             box = (ox + k * cell, oy, cell, rows * cell)
         out.append(f'<rect x="{box[0]:.1f}" y="{box[1]:.1f}" width="{box[2]:.1f}" height="{box[3]:.1f}" fill="none" '
-                   f'stroke="#000" stroke-width="2.5"><title>{_esc(_hot_text(tensor, hot))}</title>'
+                   f'stroke="#000" stroke-width="2.5"><title>{esc(_hot_text(tensor, hot))}</title>'
                    "</rect>")  # fmt: skip
         marker_x = ox + cols * cell + 3 if block_map.axis == "q" else ox + (k + 0.5) * cell
         marker_y = oy + (k + 0.5) * cell if block_map.axis == "q" else oy + rows * cell + 3
@@ -267,7 +263,7 @@ def _panel_svg(
         else:
             corners = ((marker_x, marker_y), (marker_x - 5, marker_y + 7), (marker_x + 5, marker_y + 7))
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in corners)
-        out.append(f'<polygon points="{points}" fill="#000"><title>{_esc(_hot_text(tensor, hot))}</title></polygon>')
+        out.append(f'<polygon points="{points}" fill="#000"><title>{esc(_hot_text(tensor, hot))}</title></polygon>')
     return "".join(out)
 
 
@@ -331,7 +327,7 @@ def _strip_map(tensor: TensorResult, block_map: BlockMap, scale: Scale) -> str:
             tip = f"b={b} n={n} {axis} {_range((c * pool, min((c + 1) * pool, blocks) - 1))}: ratio {fmt(score, 4)}"
             out.append(f'<rect x="{left + c * cell:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
                        f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                       f"<title>{_esc(tip)}</title></rect>")  # fmt: skip
+                       f"<title>{esc(tip)}</title></rect>")  # fmt: skip
     return _svg(width, height, "".join(out), f"{tensor.name} error map")
 
 
@@ -410,7 +406,7 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
             tip = f"rows s={s0}-{min(s0 + 15, hot.rows[1] - 1)}, d={d0}-{d0 + 15}: tile RMSE ratio {fmt(value, 4)}"
             out.append(f'<rect x="{left + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell:.1f}" '
                        f'height="{cell:.1f}" fill="{scale.colour(value)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                       f"<title>{_esc(tip)}</title></rect>")  # fmt: skip
+                       f"<title>{esc(tip)}</title></rect>")  # fmt: skip
     wr, wc = int(worst[0]), int(worst[1])
     out.append(f'<rect x="{left + wc * cell:.1f}" y="{top + wr * cell:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
                f'fill="none" stroke="#000" stroke-width="2.5"/>')  # fmt: skip
@@ -463,10 +459,10 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
             share = 100.0 * count / totals[name]
             tip = f"{name}: {count} elements with ULP error {label} ({share:.3g}%)"
             out.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w - 1:.1f}" height="{max(h, 0):.1f}" '
-                       f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{_esc(tip)}</title></rect>')  # fmt: skip
+                       f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{esc(tip)}</title></rect>')  # fmt: skip
         tx, ty = x0 + group_w / 2 - 3, top + plot_h + 10
         out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" transform="rotate(-40 {tx:.1f} {ty:.1f})">'
-                   f"{_esc(label)}</text>")  # fmt: skip
+                   f"{esc(label)}</text>")  # fmt: skip
     out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 14:.1f}" y2="{top + plot_h}" stroke="#555"/>')
     lx = left + 8
     for name, _, fill in series:
@@ -495,7 +491,7 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     band = f"within the floor ±{floor:.3g}: never a failure"
     band_h = row_h * len(rows) + 8
     out.append(f'<rect x="{x(-floor):.1f}" y="{top - 8}" width="{x(floor) - x(-floor):.1f}" height="{band_h}" '
-               f'fill="{AT_BENCHMARK}"><title>{_esc(band)}</title></rect>')  # fmt: skip
+               f'fill="{AT_BENCHMARK}"><title>{esc(band)}</title></rect>')  # fmt: skip
     out.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{top + row_h * len(rows)}" stroke="#555"/>')
     for i, (name, value, se, fill) in enumerate(rows):
         y = top + i * row_h + row_h / 2 - 4
@@ -507,7 +503,7 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
                f"{estimate.in_ulp(se):.2g} ULP)")  # fmt: skip
         out.append(f'<line x1="{lo:.1f}" y1="{y:.1f}" x2="{hi:.1f}" y2="{y:.1f}" stroke="#333" stroke-width="1.5"/>')
         out.append(f'<circle cx="{x(value):.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="#333">'
-                   f"<title>{_esc(tip)}</title></circle>")  # fmt: skip
+                   f"<title>{esc(tip)}</title></circle>")  # fmt: skip
     axis_y = top + row_h * len(rows)
     out.append(f'<line x1="{left}" y1="{axis_y}" x2="{right}" y2="{axis_y}" stroke="#555"/>')
     for value in (-reach, -reach / 2, 0.0, reach / 2, reach):

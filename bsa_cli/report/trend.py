@@ -11,7 +11,6 @@ missing from a night, and a tooltip per point.
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,22 +22,14 @@ from ..compare import ERROR, FAIL, PASS
 from ..drift import Night, Point, Series, Trend
 from .files import write_text_atomic
 from .formatting import fmt, summary_line
+from .style import BASE_CSS, SVG_FONT, esc
 
 COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a"}
 LIMIT_COLOUR = "#b3001b"
 LINE_COLOUR = "#4a6fa5"
-FONT = "font-family:ui-monospace,Menlo,Consolas,monospace;font-size:10px"
 
-_CSS = """
-:root{--fail:#b3001b;--error:#8a1a8a;--pass:#16702a;--line:#d6d6d6}
-body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1d;background:#fff}
-main,header.top{padding:0 1.5em}
-header.top{padding-top:1em;padding-bottom:.6em;border-bottom:1px solid var(--line);background:#fafafa}
-h1{font-size:1.35em;margin:.2em 0 .5em}h2{font-size:1.1em;margin:1em 0 .4em}
-table{border-collapse:collapse;margin:.4em 0 1em;font-size:.88em}
-td,th{border:1px solid var(--line);padding:.18em .5em;text-align:left;vertical-align:top}
-th{background:#f1f1f1;font-weight:600}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+_CSS = BASE_CSS + """
+h2{font-size:1.1em;margin:1em 0 .4em}
 tr.rising td{background:#fbe3e6}td.flag{color:var(--fail);font-weight:700}
 table.nights td:nth-child(2){white-space:nowrap}
 .sub{color:#555}
@@ -48,9 +39,6 @@ figure.case figcaption{font-size:.9em;margin-bottom:.2em}
 figure.case svg{display:block;background:#fff}
 """
 
-
-def _esc(value: object) -> str:
-    return html.escape(str(value), quote=True)
 
 
 def _nice_step(span: float) -> float:
@@ -92,7 +80,7 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
         v = k * tick
         y = y_of(v)
         out.append(f'<line x1="{left:.1f}" y1="{y:.1f}" x2="{width - right:.1f}" y2="{y:.1f}" stroke="#ececec"/>')
-        out.append(f'<text x="{left - 4:.1f}" y="{y + 3.5:.1f}" text-anchor="end">{_esc(fmt(v, 3))}</text>')
+        out.append(f'<text x="{left - 4:.1f}" y="{y + 3.5:.1f}" text-anchor="end">{esc(fmt(v, 3))}</text>')
     out.append(f'<line class="axis" x1="{left:.1f}" y1="{top + plot_h:.1f}" x2="{width - right:.1f}" '
                f'y2="{top + plot_h:.1f}" stroke="#555"/>')  # fmt: skip
     out.append(f'<line class="axis" x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{top + plot_h:.1f}" '
@@ -105,15 +93,15 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
             out.append(f'<line x1="{x:.1f}" y1="{top + plot_h:.1f}" x2="{x:.1f}" y2="{top + plot_h + 3:.1f}" '
                        'stroke="#555"/>')
             out.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" transform="rotate(-35 {x:.1f} {y:.1f})">'
-                       f"{_esc(night_short(night))}</text>")  # fmt: skip
-    out.append(f'<text x="4" y="{top - 10:.1f}">{_esc(series.label)}</text>')
+                       f"{esc(night_short(night))}</text>")  # fmt: skip
+    out.append(f'<text x="4" y="{top - 10:.1f}">{esc(series.label)}</text>')
     out.extend(_line(series.points, x_of, y_of))
     for i, point in enumerate(series.points):
         if point is not None:
             out.append(_marker(point, nights[i], x_of(i), y_of, top, plot_h))
     return (
         f'<svg width="{width:.0f}" height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
-        f'aria-label="{_esc(series.case)}: {_esc(series.label)} across {len(nights)} nights" style="{FONT}">'
+        f'aria-label="{esc(series.case)}: {esc(series.label)} across {len(nights)} nights" style="{SVG_FONT}">'
         f"{''.join(out)}</svg>"
     )
 
@@ -127,14 +115,14 @@ def _limit_line(points: Sequence[Point | None], x_of, y_of, x0: float, x1: float
         limit = limits[0][1]
         y = y_of(limit)
         return (f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
-                f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {_esc(fmt(limit))}</title></line>'
-                f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {_esc(fmt(limit))}</text>')
+                f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
+                f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {esc(fmt(limit))}</text>')
     parts = []
     for i, limit in limits:
         y = y_of(limit)
         parts.append(f'<line class="limit" x1="{x_of(i) - 10:.1f}" y1="{y:.1f}" x2="{x_of(i) + 10:.1f}" y2="{y:.1f}" '
                      f'stroke="{LIMIT_COLOUR}" stroke-dasharray="5 3" stroke-width="1.2">'
-                     f"<title>limit {_esc(fmt(limit))}</title></line>")  # fmt: skip
+                     f"<title>limit {esc(fmt(limit))}</title></line>")  # fmt: skip
     return "".join(parts)
 
 
@@ -153,15 +141,15 @@ def _line(points: Sequence[Point | None], x_of, y_of) -> list[str]:  # type: ign
 def _marker(point: Point, night: Night, x: float, y_of, top: float, plot_h: float) -> str:  # type: ignore[no-untyped-def]
     colour = COLOURS.get(point.verdict, "#555")
     what = f"{night.label}: {point.verdict}; {point.detail}"
-    tip = f"<title>{_esc(what)}</title>"
+    tip = f"<title>{esc(what)}</title>"
     if point.value is None or math.isnan(point.value):  # not measured that night (ERROR, or the check absent)
         y = top + plot_h
-        return (f'<circle class="point v-{_esc(point.verdict)}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" '
+        return (f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" '
                 f'stroke="{colour}" stroke-width="2">{tip}</circle>')  # fmt: skip
     if math.isinf(point.value):  # off the chart: a triangle at the top
-        return (f'<polygon class="point v-{_esc(point.verdict)}" points="{x - 5:.1f},{top + 6:.1f} {x + 5:.1f},'
+        return (f'<polygon class="point v-{esc(point.verdict)}" points="{x - 5:.1f},{top + 6:.1f} {x + 5:.1f},'
                 f'{top + 6:.1f} {x:.1f},{top - 2:.1f}" fill="{colour}">{tip}</polygon>')  # fmt: skip
-    return (f'<circle class="point v-{_esc(point.verdict)}" cx="{x:.1f}" cy="{y_of(point.value):.1f}" r="4" '
+    return (f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y_of(point.value):.1f}" r="4" '
             f'fill="{colour}" stroke="#fff" stroke-width="1">{tip}</circle>')  # fmt: skip
 
 
@@ -169,9 +157,9 @@ def _nights_table(nights: Sequence[Night]) -> str:
     rows = []
     for i, night in enumerate(nights, 1):
         when = night.date.isoformat(timespec="seconds") if night.date else "-"
-        rows.append(f'<tr><td class="num">{i}</td><td>{_esc(when)}</td><td>{_esc(", ".join(night.devices) or "-")}</td>'
-                    f"<td>{_esc(night.host or '-')}</td><td>{_esc(night.version or '-')}</td>"
-                    f"<td>{_esc(summary_line(night.suite))}</td><td>{_esc(night.source)}</td></tr>")  # fmt: skip
+        rows.append(f'<tr><td class="num">{i}</td><td>{esc(when)}</td><td>{esc(", ".join(night.devices) or "-")}</td>'
+                    f"<td>{esc(night.host or '-')}</td><td>{esc(night.version or '-')}</td>"
+                    f"<td>{esc(summary_line(night.suite))}</td><td>{esc(night.source)}</td></tr>")  # fmt: skip
     head = "".join(f"<th>{h}</th>" for h in ("#", "date (UTC)", "device", "host", "bsa", "cases", "report"))
     return f'<table class="nights"><tr>{head}</tr>{"".join(rows)}</table>'
 
@@ -194,9 +182,9 @@ def _cases_table(trend: Trend) -> str:
         last = fmt(measured[-1]) if measured else "-"
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
         cls = ' class="rising"' if series.rising else ""
-        rows.append(f'<tr{cls}><td><a href="#trend-{_esc(series.case)}">{_esc(series.case)}</a></td>'
-                    f"<td>{_esc(series.label)}</td><td class=\"num\">{_esc(first)}</td>"
-                    f'<td class="num">{_esc(last)}</td><td class="num">{_esc(fmt(limits[-1]) if limits else "-")}</td>'
+        rows.append(f'<tr{cls}><td><a href="#trend-{esc(series.case)}">{esc(series.case)}</a></td>'
+                    f"<td>{esc(series.label)}</td><td class=\"num\">{esc(first)}</td>"
+                    f'<td class="num">{esc(last)}</td><td class="num">{esc(fmt(limits[-1]) if limits else "-")}</td>'
                     f'<td class="num">{sum(p is not None for p in series.points)} of {len(series.points)}</td>'
                     f'<td class="flag">{"rising" if series.rising else ""}</td></tr>')  # fmt: skip
     head = "".join(f"<th>{h}</th>" for h in ("case", "followed check", "first", "last", "limit", "nights", "trend"))
@@ -209,15 +197,15 @@ def trend_html(trend: Trend) -> str:
     title = f"bsa trend: {len(trend.series)} cases over {len(nights)} nights"
     rising = len(trend.rising)
     figures = [
-        f'<figure class="case" id="trend-{_esc(s.case)}"><figcaption><b>{_esc(s.case)}</b> '
-        f'<span class="sub">{_esc(s.label)}</span></figcaption>{chart(s, nights)}</figure>'
+        f'<figure class="case" id="trend-{esc(s.case)}"><figcaption><b>{esc(s.case)}</b> '
+        f'<span class="sub">{esc(s.label)}</span></figcaption>{chart(s, nights)}</figure>'
         for s in shown_order(trend)
     ]
     return "\n".join([
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
-        f"<title>{_esc(title)}</title><style>{_CSS}</style></head><body>",
-        f'<header class="top"><h1>{_esc(title)}</h1><p class="sub">{rising} rising (last value beyond the '
+        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+        f'<header class="top"><h1>{esc(title)}</h1><p class="sub">{rising} rising (last value beyond the '
         "regression margin above the first, and a rising fitted line). Each chart follows the check that decides "
         "the case in its latest night; the dashed red line is its limit; points are coloured by verdict "
         "(PASS green, FAIL red, ERROR purple, hollow on the axis when not measured); a gap: the case was not "
