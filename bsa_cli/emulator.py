@@ -44,7 +44,9 @@ from .case import Case, SequenceSpan, numpy_dtype
 from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
 from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest
+from .rounding import round_float32, to_dtype
 from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
+from .streams import seeded
 
 __all__ = [
     "FAULTS",
@@ -163,7 +165,7 @@ def _kernel_scale(case: Case, fault: str | None) -> np.float32:
     """The scale the kernel multiplies by: the float32 scaleValue, or with `scale-rounded` the case dtype's."""
     scale = np.float32(case.kernel_scale)
     if fault == "scale-rounded":
-        return np.float32(scale.astype(numpy_dtype(case.dtype)))
+        return np.float32(to_dtype(np.asarray(scale), numpy_dtype(case.dtype)))
     return scale
 
 
@@ -283,7 +285,7 @@ def applicable_faults(case: Case, block_mask: np.ndarray | None = None) -> list[
 
 def _io32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
     """Return `tensor` rounded to the kernel's input dtype and upcast (exactly) to contiguous float32."""
-    return np.ascontiguousarray(np.asarray(tensor).astype(io_dtype).astype(np.float32))
+    return np.ascontiguousarray(to_dtype(tensor, io_dtype).astype(np.float32))
 
 
 @dataclass
@@ -409,8 +411,8 @@ def _tile_grads(
     if fault != "no-dsum":
         dscores -= seq.dsum[rows, None]
     dscores *= probs
-    dscores_io = dscores.astype(io_dtype).astype(np.float32)
-    probs_io = probs.astype(io_dtype).astype(np.float32)
+    dscores_io = round_float32(dscores, io_dtype)
+    probs_io = round_float32(probs, io_dtype)
     dq[rows] += dscores_io @ key  # rows are distinct within one kv block
     partials = []
     start = 0
@@ -449,7 +451,7 @@ def emulate(
         raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(FAULTS)}")
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
-    order = None if order_seed is None else np.random.default_rng(order_seed)
+    order = None if order_seed is None else seeded(order_seed)
     strikes = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
     lost_update = [True] if strikes else []
     dq = np.zeros(case.q_shape, dtype=np.float32)
@@ -469,7 +471,7 @@ def emulate(
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
-    grads = {"dq": dq.astype(io_dtype), "dk": dk.astype(io_dtype), "dv": dv.astype(io_dtype)}
+    grads = {"dq": to_dtype(dq, io_dtype), "dk": to_dtype(dk, io_dtype), "dv": to_dtype(dv, io_dtype)}
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
     if fault in ("nan-row", "tile-noise"):
@@ -534,7 +536,7 @@ def _plant_tile_noise(
     golden = case.kernel_scale * (dscores @ key)[:, cols]
     tile = q_view(case, dq, span)[head, rows, cols]
     error = tile.astype(np.float64) - golden
-    tile[...] = (golden + 5.0 * error).astype(dq.dtype)
+    tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
 
 
 # ---- the binary contract ----------------------------------------------------------------------------

@@ -53,6 +53,7 @@ from numpy.typing import DTypeLike
 from . import blas
 from .case import Case, SequenceSpan, numpy_dtype
 from .layout import kv_view, lse_view, mask_view, q_view
+from .rounding import round_float32, to_dtype
 
 __all__ = [
     "forward_sequence",
@@ -337,51 +338,15 @@ def _add_products(
         _scatter_add(blocks, part, product)
 
 
-_EXPONENT = np.uint32(0x7F800000)
-_HALF_LOWEST = np.uint32(113 << 23)  # exponent field of 2**-14, the smallest normal float16
-_HALF_BEYOND = np.uint32(143 << 23)  # exponent field of 2**16, past the largest float16 (65504)
-_HALF_SHIFT = np.uint32(13 << 23)  # 2**13: float32 keeps 13 more mantissa bits than float16
-_HALF_MAX = np.float32(65504)
-
-
-def _round_to_float16(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Return float32 `values` rounded to float16 (nearest, ties to even; overflow to inf), still as float32.
-
-    Bit for bit `values.astype(np.float16).astype(np.float32)` (checked on all 2**32 float32 values; NaN
-    keeps its payload), about twice as fast as that cast. Each |x| is rounded by one float32 addition:
-    with m = 2**(e + 13) for the exponent e of |x| (at least -14, the float16 subnormals' spacing 2**-24),
-    |x| + m has float32 spacing 2**(e - 10), the float16 spacing at |x|, so the hardware rounds it to
-    nearest, ties to even, and (|x| + m) - m is exact.
-    """
-    values = np.ascontiguousarray(values, dtype=np.float32)
-    magic = np.bitwise_and(values.view(np.uint32), _EXPONENT)
-    np.clip(magic, _HALF_LOWEST, _HALF_BEYOND, out=magic)
-    magic += _HALF_SHIFT
-    magic_float = magic.view(np.float32)
-    with np.errstate(invalid="ignore"):  # signalling NaNs
-        result = np.abs(values)  # a buffer of its own: `out` may be `values`
-        result += magic_float
-        result -= magic_float
-    if not result.max(initial=0) <= _HALF_MAX:  # overflow or NaN: rare
-        np.copyto(result, np.float32(np.inf), where=result > _HALF_MAX)
-        np.copyto(result, values, where=np.isnan(values))  # NaN keeps its payload (and, below, its sign)
-    return np.copysign(result, values, out=result if out is None else out)
-
-
 def _round_to_io(values: np.ndarray, io_dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
     """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32 (in `out` if given, which may
     be `values`)."""
-    if io_dtype == np.float16:
-        return _round_to_float16(values, out)
-    if out is None:
-        return values.astype(io_dtype).astype(np.float32)
-    out[...] = values.astype(io_dtype)
-    return out
+    return round_float32(values, io_dtype, out=out)
 
 
 def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
     """Return `tensor` rounded to the kernel's input dtype, then upcast (exactly) to float32."""
-    return np.asarray(tensor).astype(io_dtype, copy=False).astype(np.float32)
+    return to_dtype(tensor, io_dtype).astype(np.float32)
 
 
 # ---- precision paths ----------------------------------------------------------------------------
@@ -586,7 +551,7 @@ class _ForwardGolden(_Golden):
             query_rows, self.keys64, self.values64, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch
         )
         with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
-            out_rows = self.out[head, rows] = out64.astype(self.out.dtype)
+            out_rows = self.out[head, rows] = to_dtype(out64, self.out.dtype)
         lse_rows = self.lse[head, rows] = lse64.astype(np.float32)
         self.empty[head, rows] = False
         factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)

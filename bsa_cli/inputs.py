@@ -1,9 +1,16 @@
 """Deterministic input tensors and block-sparse masks for a `Case`.
 
 Every tensor draws from its own random stream, keyed by the case seed and the tensor's name, so a case's
-data depends only on its own spec (not on its place in a suite or on which other tensors are drawn), and
-NumPy's PCG64 streams make it bit-identical across runs and machines. Values are drawn in float64 and
-rounded once to the case dtype; everything later starts from the rounded values.
+data depends only on its own spec (not on its place in a suite or on which other tensors are drawn).
+Same spec, same bytes, on every machine and supported library version:
+- a stream is a PCG64 bit generator seeded by `SeedSequence([seed, crc32(name)])`, named explicitly
+  (NumPy may change the bit generator `default_rng` picks; PCG64's raw stream is one it promises to keep);
+- uniform values are bsa's own transform of the raw 64-bit draws (`uniform01`);
+- normal values and draws without replacement use NumPy's `Generator` (ziggurat, Floyd), whose streams
+  NumPy may change in a feature release: `check_streams` compares them with pinned known answers once per
+  process and refuses to generate where they differ, rather than write other bytes;
+- values are drawn in float64 and rounded once to the case dtype by `rounding.to_dtype` (bsa's own rule,
+  not the installed ml_dtypes'); everything later starts from the rounded values.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ import numpy as np
 
 from . import stress
 from .case import Case, Distribution, numpy_dtype
+from .rounding import to_dtype
+from .streams import check_streams, seeded, uniform, uniform01
 from .stress import Adjust
 
 STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out")
@@ -24,7 +33,8 @@ STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out
 
 def rng(case: Case, stream: str) -> np.random.Generator:
     """Return the random generator of one named stream of a case."""
-    return np.random.default_rng([case.seed, zlib.crc32(stream.encode())])
+    check_streams()
+    return seeded([case.seed, zlib.crc32(stream.encode())])
 
 
 _DRAW_CHUNK = 1 << 20
@@ -46,14 +56,14 @@ def draw(
     for first in range(0, flat.size, _DRAW_CHUNK):
         count = min(_DRAW_CHUNK, flat.size - first)
         if dist.kind == "uniform":
-            values = generator.uniform(dist.low, dist.high, size=count)
+            values = uniform(generator, dist.low, dist.high, count)
         else:
             values = generator.standard_normal(size=count)
             values *= dist.std
             values += dist.mean
         if adjust is not None:
             adjust(values, first)
-        flat[first : first + count] = values  # rounded as `astype` rounds
+        flat[first : first + count] = to_dtype(values, dtype)
     return drawn
 
 
@@ -99,11 +109,11 @@ def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
         dtype, shape = numpy_dtype(descs[name]["dtype"]), tuple(descs[name]["shape"])
         array = tensors.get(name)
         if array is not None and array.shape == shape:
-            result[name] = array if array.dtype == dtype else array.astype(dtype)
+            result[name] = to_dtype(array, dtype)
         elif np.issubdtype(dtype, np.floating) or dtype == numpy_dtype("bfloat16"):
             result[name] = draw(case, name, shape, Distribution(), dtype)
         else:
-            result[name] = (rng(case, name).random(size=shape) < 0.5).astype(dtype)
+            result[name] = (uniform01(rng(case, name), shape) < 0.5).astype(dtype)
     return result
 
 
@@ -165,7 +175,7 @@ def pattern_mask(case: Case) -> np.ndarray:
         grid = diagonal_grid(case, np.stack(per_batch), n_kv)[:, None]
     elif sparsity.pattern == "random":
         draw_shape = shape if sparsity.per_head else (shape[0], 1, n_q, n_kv)
-        grid = rng(case, "mask").random(draw_shape) < sparsity.density
+        grid = uniform01(rng(case, "mask"), draw_shape) < sparsity.density
     elif sparsity.pattern == "explicit":
         assert sparsity.explicit is not None
         grid = fit_explicit(sparsity.explicit, shape)

@@ -16,6 +16,7 @@ import ml_dtypes
 import numpy as np
 
 from .case import Case, Distribution
+from .streams import uniform
 
 Adjust = Callable[[np.ndarray, int], None]
 """Changes a chunk of float64 values in place, given the flat index of its first element."""
@@ -92,7 +93,7 @@ def adjuster(
     channel_factor = np.ones(dim)
     if dist.row_scale is not None:
         low, high = math.log(dist.row_scale.low), math.log(dist.row_scale.high)
-        row_factor *= np.exp(rng(f"{name}.row_scale").uniform(low, high, size=n_rows))
+        row_factor *= np.exp(uniform(rng(f"{name}.row_scale"), low, high, n_rows))
     if dist.outliers is not None:
         out = dist.outliers
         count = n_rows if out.axis == "token" else dim

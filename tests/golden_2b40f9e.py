@@ -557,7 +557,9 @@ def _forward_backward_into(
                     query_rows, keys64, values64, selected, mask.shape[2], tail_pad, scale, scratch
                 )
                 with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
-                    out_rows = out[head, rows] = out64.astype(io_dtype)
+                    # bfloat16 through float32, as ml_dtypes before 0.7 cast it (0.7 casts float64 directly)
+                    through = np.float32 if io_dtype != np.float16 else np.float64
+                    out_rows = out[head, rows] = out64.astype(through).astype(io_dtype)
                 lse_rows = lse[head, rows] = lse64.astype(np.float32)
                 empty[head, rows] = False
                 factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)

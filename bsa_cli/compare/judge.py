@@ -13,6 +13,7 @@ import numpy as np
 
 from ..case import Case, numpy_dtype
 from ..manifest import GRAD_NAMES
+from ..rounding import round_float32
 from . import bias
 from .buffers import CHUNK_ELEMENTS
 from .geometry import TILE, _Geometry, _geometry, structural_rows
@@ -178,9 +179,9 @@ def _fa_floor(golden: np.ndarray, io_dtype: str, factor: float) -> float:
     worst = 0.0
     step = CHUNK_ELEMENTS * 8
     for start in range(0, flat.size, step):
-        g = flat[start : start + step].astype(dtype).astype(np.float32)
-        shifted = (g + np.float32(0.3)).astype(dtype).astype(np.float32)
-        back = (shifted - np.float32(np.asarray(0.3, dtype=dtype))).astype(dtype).astype(np.float32)
+        g = round_float32(flat[start : start + step].astype(np.float32), dtype)
+        shifted = round_float32(g + np.float32(0.3), dtype)
+        back = round_float32(shifted - round_float32(np.float32(0.3), dtype), dtype)
         worst = max(worst, float(np.abs(back - g).max(initial=0.0)))
     return factor * worst
 
