@@ -197,6 +197,7 @@ class Drift:
     appeared: tuple[str, ...]  # in this run, not in the baseline
     compared: int = 0  # cases in both
     notes: tuple[str, ...] = field(default=())  # e.g. the device differs from the baseline's
+    inputs_changed: tuple[str, ...] = ()  # in both, on other input bytes: their figures are not drift
 
     @property
     def regressions(self) -> tuple[MetricChange, ...]:
@@ -258,12 +259,16 @@ def compare_with_baseline(
     now = {case.name: case for case in suite.cases}
     changes: list[MetricChange] = []
     verdicts: list[VerdictChange] = []
+    inputs_changed: list[str] = []
     for case in suite.cases:
         old_case = before.get(case.name)
         if old_case is None:
             continue
         if old_case.verdict != case.verdict:
             verdicts.append(VerdictChange(case.name, old_case.verdict, case.verdict, case.headline))
+        if inputs_differ(old_case, case):
+            inputs_changed.append(case.name)
+            continue
         old_checks = {(c.tensor, c.name): c for c in ratio_checks(old_case)}
         for check in ratio_checks(case):
             old = old_checks.get((check.tensor, check.name))
@@ -280,8 +285,19 @@ def compare_with_baseline(
     if baseline.devices and now_devices and set(baseline.devices) != set(now_devices):
         notes.append(f"the baseline's outputs came from {', '.join(baseline.devices)}; "
                      f"this run's from {', '.join(now_devices)}")  # fmt: skip
+    if inputs_changed:
+        more = len(inputs_changed) - 8
+        shown = ", ".join(inputs_changed[:8]) + (f" and {more} more" if more > 0 else "")
+        notes.append(f"inputs changed since the baseline (another spec, seed or bsa version) for "
+                     f"{_count(len(inputs_changed), 'case')}: {shown}; their figures are not drift")  # fmt: skip
     compared = sum(1 for name in now if name in before)
-    return Drift(baseline, margin, tuple(changes), tuple(verdicts), vanished, appeared, compared, tuple(notes))
+    return Drift(baseline, margin, tuple(changes), tuple(verdicts), vanished, appeared, compared, tuple(notes),
+                 tuple(inputs_changed))  # fmt: skip
+
+
+def inputs_differ(old: CaseResult, new: CaseResult) -> bool:
+    """Whether two results of a case ran on other input bytes (unknown, as in older reports: no)."""
+    return old.inputs_sha256 is not None and new.inputs_sha256 is not None and old.inputs_sha256 != new.inputs_sha256
 
 
 def drift_document(drift: Drift) -> dict[str, Any]:
@@ -293,12 +309,13 @@ def drift_document(drift: Drift) -> dict[str, Any]:
         "margin": {"relative": drift.margin.relative, "absolute": drift.margin.absolute},
         "summary": {"compared": drift.compared, "regressions": len(drift.regressions),
                     "worsened": len(drift.worsened), "vanished": len(drift.vanished),
-                    "appeared": len(drift.appeared)},  # fmt: skip
+                    "appeared": len(drift.appeared), "inputs_changed": len(drift.inputs_changed)},  # fmt: skip
         "notes": list(drift.notes),
         "verdict_changes": [{"case": v.case, "old": v.old, "new": v.new, "worsened": v.worsened,
                              "headline": v.headline} for v in drift.verdicts],  # fmt: skip
         "vanished": list(drift.vanished),
         "appeared": list(drift.appeared),
+        "inputs_changed": list(drift.inputs_changed),
         "changes": [_change_document(c) for c in drift.changes],
     }
 
@@ -329,6 +346,7 @@ class Point:
     value: float | None
     limit: float | None
     detail: str  # the check's text, or the case's headline
+    inputs_changed: bool = False  # the case ran on other input bytes than the night before it was in
 
 
 @dataclass(frozen=True)
@@ -399,29 +417,38 @@ def _series(name: str, by_night: Sequence[Mapping[str, CaseResult]], margin: Mar
         if case is not None and (followed := deciding_ratio(case)) is not None:
             break
     points: list[Point | None] = []
+    previous: CaseResult | None = None
     for cases in by_night:
         case = cases.get(name)
         if case is None:
             points.append(None)
             continue
+        changed = previous is not None and inputs_differ(previous, case)
+        previous = case
         check = None
         if followed is not None:
             key = (followed.tensor, followed.name)
             check = next((c for c in ratio_checks(case) if (c.tensor, c.name) == key), None)
+        note = "inputs changed since the night before; " if changed else ""
         if check is None:
-            points.append(Point(case.verdict, None, None, case.headline))
+            points.append(Point(case.verdict, None, None, note + case.headline, changed))
         elif case.verdict != PASS and case.headline and case.headline != check.detail:
             # what failed that night (the bias check's score, say), then the charted value
-            points.append(Point(case.verdict, check.value, check.limit, f"{case.headline}; charted: {check.detail}"))
+            detail = f"{note}{case.headline}; charted: {check.detail}"
+            points.append(Point(case.verdict, check.value, check.limit, detail, changed))
         else:
-            points.append(Point(case.verdict, check.value, check.limit, check.detail))
+            points.append(Point(case.verdict, check.value, check.limit, note + check.detail, changed))
     if followed is None:
         return Series(name, None, None, tuple(points), False)
     return Series(name, followed.tensor, followed.name, tuple(points), _rising(points, margin))
 
 
 def _rising(points: Sequence[Point | None], margin: Margin) -> bool:
-    """Whether the last value grew beyond the margin from the first and a least-squares line rises."""
+    """Whether the last value grew beyond the margin from the first and a least-squares line rises, over the
+    nights since the case's inputs last changed (a change of inputs is not a trend)."""
+    changes = [i for i, p in enumerate(points) if p is not None and p.inputs_changed]
+    if changes:
+        points = points[changes[-1] :]
     measured = [(i, p.value, p.limit) for i, p in enumerate(points) if p is not None and p.value is not None
                 and p.limit is not None and math.isfinite(p.value)]  # fmt: skip
     if len(measured) < 2:

@@ -6,6 +6,7 @@ directory (compare, the reference device) reason about lengths, blocks and layou
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -134,6 +135,25 @@ def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 MAX_NOTES = 8
 """Most `notes` lines a reader takes from a manifest (it is untrusted)."""
+
+
+def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
+    """Return one sha256 over the sha256 of every input file the manifest lists (name order), or None.
+
+    Two nights whose case has the same digest ran on the same input bytes; another digest means the
+    inputs changed (another spec, seed or bsa rounding), so its figures are not drift.
+    """
+    inputs = manifest.get("inputs")
+    if not isinstance(inputs, Mapping) or not inputs:
+        return None
+    lines = []
+    for name in sorted(str(n) for n in inputs):
+        entry = inputs[name]
+        digest = entry.get("sha256") if isinstance(entry, Mapping) else None
+        if not isinstance(digest, str):
+            return None
+        lines.append(f"{name} {digest[:64]}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
 
 
 def notes(manifest: Mapping[str, Any]) -> tuple[str, ...]:

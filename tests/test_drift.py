@@ -263,7 +263,7 @@ def test_drift_options_need_a_baseline(nights):
 
 def test_reports_carry_date_host_and_device_and_merging_keeps_them(nights, tmp_path):
     document = json.loads(nights[0].read_text())
-    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 1
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 2
     assert document["date"] == DATES[0] and isinstance(document["host"], str)
     assert document["devices"] == [{"device": "reference (bsa emulate)", "kind": "reference",
                                     "name": "reference (bsa emulate)", "fault": None, "binary_sha256": None,
@@ -381,3 +381,50 @@ def test_a_failing_night_says_what_failed_even_when_the_chart_follows_another_ch
     assert series.check != "bias"  # a score is never charted
     assert series.points[1].detail.startswith("dq bias -3e-4") and "; charted: " in series.points[1].detail
     assert "dq bias" not in series.points[0].detail
+
+
+def with_other_inputs(path: Path, tmp_path: Path, case: str = "grow") -> Path:
+    """A copy of a night's report in which `case` ran on other input bytes (as after a new seed or rounding)."""
+    document = json.loads(path.read_text())
+    entry = next(c for c in document["cases"] if c["name"] == case)
+    assert isinstance(entry["inputs_sha256"], str) and len(entry["inputs_sha256"]) == 64
+    entry["inputs_sha256"] = "0" * 64
+    copy = tmp_path / f"other-inputs-{path.name}"
+    copy.write_text(json.dumps(document))
+    return copy
+
+
+def test_a_baseline_whose_inputs_differ_says_so_instead_of_reporting_drift(nights, tmp_path):
+    out = tmp_path / "out3"
+    shutil.copytree(Path(str(nights[2]).replace("night-3.json", "out3")), out)
+    baseline = with_other_inputs(nights[0], tmp_path)
+    result = invoke("compare", out, "--baseline", baseline, "--json", tmp_path / "r.json", "--fail-on-regression")
+    assert result.exit_code == 0, result.output  # the grown dq error is not a regression: other inputs
+    document = json.loads((tmp_path / "r.json").read_text())
+    assert document["regressions"] == [] and document["drift"]["inputs_changed"] == ["grow"]
+    assert document["drift"]["summary"]["inputs_changed"] == 1
+    assert not any(c["case"] == "grow" for c in document["drift"]["changes"])
+    assert "inputs changed since the baseline (another spec, seed or bsa version) for 1 case: grow" in result.stdout
+    assert invoke("compare", out, "--baseline", nights[0], "--fail-on-regression").exit_code == 1  # same inputs
+
+
+def test_trend_does_not_call_a_change_of_inputs_rising(nights, tmp_path):
+    result = invoke("trend", nights[0], nights[1], nights[2])
+    assert "rising: grow dq " in result.stdout
+    changed = with_other_inputs(nights[2], tmp_path)
+    result = invoke("trend", nights[0], nights[1], changed, "--html", tmp_path / "t.html")
+    assert result.exit_code == 0, result.output
+    assert "rising: grow" not in result.stdout
+    page = Page((tmp_path / "t.html").read_text())
+    points = [e for e in page.elements if e[0] == "circle" and "point" in e[1].get("class", "")]
+    assert "inputs changed since the night before" in Page.text(points[2])
+
+
+def test_the_inputs_digest_follows_the_input_hashes() -> None:
+    from bsa_cli.manifest import inputs_digest
+
+    one = {"inputs": {"query": {"sha256": "a" * 64}, "key": {"sha256": "b" * 64}}}
+    same = {"inputs": {"key": {"sha256": "b" * 64}, "query": {"sha256": "a" * 64}}}
+    other = {"inputs": {"query": {"sha256": "a" * 64}, "key": {"sha256": "c" * 64}}}
+    assert inputs_digest(one) == inputs_digest(same) != inputs_digest(other)
+    assert inputs_digest({}) is None and inputs_digest({"inputs": {"query": {"sha256": 3}}}) is None

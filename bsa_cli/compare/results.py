@@ -229,6 +229,7 @@ class CaseResult:
     notes: tuple[str, ...] = ()  # what a reader must know beyond the checks (a planted fault that does not apply)
     selection: Selection | None = None  # the block mask, kept with a failing case for its pictures
     kernel_notes: tuple[str, ...] = ()  # what `bsa gen` noted of the kernel's precision path (fp16 overflow, underflow)
+    inputs_sha256: str | None = None  # `manifest.inputs_digest`: which input bytes the case ran on
 
     @property
     def passed(self) -> bool:
