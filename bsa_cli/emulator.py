@@ -44,7 +44,7 @@ from .case import Case, SequenceSpan, numpy_dtype
 from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
 from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest
-from .rounding import round_float32, to_dtype
+from .rounding import BACKWARD_TIES, round_float32, to_dtype
 from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
 from .streams import seeded
 
@@ -411,8 +411,8 @@ def _tile_grads(
     if fault != "no-dsum":
         dscores -= seq.dsum[rows, None]
     dscores *= probs
-    dscores_io = round_float32(dscores, io_dtype)
-    probs_io = round_float32(probs, io_dtype)
+    dscores_io = round_float32(dscores, io_dtype, BACKWARD_TIES)
+    probs_io = round_float32(probs, io_dtype, BACKWARD_TIES)
     dq[rows] += dscores_io @ key  # rows are distinct within one kv block
     partials = []
     start = 0
@@ -471,7 +471,7 @@ def emulate(
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
-    grads = {"dq": to_dtype(dq, io_dtype), "dk": to_dtype(dk, io_dtype), "dv": to_dtype(dv, io_dtype)}
+    grads = {name: to_dtype(grad, io_dtype, BACKWARD_TIES) for name, grad in (("dq", dq), ("dk", dk), ("dv", dv))}
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
     if fault in ("nan-row", "tile-noise"):

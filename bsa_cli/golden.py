@@ -53,7 +53,7 @@ from numpy.typing import DTypeLike
 from . import blas
 from .case import Case, SequenceSpan, numpy_dtype
 from .layout import kv_view, lse_view, mask_view, q_view
-from .rounding import round_float32, to_dtype
+from .rounding import BACKWARD_TIES, FORWARD_TIES, round_float32, to_dtype
 
 __all__ = [
     "forward_sequence",
@@ -338,12 +338,6 @@ def _add_products(
         _scatter_add(blocks, part, product)
 
 
-def _round_to_io(values: np.ndarray, io_dtype: np.dtype, out: np.ndarray | None = None) -> np.ndarray:
-    """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32 (in `out` if given, which may
-    be `values`)."""
-    return round_float32(values, io_dtype, out=out)
-
-
 def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
     """Return `tensor` rounded to the kernel's input dtype, then upcast (exactly) to float32."""
     return to_dtype(tensor, io_dtype).astype(np.float32)
@@ -551,7 +545,7 @@ class _ForwardGolden(_Golden):
             query_rows, self.keys64, self.values64, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch
         )
         with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
-            out_rows = self.out[head, rows] = to_dtype(out64, self.out.dtype)
+            out_rows = self.out[head, rows] = to_dtype(out64, self.out.dtype, FORWARD_TIES)
         lse_rows = self.lse[head, rows] = lse64.astype(np.float32)
         self.empty[head, rows] = False
         factor = np.exp(row_max - lse_rows[:, None].astype(np.float64)).astype(precision)
@@ -615,8 +609,8 @@ class _Kernel(_Path):
             if self.seen is not None:
                 self.seen.before("probs", chunk_probs)
                 self.seen.before("dscores", chunk_dscores)
-            _round_to_io(chunk_probs, io_dtype, out=chunk_probs)
-            _round_to_io(chunk_dscores, io_dtype, out=chunk_dscores)
+            round_float32(chunk_probs, io_dtype, BACKWARD_TIES, out=chunk_probs)  # P16
+            round_float32(chunk_dscores, io_dtype, BACKWARD_TIES, out=chunk_dscores)  # dS16
             if self.seen is not None:
                 self.seen.after("probs", chunk_probs)
                 self.seen.after("dscores", chunk_dscores)
@@ -624,14 +618,14 @@ class _Kernel(_Path):
         _add_products(self.dv_blocks, selected, probs_io, dout_rows, scratch)
         dq_rows = dscores_io @ keys
         dq_rows *= self.scale32
-        self.dq[head, rows] = dq_rows
+        self.dq[head, rows] = to_dtype(dq_rows, io_dtype, BACKWARD_TIES)
         _add_products(self.dk_blocks, selected, dscores_io, query_rows, scratch)
 
     def finish(self, kv_head: int) -> None:
         dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
         self.dk_blocks *= self.scale32
-        self.dk[kv_head] = self.dk_blocks.reshape(-1, dim)[:kv_len]
-        self.dv[kv_head] = self.dv_blocks.reshape(-1, dim)[:kv_len]
+        self.dk[kv_head] = to_dtype(self.dk_blocks.reshape(-1, dim)[:kv_len], self.io_dtype, BACKWARD_TIES)
+        self.dv[kv_head] = to_dtype(self.dv_blocks.reshape(-1, dim)[:kv_len], self.io_dtype, BACKWARD_TIES)
         del self.dk_blocks, self.dv_blocks  # while other walks go on
         if self.watch is not None and self.seen is not None:
             self.watch.add(self.seen)

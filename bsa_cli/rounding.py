@@ -33,6 +33,16 @@ Ties = Literal["even", "away"]
 
 TIES: tuple[Ties, ...] = ("even", "away")
 
+BACKWARD_TIES: Ties = "away"
+"""The A2/A3 backward kernel's casts (P16, dS16, and dq/dk/dv at the end) use AscendC RoundMode::CAST_ROUND,
+round half away from zero: ops-transformer master 5778144, attention/block_sparse_attention_grad/op_kernel/
+attn_infra/epilogue/block/block_epilogue_simply_softmax.hpp (P, dS) and block_epilogue_post.hpp (the final
+`Cast(dstLocal, srcLocal, RoundMode::CAST_ROUND, ...)` after the scale). The benchmark and the reference
+device round as the kernel does."""
+
+FORWARD_TIES: Ties = "even"
+"""The forward kernel casts with CAST_RINT (ties to even): the attention_out bsa writes is rounded so."""
+
 FLOAT16 = np.dtype(np.float16)
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 

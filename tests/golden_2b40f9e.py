@@ -1,8 +1,10 @@
 """The golden module as of commit 2b40f9e, kept verbatim: the reference that tests/test_golden_bits.py holds
 today's bsa_cli/golden.py to, bit for bit (golden float32 and float64, the kernel-faithful benchmark, out, lse).
 
-Not used by bsa. Only the imports (absolute instead of relative) and the name of the operator notes
-(docs/operator.md) differ from that commit. Its own docstring:
+Not used by bsa. Only the imports (absolute instead of relative), the name of the operator notes
+(docs/operator.md) and the 16-bit casts differ from that commit: the kernel path's casts round half away
+from zero (the kernel's CAST_ROUND) and the forward's out is rounded through float32 for bfloat16, both
+through bsa_cli.rounding, as today's code has them. Its own docstring:
 
 Block-sparse attention forward and backward on arrays: the golden and the kernel-faithful path.
 
@@ -49,6 +51,7 @@ from numpy.typing import DTypeLike
 
 from bsa_cli.case import Case, numpy_dtype
 from bsa_cli.layout import kv_view, lse_view, mask_view, q_view
+from bsa_cli.rounding import round_float32, to_dtype
 
 __all__ = [
     "forward_sequence",
@@ -295,10 +298,9 @@ def _round_to_float16(values: np.ndarray) -> np.ndarray:
 
 
 def _round_to_io(values: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
-    """Return float32 `values` rounded to `io_dtype` (round to nearest), as float32."""
-    if io_dtype == np.float16:
-        return _round_to_float16(values)
-    return values.astype(io_dtype).astype(np.float32)
+    """Return float32 `values` rounded to `io_dtype` as the kernel's CAST_ROUND does (half away from zero), as
+    float32. (2b40f9e rounded ties to even here and in the final casts; the kernel does not.)"""
+    return round_float32(values, io_dtype, "away")
 
 
 def _to_io_fp32(tensor: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
@@ -500,11 +502,11 @@ def _backward_kernel_into(
                 _add_products(dv_blocks, selected, probs_io, dout_rows, scratch)
                 dq_rows = dscores_io @ keys
                 dq_rows *= scale32
-                dq[head, rows] = dq_rows
+                dq[head, rows] = to_dtype(dq_rows, dq.dtype, "away")
                 _add_products(dk_blocks, selected, dscores_io, query_rows, scratch)
         dk_blocks *= scale32
-        dk[kv_head] = dk_blocks.reshape(-1, dim)[:kv_len]
-        dv[kv_head] = dv_blocks.reshape(-1, dim)[:kv_len]
+        dk[kv_head] = to_dtype(dk_blocks.reshape(-1, dim)[:kv_len], dk.dtype, "away")
+        dv[kv_head] = to_dtype(dv_blocks.reshape(-1, dim)[:kv_len], dv.dtype, "away")
 
 
 def _forward_backward_into(

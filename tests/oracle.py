@@ -255,6 +255,21 @@ def torch_backward(
     return out, dq, dk, dv
 
 
+def round_half_away(values: np.ndarray, io_dtype: np.dtype) -> np.ndarray:
+    """Return float32 `values` rounded to float16/bfloat16 half away from zero (the kernel's CAST_ROUND), as
+    float32: sign(x) floor(|x| / q + 1/2) q in float64, with q the format's spacing at |x| (exact steps)."""
+    bits, emin, largest = (11, -14, 65504.0) if io_dtype == np.float16 else (8, -126, 3.3895313892515355e38)
+    x = np.asarray(values, dtype=np.float64)
+    magnitude = np.abs(x)
+    _, exponent = np.frexp(magnitude)  # magnitude = m 2**exponent, m in [0.5, 1)
+    quantum = np.ldexp(1.0, np.maximum(exponent - 1, emin) - (bits - 1))
+    with np.errstate(invalid="ignore"):
+        rounded = np.floor(magnitude / quantum + 0.5) * quantum
+    rounded = np.where(rounded > largest, np.inf, rounded)
+    rounded = np.where(np.isfinite(x), rounded, magnitude)
+    return np.copysign(rounded, x).astype(np.float32)
+
+
 def kernel_emulation_sequence(
     dout: np.ndarray,
     query: np.ndarray,
@@ -266,7 +281,8 @@ def kernel_emulation_sequence(
     scale: float,
     io_dtype: np.dtype,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return dq, dk, dv (io_dtype) by docs/operator.md section 2 on dense fp32 matrices, head by head."""
+    """Return dq, dk, dv (io_dtype) by docs/operator.md section 2 on dense fp32 matrices, head by head (the
+    backward's three casts round half away from zero, as the kernel's CAST_ROUND does)."""
     heads, kv_heads = query.shape[0], key.shape[0]
     group = heads // kv_heads
 
@@ -274,7 +290,7 @@ def kernel_emulation_sequence(
         return np.asarray(t).astype(io_dtype).astype(np.float32)
 
     def round_io(t: np.ndarray) -> np.ndarray:
-        return t.astype(io_dtype).astype(np.float32)
+        return round_half_away(t, io_dtype)
 
     dout, query, key, value, out = (fp32(t) for t in (dout, query, key, value, out))
     lse = np.where(mask.any(axis=-1), np.asarray(lse, dtype=np.float32), np.float32(0))
@@ -292,4 +308,4 @@ def kernel_emulation_sequence(
         dk[g] += round_io(dscores).T @ query[n]
     dq *= np.float32(scale)
     dk *= np.float32(scale)
-    return dq.astype(io_dtype), dk.astype(io_dtype), dv.astype(io_dtype)
+    return tuple(round_half_away(g, io_dtype).astype(io_dtype) for g in (dq, dk, dv))  # type: ignore[return-value]

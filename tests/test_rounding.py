@@ -139,3 +139,31 @@ def test_in_place_and_other_dtypes() -> None:
         round_float32(values, np.dtype(np.float32))
     assert to_dtype(values, np.dtype(np.float32)) is values
     assert to_dtype(np.array([1.5], np.float16), BFLOAT16).astype(np.float32).tolist() == [1.5]
+
+
+def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_from_zero(monkeypatch) -> None:
+    from bsa_cli import emulator, golden
+    from bsa_cli.generate import compute_case
+    from bsa_cli.inputs import make_mask
+    from bsa_cli.rounding import BACKWARD_TIES, FORWARD_TIES
+    from bsa_cli.spec import load_specs
+
+    assert (BACKWARD_TIES, FORWARD_TIES) == ("away", "even")  # CAST_ROUND in the backward, CAST_RINT forward
+    case = next(c for c in load_specs(["cases/smoke.yaml"]) if c.name == "smoke-bnsd-random.fp16")
+    runs = {}
+    for rule in ("even", "away"):
+        monkeypatch.setattr(golden, "BACKWARD_TIES", rule)
+        monkeypatch.setattr(emulator, "BACKWARD_TIES", rule)
+        tensors, _, bench = compute_case(case)
+        device = emulator.emulate(case, {**tensors, "block_sparse_mask": make_mask(case)})
+        runs[rule] = tensors["attention_out"], bench, device
+    assert np.array_equal(runs["even"][0].view(np.uint16), runs["away"][0].view(np.uint16))  # the forward: even
+    for grad in ("dq", "dk", "dv"):
+        for part in (1, 2):  # benchmark, reference device
+            even, away = runs["even"][part][grad].view(np.uint16), runs["away"][part][grad].view(np.uint16)
+            moved = np.flatnonzero(even != away)
+            assert 0 < moved.size < even.size // 100, (grad, part, moved.size)
+            # last-bit changes (a tie upstream, in P16 or dS16, moves a sum by far less than the tensor's scale)
+            values = [runs[r][part][grad].astype(np.float64).reshape(-1) for r in ("even", "away")]
+            scale = np.abs(values[0]).max()
+            assert np.abs(values[0][moved] - values[1][moved]).max() <= 2.0**-9 * scale
