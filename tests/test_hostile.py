@@ -541,3 +541,81 @@ def test_hostile_input_ends_cleanly(trial: Trial, generated: Path, tmp_path: Pat
     assert set(os.listdir(tmp_path)) <= listing_before | {"out", "emulated", "specs", "roots"}
     assert peak < MEMORY_LIMIT
     assert elapsed < TIME_LIMIT_S
+
+
+# ---- round 2 (issue 18): report targets, case.txt, signals, kill -9, JSON, links, names, garbage ----------
+
+
+def _invoke(args: list[str]) -> Any:
+    result = CliRunner().invoke(main, args)
+    everything = result.output + result.stderr
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert "Traceback" not in everything
+    return result
+
+
+def _special(path: Path, kind: str) -> None:
+    """Make a FIFO, or a character device with the numbers of /dev/null (1, 3) or /dev/full (1, 7), at `path`
+    (a private copy in a temporary folder: the real /dev files are never a test's target)."""
+    if kind == "fifo":
+        os.mkfifo(path)
+        return
+    if os.geteuid() != 0:
+        pytest.skip("mknod of a character device needs root")
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, {"null": 3, "full": 7}[kind]))
+
+
+@pytest.mark.parametrize("kind", ["null", "full", "fifo"])
+@pytest.mark.parametrize("option", ["--json", "--junit", "--html", "--csv"])
+def test_report_target_that_is_not_a_regular_file_is_refused(
+    option: str, kind: str, generated: Path, tmp_path: Path
+) -> None:
+    target = tmp_path / "dev" / "target"
+    target.parent.mkdir()
+    _special(target, kind)
+    before = os.lstat(target)
+    result = _invoke(["compare", str(generated / "p"), option, str(target)])
+    assert result.exit_code == 2, result.output + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "not a regular file" in errors[0] and str(target) in errors[0], result.stderr
+    after = os.lstat(target)
+    assert stat.S_IFMT(after.st_mode) == stat.S_IFMT(before.st_mode) and after.st_ino == before.st_ino
+    assert os.listdir(target.parent) == ["target"]
+
+
+@pytest.mark.parametrize("kind", ["null", "fifo"])
+def test_trend_html_target_that_is_not_a_regular_file_is_refused(kind: str, tmp_path: Path) -> None:
+    target = tmp_path / "target"
+    _special(target, kind)
+    result = _invoke(["trend", str(tmp_path / "missing.json"), "--html", str(target)])
+    assert result.exit_code == 2
+    assert "not a regular file" in result.stderr
+    assert not stat.S_ISREG(os.lstat(target).st_mode)
+
+
+def test_report_written_through_a_link_keeps_the_link(generated: Path, tmp_path: Path) -> None:
+    (tmp_path / "real.xml").write_text("old")
+    (tmp_path / "link.xml").symlink_to(tmp_path / "real.xml")
+    result = _invoke(["compare", str(generated / "p"), "--junit", str(tmp_path / "link.xml")])
+    assert result.exit_code == 3
+    assert (tmp_path / "link.xml").is_symlink()
+    assert "<testsuite" in (tmp_path / "real.xml").read_text()
+
+
+def test_a_full_disk_while_writing_a_report_is_an_error(
+    generated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from bsa_cli.report import files
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full)
+    (tmp_path / "r.json").write_text("old")
+    result = _invoke(["compare", str(generated / "p"), "--json", str(tmp_path / "r.json")])
+    assert result.exit_code == 2
+    assert "No space left on device" in result.stderr and "r.json" in result.stderr
+    assert (tmp_path / "r.json").read_text() == "old"
+    assert os.listdir(tmp_path) == ["r.json"]
