@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from .cli_common import UserError, prepare_reports, run_settings, select_cases_o
 from .compare import STANDARDS, SuiteResult, compare_suite
 from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
-from .store import read_regular
+from .store import load_json, read_regular
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
@@ -24,7 +23,7 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
     documents = []
     for path in paths:
         try:
-            documents.append((str(path), json.loads(read_regular(Path(path), REPORT_MAX_BYTES))))
+            documents.append((str(path), load_json(read_regular(Path(path), REPORT_MAX_BYTES))))
         except DataError as exc:
             raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors

@@ -50,6 +50,7 @@ from .store import (
     inside_parent,
     iter_entries,
     load_manifest,
+    parse_status,
     read_regular,
     sha256_file,
     verify_inputs,
@@ -340,11 +341,10 @@ def _read_status(staging: Path, attempt: _Attempt) -> None:
     lines = text.splitlines()
     first = lines[0].strip() if lines else ""
     try:
-        if len(first) > 20:
-            raise ValueError
-        attempt.status = int(first)
+        attempt.status = parse_status(first)
     except ValueError:
-        attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status")
+        attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status "
+                                "(ASCII digits 0-9, an optional '-')")
         return
     message = "\n".join(lines[1:]).strip()
     attempt.status_message = message or None

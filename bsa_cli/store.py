@@ -65,6 +65,69 @@ _LEFTOVER_RE = re.compile(r"^\..+\.(?:partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+$")
 """Names of the temporary folders `CaseWriter` makes (with the pid of their writer since bsa 0.1.0)."""
 
 
+# ---- JSON and status lines read from untrusted files ----------------------------------------------------
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object holds one key twice (readers disagree on which one counts: bsa refuses it)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKeyError(f"duplicate key {_show(key, 60)}: a JSON object names each key once")
+        result[key] = value
+    return result
+
+
+JSON_BYTES_PER_CONTAINER = 16
+"""Fewest bytes of JSON text per object or array bsa parses: a Python dict costs 64 bytes or more, so
+`[{}, {}, ...]` would cost 20 times its size to read; bsa's own files carry a hundred bytes or more per
+object. The bound keeps what a JSON file costs in memory within a few times its size."""
+
+
+def load_json(data: bytes | str) -> Any:
+    """Parse untrusted JSON: refuse duplicate keys in any object, and text that holds more objects and
+    arrays than one per JSON_BYTES_PER_CONTAINER bytes (counted before parsing, so a file of `{}`s costs
+    no more than its size to refuse).
+
+    Raises:
+        ValueError: not JSON (JSONDecodeError, UnicodeDecodeError), a duplicate key (DuplicateKeyError),
+            too many containers for its size, or nested too deeply (RecursionError becomes ValueError).
+    """
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > 64 and containers * JSON_BYTES_PER_CONTAINER > len(raw):
+        raise ValueError(
+            f"{containers} objects and arrays in {len(raw)} bytes: more than one per "
+            f"{JSON_BYTES_PER_CONTAINER} bytes, which no file of bsa holds"
+        )
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+STATUS_DIGITS = re.compile(r"-?[0-9]{1,19}")
+"""A status line: a decimal integer in ASCII digits (no '_', '+', spaces or other scripts' digits)."""
+
+
+def parse_status(first_line: str) -> int:
+    """Return the aclnn status of a status.txt first line (surrounding ASCII blanks allowed).
+
+    Raises:
+        ValueError: not a decimal integer of ASCII digits in the int64 range.
+    """
+    text = first_line.strip(" \t\r\n")
+    if not STATUS_DIGITS.fullmatch(text):
+        raise ValueError(f"{text!r} is not a decimal integer")
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{text!r} is beyond int64")
+    return value
+
+
 # ---- paths confined to their folder ------------------------------------------------------------------
 
 
@@ -315,13 +378,11 @@ def load_manifest(case_dir: Path) -> dict[str, Any]:
     inside(Path(case_dir), MANIFEST)
     data = read_regular(path, MAX_MANIFEST_BYTES)
     try:
-        manifest = json.loads(data)
+        manifest = load_json(data)
     except UnicodeDecodeError as exc:
         raise DataError(str(path), f"not valid JSON: {exc}") from None
     except json.JSONDecodeError as exc:
         raise DataError(str(path), f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise DataError(str(path), "not valid JSON: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise DataError(str(path), f"not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:

@@ -512,6 +512,12 @@ def test_the_table_is_large_and_its_ids_unique() -> None:
 
 @pytest.mark.parametrize("trial", TRIALS, ids=[t.id for t in TRIALS])
 def test_hostile_input_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
+    try_trial(trial, generated, tmp_path)
+
+
+def try_trial(trial: Trial, generated: Path, tmp_path: Path) -> None:
+    """Run one trial: the documented exit code and message, no traceback, the victim untouched, nothing new
+    next to the given folders, bounded memory and time."""
     box = Sandbox(tmp_path, generated)
     box.victim.mkdir()
     (box.victim / "precious.txt").write_text("precious")
@@ -619,3 +625,85 @@ def test_a_full_disk_while_writing_a_report_is_an_error(
     assert "No space left on device" in result.stderr and "r.json" in result.stderr
     assert (tmp_path / "r.json").read_text() == "old"
     assert os.listdir(tmp_path) == ["r.json"]
+
+
+def _manifest_text(change: Callable[[str], str], command: str = "run") -> Callable[[Sandbox], list[str]]:
+    """Copy case 'p' into out/ and change its manifest's text (not its parsed JSON)."""
+
+    def setup(box: Sandbox) -> list[str]:
+        path = box.cases("p") / "p" / "case.json"
+        path.write_text(change(path.read_text()))
+        return [command, str(box.out)]
+
+    return setup
+
+
+def _after_run(change: Callable[[Path, Sandbox], None], command: str = "compare") -> Callable[[Sandbox], list[str]]:
+    """Run case 'p' on the reference device, then change its case folder; return `command` over out/."""
+
+    def setup(box: Sandbox) -> list[str]:
+        out = box.cases("p")
+        result = CliRunner().invoke(main, ["run", str(out)])
+        assert result.exit_code == 0, result.output
+        change(out / "p", box)
+        return [command, str(out)]
+
+    return setup
+
+
+def _duplicate_in_record(case_dir: Path, _box: Sandbox) -> None:
+    path = case_dir / "outputs" / "run.json"
+    path.write_text(path.read_text().replace('"outcome": "ok"', '"outcome": "ok", "outcome": "error"', 1))
+
+
+def _status_line(text: str) -> Callable[[Path, Sandbox], None]:
+    def change(case_dir: Path, _box: Sandbox) -> None:
+        (case_dir / "outputs" / "status.txt").write_text(text)
+
+    return change
+
+
+def _baseline(text: str) -> Callable[[Sandbox], list[str]]:
+    def setup(box: Sandbox) -> list[str]:
+        (box.root / "old.json").write_text(text)
+        return ["compare", str(box.cases("p")), "--baseline", str(box.root / "old.json")]
+
+    return setup
+
+
+_DUPLICATE_OUTPUTS = '"outputs": {"dq": {"file": "../../victim/dq.bin", "dtype": "float16", "shape": [1]}, '
+
+ROUND2 = [
+    # ---- item 5: duplicate keys in every JSON bsa reads ----
+    Trial("manifest-duplicate-key", _manifest_text(lambda t: t.replace('"outputs": {', _DUPLICATE_OUTPUTS, 1)), 3,
+          "duplicate key 'dq'"),
+    Trial("manifest-duplicate-key-compare", _manifest_text(lambda t: t.replace('{', '{"name": "q", ', 1), "compare"),
+          3, "duplicate key 'name'"),
+    Trial("record-duplicate-key", _after_run(_duplicate_in_record), 3, "duplicate key 'outcome'"),
+    Trial("merge-duplicate-key", _report('{"schema": "bsa-compare/1", "cases": [], "cases": []}'), 2,
+          "duplicate key 'cases'"),
+    Trial("baseline-duplicate-key", _baseline('{"schema": "bsa-compare/1", "schema": "x", "cases": []}'), 2,
+          "duplicate key 'schema'"),
+    # ---- item 9: what a report may cost to read ----
+    Trial("merge-empty-objects", _report("[" + "{}, " * (4 << 20) + "{}]"), 2, "objects and arrays in"),
+    Trial("baseline-empty-objects", _baseline("[" + "{}, " * (4 << 20) + "{}]"), 2, "objects and arrays in"),
+    # ---- item 12: a status line is a decimal integer in ASCII digits ----
+    Trial("binary-status-underscore", _binary("grads(); put('status.txt', b'0_0')"), 3, "not a decimal aclnn status"),
+    Trial("binary-status-arabic-indic", _binary("grads(); put('status.txt', '\\u0660'.encode())"), 3,
+          "not a decimal aclnn status"),
+    Trial("binary-status-fullwidth", _binary("grads(); put('status.txt', '\\uff10'.encode())"), 3,
+          "not a decimal aclnn status"),
+    Trial("binary-status-plus", _binary("grads(); put('status.txt', b'+0')"), 3, "not a decimal aclnn status"),
+    Trial("status-underscore-compare", _after_run(_status_line("0_0\n")), 3, "not a decimal aclnn status"),
+    Trial("status-fullwidth-compare", _after_run(_status_line("\uff10\n")), 3, "not a decimal aclnn status"),
+]  # fmt: skip
+
+
+def test_round_two_ids_are_unique() -> None:
+    ids = [t.id for t in [*TRIALS, *ROUND2]]
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("trial", ROUND2, ids=[t.id for t in ROUND2])
+def test_hostile_input_of_round_two_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
+    try_trial(trial, generated, tmp_path)

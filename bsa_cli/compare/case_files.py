@@ -7,7 +7,6 @@ message (the case then ends as an ERROR), never an exception.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import threading
 import time
@@ -21,7 +20,18 @@ import numpy as np
 
 from ..errors import DataError, clip, show
 from ..manifest import GRAD_NAMES
-from ..store import MANIFEST, entry_path, inside, iter_entries, map_array, map_read_only, read_regular, sha256_file
+from ..store import (
+    MANIFEST,
+    entry_path,
+    inside,
+    iter_entries,
+    load_json,
+    map_array,
+    map_read_only,
+    parse_status,
+    read_regular,
+    sha256_file,
+)
 from .results import Check
 from .summary import BenchmarkSummary, summary_from_document
 
@@ -42,11 +52,10 @@ def _read_status(output_dir: Path) -> tuple[int, str | None]:
     lines = read_regular(path, STATUS_MAX_BYTES, truncate=True).decode("utf-8", errors="replace").splitlines()
     first = lines[0].strip() if lines else ""
     try:
-        if len(first) > 20:
-            raise ValueError
-        status = int(first)
+        status = parse_status(first)
     except ValueError:
-        raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status") from None
+        raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status "
+                        "(ASCII digits 0-9, an optional '-')") from None  # fmt: skip
     message = "\n".join(lines[1:]).strip() or None
     return status, message
 
@@ -59,7 +68,7 @@ def _load_record(output_dir: Path) -> Any:
     """
     path = inside(output_dir, RUN_RECORD)
     try:
-        return json.loads(read_regular(path, RUN_RECORD_MAX_BYTES))
+        return load_json(read_regular(path, RUN_RECORD_MAX_BYTES))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise DataError(str(path), f"not valid JSON ({show(str(exc), 100)})") from None
 

@@ -27,7 +27,7 @@ from .. import __version__, drift
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
 from ..errors import DataError
 from ..manifest import json_number
-from ..store import read_regular
+from ..store import load_json, read_regular
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
 
@@ -277,8 +277,8 @@ def read_report(path: Path, max_bytes: int | None = None) -> Any:
     except DataError as exc:
         raise ValueError(f"{path}: cannot read JSON report: {exc.message}") from None
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return load_json(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
 
 
