@@ -44,14 +44,14 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
         seen[resolved] = option
         if path.is_dir():
             raise ReportPathError(option, str(path), "is a folder; give a file name, e.g. report.html inside it")
-        reason = target_problem(path)
-        if reason is not None:
-            raise ReportPathError(option, str(path), reason)
         parent = path.parent
         try:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReportPathError(option, str(path), f"cannot create folder {parent}: {exc.strerror or exc}") from None
+        reason = target_problem(path)
+        if reason is not None:
+            raise ReportPathError(option, str(path), reason)
         try:
             fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".probe")
         except OSError as exc:
