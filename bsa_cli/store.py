@@ -245,6 +245,7 @@ def is_case_name(name: str) -> bool:
         and not name.startswith(".")
         and "/" not in name
         and "\0" not in name
+        and not any(ord(c) < 32 or ord(c) == 127 for c in name)  # no newline, tab or other control character
         and len(name.encode("utf-8", "surrogateescape")) <= MAX_NAME_BYTES
     )
 
@@ -433,7 +434,7 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
         raise DataError(where, f"name {_show(name)} is not a non-empty string")
     if not is_case_name(name):
         raise DataError(where, f"name {_show(name)} cannot name a case: one visible folder name ('.' and '..', "
-                        f"a leading '.', '/' and names over {MAX_NAME_BYTES} bytes are not)")  # fmt: skip
+                        f"a leading '.', '/', control characters and names over {MAX_NAME_BYTES} bytes are not)")  # fmt: skip
     for key in ("params", "expect"):
         if not isinstance(manifest.get(key), dict):
             raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")
@@ -527,6 +528,28 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Pa
             raise DataError(", ".join(str(r) for r in roots), f"--filter {shown} matches none of {len(found)} cases")
         found = selected
     return found
+
+
+def check_unique_names(case_dirs: Sequence[Path]) -> None:
+    """Check that no two case folders' manifests name the same case (a report names each case once).
+
+    A manifest that cannot be read is left to the reader that judges its case.
+
+    Raises:
+        DataError: naming both folders and the name.
+    """
+    seen: dict[str, Path] = {}
+    for case_dir in case_dirs:
+        try:
+            name = load_manifest(case_dir)["name"]
+        except (DataError, OSError):
+            continue
+        if name in seen:
+            raise DataError(
+                str(case_dir), f"its manifest names the case {_show(name)}, as the manifest of {seen[name]} does: "
+                "a report names each case once; give each case folder its own case (or compare them apart)"
+            )
+        seen[name] = Path(case_dir)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -700,10 +700,79 @@ ROUND2 = [
 
 
 def test_round_two_ids_are_unique() -> None:
-    ids = [t.id for t in [*TRIALS, *ROUND2]]
+    ids = [t.id for t in [*TRIALS, *ROUND2, *ROUND2_NAMES]]
     assert len(set(ids)) == len(ids)
 
 
 @pytest.mark.parametrize("trial", ROUND2, ids=[t.id for t in ROUND2])
 def test_hostile_input_of_round_two_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
+    try_trial(trial, generated, tmp_path)
+
+
+def _judged_report(edit: Callable[[dict], None], use: str = "merge") -> Callable[[Sandbox], list[str]]:
+    """Run and judge case 'p', change its JSON report, then merge it (or use it as --baseline)."""
+
+    def setup(box: Sandbox) -> list[str]:
+        out = box.cases("p")
+        assert CliRunner().invoke(main, ["run", str(out)]).exit_code == 0
+        path = box.root / "report.json"
+        assert CliRunner().invoke(main, ["compare", str(out), "--json", str(path)]).exit_code == 0
+        document = json.loads(path.read_text())
+        edit(document)
+        path.write_text(json.dumps(document))
+        return ["compare", "--merge", str(path)] if use == "merge" else ["compare", str(out), "--baseline", str(path)]
+
+    return setup
+
+
+def _verdict(value: str) -> Callable[[dict], None]:
+    def edit(document: dict) -> None:
+        document["cases"][0]["verdict"] = value
+
+    return edit
+
+
+def _twin_folders(box: Sandbox) -> list[str]:
+    out = box.cases("p")
+    shutil.copytree(out / "p", out / "q")
+    return ["compare", str(out)]
+
+
+ROUND2_NAMES = [
+    # ---- item 8: reports are checked against their schema ----
+    Trial("merge-verdict-lol", _judged_report(_verdict("lol")), 2, "has the verdict 'lol'"),
+    Trial("merge-verdict-lowercase", _judged_report(_verdict("pass")), 2, "has the verdict 'pass'"),
+    Trial("merge-verdict-empty", _judged_report(_verdict("")), 2, "has the verdict ''"),
+    Trial("baseline-verdict-lol", _judged_report(_verdict("lol"), "baseline"), 2, "has the verdict 'lol'"),
+    Trial("merge-output-bytes-text", _judged_report(lambda d: d["cases"][0].update(output_bytes="12")), 2,
+          "expected an integer"),
+    Trial("merge-errors-string", _judged_report(lambda d: d["cases"][0].update(errors="oops")), 2, "expected a list"),
+    # ---- item 10: a .npy header with negative dimensions ----
+    Trial("mask-negative-dims", _mask("m.npy", ("m.npy", _npy_header("|u1", (-2, -3)) + b"\0" * 6)), 2,
+          "a dimension is negative"),
+    # ---- item 11: names ----
+    Trial("name-final-newline", _spec("validate", name="abc\n"), 2, "may hold only letters"),
+    Trial("name-final-newline-gen", _spec(name="abc\n"), 2, "may hold only letters"),
+    Trial("layout-final-newline", _spec("validate", layout="BNSD\n", expect=161002), 2, "not a layout string"),
+    Trial("names-differ-in-case", _text(yaml.safe_dump({"defaults": BASE, "cases": [{"name": "Case"},
+                                                                                    {"name": "case"}]})), 2,
+          "only in upper and lower case"),
+    Trial("matrix-dtype-case", _spec("validate", matrix={"dtype": ["fp16", "FP16"]}), 2, "only in upper and lower case"),
+    Trial("manifest-name-newline", _manifest(_set("name", "p\n")), 3, "cannot name a case"),
+    Trial("manifest-name-newline-compare", _manifest(_set("name", "p\n"), "compare"), 3, "cannot name a case"),
+    Trial("two-folders-one-name", _twin_folders, 2, "names the case 'p', as the manifest of"),
+    Trial("merge-name-twice", _judged_report(lambda d: d["cases"].append(d["cases"][0])), 2, "appears 2 times"),
+    Trial("baseline-name-twice", _judged_report(lambda d: d["cases"].append(d["cases"][0]), "baseline"), 2,
+          "appears 2 times"),
+    # ---- item 12: empty_rows within the case's query blocks ----
+    Trial("empty-rows-beyond", _spec("validate", sparsity={"pattern": "dense", "empty_rows": [0, 2]}), 2,
+          "index 2 is beyond the case's 2 query-block rows"),
+    Trial("empty-rows-huge", _spec("validate", sparsity={"pattern": "dense", "empty_rows": [10**30]}), 2,
+          "is beyond the case's 2 query-block rows"),
+    Trial("empty-rows-last-ok", _spec(sparsity={"pattern": "dense", "empty_rows": [1]}), 0, "generated 1 cases"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("trial", ROUND2_NAMES, ids=[t.id for t in ROUND2_NAMES])
+def test_hostile_report_name_or_value_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
     try_trial(trial, generated, tmp_path)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..errors import DataError
 from ..manifest import GRAD_NAMES
-from ..store import OUTPUTS_DIR, load_manifest
+from ..store import OUTPUTS_DIR, check_unique_names, load_manifest
 from ..workers import cpu_count, worker_pool
 from .results import CaseResult, SuiteResult
 from .standards import RunSettings, resolve_settings, validate_settings
@@ -93,10 +93,12 @@ def compare_suite(
 
     Raises:
         ValueError: the run settings are invalid, or a run threshold does not apply to a case's standard.
+        DataError: two case folders' manifests name the same case.
     """
     run = run or RunSettings()
     run.validate()
     started = time.perf_counter()
+    check_unique_names(case_dirs)
     if run.thresholds:
         _check_run_thresholds(case_dirs, run)
     work = [(Path(case_dir), _output_dir(Path(case_dir), outputs_root)) for case_dir in case_dirs]
