@@ -776,3 +776,40 @@ ROUND2_NAMES = [
 @pytest.mark.parametrize("trial", ROUND2_NAMES, ids=[t.id for t in ROUND2_NAMES])
 def test_hostile_report_name_or_value_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
     try_trial(trial, generated, tmp_path)
+
+
+def _bsa(*args: str, limit: int | None = None, code: str | None = None) -> Any:
+    """Run `bsa ARGS` as a fresh process (its imports included), under an address-space limit if given."""
+    import subprocess
+
+    def preexec() -> None:
+        import resource
+
+        if limit is not None:
+            resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+
+    program = code or "import sys; from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()"
+    return subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=120,
+                          preexec_fn=preexec)  # fmt: skip
+
+
+def test_an_address_space_limit_too_small_for_the_libraries_is_one_error_line() -> None:
+    result = _bsa("validate", "cases/smoke.yaml", limit=200 << 20)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: the address-space limit (ulimit -v) is 200 MiB")
+    assert "Traceback" not in result.stderr
+
+
+def test_a_library_that_cannot_load_is_one_error_line() -> None:
+    fail = ("import sys\nclass Fail:\n    def find_spec(self, name, *a):\n"
+            "        if name == 'numpy': raise MemoryError()\nsys.meta_path.insert(0, Fail())\n"
+            "from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()\n")  # fmt: skip
+    result = _bsa("validate", "cases/smoke.yaml", code=fail)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("Error: out of memory while loading bsa's libraries")
+    assert "Traceback" not in result.stderr
+
+
+def test_bsa_starts_under_an_address_space_limit_it_can_work_in() -> None:
+    result = _bsa("validate", "cases/smoke.yaml", limit=1 << 30)
+    assert result.returncode == 0, result.stderr
