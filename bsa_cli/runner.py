@@ -620,14 +620,30 @@ class _CaseRun:
             attempt.finished = _now()
 
     def _emulate(self, attempt: _Attempt) -> None:
-        """Run the reference device in this process (same contract, same record)."""
+        """Run the reference device in this process (same contract, same record). Ctrl-C stops it within
+        one kv block (its progress calls look at the cancel flag): the case is recorded as interrupted."""
         stdout = self.output_dir / attempt.stdout_log
         stderr = self.output_dir / attempt.stderr_log
         stdout.write_text("")
+        emulator = _emulator()
+
+        def stop_if_cancelled(_name: str, _fraction: float) -> None:
+            if self.cancel.event.is_set():
+                raise _Stopped
+
         try:
-            _emulator().emulate_case_dir(
-                self.case_dir, attempt.staging, fault=self.device.fault, order_seed=attempt.order_seed
-            )
+            if self.cancel.event.is_set():
+                raise _Stopped
+            with emulator.reporting(stop_if_cancelled):
+                emulator.emulate_case_dir(
+                    self.case_dir, attempt.staging, fault=self.device.fault, order_seed=attempt.order_seed
+                )
+            if self.cancel.event.is_set():
+                raise _Stopped
+        except _Stopped:
+            stderr.write_text("interrupted by Ctrl-C\n")
+            attempt.interrupted = True
+            return
         except BsaError as exc:
             stderr.write_text(f"Error: {exc}\n")
             attempt.exit_code = 2
@@ -835,6 +851,10 @@ def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Except
         problems=(problem,),
         device_id=device_id,
     )
+
+
+class _Stopped(Exception):
+    """Raised inside the reference device when Ctrl-C cancelled the run."""
 
 
 class _CappedLog:

@@ -813,3 +813,194 @@ def test_a_library_that_cannot_load_is_one_error_line() -> None:
 def test_bsa_starts_under_an_address_space_limit_it_can_work_in() -> None:
     result = _bsa("validate", "cases/smoke.yaml", limit=1 << 30)
     assert result.returncode == 0, result.stderr
+
+
+# ---- item 3 and the Ctrl-C item: signals; no process outlives bsa, nothing half-written ----------------
+
+MEDIUM = {"layout": "TND", "num_heads": 8, "num_kv_heads": 2, "head_dim": 64, "block_shape": [64, 64],
+          "dtype": "fp16", "sparsity": {"pattern": "dense"}}  # fmt: skip
+
+
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """Return (state, parent pid) of a process, or None when it is gone (a zombie counts as gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    state, parent = text.rpartition(")")[2].split()[:2]
+    return None if state in ("Z", "X") else (state, int(parent))
+
+
+def _descendants(pid: int) -> set[int]:
+    """Return the live processes below `pid` (children, their children, ...)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            state = _proc_state(int(entry))
+            if state is not None:
+                parents[int(entry)] = state[1]
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _gone(pids: set[int], timeout: float = 5.0) -> set[int]:
+    """Wait up to `timeout` s for `pids` to end; return those still alive."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_proc_state(p) for p in pids):
+        time.sleep(0.05)
+    return {p for p in pids if _proc_state(p)}
+
+
+def _kill_all(pids: set[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _start_bsa(*args: str) -> Any:
+    import subprocess
+
+    def default_interrupt() -> None:
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job of a shell ignores SIGINT
+
+    program = "import sys; from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()"
+    return subprocess.Popen([sys.executable, "-c", program, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=default_interrupt)  # fmt: skip
+
+
+def _gen_medium(root: Path, names: list[str], length: int) -> Path:
+    spec = root / "medium.yaml"
+    cases = [{**MEDIUM, "name": name, "actual_seq_lengths": [length, length], "seed": i} for i, name in enumerate(names)]
+    spec.write_text(yaml.safe_dump({"cases": cases}))
+    result = CliRunner().invoke(main, ["gen", str(spec), "-o", str(root / "out"), "-j", "2"])
+    assert result.exit_code == 0, result.output
+    return root / "out"
+
+
+@pytest.fixture(scope="module")
+def medium(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Four cases of about a second each to judge, with outputs from a binary that copies the benchmark."""
+    root = tmp_path_factory.mktemp("hostile-medium")
+    out = _gen_medium(root, ["m1", "m2", "m3", "m4"], 512)
+    box = Sandbox(root, out)
+    result = CliRunner().invoke(main, ["run", str(out), "--binary", box.binary(GOOD_BINARY)])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+@pytest.mark.parametrize("signum", [2, 15], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_reference_device_within_a_case(signum: int, tmp_path: Path) -> None:
+    """One Ctrl-C (or SIGTERM) stops `bsa run` on the reference device promptly, inside a long case: the
+    case is recorded as interrupted, the finished case keeps its complete result."""
+    out = _gen_medium(tmp_path, ["a-short", "b-long"], 128)
+    spec = tmp_path / "long.yaml"
+    spec.write_text(yaml.safe_dump({"cases": [{**MEDIUM, "name": "b-long", "actual_seq_lengths": [1024, 1024]}]}))
+    assert CliRunner().invoke(main, ["gen", str(spec), "-o", str(out)]).exit_code == 0
+    proc = _start_bsa("run", str(out))
+    try:
+        _wait_for(lambda: (out / "b-long" / "outputs" / ".run-1").is_dir(), 60, "the long case to start")
+        time.sleep(0.5)
+        proc.send_signal(signum)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum if signum != 2 else proc.returncode == 130, err
+    assert took < 3.0, f"{took:.1f} s after the signal"
+    assert "Traceback" not in err
+    record = json.loads((out / "b-long" / "outputs" / "run.json").read_text())
+    assert record["outcome"] == "interrupted"
+    assert not (out / "b-long" / "outputs" / "dq.bin").exists()
+    done = json.loads((out / "a-short" / "outputs" / "run.json").read_text())
+    assert done["outcome"] == "ok" and (out / "a-short" / "outputs" / "dq.bin").is_file()
+
+
+def test_sigterm_to_run_ends_the_binary_and_its_children(generated: Path, tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, generated)
+    box.victim.mkdir()
+    pids = box.victim / "pids"
+    binary = box.binary(
+        "import subprocess, time\n"
+        "child = subprocess.Popen(['sleep', '60'])\n"
+        f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{child.pid}}')\n"
+        "time.sleep(60)"
+    )
+    proc = _start_bsa("run", str(box.cases("p")), "--binary", binary)
+    started: set[int] = set()
+    try:
+        _wait_for(lambda: pids.exists() and pids.read_text(), 30, "the binary to start its child")
+        started = {int(p) for p in pids.read_text().split()}
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 143, err
+        assert "Traceback" not in err
+        assert not _gone(started), "the binary or its child outlived bsa"
+        record = json.loads((box.out / "p" / "outputs" / "run.json").read_text())
+        assert record["outcome"] == "interrupted"
+    finally:
+        proc.kill()
+        _kill_all(started)
+
+
+def test_sigterm_to_gen_ends_its_workers_and_leaves_no_case_half_done(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    names = [f"g{i}" for i in range(4)]
+    cases = [{**MEDIUM, "name": n, "actual_seq_lengths": [1024, 1024], "seed": i} for i, n in enumerate(names)]
+    spec.write_text(yaml.safe_dump({"cases": cases}))
+    out = tmp_path / "out"
+    proc = _start_bsa("gen", str(spec), "-o", str(out), "-j", "2")
+    workers: set[int] = set()
+    try:
+        workers = _wait_for(lambda: {p for p in _descendants(proc.pid)} if len(_descendants(proc.pid)) >= 2 else None,
+                            60, "the workers to start")  # fmt: skip
+        _wait_for(lambda: out.is_dir() and any(p.name.startswith(".") for p in out.iterdir()), 60,
+                  "a case to be under way")  # fmt: skip
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 143, err
+        assert "Traceback" not in err
+        assert not _gone(workers), "a worker outlived bsa gen"
+        listing = sorted(p.name for p in out.iterdir())
+        time.sleep(1.0)
+        assert sorted(p.name for p in out.iterdir()) == listing, "cases appeared after bsa gen ended"
+        assert all(not name.startswith(".") for name in listing), listing
+        for name in listing:
+            assert (out / name / "case.json").is_file()
+    finally:
+        proc.kill()
+        _kill_all(workers)
+
+
+@pytest.mark.parametrize("signum", [9, 15], ids=["SIGKILL", "SIGTERM"])
+def test_compare_workers_and_resource_tracker_end_with_compare(signum: int, medium: Path) -> None:
+    proc = _start_bsa("compare", str(medium), "-j", "2")
+    helpers: set[int] = set()
+    try:
+        helpers = _wait_for(lambda: _descendants(proc.pid) if len(_descendants(proc.pid)) >= 2 else None, 60,
+                            "the worker and the resource tracker to start")  # fmt: skip
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == (-9 if signum == 9 else 143), err
+        assert "Traceback" not in err
+        assert not _gone(helpers), "a worker or multiprocessing's resource tracker outlived bsa compare"
+    finally:
+        proc.kill()
+        _kill_all(helpers)
