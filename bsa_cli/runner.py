@@ -343,8 +343,7 @@ def _read_status(staging: Path, attempt: _Attempt) -> None:
     try:
         attempt.status = parse_status(first)
     except ValueError:
-        attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status "
-                                "(ASCII digits 0-9, an optional '-')")
+        attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status")
         return
     message = "\n".join(lines[1:]).strip()
     attempt.status_message = message or None
@@ -482,6 +481,10 @@ class _CaseRun:
         finally:
             for attempt in attempts[1:]:
                 shutil.rmtree(attempt.staging, ignore_errors=True)
+        moved = self._moved()
+        if moved is not None:  # the binary replaced the output folder (or the case folder) with a link
+            problems.append(moved)
+            return self._result(manifest, attempts, "error", problems, None, time.monotonic() - clock)
         if attempts and outcome != "interrupted":
             try:
                 self._promote(attempts[0].staging)
@@ -500,6 +503,20 @@ class _CaseRun:
             record["outcome"], record["problems"] = "error", problems
             outcome = "error"
         return self._result(manifest, attempts, outcome, problems, record, duration)
+
+    def _moved(self, staging: Path | None = None) -> str | None:
+        """Return why the folders of this run are no longer bsa's (checked after a binary exits, as before it
+        starts): the case folder, the output folder or a run's staging folder replaced by a symbolic link
+        or by something other than a folder. None: all still real folders."""
+        folders = [(self.case_dir, "case folder"), (self.output_dir, "output folder")]
+        if staging is not None:
+            folders.append((staging, "run folder"))
+        for folder, what in folders:
+            if folder.is_symlink() or not folder.is_dir():
+                kind = "a symbolic link" if folder.is_symlink() else "no longer a folder"
+                return (f"{folder} ({what}) is {kind} after the binary ran: bsa never reads, hashes or writes "
+                        "through it; nothing of this run was recorded there")  # fmt: skip
+        return None
 
     def _result(
         self,
@@ -537,6 +554,11 @@ class _CaseRun:
             attempt = self._attempt(index)
             attempts.append(attempt)
             self._execute(attempt)
+            moved = self._moved(attempt.staging)
+            if moved is not None:  # never read through what the binary put in its folder's place
+                attempt.problems.append(moved)
+                problems.extend(attempt.problems)
+                return "error"
             if attempt.exit_code == 0:
                 _read_status(attempt.staging, attempt)
                 if attempt.status is not None:
@@ -764,7 +786,10 @@ class _CaseRun:
         a folder already in the output directory: the staging directory, with what was not moved, is
         removed (never following a link).
         """
-        if not staging.is_dir() or staging.is_symlink():
+        if staging.is_symlink():
+            staging.unlink()  # a link the binary left in its run folder's place: the link goes, never its target
+            return
+        if not staging.is_dir():
             return
         for path in staging.iterdir():
             name = path.name
