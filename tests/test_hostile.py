@@ -1004,3 +1004,76 @@ def test_compare_workers_and_resource_tracker_end_with_compare(signum: int, medi
     finally:
         proc.kill()
         _kill_all(helpers)
+
+
+# ---- item 6: links a binary leaves behind; item 7: outputs changed after the run; item 9: cheap checks first ----
+
+
+def _fake_outputs(box: Sandbox) -> Path:
+    """victim/fake: a complete, passing output folder of case 'p' that bsa must neither read nor change."""
+    fake = box.victim / "fake"
+    fake.mkdir()
+    for grad in ("dq", "dk", "dv"):
+        shutil.copy(box.generated / "p" / "benchmark" / f"{grad}.bin", fake / f"{grad}.bin")
+    (fake / "status.txt").write_text("0\n")
+    return fake
+
+
+def _binary_swaps(which: str) -> Callable[[Sandbox], list[str]]:
+    """A binary that writes its outputs, then replaces its run folder (or the case's outputs folder) with a
+    link to victim/fake before it exits."""
+
+    def setup(box: Sandbox) -> list[str]:
+        box.victim.mkdir(exist_ok=True)
+        fake = _fake_outputs(box)
+        folder = "out" if which == "run" else "os.path.dirname(out)"
+        body = (GOOD_BINARY + f"\nimport shutil\nshutil.rmtree({folder})\nos.symlink({str(fake)!r}, {folder})")
+        return ["run", str(box.cases("p")), "--binary", box.binary(body)]
+
+    return setup
+
+
+def _rewrite_dq(case_dir: Path, _box: Sandbox) -> None:
+    path = case_dir / "outputs" / "dq.bin"
+    path.write_bytes(b"\0" * path.stat().st_size)
+
+
+ROUND2_LINKS = [
+    Trial("binary-swaps-run-folder", _binary_swaps("run"), 3, "(run folder) is a symbolic link after the binary ran"),
+    Trial("binary-swaps-outputs", _binary_swaps("outputs"), 3, "(output folder) is a symbolic link after the binary"),
+    Trial("outputs-changed-after-run", _after_run(_rewrite_dq), 3, "changed after the run"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("trial", ROUND2_LINKS, ids=[t.id for t in ROUND2_LINKS])
+def test_hostile_binary_leftovers_end_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
+    try_trial(trial, generated, tmp_path)
+
+
+def test_binary_swapping_its_folder_leaves_no_record_through_the_link(generated: Path, tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, generated)
+    args = _binary_swaps("outputs")(box)
+    result = _invoke(args)
+    assert result.exit_code == 3
+    assert sorted(os.listdir(box.victim / "fake")) == ["dk.bin", "dq.bin", "dv.bin", "status.txt"]
+    assert "1 ok" not in result.output
+
+
+def test_a_shape_that_contradicts_params_is_refused_before_any_hashing(generated: Path, tmp_path: Path) -> None:
+    """A manifest promising an 8 GiB golden dq (a sparse file of that size) for a small case: refused at
+    once, by its shape, without reading the file."""
+    box = Sandbox(tmp_path, generated)
+    out = box.cases("p")
+    assert CliRunner().invoke(main, ["run", str(out)]).exit_code == 0
+    path = out / "p" / "case.json"
+    manifest = json.loads(path.read_text())
+    manifest["golden"]["dq"]["shape"] = [1 << 15, 1 << 15, 2]
+    path.write_text(json.dumps(manifest))
+    with open(out / "p" / manifest["golden"]["dq"]["file"], "r+b") as golden:
+        golden.truncate(8 << 30)
+    started = time.monotonic()
+    result = _invoke(["compare", str(out)])
+    took = time.monotonic() - started
+    assert result.exit_code == 3
+    assert "golden.dq.shape [32768, 32768, 2] differs from the case's" in result.output
+    assert took < 5.0, f"{took:.1f} s"

@@ -54,8 +54,7 @@ def _read_status(output_dir: Path) -> tuple[int, str | None]:
     try:
         status = parse_status(first)
     except ValueError:
-        raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status "
-                        "(ASCII digits 0-9, an optional '-')") from None  # fmt: skip
+        raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status") from None
     message = "\n".join(lines[1:]).strip() or None
     return status, message
 
@@ -100,18 +99,26 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     return info
 
 
-def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict[str, str] | None]:
+def _read_run_record(
+    output_dir: Path, names: Sequence[str]
+) -> tuple[list[str], list[Check], dict[str, str] | None, dict[str, str] | None]:
     """Read the runner's `run.json` if present.
 
     Returns:
-        reasons the case cannot be judged, case-level checks, and the sha256 of each input the runner
-        checked the files against before the device ran (None when not recorded).
+        reasons the case cannot be judged, case-level checks, the sha256 of each input the runner
+        checked the files against before the device ran, and the sha256 of each output the runner
+        recorded once the device was done (each None when not recorded).
     """
     problems, checks, record = _run_record_checks(output_dir, names)
     inputs = record.get("inputs") if record else None
     if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
         inputs = None
-    return problems, checks, inputs
+    outputs = record.get("outputs") if record else None
+    recorded = None
+    if isinstance(outputs, dict):
+        recorded = {name: entry["sha256"] for name, entry in outputs.items()
+                    if isinstance(entry, dict) and isinstance(entry.get("sha256"), str)}  # fmt: skip
+    return problems, checks, inputs, recorded
 
 
 def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict | None]:
@@ -201,6 +208,14 @@ def _sha256(path: Path) -> str:
     return digest
 
 
+def _changed_since_run(path: Path, sha256: str, record: Path) -> str | None:
+    """Return the message for a device output whose content differs from what `bsa run` recorded, else None."""
+    if _sha256(path) == sha256:
+        return None
+    return str(DataError(str(path), f"sha256 differs from the one `bsa run` recorded in {record}: the output "
+                         "changed after the run (a process the binary left behind?); run the case again"))
+
+
 def _stale(path: Path, sha256: str | None, what: str) -> str | None:
     """Return the message for a file whose content no longer matches its manifest sha256, else None."""
     if not sha256 or _sha256(path) == sha256:
@@ -244,6 +259,7 @@ def _open_arrays(
     inputs_run: Mapping[str, str] | None = None,
     key: Mapping[str, Any] | None = None,
     device: Mapping[str, np.ndarray] | None = None,
+    outputs_run: Mapping[str, str] | None = None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
@@ -258,8 +274,9 @@ def _open_arrays(
     device ran (`inputs_run`, from run.json), that record answers instead: equal to the manifest's, the
     device ran on the inputs this golden comes from (whatever happened to the file since); different,
     the case was generated again after the run (stale). Without `verify_inputs` only the block mask, which
-    the judge reads, is hashed. Golden and benchmark files are hashed; device outputs are not (nothing to
-    compare their hash with). Hashing runs alongside the metrics; `_Opened.stale` collects it.
+    the judge reads, is hashed. Golden and benchmark files are hashed; device outputs are hashed against
+    the sha256 `bsa run` recorded (`outputs_run`, from run.json): an output that changed after the run is
+    not judged. Hashing runs alongside the metrics; `_Opened.stale` collects it.
     """
     executor = pool or _Inline()
     opened = _Opened()
@@ -292,6 +309,9 @@ def _open_arrays(
             if section != "outputs":
                 path, sha = entry_path(base, entries[name]), entries[name].get("sha256")
                 opened.pending.append(executor.submit(_stale, path, sha, section))
+            elif outputs_run is not None and name in outputs_run:
+                path, record = entry_path(base, entries[name]), base / RUN_RECORD
+                opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
     inputs = dict(iter_entries(manifest, "inputs"))
     if "block_sparse_mask" not in inputs:
         opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
