@@ -166,6 +166,19 @@ def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> lis
         raise UserError(str(exc)) from None
 
 
+def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
+    """Return the folders of cases that `paths` stand for (as `select_cases_or_suites` reads them): a given
+    folder of cases, or the suites below a folder without cases; a case folder given itself is none."""
+    roots: list[Path] = []
+    for path in map(Path, paths):
+        try:
+            if path.is_dir() and not (path / MANIFEST).is_file():
+                roots.extend([path] if find_cases(path) else find_suites(path))
+        except (OSError, BsaError):
+            continue
+    return roots
+
+
 # ---- comparison settings and reports (compare, check) ---------------------------------------------
 
 

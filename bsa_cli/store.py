@@ -31,6 +31,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,7 +62,7 @@ MAX_ARRAY_BYTES = 1 << 44
 MAX_NAME_BYTES = 200
 """Longest case (folder) name: the file system's 255 bytes less room for bsa's temporary names around it."""
 
-_LEFTOVER_RE = re.compile(r"^\..+\.(?:partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+_LEFTOVER_RE = re.compile(r"^\.(.+)\.(partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+\Z")
 """Names of the temporary folders `CaseWriter` makes (with the pid of their writer since bsa 0.1.0)."""
 
 
@@ -583,26 +584,81 @@ def check_output_dir(output_dir: Path) -> Path:
     return output_dir
 
 
+@dataclass(frozen=True)
+class Leftover:
+    """A temporary folder of `CaseWriter` in a folder of cases: `.NAME.partial-PID-x` (a case being written,
+    complete once it holds case.json) or `.NAME.old-PID-x` (the case it replaces, in `case/`)."""
+
+    path: Path
+    name: str  # the case it belongs to
+    kind: str  # "partial" or "old"
+    pid: int | None  # its writer (None: written before bsa 0.1.0)
+
+    @property
+    def complete_copy(self) -> Path | None:
+        """The complete case it holds (a folder with case.json), if any."""
+        folder = self.path / "case" if self.kind == "old" else self.path
+        return folder if (folder / MANIFEST).is_file() and not folder.is_symlink() else None
+
+    @property
+    def writer_alive(self) -> bool:
+        return self.pid is not None and _alive(self.pid)
+
+
+def find_leftovers(out_root: Path) -> list[Leftover]:
+    """Return the temporary folders of `CaseWriter`s in `out_root` (real folders only, never links), sorted."""
+    try:
+        children = sorted(Path(out_root).iterdir())
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        match = _LEFTOVER_RE.match(child.name)
+        if match and not child.is_symlink() and child.is_dir():
+            pid = int(match.group(3)) if match.group(3) else None
+            found.append(Leftover(child, match.group(1), match.group(2), pid))
+    return found
+
+
 def remove_leftovers(out_root: Path) -> list[Path]:
     """Remove the temporary folders a killed `bsa gen` left in `out_root`; return them.
 
     Only real folders (never a symbolic link) named as `CaseWriter` names them are removed, and not those
-    of a writer that is still running (its pid is in the name).
+    of a writer that is still running (its pid is in the name). A case killed between the two renames of
+    a replacement (where the file system cannot exchange two folders at once) is restored first: its
+    complete copy (the old case, else the new one if complete) goes back under its name.
     """
     removed: list[Path] = []
-    try:
-        children = list(Path(out_root).iterdir())
-    except OSError:
-        return removed
-    for child in children:
-        match = _LEFTOVER_RE.match(child.name)
-        if not match or child.is_symlink() or not child.is_dir():
-            continue
-        if match.group(1) and _alive(int(match.group(1))):
-            continue
-        shutil.rmtree(child, ignore_errors=True)
-        removed.append(child)
+    leftovers = [left for left in find_leftovers(out_root) if not left.writer_alive]
+    for left in sorted(leftovers, key=lambda left: left.kind != "old"):  # the old, known complete, first
+        final = Path(out_root) / left.name
+        copy = left.complete_copy
+        if copy is not None and is_case_name(left.name) and not (final.exists() or final.is_symlink()):
+            try:
+                os.replace(copy, final)
+            except OSError:
+                continue  # left as it is: a complete copy is never removed while its case is missing
+        if left.path.exists():
+            shutil.rmtree(left.path, ignore_errors=True)
+        removed.append(left.path)
     return removed
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE)
+    return result == 0
 
 
 def _alive(pid: int) -> bool:
@@ -650,7 +706,9 @@ class CaseWriter:
         (self.dir / FLAT_PARAMS).write_text(flat_params)
         # The manifest is written last: a directory with case.json is a complete case.
         write_json_atomic(self.dir / MANIFEST, manifest)
-        if self.final_dir.exists() or self.final_dir.is_symlink():
+        if self.final_dir.is_dir() and not self.final_dir.is_symlink() and _exchange(self.dir, self.final_dir):
+            shutil.rmtree(self.dir, ignore_errors=True)  # the old case, swapped out in the same step
+        elif self.final_dir.exists() or self.final_dir.is_symlink():
             prefix = f".{self.final_dir.name}.old-{os.getpid()}-"
             old = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=prefix))
             os.replace(self.final_dir, old / "case")

@@ -1077,3 +1077,81 @@ def test_a_shape_that_contradicts_params_is_refused_before_any_hashing(generated
     assert result.exit_code == 3
     assert "golden.dq.shape [32768, 32768, 2] differs from the case's" in result.output
     assert took < 5.0, f"{took:.1f} s"
+
+
+# ---- item 4: kill -9 while a regenerated case replaces the old one ----------------------------------------
+
+_KILLED_GEN = """
+import os, sys
+from pathlib import Path
+import bsa_cli.store as store
+from bsa_cli.cli import main
+where = sys.argv[1]
+if where == "between-renames":  # a file system without RENAME_EXCHANGE: two renames, killed between them
+    store._exchange = lambda first, second: False
+    real = os.replace
+    def replace(source, target):
+        real(source, target)
+        if Path(source).name == "p" and ".old-" in str(target):
+            os._exit(137)
+    store.os.replace = replace
+else:  # killed while removing the old case it swapped out
+    real = store.shutil.rmtree
+    def rmtree(path, *args, **kwargs):
+        if ".p.partial-" in str(path):
+            os._exit(137)
+        real(path, *args, **kwargs)
+    store.shutil.rmtree = rmtree
+main(["gen", sys.argv[2], "-o", sys.argv[3]])
+"""
+
+
+def _kill_gen_while_replacing(tmp_path: Path, where: str) -> tuple[Path, Path]:
+    import subprocess
+
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"cases": [{**BASE, "name": "p"}, {**BASE, "name": "q"}]}))
+    out = tmp_path / "out"
+    assert CliRunner().invoke(main, ["gen", str(spec), "-o", str(out)]).exit_code == 0
+    spec.write_text(yaml.safe_dump({"cases": [{**BASE, "name": "p", "seed": 7}]}))  # p is generated again
+    killed = subprocess.run([sys.executable, "-c", _KILLED_GEN, where, str(spec), str(out)], capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert killed.returncode == 137, killed.stderr
+    return spec, out
+
+
+def test_kill_between_the_renames_keeps_a_complete_copy_and_compare_notices(tmp_path: Path) -> None:
+    spec, out = _kill_gen_while_replacing(tmp_path, "between-renames")
+    assert not (out / "p").exists()  # the moment the issue found: p under neither name
+    copies = [p for p in out.iterdir() if p.name.startswith(".p.") and ((p / "case" / "case.json").is_file()
+                                                                        or (p / "case.json").is_file())]  # fmt: skip
+    assert copies, sorted(os.listdir(out))
+    compared = _invoke(["compare", str(out)])
+    assert compared.exit_code == 3, compared.output
+    assert "out/p: the case is missing, only .p." in compared.output
+    assert "restores the complete copy" in compared.output
+    again = _invoke(["gen", str(spec), "-o", str(out)])
+    assert again.exit_code == 0, again.output
+    assert (out / "p" / "case.json").is_file() and (out / "q" / "case.json").is_file()
+    assert not [p for p in os.listdir(out) if p.startswith(".")]
+
+
+def test_a_case_swapped_in_one_step_is_never_missing(tmp_path: Path) -> None:
+    _, out = _kill_gen_while_replacing(tmp_path, "while-removing-the-old")
+    manifest = json.loads((out / "p" / "case.json").read_text())
+    assert manifest["generator"]["seed"] == 7  # the new case, complete
+    leftovers = [p for p in os.listdir(out) if p.startswith(".")]
+    assert leftovers  # the old copy, being removed when the kill came
+    compared = _invoke(["compare", str(out)])
+    assert "the case is missing" not in compared.output
+
+
+def test_compare_reports_a_case_that_a_killed_gen_never_finished(generated: Path, tmp_path: Path) -> None:
+    box = Sandbox(tmp_path, generated)
+    out = box.cases("p")
+    (out / ".r.partial-999999999-abc").mkdir()
+    result = _invoke(["compare", str(out)])
+    assert result.exit_code == 3
+    assert "out/r: the case is missing, only .r.partial-999999999-abc is left: a bsa gen was killed" in result.output
+    filtered = _invoke(["compare", str(out), "--filter", "p"])
+    assert "the case is missing" not in filtered.output
