@@ -42,7 +42,9 @@ from . import __version__
 from .case import numpy_dtype
 from .devices import Device, RunConfigError, RunOptions, _emulator
 from .errors import BsaError, DataError, clip, show
+from .manifest import flat_params
 from .store import (
+    FLAT_PARAMS,
     OUTPUTS_DIR,
     check_output_dir,
     expected_nbytes,
@@ -52,6 +54,7 @@ from .store import (
     load_manifest,
     parse_status,
     read_regular,
+    refresh_flat_params,
     sha256_file,
     verify_inputs,
     write_json_atomic,
@@ -471,6 +474,13 @@ class _CaseRun:
                 inputs_run = {name: str(entry["sha256"]) for name, entry in entries if entry.get("sha256")}
             except DataError as exc:
                 problems.append(f"inputs not run: {exc}")
+                outcome = "error"
+        if manifest is not None and outcome == "ok":
+            try:  # case.txt is derived: what a harness reads always matches the checked case.json
+                refresh_flat_params(self.case_dir, flat_params(manifest))
+            except (OSError, KeyError, TypeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                problems.append(f"cannot write {self.case_dir / FLAT_PARAMS} from case.json: {why}")
                 outcome = "error"
         try:
             if outcome == "ok" and manifest is not None:

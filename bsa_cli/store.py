@@ -568,6 +568,41 @@ def write_json_atomic(path: Path, data: Any) -> None:
         raise
 
 
+FLAT_PARAMS_MAX_BYTES = 1 << 20
+"""Largest case.txt read back (one of `bsa gen` is a few KiB)."""
+
+
+def refresh_flat_params(case_dir: Path, text: str) -> bool:
+    """Make `case_dir/case.txt` hold `text` (the flat parameters derived from the checked case.json): a C++
+    harness reads its file table, so an edited case.txt must never steer one outside the case. Rewritten
+    atomically when it differs (a link in its place is replaced, never written through); return whether it
+    was rewritten.
+
+    Raises:
+        OSError: it cannot be written (a folder in its place, a full disk, no permission).
+    """
+    path = Path(case_dir) / FLAT_PARAMS
+    data = text.encode("utf-8")
+    if not path.is_symlink() and path.is_file():
+        try:
+            if read_regular(path, FLAT_PARAMS_MAX_BYTES) == data:
+                return False
+        except DataError:
+            pass  # too large, unreadable: written again
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(21, "a folder is where case.txt belongs", str(path))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
+
+
 def check_output_dir(output_dir: Path) -> Path:
     """Return `output_dir` after checking that a device may write there: a folder or nothing, never a
     symbolic link (a case folder could carry one pointing anywhere).

@@ -1155,3 +1155,66 @@ def test_compare_reports_a_case_that_a_killed_gen_never_finished(generated: Path
     assert "out/r: the case is missing, only .r.partial-999999999-abc is left: a bsa gen was killed" in result.output
     filtered = _invoke(["compare", str(out), "--filter", "p"])
     assert "the case is missing" not in filtered.output
+
+
+# ---- item 2: case.txt is derived from case.json and checked before a run ----------------------------------
+
+TXT_BINARY = (
+    "case = os.path.dirname(sys.argv[1])\n"
+    "table = {}\n"
+    "for line in open(os.path.join(case, 'case.txt')):\n"
+    "    parts = line.split()\n"
+    "    if parts and parts[0] in ('input', 'output'):\n"
+    "        table[parts[0], parts[1]] = parts[2]\n"
+    "query = open(os.path.join(case, table['input', 'query']), 'rb').read()\n"
+    "for g in ('dq', 'dk', 'dv'):\n"
+    "    data = open(os.path.join(case, manifest['benchmark'][g]['file']), 'rb').read()\n"
+    "    open(os.path.join(out, table['output', g]), 'wb').write(data)\n"
+    "put('status.txt', b'0\\n')"
+)  # a harness without a JSON parser: it follows case.txt's file table
+
+
+def _tampered_txt(section: str, name: str, file: Callable[[Sandbox], str]) -> Callable[[Sandbox], list[str]]:
+    def setup(box: Sandbox) -> list[str]:
+        out = box.cases("p")
+        path = out / "p" / "case.txt"
+        lines = []
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if parts[:2] == [section, name]:
+                parts[2] = file(box)
+            lines.append(" ".join(parts))
+        path.write_text("\n".join(lines) + "\n")
+        return ["run", str(out), "--binary", box.binary(TXT_BINARY)]
+
+    return setup
+
+
+def _txt_link(box: Sandbox) -> list[str]:
+    out = box.cases("p")
+    shutil.copy(out / "p" / "case.txt", box.victim / "case.txt")
+    (out / "p" / "case.txt").unlink()
+    (out / "p" / "case.txt").symlink_to(box.victim / "case.txt")
+    return ["run", str(out), "--binary", box.binary(TXT_BINARY)]
+
+
+ROUND2_TXT = [
+    Trial("case-txt-output-climbs", _tampered_txt("output", "dq", lambda b: "../../../victim/dq.bin"), 0, "1 ok"),
+    Trial("case-txt-output-absolute", _tampered_txt("output", "dq", lambda b: str(b.victim / "dq.bin")), 0, "1 ok"),
+    Trial("case-txt-input-foreign", _tampered_txt("input", "query", lambda b: "../../victim/precious.txt"), 0,
+          "1 ok"),
+    Trial("case-txt-is-a-link", _txt_link, 0, "1 ok"),
+    Trial("case-txt-is-a-folder", _case_file(lambda c, b: ((c / "case.txt").unlink(), (c / "case.txt").mkdir())),
+          3, "case.txt from case.json"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("trial", ROUND2_TXT, ids=[t.id for t in ROUND2_TXT])
+def test_hostile_case_txt_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
+    try_trial(trial, generated, tmp_path)
+    from bsa_cli.manifest import flat_params
+
+    case = tmp_path / "out" / "p"
+    if trial.code == 0:
+        assert not (case / "case.txt").is_symlink()
+        assert (case / "case.txt").read_text() == flat_params(json.loads((case / "case.json").read_text()))
