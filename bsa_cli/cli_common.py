@@ -6,6 +6,7 @@ Exit codes (one policy for every command):
     2  usage error, or a bad spec or file given by the user
     3  a case could not be judged (missing outputs, harness error)
   130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
+  143  terminated by SIGTERM (129: SIGHUP), handled as Ctrl-C is
 
 The command modules (`cli_gen`, `cli_run`, `cli_compare`, `cli_export`) import this module and the
 library, never each other nor `cli`; `cli.py` builds the `bsa` group from them. So imports flow one way.
