@@ -532,22 +532,24 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Pa
 
 
 def check_unique_names(case_dirs: Sequence[Path]) -> None:
-    """Check that no two case folders' manifests name the same case (a report names each case once).
+    """Check that no two case folders of one folder of cases have manifests that name the same case (a
+    folder copied under another name: its report would name one case twice). Suites side by side
+    (OUT/smoke, OUT/edge) may hold cases of the same names.
 
     A manifest that cannot be read is left to the reader that judges its case.
 
     Raises:
         DataError: naming both folders and the name.
     """
-    seen: dict[str, Path] = {}
+    seen: dict[tuple[Path, str], Path] = {}
     for case_dir in case_dirs:
         try:
-            name = load_manifest(case_dir)["name"]
+            name = (Path(case_dir).resolve().parent, load_manifest(case_dir)["name"])
         except (DataError, OSError):
             continue
         if name in seen:
             raise DataError(
-                str(case_dir), f"its manifest names the case {_show(name)}, as the manifest of {seen[name]} does: "
+                str(case_dir), f"its manifest names the case {_show(name[1])}, as the manifest of {seen[name]} does: "
                 "a report names each case once; give each case folder its own case (or compare them apart)"
             )
         seen[name] = Path(case_dir)
