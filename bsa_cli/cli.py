@@ -7,6 +7,14 @@ imports them and adds their commands to `main`: imports flow one way, from here 
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
 import click
 
 from . import __version__
@@ -18,17 +26,76 @@ from .cli_run import check_command, emulate_command, run_command
 from .cli_trend import trend_command
 
 
+TERMINATING = (signal.SIGTERM, signal.SIGHUP)
+"""Signals handled as Ctrl-C is (and ended with exit code 128 + the signal's number: 143 for SIGTERM)."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: it unwinds as Ctrl-C does, so every command cleans up the same way."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_received: list[int] = []
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    """Turn SIGTERM or SIGHUP into what Ctrl-C does: worker processes get SIGINT (a Ctrl-C at a terminal
+    reaches them too), and this process unwinds with KeyboardInterrupt (device process groups are killed,
+    half-written cases and reports removed)."""
+    _received.append(signum)
+    for child in multiprocessing.active_children():
+        try:
+            os.kill(child.pid, signal.SIGINT)
+        except (ProcessLookupError, PermissionError):
+            pass
+    raise Terminated(signum)
+
+
+@contextmanager
+def _signals_as_interrupts() -> Iterator[None]:
+    """While a command runs (in the main thread), SIGTERM and SIGHUP are handled as Ctrl-C."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.signal(signum, _terminate) for signum in TERMINATING}
+    _received.clear()
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _interrupted_code() -> int:
+    """130 after Ctrl-C; 128 + N after signal N (SIGTERM: 143)."""
+    return 128 + _received[0] if _received else EXIT_INTERRUPTED
+
+
 class _Commands(click.Group):
-    """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr; a file
-    that cannot be read or written (a full disk, no permission) or memory running out end it with one
-    `Error:` line and exit code 2, never a traceback."""
+    """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr (SIGTERM
+    and SIGHUP: the same handling, exit code 143 and 129); a file that cannot be read or written (a full
+    disk, no permission) or memory running out end it with one `Error:` line and exit code 2, never a
+    traceback."""
 
     def invoke(self, ctx: click.Context) -> object:
+        with _signals_as_interrupts():
+            try:
+                return self._invoke(ctx)
+            except click.exceptions.Exit as exc:
+                if exc.exit_code == EXIT_INTERRUPTED and _received:
+                    raise click.exceptions.Exit(_interrupted_code()) from None
+                raise
+            except KeyboardInterrupt:
+                what = "interrupted" if not _received else f"terminated by {signal.Signals(_received[0]).name}"
+                click.echo(f"{what}: finished work is complete, unfinished work was not written", err=True)
+                raise click.exceptions.Exit(_interrupted_code()) from None
+
+    def _invoke(self, ctx: click.Context) -> object:
         try:
             return super().invoke(ctx)
-        except KeyboardInterrupt:
-            click.echo("interrupted: finished work is complete, unfinished work was not written", err=True)
-            raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
         except OSError as exc:
             where = f"{exc.filename}: " if exc.filename else ""
             raise UserError(f"{where}{exc.strerror or exc}") from None

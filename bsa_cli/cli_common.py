@@ -6,6 +6,7 @@ Exit codes (one policy for every command):
     2  usage error, or a bad spec or file given by the user
     3  a case could not be judged (missing outputs, harness error)
   130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
+  143  terminated by SIGTERM (129: SIGHUP), handled as Ctrl-C is
 
 The command modules (`cli_gen`, `cli_run`, `cli_compare`, `cli_export`) import this module and the
 library, never each other nor `cli`; `cli.py` builds the `bsa` group from them. So imports flow one way.
@@ -164,6 +165,19 @@ def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> lis
         return select_cases(roots, filters)
     except BsaError as exc:
         raise UserError(str(exc)) from None
+
+
+def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
+    """Return the folders of cases that `paths` stand for (as `select_cases_or_suites` reads them): a given
+    folder of cases, or the suites below a folder without cases; a case folder given itself is none."""
+    roots: list[Path] = []
+    for path in map(Path, paths):
+        try:
+            if path.is_dir() and not (path / MANIFEST).is_file():
+                roots.extend([path] if find_cases(path) else find_suites(path))
+        except (OSError, BsaError):
+            continue
+    return roots
 
 
 # ---- comparison settings and reports (compare, check) ---------------------------------------------

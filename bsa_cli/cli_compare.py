@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -10,11 +9,18 @@ import click
 
 from . import drift as drift_
 from . import output, report
-from .cli_common import UserError, prepare_reports, run_settings, select_cases_or_suites, write_reports
-from .compare import STANDARDS, SuiteResult, compare_suite
+from .cli_common import (
+    UserError,
+    folders_of_cases,
+    prepare_reports,
+    run_settings,
+    select_cases_or_suites,
+    write_reports,
+)
+from .compare import STANDARDS, SuiteResult, compare_suite, missing_cases
 from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
-from .store import read_regular
+from .store import load_json, read_regular
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
@@ -24,7 +30,7 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
     documents = []
     for path in paths:
         try:
-            documents.append((str(path), json.loads(read_regular(Path(path), REPORT_MAX_BYTES))))
+            documents.append((str(path), load_json(read_regular(Path(path), REPORT_MAX_BYTES))))
         except DataError as exc:
             raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
@@ -136,9 +142,11 @@ def compare_command(
     else:
         run = run_settings(standard, thresholds, padding)
         case_dirs = select_cases_or_suites(paths, filters)
+        missing = missing_cases(folders_of_cases(paths), case_dirs, filters)
         prepare_reports(reports)
         try:
-            suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs)
+            suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs,
+                                  missing=missing)  # fmt: skip
         except (ValueError, BsaError) as exc:
             raise UserError(str(exc)) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)

@@ -42,7 +42,9 @@ from . import __version__
 from .case import numpy_dtype
 from .devices import Device, RunConfigError, RunOptions, _emulator
 from .errors import BsaError, DataError, clip, show
+from .manifest import flat_params
 from .store import (
+    FLAT_PARAMS,
     OUTPUTS_DIR,
     check_output_dir,
     expected_nbytes,
@@ -50,7 +52,9 @@ from .store import (
     inside_parent,
     iter_entries,
     load_manifest,
+    parse_status,
     read_regular,
+    refresh_flat_params,
     sha256_file,
     verify_inputs,
     write_json_atomic,
@@ -340,9 +344,7 @@ def _read_status(staging: Path, attempt: _Attempt) -> None:
     lines = text.splitlines()
     first = lines[0].strip() if lines else ""
     try:
-        if len(first) > 20:
-            raise ValueError
-        attempt.status = int(first)
+        attempt.status = parse_status(first)
     except ValueError:
         attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status")
         return
@@ -473,6 +475,13 @@ class _CaseRun:
             except DataError as exc:
                 problems.append(f"inputs not run: {exc}")
                 outcome = "error"
+        if manifest is not None and outcome == "ok":
+            try:  # case.txt is derived: what a harness reads always matches the checked case.json
+                refresh_flat_params(self.case_dir, flat_params(manifest))
+            except (OSError, KeyError, TypeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+                problems.append(f"cannot write {self.case_dir / FLAT_PARAMS} from case.json: {why}")
+                outcome = "error"
         try:
             if outcome == "ok" and manifest is not None:
                 outcome = self._run_all(manifest, attempts, problems, differences)
@@ -482,6 +491,10 @@ class _CaseRun:
         finally:
             for attempt in attempts[1:]:
                 shutil.rmtree(attempt.staging, ignore_errors=True)
+        moved = self._moved()
+        if moved is not None:  # the binary replaced the output folder (or the case folder) with a link
+            problems.append(moved)
+            return self._result(manifest, attempts, "error", problems, None, time.monotonic() - clock)
         if attempts and outcome != "interrupted":
             try:
                 self._promote(attempts[0].staging)
@@ -500,6 +513,20 @@ class _CaseRun:
             record["outcome"], record["problems"] = "error", problems
             outcome = "error"
         return self._result(manifest, attempts, outcome, problems, record, duration)
+
+    def _moved(self, staging: Path | None = None) -> str | None:
+        """Return why the folders of this run are no longer bsa's (checked after a binary exits, as before it
+        starts): the case folder, the output folder or a run's staging folder replaced by a symbolic link
+        or by something other than a folder. None: all still real folders."""
+        folders = [(self.case_dir, "case folder"), (self.output_dir, "output folder")]
+        if staging is not None:
+            folders.append((staging, "run folder"))
+        for folder, what in folders:
+            if folder.is_symlink() or not folder.is_dir():
+                kind = "a symbolic link" if folder.is_symlink() else "no longer a folder"
+                return (f"{folder} ({what}) is {kind} after the binary ran: bsa never reads, hashes or writes "
+                        "through it; nothing of this run was recorded there")  # fmt: skip
+        return None
 
     def _result(
         self,
@@ -537,6 +564,11 @@ class _CaseRun:
             attempt = self._attempt(index)
             attempts.append(attempt)
             self._execute(attempt)
+            moved = self._moved(attempt.staging)
+            if moved is not None:  # never read through what the binary put in its folder's place
+                attempt.problems.append(moved)
+                problems.extend(attempt.problems)
+                return "error"
             if attempt.exit_code == 0:
                 _read_status(attempt.staging, attempt)
                 if attempt.status is not None:
@@ -620,14 +652,30 @@ class _CaseRun:
             attempt.finished = _now()
 
     def _emulate(self, attempt: _Attempt) -> None:
-        """Run the reference device in this process (same contract, same record)."""
+        """Run the reference device in this process (same contract, same record). Ctrl-C stops it within
+        one kv block (its progress calls look at the cancel flag): the case is recorded as interrupted."""
         stdout = self.output_dir / attempt.stdout_log
         stderr = self.output_dir / attempt.stderr_log
         stdout.write_text("")
+        emulator = _emulator()
+
+        def stop_if_cancelled(_name: str, _fraction: float) -> None:
+            if self.cancel.event.is_set():
+                raise _Stopped
+
         try:
-            _emulator().emulate_case_dir(
-                self.case_dir, attempt.staging, fault=self.device.fault, order_seed=attempt.order_seed
-            )
+            if self.cancel.event.is_set():
+                raise _Stopped
+            with emulator.reporting(stop_if_cancelled):
+                emulator.emulate_case_dir(
+                    self.case_dir, attempt.staging, fault=self.device.fault, order_seed=attempt.order_seed
+                )
+            if self.cancel.event.is_set():
+                raise _Stopped
+        except _Stopped:
+            stderr.write_text("interrupted by Ctrl-C\n")
+            attempt.interrupted = True
+            return
         except BsaError as exc:
             stderr.write_text(f"Error: {exc}\n")
             attempt.exit_code = 2
@@ -748,7 +796,10 @@ class _CaseRun:
         a folder already in the output directory: the staging directory, with what was not moved, is
         removed (never following a link).
         """
-        if not staging.is_dir() or staging.is_symlink():
+        if staging.is_symlink():
+            staging.unlink()  # a link the binary left in its run folder's place: the link goes, never its target
+            return
+        if not staging.is_dir():
             return
         for path in staging.iterdir():
             name = path.name
@@ -835,6 +886,10 @@ def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Except
         problems=(problem,),
         device_id=device_id,
     )
+
+
+class _Stopped(Exception):
+    """Raised inside the reference device when Ctrl-C cancelled the run."""
 
 
 class _CappedLog:

@@ -55,7 +55,7 @@ DTYPE_ALIASES = {
 """Other names of spec dtypes; names are read case-insensitively, with an optional 'torch.' or 'np.' prefix."""
 PATTERNS = ("dense", "random", "causal", "sliding_window", "strided", "explicit")
 TENSORS = ("query", "key", "value", "dout")
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
 
 CASE_KEYS = (
     "name", "description", "layout", "kv_layout", "dtype", "batch", "num_heads", "num_kv_heads", "head_dim",
@@ -102,7 +102,7 @@ MAX_DIM = 2**31 - 1
 INT64_LIMIT = 2**63
 """Integers passed to the operator (seed, mask_type, pre/next_tokens) lie in [-2^63, 2^63)."""
 
-LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}$")
+LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}\Z")
 """What a layout string may be (a negative case may pass one the operator rejects)."""
 
 
@@ -136,6 +136,7 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
     """
     cases: list[Case] = []
     seen: dict[str, str] = {}
+    folded: dict[str, str] = {}  # names as a case-insensitive file system sees them
     errors: list[SpecError] = []
     for file in spec_files(paths):
         try:
@@ -149,7 +150,16 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
                     str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name"
                 ))  # fmt: skip
                 continue
+            other = folded.get(case.name.casefold())
+            if other is not None:
+                errors.append(SpecError(
+                    str(file), f"case name differs from {other!r} (in {seen[other]}) only in upper and lower case: on "
+                    "a case-insensitive file system (macOS, Windows) both are one folder; give distinct names",
+                    case=case.name, key="name",
+                ))  # fmt: skip
+                continue
             seen[case.name] = str(file)
+            folded[case.name.casefold()] = case.name
             cases.append(case)
     raise_spec_errors(errors)
     return cases
@@ -658,6 +668,10 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
             fit_explicit(case.sparsity.explicit, case.mask_shape)
         except ValueError as exc:
             raise r.error("sparsity.mask", str(exc)) from None
+    rows = case.sparsity.empty_rows
+    if isinstance(rows, tuple) and rows and max(rows) >= case.num_q_blocks:
+        raise r.error("sparsity.empty_rows", f"index {max(rows)} is beyond the case's {case.num_q_blocks} query-block "
+                      f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row")  # fmt: skip
     return _check_interface(r, case)
 
 
@@ -919,6 +933,8 @@ def _read_npy(r: _Reader, spec: Path, relative: str) -> np.ndarray:
         raise r.error("mask", f"{str(file)!r} is not a .npy array file: {show(str(exc), 100)}") from None
     if dtype.hasobject or not (dtype.kind == "b" or np.issubdtype(dtype, np.number)):
         raise r.error("mask", f"{str(file)!r} holds {dtype}, not 0/1 numbers")
+    if not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise r.error("mask", f"{str(file)!r}: its header promises shape {list(shape)}: a dimension is negative")
     count = math.prod(shape)
     body = len(data) - stream.tell()
     if count * dtype.itemsize != body:

@@ -31,6 +31,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -61,8 +62,71 @@ MAX_ARRAY_BYTES = 1 << 44
 MAX_NAME_BYTES = 200
 """Longest case (folder) name: the file system's 255 bytes less room for bsa's temporary names around it."""
 
-_LEFTOVER_RE = re.compile(r"^\..+\.(?:partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+$")
+_LEFTOVER_RE = re.compile(r"^\.(.+)\.(partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+\Z")
 """Names of the temporary folders `CaseWriter` makes (with the pid of their writer since bsa 0.1.0)."""
+
+
+# ---- JSON and status lines read from untrusted files ----------------------------------------------------
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object holds one key twice (readers disagree on which one counts: bsa refuses it)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKeyError(f"duplicate key {_show(key, 60)}: a JSON object names each key once")
+        result[key] = value
+    return result
+
+
+JSON_BYTES_PER_CONTAINER = 16
+"""Fewest bytes of JSON text per object or array bsa parses: a Python dict costs 64 bytes or more, so
+`[{}, {}, ...]` would cost 20 times its size to read; bsa's own files carry a hundred bytes or more per
+object. The bound keeps what a JSON file costs in memory within a few times its size."""
+
+
+def load_json(data: bytes | str) -> Any:
+    """Parse untrusted JSON: refuse duplicate keys in any object, and text that holds more objects and
+    arrays than one per JSON_BYTES_PER_CONTAINER bytes (counted before parsing, so a file of `{}`s costs
+    no more than its size to refuse).
+
+    Raises:
+        ValueError: not JSON (JSONDecodeError, UnicodeDecodeError), a duplicate key (DuplicateKeyError),
+            too many containers for its size, or nested too deeply (RecursionError becomes ValueError).
+    """
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers > 64 and containers * JSON_BYTES_PER_CONTAINER > len(raw):
+        raise ValueError(
+            f"{containers} objects and arrays in {len(raw)} bytes: more than one per "
+            f"{JSON_BYTES_PER_CONTAINER} bytes, which no file of bsa holds"
+        )
+    try:
+        return json.loads(raw, object_pairs_hook=_no_duplicates)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+STATUS_DIGITS = re.compile(r"-?[0-9]{1,19}")
+"""A status line: a decimal integer in ASCII digits (no '_', '+', spaces or other scripts' digits)."""
+
+
+def parse_status(first_line: str) -> int:
+    """Return the aclnn status of a status.txt first line (surrounding ASCII blanks allowed).
+
+    Raises:
+        ValueError: not a decimal integer of ASCII digits in the int64 range.
+    """
+    text = first_line.strip(" \t\r\n")
+    if not STATUS_DIGITS.fullmatch(text):
+        raise ValueError(f"{text!r} is not a decimal integer")
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"{text!r} is beyond int64")
+    return value
 
 
 # ---- paths confined to their folder ------------------------------------------------------------------
@@ -182,6 +246,7 @@ def is_case_name(name: str) -> bool:
         and not name.startswith(".")
         and "/" not in name
         and "\0" not in name
+        and not any(ord(c) < 32 or ord(c) == 127 for c in name)  # no newline, tab or other control character
         and len(name.encode("utf-8", "surrogateescape")) <= MAX_NAME_BYTES
     )
 
@@ -315,13 +380,11 @@ def load_manifest(case_dir: Path) -> dict[str, Any]:
     inside(Path(case_dir), MANIFEST)
     data = read_regular(path, MAX_MANIFEST_BYTES)
     try:
-        manifest = json.loads(data)
+        manifest = load_json(data)
     except UnicodeDecodeError as exc:
         raise DataError(str(path), f"not valid JSON: {exc}") from None
     except json.JSONDecodeError as exc:
         raise DataError(str(path), f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise DataError(str(path), "not valid JSON: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more digits than Python converts
         raise DataError(str(path), f"not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
@@ -372,7 +435,7 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
         raise DataError(where, f"name {_show(name)} is not a non-empty string")
     if not is_case_name(name):
         raise DataError(where, f"name {_show(name)} cannot name a case: one visible folder name ('.' and '..', "
-                        f"a leading '.', '/' and names over {MAX_NAME_BYTES} bytes are not)")  # fmt: skip
+                        f"a leading '.', '/', control characters and names over {MAX_NAME_BYTES} bytes are not)")  # fmt: skip
     for key in ("params", "expect"):
         if not isinstance(manifest.get(key), dict):
             raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")
@@ -468,6 +531,30 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Pa
     return found
 
 
+def check_unique_names(case_dirs: Sequence[Path]) -> None:
+    """Check that no two case folders of one folder of cases have manifests that name the same case (a
+    folder copied under another name: its report would name one case twice). Suites side by side
+    (OUT/smoke, OUT/edge) may hold cases of the same names.
+
+    A manifest that cannot be read is left to the reader that judges its case.
+
+    Raises:
+        DataError: naming both folders and the name.
+    """
+    seen: dict[tuple[Path, str], Path] = {}
+    for case_dir in case_dirs:
+        try:
+            name = (Path(case_dir).resolve().parent, load_manifest(case_dir)["name"])
+        except (DataError, OSError):
+            continue
+        if name in seen:
+            raise DataError(
+                str(case_dir), f"its manifest names the case {_show(name[1])}, as the manifest of {seen[name]} does: "
+                "a report names each case once; give each case folder its own case (or compare them apart)"
+            )
+        seen[name] = Path(case_dir)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to `path` through a temporary file in the same directory and an atomic rename."""
     path = Path(path)
@@ -481,6 +568,41 @@ def write_json_atomic(path: Path, data: Any) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+FLAT_PARAMS_MAX_BYTES = 1 << 20
+"""Largest case.txt read back (one of `bsa gen` is a few KiB)."""
+
+
+def refresh_flat_params(case_dir: Path, text: str) -> bool:
+    """Make `case_dir/case.txt` hold `text` (the flat parameters derived from the checked case.json): a C++
+    harness reads its file table, so an edited case.txt must never steer one outside the case. Rewritten
+    atomically when it differs (a link in its place is replaced, never written through); return whether it
+    was rewritten.
+
+    Raises:
+        OSError: it cannot be written (a folder in its place, a full disk, no permission).
+    """
+    path = Path(case_dir) / FLAT_PARAMS
+    data = text.encode("utf-8")
+    if not path.is_symlink() and path.is_file():
+        try:
+            if read_regular(path, FLAT_PARAMS_MAX_BYTES) == data:
+                return False
+        except DataError:
+            pass  # too large, unreadable: written again
+    if path.is_dir() and not path.is_symlink():
+        raise IsADirectoryError(21, "a folder is where case.txt belongs", str(path))
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return True
 
 
 def check_output_dir(output_dir: Path) -> Path:
@@ -499,26 +621,81 @@ def check_output_dir(output_dir: Path) -> Path:
     return output_dir
 
 
+@dataclass(frozen=True)
+class Leftover:
+    """A temporary folder of `CaseWriter` in a folder of cases: `.NAME.partial-PID-x` (a case being written,
+    complete once it holds case.json) or `.NAME.old-PID-x` (the case it replaces, in `case/`)."""
+
+    path: Path
+    name: str  # the case it belongs to
+    kind: str  # "partial" or "old"
+    pid: int | None  # its writer (None: written before bsa 0.1.0)
+
+    @property
+    def complete_copy(self) -> Path | None:
+        """The complete case it holds (a folder with case.json), if any."""
+        folder = self.path / "case" if self.kind == "old" else self.path
+        return folder if (folder / MANIFEST).is_file() and not folder.is_symlink() else None
+
+    @property
+    def writer_alive(self) -> bool:
+        return self.pid is not None and _alive(self.pid)
+
+
+def find_leftovers(out_root: Path) -> list[Leftover]:
+    """Return the temporary folders of `CaseWriter`s in `out_root` (real folders only, never links), sorted."""
+    try:
+        children = sorted(Path(out_root).iterdir())
+    except OSError:
+        return []
+    found = []
+    for child in children:
+        match = _LEFTOVER_RE.match(child.name)
+        if match and not child.is_symlink() and child.is_dir():
+            pid = int(match.group(3)) if match.group(3) else None
+            found.append(Leftover(child, match.group(1), match.group(2), pid))
+    return found
+
+
 def remove_leftovers(out_root: Path) -> list[Path]:
     """Remove the temporary folders a killed `bsa gen` left in `out_root`; return them.
 
     Only real folders (never a symbolic link) named as `CaseWriter` names them are removed, and not those
-    of a writer that is still running (its pid is in the name).
+    of a writer that is still running (its pid is in the name). A case killed between the two renames of
+    a replacement (where the file system cannot exchange two folders at once) is restored first: its
+    complete copy (the old case, else the new one if complete) goes back under its name.
     """
     removed: list[Path] = []
-    try:
-        children = list(Path(out_root).iterdir())
-    except OSError:
-        return removed
-    for child in children:
-        match = _LEFTOVER_RE.match(child.name)
-        if not match or child.is_symlink() or not child.is_dir():
-            continue
-        if match.group(1) and _alive(int(match.group(1))):
-            continue
-        shutil.rmtree(child, ignore_errors=True)
-        removed.append(child)
+    leftovers = [left for left in find_leftovers(out_root) if not left.writer_alive]
+    for left in sorted(leftovers, key=lambda left: left.kind != "old"):  # the old, known complete, first
+        final = Path(out_root) / left.name
+        copy = left.complete_copy
+        if copy is not None and is_case_name(left.name) and not (final.exists() or final.is_symlink()):
+            try:
+                os.replace(copy, final)
+            except OSError:
+                continue  # left as it is: a complete copy is never removed while its case is missing
+        if left.path.exists():
+            shutil.rmtree(left.path, ignore_errors=True)
+        removed.append(left.path)
     return removed
+
+
+_RENAME_EXCHANGE = 2
+
+
+def _exchange(first: Path, second: Path) -> bool:
+    """Swap two folders in one step (Linux renameat2 RENAME_EXCHANGE); False where the system cannot."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd = -100
+    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE)
+    return result == 0
 
 
 def _alive(pid: int) -> bool:
@@ -566,7 +743,9 @@ class CaseWriter:
         (self.dir / FLAT_PARAMS).write_text(flat_params)
         # The manifest is written last: a directory with case.json is a complete case.
         write_json_atomic(self.dir / MANIFEST, manifest)
-        if self.final_dir.exists() or self.final_dir.is_symlink():
+        if self.final_dir.is_dir() and not self.final_dir.is_symlink() and _exchange(self.dir, self.final_dir):
+            shutil.rmtree(self.dir, ignore_errors=True)  # the old case, swapped out in the same step
+        elif self.final_dir.exists() or self.final_dir.is_symlink():
             prefix = f".{self.final_dir.name}.old-{os.getpid()}-"
             old = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=prefix))
             os.replace(self.final_dir, old / "case")

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
@@ -72,7 +73,7 @@ class _Pool(ProcessPoolExecutor):
     def __init__(
         self, jobs: int, context: Any, ignore_interrupt: bool, start: tuple[Callable[..., None] | None, Any]
     ) -> None:
-        super().__init__(max_workers=jobs, mp_context=context, initializer=_start, initargs=start)
+        super().__init__(max_workers=jobs, mp_context=context, initializer=_start, initargs=(*start, os.getpid()))
         self.interruptible = not ignore_interrupt
         self._previous: Any = None
         launch = getattr(self, "_launch_processes", None)
@@ -103,8 +104,13 @@ class _Pool(ProcessPoolExecutor):
         return super().submit(fn, *args, **kwargs)
 
 
-def _start(initializer: Callable[..., None] | None, initargs: tuple[Any, ...]) -> None:
+PARENT_POLL_S = 0.1
+"""How often a worker checks that the process that started it is alive (it ends within this once it is not)."""
+
+
+def _start(initializer: Callable[..., None] | None, initargs: tuple[Any, ...], parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    watch_parent(parent)
     if initializer is not None:
         initializer(*initargs)
 
@@ -116,3 +122,17 @@ def _interruptible(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def watch_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
+    """End this process (exit code 1, at once) as soon as its parent is gone: a worker never outlives the
+    bsa that started it, whether that was killed with SIGKILL or ended any other way. Once the workers
+    are gone, multiprocessing's resource tracker (which waits for every holder of its pipe) ends too.
+    `parent` is the pid of the process that started this one (given, not read here: it may be gone already)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="bsa-parent-watch", daemon=True).start()

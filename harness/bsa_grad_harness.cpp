@@ -37,6 +37,9 @@
 #include <utility>
 #include <vector>
 
+#include <climits>
+#include <libgen.h>
+
 #include "acl/acl.h"
 #include "aclnn/acl_meta.h"
 #include "aclnn_block_sparse_attention_grad.h"
@@ -145,6 +148,57 @@ struct CaseSpec {
     }
 };
 
+// A file of case.txt is a plain relative path that stays inside its folder: no absolute path, no '..',
+// and no symbolic link on the way out (bsa checks case.json the same way; case.txt is derived from it,
+// and bsa run rewrites it from case.json before each run, but the harness trusts neither).
+void CheckRelative(const std::string &file, const std::string &line)
+{
+    if (file.empty() || file[0] == '/' || file[0] == '\\') {
+        throw HarnessError(kExitBadInput, "case.txt: '" + file + "' is not a relative path inside its folder: " + line);
+    }
+    std::istringstream parts(file);
+    std::string part;
+    while (std::getline(parts, part, '/')) {
+        if (part == "..") {
+            throw HarnessError(kExitBadInput, "case.txt: '" + file + "' climbs out of its folder with '..': " + line);
+        }
+    }
+}
+
+std::string RealPath(const std::string &path)
+{
+    char resolved[PATH_MAX];
+    if (realpath(path.c_str(), resolved) == nullptr) {
+        throw HarnessError(kExitBadInput, "cannot resolve " + path + ": " + std::strerror(errno));
+    }
+    return resolved;
+}
+
+// base + "/" + file, after checking that it (for an output: the folder that will hold it) lies inside
+// base once symbolic links are followed.
+std::string Inside(const std::string &base, const std::string &file, bool exists)
+{
+    const std::string path = base + "/" + file;
+    std::string probe = path;
+    if (exists && !std::ifstream(path)) {
+        return path;  // missing: the reader says so
+    }
+    if (!exists) {
+        std::vector<char> copy(path.begin(), path.end());
+        copy.push_back('\0');
+        probe = dirname(copy.data());
+    }
+    const std::string root = RealPath(base);
+    const std::string real = RealPath(probe);
+    if (real != root && real.compare(0, root.size() + 1, root + "/") != 0) {
+        throw HarnessError(kExitBadInput, path + " leads out of " + base + " through a symbolic link");
+    }
+    if (exists && real == root) {
+        throw HarnessError(kExitBadInput, path + " names the folder itself, not a file in it");
+    }
+    return path;
+}
+
 ArraySpec ParseArrayLine(std::istringstream &in, const std::string &line)
 {
     ArraySpec spec;
@@ -152,6 +206,7 @@ ArraySpec ParseArrayLine(std::istringstream &in, const std::string &line)
     if (!(in >> spec.name >> spec.file >> spec.dtype >> ndim)) {
         throw HarnessError(kExitBadInput, "case.txt: malformed array line: " + line);
     }
+    CheckRelative(spec.file, line);
     for (size_t i = 0; i < ndim; ++i) {
         int64_t dim = 0;
         if (!(in >> dim) || dim < 0) {
@@ -505,13 +560,15 @@ int Run(const Options &options)
         auto it = spec.inputs.find(name);
         if (it != spec.inputs.end()) {
             const ArraySpec &array = it->second;
-            host[name] = ReadFile(caseDir + "/" + array.file, ElementCount(array.dims) * Dtype(array.dtype).size);
+            const size_t bytes = ElementCount(array.dims) * Dtype(array.dtype).size;
+            host[name] = ReadFile(Inside(caseDir, array.file, true), bytes);
         }
     }
     for (const char *name : {"dq", "dk", "dv"}) {
         if (spec.outputs.find(name) == spec.outputs.end()) {
             throw HarnessError(kExitBadInput, std::string("case.txt has no 'output ") + name + "' line");
         }
+        Inside(options.outputDir, spec.outputs.at(name).file, false);  // every output checked before any is written
     }
 
     AclSession session(options.deviceId);
@@ -609,7 +666,7 @@ int Run(const Options &options)
                                  ACL_MEMCPY_DEVICE_TO_HOST),
                      "aclrtMemcpy (device to host)");
         }
-        WriteFile(options.outputDir + "/" + grad.spec.file, data.data(), data.size());
+        WriteFile(Inside(options.outputDir, grad.spec.file, false), data.data(), data.size());
     }
     WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete gradient files
     return kExitOk;

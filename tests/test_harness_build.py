@@ -212,3 +212,44 @@ def test_bad_arguments_and_case_files_exit_2(harness, cases, tmp_path):
     assert "key.bin: 3 bytes, expected" in result.stderr
     assert leaks(result.stderr) == {}
     assert run_harness(harness, cases / "h-bnsd", tmp_path / "o", "--fill", "pink").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "file"),
+    [
+        ("output", "dq", "../../../victim/dq.bin"),
+        ("output", "dq", "/VICTIM/dq.bin"),
+        ("input", "query", "../../victim/precious.bin"),
+        ("input", "query", "linked/precious.bin"),
+        ("output", "dk", "linked/dk.bin"),
+    ],
+)
+def test_the_harness_refuses_case_txt_paths_outside_the_case_and_output_folders(
+    harness, cases, tmp_path, section, name, file
+):
+    """case.txt is derived (bsa run rewrites it from case.json), but the harness, run by hand, trusts it no
+    more than bsa does: a file that climbs out, is absolute, or passes a link out is refused (exit 2)."""
+    case = tmp_path / "case"
+    shutil.copytree(cases / "h-bnsd", case)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.bin").write_bytes(b"\1" * (40 * 2 * 16 * 2))
+    (victim / "dq.bin").write_text("precious")
+    out = tmp_path / "o"
+    out.mkdir()
+    (case / "linked").symlink_to(victim)
+    (out / "linked").symlink_to(victim)
+    file = file.replace("/VICTIM", str(victim))
+    lines = (case / "case.txt").read_text().splitlines()
+    for index, line in enumerate(lines):
+        parts = line.split()
+        if parts[:2] == [section, name]:
+            parts[2] = file
+            lines[index] = " ".join(parts)
+    (case / "case.txt").write_text("\n".join(lines) + "\n")
+    before = {p.name: p.read_bytes() for p in victim.iterdir()}
+    result = run_harness(harness, case, out)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "case.txt" in result.stderr or "leads out of" in result.stderr, result.stderr
+    assert {p.name: p.read_bytes() for p in victim.iterdir()} == before
+    assert not (out / "dq.bin").exists()

@@ -53,7 +53,7 @@ from .standards import (
     resolve_settings,
     validate_settings,
 )
-from .suite import HASH_THREADS, compare_suite, suite_jobs
+from .suite import HASH_THREADS, compare_suite, missing_cases, suite_jobs
 from .summary import BenchmarkSummary, summarize_benchmark, summary_document, summary_from_document, summary_key
 from .ulp import ULP_BUCKETS, ulp_error
 from .verdict import DeviceOutcome, compare_case, judge_outcome
@@ -84,6 +84,7 @@ __all__ = [
     "case_settings",
     "compare_case",
     "compare_suite",
+    "missing_cases",
     "judge_outcome",
     "judge_tensors",
     "resolve_settings",

@@ -7,7 +7,6 @@ message (the case then ends as an ERROR), never an exception.
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import threading
 import time
@@ -21,7 +20,18 @@ import numpy as np
 
 from ..errors import DataError, clip, show
 from ..manifest import GRAD_NAMES
-from ..store import MANIFEST, entry_path, inside, iter_entries, map_array, map_read_only, read_regular, sha256_file
+from ..store import (
+    MANIFEST,
+    entry_path,
+    inside,
+    iter_entries,
+    load_json,
+    map_array,
+    map_read_only,
+    parse_status,
+    read_regular,
+    sha256_file,
+)
 from .results import Check
 from .summary import BenchmarkSummary, summary_from_document
 
@@ -42,9 +52,7 @@ def _read_status(output_dir: Path) -> tuple[int, str | None]:
     lines = read_regular(path, STATUS_MAX_BYTES, truncate=True).decode("utf-8", errors="replace").splitlines()
     first = lines[0].strip() if lines else ""
     try:
-        if len(first) > 20:
-            raise ValueError
-        status = int(first)
+        status = parse_status(first)
     except ValueError:
         raise DataError(str(path), f"first line {show(first)} is not a decimal aclnn status") from None
     message = "\n".join(lines[1:]).strip() or None
@@ -59,7 +67,7 @@ def _load_record(output_dir: Path) -> Any:
     """
     path = inside(output_dir, RUN_RECORD)
     try:
-        return json.loads(read_regular(path, RUN_RECORD_MAX_BYTES))
+        return load_json(read_regular(path, RUN_RECORD_MAX_BYTES))
     except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise DataError(str(path), f"not valid JSON ({show(str(exc), 100)})") from None
 
@@ -91,18 +99,26 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     return info
 
 
-def _read_run_record(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict[str, str] | None]:
+def _read_run_record(
+    output_dir: Path, names: Sequence[str]
+) -> tuple[list[str], list[Check], dict[str, str] | None, dict[str, str] | None]:
     """Read the runner's `run.json` if present.
 
     Returns:
-        reasons the case cannot be judged, case-level checks, and the sha256 of each input the runner
-        checked the files against before the device ran (None when not recorded).
+        reasons the case cannot be judged, case-level checks, the sha256 of each input the runner
+        checked the files against before the device ran, and the sha256 of each output the runner
+        recorded once the device was done (each None when not recorded).
     """
     problems, checks, record = _run_record_checks(output_dir, names)
     inputs = record.get("inputs") if record else None
     if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
         inputs = None
-    return problems, checks, inputs
+    outputs = record.get("outputs") if record else None
+    recorded = None
+    if isinstance(outputs, dict):
+        recorded = {name: entry["sha256"] for name, entry in outputs.items()
+                    if isinstance(entry, dict) and isinstance(entry.get("sha256"), str)}  # fmt: skip
+    return problems, checks, inputs, recorded
 
 
 def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict | None]:
@@ -192,6 +208,14 @@ def _sha256(path: Path) -> str:
     return digest
 
 
+def _changed_since_run(path: Path, sha256: str, record: Path) -> str | None:
+    """Return the message for a device output whose content differs from what `bsa run` recorded, else None."""
+    if _sha256(path) == sha256:
+        return None
+    return str(DataError(str(path), f"sha256 differs from the one `bsa run` recorded in {record}: the output "
+                         "changed after the run (a process the binary left behind?); run the case again"))
+
+
 def _stale(path: Path, sha256: str | None, what: str) -> str | None:
     """Return the message for a file whose content no longer matches its manifest sha256, else None."""
     if not sha256 or _sha256(path) == sha256:
@@ -235,6 +259,7 @@ def _open_arrays(
     inputs_run: Mapping[str, str] | None = None,
     key: Mapping[str, Any] | None = None,
     device: Mapping[str, np.ndarray] | None = None,
+    outputs_run: Mapping[str, str] | None = None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
@@ -249,8 +274,9 @@ def _open_arrays(
     device ran (`inputs_run`, from run.json), that record answers instead: equal to the manifest's, the
     device ran on the inputs this golden comes from (whatever happened to the file since); different,
     the case was generated again after the run (stale). Without `verify_inputs` only the block mask, which
-    the judge reads, is hashed. Golden and benchmark files are hashed; device outputs are not (nothing to
-    compare their hash with). Hashing runs alongside the metrics; `_Opened.stale` collects it.
+    the judge reads, is hashed. Golden and benchmark files are hashed; device outputs are hashed against
+    the sha256 `bsa run` recorded (`outputs_run`, from run.json): an output that changed after the run is
+    not judged. Hashing runs alongside the metrics; `_Opened.stale` collects it.
     """
     executor = pool or _Inline()
     opened = _Opened()
@@ -283,6 +309,9 @@ def _open_arrays(
             if section != "outputs":
                 path, sha = entry_path(base, entries[name]), entries[name].get("sha256")
                 opened.pending.append(executor.submit(_stale, path, sha, section))
+            elif outputs_run is not None and name in outputs_run:
+                path, record = entry_path(base, entries[name]), base / RUN_RECORD
+                opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
     inputs = dict(iter_entries(manifest, "inputs"))
     if "block_sparse_mask" not in inputs:
         opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")

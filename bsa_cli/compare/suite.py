@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import fnmatch
 import os
 import threading
 import time
@@ -11,12 +12,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 from ..errors import DataError
 from ..manifest import GRAD_NAMES
-from ..store import OUTPUTS_DIR, load_manifest
+from ..store import OUTPUTS_DIR, check_unique_names, find_leftovers, load_manifest
 from ..workers import cpu_count, worker_pool
-from .results import CaseResult, SuiteResult
+from .results import ERROR, CaseResult, SuiteResult
 from .standards import RunSettings, resolve_settings, validate_settings
 from .verdict import _compare_case
 
@@ -75,6 +77,7 @@ def compare_suite(
     on_case: Callable[[CaseResult], None] | None = None,
     verify_inputs: bool = True,
     jobs: int | None = 1,
+    missing: Sequence[tuple[str, Path, str]] = (),
 ) -> SuiteResult:
     """Judge every case directory; a case that cannot be judged is an ERROR, the others still get judged.
 
@@ -90,13 +93,17 @@ def compare_suite(
         verify_inputs: hash every input file (default), not only the block mask the judge reads.
         jobs: processes judging cases side by side; None picks `suite_jobs`'s default. Results are the
             same as with one process and come back in the order of `case_dirs`.
+        missing: cases that should be there but are not (name, where, why: `missing_cases`): each is an
+            ERROR after the judged ones, so a suite that lost a case never passes.
 
     Raises:
         ValueError: the run settings are invalid, or a run threshold does not apply to a case's standard.
+        DataError: two case folders' manifests name the same case.
     """
     run = run or RunSettings()
     run.validate()
     started = time.perf_counter()
+    check_unique_names(case_dirs)
     if run.thresholds:
         _check_run_thresholds(case_dirs, run)
     work = [(Path(case_dir), _output_dir(Path(case_dir), outputs_root)) for case_dir in case_dirs]
@@ -112,7 +119,41 @@ def compare_suite(
                 results.append(result)
                 if on_case is not None:
                     on_case(result)
+    results.extend(_missing_result(name, where, why) for name, where, why in missing)
     return SuiteResult(tuple(results), time.perf_counter() - started)
+
+
+def missing_cases(roots: Sequence[Path], case_dirs: Sequence[Path], patterns: Sequence[str] = ()) -> list[
+        tuple[str, Path, str]]:  # fmt: skip
+    """Return the cases of the folders of cases `roots` that are missing while a `bsa gen` left their
+    temporary folders (`store.find_leftovers`): a case killed while being replaced, or one never finished.
+    Cases not matched by `patterns` (globs of names; none: all) are left out.
+    """
+    present = {(Path(c).parent.resolve(), Path(c).name) for c in case_dirs}
+    found: list[tuple[str, Path, str]] = []
+    for root in roots:
+        for left in find_leftovers(root):
+            if (Path(root).resolve(), left.name) in present:
+                continue
+            if patterns and not any(fnmatch.fnmatchcase(left.name, p) for p in patterns):
+                continue
+            if left.writer_alive:
+                why = f"a bsa gen (pid {left.pid}) is writing it now"
+            elif left.complete_copy is not None:
+                why = "a bsa gen was killed while replacing it; `bsa gen` again restores the complete copy"
+            else:
+                why = "a bsa gen was killed before it finished; run `bsa gen` again"
+            found.append((left.name, left.path, f"{Path(root) / left.name}: the case is missing, only {left.path.name} "
+                          f"is left: {why}"))  # fmt: skip
+    return found
+
+
+def _missing_result(name: str, where: Path, why: str) -> CaseResult:
+    fields: dict[str, Any] = dict.fromkeys(
+        ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+    )
+    return CaseResult(name=name, verdict=ERROR, errors=(why,), output_bytes=0, seconds=0.0, case_dir=str(where),
+                      output_dir=str(where), standard="-", checks=(), tensors=(), **fields)  # fmt: skip
 
 
 def _judge_in_processes(

@@ -20,7 +20,7 @@ from ..errors import DataError, clip
 from ..layout import mask_view
 from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest
 from ..manifest import notes as manifest_notes
-from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
+from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest
 from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info
 from .judge import judge_tensors
 from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Selection, TensorResult
@@ -200,10 +200,10 @@ def _judge_case(
         except DataError as exc:
             return error(name, [str(exc)], **known)
         known.update({"device": None, **_run_device_info(output_dir)})
-        problems, run_checks, inputs_run = _read_run_record(output_dir, (name, case_dir.name))
+        problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, case_dir.name))
     else:
         known["device"] = outcome.device
-        problems, run_checks, inputs_run = list(outcome.problems), [], None
+        problems, run_checks, inputs_run, outputs_run = list(outcome.problems), [], None, None
     if problems:
         return error(name, problems, **known)
     if outcome is None:
@@ -247,11 +247,14 @@ def _judge_case(
     checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
     if outcome is not None:
         _check_grads(manifest, outcome.grads)
+    shapes = _shape_problems(case, manifest, case_dir / MANIFEST)  # cheap: before anything is hashed
+    if shapes:
+        return error(name, shapes, **known)
     need_bench = STANDARDS[settings.standard].needs_benchmark
     key = summary_key(case, settings)
     opened = _open_arrays(
         case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run, key,
-        device=outcome.grads if outcome is not None else None,
+        device=outcome.grads if outcome is not None else None, outputs_run=outputs_run,
     )  # fmt: skip
     if opened.problems:
         opened.stale()
@@ -326,6 +329,20 @@ def _check_grads(manifest: Mapping[str, Any], grads: Mapping[str, np.ndarray] | 
 def _dtype_name(dtype: np.dtype) -> str:
     """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
     return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
+
+
+def _shape_problems(case: Case, manifest: Mapping[str, Any], where: Path) -> list[str]:
+    """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
+    shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
+    golden for a small case costs nothing."""
+    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape)}
+    problems = []
+    for section in ("outputs", "golden", "benchmark"):
+        for grad, entry in iter_entries(manifest, section):
+            if grad in wanted and list(entry["shape"]) != wanted[grad]:
+                problems.append(f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
+                                f"{wanted[grad]} (its params)")  # fmt: skip
+    return problems
 
 
 def _finish(

@@ -26,8 +26,11 @@ import numpy as np
 from .. import __version__, drift
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
 from ..errors import DataError
+
+VERDICTS = (PASS, FAIL, ERROR)
+"""The verdicts a report's case may have; a report with another is malformed."""
 from ..manifest import json_number
-from ..store import read_regular
+from ..store import load_json, read_regular
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
 
@@ -175,20 +178,30 @@ def _load(tp: Any, data: Any) -> Any:
                 raise ValueError(f"{tp.__name__}: missing key {f.name!r}")
         return tp(**kwargs)
     if origin is tuple:
+        if not isinstance(data, list):
+            raise ValueError(f"expected a list, got {type(data).__name__}")
         items = typing.get_args(tp)
         if len(items) == 2 and items[1] is Ellipsis:
             return tuple(_load(items[0], v) for v in data)
         return tuple(_load(a, v) for a, v in zip(items, data, strict=True))
     if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
+        if not isinstance(data, Mapping):
+            raise ValueError(f"expected an object, got {type(data).__name__}")
         pair = typing.get_args(tp)
         value_type = pair[1] if len(pair) == 2 else Any
         return {k: _load(value_type, v) for k, v in data.items()}
     if tp is np.ndarray:
         return np.array(_cells_back(data), dtype=np.float64)
     if tp is float:
+        if isinstance(data, bool) or not isinstance(data, (int, float, str)):
+            raise ValueError(f"expected a number, got {type(data).__name__}")
+        if isinstance(data, str) and data not in ("inf", "-inf", "nan"):
+            raise ValueError(f"expected a number, got {data[:40]!r}")
         return float(data)  # also "inf", "-inf", "nan"
     if tp is int:
-        return int(data)
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise ValueError(f"expected an integer, got {type(data).__name__}")
+        return data
     if tp in (str, bool) and not isinstance(data, tp):
         raise ValueError(f"expected {tp.__name__}, got {type(data).__name__}")
     return data
@@ -216,6 +229,15 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
         seconds = float(document.get("summary", {}).get("seconds", 0.0))
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
         raise ValueError(f"{origin}: malformed report ({type(exc).__name__}: {str(exc)[:200]})") from None
+    for case in cases:
+        if case.verdict not in VERDICTS:
+            raise ValueError(f"{origin}: malformed report (case {case.name!r} has the verdict {case.verdict[:40]!r}; "
+                             f"a verdict is one of {', '.join(VERDICTS)})")  # fmt: skip
+    names = Counter(case.name for case in cases)
+    twice = [name for name, count in names.items() if count > 1]
+    if twice:
+        raise ValueError(f"{origin}: malformed report (case {twice[0]!r} appears {names[twice[0]]} times; a report "
+                         "names each case once)")  # fmt: skip
     return SuiteResult(cases, seconds)
 
 
@@ -278,8 +300,8 @@ def read_report(path: Path, max_bytes: int | None = None) -> Any:
     except DataError as exc:
         raise ValueError(f"{path}: cannot read JSON report: {exc.message}") from None
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        return load_json(data)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise ValueError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +49,9 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReportPathError(option, str(path), f"cannot create folder {parent}: {exc.strerror or exc}") from None
+        reason = target_problem(path)
+        if reason is not None:
+            raise ReportPathError(option, str(path), reason)
         try:
             fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".probe")
         except OSError as exc:
@@ -55,17 +60,68 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
         os.unlink(probe)
 
 
+_KINDS = (
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def target_problem(path: Path) -> str | None:
+    """Return why a report cannot be written at `path` (None: it is a new path or a regular file).
+
+    A report replaces only a regular file (through a symbolic link: the file it points to, the link
+    stays): never a device such as /dev/null, a FIFO, a socket or a folder, which a rename would turn
+    into a regular file.
+    """
+    try:
+        info = os.stat(path)  # follows links: what the path names
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be examined: {exc.strerror or exc}"
+    if stat.S_ISREG(info.st_mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(info.st_mode)), "not a regular file")
+    return (
+        f"is {kind}, not a regular file; bsa writes a report only as a new file or over a regular file "
+        "(it would replace this one); give a file name"
+    )
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to `path` through a temporary file in the same folder and a rename (parents created),
-    so a reader never sees half a report."""
+    so a reader never sees half a report. A symbolic link stays a link: the file it points to is replaced.
+
+    Raises:
+        OSError: `path` is not a regular file or a new path (errno EEXIST; nothing is written), or the
+            report cannot be written (a full disk: ENOSPC), with the path as its filename.
+    """
     path = Path(path)
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+    problem = target_problem(path)
+    if problem is not None:
+        raise OSError(errno.EEXIST, problem, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a report is an ordinary file
-        os.replace(tmp, path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())  # a full disk shows here at the latest, not after the rename
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a report is an ordinary file
+            problem = target_problem(path)  # something else may have taken the path meanwhile
+            if problem is not None:
+                raise OSError(errno.EEXIST, problem, str(path))
+            os.replace(tmp, path)
+        except OSError as exc:
+            if exc.filename is None:  # a write error names no file: name the report
+                raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from None
+            raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
