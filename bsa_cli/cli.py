@@ -25,7 +25,6 @@ from .cli_gen import gen_command, list_command, validate_command
 from .cli_run import check_command, emulate_command, run_command
 from .cli_trend import trend_command
 
-
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 """Signals handled as Ctrl-C is (and ended with exit code 128 + the signal's number: 143 for SIGTERM)."""
 

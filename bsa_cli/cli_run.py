@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import sys
 import time
@@ -266,6 +267,13 @@ def device_options(func: Any) -> Any:
             help="Run each case N times; outputs that are not bitwise identical across runs fail the case.",
         ),
         click.option(
+            "--deterministic",
+            is_flag=True,
+            help="Ask for the operator's deterministic mode (A2/A3, ops-transformer master): the C++ harness sets "
+            "ACL_OPT_DETERMINISTIC, torch_npu torch.use_deterministic_algorithms(True), the reference device one "
+            "fixed dK/dV order; with --repeat every output must then be bitwise identical.",
+        ),
+        click.option(
             "--timeout",
             type=click.FloatRange(min=0, min_open=True),
             default=600.0,
@@ -296,6 +304,7 @@ def make_options(
     repeat: int,
     timeout: float,
     outputs_root: str | None = None,
+    deterministic: bool = False,
 ) -> RunOptions:
     """Build run options from CLI values, turning configuration errors into `Error:` lines."""
     try:
@@ -306,6 +315,7 @@ def make_options(
             repeat=repeat,
             timeout=timeout,
             outputs_root=Path(outputs_root) if outputs_root else None,
+            deterministic=deterministic,
         )
     except BsaError as exc:
         raise UserError(str(exc)) from None
@@ -384,6 +394,7 @@ def run_command(
     fault: str | None,
     devices: str,
     repeat: int,
+    deterministic: bool,
     timeout: float,
     filters: tuple[str, ...],
     outputs_root: str | None,
@@ -396,7 +407,7 @@ def run_command(
     Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
-    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root)
+    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root, deterministic)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
     with Display() as display, user_errors():
@@ -438,7 +449,15 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     default=None,
     help="Seed of the order in which dK/dV partials are added (a device's atomic adds); default: a fresh one.",
 )
-def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: int | None) -> None:
+@click.option(
+    "--deterministic",
+    is_flag=True,
+    help="Deterministic mode: dK/dV partials in one fixed order (--seed is ignored), as the operator's "
+    f"deterministic mode; also on when {store.DETERMINISTIC_ENV}=1 (what `bsa run --deterministic` sets).",
+)
+def emulate_command(
+    manifest: Path, output_dir: Path, fault: str | None, seed: int | None, deterministic: bool
+) -> None:
     """Act as a device binary on one case: the built-in reference device.
 
     Follows the binary contract: reads MANIFEST (a case's case.json, or its folder) and its inputs,
@@ -448,7 +467,9 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     is written, whatever it is.
     """
     case_dir = manifest if manifest.is_dir() else manifest.parent
-    order_seed = seed if seed is not None else secrets.randbits(32)
+    order_seed: int | None = seed if seed is not None else secrets.randbits(32)
+    if (deterministic or os.environ.get(store.DETERMINISTIC_ENV) == "1") and fault != "deterministic-ignored":
+        order_seed = None
     with user_errors():
         Device.create(fault=fault)  # checks the fault name
         status = _emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
@@ -495,6 +516,7 @@ def check_command(
     fault: str | None,
     devices: str,
     repeat: int,
+    deterministic: bool,
     timeout: float,
     filters: tuple[str, ...],
     precision: str,
@@ -518,7 +540,7 @@ def check_command(
     (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
     2 usage or spec error, 3 a case could not be judged; 130 interrupted.
     """
-    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout)
+    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, deterministic=deterministic)
     settings = run_settings(standard, thresholds, padding)
     reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
     prepare_reports(reports)

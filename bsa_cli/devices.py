@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import BsaError, suggest
-from .store import MANIFEST, sha256_file
+from .store import DETERMINISTIC_ENV, MANIFEST, sha256_file
 
 REFERENCE_DEVICE = "reference (bsa emulate)"
 """How the built-in reference device is named in records and output: never presented as device results."""
@@ -214,7 +214,7 @@ def _check_template(cmd: str, *, has_binary: bool) -> None:
 
 def reference_faults() -> dict[str, str]:
     """Return the faults the reference device can plant (name: description)."""
-    return dict(_emulator().FAULTS)
+    return dict(_emulator().ALL_FAULTS)
 
 
 def _emulator() -> Any:
@@ -236,6 +236,10 @@ class RunOptions:
     outputs_root: Path | None = None  # None: <case_dir>/outputs; else <outputs_root>/<case name>
     seed: int | None = None
     """Seeds the reference device's dK/dV accumulation order, run by run (`order_seed`); None: a fresh one."""
+    deterministic: bool = False
+    """Ask the device for the operator's deterministic mode (all outputs bitwise reproducible): the C++ harness
+    sets ACL_OPT_DETERMINISTIC, the torch_npu child torch.use_deterministic_algorithms(True), the reference
+    device sums dK/dV in one fixed order; with --repeat every output must then be bitwise identical."""
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -251,7 +255,8 @@ class RunOptions:
 
     def env(self, device_id: int) -> dict[str, str]:
         """Return the variables bsa sets for a run on `device_id`."""
-        return {"ASCEND_DEVICE_ID": str(device_id)}
+        return {"ASCEND_DEVICE_ID": str(device_id), **({DETERMINISTIC_ENV: "1"} if self.deterministic else {})}
+
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:

@@ -90,6 +90,16 @@ FAULTS: dict[str, str] = {
 """Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
 selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
 
+REPEAT_FAULTS: dict[str, str] = {
+    "deterministic-ignored": "deterministic mode is ignored: dK/dV are summed in a run-dependent order although "
+    "the run asked for one fixed order, so repeats differ in their last bits (shows only with --deterministic "
+    "--repeat N; applies when a kv block is selected by two or more query blocks or heads)",
+}
+"""Faults that leave every single run as clean as the reference and show only between repeated runs."""
+
+ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS}
+"""Every fault `bsa emulate --fault` and `bsa run --fault` accept."""
+
 _LOG2E = np.float32(math.log2(math.e))
 
 REFERENCE_FLOPS_PER_SECOND = 2.0e9
@@ -204,9 +214,11 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
     data (a zero dout, an lse of exactly 0); without it, only the geometry decides and faults that depend
     on the mask pattern are assumed to apply.
     """
-    if name not in FAULTS:
-        raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(FAULTS)}")
+    if name not in ALL_FAULTS:
+        raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(ALL_FAULTS)}")
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
+    if name in REPEAT_FAULTS:  # one fixed order is only visible where two pairs add into one kv block
+        return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
     if name == "nan-row":
         return math.prod(case.q_shape) > 0
     if name == "no-gqa-sum" and case.group_size <= 1:
@@ -243,7 +255,7 @@ def fault_condition(name: str) -> str:
     """Return when fault `name` changes a case's outputs, in words ("applies when ...")."""
     if name == "drop-tail-block":
         return "applies when a partial tail block (Skv % Y != 0, or else Sq % X != 0) is selected"
-    match = re.search(r"[(;] ?(applies [^)]*)\)", FAULTS[name])
+    match = re.search(r"[(;] ?(applies [^)]*)\)", ALL_FAULTS[name])
     if match:
         return match.group(1)
     if name == "nan-row":
@@ -447,8 +459,8 @@ def emulate(
         kernel it raises no floating-point warnings: an inf or NaN (a selected row with an infinite lse, a
         fault) just appears in the outputs, for the comparator to find.
     """
-    if fault is not None and fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(FAULTS)}")
+    if fault is not None and fault not in ALL_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(ALL_FAULTS)}")
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
     order = None if order_seed is None else seeded(order_seed)

@@ -81,8 +81,9 @@ group may hold the pipe open)."""
 
 OUTCOMES: dict[str, str] = {
     "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
-    "nondeterministic": "ran --repeat times and met a race that matters: the status or dq differed between runs, "
-    "or a repeat failed the standard (last-bit noise in dk/dv alone is reported, not failed)",
+    "nondeterministic": "ran --repeat times and met a race that matters: the status or dq differed between runs "
+    "(with --deterministic: any output), or a repeat failed the standard (last-bit noise in dk/dv alone is "
+    "reported, not failed, unless the run asked for deterministic mode)",
     "error": "inputs failed verification, the binary exited non-zero, or its outputs are missing or of the wrong size",
     "crashed": "the binary was killed by a signal (the reference device: raised an exception)",
     "timeout": "ran past --timeout; its whole process group was killed",
@@ -616,6 +617,10 @@ class _CaseRun:
         if self.device.is_reference:
             order_seed = zlib.crc32(f"{self.options.seed}:{self.name}:{index}".encode())
             argv += ["--seed", str(order_seed)]
+            if self.options.deterministic:
+                argv.append("--deterministic")
+                if self.device.fault != "deterministic-ignored":
+                    order_seed = None  # one fixed order: (head, query block), as the mode's fixed-order sum
         return _Attempt(
             index=index,
             argv=argv,
@@ -754,7 +759,8 @@ class _CaseRun:
 
         dQ rows have one owner in the kernel, so dQ must be bitwise identical; dK and dV are summed with
         fp32 atomic adds, so their last bits may move from run to run (noise, reported, not a failure).
-        A differing status or dQ (or an output that vanished) is a race that matters (`matters`).
+        A differing status or dQ (or an output that vanished) is a race that matters (`matters`); in deterministic
+        mode every output must be bitwise identical, dK and dV too.
         """
         diffs: list[dict[str, Any]] = []
         if first.status != other.status:
@@ -770,7 +776,8 @@ class _CaseRun:
             a, b = first.outputs.get(name), other.outputs.get(name)
             if (a or {}).get("sha256") == (b or {}).get("sha256"):
                 continue
-            diff: dict[str, Any] = {"run": other.index, "output": name, "matters": name not in ATOMIC_OUTPUTS}
+            matters = name not in ATOMIC_OUTPUTS or self.options.deterministic
+            diff: dict[str, Any] = {"run": other.index, "output": name, "matters": matters}
             counted = None
             if a and b:
                 counted = _differing_elements(
@@ -781,7 +788,11 @@ class _CaseRun:
                 diff["message"] = f"{name} not bitwise identical: run {other.index} differs from run 1"
             else:
                 diff["elements"], diff["total"], diff["max_ulp"] = counted
-                what = "a race: its rows have one owner" if diff["matters"] else "fp32 atomic-add noise"
+                what = (
+                    "deterministic mode asks all three outputs bitwise identical"
+                    if self.options.deterministic and name in ATOMIC_OUTPUTS
+                    else "a race: its rows have one owner" if diff["matters"] else "fp32 atomic-add noise"
+                )
                 diff["message"] = (
                     f"{name} not bitwise identical: run {other.index} differs from run 1 in {counted[0]} of "
                     f"{counted[1]} elements, by at most {counted[2]} ULP ({what})"
@@ -861,6 +872,7 @@ class _CaseRun:
             "outputs": first.outputs if first else {},
             "stdout_log": first.stdout_log if first else None,
             "stderr_log": first.stderr_log if first else None,
+            "deterministic": self.options.deterministic,
             "repeat": {
                 "count": self.options.repeat,
                 "completed": sum(a.outcome == "ok" for a in attempts),

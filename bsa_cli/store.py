@@ -46,6 +46,11 @@ MANIFEST = "case.json"
 FLAT_PARAMS = "case.txt"
 OUTPUTS_DIR = "outputs"
 
+DETERMINISTIC_ENV = "BSA_DETERMINISTIC"
+"""Set to 1 in a device's environment when `bsa run --deterministic` asks for the operator's deterministic
+mode (the binary contract: the C++ harness then sets ACL_OPT_DETERMINISTIC, the torch_npu child
+torch.use_deterministic_algorithms(True))."""
+
 SECTIONS = ("inputs", "golden", "benchmark", "outputs")
 """Manifest sections of array entries `{name: {file, dtype, shape, sha256}}`."""
 
@@ -434,8 +439,9 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
     if not isinstance(name, str) or not name:
         raise DataError(where, f"name {_show(name)} is not a non-empty string")
     if not is_case_name(name):
-        raise DataError(where, f"name {_show(name)} cannot name a case: one visible folder name ('.' and '..', "
-                        f"a leading '.', '/', control characters and names over {MAX_NAME_BYTES} bytes are not)")  # fmt: skip
+        raise DataError(where, f"name {_show(name)} cannot name a case: one visible folder name ('.' and "
+                        f"'..', a leading '.', '/', control characters and names over {MAX_NAME_BYTES} bytes "
+                        "are not)")  # fmt: skip
     for key in ("params", "expect"):
         if not isinstance(manifest.get(key), dict):
             raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")

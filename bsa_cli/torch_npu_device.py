@@ -60,7 +60,15 @@ from .emulator import STATUS_FILE, _write_atomic
 from .errors import BsaError, DataError
 from .interface import call_lengths
 from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
-from .store import array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
+from .store import (
+    DETERMINISTIC_ENV,
+    array_bytes,
+    check_output_dir,
+    inside_parent,
+    iter_entries,
+    load_manifest,
+    read_array,
+)
 
 BINDING = "npu_block_sparse_attention_backward"
 """The torch_npu function this device calls."""
@@ -315,6 +323,9 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     torch, torch_npu = import_torch_npu()
     version = getattr(torch_npu, "__version__", "?")
     print(f"torch {torch.__version__}, torch_npu {version}, device {device_id}")
+    if os.environ.get(DETERMINISTIC_ENV) == "1":  # reaches the operator's deterministic path (op-plugin)
+        torch.use_deterministic_algorithms(True)
+        print("deterministic mode: torch.use_deterministic_algorithms(True)")
     binding = getattr(torch_npu, BINDING, None)
     if binding is None:
         raise TorchNpuMissing(

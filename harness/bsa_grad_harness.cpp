@@ -323,13 +323,19 @@ void WriteStatus(const std::string &outputDir, aclnnStatus status, const std::st
 
 class AclSession {
 public:
-    explicit AclSession(int32_t deviceId) : deviceId_(deviceId)
+    AclSession(int32_t deviceId, bool deterministic) : deviceId_(deviceId)
     {
         CheckAcl(aclInit(nullptr), "aclInit");
         initialized_ = true;
         try {
             CheckAcl(aclrtSetDevice(deviceId_), "aclrtSetDevice");
             deviceSet_ = true;
+            if (deterministic) {
+                // aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value) (acl/acl_rt.h, CANN 8.0+):
+                // the context-scoped switch the operator's tiling reads through GetDeterministic().
+                CheckAcl(aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, 1), "aclrtCtxSetSysParamOpt");
+                std::cout << "deterministic mode: aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, 1)" << std::endl;
+            }
             CheckAcl(aclrtCreateStream(&stream_), "aclrtCreateStream");
         } catch (...) {
             Release();
@@ -477,12 +483,13 @@ struct Options {
     std::string manifest;
     std::string outputDir;
     int32_t deviceId = 0;
+    bool deterministic = false;  // --deterministic, or BSA_DETERMINISTIC=1 (what `bsa run --deterministic` sets)
     std::string fill = "nan";
     std::string maskDtype;  // empty: the dtype of the case's block_sparse_mask input line
 };
 
 const char *kUsage =
-    "usage: bsa_grad_harness [--device N] [--fill nan|zero|none] [--mask-dtype uint8|bool] "
+    "usage: bsa_grad_harness [--device N] [--deterministic] [--fill nan|zero|none] [--mask-dtype uint8|bool] "
     "<case_dir>/case.json <output_dir>\n";
 
 Options ParseArgs(int argc, char **argv)
@@ -490,6 +497,9 @@ Options ParseArgs(int argc, char **argv)
     Options options;
     if (const char *env = std::getenv("ASCEND_DEVICE_ID")) {
         options.deviceId = static_cast<int32_t>(std::atoi(env));
+    }
+    if (const char *env = std::getenv("BSA_DETERMINISTIC")) {
+        options.deterministic = std::string(env) == "1";
     }
     std::vector<std::string> positional;
     for (int i = 1; i < argc; ++i) {
@@ -502,6 +512,8 @@ Options ParseArgs(int argc, char **argv)
         };
         if (arg == "--device") {
             options.deviceId = static_cast<int32_t>(std::atoi(value("--device").c_str()));
+        } else if (arg == "--deterministic") {
+            options.deterministic = true;
         } else if (arg == "--fill") {
             options.fill = value("--fill");
             if (options.fill != "nan" && options.fill != "zero" && options.fill != "none") {
@@ -571,7 +583,7 @@ int Run(const Options &options)
         Inside(options.outputDir, spec.outputs.at(name).file, false);  // every output checked before any is written
     }
 
-    AclSession session(options.deviceId);
+    AclSession session(options.deviceId, options.deterministic);
 
     // Inputs (an input the case leaves out is passed as nullptr: negative cases).
     std::map<std::string, std::unique_ptr<DeviceTensor>> inputs;

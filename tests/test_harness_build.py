@@ -253,3 +253,29 @@ def test_the_harness_refuses_case_txt_paths_outside_the_case_and_output_folders(
     assert "case.txt" in result.stderr or "leads out of" in result.stderr, result.stderr
     assert {p.name: p.read_bytes() for p in victim.iterdir()} == before
     assert not (out / "dq.bin").exists()
+
+
+def test_deterministic_mode_sets_acl_opt_deterministic_after_the_device(harness, cases, tmp_path):
+    plain = run_harness(harness, cases / "h-tnd", tmp_path / "a")
+    assert plain.returncode == 0, plain.stderr
+    assert "aclrtCtxSetSysParamOpt" not in plain.stderr + plain.stdout
+    for how in ({"BSA_DETERMINISTIC": "1"}, {"args": "--deterministic"}):
+        args = (how["args"],) if "args" in how else ()
+        env = {k: v for k, v in how.items() if k != "args"}
+        result = run_harness(harness, cases / "h-tnd", tmp_path / f"o{len(args)}", *args, **env)
+        assert result.returncode == 0, result.stderr
+        assert "fake_acl: aclrtCtxSetSysParamOpt(0, 1)" in result.stderr  # ACL_OPT_DETERMINISTIC = 0, value 1
+        assert "deterministic mode: aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, 1)" in result.stdout
+        assert leaks(result.stderr) == {}
+    failing = run_harness(harness, cases / "h-tnd", tmp_path / "f", "--deterministic",
+                          FAKE_ACL_FAIL="aclrtCtxSetSysParamOpt")  # fmt: skip
+    assert failing.returncode == 3 and "aclrtCtxSetSysParamOpt" in failing.stderr
+    assert leaks(failing.stderr) == {}
+
+
+def test_bsa_run_deterministic_reaches_the_harness(harness, cases):
+    result = CliRunner().invoke(main, ["run", str(cases / "h-bnsd"), "--binary", str(harness), "--deterministic"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((cases / "h-bnsd" / "outputs" / "run.json").read_text())
+    assert record["deterministic"] is True and record["env"]["BSA_DETERMINISTIC"] == "1"
+    assert "aclrtCtxSetSysParamOpt(0, 1)" in (cases / "h-bnsd" / "outputs" / "stderr.log").read_text()

@@ -127,3 +127,49 @@ def test_differing_elements_counts_ulps_across_zero(tmp_path: Path) -> None:
     values.view(np.uint16)[3] += 2  # two ULPs up
     values.tofile(other)
     assert runner._differing_elements(first, other, "float16") == (2, 4, 2)
+
+
+# ---- deterministic mode ---------------------------------------------------------------------------
+
+
+def test_deterministic_repeats_are_bitwise_identical_on_the_reference_device(suite: Path, tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["run", str(suite), "--deterministic", "--repeat", "3"])
+    assert result.exit_code == 0, result.output
+    for case_dir in sorted(suite.iterdir()):
+        record = json.loads((case_dir / "outputs" / "run.json").read_text())
+        assert record["outcome"] == "ok" and record["deterministic"] is True
+        assert record["repeat"]["identical"] is True and record["repeat"]["noise"] == {}
+        assert [run["order_seed"] for run in record["runs"]] == [None, None, None]  # one fixed order
+
+
+def test_a_device_that_ignores_deterministic_mode_fails_as_nondeterministic(suite: Path) -> None:
+    name = "edge-gqa.2.fp16"
+    result = CliRunner().invoke(main, ["run", str(suite / name), "--deterministic", "--repeat", "3",
+                                       "--fault", "deterministic-ignored"])  # fmt: skip
+    assert result.exit_code == 1, result.output
+    record = json.loads((suite / name / "outputs" / "run.json").read_text())
+    assert record["outcome"] == "nondeterministic"
+    raced = {d["output"] for d in record["repeat"]["differences"] if d["matters"]}
+    assert raced and raced <= {"dk", "dv"}
+    assert any("deterministic mode asks all three outputs bitwise identical" in p for p in record["problems"])
+    assert any(f"of {read_array(suite / name, load_manifest(suite / name)['inputs']['key']).size} elements" in p
+               for p in record["problems"])  # fmt: skip
+
+
+def test_without_deterministic_mode_the_same_fault_is_noise_and_passes(suite: Path) -> None:
+    name = "edge-gqa.2.fp16"
+    result = CliRunner().invoke(main, ["run", str(suite / name), "--repeat", "3", "--fault", "deterministic-ignored"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((suite / name / "outputs" / "run.json").read_text())
+    assert record["outcome"] == "ok" and record["deterministic"] is False and record["repeat"]["noise"]
+
+
+def test_bsa_emulate_deterministic_ignores_the_seed(suite: Path, tmp_path: Path) -> None:
+    case_dir = suite / "edge-gqa.2.fp16"
+    outs = []
+    for seed in ("1", "2"):
+        out = tmp_path / seed
+        result = CliRunner().invoke(main, ["emulate", str(case_dir), str(out), "--seed", seed, "--deterministic"])
+        assert result.exit_code == 0, result.output
+        outs.append((out / "dk.bin").read_bytes())
+    assert outs[0] == outs[1]

@@ -247,11 +247,9 @@ def test_device_reference_is_the_default_and_may_be_named(out):
     assert record(out / "tn-neg-block-zero")["device"]["kind"] == "reference"
 
 
-def test_deterministic_is_gone(out):
-    result = invoke("run", out, "--deterministic")
-
-    assert result.exit_code == 2 and "No such option" in result.stderr and "--deterministic" in result.stderr
+def test_deterministic_mode_reaches_the_device_through_its_environment():
     assert devices.RunOptions().env(1) == {"ASCEND_DEVICE_ID": "1"}
+    assert devices.RunOptions(deterministic=True).env(1) == {"ASCEND_DEVICE_ID": "1", "BSA_DETERMINISTIC": "1"}
 
 
 def test_bsa_never_imports_torch():
@@ -520,3 +518,25 @@ def test_check_smoke_and_edge_through_torch_npu(tmp_path):
     assert failed == {}, failed
     assert done.returncode == 0, done.stderr[-2000:]
     assert len(cases) >= 33
+
+
+def test_deterministic_repeats_through_the_standin_are_bitwise_identical(out, with_standin):
+    result = invoke("run", out, "--device", "torch_npu", "--deterministic", "--repeat", "3", "--filter", "tn-tnd-gqa")
+    assert result.exit_code == 0, result.output
+    rec = record(out / "tn-tnd-gqa")
+    assert rec["outcome"] == "ok" and rec["deterministic"] is True and rec["repeat"]["identical"] is True
+    assert "torch.use_deterministic_algorithms(True)" in (out / "tn-tnd-gqa" / "outputs" / "stdout.log").read_text()
+
+
+def test_without_deterministic_mode_the_standin_moves_dk_dv_last_bits(tmp_path, with_standin):
+    spec = tmp_path / "noisy.yaml"
+    spec.write_text(yaml.safe_dump({"cases": [{"name": "noisy", "layout": "TND", "num_heads": 4, "num_kv_heads": 1,
+                                               "head_dim": 32, "block_shape": [16, 16], "seed": 5,
+                                               "actual_seq_lengths": [96, 64]}]}))  # fmt: skip
+    assert invoke("gen", spec, "-o", tmp_path / "out").exit_code == 0
+    for flags, noisy in (((), True), (("--deterministic",), False)):
+        result = invoke("run", tmp_path / "out", "--device", "torch_npu", "--repeat", "3", *flags)
+        assert result.exit_code == 0, result.output
+        rec = record(tmp_path / "out" / "noisy")
+        assert rec["outcome"] == "ok" and rec["deterministic"] is bool(flags)
+        assert set(rec["repeat"]["noise"]) <= {"dk", "dv"} and bool(rec["repeat"]["noise"]) is noisy

@@ -26,13 +26,13 @@ import numpy as np
 from .. import __version__, drift
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
 from ..errors import DataError
-
-VERDICTS = (PASS, FAIL, ERROR)
-"""The verdicts a report's case may have; a report with another is malformed."""
 from ..manifest import json_number
 from ..store import load_json, read_regular
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
+
+VERDICTS = (PASS, FAIL, ERROR)
+"""The verdicts a report's case may have; a report with another is malformed."""
 
 SCHEMA = "bsa-compare/1"
 """The JSON report format; a reader refuses any other."""

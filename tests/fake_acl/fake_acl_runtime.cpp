@@ -109,6 +109,20 @@ aclError aclrtSetDevice(int32_t)
 }
 aclError aclrtResetDevice(int32_t) { return --counters.device, ACL_SUCCESS; }
 
+aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value)
+{
+    if (ShouldFail("aclrtCtxSetSysParamOpt")) {
+        return kFakeError;
+    }
+    if (counters.device <= 0) {  // context-scoped: a context exists only after aclrtSetDevice
+        recentError = "aclrtCtxSetSysParamOpt before aclrtSetDevice: no current context";
+        return kFakeError;
+    }
+    std::fprintf(stderr, "fake_acl: aclrtCtxSetSysParamOpt(%d, %lld)\n", static_cast<int>(opt),
+                 static_cast<long long>(value));
+    return ACL_SUCCESS;
+}
+
 aclError aclrtCreateStream(aclrtStream *stream)
 {
     if (ShouldFail("aclrtCreateStream")) {

@@ -22,10 +22,17 @@ typedef enum aclrtMemcpyKind {
     ACL_MEMCPY_DEVICE_TO_DEVICE = 3,
 } aclrtMemcpyKind;
 
+typedef enum {
+    ACL_OPT_DETERMINISTIC = 0,
+    ACL_OPT_ENABLE_DEBUG_KERNEL = 1,
+    ACL_OPT_STRONG_CONSISTENCY = 2,
+} aclSysParamOpt;
+
 aclError aclInit(const char *configPath);
 aclError aclFinalize();
 aclError aclrtSetDevice(int32_t deviceId);
 aclError aclrtResetDevice(int32_t deviceId);
+aclError aclrtCtxSetSysParamOpt(aclSysParamOpt opt, int64_t value);
 aclError aclrtCreateStream(aclrtStream *stream);
 aclError aclrtDestroyStream(aclrtStream stream);
 aclError aclrtSynchronizeStream(aclrtStream stream);

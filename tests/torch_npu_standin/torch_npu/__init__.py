@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import signal
 import sys
 import time
@@ -322,6 +323,7 @@ def _backward(
                 f"stand-in: blockSparseMask {list(block_sparse_mask.shape)} has too few blocks for "
                 f"{sq} x {skv} with block shape [{x}, {y}]; the real kernel reads out of bounds"
             )
+        partials = []  # (kv head, dK part, dV part) of each (query head, query block): the kernel's atomic adds
         for n in range(num_heads):
             kv_head = n // group
             selected = (block_sparse_mask[b, n] != 0)[row_blocks][:, col_blocks]
@@ -333,9 +335,17 @@ def _backward(
             dsum = (do * o).sum(dim=1, keepdim=True)
             ds32 = p32 * (do @ v.T - dsum)
             ds16 = ds32.to(io_dtype).float()
-            dv_b[kv_head] += p16.T @ do
             dq_b[n] += ds16 @ k
-            dk_b[kv_head] += ds16.T @ q
+            for first in range(0, sq, x):
+                rows = slice(first, first + x)
+                partials.append((kv_head, ds16[rows].T @ q[rows], p16[rows].T @ do[rows]))
+        # As the real binding: fp32 atomic adds in whatever order the cores finish, unless
+        # torch.use_deterministic_algorithms(True) chose the deterministic path (one fixed order).
+        if not torch.are_deterministic_algorithms_enabled():
+            random.shuffle(partials)
+        for kv_head, dk_part, dv_part in partials:
+            dk_b[kv_head] += dk_part
+            dv_b[kv_head] += dv_part
     return (dq32 * scale).to(io_dtype), (dk32 * scale).to(io_dtype), dv32.to(io_dtype)
 
 
