@@ -24,7 +24,7 @@ from . import output, report
 from .case import Case
 from .compare import RunSettings, SuiteResult
 from .drift import Drift, drift_document, regressions_document
-from .errors import BsaError, DataError, SpecError
+from .errors import BsaError, DataError, SpecError, plural
 from .manifest import notes as manifest_notes
 from .schedule import Estimate, machine_memory, parse_shard, shard
 from .spec import MAX_CASES, SpecErrors, load_specs
@@ -114,7 +114,7 @@ def refuse_oversized(estimates: dict[str, Estimate], force: bool) -> None:
         name, e = too_big[0]
         raise UserError(
             f"case '{name}' needs about {e.peak_memory / 2**30:.1f} GiB, more than this machine's "
-            f"{memory / 2**30:.1f} GiB ({len(too_big)} such case(s)); use --force to try anyway, "
+            f"{memory / 2**30:.1f} GiB ({plural(len(too_big), 'such case')}); use --force to try anyway, "
             "or --filter/--shard to leave them out"
         )
 
@@ -151,7 +151,7 @@ def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> lis
                         str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders below; "
                         "write them with `bsa gen SPECS -o OUT` and compare OUT"
                     )  # fmt: skip
-                counts = ", ".join(f"{s} ({len(find_cases(s))} cases)" for s in suites)
+                counts = ", ".join(f"{s} ({plural(len(find_cases(s)), 'case')})" for s in suites)
                 output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
                 roots.extend(suites)
             else:

@@ -15,7 +15,7 @@ from rich.table import Table
 from . import output
 from .case import Case
 from .cli_common import UserError, load_cases, refuse_oversized, show_kernel_path_notes, warn_constraints
-from .errors import BsaError
+from .errors import BsaError, plural
 from .generate import generate_suite
 from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
 from .schedule import auto_jobs, estimate
@@ -29,7 +29,7 @@ def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
     cases = load_cases(specs, max_cases=max_cases)
     warn_constraints(cases)
     negative = sum(not c.expect.ok for c in cases)
-    output.stdout.print(f"{len(cases)} cases OK ({negative} negative) in {len(specs)} spec path(s)")
+    output.stdout.print(f"{plural(len(cases), 'case')} OK ({negative} negative) in {plural(len(specs), 'spec path')}")
 
 
 LIST_COLUMNS = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density", "GFLOP",
@@ -119,7 +119,7 @@ def list_command(
     cases = load_cases(specs, name_filters, shard_text, max_cases)
     width = output.width()
     table, hidden = list_table(list_rows(cases), width)
-    output.stdout.print(f"{len(cases)} case{'s' if len(cases) != 1 else ''}", soft_wrap=True)
+    output.stdout.print(plural(len(cases), "case"), soft_wrap=True)
     output.stdout.print(table, soft_wrap=True, crop=False)
     if hidden:
         output.stdout.print(f"left out at {width} columns: {', '.join(hidden)}", width=width)
@@ -158,7 +158,7 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
             case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, on_done=done, on_progress=advance)
         except BsaError as exc:
             raise UserError(str(exc)) from None
-    output.stdout.print(f"generated {len(cases)} cases in {out_dir}")
+    output.stdout.print(f"generated {plural(len(cases), 'case')} in {out_dir}")
     show_kernel_path_notes(case_dirs)
 
 

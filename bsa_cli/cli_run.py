@@ -46,7 +46,7 @@ from .devices import (
     parse_device_ids,
     reference_faults,
 )
-from .errors import BsaError
+from .errors import BsaError, plural
 from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
 from .schedule import Estimate, estimate
 
@@ -263,7 +263,9 @@ def device_options(func: Any) -> Any:
             metavar="N",
             default=1,
             show_default=True,
-            help="Run each case N times; outputs that are not bitwise identical across runs fail the case.",
+            help="Run each case N times and judge every run: a status or dq that differs between runs, or a "
+            "run outside the standard, marks the case nondeterministic; dk/dv may differ in their last bits "
+            "(fp32 atomic adds), which is reported as repeat-noise, not failed.",
         ),
         click.option(
             "--timeout",
@@ -359,7 +361,7 @@ def print_run_summary(summary: runner.RunSummary) -> None:
     """Print the run's totals on stdout."""
     counts = {o: summary.count(o) for o in runner.OUTCOMES if summary.count(o)}
     text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
-    line = f"ran {len(summary.results)} case(s) on {summary.device.name}: {text}"
+    line = f"ran {plural(len(summary.results), 'case')} on {summary.device.name}: {text}"
     if summary.not_run:
         line += f"; {len(summary.not_run)} not run (interrupted)"
     output.stdout.print(line, markup=False, soft_wrap=True)

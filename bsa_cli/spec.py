@@ -139,7 +139,7 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
     errors: list[SpecError] = []
     for file in spec_files(paths):
         try:
-            loaded = load_spec_file(file, max_cases - len(cases))
+            loaded = load_spec_file(file, max_cases, before=len(cases))
         except SpecError as exc:
             errors.append(exc)  # every file's errors are reported, in order
             continue
@@ -310,15 +310,16 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def load_spec_file(path: Path, max_cases: int = MAX_CASES) -> list[Case]:
-    """Parse, expand and validate the cases of one spec file (at most `max_cases` of them)."""
+def load_spec_file(path: Path, max_cases: int = MAX_CASES, before: int = 0) -> list[Case]:
+    """Parse, expand and validate the cases of one spec file: at most `max_cases` less the `before` cases
+    that earlier files of the same run expanded to."""
     try:
-        return _load_spec_file(path, max_cases)
+        return _load_spec_file(path, max_cases, before)
     finally:
         _SHARED.clear()
 
 
-def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
+def _load_spec_file(path: Path, max_cases: int, before: int = 0) -> list[Case]:
     file = str(path)
     document = read_yaml(path)
     if not isinstance(document, dict):
@@ -344,6 +345,7 @@ def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
         matrix = {**file_matrix, **_matrix(file, label, merged.pop("matrix", None) or {})}
         planned.append((label, merged, matrix))
     total = 0
+    earlier = f" ({before} in earlier files)" if before else ""
     for label, _, matrix in planned:
         count = math.prod(len(values) for values in matrix.values())
         total += count
@@ -351,9 +353,9 @@ def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
             sizes = " x ".join(str(len(v)) for v in matrix.values())
             raise SpecError(file, f"its matrix of {sizes} values expands to {count} cases, more than the limit "
                             f"of {max_cases}; raise it with --max-cases", case=label, key="matrix")  # fmt: skip
-        if total > max_cases:
-            raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases; raise it with "
-                            "--max-cases")  # fmt: skip
+        if total + before > max_cases:
+            raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases{earlier}; "
+                            "raise it with --max-cases")  # fmt: skip
     cases: list[Case] = []
     errors: list[SpecError] = []
     for label, merged, matrix in planned:

@@ -133,7 +133,7 @@ def test_interrupted_gen_leaves_no_case_that_looks_complete(
 def test_validate_and_list(runner: CliRunner, tmp_path: Path) -> None:
     path = spec(tmp_path, CASE, {**CASE, "name": "gqa", "num_kv_heads": 1})
     result = runner.invoke(main, ["validate", path])
-    assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path(s)\n"
+    assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path\n"
     assert result.stderr == ""  # head_dim 32 and GQA: the A2/A3 kernel of master accepts both
     result = runner.invoke(main, ["list", path, "--filter", "gq*"])
     assert result.exit_code == 0 and "gqa" in result.stdout and "tiny" not in result.stdout
