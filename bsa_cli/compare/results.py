@@ -236,6 +236,12 @@ class CaseResult:
         return self.verdict == PASS
 
     @property
+    def not_run(self) -> bool:
+        """Whether the case could not be judged only because no device has run it yet (its error says what
+        to type)."""
+        return self.verdict == ERROR and len(self.errors) == 1 and self.errors[0].startswith(NOT_RUN)
+
+    @property
     def headline(self) -> str:
         """One line saying what happened: the notes, then the deciding check (or the first error)."""
         if self.verdict == ERROR:
@@ -267,6 +273,10 @@ class CaseResult:
             return "; ".join(c.detail for c in failed)
         deciding = self.deciding
         return deciding.detail if deciding else ""
+
+
+NOT_RUN = "not run yet: "
+"""How the error of a case that no device has run begins (`CaseResult.not_run`)."""
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
             style="yellow",
         )
     for case in suite.cases:
+        if case.not_run:  # the table's line says it, with what to type
+            continue
         if case.verdict == ERROR:
             console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
             for error in case.errors:
