@@ -196,11 +196,16 @@ def run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str
     return settings
 
 
+REPORT_KINDS = {"--json": "JSON", "--junit": "JUnit", "--html": "HTML", "--csv": "CSV"}
+"""The report options and the names `wrote ... report` gives them."""
+
+
 def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], suite: SuiteResult) -> None:
     try:
         writer(suite, path)
     except OSError as exc:
         raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
+    output.info(f"wrote {REPORT_KINDS.get(kind, kind)} report {path}")
 
 
 def prepare_reports(paths: dict[str, Path | None]) -> None:

@@ -194,3 +194,14 @@ def test_verbose_shows_every_metric(out):
     assert result.exit_code == 0
     assert "a-bnsd: metrics (device / benchmark)" in result.stdout
     assert "cosine similarity" in result.stdout
+
+
+def test_each_report_file_is_named_on_stderr_when_written(out, tmp_path):
+    paths = {kind: tmp_path / "reports" / f"r.{kind}" for kind in ("json", "xml", "html", "csv")}
+    result = invoke(out, "--json", paths["json"], "--junit", paths["xml"], "--html", paths["html"], "--csv", paths["csv"])
+    assert result.exit_code == 0
+    assert [line for line in result.stderr.splitlines() if not line.startswith("judged ")] == [
+        f"wrote JSON report {paths['json']}", f"wrote JUnit report {paths['xml']}",
+        f"wrote HTML report {paths['html']}", f"wrote CSV report {paths['csv']}",
+    ]  # fmt: skip
+    assert all(path.is_file() for path in paths.values())
