@@ -163,3 +163,58 @@ def test_run_on_the_reference_device_weighs_the_bar_by_backward_flops(tmp_path, 
     flops = backward_flops(sorted((tmp_path / "out").iterdir()))
     assert flops["t-bnsd-tail"] > 0 and flops["t-neg-dtype"] == 0
 
+
+
+# ---- widths: warnings wrapped, piped output as wide as the terminal (issue 16, item 12) -----------------
+
+
+WARNING = ("doc-tail-varlen-honored: actual_seq_lengths [8000, 5003] shorter than q_seq_len 8000 with bnsd_lengths: "
+           "honored: the A2/A3 kernel ignores BNSD lengths (computes over all S); use bnsd_lengths: ignored")  # fmt: skip
+
+
+def test_a_warning_wraps_at_words_to_the_width_a_person_sees(monkeypatch):
+    from bsa_cli import output
+
+    monkeypatch.setattr(output, "stderr", Console(file=io.StringIO(), width=160, color_system=None))
+    monkeypatch.setenv("COLUMNS", "80")
+    output.warn(WARNING)
+    lines = output.stderr.file.getvalue().splitlines()
+    assert lines == [
+        "Warning: doc-tail-varlen-honored: actual_seq_lengths [8000, 5003] shorter than",
+        "  q_seq_len 8000 with bnsd_lengths: honored: the A2/A3 kernel ignores BNSD",
+        "  lengths (computes over all S); use bnsd_lengths: ignored",
+    ]
+
+
+def test_a_warning_stays_one_line_where_no_terminal_tells_a_width(monkeypatch):
+    from bsa_cli import output
+
+    monkeypatch.setattr(output, "stderr", Console(file=io.StringIO(), width=160, color_system=None))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(output, "terminal_width", lambda: None)  # a CI log
+    output.warn(WARNING)
+    assert output.stderr.file.getvalue() == f"Warning: {WARNING}\n"
+
+
+def test_piped_stdout_takes_the_width_of_the_terminal_on_stderr(monkeypatch):
+    import fcntl
+    import os
+    import pty
+    import struct
+    import sys
+    import termios
+
+    from bsa_cli import output
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    with open(follower, "w", closefd=True) as terminal:
+        monkeypatch.delenv("COLUMNS", raising=False)
+        monkeypatch.setattr(sys, "__stdout__", io.StringIO())  # a pipe: `bsa check ... | tee log`
+        monkeypatch.setattr(sys, "__stderr__", terminal)
+        monkeypatch.setattr(sys, "__stdin__", None)
+        assert output.terminal_width() == 100
+        assert output._width(io.StringIO()) == 100
+        monkeypatch.setattr(sys, "__stderr__", io.StringIO())
+        assert output.terminal_width() is None and output._width(io.StringIO()) == output.PIPE_WIDTH
+    os.close(leader)

@@ -249,6 +249,8 @@ class CaseResult:
         else:
             deciding = self.deciding
             main = deciding.detail if deciding else ""
+            if self.verdict == PASS and deciding is not None and deciding.limit is not None and deciding.name != "status":
+                main = f"{CLOSEST} {main}"  # a PASS names the check nearest its limit, never as a failure
         return "; ".join([*self.notes, main] if main else self.notes)
 
     @property
@@ -275,6 +277,8 @@ class CaseResult:
         return deciding.detail if deciding else ""
 
 
+CLOSEST = "closest to its limit:"
+"""How a PASS headline introduces its deciding check: the one nearest its limit."""
 NOT_RUN = "not run yet: "
 """How the error of a case that no device has run begins (`CaseResult.not_run`)."""
 
