@@ -35,9 +35,10 @@ def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
 LIST_COLUMNS = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density", "GFLOP",
                 "MiB in/out", "gen s", "ref s", "GiB", "expect")  # fmt: skip
 """The columns of `bsa list`, in order."""
-LIST_DROP_ORDER = ("MiB in/out", "block", "D", "B", "pattern", "expect", "layout", "density", "N1/N2", "Sq/Skv",
-                   "GFLOP", "dtype", "GiB")  # fmt: skip
-"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay."""
+LIST_DROP_ORDER = ("MiB in/out", "block", "expect", "pattern", "density", "GFLOP", "GiB", "B", "D", "layout",
+                   "N1/N2", "Sq/Skv", "dtype")  # fmt: skip
+"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
+(layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 BACKWARD_SHARE = 10 / 14
 """Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):

@@ -49,7 +49,9 @@ def test_list_fits_the_width_and_keeps_every_name_and_number_whole(width):
 def test_list_at_80_columns_says_what_it_left_out_and_keeps_the_estimates():
     text = list_output(80, ROOT / "cases" / "nightly.yaml")
     assert "gen s" in text and "ref s" in text and "nightly-causal-16k" in text
-    assert "left out at 80 columns: MiB in/out, block, D," in " ".join(text.split())
+    assert "left out at 80 columns: MiB in/out, block, expect, pattern, density, GFLOP, GiB" in " ".join(text.split())
+    header = text.splitlines()[1].split()
+    assert header == ["case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "gen", "s", "ref", "s"]  # what a case is
     wide = list_output(200, ROOT / "cases" / "nightly.yaml")
     assert "left out" not in wide and all(column in wide for column in LIST_COLUMNS)
 
