@@ -9,16 +9,24 @@ from pathlib import Path
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import output
 from .case import Case
-from .cli_common import UserError, load_cases, refuse_oversized, show_kernel_path_notes, warn_constraints
+from .cli_common import (
+    PLAIN_PROGRESS_S,
+    ProgressDisplay,
+    UserError,
+    load_cases,
+    refuse_oversized,
+    show_kernel_path_notes,
+    warn_constraints,
+)
 from .errors import BsaError, plural
 from .generate import generate_suite
 from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
 from .schedule import auto_jobs, estimate
+from .store import find_cases
 
 
 @click.command("validate")
@@ -40,6 +48,8 @@ LIST_DROP_ORDER = ("MiB in/out", "block", "expect", "pattern", "density", "GFLOP
 """Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
 (layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+GEN_PROGRESS_S = PLAIN_PROGRESS_S
+"""Least seconds between two progress lines of `bsa gen` when stderr is not a terminal (a log, a pipe)."""
 BACKWARD_SHARE = 10 / 14
 """Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
 what the reference device computes."""
@@ -143,36 +153,56 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    with gen_progress(sum(e.flops for e in estimates.values())) as progress:
-        task = progress.add_task("gen", total=sum(e.flops for e in estimates.values()) or 1)
-        reached: dict[str, float] = {}
+    warn_other_cases(Path(out_dir), cases)
+    with ProgressDisplay(interval_s=GEN_PROGRESS_S) as display:
+        display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})
 
         def advance(case: Case, fraction: float) -> None:
-            progress.advance(task, (fraction - reached.get(case.name, 0.0)) * estimates[case.name].flops)
-            reached[case.name] = fraction
+            display.running(case.name)
+            display.progress(case.name, fraction)
+
+        skipped: list[str] = []
 
         def done(case: Case, outcome: str, path: Path) -> None:
-            advance(case, 1.0)
-            progress.console.print(f"{outcome} {path}", markup=False, highlight=False)
+            if outcome == "current":
+                skipped.append(case.name)
+                line = f"skipped {path} (current: same spec, precision and bsa version, inputs intact)"
+            else:
+                line = f"{outcome} {path}"
+            display.console.print(line, markup=False, highlight=False)
+            display.advance(case.name)
 
         try:
-            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, on_done=done, on_progress=advance)
+            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, skip_current=True, on_done=done,
+                                       on_progress=advance)  # fmt: skip
         except BsaError as exc:
             raise UserError(str(exc)) from None
-    output.stdout.print(f"generated {plural(len(cases), 'case')} in {out_dir}")
+    made = len(cases) - len(skipped)
+    line = f"generated {plural(made, 'case')} in {out_dir}"
+    if skipped:
+        line += f"; skipped {len(skipped)} already current ({_names(skipped)})"
+    output.stdout.print(line, markup=False, soft_wrap=True)
     show_kernel_path_notes(case_dirs)
 
 
-def gen_progress(total_flops: int) -> Progress:
-    """Return a progress display on stderr whose ETA comes from FLOP counts."""
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn(f"{{task.completed:.3g}}/{total_flops:.3g} FLOP"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=output.stderr,
-        transient=False,
-        disable=not output.stderr.is_terminal,
-    )
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    """Return e.g. "a, b, c and 4 more"."""
+    text = ", ".join(names[:shown])
+    return text + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def warn_other_cases(out: Path, cases: Sequence[Case]) -> None:
+    """Say on stderr when `out` already holds cases these specs do not make: `bsa run` and `bsa compare` of
+    the folder would take them too."""
+    try:
+        found = find_cases(out) if out.is_dir() else []
+    except BsaError:
+        return
+    names = {case.name for case in cases}
+    others = sorted(path.name for path in found if path.name not in names)
+    if others:
+        output.warn(
+            f"{out} already holds {plural(len(others), 'other case')} that these specs do not make "
+            f"({_names(others)}); `bsa run {out}` and `bsa compare {out}` take them too: write into an empty "
+            "folder (-o), or remove them"
+        )

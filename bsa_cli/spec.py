@@ -1057,7 +1057,8 @@ def _compare(r: _Reader) -> dict[str, Any]:
 def _fix_first(case: Case, v: interface.Violation) -> str | None:
     """Return the message of an interface violation that a case meant to pass has most likely made by
     mistake, with the fix first and `expect:` (for a negative case) second; None for any other."""
-    negative = f"for a negative case that tests this instead, set 'expect: {v.status}' (the operator returns {v.status})"
+    negative = (f"for a negative case that tests this instead, set 'expect: {v.status}' (the operator returns "
+                f"{v.status})")  # fmt: skip
     if v.key in ("layout", "kv_layout"):
         value = getattr(case, v.key)
         if isinstance(value, str) and value != value.upper() and value.upper() in interface.TILING_LAYOUTS:

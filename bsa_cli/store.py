@@ -464,7 +464,8 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = (), option: st
         selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
         if not selected:
             shown = " or ".join(repr(p) for p in patterns)
-            raise DataError(", ".join(str(r) for r in roots), f"{option} {shown} matches none of {plural(len(found), 'case')}")
+            raise DataError(", ".join(str(r) for r in roots),
+                            f"{option} {shown} matches none of {plural(len(found), 'case')}")  # fmt: skip
         found = selected
     return found
 

@@ -130,7 +130,9 @@ def test_outputs_root(out, tmp_path):
     result = invoke(out, "--outputs-root", root, "--filter", "b-gqa", "--json", tmp_path / "r.json")
     assert result.exit_code == 3  # not run into that root yet: the error says so, and what to type
     (case,) = json.loads((tmp_path / "r.json").read_text())["cases"]
-    assert case["errors"] == [f"not run yet: no result in {root}/b-gqa; run it first: bsa run {out} --outputs-root {root}"]
+    assert case["errors"] == [
+        f"not run yet: no result in {root}/b-gqa; run it first: bsa run {out} --outputs-root {root}"
+    ]
 
 
 def test_compare_before_run_says_each_case_is_not_run_and_what_to_type_once(out, tmp_path):
@@ -198,7 +200,8 @@ def test_verbose_shows_every_metric(out):
 
 def test_each_report_file_is_named_on_stderr_when_written(out, tmp_path):
     paths = {kind: tmp_path / "reports" / f"r.{kind}" for kind in ("json", "xml", "html", "csv")}
-    result = invoke(out, "--json", paths["json"], "--junit", paths["xml"], "--html", paths["html"], "--csv", paths["csv"])
+    result = invoke(out, "--json", paths["json"], "--junit", paths["xml"], "--html", paths["html"],
+                    "--csv", paths["csv"])  # fmt: skip
     assert result.exit_code == 0
     assert [line for line in result.stderr.splitlines() if not line.startswith("judged ")] == [
         f"wrote JSON report {paths['json']}", f"wrote JUnit report {paths['xml']}",

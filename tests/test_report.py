@@ -321,8 +321,10 @@ def test_a_narrow_verdict_table_gives_each_passing_case_one_line(width):
 
 def test_a_wide_verdict_table_keeps_each_passing_case_s_numbers():
     lines = table_of(passing_suite(), 200)
-    assert lines[4] == ("| smoke-bnsd-random.fp16 | PASS    | closest to its limit: dk small-value error ratio 1 <= 2 "
-                        "(small values off by more than small_value_thd: device 1585947, benchmark 1585947) |")  # fmt: skip
+    assert lines[4] == (
+        "| smoke-bnsd-random.fp16 | PASS    | closest to its limit: dk small-value error ratio 1 <= 2 "
+        "(small values off by more than small_value_thd: device 1585947, benchmark 1585947) |"
+    )
 
 
 def test_several_standards_keep_the_standard_column():

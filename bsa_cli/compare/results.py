@@ -249,7 +249,8 @@ class CaseResult:
         else:
             deciding = self.deciding
             main = deciding.detail if deciding else ""
-            if self.verdict == PASS and deciding is not None and deciding.limit is not None and deciding.name != "status":
+            limited = deciding is not None and deciding.limit is not None and deciding.name != "status"
+            if self.verdict == PASS and limited:
                 main = f"{CLOSEST} {main}"  # a PASS names the check nearest its limit, never as a failure
         return "; ".join([*self.notes, main] if main else self.notes)
 
