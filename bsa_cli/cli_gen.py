@@ -153,7 +153,8 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    warn_other_cases(Path(out_dir), cases)
+    spec_cases = load_cases(specs, max_cases=max_cases) if name_filters or shard_text else cases
+    warn_other_cases(Path(out_dir), spec_cases)
     with ProgressDisplay(interval_s=GEN_PROGRESS_S) as display:
         display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})
 
@@ -192,8 +193,8 @@ def _names(names: Sequence[str], shown: int = 3) -> str:
 
 
 def warn_other_cases(out: Path, cases: Sequence[Case]) -> None:
-    """Say on stderr when `out` already holds cases these specs do not make: `bsa run` and `bsa compare` of
-    the folder would take them too."""
+    """Say on stderr when `out` already holds cases the specs do not make (`cases`: all of theirs, before
+    --filter and --shard): `bsa run` and `bsa compare` of the folder would take them too."""
     try:
         found = find_cases(out) if out.is_dir() else []
     except BsaError:

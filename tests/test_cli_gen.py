@@ -215,3 +215,10 @@ def test_the_gen_bar_on_a_terminal_names_the_case_and_counts_flops_in_human_unit
     text = terminal.file.getvalue()
     assert "gen: tiny" in text and "MFLOP" in text and "e+" not in text
     assert f"generated {tmp_path / 'out' / 'tiny'}" in text
+
+
+def test_gen_of_a_filtered_share_does_not_warn_of_the_spec_s_other_cases(runner: CliRunner, tmp_path: Path) -> None:
+    path, out = spec(tmp_path, CASE, {**CASE, "name": "two"}), tmp_path / "out"
+    assert runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "tiny"]).exit_code == 0
+    result = runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "two"])
+    assert result.exit_code == 0 and "Warning" not in result.stderr
