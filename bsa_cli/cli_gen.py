@@ -68,7 +68,9 @@ def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
             "Sq/Skv": f"{case.q_seq_len}/{case.kv_seq_len}", "block": "x".join(map(str, case.block_shape)),
             "pattern": case.sparsity.pattern, "density": f"{e.density:.3f}", "GFLOP": f"{e.flops / 1e9:.3g}",
             "MiB in/out": f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}", "gen s": _seconds(e.seconds),
-            "ref s": _seconds(estimate_seconds(e.flops * BACKWARD_SHARE)) if case.expect.ok else "0",
+            "ref s": _seconds(estimate_seconds(e.flops * BACKWARD_SHARE, e.selected_blocks,
+                                               case.num_heads // max(case.num_kv_heads, 1)))
+            if case.expect.ok else "0",
             "GiB": f"{e.peak_memory / 2**30:.2g}", "expect": "ok" if case.expect.ok else str(case.expect.status),
         })  # fmt: skip
     return rows
@@ -123,8 +125,10 @@ def list_command(
 ) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
-    gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the 2-core development machine,
-    ref s the reference device's (`bsa run` without a device). The table fits the terminal's width
+    gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the quiet 2-core development
+    machine, ref s the reference device's (`bsa run` without a device; measured with
+    benchmarks/reference_estimate.py). Another busy process on the same cores can make either several
+    times longer. The table fits the terminal's width
     (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
     """
     cases = load_cases(specs, name_filters, shard_text, max_cases)
