@@ -160,7 +160,7 @@ def test_report_files_and_merge_of_shards(out, tmp_path):
                     "--json", tmp_path / "m.json")  # fmt: skip
     assert merged.exit_code == 0
     assert "4 cases: 4 passed, 0 failed, 0 errors" in merged.stdout
-    assert merged.stderr == ""
+    assert merged.stderr == f"wrote JSON report {tmp_path / 'm.json'}\nwrote JUnit report {tmp_path / 'm.xml'}\n"
     names = [c.get("name") for c in ET.parse(tmp_path / "m.xml").getroot().iter("testcase")]
     assert names == ["a-bnsd", "b-gqa", "c-tnd", "d-neg"]
     assert json.loads((tmp_path / "m.json").read_text())["summary"]["cases"] == 4

@@ -309,8 +309,9 @@ def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> 
 def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Path) -> None:
     path = write_spec(tmp_path / "specs", {"name": "a", "q_seq_len": 2048, "head_dim": 64}, {"name": "b", "seed": 1})
     for delay in (0.0, 0.002, 0.02, 0.5):
+        out = tmp_path / f"out-{delay}"  # a fresh folder each time: gen skips cases already current
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bsa_cli", "gen", path, "-o", str(tmp_path / "out"), "-j", "2"],
+            [sys.executable, "-m", "bsa_cli", "gen", path, "-o", str(out), "-j", "2"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
