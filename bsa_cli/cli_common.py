@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 from rich.console import Console
@@ -277,6 +277,9 @@ OUTCOME_STYLE = {
 # ---- progress display (gen, run, check) -----------------------------------------------------------
 
 
+_Shown = TypeVar("_Shown", bound="ProgressDisplay")
+
+
 class ProgressDisplay:
     """Per-case progress on stderr: a rich progress bar above per-case lines on a terminal, plain lines
     otherwise (at most one every `interval_s` seconds within a phase counted in FLOPs)."""
@@ -293,7 +296,7 @@ class ProgressDisplay:
         self._started = 0.0
         self._last_line = 0.0
 
-    def __enter__(self) -> ProgressDisplay:
+    def __enter__(self: _Shown) -> _Shown:
         if self.console.is_terminal:
             self._progress = Progress(
                 SpinnerColumn(),
