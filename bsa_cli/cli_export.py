@@ -8,8 +8,8 @@ import click
 
 from . import output
 from .cli_common import UserError, select_cases_or_suites
-from .errors import BsaError
-from .export import FORMATS, export_cases
+from .errors import BsaError, plural
+from .export import EXPECT_MODULE, FORMATS, export_cases
 
 
 @click.command("export")
@@ -27,11 +27,20 @@ def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tu
     bsa_msopst_expect.py, written beside them. docs/export.md lists every field and how it is filled.
     """  # fmt: skip
     case_dirs = select_cases_or_suites(paths, filters)
+
+    def earlier(kept: list[str], lost: list[str]) -> None:
+        if kept:
+            output.info(f"kept {plural(len(kept), 'case')} of an earlier export in {out_dir} working "
+                        f"({', '.join(kept[:3])}{f' and {len(kept) - 3} more' if len(kept) > 3 else ''}): "
+                        f"{EXPECT_MODULE} holds their expected outputs too")  # fmt: skip
+        for problem in lost:
+            output.warn(problem)
+
     try:
-        written = export_cases(case_dirs, fmt, out_dir)
+        written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier)
     except BsaError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:
         raise UserError(f"cannot write in {out_dir}: {exc.strerror or exc}") from None
-    output.stdout.print(f"exported {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''} as {fmt} into "
+    output.stdout.print(f"exported {plural(len(case_dirs), 'case')} as {fmt} into "
                         f"{out_dir} ({len(written)} files)", markup=False, soft_wrap=True)  # fmt: skip

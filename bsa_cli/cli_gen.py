@@ -9,16 +9,24 @@ from pathlib import Path
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from . import output
 from .case import Case
-from .cli_common import UserError, load_cases, refuse_oversized, show_kernel_path_notes, warn_constraints
-from .errors import BsaError
+from .cli_common import (
+    PLAIN_PROGRESS_S,
+    ProgressDisplay,
+    UserError,
+    load_cases,
+    refuse_oversized,
+    show_kernel_path_notes,
+    warn_constraints,
+)
+from .errors import BsaError, plural
 from .generate import generate_suite
 from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
 from .schedule import auto_jobs, estimate
+from .store import find_cases
 
 
 @click.command("validate")
@@ -29,16 +37,19 @@ def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
     cases = load_cases(specs, max_cases=max_cases)
     warn_constraints(cases)
     negative = sum(not c.expect.ok for c in cases)
-    output.stdout.print(f"{len(cases)} cases OK ({negative} negative) in {len(specs)} spec path(s)")
+    output.stdout.print(f"{plural(len(cases), 'case')} OK ({negative} negative) in {plural(len(specs), 'spec path')}")
 
 
 LIST_COLUMNS = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density", "GFLOP",
                 "MiB in/out", "gen s", "ref s", "GiB", "expect")  # fmt: skip
 """The columns of `bsa list`, in order."""
-LIST_DROP_ORDER = ("MiB in/out", "block", "D", "B", "pattern", "expect", "layout", "density", "N1/N2", "Sq/Skv",
-                   "GFLOP", "dtype", "GiB")  # fmt: skip
-"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay."""
+LIST_DROP_ORDER = ("MiB in/out", "block", "expect", "pattern", "density", "GFLOP", "GiB", "B", "D", "layout",
+                   "N1/N2", "Sq/Skv", "dtype")  # fmt: skip
+"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
+(layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+GEN_PROGRESS_S = PLAIN_PROGRESS_S
+"""Least seconds between two progress lines of `bsa gen` when stderr is not a terminal (a log, a pipe)."""
 BACKWARD_SHARE = 10 / 14
 """Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
 what the reference device computes."""
@@ -57,7 +68,9 @@ def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
             "Sq/Skv": f"{case.q_seq_len}/{case.kv_seq_len}", "block": "x".join(map(str, case.block_shape)),
             "pattern": case.sparsity.pattern, "density": f"{e.density:.3f}", "GFLOP": f"{e.flops / 1e9:.3g}",
             "MiB in/out": f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}", "gen s": _seconds(e.seconds),
-            "ref s": _seconds(estimate_seconds(e.flops * BACKWARD_SHARE)) if case.expect.ok else "0",
+            "ref s": _seconds(estimate_seconds(e.flops * BACKWARD_SHARE, e.selected_blocks,
+                                               case.num_heads // max(case.num_kv_heads, 1)))
+            if case.expect.ok else "0",
             "GiB": f"{e.peak_memory / 2**30:.2g}", "expect": "ok" if case.expect.ok else str(case.expect.status),
         })  # fmt: skip
     return rows
@@ -112,14 +125,16 @@ def list_command(
 ) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
-    gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the 2-core development machine,
-    ref s the reference device's (`bsa run` without a device). The table fits the terminal's width
+    gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the quiet 2-core development
+    machine, ref s the reference device's (`bsa run` without a device; measured with
+    benchmarks/reference_estimate.py). Another busy process on the same cores can make either several
+    times longer. The table fits the terminal's width
     (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
     """
     cases = load_cases(specs, name_filters, shard_text, max_cases)
     width = output.width()
     table, hidden = list_table(list_rows(cases), width)
-    output.stdout.print(f"{len(cases)} case{'s' if len(cases) != 1 else ''}", soft_wrap=True)
+    output.stdout.print(plural(len(cases), "case"), soft_wrap=True)
     output.stdout.print(table, soft_wrap=True, crop=False)
     if hidden:
         output.stdout.print(f"left out at {width} columns: {', '.join(hidden)}", width=width)
@@ -142,36 +157,57 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    with gen_progress(sum(e.flops for e in estimates.values())) as progress:
-        task = progress.add_task("gen", total=sum(e.flops for e in estimates.values()) or 1)
-        reached: dict[str, float] = {}
+    spec_cases = load_cases(specs, max_cases=max_cases) if name_filters or shard_text else cases
+    warn_other_cases(Path(out_dir), spec_cases)
+    with ProgressDisplay(interval_s=GEN_PROGRESS_S) as display:
+        display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})
 
         def advance(case: Case, fraction: float) -> None:
-            progress.advance(task, (fraction - reached.get(case.name, 0.0)) * estimates[case.name].flops)
-            reached[case.name] = fraction
+            display.running(case.name)
+            display.progress(case.name, fraction)
+
+        skipped: list[str] = []
 
         def done(case: Case, outcome: str, path: Path) -> None:
-            advance(case, 1.0)
-            progress.console.print(f"{outcome} {path}", markup=False, highlight=False)
+            if outcome == "current":
+                skipped.append(case.name)
+                line = f"skipped {path} (current: same spec, precision and bsa version, inputs intact)"
+            else:
+                line = f"{outcome} {path}"
+            display.console.print(line, markup=False, highlight=False)
+            display.advance(case.name)
 
         try:
-            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, on_done=done, on_progress=advance)
+            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, skip_current=True, on_done=done,
+                                       on_progress=advance)  # fmt: skip
         except BsaError as exc:
             raise UserError(str(exc)) from None
-    output.stdout.print(f"generated {len(cases)} cases in {out_dir}")
+    made = len(cases) - len(skipped)
+    line = f"generated {plural(made, 'case')} in {out_dir}"
+    if skipped:
+        line += f"; skipped {len(skipped)} already current ({_names(skipped)})"
+    output.stdout.print(line, markup=False, soft_wrap=True)
     show_kernel_path_notes(case_dirs)
 
 
-def gen_progress(total_flops: int) -> Progress:
-    """Return a progress display on stderr whose ETA comes from FLOP counts."""
-    return Progress(
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        TextColumn(f"{{task.completed:.3g}}/{total_flops:.3g} FLOP"),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-        console=output.stderr,
-        transient=False,
-        disable=not output.stderr.is_terminal,
-    )
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    """Return e.g. "a, b, c and 4 more"."""
+    text = ", ".join(names[:shown])
+    return text + (f" and {len(names) - shown} more" if len(names) > shown else "")
+
+
+def warn_other_cases(out: Path, cases: Sequence[Case]) -> None:
+    """Say on stderr when `out` already holds cases the specs do not make (`cases`: all of theirs, before
+    --filter and --shard): `bsa run` and `bsa compare` of the folder would take them too."""
+    try:
+        found = find_cases(out) if out.is_dir() else []
+    except BsaError:
+        return
+    names = {case.name for case in cases}
+    others = sorted(path.name for path in found if path.name not in names)
+    if others:
+        output.warn(
+            f"{out} already holds {plural(len(others), 'other case')} that these specs do not make "
+            f"({_names(others)}); `bsa run {out}` and `bsa compare {out}` take them too: write into an empty "
+            "folder (-o), or remove them"
+        )

@@ -5,27 +5,18 @@ from __future__ import annotations
 import os
 import secrets
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 
-from . import output, pipeline, report, runner, store
+from . import cli_common, output, pipeline, report, runner, store
 from .case import Case
 from .cli_common import (
     EXIT_INTERRUPTED,
+    ProgressDisplay,
     UserError,
     load_cases,
     prepare_reports,
@@ -47,130 +38,19 @@ from .devices import (
     parse_device_ids,
     reference_faults,
 )
-from .errors import BsaError
+from .errors import BsaError, plural
 from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
 from .schedule import Estimate, estimate
 
-OUTCOME_STYLE = {
-    "ok": "green",
-    "skipped": "dim",
-    "generated": "green",
-    "nondeterministic": "red",
-    "error": "red",
-    "crashed": "red",
-    "timeout": "red",
-    "interrupted": "yellow",
-    "PASS": "green",
-    "FAIL": "red",
-    "ERROR": "red",
-}
+PLAIN_PROGRESS_S = cli_common.PLAIN_PROGRESS_S
+"""Least seconds between two progress lines of `bsa run` and `bsa check` when stderr is not a terminal."""
 
 
-# ---- progress display ------------------------------------------------------------------------------
-
-
-class Display:
-    """Per-case progress on stderr: a rich progress bar above per-case lines on a terminal, plain lines
-    otherwise."""
+class Display(ProgressDisplay):
+    """The progress display of `bsa run` and `bsa check`: `ProgressDisplay` and the runner's events."""
 
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or output.stderr
-        self._progress: Progress | None = None
-        self._task: Any = None
-        self._label = ""
-        self._width = 0
-        self._weights: Mapping[str, float] = {}
-        self._reached: dict[str, float] = {}
-        self._started = 0.0
-        self._last_line = 0.0
-
-    def __enter__(self) -> Display:
-        if self.console.is_terminal:
-            self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                TextColumn("{task.completed:.4g}/{task.total:.4g} {task.fields[unit]}"),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
-            )
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def phase(
-        self, label: str, total: int, names: Sequence[str] = (), flops: Mapping[str, float] | None = None
-    ) -> None:
-        """Start a phase (gen, run, compare) of `total` cases; `names` align the case column.
-
-        With `flops` (per case name) the bar and its ETA count FLOPs instead of cases, and `progress`
-        moves it within a case.
-        """
-        self._label = label
-        self._width = min(max((len(n) for n in names), default=0), 48)
-        self._weights = {name: value / 1e9 for name, value in (flops or {}).items()}
-        self._reached = {}
-        self._started = self._last_line = time.monotonic()
-        if self._progress is not None:
-            if self._task is not None:
-                self._progress.remove_task(self._task)
-            unit = "GFLOP" if flops is not None else "cases"
-            size = sum(self._weights.values()) if flops is not None else total
-            self._task = self._progress.add_task(label, total=size or 1, unit=unit)
-
-    def progress(self, name: str, fraction: float) -> None:
-        """Move the bar to `fraction` of case `name` (phases counted in FLOPs).
-
-        Without a terminal (a CI log) a line says how far a long phase is, every PLAIN_PROGRESS_S at most.
-        """
-        weight = self._weights.get(name, 0.0)
-        step = (fraction - self._reached.get(name, 0.0)) * weight
-        self._reached[name] = fraction
-        if self._progress is not None and self._task is not None and step:
-            self._progress.advance(self._task, step)
-        elif self._progress is None and fraction < 1.0 and time.monotonic() - self._last_line >= PLAIN_PROGRESS_S:
-            self._last_line = time.monotonic()
-            self.console.print(self._progress_line(name, fraction), soft_wrap=True, highlight=False, markup=False)
-
-    def _progress_line(self, name: str, fraction: float) -> str:
-        """E.g. "run      nightly-causal-16k 40%; phase 23% of 520 GFLOP, ETA 3m 10s"."""
-        total = sum(self._weights.values())
-        done = sum(self._weights.get(n, 0.0) * f for n, f in self._reached.items())
-        line = f"{self._label:<8} {name} {100 * fraction:.0f}%"
-        elapsed = time.monotonic() - self._started
-        if total > 0 and done > 0:
-            eta = elapsed * (total - done) / done
-            line += f"; {self._label} {100 * done / total:.0f}% of {total:.3g} GFLOP, ETA {_duration(eta)}"
-        return line
-
-    def running(self, text: str) -> None:
-        """Say what runs now (shown in the bar's description on a terminal only)."""
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=f"{self._label}: {escape(text)}")
-
-    def case(self, outcome: str, name: str, detail: str = "", problems: Sequence[str] = ()) -> None:
-        """Print one finished case and advance the bar."""
-        style = OUTCOME_STYLE.get(outcome, "red")
-        line = f"{self._label:<8} [{style}]{outcome:<16}[/{style}] {escape(name)}"
-        if detail:
-            line += " " * max(self._width - len(name), 0) + f"  [dim]{escape(detail)}[/dim]"
-        self.console.print(line, soft_wrap=True, highlight=False)
-        for problem in problems:
-            self.console.print(f"         {escape(problem)}", soft_wrap=True, highlight=False, style="red")
-        self.advance(name)
-
-    def advance(self, name: str) -> None:
-        """Count case `name` as done on the bar without printing a line."""
-        if name in self._weights:
-            self.progress(name, 1.0)
-        elif self._progress is not None and self._task is not None:
-            self._progress.advance(self._task)
+        super().__init__(console, PLAIN_PROGRESS_S)
 
     def on_run_event(self, event: runner.RunEvent) -> None:
         """Show a runner event."""
@@ -181,19 +61,6 @@ class Display:
         assert result is not None
         self.case(result.outcome, result.name, run_detail(result), [*result.problems, *log_lines(result)])
 
-
-PLAIN_PROGRESS_S = 15.0
-"""Least seconds between two progress lines when stderr is not a terminal."""
-
-
-def _duration(seconds: float) -> str:
-    """Return e.g. "45s", "3m 10s", "1h 02m"."""
-    seconds = max(int(round(seconds)), 0)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
 
 
 def log_lines(result: runner.CaseResult) -> list[str]:
@@ -264,7 +131,9 @@ def device_options(func: Any) -> Any:
             metavar="N",
             default=1,
             show_default=True,
-            help="Run each case N times; outputs that are not bitwise identical across runs fail the case.",
+            help="Run each case N times and judge every run: a status or dq that differs between runs, or a "
+            "run outside the standard, marks the case nondeterministic; dk/dv may differ in their last bits "
+            "(fp32 atomic adds), which is reported as repeat-noise, not failed.",
         ),
         click.option(
             "--deterministic",
@@ -369,7 +238,7 @@ def print_run_summary(summary: runner.RunSummary) -> None:
     """Print the run's totals on stdout."""
     counts = {o: summary.count(o) for o in runner.OUTCOMES if summary.count(o)}
     text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
-    line = f"ran {len(summary.results)} case(s) on {summary.device.name}: {text}"
+    line = f"ran {plural(len(summary.results), 'case')} on {summary.device.name}: {text}"
     if summary.not_run:
         line += f"; {len(summary.not_run)} not run (interrupted)"
     output.stdout.print(line, markup=False, soft_wrap=True)

@@ -53,3 +53,4 @@ def trend_command(reports: tuple[Path, ...], html_path: Path | None, regression_
             write_trend_html(found, html_path)
         except OSError as exc:
             raise UserError(f"cannot write --html {html_path}: {exc.strerror or exc}") from None
+        output.info(f"wrote HTML report {html_path}")

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from . import interface
+from . import blas, interface
 from .case import Case, SequenceSpan, numpy_dtype
 from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
@@ -102,14 +102,25 @@ ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS}
 
 _LOG2E = np.float32(math.log2(math.e))
 
-REFERENCE_FLOPS_PER_SECOND = 2.0e9
-"""Backward FLOPs per second of the reference device on the 2-core development machine (measured 2.1-3.6
-GFLOP/s on 2k-4k token cases, kv-block-major with per-pair dK/dV partials; the low end, for estimates)."""
+REFERENCE_FLOPS_PER_SECOND = 25e9
+"""Backward FLOPs per second of the reference device on the 2-core development machine (one BLAS thread),
+as measured by `benchmarks/reference_estimate.py` (CPU seconds, best of two rounds, in process as `bsa run`
+runs it): 14-33 GFLOP/s on MHA cases of 1k-16k tokens, the longest the slowest."""
+REFERENCE_GQA_SPEEDUP = 1.6
+"""How much faster per FLOP a GQA case runs (N1 > N2: 41-50 GFLOP/s measured, several query heads' rows
+in each product against a kv block)."""
+REFERENCE_SECONDS_PER_PAIR = 2e-5
+"""Seconds per selected (query head, query block, kv block) pair beyond its FLOPs: the per-block NumPy calls."""
+REFERENCE_SECONDS_PER_CASE = 0.02
+"""Seconds per case beyond its blocks: the interface check, reading and checking the inputs, writing outputs."""
 
 
-def estimate_seconds(flops_backward: float) -> float:
-    """Return the reference device's estimated seconds for a case of `flops_backward` backward FLOPs."""
-    return flops_backward / REFERENCE_FLOPS_PER_SECOND
+def estimate_seconds(flops_backward: float, pairs: int = 0, group: int = 1) -> float:
+    """Return the reference device's estimated seconds for a case of `flops_backward` backward FLOPs over
+    `pairs` selected block pairs with `group` query heads per kv head (N1 / N2), on the quiet 2-core
+    development machine (another busy process can make it about twice as long)."""
+    rate = REFERENCE_FLOPS_PER_SECOND * (REFERENCE_GQA_SPEEDUP if group > 1 else 1.0)
+    return REFERENCE_SECONDS_PER_CASE + pairs * REFERENCE_SECONDS_PER_PAIR + flops_backward / rate
 
 
 # ---- progress ---------------------------------------------------------------------------------------
@@ -600,9 +611,11 @@ def emulate_case_dir(
     """Act as the device binary on one case directory; return the aclnn status written to status.txt.
 
     Checks the interface first: a rejected call writes only status.txt (status, message). A valid call
-    reads and verifies the inputs, emulates, writes dq.bin, dk.bin, dv.bin as the manifest's `outputs`
-    say, then status.txt "0". Old status and gradient files are removed first and every file is written
-    atomically, so an interrupted run never leaves a result that looks complete.
+    reads and verifies the inputs, emulates (every BLAS call on one thread: its products are of a few
+    blocks, which BLAS threads do not speed up, and on a shared machine they spin against other
+    processes, several times slower; the results are the same), writes dq.bin, dk.bin, dv.bin as the
+    manifest's `outputs` say, then status.txt "0". Old status and gradient files are removed first and
+    every file is written atomically, so an interrupted run never leaves a result that looks complete.
 
     Raises:
         DataError: the manifest or an input file is missing, malformed or stale.
@@ -622,7 +635,8 @@ def emulate_case_dir(
         return status
     case = _case_of(case_dir, manifest)
     tensors = {name: read_array(case_dir, entry) for name, entry in iter_entries(manifest, "inputs")}
-    grads = emulate(case, tensors, fault, order_seed)
+    with blas.one_thread_each():  # small products: threads of BLAS only spin against other processes
+        grads = emulate(case, tensors, fault, order_seed)
     for name in GRAD_NAMES:
         entry = outputs[name]
         grad = grads[name]

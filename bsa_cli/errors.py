@@ -48,6 +48,11 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """Return e.g. "1 case", "2 cases", "1 spec path", "0 cases" (`nouns`: an irregular plural)."""
+    return f"{count} {noun if count == 1 else nouns or noun + 's'}"
+
+
 def show(value: Any, width: int = 60) -> str:
     """Return a short repr of an untrusted value for an error message: one line, at most `width` characters.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from .compare import case_settings
 from .errors import DataError
 from .manifest import GRAD_NAMES, case_from_manifest
 from .report.files import write_text_atomic
-from .store import iter_entries, load_manifest, read_array
+from .store import iter_entries, load_manifest, read_array, read_regular
 
 FORMATS = ("msopst", "atk")
 OP_TYPE = "BlockSparseAttentionGrad"
@@ -223,10 +223,47 @@ def expect_module(manifests: Sequence[tuple[Path, Mapping[str, Any]]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def export_cases(case_dirs: Sequence[Path], fmt: str, out_dir: Path) -> list[Path]:
+EARLIER_CASE_MAX_BYTES = 4 << 20
+"""Largest `<case>.msopst.json` of an earlier export read back (one case is a few KiB)."""
+
+
+def earlier_msopst_cases(
+    out_dir: Path, expect_path: Path, names: set[str]
+) -> tuple[list[tuple[Path, Mapping[str, Any]]], list[str]]:
+    """Return the cases of earlier msOpST exports into `out_dir` that this export (`names`) does not write
+    again and whose expected outputs come from `expect_path`, with their case folders and manifests (found
+    through the inputs their JSON points at); and why others cannot be kept (their case folder is gone)."""
+    kept: list[tuple[Path, Mapping[str, Any]]] = []
+    lost: list[str] = []
+    for path in sorted(out_dir.glob("*.msopst.json")):
+        name = path.name[: -len(".msopst.json")]
+        if name in names or path.is_symlink():
+            continue
+        try:
+            (document,) = json.loads(read_regular(path, EARLIER_CASE_MAX_BYTES))
+            module, _, _ = str(document.get("calc_expect_func_file") or "").rpartition(":")
+            if Path(module) != expect_path:
+                continue  # a negative case, or another module's: nothing of it in this one
+            case_dir = Path(document["input_desc"][0]["value"]).parent.parent
+            manifest = load_manifest(case_dir)
+            if manifest.get("name") != name:
+                raise ValueError(f"{case_dir} holds case {manifest.get('name')!r}")
+        except (DataError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            lost.append(f"{path}: its case cannot be read ({exc}); its expected outputs are left out of "
+                        f"{EXPECT_MODULE}: export that case again")  # fmt: skip
+            continue
+        kept.append((case_dir, manifest))
+    return kept, lost
+
+
+def export_cases(
+    case_dirs: Sequence[Path], fmt: str, out_dir: Path, on_earlier: Callable[[list[str], list[str]], None] | None = None
+) -> list[Path]:
     """Write every case in `fmt` ("msopst" or "atk") into `out_dir`; return the files written.
 
-    Files: `<case>.msopst.json` (and `bsa_msopst_expect.py`) or `<case>.atk.json`.
+    Files: `<case>.msopst.json` (and `bsa_msopst_expect.py`) or `<case>.atk.json`. The expect module keeps
+    the functions of cases an earlier msOpST export wrote into `out_dir` (`earlier_msopst_cases`), so their
+    case files still work; `on_earlier(kept names, problems)` is told which.
 
     Raises:
         ValueError: an unknown format.
@@ -251,6 +288,9 @@ def export_cases(case_dirs: Sequence[Path], fmt: str, out_dir: Path) -> list[Pat
         write_text_atomic(path, json.dumps(document, indent=2) + "\n")
         written.append(path)
     if fmt == "msopst":
-        write_text_atomic(expect_path, expect_module(manifests))
+        kept, lost = earlier_msopst_cases(out_dir, expect_path, {str(m["name"]) for _, m in manifests})
+        if on_earlier is not None and (kept or lost):
+            on_earlier([str(m["name"]) for _, m in kept], lost)
+        write_text_atomic(expect_path, expect_module([*manifests, *kept]))
         written.append(expect_path)
     return written

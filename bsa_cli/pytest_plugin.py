@@ -58,7 +58,7 @@ def pytest_configure(config: pytest.Config) -> None:
     from .store import select_cases
 
     try:
-        config.stash[_CASE_DIRS] = select_cases([Path(r) for r in roots], patterns)
+        config.stash[_CASE_DIRS] = select_cases([Path(r) for r in roots], patterns, option="--bsa-filter")
     except DataError as exc:
         raise pytest.UsageError(f"--bsa-cases: {exc}") from None
 

@@ -35,6 +35,7 @@ class Estimate:
     output_bytes: int
     peak_memory: int
     seconds: float
+    selected_blocks: int = 0  # (query head, query block, kv block) pairs the mask selects
 
 
 EXACT_MASK_ELEMENTS = 1 << 22
@@ -111,6 +112,7 @@ def estimate(case: Case) -> Estimate:
         output_bytes=output_bytes,
         peak_memory=int(peak_memory),
         seconds=seconds if case.expect.ok else SECONDS_PER_CASE,
+        selected_blocks=int(counts.selected_blocks),
     )
 
 

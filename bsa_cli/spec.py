@@ -67,6 +67,12 @@ TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26
 """Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data."""
 SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head", "causal_alignment")
+PATTERN_KEYS = {
+    "density": ("random",), "per_head": ("random",), "window": ("sliding_window", "strided"), "stride": ("strided",),
+    "causal_alignment": ("causal", "sliding_window", "strided"), "mask": ("explicit",),
+}  # fmt: skip
+"""Sparsity keys that only some patterns use (`pattern` and `empty_rows` apply to every pattern); another
+pattern refuses them, so a key that would change nothing is never written unseen."""
 DIST_KEYS = ("distribution", "mean", "std", "low", "high", "outliers", "row_scale")
 SHAPE_KEYS = ("distribution", "mean", "std", "low", "high")
 """Keys that shape a distribution (what `init.logit_std` decides for query and key)."""
@@ -140,7 +146,7 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
     errors: list[SpecError] = []
     for file in spec_files(paths):
         try:
-            loaded = load_spec_file(file, max_cases - len(cases))
+            loaded = load_spec_file(file, max_cases, before=len(cases))
         except SpecError as exc:
             errors.append(exc)  # every file's errors are reported, in order
             continue
@@ -320,15 +326,16 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def load_spec_file(path: Path, max_cases: int = MAX_CASES) -> list[Case]:
-    """Parse, expand and validate the cases of one spec file (at most `max_cases` of them)."""
+def load_spec_file(path: Path, max_cases: int = MAX_CASES, before: int = 0) -> list[Case]:
+    """Parse, expand and validate the cases of one spec file: at most `max_cases` less the `before` cases
+    that earlier files of the same run expanded to."""
     try:
-        return _load_spec_file(path, max_cases)
+        return _load_spec_file(path, max_cases, before)
     finally:
         _SHARED.clear()
 
 
-def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
+def _load_spec_file(path: Path, max_cases: int, before: int = 0) -> list[Case]:
     file = str(path)
     document = read_yaml(path)
     if not isinstance(document, dict):
@@ -354,6 +361,7 @@ def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
         matrix = {**file_matrix, **_matrix(file, label, merged.pop("matrix", None) or {})}
         planned.append((label, merged, matrix))
     total = 0
+    earlier = f" ({before} in earlier files)" if before else ""
     for label, _, matrix in planned:
         count = math.prod(len(values) for values in matrix.values())
         total += count
@@ -361,9 +369,9 @@ def _load_spec_file(path: Path, max_cases: int) -> list[Case]:
             sizes = " x ".join(str(len(v)) for v in matrix.values())
             raise SpecError(file, f"its matrix of {sizes} values expands to {count} cases, more than the limit "
                             f"of {max_cases}; raise it with --max-cases", case=label, key="matrix")  # fmt: skip
-        if total > max_cases:
-            raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases; raise it with "
-                            "--max-cases")  # fmt: skip
+        if total + before > max_cases:
+            raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases{earlier}; "
+                            "raise it with --max-cases")  # fmt: skip
     cases: list[Case] = []
     errors: list[SpecError] = []
     for label, merged, matrix in planned:
@@ -393,8 +401,19 @@ def dtype_name(value: Any) -> str | None:
 
 
 def _dtype_suggestion(value: Any, allowed: Iterable[str]) -> str:
-    """Return ' (did you mean ...?)' for a dtype name that is not one, compared in lower case."""
-    return suggest(value.strip().lower(), [*allowed, *DTYPE_ALIASES]) if isinstance(value, str) else ""
+    """Return ' (did you mean ...?)' for a dtype name that is not one, compared in lower case.
+
+    A name that gives its width (float8, int4) is only offered names of that width: 'float8' is not a
+    misspelt 'float' (float32).
+    """
+    if not isinstance(value, str):
+        return ""
+    word = value.strip().lower()
+    names = [*allowed, *DTYPE_ALIASES]
+    digits = sorted(re.sub(r"\D", "", word))
+    if digits:  # the same digits in any order: 'bfloat61' is a misspelt 'bfloat16'
+        names = [name for name in names if sorted(re.sub(r"\D", "", name)) == digits]
+    return suggest(word, names)
 
 
 def _suggest(value: Any, choices: Iterable[str]) -> str:
@@ -834,6 +853,12 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
             raise r.error(f"sparsity.{_key(key)}", f"unknown key{_suggest(key, SPARSITY_KEYS)}; allowed: {allowed}")
     sub = r.nested("sparsity", raw)
     pattern = sub.choice("pattern", PATTERNS, "dense")
+    for key in raw:
+        users = PATTERN_KEYS.get(key)
+        if users is not None and pattern not in users:
+            which = " or ".join(users)
+            raise sub.error(key, f"pattern {show(pattern)} does not use it ({key} is for pattern {which}); remove "
+                            f"it, or set pattern: {users[0]}")  # fmt: skip
     density = sub.number("density", 0.5)
     if not 0.0 <= density <= 1.0:
         raise sub.error("density", f"{density} is not within [0, 1]")
@@ -842,8 +867,6 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     explicit, source = None, None
     if pattern == "explicit":
         explicit, source = _explicit_mask(sub, path)
-    elif "mask" in raw:
-        raise sub.error("mask", "is only used with pattern: explicit")
     empty_rows = raw.get("empty_rows", ())
     empty: float | tuple[int, ...]
     if isinstance(empty_rows, float) and 0.0 <= empty_rows <= 1.0:
@@ -1047,6 +1070,23 @@ def _compare(r: _Reader) -> dict[str, Any]:
     return dict(raw)
 
 
+def _fix_first(case: Case, v: interface.Violation) -> str | None:
+    """Return the message of an interface violation that a case meant to pass has most likely made by
+    mistake, with the fix first and `expect:` (for a negative case) second; None for any other."""
+    negative = (f"for a negative case that tests this instead, set 'expect: {v.status}' (the operator returns "
+                f"{v.status})")  # fmt: skip
+    if v.key in ("layout", "kv_layout"):
+        value = getattr(case, v.key)
+        if isinstance(value, str) and value != value.upper() and value.upper() in interface.TILING_LAYOUTS:
+            return (f"{show(value)} is not a layout the operator knows (did you mean '{value.upper()}'? layout "
+                    f"strings are upper case); {negative}")  # fmt: skip
+    if v.key in ("actual_seq_lengths", "actual_seq_lengths_kv") and "TND" in v.message and "is null" in v.message:
+        which = "query" if v.key == "actual_seq_lengths" else "key/value"
+        return (f"{v.message}: add '{v.key}: [...]' to the case, one {which} length per batch entry (for example "
+                f"'{v.key}: [1000, 333]'); {negative}")  # fmt: skip
+    return None
+
+
 def _check_interface(r: _Reader, case: Case) -> Case:
     """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
     params = case_params(case)
@@ -1061,7 +1101,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             v = broken[0]
             key = v.key if v.key in CASE_KEYS or v.key != "query" or case.override("query") else "dtype"
             key = key if key in CASE_KEYS else f"tensors.{key}"
-            raise r.error(key, f"{v.message}: the operator returns {v.status}; "
+            raise r.error(key, _fix_first(case, v) or f"{v.message}: the operator returns {v.status}; "
                           f"set 'expect: {v.status}' for a negative case")  # fmt: skip
         warnings = (*interface.kernel_constraints(params, case_semantics(case)), *unreachable_kv_blocks(case))
         return dataclasses.replace(case, warnings=tuple(warnings))

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from .case import DTYPES, numpy_dtype
-from .errors import DataError
+from .errors import DataError, plural
 from .errors import show as _show
 
 FORMAT = "bsa-case/1"
@@ -513,11 +513,12 @@ def find_cases(root: Path) -> list[Path]:
     ]
 
 
-def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Path]:
+def select_cases(roots: Sequence[Path], patterns: Sequence[str] = (), option: str = "--filter") -> list[Path]:
     """Return the case directories under `roots` whose directory name matches any glob of `patterns`.
 
     A case's name is its directory's name (the manifest's `name`, as `bsa gen` writes it); no patterns
-    selects every case.
+    selects every case. `option` is how the caller's user gave the patterns (the pytest plugin's
+    `--bsa-filter`), for the error.
 
     Raises:
         DataError: a root is not a directory, holds no case directories, or no case matches the filter.
@@ -532,7 +533,8 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = ()) -> list[Pa
         selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
         if not selected:
             shown = " or ".join(repr(p) for p in patterns)
-            raise DataError(", ".join(str(r) for r in roots), f"--filter {shown} matches none of {len(found)} cases")
+            raise DataError(", ".join(str(r) for r in roots),
+                            f"{option} {shown} matches none of {plural(len(found), 'case')}")  # fmt: skip
         found = selected
     return found
 

@@ -127,8 +127,26 @@ def test_outputs_root(out, tmp_path):
     shutil.copytree(out / "a-bnsd" / "outputs", root / "a-bnsd")
     result = invoke(out, "--outputs-root", root, "--filter", "a-bnsd")
     assert result.exit_code == 0
-    result = invoke(out, "--outputs-root", root, "--filter", "b-gqa")
-    assert result.exit_code == 3 and f"{root}/b-gqa/status.txt: missing" in result.stdout
+    result = invoke(out, "--outputs-root", root, "--filter", "b-gqa", "--json", tmp_path / "r.json")
+    assert result.exit_code == 3  # not run into that root yet: the error says so, and what to type
+    (case,) = json.loads((tmp_path / "r.json").read_text())["cases"]
+    assert case["errors"] == [
+        f"not run yet: no result in {root}/b-gqa; run it first: bsa run {out} --outputs-root {root}"
+    ]
+
+
+def test_compare_before_run_says_each_case_is_not_run_and_what_to_type_once(out, tmp_path):
+    for case in ("a-bnsd", "d-neg"):
+        shutil.rmtree(out / case / "outputs")
+        (out / case / "outputs").mkdir()  # as `bsa gen` leaves it
+    result = invoke(out, "--json", tmp_path / "r.json")
+    assert result.exit_code == 3
+    errors = {c["name"]: c["errors"] for c in json.loads((tmp_path / "r.json").read_text())["cases"]}
+    assert errors == {"a-bnsd": [f"not run yet: no result in {out}/a-bnsd/outputs; run it first: bsa run {out}"],
+                      "b-gqa": [], "c-tnd": [],
+                      "d-neg": [f"not run yet: no result in {out}/d-neg/outputs; run it first: bsa run {out}"]}
+    text = " ".join(result.stdout.split())
+    assert text.count("not run yet") == 2 and "could not be judged" not in text  # one line per case, in the table
 
 
 def test_report_files_and_merge_of_shards(out, tmp_path):
@@ -142,7 +160,7 @@ def test_report_files_and_merge_of_shards(out, tmp_path):
                     "--json", tmp_path / "m.json")  # fmt: skip
     assert merged.exit_code == 0
     assert "4 cases: 4 passed, 0 failed, 0 errors" in merged.stdout
-    assert merged.stderr == ""
+    assert merged.stderr == f"wrote JSON report {tmp_path / 'm.json'}\nwrote JUnit report {tmp_path / 'm.xml'}\n"
     names = [c.get("name") for c in ET.parse(tmp_path / "m.xml").getroot().iter("testcase")]
     assert names == ["a-bnsd", "b-gqa", "c-tnd", "d-neg"]
     assert json.loads((tmp_path / "m.json").read_text())["summary"]["cases"] == 4
@@ -178,3 +196,15 @@ def test_verbose_shows_every_metric(out):
     assert result.exit_code == 0
     assert "a-bnsd: metrics (device / benchmark)" in result.stdout
     assert "cosine similarity" in result.stdout
+
+
+def test_each_report_file_is_named_on_stderr_when_written(out, tmp_path):
+    paths = {kind: tmp_path / "reports" / f"r.{kind}" for kind in ("json", "xml", "html", "csv")}
+    result = invoke(out, "--json", paths["json"], "--junit", paths["xml"], "--html", paths["html"],
+                    "--csv", paths["csv"])  # fmt: skip
+    assert result.exit_code == 0
+    assert [line for line in result.stderr.splitlines() if not line.startswith("judged ")] == [
+        f"wrote JSON report {paths['json']}", f"wrote JUnit report {paths['xml']}",
+        f"wrote HTML report {paths['html']}", f"wrote CSV report {paths['csv']}",
+    ]  # fmt: skip
+    assert all(path.is_file() for path in paths.values())

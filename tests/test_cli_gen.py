@@ -133,7 +133,7 @@ def test_interrupted_gen_leaves_no_case_that_looks_complete(
 def test_validate_and_list(runner: CliRunner, tmp_path: Path) -> None:
     path = spec(tmp_path, CASE, {**CASE, "name": "gqa", "num_kv_heads": 1})
     result = runner.invoke(main, ["validate", path])
-    assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path(s)\n"
+    assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path\n"
     assert result.stderr == ""  # head_dim 32 and GQA: the A2/A3 kernel of master accepts both
     result = runner.invoke(main, ["list", path, "--filter", "gq*"])
     assert result.exit_code == 0 and "gqa" in result.stdout and "tiny" not in result.stdout
@@ -146,3 +146,79 @@ def test_validate_and_list(runner: CliRunner, tmp_path: Path) -> None:
 def test_no_specs_is_a_usage_error(runner: CliRunner) -> None:
     result = runner.invoke(main, ["validate"])
     assert result.exit_code == 2 and "give at least one spec file" in result.stderr
+
+
+# ---- the first hour: progress in a log, folders that hold other cases (issue 16, items 2, 9, 15) ----------
+
+
+def test_piped_gen_shows_progress_lines_naming_the_case_in_human_units(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import re
+
+    from bsa_cli import cli_gen
+
+    monkeypatch.setattr(cli_gen, "GEN_PROGRESS_S", 0.0)
+    big = {**CASE, "q_seq_len": 512, "kv_seq_len": 512, "block_shape": [32, 32]}
+    result = runner.invoke(main, ["gen", spec(tmp_path, big), "-o", str(tmp_path / "out"), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    lines = result.stderr.splitlines()
+    progress = [line for line in lines if line.startswith("gen ")]
+    assert progress, result.stderr
+    pattern = r"gen      tiny \d+%; gen \d+% of \d[\d.]* MFLOP, ETA \d+s"
+    assert all(re.fullmatch(pattern, line) for line in progress), progress
+    assert lines[-1] == f"generated {tmp_path / 'out' / 'tiny'}"
+
+
+def test_gen_skips_current_cases_and_says_which(runner: CliRunner, tmp_path: Path) -> None:
+    path, out = spec(tmp_path, CASE, {**CASE, "name": "two"}), tmp_path / "out"
+    assert runner.invoke(main, ["gen", path, "-o", str(out)]).stdout == f"generated 2 cases in {out}\n"
+    before = (out / "tiny" / "case.json").stat().st_mtime_ns
+    result = runner.invoke(main, ["gen", path, "-o", str(out)])
+    assert result.exit_code == 0
+    assert result.stdout == f"generated 0 cases in {out}; skipped 2 already current (tiny, two)\n"
+    assert result.stderr == "".join(
+        f"skipped {out / name} (current: same spec, precision and bsa version, inputs intact)\n"
+        for name in ("tiny", "two")
+    )
+    assert (out / "tiny" / "case.json").stat().st_mtime_ns == before
+    result = runner.invoke(main, ["gen", spec(tmp_path, {**CASE, "seed": 5}, {**CASE, "name": "two"}), "-o", str(out)])
+    assert result.stdout == f"generated 1 case in {out}; skipped 1 already current (two)\n"
+
+
+def test_gen_into_a_folder_holding_other_cases_says_so(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert runner.invoke(main, ["gen", spec(tmp_path, CASE, name="a.yaml"), "-o", str(out)]).exit_code == 0
+    result = runner.invoke(main, ["gen", spec(tmp_path, {**CASE, "name": "new"}, name="b.yaml"), "-o", str(out)])
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[0] == (
+        f"Warning: {out} already holds 1 other case that these specs do not make (tiny); `bsa run {out}` and "
+        f"`bsa compare {out}` take them too: write into an empty folder (-o), or remove them"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["new", "tiny"]
+
+
+def test_the_gen_bar_on_a_terminal_names_the_case_and_counts_flops_in_human_units(
+    runner: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    from bsa_cli import output
+
+    terminal = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
+    monkeypatch.setattr(output, "stderr", terminal)
+    big = {**CASE, "q_seq_len": 512, "kv_seq_len": 512, "block_shape": [32, 32]}
+    result = runner.invoke(main, ["gen", spec(tmp_path, big), "-o", str(tmp_path / "out"), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    text = terminal.file.getvalue()
+    assert "gen: tiny" in text and "MFLOP" in text and "e+" not in text
+    assert f"generated {tmp_path / 'out' / 'tiny'}" in text
+
+
+def test_gen_of_a_filtered_share_does_not_warn_of_the_spec_s_other_cases(runner: CliRunner, tmp_path: Path) -> None:
+    path, out = spec(tmp_path, CASE, {**CASE, "name": "two"}), tmp_path / "out"
+    assert runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "tiny"]).exit_code == 0
+    result = runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "two"])
+    assert result.exit_code == 0 and "Warning" not in result.stderr

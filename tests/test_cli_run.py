@@ -67,7 +67,7 @@ def test_run_without_binary_uses_the_reference_device_and_says_so(out):
 
     assert result.exit_code == 0, result.output
     assert "device: reference (bsa emulate): reference results, not device results" in result.stderr
-    assert result.stdout == "ran 4 case(s) on reference (bsa emulate): 4 ok\n"
+    assert result.stdout == "ran 4 cases on reference (bsa emulate): 4 ok\n"
     for case_dir in out.iterdir():
         rec = record(case_dir)
         assert rec["device"] == {
@@ -167,7 +167,7 @@ def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
     result = invoke("run", root, "--binary", fake_device(tmp_path), "--timeout", "1", "--devices", "0,1")
 
     assert result.exit_code == 3, result.output
-    assert "ran 4 case(s) on" in result.stdout
+    assert "ran 4 cases on" in result.stdout
     assert result.stdout.rstrip().endswith(": 1 ok, 1 error, 1 crashed, 1 timeout")
     stderr = result.stderr
     assert "crashed          a_crash" in stderr and "killed by SIGSEGV (see stderr.log)" in stderr
@@ -417,3 +417,11 @@ def test_display_counts_a_gen_phase_in_flops_within_cases():
         display.case("generated", "b")
         display._progress.refresh()
     assert "4/4 GFLOP" in console.file.getvalue()
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_repeat_help_says_dq_is_bitwise_and_dk_dv_noise_is_reported(command: str) -> None:
+    text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
+    assert ("Run each case N times and judge every run: a status or dq that differs between runs, or a run outside "
+            "the standard, marks the case nondeterministic; dk/dv may differ in their last bits (fp32 atomic adds), "
+            "which is reported as repeat-noise, not failed.") in text  # fmt: skip

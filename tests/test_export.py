@@ -103,3 +103,46 @@ def test_export_refuses_a_folder_without_cases(tmp_path):
     result = CliRunner().invoke(main, ["export", str(tmp_path), "--format", "atk", "-o", str(tmp_path / "x")])
     assert result.exit_code == 2 and "no case directories" in result.stderr
 
+
+
+def load_expect(case: dict) -> object:
+    module_path, function = case["calc_expect_func_file"].rsplit(":", 1)
+    spec = importlib.util.spec_from_file_location(f"bsa_expect_{function}", module_path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, function)
+
+
+def test_a_second_msopst_export_into_the_same_folder_keeps_the_first_working(out, tmp_path):
+    """An earlier export's cases keep their expected outputs in the rewritten expect module (issue 16, item 10)."""
+    target = tmp_path / "st"
+    command = ["export", str(out), "--format", "msopst", "-o", str(target), "--filter"]
+    first = CliRunner().invoke(main, [*command, "t-bnsd-*"])
+    assert first.exit_code == 0 and first.stderr == ""
+    second = CliRunner().invoke(main, [*command, "t-tnd-*"])
+    assert second.exit_code == 0
+    assert second.stderr == (f"kept 1 case of an earlier export in {target} working (t-bnsd-tail): "
+                             "bsa_msopst_expect.py holds their expected outputs too\n")  # fmt: skip
+    for name in ("t-bnsd-tail", "t-tnd-gqa"):
+        (case,) = json.loads((target / f"{name}.msopst.json").read_text())
+        dq, _, _ = load_expect(case)()
+        manifest = load_manifest(out / name)
+        assert np.array_equal(dq.view(np.uint16), read_array(out / name, manifest["golden"]["dq"]).astype(
+            dq.dtype).view(np.uint16))  # fmt: skip
+
+
+def test_an_earlier_msopst_case_whose_folder_is_gone_is_named(out, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    target = tmp_path / "st"
+    assert CliRunner().invoke(main, ["export", str(copy), "--format", "msopst", "-o", str(target),
+                                     "--filter", "t-bnsd-*"]).exit_code == 0  # fmt: skip
+    shutil.rmtree(copy / "t-bnsd-tail")
+    result = CliRunner().invoke(main, ["export", str(out), "--format", "msopst", "-o", str(target),
+                                       "--filter", "t-tnd-*"])  # fmt: skip
+    assert result.exit_code == 0
+    assert result.stderr.startswith(f"Warning: {target / 't-bnsd-tail.msopst.json'}: its case cannot be read (")
+    assert "its expected outputs are left out of bsa_msopst_expect.py: export that case again" in result.stderr

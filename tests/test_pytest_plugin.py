@@ -103,7 +103,7 @@ def test_a_filter_selects_cases_and_a_filter_matching_none_is_a_usage_error(pyte
     assert "n-dtype" not in result.stdout.str()
     result = pytester.runpytest(f"--bsa-cases={suite}", "--bsa-filter", "zzz*")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["ERROR: --bsa-cases: *--filter 'zzz[*]' matches none of 3 cases"])
+    result.stderr.fnmatch_lines(["ERROR: --bsa-cases: *--bsa-filter 'zzz[*]' matches none of 3 cases"])
     result = pytester.runpytest(f"--bsa-cases={pytester.path / 'nowhere'}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --bsa-cases: */nowhere: no such directory"])

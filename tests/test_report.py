@@ -6,6 +6,7 @@ the JSON round trip also runs on real results. Set BSA_UPDATE_SNAPSHOTS=1 to rew
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -278,3 +279,57 @@ def test_html_is_self_contained_and_lists_every_case():
         assert tag not in page
     for name in ("edge-tail", "edge-tile", "edge-missing", "neg-dtype"):
         assert f'id="case-{name}"' in page
+
+
+# ---- the verdict table at 80, 100 and 120 columns (issue 16, items 12 and 14) ------------------------------
+
+
+def passing_suite() -> SuiteResult:
+    """Passing cases whose deciding checks carry their numbers, as `bsa check cases/smoke.yaml` prints them."""
+    detail = "dk small-value error ratio 1 <= 2 (small values off by more than small_value_thd: device 1585947, benchmark 1585947)"  # noqa: E501
+    cases = []
+    for name in ("smoke-bnsd-random.fp16", "smoke-bnsd-causal-tail", "smoke-gqa-empty-rows"):
+        checks = (Check("small_value_ratio", "dk", 1.0, 2.0, True, detail, 0.5),)
+        cases.append(case(name, PASS, tensors=(dataclasses.replace(tensor("dk", False), checks=checks),)))
+    return SuiteResult(tuple(cases), seconds=1.0)
+
+
+def table_of(suite: SuiteResult, width: int) -> list[str]:
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    report.render_terminal(suite, console)
+    return [line.rstrip() for line in console.file.getvalue().splitlines()]
+
+
+def test_a_pass_headline_names_the_check_closest_to_its_limit():
+    (first, *_) = passing_suite().cases
+    assert first.headline == ("closest to its limit: dk small-value error ratio 1 <= 2 (small values off by more than "
+                              "small_value_thd: device 1585947, benchmark 1585947)")  # fmt: skip
+    negative = sample_suite().cases[3]
+    assert negative.headline.startswith("status 161002")  # a status is no limit to be close to
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_a_narrow_verdict_table_gives_each_passing_case_one_line(width):
+    lines = table_of(passing_suite(), width)
+    assert lines[0] == "bsa compare: standard double-benchmark"  # one standard: no column repeating it
+    start = next(i for i, line in enumerate(lines) if line.startswith("|---")) + 1
+    rows = lines[start : start + 4]
+    assert rows[3].startswith("+---")  # one line per case
+    assert [row.split("|")[3].strip() for row in rows[:3]] == ["dk small-value error ratio 1 <= 2"] * 3
+    assert "closest to its limit" in " ".join(lines[2:4])  # said once, in the column's heading
+    assert all(len(line) <= width for line in lines)
+
+
+def test_a_wide_verdict_table_keeps_each_passing_case_s_numbers():
+    lines = table_of(passing_suite(), 200)
+    assert lines[4] == (
+        "| smoke-bnsd-random.fp16 | PASS    | closest to its limit: dk small-value error ratio 1 <= 2 "
+        "(small values off by more than small_value_thd: device 1585947, benchmark 1585947) |"
+    )
+
+
+def test_several_standards_keep_the_standard_column():
+    first, second = sample_suite().cases[:2]
+    suite = SuiteResult((first, dataclasses.replace(second, standard="single")), seconds=1.0)
+    lines = table_of(suite, 120)
+    assert lines[0] == "bsa compare" and "| standard " in lines[2]

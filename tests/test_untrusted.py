@@ -219,7 +219,7 @@ def test_a_matrix_bomb_is_refused_and_max_cases_raises_the_limit(tmp_path: Path)
     assert peak < 16 << 20
     small = write_spec(tmp_path / "small", {"matrix": {"seed": list(range(6)), "scale": [0.1, 0.2]}})
     assert "more than the limit of 10" in invoke("validate", small, "--max-cases", "10").stderr
-    assert invoke("validate", small, "--max-cases", "12").stdout == "12 cases OK (0 negative) in 1 spec path(s)\n"
+    assert invoke("validate", small, "--max-cases", "12").stdout == "12 cases OK (0 negative) in 1 spec path\n"
 
 
 # ---- 5. tracebacks that became errors ---------------------------------------------------------------------
@@ -309,8 +309,9 @@ def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> 
 def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Path) -> None:
     path = write_spec(tmp_path / "specs", {"name": "a", "q_seq_len": 2048, "head_dim": 64}, {"name": "b", "seed": 1})
     for delay in (0.0, 0.002, 0.02, 0.5):
+        out = tmp_path / f"out-{delay}"  # a fresh folder each time: gen skips cases already current
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bsa_cli", "gen", path, "-o", str(tmp_path / "out"), "-j", "2"],
+            [sys.executable, "-m", "bsa_cli", "gen", path, "-o", str(out), "-j", "2"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
@@ -491,3 +492,14 @@ def test_estimating_a_huge_mask_does_not_draw_it(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert estimate.flops == 14 * (1 << 40) * 16 and peak < 1 << 20
+
+
+def test_max_cases_names_the_limit_given_and_the_cases_of_earlier_files(tmp_path: Path) -> None:
+    first = write_spec(tmp_path / "a", {"matrix": {"seed": list(range(6))}})
+    second = write_spec(tmp_path / "b", {"matrix": {"seed": list(range(6))}, "name": "other"})
+    result = invoke("validate", first, second, "--max-cases", "10")
+    assert result.exit_code == 2
+    assert "more than the limit of 10 cases (6 in earlier files); raise it with --max-cases" in result.stderr
+    one = write_spec(tmp_path / "c", {"name": "one"})
+    assert invoke("validate", one).stdout == "1 case OK (0 negative) in 1 spec path\n"
+    assert invoke("validate", one, first).stdout == "7 cases OK (0 negative) in 2 spec paths\n"

@@ -32,11 +32,25 @@ from ..store import (
     read_regular,
     sha256_file,
 )
-from .results import Check
+from .results import NOT_RUN, Check
 from .summary import BenchmarkSummary, summary_from_document
 
 STATUS_FILE = "status.txt"
 RUN_RECORD = "run.json"
+
+
+def not_run_message(case_dir: Path, output_dir: Path) -> str | None:
+    """Return why a case cannot be judged when no device has run it (its output folder is missing or holds
+    no visible file), with the command that runs it; None when something ran there."""
+    try:
+        ran = output_dir.is_dir() and any(not p.name.startswith(".") for p in output_dir.iterdir())
+    except OSError:
+        return None
+    if ran or output_dir.is_symlink() or (output_dir.exists() and not output_dir.is_dir()):
+        return None
+    suite = Path(case_dir).parent
+    root = "" if output_dir == Path(case_dir) / "outputs" else f" --outputs-root {output_dir.parent}"
+    return f"{NOT_RUN}no result in {output_dir}; run it first: bsa run {suite}{root}"
 
 
 def _read_status(output_dir: Path) -> tuple[int, str | None]:

@@ -79,7 +79,8 @@ def _standard_checks(
             checks.append(_with_detail(check, detail))
         ratio = _ratio(device.small_value_err_count, bench.small_value_err_count, 1)
         check = _upper("small_value_ratio", name, ratio, t["small_value_ratio"], "small-value error ratio")
-        detail = f" (device {device.small_value_err_count}, benchmark {bench.small_value_err_count} errors"
+        detail = (f" (small values off by more than small_value_thd: device {device.small_value_err_count}, "
+                  f"benchmark {bench.small_value_err_count}")  # fmt: skip
         detail += ", floored at 1)" if bench.small_value_err_count < 1 else ")"
         checks.append(_with_detail(check, detail))
         if tile_max is not None and math.isfinite(t["tile_ratio"]):

@@ -237,6 +237,12 @@ class CaseResult:
         return self.verdict == PASS
 
     @property
+    def not_run(self) -> bool:
+        """Whether the case could not be judged only because no device has run it yet (its error says what
+        to type)."""
+        return self.verdict == ERROR and len(self.errors) == 1 and self.errors[0].startswith(NOT_RUN)
+
+    @property
     def headline(self) -> str:
         """One line saying what happened: the notes, then the deciding check (or the first error)."""
         if self.verdict == ERROR:
@@ -244,6 +250,9 @@ class CaseResult:
         else:
             deciding = self.deciding
             main = deciding.detail if deciding else ""
+            limited = deciding is not None and deciding.limit is not None and deciding.name != "status"
+            if self.verdict == PASS and limited:
+                main = f"{CLOSEST} {main}"  # a PASS names the check nearest its limit, never as a failure
         return "; ".join([*self.notes, main] if main else self.notes)
 
     @property
@@ -268,6 +277,12 @@ class CaseResult:
             return "; ".join(c.detail for c in failed)
         deciding = self.deciding
         return deciding.detail if deciding else ""
+
+
+CLOSEST = "closest to its limit:"
+"""How a PASS headline introduces its deciding check: the one nearest its limit."""
+NOT_RUN = "not run yet: "
+"""How the error of a case that no device has run begins (`CaseResult.not_run`)."""
 
 
 @dataclass(frozen=True)

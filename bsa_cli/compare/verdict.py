@@ -21,7 +21,7 @@ from ..layout import mask_view
 from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest
 from ..manifest import notes as manifest_notes
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest
-from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info
+from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info, not_run_message
 from .judge import judge_tensors
 from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Selection, TensorResult
 from .standards import STANDARDS, RunSettings, resolve_settings
@@ -199,6 +199,9 @@ def _judge_case(
             check_output_dir(output_dir)
         except DataError as exc:
             return error(name, [str(exc)], **known)
+        not_run = not_run_message(case_dir, output_dir)
+        if not_run is not None:
+            return error(name, [not_run], **known)
         known.update({"device": None, **_run_device_info(output_dir)})
         problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, case_dir.name))
     else:

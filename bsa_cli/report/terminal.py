@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
+import io
+import re
+
 from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
+from ..compare.results import CLOSEST
 from .formatting import METRIC_ROWS, fmt, is_reference, planted_fault, summary_line, where
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
@@ -22,13 +27,37 @@ def _verdict_text(verdict: str) -> Text:
 
 
 def _case_table(suite: SuiteResult, console: Console) -> Table:
-    table = Table(box=_box(console), title="bsa compare", title_justify="left", expand=False)
+    """One row per case; the standard goes in the title when every judged case has the same one (a column
+    repeating one value only narrows the deciding check). Where the rows do not fit the console's width, a
+    passing case's line leaves out its numbers in parentheses (the JSON and HTML reports keep them)."""
+    passing = dataclasses.replace(suite, cases=tuple(c for c in suite.cases if c.headline.startswith(f"{CLOSEST} ")))
+    measure = Console(width=10_000, file=io.StringIO(), color_system=None).measure
+    short = bool(passing.cases) and measure(_verdict_table(passing, console, short=False)).maximum > console.width
+    return _verdict_table(suite, console, short=short)
+
+
+SHORT_NOTE = " (of a PASS: the check closest to its limit)"
+"""What the deciding-check column's heading adds where passing lines are short (they leave out that they name
+the check closest to its limit)."""
+_DETAIL = re.compile(r" \([^()]*\)$")
+"""The numbers in parentheses at the end of a check's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
+
+
+def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
+    standards = sorted({case.standard for case in suite.cases if case.standard != "-"})
+    one = len(standards) <= 1
+    title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
+    table = Table(box=_box(console), title=title, title_justify="left", expand=False)
     table.add_column("case", overflow="fold")
-    table.add_column("verdict")
-    table.add_column("standard", overflow="fold")
-    table.add_column("deciding check", overflow="fold")
+    table.add_column("verdict", no_wrap=True)
+    if not one:
+        table.add_column("standard", overflow="fold")
+    table.add_column(f"deciding check{SHORT_NOTE if short else ''}", overflow="fold")
     for case in suite.cases:
-        table.add_row(case.name, _verdict_text(case.verdict), case.standard, case.headline)
+        headline = case.headline
+        if short and headline.startswith(f"{CLOSEST} "):  # a PASS without notes
+            headline = _DETAIL.sub("", headline.removeprefix(f"{CLOSEST} "))
+        table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), headline)
     return table
 
 
@@ -145,6 +174,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
             style="yellow",
         )
     for case in suite.cases:
+        if case.not_run:  # the table's line says it, with what to type
+            continue
         if case.verdict == ERROR:
             console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
             for error in case.errors:
