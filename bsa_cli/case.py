@@ -191,6 +191,8 @@ class Case:
     compare: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
     """Per-case comparison settings from the spec (standard name, thresholds), passed through to the manifest."""
     warnings: tuple[str, ...] = ()  # kernel constraints this case is outside of
+    release: str = "master"  # the operator release whose rules decide its expected status (interface.RELEASES)
+    null_layouts: tuple[str, ...] = ()  # "q", "kv": layouts the call passes as null pointers (shapes follow layout)
 
     # ---- geometry -------------------------------------------------------------------------------
 

@@ -82,12 +82,14 @@ def load_cases(
     name_filters: Sequence[str] = (),
     shard_text: str | None = None,
     max_cases: int = MAX_CASES,
+    release: str | None = None,
 ) -> list[Case]:
-    """Load, filter and shard the cases of the given specs, turning spec errors into `Error:` messages."""
+    """Load, filter and shard the cases of the given specs (`release` overriding theirs), turning spec errors
+    into `Error:` messages."""
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
     try:
-        cases = load_specs(specs, max_cases)
+        cases = load_specs(specs, max_cases, release)
     except BsaError as exc:
         raise user_error(exc) from None
     if name_filters:

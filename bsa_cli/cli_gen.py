@@ -11,7 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from . import output
+from . import interface, output
 from .case import Case
 from .cli_common import (
     PLAIN_PROGRESS_S,
@@ -24,7 +24,17 @@ from .cli_common import (
 )
 from .errors import BsaError, plural
 from .generate import generate_suite
-from .options import filter_option, force_option, jobs_option, max_cases_option, precision_option, shard_option
+from .interface import DEFAULT_RELEASE
+from .manifest import params as case_params
+from .options import (
+    filter_option,
+    force_option,
+    jobs_option,
+    max_cases_option,
+    precision_option,
+    release_option,
+    shard_option,
+)
 from .schedule import auto_jobs, estimate
 from .store import find_cases
 
@@ -32,12 +42,30 @@ from .store import find_cases
 @click.command("validate")
 @click.argument("specs", nargs=-1)
 @max_cases_option
-def validate_command(specs: tuple[str, ...], max_cases: int) -> None:
-    """Check case specs and print how many cases they expand to."""
-    cases = load_cases(specs, max_cases=max_cases)
+@release_option
+def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None) -> None:
+    """Check case specs and print how many cases they expand to, and which operator release they expect."""
+    cases = load_cases(specs, max_cases=max_cases, release=release)
     warn_constraints(cases)
     negative = sum(not c.expect.ok for c in cases)
     output.stdout.print(f"{plural(len(cases), 'case')} OK ({negative} negative) in {plural(len(specs), 'spec path')}")
+    output.stdout.print(release_line(cases, release), soft_wrap=True)
+    outside = {c.name: interface.arch35_refusals(case_params(c)) for c in cases if c.expect.ok}
+    outside = {name: reasons for name, reasons in outside.items() if reasons}
+    if outside:
+        first, reasons = next(iter(outside.items()))
+        output.stdout.print(f"Ascend 950 (arch35): {plural(len(outside), 'valid case')} outside its tiling rules, "
+                            f"A2/A3 only (first: {first}: {'; '.join(reasons)})", soft_wrap=True)  # fmt: skip
+
+
+def release_line(cases: Sequence[Case], override: str | None) -> str:
+    """Say which operator release the cases' expected statuses follow (and where that came from)."""
+    counts: dict[str, int] = {}
+    for case in cases:
+        counts[case.release] = counts.get(case.release, 0) + 1
+    shown = ", ".join(f"{release} ({plural(n, 'case')})" for release, n in sorted(counts.items())) or "-"
+    source = "--release" if override else f"the specs' release: (default {DEFAULT_RELEASE})"
+    return f"operator release: {shown}, from {source}"
 
 
 LIST_COLUMNS = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density", "GFLOP",
@@ -149,15 +177,17 @@ def list_command(
 @jobs_option
 @force_option
 @max_cases_option
+@release_option
 def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
-                shard_text: str | None, jobs: int | None, force: bool, max_cases: int) -> None:  # fmt: skip
+                shard_text: str | None, jobs: int | None, force: bool, max_cases: int,
+                release: str | None) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
-    cases = load_cases(specs, name_filters, shard_text, max_cases)
+    cases = load_cases(specs, name_filters, shard_text, max_cases, release)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    spec_cases = load_cases(specs, max_cases=max_cases) if name_filters or shard_text else cases
+    spec_cases = load_cases(specs, max_cases=max_cases, release=release) if name_filters or shard_text else cases
     warn_other_cases(Path(out_dir), spec_cases)
     with ProgressDisplay(interval_s=GEN_PROGRESS_S) as display:
         display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})

@@ -39,7 +39,15 @@ from .devices import (
     reference_faults,
 )
 from .errors import BsaError, plural
-from .options import force_option, jobs_option, max_cases_option, precision_option, report_options, shard_option
+from .options import (
+    force_option,
+    jobs_option,
+    max_cases_option,
+    precision_option,
+    release_option,
+    report_options,
+    shard_option,
+)
 from .schedule import Estimate, estimate
 
 PLAIN_PROGRESS_S = cli_common.PLAIN_PROGRESS_S
@@ -365,6 +373,7 @@ def emulate_command(
 @shard_option
 @force_option
 @max_cases_option
+@release_option
 @click.option("--standard", metavar="NAME[:PRESET]", help="Judge every case by this standard (as bsa compare).")
 @click.option(
     "--threshold",
@@ -393,6 +402,7 @@ def check_command(
     shard_text: str | None,
     force: bool,
     max_cases: int,
+    release: str | None,
     standard: str | None,
     thresholds: tuple[str, ...],
     padding: str | None,
@@ -415,7 +425,7 @@ def check_command(
     prepare_reports(reports)
     try:
         with Display() as display:
-            cases = load_cases(specs, filters, shard_text, max_cases)
+            cases = load_cases(specs, filters, shard_text, max_cases, release)
             warn_constraints(cases)
             estimates = {case.name: estimate(case) for case in cases}
             refuse_oversized(estimates, force)

@@ -43,7 +43,7 @@ from . import blas, interface
 from .case import Case, SequenceSpan, numpy_dtype
 from .errors import DataError
 from .layout import kv_view, lse_view, mask_view, q_view
-from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest
+from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest, release_of
 from .rounding import BACKWARD_TIES, round_float32, to_dtype
 from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
 from .streams import seeded
@@ -166,8 +166,10 @@ class _Ticker:
 # ---- interface checks -----------------------------------------------------------------------------
 
 
-def check_interface(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> tuple[int, str]:
-    """Check a call the way aclnn and the A2/A3 tiling do; return (status, message).
+def check_interface(
+    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = interface.DEFAULT_RELEASE
+) -> tuple[int, str]:
+    """Check a call the way `release`'s aclnn and A2/A3 tiling do; return (status, message).
 
     The rules live in `interface` (shared with spec validation, so a negative case's expected status and
     the reference device's answer cannot drift apart): ops-transformer master's `ValidateParams`
@@ -179,7 +181,7 @@ def check_interface(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     Returns:
         (0, "") for a valid call, else the aclnn status and a message naming the bad value.
     """
-    return interface.check(params, tensors)
+    return interface.check(params, tensors, release)
 
 
 def _kernel_scale(case: Case, fault: str | None) -> np.float32:
@@ -629,7 +631,7 @@ def emulate_case_dir(
     for path in [output_dir / STATUS_FILE, *paths.values()]:
         if path.is_symlink() or path.is_file():
             path.unlink()
-    status, message = check_interface(manifest["params"], call_tensors(manifest))
+    status, message = check_interface(manifest["params"], call_tensors(manifest), release_of(manifest))
     if status != 0:
         _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
         return status

@@ -28,8 +28,29 @@ ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
 ACLNN_ERR_INNER_TILING_ERROR = 561002
 
-RULES = "ops-transformer master 3a280bcc (v9.1.x): aclnn ValidateParams + A2/A3 (arch22) tiling"
-"""The rule set `violations` follows, as recorded in manifests."""
+RELEASES = ("9.0.0", "9.1.0", "master")
+"""The operator releases whose rules bsa knows (a case's `release:`; `--release` overrides)."""
+
+DEFAULT_RELEASE = "master"
+"""The release a case targets unless it says otherwise: the newest public code."""
+
+RULES_BY_RELEASE = {
+    "9.0.0": "ops-transformer 9.0.0 (cannmirror/ops-transformer release branch): aclnn null, query dtype, "
+    "key/value dtype, layout whitelist (TND/BNSD) checks + A2/A3 (arch22) tiling",
+    "9.1.0": "ops-transformer 9.1.0 / master 3a280bcc: aclnn ValidateParams (dtypes and shapes since af7571d0) "
+    "+ A2/A3 (arch22) tiling",
+    "master": "ops-transformer master 5778144: null layouts first (d42799fe6), aclnn ValidateParams + A2/A3 "
+    "(arch22) tiling; deterministic mode (8ba7ee217 / e6d22a23e)",
+}
+"""The rule set `violations` follows for each release, as manifests record it (`semantics.interface`)."""
+
+RULES = RULES_BY_RELEASE[DEFAULT_RELEASE]
+
+DETERMINISTIC_RELEASES = ("master",)
+"""Releases whose A2/A3 tiling has the deterministic mode (`GetDeterministic()`, master since 2026-08-04)."""
+
+LAYOUT_KEYS = {"q": "layout", "kv": "kv_layout"}
+"""A case's null layouts (`null_layouts` in params: "q", "kv") and the parameter each stands for."""
 
 OP_DTYPES = ("float16", "bfloat16")
 MASK_DTYPES = ("bool", "uint8")
@@ -72,19 +93,27 @@ def _dim(desc: Mapping[str, Any] | None, axis: int) -> Any:
     return shape[axis] if len(shape) > axis else None
 
 
-def undefined_behaviour(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[str]:
-    """Return what in a call master does not check before reading it (so no status can be expected).
+def null_layouts(params: Mapping[str, Any]) -> list[str]:
+    """Return the layout parameters a call passes as null pointers ("layout", "kv_layout")."""
+    nulls = params.get("null_layouts") or []
+    return [LAYOUT_KEYS[n] for n in ("q", "kv") if n in nulls]
 
-    A null layout string is read before its null check; dq, dk and dv are read unchecked; the shape
-    checks read dims 3 (non-TND) or 2 (TND) without checking the rank.
+
+def undefined_behaviour(
+    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
+) -> list[str]:
+    """Return what in a call `release` does not check before reading it (so no status can be expected).
+
+    Before master's d42799fe6 a null layout string is read before any check; dq, dk and dv are read
+    unchecked in every release; the shape checks read dims 3 (non-TND) or 2 (TND) without checking the rank.
     """
     found = []
-    for key in ("layout", "kv_layout"):
-        if not isinstance(params.get(key), str):
-            found.append(f"{key} is null: master reads the layout string before any check")
+    if release != "master":
+        for key in null_layouts(params):
+            found.append(f"{key} is null: {release} reads the layout string before any check (master returns 161002)")
     for name in OUTPUTS:
         if name not in tensors:
-            found.append(f"{name} is null: master reads its dtype without a null check")
+            found.append(f"{name} is null: {release} reads its dtype without a null check")
     rank = 3 if params.get("layout") == "TND" else 4
     for name, desc in tensors.items():
         if name in (*MANDATORY, *OUTPUTS) and name not in ("softmax_lse", "block_sparse_mask"):
@@ -93,28 +122,41 @@ def undefined_behaviour(params: Mapping[str, Any], tensors: Mapping[str, Mapping
     return found
 
 
-def violations(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
-    """Return every interface rule that a call breaks, in the order the op checks them.
+def violations(
+    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
+) -> list[Violation]:
+    """Return every interface rule that a call breaks, in the order `release` checks them.
 
     Args:
-        params: manifest `params` (layouts, heads, block shape, lengths, maskType, tokens...).
+        params: manifest `params` (layouts, heads, block shape, lengths, maskType, tokens, null_layouts...).
         tensors: the call's non-null tensors, {name: {"dtype": str, "shape": [...]}}; `atten_mask` is
             present only when the call passes one.
+        release: one of `RELEASES` (docs/interface.md says what each checks).
 
     Returns:
         The aclnn `ValidateParams` violations (161001/161002) in its order, then the A2/A3 tiling's
         refusals (561002). The first one decides the status.
     """
+    if release not in RELEASES:
+        raise ValueError(f"release {release!r}: known releases are {', '.join(RELEASES)}")
     found: list[Violation] = []
     invalid = ACLNN_ERR_PARAM_INVALID
 
     def add(key: str, message: str, status: int = invalid) -> None:
         found.append(Violation(key, message, status))
 
+    # 0. master (d42799fe6): a null qInputLayout or kvInputLayout first, before every other rule.
+    if release == "master":
+        for key in null_layouts(params):
+            add(key, f"{'qInputLayout' if key == 'layout' else 'kvInputLayout'} is null")
     # 1. CheckMandatoryTensors: null inputs.
     for name in MANDATORY:
         if name not in tensors:
             add(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR)
+    if release == "9.0.0":
+        found.extend(_rules_9_0(params, tensors))
+        found.extend(tiling_refusals(params, tensors))
+        return found
     # 2. dtypes.
     q_dtype = tensors.get("query", {}).get("dtype")
     if "query" in tensors and q_dtype not in OP_DTYPES:
@@ -162,23 +204,64 @@ def violations(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
         add("actual_seq_lengths_kv", "is null, but a TND key/value needs it")
     if (layout == "BNSD") != (kv_layout == "BNSD"):
         add("kv_layout", f"kvInputLayout {kv_layout!r} and qInputLayout {layout!r}: both BNSD or neither")
-    # 6. ParseBlockShape.
+    # 6. ParseBlockShape (below).
+    found.extend(_block_shape_rules(params))
+    found.extend(tiling_refusals(params, tensors))
+    return found
+
+
+def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
+    """ParseBlockShape: null 161001; fewer than 2 values or a value <= 0 161002 (every release)."""
     block_shape = params.get("block_shape")
     if block_shape is None:
-        add("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)
-    elif not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
-        add("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]")
-    elif not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
-        add("block_shape", f"{block_shape!r}: X and Y must be positive")
-    found.extend(tiling_refusals(params, tensors))
+        return [Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)]
+    if not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
+        return [Violation("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]", ACLNN_ERR_PARAM_INVALID)]
+    if not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
+        return [Violation("block_shape", f"{block_shape!r}: X and Y must be positive", ACLNN_ERR_PARAM_INVALID)]
+    return []
+
+
+def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
+    whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
+    came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
+    found: list[Violation] = []
+    invalid = ACLNN_ERR_PARAM_INVALID
+    q_dtype = tensors.get("query", {}).get("dtype")
+    if "query" in tensors and q_dtype not in OP_DTYPES:
+        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
+    for name in ("key", "value"):
+        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
+            found.append(Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}",
+                                   invalid))  # fmt: skip
+    layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
+    for key, value in (("layout", layout), ("kv_layout", kv_layout)):
+        if value not in TILING_LAYOUTS:
+            found.append(Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", invalid))
+    if "atten_mask" in tensors:
+        found.append(Violation("atten_mask", "attenMask is not null: only a null attenMask is supported", invalid))
+    if params.get("mask_type", 0) != 0:
+        found.append(Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", invalid))
+    for key in ("pre_tokens", "next_tokens"):
+        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
+            found.append(Violation(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported", invalid))
+    if layout == "TND" and params.get("actual_seq_lengths") is None:
+        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", invalid))
+    if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
+        found.append(Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", invalid))
+    found.extend(_block_shape_rules(params))
     return found
 
 
 def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
     """Return what the A2/A3 tiling refuses in a call that passed `ValidateParams` (status 561002).
 
-    It reads only the q layout (TND or BNSD), takes N1 from query and N2 from key (numKeyValueHeads is
-    never read) and needs N1 >= N2, N1 % N2 == 0, D > 0 and at least one query block to work on.
+    It reads only the q layout (TND or BNSD), asks BNSD query, key and blockSparseMask of rank 4 and TND
+    query and key of rank 3, takes N1 from query and N2 from key (numKeyValueHeads is never read) and needs
+    N1 >= N2, N1 % N2 == 0, D > 0 and at least one query block to work on (TND: a query token; BNSD: B > 0
+    and Sq > 0, else "blockDim is 0"). Which status GetWorkspaceSize returns for a tiling refusal is not
+    visible in public code (the l0op discards the launcher's status); 561002 is the likely code.
     """
     tiling = ACLNN_ERR_INNER_TILING_ERROR
     found = []
@@ -186,6 +269,16 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     if layout not in TILING_LAYOUTS:
         found.append(Violation("layout", f"{layout!r}: the A2/A3 tiling supports TND and BNSD only", tiling))
         return found
+    rank = 3 if layout == "TND" else 4
+    for name in ("query", "key", *(("block_sparse_mask",) if layout == "BNSD" else ())):
+        shape = (tensors.get(name) or {}).get("shape")
+        if shape is not None and len(shape) != rank:
+            found.append(Violation(name, f"rank {len(shape)}: the {layout} tiling needs rank {rank}", tiling))
+    if found:
+        return found
+    if layout == "BNSD" and (_dim(tensors.get("query"), 0) == 0 or _dim(tensors.get("query"), 2) == 0):
+        found.append(Violation("query", f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block "
+                               "to work on (blockDim is 0)", tiling))  # fmt: skip
     head_axis = 1
     n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
     if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):
@@ -198,9 +291,11 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     return found
 
 
-def check(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> tuple[int, str]:
-    """Return the aclnn status of a call and a message: the first broken rule, or (0, "")."""
-    found = violations(params, tensors)
+def check(
+    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
+) -> tuple[int, str]:
+    """Return the aclnn status of a call under `release` and a message: the first broken rule, or (0, "")."""
+    found = violations(params, tensors, release)
     if not found:
         return ACLNN_SUCCESS, ""
     first = found[0]
@@ -228,6 +323,29 @@ def kernel_constraints(params: Mapping[str, Any], semantics: Mapping[str, Any]) 
                 )
                 break
     return notes
+
+
+def arch35_refusals(params: Mapping[str, Any]) -> list[str]:
+    """Return why the Ascend 950 (arch35) tiling would refuse a call that the A2/A3 tiling accepts.
+
+    `op_host/arch35/block_sparse_attention_grad_tiling_arch35.cpp` (master 5778144): layouts BSND, BNSD or
+    TND with identical q and kv strings, D == 128, X and Y multiples of 64, Sq == Skv (TND: equal lengths),
+    and no deterministic mode. A suite says with these which chips it can run on.
+    """
+    reasons = []
+    if params.get("layout") != params.get("kv_layout", params.get("layout")):
+        reasons.append("q and kv layout strings differ")
+    if params.get("head_dim") != 128:
+        reasons.append(f"D = {params.get('head_dim')}, not 128")
+    block = params.get("block_shape") or []
+    if len(block) >= 2 and any(isinstance(v, int) and v % 64 for v in block[:2]):
+        reasons.append(f"block shape {list(block[:2])} not multiples of 64")
+    if params.get("layout") == "TND":
+        if params.get("actual_seq_lengths") != params.get("actual_seq_lengths_kv"):
+            reasons.append("q and kv lengths differ")
+    elif params.get("q_seq_len") != params.get("kv_seq_len"):
+        reasons.append(f"Sq {params.get('q_seq_len')} != Skv {params.get('kv_seq_len')}")
+    return reasons
 
 
 def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None]:

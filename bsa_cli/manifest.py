@@ -75,13 +75,15 @@ def params(case: Case) -> dict[str, Any]:
         "pre_tokens": case.pre_tokens,
         "next_tokens": case.next_tokens,
         "lse_shape": case.lse_shape,
+        **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
     }
 
 
 def semantics(case: Case) -> dict[str, Any]:
     """Return what the golden assumes where the operator's documentation and kernel differ."""
     return {
-        "interface": interface.RULES,
+        "interface": interface.RULES_BY_RELEASE[case.release],
+        "release": case.release,
         "bnsd_lengths": case.bnsd_lengths,
         "empty_row_lse": json_number(case.empty_row_lse),
         "q_lengths": list(case.q_lengths()),
@@ -135,6 +137,14 @@ def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 
 MAX_NOTES = 8
 """Most `notes` lines a reader takes from a manifest (it is untrusted)."""
+
+
+def release_of(manifest: Mapping[str, Any]) -> str:
+    """Return the release a manifest's case targets (`semantics.release`; one written before bsa knew
+    releases followed master 3a280bcc, the 9.1.0 rules)."""
+    semantics = manifest.get("semantics")
+    release = semantics.get("release") if isinstance(semantics, Mapping) else None
+    return release if release in interface.RELEASES else "9.1.0"
 
 
 def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
@@ -210,6 +220,9 @@ def _check_params(p: Any, sem: Any) -> None:
     for key in ("layout", "kv_layout", "dtype", "seq_lengths_encoding", "lse_shape"):
         if p.get(key) is not None and not isinstance(p.get(key), str):
             raise ValueError(f"params.{key}: {p.get(key)!r:.60} is not a string")
+    nulls = p.get("null_layouts")
+    if nulls is not None and not (isinstance(nulls, list) and all(n in ("q", "kv") for n in nulls)):
+        raise ValueError(f"params.null_layouts: {nulls!r:.60} is not a list of 'q' and 'kv'")
     for key in ("actual_seq_lengths", "actual_seq_lengths_kv"):
         value = p.get(key)
         if value is not None and not (
@@ -266,6 +279,8 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         seq_lengths_encoding=encoding,
         lse_shape=p.get("lse_shape", "trailing_one"),
         bnsd_lengths=sem.get("bnsd_lengths", "honored"),
+        release=release_of(manifest),
+        null_layouts=tuple(n for n in ("q", "kv") if n in (p.get("null_layouts") or [])),
         empty_row_lse=float(empty_lse),
         mask_type=p.get("mask_type", 0),
         pre_tokens=p.get("pre_tokens", 2147483647),

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from .generate import PRECISIONS
+from .interface import DEFAULT_RELEASE, RELEASES
 
 filter_option = click.option(
     "--filter", "name_filters", multiple=True, help="Only cases whose name matches this glob (repeatable)."
@@ -30,6 +31,13 @@ max_cases_option = click.option(
     show_default=True,
     metavar="N",
     help="Refuse specs that expand to more than N cases (a matrix of many keys grows fast).",
+)
+release_option = click.option(
+    "--release",
+    type=click.Choice(RELEASES),
+    default=None,
+    help=f"Judge every case by this operator release's rules (statuses and their order), overriding the specs' "
+    f"`release:`; default: each case's own, else {DEFAULT_RELEASE}.",
 )
 force_option = click.option(
     "--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's."

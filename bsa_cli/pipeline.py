@@ -17,6 +17,8 @@ from .case import Case
 from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError
 from .generate import generate_suite
+from .interface import DETERMINISTIC_RELEASES
+from .manifest import release_of
 from .schedule import Estimate, auto_jobs, estimate
 
 
@@ -86,6 +88,8 @@ def check_suite(
         BsaError: a case cannot be generated or run, or a run threshold does not apply to a case's standard.
     """
     progress = progress or CheckProgress()
+    if options.deterministic:
+        refuse_deterministic({case.name: case.release for case in cases})
     estimates = estimates if estimates is not None else {case.name: estimate(case) for case in cases}
     gen_jobs = auto_jobs(jobs, list(estimates.values()))
     progress.generating(cases, estimates)
@@ -108,6 +112,14 @@ def check_suite(
 def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> runner.RunSummary:
     """Run the device on every case (`runner.run_cases`); the reference device also reports progress within
     a case, weighed by backward FLOPs."""
+    if options.deterministic:
+        releases = {}
+        for case_dir in case_dirs:
+            try:
+                releases[case_dir.name] = release_of(store.load_manifest(case_dir))
+            except BsaError:
+                continue  # the run records the broken manifest as the case's error
+        refuse_deterministic(releases)
     flops = backward_flops(case_dirs) if options.device.is_reference else None
     progress.running(case_dirs, options.device, flops)
     if not options.device.is_reference:
@@ -116,6 +128,19 @@ def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: 
 
     with reporting(progress.progress):
         return runner.run_cases(case_dirs, options, on_event=progress.on_run_event)
+
+
+def refuse_deterministic(releases: Mapping[str, str]) -> None:
+    """Raise RunConfigError, before anything runs, when --deterministic meets cases of a release without the
+    mode (the A2/A3 tiling reads GetDeterministic() only on master, since 8ba7ee217 / e6d22a23e)."""
+    without = sorted(name for name, release in releases.items() if release not in DETERMINISTIC_RELEASES)
+    if without:
+        shown = ", ".join(f"{name} ({releases[name]})" for name in without[:6]) + (" ..." if len(without) > 6 else "")
+        raise devices.RunConfigError(
+            f"--deterministic: {len(without)} case(s) target a release without the deterministic mode: {shown}; "
+            f"it exists on {', '.join(DETERMINISTIC_RELEASES)} (A2/A3; the Ascend 950 tiling refuses it): "
+            "drop --deterministic or regenerate with --release master"
+        )
 
 
 def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:

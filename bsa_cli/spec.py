@@ -61,7 +61,7 @@ CASE_KEYS = (
     "name", "description", "layout", "kv_layout", "dtype", "batch", "num_heads", "num_kv_heads", "head_dim",
     "q_seq_len", "kv_seq_len", "actual_seq_lengths", "actual_seq_lengths_kv", "block_shape", "scale", "seed",
     "sparsity", "init", "expect", "seq_lengths_encoding", "lse_shape", "bnsd_lengths", "empty_row_lse",
-    "mask_type", "pre_tokens", "next_tokens", "tensors", "compare", "matrix",
+    "mask_type", "pre_tokens", "next_tokens", "tensors", "compare", "matrix", "release", "null_layouts",
 )  # fmt: skip
 TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26
@@ -133,8 +133,10 @@ def raise_spec_errors(errors: list[SpecError]) -> None:
         raise SpecErrors(errors)
 
 
-def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[Case]:
+def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES, release: str | None = None) -> list[Case]:
     """Load every case of the given spec files or folders (their `*.yaml`/`*.yml` files, sorted).
+
+    `release` (`--release`), if given, replaces every case's own `release:` (interface.RELEASES).
 
     Raises:
         SpecError: a file is unreadable or breaks a rule, two cases share a name, or the specs expand to
@@ -146,7 +148,7 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES) -> list[
     errors: list[SpecError] = []
     for file in spec_files(paths):
         try:
-            loaded = load_spec_file(file, max_cases, before=len(cases))
+            loaded = load_spec_file(file, max_cases, before=len(cases), release=release)
         except SpecError as exc:
             errors.append(exc)  # every file's errors are reported, in order
             continue
@@ -326,16 +328,18 @@ def _children(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-def load_spec_file(path: Path, max_cases: int = MAX_CASES, before: int = 0) -> list[Case]:
+def load_spec_file(
+    path: Path, max_cases: int = MAX_CASES, before: int = 0, release: str | None = None
+) -> list[Case]:
     """Parse, expand and validate the cases of one spec file: at most `max_cases` less the `before` cases
-    that earlier files of the same run expanded to."""
+    that earlier files of the same run expanded to; `release` replaces each case's own."""
     try:
-        return _load_spec_file(path, max_cases, before)
+        return _load_spec_file(path, max_cases, before, release)
     finally:
         _SHARED.clear()
 
 
-def _load_spec_file(path: Path, max_cases: int, before: int = 0) -> list[Case]:
+def _load_spec_file(path: Path, max_cases: int, before: int = 0, release: str | None = None) -> list[Case]:
     file = str(path)
     document = read_yaml(path)
     if not isinstance(document, dict):
@@ -377,7 +381,7 @@ def _load_spec_file(path: Path, max_cases: int, before: int = 0) -> list[Case]:
     for label, merged, matrix in planned:
         try:  # a case's first error is reported, then the next case is read
             variants = expand_matrix(file, label, merged, matrix)
-            cases.extend(build_case(path, variant, suffix) for variant, suffix in variants)
+            cases.extend(build_case(path, variant, suffix, release) for variant, suffix in variants)
         except SpecError as exc:
             errors.append(exc)
     raise_spec_errors(errors)
@@ -574,8 +578,8 @@ class _Reader:
         return lengths
 
 
-def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
-    """Validate one expanded raw case and return it as a `Case`."""
+def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str | None = None) -> Case:
+    """Validate one expanded raw case and return it as a `Case` (`release`, if given, replacing its own)."""
     base_name = raw.get("name")
     r = _Reader(path, raw, base_name if isinstance(base_name, str) else show(base_name))
     if not isinstance(base_name, str) or not base_name:
@@ -594,6 +598,7 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
     expect = _expect(r)
     layout = r.get("layout", "BNSD")
     kv_layout = r.get("kv_layout")
+    nulls = _null_layouts(r, raw)
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value is not None and not (isinstance(value, str) and LAYOUT_RE.match(value)):
             raise r.error(key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); "
@@ -679,6 +684,8 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "") -> Case:
         next_tokens=r.integer("next_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
         tensors=_tensors(r),
         compare=_compare(r),
+        release=release if release is not None else _release(r),
+        null_layouts=nulls,
     )
     _check_sizes(r, case)
     _check_finite(r, case)
@@ -1087,15 +1094,40 @@ def _fix_first(case: Case, v: interface.Violation) -> str | None:
     return None
 
 
+def _release(r: _Reader) -> str:
+    """Return the case's operator release: its `release:` key, else interface.DEFAULT_RELEASE."""
+    value = r.get("release", interface.DEFAULT_RELEASE)
+    text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
+    if text not in interface.RELEASES:
+        raise r.error("release", f"{show(value)} is not a release bsa knows{_suggest(str(value), interface.RELEASES)}; "
+                      f"allowed: {', '.join(interface.RELEASES)} (write 9.1.0 in quotes or as a string)")  # fmt: skip
+    return text
+
+
+def _null_layouts(r: _Reader, raw: Mapping[str, Any]) -> tuple[str, ...]:
+    """Return which layouts the call passes as null: `null_layouts: [q, kv]`, or an explicit `kv_layout: null`."""
+    value = r.get("null_layouts", [])
+    valid = isinstance(value, list) and all(isinstance(v, str) and v in interface.LAYOUT_KEYS for v in value)
+    if not valid or len(set(value)) != len(value):
+        raise r.error("null_layouts", f"{show(value)} is not a list of distinct 'q' (qInputLayout) and 'kv' "
+                      "(kvInputLayout): the layouts the call passes as null pointers")  # fmt: skip
+    nulls = set(value)
+    if "kv_layout" in raw and raw["kv_layout"] is None:
+        nulls.add("kv")
+    return tuple(n for n in ("q", "kv") if n in nulls)
+
+
 def _check_interface(r: _Reader, case: Case) -> Case:
     """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
     params = case_params(case)
     tensors = case.tensor_descs()
-    undefined = interface.undefined_behaviour(params, tensors)
+    undefined = interface.undefined_behaviour(params, tensors, case.release)
     if undefined:
-        raise r.error("tensors" if case.tensors else "layout", f"{undefined[0]}: undefined behaviour, "
-                      "no status to expect (ops-transformer master reads it unchecked)")  # fmt: skip
-    broken = interface.violations(params, tensors)
+        key = "tensors" if case.tensors else "layout"
+        key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else key
+        raise r.error(key, f"{undefined[0]}: undefined behaviour, no status to expect (ops-transformer "
+                      f"{case.release} reads it unchecked)")  # fmt: skip
+    broken = interface.violations(params, tensors, case.release)
     if case.expect.ok:
         if broken:
             v = broken[0]

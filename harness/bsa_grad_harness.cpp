@@ -637,6 +637,15 @@ int Run(const Options &options)
     IntArrayPtr kvLengths = lengths("actual_seq_lengths_kv", "kv_seq_len", "actualSeqLengthsKv");
     std::vector<char> qLayout = LayoutBuffer(spec.Param("layout"));
     std::vector<char> kvLayout = LayoutBuffer(spec.Param("kv_layout"));
+    // `null_layouts q kv` (negative cases): pass that layout string as a null pointer.
+    bool nullQLayout = false, nullKvLayout = false;
+    if (auto it = spec.params.find("null_layouts"); it != spec.params.end()) {
+        std::istringstream words(it->second);
+        for (std::string word; words >> word;) {
+            nullQLayout = nullQLayout || word == "q";
+            nullKvLayout = nullKvLayout || word == "kv";
+        }
+    }
 
     uint64_t workspaceSize = 0;
     ExecutorGuard executor;
@@ -644,7 +653,8 @@ int Run(const Options &options)
         input("dout"), input("query"), input("key"), input("value"), input("attention_out"), input("softmax_lse"),
         input("block_sparse_mask"), input("atten_mask") /* null unless a negative case gives one */, blockShape.get(),
         qLengths.get(),
-        kvLengths.get(), qLayout.data(), kvLayout.data(), spec.IntParam("num_kv_heads"), spec.IntParam("mask_type"),
+        kvLengths.get(), nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(),
+        spec.IntParam("num_kv_heads"), spec.IntParam("mask_type"),
         spec.DoubleParam("scale"), spec.IntParam("pre_tokens"), spec.IntParam("next_tokens"),
         grads["dq"]->tensor.get(), grads["dk"]->tensor.get(), grads["dv"]->tensor.get(), &workspaceSize,
         executor.out());

@@ -130,10 +130,60 @@ def test_interrupted_gen_leaves_no_case_that_looks_complete(
     assert sorted(p.name for p in out.iterdir()) == ["tiny"]  # no partial directories left behind
 
 
+def test_validate_says_which_release_the_cases_expect(runner: CliRunner, tmp_path: Path) -> None:
+    path = spec(tmp_path, {**CASE, "release": "9.0.0"}, {**CASE, "name": "b"})
+    result = runner.invoke(main, ["validate", path])
+    assert result.stdout.splitlines()[1] == (
+        "operator release: 9.0.0 (1 case), master (1 case), from the specs' release: (default master)"
+    )
+    result = runner.invoke(main, ["validate", path, "--release", "9.1.0"])
+    assert result.stdout.splitlines()[1] == "operator release: 9.1.0 (2 cases), from --release"
+    bad = runner.invoke(main, ["validate", spec(tmp_path, {**CASE, "release": "9.1"}, name="bad.yaml")])
+    assert bad.exit_code == 2
+    assert "key 'release': '9.1' is not a release bsa knows (did you mean '9.1.0'?); allowed: 9.0.0, 9.1.0, master" in (
+        bad.stderr
+    )
+
+
+def test_a_null_layout_is_161002_on_master_and_refused_on_9_1_0(runner: CliRunner, tmp_path: Path) -> None:
+    case = {**CASE, "kv_layout": None, "expect": 161002}
+    assert runner.invoke(main, ["validate", spec(tmp_path, case)]).exit_code == 0
+    refused = runner.invoke(main, ["validate", spec(tmp_path, case), "--release", "9.1.0"])
+    assert refused.exit_code == 2
+    assert ("key 'null_layouts': kv_layout is null: 9.1.0 reads the layout string before any check (master returns "
+            "161002): undefined behaviour, no status to expect") in refused.stderr  # fmt: skip
+    out = tmp_path / "out"
+    assert runner.invoke(main, ["gen", spec(tmp_path, case), "-o", str(out)]).exit_code == 0
+    manifest = json.loads((out / "tiny" / "case.json").read_text())
+    assert manifest["params"]["null_layouts"] == ["kv"] and manifest["semantics"]["release"] == "master"
+    assert runner.invoke(main, ["run", str(out)]).exit_code == 0
+    assert (out / "tiny" / "outputs" / "status.txt").read_text().startswith("161002\n")
+
+
+def test_deterministic_mode_is_refused_for_a_release_without_it(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert runner.invoke(main, ["gen", spec(tmp_path, CASE), "-o", str(out), "--release", "9.1.0"]).exit_code == 0
+    result = runner.invoke(main, ["run", str(out), "--deterministic"])
+    assert result.exit_code == 2
+    assert result.stderr.startswith("Error: --deterministic: 1 case(s) target a release without the deterministic "
+                                    "mode: tiny (9.1.0)")  # fmt: skip
+    assert not (out / "tiny" / "outputs" / "run.json").exists()
+    checked = runner.invoke(main, ["check", spec(tmp_path, CASE), "-o", str(tmp_path / "o2"), "--deterministic",
+                                   "--release", "9.0.0"])  # fmt: skip
+    assert checked.exit_code == 2 and "tiny (9.0.0)" in checked.stderr
+
+
 def test_validate_and_list(runner: CliRunner, tmp_path: Path) -> None:
     path = spec(tmp_path, CASE, {**CASE, "name": "gqa", "num_kv_heads": 1})
     result = runner.invoke(main, ["validate", path])
-    assert result.exit_code == 0 and result.stdout == "2 cases OK (0 negative) in 1 spec path\n"
+    assert result.exit_code == 0 and result.stdout.splitlines()[:2] == [
+        "2 cases OK (0 negative) in 1 spec path",
+        "operator release: master (2 cases), from the specs' release: (default master)",
+    ]
+    assert result.stdout.splitlines()[2] == (  # D 32, a 32x48 block and Sq != Skv are A2/A3-only
+        "Ascend 950 (arch35): 2 valid cases outside its tiling rules, A2/A3 only (first: tiny: D = 32, not 128; "
+        "block shape [32, 48] not multiples of 64; Sq 96 != Skv 80)"
+    )
     assert result.stderr == ""  # head_dim 32 and GQA: the A2/A3 kernel of master accepts both
     result = runner.invoke(main, ["list", path, "--filter", "gq*"])
     assert result.exit_code == 0 and "gqa" in result.stdout and "tiny" not in result.stdout

@@ -769,7 +769,7 @@ ROUND2_NAMES = [
           "index 2 is beyond the case's 2 query-block rows"),
     Trial("empty-rows-huge", _spec("validate", sparsity={"pattern": "dense", "empty_rows": [10**30]}), 2,
           "is beyond the case's 2 query-block rows"),
-    Trial("empty-rows-last-ok", _spec(sparsity={"pattern": "dense", "empty_rows": [1]}), 0, "generated 1 cases"),
+    Trial("empty-rows-last-ok", _spec(sparsity={"pattern": "dense", "empty_rows": [1]}), 0, "generated 1 case in"),
 ]  # fmt: skip
 
 
@@ -911,7 +911,7 @@ def test_a_signal_stops_the_reference_device_within_a_case(signum: int, tmp_path
     case is recorded as interrupted, the finished case keeps its complete result."""
     out = _gen_medium(tmp_path, ["a-short", "b-long"], 128)
     spec = tmp_path / "long.yaml"
-    spec.write_text(yaml.safe_dump({"cases": [{**MEDIUM, "name": "b-long", "actual_seq_lengths": [1024, 1024]}]}))
+    spec.write_text(yaml.safe_dump({"cases": [{**MEDIUM, "name": "b-long", "actual_seq_lengths": [3072, 3072]}]}))
     assert CliRunner().invoke(main, ["gen", str(spec), "-o", str(out)]).exit_code == 0
     proc = _start_bsa("run", str(out))
     try:

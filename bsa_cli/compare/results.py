@@ -230,6 +230,7 @@ class CaseResult:
     selection: Selection | None = None  # the block mask, kept with a failing case for its pictures
     kernel_notes: tuple[str, ...] = ()  # what `bsa gen` noted of the kernel's precision path (fp16 overflow, underflow)
     inputs_sha256: str | None = None  # `manifest.inputs_digest`: which input bytes the case ran on
+    release: str | None = None  # the operator release whose rules the case's expected status follows
 
     @property
     def passed(self) -> bool:

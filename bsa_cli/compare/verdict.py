@@ -18,7 +18,7 @@ import numpy as np
 from ..case import ACLNN_STATUS, Case, numpy_dtype
 from ..errors import DataError, clip
 from ..layout import mask_view
-from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest
+from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest, release_of
 from ..manifest import notes as manifest_notes
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest
 from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info, not_run_message
@@ -187,6 +187,7 @@ def _judge_case(
     known: dict[str, Any] = {
         "spec": manifest.get("spec"),
         "inputs_sha256": inputs_digest(manifest),
+        "release": release_of(manifest),
         "standard": settings.label,
         "settings": settings,
         "dtype": case.dtype,

@@ -59,6 +59,18 @@ def summary_line(suite: SuiteResult) -> str:
     )
 
 
+def releases_line(suite: SuiteResult) -> str | None:
+    """Return e.g. "expected statuses follow operator release master (28 cases)", or None without releases."""
+    counts: dict[str, int] = {}
+    for case in suite.cases:
+        if case.release:
+            counts[case.release] = counts.get(case.release, 0) + 1
+    if not counts:
+        return None
+    shown = ", ".join(f"{release} ({n} case{'s' if n != 1 else ''})" for release, n in sorted(counts.items()))
+    return f"expected statuses follow operator release {shown}"
+
+
 def where(tensor: TensorResult, coords: Mapping[str, int], block: int) -> str:
     """Return an element's place in its tensor's layout and its block, e.g. "b=0,n=1,s=70,d=33 i=2"."""
     axis = "i" if tensor.name == "dq" else "j"

@@ -88,6 +88,8 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
     if case.binary_sha256:
         values["binary_sha256"] = case.binary_sha256
     values["standard"] = case.standard
+    if case.release:
+        values["release"] = case.release
     if case.dtype:
         values["dtype"] = case.dtype
     return values

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from .formatting import METRIC_ROWS, fmt, is_reference, planted_fault, summary_line, where
+from .formatting import METRIC_ROWS, fmt, is_reference, planted_fault, releases_line, summary_line, where
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
 
@@ -196,5 +196,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
                 console.print(_hot_table(case, tensor, console))
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
+    releases = releases_line(suite)
+    if releases:
+        console.print(Text(releases), soft_wrap=True)
     style = "bold red" if suite.count(FAIL) else VERDICT_STYLE[ERROR] if suite.count(ERROR) else "bold green"
     console.print(Text(summary_line(suite), style=style))

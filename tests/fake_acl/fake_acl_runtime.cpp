@@ -234,10 +234,13 @@ aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     aclOpExecutor **executor)
 {
     (void)numKeyValueHeads, (void)scaleValue;
-    // The checks of ops-transformer master (3a280bcc) in their order: ValidateParams
-    // (op_host/op_api/aclnn_block_sparse_attention_grad.cpp), then the A2/A3 tiling (561002). Written
-    // apart from bsa_cli/interface.py on purpose: running the negative suite through the harness and
+    // The checks of ops-transformer master (5778144) in their order: a null layout first (d42799fe6),
+    // ValidateParams (op_host/op_api/aclnn_block_sparse_attention_grad.cpp), then the A2/A3 tiling (561002).
+    // Written apart from bsa_cli/interface.py on purpose: running the negative suite through the harness and
     // this fake checks both, and that the harness passes every tensor, null and list as the case says.
+    if (qInputLayout == nullptr || kvInputLayout == nullptr) {
+        return Reject(161002, "fake: qInputLayout or kvInputLayout is null");
+    }
     const std::string qLayout(qInputLayout), kvLayout(kvInputLayout);
     const aclTensor *mandatory[] = {dout, query, key, value, attentionOut, softmaxLse, blockSparseMaskOptional};
     for (const aclTensor *tensor : mandatory) {
@@ -312,6 +315,14 @@ aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     }
     if (qLayout != "TND" && qLayout != "BNSD") {
         return Reject(561002, "fake tiling: unsupported layout");
+    }
+    const size_t rank = qLayout == "TND" ? 3 : 4;
+    if (query->dims.size() != rank || key->dims.size() != rank ||
+        (qLayout == "BNSD" && blockSparseMaskOptional->dims.size() != 4)) {
+        return Reject(561002, "fake tiling: query, key (or the BNSD mask) of the wrong rank");
+    }
+    if (qLayout == "BNSD" && (dim(query, 0) == 0 || dim(query, 2) == 0)) {
+        return Reject(561002, "fake tiling: blockDim is 0 (B == 0 or Sq == 0)");
     }
     const int64_t n1 = dim(query, 1), n2 = dim(key, 1);
     if (n2 <= 0 || n1 < n2 || n1 % n2 != 0) {
