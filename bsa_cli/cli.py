@@ -46,6 +46,8 @@ def _terminate(signum: int, _frame: Any) -> None:
     half-written cases and reports removed)."""
     _received.append(signum)
     for child in multiprocessing.active_children():
+        if child.pid is None:  # not started
+            continue
         try:
             os.kill(child.pid, signal.SIGINT)
         except (ProcessLookupError, PermissionError):

@@ -757,7 +757,8 @@ ROUND2_NAMES = [
     Trial("names-differ-in-case", _text(yaml.safe_dump({"defaults": BASE, "cases": [{"name": "Case"},
                                                                                     {"name": "case"}]})), 2,
           "only in upper and lower case"),
-    Trial("matrix-dtype-case", _spec("validate", matrix={"dtype": ["fp16", "FP16"]}), 2, "only in upper and lower case"),
+    Trial("matrix-dtype-case", _spec("validate", matrix={"dtype": ["fp16", "FP16"]}), 2,
+          "only in upper and lower case"),
     Trial("manifest-name-newline", _manifest(_set("name", "p\n")), 3, "cannot name a case"),
     Trial("manifest-name-newline-compare", _manifest(_set("name", "p\n"), "compare"), 3, "cannot name a case"),
     Trial("two-folders-one-name", _twin_folders, 2, "names the case 'p', as the manifest of"),
@@ -887,7 +888,8 @@ def _start_bsa(*args: str) -> Any:
 
 def _gen_medium(root: Path, names: list[str], length: int) -> Path:
     spec = root / "medium.yaml"
-    cases = [{**MEDIUM, "name": name, "actual_seq_lengths": [length, length], "seed": i} for i, name in enumerate(names)]
+    cases = [{**MEDIUM, "name": name, "actual_seq_lengths": [length, length], "seed": i}
+             for i, name in enumerate(names)]
     spec.write_text(yaml.safe_dump({"cases": cases}))
     result = CliRunner().invoke(main, ["gen", str(spec), "-o", str(root / "out"), "-j", "2"])
     assert result.exit_code == 0, result.output

@@ -340,10 +340,10 @@ def _open_arrays(
         elif not verify_inputs:
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
-            record = output_dir / RUN_RECORD if output_dir is not None else RUN_RECORD
+            where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
             opened.problems.append(
                 str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
-                              f"{record}): the case was generated again since; run it again"))
+                              f"{where}): the case was generated again since; run it again"))
             )  # fmt: skip
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
             opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))

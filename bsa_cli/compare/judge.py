@@ -182,7 +182,7 @@ def _fa_floor(golden: np.ndarray, io_dtype: str, factor: float) -> float:
     for start in range(0, flat.size, step):
         g = round_float32(flat[start : start + step].astype(np.float32), dtype)
         shifted = round_float32(g + np.float32(0.3), dtype)
-        back = round_float32(shifted - round_float32(np.float32(0.3), dtype), dtype)
+        back = round_float32(shifted - round_float32(np.asarray(0.3, np.float32), dtype), dtype)
         worst = max(worst, float(np.abs(back - g).max(initial=0.0)))
     return factor * worst
 
