@@ -4,6 +4,7 @@ log, a fault that does not apply, progress and ETA of a long case on the referen
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -90,6 +91,19 @@ def test_compare_finds_the_suites_below_a_folder(tmp_path, spec_file):
     assert result.exit_code == 0, result.output
     assert f"{tmp_path / 'all'} holds no case itself; comparing the 2 suites below it" in result.stderr
     assert "2 cases: 2 passed" in result.stdout
+
+
+def test_cases_that_suites_side_by_side_share_are_named_with_their_suite(tmp_path, spec_file):
+    for suite in ("smoke", "edge"):
+        assert invoke("check", spec_file, "-o", tmp_path / "all" / suite, "--filter", "t-bnsd-*").exit_code == 0
+    report = tmp_path / "r.json"
+    result = invoke("compare", tmp_path / "all", "--json", report)
+    assert result.exit_code == 0, result.output
+    names = [case["name"] for case in json.loads(report.read_text())["cases"]]
+    assert len(names) == len(set(names)) == 2 and {n.split("/")[0] for n in names} == {"smoke", "edge"}
+    merged = invoke("compare", "--merge", report, "--json", tmp_path / "m.json")
+    assert merged.exit_code == 0, merged.output
+    assert invoke("compare", tmp_path / "all", "--baseline", report, "--fail-on-regression").exit_code == 0
 
 
 def test_compare_of_a_folder_without_any_case_says_where_cases_come_from(tmp_path):

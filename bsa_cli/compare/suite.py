@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import fnmatch
 import os
 import threading
@@ -120,7 +121,28 @@ def compare_suite(
                 if on_case is not None:
                     on_case(result)
     results.extend(_missing_result(name, where, why) for name, where, why in missing)
-    return SuiteResult(tuple(results), time.perf_counter() - started)
+    return SuiteResult(tuple(_qualified_names(results)), time.perf_counter() - started)
+
+
+def _qualified_names(results: Sequence[CaseResult]) -> list[CaseResult]:
+    """Give cases that suites side by side share a name (OUT/smoke/x, OUT/edge/x) their suite's folder as a
+    prefix ("smoke/x", "edge/x"), so that a report, a merge and a baseline name each case once."""
+    counts: dict[str, int] = {}
+    for result in results:
+        counts[result.name] = counts.get(result.name, 0) + 1
+    if all(n == 1 for n in counts.values()):
+        return list(results)
+    renamed = []
+    for result in results:
+        if counts[result.name] > 1 and result.case_dir:
+            suite = Path(result.case_dir).parent.name
+            result = dataclasses.replace(result, name=f"{suite}/{result.name}")
+        renamed.append(result)
+    names = [r.name for r in renamed]
+    for index, result in enumerate(renamed):  # the same suite folder name twice: the case folder's whole path
+        if names.count(result.name) > 1:
+            renamed[index] = dataclasses.replace(result, name=str(result.case_dir))
+    return renamed
 
 
 def missing_cases(roots: Sequence[Path], case_dirs: Sequence[Path], patterns: Sequence[str] = ()) -> list[
