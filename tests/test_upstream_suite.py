@@ -1,7 +1,8 @@
 """cases/upstream.yaml: the shapes of the operator's own tests (ops-transformer, op-plugin) as bsa cases.
 
-They pass on the reference device, and those the torch_npu binding accepts pass through the torch_npu
-stand-in (tests/torch_npu_standin, on the child's PYTHONPATH as in tests/test_torch_npu.py).
+They pass on the reference device, and a subset passes through the torch_npu stand-in
+(tests/torch_npu_standin, on the child's PYTHONPATH as in tests/test_torch_npu.py); the whole suite does
+too (2 min here: too slow for the fast loop).
 """
 
 from __future__ import annotations
@@ -21,14 +22,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "cases" / "upstream.yaml"
 STANDIN = Path(__file__).resolve().parent / "torch_npu_standin"
 
-BINDING_REFUSES = {"upstream-opplugin-tnd-no-q-lengths", "upstream-opplugin-tnd-no-kv-lengths"}
-"""Cases torch_npu's binding refuses before aclnn (a RuntimeError, no status): not for --device torch_npu."""
-
 STANDIN_SUBSET = (
     "upstream-ot-tiling-bnsd-gqa",  # uint8 mask, squeezed lse, 64x64 blocks, GQA 4/2
     "upstream-opplugin-tnd-mqa",  # TND MQA 8/1, explicit mask
     "upstream-opplugin-tnd-gqa-tail-64x128",  # TND GQA, [64, 128] blocks, odd lengths
-    "upstream-opplugin-int8-mask",  # op-plugin's int8 mask: 161002 on master
+    "upstream-opplugin-bnsd-sparse-32x128",  # BNSD [32, 128] blocks, one kv block per query block
     "upstream-atk-fwd-16",  # BNSD N1 = N2 = 3, fp16, inputs in [-5, 5]
 )
 
@@ -46,10 +44,10 @@ def test_the_suite_validates_and_covers_its_sources():
     result = CliRunner().invoke(main, ["validate", str(SUITE)])
 
     assert result.exit_code == 0, result.output
-    assert "37 cases OK (3 negative)" in result.output
+    assert "34 cases OK" in result.output
     all_names = names()
     assert len([n for n in all_names if n.startswith("upstream-atk-fwd-")]) == 20  # the forward's ATK json
-    assert BINDING_REFUSES | set(STANDIN_SUBSET) <= set(all_names)
+    assert set(STANDIN_SUBSET) <= set(all_names)
     text = SUITE.read_text()
     for commit in ("5778144076def6311557939ab5cbfe8303f13e8f", "7145df39cd61e527efcf53220e167985453817e9"):
         assert commit in text
@@ -78,5 +76,4 @@ def test_a_subset_passes_through_the_torch_npu_standin(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     cases = json.loads(report.read_text())["cases"]
     assert {case["name"]: case["verdict"] for case in cases} == dict.fromkeys(STANDIN_SUBSET, "PASS")
-    statuses = {case["name"]: case["status"] for case in cases}
-    assert statuses["upstream-opplugin-int8-mask"] == 161002 and statuses["upstream-opplugin-tnd-mqa"] == 0
+    assert all(case["status"] == 0 for case in cases)
