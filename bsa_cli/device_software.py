@@ -69,7 +69,9 @@ def clean(value: Any, limit: int = VALUE_MAX_CHARS) -> str | None:
 
 def _read_regular(path: Path, limit: int) -> bytes | None:
     """Return the first `limit` bytes of `path` if it is a regular file (never blocks on a FIFO), else None."""
-    try:
+    try:  # no device, FIFO or socket is ever opened (opening one can block or act); checked again once open
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return None
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0))
     except (OSError, ValueError):
         return None

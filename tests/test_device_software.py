@@ -73,10 +73,13 @@ def test_an_odd_toolkit_file_gives_null(tmp_path, text):
     assert device_software.toolkit_cann({"ASCEND_HOME_PATH": str(root)}) == (None, None)
 
 
-def test_a_fifo_or_folder_in_its_place_is_not_read(tmp_path):
+def test_a_fifo_device_or_folder_in_its_place_is_not_read(tmp_path):
     info = tmp_path / "tk" / f"{ARCH}-linux" / device_software.INFO_NAME
     info.parent.mkdir(parents=True)
     os.mkfifo(info)  # opening it for reading would block without O_NONBLOCK
+    assert device_software.toolkit_cann({"ASCEND_HOME_PATH": str(tmp_path / "tk")}) == (None, None)
+    info.unlink()
+    info.symlink_to("/dev/zero")  # endless: never opened
     assert device_software.toolkit_cann({"ASCEND_HOME_PATH": str(tmp_path / "tk")}) == (None, None)
     info.unlink()
     info.mkdir()
