@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from . import __version__, device_software
 from .case import numpy_dtype
 from .devices import Device, RunConfigError, RunOptions, _emulator
 from .errors import BsaError, DataError, clip, show
@@ -873,6 +873,7 @@ class _CaseRun:
             "stdout_log": first.stdout_log if first else None,
             "stderr_log": first.stderr_log if first else None,
             "deterministic": self.options.deterministic,
+            "device_software": self._software(first),
             "repeat": {
                 "count": self.options.repeat,
                 "completed": sum(a.outcome == "ok" for a in attempts),
@@ -883,6 +884,15 @@ class _CaseRun:
             },
             "runs": runs,
         }
+
+
+    def _software(self, first: _Attempt | None) -> dict[str, Any]:
+        """What the device side runs (docs/run.md, `device_software`); never raises: unknown values are null."""
+        if self.device.is_reference:
+            return device_software.reference()
+        if self.device.torch_npu:
+            return device_software.from_torch_npu_log(self.output_dir / first.stdout_log if first else None)
+        return device_software.binary({**os.environ, **self.options.env(self.device_id)})
 
 
 def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Exception) -> CaseResult:

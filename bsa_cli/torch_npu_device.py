@@ -55,6 +55,7 @@ from typing import Any
 
 import numpy as np
 
+from . import device_software
 from .case import MAX_TOKENS, numpy_dtype
 from .emulator import STATUS_FILE, _write_atomic
 from .errors import BsaError, DataError
@@ -323,6 +324,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     torch, torch_npu = import_torch_npu()
     version = getattr(torch_npu, "__version__", "?")
     print(f"torch {torch.__version__}, torch_npu {version}, device {device_id}")
+    print(device_software.torch_npu_line(device_software.torch_npu_software(torch, torch_npu, os.environ)), flush=True)
     if os.environ.get(DETERMINISTIC_ENV) == "1":  # reaches the operator's deterministic path (op-plugin)
         torch.use_deterministic_algorithms(True)
         print("deterministic mode: torch.use_deterministic_algorithms(True)")

@@ -28,6 +28,9 @@ S, whatever the lengths (as the A2/A3 code does); TND lengths are read per batch
 end offsets (Ascend 950), whichever matches the number of tokens (anything else raises: the real kernels
 would read out of bounds).
 
+`__version__` is "0.0.0+bsa.standin"; `torch_npu.utils.get_cann_version(module="CANN")` returns
+`BSA_TORCH_NPU_STANDIN_CANN` ("" when unset, as torch_npu does before CANN 8.1.RC1).
+
 `BSA_TORCH_NPU_STANDIN_FAULT` makes it misbehave, for the runner's paths: `import` (importing it raises
 ImportError, as torch_npu does without the CANN environment), `crash` (SIGSEGV in the call), `hang` (never
 returns), `error` (torch.npu.synchronize raises a device error without an aclnn status), `wrong-dtype`
@@ -51,6 +54,19 @@ import torch
 from bsa_cli import interface
 
 __version__ = "0.0.0+bsa.standin"
+
+CANN_VARIABLE = "BSA_TORCH_NPU_STANDIN_CANN"
+"""The CANN version `torch_npu.utils.get_cann_version(module="CANN")` reports ("" when unset, as the real one
+does before CANN 8.1.RC1): what bsa records in run.json's `device_software`."""
+
+
+def _get_cann_version(module: str = "CANN") -> str:
+    return os.environ.get(CANN_VARIABLE, "") if module == "CANN" else ""
+
+
+utils = types.ModuleType("torch_npu.utils")
+utils.get_cann_version = _get_cann_version  # type: ignore[attr-defined]
+sys.modules["torch_npu.utils"] = utils
 
 NAME = "npu_block_sparse_attention_backward"
 SCHEMA = (
