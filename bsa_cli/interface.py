@@ -49,6 +49,18 @@ RULES = RULES_BY_RELEASE[DEFAULT_RELEASE]
 DETERMINISTIC_RELEASES = ("master",)
 """Releases whose A2/A3 tiling has the deterministic mode (`GetDeterministic()`, master since 2026-08-04)."""
 
+def release_of_cann(version: str | None) -> str | None:
+    """Return the ops-transformer release a CANN version ships (9.0.x -> 9.0.0, 9.1.x -> 9.1.0), or None
+    when bsa cannot tell (another version, none recorded): the release branches carry the CANN numbers."""
+    if not isinstance(version, str):
+        return None
+    for release in ("9.0.0", "9.1.0"):
+        major_minor = release.rsplit(".", 1)[0] + "."
+        if version.startswith(major_minor):
+            return release
+    return None
+
+
 LAYOUT_KEYS = {"q": "layout", "kv": "kv_layout"}
 """A case's null layouts (`null_layouts` in params: "q", "kv") and the parameter each stands for."""
 

@@ -198,3 +198,34 @@ def test_torch_npu_records_torch_torch_npu_and_cann(tmp_path, monkeypatch):
     assert result.outcome == "error"
     assert read_record(result)["device_software"] == {
         "kind": "torch_npu", "torch": None, "torch_npu": None, "cann": None, "cann_source": None}
+
+
+def test_compare_notes_a_device_whose_cann_release_is_not_the_suite_s(tmp_path: Path) -> None:
+    import yaml
+    from click.testing import CliRunner
+
+    from bsa_cli.cli import main
+    from bsa_cli.interface import release_of_cann
+
+    assert [release_of_cann(v) for v in ("9.0.0", "9.1.0.RC1", "8.3.RC1", None, "9.10")] == [
+        "9.0.0", "9.1.0", None, None, None
+    ]  # fmt: skip
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"cases": [{"name": "c", "num_heads": 1, "q_seq_len": 32, "head_dim": 16,
+                                               "block_shape": [16, 16]}]}))  # fmt: skip
+    runner = CliRunner()
+    assert runner.invoke(main, ["gen", str(spec), "-o", str(tmp_path / "out")]).exit_code == 0
+    assert runner.invoke(main, ["run", str(tmp_path / "out")]).exit_code == 0
+    record_path = tmp_path / "out" / "c" / "outputs" / "run.json"
+    for cann, note in (("9.1.0.RC1", True), ("8.3.RC1", False)):
+        record = json.loads(record_path.read_text())
+        record["device_software"] = {"kind": "binary", "cann": cann, "cann_source": None}
+        record_path.write_text(json.dumps(record))
+        report = tmp_path / f"{cann}.json"
+        result = runner.invoke(main, ["compare", str(tmp_path / "out"), "--json", str(report)])
+        assert result.exit_code == 0, result.output
+        case = json.loads(report.read_text())["cases"][0]
+        assert case["device_cann"] == cann and case["release"] == "master"
+        expected = ("the device ran CANN 9.1.0.RC1 (ops-transformer 9.1.0), but the case expects the statuses of "
+                    "release master: regenerate with --release 9.1.0")  # fmt: skip
+        assert (expected in case["notes"]) is note

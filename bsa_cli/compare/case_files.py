@@ -110,6 +110,9 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     binary = record.get("binary") if isinstance(record, dict) else None
     if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
         info["binary_sha256"] = clip(binary["sha256"])
+    software = record.get("device_software") if isinstance(record, dict) else None
+    if isinstance(software, dict) and isinstance(software.get("cann"), str):
+        info["device_cann"] = clip(software["cann"], 64)
     return info
 
 

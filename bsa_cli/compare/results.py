@@ -231,6 +231,7 @@ class CaseResult:
     kernel_notes: tuple[str, ...] = ()  # what `bsa gen` noted of the kernel's precision path (fp16 overflow, underflow)
     inputs_sha256: str | None = None  # `manifest.inputs_digest`: which input bytes the case ran on
     release: str | None = None  # the operator release whose rules the case's expected status follows
+    device_cann: str | None = None  # the CANN version the device side ran (run.json device_software), if known
 
     @property
     def passed(self) -> bool:

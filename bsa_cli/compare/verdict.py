@@ -17,6 +17,7 @@ import numpy as np
 
 from ..case import ACLNN_STATUS, Case, numpy_dtype
 from ..errors import DataError, clip
+from ..interface import release_of_cann
 from ..layout import mask_view
 from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest, release_of
 from ..manifest import notes as manifest_notes
@@ -359,6 +360,9 @@ def _finish(
     output_bytes: int,
 ) -> CaseResult:
     passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
+    note = release_note(known.get("release"), known.get("device_cann"))
+    if note:
+        known = {**known, "notes": (note, *known.get("notes", ()))}
     return CaseResult(
         name=name,
         verdict=PASS if passed else FAIL,
@@ -370,3 +374,12 @@ def _finish(
         **base,
         **known,
     )
+
+
+def release_note(release: str | None, device_cann: str | None) -> str | None:
+    """Say when the device ran a CANN release whose operator rules are not the ones the case expects."""
+    device_release = release_of_cann(device_cann)
+    if release is None or device_release is None or device_release == release:
+        return None
+    return (f"the device ran CANN {device_cann} (ops-transformer {device_release}), but the case expects the "
+            f"statuses of release {release}: regenerate with --release {device_release}")  # fmt: skip
