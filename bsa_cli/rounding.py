@@ -23,6 +23,7 @@ result on every machine and NumPy version.
 
 from __future__ import annotations
 
+import functools
 from typing import Literal
 
 import ml_dtypes
@@ -132,6 +133,21 @@ def round_float32(
     return out
 
 
+@functools.cache
+def _numpy_half_cast_is_bsa_s() -> bool:
+    """Whether NumPy's float64 -> float16 cast gives bsa's rule's bits on every float16 tie class (its
+    midpoints, their float64 neighbours, subnormals, overflow, inf, NaN): checked once, else bsa's own
+    (slower) rounding is used."""
+    codes = np.arange(0, 0x7C00, dtype=np.uint16).view(FLOAT16).astype(np.float64)
+    mid = (codes[:-1] + codes[1:]) / 2
+    points = np.concatenate([codes, mid, np.nextafter(mid, 0), np.nextafter(mid, np.inf), [65520.0, 65519.99, 1e6]])
+    points = np.concatenate([points, -points, [np.inf, -np.inf, np.nan]])
+    with np.errstate(over="ignore"):
+        theirs = points.astype(FLOAT16).view(np.uint16)
+    ours = _MAGIC64.round(points, "even").astype(FLOAT16).view(np.uint16)
+    return bool(np.array_equal(theirs, ours))
+
+
 def to_dtype(values: np.ndarray, dtype: np.dtype, ties: Ties = "even") -> np.ndarray:
     """Return `values` (float64, float32 or a 16-bit float) as an array of `dtype`, rounded by bsa's rules.
 
@@ -147,6 +163,9 @@ def to_dtype(values: np.ndarray, dtype: np.dtype, ties: Ties = "even") -> np.nda
     if values.dtype in (FLOAT16, BFLOAT16):  # one 16-bit type to the other: exactly through float32
         values = values.astype(np.float32)
     if dtype == FLOAT16:
+        if values.dtype == np.float64 and ties == "even" and _numpy_half_cast_is_bsa_s():
+            with np.errstate(over="ignore"):  # overflow is inf, silently, as in bsa's own rounding
+                return values.astype(FLOAT16)  # the same bits, about 10x faster (checked once per process)
         if values.dtype == np.float64:
             rounded = _MAGIC64.round(np.ascontiguousarray(values), ties)
         else:

@@ -167,3 +167,15 @@ def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_fro
             values = [runs[r][part][grad].astype(np.float64).reshape(-1) for r in ("even", "away")]
             scale = np.abs(values[0]).max()
             assert np.abs(values[0][moved] - values[1][moved]).max() <= 2.0**-9 * scale
+
+
+def test_numpy_s_half_cast_is_used_only_where_it_gives_bsa_s_bits(monkeypatch) -> None:
+    from bsa_cli import rounding
+
+    assert rounding._numpy_half_cast_is_bsa_s()  # this NumPy's float64 -> float16 cast is bsa's rule
+    exponents = np.random.default_rng(8).integers(-26, 17, 300_000)
+    values = np.random.default_rng(9).standard_normal(300_000) * 2.0**exponents
+    fast = to_dtype(values, FLOAT16).view(np.uint16)
+    monkeypatch.setattr(rounding, "_numpy_half_cast_is_bsa_s", lambda: False)  # as with a NumPy that differs
+    own = to_dtype(values, FLOAT16).view(np.uint16)
+    assert np.array_equal(fast, own)
