@@ -185,6 +185,8 @@ def plan_call(manifest: Mapping[str, Any]) -> Call:
     for key in ("layout", "kv_layout"):
         if not isinstance(params.get(key, params.get("layout")), str):
             raise refuse(f"{key} is null: the binding takes a str")
+    for which in params.get("null_layouts") or []:
+        raise refuse(f"a null {'qInputLayout' if which == 'q' else 'kvInputLayout'}: the binding takes a str")
     defaults = _default_outputs(manifest)
     for grad, source in GRAD_OF.items():
         entry, like = outputs.get(grad), inputs.get(source)

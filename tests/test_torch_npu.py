@@ -312,6 +312,7 @@ def test_plan_call_passes_what_the_harness_passes(generated):
         (lambda m: m["outputs"].pop("dv"), "dv is null: the binding always allocates dq, dk, dv"),
         (lambda m: m["params"].update(block_shape=[16.5, 16]),
          "a value the binding takes as int, int list or float is 16.5, not an integer"),
+        (lambda m: m["params"].update(null_layouts=["kv"]), "a null kvInputLayout: the binding takes a str"),
     ],
 )  # fmt: skip
 def test_plan_call_refuses_what_the_binding_cannot_express(generated, change, reason):
