@@ -165,7 +165,7 @@ def test_json_schema_is_stable():
     document = report.to_document(sample_suite())
     assert set(document) == {"schema", "schema_minor", "tool", "date", "host", "devices", "exit_code", "summary",
                              "cases"}  # fmt: skip
-    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 2 and document["exit_code"] == 3
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 3 and document["exit_code"] == 3
     reference = "reference (bsa emulate)"
     assert document["devices"] == [{"device": reference, "kind": None, "name": reference, "fault": None,
                                     "binary_sha256": None, "cases": 4}]  # fmt: skip

@@ -378,8 +378,8 @@ class _Blocks:
         targets = self.targets
         noise = self.noise_of(targets)
         null = {t: math.sqrt(e / noise[t]) for t, e in self.energies(targets, self.null).items()}
-        parts = [f"{t}'s error falls to {ratios[t]:.3g}x the benchmark's (from {null[t]:.3g}x)"
-                 for t in GRAD_NAMES if t in self.failing and t in ratios]  # fmt: skip
+        parts = [f"{t}'s error {'falls' if ratios[t] <= null[t] else 'rises'} to {ratios[t]:.3g}x the benchmark's "
+                 f"(from {null[t]:.3g}x)" for t in GRAD_NAMES if t in self.failing and t in ratios]  # fmt: skip
         return ", ".join(parts)
 
 
@@ -553,8 +553,9 @@ def _ranked(causes: list[Cause], tried: list[Hypothesis]) -> Diagnosis:
         if cause.kind not in best or cause.score > best[cause.kind].score:
             best[cause.kind] = cause
     ranked = sorted(best.values(), key=lambda c: -c.score)
-    kept = tuple(c for c in ranked if c.score >= MIN_SCORE)[:MAX_CAUSES]
-    return Diagnosis(kept, tuple(sorted(tried, key=lambda h: -h.score)))
+    kept = tuple(replace(c, score=round(c.score, 4)) for c in ranked if c.score >= MIN_SCORE)[:MAX_CAUSES]
+    hypotheses = tuple(replace(h, score=round(h.score, 4)) for h in sorted(tried, key=lambda h: -h.score))
+    return Diagnosis(kept, hypotheses)
 
 
 def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[int, SequenceSpan]) -> str:
