@@ -54,9 +54,12 @@ TESTED_KINDS = (
 """The kinds of `results.DIAGNOSIS_KINDS` this module tests; the others (length-boundary,
 accumulation-precision, layout) are never named."""
 
-MAX_TARGETS = 6
+MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
-adds its 2 worst, so that a hypothesis that would break it is scored down."""
+adds its worst, so that a hypothesis that would break it is scored down."""
+EXPLAINED = 0.98
+"""A recomputed hypothesis explaining this share of the error ends the search: the later ones are not
+tried (`--explain` says so)."""
 MIN_SCORE = 0.2
 """Causes scoring less are not listed in the diagnosis (`--explain` still shows them)."""
 MAX_CAUSES = 3
@@ -116,6 +119,7 @@ class _Context:
     spans: dict[int, SequenceSpan]
     cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    kv_blocks: dict[tuple[Any, int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def q_side(self, name: str, batch: int, head: int) -> np.ndarray:
         key = (name, batch, head)
@@ -249,20 +253,22 @@ def _recompute(ctx: _Context, v: _Variant, target: _Target) -> np.ndarray:
         kv_head = ctx.kv_head(v, target.head)
         dscores, _ = _dscores(ctx, v, target.batch, target.head, rows, cols, kv_head)
         return scale * (dscores @ ctx.kv_side("key", target.batch, kv_head)[cols])
-    cols = np.arange(target.block * y, min((target.block + 1) * y, span.kv_len))
-    grad = np.zeros((cols.size, case.head_dim))
-    for head in range(case.num_heads):
-        if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
-            continue
-        rows = _positions(np.flatnonzero(mask[head, :, target.block]), x, span.q_len)
-        if not rows.size:
-            continue
-        dscores, probs = _dscores(ctx, v, target.batch, head, rows, cols, target.head)
-        if target.tensor == "dk":
-            grad += scale * (dscores.T @ ctx.q_side("query", target.batch, head)[rows])
-        else:
-            grad += probs.T @ ctx.q_side("dout", target.batch, head)[rows]
-    return grad
+    key = (v, target.batch, target.head, target.block)
+    if key not in ctx.kv_blocks:  # dk and dv of one kv block come from the same products: computed once
+        cols = np.arange(target.block * y, min((target.block + 1) * y, span.kv_len))
+        dk, dv = np.zeros((cols.size, case.head_dim)), np.zeros((cols.size, case.head_dim))
+        for head in range(case.num_heads):
+            if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
+                continue
+            rows = _positions(np.flatnonzero(mask[head, :, target.block]), x, span.q_len)
+            if not rows.size:
+                continue
+            dscores, probs = _dscores(ctx, v, target.batch, head, rows, cols, target.head)
+            dk += scale * (dscores.T @ ctx.q_side("query", target.batch, head)[rows])
+            dv += probs.T @ ctx.q_side("dout", target.batch, head)[rows]
+        ctx.kv_blocks[key] = (dk, dv)
+    dk, dv = ctx.kv_blocks[key]
+    return dk if target.tensor == "dk" else dv
 
 
 def _block_of(case: Case, array: np.ndarray, target: _Target, spans: Mapping[int, SequenceSpan]) -> np.ndarray:
@@ -293,6 +299,7 @@ class _Blocks:
     ctx: _Context
     device_arrays: Mapping[str, np.ndarray]
     bench_arrays: Mapping[str, np.ndarray] | None
+    golden_arrays: Mapping[str, np.ndarray]
     failing: tuple[str, ...]
     targets: list[_Target] = field(default_factory=list)
     data: dict[_Target, tuple[np.ndarray, np.ndarray | None, np.ndarray, float]] = field(default_factory=dict)
@@ -302,7 +309,9 @@ class _Blocks:
         if target in self.data:
             return
         case, ctx = self.case, self.ctx
-        null = _recompute(ctx, _NULL, target)
+        null = _block_of(case, self.golden_arrays[target.tensor], target, ctx.spans)  # gen's golden (float32 or 64)
+        if not np.isfinite(null).all():
+            null = _recompute(ctx, _NULL, target)
         dev = _block_of(case, self.device_arrays[target.tensor], target, ctx.spans)
         bad = ~np.isfinite(dev)
         if bad.any():
@@ -365,14 +374,26 @@ class _Blocks:
                   extra_values: Sequence[np.ndarray] = ()) -> tuple[float, dict[str, float]]:  # fmt: skip
         """Return (share of the excess error removed, each failing tensor's error in benchmark units) of a
         hypothesis's values on the targets (and on `extra` blocks it changes)."""
-        targets = [*self.targets, *extra]
+        return self.explained_on([*self.targets, *extra], [*values, *extra_values])
+
+    def explained_on(self, targets: Sequence[_Target], values: Sequence[np.ndarray]) -> tuple[float, dict[str, float]]:
+        """`explained` over some of the blocks (`screen`: the worst of each failing tensor)."""
         noise = self.noise_of(targets)
         null_excess = self.excess(self.energies(targets, [self.data[t][2] for t in targets]), noise)
-        energies = self.energies(targets, [*values, *extra_values])
+        energies = self.energies(targets, values)
         if null_excess <= 0:
             return 0.0, {}
         share = 1.0 - self.excess(energies, noise) / null_excess
         return max(0.0, min(1.0, share)), {t: math.sqrt(e / noise[t]) for t, e in energies.items()}
+
+    @property
+    def screen(self) -> list[_Target]:
+        """The worst target block of each failing tensor: a hypothesis must explain them to be tried on all."""
+        first: dict[str, _Target] = {}
+        for target in self.targets:
+            if target.tensor in self.failing:
+                first.setdefault(target.tensor, target)
+        return list(first.values())
 
     def falls(self, ratios: Mapping[str, float]) -> str:
         targets = self.targets
@@ -417,7 +438,7 @@ def _targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int = MAX_
         if result.block_map is None:
             continue
         score = np.where(np.isnan(result.block_map.score), -np.inf, result.block_map.score)
-        count = per_tensor if not result.passed else 2
+        count = per_tensor if not result.passed else 1
         for flat in np.argsort(score, axis=None)[::-1][:count]:
             if score.flat[flat] == -np.inf:
                 break
@@ -427,9 +448,10 @@ def _targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int = MAX_
 
 
 def _blocks(case: Case, ctx: _Context, tensors: Sequence[TensorResult], device: Mapping[str, np.ndarray],
-            benchmark: Mapping[str, np.ndarray] | None, per_tensor: int = MAX_TARGETS) -> _Blocks:  # fmt: skip
+            golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
+            per_tensor: int = MAX_TARGETS) -> _Blocks:  # fmt: skip
     failing = tuple(t.name for t in tensors if not t.passed)
-    blocks = _Blocks(case, ctx, device, benchmark, failing)
+    blocks = _Blocks(case, ctx, device, benchmark, golden, failing)
     for target in _targets(case, tensors, per_tensor):
         blocks.add(target)
         blocks.targets.append(target)
@@ -445,6 +467,8 @@ def _applies(case: Case, ctx: _Context, v: _Variant) -> str | None:
             return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
         if v.heads == "next" and case.num_kv_heads <= 1:
             return "not tried: one kv head"
+        if v.group == "not-last" and case.group_size == 2:
+            return "not tried: with groups of 2 it is the same as taking only the first head"
     if v.mask:
         if all(np.array_equal(ctx.mask(v, b), ctx.mask(_NULL, b)) for b in ctx.spans):
             return "not tried: the mask reads the same under it in this case"
@@ -501,13 +525,16 @@ def diagnose(
     if zero and all(_structural_only(t) for t in failing):
         return _ranked(causes, tried)
     bias_only = all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing)
-    blocks = _blocks(case, ctx, tensors, device, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
+    blocks = _blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
     if bias_only:
         _diagnose_bias(case, ctx, failing, blocks, causes, tried)
         return _ranked(causes, tried)
     masks_seen: dict[bytes, _Variant] = {}
+    done: Hypothesis | None = None
     for v in _VARIANTS:
         why = _applies(case, ctx, v)
+        if why is None and done is not None:
+            why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
         if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
             read = b"".join(ctx.mask(v, b).tobytes() for b in sorted(spans))
             if read in masks_seen:
@@ -516,7 +543,18 @@ def diagnose(
         if why is not None:
             tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
             continue
-        values = [_recompute(ctx, v, t) for t in blocks.targets]
+        def value(target: _Target, v: _Variant = v) -> np.ndarray:
+            if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
+                return blocks.data[target][2]
+            return _recompute(ctx, v, target)
+
+        screen = blocks.screen
+        first, measured = blocks.explained_on(screen, [value(t) for t in screen])
+        if first < 0.5 and measured:  # (nothing measured: the worst blocks' error is all NaN/Inf)
+            tried.append(Hypothesis(v.kind, v.supposes, first,
+                                    f"ruled out: explains {first:.0%} of the error of the worst failing blocks"))
+            continue
+        values = [value(t) for t in blocks.targets]
         extra = [t for t in _changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
         for target in extra:
             blocks.add(target)
@@ -530,6 +568,8 @@ def diagnose(
         if share >= 0.5:
             causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", blocks.failing, where))
             tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
+            if share >= EXPLAINED:
+                done = tried[-1]
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
     _scale_fit(case, blocks, causes, tried)
@@ -838,18 +878,20 @@ def _tile_local(case: Case, blocks: _Blocks, causes: list[Cause], tried: list[Hy
     """Excess error confined to one or a few 16x16 tiles of the failing blocks."""
     supposes = "errors confined to one or a few 16x16 tiles"
     energies: list[tuple[float, str]] = []
-    for i, target in enumerate(blocks.targets):
+    for target in blocks.targets:
         if target.tensor not in blocks.failing:
             continue
-        dev, null, bench = blocks.device[i], blocks.null[i], blocks.bench[i]
+        dev, bench, null, _ = blocks.data[target]
         err = (dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0)
         size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
-        for r in range(0, err.shape[0], TILE):
-            for c in range(0, err.shape[1], TILE):
-                energy = float(err[r : r + TILE, c : c + TILE].sum())
-                if energy > 0:
-                    row = target.block * size + r
-                    energies.append((energy / blocks.noise[target.tensor], f"{target.words()} tile at row {row}, column {c}"))
+        starts_r, starts_c = np.arange(0, err.shape[0], TILE), np.arange(0, err.shape[1], TILE)
+        if not err.size:
+            continue
+        tiles = np.add.reduceat(np.add.reduceat(err, starts_r, axis=0), starts_c, axis=1)
+        for r, c in zip(*np.nonzero(tiles > 0), strict=True):
+            row = target.block * size + int(starts_r[r])
+            energies.append((float(tiles[r, c]) / blocks.noise[target.tensor],
+                             f"{target.words()} tile at row {row}, column {int(starts_c[c])}"))  # fmt: skip
     total = sum(e for e, _ in energies)
     energies.sort(key=lambda e: -e[0])
     top = energies[:4]

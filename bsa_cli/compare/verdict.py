@@ -295,12 +295,30 @@ def _diagnosis(case_dir: Path, manifest: Mapping[str, Any], case: Case, tensors:
     """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
     judgement already checked them or the run record answered for them)."""
     try:
-        inputs = {name: map_array(case_dir, entry) for name, entry in iter_entries(manifest, "inputs")}
+        inputs = _LazyInputs(case_dir, dict(iter_entries(manifest, "inputs")))
         with blas.one_thread_each():  # products of a few blocks: BLAS threads only spin (100x slower measured)
             result = diagnose(case, tensors, checks, opened.device, opened.golden, opened.benchmark or None, inputs)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
         return {"hypotheses": (Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}"),)}
     return {"diagnosis": result.causes, "hypotheses": result.hypotheses}
+
+
+class _LazyInputs(Mapping[str, np.ndarray]):
+    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none)."""
+
+    def __init__(self, case_dir: Path, entries: dict[str, Any]) -> None:
+        self.case_dir, self.entries, self.arrays = case_dir, entries, {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            self.arrays[name] = map_array(self.case_dir, self.entries[name])
+        return self.arrays[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
