@@ -147,7 +147,7 @@ CASE_KEYS = {
     "name", "case_dir", "output_dir", "verdict", "spec", "device", "standard", "settings", "dtype", "layout",
     "expect_status", "status", "status_message", "checks", "tensors", "errors", "output_bytes", "seconds",
     "device_kind", "fault", "binary_sha256", "notes", "selection", "kernel_notes", "message", "headline", "deciding",
-    "inputs_sha256",
+    "inputs_sha256", "diagnosis", "hypotheses",
 }  # fmt: skip
 TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
                "extra", "ulp_chart", "golden_dtype", "bias", "passed"}  # fmt: skip

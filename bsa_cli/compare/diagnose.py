@@ -339,15 +339,23 @@ class _Blocks:
     def noise(self) -> dict[str, float]:
         return self.noise_of(self.targets)
 
+    def overflows(self, value: np.ndarray) -> np.ndarray:
+        """Where a value is non-finite, or finite but beyond the case dtype's range (an Inf once cast)."""
+        with np.errstate(invalid="ignore"):
+            return ~(np.abs(value) <= float(np.finfo(numpy_dtype(self.case.dtype)).max))
+
     def predicts_nonfinite(self, values: Sequence[np.ndarray]) -> bool:
-        """Whether values of the targets are non-finite exactly where the device's are (and somewhere)."""
+        """Whether values of the targets overflow (or are NaN/Inf) where the device's are NaN/Inf: 90% of
+        the elements where either is."""
         if not self.nonfinite:
             return False
+        both = either = 0
         for target, value in zip(self.targets, values, strict=True):
             bad = self.nonfinite.get(target, np.zeros(value.shape, dtype=bool))
-            if not np.array_equal(bad, ~np.isfinite(value)):
-                return False
-        return True
+            over = self.overflows(value)
+            both += int((bad & over).sum())
+            either += int((bad | over).sum())
+        return either > 0 and both >= 0.9 * either
 
     def noise_of(self, targets: Sequence[_Target]) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -359,8 +367,8 @@ class _Blocks:
         out: dict[str, float] = dict.fromkeys({t.tensor for t in targets}, 0.0)
         for target, value in zip(targets, values, strict=True):
             bad = self.nonfinite.get(target)
-            if bad is not None:  # a hypothesis predicting the device's NaN/Inf explains them
-                value = np.where(bad & ~np.isfinite(value), self.data[target][0], value)
+            if bad is not None:  # a hypothesis predicting the device's NaN/Inf (or an overflow) explains them
+                value = np.where(bad & self.overflows(value), self.data[target][0], value)
             diff = self.data[target][0] - value
             energy = float((diff * diff).sum()) if diff.size else 0.0
             out[target.tensor] += energy if math.isfinite(energy) else math.inf
@@ -839,16 +847,19 @@ def _rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: _Blocks,
     """Device rows that equal golden rows at other positions of the same head."""
     supposes = "device rows that hold the golden rows of other positions"
     matched, bad_total, where = 0, 0, []
+    energy_all = energy_matched = 0.0
     x, y = case.block_shape
     for i, target in enumerate(blocks.targets):
         if target.tensor not in blocks.failing:
             continue
         dev, null = blocks.device[i], blocks.null[i]
         bench = blocks.bench[i]
-        row_noise = float(((bench - null) ** 2).sum(axis=1).mean()) if bench is not None else 0.0
-        floor = max(row_noise, float((null**2).sum(axis=1).mean()) * 1e-6, 1e-30)
+        scale = float((null**2).sum(axis=1).mean())
+        row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
+        floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
         row_err = ((dev - null) ** 2).sum(axis=1)
-        bad = np.flatnonzero(row_err > 25 * floor)[:32]
+        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's
+        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & (row_err > scale * 1e-6))[:32]
         if not bad.size:
             continue
         span = spans[target.batch]
@@ -860,12 +871,18 @@ def _rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: _Blocks,
         dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + (gold**2).sum(axis=1)[None, :]
         dist[np.arange(bad.size), first + bad] = np.inf
         best = dist.argmin(axis=1)
-        ok = dist[np.arange(bad.size), best] <= 4 * floor
+        closest = dist[np.arange(bad.size), best]
+        # a match: the other golden row explains 95% of the row's error (or is within 4x the benchmark's
+        # row error); neither the row nor the golden row it matches is all zero (empty rows abound)
+        ok = (closest <= np.maximum(4 * floor, 0.05 * row_err[bad])) & (rows**2).sum(axis=1).astype(bool)
+        ok &= (gold[best] ** 2).sum(axis=1) > 0
         bad_total += bad.size
         matched += int(ok.sum())
+        energy_all += float(row_err[bad].sum())
+        energy_matched += float(row_err[bad][ok].sum())
         for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
             where.append(f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} holds golden row {int(s)}")
-    share = matched / bad_total if bad_total else 0.0
+    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
         text = f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: {'; '.join(where[:2])}"
         causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
