@@ -186,6 +186,9 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     tried = lines[start + 1 :]
     assert tried[0].startswith("  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
                                "explains 100% of the excess error: under the hypothesis, dq's error falls to ")
-    ruled_out = [line for line in tried if line.startswith("  [0.") and ": ruled out: explains " in line]
-    assert any("] softmax-grad: Dsum omitted: dS = P dP: ruled out: explains " in line for line in ruled_out)
+    assert any(line.startswith("  [0.00] block-selection: the block mask read transposed ([.., j, i]): ruled out: "
+                               "explains ") for line in tried)
+    # the search ends at the hypothesis that explains the error: the later ones say so
+    assert ("  [0.00] softmax-grad: Dsum omitted: dS = P dP: not tried: 'P recomputed as exp2(S log2(e) - lse): "
+            "lse read as a base-2 log' already explains 100% of the error") in tried
     assert lines[-1].startswith("judged ") or lines[-1].startswith("  [")

@@ -123,8 +123,11 @@ def junit_xml(suite: SuiteResult) -> str:
         classname, name = testcase_id(case)
         testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")
         _properties(testcase, _case_properties(case))
+        message = "; ".join([*case.notes, case.message])
         likely = likely_line(case)
-        message = "; ".join([*case.notes, *([likely] if likely else []), case.message])
+        if likely:  # after the failed checks, kept whole within the message's 1000 characters
+            likely = likely[:500]
+            message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
         if case.verdict == FAIL:
             element = ET.SubElement(testcase, "failure", message=_xml_text(message[:1000]), type="FAIL")
             element.text = _xml_text(case_report_text(case))
