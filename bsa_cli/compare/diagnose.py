@@ -57,6 +57,8 @@ accumulation-precision, layout) are never named."""
 MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
 adds its worst, so that a hypothesis that would break it is scored down."""
+LOCAL = 0.8
+"""A rows-permuted or tile-local pattern scoring this much skips the recomputed hypotheses."""
 EXPLAINED = 0.98
 """A recomputed hypothesis explaining this share of the error ends the search: the later ones are not
 tried (`--explain` says so)."""
@@ -537,10 +539,16 @@ def diagnose(
     if bias_only:
         _diagnose_bias(case, ctx, failing, blocks, causes, tried)
         return _ranked(causes, tried)
+    # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
+    _rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
+    _tile_local(case, blocks, causes, tried)
+    local = next((c for c in causes if c.kind in ("rows-permuted", "tile-local") and c.score >= LOCAL), None)
     masks_seen: dict[bytes, _Variant] = {}
     done: Hypothesis | None = None
     for v in _VARIANTS:
         why = _applies(case, ctx, v)
+        if why is None and local is not None:
+            why = f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks does not produce"
         if why is None and done is not None:
             why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
         if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
@@ -580,13 +588,26 @@ def diagnose(
                 done = tried[-1]
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+    if done is not None or local is not None:  # the patterns below would only rank lower
+        first = done.supposes if done is not None else local.kind if local is not None else ""
+        reason = f"not tried: '{first}' already explains the error"
+        for kind, supposes in _PATTERNS:
+            tried.append(Hypothesis(kind, supposes, 0.0, reason))
+        return _ranked(causes, tried)
     _scale_fit(case, blocks, causes, tried)
     _zero_blocks(blocks, causes, tried)
     _tail_pattern(case, failing, spans, causes, tried)
     _race_pattern(case, ctx, tensors, blocks, causes, tried)
-    _rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
-    _tile_local(case, blocks, causes, tried)
     return _ranked(causes, tried)
+
+
+_PATTERNS = (
+    ("scale", "a gradient off by a constant factor"),
+    ("not-written", "blocks left zero (never written)"),
+    ("tail-block", "errors confined to the partial last blocks"),
+    ("accumulation-race", "a race in the dK/dV accumulation (an update lost in a shared kv block)"),
+)
+"""The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`)."""
 
 
 def _structural_only(result: TensorResult) -> bool:
@@ -872,9 +893,10 @@ def _rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: _Blocks,
         dist[np.arange(bad.size), first + bad] = np.inf
         best = dist.argmin(axis=1)
         closest = dist[np.arange(bad.size), best]
-        # a match: the other golden row explains 95% of the row's error (or is within 4x the benchmark's
-        # row error); neither the row nor the golden row it matches is all zero (empty rows abound)
-        ok = (closest <= np.maximum(4 * floor, 0.05 * row_err[bad])) & (rows**2).sum(axis=1).astype(bool)
+        # a match: the other golden row explains 95% of the row's error and is within 5% of the row's own
+        # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
+        own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
+        ok = (closest <= np.maximum(4 * floor, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
         ok &= (gold[best] ** 2).sum(axis=1) > 0
         bad_total += bad.size
         matched += int(ok.sum())
