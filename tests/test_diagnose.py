@@ -192,3 +192,17 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     assert ("  [0.00] softmax-grad: Dsum omitted: dS = P dP: not tried: 'P recomputed as exp2(S log2(e) - lse): "
             "lse read as a base-2 log' already explains 100% of the error") in tried
     assert lines[-1].startswith("judged ") or lines[-1].startswith("  [")
+
+
+def test_bsa_judge_results_carry_the_diagnosis(tmp_path):
+    from bsa_cli import api
+
+    (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-tnd-varlen"]
+    case_dir = generate_case(case, tmp_path)
+    loaded = api.load_case(case_dir)
+    grads = emulator.emulate(case, loaded.inputs, fault="mask-transposed")
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    assert result.verdict == compare.FAIL and result.diagnosis[0].kind == "block-selection"
+    clean = emulator.emulate(case, loaded.inputs)
+    passed = api.judge(loaded, clean["dq"], clean["dk"], clean["dv"])
+    assert passed.verdict == compare.PASS and passed.diagnosis == () and passed.hypotheses == ()
