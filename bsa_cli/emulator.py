@@ -563,7 +563,8 @@ _Q_SIDE = ("query", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 """The inputs with a query-head axis (axis 1 in BNSD [B, N1, ...], TND [T, N1, ...] and the mask)."""
 
 
-def _emulate_interleaved(case: Case, tensors: Mapping[str, np.ndarray], order_seed: int | None) -> dict[str, np.ndarray]:
+def _emulate_interleaved(case: Case, tensors: Mapping[str, np.ndarray], order_seed: int | None) -> dict[str,
+        np.ndarray]:
     """The heads-interleaved fault: query head n reads kv head n % N2. Planted by ordering the query heads
     so that the kernel's n // G mapping meets that kv head, then putting dq's heads back in place."""
     kv_heads = case.num_kv_heads

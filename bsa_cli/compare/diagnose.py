@@ -94,8 +94,10 @@ class _Variant:
 _VARIANTS = (
     _Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
     _Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
-    _Variant("block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)", mask="kv+1"),
-    _Variant("block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)", mask="kv-1"),
+    _Variant("block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)",
+            mask="kv+1"),
+    _Variant("block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)",
+            mask="kv-1"),
     _Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
     _Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
     _Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
@@ -147,7 +149,8 @@ class _Context:
     def mask(self, variant: _Variant, batch: int) -> np.ndarray:
         key = (variant.mask, batch)
         if key not in self.masks:
-            self.masks[key] = _read_mask(self.case, np.asarray(self.inputs["block_sparse_mask"]), self.spans[batch], variant.mask)
+            self.masks[key] = _read_mask(self.case, np.asarray(self.inputs["block_sparse_mask"]),
+                    self.spans[batch], variant.mask)
         return self.masks[key]
 
     def kv_head(self, variant: _Variant, head: int) -> int:
@@ -526,7 +529,8 @@ def diagnose(
     nonfinite = _nonfinite(case, failing, device, golden, spans)
     if nonfinite is not None:
         causes.append(nonfinite)
-        tried.append(Hypothesis("non-finite", "NaN/Inf written where the golden is finite", 1.0, "explains: " + nonfinite.evidence))
+        tried.append(Hypothesis("non-finite", "NaN/Inf written where the golden is finite", 1.0,
+                "explains: " + nonfinite.evidence))
     zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
     if zero:
         text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
@@ -548,7 +552,8 @@ def diagnose(
     for v in _VARIANTS:
         why = _applies(case, ctx, v)
         if why is None and local is not None:
-            why = f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks does not produce"
+            why = (f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks "
+                   "does not produce")
         if why is None and done is not None:
             why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
         if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
@@ -687,7 +692,8 @@ def _diagnose_bias(case: Case, ctx: _Context, failing: Sequence[TensorResult], b
         for name in names:
             picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
             bench = [blocks.bench[i] for i in picks]
-            own = _relative_bias(bench, [blocks.null[i] for i in picks], thd) if all(b is not None for b in bench) else 0.0
+            own = _relative_bias(bench, [blocks.null[i] for i in picks],
+                    thd) if all(b is not None for b in bench) else 0.0
             null_bias = _relative_bias([blocks.device[i] for i in picks], [blocks.null[i] for i in picks], thd) - own
             hyp_bias = _relative_bias([blocks.device[i] for i in picks], [values[i] for i in picks], thd) - own
             if null_bias == 0:
@@ -734,7 +740,8 @@ def _scale_fit(case: Case, blocks: _Blocks, causes: list[Cause], tried: list[Hyp
     off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
     supposes = "a gradient off by a constant factor"
     if not off:
-        tried.append(Hypothesis("scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"))
+        tried.append(Hypothesis("scale", supposes, 0.0,
+                "ruled out: the least-squares factor of every failing tensor is within 1% of 1"))
         return
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
@@ -760,10 +767,12 @@ def _zero_blocks(blocks: _Blocks, causes: list[Cause], tried: list[Hypothesis]) 
     supposes = "blocks left zero (never written)"
     if where and share >= 0.5:
         text = f"{len(where)} of the failing blocks are all zero where the golden is not: {', '.join(where[:3])}"
-        causes.append(Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})), tuple(where[:3])))
+        causes.append(Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})),
+                tuple(where[:3])))
         tried.append(Hypothesis("not-written", supposes, 0.8 * share, f"fits {share:.0%} of the error: {text}"))
     else:
-        tried.append(Hypothesis("not-written", supposes, 0.0, f"ruled out: no failing block is all zero ({len(where)} found)"))
+        tried.append(Hypothesis("not-written", supposes, 0.0,
+                f"ruled out: no failing block is all zero ({len(where)} found)"))
 
 
 def _block_excess(result: TensorResult) -> np.ndarray | None:
@@ -797,11 +806,13 @@ def _tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Mapping[in
     supposes = "errors confined to the partial last blocks"
     share = min(shares) if shares else 0.0
     if share >= 0.8:
-        text = f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks (Sq % X, Skv % Y)"
+        text = (f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks "
+                "(Sq % X, Skv % Y)")
         causes.append(Cause("tail-block", 0.85 * share, text, tuple(where), ()))
         tried.append(Hypothesis("tail-block", supposes, 0.85 * share, "fits: " + text))
     else:
-        tried.append(Hypothesis("tail-block", supposes, 0.85 * share, f"ruled out: {share:.0%} of the excess error in tail blocks"))
+        tried.append(Hypothesis("tail-block", supposes, 0.85 * share,
+                f"ruled out: {share:.0%} of the excess error in tail blocks"))
 
 
 def _race_pattern(case: Case, ctx: _Context, tensors: Sequence[TensorResult], blocks: _Blocks,
@@ -813,7 +824,8 @@ def _race_pattern(case: Case, ctx: _Context, tensors: Sequence[TensorResult], bl
         tried.append(Hypothesis("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass"))
         return
     null = _NULL
-    kv_targets = [(i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk", "dv") and t.tensor in blocks.failing]
+    kv_targets = [(i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk",
+            "dv") and t.tensor in blocks.failing]
     bad = [(i, t) for i, t in kv_targets
            if float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS]
     bad_blocks = sorted({(t.batch, t.head, t.block) for _, t in bad})
@@ -827,7 +839,8 @@ def _race_pattern(case: Case, ctx: _Context, tensors: Sequence[TensorResult], bl
         pairs = [(h, int(i)) for h in range(case.num_heads) if ctx.kv_head(null, h) == kv_head
                  for i in np.flatnonzero(mask[h, :, block])]  # fmt: skip
         if len(pairs) < 2:
-            tried.append(Hypothesis("accumulation-race", supposes, 0.0, "ruled out: a failing kv block only one pair selects"))
+            tried.append(Hypothesis("accumulation-race", supposes, 0.0,
+                    "ruled out: a failing kv block only one pair selects"))
             return
         picks = [i for i, t in kv_targets if (t.batch, t.head, t.block) == (batch, kv_head, block)]
         best = 0.0
@@ -841,16 +854,19 @@ def _race_pattern(case: Case, ctx: _Context, tensors: Sequence[TensorResult], bl
     share = min(explained)
     names = ", ".join(f"batch {b} kv head {n} kv block {j}" for b, n, j in bad_blocks)
     if share >= 0.8:
-        text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs; one pair's partial missing explains {share:.0%} of it"
+        text = (f"dq right, dK/dV wrong only in {names}, selected by two or more pairs; one pair's partial "
+                f"missing explains {share:.0%} of it")
         score = 0.95 * share
     else:
         text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs"
         score = 0.6
-    causes.append(Cause("accumulation-race", score, text, tuple(n for n in ("dk", "dv") if n in blocks.failing), (names,)))
+    causes.append(Cause("accumulation-race", score, text, tuple(n for n in ("dk", "dv") if n in blocks.failing),
+            (names,)))
     tried.append(Hypothesis("accumulation-race", supposes, score, "fits: " + text))
 
 
-def _pair_partial(ctx: _Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str, np.ndarray]:
+def _pair_partial(ctx: _Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str,
+        np.ndarray]:
     """One (query head, query block) pair's share of a kv block's dK and dV."""
     case, span = ctx.case, ctx.spans[batch]
     x, y = case.block_shape
@@ -903,14 +919,17 @@ def _rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: _Blocks,
         energy_all += float(row_err[bad].sum())
         energy_matched += float(row_err[bad][ok].sum())
         for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
-            where.append(f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} holds golden row {int(s)}")
+            where.append(f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
+                         f"holds golden row {int(s)}")
     share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
-        text = f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: {'; '.join(where[:2])}"
+        text = (f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
+                f"{'; '.join(where[:2])}")
         causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
         tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
     else:
-        tried.append(Hypothesis("rows-permuted", supposes, 0.0, f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"))
+        tried.append(Hypothesis("rows-permuted", supposes, 0.0,
+                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"))
 
 
 def _tile_local(case: Case, blocks: _Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
@@ -937,8 +956,10 @@ def _tile_local(case: Case, blocks: _Blocks, causes: list[Cause], tried: list[Hy
     share = sum(e for e, _ in top) / total if total else 0.0
     if share >= 0.9:
         many = sum(1 for e, _ in energies if e >= 0.05 * total)
-        text = f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 tile{'s' if many != 1 else ''}: {top[0][1]}"
+        text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
+                f"tile{'s' if many != 1 else ''}: {top[0][1]}")
         causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, tuple(w for _, w in top[:many])))
         tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
     else:
-        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"))
+        tried.append(Hypothesis("tile-local", supposes, 0.0,
+                f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"))
