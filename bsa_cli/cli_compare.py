@@ -96,6 +96,9 @@ _STANDARD_HELP = (
               help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
                    f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).")
 @jobs_option_for("Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.")
+@click.option("--explain", metavar="CASE",
+              help="Judge (or, with --merge, read) only case CASE and print its diagnosis's full reasoning: each "
+                   "hypothesis tried, what it explained, why the others were ruled out.")
 @click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
 def compare_command(
     paths: tuple[Path, ...],
@@ -114,6 +117,7 @@ def compare_command(
     fail_on_regression: bool,
     regression_margin: str | None,
     jobs: int | None,
+    explain: str | None,
     verbose: bool,
 ) -> None:
     """Judge the device's dq, dk, dv of every case under OUT (or merge shard reports with --merge).
@@ -142,14 +146,20 @@ def compare_command(
     else:
         run = run_settings(standard, thresholds, padding)
         case_dirs = select_cases_or_suites(paths, filters)
-        missing = missing_cases(folders_of_cases(paths), case_dirs, filters)
+        if explain is not None:
+            case_dirs = _explained_dirs(case_dirs, explain)
+        missing = missing_cases(folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
         prepare_reports(reports)
         try:
             suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs,
                                   missing=missing)  # fmt: skip
         except (ValueError, BsaError) as exc:
             raise UserError(str(exc)) from None
+    if explain is not None:
+        suite = _explained_suite(suite, explain)
     report.render_terminal(suite, output.stdout, verbose=verbose)
+    if explain is not None:
+        report.render_explanation(suite.cases[0], output.stdout)
     devices = tuple(d["device"] for d in report.suite_devices(suite))
     drift = None if night is None else drift_.compare_with_baseline(suite, night, margin, devices)
     code = suite.return_code if drift is None else drift.return_code(suite.return_code, fail_on_regression)
@@ -162,6 +172,22 @@ def compare_command(
         rate = f" ({megabytes / seconds:.0f} MB/s)" if seconds > 0 and megabytes >= 1 else ""
         output.info(f"judged {megabytes:.1f} MB of device outputs in {seconds:.2f} s{rate}")
     click.get_current_context().exit(code)
+
+
+def _explained_dirs(case_dirs: list[Path], name: str) -> list[Path]:
+    """The case directory `--explain` names (its folder name), or a usage error."""
+    found = [d for d in case_dirs if Path(d).name == name]
+    if not found:
+        raise UserError(f"--explain {name}: no such case under the given folders")
+    return found[:1]
+
+
+def _explained_suite(suite: SuiteResult, name: str) -> SuiteResult:
+    """The suite cut to the case `--explain` names (by case name or folder), or a usage error."""
+    found = [c for c in suite.cases if name in (c.name, Path(c.case_dir).name)]
+    if not found:
+        raise UserError(f"--explain {name}: no such case in the reports")
+    return SuiteResult(tuple(found[:1]), suite.seconds)
 
 
 def _baseline_options(

@@ -86,6 +86,11 @@ FAULTS: dict[str, str] = {
     "(applies when the scale is not exact in the case dtype)",
     "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
     "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
+    "rows-swapped": "two dq rows are written to each other's places: the first two rows of the middle selected "
+    "query block (or that block's one row and the row before it; applies when a query row has a neighbour)",
+    "heads-interleaved": "query head n reads kv head n % N2 instead of n // (N1 / N2), and dK/dV sum the query "
+    "heads mapped to them (applies with N1 > N2 > 1)",
+    "dq-scaled-twice": "dQ is multiplied by scale twice at the end (applies when scale != 1)",
 }
 """Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
 selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
@@ -240,6 +245,15 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         return any(_shared_blocks(case, block_mask, span) for span in spans)
     if name == "dk-no-scale" and case.kernel_scale == 1.0:
         return False
+    if name == "dq-scaled-twice" and case.kernel_scale == 1.0:
+        return False
+    if name == "heads-interleaved" and not (case.group_size > 1 and case.num_kv_heads > 1):
+        return False
+    if name == "rows-swapped":
+        if block_mask is None:
+            return max((s.q_len for s in spans), default=0) >= 2
+        site = _fault_site(case, block_mask)
+        return site is not None and site.span.q_len >= 2
     if name == "scale-rounded" and _kernel_scale(case, name) == np.float32(case.kernel_scale):
         return False
     if name == "drop-tail-block" and not any(
@@ -255,6 +269,10 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
         if name == "no-gqa-sum":
             group = case.group_size
             if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
+                return True
+        elif name == "heads-interleaved":
+            moved = [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
+            if mask[moved].any():
                 return True
         elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
             if not np.array_equal(mask, _effective_mask(case, block_mask, span, name)):
@@ -474,6 +492,8 @@ def emulate(
     """
     if fault is not None and fault not in ALL_FAULTS:
         raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(ALL_FAULTS)}")
+    if fault == "heads-interleaved":
+        return _emulate_interleaved(case, tensors, order_seed)
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
     order = None if order_seed is None else seeded(order_seed)
@@ -496,12 +516,16 @@ def emulate(
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
+    if fault == "dq-scaled-twice":
+        dq *= scale32
     grads = {name: to_dtype(grad, io_dtype, BACKWARD_TIES) for name, grad in (("dq", dq), ("dk", dk), ("dv", dv))}
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
-    if fault in ("nan-row", "tile-noise"):
+    if fault in ("nan-row", "tile-noise", "rows-swapped"):
         site = _fault_site(case, block_mask)
-        if fault == "nan-row":
+        if fault == "rows-swapped":
+            _plant_rows_swapped(case, grads["dq"], site)
+        elif fault == "nan-row":
             _plant_nan_row(case, grads["dq"], site)
         elif site is not None:
             _plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
@@ -535,6 +559,36 @@ def _plant_nan_row(case: Case, dq: np.ndarray, site: _Site | None) -> None:
             dq.reshape(-1, case.head_dim)[0] = np.nan
     else:
         q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
+
+
+_Q_SIDE = ("query", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
+"""The inputs with a query-head axis (axis 1 in BNSD [B, N1, ...], TND [T, N1, ...] and the mask)."""
+
+
+def _emulate_interleaved(case: Case, tensors: Mapping[str, np.ndarray], order_seed: int | None) -> dict[str,
+        np.ndarray]:
+    """The heads-interleaved fault: query head n reads kv head n % N2. Planted by ordering the query heads
+    so that the kernel's n // G mapping meets that kv head, then putting dq's heads back in place."""
+    kv_heads = case.num_kv_heads
+    order = np.array(sorted(range(case.num_heads), key=lambda n: (n % kv_heads, n)))
+    moved = {name: np.take(np.asarray(tensors[name]), order, axis=1) if name in _Q_SIDE else tensors[name]
+             for name in tensors}  # fmt: skip
+    grads = emulate(case, moved, None, order_seed)
+    dq = np.empty_like(grads["dq"])
+    dq[:, order] = grads["dq"]
+    return {**grads, "dq": dq}
+
+
+def _plant_rows_swapped(case: Case, dq: np.ndarray, site: _Site | None) -> None:
+    """Swap the first two rows of the site's query block (its one row and the row before it when it has one)."""
+    if site is None:
+        return
+    first = site.q_block * case.block_shape[0]
+    rows = q_view(case, dq, site.span)[site.head]
+    a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
+    if a < 0:
+        return
+    rows[[a, b]] = rows[[b, a]]
 
 
 def _plant_tile_noise(

@@ -147,7 +147,7 @@ CASE_KEYS = {
     "name", "case_dir", "output_dir", "verdict", "spec", "device", "standard", "settings", "dtype", "layout",
     "expect_status", "status", "status_message", "checks", "tensors", "errors", "output_bytes", "seconds",
     "device_kind", "fault", "binary_sha256", "notes", "selection", "kernel_notes", "message", "headline", "deciding",
-    "inputs_sha256", "release", "device_cann",
+    "inputs_sha256", "release", "device_cann", "diagnosis", "hypotheses",
 }  # fmt: skip
 TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
                "extra", "ulp_chart", "golden_dtype", "bias", "passed"}  # fmt: skip
@@ -165,7 +165,7 @@ def test_json_schema_is_stable():
     document = report.to_document(sample_suite())
     assert set(document) == {"schema", "schema_minor", "tool", "date", "host", "devices", "exit_code", "summary",
                              "cases"}  # fmt: skip
-    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 2 and document["exit_code"] == 3
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 3 and document["exit_code"] == 3
     reference = "reference (bsa emulate)"
     assert document["devices"] == [{"device": reference, "kind": None, "name": reference, "fault": None,
                                     "binary_sha256": None, "cases": 4}]  # fmt: skip

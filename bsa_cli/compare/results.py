@@ -178,6 +178,52 @@ class TensorResult:
         return all(c.passed for c in self.checks)
 
 
+DIAGNOSIS_KINDS = (
+    "non-finite",
+    "not-written",
+    "block-selection",
+    "tail-block",
+    "length-boundary",
+    "gqa-head-mapping",
+    "gqa-group-sum",
+    "scale",
+    "softmax-lse",
+    "softmax-grad",
+    "precision-bias",
+    "accumulation-precision",
+    "accumulation-race",
+    "rows-permuted",
+    "tile-local",
+    "layout",
+)
+"""The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
+tests some of them (`diagnose.TESTED_KINDS`)."""
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One likely cause of a failing case: a kind of `DIAGNOSIS_KINDS`, its score in [0, 1] (the share of
+    the error it explains, or how well the errors' pattern fits it), one line of evidence, the tensors it
+    concerns and where (blocks, rows) in the operator's terms."""
+
+    kind: str
+    score: float
+    evidence: str
+    tensors: tuple[str, ...]
+    where: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One hypothesis the diagnosis tried (`bsa compare --explain`): its kind, what it supposes, its score
+    and what came of it (explained, or why it was ruled out or not tried)."""
+
+    kind: str
+    supposes: str
+    score: float
+    outcome: str
+
+
 SELECTION_MAX_CELLS = 1 << 16
 """Largest block mask (cells) a failing case's result keeps for its pictures."""
 
@@ -232,6 +278,8 @@ class CaseResult:
     inputs_sha256: str | None = None  # `manifest.inputs_digest`: which input bytes the case ran on
     release: str | None = None  # the operator release whose rules the case's expected status follows
     device_cann: str | None = None  # the CANN version the device side ran (run.json device_software), if known
+    diagnosis: tuple[Cause, ...] = ()  # a FAIL's likely causes, best first (`compare.diagnose`); a PASS none
+    hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
 
     @property
     def passed(self) -> bool:

@@ -15,16 +15,18 @@ from typing import Any
 
 import numpy as np
 
+from .. import blas
 from ..case import ACLNN_STATUS, Case, numpy_dtype
 from ..errors import DataError, clip
 from ..interface import release_of_cann
 from ..layout import mask_view
 from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest, release_of
 from ..manifest import notes as manifest_notes
-from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest
+from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest, map_array
 from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info, not_run_message
+from .diagnose import diagnose
 from .judge import judge_tensors
-from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Selection, TensorResult
+from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Hypothesis, Selection, TensorResult
 from .standards import STANDARDS, RunSettings, resolve_settings
 from .summary import summary_key
 
@@ -284,8 +286,42 @@ def _judge_case(
     known["kernel_notes"] = manifest_notes(manifest)
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
+    if not all(t.passed for t in tensors) or not all(c.passed for c in checks):
+        known.update(_diagnosis(case_dir, manifest, case, tensors, checks, opened))
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
+
+
+def _diagnosis(case_dir: Path, manifest: Mapping[str, Any], case: Case, tensors: tuple[TensorResult, ...],
+               checks: list[Check], opened: Any) -> dict[str, Any]:  # fmt: skip
+    """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
+    judgement already checked them or the run record answered for them)."""
+    try:
+        inputs = _LazyInputs(case_dir, dict(iter_entries(manifest, "inputs")))
+        with blas.one_thread_each():  # products of a few blocks: BLAS threads only spin (100x slower measured)
+            result = diagnose(case, tensors, checks, opened.device, opened.golden, opened.benchmark or None, inputs)
+    except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
+        return {"hypotheses": (Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}"),)}
+    return {"diagnosis": result.causes, "hypotheses": result.hypotheses}
+
+
+class _LazyInputs(Mapping[str, np.ndarray]):
+    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none)."""
+
+    def __init__(self, case_dir: Path, entries: dict[str, Any]) -> None:
+        self.case_dir, self.entries = case_dir, entries
+        self.arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            self.arrays[name] = map_array(self.case_dir, self.entries[name])
+        return self.arrays[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
 
 
 def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:

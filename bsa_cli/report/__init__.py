@@ -26,13 +26,13 @@ from .document import (
     write_json,
 )
 from .files import ReportPathError, prepare_report_paths, write_text_atomic
-from .formatting import summary_line
+from .formatting import likely_line, summary_line
 from .header import ReportHeader, report_header
 from .junit import case_report_text, junit_xml, testcase_id, write_junit
 from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, csv_text, write_csv
 from .page import html_report, write_html
 from .regressions import drift_html, render_drift
-from .terminal import render_terminal
+from .terminal import render_explanation, render_terminal
 
 _case_report_text = case_report_text  # the name api.py imports
 
@@ -57,6 +57,8 @@ __all__ = [
     "msprobe_csv",
     "prepare_report_paths",
     "render_drift",
+    "likely_line",
+    "render_explanation",
     "render_terminal",
     "report_header",
     "suite_devices",

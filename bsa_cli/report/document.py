@@ -40,10 +40,12 @@ SCHEMA = "bsa-compare/1"
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`)."""
 
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
 """Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
-baseline, `drift` and `regressions`); 2 added `inputs_sha256` per case and `drift.inputs_changed`; a
-document without `schema_minor` is minor 0."""
+baseline, `drift` and `regressions`); 2 added `inputs_sha256` per case and `drift.inputs_changed`; 3 added
+`diagnosis` (a failing case's likely causes: `{kind, score, evidence, tensors, where}`) and `hypotheses`
+(every hypothesis the diagnosis tried: `{kind, supposes, score, outcome}`) per case; a document without
+`schema_minor` is minor 0."""
 
 
 def _map_cells(array: np.ndarray) -> Any:

@@ -133,4 +133,17 @@ __all__ = [
     "standards_line",
     "summary_line",
     "where",
+    "likely_line",
 ]
+
+
+def likely_line(case: CaseResult) -> str | None:
+    """The `likely:` line of a diagnosed failing case: its best cause with score and evidence (None for a case
+    the diagnosis did not run on)."""
+    if case.verdict != FAIL or not case.hypotheses:
+        return None
+    if not case.diagnosis:
+        return (f"likely: unexplained: none of {len(case.hypotheses)} hypotheses fits "
+                f"(bsa compare --explain {case.name})")
+    best = case.diagnosis[0]
+    return f"likely: {best.kind} ({best.score:.2f}): {best.evidence}"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..compare import ERROR, FAIL, CaseResult, SuiteResult
 from .files import write_text_atomic
-from .formatting import fmt, is_reference, planted_fault, provenance, where
+from .formatting import fmt, is_reference, likely_line, planted_fault, provenance, where
 
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -26,6 +26,8 @@ def case_report_text(case: CaseResult) -> str:
     for check in sorted(case.all_checks, key=lambda c: -c.severity):
         if not check.passed:
             lines.append(f"FAIL {check.detail}")
+    for rank, cause in enumerate(case.diagnosis, 1):
+        lines.append(f"likely #{rank}: {cause.kind} ({cause.score:.2f}): {cause.evidence}")
     for tensor in case.tensors:
         if tensor.passed:
             continue
@@ -124,6 +126,10 @@ def junit_xml(suite: SuiteResult) -> str:
         testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")
         _properties(testcase, _case_properties(case))
         message = "; ".join([*case.notes, case.message])
+        likely = likely_line(case)
+        if likely:  # after the failed checks, kept whole within the message's 1000 characters
+            likely = likely[:500]
+            message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
         if case.verdict == FAIL:
             element = ET.SubElement(testcase, "failure", message=_xml_text(message[:1000]), type="FAIL")
             element.text = _xml_text(case_report_text(case))

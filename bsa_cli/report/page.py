@@ -184,6 +184,10 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     if failed and failed[0].name == "bias":  # the picture of what decided first
         parts.append(bias_figure)
         bias_figure = ""
+    for cause in case.diagnosis:  # the evidence next to the heat map it refers to
+        if tensor.name in cause.tensors:
+            parts.append(f'<p class="note">likely: {esc(cause.kind)} ({cause.score:.2f}): {esc(cause.evidence)}</p>')
+            break
     block_map = tensor.block_map
     if block_map is not None and block_map.score.size:
         limit = _tile_limit(case)
@@ -222,6 +226,11 @@ def _case_section(case: CaseResult) -> str:
         return "".join(parts)
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
+        if case.diagnosis:
+            rows = [[str(rank), esc(c.kind), f"{c.score:.2f}", esc(", ".join(c.tensors)), esc(c.evidence)]
+                    for rank, c in enumerate(case.diagnosis, 1)]  # fmt: skip
+            parts.append("<h3>diagnosis: likely causes, best first</h3>")
+            parts.append(_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
         for tensor in case.tensors:
             if not tensor.passed:
                 parts.append(_failing_tensor(case, tensor))

@@ -13,7 +13,16 @@ from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from .formatting import METRIC_ROWS, fmt, is_reference, planted_fault, releases_line, summary_line, where
+from .formatting import (
+    METRIC_ROWS,
+    fmt,
+    is_reference,
+    likely_line,
+    planted_fault,
+    releases_line,
+    summary_line,
+    where,
+)
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
 
@@ -57,8 +66,45 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
         headline = case.headline
         if short and headline.startswith(f"{CLOSEST} "):  # a PASS without notes
             headline = _DETAIL.sub("", headline.removeprefix(f"{CLOSEST} "))
+        likely = likely_line(case)
+        if likely:
+            headline = f"{headline}\n{likely}"
         table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), headline)
     return table
+
+
+def _diagnosis_table(case: CaseResult, console: Console) -> Table:
+    table = Table(box=_box(console), title=f"{case.name}: diagnosis (likely causes, best first)", title_justify="left")
+    for column in ("#", "kind", "score", "tensors", "evidence"):
+        table.add_column(column, justify="right" if column in ("#", "score") else "left", overflow="fold")
+    for rank, cause in enumerate(case.diagnosis, 1):
+        table.add_row(str(rank), cause.kind, f"{cause.score:.2f}", ",".join(cause.tensors), cause.evidence)
+    return table
+
+
+def render_explanation(case: CaseResult, console: Console) -> None:
+    """Print the full reasoning of one case's diagnosis: its causes, then every hypothesis tried, best
+    first, with what it explained or why it was ruled out (`bsa compare --explain CASE`)."""
+    console.print(Text(f"{case.name}: {case.verdict}: {case.headline}"), soft_wrap=True)
+    if case.verdict != FAIL:
+        console.print("no diagnosis: only a failing case is diagnosed")
+        return
+    if not case.hypotheses:
+        console.print("no diagnosis: no gradient was judged (the case failed on its status)")
+        return
+    if case.diagnosis:
+        console.print(_diagnosis_table(case, console))
+        for cause in case.diagnosis:
+            if cause.where:
+                console.print(Text(f"  {cause.kind} where: {'; '.join(cause.where)}"), soft_wrap=True)
+    else:
+        console.print("no cause scores 0.2 or more: the errors are unexplained")
+    console.print(f"hypotheses tried ({len(case.hypotheses)}), best first:")
+    for hypothesis in case.hypotheses:
+        console.print(
+            Text(f"  [{hypothesis.score:.2f}] {hypothesis.kind}: {hypothesis.supposes}: {hypothesis.outcome}"),
+            soft_wrap=True,
+        )
 
 
 def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
@@ -184,6 +230,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         if case.verdict == PASS and not verbose:
             continue
         console.print(_checks_table(case, console, only_failed=not verbose))
+        if verbose and case.diagnosis:
+            console.print(_diagnosis_table(case, console))
         if verbose or any(c.name == "bias" and not c.passed for c in case.all_checks):
             if any(t.bias is not None for t in case.tensors):
                 console.print(_bias_table(case, console))
