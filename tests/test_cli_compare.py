@@ -208,3 +208,21 @@ def test_each_report_file_is_named_on_stderr_when_written(out, tmp_path):
         f"wrote HTML report {paths['html']}", f"wrote CSV report {paths['csv']}",
     ]  # fmt: skip
     assert all(path.is_file() for path in paths.values())
+
+
+def test_every_report_says_which_release_the_cases_expect(tmp_path: Path) -> None:
+    import yaml
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump({"cases": [{"name": "c", "num_heads": 1, "q_seq_len": 32, "head_dim": 16,
+                                               "block_shape": [16, 16], "release": "9.1.0"}]}))  # fmt: skip
+    runner = CliRunner()
+    result = runner.invoke(main, ["check", str(spec), "-o", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"),
+                                  "--junit", str(tmp_path / "r.xml"), "--html", str(tmp_path / "r.html")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "expected statuses follow operator release 9.1.0 (1 case)" in result.stdout
+    assert json.loads((tmp_path / "r.json").read_text())["cases"][0]["release"] == "9.1.0"
+    assert '<property name="release" value="9.1.0"' in (tmp_path / "r.xml").read_text()
+    assert "<dt>release</dt><dd>expected statuses follow operator release 9.1.0 (1 case)</dd>" in (
+        tmp_path / "r.html"
+    ).read_text()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
 from . import svg
 from .files import write_text_atomic
-from .formatting import METRIC_ROWS, device_lines, fmt, standards_line, summary_line, where
+from .formatting import METRIC_ROWS, device_lines, fmt, releases_line, standards_line, summary_line, where
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
 from .regressions import drift_html
@@ -84,6 +84,9 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
     rows.append(("standard", esc(standards_line(suite))))
+    releases = releases_line(suite)
+    if releases:
+        rows.append(("release", esc(releases)))
     rows.append(("cases", f"{esc(summary_line(suite))}; exit code {suite.return_code}"))
     meta = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
     return (
