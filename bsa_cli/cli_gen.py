@@ -60,10 +60,7 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
 
 def release_line(cases: Sequence[Case], override: str | None) -> str:
     """Say which operator release the cases' expected statuses follow (and where that came from)."""
-    counts: dict[str, int] = {}
-    for case in cases:
-        counts[case.release] = counts.get(case.release, 0) + 1
-    shown = ", ".join(f"{release} ({plural(n, 'case')})" for release, n in sorted(counts.items())) or "-"
+    shown = interface.release_counts(case.release for case in cases) or "-"
     source = "--release" if override else f"the specs' release: (default {DEFAULT_RELEASE})"
     return f"operator release: {shown}, from {source}"
 

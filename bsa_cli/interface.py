@@ -17,7 +17,7 @@ manifest's `inputs` and `outputs` entries), so a spec, a manifest and the refere
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,15 @@ RULES = RULES_BY_RELEASE[DEFAULT_RELEASE]
 
 DETERMINISTIC_RELEASES = ("master",)
 """Releases whose A2/A3 tiling has the deterministic mode (`GetDeterministic()`, master since 2026-08-04)."""
+
+def release_counts(releases: Iterable[str | None]) -> str:
+    """Return e.g. "9.0.0 (11 cases), master (53 cases)" for the releases of some cases ("" for none)."""
+    counts: dict[str, int] = {}
+    for release in releases:
+        if release:
+            counts[release] = counts.get(release, 0) + 1
+    return ", ".join(f"{release} ({n} case{'s' if n != 1 else ''})" for release, n in sorted(counts.items()))
+
 
 def release_of_cann(version: str | None) -> str | None:
     """Return the ops-transformer release a CANN version ships (9.0.x -> 9.0.0, 9.1.x -> 9.1.0), or None

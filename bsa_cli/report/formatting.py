@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
+from ..interface import release_counts
 
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("max_abs_err", "max abs error"),
@@ -61,14 +62,8 @@ def summary_line(suite: SuiteResult) -> str:
 
 def releases_line(suite: SuiteResult) -> str | None:
     """Return e.g. "expected statuses follow operator release master (28 cases)", or None without releases."""
-    counts: dict[str, int] = {}
-    for case in suite.cases:
-        if case.release:
-            counts[case.release] = counts.get(case.release, 0) + 1
-    if not counts:
-        return None
-    shown = ", ".join(f"{release} ({n} case{'s' if n != 1 else ''})" for release, n in sorted(counts.items()))
-    return f"expected statuses follow operator release {shown}"
+    shown = release_counts(case.release for case in suite.cases)
+    return f"expected statuses follow operator release {shown}" if shown else None
 
 
 def where(tensor: TensorResult, coords: Mapping[str, int], block: int) -> str:
