@@ -17,7 +17,7 @@ from typing import Any
 
 import click
 
-from . import __version__
+from ._version import __version__
 from .cli_common import EXIT_INTERRUPTED, UserError
 from .cli_compare import compare_command
 from .cli_export import export_command

@@ -18,7 +18,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import __version__, compare, golden
+from . import compare, golden
+from ._version import __version__
 from .case import Case, numpy_dtype
 from .errors import DataError
 from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats

@@ -11,7 +11,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from . import __version__, interface
+from . import interface
+from ._version import __version__
 from .case import Case, Expect, TensorOverride
 from .errors import clip
 from .store import FORMAT

@@ -38,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, device_software
+from . import device_software
+from ._version import __version__
 from .case import numpy_dtype
 from .devices import Device, RunConfigError, RunOptions, _emulator
 from .errors import BsaError, DataError, clip, show

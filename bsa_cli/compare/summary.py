@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__
+from .._version import __version__
 from ..case import Case
 from ..manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS

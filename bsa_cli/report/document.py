@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, drift
+from .. import drift
+from .._version import __version__
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
 from ..errors import DataError
 from ..manifest import json_number

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import __version__
+from .._version import __version__
 from ..compare import SuiteResult
 
 
