@@ -27,9 +27,9 @@ import numpy as np
 from . import interface
 from .compare import case_settings
 from .errors import DataError
-from .manifest import GRAD_NAMES, case_from_manifest
+from .manifest import GRAD_NAMES, Manifest
 from .report.files import write_text_atomic
-from .store import iter_entries, load_manifest, read_array, read_regular
+from .store import load_manifest, read_array, read_regular
 
 FORMATS = ("msopst", "atk")
 OP_TYPE = "BlockSparseAttentionGrad"
@@ -65,9 +65,9 @@ def _attributes(params: Mapping[str, Any]) -> list[tuple[str, str, Any]]:
     ]
 
 
-def _tensors(manifest: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+def _tensors(manifest: Manifest) -> list[tuple[str, Mapping[str, Any]]]:
     """Return the input entries the call passes, in the operator's order (a null tensor is absent)."""
-    inputs = dict(iter_entries(manifest, "inputs"))
+    inputs = dict(manifest.entries("inputs"))
     return [(name, inputs[name]) for name in INPUT_ORDER if name in inputs]
 
 
@@ -89,10 +89,10 @@ def _function_name(case_name: str) -> str:
     return "expect_" + re.sub(r"\W", "_", case_name)
 
 
-def msopst_case(case_dir: Path, manifest: Mapping[str, Any], expect_module: Path) -> list[dict[str, Any]]:
+def msopst_case(case_dir: Path, manifest: Manifest, expect_module: Path) -> list[dict[str, Any]]:
     """Return the msOpST test-case JSON (a list of one case) of a generated case."""
     case_dir = Path(case_dir).resolve()
-    params = manifest["params"]
+    params = manifest.params
     inputs = []
     for name, entry in _tensors(manifest):
         inputs.append({
@@ -101,13 +101,12 @@ def msopst_case(case_dir: Path, manifest: Mapping[str, Any], expect_module: Path
         })  # fmt: skip
     outputs = [
         {"name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"])}
-        for name, entry in iter_entries(manifest, "outputs")
+        for name, entry in manifest.entries("outputs")
     ]
     attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(params)]
-    expect = manifest.get("expect") or {}
-    ok = expect.get("status", 0) == 0
+    ok = not manifest.is_negative
     document: dict[str, Any] = {
-        "case_name": re.sub(r"\W", "_", str(manifest["name"])),
+        "case_name": re.sub(r"\W", "_", manifest.name),
         "op": OP_TYPE,
         "input_desc": inputs,
         "output_desc": outputs,
@@ -115,14 +114,14 @@ def msopst_case(case_dir: Path, manifest: Mapping[str, Any], expect_module: Path
         "expect": "success" if ok else "failed",
         "error_threshold": _error_threshold(manifest),
     }
-    if ok and manifest.get("golden"):
-        document["calc_expect_func_file"] = f"{expect_module}:{_function_name(str(manifest['name']))}"
+    if ok and manifest.has_golden:
+        document["calc_expect_func_file"] = f"{expect_module}:{_function_name(manifest.name)}"
     return [document]
 
 
-def _error_threshold(manifest: Mapping[str, Any]) -> list[float]:
+def _error_threshold(manifest: Manifest) -> list[float]:
     """msOpST's [diff_thd, pct_thd]: the case's own when it is judged by allclose:msopst, else msOpST's default."""
-    settings = (manifest.get("compare") or {}).get("thresholds") or {}
+    settings = manifest.thresholds
     return [float(settings.get("diff_thd", 0.01)), float(settings.get("pct_thd", 0.05))]
 
 
@@ -134,11 +133,11 @@ ATK_STANDARD_KEYS = {
 """bsa's double-benchmark limits -> ATK's cv_fused_double_benchmark keys."""
 
 
-def atk_case(case_dir: Path, manifest: Mapping[str, Any], index: int) -> dict[str, Any]:
+def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
     """Return the ATK-style case JSON of a generated case (`index`: its id in the export)."""
     case_dir = Path(case_dir).resolve()
-    case = case_from_manifest(manifest)
-    params = manifest["params"]
+    case = manifest.case
+    params = manifest.params
     inputs: list[dict[str, Any]] = []
     for name, entry in _tensors(manifest):
         inputs.append({
@@ -148,26 +147,25 @@ def atk_case(case_dir: Path, manifest: Mapping[str, Any], index: int) -> dict[st
         })  # fmt: skip
     for name, kind, value in _attributes(params):
         inputs.append({"name": name, "type": "attr", "required": True, "dtype": kind, "value": value})
-    golden = dict(iter_entries(manifest, "golden"))
+    golden = dict(manifest.entries("golden"))
     outputs = []
-    for name, entry in iter_entries(manifest, "outputs"):
+    for name, entry in manifest.entries("outputs"):
         output: dict[str, Any] = {"name": OP_NAMES[name], "type": "tensor", "dtype": entry["dtype"],
                                   "shape": list(entry["shape"])}  # fmt: skip
         if name in golden:
             output["golden_file"] = str(case_dir / golden[name]["file"])
             output["golden_dtype"] = golden[name]["dtype"]
         outputs.append(output)
-    expect = manifest.get("expect") or {"status": 0, "name": "ACLNN_SUCCESS"}
     return {
         "id": index,
-        "name": str(manifest["name"]),
+        "name": manifest.name,
         "aclnn_name": ACLNN_NAME,
         "api_type": "aclnn",
-        "standard": _atk_standard(case) if expect.get("status", 0) == 0 else {},
+        "standard": {} if manifest.is_negative else _atk_standard(case),
         "inputs": inputs,
         "outputs": outputs,
-        "default_seed": int((manifest.get("generator") or {}).get("seed", case.seed)),
-        "expect": {"status": expect.get("status", 0), "name": expect.get("name")},
+        "default_seed": case.seed if manifest.seed is None else manifest.seed,
+        "expect": {"status": manifest.expect_status, "name": manifest.expect_name},
     }
 
 
@@ -185,7 +183,7 @@ def _json_float(value: float) -> float | str:
     return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
 
 
-def expect_module(manifests: Sequence[tuple[Path, Mapping[str, Any]]]) -> str:
+def expect_module(manifests: Sequence[tuple[Path, Manifest]]) -> str:
     """Return the Python module msOpST calls for each case's expected dq, dk, dv (the golden, cast to the
     output dtype), one function per case."""
     lines = [
@@ -209,11 +207,11 @@ def expect_module(manifests: Sequence[tuple[Path, Mapping[str, Any]]]) -> str:
         "    return values.astype(out_dtype)",
     ]
     for case_dir, manifest in manifests:
-        if (manifest.get("expect") or {}).get("status", 0) != 0 or not manifest.get("golden"):
+        if manifest.is_negative or not manifest.has_golden:
             continue
-        golden = dict(iter_entries(manifest, "golden"))
-        outputs = dict(iter_entries(manifest, "outputs"))
-        lines += ["", "", f"def {_function_name(str(manifest['name']))}(*inputs, **attrs):", "    return ["]
+        golden = dict(manifest.entries("golden"))
+        outputs = dict(manifest.entries("outputs"))
+        lines += ["", "", f"def {_function_name(manifest.name)}(*inputs, **attrs):", "    return ["]
         for name in GRAD_NAMES:
             entry = golden[name]
             path = str(Path(case_dir).resolve() / entry["file"])
@@ -229,11 +227,11 @@ EARLIER_CASE_MAX_BYTES = 4 << 20
 
 def earlier_msopst_cases(
     out_dir: Path, expect_path: Path, names: set[str]
-) -> tuple[list[tuple[Path, Mapping[str, Any]]], list[str]]:
+) -> tuple[list[tuple[Path, Manifest]], list[str]]:
     """Return the cases of earlier msOpST exports into `out_dir` that this export (`names`) does not write
     again and whose expected outputs come from `expect_path`, with their case folders and manifests (found
     through the inputs their JSON points at); and why others cannot be kept (their case folder is gone)."""
-    kept: list[tuple[Path, Mapping[str, Any]]] = []
+    kept: list[tuple[Path, Manifest]] = []
     lost: list[str] = []
     for path in sorted(out_dir.glob("*.msopst.json")):
         name = path.name[: -len(".msopst.json")]
@@ -246,8 +244,8 @@ def earlier_msopst_cases(
                 continue  # a negative case, or another module's: nothing of it in this one
             case_dir = Path(document["input_desc"][0]["value"]).parent.parent
             manifest = load_manifest(case_dir)
-            if manifest.get("name") != name:
-                raise ValueError(f"{case_dir} holds case {manifest.get('name')!r}")
+            if manifest.name != name:
+                raise ValueError(f"{case_dir} holds case {manifest.name!r}")
         except (DataError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
             lost.append(f"{path}: its case cannot be read ({exc}); its expected outputs are left out of "
                         f"{EXPECT_MODULE}: export that case again")  # fmt: skip
@@ -284,13 +282,13 @@ def export_cases(
                 document = atk_case(case_dir, manifest, index)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(str(case_dir / "case.json"), f"cannot export: {type(exc).__name__}: {exc}") from None
-        path = out_dir / f"{manifest['name']}.{fmt}.json"
+        path = out_dir / f"{manifest.name}.{fmt}.json"
         write_text_atomic(path, json.dumps(document, indent=2) + "\n")
         written.append(path)
     if fmt == "msopst":
-        kept, lost = earlier_msopst_cases(out_dir, expect_path, {str(m["name"]) for _, m in manifests})
+        kept, lost = earlier_msopst_cases(out_dir, expect_path, {m.name for _, m in manifests})
         if on_earlier is not None and (kept or lost):
-            on_earlier([str(m["name"]) for _, m in kept], lost)
+            on_earlier([m.name for _, m in kept], lost)
         write_text_atomic(expect_path, expect_module([*manifests, *kept]))
         written.append(expect_path)
     return written

@@ -64,7 +64,7 @@ def is_current(case: Case, case_dir: Path, precision: str) -> bool:
         return False  # a link is never taken for a case: it is replaced, its target left alone
     try:
         manifest = load_manifest(case_dir)
-        if manifest.get("generator", {}).get("fingerprint") != fingerprint(case, precision):
+        if manifest.fingerprint != fingerprint(case, precision):
             return False
         verify_inputs(case_dir, manifest)
     except DataError:

@@ -1,5 +1,7 @@
 """The `case.json` manifest (format bsa-case/1) and the flat `case.txt` of a case, built from a `Case`.
 
+`Manifest` is a case.json as every reader sees it: read and checked once (`store.load_manifest`), with the
+questions callers ask (its name, expected status, whether it is a negative case, its entries, its release).
 `case_from_manifest` rebuilds the geometry of a case from its manifest, so tools that only see a case
 directory (compare, the reference device) reason about lengths, blocks and layouts the same way gen did.
 """
@@ -8,19 +10,159 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from . import interface
 from ._version import __version__
 from .case import Case, Expect, TensorOverride
 from .errors import clip
-from .store import FORMAT
+
+FORMAT = "bsa-case/1"
+"""The manifest's `format`: what case.json files this bsa reads and writes."""
 
 INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 OPTIONAL_INPUT_NAMES = ("atten_mask",)
 """Inputs a case passes only to break a rule (a non-null attenMask); absent from a manifest otherwise."""
 GRAD_NAMES = ("dq", "dk", "dv")
+SECTIONS = ("inputs", "golden", "benchmark", "outputs")
+"""The manifest's sections of array entries {name: {file, dtype, shape, sha256}} (a null tensor: None)."""
+
+Entries = Mapping[str, Mapping[str, Any] | None]
+"""One section of array entries, as `store.check_manifest` has checked them."""
+
+
+@dataclass(frozen=True, eq=False)
+class Manifest(Mapping[str, Any]):
+    """A case's case.json as read: checked once by `store.load_manifest`, then only asked.
+
+    `raw` is the JSON object itself (what a writer writes back); every reader asks the properties below,
+    which read only what `store.check_manifest` has checked (a name, mappings for params and expect, a
+    64-bit expected status, well-formed array entries). The mapping interface reads `raw`.
+    """
+
+    raw: Mapping[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @property
+    def name(self) -> str:
+        return str(self.raw["name"])
+
+    @property
+    def spec(self) -> Any:
+        """The spec file the case came from, as gen recorded it (untrusted: shown, never opened)."""
+        return self.raw.get("spec")
+
+    @property
+    def params(self) -> Mapping[str, Any]:
+        """The operator's parameters (`params`), as passed to aclnnBlockSparseAttentionGrad."""
+        params: Mapping[str, Any] = self.raw["params"]
+        return params
+
+    @property
+    def expect_status(self) -> int:
+        """The aclnn status the call must return: 0, or the error of a negative case."""
+        return int(self.raw["expect"].get("status", 0))
+
+    @property
+    def expect_name(self) -> str | None:
+        name = self.raw["expect"].get("name")
+        return None if name is None else str(name)
+
+    @property
+    def is_negative(self) -> bool:
+        """A negative case: the operator must refuse the call (expect != 0); it has no golden to judge."""
+        return self.expect_status != 0
+
+    def section(self, name: str) -> Entries:
+        """Return one section of array entries (`SECTIONS`), empty when the manifest has none."""
+        entries = self.raw.get(name)
+        return entries if isinstance(entries, Mapping) else {}
+
+    def entries(self, name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """Yield (tensor name, entry) of one section, null tensors left out."""
+        yield from ((tensor, entry) for tensor, entry in self.section(name).items() if entry is not None)
+
+    @property
+    def inputs(self) -> Entries:
+        return self.section("inputs")
+
+    @property
+    def golden(self) -> Entries:
+        return self.section("golden")
+
+    @property
+    def outputs(self) -> Entries:
+        return self.section("outputs")
+
+    @property
+    def has_golden(self) -> bool:
+        """Whether gen wrote golden gradients (a valid case; a negative case has none)."""
+        return bool(self.raw.get("golden"))
+
+    @property
+    def compare_settings(self) -> Any:
+        """The spec's per-case comparison settings (`compare`: standard, thresholds), unchecked."""
+        return self.raw.get("compare")
+
+    @property
+    def seed(self) -> int | None:
+        """The seed gen drew the inputs with (`generator.seed`), None when not recorded."""
+        found = self.raw.get("generator")
+        seed = found.get("seed") if isinstance(found, Mapping) else None
+        return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+    @property
+    def fingerprint(self) -> Any:
+        """What gen recorded of how it made the case (`generator.fingerprint`): `generate.is_current` asks it."""
+        found = self.raw.get("generator")
+        return found.get("fingerprint") if isinstance(found, Mapping) else None
+
+    @property
+    def thresholds(self) -> Mapping[str, Any]:
+        """The spec's per-case thresholds (`compare.thresholds`), empty when it set none."""
+        settings = self.compare_settings
+        found = settings.get("thresholds") if isinstance(settings, Mapping) else None
+        return found if isinstance(found, Mapping) else {}
+
+    @property
+    def flops_backward(self) -> float:
+        """The backward's FLOPs as gen estimated them (`stats.flops_backward`)."""
+        return float(self.raw["stats"]["flops_backward"])
+
+    @property
+    def release(self) -> str:
+        return release_of(self.raw)
+
+    @property
+    def inputs_digest(self) -> str | None:
+        return inputs_digest(self.raw)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        return notes(self.raw)
+
+    def call_tensors(self) -> dict[str, dict[str, Any]]:
+        return call_tensors(self.raw)
+
+    @cached_property
+    def case(self) -> Case:
+        """The case's geometry (`case_from_manifest`), built once.
+
+        Raises:
+            ValueError: a param cannot describe a case.
+        """
+        return case_from_manifest(self.raw)
 
 
 def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] | None:

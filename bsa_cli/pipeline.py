@@ -149,9 +149,7 @@ def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
     for case_dir in case_dirs:
         try:
             manifest = store.load_manifest(case_dir)
-            refused = (manifest.get("expect") or {}).get("status", 0) != 0  # a negative case computes nothing
-            work = 0.0 if refused else float(manifest["stats"]["flops_backward"])
-            flops[str(manifest.get("name", case_dir.name))] = work
+            flops[manifest.name] = 0.0 if manifest.is_negative else manifest.flops_backward  # refused: no work
         except (BsaError, KeyError, TypeError, ValueError):
             flops[case_dir.name] = 0.0
     return flops

@@ -40,8 +40,8 @@ import numpy as np
 from .case import DTYPES, numpy_dtype
 from .errors import DataError, plural
 from .errors import show as _show
+from .manifest import FORMAT, SECTIONS, Manifest
 
-FORMAT = "bsa-case/1"
 MANIFEST = "case.json"
 FLAT_PARAMS = "case.txt"
 OUTPUTS_DIR = "outputs"
@@ -50,9 +50,6 @@ DETERMINISTIC_ENV = "BSA_DETERMINISTIC"
 """Set to 1 in a device's environment when `bsa run --deterministic` asks for the operator's deterministic
 mode (the binary contract: the C++ harness then sets ACL_OPT_DETERMINISTIC, the torch_npu child
 torch.use_deterministic_algorithms(True))."""
-
-SECTIONS = ("inputs", "golden", "benchmark", "outputs")
-"""Manifest sections of array entries `{name: {file, dtype, shape, sha256}}`."""
 
 RESERVED_OUTPUT_NAMES = ("status.txt", "run.json")
 """Files of an output directory that belong to the contract or to `bsa run`, never to an `outputs` entry
@@ -372,8 +369,8 @@ def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True
     return np.frombuffer(data, dtype=dtype).reshape(entry["shape"])
 
 
-def load_manifest(case_dir: Path) -> dict[str, Any]:
-    """Read and check `case_dir/case.json` (`check_manifest`).
+def load_manifest(case_dir: Path) -> Manifest:
+    """Read and check `case_dir/case.json` (`check_manifest`): the one place a manifest is parsed.
 
     Raises:
         DataError: the manifest is missing, not a regular file inside the case folder, too large, not
@@ -396,7 +393,7 @@ def load_manifest(case_dir: Path) -> dict[str, Any]:
         found = manifest.get("format") if isinstance(manifest, dict) else None
         raise DataError(str(path), f"format {_show(found)} is not {FORMAT!r}")
     check_manifest(manifest, str(path))
-    return manifest
+    return Manifest(manifest)
 
 
 def check_entry(entry: Any, what: str) -> None:

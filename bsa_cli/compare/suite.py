@@ -29,15 +29,15 @@ def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
     for case_dir in case_dirs:
         try:
             manifest = load_manifest(Path(case_dir))
-            dtype = manifest["params"]["dtype"]
-            case_settings = manifest.get("compare")
+            dtype = manifest.params["dtype"]
+            case_settings = manifest.compare_settings
             validate_settings(case_settings or {})
         except (DataError, KeyError, TypeError, ValueError):
             continue  # the case will be an ERROR; its settings do not matter here
         try:
             resolve_settings(dtype, case_settings, run)
         except ValueError as exc:
-            raise ValueError(f"case {manifest.get('name', Path(case_dir).name)!r}: {exc}") from None
+            raise ValueError(f"case {manifest.name!r}: {exc}") from None
 
 
 PARALLEL_MIN_BYTES = 384 << 20
