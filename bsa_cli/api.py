@@ -286,7 +286,7 @@ def aclnn_status(text: str) -> int | None:
 
 def failure_message(result: CaseResult) -> str:
     """Return why a case did not pass: its deciding check (or errors) first, then the report's details."""
-    from .report import _case_report_text  # the same details the JUnit report gives
+    from .report import case_report_text  # the same details the JUnit report gives
 
     if result.verdict == PASS:
         return f"{result.name}: PASS"
@@ -297,7 +297,7 @@ def failure_message(result: CaseResult) -> str:
         deciding = result.deciding
         head = f"{result.name}: {result.verdict} ({result.standard}): {deciding.detail if deciding else ''}"
         first = f"FAIL {deciding.detail}" if deciding else None
-        rest = [line for line in _case_report_text(result).splitlines() if line != first]
+        rest = [line for line in case_report_text(result).splitlines() if line != first]
     return "\n".join([head, *(f"  {line}" for line in rest)])
 
 

@@ -43,6 +43,7 @@ from .results import (
     SuiteResult,
     TensorResult,
     UlpChart,
+    Verdict,
     WorstElement,
 )
 from .standards import (
@@ -81,6 +82,7 @@ __all__ = [
     "SuiteResult",
     "TensorResult",
     "UlpChart",
+    "Verdict",
     "WorstElement",
     "case_settings",
     "compare_case",

@@ -9,13 +9,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Final, Literal
 
 import numpy as np
 
 from .bias import Bias
 from .standards import Settings
 
-PASS, FAIL, ERROR = "PASS", "FAIL", "ERROR"
+Verdict = Literal["PASS", "FAIL", "ERROR"]
+"""A case's verdict: PASS, FAIL, or ERROR (it could not be judged)."""
+PASS: Final = "PASS"
+FAIL: Final = "FAIL"
+ERROR: Final = "ERROR"
 
 
 @dataclass(frozen=True)
@@ -254,7 +259,7 @@ class CaseResult:
     name: str
     case_dir: str
     output_dir: str
-    verdict: str
+    verdict: Verdict
     spec: str | None  # the spec file the case came from (manifest "spec")
     device: str | None  # who produced the outputs, from run.json (None without a run record)
     standard: str
@@ -342,7 +347,7 @@ class SuiteResult:
     cases: tuple[CaseResult, ...]
     seconds: float = 0.0
 
-    def count(self, verdict: str) -> int:
+    def count(self, verdict: Verdict) -> int:
         return sum(c.verdict == verdict for c in self.cases)
 
     @property

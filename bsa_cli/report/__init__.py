@@ -34,8 +34,6 @@ from .page import html_report, write_html
 from .regressions import drift_html, render_drift
 from .terminal import render_explanation, render_terminal
 
-_case_report_text = case_report_text  # the name api.py imports
-
 __all__ = [
     "MSPROBE_COLUMNS",
     "SCHEMA",

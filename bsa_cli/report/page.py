@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
+from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult, Verdict
 from . import svg
 from .files import write_text_atomic
 from .formatting import METRIC_ROWS, device_lines, fmt, releases_line, standards_line, summary_line, where
@@ -25,7 +25,7 @@ from .style import BASE_CSS, esc
 if TYPE_CHECKING:
     from ..drift import Drift
 
-VERDICTS = (FAIL, ERROR, PASS)
+VERDICTS: tuple[Verdict, ...] = (FAIL, ERROR, PASS)
 
 _CSS = BASE_CSS + """
 h3{font-size:1.02em;margin:1.2em 0 .4em}
