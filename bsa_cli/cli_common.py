@@ -39,7 +39,7 @@ from rich.text import Text
 from . import output, report
 from .case import Case
 from .compare import RunSettings, SuiteResult
-from .drift import Drift, drift_document, regressions_document
+from .compare.drift import Drift, drift_document, regressions_document
 from .errors import BsaError, DataError, SpecError, plural
 from .manifest import notes as manifest_notes
 from .schedule import Estimate, machine_memory, parse_shard, shard

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from . import drift as drift_
 from . import output, report
 from .cli_common import (
     UserError,
@@ -18,6 +17,7 @@ from .cli_common import (
     write_reports,
 )
 from .compare import STANDARDS, SuiteResult, compare_suite, missing_cases
+from .compare import drift as drift_
 from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
 from .store import load_json, read_regular

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import click
 
-from . import drift, output
+from . import output
 from .cli_common import UserError
+from .compare import drift
 from .report import night_from_document, prepare_report_paths, read_report
 from .report.files import ReportPathError
 from .report.trend import render_trend, write_trend_html

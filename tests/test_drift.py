@@ -20,9 +20,10 @@ from click.testing import CliRunner
 from test_compare import build_case, make_case, read_grad, rewrite_grad
 from test_report_pages import Page
 
-from bsa_cli import drift, report
+from bsa_cli import report
 from bsa_cli.case import numpy_dtype
 from bsa_cli.cli import main
+from bsa_cli.compare import drift
 
 GROWTH = (1.0, 1.3, 1.6)
 """How many times its clean error the growing case's dq carries in nights 1, 2, 3."""
@@ -374,7 +375,7 @@ def test_the_terminal_drift_section_keeps_names_whole_at_every_width(nights, tmp
 def test_a_failing_night_says_what_failed_even_when_the_chart_follows_another_check(nights):
     """The bias check's value is a score, never charted: a night it fails shows its text on the point."""
     from bsa_cli import report
-    from bsa_cli.drift import trend
+    from bsa_cli.compare.drift import trend
 
     documents = [json.loads(path.read_text()) for path in nights[:2]]
     case = next(c for c in documents[1]["cases"] if c["name"] == "grow")

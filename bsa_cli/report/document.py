@@ -23,9 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import drift
 from .._version import __version__
-from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult
+from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, drift
 from ..errors import DataError
 from ..manifest import json_number
 from ..store import load_json, read_regular

@@ -23,7 +23,7 @@ from .regressions import drift_html
 from .style import BASE_CSS, esc
 
 if TYPE_CHECKING:
-    from ..drift import Drift
+    from ..compare.drift import Drift
 
 VERDICTS: tuple[Verdict, ...] = (FAIL, ERROR, PASS)
 

@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS
-from ..drift import Drift, MetricChange
+from ..compare.drift import Drift, MetricChange
 from .formatting import fmt
 from .style import esc
 

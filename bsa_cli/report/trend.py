@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS
-from ..drift import Night, Point, Series, Trend
+from ..compare.drift import Night, Point, Series, Trend
 from .files import write_text_atomic
 from .formatting import fmt, summary_line
 from .style import BASE_CSS, SVG_FONT, esc

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .compare import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult
-from .manifest import json_number
+from ..manifest import json_number
+from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult
 
 RELATIVE_MARGIN = 0.10
 """A regression grows by more than this fraction of its old value (measured run-to-run noise: at most 4.5%)."""
