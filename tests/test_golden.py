@@ -6,12 +6,12 @@ import math
 
 import ml_dtypes
 import numpy as np
-import oracle
 import pytest
 
 from bsa_cli import golden
 from bsa_cli.case import Case
 from bsa_cli.rounding import round_float32
+from tests import oracle
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP16 = np.dtype(np.float16)

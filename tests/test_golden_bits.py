@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import golden_2b40f9e as before
 import numpy as np
 import pytest
 
@@ -20,6 +19,7 @@ from bsa_cli import golden
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
+from tests import golden_2b40f9e as before
 
 CASES = {
     "gqa-tails-fp16": dict(num_heads=4, num_kv_heads=2, head_dim=32, q_seq_len=200, kv_seq_len=170,
