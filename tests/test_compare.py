@@ -1,8 +1,8 @@
 """Tests of bsa_cli.compare: settings, metrics, standards, structural checks, verdicts, ERROR paths.
 
-Case directories are built here directly (a `Case`, numpy inputs, `bsa_cli.golden` for golden and
-benchmark, `store.CaseWriter` + `manifest.build_manifest`), and device outputs come from the reference
-device `bsa_cli.emulator`, clean or with a planted fault (`build_case`, `write_outputs` of tests/helpers.py).
+Case directories are built by tests/helpers.py's `build_case` (a `Case`, numpy inputs, `bsa_cli.golden`
+for golden and benchmark, `store.CaseWriter` + `manifest.build_manifest`), and device outputs come from the
+reference device `bsa_cli.emulator`, clean or with a planted fault (`write_outputs`).
 """
 
 from __future__ import annotations
