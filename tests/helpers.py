@@ -211,15 +211,18 @@ def write_outputs(
 
 
 def read_grad(case_dir: Path, name: str, case: Case) -> np.ndarray:
+    """Return the device's `name` (dq, dk or dv) from `case_dir`/outputs in the case's shape and dtype."""
     shape = case.q_shape if name == "dq" else case.kv_shape
     return np.fromfile(case_dir / "outputs" / f"{name}.bin", dtype=numpy_dtype(case.dtype)).reshape(shape)
 
 
 def rewrite_grad(case_dir: Path, name: str, array: np.ndarray) -> None:
+    """Replace the device's `name` in `case_dir`/outputs with `array` (a planted change)."""
     (case_dir / "outputs" / f"{name}.bin").write_bytes(array_bytes(array))
 
 
 def check(result: compare.CaseResult, name: str, tensor: str | None = None) -> compare.Check:
+    """Return the first check of `result` called `name` (of `tensor`, when given)."""
     return next(c for c in result.all_checks if c.name == name and (tensor is None or c.tensor == tensor))
 
 
@@ -235,10 +238,12 @@ def fake_device(tmp_path: Path) -> Path:
 
 
 def read_record(result: runner.CaseResult) -> dict:
+    """Return the run record the runner wrote for `result`."""
     return json.loads((result.output_dir / runner.RUN_RECORD).read_text())
 
 
 def run_options(binary: Path | None = None, **kwargs) -> devices.RunOptions:
+    """Return RunOptions for `binary` (or `cmd=`; neither: the reference device) and any other option."""
     cmd = kwargs.pop("cmd", None)
     return devices.RunOptions(device=devices.Device.create(binary=binary, cmd=cmd), **kwargs)
 
