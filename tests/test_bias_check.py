@@ -13,21 +13,16 @@ import numpy as np
 import pytest
 
 from bsa_cli import compare, emulator, store
-from bsa_cli.case import Case, Sparsity, numpy_dtype
+from bsa_cli.case import Sparsity, numpy_dtype
 from bsa_cli.compare import FAIL, PASS, RunSettings
 from bsa_cli.generate import generate_case
+from tests.helpers import case_factory
 
 GRADS = ("dq", "dk", "dv")
 
 
-def _case(name: str, **fields) -> Case:
-    base = dict(
-        name=name, source="tests", layout="BNSD", dtype="float16", batch=1, num_heads=2, num_kv_heads=2,
-        head_dim=128, q_seq_len=128, kv_seq_len=128, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-        block_shape=(64, 64), scale=1 / 128**0.5, seed=5, sparsity=Sparsity(pattern="random", density=0.6),
-    )  # fmt: skip
-    base.update(fields)
-    return Case(**base)
+_case = case_factory(source="tests", head_dim=128, q_seq_len=128, kv_seq_len=128, block_shape=(64, 64),
+                     scale=1 / 128**0.5, seed=5, sparsity=Sparsity(pattern="random", density=0.6))  # fmt: skip
 
 
 SHAPES = {

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
-from test_cli_run import SPEC, invoke, record
-from test_runner import fake_device
 
 from bsa_cli import emulator
 from bsa_cli.cli import main
 from bsa_cli.cli_gen import LIST_COLUMNS, list_rows, list_table
 from bsa_cli.cli_run import Display
 from bsa_cli.spec import load_specs
+from tests.helpers import SPEC, fake_device, invoke, run_record
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = sorted((ROOT / "cases").glob("*.yaml"))
@@ -145,7 +144,7 @@ def test_a_fault_that_does_not_apply_is_said_before_the_run_and_in_the_table(tmp
         result.stderr.replace("\n", " ")
     )
     assert "fault 'no-gqa-sum' does not apply" in result.stdout
-    assert record(tmp_path / "out" / "t-bnsd-tail")["device"]["fault"] == "no-gqa-sum"
+    assert run_record(tmp_path / "out" / "t-bnsd-tail")["device"]["fault"] == "no-gqa-sum"
 
 
 # ---- progress within a case on the reference device -------------------------------------------------

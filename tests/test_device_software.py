@@ -15,10 +15,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_runner import fake_device, make_case, options, read_record
-from test_torch_npu import standin_env
 
 from bsa_cli import __version__, device_software, devices, runner
+from tests.helpers import fake_device, read_record, run_options, standin_env, write_case_dir
 
 ARCH = platform.machine()
 
@@ -142,7 +141,7 @@ def test_the_child_takes_the_cann_version_torch_npu_reports_before_the_toolkits(
 
 
 def test_the_reference_device_records_bsa(tmp_path):
-    case_dir = make_case(tmp_path / "out", "ref")
+    case_dir = write_case_dir(tmp_path / "out", "ref")
 
     result = runner.run_case(case_dir, devices.RunOptions())
 
@@ -150,25 +149,25 @@ def test_the_reference_device_records_bsa(tmp_path):
 
 
 def test_a_binary_records_the_toolkit_of_its_environment(tmp_path, monkeypatch):
-    case_dir = make_case(tmp_path / "out", "bin")
+    case_dir = write_case_dir(tmp_path / "out", "bin")
     binary = fake_device(tmp_path)
     root = toolkit(tmp_path / "tk", INFO.format(ARCH))
     for variable in device_software.TOOLKIT_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
 
-    result = runner.run_case(case_dir, options(binary))
+    result = runner.run_case(case_dir, run_options(binary))
     assert result.outcome == "ok", result.problems
     assert read_record(result)["device_software"] == {"kind": "binary", "cann": None, "cann_source": None}
 
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(root))
-    result = runner.run_case(case_dir, options(binary))
+    result = runner.run_case(case_dir, run_options(binary))
     assert read_record(result)["device_software"] == {
         "kind": "binary", "cann": "8.5.0", "cann_source": str(root / f"{ARCH}-linux" / device_software.INFO_NAME)}
 
     info = root / f"{ARCH}-linux" / device_software.INFO_NAME
     info.unlink()
     os.mkfifo(info)  # a hostile file in its place: the run goes on, the value is null
-    result = runner.run_case(case_dir, options(binary))
+    result = runner.run_case(case_dir, run_options(binary))
     assert result.outcome == "ok", result.problems
     assert read_record(result)["device_software"]["cann"] is None
 
@@ -177,7 +176,7 @@ def test_torch_npu_records_torch_torch_npu_and_cann(tmp_path, monkeypatch):
     standin_env(monkeypatch)
     for variable in device_software.TOOLKIT_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    case_dir = make_case(tmp_path / "out", "tn")
+    case_dir = write_case_dir(tmp_path / "out", "tn")
     device = devices.Device.create(kind="torch_npu")
 
     monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit(tmp_path / "tk", INFO.format(ARCH))))

@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import oracle
 import pytest
 
 from bsa_cli import golden
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
 from bsa_cli.spec import load_specs
+from tests import oracle
 
 ROOT = Path(__file__).resolve().parent.parent
 EDGE = load_specs([ROOT / "cases" / "edge.yaml"])

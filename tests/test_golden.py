@@ -6,12 +6,12 @@ import math
 
 import ml_dtypes
 import numpy as np
-import oracle
 import pytest
 
 from bsa_cli import golden
 from bsa_cli.case import Case
 from bsa_cli.rounding import round_float32
+from tests import helpers, oracle
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP16 = np.dtype(np.float16)
@@ -32,28 +32,15 @@ def make_case(
     scale: float | None = None,
     **fields,
 ) -> Case:
-    """Build a Case directly; for TND the S dimensions are the largest lengths."""
+    """Return helpers.make_case's Case in this file's short names; for TND the S dimensions are the largest lengths."""
     if layout == "TND":
         assert lengths is not None and kv_lengths is not None
         q_len, kv_len = max(lengths), max(kv_lengths)
-    return Case(
-        name="t",
-        source="test",
-        layout=layout,
-        dtype=dtype,
-        batch=batch,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=dim,
-        q_seq_len=q_len,
-        kv_seq_len=kv_len,
-        actual_seq_lengths=lengths,
-        actual_seq_lengths_kv=kv_lengths,
-        block_shape=block_shape,
-        scale=1 / math.sqrt(dim) if scale is None else scale,
-        seed=0,
-        **fields,
-    )
+    return helpers.make_case(
+        "t", source="test", layout=layout, dtype=dtype, batch=batch, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=dim, q_seq_len=q_len, kv_seq_len=kv_len, actual_seq_lengths=lengths, actual_seq_lengths_kv=kv_lengths,
+        block_shape=block_shape, scale=scale, seed=0, **fields,
+    )  # fmt: skip
 
 
 def make_inputs(case: Case, seed: int = 0, density: float = 0.5, mask: np.ndarray | None = None) -> dict:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import golden_2b40f9e as before
 import numpy as np
 import pytest
 
@@ -20,6 +19,8 @@ from bsa_cli import golden
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
+from tests import golden_2b40f9e as before
+from tests.helpers import case_factory
 
 CASES = {
     "gqa-tails-fp16": dict(num_heads=4, num_kv_heads=2, head_dim=32, q_seq_len=200, kv_seq_len=170,
@@ -39,18 +40,16 @@ CASES = {
 }  # fmt: skip
 
 
+table_case = case_factory(tnd_sizes_from_lengths=True, source="test", q_seq_len=64, kv_seq_len=64, block_shape=(16, 16),
+                          seed=7)  # fmt: skip
+
+
 def make_case(name: str) -> Case:
-    fields = dict(layout="BNSD", dtype="float16", batch=1, num_heads=2, num_kv_heads=2, head_dim=32,
-                  q_seq_len=64, kv_seq_len=64, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                  block_shape=(16, 16), seed=7)  # fmt: skip
-    fields.update(CASES[name])
-    if fields["layout"] == "TND":
-        fields["q_seq_len"] = max(fields["actual_seq_lengths"])
-        fields["kv_seq_len"] = max(fields["actual_seq_lengths_kv"])
+    fields = CASES[name]
     # A scale float32 holds exactly: 2b40f9e computed with the scale as given, today's code with the scale
     # rounded to float32 as the kernel receives it; the bits compared are those of one and the same scale.
-    scale = float(np.float32(1 / math.sqrt(fields["head_dim"])))
-    return Case(name=name, source="test", scale=scale, **fields)
+    scale = float(np.float32(1 / math.sqrt(fields.get("head_dim", 32))))
+    return table_case(name, scale=scale, **fields)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:

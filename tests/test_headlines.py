@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_compare import build_case, check, make_case, make_inputs, write_outputs
 
 from bsa_cli import compare, emulator
 from bsa_cli.compare import ERROR, FAIL, PASS
+from tests.helpers import build_case, check, make_case, make_inputs, write_outputs
 
 
 def record_fault(output_dir: Path, fault: str | None, kind: str = "reference") -> None:

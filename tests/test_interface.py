@@ -10,28 +10,10 @@ import pytest
 from bsa_cli import interface, manifest
 from bsa_cli.case import Case, TensorOverride
 from bsa_cli.emulator import check_interface
+from tests.helpers import case_factory
 
-
-def make_case(**overrides) -> Case:
-    fields = {
-        "name": "t",
-        "source": "test",
-        "layout": "BNSD",
-        "dtype": "float16",
-        "batch": 2,
-        "num_heads": 2,
-        "num_kv_heads": 2,
-        "head_dim": 64,
-        "q_seq_len": 128,
-        "kv_seq_len": 128,
-        "actual_seq_lengths": None,
-        "actual_seq_lengths_kv": None,
-        "block_shape": (64, 64),
-        "scale": 1 / math.sqrt(64),
-        "seed": 0,
-    }
-    fields.update(overrides)
-    return Case(**fields)
+make_case = case_factory(name="t", source="test", batch=2, head_dim=64, q_seq_len=128, kv_seq_len=128,
+                         block_shape=(64, 64), scale=1 / math.sqrt(64), seed=0)  # fmt: skip
 
 
 def tnd(**overrides) -> dict:

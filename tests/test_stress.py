@@ -18,16 +18,14 @@ from bsa_cli.errors import SpecError
 from bsa_cli.generate import compute_case, generate_case
 from bsa_cli.inputs import make_tensors
 from bsa_cli.spec import load_specs
+from tests.helpers import case_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 STRESS = load_specs([ROOT / "cases" / "stress.yaml"])
 
 
-def make_case(**fields: object) -> Case:
-    base = dict(name="c", source="t", layout="BNSD", dtype="float16", batch=2, num_heads=4, num_kv_heads=2,
-                head_dim=32, q_seq_len=128, kv_seq_len=160, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                block_shape=(32, 32), scale=1 / math.sqrt(32), seed=5)  # fmt: skip
-    return Case(**{**base, **fields})  # type: ignore[arg-type]
+make_case = case_factory(name="c", source="t", batch=2, num_heads=4, q_seq_len=128, kv_seq_len=160,
+                         block_shape=(32, 32), scale=1 / math.sqrt(32), seed=5)  # fmt: skip
 
 
 def rows_of(array: np.ndarray) -> np.ndarray:

@@ -20,12 +20,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
-from test_hostile import BASE, digest
 
 from bsa_cli import devices, generate, runner, schedule, spec, store
-from bsa_cli.cli import main
 from bsa_cli.errors import DataError, SpecError
+from tests.helpers import BASE, digest, invoke
 
 
 def write_spec(folder: Path, *cases: dict, **top: object) -> str:
@@ -33,10 +31,6 @@ def write_spec(folder: Path, *cases: dict, **top: object) -> str:
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump({**top, "cases": [{**BASE, **c} for c in cases]}, sort_keys=False))
     return str(path)
-
-
-def invoke(*args: object) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
