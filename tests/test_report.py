@@ -125,11 +125,12 @@ def test_json_round_trip_of_real_results_is_strict_json(tmp_path):
     case_dir = build_case(tmp_path, make_case("real", batch=2, actual_seq_lengths=(96, 10),
                                               actual_seq_lengths_kv=(80, 5)), fault="nan-row")  # fmt: skip
     suite = compare.compare_suite([case_dir], workers=1)
-    report.write_json(suite, tmp_path / "r.json")
+    header = report.report_header(suite)  # one date for both documents (a second may pass between them)
+    report.write_json(suite, tmp_path / "r.json", header)
     document = json.loads((tmp_path / "r.json").read_text())  # NaN and Inf are written as strings
     assert document["cases"][0]["tensors"][0]["worst"][0]["device"] == "nan"
     back = report.from_document(document)
-    assert report.to_document(back) == document
+    assert report.to_document(back, header) == document
     assert math.isnan(back.cases[0].tensors[0].worst[0].device)
     np.testing.assert_array_equal(
         np.isnan(back.cases[0].tensors[0].block_map.score), np.isnan(suite.cases[0].tensors[0].block_map.score)
