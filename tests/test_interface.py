@@ -9,7 +9,7 @@ import pytest
 
 from bsa_cli import interface, manifest
 from bsa_cli.case import Case, TensorOverride
-from bsa_cli.emulator import check_interface
+from bsa_cli.devices.reference import check_interface
 
 
 def make_case(**overrides) -> Case:
