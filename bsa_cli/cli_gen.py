@@ -82,7 +82,7 @@ what the reference device computes."""
 
 def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
     """Return the cells of `bsa list`, one mapping per case (column -> text)."""
-    from .emulator import estimate_seconds
+    from .devices.reference import estimate_seconds
 
     rows = []
     for case in cases:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import cli_common, output, pipeline, report, runner, store
+from . import cli_common, output, pipeline, report, store
 from .case import Case
 from .cli_common import (
     EXIT_INTERRUPTED,
@@ -30,14 +29,17 @@ from .cli_common import (
 from .compare import CaseResult
 from .devices import (
     DEVICE_KINDS,
-    REFERENCE_DEVICE,
-    TORCH_NPU_MODULE,
+    OUTCOMES,
     Device,
+    RunEvent,
     RunOptions,
-    _emulator,
+    RunResult,
+    RunSummary,
+    create,
     parse_device_ids,
     reference_faults,
 )
+from .devices.reference import REFERENCE_DEVICE, emulate_case_dir
 from .errors import BsaError, plural
 from .options import (
     force_option,
@@ -60,7 +62,7 @@ class Display(ProgressDisplay):
     def __init__(self, console: Console | None = None) -> None:
         super().__init__(console, PLAIN_PROGRESS_S)
 
-    def on_run_event(self, event: runner.RunEvent) -> None:
+    def on_run_event(self, event: RunEvent) -> None:
         """Show a runner event."""
         if event.kind == "start":
             self.running(f"{event.case} on device {event.device_id}")
@@ -71,7 +73,7 @@ class Display(ProgressDisplay):
 
 
 
-def log_lines(result: runner.CaseResult) -> list[str]:
+def log_lines(result: RunResult) -> list[str]:
     """Return where a failed run's logs are (full paths), nothing for a run that left a result."""
     if result.ok:
         return []
@@ -81,7 +83,7 @@ def log_lines(result: runner.CaseResult) -> list[str]:
     return [f"log: {', '.join(shown)}"] if shown else []
 
 
-def run_detail(result: runner.CaseResult) -> str:
+def run_detail(result: RunResult) -> str:
     """Return the short status text of one run: aclnn status (and the expected one), time, device."""
     parts = []
     if result.status is not None:
@@ -185,7 +187,7 @@ def make_options(
 ) -> RunOptions:
     """Build run options from CLI values, turning configuration errors into `Error:` lines."""
     try:
-        device = Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
+        device = create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
         return RunOptions(
             device=device,
             device_ids=parse_device_ids(devices),
@@ -220,18 +222,13 @@ class Shown(pipeline.CheckProgress):
         self.display.progress(name, fraction)
 
     def running(self, case_dirs: Sequence[Path], device: Device, flops: Mapping[str, float] | None) -> None:
-        if device.is_reference:
-            output.info(f"device: {device.name}: reference results, not device results")
-            if device.fault:
-                for warning in pipeline.inapplicable_faults(case_dirs, device.fault):
-                    output.warn(warning)
-        elif device.torch_npu:
-            output.info(f"device: {device.name}, through {TORCH_NPU_MODULE} in {sys.executable}")
-        else:
-            output.info(f"device: {device.name} (sha256 {device.binary_sha256 or '-'})")
+        output.info(device.announcement)
+        if device.fault:
+            for warning in pipeline.inapplicable_faults(case_dirs, device.fault):
+                output.warn(warning)
         self.display.phase("run", len(case_dirs), [c.name for c in case_dirs], flops)
 
-    def on_run_event(self, event: runner.RunEvent) -> None:
+    def on_run_event(self, event: RunEvent) -> None:
         self.display.on_run_event(event)
 
     def judging(self, case_dirs: Sequence[Path]) -> None:
@@ -242,9 +239,9 @@ class Shown(pipeline.CheckProgress):
         self.display.advance(result.name)  # the verdict itself is printed once, in the report's table
 
 
-def print_run_summary(summary: runner.RunSummary) -> None:
+def print_run_summary(summary: RunSummary) -> None:
     """Print the run's totals on stdout."""
-    counts = {o: summary.count(o) for o in runner.OUTCOMES if summary.count(o)}
+    counts = {o: summary.count(o) for o in OUTCOMES if summary.count(o)}
     text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
     line = f"ran {plural(len(summary.results), 'case')} on {summary.device.name}: {text}"
     if summary.not_run:
@@ -348,8 +345,8 @@ def emulate_command(
     if (deterministic or os.environ.get(store.DETERMINISTIC_ENV) == "1") and fault != "deterministic-ignored":
         order_seed = None
     with user_errors():
-        Device.create(fault=fault)  # checks the fault name
-        status = _emulator().emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
+        create(fault=fault)  # checks the fault name
+        status = emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
     suffix = f" (fault '{fault}' planted)" if fault else ""
     output.info(f"{REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
 
@@ -442,8 +439,8 @@ def check_command(
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
     write_reports(suite, reports, (out,))
-    if options.device.is_reference:
-        output.stdout.print(f"device: {options.device.name}: reference results, not device results", markup=False)
+    if options.device.reference_results:
+        output.stdout.print(options.device.announcement, markup=False)
     raise click.exceptions.Exit(suite.return_code)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner, Result
 
-from bsa_cli import compare, devices, emulator, golden, runner
+from bsa_cli import compare, devices, golden
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.cli import main
 from bsa_cli.compare import (
@@ -47,6 +47,7 @@ from bsa_cli.compare import (
     TensorResult,
     WorstElement,
 )
+from bsa_cli.devices import record, reference
 from bsa_cli.manifest import build_manifest, flat_params
 from bsa_cli.store import CaseWriter, array_bytes
 
@@ -203,7 +204,7 @@ def write_outputs(
     if status != 0 or not case.expect.ok:
         (output_dir / "status.txt").write_text(f"{status}\n")
         return {}
-    grads = emulator.emulate(case, tensors, fault)
+    grads = reference.emulate(case, tensors, fault)
     for name, grad in grads.items():
         (output_dir / f"{name}.bin").write_bytes(array_bytes(grad))
     (output_dir / "status.txt").write_text("0\n")
@@ -237,15 +238,15 @@ def fake_device(tmp_path: Path) -> Path:
     return binary
 
 
-def read_record(result: runner.CaseResult) -> dict:
+def read_record(result: devices.RunResult) -> dict:
     """Return the run record the runner wrote for `result`."""
-    return json.loads((result.output_dir / runner.RUN_RECORD).read_text())
+    return json.loads((result.output_dir / record.RUN_RECORD).read_text())
 
 
 def run_options(binary: Path | None = None, **kwargs) -> devices.RunOptions:
     """Return RunOptions for `binary` (or `cmd=`; neither: the reference device) and any other option."""
     cmd = kwargs.pop("cmd", None)
-    return devices.RunOptions(device=devices.Device.create(binary=binary, cmd=cmd), **kwargs)
+    return devices.RunOptions(device=devices.create(binary=binary, cmd=cmd), **kwargs)
 
 
 def run_record(case_dir: Path) -> dict:

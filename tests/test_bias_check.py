@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bsa_cli import compare, emulator, store
+from bsa_cli import compare, store
 from bsa_cli.case import Sparsity, numpy_dtype
 from bsa_cli.compare import FAIL, PASS, RunSettings
+from bsa_cli.devices import reference
 from bsa_cli.generate import generate_case
 from tests.helpers import case_factory
 
@@ -41,7 +42,7 @@ def generated(tmp_path_factory) -> dict[str, Path]:
     dirs = {}
     for name, case in SHAPES.items():
         dirs[name] = generate_case(case, root)
-        emulator.emulate_case_dir(dirs[name], dirs[name] / "outputs", order_seed=3)
+        reference.emulate_case_dir(dirs[name], dirs[name] / "outputs", order_seed=3)
     return dirs
 
 
@@ -100,7 +101,7 @@ def test_a_bf16_bias_of_one_256th_fails(generated, tmp_path, shape, tensor):
 
 def test_the_scale_rounded_fault_fails_by_the_bias_check_alone(generated, tmp_path):
     case_dir = generated["fp16-mha"]
-    emulator.emulate_case_dir(case_dir, tmp_path / "out", fault="scale-rounded", order_seed=4)
+    reference.emulate_case_dir(case_dir, tmp_path / "out", fault="scale-rounded", order_seed=4)
     result = compare.compare_case(case_dir, tmp_path / "out")
     assert result.verdict == FAIL
     assert {c.name for c in result.all_checks if not c.passed} == {"bias"}

@@ -13,7 +13,7 @@ import yaml
 from click.testing import CliRunner
 from rich.console import Console
 
-from bsa_cli import devices, runner
+from bsa_cli import devices
 from bsa_cli.cli import main
 from bsa_cli.cli_run import Display
 from tests.helpers import SPEC, fake_device, invoke, run_record, write_case_dir
@@ -56,6 +56,7 @@ def test_run_without_binary_uses_the_reference_device_and_says_so(out):
             "kind": "reference",
             "id": 0,
             "fault": None,
+            "fault_not_applied": None,
         }
         assert rec["binary"] is None and rec["timeout_s"] is None
         assert rec["command"][:2] == ["bsa", "emulate"]
@@ -230,14 +231,14 @@ def test_emulate_without_a_case_is_a_usage_error(tmp_path):
 def test_display_prints_one_aligned_line_per_case_with_problems_below():
     console = Console(file=io.StringIO(), width=100, color_system=None)
     results = [
-        runner.CaseResult("short", Path("a"), Path("a/o"), "ok", (), 0, 0, 1, 0.25),
-        runner.CaseResult("a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5),
-        runner.CaseResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
+        devices.RunResult("short", Path("a"), Path("a/o"), "ok", (), 0, 0, 1, 0.25),
+        devices.RunResult("a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5),
+        devices.RunResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
     ]
     with Display(console) as display:
         display.phase("run", 3, [r.name for r in results])
         for result in results:
-            display.on_run_event(runner.RunEvent("done", result.name, result.device_id, result))
+            display.on_run_event(devices.RunEvent("done", result.name, result.device_id, result))
 
     assert console.file.getvalue() == (
         "run      ok               short          status 0, 0.25 s, device 1\n"
@@ -373,11 +374,11 @@ def test_ctrl_c_during_run_exits_130_and_keeps_finished_records(tmp_path, monkey
 
 def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
     console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system=None)
-    result = runner.CaseResult("only", Path("a"), Path("a/o"), "ok", (), 0, 0, 0, 0.5)
+    result = devices.RunResult("only", Path("a"), Path("a/o"), "ok", (), 0, 0, 0, 0.5)
     with Display(console) as display:
         display.phase("run", 1, ["only"])
-        display.on_run_event(runner.RunEvent("start", "only", 0))
-        display.on_run_event(runner.RunEvent("done", "only", 0, result))
+        display.on_run_event(devices.RunEvent("start", "only", 0))
+        display.on_run_event(devices.RunEvent("done", "only", 0, result))
 
     text = console.file.getvalue()
     assert "run      ok               only  status 0, 0.50 s, device 0\n" in text

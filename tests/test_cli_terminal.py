@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-from bsa_cli import emulator
 from bsa_cli.cli import main
 from bsa_cli.cli_gen import LIST_COLUMNS, list_rows, list_table
 from bsa_cli.cli_run import Display
+from bsa_cli.devices import reference
 from bsa_cli.spec import load_specs
 from tests.helpers import SPEC, fake_device, invoke, run_record
 
@@ -72,7 +72,7 @@ def test_list_estimates_the_reference_device_from_backward_flops_and_pairs():
     from bsa_cli.schedule import estimate
 
     e = estimate(case)
-    expected = emulator.estimate_seconds(e.flops * 10 / 14, e.selected_blocks, 1)
+    expected = reference.estimate_seconds(e.flops * 10 / 14, e.selected_blocks, 1)
     assert float(row["ref s"]) == pytest.approx(expected, rel=0.05)
     # README's performance table: `bsa emulate` takes about as long as `bsa gen` (gen / emulate 1.00-1.13)
     (readme_case,) = list_rows(load_specs([ROOT / "cases" / "nightly.yaml"])[:1])  # B=1 N=4 S=8192 density 0.2
@@ -151,15 +151,15 @@ def test_a_fault_that_does_not_apply_is_said_before_the_run_and_in_the_table(tmp
 
 
 def test_the_reference_device_reports_progress_within_a_case(tmp_path, spec_file, monkeypatch):
-    monkeypatch.setattr(emulator, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(reference, "PROGRESS_INTERVAL_S", 0.0)
     result = invoke("gen", spec_file, "-o", tmp_path / "out", "--filter", "t-tnd-gqa")
     assert result.exit_code == 0, result.output
     seen: list[tuple[str, float]] = []
-    with emulator.reporting(lambda name, fraction: seen.append((name, fraction))):
-        emulator.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
+    with reference.reporting(lambda name, fraction: seen.append((name, fraction))):
+        reference.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
     fractions = [f for name, f in seen if name == "t-tnd-gqa"]
     assert len(fractions) >= 2 and fractions == sorted(fractions) and fractions[-1] == 1.0 and fractions[0] < 1.0
-    emulator.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
+    reference.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
     assert len(seen) == len(fractions)  # no reporting outside the block
 
 

@@ -2,7 +2,7 @@
 
 Case directories are built by tests/helpers.py's `build_case` (a `Case`, numpy inputs, `bsa_cli.golden`
 for golden and benchmark, `store.CaseWriter` + `manifest.build_manifest`), and device outputs come from the
-reference device `bsa_cli.emulator`, clean or with a planted fault (`write_outputs`).
+reference device `bsa_cli.devices.reference`, clean or with a planted fault (`write_outputs`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli import compare, emulator, report, store
+from bsa_cli import compare, report, store
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS, RunSettings
+from bsa_cli.devices import faults, reference
 from bsa_cli.layout import mask_view
 from tests.helpers import build_case, check, make_case, make_inputs, read_grad, rewrite_grad, write_outputs
 
@@ -150,7 +151,7 @@ def test_float64_golden_is_judged_like_float32(tmp_path):
 
     case = make_case("f64", dtype="bfloat16")
     case_dir = generate_case(case, tmp_path, precision="float64")
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+    reference.emulate_case_dir(case_dir, case_dir / "outputs")
     result = compare.compare_case(case_dir)
     assert result.verdict == PASS, result.message
 
@@ -194,10 +195,10 @@ def fault_case(tmp_path_factory) -> tuple[Path, Case, dict[str, np.ndarray]]:
     return case_dir, case, make_inputs(case, mask)
 
 
-@pytest.mark.parametrize("fault", sorted(emulator.FAULTS))
+@pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_each_planted_fault_fails_on_the_right_tensor(fault_case, tmp_path, fault):
     case_dir, case, tensors = fault_case
-    assert emulator.fault_applies(fault, case, tensors["block_sparse_mask"])
+    assert faults.fault_applies(fault, case, tensors["block_sparse_mask"])
     write_outputs(tmp_path / "out", case, tensors, fault)
     result = compare.compare_case(case_dir, tmp_path / "out")
     assert result.verdict == FAIL
@@ -209,11 +210,11 @@ def test_each_planted_fault_fails_on_the_right_tensor(fault_case, tmp_path, faul
             assert tensor.hot_blocks and tensor.hot_blocks[0].score >= tensor.hot_blocks[-1].score
 
 
-@pytest.mark.parametrize("fault", sorted(emulator.FAULTS))
+@pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_each_fault_s_hottest_block_is_one_the_fault_changed(fault_case, tmp_path, fault):
     case_dir, case, tensors = fault_case
     faulty = write_outputs(tmp_path / "out", case, tensors, fault)
-    clean = emulator.emulate(case, tensors)
+    clean = reference.emulate(case, tensors)
     result = compare.compare_case(case_dir, tmp_path / "out")
     for tensor in result.tensors:
         if tensor.passed:
@@ -230,7 +231,7 @@ def test_tile_noise_hot_block_is_the_tile_of_the_fault(fault_case, tmp_path):
     case_dir, case, tensors = fault_case
     write_outputs(tmp_path / "out", case, tensors, "tile-noise")
     result = compare.compare_case(case_dir, tmp_path / "out")
-    site = emulator._fault_site(case, tensors["block_sparse_mask"])
+    site = faults.fault_site(case, tensors["block_sparse_mask"])
     dq = next(t for t in result.tensors if t.name == "dq")
     hot = dq.hot_blocks[0]
     assert (hot.batch, hot.head, hot.block) == (site.span.batch, site.head, site.q_block)
@@ -255,7 +256,7 @@ def test_nan_row_is_a_structural_failure_pointing_at_its_row(fault_case, tmp_pat
     case_dir, case, tensors = fault_case
     write_outputs(tmp_path / "out", case, tensors, "nan-row")
     result = compare.compare_case(case_dir, tmp_path / "out")
-    site = emulator._fault_site(case, tensors["block_sparse_mask"])
+    site = faults.fault_site(case, tensors["block_sparse_mask"])
     nonfinite = check(result, "nonfinite", "dq")
     assert not nonfinite.passed and nonfinite.value == case.head_dim
     row = site.q_block * case.block_shape[0]
@@ -697,7 +698,7 @@ def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
             case = dataclasses.replace(case, seed=seed, name=f"{case.name}.s{seed}")
             case_dir = generate_case(case, tmp_path)
             # a run seed, as `bsa run` gives: dK/dV partials summed in another order every seed
-            emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
+            reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
             result = compare.compare_case(case_dir)
             if result.verdict != PASS:
                 failures.append(f"{result.name}: {result.message}")
@@ -737,9 +738,9 @@ def test_edge_suite_every_applicable_fault_fails(tmp_path):
     for case in load_specs([Path(__file__).parent.parent / "cases" / "edge.yaml"]):
         case_dir = generate_case(case, tmp_path)
         mask = read_array(case_dir, load_manifest(case_dir)["inputs"]["block_sparse_mask"])
-        for fault in emulator.applicable_faults(case, mask):
+        for fault in faults.applicable_faults(case, mask):
             output_dir = tmp_path / "faults" / case.name / fault
-            emulator.emulate_case_dir(case_dir, output_dir, fault=fault)
+            reference.emulate_case_dir(case_dir, output_dir, fault=fault)
             result = compare.compare_case(case_dir, output_dir)
             if result.verdict != FAIL:
                 missed.append(f"{case.name} {fault}: {result.verdict} {result.message}")
@@ -786,7 +787,7 @@ def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
     case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
     case = dataclasses.replace(case, compare=compare_settings)
     case_dir = generate_case(case, tmp_path, precision)
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
     manifest = json.loads((case_dir / "case.json").read_text())
     assert set(manifest["benchmark_summary"]["tiles"]) == {"dq", "dk", "dv"}
     calls = measured_benchmark(monkeypatch)
@@ -807,7 +808,7 @@ def generated(tmp_path) -> Path:
     from bsa_cli.generate import generate_case
 
     case_dir = generate_case(make_case("g"), tmp_path)
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+    reference.emulate_case_dir(case_dir, case_dir / "outputs")
     return case_dir
 
 

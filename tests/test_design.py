@@ -110,7 +110,7 @@ def test_every_module_of_compare_has_its_place_in_the_order() -> None:
 def test_the_import_reader_sees_relative_and_lazy_imports() -> None:
     imports = source_imports()
     assert "bsa_cli.cli_common" in imports["bsa_cli.cli_run"]
-    assert "bsa_cli.emulator" in imports["bsa_cli.compare.verdict"]  # `from .. import emulator` in a function
+    assert "bsa_cli.compare" in imports["bsa_cli.devices.repeat"]  # `from .. import compare` in a function
     assert "bsa_cli.compare.metrics" in imports["bsa_cli.compare.judge"]
 
 

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bsa_cli import compare, emulator
+from bsa_cli import compare
 from bsa_cli.cli import main
 from bsa_cli.compare import diagnose
 from bsa_cli.compare.results import DIAGNOSIS_KINDS
+from bsa_cli.devices import faults, reference
 from bsa_cli.generate import generate_case
 from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
 from bsa_cli.spec import load_specs
@@ -42,7 +43,7 @@ TRUE_KIND = {
 
 
 def test_every_fault_has_a_true_kind_of_the_vocabulary():
-    assert set(TRUE_KIND) == set(emulator.FAULTS)
+    assert set(TRUE_KIND) == set(faults.FAULTS)
     assert set(TRUE_KIND.values()) <= set(diagnose.TESTED_KINDS) <= set(DIAGNOSIS_KINDS)
 
 
@@ -58,9 +59,9 @@ def _confusion(tmp_path: Path, suite: str) -> tuple[dict[tuple[str, str], int], 
         manifest = load_manifest(case_dir)
         case = case_from_manifest(manifest)
         mask = read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
-        for fault in emulator.applicable_faults(case, mask):
+        for fault in faults.applicable_faults(case, mask):
             output_dir = tmp_path / "out" / case_dir.name / fault
-            emulator.emulate_case_dir(case_dir, output_dir, fault=fault)
+            reference.emulate_case_dir(case_dir, output_dir, fault=fault)
             result = compare.compare_case(case_dir, output_dir, workers=1)
             top = result.diagnosis[0].kind if result.diagnosis else "-"
             table[(fault, top)] = table.get((fault, top), 0) + 1
@@ -87,7 +88,7 @@ def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(tmp_path):
     for case_dir in _suite(tmp_path, "smoke"):
         for seed in (None, 1, 2):
             output_dir = tmp_path / "out" / case_dir.name / str(seed)
-            emulator.emulate_case_dir(case_dir, output_dir, order_seed=seed)
+            reference.emulate_case_dir(case_dir, output_dir, order_seed=seed)
             result = compare.compare_case(case_dir, output_dir, workers=1)
             assert result.verdict == compare.PASS, result.message
             assert result.diagnosis == () and result.hypotheses == ()
@@ -97,7 +98,7 @@ def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(tmp_path):
 def test_clean_stress_cases_get_no_diagnosis(tmp_path):
     for case_dir in _suite(tmp_path, "stress"):
         output_dir = tmp_path / "out" / case_dir.name
-        emulator.emulate_case_dir(case_dir, output_dir, order_seed=3)
+        reference.emulate_case_dir(case_dir, output_dir, order_seed=3)
         result = compare.compare_case(case_dir, output_dir, workers=1)
         assert result.verdict == compare.PASS and result.diagnosis == () and result.hypotheses == ()
 
@@ -130,7 +131,7 @@ def test_a_wrong_hypothesis_is_ruled_out_and_the_true_one_explains_the_error(tmp
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-tnd-varlen"]
     case_dir = generate_case(case, tmp_path)
     output_dir = tmp_path / "out"
-    emulator.emulate_case_dir(case_dir, output_dir, fault="no-dsum")
+    reference.emulate_case_dir(case_dir, output_dir, fault="no-dsum")
     result = compare.compare_case(case_dir, output_dir, workers=1)
     tried = {h.supposes: h for h in result.hypotheses}
     assert tried["Dsum omitted: dS = P dP"].score > 0.95
@@ -142,7 +143,7 @@ def test_a_wrong_hypothesis_is_ruled_out_and_the_true_one_explains_the_error(tmp
 def _cli_case(tmp_path: Path, fault: str | None) -> Path:
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-gqa-empty-rows"]
     case_dir = generate_case(case, tmp_path / "suite")
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
     return case_dir
 
 
@@ -177,7 +178,7 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     unknown = runner.invoke(main, ["compare", str(case_dir.parent), "--explain", "nope"])
     assert unknown.exit_code == 2
     assert unknown.output.splitlines()[-1] == "Error: --explain nope: no such case under the given folders"
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault="lse-base2")
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", fault="lse-base2")
     failed = runner.invoke(main, ["compare", str(case_dir.parent), "--explain", "smoke-gqa-empty-rows"],
                            terminal_width=400)  # fmt: skip
     assert failed.exit_code == 1
@@ -200,9 +201,9 @@ def test_bsa_judge_results_carry_the_diagnosis(tmp_path):
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-tnd-varlen"]
     case_dir = generate_case(case, tmp_path)
     loaded = api.load_case(case_dir)
-    grads = emulator.emulate(case, loaded.inputs, fault="mask-transposed")
+    grads = reference.emulate(case, loaded.inputs, fault="mask-transposed")
     result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
     assert result.verdict == compare.FAIL and result.diagnosis[0].kind == "block-selection"
-    clean = emulator.emulate(case, loaded.inputs)
+    clean = reference.emulate(case, loaded.inputs)
     passed = api.judge(loaded, clean["dq"], clean["dk"], clean["dv"])
     assert passed.verdict == compare.PASS and passed.diagnosis == () and passed.hypotheses == ()

@@ -12,14 +12,9 @@ import pytest
 
 from bsa_cli import manifest, store
 from bsa_cli.case import Case, numpy_dtype
-from bsa_cli.emulator import (
-    FAULTS,
-    STATUS_FILE,
-    applicable_faults,
-    emulate,
-    emulate_case_dir,
-    fault_applies,
-)
+from bsa_cli.devices.base import STATUS_FILE
+from bsa_cli.devices.faults import FAULTS, applicable_faults, fault_applies
+from bsa_cli.devices.reference import emulate, emulate_case_dir
 from bsa_cli.errors import DataError
 from bsa_cli.layout import kv_view, lse_view, mask_view, q_view
 from tests.helpers import case_factory

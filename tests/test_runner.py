@@ -1,4 +1,4 @@
-"""The binary contract as bsa_cli.runner drives it: fake device binaries that behave and misbehave."""
+"""The binary contract as bsa_cli.devices runs it: fake device binaries that behave and misbehave."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from bsa_cli import devices, runner, store
+from bsa_cli import devices, store
+from bsa_cli.devices import process
 from bsa_cli.errors import DataError
 from tests.helpers import fake_device, read_record, run_options, write_case_dir
 
@@ -30,7 +31,7 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "good_case")
     binary = fake_device(tmp_path)
 
-    result = runner.run_case(case_dir, run_options(binary, device_ids=(3,)))
+    result = devices.run_case(case_dir, run_options(binary, device_ids=(3,)))
 
     assert result.outcome == "ok", result.problems
     assert result.status == 0
@@ -44,10 +45,11 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
     assert record["command"] == [str(binary), str(case_dir / "case.json"), str(outputs / ".run-1")]
     assert record["exit_code"] == 0 and record["signal"] is None
     assert record["status"] == 0 and record["status_message"] == "fake device"
-    assert record["device"] == {"name": str(binary), "kind": "binary", "id": 3, "fault": None}
-    assert record["binary"]["sha256"] == runner.sha256_file(binary)
+    assert record["device"] == {"name": str(binary), "kind": "binary", "id": 3, "fault": None,
+                                "fault_not_applied": None}  # fmt: skip
+    assert record["binary"]["sha256"] == store.sha256_file(binary)
     assert record["env"] == {"ASCEND_DEVICE_ID": "3"}
-    assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(outputs / "dq.bin")
+    assert record["outputs"]["dq"]["sha256"] == store.sha256_file(outputs / "dq.bin")
     assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": [], "noise": {},
                                 "seed": None}  # fmt: skip
     assert record["started"] <= record["finished"]
@@ -60,7 +62,7 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
 def test_negative_case_records_the_status_without_gradients(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "bad_dtype", expect=161002)
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "ok", result.problems
     assert (result.status, result.expect_status) == (161002, 161002)
@@ -71,7 +73,7 @@ def test_negative_case_records_the_status_without_gradients(tmp_path):
 def test_outputs_root_puts_outputs_under_the_case_name(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "rooted")
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path), outputs_root=tmp_path / "device"))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path), outputs_root=tmp_path / "device"))
 
     assert result.output_dir == (tmp_path / "device" / "rooted").resolve()
     assert (result.output_dir / "dq.bin").is_file()
@@ -85,10 +87,10 @@ def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path
     root = tmp_path / "out"
     names = ["a_crash", "b_hang", "c_truncated", "d_nothing", "e_exitcode", "f_badstatus", "g_good", "h_good"]
     case_dirs = [write_case_dir(root, n) for n in names]
-    events: list[runner.RunEvent] = []
+    events: list[devices.RunEvent] = []
 
     started = time.monotonic()
-    summary = runner.run_cases(
+    summary = devices.run_cases(
         case_dirs, run_options(fake_device(tmp_path), device_ids=(0, 1), timeout=3.0), on_event=events.append
     )
     elapsed = time.monotonic() - started
@@ -109,7 +111,7 @@ def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path
     assert "first line 'oops' is not a decimal aclnn status" in by_name["f_badstatus"].problems[0]
     assert by_name["g_good"].outcome == by_name["h_good"].outcome == "ok"
     assert summary.return_code == 3
-    assert elapsed < 3.0 + runner.KILL_GRACE_S + 8, "the hang did not hold up the other device"
+    assert elapsed < 3.0 + process.KILL_GRACE_S + 8, "the hang did not hold up the other device"
     assert {e.device_id for e in events} == {0, 1}
     assert sorted(e.case for e in events if e.kind == "done") == names
 
@@ -125,7 +127,7 @@ def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path
 def test_timeout_kills_the_whole_process_group(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "only_hang")
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path), timeout=0.5))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path), timeout=0.5))
 
     assert result.outcome == "timeout"
     child_pid = int((result.output_dir / "child.pid").read_text())
@@ -143,7 +145,7 @@ def test_stale_outputs_of_an_earlier_run_are_deleted_before_a_case_runs(tmp_path
     (outputs / ".run-7").mkdir()
     (outputs / "notes.md").write_text("mine")
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "error"
     left = sorted(p.name for p in outputs.iterdir())
@@ -155,7 +157,7 @@ def test_stale_inputs_are_not_run(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "edited")
     (case_dir / "inputs" / "query.bin").write_bytes(b"\1" * 2048)
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "error"
     assert "inputs not run:" in result.problems[0]
@@ -170,7 +172,7 @@ def test_missing_manifest_is_an_error_record(tmp_path):
     case_dir.mkdir(parents=True)
     (case_dir / "case.json").write_text("{not json")
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "error"
     assert "not valid JSON" in result.problems[0]
@@ -179,10 +181,10 @@ def test_missing_manifest_is_an_error_record(tmp_path):
 def test_binary_that_cannot_start_is_an_error(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "no_exec")
     binary = fake_device(tmp_path)
-    device = devices.Device.create(binary=binary)
+    device = devices.create(binary=binary)
     binary.unlink()
 
-    result = runner.run_case(case_dir, devices.RunOptions(device=device))
+    result = devices.run_case(case_dir, devices.RunOptions(device=device))
 
     assert result.outcome == "error"
     assert "cannot start" in result.problems[0]
@@ -195,7 +197,7 @@ def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
     root = tmp_path / "out"
     case_dirs = [write_case_dir(root, "steady_good"), write_case_dir(root, "racy_random")]
 
-    summary = runner.run_cases(case_dirs, run_options(fake_device(tmp_path), repeat=3))
+    summary = devices.run_cases(case_dirs, run_options(fake_device(tmp_path), repeat=3))
 
     steady, racy = summary.results
     assert steady.outcome == "ok"
@@ -213,7 +215,7 @@ def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
     assert record["env"] == {"ASCEND_DEVICE_ID": "0"}
     assert "ASCEND_DEVICE_ID 0" in (racy.output_dir / "stdout.run3.log").read_text()
     assert (racy.output_dir / "dq.bin").read_bytes() != b"", "the first run's outputs are kept"
-    assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(racy.output_dir / "dq.bin")
+    assert record["outputs"]["dq"]["sha256"] == store.sha256_file(racy.output_dir / "dq.bin")
     assert not list(racy.output_dir.glob(".run-*"))
     assert summary.return_code == 1
 
@@ -221,7 +223,7 @@ def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
 def test_repeat_stops_at_a_failing_run(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "repeat_crash")
 
-    result = runner.run_case(case_dir, run_options(fake_device(tmp_path), repeat=3))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path), repeat=3))
 
     assert result.outcome == "crashed"
     assert result.problems[0].startswith("run 1 of 3: killed by SIGSEGV")
@@ -237,14 +239,14 @@ def test_ctrl_c_keeps_finished_cases_and_records_the_interrupted_one(tmp_path):
     outputs = case_dirs[1] / "outputs"
     (outputs / "dq.bin").write_text("stale from an earlier run")
 
-    def interrupt_when_hanging(event: runner.RunEvent) -> None:
+    def interrupt_when_hanging(event: devices.RunEvent) -> None:
         if event.kind == "start" and event.case == "second_hang":
             deadline = time.monotonic() + 5
             while not (outputs / ".run-1" / "child.pid").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
             raise KeyboardInterrupt
 
-    summary = runner.run_cases(case_dirs, run_options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
+    summary = devices.run_cases(case_dirs, run_options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
 
     assert summary.interrupted
     assert [(r.name, r.outcome) for r in summary.results] == [
@@ -270,7 +272,7 @@ def test_cmd_template_substitutes_every_placeholder_without_a_shell(tmp_path):
     binary = fake_device(tmp_path)
     cmd = "{binary} --tag 'dev={device_id} dir={case_dir};$HOME' {manifest} {output_dir}"
 
-    result = runner.run_case(case_dir, run_options(binary, cmd=cmd, device_ids=(5,)))
+    result = devices.run_case(case_dir, run_options(binary, cmd=cmd, device_ids=(5,)))
 
     assert result.outcome == "ok", result.problems
     record = read_record(result)
@@ -285,7 +287,7 @@ def test_cmd_template_without_binary_runs_the_command(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "via_cmd")
     binary = fake_device(tmp_path)
 
-    result = runner.run_case(case_dir, run_options(cmd=f"{binary} {{manifest}} {{output_dir}}"))
+    result = devices.run_case(case_dir, run_options(cmd=f"{binary} {{manifest}} {{output_dir}}"))
 
     assert result.outcome == "ok", result.problems
     assert read_record(result)["binary"] is None
@@ -303,22 +305,22 @@ def test_cmd_template_without_binary_runs_the_command(tmp_path):
 )
 def test_bad_cmd_templates_are_refused(tmp_path, cmd, message):
     with pytest.raises(devices.RunConfigError, match=None) as excinfo:
-        devices.Device.create(binary=fake_device(tmp_path), cmd=cmd)
+        devices.create(binary=fake_device(tmp_path), cmd=cmd)
     assert message in str(excinfo.value)
 
 
 def test_cmd_binary_placeholder_needs_binary():
     with pytest.raises(devices.RunConfigError, match=r"--cmd uses \{binary\} but no --binary was given"):
-        devices.Device.create(cmd="{binary} {manifest} {output_dir}")
+        devices.create(cmd="{binary} {manifest} {output_dir}")
 
 
 def test_binary_must_exist_and_be_executable(tmp_path):
     with pytest.raises(devices.RunConfigError, match="no such file"):
-        devices.Device.create(binary=tmp_path / "missing")
+        devices.create(binary=tmp_path / "missing")
     plain = tmp_path / "plain"
     plain.write_text("")
     with pytest.raises(devices.RunConfigError, match=r"not an executable file \(chmod \+x\?\)"):
-        devices.Device.create(binary=plain)
+        devices.create(binary=plain)
 
 
 # ---- options and selection -----------------------------------------------------------------------------
@@ -356,7 +358,7 @@ def test_environment_is_not_leaked_between_runs(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "env_good")
     os.environ.pop("ASCEND_DEVICE_ID", None)
 
-    runner.run_case(case_dir, run_options(fake_device(tmp_path), device_ids=(2,)))
+    devices.run_case(case_dir, run_options(fake_device(tmp_path), device_ids=(2,)))
 
     assert "ASCEND_DEVICE_ID" not in os.environ
     assert "ASCEND_DEVICE_ID 2" in (case_dir / "outputs" / "stdout.log").read_text()
@@ -366,4 +368,4 @@ def test_outputs_root_may_not_be_the_cases_folder(tmp_path):
     case_dir = write_case_dir(tmp_path / "out", "here")
 
     with pytest.raises(devices.RunConfigError, match="would put outputs into the case directory"):
-        runner.run_cases([case_dir], run_options(fake_device(tmp_path), outputs_root=tmp_path / "out"))
+        devices.run_cases([case_dir], run_options(fake_device(tmp_path), outputs_root=tmp_path / "out"))

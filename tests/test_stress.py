@@ -220,14 +220,15 @@ def test_a_stress_option_changes_only_the_cases_that_use_it() -> None:
 
 def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     """A stress case whose kernel path flushes values to zero says so in compare's results and HTML."""
-    from bsa_cli import compare, emulator, report
+    from bsa_cli import compare, report
+    from bsa_cli.devices import reference
     from bsa_cli.generate import generate_case
     from bsa_cli.spec import load_specs
 
     case = next(c for c in load_specs([Path(__file__).parent.parent / "cases" / "stress.yaml"])
                 if c.name == "stress-peaked.fp16")  # fmt: skip
     case_dir = generate_case(case, tmp_path)
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
     result = compare.compare_case(case_dir)
     assert result.verdict == compare.PASS
     assert any("underflow" in note for note in result.kernel_notes)

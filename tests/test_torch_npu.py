@@ -26,9 +26,10 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import devices, runner, store, torch_npu_device
+from bsa_cli import devices, store
 from bsa_cli.cli import main
-from bsa_cli.torch_npu_device import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
+from bsa_cli.devices import torch_npu
+from bsa_cli.devices.torch_npu import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
 from tests.helpers import STANDIN, STANDIN_FAULT, invoke, run_record, standin_env, write_case_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +97,7 @@ def checked(tmp_path_factory, spec_file, generated) -> tuple[Path, Any, dict]:
 
 
 def options(**kwargs: Any) -> devices.RunOptions:
-    return devices.RunOptions(device=devices.Device.create(kind="torch_npu"), **kwargs)
+    return devices.RunOptions(device=devices.create(kind="torch_npu"), **kwargs)
 
 
 # ---- bsa check / bsa run --device torch_npu ------------------------------------------------------------
@@ -117,7 +118,7 @@ def test_check_passes_a_small_suite_through_torch_npu(checked):
     rec = run_record(out / "tn-tnd-gqa")
     assert rec["device"]["kind"] == "torch_npu" and "torch_npu" in rec["device"]["name"]
     assert rec["binary"] is None and rec["timeout_s"] == 600.0
-    assert rec["command"][:3] == [sys.executable, "-m", "bsa_cli.torch_npu_device"]
+    assert rec["command"][:3] == [sys.executable, "-m", "bsa_cli.devices.torch_npu"]
     assert rec["command"][3] == str((out / "tn-tnd-gqa" / "case.json").resolve())
     assert "torch_npu 0.0.0+bsa.standin" in (out / "tn-tnd-gqa" / "outputs" / "stdout.log").read_text()
 
@@ -139,7 +140,7 @@ def test_gradients_arrive_bit_for_bit(checked, standin):
     call = plan_call(manifest)
     tensors = [
         to_tensor(torch, store.read_array(case_dir, manifest["inputs"][name]), manifest["inputs"][name]["dtype"])
-        for name in torch_npu_device.CALL_ORDER
+        for name in torch_npu.CALL_ORDER
     ]
 
     expected = standin._backward(*tensors, call.block_shape, call.actual_seq_lengths, call.actual_seq_lengths_kv,
@@ -161,8 +162,8 @@ def test_a_misbehaving_torch_npu_is_recorded(tmp_path, with_standin, monkeypatch
     # No time limit but for the hang: however slow the machine, only the hang can time out.
     limits = {device: 2.0 if fault == "hang" else None for device, fault in faults.items()}
 
-    def run(device: int) -> runner.CaseResult:
-        return runner.run_case(cases[device], options(device_ids=tuple(faults), timeout=limits[device]), device)
+    def run(device: int) -> devices.RunResult:
+        return devices.run_case(cases[device], options(device_ids=tuple(faults), timeout=limits[device]), device)
 
     with ThreadPoolExecutor(len(faults)) as pool:  # one case per device id, side by side
         results = dict(zip(faults, pool.map(run, faults), strict=True))
@@ -236,7 +237,7 @@ def test_deterministic_mode_reaches_the_device_through_its_environment():
 
 
 def test_bsa_never_imports_torch():
-    code = "import sys, bsa_cli.cli, bsa_cli.cli_run, bsa_cli.torch_npu_device; print('torch' in sys.modules)"
+    code = "import sys, bsa_cli.cli, bsa_cli.cli_run, bsa_cli.devices.torch_npu; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -256,9 +257,9 @@ def test_bf16_round_trip_is_bit_exact():
 
 
 def test_to_array_refuses_a_wrong_dtype_or_shape():
-    with pytest.raises(torch_npu_device.DeviceFailure, match=r"dk: torch_npu returned torch.float32 \[2, 3\]"):
+    with pytest.raises(torch_npu.DeviceFailure, match=r"dk: torch_npu returned torch.float32 \[2, 3\]"):
         to_array(torch, torch.zeros(2, 3), "float16", [2, 3], "dk")
-    with pytest.raises(torch_npu_device.DeviceFailure, match=r"returned torch.float16 \[3, 2\], the manifest wants"):
+    with pytest.raises(torch_npu.DeviceFailure, match=r"returned torch.float16 \[3, 2\], the manifest wants"):
         to_array(torch, torch.zeros(3, 2, dtype=torch.float16), "float16", [2, 3], "dk")
 
 
@@ -326,10 +327,10 @@ def test_aclnn_status_is_read_from_torch_npus_messages():
 def test_task_queue_2_and_compact_errors_are_switched_off():
     env = {"TASK_QUEUE_ENABLE": "2", "TORCH_NPU_COMPACT_ERROR_OUTPUT": "1", "OTHER": "x"}
 
-    notes = torch_npu_device.prepare_environment(env)
+    notes = torch_npu.prepare_environment(env)
 
     assert env == {"TASK_QUEUE_ENABLE": "1", "OTHER": "x"} and len(notes) == 2
-    assert torch_npu_device.prepare_environment({"TASK_QUEUE_ENABLE": "1"}) == []
+    assert torch_npu.prepare_environment({"TASK_QUEUE_ENABLE": "1"}) == []
 
 
 # ---- the stand-in is as strict as the binding ---------------------------------------------------------

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bsa_cli import devices, generate, runner, schedule, spec, store
+from bsa_cli import devices, generate, schedule, spec, store
+from bsa_cli.devices import process, record, run
 from bsa_cli.errors import DataError, SpecError
 from tests.helpers import BASE, digest, invoke
 
@@ -229,15 +230,15 @@ def test_a_bad_case_is_recorded_and_the_run_goes_on(out: Path) -> None:
 
 
 def test_an_unforeseen_exception_in_one_case_does_not_stop_the_run(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = runner._CaseRun.run
+    real = run._CaseRun.run
 
-    def flaky(self: runner._CaseRun) -> runner.CaseResult:
+    def flaky(self: run._CaseRun) -> devices.RunResult:
         if self.case_dir.name == "a":
             raise ZeroDivisionError("boom")
         return real(self)
 
-    monkeypatch.setattr(runner._CaseRun, "run", flaky)
-    summary = runner.run_cases(store.select_cases([out]), devices.RunOptions())
+    monkeypatch.setattr(run._CaseRun, "run", flaky)
+    summary = devices.run_cases(store.select_cases([out]), devices.RunOptions())
     assert [(r.name, r.outcome) for r in summary.results] == [("a", "error"), ("b", "ok")]
     assert "ZeroDivisionError: boom" in summary.results[0].problems[0]
 
@@ -258,15 +259,15 @@ def test_a_full_disk_during_gen_is_one_error_line_and_leaves_nothing_half_writte
 
 
 def test_a_full_disk_during_run_is_recorded_per_case(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bsa_cli import emulator
+    from bsa_cli.devices import reference
 
-    monkeypatch.setattr(emulator, "_write_atomic", enospc)
+    monkeypatch.setattr(reference, "write_atomic", enospc)
     result = invoke("run", out)
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert "could not write its outputs: No space left on device" in result.stderr
     assert json.loads((out / "a" / "outputs" / "run.json").read_text())["outcome"] == "error"
 
-    monkeypatch.setattr(runner, "write_json_atomic", enospc)
+    monkeypatch.setattr(run, "write_json_atomic", enospc)
     result = invoke("run", out)
     assert result.exit_code == 3 and "cannot write" in result.stderr and "No space left on device" in result.stderr
 
@@ -388,10 +389,10 @@ def test_a_binary_log_keeps_its_head_and_tail_and_says_how_much_was_cut(out: Pat
     binary.chmod(0o755)
     assert invoke("run", out / "a", "--binary", binary).exit_code == 0
     log = (out / "a" / "outputs" / "stdout.log").read_bytes()
-    cut = 100 + (5 << 20) + 100 - runner.LOG_HEAD_BYTES - runner.LOG_TAIL_BYTES
+    cut = 100 + (5 << 20) + 100 - process.LOG_HEAD_BYTES - process.LOG_TAIL_BYTES
     assert log.startswith(b"h" * 100) and log.endswith(b"x" * 1000 + b"t" * 100)
     assert f"[bsa: {cut} bytes cut here".encode() in log
-    assert len(log) < runner.LOG_HEAD_BYTES + runner.LOG_TAIL_BYTES + 200
+    assert len(log) < process.LOG_HEAD_BYTES + process.LOG_TAIL_BYTES + 200
 
 
 def test_status_txt_is_read_up_to_a_bound(out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -399,8 +400,8 @@ def test_status_txt_is_read_up_to_a_bound(out: Path, tmp_path: Path, monkeypatch
     binary.write_text(f"#!{sys.executable}\nimport sys\nopen(sys.argv[2] + '/status.txt', 'w').write("
                       "'161002\\n' + 'm' * 100000)\n")  # fmt: skip
     binary.chmod(0o755)
-    monkeypatch.setattr(runner, "STATUS_MAX_BYTES", 1000)
-    result = runner.run_case(out / "a", devices.RunOptions(device=devices.Device.create(binary=binary)))
+    monkeypatch.setattr(record, "STATUS_MAX_BYTES", 1000)
+    result = devices.run_case(out / "a", devices.RunOptions(device=devices.create(binary=binary)))
     assert result.status == 161002
     assert len(result.record["status_message"]) == 1000 - len("161002\n")
 

@@ -116,6 +116,22 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     return info
 
 
+def _recorded_fault_note(output_dir: Path) -> tuple[bool, str | None]:
+    """Return whether the run record says if its planted fault applied to the case, and the sentence it
+    gives when the fault did not apply (None: it applied).
+
+    The reference device records it as `device.fault_not_applied`; records written before that key existed
+    say nothing (False), and the caller works the answer out from the fault itself."""
+    try:
+        device = _load_record(output_dir)["device"]
+    except (DataError, KeyError, TypeError):
+        return False, None
+    if not isinstance(device, dict) or "fault_not_applied" not in device:
+        return False, None
+    note = device["fault_not_applied"]
+    return True, clip(note, 1000) if isinstance(note, str) and note else None
+
+
 def _read_run_record(
     output_dir: Path, names: Sequence[str]
 ) -> tuple[list[str], list[Check], dict[str, str] | None, dict[str, str] | None]:

@@ -23,7 +23,14 @@ from ..layout import mask_view
 from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest, release_of
 from ..manifest import notes as manifest_notes
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest, map_array
-from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info, not_run_message
+from .case_files import (
+    _open_arrays,
+    _read_run_record,
+    _read_status,
+    _recorded_fault_note,
+    _run_device_info,
+    not_run_message,
+)
 from .diagnose import diagnose
 from .judge import judge_tensors
 from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Hypothesis, Selection, TensorResult
@@ -282,7 +289,7 @@ def _judge_case(
     if stale:
         return error(name, stale, **known)
     if known.get("fault"):
-        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
+        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask, output_dir)
     known["kernel_notes"] = manifest_notes(manifest)
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
@@ -324,14 +331,18 @@ class _LazyInputs(Mapping[str, np.ndarray]):
         return len(self.entries)
 
 
-def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
-    """Return a note when the planted fault does not apply to the case (the device ran it clean)."""
-    from .. import emulator  # only cases run with a planted fault need it
+def _fault_notes(fault: str, case: Case, block_mask: np.ndarray, output_dir: Path | None) -> tuple[str, ...]:
+    """Return a note when the planted fault does not apply to the case (the device ran it clean), as the
+    reference device recorded it in run.json; a record of an older bsa does not say, and the fault's
+    geometry answers instead (`devices.faults`, pure)."""
+    recorded, reason = _recorded_fault_note(output_dir) if output_dir is not None else (False, None)
+    if not recorded:
+        from ..devices.faults import fault_not_applied  # only records written before run.json said it
 
-    try:
-        reason = emulator.fault_not_applied(fault, case, block_mask)
-    except ValueError:  # a fault this bsa does not know (a record of another version)
-        return ()
+        try:
+            reason = fault_not_applied(fault, case, block_mask)
+        except ValueError:  # a fault this bsa does not know (a record of another version)
+            return ()
     return () if reason is None else (reason,)
 
 

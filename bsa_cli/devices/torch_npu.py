@@ -1,6 +1,6 @@
 """The torch_npu device: run one case through `torch_npu.npu_block_sparse_attention_backward`.
 
-    python -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>
+    python -m bsa_cli.devices.torch_npu <case_dir>/case.json <output_dir>
 
 `bsa run --device torch_npu` runs this module once per case, in a child process, so the binary contract
 of docs/run.md applies unchanged (timeout, crash, status.txt, output checks): it writes dq.bin, dk.bin,
@@ -45,24 +45,25 @@ PyTorch 2.1 has are used.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from . import device_software
-from .case import MAX_TOKENS, numpy_dtype
-from .emulator import STATUS_FILE, _write_atomic
-from .errors import BsaError, DataError
-from .interface import call_lengths
-from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
-from .store import (
+from ..case import MAX_TOKENS, numpy_dtype
+from ..errors import BsaError, DataError
+from ..interface import call_lengths
+from ..manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
+from ..store import (
     DETERMINISTIC_ENV,
+    MANIFEST,
     array_bytes,
     check_output_dir,
     inside_parent,
@@ -70,6 +71,14 @@ from .store import (
     load_manifest,
     read_array,
 )
+from . import software
+from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .process import spawn
+
+TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
+"""How the torch_npu device is named in records and output."""
+TORCH_NPU_MODULE = "bsa_cli.devices.torch_npu"
+"""The module each run of the torch_npu device executes (`python -m`), one child process per run."""
 
 BINDING = "npu_block_sparse_attention_backward"
 """The torch_npu function this device calls."""
@@ -326,7 +335,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     torch, torch_npu = import_torch_npu()
     version = getattr(torch_npu, "__version__", "?")
     print(f"torch {torch.__version__}, torch_npu {version}, device {device_id}")
-    print(device_software.torch_npu_line(device_software.torch_npu_software(torch, torch_npu, os.environ)), flush=True)
+    print(software.torch_npu_line(software.torch_npu_software(torch, torch_npu, os.environ)), flush=True)
     if os.environ.get(DETERMINISTIC_ENV) == "1":  # reaches the operator's deterministic path (op-plugin)
         torch.use_deterministic_algorithms(True)
         print("deterministic mode: torch.use_deterministic_algorithms(True)")
@@ -354,7 +363,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
         if status is None:
             first = message.splitlines()[0] if message else ""
             raise DeviceFailure(f"{BINDING} raised {type(exc).__name__}: {first}", detail=message) from None
-        _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
+        write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
         print(f"status {status}")
         return status
     if not isinstance(grads, (tuple, list)) or len(grads) != len(GRAD_NAMES):
@@ -364,8 +373,8 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
         array = to_array(torch, grad.cpu(), entry["dtype"], entry["shape"], grad_name)
         path = inside_parent(output_dir, entry["file"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, array_bytes(array))
-    _write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files
+        write_atomic(path, array_bytes(array))
+    write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files
     print("status 0")
     return 0
 
@@ -374,7 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the device on the case named on the command line; return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0].startswith("-"):
-        print(f"usage: {sys.executable} -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>", file=sys.stderr)
+        print(f"usage: {sys.executable} -m {TORCH_NPU_MODULE} <case_dir>/case.json <output_dir>", file=sys.stderr)
         return EXIT_USAGE
     manifest, output_dir = Path(args[0]), Path(args[1])
     case_dir = manifest if manifest.is_dir() else manifest.parent
@@ -397,6 +406,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_WRITE
     return EXIT_STATUS
+
+
+
+# ---- the device, as `bsa run` sees it ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TorchNpuDevice:
+    """The torch_npu device: this module in a child process per run. Build one with `create`, which
+    checks that torch and torch_npu are installed."""
+
+    kind: ClassVar[DeviceKind] = "torch_npu"
+    name = TORCH_NPU_DEVICE
+    fault = None
+    reference_results = False
+    seeded = False
+    reports_progress = False
+    binary_record = None
+
+    @classmethod
+    def create(cls) -> TorchNpuDevice:
+        """Return the device once this Python finds torch and torch_npu (without importing them).
+
+        Raises:
+            RunConfigError: naming the module that is missing and what to install.
+        """
+        _check_torch_npu()
+        return cls()
+
+    @property
+    def announcement(self) -> str:
+        return f"device: {self.name}, through {TORCH_NPU_MODULE} in {sys.executable}"
+
+    def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
+        return [sys.executable, "-m", TORCH_NPU_MODULE, str(case_dir / MANIFEST), str(output_dir)]
+
+    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
+        return [], None  # the NPU's atomic adds choose their own order
+
+    def time_limit(self, timeout: float | None) -> float | None:
+        return timeout
+
+    def execute(self, attempt: Attempt, execution: Execution) -> None:
+        spawn(attempt, execution)
+
+    def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+        return software.from_torch_npu_log(stdout_log)
+
+    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def _check_torch_npu() -> None:
+    """Check that this Python finds torch and torch_npu, without importing them (the child imports them).
+
+    Raises:
+        RunConfigError: naming the module that is missing and what to install.
+    """
+    for module in ("torch", "torch_npu"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise RunConfigError(
+                f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
+                "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
+                "'On an Ascend host'), or run the C++ harness with --binary"
+            )
 
 
 if __name__ == "__main__":
