@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from bsa_cli import compare, emulator
 from bsa_cli.cli import main
 from bsa_cli.compare import diagnose
+from bsa_cli.compare.diagnose import hypotheses
 from bsa_cli.compare.results import DIAGNOSIS_KINDS
 from bsa_cli.generate import generate_case
 from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
@@ -111,7 +112,7 @@ def test_the_recomputed_golden_equals_gens_on_every_block(tmp_path, name):
     inputs = {n: read_array(case_dir, e) for n, e in iter_entries(manifest, "inputs")}
     golden = {n: read_array(case_dir, e) for n, e in iter_entries(manifest, "golden")}
     spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
-    ctx = diagnose._Context(case, inputs, spans)
+    ctx = hypotheses.Context(case, inputs, spans)
     x, y = case.block_shape
     for batch, span in spans.items():
         for tensor in GRAD_NAMES:
@@ -119,9 +120,9 @@ def test_the_recomputed_golden_equals_gens_on_every_block(tmp_path, name):
             count = -(-(span.q_len if tensor == "dq" else span.kv_len) // (x if tensor == "dq" else y))
             for head in range(heads):
                 for block in range(count):
-                    target = diagnose._Target(tensor, batch, head, block)
-                    mine = diagnose._recompute(ctx, diagnose._NULL, target)
-                    theirs = diagnose._block_of(case, golden[tensor], target, spans)
+                    target = hypotheses.Target(tensor, batch, head, block)
+                    mine = hypotheses.recompute(ctx, hypotheses.NULL, target)
+                    theirs = hypotheses.block_of(case, golden[tensor], target, spans)
                     scale = max(float(np.abs(theirs).max(initial=0.0)), 1e-6)
                     assert np.abs(mine - theirs).max(initial=0.0) <= 1e-5 * scale, target
 
