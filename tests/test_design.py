@@ -20,7 +20,7 @@ COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen
 
 COMPARE_ORDER = (
     "bias", "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
-    "hypotheses", "scoring", "patterns", "diagnose",
+    "hypotheses", "scoring", "patterns", "placement", "diagnose",
     "case_files", "verdict", "suite",
 )  # fmt: skip
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""

@@ -30,8 +30,10 @@ from ...manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
 from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, recompute
 from .patterns import (
+    accumulation_precision,
     diagnose_bias,
     nonfinite_cause,
+    piece_local,
     race_pattern,
     rows_permuted,
     scale_fit,
@@ -39,11 +41,12 @@ from .patterns import (
     tile_local,
     zero_blocks,
 )
+from .placement import PLACED, layout, length_boundary
 from .scoring import MAX_TARGETS, gather_blocks
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
-UNTESTED_KINDS = ("length-boundary", "accumulation-precision", "layout")
+UNTESTED_KINDS: tuple[str, ...] = ()
 """Kinds of the vocabulary this module never names yet."""
 
 TESTED_KINDS = tuple(kind for kind in DIAGNOSIS_KINDS if kind not in UNTESTED_KINDS)
@@ -120,9 +123,22 @@ def diagnose(
     if bias_only:
         diagnose_bias(case, ctx, failing, blocks, causes, tried)
         return _ranked(causes, tried)
+    placed = max(layout(case, failing, device, golden, benchmark, causes, tried),
+                 length_boundary(case, failing, device, golden, benchmark, spans, causes, tried))
+    if placed >= PLACED:  # the values are right, at the wrong place: nothing to recompute
+        best = max((c for c in causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
+        causes[:] = [replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
+                     if c.kind == "non-finite" else c for c in causes]  # fmt: skip
+        reason = f"not tried: '{best.kind}' already explains {placed:.0%} of the error"
+        for v in VARIANTS:
+            tried.append(Hypothesis(v.kind, v.supposes, 0.0, reason))
+        for kind, supposes in _PATTERNS:
+            tried.append(Hypothesis(kind, supposes, 0.0, reason))
+        return _ranked(causes, tried)
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
     rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
     tile_local(case, blocks, causes, tried)
+    piece_local(case, blocks, causes, tried)
     local = next((c for c in causes if c.kind in ("rows-permuted", "tile-local") and c.score >= LOCAL), None)
     masks_seen: dict[bytes, Variant] = {}
     done: Hypothesis | None = None
@@ -180,6 +196,7 @@ def diagnose(
     zero_blocks(blocks, causes, tried)
     tail_pattern(case, failing, spans, causes, tried)
     race_pattern(case, ctx, tensors, blocks, causes, tried)
+    accumulation_precision(case, failing, golden, np.asarray(inputs["block_sparse_mask"]), spans, causes, tried)
     return _ranked(causes, tried)
 
 
@@ -188,6 +205,7 @@ _PATTERNS = (
     ("not-written", "blocks left zero (never written)"),
     ("tail-block", "errors confined to the partial last blocks"),
     ("accumulation-race", "a race in the dK/dV accumulation (an update lost in a shared kv block)"),
+    ("accumulation-precision", "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"),
 )
 """The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`)."""
 

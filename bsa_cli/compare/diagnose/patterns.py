@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...case import Case, SequenceSpan
-from ...layout import kv_view, q_view
+from ...layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
 from .hypotheses import NULL, VARIANTS, Context, applies, recompute, score_grads
@@ -351,3 +351,108 @@ def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypo
     else:
         tried.append(Hypothesis("tile-local", supposes, 0.0,
                 f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"))
+
+
+PIECE = 128
+"""The kernel cuts a block's rows (X for dq, Y for dk/dv) into pieces of this many rows."""
+
+
+def piece_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """Excess error confined to one or two 128-row pieces of blocks longer than a piece."""
+    supposes = "errors confined to one or a few 128-row pieces of a block"
+    energies: list[tuple[float, str]] = []
+    for target in blocks.targets:
+        if target.tensor not in blocks.failing:
+            continue
+        dev, bench, null, _ = blocks.data[target]
+        if dev.shape[0] <= PIECE:
+            continue
+        err = ((dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0)).sum(axis=1)
+        size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
+        for start in range(0, err.size, PIECE):
+            row = target.block * size + start
+            energies.append((max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor],
+                             f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}"))  # fmt: skip
+    total = sum(e for e, _ in energies)
+    energies.sort(key=lambda e: -e[0])
+    top = energies[:2]
+    share = sum(e for e, _ in top) / total if total and len(energies) >= 4 else 0.0
+    if share >= 0.9:
+        many = sum(1 for e, _ in energies if e >= 0.05 * total)
+        text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
+                f"piece{'s' if many != 1 else ''}: {top[0][1]}")
+        causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, tuple(w for _, w in top[:many])))
+        tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
+    else:
+        why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
+        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: {why}"))
+
+
+def _accumulated(case: Case, block_mask: np.ndarray, name: str, spans: Mapping[int, SequenceSpan],
+                 shape: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+    """Blocks each block of a gradient accumulates ([B, heads, blocks], as the block map): a dq block its
+    selected kv blocks, a dk/dv block the (query head, query block) pairs that select it."""
+    counts = np.zeros(shape)
+    for span in spans.values():
+        mask = mask_view(case, block_mask, span) != 0  # [N1, nQ, nKV]
+        if name == "dq":
+            per = mask.sum(axis=2)
+        else:
+            per = mask.sum(axis=1).reshape(case.num_kv_heads, case.group_size, -1).sum(axis=1)
+        counts[span.batch, : per.shape[0], : per.shape[1]] = per
+    return counts
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(values.size)
+    for value in np.unique(values):  # ties share their mean rank
+        same = values == value
+        ranks[same] = ranks[same].mean()
+    return ranks
+
+
+def accumulation_precision(case: Case, failing: Sequence[TensorResult], golden: Mapping[str, np.ndarray],
+                           block_mask: np.ndarray, spans: Mapping[int, SequenceSpan], causes: list[Cause],
+                           tried: list[Hypothesis]) -> None:  # fmt: skip
+    """A relative error (beyond the benchmark's) that grows with the blocks each row or column accumulates."""
+    supposes = "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"
+    fits, words = [], []
+    for result in failing:
+        block_map = result.block_map
+        if block_map is None or block_map.rmse_benchmark is None:
+            continue
+        counts = _accumulated(case, block_mask, result.name, spans, block_map.rmse.shape)
+        view = q_view if result.name == "dq" else kv_view
+        size = block_map.block_size
+        gold_rms = np.zeros(block_map.rmse.shape)
+        for span in spans.values():
+            gold = np.asarray(view(case, golden[result.name], span), dtype=np.float64)  # [heads, rows, D]
+            n_blocks = -(-gold.shape[1] // size)
+            for j in range(n_blocks):
+                piece = gold[:, j * size : (j + 1) * size]
+                gold_rms[span.batch, :, j] = np.sqrt((piece**2).mean(axis=(1, 2)))
+        excess = np.sqrt(np.maximum(np.nan_to_num(block_map.rmse) ** 2 - np.nan_to_num(block_map.rmse_benchmark) ** 2,
+                                    0.0))  # fmt: skip
+        use = (counts > 0) & (gold_rms > 0) & np.isfinite(block_map.rmse)
+        if len(np.unique(counts[use])) < 3:
+            continue
+        relative, count = excess[use] / gold_rms[use], counts[use]
+        if not (relative > 0).any():
+            continue
+        corr = float(np.corrcoef(_ranks(count), _ranks(relative))[0, 1]) if relative.std() > 0 else 0.0
+        low, high = count <= np.quantile(count, 1 / 3), count >= np.quantile(count, 2 / 3)
+        growth = float(relative[high].mean() / max(relative[low].mean(), 1e-30))
+        fits.append((corr, growth))
+        words.append(f"{result.name}: rank correlation {corr:.2f} between a block's relative excess error and the "
+                     f"{int(count.min())}-{int(count.max())} blocks it accumulates, {growth:.3g}x from the fewest "
+                     "to the most")  # fmt: skip
+    if fits and all(corr >= 0.6 and growth >= 1.5 for corr, growth in fits):
+        score = 0.8 * min(corr for corr, _ in fits)
+        text = "; ".join(words)
+        causes.append(Cause("accumulation-precision", score, text, tuple(t.name for t in failing), ()))
+        tried.append(Hypothesis("accumulation-precision", supposes, score, "fits: " + text))
+    else:
+        tried.append(Hypothesis("accumulation-precision", supposes, 0.0,
+                "ruled out: " + ("; ".join(words) if words else "too few distinct accumulation counts")))
