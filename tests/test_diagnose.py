@@ -184,7 +184,7 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
                            terminal_width=400)  # fmt: skip
     assert failed.exit_code == 1
     lines = failed.output.splitlines()
-    start = lines.index("hypotheses tried (27), best first:")
+    start = lines.index("hypotheses tried (29), best first:")
     tried = lines[start + 1 :]
     assert tried[0].startswith("  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
                                "explains 100% of the excess error: under the hypothesis, dq's error falls to ")
@@ -303,6 +303,32 @@ def _error_growing_with_blocks(case, grads, inputs):
     return out
 
 
+def _error_growing_with_pairs(case, grads, inputs):
+    """dk accumulated in low precision: a relative error growing with the query blocks each kv block adds."""
+    out = dict(grads)
+    dk = grads["dk"].astype(np.float64)
+    counts = (np.asarray(inputs["block_sparse_mask"]) != 0).sum(axis=2)  # [B, N, nKV] (MHA)
+    per_row = np.repeat(counts, case.block_shape[1], axis=2)[:, :, : dk.shape[2], None]
+    rng = np.random.default_rng(6)
+    out["dk"] = (dk * (1 + 2e-3 * np.sqrt(per_row) * rng.standard_normal(dk.shape))).astype(grads["dk"].dtype)
+    return out
+
+
+def _region_left_zero(case, grads):
+    out = {name: array.copy() for name, array in grads.items()}
+    out["dv"][0, 0, 64:96, :32] = 0  # two 16x16 tiles never written
+    return out
+
+
+def _one_block_corrupted(case, grads):
+    out = {name: array.copy() for name, array in grads.items()}
+    rng = np.random.default_rng(8)
+    block = out["dq"][1, 2, 64:128]
+    scale = float(np.abs(block.astype(np.float64)).mean())
+    block[:] = (block + rng.standard_normal(block.shape) * scale).astype(block.dtype)
+    return out
+
+
 def _one_piece_corrupted(case, grads):
     out = {name: array.copy() for name, array in grads.items()}
     rng = np.random.default_rng(5)
@@ -321,7 +347,10 @@ PLANTED = [
     ("planted-heads", "s-n-transposed", "layout"),
     ("planted-tnd", "s-n-transposed", "layout"),
     ("planted-causal-long", "error-growing-with-blocks", "accumulation-precision"),
+    ("planted-causal-long", "error-growing-with-pairs", "accumulation-precision"),
     ("planted-pieces", "one-piece", "tile-local"),
+    ("planted-heads", "one-block", "tile-local"),
+    ("planted-heads", "region-left-zero", "not-written"),
 ]
 
 
@@ -334,6 +363,9 @@ def test_a_fault_planted_in_the_output_names_its_kind_first(tmp_path, name, faul
         "s-n-transposed": lambda: _s_and_n_transposed(case, grads),
         "error-growing-with-blocks": lambda: _error_growing_with_blocks(case, grads, loaded.inputs),
         "one-piece": lambda: _one_piece_corrupted(case, grads),
+        "error-growing-with-pairs": lambda: _error_growing_with_pairs(case, grads, loaded.inputs),
+        "region-left-zero": lambda: _region_left_zero(case, grads),
+        "one-block": lambda: _one_block_corrupted(case, grads),
     }[fault]()
     result = _judge(loaded, planted)
     assert result.verdict == compare.FAIL

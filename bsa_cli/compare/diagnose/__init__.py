@@ -31,6 +31,7 @@ from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
 from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, recompute
 from .patterns import (
     accumulation_precision,
+    block_local,
     diagnose_bias,
     nonfinite_cause,
     piece_local,
@@ -136,10 +137,11 @@ def diagnose(
             tried.append(Hypothesis(kind, supposes, 0.0, reason))
         return _ranked(causes, tried)
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
+    before = len(causes)
     rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
     tile_local(case, blocks, causes, tried)
     piece_local(case, blocks, causes, tried)
-    local = next((c for c in causes if c.kind in ("rows-permuted", "tile-local") and c.score >= LOCAL), None)
+    local = next((c for c in causes[before:] if c.score >= LOCAL), None)
     masks_seen: dict[bytes, Variant] = {}
     done: Hypothesis | None = None
     for v in VARIANTS:
@@ -197,6 +199,7 @@ def diagnose(
     tail_pattern(case, failing, spans, causes, tried)
     race_pattern(case, ctx, tensors, blocks, causes, tried)
     accumulation_precision(case, failing, golden, np.asarray(inputs["block_sparse_mask"]), spans, causes, tried)
+    block_local(case, failing, causes, tried)
     return _ranked(causes, tried)
 
 
@@ -206,6 +209,7 @@ _PATTERNS = (
     ("tail-block", "errors confined to the partial last blocks"),
     ("accumulation-race", "a race in the dK/dV accumulation (an update lost in a shared kv block)"),
     ("accumulation-precision", "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"),
+    ("tile-local", "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"),
 )
 """The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`)."""
 

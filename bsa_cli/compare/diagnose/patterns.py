@@ -158,9 +158,42 @@ def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) ->
         causes.append(Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})),
                 tuple(where[:3])))
         tried.append(Hypothesis("not-written", supposes, 0.8 * share, f"fits {share:.0%} of the error: {text}"))
+        return
+    zeros = zero_share(blocks)
+    if zeros >= 0.9:
+        text = f"{zeros:.0%} of the failing blocks' excess error lies in elements left zero where the golden is not"
+        causes.append(Cause("not-written", 0.8 * zeros, text, blocks.failing, ()))
+        tried.append(Hypothesis("not-written", supposes, 0.8 * zeros, "fits: " + text))
     else:
         tried.append(Hypothesis("not-written", supposes, 0.0,
-                f"ruled out: no failing block is all zero ({len(where)} found)"))
+                f"ruled out: no failing block is all zero ({len(where)} found), {zeros:.0%} of the error in zeros"))
+
+
+def zero_share(blocks: Blocks) -> float:
+    """The share of the failing target blocks' excess error in elements the device left zero (golden not)."""
+    total = zero = 0.0
+    for target in blocks.targets:
+        if target.tensor not in blocks.failing:
+            continue
+        dev, bench, null, _ = blocks.data[target]
+        err = np.maximum((dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0), 0.0)
+        err = err / blocks.noise[target.tensor]
+        total += float(err.sum())
+        zero += float(err[(dev == 0) & (null != 0)].sum())
+    return zero / total if total else 0.0
+
+
+def _local_cause(blocks: Blocks, share: float, text: str, where: tuple[str, ...], supposes: str,
+                 causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+    """Name errors confined to a few tiles or pieces: not-written where the device left them zero."""
+    zeros = zero_share(blocks)
+    if zeros >= 0.9:
+        text = f"{text}, left zero where the golden is not"
+        causes.append(Cause("not-written", 0.9 * share, text, blocks.failing, where))
+        tried.append(Hypothesis("not-written", "a region left zero (never written)", 0.9 * share, "fits: " + text))
+        return
+    causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, where))
+    tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
 
 
 def _block_excess(result: TensorResult) -> np.ndarray | None:
@@ -346,8 +379,7 @@ def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypo
         many = sum(1 for e, _ in energies if e >= 0.05 * total)
         text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
                 f"tile{'s' if many != 1 else ''}: {top[0][1]}")
-        causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, tuple(w for _, w in top[:many])))
-        tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
+        _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
     else:
         tried.append(Hypothesis("tile-local", supposes, 0.0,
                 f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"))
@@ -381,8 +413,7 @@ def piece_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hyp
         many = sum(1 for e, _ in energies if e >= 0.05 * total)
         text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
                 f"piece{'s' if many != 1 else ''}: {top[0][1]}")
-        causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, tuple(w for _, w in top[:many])))
-        tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
+        _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
     else:
         why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
         tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: {why}"))
@@ -456,3 +487,33 @@ def accumulation_precision(case: Case, failing: Sequence[TensorResult], golden: 
     else:
         tried.append(Hypothesis("accumulation-precision", supposes, 0.0,
                 "ruled out: " + ("; ".join(words) if words else "too few distinct accumulation counts")))
+
+
+def block_local(case: Case, failing: Sequence[TensorResult], causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """Excess error confined to one or two 128-row pieces of blocks no longer than a piece (the block map's)."""
+    supposes = "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"
+    shares, words = [], []
+    for result in failing:
+        excess = _block_excess(result)
+        if excess is None or result.block_map is None or result.block_map.block_size > PIECE:
+            continue
+        per_piece = PIECE // result.block_map.block_size
+        pieces: dict[tuple[int, int, int], float] = {}
+        for b, n, j in zip(*np.nonzero(np.isfinite(result.block_map.rmse)), strict=True):
+            key = (int(b), int(n), int(j) // per_piece)
+            pieces[key] = pieces.get(key, 0.0) + float(excess[b, n, j])
+        total = sum(pieces.values())
+        if len(pieces) < 4 or total <= 0:
+            shares.append(0.0)
+            continue
+        ranked = sorted(pieces.items(), key=lambda item: -item[1])
+        shares.append(sum(e for _, e in ranked[:2]) / total)
+        (b, n, piece), _ = ranked[0]
+        words.append(f"{result.name} batch {b} head {n} rows {piece * PIECE}-{piece * PIECE + PIECE - 1}")
+    share = min(shares) if shares else 0.0
+    if share >= 0.9:
+        text = f"{share:.0%} of the excess error lies in one or two 128-row pieces: {', '.join(words)}"
+        causes.append(Cause("tile-local", 0.55 * share, text, tuple(t.name for t in failing), tuple(words)))
+        tried.append(Hypothesis("tile-local", supposes, 0.55 * share, "fits: " + text))
+    else:
+        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: the 2 worst pieces hold {share:.0%}"))

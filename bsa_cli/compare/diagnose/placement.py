@@ -77,10 +77,20 @@ def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[t
     return out
 
 
-def _shift_candidates(case: Case, entries: Sequence[tuple[int, int, int]], start: int) -> list[int]:
+def _shift_candidates(case: Case, rows: _Rows, entries: Sequence[tuple[int, int, int]], start: int,
+                      length: int) -> list[int]:  # fmt: skip
+    """Offsets to try for an entry: small ones, the other entries' starts, and those at which the golden
+    holds the entry's worst device rows (any offset a misplaced write gives)."""
     x, y = case.block_shape
     small = [1, 2, 3, 4, 8, 16, x, y]
     found = {d for s in small for d in (s, -s)} | {other - start for _, other, _ in entries}
+    excess = rows.excess[start : start + length]
+    worst = np.argsort(excess)[::-1][:8]
+    worst = worst[excess[worst] > 0] + start
+    if worst.size:
+        dev = rows.device[worst]
+        dist = (dev**2).sum(axis=1)[:, None] - 2 * dev @ rows.golden.T + (rows.golden**2).sum(axis=1)[None, :]
+        found |= {int(t) - int(g) for t, g in zip(worst, dist.argmin(axis=1), strict=True)}
     return sorted(d for d in found if d)
 
 
@@ -96,7 +106,7 @@ def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Mapping[int, Seq
         if length < 2:
             continue
         best: tuple[float, int, np.ndarray] | None = None
-        for shift in _shift_candidates(case, entries, start):
+        for shift in _shift_candidates(case, rows, entries, start, length):
             lo, hi = max(start + shift, 0), min(start + shift + length, count)
             if hi - lo < 2:
                 continue
@@ -165,11 +175,15 @@ def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]
                     lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2]).transpose(1, 0, 2)))
         out.append(("written in TND order with T and N read transposed",
                     lambda a: a.transpose(1, 0, 2).reshape(a.shape)))
+        out.append(("written in [T, D, N] order, read as TND",
+                    lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1]).transpose(0, 2, 1)))
     else:
         out.append(("written as BSND ([B, S, N, D]), read as BNSD",
                     lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)))
         out.append(("S and N read transposed (BNSD bytes taken as BSND)",
                     lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape)))
+        out.append(("written as BNDS ([B, N, D, S]), read as BNSD",
+                    lambda a: a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[2]).transpose(0, 1, 3, 2)))
         out.append(("written as NBSD ([N, B, S, D]), read as BNSD",
                     lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2], a.shape[3]).transpose(1, 0, 2, 3)))
     return out
