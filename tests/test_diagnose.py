@@ -184,7 +184,7 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
                            terminal_width=400)  # fmt: skip
     assert failed.exit_code == 1
     lines = failed.output.splitlines()
-    start = lines.index("hypotheses tried (29), best first:")
+    start = lines.index("hypotheses tried (25), best first:")
     tried = lines[start + 1 :]
     assert tried[0].startswith("  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
                                "explains 100% of the excess error: under the hypothesis, dq's error falls to ")

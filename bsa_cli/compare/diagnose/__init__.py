@@ -124,18 +124,6 @@ def diagnose(
     if bias_only:
         diagnose_bias(case, ctx, failing, blocks, causes, tried)
         return _ranked(causes, tried)
-    placed = max(layout(case, failing, device, golden, benchmark, causes, tried),
-                 length_boundary(case, failing, device, golden, benchmark, spans, causes, tried))
-    if placed >= PLACED:  # the values are right, at the wrong place: nothing to recompute
-        best = max((c for c in causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
-        causes[:] = [replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
-                     if c.kind == "non-finite" else c for c in causes]  # fmt: skip
-        reason = f"not tried: '{best.kind}' already explains {placed:.0%} of the error"
-        for v in VARIANTS:
-            tried.append(Hypothesis(v.kind, v.supposes, 0.0, reason))
-        for kind, supposes in _PATTERNS:
-            tried.append(Hypothesis(kind, supposes, 0.0, reason))
-        return _ranked(causes, tried)
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
     before = len(causes)
     rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
@@ -164,11 +152,16 @@ def diagnose(
                 return blocks.data[target][2]
             return recompute(ctx, v, target)
 
-        screen = blocks.screen
-        first, measured = blocks.explained_on(screen, [value(t) for t in screen])
-        if first < 0.5 and measured:  # (nothing measured: the worst blocks' error is all NaN/Inf)
+        screen = blocks.screen_for(v)
+        screened = [value(t) for t in screen]
+        first, measured = blocks.explained_on(screen, screened)
+        if first < 0.5 and measured:
             tried.append(Hypothesis(v.kind, v.supposes, first,
-                                    f"ruled out: explains {first:.0%} of the error of the worst failing blocks"))
+                                    f"ruled out: explains {first:.0%} of the error of the worst failing block"))
+            continue
+        if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
+            tried.append(Hypothesis(v.kind, v.supposes, 0.0,
+                                    "ruled out: it does not put NaN/Inf where the worst failing block has them"))
             continue
         values = [value(t) for t in blocks.targets]
         extra = [t for t in changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
@@ -188,6 +181,21 @@ def diagnose(
                 done = tried[-1]
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+    if done is None and (local is None or local.kind == "rows-permuted"):  # rows at other places: misplaced?
+        placed = max(layout(case, failing, device, golden, benchmark, causes, tried),
+                     length_boundary(case, failing, device, golden, benchmark, spans, causes, tried))
+        if placed >= PLACED:  # the values are right, at the wrong place
+            best = max((c for c in causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
+            causes[:] = [replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
+                         if c.kind == "non-finite" else c for c in causes]  # fmt: skip
+            reason = f"not tried: '{best.kind}' already explains {placed:.0%} of the error"
+            for kind, supposes in _PATTERNS:
+                tried.append(Hypothesis(kind, supposes, 0.0, reason))
+            return _ranked(causes, tried)
+    else:
+        explained = done.supposes if done is not None else local.kind if local is not None else ""
+        for kind, supposes in _PLACEMENTS:
+            tried.append(Hypothesis(kind, supposes, 0.0, f"not tried: '{explained}' explains values, not places"))
     if done is not None or local is not None:  # the patterns below would only rank lower
         explained = done.supposes if done is not None else local.kind if local is not None else ""
         reason = f"not tried: '{explained}' already explains the error"
@@ -212,6 +220,12 @@ _PATTERNS = (
     ("tile-local", "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"),
 )
 """The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`)."""
+
+_PLACEMENTS = (
+    ("layout", "another layout or dtype reading of the outputs"),
+    ("length-boundary", "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"),
+)
+"""The placement hypotheses, tried when no recomputed hypothesis explains the error and it is not local."""
 
 
 def _structural_only(result: TensorResult) -> bool:

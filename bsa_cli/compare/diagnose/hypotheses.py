@@ -72,6 +72,7 @@ class Context:
     cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     kv_blocks: dict[tuple[Any, int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    shared: dict[tuple[int, int, int, bytes, bytes], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def q_side(self, name: str, batch: int, head: int) -> np.ndarray:
         key = (name, batch, head)
@@ -93,6 +94,19 @@ class Context:
             view = kv_view(self.case, self.inputs[name], self.spans[batch])[head]
             self.cache[key] = np.asarray(view, dtype=np.float64)
         return self.cache[key]
+
+    def products(self, batch: int, head: int, rows: np.ndarray, cols: np.ndarray,
+                 kv_head: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Q K^T (unscaled) and dout V^T of some rows and columns: shared by every hypothesis that reads the
+        same blocks (lse, Dsum, scale), computed once."""
+        key = (batch, head, kv_head, rows.tobytes(), cols.tobytes())
+        if key not in self.shared:
+            if len(self.shared) >= 512:  # a bound on the memory held
+                self.shared.clear()
+            query, dout = self.q_side("query", batch, head)[rows], self.q_side("dout", batch, head)[rows]
+            self.shared[key] = (query @ self.kv_side("key", batch, kv_head)[cols].T,
+                                dout @ self.kv_side("value", batch, kv_head)[cols].T)  # fmt: skip
+        return self.shared[key]
 
     def mask(self, variant: Variant, batch: int) -> np.ndarray:
         key = (variant.mask, batch)
@@ -154,8 +168,8 @@ def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) 
 def score_grads(ctx: Context, v: Variant, batch: int, head: int, rows: np.ndarray, cols: np.ndarray,
              kv_head: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
     """Return (dS, P) [rows, cols] of query head `head` against kv head `kv_head` under the variant."""
-    query = ctx.q_side("query", batch, head)[rows]
-    scores = ctx.scale(v) * (query @ ctx.kv_side("key", batch, kv_head)[cols].T)
+    product, dprobs = ctx.products(batch, head, rows, cols, kv_head)
+    scores = ctx.scale(v) * product
     lse = ctx.q_side("lse", batch, head)[rows, None]
     if v.lse == "base2":
         probs = np.exp2(scores * LOG2E - lse)
@@ -163,7 +177,6 @@ def score_grads(ctx: Context, v: Variant, batch: int, head: int, rows: np.ndarra
         probs = np.exp(scores)
     else:
         probs = np.exp(scores - lse)
-    dprobs = ctx.q_side("dout", batch, head)[rows] @ ctx.kv_side("value", batch, kv_head)[cols].T
     dsum = ctx.q_side("dsum", batch, head)[rows, None]
     if v.dsum == "none":
         return probs * dprobs, probs

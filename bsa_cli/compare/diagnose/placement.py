@@ -33,6 +33,7 @@ class _Rows:
     golden: np.ndarray
     noise: np.ndarray
     excess: np.ndarray
+    energy: np.ndarray  # each golden row's
 
 
 def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
@@ -62,7 +63,7 @@ def _rows(case: Case, name: str, device: Mapping[str, np.ndarray], golden: Mappi
         noise = np.zeros(gold.shape[0])
     noise = np.maximum(noise, _floor(case, gold) * width)
     err = ((dev - gold) ** 2).sum(axis=1)
-    return _Rows(dev, gold, noise, np.maximum(err - noise, 0.0))
+    return _Rows(dev, gold, noise, np.maximum(err - noise, 0.0), (gold * gold).sum(axis=1))
 
 
 def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[tuple[int, int, int]]:
@@ -78,20 +79,31 @@ def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[t
 
 
 def _shift_candidates(case: Case, rows: _Rows, entries: Sequence[tuple[int, int, int]], start: int,
-                      length: int) -> list[int]:  # fmt: skip
+                      worst: np.ndarray) -> list[int]:  # fmt: skip
     """Offsets to try for an entry: small ones, the other entries' starts, and those at which the golden
     holds the entry's worst device rows (any offset a misplaced write gives)."""
     x, y = case.block_shape
     small = [1, 2, 3, 4, 8, 16, x, y]
     found = {d for s in small for d in (s, -s)} | {other - start for _, other, _ in entries}
-    excess = rows.excess[start : start + length]
-    worst = np.argsort(excess)[::-1][:8]
-    worst = worst[excess[worst] > 0] + start
-    if worst.size:
-        dev = rows.device[worst]
-        dist = (dev**2).sum(axis=1)[:, None] - 2 * dev @ rows.golden.T + (rows.golden**2).sum(axis=1)[None, :]
-        found |= {int(t) - int(g) for t, g in zip(worst, dist.argmin(axis=1), strict=True)}
+    dev = rows.device[worst]
+    dist = (dev**2).sum(axis=1)[:, None] - 2 * dev @ rows.golden.T + rows.energy[None, :]
+    found |= {int(t) - int(g) for t, g in zip(worst, dist.argmin(axis=1), strict=True)}
     return sorted(d for d in found if d)
+
+
+def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
+    """Whether device rows `at` hold the golden rows `at - shift` (as closely as the benchmark, or 95% of
+    the row's error explained); rows without a golden row there do not."""
+    source = at - shift
+    valid = (source >= 0) & (source < rows.golden.shape[0])
+    ok = np.zeros(at.size, dtype=bool)
+    at, source = at[valid], source[valid]
+    dist = ((rows.device[at] - rows.golden[source]) ** 2).sum(axis=1)
+    err = rows.excess[at] + rows.noise[at]
+    own = rows.energy[source]
+    ok[valid] = (dist <= np.maximum(4 * rows.noise[source], 0.05 * np.minimum(err, own))) & (own > 0)
+    ok[valid] &= rows.excess[at] > 0
+    return ok
 
 
 def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]) -> tuple[np.ndarray,
@@ -103,24 +115,24 @@ def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Mapping[int, Seq
     entries = _entries(case, name, spans)
     total = float(rows.excess.sum())
     for batch, start, length in entries:
-        if length < 2:
+        excess = rows.excess[start : start + length]
+        if length < 2 or float(excess.sum()) < 0.05 * total:
+            continue
+        worst = np.argsort(excess)[::-1][:8]
+        worst = worst[excess[worst] > 0] + start
+        if worst.size < 2:
             continue
         best: tuple[float, int, np.ndarray] | None = None
-        for shift in _shift_candidates(case, rows, entries, start, length):
-            lo, hi = max(start + shift, 0), min(start + shift + length, count)
-            if hi - lo < 2:
+        for shift in _shift_candidates(case, rows, entries, start, worst):
+            if _matches(rows, worst, shift).sum() < 2:  # cheap: the worst rows first
                 continue
-            dev, gold = rows.device[lo:hi], rows.golden[lo - shift : hi - shift]
-            own = (gold * gold).sum(axis=1)
-            dist = ((dev - gold) ** 2).sum(axis=1)
-            err = rows.excess[lo:hi] + rows.noise[lo:hi]
-            ok = (dist <= np.maximum(4 * rows.noise[lo - shift : hi - shift], 0.05 * np.minimum(err, own))) & (own > 0)
-            ok &= rows.excess[lo:hi] > 0
+            at = np.arange(max(start + shift, 0), min(start + shift + length, count))
+            ok = _matches(rows, at, shift)
             if ok.sum() < max(2, length // 2):
                 continue
-            gain = float(rows.excess[lo:hi][ok].sum())
+            gain = float(rows.excess[at[ok]].sum())
             if best is None or gain > best[0]:
-                best = (gain, shift, np.flatnonzero(ok) + lo)
+                best = (gain, shift, at[ok])
         if best is not None and best[0] > 0.05 * total:
             explained[best[2]] = True
             words.append(f"{name} batch {batch}'s rows sit {best[1]:+d} rows off ({best[2].size} of {length} rows)")
@@ -189,11 +201,35 @@ def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]
     return out
 
 
-@np.errstate(over="ignore", invalid="ignore")
-def _excess(case: Case, values: np.ndarray, golden: np.ndarray, noise: float) -> float:
-    diff = np.asarray(values, dtype=np.float64) - golden
-    energy = float((diff * diff).sum())
-    return max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else np.inf
+SAMPLE = 2048
+"""Elements a layout reading is first tried on (evenly spread): a wrong reading misses nearly all of them."""
+
+
+def _reading_share(readings: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray],
+                   noise: Mapping[str, float],
+                   null: Mapping[str, float]) -> tuple[float, dict[str, float]]:  # fmt: skip
+    """The share of the excess error a reading removes, and each tensor's error in benchmark units."""
+    hyp, ratios = 0.0, {}
+    for name, values in readings.items():
+        diff = np.asarray(values, dtype=np.float64) - golden[name]
+        with np.errstate(over="ignore", invalid="ignore"):
+            energy = float((diff * diff).sum())
+        excess = max(energy / noise[name] - 1.0, 0.0) if np.isfinite(energy) else np.inf
+        hyp += excess
+        ratios[name] = float(np.sqrt(excess + 1))
+    total = sum(min(v, 1e30) for v in null.values())
+    return (max(0.0, 1.0 - hyp / total) if total > 0 and np.isfinite(hyp) else 0.0), ratios
+
+
+def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.ndarray | None) -> tuple[
+        float, float]:  # fmt: skip
+    noise = 0.0
+    if bench is not None:
+        noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
+    noise = max(noise, _floor(case, gold) * gold.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        energy = float(((np.asarray(dev, dtype=np.float64) - gold) ** 2).sum())
+    return noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
 
 
 def layout(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
@@ -201,37 +237,48 @@ def layout(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.
            causes: list[Cause], tried: list[Hypothesis]) -> float:  # fmt: skip
     """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
 
-    Returns the share of the excess error the best reading explains."""
+    Each reading is tried on `SAMPLE` elements first, then on the whole tensors. Returns the share of the
+    excess error the best reading explains."""
     best = 0.0
-    prepared = {}
-    for result in failing:
-        gold = np.nan_to_num(np.asarray(golden[result.name], dtype=np.float64))
-        if benchmark is not None:
-            noise = float(np.nan_to_num((np.asarray(benchmark[result.name], dtype=np.float64) - gold) ** 2).sum())
-        else:
-            noise = 0.0
-        noise = max(noise, _floor(case, gold) * gold.size)
-        prepared[result.name] = (gold, noise, _excess(case, device[result.name], gold, noise))
-    shape = np.asarray(device[failing[0].name]).shape
-    index = np.arange(int(np.prod(shape))).reshape(shape)
+    names = [t.name for t in failing]
+    arrays = {n: np.asarray(device[n]) for n in names}
+    picks, sample = {}, {}
+    for name in names:
+        shape = arrays[name].shape
+        flat = np.unique(np.linspace(0, arrays[name].size - 1, min(SAMPLE, arrays[name].size)).astype(np.int64))
+        picks[name] = np.unravel_index(flat, shape)
+        gold = np.nan_to_num(np.asarray(golden[name][picks[name]], dtype=np.float64))
+        bench = benchmark[name][picks[name]] if benchmark is not None else None
+        sample[name] = (gold, *_noise_and_null(case, gold, arrays[name][picks[name]], bench))
+    index = np.arange(arrays[names[0]].size).reshape(arrays[names[0]].shape)
+    whole: dict[str, tuple[np.ndarray, float, float]] = {}
     for supposes, read in _readings(case):
         if "bits" in supposes:
-            if np.asarray(device[failing[0].name]).dtype.itemsize != 2:
+            if any(a.dtype.itemsize != 2 for a in arrays.values()):
                 continue
-        elif np.array_equal(read(index), index):
+        elif np.array_equal(read(index)[picks[names[0]]], index[picks[names[0]]]):
             tried.append(Hypothesis("layout", supposes, 0.0, "not tried: the same reading in this case"))
             continue
-        null = hyp = 0.0
-        parts = []
-        for name, (gold, noise, null_excess) in prepared.items():
-            value = _excess(case, read(np.asarray(device[name])), gold, noise)
-            null += null_excess if np.isfinite(null_excess) else 1e30
-            hyp += value
-            parts.append(f"{name}'s error falls to {np.sqrt(value + 1):.3g}x the benchmark's")
-        share = max(0.0, 1.0 - hyp / null) if null > 0 and np.isfinite(hyp) else 0.0
+        share, ratios = _reading_share({n: read(arrays[n])[picks[n]] for n in names},
+                                       {n: v[0] for n, v in sample.items()}, {n: v[1] for n, v in sample.items()},
+                                       {n: v[2] for n, v in sample.items()})  # fmt: skip
+        if share >= 0.8:  # then on the whole tensors
+            for name in names:
+                if name not in whole:
+                    gold = np.nan_to_num(np.asarray(golden[name], dtype=np.float64))
+                    bench = benchmark[name] if benchmark is not None else None
+                    whole[name] = (gold, *_noise_and_null(case, gold, arrays[name], bench))
+            share, ratios = _reading_share({n: read(arrays[n]) for n in names}, {n: v[0] for n, v in whole.items()},
+                                           {n: v[1] for n, v in whole.items()},
+                                           {n: v[2] for n, v in whole.items()})  # fmt: skip
+        else:
+            tried.append(Hypothesis("layout", supposes, share,
+                    f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements"))
+            continue
+        parts = [f"{n}'s error falls to {r:.3g}x the benchmark's" for n, r in ratios.items()]
         if share >= 0.9:
             text = f"{supposes}: under that reading, {', '.join(parts)}"
-            causes.append(Cause("layout", 0.97 * share, text, tuple(prepared), ()))
+            causes.append(Cause("layout", 0.97 * share, text, tuple(names), ()))
             outcome = f"explains {share:.0%} of the excess error: {text}"
             tried.append(Hypothesis("layout", supposes, 0.97 * share, outcome))
         else:

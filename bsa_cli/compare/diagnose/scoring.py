@@ -17,7 +17,7 @@ import numpy as np
 from ...case import Case, numpy_dtype
 from ...manifest import GRAD_NAMES
 from ..results import TensorResult
-from .hypotheses import NULL, Context, Target, block_of, recompute
+from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
 
 MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
@@ -41,6 +41,7 @@ class Blocks:
     targets: list[Target] = field(default_factory=list)
     data: dict[Target, tuple[np.ndarray, np.ndarray | None, np.ndarray, float]] = field(default_factory=dict)
     nonfinite: dict[Target, np.ndarray] = field(default_factory=dict)  # where the device has NaN/Inf
+    _noise: tuple[int, dict[str, float]] | None = None
 
     def add(self, target: Target) -> None:
         if target in self.data:
@@ -74,20 +75,23 @@ class Blocks:
 
     @property
     def noise(self) -> dict[str, float]:
-        return self.noise_of(self.targets)
+        """Each tensor's benchmark error energy over the targets (kept while the targets stay the same)."""
+        if self._noise is None or self._noise[0] != len(self.targets):
+            self._noise = (len(self.targets), self.noise_of(self.targets))
+        return self._noise[1]
 
     def overflows(self, value: np.ndarray) -> np.ndarray:
         """Where a value is non-finite, or finite but beyond the case dtype's range (an Inf once cast)."""
         with np.errstate(invalid="ignore"):
             return ~(np.abs(value) <= float(np.finfo(numpy_dtype(self.case.dtype)).max))
 
-    def predicts_nonfinite(self, values: Sequence[np.ndarray]) -> bool:
-        """Whether values of the targets overflow (or are NaN/Inf) where the device's are NaN/Inf: 90% of
-        the elements where either is."""
+    def predicts_nonfinite(self, values: Sequence[np.ndarray], targets: Sequence[Target] | None = None) -> bool:
+        """Whether values of the targets (or of `targets`) overflow (or are NaN/Inf) where the device's are
+        NaN/Inf: 90% of the elements where either is."""
         if not self.nonfinite:
             return False
         both = either = 0
-        for target, value in zip(self.targets, values, strict=True):
+        for target, value in zip(self.targets if targets is None else targets, values, strict=True):
             bad = self.nonfinite.get(target, np.zeros(value.shape, dtype=bool))
             over = self.overflows(value)
             both += int((bad & over).sum())
@@ -139,6 +143,14 @@ class Blocks:
             if target.tensor in self.failing:
                 first.setdefault(target.tensor, target)
         return list(first.values())
+
+    def screen_for(self, variant: Variant) -> list[Target]:
+        """The one block a variant must explain half of to be tried on all: the worst failing dq block
+        (the cheapest to recompute), or the worst dk/dv block for a variant that leaves dq as it is."""
+        screen = self.screen
+        if variant.group:
+            screen = [t for t in screen if t.tensor != "dq"]
+        return screen[:1] if screen else self.screen
 
     def falls(self, ratios: Mapping[str, float]) -> str:
         targets = self.targets
