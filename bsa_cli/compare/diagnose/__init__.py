@@ -170,10 +170,12 @@ def diagnose(
         share, ratios = blocks.explained(values, extra, [recompute(ctx, v, t) for t in extra])
         text = f"under the hypothesis, {blocks.falls(ratios)}" if ratios else "nothing to explain"
         where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
-        if nonfinite is not None and share >= 0.9 and blocks.predicts_nonfinite(values):
-            text += "; it puts NaN/Inf where the device has them"
-            causes[:] = [replace(c, score=0.9, evidence=c.evidence + f" (follows from: {v.supposes})")
-                         if c.kind == "non-finite" else c for c in causes]  # fmt: skip
+        if nonfinite is not None and share >= 0.9:  # NaN/Inf are then the symptom (an overflow), not the cause
+            if blocks.predicts_nonfinite(values):
+                text += "; it puts NaN/Inf where the device has them"
+            follows = f" (follows from: {v.supposes})"
+            causes[:] = [replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
+                         if c.kind == "non-finite" and follows not in c.evidence else c for c in causes]  # fmt: skip
         if share >= 0.5:
             causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", blocks.failing, where))
             tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
