@@ -211,8 +211,8 @@ def _reading_share(readings: Mapping[str, np.ndarray], golden: Mapping[str, np.n
     """The share of the excess error a reading removes, and each tensor's error in benchmark units."""
     hyp, ratios = 0.0, {}
     for name, values in readings.items():
-        diff = np.asarray(values, dtype=np.float64) - golden[name]
-        with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # another dtype's bits: NaN/Inf among them
+            diff = np.asarray(values, dtype=np.float64) - golden[name]
             energy = float((diff * diff).sum())
         excess = max(energy / noise[name] - 1.0, 0.0) if np.isfinite(energy) else np.inf
         hyp += excess
