@@ -20,7 +20,7 @@ COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen
 
 COMPARE_ORDER = (
     "bias", "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
-    "diagnose",
+    "hypotheses", "scoring", "patterns", "placement", "diagnose",
     "case_files", "verdict", "suite",
 )  # fmt: skip
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
@@ -103,7 +103,9 @@ def test_imports_flow_one_way() -> None:
 
 
 def test_every_module_of_compare_has_its_place_in_the_order() -> None:
-    names = {p.stem for p in (PACKAGE / "compare").glob("*.py")} - {"__init__"}
+    compare = PACKAGE / "compare"
+    packages = {p.parent.name for p in compare.glob("*/__init__.py")}
+    names = {p.stem for p in compare.rglob("*.py")} - {"__init__"} | packages
     assert names == set(COMPARE_ORDER)
 
 
