@@ -16,7 +16,7 @@ from test_runner import fake_device, make_case
 
 from bsa_cli import devices, runner
 from bsa_cli.cli import main
-from bsa_cli.cli_run import Display
+from bsa_cli.cli.run import Display
 
 SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 5, "dtype": "fp16"},

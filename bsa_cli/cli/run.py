@@ -12,9 +12,23 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import cli_common, output, pipeline, report, runner, store
-from .case import Case
-from .cli_common import (
+from .. import pipeline, report, runner, store
+from ..case import Case
+from ..compare import CaseResult
+from ..devices import (
+    DEVICE_KINDS,
+    REFERENCE_DEVICE,
+    TORCH_NPU_MODULE,
+    Device,
+    RunOptions,
+    _emulator,
+    parse_device_ids,
+    reference_faults,
+)
+from ..errors import BsaError, plural
+from ..schedule import Estimate, estimate
+from . import common, output
+from .common import (
     EXIT_INTERRUPTED,
     ProgressDisplay,
     UserError,
@@ -27,18 +41,6 @@ from .cli_common import (
     warn_constraints,
     write_reports,
 )
-from .compare import CaseResult
-from .devices import (
-    DEVICE_KINDS,
-    REFERENCE_DEVICE,
-    TORCH_NPU_MODULE,
-    Device,
-    RunOptions,
-    _emulator,
-    parse_device_ids,
-    reference_faults,
-)
-from .errors import BsaError, plural
 from .options import (
     force_option,
     jobs_option,
@@ -48,9 +50,8 @@ from .options import (
     report_options,
     shard_option,
 )
-from .schedule import Estimate, estimate
 
-PLAIN_PROGRESS_S = cli_common.PLAIN_PROGRESS_S
+PLAIN_PROGRESS_S = common.PLAIN_PROGRESS_S
 """Least seconds between two progress lines of `bsa run` and `bsa check` when stderr is not a terminal."""
 
 
