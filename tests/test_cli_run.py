@@ -15,7 +15,7 @@ from rich.console import Console
 
 from bsa_cli import devices
 from bsa_cli.cli import main
-from bsa_cli.cli_run import Display
+from bsa_cli.cli.run import Display
 from tests.helpers import SPEC, fake_device, invoke, run_record, write_case_dir
 
 

@@ -13,8 +13,8 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from bsa_cli.cli import main
-from bsa_cli.cli_gen import LIST_COLUMNS, list_rows, list_table
-from bsa_cli.cli_run import Display
+from bsa_cli.cli.gen import LIST_COLUMNS, list_rows, list_table
+from bsa_cli.cli.run import Display
 from bsa_cli.devices import reference
 from bsa_cli.spec import load_specs
 from tests.helpers import SPEC, fake_device, invoke, run_record
@@ -164,7 +164,7 @@ def test_the_reference_device_reports_progress_within_a_case(tmp_path, spec_file
 
 
 def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monkeypatch):
-    from bsa_cli import cli_run
+    from bsa_cli.cli import run as cli_run
 
     monkeypatch.setattr(cli_run, "PLAIN_PROGRESS_S", 0.0)
     console = Console(file=io.StringIO(), width=120, color_system=None)
@@ -193,7 +193,7 @@ WARNING = ("doc-tail-varlen-honored: actual_seq_lengths [8000, 5003] shorter tha
 
 
 def test_a_warning_wraps_at_words_to_the_width_a_person_sees(monkeypatch):
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     monkeypatch.setattr(output, "stderr", Console(file=io.StringIO(), width=160, color_system=None))
     monkeypatch.setenv("COLUMNS", "80")
@@ -207,7 +207,7 @@ def test_a_warning_wraps_at_words_to_the_width_a_person_sees(monkeypatch):
 
 
 def test_a_warning_stays_one_line_where_no_terminal_tells_a_width(monkeypatch):
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     monkeypatch.setattr(output, "stderr", Console(file=io.StringIO(), width=160, color_system=None))
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -224,7 +224,7 @@ def test_piped_stdout_takes_the_width_of_the_terminal_on_stderr(monkeypatch):
     import sys
     import termios
 
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))

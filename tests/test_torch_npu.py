@@ -237,7 +237,7 @@ def test_deterministic_mode_reaches_the_device_through_its_environment():
 
 
 def test_bsa_never_imports_torch():
-    code = "import sys, bsa_cli.cli, bsa_cli.cli_run, bsa_cli.devices.torch_npu; print('torch' in sys.modules)"
+    code = "import sys, bsa_cli.cli, bsa_cli.cli.run, bsa_cli.devices.torch_npu; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 

@@ -1,7 +1,7 @@
 """The `bsa` command line: the command group, built from the command modules.
 
 Each command module defines click commands that parse options, call the library, turn its errors into
-messages and render; `cli_common` holds what they share (exit codes, `UserError`). This module only
+messages and render; `common` holds what they share (exit codes, `UserError`). This module only
 imports them and adds their commands to `main`: imports flow one way, from here down.
 """
 
@@ -17,13 +17,13 @@ from typing import Any
 
 import click
 
-from ._version import __version__
-from .cli_common import EXIT_INTERRUPTED, UserError
-from .cli_compare import compare_command
-from .cli_export import export_command
-from .cli_gen import gen_command, list_command, validate_command
-from .cli_run import check_command, emulate_command, run_command
-from .cli_trend import trend_command
+from .._version import __version__
+from .common import EXIT_INTERRUPTED, UserError
+from .compare import compare_command
+from .export import export_command
+from .gen import gen_command, list_command, validate_command
+from .run import check_command, emulate_command, run_command
+from .trend import trend_command
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 """Signals handled as Ctrl-C is (and ended with exit code 128 + the signal's number: 143 for SIGTERM)."""

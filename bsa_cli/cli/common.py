@@ -8,8 +8,9 @@ Exit codes (one policy for every command):
   130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
   143  terminated by SIGTERM (129: SIGHUP), handled as Ctrl-C is
 
-The command modules (`cli_gen`, `cli_run`, `cli_compare`, `cli_export`) import this module and the
-library, never each other nor `cli`; `cli.py` builds the `bsa` group from them. So imports flow one way.
+The command modules (`gen`, `run`, `compare`, `export`, `trend`) import this module and the library,
+never each other nor the group; `bsa_cli/cli/__init__.py` builds the `bsa` group from them. So imports flow
+one way.
 """
 
 from __future__ import annotations
@@ -36,15 +37,16 @@ from rich.progress import (
 )
 from rich.text import Text
 
-from . import output, report
-from .case import Case
-from .compare import RunSettings, SuiteResult
-from .drift import Drift, drift_document, regressions_document
-from .errors import BsaError, DataError, SpecError, plural
-from .manifest import notes as manifest_notes
-from .schedule import Estimate, machine_memory, parse_shard, shard
-from .spec import MAX_CASES, SpecErrors, load_specs
-from .store import MANIFEST, find_cases, load_manifest, select_cases
+from .. import report
+from ..case import Case
+from ..compare import RunSettings, SuiteResult
+from ..drift import Drift, drift_document, regressions_document
+from ..errors import BsaError, DataError, SpecError, plural
+from ..manifest import notes as manifest_notes
+from ..schedule import Estimate, machine_memory, parse_shard, shard
+from ..spec import MAX_CASES, SpecErrors, load_specs
+from ..store import MANIFEST, find_cases, load_manifest, select_cases
+from . import output
 
 EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 

@@ -11,9 +11,26 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import cli_common, output, pipeline, report, store
-from .case import Case
-from .cli_common import (
+from .. import pipeline, report, store
+from ..case import Case
+from ..compare import CaseResult
+from ..devices import (
+    DEVICE_KINDS,
+    OUTCOMES,
+    Device,
+    RunEvent,
+    RunOptions,
+    RunResult,
+    RunSummary,
+    create,
+    parse_device_ids,
+    reference_faults,
+)
+from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
+from ..errors import BsaError, plural
+from ..schedule import Estimate, estimate
+from . import common, output
+from .common import (
     EXIT_INTERRUPTED,
     ProgressDisplay,
     UserError,
@@ -26,21 +43,6 @@ from .cli_common import (
     warn_constraints,
     write_reports,
 )
-from .compare import CaseResult
-from .devices import (
-    DEVICE_KINDS,
-    OUTCOMES,
-    Device,
-    RunEvent,
-    RunOptions,
-    RunResult,
-    RunSummary,
-    create,
-    parse_device_ids,
-    reference_faults,
-)
-from .devices.reference import REFERENCE_DEVICE, emulate_case_dir
-from .errors import BsaError, plural
 from .options import (
     force_option,
     jobs_option,
@@ -50,9 +52,8 @@ from .options import (
     report_options,
     shard_option,
 )
-from .schedule import Estimate, estimate
 
-PLAIN_PROGRESS_S = cli_common.PLAIN_PROGRESS_S
+PLAIN_PROGRESS_S = common.PLAIN_PROGRESS_S
 """Least seconds between two progress lines of `bsa run` and `bsa check` when stderr is not a terminal."""
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
+from ..errors import BsaError, plural
+from ..export import EXPECT_MODULE, FORMATS, export_cases
 from . import output
-from .cli_common import UserError, select_cases_or_suites
-from .errors import BsaError, plural
-from .export import EXPECT_MODULE, FORMATS, export_cases
+from .common import UserError, select_cases_or_suites
 
 
 @click.command("export")

@@ -7,9 +7,13 @@ from pathlib import Path
 
 import click
 
-from . import drift as drift_
-from . import output, report
-from .cli_common import (
+from .. import drift as drift_
+from .. import report
+from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
+from ..errors import BsaError, DataError
+from ..store import load_json, read_regular
+from . import output
+from .common import (
     UserError,
     folders_of_cases,
     prepare_reports,
@@ -17,10 +21,7 @@ from .cli_common import (
     select_cases_or_suites,
     write_reports,
 )
-from .compare import STANDARDS, SuiteResult, compare_suite, missing_cases
-from .errors import BsaError, DataError
 from .options import jobs_option_for, report_options
-from .store import load_json, read_regular
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""

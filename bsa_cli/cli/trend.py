@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
-from . import drift, output
-from .cli_common import UserError
-from .report import night_from_document, prepare_report_paths, read_report
-from .report.files import ReportPathError
-from .report.trend import render_trend, write_trend_html
+from .. import drift
+from ..report import night_from_document, prepare_report_paths, read_report
+from ..report.files import ReportPathError
+from ..report.trend import render_trend, write_trend_html
+from . import output
+from .common import UserError
 
 
 @click.command("trend")

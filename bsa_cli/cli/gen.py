@@ -11,9 +11,16 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from . import interface, output
-from .case import Case
-from .cli_common import (
+from .. import interface
+from ..case import Case
+from ..errors import BsaError, plural
+from ..generate import generate_suite
+from ..interface import DEFAULT_RELEASE
+from ..manifest import params as case_params
+from ..schedule import auto_jobs, estimate
+from ..store import find_cases
+from . import output
+from .common import (
     PLAIN_PROGRESS_S,
     ProgressDisplay,
     UserError,
@@ -22,10 +29,6 @@ from .cli_common import (
     show_kernel_path_notes,
     warn_constraints,
 )
-from .errors import BsaError, plural
-from .generate import generate_suite
-from .interface import DEFAULT_RELEASE
-from .manifest import params as case_params
 from .options import (
     filter_option,
     force_option,
@@ -35,8 +38,6 @@ from .options import (
     release_option,
     shard_option,
 )
-from .schedule import auto_jobs, estimate
-from .store import find_cases
 
 
 @click.command("validate")
@@ -82,7 +83,7 @@ what the reference device computes."""
 
 def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
     """Return the cells of `bsa list`, one mapping per case (column -> text)."""
-    from .devices.reference import estimate_seconds
+    from ..devices.reference import estimate_seconds
 
     rows = []
     for case in cases:

@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from .generate import PRECISIONS
-from .interface import DEFAULT_RELEASE, RELEASES
+from ..generate import PRECISIONS
+from ..interface import DEFAULT_RELEASE, RELEASES
 
 filter_option = click.option(
     "--filter", "name_filters", multiple=True, help="Only cases whose name matches this glob (repeatable)."
