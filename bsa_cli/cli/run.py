@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import os
 import secrets
-import sys
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 
 from .. import pipeline, report, runner, store
-from ..case import Case
-from ..compare import CaseResult
 from ..devices import (
     DEVICE_KINDS,
     REFERENCE_DEVICE,
-    TORCH_NPU_MODULE,
     Device,
     RunOptions,
     _emulator,
@@ -26,11 +20,10 @@ from ..devices import (
     reference_faults,
 )
 from ..errors import BsaError, plural
-from ..schedule import Estimate, estimate
-from . import common, output
+from ..schedule import estimate
+from . import output
 from .common import (
     EXIT_INTERRUPTED,
-    ProgressDisplay,
     UserError,
     load_cases,
     prepare_reports,
@@ -50,50 +43,7 @@ from .options import (
     report_options,
     shard_option,
 )
-
-PLAIN_PROGRESS_S = common.PLAIN_PROGRESS_S
-"""Least seconds between two progress lines of `bsa run` and `bsa check` when stderr is not a terminal."""
-
-
-class Display(ProgressDisplay):
-    """The progress display of `bsa run` and `bsa check`: `ProgressDisplay` and the runner's events."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        super().__init__(console, PLAIN_PROGRESS_S)
-
-    def on_run_event(self, event: runner.RunEvent) -> None:
-        """Show a runner event."""
-        if event.kind == "start":
-            self.running(f"{event.case} on device {event.device_id}")
-            return
-        result = event.result
-        assert result is not None
-        self.case(result.outcome, result.name, run_detail(result), [*result.problems, *log_lines(result)])
-
-
-
-def log_lines(result: runner.CaseResult) -> list[str]:
-    """Return where a failed run's logs are (full paths), nothing for a run that left a result."""
-    if result.ok:
-        return []
-    logs = [result.record.get(key) for key in ("stderr_log", "stdout_log")]
-    paths = [Path(result.output_dir) / name for name in logs if isinstance(name, str) and name]
-    shown = [str(path) for path in paths if path.is_file() and path.stat().st_size] or [str(p) for p in paths[:1]]
-    return [f"log: {', '.join(shown)}"] if shown else []
-
-
-def run_detail(result: runner.CaseResult) -> str:
-    """Return the short status text of one run: aclnn status (and the expected one), time, device."""
-    parts = []
-    if result.status is not None:
-        status = f"status {result.status}"
-        if result.expect_status is not None and result.expect_status != result.status:
-            status += f" (expected {result.expect_status})"
-        parts.append(status)
-    parts.append(f"{result.duration_s:.2f} s")
-    parts.append(f"device {result.device_id}")
-    return ", ".join(parts)
-
+from .progress import PipelineProgress, ProgressDisplay
 
 # ---- shared options --------------------------------------------------------------------------------
 
@@ -199,50 +149,6 @@ def make_options(
         raise UserError(str(exc)) from None
 
 
-class Shown(pipeline.CheckProgress):
-    """Shows what `pipeline.check_suite` and `pipeline.run_suite` report: a `Display`, and on stderr which
-    device runs (saying up front when the reference device stands in for one) and which cases a planted
-    fault cannot change."""
-
-    def __init__(self, display: Display) -> None:
-        self.display = display
-
-    def generating(self, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
-        flops = {name: e.flops for name, e in estimates.items()}
-        self.display.phase("gen", len(cases), [c.name for c in cases], flops)
-
-    def generated(self, case: Case, outcome: str) -> None:
-        if outcome == "current":
-            self.display.case("skipped", case.name, "inputs current")
-        else:
-            self.display.case(outcome, case.name)
-
-    def progress(self, name: str, fraction: float) -> None:
-        self.display.progress(name, fraction)
-
-    def running(self, case_dirs: Sequence[Path], device: Device, flops: Mapping[str, float] | None) -> None:
-        if device.is_reference:
-            output.info(f"device: {device.name}: reference results, not device results")
-            if device.fault:
-                for warning in pipeline.inapplicable_faults(case_dirs, device.fault):
-                    output.warn(warning)
-        elif device.torch_npu:
-            output.info(f"device: {device.name}, through {TORCH_NPU_MODULE} in {sys.executable}")
-        else:
-            output.info(f"device: {device.name} (sha256 {device.binary_sha256 or '-'})")
-        self.display.phase("run", len(case_dirs), [c.name for c in case_dirs], flops)
-
-    def on_run_event(self, event: runner.RunEvent) -> None:
-        self.display.on_run_event(event)
-
-    def judging(self, case_dirs: Sequence[Path]) -> None:
-        self.display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
-        output.info(f"judging {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}: verdicts in the table below")
-
-    def judged(self, result: CaseResult) -> None:
-        self.display.advance(result.name)  # the verdict itself is printed once, in the report's table
-
-
 def print_run_summary(summary: runner.RunSummary) -> None:
     """Print the run's totals on stdout."""
     counts = {o: summary.count(o) for o in runner.OUTCOMES if summary.count(o)}
@@ -288,8 +194,8 @@ def run_command(
     options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root, deterministic)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
-    with Display() as display, user_errors():
-        summary = pipeline.run_suite(case_dirs, options, Shown(display))
+    with ProgressDisplay() as display, user_errors():
+        summary = pipeline.run_suite(case_dirs, options, PipelineProgress(display))
     print_run_summary(summary)
     if summary.interrupted:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
@@ -425,14 +331,14 @@ def check_command(
     reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
     prepare_reports(reports)
     try:
-        with Display() as display:
+        with ProgressDisplay() as display:
             cases = load_cases(specs, filters, shard_text, max_cases, release)
             warn_constraints(cases)
             estimates = {case.name: estimate(case) for case in cases}
             refuse_oversized(estimates, force)
             with user_errors():
                 checked = pipeline.check_suite(
-                    cases, out, options, settings, precision, jobs, Shown(display), estimates
+                    cases, out, options, settings, precision, jobs, PipelineProgress(display), estimates
                 )
             if checked.suite is None:
                 raise KeyboardInterrupt
@@ -448,4 +354,4 @@ def check_command(
     raise click.exceptions.Exit(suite.return_code)
 
 
-__all__ = ["Display", "Shown", "check_command", "emulate_command", "run_command"]
+__all__ = ["check_command", "emulate_command", "run_command"]
