@@ -45,20 +45,18 @@ class UserError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def user_error(exc: BsaError) -> UserError:
-    """The `Error:` message of a library error about user files; several bad cases get a line each."""
-    if isinstance(exc, SpecErrors):
-        return UserError("\nError: ".join(SpecError.__str__(e) for e in exc.errors))
-    return UserError(str(exc))
-
-
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn library errors about user files into `Error:` messages with exit code 2."""
+def user_errors(*also: type[Exception]) -> Iterator[None]:
+    """Turn library errors about user files (`BsaError`, and the types `also`: the `ValueError` of a parser,
+    say) into `Error:` messages with exit code 2, the one place the CLI does so; several bad cases of a
+    spec get a line each."""
+    caught: tuple[type[Exception], ...] = (BsaError, *also)
     try:
         yield
-    except BsaError as exc:
-        raise user_error(exc) from None
+    except caught as exc:
+        if isinstance(exc, SpecErrors):
+            raise UserError("\nError: ".join(SpecError.__str__(e) for e in exc.errors)) from None
+        raise UserError(str(exc)) from None
 
 
 # ---- cases from specs (gen, list, check) ----------------------------------------------------------
@@ -75,19 +73,15 @@ def load_cases(
     into `Error:` messages."""
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
-    try:
+    with user_errors():
         cases = load_specs(specs, max_cases, release)
-    except BsaError as exc:
-        raise user_error(exc) from None
     if name_filters:
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
         if not cases:
             raise UserError(f"--filter {' '.join(map(repr, name_filters))} matches no case")
     if shard_text:
-        try:
+        with user_errors(ValueError):
             index, count = parse_shard(shard_text)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
         cases = shard(cases, index, count)
     return cases
 
@@ -147,28 +141,24 @@ def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> lis
         UserError: a path holds no case at any depth (naming where to look), or no case matches the filter.
     """
     roots: list[Path] = []
-    for path in paths:
-        try:
-            if Path(path).is_dir() and not find_cases(Path(path)):
-                suites = find_suites(Path(path))
-                if not suites:
-                    raise DataError(
-                        str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders below; "
-                        "write them with `bsa gen SPECS -o OUT` and compare OUT"
-                    )  # fmt: skip
-                counts = ", ".join(f"{s} ({plural(len(find_cases(s)), 'case')})" for s in suites)
-                output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
-                roots.extend(suites)
-            else:
-                roots.append(Path(path))
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        except BsaError as exc:
-            raise UserError(str(exc)) from None
-    try:
+    with user_errors():
+        for path in paths:
+            try:
+                if Path(path).is_dir() and not find_cases(Path(path)):
+                    suites = find_suites(Path(path))
+                    if not suites:
+                        raise DataError(
+                            str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders "
+                            "below; write them with `bsa gen SPECS -o OUT` and compare OUT"
+                        )  # fmt: skip
+                    counts = ", ".join(f"{s} ({plural(len(find_cases(s)), 'case')})" for s in suites)
+                    output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
+                    roots.extend(suites)
+                else:
+                    roots.append(Path(path))
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
         return select_cases(roots, filters)
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
 
 
 def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
@@ -207,10 +197,8 @@ def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
 def run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> RunSettings:
     """Build and check the comparison settings given for the whole run, before any case is touched."""
     settings = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
-    try:
+    with user_errors(ValueError):
         settings.validate()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     return settings
 
 
@@ -228,10 +216,8 @@ def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], s
 
 def prepare_reports(paths: dict[str, Path | None]) -> None:
     """Create the report files' folders and check they can be written, before any case is judged."""
-    try:
+    with user_errors():  # report.ReportPathError
         report.prepare_report_paths(paths)
-    except report.ReportPathError as exc:
-        raise UserError(str(exc)) from None
 
 
 def write_reports(

@@ -10,7 +10,7 @@ import click
 from .. import drift as drift_
 from .. import report
 from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
-from ..errors import BsaError, DataError
+from ..errors import DataError
 from ..store import load_json, read_regular
 from . import output
 from .common import (
@@ -19,6 +19,7 @@ from .common import (
     prepare_reports,
     run_settings,
     select_cases_or_suites,
+    user_errors,
     write_reports,
 )
 from .options import jobs_option_for, report_options
@@ -36,10 +37,8 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
             raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
-    try:
+    with user_errors(ValueError):
         return report.merge(documents), report.merged_header(documents)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
 
 
 def load_baseline(path: Path) -> drift_.Night:
@@ -151,11 +150,9 @@ def compare_command(
             case_dirs = _explained_dirs(case_dirs, explain)
         missing = missing_cases(folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
         prepare_reports(reports)
-        try:
+        with user_errors(ValueError):
             suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs,
                                   missing=missing)  # fmt: skip
-        except (ValueError, BsaError) as exc:
-            raise UserError(str(exc)) from None
     if explain is not None:
         suite = _explained_suite(suite, explain)
     report.render_terminal(suite, output.stdout, verbose=verbose)
@@ -201,8 +198,6 @@ def _baseline_options(
         if given:
             raise UserError(f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)")
         return drift_.Margin(), None
-    try:
+    with user_errors(ValueError):
         margin = drift_.parse_margin(regression_margin) if regression_margin is not None else drift_.Margin()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     return margin, load_baseline(baseline)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import click
 
-from ..errors import BsaError, plural
+from ..errors import plural
 from ..export import EXPECT_MODULE, FORMATS, export_cases
 from . import output
-from .common import UserError, select_cases_or_suites
+from .common import UserError, select_cases_or_suites, user_errors
 
 
 @click.command("export")
@@ -37,9 +37,8 @@ def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tu
             output.warn(problem)
 
     try:
-        written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier)
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
+        with user_errors():
+            written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier)
     except OSError as exc:
         raise UserError(f"cannot write in {out_dir}: {exc.strerror or exc}") from None
     output.stdout.print(f"exported {plural(len(case_dirs), 'case')} as {fmt} into "

@@ -21,10 +21,10 @@ from ..schedule import auto_jobs, estimate
 from ..store import find_cases
 from . import output
 from .common import (
-    UserError,
     load_cases,
     refuse_oversized,
     show_kernel_path_notes,
+    user_errors,
     warn_constraints,
 )
 from .options import (
@@ -187,11 +187,9 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filte
     with ProgressDisplay() as display:
         shown = GenProgress(display)
         shown.generating(cases, estimates)
-        try:
+        with user_errors():
             case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, skip_current=True, on_done=shown.done,
                                        on_progress=shown.progress)  # fmt: skip
-        except BsaError as exc:
-            raise UserError(str(exc)) from None
     made = len(cases) - len(shown.skipped)
     line = f"generated {plural(made, 'case')} in {out_dir}"
     if shown.skipped:

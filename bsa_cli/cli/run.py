@@ -19,12 +19,11 @@ from ..devices import (
     parse_device_ids,
     reference_faults,
 )
-from ..errors import BsaError, plural
+from ..errors import plural
 from ..schedule import estimate
 from . import output
 from .common import (
     EXIT_INTERRUPTED,
-    UserError,
     load_cases,
     prepare_reports,
     refuse_oversized,
@@ -135,7 +134,7 @@ def make_options(
     deterministic: bool = False,
 ) -> RunOptions:
     """Build run options from CLI values, turning configuration errors into `Error:` lines."""
-    try:
+    with user_errors():
         device = Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
         return RunOptions(
             device=device,
@@ -145,8 +144,6 @@ def make_options(
             outputs_root=Path(outputs_root) if outputs_root else None,
             deterministic=deterministic,
         )
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
 
 
 def print_run_summary(summary: runner.RunSummary) -> None:
