@@ -24,7 +24,7 @@ import click
 
 from .. import report
 from ..case import Case
-from ..compare import RunSettings, SuiteResult
+from ..compare import SuiteResult
 from ..drift import Drift, drift_document, regressions_document
 from ..errors import BsaError, DataError, SpecError, plural
 from ..manifest import notes as manifest_notes
@@ -64,7 +64,7 @@ def user_errors(*also: type[Exception]) -> Iterator[None]:
 
 def load_cases(
     specs: Sequence[str],
-    name_filters: Sequence[str] = (),
+    filters: Sequence[str] = (),
     shard_text: str | None = None,
     max_cases: int = MAX_CASES,
     release: str | None = None,
@@ -75,10 +75,10 @@ def load_cases(
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
     with user_errors():
         cases = load_specs(specs, max_cases, release)
-    if name_filters:
-        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
+    if filters:
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
         if not cases:
-            raise UserError(f"--filter {' '.join(map(repr, name_filters))} matches no case")
+            raise UserError(f"--filter {' '.join(map(repr, filters))} matches no case")
     if shard_text:
         with user_errors(ValueError):
             index, count = parse_shard(shard_text)
@@ -174,32 +174,7 @@ def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
     return roots
 
 
-# ---- comparison settings and reports (compare, check) ---------------------------------------------
-
-
-def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
-    """Parse `--threshold KEY=VALUE` options into a mapping (VALUE a number, `inf` allowed)."""
-    thresholds: dict[str, float] = {}
-    for text in values:
-        key, sep, raw = text.partition("=")
-        key = key.strip()
-        try:
-            if not sep or not key:
-                raise ValueError
-            thresholds[key] = float(raw)
-        except ValueError:
-            raise UserError(
-                f"--threshold {text!r}: expected KEY=NUMBER, for example --threshold rmse_ratio=1.5"
-            ) from None
-    return thresholds
-
-
-def run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> RunSettings:
-    """Build and check the comparison settings given for the whole run, before any case is touched."""
-    settings = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
-    with user_errors(ValueError):
-        settings.validate()
-    return settings
+# ---- reports (compare, check) ---------------------------------------------------------------------
 
 
 REPORT_KINDS = {"--json": "JSON", "--junit": "JUnit", "--html": "HTML", "--csv": "CSV"}

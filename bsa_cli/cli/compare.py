@@ -17,12 +17,19 @@ from .common import (
     UserError,
     folders_of_cases,
     prepare_reports,
-    run_settings,
     select_cases_or_suites,
     user_errors,
     write_reports,
 )
-from .options import jobs_option_for, report_options
+from .options import (
+    ReportPaths,
+    SettingsOptions,
+    filter_option,
+    jobs_option_for,
+    report_options,
+    settings_options,
+    verbose_option,
+)
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
@@ -63,22 +70,12 @@ _STANDARD_HELP = (
     type=click.Path(path_type=Path, file_okay=False),
     help="Device outputs are in OUTPUTS_ROOT/<case> instead of each case's outputs/.",
 )
-@click.option("--standard", metavar="NAME[:PRESET]", help=_STANDARD_HELP)
-@click.option(
-    "--threshold",
-    "thresholds",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override one threshold of the standard (repeatable), e.g. rmse_ratio=1.5 or zero_atol=1e-6.",
+@settings_options(
+    standard=_STANDARD_HELP,
+    threshold="Override one threshold of the standard (repeatable), e.g. rmse_ratio=1.5 or zero_atol=1e-6.",
+    padding="BNSD padding past honored actual lengths: ignore it (default) or require zeros.",
 )
-@click.option(
-    "--padding",
-    type=click.Choice(["ignore", "zero"]),
-    help="BNSD padding past honored actual lengths: ignore it (default) or require zeros.",
-)
-@click.option(
-    "--filter", "filters", multiple=True, metavar="GLOB", help="Only cases whose directory name matches (repeatable)."
-)
+@filter_option("Only cases whose directory name matches (repeatable).")
 @report_options
 @click.option("--merge", is_flag=True, help="PATHS are JSON reports of shards: merge them into one verdict and report.")
 @click.option(
@@ -99,18 +96,13 @@ _STANDARD_HELP = (
 @click.option("--explain", metavar="CASE",
               help="Judge (or, with --merge, read) only case CASE and print its diagnosis's full reasoning: each "
                    "hypothesis tried, what it explained, why the others were ruled out.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
+@verbose_option
 def compare_command(
     paths: tuple[Path, ...],
     outputs_root: Path | None,
-    standard: str | None,
-    thresholds: tuple[str, ...],
-    padding: str | None,
+    settings: SettingsOptions,
     filters: tuple[str, ...],
-    json_path: Path | None,
-    junit_path: Path | None,
-    html_path: Path | None,
-    csv_path: Path | None,
+    reports: ReportPaths,
     merge: bool,
     no_verify_inputs: bool,
     baseline: Path | None,
@@ -130,12 +122,11 @@ def compare_command(
     3 a case could not be judged.
     """
     started = time.perf_counter()
-    reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
     header = None
     if merge:
-        given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", standard),
-                                          ("--threshold", thresholds), ("--padding", padding),
+        given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", settings.standard),
+                                          ("--threshold", settings.thresholds), ("--padding", settings.padding),
                                           ("--filter", filters), ("--no-verify-inputs", no_verify_inputs),
                                           ("--jobs", jobs))
                  if value]  # fmt: skip
@@ -144,7 +135,7 @@ def compare_command(
         prepare_reports(reports)
         suite, header = _load_reports(paths)
     else:
-        run = run_settings(standard, thresholds, padding)
+        run = settings.run_settings()
         case_dirs = select_cases_or_suites(paths, filters)
         if explain is not None:
             case_dirs = _explained_dirs(case_dirs, explain)

@@ -10,6 +10,7 @@ from ..errors import plural
 from ..export import EXPECT_MODULE, FORMATS, export_cases
 from . import output
 from .common import UserError, select_cases_or_suites, user_errors
+from .options import filter_option
 
 
 @click.command("export")
@@ -18,7 +19,7 @@ from .common import UserError, select_cases_or_suites, user_errors
               help="msopst: MindStudio msOpST test-case JSON; atk: ops-transformer ATK-style case JSON.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the case files (created).")
-@click.option("--filter", "filters", multiple=True, metavar="GLOB", help="Only cases whose name matches (repeatable).")
+@filter_option("Only cases whose name matches (repeatable).")
 def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tuple[str, ...]) -> None:
     """Write each case under PATHS (folders written by `bsa gen`) as an msOpST or ATK test case.
 

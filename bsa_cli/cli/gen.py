@@ -140,12 +140,10 @@ def _table_width(table: Table) -> int:
 
 @click.command("list")
 @click.argument("specs", nargs=-1)
-@filter_option
+@filter_option(metavar="TEXT")
 @shard_option
 @max_cases_option
-def list_command(
-    specs: tuple[str, ...], name_filters: tuple[str, ...], shard_text: str | None, max_cases: int
-) -> None:
+def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: str | None, max_cases: int) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
     gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the quiet 2-core development
@@ -154,7 +152,7 @@ def list_command(
     times longer. The table fits the terminal's width
     (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
     """
-    cases = load_cases(specs, name_filters, shard_text, max_cases)
+    cases = load_cases(specs, filters, shard_text, max_cases)
     width = output.width()
     table, hidden = list_table(list_rows(cases), width)
     output.stdout.print(plural(len(cases), "case"), soft_wrap=True)
@@ -167,22 +165,22 @@ def list_command(
 @click.argument("specs", nargs=-1)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @precision_option
-@filter_option
+@filter_option(metavar="TEXT")
 @shard_option
 @jobs_option
 @force_option
 @max_cases_option
 @release_option
-def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
+def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, filters: tuple[str, ...],
                 shard_text: str | None, jobs: int | None, force: bool, max_cases: int,
                 release: str | None) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
-    cases = load_cases(specs, name_filters, shard_text, max_cases, release)
+    cases = load_cases(specs, filters, shard_text, max_cases, release)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    spec_cases = load_cases(specs, max_cases=max_cases, release=release) if name_filters or shard_text else cases
+    spec_cases = load_cases(specs, max_cases=max_cases, release=release) if filters or shard_text else cases
     warn_other_cases(Path(out_dir), spec_cases)
     with ProgressDisplay() as display:
         shown = GenProgress(display)

@@ -5,20 +5,11 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
-from typing import Any
 
 import click
 
 from .. import pipeline, report, runner, store
-from ..devices import (
-    DEVICE_KINDS,
-    REFERENCE_DEVICE,
-    Device,
-    RunOptions,
-    _emulator,
-    parse_device_ids,
-    reference_faults,
-)
+from ..devices import REFERENCE_DEVICE, Device, _emulator, reference_faults
 from ..errors import plural
 from ..schedule import estimate
 from . import output
@@ -27,123 +18,28 @@ from .common import (
     load_cases,
     prepare_reports,
     refuse_oversized,
-    run_settings,
     show_kernel_path_notes,
     user_errors,
     warn_constraints,
     write_reports,
 )
 from .options import (
+    DeviceOptions,
+    ReportPaths,
+    SettingsOptions,
+    device_options,
+    filter_option,
     force_option,
     jobs_option,
     max_cases_option,
     precision_option,
     release_option,
     report_options,
+    settings_options,
     shard_option,
+    verbose_option,
 )
 from .progress import PipelineProgress, ProgressDisplay
-
-# ---- shared options --------------------------------------------------------------------------------
-
-
-def device_options(func: Any) -> Any:
-    """Add the options that choose and drive the device (shared by `run` and `check`)."""
-    options = [
-        click.option(
-            "--device",
-            "device_kind",
-            type=click.Choice(list(DEVICE_KINDS)),
-            help="Built-in device: reference (the default: the reference device, reference results) or "
-            "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
-            "per case). Not with --binary or --cmd.",
-        ),
-        click.option(
-            "--binary",
-            metavar="PATH",
-            help="Device binary, run as `BINARY <case_dir>/case.json <output_dir>`. "
-            "Without it (and without --cmd or --device) the built-in reference device runs the cases.",
-        ),
-        click.option(
-            "--cmd",
-            metavar="TEMPLATE",
-            help="Command template instead of the default invocation, split like a shell would but never "
-            "run by one; placeholders {binary} {case_dir} {manifest} {output_dir} {device_id}.",
-        ),
-        click.option(
-            "--fault",
-            metavar="NAME",
-            help="Plant a fault in the reference device (see `bsa emulate --list-faults`); not with --binary or --cmd.",
-        ),
-        click.option(
-            "--devices",
-            default="0",
-            show_default=True,
-            metavar="IDS",
-            help="Device ids, e.g. 0,1,2,3: one worker per device, cases run in parallel. "
-            "Each run gets ASCEND_DEVICE_ID.",
-        ),
-        click.option(
-            "--repeat",
-            type=click.IntRange(min=1),
-            metavar="N",
-            default=1,
-            show_default=True,
-            help="Run each case N times and judge every run: a status or dq that differs between runs, or a "
-            "run outside the standard, marks the case nondeterministic; dk/dv may differ in their last bits "
-            "(fp32 atomic adds), which is reported as repeat-noise, not failed.",
-        ),
-        click.option(
-            "--deterministic",
-            is_flag=True,
-            help="Ask for the operator's deterministic mode (A2/A3, ops-transformer master): the C++ harness sets "
-            "ACL_OPT_DETERMINISTIC, torch_npu torch.use_deterministic_algorithms(True), the reference device one "
-            "fixed dK/dV order; with --repeat every output must then be bitwise identical.",
-        ),
-        click.option(
-            "--timeout",
-            type=click.FloatRange(min=0, min_open=True),
-            default=600.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Kill a binary's (or a torch_npu child's) whole process group after this long (not applied "
-            "to the reference device, which runs in-process).",
-        ),
-        click.option(
-            "--filter",
-            "filters",
-            multiple=True,
-            metavar="GLOB",
-            help="Only cases whose name matches this glob (repeatable).",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def make_options(
-    device_kind: str | None,
-    binary: str | None,
-    cmd: str | None,
-    fault: str | None,
-    devices: str,
-    repeat: int,
-    timeout: float,
-    outputs_root: str | None = None,
-    deterministic: bool = False,
-) -> RunOptions:
-    """Build run options from CLI values, turning configuration errors into `Error:` lines."""
-    with user_errors():
-        device = Device.create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
-        return RunOptions(
-            device=device,
-            device_ids=parse_device_ids(devices),
-            repeat=repeat,
-            timeout=timeout,
-            outputs_root=Path(outputs_root) if outputs_root else None,
-            deterministic=deterministic,
-        )
 
 
 def print_run_summary(summary: runner.RunSummary) -> None:
@@ -162,23 +58,14 @@ def print_run_summary(summary: runner.RunSummary) -> None:
 @click.command("run")
 @click.argument("cases", nargs=-1, required=True, type=click.Path(path_type=Path))
 @device_options
+@filter_option()
 @click.option(
     "--outputs-root",
     metavar="DIR",
     help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs.",
 )
 def run_command(
-    cases: tuple[Path, ...],
-    device_kind: str | None,
-    binary: str | None,
-    cmd: str | None,
-    fault: str | None,
-    devices: str,
-    repeat: int,
-    deterministic: bool,
-    timeout: float,
-    filters: tuple[str, ...],
-    outputs_root: str | None,
+    cases: tuple[Path, ...], device: DeviceOptions, filters: tuple[str, ...], outputs_root: str | None
 ) -> None:
     """Run a device (default: the reference device) on every case under CASES.
 
@@ -188,11 +75,11 @@ def run_command(
     Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
-    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root, deterministic)
+    run_options = device.run_options(outputs_root)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
     with ProgressDisplay() as display, user_errors():
-        summary = pipeline.run_suite(case_dirs, options, PipelineProgress(display))
+        summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
     print_run_summary(summary)
     if summary.interrupted:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
@@ -272,34 +159,24 @@ def emulate_command(
     help="Folder of the generated cases (cases already there and current are reused).",
 )
 @device_options
+@filter_option()
 @precision_option
 @jobs_option
 @shard_option
 @force_option
 @max_cases_option
 @release_option
-@click.option("--standard", metavar="NAME[:PRESET]", help="Judge every case by this standard (as bsa compare).")
-@click.option(
-    "--threshold",
-    "thresholds",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override one threshold of the standard (repeatable), as bsa compare.",
+@settings_options(
+    standard="Judge every case by this standard (as bsa compare).",
+    threshold="Override one threshold of the standard (repeatable), as bsa compare.",
+    padding="BNSD padding rule, as bsa compare.",
 )
-@click.option("--padding", type=click.Choice(["ignore", "zero"]), help="BNSD padding rule, as bsa compare.")
 @report_options
-@click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
+@verbose_option
 def check_command(
     specs: tuple[str, ...],
     out: Path,
-    device_kind: str | None,
-    binary: str | None,
-    cmd: str | None,
-    fault: str | None,
-    devices: str,
-    repeat: int,
-    deterministic: bool,
-    timeout: float,
+    device: DeviceOptions,
     filters: tuple[str, ...],
     precision: str,
     jobs: int | None,
@@ -307,13 +184,8 @@ def check_command(
     force: bool,
     max_cases: int,
     release: str | None,
-    standard: str | None,
-    thresholds: tuple[str, ...],
-    padding: str | None,
-    json_path: Path | None,
-    junit_path: Path | None,
-    html_path: Path | None,
-    csv_path: Path | None,
+    settings: SettingsOptions,
+    reports: ReportPaths,
     verbose: bool,
 ) -> None:
     """Generate, run and compare in one command: the main job.
@@ -323,9 +195,8 @@ def check_command(
     (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
     2 usage or spec error, 3 a case could not be judged; 130 interrupted.
     """
-    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, deterministic=deterministic)
-    settings = run_settings(standard, thresholds, padding)
-    reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
+    run_options = device.run_options()
+    run_settings = settings.run_settings()
     prepare_reports(reports)
     try:
         with ProgressDisplay() as display:
@@ -335,7 +206,7 @@ def check_command(
             refuse_oversized(estimates, force)
             with user_errors():
                 checked = pipeline.check_suite(
-                    cases, out, options, settings, precision, jobs, PipelineProgress(display), estimates
+                    cases, out, run_options, run_settings, precision, jobs, PipelineProgress(display), estimates
                 )
             if checked.suite is None:
                 raise KeyboardInterrupt
@@ -346,8 +217,8 @@ def check_command(
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
     write_reports(suite, reports, (out,))
-    if options.device.is_reference:
-        output.stdout.print(f"device: {options.device.name}: reference results, not device results", markup=False)
+    if run_options.device.is_reference:
+        output.stdout.print(f"device: {run_options.device.name}: reference results, not device results", markup=False)
     raise click.exceptions.Exit(suite.return_code)
 
 
