@@ -1,4 +1,5 @@
-"""What the `bsa` commands share: exit codes, `UserError`, and the helpers several commands call.
+"""What the `bsa` commands share: exit codes, `UserError` and `user_errors()`, and the helpers several commands
+call (cases from specs, folders of cases and suites, report files).
 
 Exit codes (one policy for every command):
     0  everything passed
@@ -10,7 +11,7 @@ Exit codes (one policy for every command):
 
 The command modules (`gen`, `run`, `compare`, `export`, `trend`) import this module and the library,
 never each other nor the group; `bsa_cli/cli/__init__.py` builds the `bsa` group from them. So imports flow
-one way.
+one way. This module imports no other module of the CLI but `output`.
 """
 
 from __future__ import annotations
