@@ -15,7 +15,7 @@ from rich.console import Console
 
 from bsa_cli import devices
 from bsa_cli.cli import main
-from bsa_cli.cli.run import Display
+from bsa_cli.cli.progress import ProgressDisplay
 from tests.helpers import SPEC, fake_device, invoke, run_record, write_case_dir
 
 
@@ -235,7 +235,7 @@ def test_display_prints_one_aligned_line_per_case_with_problems_below():
         devices.RunResult("a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5),
         devices.RunResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
     ]
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("run", 3, [r.name for r in results])
         for result in results:
             display.on_run_event(devices.RunEvent("done", result.name, result.device_id, result))
@@ -354,14 +354,14 @@ def test_ctrl_c_during_run_exits_130_and_keeps_finished_records(tmp_path, monkey
     root = tmp_path / "out"
     for name in ("a_good", "b_hang", "c_good"):
         write_case_dir(root, name)
-    shown = Display.on_run_event
+    shown = ProgressDisplay.on_run_event
 
     def ctrl_c_on_hang(self, event):
         shown(self, event)
         if event.kind == "start" and event.case == "b_hang":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(Display, "on_run_event", ctrl_c_on_hang)
+    monkeypatch.setattr(ProgressDisplay, "on_run_event", ctrl_c_on_hang)
 
     result = invoke("run", root, "--binary", fake_device(tmp_path))
 
@@ -375,7 +375,7 @@ def test_ctrl_c_during_run_exits_130_and_keeps_finished_records(tmp_path, monkey
 def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
     console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system=None)
     result = devices.RunResult("only", Path("a"), Path("a/o"), "ok", (), 0, 0, 0, 0.5)
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("run", 1, ["only"])
         display.on_run_event(devices.RunEvent("start", "only", 0))
         display.on_run_event(devices.RunEvent("done", "only", 0, result))
@@ -387,7 +387,7 @@ def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
 
 def test_display_counts_a_gen_phase_in_flops_within_cases():
     console = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("gen", 2, ["a", "b"], flops={"a": 3e9, "b": 1e9})
         display.progress("a", 0.5)
         display._progress.refresh()

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from bsa_cli.cli import main
 from bsa_cli.cli.gen import LIST_COLUMNS, list_rows, list_table
-from bsa_cli.cli.run import Display
+from bsa_cli.cli.progress import ProgressDisplay
 from bsa_cli.devices import reference
 from bsa_cli.spec import load_specs
 from tests.helpers import SPEC, fake_device, invoke, run_record
@@ -164,11 +164,11 @@ def test_the_reference_device_reports_progress_within_a_case(tmp_path, spec_file
 
 
 def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monkeypatch):
-    from bsa_cli.cli import run as cli_run
+    from bsa_cli.cli import progress
 
-    monkeypatch.setattr(cli_run, "PLAIN_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "PLAIN_PROGRESS_S", 0.0)
     console = Console(file=io.StringIO(), width=120, color_system=None)
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("run", 2, ["big", "small"], {"big": 90e9, "small": 10e9})
         display.progress("big", 0.5)
     text = console.file.getvalue()

@@ -1,4 +1,5 @@
-"""What the `bsa` commands share: exit codes, `UserError`, and the helpers several commands call.
+"""What the `bsa` commands share: exit codes, `UserError` and `user_errors()`, and the helpers several commands
+call (cases from specs, folders of cases and suites, report files).
 
 Exit codes (one policy for every command):
     0  everything passed
@@ -10,36 +11,21 @@ Exit codes (one policy for every command):
 
 The command modules (`gen`, `run`, `compare`, `export`, `trend`) import this module and the library,
 never each other nor the group; `bsa_cli/cli/__init__.py` builds the `bsa` group from them. So imports flow
-one way.
+one way. This module imports no other module of the CLI but `output`.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
-from rich.text import Text
 
 from .. import report
 from ..case import Case
-from ..compare import RunSettings, SuiteResult
+from ..compare import SuiteResult
 from ..drift import Drift, drift_document, regressions_document
 from ..errors import BsaError, DataError, SpecError, plural
 from ..manifest import notes as manifest_notes
@@ -60,20 +46,18 @@ class UserError(click.ClickException):
     exit_code = EXIT_USAGE
 
 
-def user_error(exc: BsaError) -> UserError:
-    """The `Error:` message of a library error about user files; several bad cases get a line each."""
-    if isinstance(exc, SpecErrors):
-        return UserError("\nError: ".join(SpecError.__str__(e) for e in exc.errors))
-    return UserError(str(exc))
-
-
 @contextmanager
-def user_errors() -> Iterator[None]:
-    """Turn library errors about user files into `Error:` messages with exit code 2."""
+def user_errors(*also: type[Exception]) -> Iterator[None]:
+    """Turn library errors about user files (`BsaError`, and the types `also`: the `ValueError` of a parser,
+    say) into `Error:` messages with exit code 2, the one place the CLI does so; several bad cases of a
+    spec get a line each."""
+    caught: tuple[type[Exception], ...] = (BsaError, *also)
     try:
         yield
-    except BsaError as exc:
-        raise user_error(exc) from None
+    except caught as exc:
+        if isinstance(exc, SpecErrors):
+            raise UserError("\nError: ".join(SpecError.__str__(e) for e in exc.errors)) from None
+        raise UserError(str(exc)) from None
 
 
 # ---- cases from specs (gen, list, check) ----------------------------------------------------------
@@ -81,7 +65,7 @@ def user_errors() -> Iterator[None]:
 
 def load_cases(
     specs: Sequence[str],
-    name_filters: Sequence[str] = (),
+    filters: Sequence[str] = (),
     shard_text: str | None = None,
     max_cases: int = MAX_CASES,
     release: str | None = None,
@@ -90,19 +74,15 @@ def load_cases(
     into `Error:` messages."""
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
-    try:
+    with user_errors():
         cases = load_specs(specs, max_cases, release)
-    except BsaError as exc:
-        raise user_error(exc) from None
-    if name_filters:
-        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in name_filters)]
+    if filters:
+        cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
         if not cases:
-            raise UserError(f"--filter {' '.join(map(repr, name_filters))} matches no case")
+            raise UserError(f"--filter {' '.join(map(repr, filters))} matches no case")
     if shard_text:
-        try:
+        with user_errors(ValueError):
             index, count = parse_shard(shard_text)
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
         cases = shard(cases, index, count)
     return cases
 
@@ -162,28 +142,24 @@ def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> lis
         UserError: a path holds no case at any depth (naming where to look), or no case matches the filter.
     """
     roots: list[Path] = []
-    for path in paths:
-        try:
-            if Path(path).is_dir() and not find_cases(Path(path)):
-                suites = find_suites(Path(path))
-                if not suites:
-                    raise DataError(
-                        str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders below; "
-                        "write them with `bsa gen SPECS -o OUT` and compare OUT"
-                    )  # fmt: skip
-                counts = ", ".join(f"{s} ({plural(len(find_cases(s)), 'case')})" for s in suites)
-                output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
-                roots.extend(suites)
-            else:
-                roots.append(Path(path))
-        except OSError as exc:
-            raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
-        except BsaError as exc:
-            raise UserError(str(exc)) from None
-    try:
+    with user_errors():
+        for path in paths:
+            try:
+                if Path(path).is_dir() and not find_cases(Path(path)):
+                    suites = find_suites(Path(path))
+                    if not suites:
+                        raise DataError(
+                            str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders "
+                            "below; write them with `bsa gen SPECS -o OUT` and compare OUT"
+                        )  # fmt: skip
+                    counts = ", ".join(f"{s} ({plural(len(find_cases(s)), 'case')})" for s in suites)
+                    output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
+                    roots.extend(suites)
+                else:
+                    roots.append(Path(path))
+            except OSError as exc:
+                raise UserError(f"{path}: cannot read: {exc.strerror or exc}") from None
         return select_cases(roots, filters)
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
 
 
 def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
@@ -199,34 +175,7 @@ def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
     return roots
 
 
-# ---- comparison settings and reports (compare, check) ---------------------------------------------
-
-
-def parse_thresholds(values: tuple[str, ...]) -> dict[str, float]:
-    """Parse `--threshold KEY=VALUE` options into a mapping (VALUE a number, `inf` allowed)."""
-    thresholds: dict[str, float] = {}
-    for text in values:
-        key, sep, raw = text.partition("=")
-        key = key.strip()
-        try:
-            if not sep or not key:
-                raise ValueError
-            thresholds[key] = float(raw)
-        except ValueError:
-            raise UserError(
-                f"--threshold {text!r}: expected KEY=NUMBER, for example --threshold rmse_ratio=1.5"
-            ) from None
-    return thresholds
-
-
-def run_settings(standard: str | None, thresholds: tuple[str, ...], padding: str | None) -> RunSettings:
-    """Build and check the comparison settings given for the whole run, before any case is touched."""
-    settings = RunSettings(standard=standard, thresholds=parse_thresholds(thresholds), padding=padding)
-    try:
-        settings.validate()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    return settings
+# ---- reports (compare, check) ---------------------------------------------------------------------
 
 
 REPORT_KINDS = {"--json": "JSON", "--junit": "JUnit", "--html": "HTML", "--csv": "CSV"}
@@ -243,10 +192,8 @@ def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], s
 
 def prepare_reports(paths: dict[str, Path | None]) -> None:
     """Create the report files' folders and check they can be written, before any case is judged."""
-    try:
+    with user_errors():  # report.ReportPathError
         report.prepare_report_paths(paths)
-    except report.ReportPathError as exc:
-        raise UserError(str(exc)) from None
 
 
 def write_reports(
@@ -275,170 +222,3 @@ def write_reports(
     for option, path in paths.items():
         if path is not None:
             _write(option, path, writers[option], suite)
-
-
-OUTCOME_STYLE = {
-    "ok": "green",
-    "skipped": "dim",
-    "generated": "green",
-    "nondeterministic": "red",
-    "error": "red",
-    "crashed": "red",
-    "timeout": "red",
-    "interrupted": "yellow",
-    "PASS": "green",
-    "FAIL": "red",
-    "ERROR": "red",
-}
-
-
-# ---- progress display (gen, run, check) -----------------------------------------------------------
-
-
-_Shown = TypeVar("_Shown", bound="ProgressDisplay")
-
-
-class ProgressDisplay:
-    """Per-case progress on stderr: a rich progress bar above per-case lines on a terminal, plain lines
-    otherwise (at most one every `interval_s` seconds within a phase counted in FLOPs)."""
-
-    def __init__(self, console: Console | None = None, interval_s: float | None = None) -> None:
-        self.console = console or output.stderr
-        self.interval_s = PLAIN_PROGRESS_S if interval_s is None else interval_s
-        self._progress: Progress | None = None
-        self._task: Any = None
-        self._label = ""
-        self._width = 0
-        self._weights: Mapping[str, float] = {}
-        self._reached: dict[str, float] = {}
-        self._started = 0.0
-        self._last_line = 0.0
-
-    def __enter__(self: _Shown) -> _Shown:
-        if self.console.is_terminal:
-            self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                _Amount(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
-            )
-            self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._progress is not None:
-            self._progress.stop()
-
-    def phase(
-        self, label: str, total: int, names: Sequence[str] = (), flops: Mapping[str, float] | None = None
-    ) -> None:
-        """Start a phase (gen, run, compare) of `total` cases; `names` align the case column.
-
-        With `flops` (per case name) the bar and its ETA count FLOPs instead of cases, and `progress`
-        moves it within a case.
-        """
-        self._label = label
-        self._width = min(max((len(n) for n in names), default=0), 48)
-        self._weights = {name: value / 1e9 for name, value in (flops or {}).items()}
-        self._reached = {}
-        self._started = self._last_line = time.monotonic()
-        if self._progress is not None:
-            if self._task is not None:
-                self._progress.remove_task(self._task)
-            unit = "GFLOP" if flops is not None else "cases"
-            size = sum(self._weights.values()) if flops is not None else total
-            self._task = self._progress.add_task(label, total=size or 1, unit=unit)
-
-    def progress(self, name: str, fraction: float) -> None:
-        """Move the bar to `fraction` of case `name` (phases counted in FLOPs).
-
-        Without a terminal (a CI log) a line says how far a long phase is, every `interval_s` at most.
-        """
-        weight = self._weights.get(name, 0.0)
-        step = (fraction - self._reached.get(name, 0.0)) * weight
-        self._reached[name] = fraction
-        if self._progress is not None and self._task is not None and step:
-            self._progress.advance(self._task, step)
-        elif self._progress is None and fraction < 1.0 and time.monotonic() - self._last_line >= self.interval_s:
-            self._last_line = time.monotonic()
-            self.console.print(self._progress_line(name, fraction), soft_wrap=True, highlight=False, markup=False)
-
-    def _progress_line(self, name: str, fraction: float) -> str:
-        """E.g. "run      nightly-causal-16k 40%; run 23% of 520 GFLOP, ETA 3m 10s"."""
-        total = sum(self._weights.values())
-        done = sum(self._weights.get(n, 0.0) * f for n, f in self._reached.items())
-        line = f"{self._label:<8} {name} {100 * fraction:.0f}%"
-        elapsed = time.monotonic() - self._started
-        if total > 0 and done > 0:
-            eta = elapsed * (total - done) / done
-            line += f"; {self._label} {100 * done / total:.0f}% of {flop_text(total * 1e9)}, ETA {_duration(eta)}"
-        return line
-
-    def running(self, text: str) -> None:
-        """Say what runs now (shown in the bar's description on a terminal only)."""
-        if self._progress is not None and self._task is not None:
-            self._progress.update(self._task, description=f"{self._label}: {escape(text)}")
-
-    def case(self, outcome: str, name: str, detail: str = "", problems: Sequence[str] = ()) -> None:
-        """Print one finished case and advance the bar."""
-        style = OUTCOME_STYLE.get(outcome, "red")
-        line = f"{self._label:<8} [{style}]{outcome:<16}[/{style}] {escape(name)}"
-        if detail:
-            line += " " * max(self._width - len(name), 0) + f"  [dim]{escape(detail)}[/dim]"
-        self.console.print(line, soft_wrap=True, highlight=False)
-        for problem in problems:
-            self.console.print(f"         {escape(problem)}", soft_wrap=True, highlight=False, style="red")
-        self.advance(name)
-
-    def advance(self, name: str) -> None:
-        """Count case `name` as done on the bar without printing a line."""
-        if name in self._weights:
-            self.progress(name, 1.0)
-        elif self._progress is not None and self._task is not None:
-            self._progress.advance(self._task)
-
-PLAIN_PROGRESS_S = 15.0
-"""Least seconds between two progress lines when stderr is not a terminal (the default of `interval_s`)."""
-
-
-def _duration(seconds: float) -> str:
-    """Return e.g. "45s", "3m 10s", "1h 02m"."""
-    seconds = max(int(round(seconds)), 0)
-    if seconds < 60:
-        return f"{seconds}s"
-    if seconds < 3600:
-        return f"{seconds // 60}m {seconds % 60:02d}s"
-    return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
-
-
-FLOP_UNITS = ((1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"), (1e6, "MFLOP"), (1e3, "kFLOP"))
-
-
-def flop_unit(flops: float) -> tuple[float, str]:
-    """Return the scale and name of the unit that shows `flops` in at most 3 digits before the point."""
-    for scale, unit in FLOP_UNITS:
-        if flops >= scale:
-            return scale, unit
-    return 1.0, "FLOP"
-
-
-def flop_text(flops: float) -> str:
-    """Return e.g. "520 GFLOP", "1.21 TFLOP", "58.7 MFLOP"."""
-    scale, unit = flop_unit(flops)
-    return f"{flops / scale:.3g} {unit}"
-
-
-class _Amount(ProgressColumn):
-    """The bar's "done/total unit": cases, or FLOPs in the unit of the total (0.49/1.21 TFLOP)."""
-
-    def render(self, task: Task) -> Text:
-        unit = task.fields.get("unit", "cases")
-        if unit != "GFLOP":
-            return Text(f"{task.completed:.4g}/{task.total or 0:.4g} {unit}")
-        scale, name = flop_unit((task.total or 0) * 1e9)
-        return Text(f"{task.completed * 1e9 / scale:.3g}/{(task.total or 0) * 1e9 / scale:.3g} {name}")

@@ -4,240 +4,43 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import click
-from rich.console import Console
 
 from .. import pipeline, report, store
-from ..case import Case
-from ..compare import CaseResult
-from ..devices import (
-    DEVICE_KINDS,
-    OUTCOMES,
-    Device,
-    RunEvent,
-    RunOptions,
-    RunResult,
-    RunSummary,
-    create,
-    parse_device_ids,
-    reference_faults,
-)
+from ..devices import OUTCOMES, RunSummary, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
-from ..errors import BsaError, plural
-from ..schedule import Estimate, estimate
-from . import common, output
+from ..errors import plural
+from ..schedule import estimate
+from . import output
 from .common import (
     EXIT_INTERRUPTED,
-    ProgressDisplay,
-    UserError,
     load_cases,
     prepare_reports,
     refuse_oversized,
-    run_settings,
     show_kernel_path_notes,
     user_errors,
     warn_constraints,
     write_reports,
 )
 from .options import (
+    DeviceOptions,
+    ReportPaths,
+    SettingsOptions,
+    device_options,
+    filter_option,
     force_option,
     jobs_option,
     max_cases_option,
     precision_option,
     release_option,
     report_options,
+    settings_options,
     shard_option,
+    verbose_option,
 )
-
-PLAIN_PROGRESS_S = common.PLAIN_PROGRESS_S
-"""Least seconds between two progress lines of `bsa run` and `bsa check` when stderr is not a terminal."""
-
-
-class Display(ProgressDisplay):
-    """The progress display of `bsa run` and `bsa check`: `ProgressDisplay` and the runner's events."""
-
-    def __init__(self, console: Console | None = None) -> None:
-        super().__init__(console, PLAIN_PROGRESS_S)
-
-    def on_run_event(self, event: RunEvent) -> None:
-        """Show a runner event."""
-        if event.kind == "start":
-            self.running(f"{event.case} on device {event.device_id}")
-            return
-        result = event.result
-        assert result is not None
-        self.case(result.outcome, result.name, run_detail(result), [*result.problems, *log_lines(result)])
-
-
-
-def log_lines(result: RunResult) -> list[str]:
-    """Return where a failed run's logs are (full paths), nothing for a run that left a result."""
-    if result.ok:
-        return []
-    logs = [result.record.get(key) for key in ("stderr_log", "stdout_log")]
-    paths = [Path(result.output_dir) / name for name in logs if isinstance(name, str) and name]
-    shown = [str(path) for path in paths if path.is_file() and path.stat().st_size] or [str(p) for p in paths[:1]]
-    return [f"log: {', '.join(shown)}"] if shown else []
-
-
-def run_detail(result: RunResult) -> str:
-    """Return the short status text of one run: aclnn status (and the expected one), time, device."""
-    parts = []
-    if result.status is not None:
-        status = f"status {result.status}"
-        if result.expect_status is not None and result.expect_status != result.status:
-            status += f" (expected {result.expect_status})"
-        parts.append(status)
-    parts.append(f"{result.duration_s:.2f} s")
-    parts.append(f"device {result.device_id}")
-    return ", ".join(parts)
-
-
-# ---- shared options --------------------------------------------------------------------------------
-
-
-def device_options(func: Any) -> Any:
-    """Add the options that choose and drive the device (shared by `run` and `check`)."""
-    options = [
-        click.option(
-            "--device",
-            "device_kind",
-            type=click.Choice(list(DEVICE_KINDS)),
-            help="Built-in device: reference (the default: the reference device, reference results) or "
-            "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
-            "per case). Not with --binary or --cmd.",
-        ),
-        click.option(
-            "--binary",
-            metavar="PATH",
-            help="Device binary, run as `BINARY <case_dir>/case.json <output_dir>`. "
-            "Without it (and without --cmd or --device) the built-in reference device runs the cases.",
-        ),
-        click.option(
-            "--cmd",
-            metavar="TEMPLATE",
-            help="Command template instead of the default invocation, split like a shell would but never "
-            "run by one; placeholders {binary} {case_dir} {manifest} {output_dir} {device_id}.",
-        ),
-        click.option(
-            "--fault",
-            metavar="NAME",
-            help="Plant a fault in the reference device (see `bsa emulate --list-faults`); not with --binary or --cmd.",
-        ),
-        click.option(
-            "--devices",
-            default="0",
-            show_default=True,
-            metavar="IDS",
-            help="Device ids, e.g. 0,1,2,3: one worker per device, cases run in parallel. "
-            "Each run gets ASCEND_DEVICE_ID.",
-        ),
-        click.option(
-            "--repeat",
-            type=click.IntRange(min=1),
-            metavar="N",
-            default=1,
-            show_default=True,
-            help="Run each case N times and judge every run: a status or dq that differs between runs, or a "
-            "run outside the standard, marks the case nondeterministic; dk/dv may differ in their last bits "
-            "(fp32 atomic adds), which is reported as repeat-noise, not failed.",
-        ),
-        click.option(
-            "--deterministic",
-            is_flag=True,
-            help="Ask for the operator's deterministic mode (A2/A3, ops-transformer master): the C++ harness sets "
-            "ACL_OPT_DETERMINISTIC, torch_npu torch.use_deterministic_algorithms(True), the reference device one "
-            "fixed dK/dV order; with --repeat every output must then be bitwise identical.",
-        ),
-        click.option(
-            "--timeout",
-            type=click.FloatRange(min=0, min_open=True),
-            default=600.0,
-            show_default=True,
-            metavar="SECONDS",
-            help="Kill a binary's (or a torch_npu child's) whole process group after this long (not applied "
-            "to the reference device, which runs in-process).",
-        ),
-        click.option(
-            "--filter",
-            "filters",
-            multiple=True,
-            metavar="GLOB",
-            help="Only cases whose name matches this glob (repeatable).",
-        ),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
-
-
-def make_options(
-    device_kind: str | None,
-    binary: str | None,
-    cmd: str | None,
-    fault: str | None,
-    devices: str,
-    repeat: int,
-    timeout: float,
-    outputs_root: str | None = None,
-    deterministic: bool = False,
-) -> RunOptions:
-    """Build run options from CLI values, turning configuration errors into `Error:` lines."""
-    try:
-        device = create(binary=binary, cmd=cmd, fault=fault, kind=device_kind)
-        return RunOptions(
-            device=device,
-            device_ids=parse_device_ids(devices),
-            repeat=repeat,
-            timeout=timeout,
-            outputs_root=Path(outputs_root) if outputs_root else None,
-            deterministic=deterministic,
-        )
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
-
-
-class Shown(pipeline.CheckProgress):
-    """Shows what `pipeline.check_suite` and `pipeline.run_suite` report: a `Display`, and on stderr which
-    device runs (saying up front when the reference device stands in for one) and which cases a planted
-    fault cannot change."""
-
-    def __init__(self, display: Display) -> None:
-        self.display = display
-
-    def generating(self, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
-        flops = {name: e.flops for name, e in estimates.items()}
-        self.display.phase("gen", len(cases), [c.name for c in cases], flops)
-
-    def generated(self, case: Case, outcome: str) -> None:
-        if outcome == "current":
-            self.display.case("skipped", case.name, "inputs current")
-        else:
-            self.display.case(outcome, case.name)
-
-    def progress(self, name: str, fraction: float) -> None:
-        self.display.progress(name, fraction)
-
-    def running(self, case_dirs: Sequence[Path], device: Device, flops: Mapping[str, float] | None) -> None:
-        output.info(device.announcement)
-        if device.fault:
-            for warning in pipeline.inapplicable_faults(case_dirs, device.fault):
-                output.warn(warning)
-        self.display.phase("run", len(case_dirs), [c.name for c in case_dirs], flops)
-
-    def on_run_event(self, event: RunEvent) -> None:
-        self.display.on_run_event(event)
-
-    def judging(self, case_dirs: Sequence[Path]) -> None:
-        self.display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
-        output.info(f"judging {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}: verdicts in the table below")
-
-    def judged(self, result: CaseResult) -> None:
-        self.display.advance(result.name)  # the verdict itself is printed once, in the report's table
+from .progress import PipelineProgress, ProgressDisplay
 
 
 def print_run_summary(summary: RunSummary) -> None:
@@ -256,23 +59,14 @@ def print_run_summary(summary: RunSummary) -> None:
 @click.command("run")
 @click.argument("cases", nargs=-1, required=True, type=click.Path(path_type=Path))
 @device_options
+@filter_option()
 @click.option(
     "--outputs-root",
     metavar="DIR",
     help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs.",
 )
 def run_command(
-    cases: tuple[Path, ...],
-    device_kind: str | None,
-    binary: str | None,
-    cmd: str | None,
-    fault: str | None,
-    devices: str,
-    repeat: int,
-    deterministic: bool,
-    timeout: float,
-    filters: tuple[str, ...],
-    outputs_root: str | None,
+    cases: tuple[Path, ...], device: DeviceOptions, filters: tuple[str, ...], outputs_root: str | None
 ) -> None:
     """Run a device (default: the reference device) on every case under CASES.
 
@@ -282,11 +76,11 @@ def run_command(
     Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
-    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, outputs_root, deterministic)
+    run_options = device.run_options(outputs_root)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
-    with Display() as display, user_errors():
-        summary = pipeline.run_suite(case_dirs, options, Shown(display))
+    with ProgressDisplay() as display, user_errors():
+        summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
     print_run_summary(summary)
     if summary.interrupted:
         raise click.exceptions.Exit(EXIT_INTERRUPTED)
@@ -366,34 +160,24 @@ def emulate_command(
     help="Folder of the generated cases (cases already there and current are reused).",
 )
 @device_options
+@filter_option()
 @precision_option
 @jobs_option
 @shard_option
 @force_option
 @max_cases_option
 @release_option
-@click.option("--standard", metavar="NAME[:PRESET]", help="Judge every case by this standard (as bsa compare).")
-@click.option(
-    "--threshold",
-    "thresholds",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override one threshold of the standard (repeatable), as bsa compare.",
+@settings_options(
+    standard="Judge every case by this standard (as bsa compare).",
+    threshold="Override one threshold of the standard (repeatable), as bsa compare.",
+    padding="BNSD padding rule, as bsa compare.",
 )
-@click.option("--padding", type=click.Choice(["ignore", "zero"]), help="BNSD padding rule, as bsa compare.")
 @report_options
-@click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
+@verbose_option
 def check_command(
     specs: tuple[str, ...],
     out: Path,
-    device_kind: str | None,
-    binary: str | None,
-    cmd: str | None,
-    fault: str | None,
-    devices: str,
-    repeat: int,
-    deterministic: bool,
-    timeout: float,
+    device: DeviceOptions,
     filters: tuple[str, ...],
     precision: str,
     jobs: int | None,
@@ -401,13 +185,8 @@ def check_command(
     force: bool,
     max_cases: int,
     release: str | None,
-    standard: str | None,
-    thresholds: tuple[str, ...],
-    padding: str | None,
-    json_path: Path | None,
-    junit_path: Path | None,
-    html_path: Path | None,
-    csv_path: Path | None,
+    settings: SettingsOptions,
+    reports: ReportPaths,
     verbose: bool,
 ) -> None:
     """Generate, run and compare in one command: the main job.
@@ -417,19 +196,18 @@ def check_command(
     (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
     2 usage or spec error, 3 a case could not be judged; 130 interrupted.
     """
-    options = make_options(device_kind, binary, cmd, fault, devices, repeat, timeout, deterministic=deterministic)
-    settings = run_settings(standard, thresholds, padding)
-    reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
+    run_options = device.run_options()
+    run_settings = settings.run_settings()
     prepare_reports(reports)
     try:
-        with Display() as display:
+        with ProgressDisplay() as display:
             cases = load_cases(specs, filters, shard_text, max_cases, release)
             warn_constraints(cases)
             estimates = {case.name: estimate(case) for case in cases}
             refuse_oversized(estimates, force)
             with user_errors():
                 checked = pipeline.check_suite(
-                    cases, out, options, settings, precision, jobs, Shown(display), estimates
+                    cases, out, run_options, run_settings, precision, jobs, PipelineProgress(display), estimates
                 )
             if checked.suite is None:
                 raise KeyboardInterrupt
@@ -440,9 +218,9 @@ def check_command(
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
     write_reports(suite, reports, (out,))
-    if options.device.reference_results:
-        output.stdout.print(options.device.announcement, markup=False)
+    if run_options.device.reference_results:
+        output.stdout.print(run_options.device.announcement, markup=False)
     raise click.exceptions.Exit(suite.return_code)
 
 
-__all__ = ["Display", "Shown", "check_command", "emulate_command", "run_command"]
+__all__ = ["check_command", "emulate_command", "run_command"]
