@@ -10,8 +10,8 @@ import oracle
 import pytest
 
 from bsa_cli import blas, golden
-from bsa_cli.golden import compute, numerics, paths, walk
 from bsa_cli.case import Case
+from bsa_cli.golden import compute, numerics, paths, walk
 from bsa_cli.rounding import round_float32
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from bsa_cli import golden
-from bsa_cli.golden import compute, numerics, walk
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.generate import compute_case
+from bsa_cli.golden import compute, numerics, walk
 from bsa_cli.inputs import make_mask, make_tensors
 
 CASES = {
