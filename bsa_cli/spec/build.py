@@ -22,8 +22,6 @@ from .. import interface, stress
 from ..case import DTYPES, MAX_TOKENS, Case, Distribution
 from ..errors import show
 from ..inputs import fit_explicit, unreachable_kv_blocks
-from ..manifest import params as case_params
-from ..manifest import semantics as case_semantics
 from ..store import MAX_NAME_BYTES, is_case_name
 from .fields import (
     CASE_KEYS,
@@ -267,7 +265,7 @@ def _fix_first(case: Case, v: interface.Violation) -> str | None:
 
 def _check_interface(r: _Reader, case: Case) -> Case:
     """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
-    params = case_params(case)
+    params = interface.case_params(case)
     tensors = case.tensor_descs()
     undefined = interface.undefined_behaviour(params, tensors, case.release)
     if undefined:
@@ -283,7 +281,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             key = key if key in CASE_KEYS else f"tensors.{key}"
             raise r.error(key, _fix_first(case, v) or f"{v.message}: the operator returns {v.status}; "
                           f"set 'expect: {v.status}' for a negative case")  # fmt: skip
-        warnings = (*interface.kernel_constraints(params, case_semantics(case)), *unreachable_kv_blocks(case))
+        warnings = (*interface.kernel_constraints(params, case.bnsd_lengths), *unreachable_kv_blocks(case))
         return dataclasses.replace(case, warnings=tuple(warnings))
     if not broken:
         raise r.error(
