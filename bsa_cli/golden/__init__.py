@@ -37,7 +37,7 @@ columns take part. The lse of an empty row is never read.
 
 The modules, each importing only those before it: `numerics` (buffers, gathered and padded blocks, row
 chunks, scattered products), `paths` (the precision paths, `KernelRange`, `watching`), `walk` (the walker,
-threads, `reporting`), `compute` (the functions below).
+threads, `reporting`), `compute` (the functions this face hands on).
 """
 
 from .compute import (

@@ -79,7 +79,8 @@ _PROGRESS: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.Co
 
 @contextlib.contextmanager
 def reporting(callback: Callable[[int], None]) -> Iterator[None]:
-    """Within the block, every function here calls `callback(pairs)` after each query-block row it finishes.
+    """Within the block, every walk (every function of the package) calls `callback(pairs)` after each query-block
+    row it finishes.
 
     `pairs` is the number of selected (query block, kv block) pairs of the row: progress for long cases,
     in the units of `inputs.mask_stats`'s `selected_blocks` (pairs within each batch entry's lengths).

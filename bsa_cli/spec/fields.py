@@ -486,7 +486,7 @@ def _compare(r: _Reader) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise r.error("compare", f"{show(raw)} is not a mapping (standard, thresholds)")
     try:
-        from .compare import validate_settings
+        from ..compare import validate_settings
     except ImportError:  # the comparator is not installed in this build; pass the settings through
         return dict(raw)
     try:
