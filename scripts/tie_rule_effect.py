@@ -29,12 +29,12 @@ from bsa_cli.spec import load_specs
 
 @contextmanager
 def ties(rule: str) -> Iterator[None]:
-    before = golden.BACKWARD_TIES, reference.BACKWARD_TIES
-    golden.BACKWARD_TIES = reference.BACKWARD_TIES = rule  # type: ignore[assignment]
+    before = golden.paths.BACKWARD_TIES, reference.BACKWARD_TIES
+    golden.paths.BACKWARD_TIES = reference.BACKWARD_TIES = rule  # type: ignore[assignment]
     try:
         yield
     finally:
-        golden.BACKWARD_TIES, reference.BACKWARD_TIES = before
+        golden.paths.BACKWARD_TIES, reference.BACKWARD_TIES = before
 
 
 def verdicts(specs: list[str], rule: str) -> dict[str, str]:

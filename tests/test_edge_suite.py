@@ -1,6 +1,6 @@
 """The golden of every case of cases/edge.yaml against independent oracles.
 
-Two peers, written differently from golden.py: the dense float64 formula of docs/operator.md section 1
+Two peers, written differently from bsa_cli/golden/: the dense float64 formula of docs/operator.md section 1
 (tests/oracle.py, full element masks, from the rounded out and lse that `bsa gen` writes), and PyTorch
 float64 autograd of masked attention (which knows nothing of block masks, out or lse: it differentiates
 the forward itself, so the golden is fed the unrounded float64 forward for that comparison).

@@ -1,4 +1,4 @@
-"""Today's golden.py and `bsa gen` give the same bits as the golden module of commit 2b40f9e.
+"""Today's bsa_cli/golden/ and `bsa gen` give the same bits as the golden module of commit 2b40f9e.
 
 `golden_2b40f9e.py` is that module, frozen. Both run here, on the same machine and BLAS, over edge cases
 (GQA, partial blocks, odd block shapes, TND with zero lengths, BNSD honored lengths, empty rows with a finite
@@ -18,6 +18,7 @@ import pytest
 from bsa_cli import golden
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.generate import compute_case
+from bsa_cli.golden import compute, numerics, walk
 from bsa_cli.inputs import make_mask, make_tensors
 from tests import golden_2b40f9e as before
 from tests.helpers import case_factory
@@ -84,7 +85,7 @@ def gen_now(case: Case, precision: str, jobs: int) -> list[np.ndarray]:
 @pytest.fixture(autouse=True)
 def walks_in_threads_however_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let `-j 2` run the walks of these small cases in threads (they would stay in one thread otherwise)."""
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
+    monkeypatch.setattr(compute, "_THREADS_MIN_ROW_FLOPS", 0)
 
 
 NAMES = ("attention_out", "softmax_lse", "golden dq", "golden dk", "golden dv", "bench dq", "bench dk", "bench dv")
@@ -102,10 +103,10 @@ def test_gen_writes_the_bits_of_2b40f9e(name: str, precision: str) -> None:
 
 def test_gen_writes_the_bits_of_2b40f9e_in_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     case = make_case("wide-uniform-fp16")
-    for module in (golden, before):  # tiles of 32 rows, dK/dV shares of two blocks
-        monkeypatch.setattr(module, "_TILE_ELEMENTS", 32 * 640)
-        monkeypatch.setattr(module, "_PRODUCT_ELEMENTS", 2 * 128 * 128)
-    monkeypatch.setattr(golden, "_CHUNK_ELEMENTS", 700)  # elementwise steps row by row (rows of 384 or 640)
+    for tiles, products in ((walk, numerics), (before, before)):  # tiles of 32 rows, dK/dV shares of two blocks
+        monkeypatch.setattr(tiles, "_TILE_ELEMENTS", 32 * 640)
+        monkeypatch.setattr(products, "_PRODUCT_ELEMENTS", 2 * 128 * 128)
+    monkeypatch.setattr(numerics, "_CHUNK_ELEMENTS", 700)  # elementwise steps row by row (rows of 384 or 640)
     expected = gen_before(case, "float32")
     for jobs in (1, 3):
         for label, a, b in zip(NAMES, gen_now(case, "float32", jobs), expected, strict=True):
@@ -134,7 +135,7 @@ def test_separate_passes_give_the_bits_of_2b40f9e(name: str) -> None:
 
 def test_gen_writes_the_bits_of_2b40f9e_in_rounds_of_walks(monkeypatch: pytest.MonkeyPatch) -> None:
     case = make_case("tnd-zero-lengths")  # 3 entries with rows (one without kv) x 2 kv heads: 6 golden walks
-    monkeypatch.setattr(golden, "_WALKS_PER_ROUND", 4)
+    monkeypatch.setattr(compute, "_WALKS_PER_ROUND", 4)
     expected = gen_before(case, "float32")
     for jobs in (1, 2):
         for label, a, b in zip(NAMES, gen_now(case, "float32", jobs), expected, strict=True):

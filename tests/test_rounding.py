@@ -153,7 +153,7 @@ def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_fro
     case = next(c for c in load_specs(["cases/smoke.yaml"]) if c.name == "smoke-bnsd-random.fp16")
     runs = {}
     for rule in ("even", "away"):
-        monkeypatch.setattr(golden, "BACKWARD_TIES", rule)
+        monkeypatch.setattr(golden.paths, "BACKWARD_TIES", rule)
         monkeypatch.setattr(reference, "BACKWARD_TIES", rule)
         tensors, _, bench = compute_case(case)
         device = reference.emulate(case, {**tensors, "block_sparse_mask": make_mask(case)})

@@ -106,7 +106,7 @@ def test_progress_within_a_case_rises_row_by_row_to_one(tmp_path: Path, monkeypa
     compute_case(case, on_progress=seen.append)
     assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0  # one step per block row
     in_threads: list[float] = []
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)  # these rows are too small for threads
+    monkeypatch.setattr(golden.compute, "_THREADS_MIN_ROW_FLOPS", 0)  # these rows are too small for threads
     compute_case(case, jobs=2, on_progress=in_threads.append)
     assert len(in_threads) == len(seen) and in_threads == sorted(in_threads) and in_threads[-1] == 1.0  # every row
 
