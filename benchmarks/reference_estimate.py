@@ -4,7 +4,7 @@
     python benchmarks/reference_estimate.py --beside-busy OUT  # the same beside one busy loop (item 4)
 
 Runs the reference device (what `bsa run` runs without a binary) once on every valid case under OUT, in this
-process, and prints per case the estimate (`emulator.estimate_seconds` of `bsa list`), the measured wall
+process, and prints per case the estimate (`reference.estimate_seconds` of `bsa list`), the measured wall
 time, the CPU time (user + system, all threads) and their ratios, with the load average before and after:
 on a shared machine the wall time grows with the other processes, the CPU time much less. Keep it cheap:
 cases of a few seconds to a minute (`bsa gen` a few of them, of different sizes, GQA and TND). With
@@ -22,7 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from bsa_cli import emulator, store
+from bsa_cli import store
+from bsa_cli.devices import reference
 
 ROUNDS = int(os.environ.get("BSA_ROUNDS", "3"))
 """Runs per case; each figure keeps its best (the least disturbed by other processes)."""
@@ -44,12 +45,12 @@ def main(roots: list[str]) -> None:
         stats = manifest["stats"]
         params = manifest["params"]
         group = params["num_heads"] // max(params["num_kv_heads"], 1)
-        guess = emulator.estimate_seconds(stats["flops_backward"], stats["selected_blocks"], group)  # bsa list's
+        guess = reference.estimate_seconds(stats["flops_backward"], stats["selected_blocks"], group)  # bsa list's
         walls, cpus = [], []
         for round_ in range(ROUNDS):
             with tempfile.TemporaryDirectory() as out:
                 wall, cpu = time.perf_counter(), cpu_seconds()
-                emulator.emulate_case_dir(case_dir, Path(out), order_seed=round_)
+                reference.emulate_case_dir(case_dir, Path(out), order_seed=round_)
                 walls.append(time.perf_counter() - wall)
                 cpus.append(cpu_seconds() - cpu)
         wall, cpu = min(walls), min(cpus)  # the best round: the machine is shared

@@ -31,7 +31,7 @@ from . import interface
 from .case import ACLNN_STATUS, Case, numpy_dtype
 from .compare import HASH_THREADS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
 from .errors import DataError
-from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
+from .manifest import GRAD_NAMES, INPUT_NAMES, Manifest
 from .store import MANIFEST, load_manifest, read_array, select_cases
 
 if TYPE_CHECKING:
@@ -73,28 +73,29 @@ class LoadedCase:
     """
 
     dir: Path
-    manifest: Mapping[str, Any] = field(repr=False)
+    manifest: Manifest = field(repr=False)
+    """The whole case.json (`manifest.Manifest`: its questions, and read-only mapping access to the JSON)."""
     inputs: Mapping[str, np.ndarray] = field(repr=False)
 
     @property
     def name(self) -> str:
         """The case's name (its directory's name)."""
-        return str(self.manifest["name"])
+        return self.manifest.name
 
     @property
     def params(self) -> dict[str, Any]:
         """A copy of the manifest's `params`: the operator's parameters as the case records them."""
-        return copy.deepcopy(dict(self.manifest["params"]))
+        return copy.deepcopy(dict(self.manifest.params))
 
     @property
     def expect(self) -> int:
         """The aclnn status the operator should return: 0, or an error code for a negative case."""
-        return int(self.manifest["expect"]["status"])
+        return self.manifest.expect_status
 
     @property
     def expect_name(self) -> str:
         """The name of the expected status (ACLNN_SUCCESS, ACLNN_ERR_PARAM_INVALID, ...)."""
-        return str(self.manifest["expect"].get("name", ""))
+        return self.manifest.expect_name or ""
 
     @property
     def op_args(self) -> dict[str, Any]:
@@ -104,7 +105,7 @@ class LoadedCase:
         case without lengths passes [S] * B), `q_input_layout`, `kv_input_layout`, `num_key_value_heads`
         and `scale_value` (the scale the operator receives, a double). Pass them after the seven tensors.
         """
-        params = self.manifest["params"]
+        params = self.manifest.params
         q_lengths, kv_lengths = interface.call_lengths(params)
         block_shape = params.get("block_shape")
         return {
@@ -120,7 +121,7 @@ class LoadedCase:
     @cached_property
     def geometry(self) -> Case:
         """The case's geometry (shapes, lengths, blocks), as `manifest.case_from_manifest` rebuilds it."""
-        return case_from_manifest(self.manifest)
+        return self.manifest.case
 
     @cached_property
     def golden(self) -> dict[str, np.ndarray]:
@@ -133,7 +134,7 @@ class LoadedCase:
         return self._section("benchmark")
 
     def _section(self, section: str) -> dict[str, np.ndarray]:
-        entries = self.manifest.get(section) or {}
+        entries = self.manifest.section(section)
         return {name: _read(self.dir, section, name, entries[name]) for name in GRAD_NAMES if name in entries}
 
 
@@ -155,19 +156,15 @@ def load_case(case_dir: str | Path) -> LoadedCase:
             raise DataError(str(path), f"missing: {case_dir} holds {len(inside)} cases ({shown}); load one of them")
     manifest = load_manifest(case_dir)
     try:
-        case = case_from_manifest(manifest)
-        entries = manifest.get("inputs")
-        if not isinstance(entries, Mapping):
-            raise TypeError(f"inputs is {type(entries).__name__}, not an object")
+        case = manifest.case
+        entries = manifest.inputs
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(str(path), f"malformed manifest ({type(exc).__name__}: {exc})") from None
     if case.expect.ok:
         missing = [name for name in INPUT_NAMES if entries.get(name) is None]
         if missing:
             raise DataError(str(path), f"no inputs entry for {', '.join(missing)} (a valid case has all seven)")
-    inputs = {
-        str(name): _read(case_dir, "inputs", str(name), entry) for name, entry in entries.items() if entry is not None
-    }
+    inputs = {str(name): _read(case_dir, "inputs", str(name), entry) for name, entry in manifest.entries("inputs")}
     return LoadedCase(case_dir, manifest, inputs)
 
 

@@ -1,6 +1,6 @@
 """The validated, immutable description of one test case, and its tensor geometry.
 
-`spec.py` builds `Case` objects from YAML; everything downstream (inputs, golden, store) reads them.
+`spec` (bsa_cli/spec/) builds `Case` objects from YAML; everything downstream (inputs, golden, store) reads them.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +25,11 @@ DTYPES: dict[str, Any] = {
     "bool": np.dtype(np.bool_),
 }
 """Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes)."""
+
+Layout = Literal["BNSD", "TND"]
+"""A tensor layout the operator computes: BNSD ([B, N, S, D]: batch, heads, sequence, head dim) or TND ([T, N, D]:
+the tokens of every batch entry one after another, cut by the actual lengths). A negative case may carry
+another layout string (`spec` admits up to 16 letters, digits or '_'), which the operator refuses."""
 
 MAX_TOKENS = 2147483647
 """The only preTokens/nextTokens value the operator accepts."""
@@ -162,7 +167,7 @@ class Case:
 
     name: str
     source: str  # spec file the case came from
-    layout: str  # BNSD | TND (the same for q and kv unless a negative case says otherwise)
+    layout: Layout  # the same for q and kv unless a negative case says otherwise
     dtype: str  # float16 | bfloat16 (other names only in negative cases)
     batch: int
     num_heads: int
@@ -178,7 +183,7 @@ class Case:
     sparsity: Sparsity = Sparsity()
     init: Init = Init()
     expect: Expect = Expect()
-    kv_layout: str | None = None  # None: same as layout
+    kv_layout: Layout | None = None  # None: same as layout
     seq_lengths_encoding: str = "per_batch"  # per_batch | cumulative
     lse_shape: str = "trailing_one"  # trailing_one | squeezed
     bnsd_lengths: str = "honored"  # honored (doc: padding skipped) | ignored (A2/A3 code: full S)

@@ -10,18 +10,20 @@ The operator's documentation differs in places (TND without lengths is 161002 in
 the doc; the doc's "D = 128, BNSD and MHA only" on A2/A3 is not enforced): the code wins here.
 
 `RULES` names the rule set; the manifest records it (`semantics.interface`), so a case says which
-operator version its expected status comes from. The rules read the manifest `params` and a table of
+operator version its expected status comes from. The rules read the call's parameters as the operator
+receives them (`case_params` of a `Case`, or a manifest's `params`, which records them) and a table of
 the call's tensors ({name: {"dtype", "shape"}}, a null tensor absent: `Case.tensor_descs`, or a
 manifest's `inputs` and `outputs` entries), so a spec, a manifest and the reference device agree.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .case import MAX_TOKENS
+from .case import MAX_TOKENS, Case, Layout
 
 ACLNN_SUCCESS = 0
 ACLNN_ERR_PARAM_NULLPTR = 161001
@@ -75,7 +77,7 @@ LAYOUT_KEYS = {"q": "layout", "kv": "kv_layout"}
 
 OP_DTYPES = ("float16", "bfloat16")
 MASK_DTYPES = ("bool", "uint8")
-TILING_LAYOUTS = ("TND", "BNSD")
+TILING_LAYOUTS: tuple[Layout, ...] = ("TND", "BNSD")
 
 MANDATORY = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
 """Tensors a null pointer of which is 161001, in the order `CheckMandatoryTensors` reads them."""
@@ -103,6 +105,35 @@ class Violation:
     key: str
     message: str
     status: int
+
+
+def case_params(case: Case) -> dict[str, Any]:
+    """Return the parameters of a case's call that the rules read, as the operator receives them.
+
+    They are what a manifest's `params` records of the case (tests/test_interface.py holds the two
+    together): layouts (kv_layout defaults to layout), lengths in the case's `seq_lengths_encoding`
+    (`cumulative`: end offsets without a leading 0), the block shape as a list (None for a null one), the
+    attributes, and `null_layouts` when the call passes a layout as null.
+    """
+
+    def passed(lengths: tuple[int, ...] | None) -> list[int] | None:
+        if lengths is None:
+            return None
+        return list(itertools.accumulate(lengths)) if case.seq_lengths_encoding == "cumulative" else list(lengths)
+
+    return {
+        "layout": case.layout,
+        "kv_layout": case.kv_layout or case.layout,
+        "q_seq_len": case.q_seq_len,
+        "kv_seq_len": case.kv_seq_len,
+        "block_shape": list(case.block_shape) if case.block_shape else None,
+        "actual_seq_lengths": passed(case.actual_seq_lengths),
+        "actual_seq_lengths_kv": passed(case.actual_seq_lengths_kv),
+        "mask_type": case.mask_type,
+        "pre_tokens": case.pre_tokens,
+        "next_tokens": case.next_tokens,
+        **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
+    }
 
 
 def _positive_int(value: Any) -> bool:
@@ -323,8 +354,10 @@ def check(
     return first.status, f"{first.key}: {first.message}"
 
 
-def kernel_constraints(params: Mapping[str, Any], semantics: Mapping[str, Any]) -> list[str]:
+def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
     """Return warnings for a valid call whose golden the A2/A3 kernel will not match.
+
+    `bnsd_lengths` is the case's (`honored` or `ignored`): what its golden assumes of BNSD lengths.
 
     Master's A2/A3 tiling accepts GQA and TND (since v9.1.0), any block shape with positive values
     (no multiple-of-16 rule), and does not check D, so a call it accepts gets no warning for its shape
@@ -333,7 +366,7 @@ def kernel_constraints(params: Mapping[str, Any], semantics: Mapping[str, Any]) 
     so a golden that honours the lengths (the documentation's semantics) is not what it computes.
     """
     notes = []
-    if params.get("layout") == "BNSD" and semantics.get("bnsd_lengths") == "honored":
+    if params.get("layout") == "BNSD" and bnsd_lengths == "honored":
         for key, full in (("actual_seq_lengths", "q_seq_len"), ("actual_seq_lengths_kv", "kv_seq_len")):
             lengths = params.get(key) or []
             if any(n < params.get(full, 0) for n in lengths):

@@ -89,6 +89,17 @@ class Manifest(Mapping[str, Any]):
         entries = self.raw.get(name)
         return entries if isinstance(entries, Mapping) else {}
 
+    def entry(self, section: str, name: str) -> Mapping[str, Any]:
+        """Return the array entry of tensor `name` in `section`.
+
+        Raises:
+            KeyError: the section has no such entry, or it is null (a null tensor).
+        """
+        found = self.section(section).get(name)
+        if found is None:
+            raise KeyError(f"{section}.{name}")
+        return found
+
     def entries(self, name: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
         """Yield (tensor name, entry) of one section, null tensors left out."""
         yield from ((tensor, entry) for tensor, entry in self.section(name).items() if entry is not None)
@@ -104,6 +115,12 @@ class Manifest(Mapping[str, Any]):
     @property
     def outputs(self) -> Entries:
         return self.section("outputs")
+
+    @property
+    def benchmark_summary(self) -> Any:
+        """What gen measured of the benchmark (`benchmark_summary`: key, stats, tiles), unchecked beyond its
+        tiles' entries; `compare.summary_from_document` reads it."""
+        return self.raw.get("benchmark_summary")
 
     @property
     def has_golden(self) -> bool:

@@ -1,6 +1,6 @@
 """`bsa check` as a library function: generate a suite's cases, run a device on them, judge the outputs.
 
-`check_suite` composes the library's three steps (`generate.generate_suite`, `runner.run_cases`,
+`check_suite` composes the library's three steps (`generate.generate_suite`, `devices.run_cases`,
 `compare.compare_suite`) and returns what each gave; `run_suite` is the run step alone (`bsa run`). Nothing
 here prints: a `CheckProgress` is told what happens (the CLI shows it), and errors are raised as
 `BsaError`s for the caller to turn into messages.
@@ -12,13 +12,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import devices, runner, store
+from . import devices, store
 from .case import Case
 from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
 from .errors import BsaError
 from .generate import generate_suite
 from .interface import DETERMINISTIC_RELEASES
-from .manifest import release_of
 from .schedule import Estimate, auto_jobs, estimate
 
 
@@ -37,7 +36,7 @@ class CheckProgress:
     def running(self, case_dirs: Sequence[Path], device: devices.Device, flops: Mapping[str, float] | None) -> None:
         """The device is about to run the cases; `flops` (the reference device only) weighs each case."""
 
-    def on_run_event(self, event: runner.RunEvent) -> None:
+    def on_run_event(self, event: devices.RunEvent) -> None:
         """A case started or ended on the device."""
 
     def judging(self, case_dirs: Sequence[Path]) -> None:
@@ -53,7 +52,7 @@ class CheckResult:
     interrupted: then nothing is judged)."""
 
     case_dirs: tuple[Path, ...]
-    run: runner.RunSummary
+    run: devices.RunSummary
     suite: SuiteResult | None
 
     @property
@@ -109,25 +108,21 @@ def check_suite(
     return CheckResult(tuple(case_dirs), summary, suite)
 
 
-def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> runner.RunSummary:
-    """Run the device on every case (`runner.run_cases`); the reference device also reports progress within
+def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> devices.RunSummary:
+    """Run the device on every case (`devices.run_cases`); the reference device also reports progress within
     a case, weighed by backward FLOPs."""
     if options.deterministic:
         releases = {}
         for case_dir in case_dirs:
             try:
-                releases[case_dir.name] = release_of(store.load_manifest(case_dir))
+                releases[case_dir.name] = store.load_manifest(case_dir).release
             except BsaError:
                 continue  # the run records the broken manifest as the case's error
         refuse_deterministic(releases)
-    flops = backward_flops(case_dirs) if options.device.is_reference else None
+    flops = backward_flops(case_dirs) if options.device.reports_progress else None
     progress.running(case_dirs, options.device, flops)
-    if not options.device.is_reference:
-        return runner.run_cases(case_dirs, options, on_event=progress.on_run_event)
-    from .emulator import reporting
-
-    with reporting(progress.progress):
-        return runner.run_cases(case_dirs, options, on_event=progress.on_run_event)
+    with options.device.reporting(progress.progress):
+        return devices.run_cases(case_dirs, options, on_event=progress.on_run_event)
 
 
 def refuse_deterministic(releases: Mapping[str, str]) -> None:
@@ -157,20 +152,19 @@ def backward_flops(case_dirs: Sequence[Path]) -> dict[str, float]:
 
 def inapplicable_faults(case_dirs: Sequence[Path], fault: str) -> list[str]:
     """Return a warning for each case that the planted fault cannot change (it runs clean)."""
-    from . import emulator
-    from .manifest import case_from_manifest
+    from .devices.faults import fault_not_applied
 
     warnings = []
     for case_dir in case_dirs:
         try:
             manifest = store.load_manifest(case_dir)
-            if (manifest.get("expect") or {}).get("status", 0) != 0:
-                warnings.append(f"{manifest.get('name', case_dir.name)}: fault '{fault}' not planted: a negative "
-                                "case is refused before any computation")  # fmt: skip
+            if manifest.is_negative:
+                warnings.append(f"{manifest.name}: fault '{fault}' not planted: a negative case is refused "
+                                "before any computation")  # fmt: skip
                 continue
-            case = case_from_manifest(manifest)
-            mask = store.read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
-            reason = emulator.fault_not_applied(fault, case, mask)
+            case = manifest.case
+            mask = store.read_array(case_dir, manifest.entry("inputs", "block_sparse_mask"))
+            reason = fault_not_applied(fault, case, mask)
         except (BsaError, KeyError, TypeError, ValueError):
             continue  # the run reports a broken case itself
         if reason is not None:

@@ -467,7 +467,7 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
             except DataError as exc:
                 raise DataError(where, str(exc)) from None
     seen: set[str] = set()
-    for entry_name, entry in iter_entries(manifest, "outputs"):
+    for entry_name, entry in _entries(manifest, "outputs"):
         file = PurePosixPath(entry["file"])
         first = file.parts[0]
         if (
@@ -761,18 +761,19 @@ class CaseWriter:
         return self.final_dir
 
 
-def iter_entries(manifest: Mapping[str, Any], section: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (name, entry) of a manifest section such as "inputs", "golden" or "outputs" (null ones left out)."""
+def _entries(manifest: Mapping[str, Any], section: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Yield (name, entry) of a raw manifest's section (null ones left out), for `check_manifest`, which checks
+    the JSON before it becomes a `Manifest` (whose `entries` every other reader asks)."""
     yield from ((name, entry) for name, entry in (manifest.get(section) or {}).items() if entry is not None)
 
 
-def verify_inputs(case_dir: Path, manifest: Mapping[str, Any]) -> None:
+def verify_inputs(case_dir: Path, manifest: Manifest) -> None:
     """Check every input file against its recorded size and sha256.
 
     Raises:
         DataError: naming the first file that is missing, of the wrong size, or stale.
     """
-    for _, entry in iter_entries(manifest, "inputs"):
+    for _, entry in manifest.entries("inputs"):
         path = entry_path(case_dir, entry)
         if not path.is_file():
             raise DataError(str(path), "missing input file" if not path.exists() else "not a regular file")

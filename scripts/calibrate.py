@@ -18,7 +18,8 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from bsa_cli import compare, emulator
+from bsa_cli import compare
+from bsa_cli.devices import reference
 from bsa_cli.generate import generate_case
 from bsa_cli.spec import load_specs
 
@@ -37,7 +38,7 @@ def main() -> None:
             for case in cases:
                 case = dataclasses.replace(case, seed=seed, name=f"{case.name}.s{seed}")
                 case_dir = generate_case(case, Path(tmp))
-                emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
+                reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
                 result = compare.compare_case(case_dir)
                 judged += 1
                 if result.verdict != compare.PASS:

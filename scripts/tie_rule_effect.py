@@ -19,8 +19,9 @@ from pathlib import Path
 import numpy as np
 from click.testing import CliRunner
 
-from bsa_cli import emulator, golden
+from bsa_cli import golden
 from bsa_cli.cli import main
+from bsa_cli.devices import reference
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask
 from bsa_cli.spec import load_specs
@@ -28,12 +29,12 @@ from bsa_cli.spec import load_specs
 
 @contextmanager
 def ties(rule: str) -> Iterator[None]:
-    before = golden.BACKWARD_TIES, emulator.BACKWARD_TIES
-    golden.BACKWARD_TIES = emulator.BACKWARD_TIES = rule  # type: ignore[assignment]
+    before = golden.paths.BACKWARD_TIES, reference.BACKWARD_TIES
+    golden.paths.BACKWARD_TIES = reference.BACKWARD_TIES = rule  # type: ignore[assignment]
     try:
         yield
     finally:
-        golden.BACKWARD_TIES, emulator.BACKWARD_TIES = before
+        golden.paths.BACKWARD_TIES, reference.BACKWARD_TIES = before
 
 
 def verdicts(specs: list[str], rule: str) -> dict[str, str]:
@@ -55,7 +56,7 @@ def main_(specs: list[str]) -> int:
             with ties(rule):
                 tensors, _, bench = compute_case(case)
                 inputs = {**tensors, "block_sparse_mask": make_mask(case)}
-                device = emulator.emulate(case, inputs)
+                device = reference.emulate(case, inputs)
             results[rule] = (bench, device)
         count = sum(results["even"][0][g].size for g in ("dq", "dk", "dv"))
         bench_diff = sum(

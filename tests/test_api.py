@@ -1,7 +1,7 @@
 """The Python API (bsa_cli.api): load_case, judge and judge_status give what `bsa compare` gives.
 
 A tiny suite is generated once (`bsa gen` as a library); device outputs come from the reference device
-(`bsa_cli.emulator`), clean or with a planted fault, written to files for `compare.compare_case` and
+(`bsa_cli.devices.reference`), clean or with a planted fault, written to files for `compare.compare_case` and
 held in memory (NumPy arrays or torch tensors) for `bsa.judge`.
 """
 
@@ -19,9 +19,10 @@ import yaml
 from rich.console import Console
 
 import bsa_cli as bsa
-from bsa_cli import compare, emulator, generate, report, spec, store
+from bsa_cli import compare, generate, report, spec, store
 from bsa_cli.case import numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS
+from bsa_cli.devices import reference
 from bsa_cli.manifest import GRAD_NAMES, INPUT_NAMES
 
 SPEC = {
@@ -65,7 +66,7 @@ def checks_of(result: compare.CaseResult) -> list[str]:
 def written_outputs(case_dir: Path, fault: str | None = None) -> tuple[Path, dict[str, np.ndarray]]:
     """Run the reference device on a case's files; return its output directory and dq, dk, dv read back."""
     output_dir = case_dir / "outputs"
-    assert emulator.emulate_case_dir(case_dir, output_dir, fault) == 0
+    assert reference.emulate_case_dir(case_dir, output_dir, fault) == 0
     entries = manifest_of(case_dir)["outputs"]
     return output_dir, {name: store.read_array(output_dir, entries[name]) for name in GRAD_NAMES}
 
@@ -177,7 +178,7 @@ def test_judge_gives_the_verdict_and_checks_of_compare_for_the_same_outputs(out:
 
 def test_a_planted_fault_fails_with_the_deciding_check_in_the_assertion(generated: Path) -> None:
     case = bsa.load_case(generated / "a-bnsd-tail")
-    grads = emulator.emulate(case.geometry, case.inputs, fault="dk-no-scale")
+    grads = reference.emulate(case.geometry, case.inputs, fault="dk-no-scale")
     result = bsa.judge(case, grads["dq"], grads["dk"], grads["dv"])
     assert not result.passed and result.verdict == FAIL
     deciding = result.deciding
@@ -187,13 +188,13 @@ def test_a_planted_fault_fails_with_the_deciding_check_in_the_assertion(generate
     lines = str(raised.value).splitlines()
     assert lines[0] == f"a-bnsd-tail: FAIL (double-benchmark): {deciding.detail}"
     assert any(line.startswith("  dk worst at ") for line in lines[1:])
-    bsa.assert_passed(bsa.judge(case, *emulator.emulate(case.geometry, case.inputs).values()))  # clean: no raise
+    bsa.assert_passed(bsa.judge(case, *reference.emulate(case.geometry, case.inputs).values()))  # clean: no raise
 
 
 def test_torch_tensors_give_the_numpy_verdict_bf16_bit_for_bit(generated: Path) -> None:
     torch = pytest.importorskip("torch")
     case = bsa.load_case(generated / "b-tnd-gqa-bf16")
-    grads = emulator.emulate(case.geometry, case.inputs, fault="tile-noise")
+    grads = reference.emulate(case.geometry, case.inputs, fault="tile-noise")
     tensors = {name: bsa.to_torch(array) for name, array in grads.items()}
     assert tensors["dq"].dtype == torch.bfloat16
     assert np.array_equal(bsa.to_numpy(tensors["dq"]).view(np.uint16), grads["dq"].view(np.uint16))
@@ -216,7 +217,7 @@ def test_to_torch_keeps_every_input_dtype_and_value(generated: Path) -> None:
 
 def test_wrong_gradients_are_errors_naming_the_tensor_expected_and_given(generated: Path) -> None:
     case = bsa.load_case(generated / "a-bnsd-tail")
-    grads = emulator.emulate(case.geometry, case.inputs)
+    grads = reference.emulate(case.geometry, case.inputs)
     dq, dk, dv = grads["dq"], grads["dk"], grads["dv"]
     with pytest.raises(ValueError, match=r"^dk: expected float16 \[2, 2, 24, 16\], got float16 \[2, 2, 16, 24\]$"):
         bsa.judge(case, dq, dk.reshape(2, 2, 16, 24), dv)
@@ -238,7 +239,7 @@ def test_judge_takes_run_settings_as_compare_does(out: Path) -> None:
 
 def test_stale_golden_is_an_error_verdict_naming_the_file(out: Path) -> None:
     case = bsa.load_case(out / "a-bnsd-tail")
-    grads = emulator.emulate(case.geometry, case.inputs)
+    grads = reference.emulate(case.geometry, case.inputs)
     golden = out / "a-bnsd-tail" / "golden" / "dq.bin"
     data = bytearray(golden.read_bytes())
     data[3] ^= 1
@@ -251,7 +252,7 @@ def test_stale_golden_is_an_error_verdict_naming_the_file(out: Path) -> None:
 
 def test_reports_render_an_api_result_like_a_compare_result(generated: Path) -> None:
     case = bsa.load_case(generated / "a-bnsd-tail")
-    grads = emulator.emulate(case.geometry, case.inputs, fault="nan-row")
+    grads = reference.emulate(case.geometry, case.inputs, fault="nan-row")
     suite = bsa.SuiteResult((bsa.judge(case, *grads.values(), device="my-npu"),))
     console = Console(file=io.StringIO(), width=100, color_system=None)
     report.render_terminal(suite, console)

@@ -12,22 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bsa_cli import compare, emulator, store
-from bsa_cli.case import Case, Sparsity, numpy_dtype
+from bsa_cli import compare, store
+from bsa_cli.case import Sparsity, numpy_dtype
 from bsa_cli.compare import FAIL, PASS, RunSettings
+from bsa_cli.devices import reference
 from bsa_cli.generate import generate_case
+from tests.helpers import case_factory
 
 GRADS = ("dq", "dk", "dv")
 
 
-def _case(name: str, **fields) -> Case:
-    base = dict(
-        name=name, source="tests", layout="BNSD", dtype="float16", batch=1, num_heads=2, num_kv_heads=2,
-        head_dim=128, q_seq_len=128, kv_seq_len=128, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-        block_shape=(64, 64), scale=1 / 128**0.5, seed=5, sparsity=Sparsity(pattern="random", density=0.6),
-    )  # fmt: skip
-    base.update(fields)
-    return Case(**base)
+_case = case_factory(source="tests", head_dim=128, q_seq_len=128, kv_seq_len=128, block_shape=(64, 64),
+                     scale=1 / 128**0.5, seed=5, sparsity=Sparsity(pattern="random", density=0.6))  # fmt: skip
 
 
 SHAPES = {
@@ -46,7 +42,7 @@ def generated(tmp_path_factory) -> dict[str, Path]:
     dirs = {}
     for name, case in SHAPES.items():
         dirs[name] = generate_case(case, root)
-        emulator.emulate_case_dir(dirs[name], dirs[name] / "outputs", order_seed=3)
+        reference.emulate_case_dir(dirs[name], dirs[name] / "outputs", order_seed=3)
     return dirs
 
 
@@ -105,7 +101,7 @@ def test_a_bf16_bias_of_one_256th_fails(generated, tmp_path, shape, tensor):
 
 def test_the_scale_rounded_fault_fails_by_the_bias_check_alone(generated, tmp_path):
     case_dir = generated["fp16-mha"]
-    emulator.emulate_case_dir(case_dir, tmp_path / "out", fault="scale-rounded", order_seed=4)
+    reference.emulate_case_dir(case_dir, tmp_path / "out", fault="scale-rounded", order_seed=4)
     result = compare.compare_case(case_dir, tmp_path / "out")
     assert result.verdict == FAIL
     assert {c.name for c in result.all_checks if not c.passed} == {"bias"}

@@ -20,17 +20,10 @@ from bsa_cli.generate import generate_case
 from bsa_cli.inputs import make_mask, mask_counts
 from bsa_cli.schedule import pattern_counts
 from bsa_cli.spec import load_specs
+from tests.helpers import case_factory
 
-
-def make_case(**fields: object) -> Case:
-    base = dict(name="c", source="t", layout="BNSD", dtype="float16", batch=1, num_heads=2, num_kv_heads=1,
-                head_dim=8, q_seq_len=100, kv_seq_len=230, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                block_shape=(32, 48), scale=0.25, seed=3)  # fmt: skip
-    if fields.get("layout") == "TND":
-        base["batch"] = len(fields["actual_seq_lengths"])  # type: ignore[arg-type]
-        base["q_seq_len"] = max(fields["actual_seq_lengths"])  # type: ignore[call-overload]
-        base["kv_seq_len"] = max(fields["actual_seq_lengths_kv"])  # type: ignore[call-overload]
-    return Case(**{**base, **fields})  # type: ignore[arg-type]
+make_case = case_factory(tnd_sizes_from_lengths=True, name="c", source="t", num_kv_heads=1, head_dim=8, q_seq_len=100,
+                         kv_seq_len=230, block_shape=(32, 48), scale=0.25, seed=3)  # fmt: skip
 
 
 def brute_force(q_len: int, kv_len: int, x: int, y: int, n_q: int, n_kv: int, bottom_right: bool) -> np.ndarray:

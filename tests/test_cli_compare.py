@@ -8,14 +8,16 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from test_compare import build_case, make_case, make_inputs, write_outputs
+from click.testing import CliRunner, Result
 
 from bsa_cli.cli import main
+from tests import helpers
+from tests.helpers import build_case, make_case, make_inputs, write_outputs
 
 
-def invoke(*args: str):
-    return CliRunner().invoke(main, ["compare", *map(str, args)], catch_exceptions=False)
+def invoke(*args: object) -> Result:
+    """Run `bsa compare ARGS` (an exception in bsa propagates)."""
+    return helpers.invoke("compare", *args, catch_exceptions=False)
 
 
 @pytest.fixture(scope="module")

@@ -206,9 +206,9 @@ def test_piped_gen_shows_progress_lines_naming_the_case_in_human_units(
 ) -> None:
     import re
 
-    from bsa_cli import cli_gen
+    from bsa_cli.cli import progress
 
-    monkeypatch.setattr(cli_gen, "GEN_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "PLAIN_PROGRESS_S", 0.0)
     big = {**CASE, "q_seq_len": 512, "kv_seq_len": 512, "block_shape": [32, 32]}
     result = runner.invoke(main, ["gen", spec(tmp_path, big), "-o", str(tmp_path / "out"), "-j", "1"])
     assert result.exit_code == 0, result.output
@@ -255,7 +255,7 @@ def test_the_gen_bar_on_a_terminal_names_the_case_and_counts_flops_in_human_unit
 
     from rich.console import Console
 
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     terminal = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
     monkeypatch.setattr(output, "stderr", terminal)

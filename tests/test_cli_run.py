@@ -12,22 +12,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from rich.console import Console
-from test_runner import fake_device, make_case
 
-from bsa_cli import devices, runner
+from bsa_cli import devices
 from bsa_cli.cli import main
-from bsa_cli.cli_run import Display
-
-SPEC = {
-    "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 5, "dtype": "fp16"},
-    "cases": [
-        {"name": "t-bnsd-tail", "q_seq_len": 40, "kv_seq_len": 24, "sparsity": {"pattern": "causal"}},
-        {"name": "t-tnd-gqa", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 0, 24],
-         "num_kv_heads": 1, "sparsity": {"pattern": "random", "density": 0.6}},
-        {"name": "t-neg-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
-        {"name": "t-neg-tnd", "layout": "TND", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
-    ],
-}  # fmt: skip
+from bsa_cli.cli.progress import ProgressDisplay
+from tests.helpers import SPEC, fake_device, invoke, run_record, write_case_dir
 
 
 @pytest.fixture(scope="module")
@@ -51,14 +40,6 @@ def out(generated, tmp_path) -> Path:
     return Path(shutil.copytree(generated, tmp_path / "out"))
 
 
-def invoke(*args: str) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def record(case_dir: Path) -> dict:
-    return json.loads((case_dir / "outputs" / "run.json").read_text())
-
-
 # ---- bsa run with the reference device ------------------------------------------------------------
 
 
@@ -69,17 +50,18 @@ def test_run_without_binary_uses_the_reference_device_and_says_so(out):
     assert "device: reference (bsa emulate): reference results, not device results" in result.stderr
     assert result.stdout == "ran 4 cases on reference (bsa emulate): 4 ok\n"
     for case_dir in out.iterdir():
-        rec = record(case_dir)
+        rec = run_record(case_dir)
         assert rec["device"] == {
             "name": "reference (bsa emulate)",
             "kind": "reference",
             "id": 0,
             "fault": None,
+            "fault_not_applied": None,
         }
         assert rec["binary"] is None and rec["timeout_s"] is None
         assert rec["command"][:2] == ["bsa", "emulate"]
-    assert record(out / "t-neg-dtype")["status"] == 161002
-    assert record(out / "t-neg-tnd")["status"] == 161002
+    assert run_record(out / "t-neg-dtype")["status"] == 161002
+    assert run_record(out / "t-neg-tnd")["status"] == 161002
     assert not (out / "t-neg-tnd" / "outputs" / "dq.bin").exists()
     dq = np.fromfile(out / "t-bnsd-tail" / "outputs" / "dq.bin", dtype=np.float16)
     assert dq.size == 2 * 40 * 16 and np.isfinite(dq).all()
@@ -100,7 +82,7 @@ def test_planted_fault_is_recorded_with_the_reference_device(out):
 
     assert result.exit_code == 0, result.output
     assert "reference (bsa emulate) with fault 'stale-output'" in result.stdout
-    rec = record(out / "t-bnsd-tail")
+    rec = run_record(out / "t-bnsd-tail")
     assert rec["device"]["fault"] == "stale-output"
     assert rec["command"][-4:-2] == ["--fault", "stale-output"]
     assert rec["command"][-2:] == ["--seed", str(rec["runs"][0]["order_seed"])]
@@ -162,7 +144,7 @@ def test_run_on_a_folder_without_cases_is_a_usage_error(tmp_path):
 def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
     root = tmp_path / "out"
     for name in ("a_crash", "b_good", "c_nothing", "d_hang"):
-        make_case(root, name)
+        write_case_dir(root, name)
 
     result = invoke("run", root, "--binary", fake_device(tmp_path), "--timeout", "1", "--devices", "0,1")
 
@@ -177,7 +159,7 @@ def test_misbehaving_binary_cases_are_reported_and_the_run_exits_3(tmp_path):
 
 
 def test_repeat_with_a_racy_binary_exits_1(tmp_path):
-    make_case(tmp_path / "out", "racy_random")
+    write_case_dir(tmp_path / "out", "racy_random")
 
     result = invoke("run", tmp_path / "out", "--binary", fake_device(tmp_path), "--repeat", "2")
 
@@ -187,7 +169,7 @@ def test_repeat_with_a_racy_binary_exits_1(tmp_path):
 
 
 def test_outputs_root_and_cmd_template(tmp_path):
-    make_case(tmp_path / "out", "templ")
+    write_case_dir(tmp_path / "out", "templ")
     binary = fake_device(tmp_path)
 
     template = "{binary} --tag {device_id} {manifest} {output_dir}"
@@ -249,14 +231,14 @@ def test_emulate_without_a_case_is_a_usage_error(tmp_path):
 def test_display_prints_one_aligned_line_per_case_with_problems_below():
     console = Console(file=io.StringIO(), width=100, color_system=None)
     results = [
-        runner.CaseResult("short", Path("a"), Path("a/o"), "ok", (), 0, 0, 1, 0.25),
-        runner.CaseResult("a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5),
-        runner.CaseResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
+        devices.RunResult("short", Path("a"), Path("a/o"), "ok", (), 0, 0, 1, 0.25),
+        devices.RunResult("a-longer-name", Path("b"), Path("b/o"), "timeout", ("timed out after 5 s",), None, 0, 0, 5),
+        devices.RunResult("neg", Path("c"), Path("c/o"), "ok", (), 161001, 161002, 0, 0.01),
     ]
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("run", 3, [r.name for r in results])
         for result in results:
-            display.on_run_event(runner.RunEvent("done", result.name, result.device_id, result))
+            display.on_run_event(devices.RunEvent("done", result.name, result.device_id, result))
 
     assert console.file.getvalue() == (
         "run      ok               short          status 0, 0.25 s, device 1\n"
@@ -282,7 +264,7 @@ def test_check_generates_runs_and_compares_the_suite_with_the_reference_device(s
         assert result.stdout.count(f"| {name} ") == 1 and name not in result.stderr.split("judging")[1]
     document = json.loads((tmp_path / "report.json").read_text())
     assert len(document["cases"]) == 4
-    assert record(out / "t-neg-tnd")["status"] == 161002
+    assert run_record(out / "t-neg-tnd")["status"] == 161002
 
     again = invoke("check", spec_file, "-o", out)
 
@@ -371,32 +353,32 @@ def test_check_with_a_bad_spec_is_a_usage_error(tmp_path):
 def test_ctrl_c_during_run_exits_130_and_keeps_finished_records(tmp_path, monkeypatch):
     root = tmp_path / "out"
     for name in ("a_good", "b_hang", "c_good"):
-        make_case(root, name)
-    shown = Display.on_run_event
+        write_case_dir(root, name)
+    shown = ProgressDisplay.on_run_event
 
     def ctrl_c_on_hang(self, event):
         shown(self, event)
         if event.kind == "start" and event.case == "b_hang":
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(Display, "on_run_event", ctrl_c_on_hang)
+    monkeypatch.setattr(ProgressDisplay, "on_run_event", ctrl_c_on_hang)
 
     result = invoke("run", root, "--binary", fake_device(tmp_path))
 
     assert result.exit_code == 130, result.output
     assert "1 ok, 1 interrupted; 1 not run (interrupted)" in result.stdout
-    assert record(root / "a_good")["outcome"] == "ok"
-    assert record(root / "b_hang")["outcome"] == "interrupted"
+    assert run_record(root / "a_good")["outcome"] == "ok"
+    assert run_record(root / "b_hang")["outcome"] == "interrupted"
     assert not (root / "c_good" / "outputs" / "run.json").exists()
 
 
 def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
     console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system=None)
-    result = runner.CaseResult("only", Path("a"), Path("a/o"), "ok", (), 0, 0, 0, 0.5)
-    with Display(console) as display:
+    result = devices.RunResult("only", Path("a"), Path("a/o"), "ok", (), 0, 0, 0, 0.5)
+    with ProgressDisplay(console) as display:
         display.phase("run", 1, ["only"])
-        display.on_run_event(runner.RunEvent("start", "only", 0))
-        display.on_run_event(runner.RunEvent("done", "only", 0, result))
+        display.on_run_event(devices.RunEvent("start", "only", 0))
+        display.on_run_event(devices.RunEvent("done", "only", 0, result))
 
     text = console.file.getvalue()
     assert "run      ok               only  status 0, 0.50 s, device 0\n" in text
@@ -405,7 +387,7 @@ def test_display_on_a_terminal_draws_a_bar_and_keeps_the_case_lines():
 
 def test_display_counts_a_gen_phase_in_flops_within_cases():
     console = Console(file=io.StringIO(), width=120, force_terminal=True, color_system=None)
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("gen", 2, ["a", "b"], flops={"a": 3e9, "b": 1e9})
         display.progress("a", 0.5)
         display._progress.refresh()

@@ -11,14 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from rich.console import Console
-from test_cli_run import SPEC, invoke, record
-from test_runner import fake_device
 
-from bsa_cli import emulator
 from bsa_cli.cli import main
-from bsa_cli.cli_gen import LIST_COLUMNS, list_rows, list_table
-from bsa_cli.cli_run import Display
+from bsa_cli.cli.gen import LIST_COLUMNS, list_rows, list_table
+from bsa_cli.cli.progress import ProgressDisplay
+from bsa_cli.devices import reference
 from bsa_cli.spec import load_specs
+from tests.helpers import SPEC, fake_device, invoke, run_record
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITES = sorted((ROOT / "cases").glob("*.yaml"))
@@ -73,7 +72,7 @@ def test_list_estimates_the_reference_device_from_backward_flops_and_pairs():
     from bsa_cli.schedule import estimate
 
     e = estimate(case)
-    expected = emulator.estimate_seconds(e.flops * 10 / 14, e.selected_blocks, 1)
+    expected = reference.estimate_seconds(e.flops * 10 / 14, e.selected_blocks, 1)
     assert float(row["ref s"]) == pytest.approx(expected, rel=0.05)
     # README's performance table: `bsa emulate` takes about as long as `bsa gen` (gen / emulate 1.00-1.13)
     (readme_case,) = list_rows(load_specs([ROOT / "cases" / "nightly.yaml"])[:1])  # B=1 N=4 S=8192 density 0.2
@@ -145,31 +144,31 @@ def test_a_fault_that_does_not_apply_is_said_before_the_run_and_in_the_table(tmp
         result.stderr.replace("\n", " ")
     )
     assert "fault 'no-gqa-sum' does not apply" in result.stdout
-    assert record(tmp_path / "out" / "t-bnsd-tail")["device"]["fault"] == "no-gqa-sum"
+    assert run_record(tmp_path / "out" / "t-bnsd-tail")["device"]["fault"] == "no-gqa-sum"
 
 
 # ---- progress within a case on the reference device -------------------------------------------------
 
 
 def test_the_reference_device_reports_progress_within_a_case(tmp_path, spec_file, monkeypatch):
-    monkeypatch.setattr(emulator, "PROGRESS_INTERVAL_S", 0.0)
+    monkeypatch.setattr(reference, "PROGRESS_INTERVAL_S", 0.0)
     result = invoke("gen", spec_file, "-o", tmp_path / "out", "--filter", "t-tnd-gqa")
     assert result.exit_code == 0, result.output
     seen: list[tuple[str, float]] = []
-    with emulator.reporting(lambda name, fraction: seen.append((name, fraction))):
-        emulator.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
+    with reference.reporting(lambda name, fraction: seen.append((name, fraction))):
+        reference.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
     fractions = [f for name, f in seen if name == "t-tnd-gqa"]
     assert len(fractions) >= 2 and fractions == sorted(fractions) and fractions[-1] == 1.0 and fractions[0] < 1.0
-    emulator.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
+    reference.emulate_case_dir(tmp_path / "out" / "t-tnd-gqa", tmp_path / "o", order_seed=1)
     assert len(seen) == len(fractions)  # no reporting outside the block
 
 
 def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monkeypatch):
-    from bsa_cli import cli_run
+    from bsa_cli.cli import progress
 
-    monkeypatch.setattr(cli_run, "PLAIN_PROGRESS_S", 0.0)
+    monkeypatch.setattr(progress, "PLAIN_PROGRESS_S", 0.0)
     console = Console(file=io.StringIO(), width=120, color_system=None)
-    with Display(console) as display:
+    with ProgressDisplay(console) as display:
         display.phase("run", 2, ["big", "small"], {"big": 90e9, "small": 10e9})
         display.progress("big", 0.5)
     text = console.file.getvalue()
@@ -194,7 +193,7 @@ WARNING = ("doc-tail-varlen-honored: actual_seq_lengths [8000, 5003] shorter tha
 
 
 def test_a_warning_wraps_at_words_to_the_width_a_person_sees(monkeypatch):
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     monkeypatch.setattr(output, "stderr", Console(file=io.StringIO(), width=160, color_system=None))
     monkeypatch.setenv("COLUMNS", "80")
@@ -208,7 +207,7 @@ def test_a_warning_wraps_at_words_to_the_width_a_person_sees(monkeypatch):
 
 
 def test_a_warning_stays_one_line_where_no_terminal_tells_a_width(monkeypatch):
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     monkeypatch.setattr(output, "stderr", Console(file=io.StringIO(), width=160, color_system=None))
     monkeypatch.delenv("COLUMNS", raising=False)
@@ -225,7 +224,7 @@ def test_piped_stdout_takes_the_width_of_the_terminal_on_stderr(monkeypatch):
     import sys
     import termios
 
-    from bsa_cli import output
+    from bsa_cli.cli import output
 
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))

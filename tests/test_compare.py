@@ -1,9 +1,8 @@
 """Tests of bsa_cli.compare: settings, metrics, standards, structural checks, verdicts, ERROR paths.
 
-Case directories are built here directly (a `Case`, numpy inputs, `bsa_cli.golden` for golden and
-benchmark, `store.CaseWriter` + `manifest.build_manifest`), and device outputs come from the reference
-device `bsa_cli.emulator`, clean or with a planted fault. `build_case` and `write_outputs` are imported by
-test_report.py and test_cli_compare.py.
+Case directories are built by tests/helpers.py's `build_case` (a `Case`, numpy inputs, `bsa_cli.golden`
+for golden and benchmark, `store.CaseWriter` + `manifest.build_manifest`), and device outputs come from the
+reference device `bsa_cli.devices.reference`, clean or with a planted fault (`write_outputs`).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import json
 import math
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,107 +19,18 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli import compare, emulator, golden, report, store
+from bsa_cli import compare, report, store
 from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS, RunSettings
+from bsa_cli.devices import faults, reference
 from bsa_cli.layout import mask_view
-from bsa_cli.manifest import build_manifest, flat_params
-from bsa_cli.store import CaseWriter, array_bytes
+from tests.helpers import build_case, check, make_case, make_inputs, read_grad, rewrite_grad, write_outputs
 
 # ---- fixtures -----------------------------------------------------------------------------------
 
 
-def make_case(name: str = "c", **fields: Any) -> Case:
-    """Return a small BNSD fp16 case; keyword fields override."""
-    base: dict[str, Any] = dict(
-        name=name, source="cases/test.yaml", layout="BNSD", dtype="float16", batch=1, num_heads=2,
-        num_kv_heads=2, head_dim=32, q_seq_len=96, kv_seq_len=80, actual_seq_lengths=None,
-        actual_seq_lengths_kv=None, block_shape=(32, 16), scale=0.17, seed=1,
-    )  # fmt: skip
-    base.update(fields)
-    return Case(**base)
-
-
-def make_inputs(case: Case, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """Draw inputs, a random block mask (unless given) and the forward's out and lse."""
-    rng = np.random.default_rng(case.seed)
-    dtype = numpy_dtype(case.dtype)
-    tensors = {
-        name: rng.standard_normal(case.kv_shape if name in ("key", "value") else case.q_shape).astype(dtype)
-        for name in ("query", "key", "value", "dout")
-    }
-    if mask is None:
-        mask = (rng.random(case.mask_shape) < 0.6).astype(np.uint8)
-    out, lse = golden.forward(case, tensors["query"], tensors["key"], tensors["value"], mask)
-    tensors["attention_out"] = out.astype(dtype)
-    tensors["softmax_lse"] = lse.astype(np.float32).reshape(case.lse_shape_dims)
-    tensors["block_sparse_mask"] = np.asarray(mask, dtype=np.uint8)
-    return tensors
-
-
-def build_case(
-    root: Path,
-    case: Case,
-    mask: np.ndarray | None = None,
-    fault: str | None = None,
-    outputs: bool = True,
-    compare_settings: Mapping[str, Any] | None = None,
-) -> Path:
-    """Write a complete case directory under `root`, with device outputs (reference device) unless told not."""
-    if compare_settings is not None:
-        case = dataclasses.replace(case, compare=dict(compare_settings))
-    tensors = make_inputs(case, mask)
-    with CaseWriter(Path(root) / case.name) as writer:
-        inputs = {}
-        for name, array in tensors.items():
-            dtype = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
-            inputs[name] = writer.array(f"inputs/{name}.bin", array, dtype)
-        gold: dict[str, Any] = {}
-        bench: dict[str, Any] = {}
-        if case.expect.ok:
-            args = [tensors[n] for n in ("dout", "query", "key", "value", "attention_out", "softmax_lse")]
-            grads = golden.backward(case, *args, tensors["block_sparse_mask"])
-            kernel = golden.backward_kernel(case, *args, tensors["block_sparse_mask"])
-            for name, g, b in zip(("dq", "dk", "dv"), grads, kernel, strict=True):
-                gold[name] = writer.array(f"golden/{name}.bin", g, "float32")
-                bench[name] = writer.array(f"benchmark/{name}.bin", b, case.dtype)
-        manifest = build_manifest(case, inputs, gold, bench, {})
-        case_dir = writer.commit(manifest, flat_params(manifest))
-    if outputs:
-        write_outputs(case_dir / "outputs", case, tensors, fault)
-    return case_dir
-
-
-def write_outputs(
-    output_dir: Path, case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None, status: int = 0
-) -> dict[str, np.ndarray]:
-    """Write the reference device's dq, dk, dv (with `fault`) and status.txt into `output_dir`."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    if status != 0 or not case.expect.ok:
-        (output_dir / "status.txt").write_text(f"{status}\n")
-        return {}
-    grads = emulator.emulate(case, tensors, fault)
-    for name, grad in grads.items():
-        (output_dir / f"{name}.bin").write_bytes(array_bytes(grad))
-    (output_dir / "status.txt").write_text("0\n")
-    return grads
-
-
-def read_grad(case_dir: Path, name: str, case: Case) -> np.ndarray:
-    shape = case.q_shape if name == "dq" else case.kv_shape
-    return np.fromfile(case_dir / "outputs" / f"{name}.bin", dtype=numpy_dtype(case.dtype)).reshape(shape)
-
-
-def rewrite_grad(case_dir: Path, name: str, array: np.ndarray) -> None:
-    (case_dir / "outputs" / f"{name}.bin").write_bytes(array_bytes(array))
-
-
 def failing(result: compare.CaseResult) -> set[str]:
     return {t.name for t in result.tensors if not t.passed}
-
-
-def check(result: compare.CaseResult, name: str, tensor: str | None = None) -> compare.Check:
-    return next(c for c in result.all_checks if c.name == name and (tensor is None or c.tensor == tensor))
 
 
 # ---- settings -----------------------------------------------------------------------------------
@@ -242,7 +151,7 @@ def test_float64_golden_is_judged_like_float32(tmp_path):
 
     case = make_case("f64", dtype="bfloat16")
     case_dir = generate_case(case, tmp_path, precision="float64")
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+    reference.emulate_case_dir(case_dir, case_dir / "outputs")
     result = compare.compare_case(case_dir)
     assert result.verdict == PASS, result.message
 
@@ -286,10 +195,10 @@ def fault_case(tmp_path_factory) -> tuple[Path, Case, dict[str, np.ndarray]]:
     return case_dir, case, make_inputs(case, mask)
 
 
-@pytest.mark.parametrize("fault", sorted(emulator.FAULTS))
+@pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_each_planted_fault_fails_on_the_right_tensor(fault_case, tmp_path, fault):
     case_dir, case, tensors = fault_case
-    assert emulator.fault_applies(fault, case, tensors["block_sparse_mask"])
+    assert faults.fault_applies(fault, case, tensors["block_sparse_mask"])
     write_outputs(tmp_path / "out", case, tensors, fault)
     result = compare.compare_case(case_dir, tmp_path / "out")
     assert result.verdict == FAIL
@@ -301,11 +210,11 @@ def test_each_planted_fault_fails_on_the_right_tensor(fault_case, tmp_path, faul
             assert tensor.hot_blocks and tensor.hot_blocks[0].score >= tensor.hot_blocks[-1].score
 
 
-@pytest.mark.parametrize("fault", sorted(emulator.FAULTS))
+@pytest.mark.parametrize("fault", sorted(faults.FAULTS))
 def test_each_fault_s_hottest_block_is_one_the_fault_changed(fault_case, tmp_path, fault):
     case_dir, case, tensors = fault_case
     faulty = write_outputs(tmp_path / "out", case, tensors, fault)
-    clean = emulator.emulate(case, tensors)
+    clean = reference.emulate(case, tensors)
     result = compare.compare_case(case_dir, tmp_path / "out")
     for tensor in result.tensors:
         if tensor.passed:
@@ -322,7 +231,7 @@ def test_tile_noise_hot_block_is_the_tile_of_the_fault(fault_case, tmp_path):
     case_dir, case, tensors = fault_case
     write_outputs(tmp_path / "out", case, tensors, "tile-noise")
     result = compare.compare_case(case_dir, tmp_path / "out")
-    site = emulator._fault_site(case, tensors["block_sparse_mask"])
+    site = faults.fault_site(case, tensors["block_sparse_mask"])
     dq = next(t for t in result.tensors if t.name == "dq")
     hot = dq.hot_blocks[0]
     assert (hot.batch, hot.head, hot.block) == (site.span.batch, site.head, site.q_block)
@@ -347,7 +256,7 @@ def test_nan_row_is_a_structural_failure_pointing_at_its_row(fault_case, tmp_pat
     case_dir, case, tensors = fault_case
     write_outputs(tmp_path / "out", case, tensors, "nan-row")
     result = compare.compare_case(case_dir, tmp_path / "out")
-    site = emulator._fault_site(case, tensors["block_sparse_mask"])
+    site = faults.fault_site(case, tensors["block_sparse_mask"])
     nonfinite = check(result, "nonfinite", "dq")
     assert not nonfinite.passed and nonfinite.value == case.head_dim
     row = site.q_block * case.block_shape[0]
@@ -789,7 +698,7 @@ def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
             case = dataclasses.replace(case, seed=seed, name=f"{case.name}.s{seed}")
             case_dir = generate_case(case, tmp_path)
             # a run seed, as `bsa run` gives: dK/dV partials summed in another order every seed
-            emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
+            reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=seed)
             result = compare.compare_case(case_dir)
             if result.verdict != PASS:
                 failures.append(f"{result.name}: {result.message}")
@@ -829,9 +738,9 @@ def test_edge_suite_every_applicable_fault_fails(tmp_path):
     for case in load_specs([Path(__file__).parent.parent / "cases" / "edge.yaml"]):
         case_dir = generate_case(case, tmp_path)
         mask = read_array(case_dir, load_manifest(case_dir)["inputs"]["block_sparse_mask"])
-        for fault in emulator.applicable_faults(case, mask):
+        for fault in faults.applicable_faults(case, mask):
             output_dir = tmp_path / "faults" / case.name / fault
-            emulator.emulate_case_dir(case_dir, output_dir, fault=fault)
+            reference.emulate_case_dir(case_dir, output_dir, fault=fault)
             result = compare.compare_case(case_dir, output_dir)
             if result.verdict != FAIL:
                 missed.append(f"{case.name} {fault}: {result.verdict} {result.message}")
@@ -878,7 +787,7 @@ def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
     case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
     case = dataclasses.replace(case, compare=compare_settings)
     case_dir = generate_case(case, tmp_path, precision)
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
     manifest = json.loads((case_dir / "case.json").read_text())
     assert set(manifest["benchmark_summary"]["tiles"]) == {"dq", "dk", "dv"}
     calls = measured_benchmark(monkeypatch)
@@ -899,7 +808,7 @@ def generated(tmp_path) -> Path:
     from bsa_cli.generate import generate_case
 
     case_dir = generate_case(make_case("g"), tmp_path)
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs")
+    reference.emulate_case_dir(case_dir, case_dir / "outputs")
     return case_dir
 
 

@@ -14,13 +14,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "bsa_cli"
 
-COMMAND_MODULES = {"bsa_cli.cli_compare", "bsa_cli.cli_export", "bsa_cli.cli_gen", "bsa_cli.cli_run",
-                   "bsa_cli.cli_trend"}
-"""Modules that define click commands; `bsa_cli.cli` adds them to the `bsa` group."""
+CLI = "bsa_cli.cli"
+"""The command line: the `bsa` group (bsa_cli/cli/__init__.py) and, below it, the command modules and the
+modules they share (common, options, output, progress)."""
+
+COMMAND_MODULES = {f"{CLI}.{name}" for name in ("compare", "export", "gen", "run", "trend")}
+"""Modules that define click commands; the group, `bsa_cli.cli`, adds them to `bsa`."""
 
 COMPARE_ORDER = (
     "bias", "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
-    "diagnose",
+    "hypotheses", "scoring", "patterns", "placement", "diagnose",
     "case_files", "verdict", "suite", "drift",
 )  # fmt: skip
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
@@ -34,8 +37,16 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+def is_module(name: str) -> bool:
+    """Whether `name` (bsa_cli.x.y) is a module or package of bsa_cli, not a name one defines."""
+    where = PACKAGE.parent.joinpath(*name.split("."))
+    return where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()
+
+
 def imported_modules(path: Path) -> set[str]:
-    """Return the bsa_cli modules a source file imports (absolute names; `from . import x` names x)."""
+    """Return the bsa_cli modules a source file imports (absolute names; `from . import x` names x, and the
+    package too where x is a name its __init__ defines: `from . import main` inside bsa_cli/cli imports the
+    group, `from . import output` does not)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -50,8 +61,10 @@ def imported_modules(path: Path) -> set[str]:
                 module = node.module
             else:
                 continue
-            found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names)  # `from . import report`
+            names = {f"{module}.{alias.name}" for alias in node.names}
+            found.update(names)  # `from . import report`
+            if not all(map(is_module, names)):
+                found.add(module)
     return found
 
 
@@ -63,14 +76,15 @@ def source_imports() -> dict[str, set[str]]:
 
 
 def is_cli(module: str) -> bool:
-    return module.rpartition(".")[2].startswith("cli") and module.count(".") == 1
+    return module == CLI or module.startswith(f"{CLI}.")
 
 
 def import_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
     """Return each import that breaks the one-way flow of docs/design.md.
 
-    * Only `bsa_cli.__main__` imports `bsa_cli.cli`; only `bsa_cli.cli` imports the command modules;
-      the command modules import `bsa_cli.cli_common` and the library; the library imports no CLI module.
+    * Only `bsa_cli.__main__` imports the group, `bsa_cli.cli`; only the group imports the command
+      modules; the command modules import the modules they share (`bsa_cli.cli.common`, `.options`,
+      `.output`, `.progress`) and the library, never each other; the library imports no module of the CLI.
     * `bsa_cli.compare` imports neither the CLI nor `bsa_cli.report` (reports render its results) nor
       `bsa_cli.pipeline`; inside it, each module imports only those before it in `COMPARE_ORDER`.
     """
@@ -79,11 +93,11 @@ def import_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
         for target in sorted(targets):
             if target == module:
                 continue
-            if target == "bsa_cli.cli" and module != "bsa_cli.__main__":
+            if target == CLI and module != "bsa_cli.__main__":
                 problems.append(f"{module} imports {target}: only `python -m bsa_cli` starts the group")
-            elif target in COMMAND_MODULES and module != "bsa_cli.cli":
+            elif target in COMMAND_MODULES and module != CLI:
                 problems.append(f"{module} imports {target}: a command module is imported by bsa_cli.cli only")
-            elif target == "bsa_cli.cli_common" and not is_cli(module):
+            elif is_cli(target) and target != CLI and not is_cli(module):
                 problems.append(f"{module} imports {target}: the library does not know the CLI")
             if module.startswith("bsa_cli.compare"):
                 if target.startswith(("bsa_cli.report", "bsa_cli.pipeline")) or is_cli(target):
@@ -103,23 +117,28 @@ def test_imports_flow_one_way() -> None:
 
 
 def test_every_module_of_compare_has_its_place_in_the_order() -> None:
-    names = {p.stem for p in (PACKAGE / "compare").glob("*.py")} - {"__init__"}
+    compare = PACKAGE / "compare"
+    packages = {p.parent.name for p in compare.glob("*/__init__.py")}
+    names = {p.stem for p in compare.rglob("*.py")} - {"__init__"} | packages
     assert names == set(COMPARE_ORDER)
 
 
 def test_the_import_reader_sees_relative_and_lazy_imports() -> None:
     imports = source_imports()
-    assert "bsa_cli.cli_common" in imports["bsa_cli.cli_run"]
-    assert "bsa_cli.emulator" in imports["bsa_cli.compare.verdict"]  # `from .. import emulator` in a function
+    assert "bsa_cli.cli.common" in imports["bsa_cli.cli.run"]
+    assert "bsa_cli.cli.output" in imports["bsa_cli.cli.gen"] and CLI not in imports["bsa_cli.cli.gen"]
+    assert "bsa_cli.compare" in imports["bsa_cli.devices.repeat"]  # `from .. import compare` in a function
     assert "bsa_cli.compare.metrics" in imports["bsa_cli.compare.judge"]
 
 
 @pytest.mark.parametrize(
     ("module", "target"),
     [
-        ("bsa_cli.cli_compare", "bsa_cli.cli"),  # a command module importing the group: the old circle
-        ("bsa_cli.cli_run", "bsa_cli.cli_gen"),  # a command reaching into another
-        ("bsa_cli.pipeline", "bsa_cli.cli_common"),  # the library knowing the CLI
+        ("bsa_cli.cli.compare", "bsa_cli.cli"),  # a command module importing the group: the old circle
+        ("bsa_cli.cli.run", "bsa_cli.cli.gen"),  # a command reaching into another
+        ("bsa_cli.cli.common", "bsa_cli.cli.run"),  # a shared module reaching up into a command
+        ("bsa_cli.pipeline", "bsa_cli.cli.common"),  # the library knowing the CLI
+        ("bsa_cli.report.terminal", "bsa_cli.cli.output"),  # the library writing to the CLI's consoles
         ("bsa_cli.compare.judge", "bsa_cli.report"),
         ("bsa_cli.compare.judge", "bsa_cli.report.formatting"),
         ("bsa_cli.compare.metrics", "bsa_cli.compare.judge"),  # the core importing outwards
@@ -149,3 +168,22 @@ def test_a_module_too_long_is_caught() -> None:
     lengths = module_lengths()
     planted = {**lengths, "bsa_cli.runner": MAX_LINES + 1}
     assert too_long(planted) == [f"bsa_cli.runner: {MAX_LINES + 1} lines (at most {MAX_LINES})"]
+
+
+MANIFEST_WRITERS = {"bsa_cli/manifest.py", "bsa_cli/store.py", "bsa_cli/generate.py"}
+"""Where case.json is built and checked as JSON (`manifest.build_manifest`, `store.check_manifest`, gen's
+additions); every other module asks a `manifest.Manifest` its questions."""
+
+
+def test_readers_ask_the_manifest_instead_of_digging_in_its_json() -> None:
+    import re
+
+    digging = re.compile(r"\bmanifest(\.get\(|\[)")
+    found = [
+        f"{path.relative_to(PACKAGE.parent)}:{number}: {line.strip()}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if str(path.relative_to(PACKAGE.parent)) not in MANIFEST_WRITERS
+        for number, line in enumerate(path.read_text().splitlines(), start=1)
+        if digging.search(line)
+    ]
+    assert not found, "ask manifest.Manifest (name, params, is_negative, entries, ...) instead:\n" + "\n".join(found)

@@ -1,4 +1,4 @@
-"""run.json's `device_software`: what the device side runs (bsa_cli/device_software.py, docs/run.md).
+"""run.json's `device_software`: what the device side runs (bsa_cli/devices/software.py, docs/run.md).
 
 The reference device records bsa's version; a binary the CANN version of the toolkit its environment names
 (`<toolkit>/<arch>-linux/ascend_toolkit_install.info`); the torch_npu child torch, torch_npu and the CANN
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_runner import fake_device, make_case, options, read_record
-from test_torch_npu import standin_env
 
-from bsa_cli import __version__, device_software, devices, runner
+from bsa_cli import __version__, devices
+from bsa_cli.devices import software as device_software
+from tests.helpers import fake_device, read_record, run_options, standin_env, write_case_dir
 
 ARCH = platform.machine()
 
@@ -142,33 +142,33 @@ def test_the_child_takes_the_cann_version_torch_npu_reports_before_the_toolkits(
 
 
 def test_the_reference_device_records_bsa(tmp_path):
-    case_dir = make_case(tmp_path / "out", "ref")
+    case_dir = write_case_dir(tmp_path / "out", "ref")
 
-    result = runner.run_case(case_dir, devices.RunOptions())
+    result = devices.run_case(case_dir, devices.RunOptions())
 
     assert read_record(result)["device_software"] == {"kind": "reference", "bsa": __version__}
 
 
 def test_a_binary_records_the_toolkit_of_its_environment(tmp_path, monkeypatch):
-    case_dir = make_case(tmp_path / "out", "bin")
+    case_dir = write_case_dir(tmp_path / "out", "bin")
     binary = fake_device(tmp_path)
     root = toolkit(tmp_path / "tk", INFO.format(ARCH))
     for variable in device_software.TOOLKIT_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
 
-    result = runner.run_case(case_dir, options(binary))
+    result = devices.run_case(case_dir, run_options(binary))
     assert result.outcome == "ok", result.problems
     assert read_record(result)["device_software"] == {"kind": "binary", "cann": None, "cann_source": None}
 
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(root))
-    result = runner.run_case(case_dir, options(binary))
+    result = devices.run_case(case_dir, run_options(binary))
     assert read_record(result)["device_software"] == {
         "kind": "binary", "cann": "8.5.0", "cann_source": str(root / f"{ARCH}-linux" / device_software.INFO_NAME)}
 
     info = root / f"{ARCH}-linux" / device_software.INFO_NAME
     info.unlink()
     os.mkfifo(info)  # a hostile file in its place: the run goes on, the value is null
-    result = runner.run_case(case_dir, options(binary))
+    result = devices.run_case(case_dir, run_options(binary))
     assert result.outcome == "ok", result.problems
     assert read_record(result)["device_software"]["cann"] is None
 
@@ -177,11 +177,11 @@ def test_torch_npu_records_torch_torch_npu_and_cann(tmp_path, monkeypatch):
     standin_env(monkeypatch)
     for variable in device_software.TOOLKIT_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
-    case_dir = make_case(tmp_path / "out", "tn")
-    device = devices.Device.create(kind="torch_npu")
+    case_dir = write_case_dir(tmp_path / "out", "tn")
+    device = devices.create(kind="torch_npu")
 
     monkeypatch.setenv("ASCEND_HOME_PATH", str(toolkit(tmp_path / "tk", INFO.format(ARCH))))
-    result = runner.run_case(case_dir, devices.RunOptions(device=device))
+    result = devices.run_case(case_dir, devices.RunOptions(device=device))
     assert result.outcome == "ok", result.problems
     software = read_record(result)["device_software"]
     info = tmp_path / "tk" / f"{ARCH}-linux" / device_software.INFO_NAME
@@ -189,12 +189,12 @@ def test_torch_npu_records_torch_torch_npu_and_cann(tmp_path, monkeypatch):
                         "cann": "8.5.0", "cann_source": str(info)}  # fmt: skip
 
     monkeypatch.setenv("BSA_TORCH_NPU_STANDIN_CANN", "9.1.0")  # torch_npu reports it: taken first
-    result = runner.run_case(case_dir, devices.RunOptions(device=device))
+    result = devices.run_case(case_dir, devices.RunOptions(device=device))
     software = read_record(result)["device_software"]
     assert (software["cann"], software["cann_source"]) == ("9.1.0", "torch_npu.utils.get_cann_version")
 
     monkeypatch.setenv("BSA_TORCH_NPU_STANDIN_FAULT", "import")  # the child cannot import torch_npu
-    result = runner.run_case(case_dir, devices.RunOptions(device=device))
+    result = devices.run_case(case_dir, devices.RunOptions(device=device))
     assert result.outcome == "error"
     assert read_record(result)["device_software"] == {
         "kind": "torch_npu", "torch": None, "torch_npu": None, "cann": None, "cann_source": None}

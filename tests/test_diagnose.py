@@ -10,14 +10,17 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bsa_cli import compare, emulator
+from bsa_cli import compare
+from bsa_cli.case import numpy_dtype
 from bsa_cli.cli import main
 from bsa_cli.compare import diagnose
+from bsa_cli.compare.diagnose import hypotheses
 from bsa_cli.compare.results import DIAGNOSIS_KINDS
+from bsa_cli.devices import faults, reference
 from bsa_cli.generate import generate_case
 from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
 from bsa_cli.spec import load_specs
-from bsa_cli.store import iter_entries, load_manifest, read_array
+from bsa_cli.store import load_manifest, read_array
 
 CASES = Path(__file__).resolve().parent.parent / "cases"
 
@@ -42,7 +45,7 @@ TRUE_KIND = {
 
 
 def test_every_fault_has_a_true_kind_of_the_vocabulary():
-    assert set(TRUE_KIND) == set(emulator.FAULTS)
+    assert set(TRUE_KIND) == set(faults.FAULTS)
     assert set(TRUE_KIND.values()) <= set(diagnose.TESTED_KINDS) <= set(DIAGNOSIS_KINDS)
 
 
@@ -58,9 +61,9 @@ def _confusion(tmp_path: Path, suite: str) -> tuple[dict[tuple[str, str], int], 
         manifest = load_manifest(case_dir)
         case = case_from_manifest(manifest)
         mask = read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
-        for fault in emulator.applicable_faults(case, mask):
+        for fault in faults.applicable_faults(case, mask):
             output_dir = tmp_path / "out" / case_dir.name / fault
-            emulator.emulate_case_dir(case_dir, output_dir, fault=fault)
+            reference.emulate_case_dir(case_dir, output_dir, fault=fault)
             result = compare.compare_case(case_dir, output_dir, workers=1)
             top = result.diagnosis[0].kind if result.diagnosis else "-"
             table[(fault, top)] = table.get((fault, top), 0) + 1
@@ -87,7 +90,7 @@ def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(tmp_path):
     for case_dir in _suite(tmp_path, "smoke"):
         for seed in (None, 1, 2):
             output_dir = tmp_path / "out" / case_dir.name / str(seed)
-            emulator.emulate_case_dir(case_dir, output_dir, order_seed=seed)
+            reference.emulate_case_dir(case_dir, output_dir, order_seed=seed)
             result = compare.compare_case(case_dir, output_dir, workers=1)
             assert result.verdict == compare.PASS, result.message
             assert result.diagnosis == () and result.hypotheses == ()
@@ -97,7 +100,7 @@ def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(tmp_path):
 def test_clean_stress_cases_get_no_diagnosis(tmp_path):
     for case_dir in _suite(tmp_path, "stress"):
         output_dir = tmp_path / "out" / case_dir.name
-        emulator.emulate_case_dir(case_dir, output_dir, order_seed=3)
+        reference.emulate_case_dir(case_dir, output_dir, order_seed=3)
         result = compare.compare_case(case_dir, output_dir, workers=1)
         assert result.verdict == compare.PASS and result.diagnosis == () and result.hypotheses == ()
 
@@ -108,10 +111,10 @@ def test_the_recomputed_golden_equals_gens_on_every_block(tmp_path, name):
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == name]
     case_dir = generate_case(case, tmp_path)
     manifest = load_manifest(case_dir)
-    inputs = {n: read_array(case_dir, e) for n, e in iter_entries(manifest, "inputs")}
-    golden = {n: read_array(case_dir, e) for n, e in iter_entries(manifest, "golden")}
+    inputs = {n: read_array(case_dir, e) for n, e in manifest.entries("inputs")}
+    golden = {n: read_array(case_dir, e) for n, e in manifest.entries("golden")}
     spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
-    ctx = diagnose._Context(case, inputs, spans)
+    ctx = hypotheses.Context(case, inputs, spans)
     x, y = case.block_shape
     for batch, span in spans.items():
         for tensor in GRAD_NAMES:
@@ -119,9 +122,9 @@ def test_the_recomputed_golden_equals_gens_on_every_block(tmp_path, name):
             count = -(-(span.q_len if tensor == "dq" else span.kv_len) // (x if tensor == "dq" else y))
             for head in range(heads):
                 for block in range(count):
-                    target = diagnose._Target(tensor, batch, head, block)
-                    mine = diagnose._recompute(ctx, diagnose._NULL, target)
-                    theirs = diagnose._block_of(case, golden[tensor], target, spans)
+                    target = hypotheses.Target(tensor, batch, head, block)
+                    mine = hypotheses.recompute(ctx, hypotheses.NULL, target)
+                    theirs = hypotheses.block_of(case, golden[tensor], target, spans)
                     scale = max(float(np.abs(theirs).max(initial=0.0)), 1e-6)
                     assert np.abs(mine - theirs).max(initial=0.0) <= 1e-5 * scale, target
 
@@ -130,7 +133,7 @@ def test_a_wrong_hypothesis_is_ruled_out_and_the_true_one_explains_the_error(tmp
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-tnd-varlen"]
     case_dir = generate_case(case, tmp_path)
     output_dir = tmp_path / "out"
-    emulator.emulate_case_dir(case_dir, output_dir, fault="no-dsum")
+    reference.emulate_case_dir(case_dir, output_dir, fault="no-dsum")
     result = compare.compare_case(case_dir, output_dir, workers=1)
     tried = {h.supposes: h for h in result.hypotheses}
     assert tried["Dsum omitted: dS = P dP"].score > 0.95
@@ -142,7 +145,7 @@ def test_a_wrong_hypothesis_is_ruled_out_and_the_true_one_explains_the_error(tmp
 def _cli_case(tmp_path: Path, fault: str | None) -> Path:
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-gqa-empty-rows"]
     case_dir = generate_case(case, tmp_path / "suite")
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
     return case_dir
 
 
@@ -177,12 +180,12 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     unknown = runner.invoke(main, ["compare", str(case_dir.parent), "--explain", "nope"])
     assert unknown.exit_code == 2
     assert unknown.output.splitlines()[-1] == "Error: --explain nope: no such case under the given folders"
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", fault="lse-base2")
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", fault="lse-base2")
     failed = runner.invoke(main, ["compare", str(case_dir.parent), "--explain", "smoke-gqa-empty-rows"],
                            terminal_width=400)  # fmt: skip
     assert failed.exit_code == 1
     lines = failed.output.splitlines()
-    start = lines.index("hypotheses tried (20), best first:")
+    start = lines.index("hypotheses tried (25), best first:")
     tried = lines[start + 1 :]
     assert tried[0].startswith("  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
                                "explains 100% of the excess error: under the hypothesis, dq's error falls to ")
@@ -200,9 +203,180 @@ def test_bsa_judge_results_carry_the_diagnosis(tmp_path):
     (case,) = [c for c in load_specs([CASES / "smoke.yaml"]) if c.name == "smoke-tnd-varlen"]
     case_dir = generate_case(case, tmp_path)
     loaded = api.load_case(case_dir)
-    grads = emulator.emulate(case, loaded.inputs, fault="mask-transposed")
+    grads = reference.emulate(case, loaded.inputs, fault="mask-transposed")
     result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
     assert result.verdict == compare.FAIL and result.diagnosis[0].kind == "block-selection"
-    clean = emulator.emulate(case, loaded.inputs)
+    clean = reference.emulate(case, loaded.inputs)
     passed = api.judge(loaded, clean["dq"], clean["dk"], clean["dv"])
     assert passed.verdict == compare.PASS and passed.diagnosis == () and passed.hypotheses == ()
+
+
+# ---- faults planted directly in a clean device output: each names its kind, a clean output none -----------
+
+PLANTED_SPECS = """
+defaults: {dtype: fp16, head_dim: 64, seed: 5, num_heads: 1}
+cases:
+  - name: planted-pieces
+    q_seq_len: 512
+    block_shape: [256, 128]
+    sparsity: {pattern: random, density: 0.6}
+  - name: planted-causal-long
+    q_seq_len: 1024
+    block_shape: [64, 64]
+    sparsity: {pattern: causal}
+  - name: planted-heads
+    batch: 2
+    num_heads: 3
+    q_seq_len: 192
+    block_shape: [64, 64]
+    sparsity: {pattern: random, density: 0.6}
+  - name: planted-tnd
+    layout: TND
+    dtype: bf16
+    num_heads: 2
+    actual_seq_lengths: [130, 64, 200]
+    block_shape: [64, 64]
+    sparsity: {pattern: random, density: 0.7}
+  - name: planted-padding
+    batch: 2
+    q_seq_len: 256
+    actual_seq_lengths: [256, 150]
+    block_shape: [64, 64]
+    sparsity: {pattern: random, density: 0.7}
+    bnsd_lengths: honored
+"""
+
+
+def _planted_case(tmp_path: Path, name: str):
+    from bsa_cli import api
+
+    spec = tmp_path / "planted.yaml"
+    spec.write_text(PLANTED_SPECS)
+    (case,) = [c for c in load_specs([spec]) if c.name == name]
+    loaded = api.load_case(generate_case(case, tmp_path / "cases"))
+    return case, loaded, reference.emulate(case, loaded.inputs, order_seed=7)
+
+
+def _judge(loaded, grads):
+    from bsa_cli import api
+
+    return api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+
+
+def _shift_entry(case, grads, batch=1, shift=3):
+    out = {name: array.copy() for name, array in grads.items()}
+    span = case.spans()[batch]
+    if case.layout == "TND":
+        rows = out["dq"][span.q_start : span.q_start + span.q_len]
+        rows[shift:] = grads["dq"][span.q_start : span.q_start + span.q_len - shift]  # the entry written late
+        rows[:shift] = 0
+    else:
+        count = min(span.q_len, grads["dq"].shape[2] - shift)  # past the length: into the padding rows
+        out["dq"][batch, :, shift : shift + count] = grads["dq"][batch, :, :count]
+        out["dq"][batch, :, :shift] = 0
+    return out
+
+
+def _bits_of_other_dtype(case, grads):
+    other = numpy_dtype("float16" if case.dtype == "bfloat16" else "bfloat16")
+    return {name: np.asarray(array, dtype=np.float32).astype(other).view(array.dtype) for name, array in grads.items()}
+
+
+def _s_and_n_transposed(case, grads):
+    out = dict(grads)
+    dq = grads["dq"]
+    if case.layout == "TND":
+        out["dq"] = np.ascontiguousarray(dq.transpose(1, 0, 2)).reshape(dq.shape)
+    else:
+        out["dq"] = np.ascontiguousarray(dq.transpose(0, 2, 1, 3)).reshape(dq.shape)
+    return out
+
+
+def _error_growing_with_blocks(case, grads, inputs):
+    """dq accumulated in low precision: a relative error growing with the kv blocks each query block adds."""
+    out = dict(grads)
+    dq = grads["dq"].astype(np.float64)
+    counts = (np.asarray(inputs["block_sparse_mask"]) != 0).sum(axis=3)  # [B, N, nQ]
+    x = case.block_shape[0]
+    per_row = np.repeat(counts, x, axis=2)[:, :, : dq.shape[2], None]
+    rng = np.random.default_rng(4)
+    out["dq"] = (dq * (1 + 2e-3 * per_row * rng.standard_normal(dq.shape))).astype(grads["dq"].dtype)
+    return out
+
+
+def _error_growing_with_pairs(case, grads, inputs):
+    """dk accumulated in low precision: a relative error growing with the query blocks each kv block adds."""
+    out = dict(grads)
+    dk = grads["dk"].astype(np.float64)
+    counts = (np.asarray(inputs["block_sparse_mask"]) != 0).sum(axis=2)  # [B, N, nKV] (MHA)
+    per_row = np.repeat(counts, case.block_shape[1], axis=2)[:, :, : dk.shape[2], None]
+    rng = np.random.default_rng(6)
+    out["dk"] = (dk * (1 + 2e-3 * np.sqrt(per_row) * rng.standard_normal(dk.shape))).astype(grads["dk"].dtype)
+    return out
+
+
+def _region_left_zero(case, grads):
+    out = {name: array.copy() for name, array in grads.items()}
+    out["dv"][0, 0, 64:96, :32] = 0  # two 16x16 tiles never written
+    return out
+
+
+def _one_block_corrupted(case, grads):
+    out = {name: array.copy() for name, array in grads.items()}
+    rng = np.random.default_rng(8)
+    block = out["dq"][1, 2, 64:128]
+    scale = float(np.abs(block.astype(np.float64)).mean())
+    block[:] = (block + rng.standard_normal(block.shape) * scale).astype(block.dtype)
+    return out
+
+
+def _one_piece_corrupted(case, grads):
+    out = {name: array.copy() for name, array in grads.items()}
+    rng = np.random.default_rng(5)
+    piece = out["dq"][0, 0, 128:256]
+    scale = float(np.abs(piece.astype(np.float64)).mean())
+    piece[:] = (piece + rng.standard_normal(piece.shape) * scale).astype(piece.dtype)
+    return out
+
+
+PLANTED = [
+    ("planted-tnd", "shift-entry", "length-boundary"),
+    ("planted-heads", "shift-entry", "length-boundary"),
+    ("planted-padding", "shift-entry", "length-boundary"),
+    ("planted-tnd", "other-dtype-bits", "layout"),
+    ("planted-heads", "other-dtype-bits", "layout"),
+    ("planted-heads", "s-n-transposed", "layout"),
+    ("planted-tnd", "s-n-transposed", "layout"),
+    ("planted-causal-long", "error-growing-with-blocks", "accumulation-precision"),
+    ("planted-causal-long", "error-growing-with-pairs", "accumulation-precision"),
+    ("planted-pieces", "one-piece", "tile-local"),
+    ("planted-heads", "one-block", "tile-local"),
+    ("planted-heads", "region-left-zero", "not-written"),
+]
+
+
+@pytest.mark.parametrize(("name", "fault", "kind"), PLANTED)
+def test_a_fault_planted_in_the_output_names_its_kind_first(tmp_path, name, fault, kind):
+    case, loaded, grads = _planted_case(tmp_path, name)
+    planted = {
+        "shift-entry": lambda: _shift_entry(case, grads),
+        "other-dtype-bits": lambda: _bits_of_other_dtype(case, grads),
+        "s-n-transposed": lambda: _s_and_n_transposed(case, grads),
+        "error-growing-with-blocks": lambda: _error_growing_with_blocks(case, grads, loaded.inputs),
+        "one-piece": lambda: _one_piece_corrupted(case, grads),
+        "error-growing-with-pairs": lambda: _error_growing_with_pairs(case, grads, loaded.inputs),
+        "region-left-zero": lambda: _region_left_zero(case, grads),
+        "one-block": lambda: _one_block_corrupted(case, grads),
+    }[fault]()
+    result = _judge(loaded, planted)
+    assert result.verdict == compare.FAIL
+    assert result.diagnosis and result.diagnosis[0].kind == kind, [(c.kind, c.score, c.evidence)
+                                                                   for c in result.diagnosis]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["planted-pieces", "planted-causal-long", "planted-heads", "planted-tnd",
+                                  "planted-padding"])  # fmt: skip
+def test_clean_outputs_of_the_planted_cases_get_no_diagnosis(tmp_path, name):
+    _, loaded, grads = _planted_case(tmp_path, name)
+    result = _judge(loaded, grads)
+    assert result.verdict == compare.PASS and result.diagnosis == () and result.hypotheses == ()

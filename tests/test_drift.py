@@ -16,14 +16,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
-from test_compare import build_case, make_case, read_grad, rewrite_grad
-from test_report_pages import Page
+from click.testing import CliRunner, Result
 
 from bsa_cli import report
 from bsa_cli.case import numpy_dtype
 from bsa_cli.cli import main
 from bsa_cli.compare import drift
+from tests import helpers
+from tests.helpers import Page, build_case, make_case, read_grad, rewrite_grad
 
 GROWTH = (1.0, 1.3, 1.6)
 """How many times its clean error the growing case's dq carries in nights 1, 2, 3."""
@@ -31,8 +31,9 @@ GROWTH = (1.0, 1.3, 1.6)
 DATES = ("2026-11-28T02:00:00+00:00", "2026-11-29T02:00:00+00:00", "2026-11-30T02:00:00+00:00")
 
 
-def invoke(*args: object):
-    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+def invoke(*args: object) -> Result:
+    """Run `bsa ARGS` (an exception in bsa propagates)."""
+    return helpers.invoke(*args, catch_exceptions=False)
 
 
 def grow_dq(case_dir: Path, factor: float) -> None:

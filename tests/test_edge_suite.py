@@ -1,6 +1,6 @@
 """The golden of every case of cases/edge.yaml against independent oracles.
 
-Two peers, written differently from golden.py: the dense float64 formula of docs/operator.md section 1
+Two peers, written differently from bsa_cli/golden/: the dense float64 formula of docs/operator.md section 1
 (tests/oracle.py, full element masks, from the rounded out and lse that `bsa gen` writes), and PyTorch
 float64 autograd of masked attention (which knows nothing of block masks, out or lse: it differentiates
 the forward itself, so the golden is fed the unrounded float64 forward for that comparison).
@@ -11,13 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-import oracle
 import pytest
 
 from bsa_cli import golden
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
 from bsa_cli.spec import load_specs
+from tests import oracle
 
 ROOT = Path(__file__).resolve().parent.parent
 EDGE = load_specs([ROOT / "cases" / "edge.yaml"])

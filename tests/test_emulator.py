@@ -12,16 +12,12 @@ import pytest
 
 from bsa_cli import manifest, store
 from bsa_cli.case import Case, numpy_dtype
-from bsa_cli.emulator import (
-    FAULTS,
-    STATUS_FILE,
-    applicable_faults,
-    emulate,
-    emulate_case_dir,
-    fault_applies,
-)
+from bsa_cli.devices.base import STATUS_FILE
+from bsa_cli.devices.faults import FAULTS, applicable_faults, fault_applies
+from bsa_cli.devices.reference import emulate, emulate_case_dir
 from bsa_cli.errors import DataError
 from bsa_cli.layout import kv_view, lse_view, mask_view, q_view
+from tests.helpers import case_factory
 
 GRADS = ("dq", "dk", "dv")
 TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}
@@ -31,26 +27,8 @@ TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}
 # ---- helpers: cases, inputs and an independent dense float64 reference ----------------------------
 
 
-def make_case(**overrides) -> Case:
-    fields = {
-        "name": "t",
-        "source": "test",
-        "layout": "BNSD",
-        "dtype": "float16",
-        "batch": 1,
-        "num_heads": 2,
-        "num_kv_heads": 2,
-        "head_dim": 32,
-        "q_seq_len": 128,
-        "kv_seq_len": 128,
-        "actual_seq_lengths": None,
-        "actual_seq_lengths_kv": None,
-        "block_shape": (32, 32),
-        "scale": 1 / math.sqrt(overrides.get("head_dim", 32)),
-        "seed": 0,
-    }
-    fields.update(overrides)
-    return Case(**fields)
+make_case = case_factory(name="t", source="test", q_seq_len=128, kv_seq_len=128, block_shape=(32, 32), scale=None,
+                         seed=0)  # fmt: skip
 
 
 def element_mask(case: Case, block_mask: np.ndarray, span) -> np.ndarray:

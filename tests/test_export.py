@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from test_cli_run import SPEC
 
 from bsa_cli.cli import main
 from bsa_cli.store import load_manifest, read_array
+from tests.helpers import SPEC
 
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "uint8": 1, "int8": 1, "bool": 1}
 

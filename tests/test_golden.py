@@ -6,12 +6,13 @@ import math
 
 import ml_dtypes
 import numpy as np
-import oracle
 import pytest
 
-from bsa_cli import golden
+from bsa_cli import blas, golden
 from bsa_cli.case import Case
+from bsa_cli.golden import compute, numerics, paths, walk
 from bsa_cli.rounding import round_float32
+from tests import helpers, oracle
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FP16 = np.dtype(np.float16)
@@ -32,28 +33,15 @@ def make_case(
     scale: float | None = None,
     **fields,
 ) -> Case:
-    """Build a Case directly; for TND the S dimensions are the largest lengths."""
+    """Return helpers.make_case's Case in this file's short names; for TND the S dimensions are the largest lengths."""
     if layout == "TND":
         assert lengths is not None and kv_lengths is not None
         q_len, kv_len = max(lengths), max(kv_lengths)
-    return Case(
-        name="t",
-        source="test",
-        layout=layout,
-        dtype=dtype,
-        batch=batch,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=dim,
-        q_seq_len=q_len,
-        kv_seq_len=kv_len,
-        actual_seq_lengths=lengths,
-        actual_seq_lengths_kv=kv_lengths,
-        block_shape=block_shape,
-        scale=1 / math.sqrt(dim) if scale is None else scale,
-        seed=0,
-        **fields,
-    )
+    return helpers.make_case(
+        "t", source="test", layout=layout, dtype=dtype, batch=batch, num_heads=heads, num_kv_heads=kv_heads,
+        head_dim=dim, q_seq_len=q_len, kv_seq_len=kv_len, actual_seq_lengths=lengths, actual_seq_lengths_kv=kv_lengths,
+        block_shape=block_shape, scale=scale, seed=0, **fields,
+    )  # fmt: skip
 
 
 def make_inputs(case: Case, seed: int = 0, density: float = 0.5, mask: np.ndarray | None = None) -> dict:
@@ -473,9 +461,9 @@ def test_wide_block_rows_cut_into_row_tiles_give_the_same_results(path, monkeypa
         return (out_io, lse32, *golden_grads(case, t, out_io, lse32, np.float32))
 
     whole = run()
-    monkeypatch.setattr(golden, "_TILE_ELEMENTS", 16 * 48)  # tiles of 16 rows: 48 -> 16 + 16 + 16, 34 -> 17 + 17
-    monkeypatch.setattr(golden, "_PRODUCT_ELEMENTS", 3 * 16 * 16)  # dK/dV shares three blocks at a time
-    assert golden._row_tiles(96, 130, 300) == [slice(96, 113), slice(113, 130)]
+    monkeypatch.setattr(walk, "_TILE_ELEMENTS", 16 * 48)  # tiles of 16 rows: 48 -> 16 + 16 + 16, 34 -> 17 + 17
+    monkeypatch.setattr(numerics, "_PRODUCT_ELEMENTS", 3 * 16 * 16)  # dK/dV shares three blocks at a time
+    assert walk._row_tiles(96, 130, 300) == [slice(96, 113), slice(113, 130)]
     tiled = run()
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), tiled, whole, strict=True):
         if path == "kernel" and name in ("dq", "dk", "dv"):  # fp32 sums in another order, then a cast
@@ -616,11 +604,11 @@ def test_fast_float16_rounding_equals_numpy_cast_bit_for_bit():
 
 
 def test_a_failing_walk_in_a_thread_raises_its_own_error_and_nothing_waits_for_it(monkeypatch):
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
+    monkeypatch.setattr(compute, "_THREADS_MIN_ROW_FLOPS", 0)
     case = make_case(heads=4, kv_heads=4, dim=16, q_len=256, kv_len=256, block_shape=(16, 16))
     t = make_inputs(case, seed=5, density=0.5)
     tiles: list[int] = []
-    original = golden._ForwardGolden.tile
+    original = paths._ForwardGolden.tile
 
     def failing(self, head, *args):
         tiles.append(head)
@@ -628,27 +616,27 @@ def test_a_failing_walk_in_a_thread_raises_its_own_error_and_nothing_waits_for_i
             raise FloatingPointError("planted")
         return original(self, head, *args)
 
-    monkeypatch.setattr(golden._ForwardGolden, "tile", failing)
+    monkeypatch.setattr(paths._ForwardGolden, "tile", failing)
     with pytest.raises(FloatingPointError, match="planted"):  # not the benchmark walk that waited in vain
         golden.golden_and_benchmark(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], jobs=2)
 
 
 def test_walks_in_threads_give_blas_one_thread_each_and_restore_it(monkeypatch):
-    if not golden.blas.thread_counts():
+    if not blas.thread_counts():
         pytest.skip("NumPy's BLAS here is not an OpenBLAS whose threads can be set")
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
-    before = golden.blas.thread_counts()
+    monkeypatch.setattr(compute, "_THREADS_MIN_ROW_FLOPS", 0)
+    before = blas.thread_counts()
     seen: list[list[int]] = []
     case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64)
     t = make_inputs(case, seed=6)
-    with golden.reporting(lambda pairs: seen.append(golden.blas.thread_counts())):
+    with golden.reporting(lambda pairs: seen.append(blas.thread_counts())):
         golden.golden_and_benchmark(case, t["dout"], t["query"], t["key"], t["value"], t["block_mask"], jobs=2)
     assert seen and all(counts == [1] * len(before) for counts in seen)
-    assert golden.blas.thread_counts() == before
+    assert blas.thread_counts() == before
 
 
 def test_walks_in_threads_handle_floating_point_errors_as_the_caller_does(monkeypatch):
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
+    monkeypatch.setattr(compute, "_THREADS_MIN_ROW_FLOPS", 0)
     case = make_case(heads=2, kv_heads=2, dim=16, q_len=64, kv_len=64, block_shape=(16, 16))
     t = make_inputs(case, seed=8)
     t["query"][0, 1, 5] = np.inf  # inf scores: inf - inf in the forward
@@ -662,5 +650,5 @@ def test_walks_take_threads_only_for_rows_with_arithmetic_to_share():
     small = make_case(heads=4, kv_heads=4, dim=16, q_len=64, kv_len=64, block_shape=(16, 16))
     large = make_case(heads=2, kv_heads=2, dim=128, q_len=256, kv_len=256, block_shape=(128, 128))
     for case, lanes in ((small, 1), (large, 3)):  # 14 * 16**3 = 57 kFLOP per block pair; 14 * 128**3 = 29 MFLOP
-        assert golden._lanes(case, make_inputs(case, seed=3)["block_mask"], jobs=3) == lanes
-    assert golden._lanes(large, np.zeros(large.mask_shape, np.uint8), jobs=3) == 1  # nothing selected
+        assert compute._lanes(case, make_inputs(case, seed=3)["block_mask"], jobs=3) == lanes
+    assert compute._lanes(large, np.zeros(large.mask_shape, np.uint8), jobs=3) == 1  # nothing selected

@@ -1,4 +1,4 @@
-"""Today's golden.py and `bsa gen` give the same bits as the golden module of commit 2b40f9e.
+"""Today's bsa_cli/golden/ and `bsa gen` give the same bits as the golden module of commit 2b40f9e.
 
 `golden_2b40f9e.py` is that module, frozen. Both run here, on the same machine and BLAS, over edge cases
 (GQA, partial blocks, odd block shapes, TND with zero lengths, BNSD honored lengths, empty rows with a finite
@@ -12,14 +12,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import golden_2b40f9e as before
 import numpy as np
 import pytest
 
 from bsa_cli import golden
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.generate import compute_case
+from bsa_cli.golden import compute, numerics, walk
 from bsa_cli.inputs import make_mask, make_tensors
+from tests import golden_2b40f9e as before
+from tests.helpers import case_factory
 
 CASES = {
     "gqa-tails-fp16": dict(num_heads=4, num_kv_heads=2, head_dim=32, q_seq_len=200, kv_seq_len=170,
@@ -39,18 +41,16 @@ CASES = {
 }  # fmt: skip
 
 
+table_case = case_factory(tnd_sizes_from_lengths=True, source="test", q_seq_len=64, kv_seq_len=64, block_shape=(16, 16),
+                          seed=7)  # fmt: skip
+
+
 def make_case(name: str) -> Case:
-    fields = dict(layout="BNSD", dtype="float16", batch=1, num_heads=2, num_kv_heads=2, head_dim=32,
-                  q_seq_len=64, kv_seq_len=64, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                  block_shape=(16, 16), seed=7)  # fmt: skip
-    fields.update(CASES[name])
-    if fields["layout"] == "TND":
-        fields["q_seq_len"] = max(fields["actual_seq_lengths"])
-        fields["kv_seq_len"] = max(fields["actual_seq_lengths_kv"])
+    fields = CASES[name]
     # A scale float32 holds exactly: 2b40f9e computed with the scale as given, today's code with the scale
     # rounded to float32 as the kernel receives it; the bits compared are those of one and the same scale.
-    scale = float(np.float32(1 / math.sqrt(fields["head_dim"])))
-    return Case(name=name, source="test", scale=scale, **fields)
+    scale = float(np.float32(1 / math.sqrt(fields.get("head_dim", 32))))
+    return table_case(name, scale=scale, **fields)
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -85,7 +85,7 @@ def gen_now(case: Case, precision: str, jobs: int) -> list[np.ndarray]:
 @pytest.fixture(autouse=True)
 def walks_in_threads_however_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """Let `-j 2` run the walks of these small cases in threads (they would stay in one thread otherwise)."""
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)
+    monkeypatch.setattr(compute, "_THREADS_MIN_ROW_FLOPS", 0)
 
 
 NAMES = ("attention_out", "softmax_lse", "golden dq", "golden dk", "golden dv", "bench dq", "bench dk", "bench dv")
@@ -103,10 +103,10 @@ def test_gen_writes_the_bits_of_2b40f9e(name: str, precision: str) -> None:
 
 def test_gen_writes_the_bits_of_2b40f9e_in_row_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     case = make_case("wide-uniform-fp16")
-    for module in (golden, before):  # tiles of 32 rows, dK/dV shares of two blocks
-        monkeypatch.setattr(module, "_TILE_ELEMENTS", 32 * 640)
-        monkeypatch.setattr(module, "_PRODUCT_ELEMENTS", 2 * 128 * 128)
-    monkeypatch.setattr(golden, "_CHUNK_ELEMENTS", 700)  # elementwise steps row by row (rows of 384 or 640)
+    for tiles, products in ((walk, numerics), (before, before)):  # tiles of 32 rows, dK/dV shares of two blocks
+        monkeypatch.setattr(tiles, "_TILE_ELEMENTS", 32 * 640)
+        monkeypatch.setattr(products, "_PRODUCT_ELEMENTS", 2 * 128 * 128)
+    monkeypatch.setattr(numerics, "_CHUNK_ELEMENTS", 700)  # elementwise steps row by row (rows of 384 or 640)
     expected = gen_before(case, "float32")
     for jobs in (1, 3):
         for label, a, b in zip(NAMES, gen_now(case, "float32", jobs), expected, strict=True):
@@ -135,7 +135,7 @@ def test_separate_passes_give_the_bits_of_2b40f9e(name: str) -> None:
 
 def test_gen_writes_the_bits_of_2b40f9e_in_rounds_of_walks(monkeypatch: pytest.MonkeyPatch) -> None:
     case = make_case("tnd-zero-lengths")  # 3 entries with rows (one without kv) x 2 kv heads: 6 golden walks
-    monkeypatch.setattr(golden, "_WALKS_PER_ROUND", 4)
+    monkeypatch.setattr(compute, "_WALKS_PER_ROUND", 4)
     expected = gen_before(case, "float32")
     for jobs in (1, 2):
         for label, a, b in zip(NAMES, gen_now(case, "float32", jobs), expected, strict=True):

@@ -8,16 +8,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_compare import build_case, check, make_case, make_inputs, write_outputs
 
-from bsa_cli import compare, emulator
+from bsa_cli import compare, devices
 from bsa_cli.compare import ERROR, FAIL, PASS
+from bsa_cli.devices import faults
+from tests.helpers import build_case, check, make_case, make_inputs, write_outputs
 
 
-def record_fault(output_dir: Path, fault: str | None, kind: str = "reference") -> None:
-    """Write the part of run.json compare reads about the device."""
+def record_fault(output_dir: Path, fault: str | None, kind: str = "reference", **device: object) -> None:
+    """Write the part of run.json compare reads about the device (a record of an older bsa: without
+    `fault_not_applied`, unless given)."""
     name = "reference (bsa emulate)" + (f" with fault '{fault}'" if fault else "")
-    record = {"case": None, "outcome": "ok", "device": {"name": name, "kind": kind, "fault": fault}, "binary": None}
+    record = {"case": None, "outcome": "ok", "device": {"name": name, "kind": kind, "fault": fault, **device},
+              "binary": None}  # fmt: skip
     (output_dir / "run.json").write_text(json.dumps(record))
 
 
@@ -63,6 +66,37 @@ def test_a_fault_that_does_not_apply_is_said_in_the_headline(tmp_path):
     assert result.headline.startswith("fault 'no-gqa-sum' does not apply to this case")
 
 
+NO_GQA_SUM_NOTE = (
+    "fault 'no-gqa-sum' does not apply to this case (applies only with N1 > N2 and a selection in a "
+    "non-first head of a group): the reference device computed it without the fault"
+)
+
+
+def test_the_reference_device_records_whether_its_fault_applied_and_compare_reads_it(tmp_path):
+    case_dir = build_case(tmp_path, make_case("mha", num_heads=2, num_kv_heads=2))
+    options = devices.RunOptions(device=devices.create(fault="no-gqa-sum"))
+    result = devices.run_case(case_dir, options)
+    assert result.outcome == "ok", result.problems
+    assert result.record["device"]["fault_not_applied"] == NO_GQA_SUM_NOTE
+    judged = compare.compare_case(case_dir, workers=1)
+    assert judged.verdict == PASS and judged.notes == (NO_GQA_SUM_NOTE,)
+
+    applied = build_case(tmp_path / "tile", make_case("tile"))
+    result = devices.run_case(applied, devices.RunOptions(device=devices.create(fault="tile-noise")))
+    assert result.record["device"]["fault_not_applied"] is None
+    assert compare.compare_case(applied, workers=1).notes == ()
+
+
+def test_compare_takes_the_recorded_answer_and_asks_the_fault_only_of_older_records(tmp_path):
+    case_dir = build_case(tmp_path, make_case("mha", num_heads=2, num_kv_heads=2), fault="no-gqa-sum")
+    record_fault(case_dir / "outputs", "no-gqa-sum", fault_not_applied="as the device said it")
+    assert compare.compare_case(case_dir, workers=1).notes == ("as the device said it",)
+    record_fault(case_dir / "outputs", "no-gqa-sum", fault_not_applied=None)  # the device said: it applied
+    assert compare.compare_case(case_dir, workers=1).notes == ()
+    record_fault(case_dir / "outputs", "no-gqa-sum")  # an older record says nothing: the fault's geometry answers
+    assert compare.compare_case(case_dir, workers=1).notes == (NO_GQA_SUM_NOTE,)
+
+
 def test_a_fault_that_applies_adds_no_note(tmp_path):
     case_dir = build_case(tmp_path, make_case("tile"), fault="tile-noise")
     record_fault(case_dir / "outputs", "tile-noise")
@@ -72,12 +106,12 @@ def test_a_fault_that_applies_adds_no_note(tmp_path):
 
 def test_fault_not_applied_explains_each_fault_in_words():
     case = make_case("c")
-    for name in emulator.FAULTS:
-        assert emulator.fault_condition(name).startswith("applies ")
-    assert emulator.fault_not_applied("dk-no-scale", make_case("c", scale=1.0)) is not None
-    assert emulator.fault_not_applied("tile-noise", case) is None
+    for name in faults.FAULTS:
+        assert faults.fault_condition(name).startswith("applies ")
+    assert faults.fault_not_applied("dk-no-scale", make_case("c", scale=1.0)) is not None
+    assert faults.fault_not_applied("tile-noise", case) is None
     with pytest.raises(ValueError, match="unknown fault"):
-        emulator.fault_not_applied("nope", case)
+        faults.fault_not_applied("nope", case)
 
 
 def test_a_failed_run_names_its_log(tmp_path):

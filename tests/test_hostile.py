@@ -8,7 +8,6 @@ Trials run in this process through CliRunner (a device binary is a subprocess, a
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,29 +26,10 @@ import yaml
 from click.testing import CliRunner
 
 from bsa_cli.cli import main
+from tests.helpers import BASE, digest
 
 MEMORY_LIMIT = 1 << 30
 TIME_LIMIT_S = 20.0
-
-BASE = {"name": "c", "num_heads": 1, "head_dim": 16, "q_seq_len": 32, "block_shape": [16, 16], "dtype": "fp16"}
-
-
-def digest(folder: Path) -> str:
-    """Return a digest of a folder tree: every path, its kind, its bytes or link target."""
-    hasher = hashlib.sha256()
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames.sort()
-        for name in sorted([*dirnames, *filenames]):
-            path = Path(dirpath) / name
-            hasher.update(str(path.relative_to(folder)).encode())
-            if path.is_symlink():
-                hasher.update(b"link:" + os.readlink(path).encode())
-            elif path.is_file():
-                hasher.update(b"file:" + path.read_bytes())
-            else:
-                hasher.update(b"dir")
-    return hasher.hexdigest()
-
 
 @dataclass
 class Sandbox:

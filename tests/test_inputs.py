@@ -9,15 +9,12 @@ import numpy as np
 import pytest
 
 from bsa_cli import inputs
-from bsa_cli.case import Case, Distribution, Init, Sparsity
+from bsa_cli.case import Distribution, Init, Sparsity
 from bsa_cli.inputs import make_mask, make_tensors, mask_stats
+from tests.helpers import case_factory
 
-
-def make_case(**fields: object) -> Case:
-    base = dict(name="c", source="t", layout="BNSD", dtype="float16", batch=2, num_heads=4, num_kv_heads=2,
-                head_dim=16, q_seq_len=256, kv_seq_len=256, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                block_shape=(32, 32), scale=0.25, seed=3)  # fmt: skip
-    return Case(**{**base, **fields})  # type: ignore[arg-type]
+make_case = case_factory(name="c", source="t", batch=2, num_heads=4, head_dim=16, q_seq_len=256, kv_seq_len=256,
+                         block_shape=(32, 32), scale=0.25, seed=3)  # fmt: skip
 
 
 def test_tensors_depend_only_on_the_case_and_are_rounded_to_its_dtype() -> None:

@@ -4,34 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 
 from bsa_cli import interface, manifest
 from bsa_cli.case import Case, TensorOverride
-from bsa_cli.emulator import check_interface
+from bsa_cli.devices.reference import check_interface
+from bsa_cli.spec import load_specs
+from tests.helpers import case_factory
 
-
-def make_case(**overrides) -> Case:
-    fields = {
-        "name": "t",
-        "source": "test",
-        "layout": "BNSD",
-        "dtype": "float16",
-        "batch": 2,
-        "num_heads": 2,
-        "num_kv_heads": 2,
-        "head_dim": 64,
-        "q_seq_len": 128,
-        "kv_seq_len": 128,
-        "actual_seq_lengths": None,
-        "actual_seq_lengths_kv": None,
-        "block_shape": (64, 64),
-        "scale": 1 / math.sqrt(64),
-        "seed": 0,
-    }
-    fields.update(overrides)
-    return Case(**fields)
+make_case = case_factory(name="t", source="test", batch=2, head_dim=64, q_seq_len=128, kv_seq_len=128,
+                         block_shape=(64, 64), scale=1 / math.sqrt(64), seed=0)  # fmt: skip
 
 
 def tnd(**overrides) -> dict:
@@ -200,15 +184,34 @@ def test_bnsd_without_lengths_passes_s_for_every_batch():
 @pytest.mark.parametrize("fields", VALID)
 def test_shapes_the_kernel_accepts_get_no_warning(fields):
     case = make_case(**fields)
-    assert interface.kernel_constraints(manifest.params(case), manifest.semantics(case)) == []
+    assert interface.kernel_constraints(interface.case_params(case), case.bnsd_lengths) == []
 
 
 def test_honoured_bnsd_lengths_warn_that_the_kernel_computes_over_all_s():
     case = make_case(actual_seq_lengths=(128, 65), actual_seq_lengths_kv=(128, 65))
-    (note,) = interface.kernel_constraints(manifest.params(case), manifest.semantics(case))
+    (note,) = interface.kernel_constraints(interface.case_params(case), case.bnsd_lengths)
     assert "ignores BNSD lengths" in note
     ignored = dataclasses.replace(case, bnsd_lengths="ignored")
-    assert interface.kernel_constraints(manifest.params(ignored), manifest.semantics(ignored)) == []
+    assert interface.kernel_constraints(interface.case_params(ignored), ignored.bnsd_lengths) == []
+
+
+SUITES = sorted((Path(__file__).resolve().parent.parent / "cases").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("suite", SUITES, ids=[s.stem for s in SUITES])
+def test_a_cases_call_reads_as_its_manifest_records_it(suite):
+    """The spec judges a case by `interface.case_params`; the reference device, by the manifest's `params`."""
+    for case in load_specs([suite]):
+        params = interface.case_params(case)
+        recorded = manifest.params(case)
+        assert params == {key: recorded[key] for key in params}, case.name
+
+
+def test_cumulative_lengths_and_a_null_block_shape_read_as_the_manifest_records_them():
+    cumulative = make_case(actual_seq_lengths=(3, 0, 5), actual_seq_lengths_kv=(2, 2, 2), batch=3,
+                           seq_lengths_encoding="cumulative", block_shape=(), null_layouts=("kv",))  # fmt: skip
+    assert interface.case_params(cumulative) == {key: manifest.params(cumulative)[key]
+                                                 for key in interface.case_params(cumulative)}  # fmt: skip
 
 
 def test_the_manifest_records_the_rule_set_and_both_scales():

@@ -37,7 +37,7 @@ NAMES = ["n-dtype", "p-bnsd", "p-tnd-bf16"]
 
 TEST_FILE = """
 import bsa_cli as bsa
-from bsa_cli import emulator
+from bsa_cli.devices import reference
 from bsa_cli.manifest import call_tensors
 
 FAULT = {fault!r}
@@ -45,10 +45,10 @@ FAULT = {fault!r}
 
 def test_backward(bsa_case):
     if bsa_case.expect:
-        status, message = emulator.check_interface(bsa_case.params, call_tensors(bsa_case.manifest))
+        status, message = reference.check_interface(bsa_case.params, call_tensors(bsa_case.manifest))
         bsa.assert_passed(bsa.judge_status(bsa_case, status, message))
         return
-    grads = emulator.emulate(bsa_case.geometry, bsa_case.inputs, fault=FAULT)
+    grads = reference.emulate(bsa_case.geometry, bsa_case.inputs, fault=FAULT)
     bsa.assert_passed(bsa.judge(bsa_case, grads["dq"], grads["dk"], grads["dv"]))
 """
 
@@ -165,7 +165,7 @@ def test_the_torch_npu_example_passes_smoke_and_edge_on_the_stand_in(
 
 @pytest.mark.slow  # shares the generated smoke and edge suites
 def test_the_example_passes_the_arguments_the_torch_npu_device_passes(smoke_and_edge: Path) -> None:
-    from bsa_cli.torch_npu_device import plan_call
+    from bsa_cli.devices.torch_npu import plan_call
 
     for case_dir in sorted(smoke_and_edge.iterdir()):
         case = bsa.load_case(case_dir)

@@ -14,9 +14,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bsa_cli import compare, devices, runner
+from bsa_cli import compare, devices
 from bsa_cli.cli import main
-from bsa_cli.emulator import applicable_faults, emulate
+from bsa_cli.devices import repeat
+from bsa_cli.devices.faults import applicable_faults
+from bsa_cli.devices.reference import emulate
 from bsa_cli.generate import generate_suite
 from bsa_cli.manifest import case_from_manifest
 from bsa_cli.spec import load_specs
@@ -60,7 +62,7 @@ def test_order_seeds_move_dk_dv_last_bits_and_never_dq(suite: Path, name: str) -
 
 
 def test_repeat_reports_dk_dv_noise_without_failing(suite: Path) -> None:
-    summary = runner.run_cases(sorted(suite.iterdir()), devices.RunOptions(repeat=3, seed=11))
+    summary = devices.run_cases(sorted(suite.iterdir()), devices.RunOptions(repeat=3, seed=11))
     assert summary.return_code == 0
     noisy = 0
     for result in summary.results:
@@ -87,9 +89,9 @@ def test_a_planted_race_that_moves_outputs_fails_the_run(suite: Path, tmp_path: 
     for case_dir in case_dirs:
         case, tensors = case_inputs(case_dir)
         assert "race-lost-update" in applicable_faults(case, tensors["block_sparse_mask"])
-    device = devices.Device.create(fault="race-lost-update")
+    device = devices.create(fault="race-lost-update")
     options = devices.RunOptions(device=device, repeat=4, seed=5, outputs_root=tmp_path / "outputs")
-    summary = runner.run_cases(case_dirs, options)
+    summary = devices.run_cases(case_dirs, options)
     assert summary.return_code == 1
     failed = [r for r in summary.results if r.outcome == "nondeterministic"]
     assert failed, "a lost update in about half the runs went unnoticed over four runs of four cases"
@@ -126,7 +128,7 @@ def test_differing_elements_counts_ulps_across_zero(tmp_path: Path) -> None:
     values = np.array([1.0, 2.0, 0.0, 3.0], dtype=np.float16)
     values.view(np.uint16)[3] += 2  # two ULPs up
     values.tofile(other)
-    assert runner._differing_elements(first, other, "float16") == (2, 4, 2)
+    assert repeat.differing_elements(first, other, "float16") == (2, 4, 2)
 
 
 # ---- deterministic mode ---------------------------------------------------------------------------

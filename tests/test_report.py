@@ -1,7 +1,8 @@
 """Tests of bsa_cli.report: terminal snapshots, JSON schema and round trip, shard merging, JUnit, HTML.
 
 Rendering is tested on a hand-built `SuiteResult` (no numerics, so snapshots do not depend on BLAS);
-the JSON round trip also runs on real results. Set BSA_UPDATE_SNAPSHOTS=1 to rewrite the snapshots.
+the JSON round trip also runs on real results. A missing snapshot fails; `--update-snapshots` (or
+BSA_UPDATE_SNAPSHOTS=1) writes them (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ import dataclasses
 import io
 import json
 import math
-import os
 import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,29 +19,12 @@ from rich.console import Console
 
 from bsa_cli import compare, report
 from bsa_cli.compare import (
-    ERROR,
     FAIL,
     PASS,
-    BlockMap,
-    CaseResult,
     Check,
-    ErrorStats,
-    HotBlock,
-    RunSettings,
     SuiteResult,
-    TensorResult,
-    WorstElement,
 )
-
-SNAPSHOTS = Path(__file__).parent / "snapshots"
-
-
-def assert_snapshot(name: str, text: str) -> None:
-    path = SNAPSHOTS / name
-    if os.environ.get("BSA_UPDATE_SNAPSHOTS") or not path.exists():
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"{name} changed; rerun with BSA_UPDATE_SNAPSHOTS=1 if that is intended"
+from tests.helpers import build_case, case, make_case, sample_suite, tensor
 
 
 def render(suite: SuiteResult, verbose: bool = False) -> str:
@@ -51,79 +33,15 @@ def render(suite: SuiteResult, verbose: bool = False) -> str:
     return console.file.getvalue()
 
 
-# ---- a hand-built suite -------------------------------------------------------------------------
-
-
-def stats(rmse: float, full: bool = True, **fields) -> ErrorStats:
-    base = dict(
-        count=1024, max_abs_err=rmse * 8, mean_abs_err=rmse * 0.8, rmse=rmse, max_rel_err=0.125, mean_rel_err=0.001,
-        large_count=1000, small_value_count=24, small_value_err_count=2, nan_count=0, inf_count=0,
-        nonfinite_mismatch=0,
-    )  # fmt: skip
-    if full:
-        base.update(mare=0.25, mere=0.002, cosine=0.99999, mismatch_count=3, mismatch_ratio=3 / 1024, ulp_max=6.5,
-                    ulp_mean=0.375, ulp_histogram=(700, 300, 24))  # fmt: skip
-    base.update(fields)
-    return ErrorStats(**base)
-
-
-def tensor(name: str, failed: bool) -> TensorResult:
-    axis = "q" if name == "dq" else "kv"
-    score = np.array([[[1.0, 1.0, 5.0 if failed else 1.5, math.nan]]])
-    block_map = BlockMap(axis, 32, score * 1e-4, np.full_like(score, 1e-4), score * 1e-3, score)
-    checks = [
-        Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite"),
-        Check("rmse_ratio", name, 1.0, 2.0, True, f"{name} RMSE ratio 1 <= 2", 0.5),
-        Check("tile_ratio", name, 5.0 if failed else 1.5, 3.0, not failed,
-              f"{name} worst 16x16 tile RMSE ratio {5 if failed else 1.5} {'>' if failed else '<='} 3",
-              5 / 3 if failed else 0.5),
-    ]  # fmt: skip
-    worst = (
-        WorstElement((0, 1, 70, 33), {"b": 0, "n": 1, "s": 70, "d": 33}, 2, 0.5, 0.499, 0.4995, 0.001, 2.0),
-        WorstElement((0, 0, 3, 1), {"b": 0, "n": 0, "s": 3, "d": 1}, 0, -1.25, -1.2495, -1.25, 0.0005, 0.5),
-    )
-    hot = (HotBlock(0, 1, 2, (64, 96), 5.0, 5e-4, 1e-4, 5e-3, (64, 32), 5.0),) if failed else ()
-    return TensorResult(name, (1, 2, 100, 64), "float16", ("b", "n", "s", "d"), stats(1e-4), stats(1e-4, full=False),
-                        tuple(checks), worst, hot, block_map)  # fmt: skip
-
-
-def case(name: str, verdict: str, **fields) -> CaseResult:
-    settings = compare.resolve_settings("float16", {}, RunSettings())
-    base = dict(
-        name=name, case_dir=f"out/{name}", output_dir=f"out/{name}/outputs", verdict=verdict, spec="cases/edge.yaml",
-        device="reference (bsa emulate)", standard="double-benchmark", settings=settings, dtype="float16",
-        layout="BNSD", expect_status=0, status=0, status_message=None,
-        checks=(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)"),),
-        tensors=(), errors=(), output_bytes=1000, seconds=0.5,
-    )  # fmt: skip
-    base.update(fields)
-    return CaseResult(**base)
-
-
-def sample_suite() -> SuiteResult:
-    passing = case("edge-tail", PASS, tensors=(tensor("dq", False), tensor("dk", False), tensor("dv", False)))
-    failing = case("edge-tile", FAIL, tensors=(tensor("dq", True), tensor("dk", False), tensor("dv", False)))
-    unjudged = case(
-        "edge-missing", ERROR, settings=None, standard="-", checks=(), output_bytes=0,
-        errors=("out/edge-missing/outputs/dk.bin: missing (expected 25600 bytes for shape [1, 2, 100, 64] float16)",),
-    )  # fmt: skip
-    negative = case(
-        "neg-dtype", PASS, expect_status=161002, status=161002, status_message="dtype float32 is not supported",
-        checks=(Check("status", None, 161002.0, 161002.0, True,
-                      "status 161002 (ACLNN_ERR_PARAM_INVALID) == expected 161002 (ACLNN_ERR_PARAM_INVALID)"),),
-    )  # fmt: skip
-    return SuiteResult((passing, failing, unjudged, negative), seconds=1.5)
-
-
 # ---- terminal -----------------------------------------------------------------------------------
 
 
-def test_terminal_report_snapshot():
-    assert_snapshot("terminal.txt", render(sample_suite()))
+def test_terminal_report_snapshot(snapshot):
+    snapshot("terminal.txt", render(sample_suite()))
 
 
-def test_terminal_report_verbose_snapshot():
-    assert_snapshot("terminal_verbose.txt", render(sample_suite(), verbose=True))
+def test_terminal_report_verbose_snapshot(snapshot):
+    snapshot("terminal_verbose.txt", render(sample_suite(), verbose=True))
 
 
 def test_terminal_report_shows_failures_hot_blocks_and_summary():
@@ -186,12 +104,12 @@ def test_json_schema_is_stable():
     assert document["cases"][1]["message"] == "dq worst 16x16 tile RMSE ratio 5 > 3"
 
 
-def test_json_snapshot(tmp_path):
+def test_json_snapshot(tmp_path, snapshot):
     report.write_json(sample_suite(), tmp_path / "r.json")
     document = json.loads((tmp_path / "r.json").read_text())
     document["tool"]["version"] = "<version>"
     document["date"], document["host"] = "<date>", "<host>"
-    assert_snapshot("report.json", json.dumps(document, indent=1) + "\n")
+    snapshot("report.json", json.dumps(document, indent=1) + "\n")
 
 
 def test_json_round_trip_keeps_everything(tmp_path):
@@ -204,16 +122,15 @@ def test_json_round_trip_keeps_everything(tmp_path):
 
 
 def test_json_round_trip_of_real_results_is_strict_json(tmp_path):
-    from test_compare import build_case, make_case
-
     case_dir = build_case(tmp_path, make_case("real", batch=2, actual_seq_lengths=(96, 10),
                                               actual_seq_lengths_kv=(80, 5)), fault="nan-row")  # fmt: skip
     suite = compare.compare_suite([case_dir], workers=1)
-    report.write_json(suite, tmp_path / "r.json")
+    header = report.report_header(suite)  # one date for both documents (a second may pass between them)
+    report.write_json(suite, tmp_path / "r.json", header)
     document = json.loads((tmp_path / "r.json").read_text())  # NaN and Inf are written as strings
     assert document["cases"][0]["tensors"][0]["worst"][0]["device"] == "nan"
     back = report.from_document(document)
-    assert report.to_document(back) == document
+    assert report.to_document(back, header) == document
     assert math.isnan(back.cases[0].tensors[0].worst[0].device)
     np.testing.assert_array_equal(
         np.isnan(back.cases[0].tensors[0].block_map.score), np.isnan(suite.cases[0].tensors[0].block_map.score)

@@ -11,51 +11,16 @@ import datetime as dt
 import io
 import math
 import xml.etree.ElementTree as ET
-from html.parser import HTMLParser
 
 import numpy as np
 import pytest
-from test_report import case, sample_suite, tensor
 
 from bsa_cli import compare, report
 from bsa_cli.compare import ERROR, FAIL, PASS, HotBlock, Selection, SuiteResult, UlpChart
 from bsa_cli.report import svg
+from tests.helpers import Page, build_case, case, make_case, sample_suite, tensor
 
 NOW = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.timezone.utc)
-
-
-class Page(HTMLParser):
-    """Collect elements as (tag, attributes, text inside) and the text of <title> elements."""
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.elements: list[tuple[str, dict[str, str], list[str]]] = []
-        self.stack: list[tuple[str, dict[str, str], list[str]]] = []
-        self.feed(text)
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        element = (tag, {k: v or "" for k, v in attrs}, [])
-        self.elements.append(element)
-        if tag not in ("input", "meta", "br", "line", "rect", "polygon", "col"):
-            self.stack.append(element)
-        elif tag in ("rect", "polygon"):
-            self.stack.append(element)
-
-    def handle_endtag(self, tag: str) -> None:
-        while self.stack:
-            if self.stack.pop()[0] == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        for element in self.stack:
-            element[2].append(data)
-
-    def find(self, tag: str, **attrs: str) -> list[tuple[str, dict[str, str], list[str]]]:
-        return [e for e in self.elements if e[0] == tag and all(e[1].get(k) == v for k, v in attrs.items())]
-
-    @staticmethod
-    def text(element: tuple[str, dict[str, str], list[str]]) -> str:
-        return "".join(element[2])
 
 
 def pictured_tensor() -> compare.TensorResult:
@@ -261,8 +226,6 @@ def test_csv_has_msprobe_columns_then_bsa_verdict_and_deciding_check():
 
 
 def test_csv_of_real_results_fills_every_msprobe_figure(tmp_path):
-    from test_compare import build_case, make_case
-
     result = compare.compare_suite([build_case(tmp_path, make_case("real"), fault="tile-noise")], workers=1)
     rows = list(csv.DictReader(io.StringIO(report.msprobe_csv.csv_text(result))))
     assert [r["NPU Name"].rsplit("/", 1)[1] for r in rows] == ["dq", "dk", "dv"]

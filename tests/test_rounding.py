@@ -142,7 +142,8 @@ def test_in_place_and_other_dtypes() -> None:
 
 
 def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_from_zero(monkeypatch) -> None:
-    from bsa_cli import emulator, golden
+    from bsa_cli import golden
+    from bsa_cli.devices import reference
     from bsa_cli.generate import compute_case
     from bsa_cli.inputs import make_mask
     from bsa_cli.rounding import BACKWARD_TIES, FORWARD_TIES
@@ -152,10 +153,10 @@ def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_fro
     case = next(c for c in load_specs(["cases/smoke.yaml"]) if c.name == "smoke-bnsd-random.fp16")
     runs = {}
     for rule in ("even", "away"):
-        monkeypatch.setattr(golden, "BACKWARD_TIES", rule)
-        monkeypatch.setattr(emulator, "BACKWARD_TIES", rule)
+        monkeypatch.setattr(golden.paths, "BACKWARD_TIES", rule)
+        monkeypatch.setattr(reference, "BACKWARD_TIES", rule)
         tensors, _, bench = compute_case(case)
-        device = emulator.emulate(case, {**tensors, "block_sparse_mask": make_mask(case)})
+        device = reference.emulate(case, {**tensors, "block_sparse_mask": make_mask(case)})
         runs[rule] = tensors["attention_out"], bench, device
     assert np.array_equal(runs["even"][0].view(np.uint16), runs["away"][0].view(np.uint16))  # the forward: even
     for grad in ("dq", "dk", "dv"):

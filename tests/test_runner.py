@@ -1,91 +1,18 @@
-"""The binary contract as bsa_cli.runner drives it: fake device binaries that behave and misbehave."""
+"""The binary contract as bsa_cli.devices runs it: fake device binaries that behave and misbehave."""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import stat
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from bsa_cli import devices, runner, store
-from bsa_cli.case import Case, Expect, numpy_dtype
+from bsa_cli import devices, store
+from bsa_cli.devices import process
 from bsa_cli.errors import DataError
-from bsa_cli.manifest import build_manifest, flat_params
-from bsa_cli.store import CaseWriter
-
-FAKE_DEVICE = Path(__file__).parent / "bin" / "fake_device.py"
-
-
-# ---- helpers shared with test_cli_run.py -----------------------------------------------------------
-
-
-def make_case(root: Path, name: str, *, expect: int = 0, seed: int = 0) -> Path:
-    """Write a tiny BNSD float16 case directory (no golden math: the runner never looks at values)."""
-    case = Case(
-        name=name,
-        source="tests",
-        layout="BNSD",
-        dtype="float16",
-        batch=1,
-        num_heads=2,
-        num_kv_heads=2,
-        head_dim=16,
-        q_seq_len=32,
-        kv_seq_len=32,
-        actual_seq_lengths=None,
-        actual_seq_lengths_kv=None,
-        block_shape=(16, 16),
-        scale=0.25,
-        seed=seed,
-        expect=Expect(status=expect, name="ACLNN_SUCCESS" if expect == 0 else "ACLNN_ERR_PARAM_INVALID"),
-    )
-    rng = np.random.default_rng(seed)
-    f16 = numpy_dtype("float16")
-    with CaseWriter(root / name) as writer:
-        inputs = {
-            n: writer.array(f"inputs/{n}.bin", rng.standard_normal(shape).astype(f16), "float16")
-            for n, shape in (
-                ("query", case.q_shape),
-                ("key", case.kv_shape),
-                ("value", case.kv_shape),
-                ("dout", case.q_shape),
-                ("attention_out", case.q_shape),
-            )
-        }
-        lse = rng.standard_normal(case.lse_shape_dims).astype(np.float32)
-        inputs["softmax_lse"] = writer.array("inputs/softmax_lse.bin", lse, "float32")
-        mask = np.ones(case.mask_shape, dtype=np.uint8)
-        inputs["block_sparse_mask"] = writer.array("inputs/block_sparse_mask.bin", mask, "uint8")
-        golden, benchmark = {}, {}
-        if expect == 0:
-            for grad, shape in (("dq", case.q_shape), ("dk", case.kv_shape), ("dv", case.kv_shape)):
-                values = rng.standard_normal(shape)
-                golden[grad] = writer.array(f"golden/{grad}.bin", values.astype(np.float32), "float32")
-                benchmark[grad] = writer.array(f"benchmark/{grad}.bin", values.astype(f16), "float16")
-        manifest = build_manifest(case, inputs, golden, benchmark, {})
-        return writer.commit(manifest, flat_params(manifest))
-
-
-def fake_device(tmp_path: Path) -> Path:
-    """Copy the fake device binary into tmp_path and make it executable."""
-    binary = tmp_path / "fake_device.py"
-    shutil.copy(FAKE_DEVICE, binary)
-    binary.chmod(binary.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    return binary
-
-
-def read_record(result: runner.CaseResult) -> dict:
-    return json.loads((result.output_dir / runner.RUN_RECORD).read_text())
-
-
-def options(binary: Path | None = None, **kwargs) -> devices.RunOptions:
-    cmd = kwargs.pop("cmd", None)
-    return devices.RunOptions(device=devices.Device.create(binary=binary, cmd=cmd), **kwargs)
+from tests.helpers import fake_device, read_record, run_options, write_case_dir
 
 
 def process_gone(pid: int) -> bool:
@@ -101,10 +28,10 @@ def process_gone(pid: int) -> bool:
 
 
 def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
-    case_dir = make_case(tmp_path / "out", "good_case")
+    case_dir = write_case_dir(tmp_path / "out", "good_case")
     binary = fake_device(tmp_path)
 
-    result = runner.run_case(case_dir, options(binary, device_ids=(3,)))
+    result = devices.run_case(case_dir, run_options(binary, device_ids=(3,)))
 
     assert result.outcome == "ok", result.problems
     assert result.status == 0
@@ -118,10 +45,11 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
     assert record["command"] == [str(binary), str(case_dir / "case.json"), str(outputs / ".run-1")]
     assert record["exit_code"] == 0 and record["signal"] is None
     assert record["status"] == 0 and record["status_message"] == "fake device"
-    assert record["device"] == {"name": str(binary), "kind": "binary", "id": 3, "fault": None}
-    assert record["binary"]["sha256"] == runner.sha256_file(binary)
+    assert record["device"] == {"name": str(binary), "kind": "binary", "id": 3, "fault": None,
+                                "fault_not_applied": None}  # fmt: skip
+    assert record["binary"]["sha256"] == store.sha256_file(binary)
     assert record["env"] == {"ASCEND_DEVICE_ID": "3"}
-    assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(outputs / "dq.bin")
+    assert record["outputs"]["dq"]["sha256"] == store.sha256_file(outputs / "dq.bin")
     assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": [], "noise": {},
                                 "seed": None}  # fmt: skip
     assert record["started"] <= record["finished"]
@@ -132,9 +60,9 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
 
 
 def test_negative_case_records_the_status_without_gradients(tmp_path):
-    case_dir = make_case(tmp_path / "out", "bad_dtype", expect=161002)
+    case_dir = write_case_dir(tmp_path / "out", "bad_dtype", expect=161002)
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "ok", result.problems
     assert (result.status, result.expect_status) == (161002, 161002)
@@ -143,9 +71,9 @@ def test_negative_case_records_the_status_without_gradients(tmp_path):
 
 
 def test_outputs_root_puts_outputs_under_the_case_name(tmp_path):
-    case_dir = make_case(tmp_path / "out", "rooted")
+    case_dir = write_case_dir(tmp_path / "out", "rooted")
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path), outputs_root=tmp_path / "device"))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path), outputs_root=tmp_path / "device"))
 
     assert result.output_dir == (tmp_path / "device" / "rooted").resolve()
     assert (result.output_dir / "dq.bin").is_file()
@@ -158,12 +86,12 @@ def test_outputs_root_puts_outputs_under_the_case_name(tmp_path):
 def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path):
     root = tmp_path / "out"
     names = ["a_crash", "b_hang", "c_truncated", "d_nothing", "e_exitcode", "f_badstatus", "g_good", "h_good"]
-    case_dirs = [make_case(root, n) for n in names]
-    events: list[runner.RunEvent] = []
+    case_dirs = [write_case_dir(root, n) for n in names]
+    events: list[devices.RunEvent] = []
 
     started = time.monotonic()
-    summary = runner.run_cases(
-        case_dirs, options(fake_device(tmp_path), device_ids=(0, 1), timeout=3.0), on_event=events.append
+    summary = devices.run_cases(
+        case_dirs, run_options(fake_device(tmp_path), device_ids=(0, 1), timeout=3.0), on_event=events.append
     )
     elapsed = time.monotonic() - started
 
@@ -183,7 +111,7 @@ def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path
     assert "first line 'oops' is not a decimal aclnn status" in by_name["f_badstatus"].problems[0]
     assert by_name["g_good"].outcome == by_name["h_good"].outcome == "ok"
     assert summary.return_code == 3
-    assert elapsed < 3.0 + runner.KILL_GRACE_S + 8, "the hang did not hold up the other device"
+    assert elapsed < 3.0 + process.KILL_GRACE_S + 8, "the hang did not hold up the other device"
     assert {e.device_id for e in events} == {0, 1}
     assert sorted(e.case for e in events if e.kind == "done") == names
 
@@ -197,9 +125,9 @@ def test_misbehaving_binaries_are_reported_per_case_and_the_run_goes_on(tmp_path
 
 
 def test_timeout_kills_the_whole_process_group(tmp_path):
-    case_dir = make_case(tmp_path / "out", "only_hang")
+    case_dir = write_case_dir(tmp_path / "out", "only_hang")
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path), timeout=0.5))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path), timeout=0.5))
 
     assert result.outcome == "timeout"
     child_pid = int((result.output_dir / "child.pid").read_text())
@@ -210,14 +138,14 @@ def test_timeout_kills_the_whole_process_group(tmp_path):
 
 
 def test_stale_outputs_of_an_earlier_run_are_deleted_before_a_case_runs(tmp_path):
-    case_dir = make_case(tmp_path / "out", "now_nothing")
+    case_dir = write_case_dir(tmp_path / "out", "now_nothing")
     outputs = case_dir / "outputs"
     for stale in ("dq.bin", "dk.bin", "dv.bin", "status.txt", "stdout.run2.log", "run.json"):
         (outputs / stale).write_text("stale")
     (outputs / ".run-7").mkdir()
     (outputs / "notes.md").write_text("mine")
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "error"
     left = sorted(p.name for p in outputs.iterdir())
@@ -226,10 +154,10 @@ def test_stale_outputs_of_an_earlier_run_are_deleted_before_a_case_runs(tmp_path
 
 
 def test_stale_inputs_are_not_run(tmp_path):
-    case_dir = make_case(tmp_path / "out", "edited")
+    case_dir = write_case_dir(tmp_path / "out", "edited")
     (case_dir / "inputs" / "query.bin").write_bytes(b"\1" * 2048)
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "error"
     assert "inputs not run:" in result.problems[0]
@@ -244,19 +172,19 @@ def test_missing_manifest_is_an_error_record(tmp_path):
     case_dir.mkdir(parents=True)
     (case_dir / "case.json").write_text("{not json")
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path)))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path)))
 
     assert result.outcome == "error"
     assert "not valid JSON" in result.problems[0]
 
 
 def test_binary_that_cannot_start_is_an_error(tmp_path):
-    case_dir = make_case(tmp_path / "out", "no_exec")
+    case_dir = write_case_dir(tmp_path / "out", "no_exec")
     binary = fake_device(tmp_path)
-    device = devices.Device.create(binary=binary)
+    device = devices.create(binary=binary)
     binary.unlink()
 
-    result = runner.run_case(case_dir, devices.RunOptions(device=device))
+    result = devices.run_case(case_dir, devices.RunOptions(device=device))
 
     assert result.outcome == "error"
     assert "cannot start" in result.problems[0]
@@ -267,9 +195,9 @@ def test_binary_that_cannot_start_is_an_error(tmp_path):
 
 def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
     root = tmp_path / "out"
-    case_dirs = [make_case(root, "steady_good"), make_case(root, "racy_random")]
+    case_dirs = [write_case_dir(root, "steady_good"), write_case_dir(root, "racy_random")]
 
-    summary = runner.run_cases(case_dirs, options(fake_device(tmp_path), repeat=3))
+    summary = devices.run_cases(case_dirs, run_options(fake_device(tmp_path), repeat=3))
 
     steady, racy = summary.results
     assert steady.outcome == "ok"
@@ -287,15 +215,15 @@ def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
     assert record["env"] == {"ASCEND_DEVICE_ID": "0"}
     assert "ASCEND_DEVICE_ID 0" in (racy.output_dir / "stdout.run3.log").read_text()
     assert (racy.output_dir / "dq.bin").read_bytes() != b"", "the first run's outputs are kept"
-    assert record["outputs"]["dq"]["sha256"] == runner.sha256_file(racy.output_dir / "dq.bin")
+    assert record["outputs"]["dq"]["sha256"] == store.sha256_file(racy.output_dir / "dq.bin")
     assert not list(racy.output_dir.glob(".run-*"))
     assert summary.return_code == 1
 
 
 def test_repeat_stops_at_a_failing_run(tmp_path):
-    case_dir = make_case(tmp_path / "out", "repeat_crash")
+    case_dir = write_case_dir(tmp_path / "out", "repeat_crash")
 
-    result = runner.run_case(case_dir, options(fake_device(tmp_path), repeat=3))
+    result = devices.run_case(case_dir, run_options(fake_device(tmp_path), repeat=3))
 
     assert result.outcome == "crashed"
     assert result.problems[0].startswith("run 1 of 3: killed by SIGSEGV")
@@ -307,18 +235,18 @@ def test_repeat_stops_at_a_failing_run(tmp_path):
 
 def test_ctrl_c_keeps_finished_cases_and_records_the_interrupted_one(tmp_path):
     root = tmp_path / "out"
-    case_dirs = [make_case(root, "first_good"), make_case(root, "second_hang"), make_case(root, "third_good")]
+    case_dirs = [write_case_dir(root, name) for name in ("first_good", "second_hang", "third_good")]
     outputs = case_dirs[1] / "outputs"
     (outputs / "dq.bin").write_text("stale from an earlier run")
 
-    def interrupt_when_hanging(event: runner.RunEvent) -> None:
+    def interrupt_when_hanging(event: devices.RunEvent) -> None:
         if event.kind == "start" and event.case == "second_hang":
             deadline = time.monotonic() + 5
             while not (outputs / ".run-1" / "child.pid").exists() and time.monotonic() < deadline:
                 time.sleep(0.02)
             raise KeyboardInterrupt
 
-    summary = runner.run_cases(case_dirs, options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
+    summary = devices.run_cases(case_dirs, run_options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
 
     assert summary.interrupted
     assert [(r.name, r.outcome) for r in summary.results] == [
@@ -340,11 +268,11 @@ def test_ctrl_c_keeps_finished_cases_and_records_the_interrupted_one(tmp_path):
 
 
 def test_cmd_template_substitutes_every_placeholder_without_a_shell(tmp_path):
-    case_dir = make_case(tmp_path / "out", "templated")
+    case_dir = write_case_dir(tmp_path / "out", "templated")
     binary = fake_device(tmp_path)
     cmd = "{binary} --tag 'dev={device_id} dir={case_dir};$HOME' {manifest} {output_dir}"
 
-    result = runner.run_case(case_dir, options(binary, cmd=cmd, device_ids=(5,)))
+    result = devices.run_case(case_dir, run_options(binary, cmd=cmd, device_ids=(5,)))
 
     assert result.outcome == "ok", result.problems
     record = read_record(result)
@@ -356,10 +284,10 @@ def test_cmd_template_substitutes_every_placeholder_without_a_shell(tmp_path):
 
 
 def test_cmd_template_without_binary_runs_the_command(tmp_path):
-    case_dir = make_case(tmp_path / "out", "via_cmd")
+    case_dir = write_case_dir(tmp_path / "out", "via_cmd")
     binary = fake_device(tmp_path)
 
-    result = runner.run_case(case_dir, options(cmd=f"{binary} {{manifest}} {{output_dir}}"))
+    result = devices.run_case(case_dir, run_options(cmd=f"{binary} {{manifest}} {{output_dir}}"))
 
     assert result.outcome == "ok", result.problems
     assert read_record(result)["binary"] is None
@@ -377,22 +305,22 @@ def test_cmd_template_without_binary_runs_the_command(tmp_path):
 )
 def test_bad_cmd_templates_are_refused(tmp_path, cmd, message):
     with pytest.raises(devices.RunConfigError, match=None) as excinfo:
-        devices.Device.create(binary=fake_device(tmp_path), cmd=cmd)
+        devices.create(binary=fake_device(tmp_path), cmd=cmd)
     assert message in str(excinfo.value)
 
 
 def test_cmd_binary_placeholder_needs_binary():
     with pytest.raises(devices.RunConfigError, match=r"--cmd uses \{binary\} but no --binary was given"):
-        devices.Device.create(cmd="{binary} {manifest} {output_dir}")
+        devices.create(cmd="{binary} {manifest} {output_dir}")
 
 
 def test_binary_must_exist_and_be_executable(tmp_path):
     with pytest.raises(devices.RunConfigError, match="no such file"):
-        devices.Device.create(binary=tmp_path / "missing")
+        devices.create(binary=tmp_path / "missing")
     plain = tmp_path / "plain"
     plain.write_text("")
     with pytest.raises(devices.RunConfigError, match=r"not an executable file \(chmod \+x\?\)"):
-        devices.Device.create(binary=plain)
+        devices.create(binary=plain)
 
 
 # ---- options and selection -----------------------------------------------------------------------------
@@ -413,7 +341,7 @@ def test_parse_device_ids():
 def test_select_cases_filters_by_name_glob(tmp_path):
     root = tmp_path / "out"
     for name in ("smoke_a", "smoke_b", "edge_a"):
-        make_case(root, name)
+        write_case_dir(root, name)
 
     assert [p.name for p in store.select_cases([root])] == ["edge_a", "smoke_a", "smoke_b"]
     assert [p.name for p in store.select_cases([root], ["smoke_*"])] == ["smoke_a", "smoke_b"]
@@ -427,17 +355,17 @@ def test_select_cases_filters_by_name_glob(tmp_path):
 
 
 def test_environment_is_not_leaked_between_runs(tmp_path):
-    case_dir = make_case(tmp_path / "out", "env_good")
+    case_dir = write_case_dir(tmp_path / "out", "env_good")
     os.environ.pop("ASCEND_DEVICE_ID", None)
 
-    runner.run_case(case_dir, options(fake_device(tmp_path), device_ids=(2,)))
+    devices.run_case(case_dir, run_options(fake_device(tmp_path), device_ids=(2,)))
 
     assert "ASCEND_DEVICE_ID" not in os.environ
     assert "ASCEND_DEVICE_ID 2" in (case_dir / "outputs" / "stdout.log").read_text()
 
 
 def test_outputs_root_may_not_be_the_cases_folder(tmp_path):
-    case_dir = make_case(tmp_path / "out", "here")
+    case_dir = write_case_dir(tmp_path / "out", "here")
 
     with pytest.raises(devices.RunConfigError, match="would put outputs into the case directory"):
-        runner.run_cases([case_dir], options(fake_device(tmp_path), outputs_root=tmp_path / "out"))
+        devices.run_cases([case_dir], run_options(fake_device(tmp_path), outputs_root=tmp_path / "out"))

@@ -15,8 +15,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import cli_common, cli_gen, generate, golden, schedule
+from bsa_cli import generate, golden, schedule
 from bsa_cli.case import Case
+from bsa_cli.cli import common as cli_common
+from bsa_cli.cli import gen as cli_gen
 from bsa_cli.cli import main
 from bsa_cli.generate import compute_case
 from bsa_cli.schedule import estimate, parse_shard, shard
@@ -104,7 +106,7 @@ def test_progress_within_a_case_rises_row_by_row_to_one(tmp_path: Path, monkeypa
     compute_case(case, on_progress=seen.append)
     assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0  # one step per block row
     in_threads: list[float] = []
-    monkeypatch.setattr(golden, "_THREADS_MIN_ROW_FLOPS", 0)  # these rows are too small for threads
+    monkeypatch.setattr(golden.compute, "_THREADS_MIN_ROW_FLOPS", 0)  # these rows are too small for threads
     compute_case(case, jobs=2, on_progress=in_threads.append)
     assert len(in_threads) == len(seen) and in_threads == sorted(in_threads) and in_threads[-1] == 1.0  # every row
 

@@ -172,3 +172,9 @@ def test_keys_every_pattern_uses_and_a_negative_case_with_a_lower_case_layout_st
                                             "causal_alignment": "bottom_right", "empty_rows": [0]}}).exit_code == 0
     assert validate(tmp_path, {"sparsity": {"pattern": "random", "density": 0.4, "per_head": False}}).exit_code == 0
     assert validate(tmp_path, {"layout": "bnsd", "expect": 561002}).exit_code == 0
+
+
+def test_a_cases_compare_settings_are_checked_by_the_comparators_rules(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match=r"key 'compare': unknown standard 'singel' \(did you mean 'single'\?\)"):
+        load(tmp_path, [{**BASE, "compare": {"standard": "singel"}}])
+    assert load(tmp_path, [{**BASE, "compare": {"standard": "single"}}])[0].compare == {"standard": "single"}

@@ -18,16 +18,14 @@ from bsa_cli.errors import SpecError
 from bsa_cli.generate import compute_case, generate_case
 from bsa_cli.inputs import make_tensors
 from bsa_cli.spec import load_specs
+from tests.helpers import case_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 STRESS = load_specs([ROOT / "cases" / "stress.yaml"])
 
 
-def make_case(**fields: object) -> Case:
-    base = dict(name="c", source="t", layout="BNSD", dtype="float16", batch=2, num_heads=4, num_kv_heads=2,
-                head_dim=32, q_seq_len=128, kv_seq_len=160, actual_seq_lengths=None, actual_seq_lengths_kv=None,
-                block_shape=(32, 32), scale=1 / math.sqrt(32), seed=5)  # fmt: skip
-    return Case(**{**base, **fields})  # type: ignore[arg-type]
+make_case = case_factory(name="c", source="t", batch=2, num_heads=4, q_seq_len=128, kv_seq_len=160,
+                         block_shape=(32, 32), scale=1 / math.sqrt(32), seed=5)  # fmt: skip
 
 
 def rows_of(array: np.ndarray) -> np.ndarray:
@@ -222,14 +220,15 @@ def test_a_stress_option_changes_only_the_cases_that_use_it() -> None:
 
 def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     """A stress case whose kernel path flushes values to zero says so in compare's results and HTML."""
-    from bsa_cli import compare, emulator, report
+    from bsa_cli import compare, report
+    from bsa_cli.devices import reference
     from bsa_cli.generate import generate_case
     from bsa_cli.spec import load_specs
 
     case = next(c for c in load_specs([Path(__file__).parent.parent / "cases" / "stress.yaml"])
                 if c.name == "stress-peaked.fp16")  # fmt: skip
     case_dir = generate_case(case, tmp_path)
-    emulator.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
+    reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
     result = compare.compare_case(case_dir)
     assert result.verdict == compare.PASS
     assert any("underflow" in note for note in result.kernel_notes)

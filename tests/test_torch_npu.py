@@ -25,15 +25,14 @@ import pytest
 import torch
 import yaml
 from click.testing import CliRunner
-from test_runner import make_case
 
-from bsa_cli import devices, runner, store, torch_npu_device
+from bsa_cli import devices, store
 from bsa_cli.cli import main
-from bsa_cli.torch_npu_device import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
+from bsa_cli.devices import torch_npu
+from bsa_cli.devices.torch_npu import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
+from tests.helpers import STANDIN, STANDIN_FAULT, invoke, run_record, standin_env, write_case_dir
 
 ROOT = Path(__file__).resolve().parent.parent
-STANDIN = Path(__file__).resolve().parent / "torch_npu_standin"
-FAULT = "BSA_TORCH_NPU_STANDIN_FAULT"
 
 SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 3, "dtype": "fp16"},
@@ -70,13 +69,6 @@ def out(generated, tmp_path) -> Path:
     return Path(shutil.copytree(generated, tmp_path / "out"))
 
 
-def standin_env(patch: pytest.MonkeyPatch) -> None:
-    """Make torch_npu importable here (bsa's check) and in the device's child processes."""
-    patch.syspath_prepend(str(STANDIN))
-    patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])))
-    patch.delenv(FAULT, raising=False)
-
-
 @pytest.fixture
 def with_standin(monkeypatch) -> None:
     standin_env(monkeypatch)
@@ -104,16 +96,8 @@ def checked(tmp_path_factory, spec_file, generated) -> tuple[Path, Any, dict]:
     return out, result, json.loads(report.read_text()) if report.exists() else {}
 
 
-def invoke(*args: Any) -> Any:
-    return CliRunner().invoke(main, [str(a) for a in args])
-
-
-def record(case_dir: Path) -> dict:
-    return json.loads((case_dir / "outputs" / "run.json").read_text())
-
-
 def options(**kwargs: Any) -> devices.RunOptions:
-    return devices.RunOptions(device=devices.Device.create(kind="torch_npu"), **kwargs)
+    return devices.RunOptions(device=devices.create(kind="torch_npu"), **kwargs)
 
 
 # ---- bsa check / bsa run --device torch_npu ------------------------------------------------------------
@@ -131,10 +115,10 @@ def test_check_passes_a_small_suite_through_torch_npu(checked):
         "tn-neg-null-lse": ("PASS", 161001),
     }
     assert "device: torch_npu (torch_npu.npu_block_sparse_attention_backward)" in result.stderr
-    rec = record(out / "tn-tnd-gqa")
+    rec = run_record(out / "tn-tnd-gqa")
     assert rec["device"]["kind"] == "torch_npu" and "torch_npu" in rec["device"]["name"]
     assert rec["binary"] is None and rec["timeout_s"] == 600.0
-    assert rec["command"][:3] == [sys.executable, "-m", "bsa_cli.torch_npu_device"]
+    assert rec["command"][:3] == [sys.executable, "-m", "bsa_cli.devices.torch_npu"]
     assert rec["command"][3] == str((out / "tn-tnd-gqa" / "case.json").resolve())
     assert "torch_npu 0.0.0+bsa.standin" in (out / "tn-tnd-gqa" / "outputs" / "stdout.log").read_text()
 
@@ -146,7 +130,7 @@ def test_an_aclnn_rejection_is_recorded_as_its_status(checked):
 
     assert status[0] == "161002"
     assert "call aclnnBlockSparseAttentionGrad failed, error code is 161002" in status[1]
-    assert record(outputs.parent)["status"] == 161002 and not (outputs / "dq.bin").exists()
+    assert run_record(outputs.parent)["status"] == 161002 and not (outputs / "dq.bin").exists()
     assert (checked[0] / "tn-neg-null-lse" / "outputs" / "status.txt").read_text().startswith("161001\n")
 
 
@@ -156,7 +140,7 @@ def test_gradients_arrive_bit_for_bit(checked, standin):
     call = plan_call(manifest)
     tensors = [
         to_tensor(torch, store.read_array(case_dir, manifest["inputs"][name]), manifest["inputs"][name]["dtype"])
-        for name in torch_npu_device.CALL_ORDER
+        for name in torch_npu.CALL_ORDER
     ]
 
     expected = standin._backward(*tensors, call.block_shape, call.actual_seq_lengths, call.actual_seq_lengths_kv,
@@ -173,13 +157,13 @@ def test_gradients_arrive_bit_for_bit(checked, standin):
 
 def test_a_misbehaving_torch_npu_is_recorded(tmp_path, with_standin, monkeypatch):
     faults = {0: "import", 1: "crash", 2: "hang", 3: "error", 4: "wrong-dtype"}
-    monkeypatch.setenv(FAULT, ",".join(f"{fault}@{device}" for device, fault in faults.items()))
-    cases = {device: make_case(tmp_path / "out", fault) for device, fault in faults.items()}
+    monkeypatch.setenv(STANDIN_FAULT, ",".join(f"{fault}@{device}" for device, fault in faults.items()))
+    cases = {device: write_case_dir(tmp_path / "out", fault) for device, fault in faults.items()}
     # No time limit but for the hang: however slow the machine, only the hang can time out.
     limits = {device: 2.0 if fault == "hang" else None for device, fault in faults.items()}
 
-    def run(device: int) -> runner.CaseResult:
-        return runner.run_case(cases[device], options(device_ids=tuple(faults), timeout=limits[device]), device)
+    def run(device: int) -> devices.RunResult:
+        return devices.run_case(cases[device], options(device_ids=tuple(faults), timeout=limits[device]), device)
 
     with ThreadPoolExecutor(len(faults)) as pool:  # one case per device id, side by side
         results = dict(zip(faults, pool.map(run, faults), strict=True))
@@ -205,7 +189,7 @@ def test_a_misbehaving_torch_npu_is_recorded(tmp_path, with_standin, monkeypatch
     assert stderr["wrong-dtype"] == (
         "Error: dq: torch_npu returned torch.float32 [1, 2, 32, 16], the manifest wants torch.float16 [1, 2, 32, 16]\n"
     )
-    assert record(cases[2])["timeout_s"] == 2.0
+    assert run_record(cases[2])["timeout_s"] == 2.0
 
 
 def test_missing_torch_npu_is_a_usage_error(out, monkeypatch):
@@ -244,7 +228,7 @@ def test_device_reference_is_the_default_and_may_be_named(out):
     result = invoke("run", out / "tn-neg-block-zero", "--device", "reference")
 
     assert result.exit_code == 0, result.output
-    assert record(out / "tn-neg-block-zero")["device"]["kind"] == "reference"
+    assert run_record(out / "tn-neg-block-zero")["device"]["kind"] == "reference"
 
 
 def test_deterministic_mode_reaches_the_device_through_its_environment():
@@ -253,7 +237,7 @@ def test_deterministic_mode_reaches_the_device_through_its_environment():
 
 
 def test_bsa_never_imports_torch():
-    code = "import sys, bsa_cli.cli, bsa_cli.cli_run, bsa_cli.torch_npu_device; print('torch' in sys.modules)"
+    code = "import sys, bsa_cli.cli, bsa_cli.cli.run, bsa_cli.devices.torch_npu; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
@@ -273,9 +257,9 @@ def test_bf16_round_trip_is_bit_exact():
 
 
 def test_to_array_refuses_a_wrong_dtype_or_shape():
-    with pytest.raises(torch_npu_device.DeviceFailure, match=r"dk: torch_npu returned torch.float32 \[2, 3\]"):
+    with pytest.raises(torch_npu.DeviceFailure, match=r"dk: torch_npu returned torch.float32 \[2, 3\]"):
         to_array(torch, torch.zeros(2, 3), "float16", [2, 3], "dk")
-    with pytest.raises(torch_npu_device.DeviceFailure, match=r"returned torch.float16 \[3, 2\], the manifest wants"):
+    with pytest.raises(torch_npu.DeviceFailure, match=r"returned torch.float16 \[3, 2\], the manifest wants"):
         to_array(torch, torch.zeros(3, 2, dtype=torch.float16), "float16", [2, 3], "dk")
 
 
@@ -343,10 +327,10 @@ def test_aclnn_status_is_read_from_torch_npus_messages():
 def test_task_queue_2_and_compact_errors_are_switched_off():
     env = {"TASK_QUEUE_ENABLE": "2", "TORCH_NPU_COMPACT_ERROR_OUTPUT": "1", "OTHER": "x"}
 
-    notes = torch_npu_device.prepare_environment(env)
+    notes = torch_npu.prepare_environment(env)
 
     assert env == {"TASK_QUEUE_ENABLE": "1", "OTHER": "x"} and len(notes) == 2
-    assert torch_npu_device.prepare_environment({"TASK_QUEUE_ENABLE": "1"}) == []
+    assert torch_npu.prepare_environment({"TASK_QUEUE_ENABLE": "1"}) == []
 
 
 # ---- the stand-in is as strict as the binding ---------------------------------------------------------
@@ -507,7 +491,7 @@ def test_check_smoke_and_edge_through_torch_npu(tmp_path):
     """
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])))
-    env.pop(FAULT, None)
+    env.pop(STANDIN_FAULT, None)
     command = [sys.executable, "-m", "bsa_cli", "check", str(ROOT / "cases" / "smoke.yaml"),
                str(ROOT / "cases" / "edge.yaml"), "-o", str(tmp_path / "out"), "--device", "torch_npu",
                "--devices", "0,1", "--json", str(report)]  # fmt: skip
@@ -524,7 +508,7 @@ def test_check_smoke_and_edge_through_torch_npu(tmp_path):
 def test_deterministic_repeats_through_the_standin_are_bitwise_identical(out, with_standin):
     result = invoke("run", out, "--device", "torch_npu", "--deterministic", "--repeat", "3", "--filter", "tn-tnd-gqa")
     assert result.exit_code == 0, result.output
-    rec = record(out / "tn-tnd-gqa")
+    rec = run_record(out / "tn-tnd-gqa")
     assert rec["outcome"] == "ok" and rec["deterministic"] is True and rec["repeat"]["identical"] is True
     assert "torch.use_deterministic_algorithms(True)" in (out / "tn-tnd-gqa" / "outputs" / "stdout.log").read_text()
 
@@ -538,6 +522,6 @@ def test_without_deterministic_mode_the_standin_moves_dk_dv_last_bits(tmp_path, 
     for flags, noisy in (((), True), (("--deterministic",), False)):
         result = invoke("run", tmp_path / "out", "--device", "torch_npu", "--repeat", "3", *flags)
         assert result.exit_code == 0, result.output
-        rec = record(tmp_path / "out" / "noisy")
+        rec = run_record(tmp_path / "out" / "noisy")
         assert rec["outcome"] == "ok" and rec["deterministic"] is bool(flags)
         assert set(rec["repeat"]["noise"]) <= {"dk", "dv"} and bool(rec["repeat"]["noise"]) is noisy

@@ -20,12 +20,11 @@ from pathlib import Path
 
 import pytest
 import yaml
-from click.testing import CliRunner
-from test_hostile import BASE, digest
 
-from bsa_cli import devices, generate, runner, schedule, spec, store
-from bsa_cli.cli import main
+from bsa_cli import devices, generate, schedule, spec, store
+from bsa_cli.devices import process, record, run
 from bsa_cli.errors import DataError, SpecError
+from tests.helpers import BASE, digest, invoke
 
 
 def write_spec(folder: Path, *cases: dict, **top: object) -> str:
@@ -33,10 +32,6 @@ def write_spec(folder: Path, *cases: dict, **top: object) -> str:
     path = folder / "spec.yaml"
     path.write_text(yaml.safe_dump({**top, "cases": [{**BASE, **c} for c in cases]}, sort_keys=False))
     return str(path)
-
-
-def invoke(*args: object) -> object:
-    return CliRunner().invoke(main, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
@@ -235,15 +230,15 @@ def test_a_bad_case_is_recorded_and_the_run_goes_on(out: Path) -> None:
 
 
 def test_an_unforeseen_exception_in_one_case_does_not_stop_the_run(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = runner._CaseRun.run
+    real = run._CaseRun.run
 
-    def flaky(self: runner._CaseRun) -> runner.CaseResult:
+    def flaky(self: run._CaseRun) -> devices.RunResult:
         if self.case_dir.name == "a":
             raise ZeroDivisionError("boom")
         return real(self)
 
-    monkeypatch.setattr(runner._CaseRun, "run", flaky)
-    summary = runner.run_cases(store.select_cases([out]), devices.RunOptions())
+    monkeypatch.setattr(run._CaseRun, "run", flaky)
+    summary = devices.run_cases(store.select_cases([out]), devices.RunOptions())
     assert [(r.name, r.outcome) for r in summary.results] == [("a", "error"), ("b", "ok")]
     assert "ZeroDivisionError: boom" in summary.results[0].problems[0]
 
@@ -264,15 +259,15 @@ def test_a_full_disk_during_gen_is_one_error_line_and_leaves_nothing_half_writte
 
 
 def test_a_full_disk_during_run_is_recorded_per_case(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bsa_cli import emulator
+    from bsa_cli.devices import reference
 
-    monkeypatch.setattr(emulator, "_write_atomic", enospc)
+    monkeypatch.setattr(reference, "write_atomic", enospc)
     result = invoke("run", out)
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert "could not write its outputs: No space left on device" in result.stderr
     assert json.loads((out / "a" / "outputs" / "run.json").read_text())["outcome"] == "error"
 
-    monkeypatch.setattr(runner, "write_json_atomic", enospc)
+    monkeypatch.setattr(run, "write_json_atomic", enospc)
     result = invoke("run", out)
     assert result.exit_code == 3 and "cannot write" in result.stderr and "No space left on device" in result.stderr
 
@@ -289,6 +284,15 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def interrupt_group(pid: int) -> None:
+    """SIGINT the process group of `pid`, as Ctrl-C does; a group that has already ended (the command was
+    quicker than the delay: its exit code is then checked as a finished run's) is no error."""
+    try:
+        os.killpg(pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+
+
 def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> None:
     for delay in (0.0, 0.002, 0.02, 0.4):
         proc = subprocess.Popen(
@@ -301,7 +305,7 @@ def test_ctrl_c_while_compare_workers_start_leaves_no_traceback(suite: Path) -> 
         while not children(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)  # until the worker is spawned (bsa itself has started)
         time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGINT)  # as a terminal does: the whole foreground group
+        interrupt_group(proc.pid)  # as a terminal does: the whole foreground group
         _, stderr = proc.communicate(timeout=60)
         assert b"Traceback" not in stderr, stderr.decode()
         assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, stderr.decode())
@@ -321,7 +325,7 @@ def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Pat
         while len(children(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.005)
         time.sleep(delay)
-        os.killpg(proc.pid, signal.SIGINT)
+        interrupt_group(proc.pid)
         _, stderr = proc.communicate(timeout=120)
         assert b"Traceback" not in stderr, stderr.decode()
         assert proc.returncode in (0, 130, -signal.SIGINT), (delay, proc.returncode, stderr.decode())
@@ -394,10 +398,10 @@ def test_a_binary_log_keeps_its_head_and_tail_and_says_how_much_was_cut(out: Pat
     binary.chmod(0o755)
     assert invoke("run", out / "a", "--binary", binary).exit_code == 0
     log = (out / "a" / "outputs" / "stdout.log").read_bytes()
-    cut = 100 + (5 << 20) + 100 - runner.LOG_HEAD_BYTES - runner.LOG_TAIL_BYTES
+    cut = 100 + (5 << 20) + 100 - process.LOG_HEAD_BYTES - process.LOG_TAIL_BYTES
     assert log.startswith(b"h" * 100) and log.endswith(b"x" * 1000 + b"t" * 100)
     assert f"[bsa: {cut} bytes cut here".encode() in log
-    assert len(log) < runner.LOG_HEAD_BYTES + runner.LOG_TAIL_BYTES + 200
+    assert len(log) < process.LOG_HEAD_BYTES + process.LOG_TAIL_BYTES + 200
 
 
 def test_status_txt_is_read_up_to_a_bound(out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -405,8 +409,8 @@ def test_status_txt_is_read_up_to_a_bound(out: Path, tmp_path: Path, monkeypatch
     binary.write_text(f"#!{sys.executable}\nimport sys\nopen(sys.argv[2] + '/status.txt', 'w').write("
                       "'161002\\n' + 'm' * 100000)\n")  # fmt: skip
     binary.chmod(0o755)
-    monkeypatch.setattr(runner, "STATUS_MAX_BYTES", 1000)
-    result = runner.run_case(out / "a", devices.RunOptions(device=devices.Device.create(binary=binary)))
+    monkeypatch.setattr(record, "STATUS_MAX_BYTES", 1000)
+    result = devices.run_case(out / "a", devices.RunOptions(device=devices.create(binary=binary)))
     assert result.status == 161002
     assert len(result.record["status_message"]) == 1000 - len("161002\n")
 

@@ -18,7 +18,7 @@ none imports `bsa_cli.report` or the CLI):
 * `structural.py` the checks every standard runs: NaN/Inf, rows that must be 0, padding, all-zero outputs;
 * `summary.py`    the benchmark measured once at `bsa gen` and reused by every judgement;
 * `judge.py`      `judge_tensors`: the pure core, with the checks of each standard;
-* `diagnose.py`   a failing case's likely causes, hypotheses recomputed on its failing blocks (`diagnose`);
+* `diagnose/`     a failing case's likely causes, hypotheses recomputed on its failing blocks (`diagnose`);
 * `case_files.py` reading a case and an output directory: status, run record, hashes, mapped arrays;
 * `verdict.py`    one case to its verdict: `compare_case` (files) and `judge_outcome` (in memory);
 * `suite.py`      a suite of cases, in this process or in worker processes: `compare_suite`.

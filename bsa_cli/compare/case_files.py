@@ -19,12 +19,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import DataError, clip, show
-from ..manifest import GRAD_NAMES
+from ..manifest import GRAD_NAMES, Manifest
 from ..store import (
     MANIFEST,
     entry_path,
     inside,
-    iter_entries,
     load_json,
     map_array,
     map_read_only,
@@ -114,6 +113,22 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     if isinstance(software, dict) and isinstance(software.get("cann"), str):
         info["device_cann"] = clip(software["cann"], 64)
     return info
+
+
+def _recorded_fault_note(output_dir: Path) -> tuple[bool, str | None]:
+    """Return whether the run record says if its planted fault applied to the case, and the sentence it
+    gives when the fault did not apply (None: it applied).
+
+    The reference device records it as `device.fault_not_applied`; records written before that key existed
+    say nothing (False), and the caller works the answer out from the fault itself."""
+    try:
+        device = _load_record(output_dir)["device"]
+    except (DataError, KeyError, TypeError):
+        return False, None
+    if not isinstance(device, dict) or "fault_not_applied" not in device:
+        return False, None
+    note = device["fault_not_applied"]
+    return True, clip(note, 1000) if isinstance(note, str) and note else None
 
 
 def _read_run_record(
@@ -269,7 +284,7 @@ class _Inline(Executor):
 def _open_arrays(
     case_dir: Path,
     output_dir: Path | None,
-    manifest: Mapping[str, Any],
+    manifest: Manifest,
     need_benchmark: bool,
     pool: Executor | None,
     verify_inputs: bool = True,
@@ -297,7 +312,7 @@ def _open_arrays(
     """
     executor = pool or _Inline()
     opened = _Opened()
-    document = manifest.get("benchmark_summary")
+    document = manifest.benchmark_summary
     if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
         opened.summary = _open_summary(case_dir, manifest, document, executor, opened)
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
@@ -306,12 +321,12 @@ def _open_arrays(
     else:
         assert output_dir is not None
         sections.insert(0, ("outputs", output_dir, opened.device))
-    bench_entries = dict(iter_entries(manifest, "benchmark"))
+    bench_entries = dict(manifest.entries("benchmark"))
     if bench_entries or need_benchmark:
         opened.benchmark = {}
         sections.append(("benchmark", case_dir, opened.benchmark))
     for section, base, arrays in sections:
-        entries = dict(iter_entries(manifest, section))
+        entries = dict(manifest.entries(section))
         # With a summary the benchmark is hashed and read at its worst elements only, not measured.
         populate = section != "benchmark" or opened.summary is None
         for name in GRAD_NAMES:
@@ -329,7 +344,7 @@ def _open_arrays(
             elif outputs_run is not None and name in outputs_run:
                 path, record = entry_path(base, entries[name]), base / RUN_RECORD
                 opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
-    inputs = dict(iter_entries(manifest, "inputs"))
+    inputs = dict(manifest.entries("inputs"))
     if "block_sparse_mask" not in inputs:
         opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
     for name, entry in inputs.items():
@@ -354,7 +369,7 @@ def _open_arrays(
 
 
 def _open_summary(
-    case_dir: Path, manifest: Mapping[str, Any], document: Mapping[str, Any], executor: Executor, opened: _Opened
+    case_dir: Path, manifest: Manifest, document: Mapping[str, Any], executor: Executor, opened: _Opened
 ) -> BenchmarkSummary | None:
     """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it; None, with a problem noted,
     if it is malformed or a tiles file is missing or of the wrong size."""

@@ -20,10 +20,16 @@ from ..case import ACLNN_STATUS, Case, numpy_dtype
 from ..errors import DataError, clip
 from ..interface import release_of_cann
 from ..layout import mask_view
-from ..manifest import GRAD_NAMES, case_from_manifest, inputs_digest, release_of
-from ..manifest import notes as manifest_notes
-from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, iter_entries, load_manifest, map_array
-from .case_files import _open_arrays, _read_run_record, _read_status, _run_device_info, not_run_message
+from ..manifest import GRAD_NAMES, Manifest
+from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
+from .case_files import (
+    _open_arrays,
+    _read_run_record,
+    _read_status,
+    _recorded_fault_note,
+    _run_device_info,
+    not_run_message,
+)
 from .diagnose import diagnose
 from .judge import judge_tensors
 from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Hypothesis, Selection, TensorResult
@@ -90,7 +96,7 @@ IN_MEMORY = "(in memory)"
 def judge_outcome(
     case_dir: Path,
     outcome: DeviceOutcome,
-    manifest: Mapping[str, Any] | None = None,
+    manifest: Manifest | None = None,
     run: RunSettings | None = None,
     pool: Executor | None = None,
 ) -> CaseResult:
@@ -148,7 +154,7 @@ def _compare_case(
 def _judge_case(
     case_dir: Path,
     output_dir: Path | None,
-    manifest: Mapping[str, Any] | None,
+    manifest: Manifest | None,
     run: RunSettings | None,
     pool: Executor | None,
     verify_inputs: bool,
@@ -175,22 +181,22 @@ def _judge_case(
 
     try:
         manifest = load_manifest(case_dir) if manifest is None else manifest
-        case = case_from_manifest(manifest)
+        case = manifest.case
     except DataError as exc:
         return error(case_dir.name, [str(exc)])
     except (KeyError, TypeError, ValueError) as exc:
         return error(case_dir.name, [f"{case_dir / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})"])
-    name = str(manifest.get("name", case_dir.name))
+    name = manifest.name
     try:
-        settings = resolve_settings(case.dtype, manifest.get("compare"), run)
+        settings = resolve_settings(case.dtype, manifest.compare_settings, run)
     except ValueError as exc:
         if str(exc).startswith("--threshold"):
             raise RunThresholdError(f"case {name!r}: {exc}") from None
         return error(name, [f"{case_dir / MANIFEST}: compare settings: {exc}"], dtype=case.dtype, layout=case.layout)
     known: dict[str, Any] = {
-        "spec": manifest.get("spec"),
-        "inputs_sha256": inputs_digest(manifest),
-        "release": release_of(manifest),
+        "spec": manifest.spec,
+        "inputs_sha256": manifest.inputs_digest,
+        "release": manifest.release,
         "standard": settings.label,
         "settings": settings,
         "dtype": case.dtype,
@@ -282,8 +288,8 @@ def _judge_case(
     if stale:
         return error(name, stale, **known)
     if known.get("fault"):
-        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask)
-    known["kernel_notes"] = manifest_notes(manifest)
+        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask, output_dir)
+    known["kernel_notes"] = manifest.notes
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
     if not all(t.passed for t in tensors) or not all(c.passed for c in checks):
@@ -292,12 +298,12 @@ def _judge_case(
     return _finish(name, base, known, checks, tensors, started, output_bytes)
 
 
-def _diagnosis(case_dir: Path, manifest: Mapping[str, Any], case: Case, tensors: tuple[TensorResult, ...],
+def _diagnosis(case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...],
                checks: list[Check], opened: Any) -> dict[str, Any]:  # fmt: skip
     """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
     judgement already checked them or the run record answered for them)."""
     try:
-        inputs = _LazyInputs(case_dir, dict(iter_entries(manifest, "inputs")))
+        inputs = _LazyInputs(case_dir, dict(manifest.entries("inputs")))
         with blas.one_thread_each():  # products of a few blocks: BLAS threads only spin (100x slower measured)
             result = diagnose(case, tensors, checks, opened.device, opened.golden, opened.benchmark or None, inputs)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
@@ -324,14 +330,18 @@ class _LazyInputs(Mapping[str, np.ndarray]):
         return len(self.entries)
 
 
-def _fault_notes(fault: str, case: Case, block_mask: np.ndarray) -> tuple[str, ...]:
-    """Return a note when the planted fault does not apply to the case (the device ran it clean)."""
-    from .. import emulator  # only cases run with a planted fault need it
+def _fault_notes(fault: str, case: Case, block_mask: np.ndarray, output_dir: Path | None) -> tuple[str, ...]:
+    """Return a note when the planted fault does not apply to the case (the device ran it clean), as the
+    reference device recorded it in run.json; a record of an older bsa does not say, and the fault's
+    geometry answers instead (`devices.faults`, pure)."""
+    recorded, reason = _recorded_fault_note(output_dir) if output_dir is not None else (False, None)
+    if not recorded:
+        from ..devices.faults import fault_not_applied  # only records written before run.json said it
 
-    try:
-        reason = emulator.fault_not_applied(fault, case, block_mask)
-    except ValueError:  # a fault this bsa does not know (a record of another version)
-        return ()
+        try:
+            reason = fault_not_applied(fault, case, block_mask)
+        except ValueError:  # a fault this bsa does not know (a record of another version)
+            return ()
     return () if reason is None else (reason,)
 
 
@@ -349,9 +359,9 @@ def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
     return Selection(shape, rows)
 
 
-def _check_grads(manifest: Mapping[str, Any], grads: Mapping[str, np.ndarray] | None) -> None:
+def _check_grads(manifest: Manifest, grads: Mapping[str, np.ndarray] | None) -> None:
     """Raise ValueError unless `grads` holds dq, dk, dv of the dtypes and shapes the manifest's `outputs` give."""
-    outputs = manifest.get("outputs") or {}
+    outputs = manifest.outputs
     for name in GRAD_NAMES:
         entry = outputs.get(name)
         if entry is None:
@@ -372,14 +382,14 @@ def _dtype_name(dtype: np.dtype) -> str:
     return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
 
 
-def _shape_problems(case: Case, manifest: Mapping[str, Any], where: Path) -> list[str]:
+def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
     """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
     shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
     golden for a small case costs nothing."""
     wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape)}
     problems = []
     for section in ("outputs", "golden", "benchmark"):
-        for grad, entry in iter_entries(manifest, section):
+        for grad, entry in manifest.entries(section):
             if grad in wanted and list(entry["shape"]) != wanted[grad]:
                 problems.append(f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
                                 f"{wanted[grad]} (its params)")  # fmt: skip

@@ -7,20 +7,29 @@ from pathlib import Path
 
 import click
 
-from . import output, report
-from .cli_common import (
+from .. import report
+from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
+from ..compare import drift as drift_
+from ..errors import DataError
+from ..store import load_json, read_regular
+from . import output
+from .common import (
     UserError,
     folders_of_cases,
     prepare_reports,
-    run_settings,
     select_cases_or_suites,
+    user_errors,
     write_reports,
 )
-from .compare import STANDARDS, SuiteResult, compare_suite, missing_cases
-from .compare import drift as drift_
-from .errors import BsaError, DataError
-from .options import jobs_option_for, report_options
-from .store import load_json, read_regular
+from .options import (
+    ReportPaths,
+    SettingsOptions,
+    filter_option,
+    jobs_option_for,
+    report_options,
+    settings_options,
+    verbose_option,
+)
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
@@ -35,10 +44,8 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
             raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
-    try:
+    with user_errors(ValueError):
         return report.merge(documents), report.merged_header(documents)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
 
 
 def load_baseline(path: Path) -> drift_.Night:
@@ -63,22 +70,12 @@ _STANDARD_HELP = (
     type=click.Path(path_type=Path, file_okay=False),
     help="Device outputs are in OUTPUTS_ROOT/<case> instead of each case's outputs/.",
 )
-@click.option("--standard", metavar="NAME[:PRESET]", help=_STANDARD_HELP)
-@click.option(
-    "--threshold",
-    "thresholds",
-    multiple=True,
-    metavar="KEY=VALUE",
-    help="Override one threshold of the standard (repeatable), e.g. rmse_ratio=1.5 or zero_atol=1e-6.",
+@settings_options(
+    standard=_STANDARD_HELP,
+    threshold="Override one threshold of the standard (repeatable), e.g. rmse_ratio=1.5 or zero_atol=1e-6.",
+    padding="BNSD padding past honored actual lengths: ignore it (default) or require zeros.",
 )
-@click.option(
-    "--padding",
-    type=click.Choice(["ignore", "zero"]),
-    help="BNSD padding past honored actual lengths: ignore it (default) or require zeros.",
-)
-@click.option(
-    "--filter", "filters", multiple=True, metavar="GLOB", help="Only cases whose directory name matches (repeatable)."
-)
+@filter_option("Only cases whose directory name matches (repeatable).")
 @report_options
 @click.option("--merge", is_flag=True, help="PATHS are JSON reports of shards: merge them into one verdict and report.")
 @click.option(
@@ -99,18 +96,13 @@ _STANDARD_HELP = (
 @click.option("--explain", metavar="CASE",
               help="Judge (or, with --merge, read) only case CASE and print its diagnosis's full reasoning: each "
                    "hypothesis tried, what it explained, why the others were ruled out.")
-@click.option("-v", "--verbose", is_flag=True, help="Show every check and metric of every case.")
+@verbose_option
 def compare_command(
     paths: tuple[Path, ...],
     outputs_root: Path | None,
-    standard: str | None,
-    thresholds: tuple[str, ...],
-    padding: str | None,
+    settings: SettingsOptions,
     filters: tuple[str, ...],
-    json_path: Path | None,
-    junit_path: Path | None,
-    html_path: Path | None,
-    csv_path: Path | None,
+    reports: ReportPaths,
     merge: bool,
     no_verify_inputs: bool,
     baseline: Path | None,
@@ -130,12 +122,11 @@ def compare_command(
     3 a case could not be judged.
     """
     started = time.perf_counter()
-    reports = {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
     header = None
     if merge:
-        given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", standard),
-                                          ("--threshold", thresholds), ("--padding", padding),
+        given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", settings.standard),
+                                          ("--threshold", settings.thresholds), ("--padding", settings.padding),
                                           ("--filter", filters), ("--no-verify-inputs", no_verify_inputs),
                                           ("--jobs", jobs))
                  if value]  # fmt: skip
@@ -144,17 +135,15 @@ def compare_command(
         prepare_reports(reports)
         suite, header = _load_reports(paths)
     else:
-        run = run_settings(standard, thresholds, padding)
+        run = settings.run_settings()
         case_dirs = select_cases_or_suites(paths, filters)
         if explain is not None:
             case_dirs = _explained_dirs(case_dirs, explain)
         missing = missing_cases(folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
         prepare_reports(reports)
-        try:
+        with user_errors(ValueError):
             suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs,
                                   missing=missing)  # fmt: skip
-        except (ValueError, BsaError) as exc:
-            raise UserError(str(exc)) from None
     if explain is not None:
         suite = _explained_suite(suite, explain)
     report.render_terminal(suite, output.stdout, verbose=verbose)
@@ -200,8 +189,6 @@ def _baseline_options(
         if given:
             raise UserError(f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)")
         return drift_.Margin(), None
-    try:
+    with user_errors(ValueError):
         margin = drift_.parse_margin(regression_margin) if regression_margin is not None else drift_.Margin()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     return margin, load_baseline(baseline)

@@ -1,8 +1,23 @@
 """The `bsa` command line: the command group, built from the command modules.
 
-Each command module defines click commands that parse options, call the library, turn its errors into
-messages and render; `cli_common` holds what they share (exit codes, `UserError`). This module only
-imports them and adds their commands to `main`: imports flow one way, from here down.
+One module per command group; each defines click commands that parse options, call the library, turn its
+errors into `Error:` lines and render:
+
+    gen.py       bsa validate, bsa list, bsa gen
+    run.py       bsa run, bsa emulate, bsa check
+    compare.py   bsa compare
+    export.py    bsa export
+    trend.py     bsa trend
+
+Below them, what several commands share (they import these and the library, never each other):
+
+    common.py    exit codes, `UserError`, `user_errors()`; cases from specs, folders of suites, report files
+    options.py   click options defined once (--filter, -j, the device's, the reports', ...)
+    progress.py  the progress display of gen, run and check
+    output.py    the rich consoles: results on stdout, diagnostics on stderr
+
+This module only imports the commands and adds them to `main` (and turns Ctrl-C, SIGTERM, SIGHUP, files that
+cannot be read or written and memory running out into one line): imports flow one way, from here down.
 """
 
 from __future__ import annotations
@@ -17,13 +32,13 @@ from typing import Any
 
 import click
 
-from ._version import __version__
-from .cli_common import EXIT_INTERRUPTED, UserError
-from .cli_compare import compare_command
-from .cli_export import export_command
-from .cli_gen import gen_command, list_command, validate_command
-from .cli_run import check_command, emulate_command, run_command
-from .cli_trend import trend_command
+from .._version import __version__
+from .common import EXIT_INTERRUPTED, UserError
+from .compare import compare_command
+from .export import export_command
+from .gen import gen_command, list_command, validate_command
+from .run import check_command, emulate_command, run_command
+from .trend import trend_command
 
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
 """Signals handled as Ctrl-C is (and ended with exit code 128 + the signal's number: 143 for SIGTERM)."""

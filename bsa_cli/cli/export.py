@@ -6,10 +6,11 @@ from pathlib import Path
 
 import click
 
+from ..errors import plural
+from ..export import EXPECT_MODULE, FORMATS, export_cases
 from . import output
-from .cli_common import UserError, select_cases_or_suites
-from .errors import BsaError, plural
-from .export import EXPECT_MODULE, FORMATS, export_cases
+from .common import UserError, select_cases_or_suites, user_errors
+from .options import filter_option
 
 
 @click.command("export")
@@ -18,7 +19,7 @@ from .export import EXPECT_MODULE, FORMATS, export_cases
               help="msopst: MindStudio msOpST test-case JSON; atk: ops-transformer ATK-style case JSON.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder for the case files (created).")
-@click.option("--filter", "filters", multiple=True, metavar="GLOB", help="Only cases whose name matches (repeatable).")
+@filter_option("Only cases whose name matches (repeatable).")
 def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tuple[str, ...]) -> None:
     """Write each case under PATHS (folders written by `bsa gen`) as an msOpST or ATK test case.
 
@@ -37,9 +38,8 @@ def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tu
             output.warn(problem)
 
     try:
-        written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier)
-    except BsaError as exc:
-        raise UserError(str(exc)) from None
+        with user_errors():
+            written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier)
     except OSError as exc:
         raise UserError(f"cannot write in {out_dir}: {exc.strerror or exc}") from None
     output.stdout.print(f"exported {plural(len(case_dirs), 'case')} as {fmt} into "

@@ -1,6 +1,6 @@
 """The torch_npu device: run one case through `torch_npu.npu_block_sparse_attention_backward`.
 
-    python -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>
+    python -m bsa_cli.devices.torch_npu <case_dir>/case.json <output_dir>
 
 `bsa run --device torch_npu` runs this module once per case, in a child process, so the binary contract
 of docs/run.md applies unchanged (timeout, crash, status.txt, output checks): it writes dq.bin, dk.bin,
@@ -45,31 +45,39 @@ PyTorch 2.1 has are used.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import sys
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from . import device_software
-from .case import MAX_TOKENS, numpy_dtype
-from .emulator import STATUS_FILE, _write_atomic
-from .errors import BsaError, DataError
-from .interface import call_lengths
-from .manifest import GRAD_NAMES, INPUT_NAMES, case_from_manifest
-from .store import (
+from ..case import MAX_TOKENS, numpy_dtype
+from ..errors import BsaError, DataError
+from ..interface import call_lengths
+from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from ..store import (
     DETERMINISTIC_ENV,
+    MANIFEST,
     array_bytes,
     check_output_dir,
     inside_parent,
-    iter_entries,
     load_manifest,
     read_array,
 )
+from . import software
+from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .process import spawn
+
+TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
+"""How the torch_npu device is named in records and output."""
+TORCH_NPU_MODULE = "bsa_cli.devices.torch_npu"
+"""The module each run of the torch_npu device executes (`python -m`), one child process per run."""
 
 BINDING = "npu_block_sparse_attention_backward"
 """The torch_npu function this device calls."""
@@ -147,26 +155,23 @@ def _desc(entry: Mapping[str, Any] | None) -> tuple[Any, tuple[int, ...]]:
     return entry.get("dtype"), tuple(entry.get("shape") or ())
 
 
-def _default_outputs(manifest: Mapping[str, Any]) -> dict[str, tuple[Any, tuple[int, ...]]]:
+def _default_outputs(manifest: Manifest) -> dict[str, tuple[Any, tuple[int, ...]]]:
     """Return dq, dk, dv as a case without tensor overrides has them (case dtype, shapes of q and kv)."""
     try:
-        case = case_from_manifest(manifest)
+        case = manifest.case
         q_shape, kv_shape = tuple(case.q_shape), tuple(case.kv_shape)
     except (KeyError, TypeError, ValueError):
         return {}
     return {"dq": (case.dtype, q_shape), "dk": (case.dtype, kv_shape), "dv": (case.dtype, kv_shape)}
 
 
-def plan_call(manifest: Mapping[str, Any]) -> Call:
+def plan_call(manifest: Manifest) -> Call:
     """Return the binding call that runs a case, as the C++ harness would make the aclnn call.
 
     Raises:
         NotExpressible: the binding fixes or fills in something the case sets otherwise.
     """
-    name = manifest.get("name", "?")
-    params = manifest.get("params") or {}
-    inputs = manifest.get("inputs") or {}
-    outputs = manifest.get("outputs") or {}
+    name, params, inputs, outputs = manifest.name, manifest.params, manifest.inputs, manifest.outputs
 
     def refuse(reason: str) -> NotExpressible:
         return NotExpressible(f"case {name}: torch_npu.{BINDING} cannot express this call: {reason}")
@@ -200,7 +205,7 @@ def plan_call(manifest: Mapping[str, Any]) -> Call:
                 f"{grad} is {dtype} {list(shape)}, but the binding allocates it like {source}"
                 + (f" ({like.get('dtype')} {list(like.get('shape', ()))})" if like else " (null here)")
             )
-    for input_name, entry in inputs.items():
+    for input_name, entry in manifest.entries("inputs"):
         if entry.get("dtype") not in TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     q_lengths, kv_lengths = call_lengths(params)
@@ -315,18 +320,19 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
     call = plan_call(manifest)
-    outputs = manifest["outputs"]
+    outputs = manifest.outputs
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     _clear(output_dir, outputs)
     # `bsa run` checked every input against its sha256 just before starting this process.
-    arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in iter_entries(manifest, "inputs")}
+    arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in manifest.entries("inputs")}
+    dtypes = {name: str(entry["dtype"]) for name, entry in manifest.entries("inputs")}
     for note in prepare_environment(os.environ):
         print(f"note: {note}", file=sys.stderr)
     torch, torch_npu = import_torch_npu()
     version = getattr(torch_npu, "__version__", "?")
     print(f"torch {torch.__version__}, torch_npu {version}, device {device_id}")
-    print(device_software.torch_npu_line(device_software.torch_npu_software(torch, torch_npu, os.environ)), flush=True)
+    print(software.torch_npu_line(software.torch_npu_software(torch, torch_npu, os.environ)), flush=True)
     if os.environ.get(DETERMINISTIC_ENV) == "1":  # reaches the operator's deterministic path (op-plugin)
         torch.use_deterministic_algorithms(True)
         print("deterministic mode: torch.use_deterministic_algorithms(True)")
@@ -340,7 +346,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     try:
         torch.npu.set_device(device_id)
         tensors = {
-            name: to_tensor(torch, arrays[name], manifest["inputs"][name]["dtype"]).npu() if name in arrays else None
+            name: to_tensor(torch, arrays[name], dtypes[name]).npu() if name in arrays else None
             for name in CALL_ORDER
         }
     except Exception as exc:
@@ -354,18 +360,18 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
         if status is None:
             first = message.splitlines()[0] if message else ""
             raise DeviceFailure(f"{BINDING} raised {type(exc).__name__}: {first}", detail=message) from None
-        _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
+        write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
         print(f"status {status}")
         return status
     if not isinstance(grads, (tuple, list)) or len(grads) != len(GRAD_NAMES):
         raise DeviceFailure(f"{BINDING} returned {type(grads).__name__}, not (dq, dk, dv)")
     for grad_name, grad in zip(GRAD_NAMES, grads, strict=True):
-        entry = outputs[grad_name]
+        entry = manifest.entry("outputs", grad_name)
         array = to_array(torch, grad.cpu(), entry["dtype"], entry["shape"], grad_name)
         path = inside_parent(output_dir, entry["file"])
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, array_bytes(array))
-    _write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files
+        write_atomic(path, array_bytes(array))
+    write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files
     print("status 0")
     return 0
 
@@ -374,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the device on the case named on the command line; return the exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0].startswith("-"):
-        print(f"usage: {sys.executable} -m bsa_cli.torch_npu_device <case_dir>/case.json <output_dir>", file=sys.stderr)
+        print(f"usage: {sys.executable} -m {TORCH_NPU_MODULE} <case_dir>/case.json <output_dir>", file=sys.stderr)
         return EXIT_USAGE
     manifest, output_dir = Path(args[0]), Path(args[1])
     case_dir = manifest if manifest.is_dir() else manifest.parent
@@ -397,6 +403,75 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_WRITE
     return EXIT_STATUS
+
+
+
+# ---- the device, as `bsa run` sees it ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TorchNpuDevice:
+    """The torch_npu device: this module in a child process per run. Build one with `create`, which
+    checks that torch and torch_npu are installed."""
+
+    kind: ClassVar[DeviceKind] = "torch_npu"
+    name = TORCH_NPU_DEVICE
+    fault = None
+    reference_results = False
+    seeded = False
+    reports_progress = False
+    binary_record = None
+
+    @classmethod
+    def create(cls) -> TorchNpuDevice:
+        """Return the device once this Python finds torch and torch_npu (without importing them).
+
+        Raises:
+            RunConfigError: naming the module that is missing and what to install.
+        """
+        _check_torch_npu()
+        return cls()
+
+    @property
+    def announcement(self) -> str:
+        return f"device: {self.name}, through {TORCH_NPU_MODULE} in {sys.executable}"
+
+    def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
+        return [sys.executable, "-m", TORCH_NPU_MODULE, str(case_dir / MANIFEST), str(output_dir)]
+
+    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
+        return [], None  # the NPU's atomic adds choose their own order
+
+    def time_limit(self, timeout: float | None) -> float | None:
+        return timeout
+
+    def execute(self, attempt: Attempt, execution: Execution) -> None:
+        spawn(attempt, execution)
+
+    def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+        return software.from_torch_npu_log(stdout_log)
+
+    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def _check_torch_npu() -> None:
+    """Check that this Python finds torch and torch_npu, without importing them (the child imports them).
+
+    Raises:
+        RunConfigError: naming the module that is missing and what to install.
+    """
+    for module in ("torch", "torch_npu"):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise RunConfigError(
+                f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
+                "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
+                "'On an Ascend host'), or run the C++ harness with --binary"
+            )
 
 
 if __name__ == "__main__":

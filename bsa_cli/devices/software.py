@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ._version import __version__
+from .._version import __version__
 
 MARKER = "bsa-device-software: "
 """How the torch_npu child's stdout line that carries what it runs begins."""

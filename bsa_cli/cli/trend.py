@@ -6,12 +6,11 @@ from pathlib import Path
 
 import click
 
+from ..compare import drift
+from ..report import night_from_document, prepare_report_paths, read_report
+from ..report.trend import render_trend, write_trend_html
 from . import output
-from .cli_common import UserError
-from .compare import drift
-from .report import night_from_document, prepare_report_paths, read_report
-from .report.files import ReportPathError
-from .report.trend import render_trend, write_trend_html
+from .common import UserError, user_errors
 
 
 @click.command("trend")
@@ -30,24 +29,11 @@ def trend_command(reports: tuple[Path, ...], html_path: Path | None, regression_
     Exit code: 0 (also when cases rise: use `bsa compare --baseline --fail-on-regression` to gate), 2 a
     report cannot be read.
     """
-    try:
+    with user_errors(ValueError):  # and report.ReportPathError, a BsaError
         margin = drift.parse_margin(regression_margin) if regression_margin is not None else drift.Margin()
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    try:
         prepare_report_paths({"--html": html_path})
-    except ReportPathError as exc:
-        raise UserError(str(exc)) from None
-    nights = []
-    for path in reports:
-        try:
-            nights.append(night_from_document(read_report(path), str(path)))
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-    try:
+        nights = [night_from_document(read_report(path), str(path)) for path in reports]
         found = drift.trend(nights, margin)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
     render_trend(found, output.stdout)
     if html_path is not None:
         try:

@@ -11,21 +11,22 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from . import interface, output
-from .case import Case
-from .cli_common import (
-    PLAIN_PROGRESS_S,
-    ProgressDisplay,
-    UserError,
+from .. import interface
+from ..case import Case
+from ..errors import BsaError, plural
+from ..generate import generate_suite
+from ..interface import DEFAULT_RELEASE
+from ..manifest import params as case_params
+from ..schedule import auto_jobs, estimate
+from ..store import find_cases
+from . import output
+from .common import (
     load_cases,
     refuse_oversized,
     show_kernel_path_notes,
+    user_errors,
     warn_constraints,
 )
-from .errors import BsaError, plural
-from .generate import generate_suite
-from .interface import DEFAULT_RELEASE
-from .manifest import params as case_params
 from .options import (
     filter_option,
     force_option,
@@ -35,8 +36,7 @@ from .options import (
     release_option,
     shard_option,
 )
-from .schedule import auto_jobs, estimate
-from .store import find_cases
+from .progress import GenProgress, ProgressDisplay
 
 
 @click.command("validate")
@@ -73,8 +73,6 @@ LIST_DROP_ORDER = ("MiB in/out", "block", "expect", "pattern", "density", "GFLOP
 """Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
 (layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
-GEN_PROGRESS_S = PLAIN_PROGRESS_S
-"""Least seconds between two progress lines of `bsa gen` when stderr is not a terminal (a log, a pipe)."""
 BACKWARD_SHARE = 10 / 14
 """Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
 what the reference device computes."""
@@ -82,7 +80,7 @@ what the reference device computes."""
 
 def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
     """Return the cells of `bsa list`, one mapping per case (column -> text)."""
-    from .emulator import estimate_seconds
+    from ..devices.reference import estimate_seconds
 
     rows = []
     for case in cases:
@@ -142,12 +140,10 @@ def _table_width(table: Table) -> int:
 
 @click.command("list")
 @click.argument("specs", nargs=-1)
-@filter_option
+@filter_option(metavar="TEXT")
 @shard_option
 @max_cases_option
-def list_command(
-    specs: tuple[str, ...], name_filters: tuple[str, ...], shard_text: str | None, max_cases: int
-) -> None:
+def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: str | None, max_cases: int) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
     gen s and GiB are `bsa gen`'s estimated seconds and peak memory on the quiet 2-core development
@@ -156,7 +152,7 @@ def list_command(
     times longer. The table fits the terminal's width
     (or COLUMNS): a narrow one leaves out the columns named below the table, never part of a name or number.
     """
-    cases = load_cases(specs, name_filters, shard_text, max_cases)
+    cases = load_cases(specs, filters, shard_text, max_cases)
     width = output.width()
     table, hidden = list_table(list_rows(cases), width)
     output.stdout.print(plural(len(cases), "case"), soft_wrap=True)
@@ -169,50 +165,33 @@ def list_command(
 @click.argument("specs", nargs=-1)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @precision_option
-@filter_option
+@filter_option(metavar="TEXT")
 @shard_option
 @jobs_option
 @force_option
 @max_cases_option
 @release_option
-def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, name_filters: tuple[str, ...],
+def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, filters: tuple[str, ...],
                 shard_text: str | None, jobs: int | None, force: bool, max_cases: int,
                 release: str | None) -> None:  # fmt: skip
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
-    cases = load_cases(specs, name_filters, shard_text, max_cases, release)
+    cases = load_cases(specs, filters, shard_text, max_cases, release)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    spec_cases = load_cases(specs, max_cases=max_cases, release=release) if name_filters or shard_text else cases
+    spec_cases = load_cases(specs, max_cases=max_cases, release=release) if filters or shard_text else cases
     warn_other_cases(Path(out_dir), spec_cases)
-    with ProgressDisplay(interval_s=GEN_PROGRESS_S) as display:
-        display.phase("gen", len(cases), [c.name for c in cases], {name: e.flops for name, e in estimates.items()})
-
-        def advance(case: Case, fraction: float) -> None:
-            display.running(case.name)
-            display.progress(case.name, fraction)
-
-        skipped: list[str] = []
-
-        def done(case: Case, outcome: str, path: Path) -> None:
-            if outcome == "current":
-                skipped.append(case.name)
-                line = f"skipped {path} (current: same spec, precision and bsa version, inputs intact)"
-            else:
-                line = f"{outcome} {path}"
-            display.console.print(line, markup=False, highlight=False)
-            display.advance(case.name)
-
-        try:
-            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, skip_current=True, on_done=done,
-                                       on_progress=advance)  # fmt: skip
-        except BsaError as exc:
-            raise UserError(str(exc)) from None
-    made = len(cases) - len(skipped)
+    with ProgressDisplay() as display:
+        shown = GenProgress(display)
+        shown.generating(cases, estimates)
+        with user_errors():
+            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, skip_current=True, on_done=shown.done,
+                                       on_progress=shown.progress)  # fmt: skip
+    made = len(cases) - len(shown.skipped)
     line = f"generated {plural(made, 'case')} in {out_dir}"
-    if skipped:
-        line += f"; skipped {len(skipped)} already current ({_names(skipped)})"
+    if shown.skipped:
+        line += f"; skipped {len(shown.skipped)} already current ({_names(shown.skipped)})"
     output.stdout.print(line, markup=False, soft_wrap=True)
     show_kernel_path_notes(case_dirs)
 

@@ -26,84 +26,54 @@ docs/design.md (a case directory in, dq.bin/dk.bin/dv.bin and status.txt out).
 from __future__ import annotations
 
 import math
-import os
-import re
-import tempfile
 import threading
 import time
+import traceback
+import zlib
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
-from . import blas, interface
-from .case import Case, SequenceSpan, numpy_dtype
-from .errors import DataError
-from .layout import kv_view, lse_view, mask_view, q_view
-from .manifest import GRAD_NAMES, INPUT_NAMES, call_tensors, case_from_manifest, release_of
-from .rounding import BACKWARD_TIES, round_float32, to_dtype
-from .store import MANIFEST, array_bytes, check_output_dir, inside_parent, iter_entries, load_manifest, read_array
-from .streams import seeded
+from .. import blas, interface
+from ..case import Case, SequenceSpan, numpy_dtype
+from ..errors import BsaError, DataError, suggest
+from ..layout import kv_view, lse_view, q_view
+from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from ..rounding import BACKWARD_TIES, round_float32, to_dtype
+from ..store import MANIFEST, array_bytes, check_output_dir, inside_parent, load_manifest, read_array
+from ..streams import seeded
+from . import software
+from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .faults import (
+    ALL_FAULTS,
+    FAULTS,
+    effective_mask,
+    fault_not_applied,
+    fault_site,
+    kernel_scale,
+    plant_nan_row,
+    plant_rows_swapped,
+    plant_tile_noise,
+)
 
 __all__ = [
     "FAULTS",
-    "STATUS_FILE",
-    "applicable_faults",
+    "REFERENCE_DEVICE",
+    "ReferenceDevice",
     "check_interface",
     "emulate",
     "emulate_case_dir",
-    "fault_applies",
-    "fault_condition",
-    "fault_not_applied",
-    "reporting",
+    "emulate_into",
     "estimate_seconds",
+    "reporting",
 ]
 
-STATUS_FILE = "status.txt"
-
-FAULTS: dict[str, str] = {
-    "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "
-    "Skv % Y != 0, else the q tail block when Sq % X != 0 (applies when such a tail block is selected)",
-    "no-gqa-sum": "dk/dv take only the first query head of each GQA group instead of the group sum "
-    "(applies only with N1 > N2 and a selection in a non-first head of a group)",
-    "dk-no-scale": "dK is not multiplied by scale at the end (applies when scale != 1)",
-    "mask-transposed": "the block mask is read as [.., j, i] (out-of-range transposed indices read as "
-    "unselected; applies when the mask is not symmetric)",
-    "block-shift": "kv block j > 0 reads the selection of block j - 1 (applies when some row's selection "
-    "changes along the kv blocks)",
-    "lse-base2": "softmaxLse read as a base-2 log: P = exp2(S * log2(e) - lse)",
-    "no-dsum": "Dsum omitted: dS = P * dP",
-    "nan-row": "one row of dq (a selected query row) is NaN",
-    "stale-output": "dq, dk, dv all zero, as if never written",
-    "race-lost-update": "a race in the dK/dV accumulation: the first kv block that two or more pairs select "
-    "loses one pair's partial, a lost update, in the runs whose order seed is odd (about half of `bsa run`'s "
-    "runs) and always without a seed (applies when a kv block is selected by two or more query blocks or heads)",
-    "scale-rounded": "scaleValue is held in the case dtype (float16/bfloat16) instead of float32: every score "
-    "and dQ, dK are off by the same relative error, about 1e-4 for 1/sqrt(128), well inside one ULP "
-    "(applies when the scale is not exact in the case dtype)",
-    "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
-    "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
-    "rows-swapped": "two dq rows are written to each other's places: the first two rows of the middle selected "
-    "query block (or that block's one row and the row before it; applies when a query row has a neighbour)",
-    "heads-interleaved": "query head n reads kv head n % N2 instead of n // (N1 / N2), and dK/dV sum the query "
-    "heads mapped to them (applies with N1 > N2 > 1)",
-    "dq-scaled-twice": "dQ is multiplied by scale twice at the end (applies when scale != 1)",
-}
-"""Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
-selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
-
-REPEAT_FAULTS: dict[str, str] = {
-    "deterministic-ignored": "deterministic mode is ignored: dK/dV are summed in a run-dependent order although "
-    "the run asked for one fixed order, so repeats differ in their last bits (shows only with --deterministic "
-    "--repeat N; applies when a kv block is selected by two or more query blocks or heads)",
-}
-"""Faults that leave every single run as clean as the reference and show only between repeated runs."""
-
-ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS}
-"""Every fault `bsa emulate --fault` and `bsa run --fault` accept."""
+REFERENCE_DEVICE = "reference (bsa emulate)"
+"""How the built-in reference device is named in records and output: never presented as device results."""
 
 _LOG2E = np.float32(math.log2(math.e))
 
@@ -181,146 +151,12 @@ def check_interface(
     (161001 for a null mandatory tensor or blockShape, 161002 for dtypes, shapes, attenMask, maskType,
     tokens, TND without lengths, mixed BNSD/non-BNSD layouts, a bad blockShape), then the tiling's
     refusals (561002: a layout other than TND/BNSD, N1 % N2 != 0 or N1 < N2, no query token). The first
-    broken rule decides. `tensors` is `manifest.call_tensors(manifest)`: what a harness would pass.
+    broken rule decides. `tensors` is `Manifest.call_tensors()`: what a harness would pass.
 
     Returns:
         (0, "") for a valid call, else the aclnn status and a message naming the bad value.
     """
     return interface.check(params, tensors, release)
-
-
-def _kernel_scale(case: Case, fault: str | None) -> np.float32:
-    """The scale the kernel multiplies by: the float32 scaleValue, or with `scale-rounded` the case dtype's."""
-    scale = np.float32(case.kernel_scale)
-    if fault == "scale-rounded":
-        return np.float32(to_dtype(np.asarray(scale), numpy_dtype(case.dtype)))
-    return scale
-
-
-# ---- fault geometry -------------------------------------------------------------------------------
-
-
-def _effective_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault: str | None) -> np.ndarray:
-    """Return the [N1, nQ, nKV] bool mask of a batch entry as the (possibly faulty) kernel reads it."""
-    mask = mask_view(case, block_mask, span)
-    n_q, n_kv = mask.shape[1:]
-    if fault == "mask-transposed":
-        full = np.asarray(block_mask[span.batch]) != 0  # [N1, nQmax, nKVmax]
-        read = np.zeros_like(mask)
-        rows, cols = min(n_q, full.shape[2]), min(n_kv, full.shape[1])
-        read[:, :rows, :cols] = full[:, :cols, :rows].transpose(0, 2, 1)
-        return read
-    if fault == "block-shift":
-        read = mask.copy()
-        read[:, :, 1:] = mask[:, :, :-1]
-        return read
-    if fault == "drop-tail-block":
-        x, y = case.block_shape
-        read = mask.copy()
-        if span.kv_len % y and n_kv:
-            read[:, :, -1] = False
-        elif span.q_len % x and n_q:
-            read[:, -1, :] = False
-        return read
-    return mask
-
-
-def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -> bool:
-    """Say whether fault `name` changes the outputs of `case`.
-
-    With `block_mask` (the full [B, N1, nQ, nKV] input) the answer is exact up to coincidences of the
-    data (a zero dout, an lse of exactly 0); without it, only the geometry decides and faults that depend
-    on the mask pattern are assumed to apply.
-    """
-    if name not in ALL_FAULTS:
-        raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(ALL_FAULTS)}")
-    spans = [s for s in case.spans() if s.q_len and s.kv_len]
-    if name in REPEAT_FAULTS:  # one fixed order is only visible where two pairs add into one kv block
-        return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
-    if name == "nan-row":
-        return math.prod(case.q_shape) > 0
-    if name == "no-gqa-sum" and case.group_size <= 1:
-        return False
-    if name == "race-lost-update" and block_mask is not None:
-        return any(_shared_blocks(case, block_mask, span) for span in spans)
-    if name == "dk-no-scale" and case.kernel_scale == 1.0:
-        return False
-    if name == "dq-scaled-twice" and case.kernel_scale == 1.0:
-        return False
-    if name == "heads-interleaved" and not (case.group_size > 1 and case.num_kv_heads > 1):
-        return False
-    if name == "rows-swapped":
-        if block_mask is None:
-            return max((s.q_len for s in spans), default=0) >= 2
-        site = _fault_site(case, block_mask)
-        return site is not None and site.span.q_len >= 2
-    if name == "scale-rounded" and _kernel_scale(case, name) == np.float32(case.kernel_scale):
-        return False
-    if name == "drop-tail-block" and not any(
-        s.kv_len % case.block_shape[1] or s.q_len % case.block_shape[0] for s in spans
-    ):
-        return False
-    if block_mask is None:
-        return bool(spans)
-    for span in spans:
-        mask = mask_view(case, block_mask, span)
-        if not mask.any():
-            continue
-        if name == "no-gqa-sum":
-            group = case.group_size
-            if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
-                return True
-        elif name == "heads-interleaved":
-            moved = [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
-            if mask[moved].any():
-                return True
-        elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
-            if not np.array_equal(mask, _effective_mask(case, block_mask, span, name)):
-                return True
-        else:
-            return True
-    return False
-
-
-def fault_condition(name: str) -> str:
-    """Return when fault `name` changes a case's outputs, in words ("applies when ...")."""
-    if name == "drop-tail-block":
-        return "applies when a partial tail block (Skv % Y != 0, or else Sq % X != 0) is selected"
-    match = re.search(r"[(;] ?(applies [^)]*)\)", ALL_FAULTS[name])
-    if match:
-        return match.group(1)
-    if name == "nan-row":
-        return "applies to every case with a query row"
-    return "applies when at least one block is selected"
-
-
-def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None) -> str | None:
-    """Return why fault `name` leaves the outputs of `case` as the clean reference's, or None if it applies.
-
-    The sentence is meant for reports: a case that passes with a planted fault it could not carry must
-    not read as a fault the comparator missed.
-
-    Raises:
-        ValueError: an unknown fault.
-    """
-    if fault_applies(name, case, block_mask):
-        return None
-    return (
-        f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
-        "computed it without the fault"
-    )
-
-
-def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
-    """Say whether some kv block of a batch entry is selected by two or more (query head, query block) pairs."""
-    mask = mask_view(case, block_mask, span)
-    groups = mask.reshape(case.num_kv_heads, case.group_size * mask.shape[1], mask.shape[2])
-    return bool((groups.sum(axis=1) >= 2).any())
-
-
-def applicable_faults(case: Case, block_mask: np.ndarray | None = None) -> list[str]:
-    """Return the names of the faults that change the outputs of `case` (see `fault_applies`)."""
-    return [name for name in FAULTS if fault_applies(name, case, block_mask)]
 
 
 # ---- the kernel path, one batch entry -------------------------------------------------------------
@@ -442,7 +278,7 @@ def _tile_grads(
     query = seq.query[rows]
     dout = seq.dout[rows]
     probs = query @ key.T
-    probs *= _kernel_scale(case, fault)
+    probs *= kernel_scale(case, fault)
     if fault == "lse-base2":
         probs *= _LOG2E
         probs -= seq.lse[rows, None]
@@ -503,7 +339,7 @@ def emulate(
     dk = np.zeros(case.kv_shape, dtype=np.float32)
     dv = np.zeros(case.kv_shape, dtype=np.float32)
     spans = [span for span in case.spans() if span.q_len and span.kv_len]
-    masks = {span.batch: _effective_mask(case, block_mask, span, fault) for span in spans}
+    masks = {span.batch: effective_mask(case, block_mask, span, fault) for span in spans}
     ticker = _Ticker(case.name, sum(int(np.count_nonzero(m)) for m in masks.values())) if _REPORTERS else None
     for span in spans:
         seq = _load_sequence(case, tensors, span)
@@ -512,7 +348,7 @@ def emulate(
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
-    scale32 = _kernel_scale(case, fault)
+    scale32 = kernel_scale(case, fault)
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
@@ -522,43 +358,14 @@ def emulate(
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
     if fault in ("nan-row", "tile-noise", "rows-swapped"):
-        site = _fault_site(case, block_mask)
+        site = fault_site(case, block_mask)
         if fault == "rows-swapped":
-            _plant_rows_swapped(case, grads["dq"], site)
+            plant_rows_swapped(case, grads["dq"], site)
         elif fault == "nan-row":
-            _plant_nan_row(case, grads["dq"], site)
+            plant_nan_row(case, grads["dq"], site)
         elif site is not None:
-            _plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
+            plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
     return grads
-
-
-@dataclass(frozen=True)
-class _Site:
-    """Where a row-level fault lands: batch entry, query head, query block."""
-
-    span: SequenceSpan
-    head: int
-    q_block: int
-
-
-def _fault_site(case: Case, block_mask: np.ndarray) -> _Site | None:
-    """Return the middle (head, query block) with a selected kv block, in (span, head, block) order."""
-    sites: list[_Site] = []
-    for span in case.spans():
-        if span.q_len == 0 or span.kv_len == 0:
-            continue
-        heads, blocks = np.nonzero(mask_view(case, block_mask, span).any(axis=2))
-        sites.extend(_Site(span, int(h), int(i)) for h, i in zip(heads, blocks, strict=True))
-    return sites[len(sites) // 2] if sites else None
-
-
-def _plant_nan_row(case: Case, dq: np.ndarray, site: _Site | None) -> None:
-    """Write NaN into the first row of the site's query block (the first dq row without a site)."""
-    if site is None:
-        if dq.size:
-            dq.reshape(-1, case.head_dim)[0] = np.nan
-    else:
-        q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
 
 
 _Q_SIDE = ("query", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
@@ -579,61 +386,10 @@ def _emulate_interleaved(case: Case, tensors: Mapping[str, np.ndarray], order_se
     return {**grads, "dq": dq}
 
 
-def _plant_rows_swapped(case: Case, dq: np.ndarray, site: _Site | None) -> None:
-    """Swap the first two rows of the site's query block (its one row and the row before it when it has one)."""
-    if site is None:
-        return
-    first = site.q_block * case.block_shape[0]
-    rows = q_view(case, dq, site.span)[site.head]
-    a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
-    if a < 0:
-        return
-    rows[[a, b]] = rows[[b, a]]
-
-
-def _plant_tile_noise(
-    case: Case, tensors: Mapping[str, np.ndarray], block_mask: np.ndarray, dq: np.ndarray, site: _Site
-) -> None:
-    """Scale the error of one 16x16 dq tile at `site` (against a float64 golden of those rows) by 5."""
-    x, y = case.block_shape
-    span, head = site.span, site.head
-    first = site.q_block * x
-    rows = slice(first, min(first + 16, span.q_len))
-    col0 = (case.head_dim // 16 // 2) * 16
-    cols = slice(col0, min(col0 + 16, case.head_dim))
-    kv_head = head // case.group_size
-    selected = np.flatnonzero(mask_view(case, block_mask, span)[head, site.q_block])
-    kv_pos = np.concatenate([np.arange(int(j) * y, min((int(j) + 1) * y, span.kv_len)) for j in selected])
-    key = kv_view(case, tensors["key"], span)[kv_head, kv_pos].astype(np.float64)
-    value = kv_view(case, tensors["value"], span)[kv_head, kv_pos].astype(np.float64)
-    query = q_view(case, tensors["query"], span)[head, rows].astype(np.float64)
-    dout = q_view(case, tensors["dout"], span)[head, rows].astype(np.float64)
-    out = q_view(case, tensors["attention_out"], span)[head, rows].astype(np.float64)
-    lse = lse_view(case, np.asarray(tensors["softmax_lse"]), span)[head, rows].astype(np.float64)
-    probs = np.exp(case.kernel_scale * (query @ key.T) - lse[:, None])
-    dscores = probs * (dout @ value.T - (dout * out).sum(axis=1, keepdims=True))
-    golden = case.kernel_scale * (dscores @ key)[:, cols]
-    tile = q_view(case, dq, span)[head, rows, cols]
-    error = tile.astype(np.float64) - golden
-    tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
-
-
 # ---- the binary contract ----------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write bytes through a temporary file in the same directory and an atomic rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _case_of(case_dir: Path, manifest: Mapping[str, Any]) -> Case:
+def _case_of(case_dir: Path, manifest: Manifest) -> Case:
     """Rebuild a case from its manifest and check that its inputs and outputs have the case's shapes.
 
     Raises:
@@ -641,7 +397,7 @@ def _case_of(case_dir: Path, manifest: Mapping[str, Any]) -> Case:
     """
     where = str(Path(case_dir) / MANIFEST)
     try:
-        case = case_from_manifest(manifest)
+        case = manifest.case
         shapes = {"query": case.q_shape, "dout": case.q_shape, "attention_out": case.q_shape,
                   "key": case.kv_shape, "value": case.kv_shape, "block_sparse_mask": case.mask_shape,
                   "dq": case.q_shape, "dk": case.kv_shape, "dv": case.kv_shape}  # fmt: skip
@@ -649,11 +405,11 @@ def _case_of(case_dir: Path, manifest: Mapping[str, Any]) -> Case:
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise DataError(where, f"params do not describe a case ({type(exc).__name__}: {exc})") from None
     for section, names in (("inputs", (*INPUT_NAMES,)), ("outputs", GRAD_NAMES)):
-        entries = manifest.get(section) or {}
+        entries = manifest.section(section)
         for name in names:
             if name not in entries:
                 raise DataError(where, f"{section}: no entry for {name}")
-            shape = tuple(entries[name]["shape"])
+            shape = tuple(manifest.entry(section, name)["shape"])
             wanted = lse_shapes if name == "softmax_lse" else (tuple(shapes[name]),)
             if shape not in wanted:
                 raise DataError(where, f"{section}.{name}.shape {list(shape)} differs from the case's "
@@ -676,21 +432,37 @@ def emulate_case_dir(
     Raises:
         DataError: the manifest or an input file is missing, malformed or stale.
     """
+    return emulate_into(case_dir, output_dir, fault, order_seed).status
+
+
+@dataclass(frozen=True)
+class Emulated:
+    """What `emulate_into` did: the aclnn status it wrote, and why its planted fault left the case clean
+    (`faults.fault_not_applied`; None without a fault, when it applied, or when the call was refused)."""
+
+    status: int
+    fault_not_applied: str | None = None
+
+
+def emulate_into(
+    case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None
+) -> Emulated:
+    """Do what `emulate_case_dir` does; return the status and whether the planted fault applied."""
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    outputs = manifest.get("outputs") or {}
-    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if outputs.get(name)}
+    outputs = {name: entry for name, entry in manifest.entries("outputs")}
+    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
     for path in [output_dir / STATUS_FILE, *paths.values()]:
         if path.is_symlink() or path.is_file():
             path.unlink()
-    status, message = check_interface(manifest["params"], call_tensors(manifest), release_of(manifest))
+    status, message = check_interface(manifest.params, manifest.call_tensors(), manifest.release)
     if status != 0:
-        _write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
-        return status
+        write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
+        return Emulated(status)
     case = _case_of(case_dir, manifest)
-    tensors = {name: read_array(case_dir, entry) for name, entry in iter_entries(manifest, "inputs")}
+    tensors = {name: read_array(case_dir, entry) for name, entry in manifest.entries("inputs")}
     with blas.one_thread_each():  # small products: threads of BLAS only spin against other processes
         grads = emulate(case, tensors, fault, order_seed)
     for name in GRAD_NAMES:
@@ -703,6 +475,114 @@ def emulate_case_dir(
                             f"{list(grad.shape)}, the entry says {wanted}")  # fmt: skip
         path = paths[name]
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, array_bytes(grad))
-    _write_atomic(output_dir / STATUS_FILE, b"0\n")
-    return 0
+        write_atomic(path, array_bytes(grad))
+    write_atomic(output_dir / STATUS_FILE, b"0\n")
+    not_applied = fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
+    return Emulated(0, not_applied)
+
+
+# ---- the device ---------------------------------------------------------------------------------------
+
+
+class _Stopped(Exception):
+    """Raised inside the reference device when Ctrl-C cancelled the run."""
+
+
+@dataclass(frozen=True)
+class ReferenceDevice:
+    """The built-in reference device (`bsa emulate`), run in this process, optionally with a planted fault.
+
+    Build one with `create`, which checks the fault's name."""
+
+    fault: str | None = None
+
+    kind: ClassVar[DeviceKind] = "reference"
+    reference_results = True
+    seeded = True
+    reports_progress = True
+    binary_record = None
+
+    @classmethod
+    def create(cls, fault: str | None = None) -> ReferenceDevice:
+        """Check the fault and return the device.
+
+        Raises:
+            RunConfigError: an unknown fault.
+        """
+        if fault is not None and fault not in ALL_FAULTS:
+            known = ", ".join(sorted(ALL_FAULTS)) or "none"
+            raise RunConfigError(f"unknown fault '{fault}'{suggest(fault, ALL_FAULTS)}; known faults: {known}")
+        return cls(fault=fault)
+
+    @property
+    def name(self) -> str:
+        return REFERENCE_DEVICE + (f" with fault '{self.fault}'" if self.fault else "")
+
+    @property
+    def announcement(self) -> str:
+        return f"device: {self.name}: reference results, not device results"
+
+    def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
+        """Return the `bsa emulate` call that does what one run does."""
+        argv = ["bsa", "emulate", str(case_dir / MANIFEST), str(output_dir)]
+        return argv + (["--fault", self.fault] if self.fault else [])
+
+    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
+        """Return run `index`'s `--seed` (and `--deterministic`) and the seed of its dK/dV order: None in
+        deterministic mode (one fixed order: (head, query block), as the mode's fixed-order sum), unless the
+        fault `deterministic-ignored` ignores the mode."""
+        order_seed = zlib.crc32(f"{seed}:{case_name}:{index}".encode())
+        args = ["--seed", str(order_seed)]
+        if not deterministic:
+            return args, order_seed
+        return [*args, "--deterministic"], order_seed if self.fault == "deterministic-ignored" else None
+
+    def time_limit(self, timeout: float | None) -> float | None:
+        return None  # it runs in this process: Ctrl-C stops it, no timeout
+
+    def execute(self, attempt: Attempt, execution: Execution) -> None:
+        """Run the reference device in this process (same contract, same record). Ctrl-C stops it within
+        one kv block (its progress calls look at the cancel flag): the case is recorded as interrupted."""
+        stdout = execution.output_dir / attempt.stdout_log
+        stderr = execution.output_dir / attempt.stderr_log
+        stdout.write_text("")
+        cancelled = execution.cancel.event
+
+        def stop_if_cancelled(_name: str, _fraction: float) -> None:
+            if cancelled.is_set():
+                raise _Stopped
+
+        try:
+            if cancelled.is_set():
+                raise _Stopped
+            with reporting(stop_if_cancelled):
+                done = emulate_into(execution.case_dir, attempt.staging, self.fault, attempt.order_seed)
+            if cancelled.is_set():
+                raise _Stopped
+        except _Stopped:
+            stderr.write_text("interrupted by Ctrl-C\n")
+            attempt.interrupted = True
+            return
+        except BsaError as exc:
+            stderr.write_text(f"Error: {exc}\n")
+            attempt.exit_code = 2
+            attempt.problems.append(f"the reference device refused the case: {exc}")
+            return
+        except OSError as exc:
+            stderr.write_text(f"Error: {exc}\n")
+            attempt.exit_code = 2
+            attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
+            return
+        except Exception as exc:
+            stderr.write_text(traceback.format_exc())
+            attempt.exception = type(exc).__name__
+            return
+        stderr.write_text("")
+        attempt.exit_code = 0
+        attempt.fault_not_applied = done.fault_not_applied
+
+    def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+        return software.reference()
+
+    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
+        return reporting(callback)

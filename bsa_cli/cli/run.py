@@ -1,0 +1,226 @@
+"""`bsa run`, `bsa emulate`, `bsa check`: drive a device (a binary, torch_npu, or the reference device) over cases."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import click
+
+from .. import pipeline, report, store
+from ..devices import OUTCOMES, RunSummary, create, reference_faults
+from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
+from ..errors import plural
+from ..schedule import estimate
+from . import output
+from .common import (
+    EXIT_INTERRUPTED,
+    load_cases,
+    prepare_reports,
+    refuse_oversized,
+    show_kernel_path_notes,
+    user_errors,
+    warn_constraints,
+    write_reports,
+)
+from .options import (
+    DeviceOptions,
+    ReportPaths,
+    SettingsOptions,
+    device_options,
+    filter_option,
+    force_option,
+    jobs_option,
+    max_cases_option,
+    precision_option,
+    release_option,
+    report_options,
+    settings_options,
+    shard_option,
+    verbose_option,
+)
+from .progress import PipelineProgress, ProgressDisplay
+
+
+def print_run_summary(summary: RunSummary) -> None:
+    """Print the run's totals on stdout."""
+    counts = {o: summary.count(o) for o in OUTCOMES if summary.count(o)}
+    text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
+    line = f"ran {plural(len(summary.results), 'case')} on {summary.device.name}: {text}"
+    if summary.not_run:
+        line += f"; {len(summary.not_run)} not run (interrupted)"
+    output.stdout.print(line, markup=False, soft_wrap=True)
+
+
+# ---- bsa run -------------------------------------------------------------------------------------
+
+
+@click.command("run")
+@click.argument("cases", nargs=-1, required=True, type=click.Path(path_type=Path))
+@device_options
+@filter_option()
+@click.option(
+    "--outputs-root",
+    metavar="DIR",
+    help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs.",
+)
+def run_command(
+    cases: tuple[Path, ...], device: DeviceOptions, filters: tuple[str, ...], outputs_root: str | None
+) -> None:
+    """Run a device (default: the reference device) on every case under CASES.
+
+    CASES are folders written by `bsa gen` (or single case folders). Each case's outputs, status.txt,
+    logs and run.json go to <case_dir>/outputs; judge them with `bsa compare`.
+
+    Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
+    error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
+    """
+    run_options = device.run_options(outputs_root)
+    with user_errors():
+        case_dirs = store.select_cases(cases, filters)
+    with ProgressDisplay() as display, user_errors():
+        summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
+    print_run_summary(summary)
+    if summary.interrupted:
+        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+    raise click.exceptions.Exit(summary.return_code)
+
+
+# ---- bsa emulate ---------------------------------------------------------------------------------
+
+
+def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    with user_errors():
+        faults = reference_faults()
+    for name, description in faults.items():
+        output.stdout.print(f"{name:<18} {description}", markup=False, soft_wrap=True)
+    ctx.exit(0)
+
+
+@click.command("emulate")
+@click.argument("manifest", type=click.Path(path_type=Path))
+@click.argument("output_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--fault", metavar="NAME", help="Plant one of the reference device's faults (see --list-faults).")
+@click.option(
+    "--list-faults",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_list_faults,
+    help="List the faults the reference device can plant, and exit.",
+)
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Seed of the order in which dK/dV partials are added (a device's atomic adds); default: a fresh one.",
+)
+@click.option(
+    "--deterministic",
+    is_flag=True,
+    help="Deterministic mode: dK/dV partials in one fixed order (--seed is ignored), as the operator's "
+    f"deterministic mode; also on when {store.DETERMINISTIC_ENV}=1 (what `bsa run --deterministic` sets).",
+)
+def emulate_command(
+    manifest: Path, output_dir: Path, fault: str | None, seed: int | None, deterministic: bool
+) -> None:
+    """Act as a device binary on one case: the built-in reference device.
+
+    Follows the binary contract: reads MANIFEST (a case's case.json, or its folder) and its inputs,
+    writes dq.bin, dk.bin, dv.bin and status.txt into OUTPUT_DIR. Its results are a reference (the kernel's
+    precision path on the CPU), never device results. Like a device, it adds dK/dV partials in another
+    order on every run (dq stays bit for bit the same); --seed repeats an order. Exits 0 once the status
+    is written, whatever it is.
+    """
+    case_dir = manifest if manifest.is_dir() else manifest.parent
+    order_seed: int | None = seed if seed is not None else secrets.randbits(32)
+    if (deterministic or os.environ.get(store.DETERMINISTIC_ENV) == "1") and fault != "deterministic-ignored":
+        order_seed = None
+    with user_errors():
+        create(fault=fault)  # checks the fault name
+        status = emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
+    suffix = f" (fault '{fault}' planted)" if fault else ""
+    output.info(f"{REFERENCE_DEVICE}: status {status}{suffix}; outputs in {output_dir}")
+
+
+# ---- bsa check -----------------------------------------------------------------------------------
+
+
+@click.command("check")
+@click.argument("specs", nargs=-1, required=True)
+@click.option(
+    "-o",
+    "--out",
+    default="out",
+    show_default=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Folder of the generated cases (cases already there and current are reused).",
+)
+@device_options
+@filter_option()
+@precision_option
+@jobs_option
+@shard_option
+@force_option
+@max_cases_option
+@release_option
+@settings_options(
+    standard="Judge every case by this standard (as bsa compare).",
+    threshold="Override one threshold of the standard (repeatable), as bsa compare.",
+    padding="BNSD padding rule, as bsa compare.",
+)
+@report_options
+@verbose_option
+def check_command(
+    specs: tuple[str, ...],
+    out: Path,
+    device: DeviceOptions,
+    filters: tuple[str, ...],
+    precision: str,
+    jobs: int | None,
+    shard_text: str | None,
+    force: bool,
+    max_cases: int,
+    release: str | None,
+    settings: SettingsOptions,
+    reports: ReportPaths,
+    verbose: bool,
+) -> None:
+    """Generate, run and compare in one command: the main job.
+
+    SPECS are case spec files or folders. Cases already in OUT with current inputs are not generated
+    again. Without --binary, --cmd or --device torch_npu the built-in reference device runs them
+    (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
+    2 usage or spec error, 3 a case could not be judged; 130 interrupted.
+    """
+    run_options = device.run_options()
+    run_settings = settings.run_settings()
+    prepare_reports(reports)
+    try:
+        with ProgressDisplay() as display:
+            cases = load_cases(specs, filters, shard_text, max_cases, release)
+            warn_constraints(cases)
+            estimates = {case.name: estimate(case) for case in cases}
+            refuse_oversized(estimates, force)
+            with user_errors():
+                checked = pipeline.check_suite(
+                    cases, out, run_options, run_settings, precision, jobs, PipelineProgress(display), estimates
+                )
+            if checked.suite is None:
+                raise KeyboardInterrupt
+            suite = checked.suite
+            show_kernel_path_notes(checked.case_dirs)
+    except KeyboardInterrupt:
+        output.info("interrupted: finished cases keep their files and run records")
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    report.render_terminal(suite, output.stdout, verbose=verbose)
+    write_reports(suite, reports, (out,))
+    if run_options.device.reference_results:
+        output.stdout.print(run_options.device.announcement, markup=False)
+    raise click.exceptions.Exit(suite.return_code)
+
+
+__all__ = ["check_command", "emulate_command", "run_command"]

@@ -1,0 +1,247 @@
+"""The diagnosis of a failing case: candidate causes tested against the device's outputs, ranked.
+
+A failing case's judgement says which check failed and where the errors are; the diagnosis names the
+likely cause. Two ways of testing a cause:
+
+* **recompute**: the golden of the failing blocks is computed again (float64, dense on those blocks)
+  under the hypothesis (mask transposed or shifted, tail blocks dropped, heads mapped to other kv
+  heads, part of a GQA group summed, lse in base 2 or ignored, Dsum missing, the scale held in the
+  case dtype, a constant factor) and scored by the share of the device's excess error (beyond the
+  benchmark's) it removes: 1 when the device equals the hypothesis as closely as the benchmark equals
+  the golden. The gradients are block-local given lse and out (dS_ij = P_ij (dP_ij - Dsum_i)), so a
+  block's golden needs only the block pairs that touch it.
+* **pattern**: where a cause cannot be recomputed, the errors' pattern over tensors, blocks, tiles and
+  rows is scored (non-finite values, blocks left zero, errors only in tail blocks, only in kv blocks
+  two pairs add into, in one or a few 16x16 tiles, rows that equal golden rows elsewhere, a bias alone).
+
+Only failing cases are diagnosed, and only on their failing blocks (`MAX_TARGETS` per tensor). Pure: no
+files, no printing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ...case import Case
+from ...manifest import GRAD_NAMES
+from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
+from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, recompute
+from .patterns import (
+    accumulation_precision,
+    block_local,
+    diagnose_bias,
+    nonfinite_cause,
+    piece_local,
+    race_pattern,
+    rows_permuted,
+    scale_fit,
+    tail_pattern,
+    tile_local,
+    zero_blocks,
+)
+from .placement import PLACED, layout, length_boundary
+from .scoring import MAX_TARGETS, gather_blocks
+
+__all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
+
+UNTESTED_KINDS: tuple[str, ...] = ()
+"""Kinds of the vocabulary this module never names yet."""
+
+TESTED_KINDS = tuple(kind for kind in DIAGNOSIS_KINDS if kind not in UNTESTED_KINDS)
+"""The kinds of `results.DIAGNOSIS_KINDS` this module tests."""
+
+LOCAL = 0.8
+"""A rows-permuted or tile-local pattern scoring this much skips the recomputed hypotheses."""
+EXPLAINED = 0.98
+"""A recomputed hypothesis explaining this share of the error ends the search: the later ones are not
+tried (`--explain` says so)."""
+MIN_SCORE = 0.2
+"""Causes scoring less are not listed in the diagnosis (`--explain` still shows them)."""
+MAX_CAUSES = 3
+"""Causes listed in a diagnosis, best first."""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The causes (best first, at most `MAX_CAUSES`, none below `MIN_SCORE`) and every hypothesis tried."""
+
+    causes: tuple[Cause, ...]
+    hypotheses: tuple[Hypothesis, ...]
+
+# ---- the diagnosis --------------------------------------------------------------------------------
+
+
+def diagnose(
+    case: Case,
+    tensors: Sequence[TensorResult],
+    checks: Sequence[Check],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    inputs: Mapping[str, np.ndarray],
+) -> Diagnosis:
+    """Diagnose a failing case: test candidate causes against the device's outputs and rank them.
+
+    Args:
+        case: the case geometry.
+        tensors: the judged tensors (`judge_tensors`), at least one failing, or a failing case check.
+        checks: the case-level checks (status, run record: `deterministic`).
+        device, golden, benchmark: {"dq", "dk", "dv"} arrays, as judged (benchmark may be None).
+        inputs: the case's inputs keyed by manifest name (query, key, value, dout, attention_out,
+            softmax_lse, block_sparse_mask).
+
+    Returns:
+        The causes, best first, and every hypothesis tried. A case with nothing failing gets none.
+    """
+    causes: list[Cause] = []
+    tried: list[Hypothesis] = []
+    failing = [t for t in tensors if not t.passed]
+    if any(c.name == "deterministic" and not c.passed for c in checks):
+        text = "dK/dV differ between repeated runs of the same inputs: the order of the atomic adds changes the result"
+        causes.append(Cause("accumulation-race", 1.0, text, ("dk", "dv"), ()))
+        tried.append(Hypothesis("accumulation-race", "a run-dependent accumulation order", 1.0, "explains: " + text))
+    if not failing:
+        return _ranked(causes, tried)
+    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
+    ctx = Context(case, inputs, spans)
+    nonfinite = nonfinite_cause(case, failing, device, golden, spans)
+    if nonfinite is not None:
+        causes.append(nonfinite)
+        tried.append(Hypothesis("non-finite", "NaN/Inf written where the golden is finite", 1.0,
+                "explains: " + nonfinite.evidence))
+    zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
+    if zero:
+        text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
+        causes.append(Cause("not-written", 1.0, text, tuple(zero), ()))
+        tried.append(Hypothesis("not-written", "an output never written", 1.0, "explains: " + text))
+    if zero and all(_structural_only(t) for t in failing):
+        return _ranked(causes, tried)
+    bias_only = all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing)
+    blocks = gather_blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
+    if bias_only:
+        diagnose_bias(case, ctx, failing, blocks, causes, tried)
+        return _ranked(causes, tried)
+    # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
+    before = len(causes)
+    rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
+    tile_local(case, blocks, causes, tried)
+    piece_local(case, blocks, causes, tried)
+    local = next((c for c in causes[before:] if c.score >= LOCAL), None)
+    masks_seen: dict[bytes, Variant] = {}
+    done: Hypothesis | None = None
+    for v in VARIANTS:
+        why = applies(case, ctx, v)
+        if why is None and local is not None:
+            why = (f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks "
+                   "does not produce")
+        if why is None and done is not None:
+            why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
+        if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
+            read = b"".join(ctx.mask(v, b).tobytes() for b in sorted(spans))
+            if read in masks_seen:
+                why = f"not told apart from '{masks_seen[read].supposes}' in this case: the mask reads the same"
+            masks_seen.setdefault(read, v)
+        if why is not None:
+            tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
+            continue
+        def value(target: Target, v: Variant = v) -> np.ndarray:
+            if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
+                return blocks.data[target][2]
+            return recompute(ctx, v, target)
+
+        screen = blocks.screen_for(v)
+        screened = [value(t) for t in screen]
+        first, measured = blocks.explained_on(screen, screened)
+        if first < 0.5 and measured:
+            tried.append(Hypothesis(v.kind, v.supposes, first,
+                                    f"ruled out: explains {first:.0%} of the error of the worst failing block"))
+            continue
+        if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
+            tried.append(Hypothesis(v.kind, v.supposes, 0.0,
+                                    "ruled out: it does not put NaN/Inf where the worst failing block has them"))
+            continue
+        values = [value(t) for t in blocks.targets]
+        extra = [t for t in changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
+        for target in extra:
+            blocks.add(target)
+        share, ratios = blocks.explained(values, extra, [recompute(ctx, v, t) for t in extra])
+        text = f"under the hypothesis, {blocks.falls(ratios)}" if ratios else "nothing to explain"
+        where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
+        if nonfinite is not None and share >= 0.9:  # NaN/Inf are then the symptom (an overflow), not the cause
+            if blocks.predicts_nonfinite(values):
+                text += "; it puts NaN/Inf where the device has them"
+            follows = f" (follows from: {v.supposes})"
+            causes[:] = [replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
+                         if c.kind == "non-finite" and follows not in c.evidence else c for c in causes]  # fmt: skip
+        if share >= 0.5:
+            causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", blocks.failing, where))
+            tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
+            if share >= EXPLAINED:
+                done = tried[-1]
+        else:
+            tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+    if done is None and (local is None or local.kind == "rows-permuted"):  # rows at other places: misplaced?
+        placed = max(layout(case, failing, device, golden, benchmark, causes, tried),
+                     length_boundary(case, failing, device, golden, benchmark, spans, causes, tried))
+        if placed >= PLACED:  # the values are right, at the wrong place
+            best = max((c for c in causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
+            causes[:] = [replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
+                         if c.kind == "non-finite" else c for c in causes]  # fmt: skip
+            reason = f"not tried: '{best.kind}' already explains {placed:.0%} of the error"
+            for kind, supposes in _PATTERNS:
+                tried.append(Hypothesis(kind, supposes, 0.0, reason))
+            return _ranked(causes, tried)
+    else:
+        explained = done.supposes if done is not None else local.kind if local is not None else ""
+        for kind, supposes in _PLACEMENTS:
+            tried.append(Hypothesis(kind, supposes, 0.0, f"not tried: '{explained}' explains values, not places"))
+    if done is not None or local is not None:  # the patterns below would only rank lower
+        explained = done.supposes if done is not None else local.kind if local is not None else ""
+        reason = f"not tried: '{explained}' already explains the error"
+        for kind, supposes in _PATTERNS:
+            tried.append(Hypothesis(kind, supposes, 0.0, reason))
+        return _ranked(causes, tried)
+    scale_fit(case, blocks, causes, tried)
+    zero_blocks(blocks, causes, tried)
+    tail_pattern(case, failing, spans, causes, tried)
+    race_pattern(case, ctx, tensors, blocks, causes, tried)
+    accumulation_precision(case, failing, golden, np.asarray(inputs["block_sparse_mask"]), spans, causes, tried)
+    block_local(case, failing, causes, tried)
+    return _ranked(causes, tried)
+
+
+_PATTERNS = (
+    ("scale", "a gradient off by a constant factor"),
+    ("not-written", "blocks left zero (never written)"),
+    ("tail-block", "errors confined to the partial last blocks"),
+    ("accumulation-race", "a race in the dK/dV accumulation (an update lost in a shared kv block)"),
+    ("accumulation-precision", "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"),
+    ("tile-local", "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"),
+)
+"""The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`)."""
+
+_PLACEMENTS = (
+    ("layout", "another layout or dtype reading of the outputs"),
+    ("length-boundary", "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"),
+)
+"""The placement hypotheses, tried when no recomputed hypothesis explains the error and it is not local."""
+
+
+def _structural_only(result: TensorResult) -> bool:
+    """Whether a tensor fails its structural checks (NaN/Inf, all zero) and nothing else, or only those
+    whose ratios such values make meaningless."""
+    return any(c.name in ("nonfinite", "all_zero") and not c.passed for c in result.checks) or result.passed
+
+
+def _ranked(causes: list[Cause], tried: list[Hypothesis]) -> Diagnosis:
+    best: dict[str, Cause] = {}
+    for cause in causes:
+        if cause.kind not in best or cause.score > best[cause.kind].score:
+            best[cause.kind] = cause
+    ranked = sorted(best.values(), key=lambda c: -c.score)
+    kept = tuple(replace(c, score=round(c.score, 4)) for c in ranked if c.score >= MIN_SCORE)[:MAX_CAUSES]
+    hypotheses = tuple(replace(h, score=round(h.score, 4)) for h in sorted(tried, key=lambda h: -h.score))
+    return Diagnosis(kept, hypotheses)

@@ -1,0 +1,297 @@
+"""The hypotheses a diagnosis recomputes, and the float64 golden of a few blocks under each.
+
+A `Variant` says how a faulty kernel differs from the operator's semantics (the mask read transposed or
+shifted, tail blocks dropped, heads mapped to other kv heads, part of a GQA group summed, lse in base 2 or
+ignored, Dsum missing, the scale held in the case dtype). The gradients are block-local given lse and out
+(dS_ij = P_ij (dP_ij - Dsum_i)), so a block's golden needs only the block pairs that touch it: `recompute`
+computes one target block, and `Context` keeps the float64 views it reads, shared by every hypothesis.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...case import Case, SequenceSpan, numpy_dtype
+from ...layout import kv_view, lse_view, mask_view, q_view
+from ...rounding import to_dtype
+
+LOG2E = math.log2(math.e)
+
+
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A hypothesis to recompute: how the faulty kernel differs from the operator's semantics."""
+
+    kind: str
+    supposes: str
+    mask: str = ""  # transposed | kv+1 | kv-1 | q+1 | drop-tail
+    heads: str = ""  # interleaved | next
+    group: str = ""  # first | not-last
+    lse: str = ""  # base2 | ignored
+    dsum: str = ""  # none | negated
+    scale: str = ""  # rounded
+
+
+VARIANTS = (
+    Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
+    Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
+    Variant("block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)",
+            mask="kv+1"),
+    Variant("block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)",
+            mask="kv-1"),
+    Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
+    Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
+    Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
+    Variant("gqa-group-sum", "dK/dV take only the first query head of each GQA group", group="first"),
+    Variant("gqa-group-sum", "dK/dV leave out the last query head of each GQA group", group="not-last"),
+    Variant("softmax-lse", "P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log", lse="base2"),
+    Variant("softmax-lse", "P recomputed as exp(S): lse ignored", lse="ignored"),
+    Variant("softmax-grad", "Dsum omitted: dS = P dP", dsum="none"),
+    Variant("softmax-grad", "Dsum added instead of subtracted: dS = P (dP + Dsum)", dsum="negated"),
+    Variant("scale", "scaleValue held in the case dtype (scores, dQ and dK)", scale="rounded"),
+)
+
+
+# ---- the recomputed golden of a few blocks ----------------------------------------------------------
+
+
+@dataclass
+class Context:
+    """A case's inputs as float64 views per batch entry and head, computed on demand and kept."""
+
+    case: Case
+    inputs: Mapping[str, np.ndarray]
+    spans: dict[int, SequenceSpan]
+    cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
+    masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    kv_blocks: dict[tuple[Any, int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    shared: dict[tuple[int, int, int, bytes, bytes], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def q_side(self, name: str, batch: int, head: int) -> np.ndarray:
+        key = (name, batch, head)
+        if key not in self.cache:
+            span = self.spans[batch]
+            if name == "lse":
+                view = lse_view(self.case, np.asarray(self.inputs["softmax_lse"]), span)[head]
+            elif name == "dsum":
+                out, dout = self.q_side("attention_out", batch, head), self.q_side("dout", batch, head)
+                view = (out * dout).sum(axis=1)
+            else:
+                view = q_view(self.case, self.inputs[name], span)[head]
+            self.cache[key] = np.asarray(view, dtype=np.float64)
+        return self.cache[key]
+
+    def kv_side(self, name: str, batch: int, head: int) -> np.ndarray:
+        key = (name, batch, -1 - head)
+        if key not in self.cache:
+            view = kv_view(self.case, self.inputs[name], self.spans[batch])[head]
+            self.cache[key] = np.asarray(view, dtype=np.float64)
+        return self.cache[key]
+
+    def products(self, batch: int, head: int, rows: np.ndarray, cols: np.ndarray,
+                 kv_head: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Q K^T (unscaled) and dout V^T of some rows and columns: shared by every hypothesis that reads the
+        same blocks (lse, Dsum, scale), computed once."""
+        key = (batch, head, kv_head, rows.tobytes(), cols.tobytes())
+        if key not in self.shared:
+            if len(self.shared) >= 512:  # a bound on the memory held
+                self.shared.clear()
+            query, dout = self.q_side("query", batch, head)[rows], self.q_side("dout", batch, head)[rows]
+            self.shared[key] = (query @ self.kv_side("key", batch, kv_head)[cols].T,
+                                dout @ self.kv_side("value", batch, kv_head)[cols].T)  # fmt: skip
+        return self.shared[key]
+
+    def mask(self, variant: Variant, batch: int) -> np.ndarray:
+        key = (variant.mask, batch)
+        if key not in self.masks:
+            self.masks[key] = read_mask(self.case, np.asarray(self.inputs["block_sparse_mask"]),
+                    self.spans[batch], variant.mask)
+        return self.masks[key]
+
+    def kv_head(self, variant: Variant, head: int) -> int:
+        case = self.case
+        if variant.heads == "interleaved":
+            return head % case.num_kv_heads
+        if variant.heads == "next":
+            return (head // case.group_size + 1) % case.num_kv_heads
+        return head // case.group_size
+
+    def in_sum(self, variant: Variant, head: int) -> bool:
+        member = head % self.case.group_size
+        if variant.group == "first":
+            return member == 0
+        if variant.group == "not-last":
+            return member != self.case.group_size - 1
+        return True
+
+    def scale(self, variant: Variant) -> float:
+        if variant.scale == "rounded":
+            held = to_dtype(np.array([self.case.kernel_scale], dtype=np.float32), numpy_dtype(self.case.dtype))
+            return float(np.asarray(held, dtype=np.float64).reshape(-1)[0])
+        return float(self.case.kernel_scale)
+
+
+def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) -> np.ndarray:
+    """Return the [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
+    mask = mask_view(case, block_mask, span)
+    n_q, n_kv = mask.shape[1:]
+    read = mask.copy()
+    if how == "transposed":
+        full = block_mask[span.batch] != 0
+        read[:] = False
+        rows, cols = min(n_q, full.shape[2]), min(n_kv, full.shape[1])
+        read[:, :rows, :cols] = full[:, :cols, :rows].transpose(0, 2, 1)
+    elif how == "kv+1":
+        read[:, :, 1:] = mask[:, :, :-1]
+    elif how == "kv-1":
+        read[:, :, :-1] = mask[:, :, 1:]
+        read[:, :, -1:] = False
+    elif how == "q+1":
+        read[:, 1:] = mask[:, :-1]
+    elif how == "drop-tail":
+        x, y = case.block_shape
+        if span.kv_len % y and n_kv:
+            read[:, :, -1] = False
+        elif span.q_len % x and n_q:
+            read[:, -1, :] = False
+    return read
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
+def score_grads(ctx: Context, v: Variant, batch: int, head: int, rows: np.ndarray, cols: np.ndarray,
+             kv_head: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Return (dS, P) [rows, cols] of query head `head` against kv head `kv_head` under the variant."""
+    product, dprobs = ctx.products(batch, head, rows, cols, kv_head)
+    scores = ctx.scale(v) * product
+    lse = ctx.q_side("lse", batch, head)[rows, None]
+    if v.lse == "base2":
+        probs = np.exp2(scores * LOG2E - lse)
+    elif v.lse == "ignored":
+        probs = np.exp(scores)
+    else:
+        probs = np.exp(scores - lse)
+    dsum = ctx.q_side("dsum", batch, head)[rows, None]
+    if v.dsum == "none":
+        return probs * dprobs, probs
+    if v.dsum == "negated":
+        return probs * (dprobs + dsum), probs
+    return probs * (dprobs - dsum), probs
+
+
+def positions(blocks: np.ndarray, size: int, length: int) -> np.ndarray:
+    parts = [np.arange(int(b) * size, min((int(b) + 1) * size, length)) for b in blocks]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Target:
+    """A block of one gradient: dq (batch, query head, query block) or dk/dv (batch, kv head, kv block)."""
+
+    tensor: str
+    batch: int
+    head: int
+    block: int
+
+    def words(self) -> str:
+        axis = "q" if self.tensor == "dq" else "kv"
+        return f"{self.tensor} batch {self.batch} head {self.head} {axis} block {self.block}"
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
+def recompute(ctx: Context, v: Variant, target: Target) -> np.ndarray:
+    """Return the float64 golden of one target block under the variant ([rows, D])."""
+    case, span = ctx.case, ctx.spans[target.batch]
+    x, y = case.block_shape
+    mask = ctx.mask(v, target.batch)
+    scale = ctx.scale(v)
+    if target.tensor == "dq":
+        rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))
+        cols = positions(np.flatnonzero(mask[target.head, target.block]), y, span.kv_len)
+        if not cols.size:
+            return np.zeros((rows.size, case.head_dim))
+        kv_head = ctx.kv_head(v, target.head)
+        dscores, _ = score_grads(ctx, v, target.batch, target.head, rows, cols, kv_head)
+        return scale * (dscores @ ctx.kv_side("key", target.batch, kv_head)[cols])
+    key = (v, target.batch, target.head, target.block)
+    if key not in ctx.kv_blocks:  # dk and dv of one kv block come from the same products: computed once
+        cols = np.arange(target.block * y, min((target.block + 1) * y, span.kv_len))
+        dk, dv = np.zeros((cols.size, case.head_dim)), np.zeros((cols.size, case.head_dim))
+        for head in range(case.num_heads):
+            if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
+                continue
+            rows = positions(np.flatnonzero(mask[head, :, target.block]), x, span.q_len)
+            if not rows.size:
+                continue
+            dscores, probs = score_grads(ctx, v, target.batch, head, rows, cols, target.head)
+            dk += scale * (dscores.T @ ctx.q_side("query", target.batch, head)[rows])
+            dv += probs.T @ ctx.q_side("dout", target.batch, head)[rows]
+        ctx.kv_blocks[key] = (dk, dv)
+    dk, dv = ctx.kv_blocks[key]
+    return dk if target.tensor == "dk" else dv
+
+
+def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, SequenceSpan]) -> np.ndarray:
+    """Return one target block of a gradient array as float64 [rows, D]."""
+    span = spans[target.batch]
+    x, y = case.block_shape
+    if target.tensor == "dq":
+        view = q_view(case, array, span)[target.head]
+        size, length = x, span.q_len
+    else:
+        view = kv_view(case, array, span)[target.head]
+        size, length = y, span.kv_len
+    return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
+
+
+
+NULL = Variant("", "")
+
+
+def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int = 2) -> list[Target]:
+    """Up to `count` blocks per tensor whose computation a mask variant changes (dq rows, dk/dv columns)."""
+    if not v.mask:
+        return []
+    found: list[Target] = []
+    for name in tensors:
+        picked = 0
+        for batch in ctx.spans:
+            read, mask = ctx.mask(v, batch), ctx.mask(NULL, batch)
+            if name == "dq":
+                heads, blocks = np.nonzero((read != mask).any(axis=2))
+            else:
+                diff = (read != mask).any(axis=1)  # [N1, nKV]
+                kv = diff.reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
+                heads, blocks = np.nonzero(kv)
+            step = max(1, heads.size // count)
+            for h, j in list(zip(heads, blocks, strict=True))[::step][: count - picked]:
+                found.append(Target(name, batch, int(h), int(j)))
+                picked += 1
+            if picked >= count:
+                break
+    return found
+
+
+def applies(case: Case, ctx: Context, v: Variant) -> str | None:
+    """Return why a variant cannot be told from the operator's semantics in this case, else None."""
+    if v.heads or v.group:
+        if case.group_size <= 1 and v.group:
+            return "not tried: N1 == N2, no GQA group"
+        if v.heads == "interleaved" and (case.group_size <= 1 or case.num_kv_heads <= 1):
+            return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
+        if v.heads == "next" and case.num_kv_heads <= 1:
+            return "not tried: one kv head"
+        if v.group == "not-last" and case.group_size == 2:
+            return "not tried: with groups of 2 it is the same as taking only the first head"
+    if v.mask:
+        if all(np.array_equal(ctx.mask(v, b), ctx.mask(NULL, b)) for b in ctx.spans):
+            return "not tried: the mask reads the same under it in this case"
+    if v.scale == "rounded" and ctx.scale(v) == ctx.scale(NULL):
+        return "not tried: the scale is exact in the case dtype"
+    return None

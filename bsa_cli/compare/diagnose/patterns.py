@@ -1,0 +1,519 @@
+"""Causes scored from the error's pattern, where they cannot be recomputed.
+
+Non-finite values, blocks left zero, errors only in tail blocks, only in kv blocks two pairs add into, in
+one or a few 16x16 tiles or 128-row pieces, rows that equal golden rows elsewhere, a bias alone, error
+that grows with the blocks a row or column accumulates, a constant factor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ...case import Case, SequenceSpan
+from ...layout import kv_view, mask_view, q_view
+from ..geometry import TILE
+from ..results import Cause, Hypothesis, TensorResult
+from .hypotheses import NULL, VARIANTS, Context, applies, recompute, score_grads
+from .scoring import MAX_TARGETS, Blocks
+
+
+def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[int, SequenceSpan]) -> str:
+    """Name an element's row in the operator's terms: batch, head, position and block."""
+    x, y = case.block_shape
+    size = x if name == "dq" else y
+    if case.layout == "TND":
+        t, n = index[0], index[1]
+        for span in spans.values():
+            start, length = (span.q_start, span.q_len) if name == "dq" else (span.kv_start, span.kv_len)
+            if start <= t < start + length:
+                s = t - start
+                return f"batch {span.batch} head {n} row {s} (block {s // size})"
+        return f"token {t} head {n}"
+    b, n, s = index[0], index[1], index[2]
+    return f"batch {b} head {n} row {s} (block {s // size})"
+
+
+def nonfinite_cause(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
+               golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan]) -> Cause | None:  # fmt: skip
+    parts, where, names = [], [], []
+    for result in failing:
+        if not any(c.name == "nonfinite" and not c.passed for c in result.checks):
+            continue
+        dev = np.asarray(device[result.name])
+        bad = ~np.isfinite(dev) & np.isfinite(np.asarray(golden[result.name]))
+        count = int(bad.sum())
+        rows = np.unique(np.argwhere(bad)[:, :-1], axis=0)
+        first = _index_words(case, result.name, tuple(int(i) for i in rows[0]), spans) if rows.size else "-"
+        parts.append(f"{result.name}: {count} NaN/Inf ({result.device.nan_count} NaN, {result.device.inf_count} Inf) "
+                     f"in {len(rows)} rows where the golden is finite, first at {first}")  # fmt: skip
+        where.append(f"{result.name} {first}")
+        names.append(result.name)
+    if not parts:
+        return None
+    return Cause("non-finite", 1.0, "; ".join(parts), tuple(names), tuple(where))
+
+
+def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blocks: Blocks,
+                   causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+    """A failure of the bias check alone: a precision bias, or the scale held in the case dtype."""
+    words = []
+    for result in failing:
+        if result.bias is not None:
+            words.append(f"{result.name} {result.bias.describe()}")
+    text = "a systematic relative error below the ratio standards' resolution: " + "; ".join(words)
+    names = tuple(t.name for t in failing)
+    causes.append(Cause("precision-bias", 0.7, text, names, ()))
+    tried.append(Hypothesis("precision-bias", "a systematic bias of the precision path", 0.7, "fits: " + text))
+    thd = 2.0 ** -(11 if case.dtype == "float16" else 8)
+    for v in VARIANTS:
+        if v.kind != "scale":
+            continue
+        why = applies(case, ctx, v)
+        if why is not None:
+            tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
+            continue
+        values = [recompute(ctx, v, t) for t in blocks.targets]
+        share, parts = 1.0, []
+        for name in names:
+            picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
+            bench = [blocks.bench[i] for i in picks]
+            own = _relative_bias(bench, [blocks.null[i] for i in picks],
+                    thd) if all(b is not None for b in bench) else 0.0
+            null_bias = _relative_bias([blocks.device[i] for i in picks], [blocks.null[i] for i in picks], thd) - own
+            hyp_bias = _relative_bias([blocks.device[i] for i in picks], [values[i] for i in picks], thd) - own
+            if null_bias == 0:
+                continue
+            share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
+            parts.append(f"{name}'s bias falls from {null_bias:.3g} to {hyp_bias:.3g} relative")
+        text = f"{v.supposes}: under the hypothesis, {', '.join(parts)}"
+        if share >= 0.5:
+            causes.append(Cause("scale", share, text, names, ()))
+            tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the bias: {text}"))
+        else:
+            tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+
+
+def _relative_bias(device: Sequence[Any], golden: Sequence[np.ndarray], thd: float) -> float:
+    num, count = 0.0, 0
+    for dev, gold in zip(device, golden, strict=True):
+        large = np.abs(gold) > thd
+        num += float(((dev[large] - gold[large]) / gold[large]).sum())
+        count += int(large.sum())
+    return num / count if count else 0.0
+
+
+def _scale_factor_words(factor: float, scale: float) -> str:
+    named = {"1/scale: the scale not applied": 1 / scale, "scale: the scale applied twice": scale,
+             "scale^2": scale * scale, "1/2": 0.5, "2": 2.0, "-1: the sign flipped": -1.0}  # fmt: skip
+    for words, value in named.items():
+        if value != 1 and abs(factor / value - 1) < 0.01:
+            return f"{factor:.4g} (= {words})"
+    return f"{factor:.4g}"
+
+
+def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """A constant factor per failing tensor, fitted by least squares: the scale missing or doubled."""
+    factors: dict[str, float] = {}
+    for name in blocks.failing:
+        picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
+        num = sum(float((blocks.device[i] * blocks.null[i]).sum()) for i in picks)
+        den = sum(float((blocks.null[i] ** 2).sum()) for i in picks)
+        if den > 0:
+            factors[name] = num / den
+    values = [blocks.null[i] * factors.get(t.tensor, 1.0) for i, t in enumerate(blocks.targets)]
+    share, ratios = blocks.explained(values)
+    off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
+    supposes = "a gradient off by a constant factor"
+    if not off:
+        tried.append(Hypothesis("scale", supposes, 0.0,
+                "ruled out: the least-squares factor of every failing tensor is within 1% of 1"))
+        return
+    fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
+    text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
+    if share >= 0.5:
+        causes.append(Cause("scale", share, text, tuple(off), ()))
+        tried.append(Hypothesis("scale", supposes, share, f"explains {share:.0%} of the excess error: {text}"))
+    else:
+        tried.append(Hypothesis("scale", supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+
+
+def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """Failing blocks left all zero where the golden is not."""
+    total, zero, where = 0.0, 0.0, []
+    for target, dev, null, in zip(blocks.targets, blocks.device, blocks.null, strict=True):
+        if target.tensor not in blocks.failing:
+            continue
+        energy = float(((dev - null) ** 2).sum()) / blocks.noise[target.tensor]
+        total += energy
+        if dev.size and not dev.any() and null.any():
+            zero += energy
+            where.append(target.words())
+    share = zero / total if total else 0.0
+    supposes = "blocks left zero (never written)"
+    if where and share >= 0.5:
+        text = f"{len(where)} of the failing blocks are all zero where the golden is not: {', '.join(where[:3])}"
+        causes.append(Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})),
+                tuple(where[:3])))
+        tried.append(Hypothesis("not-written", supposes, 0.8 * share, f"fits {share:.0%} of the error: {text}"))
+        return
+    zeros = zero_share(blocks)
+    if zeros >= 0.9:
+        text = f"{zeros:.0%} of the failing blocks' excess error lies in elements left zero where the golden is not"
+        causes.append(Cause("not-written", 0.8 * zeros, text, blocks.failing, ()))
+        tried.append(Hypothesis("not-written", supposes, 0.8 * zeros, "fits: " + text))
+    else:
+        tried.append(Hypothesis("not-written", supposes, 0.0,
+                f"ruled out: no failing block is all zero ({len(where)} found), {zeros:.0%} of the error in zeros"))
+
+
+def zero_share(blocks: Blocks) -> float:
+    """The share of the failing target blocks' excess error in elements the device left zero (golden not)."""
+    total = zero = 0.0
+    for target in blocks.targets:
+        if target.tensor not in blocks.failing:
+            continue
+        dev, bench, null, _ = blocks.data[target]
+        err = np.maximum((dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0), 0.0)
+        err = err / blocks.noise[target.tensor]
+        total += float(err.sum())
+        zero += float(err[(dev == 0) & (null != 0)].sum())
+    return zero / total if total else 0.0
+
+
+def _local_cause(blocks: Blocks, share: float, text: str, where: tuple[str, ...], supposes: str,
+                 causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+    """Name errors confined to a few tiles or pieces: not-written where the device left them zero."""
+    zeros = zero_share(blocks)
+    if zeros >= 0.9:
+        text = f"{text}, left zero where the golden is not"
+        causes.append(Cause("not-written", 0.9 * share, text, blocks.failing, where))
+        tried.append(Hypothesis("not-written", "a region left zero (never written)", 0.9 * share, "fits: " + text))
+        return
+    causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, where))
+    tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
+
+
+def _block_excess(result: TensorResult) -> np.ndarray | None:
+    """Each block's error energy beyond the benchmark's, from the block map ([B, heads, blocks])."""
+    block_map = result.block_map
+    if block_map is None or block_map.rmse_benchmark is None:
+        return None
+    dev = np.nan_to_num(block_map.rmse, nan=0.0) ** 2
+    bench = np.nan_to_num(block_map.rmse_benchmark, nan=0.0) ** 2
+    return np.maximum(dev - 2.0 * bench, 0.0)
+
+
+def tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Mapping[int, SequenceSpan],
+                  causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+    """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv)."""
+    x, y = case.block_shape
+    shares, where = [], []
+    for result in failing:
+        excess = _block_excess(result)
+        if excess is None or excess.sum() <= 0:
+            continue
+        tail = np.zeros(excess.shape, dtype=bool)
+        for span in spans.values():
+            size, length = (x, span.q_len) if result.name == "dq" else (y, span.kv_len)
+            if length % size:
+                tail[span.batch, :, length // size] = True
+        if not tail.any():
+            continue
+        shares.append(float(excess[tail].sum() / excess.sum()))
+        where.append(result.name)
+    supposes = "errors confined to the partial last blocks"
+    share = min(shares) if shares else 0.0
+    if share >= 0.8:
+        text = (f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks "
+                "(Sq % X, Skv % Y)")
+        causes.append(Cause("tail-block", 0.85 * share, text, tuple(where), ()))
+        tried.append(Hypothesis("tail-block", supposes, 0.85 * share, "fits: " + text))
+    else:
+        tried.append(Hypothesis("tail-block", supposes, 0.85 * share,
+                f"ruled out: {share:.0%} of the excess error in tail blocks"))
+
+
+def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], blocks: Blocks,
+                  causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+    """dK/dV wrong only in a few kv blocks that two or more pairs add into, dq right: a lost update."""
+    supposes = "a race in the dK/dV accumulation (an update lost in a shared kv block)"
+    by_name = {t.name: t for t in tensors}
+    if "dq" not in by_name or not by_name["dq"].passed or not {"dk", "dv"} & set(blocks.failing):
+        tried.append(Hypothesis("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass"))
+        return
+    null = NULL
+    kv_targets = [(i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk",
+            "dv") and t.tensor in blocks.failing]
+    bad = [(i, t) for i, t in kv_targets
+           if float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS]
+    bad_blocks = sorted({(t.batch, t.head, t.block) for _, t in bad})
+    if not bad_blocks or len(bad_blocks) > 2:
+        tried.append(Hypothesis("accumulation-race", supposes, 0.0,
+                                f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"))
+        return
+    explained = []
+    for batch, kv_head, block in bad_blocks:
+        mask = ctx.mask(null, batch)
+        pairs = [(h, int(i)) for h in range(case.num_heads) if ctx.kv_head(null, h) == kv_head
+                 for i in np.flatnonzero(mask[h, :, block])]  # fmt: skip
+        if len(pairs) < 2:
+            tried.append(Hypothesis("accumulation-race", supposes, 0.0,
+                    "ruled out: a failing kv block only one pair selects"))
+            return
+        picks = [i for i, t in kv_targets if (t.batch, t.head, t.block) == (batch, kv_head, block)]
+        best = 0.0
+        for head, q_block in pairs[:64]:
+            lost = _pair_partial(ctx, batch, head, q_block, kv_head, block)
+            err_null = sum(float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) for i in picks)
+            err_hyp = sum(float(((blocks.device[i] - blocks.null[i] + lost[blocks.targets[i].tensor]) ** 2).sum())
+                          for i in picks)  # fmt: skip
+            best = max(best, 1.0 - err_hyp / err_null if err_null else 0.0)
+        explained.append(best)
+    share = min(explained)
+    names = ", ".join(f"batch {b} kv head {n} kv block {j}" for b, n, j in bad_blocks)
+    if share >= 0.8:
+        text = (f"dq right, dK/dV wrong only in {names}, selected by two or more pairs; one pair's partial "
+                f"missing explains {share:.0%} of it")
+        score = 0.95 * share
+    else:
+        text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs"
+        score = 0.6
+    causes.append(Cause("accumulation-race", score, text, tuple(n for n in ("dk", "dv") if n in blocks.failing),
+            (names,)))
+    tried.append(Hypothesis("accumulation-race", supposes, score, "fits: " + text))
+
+
+def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str,
+        np.ndarray]:
+    """One (query head, query block) pair's share of a kv block's dK and dV."""
+    case, span = ctx.case, ctx.spans[batch]
+    x, y = case.block_shape
+    null = NULL
+    rows = np.arange(q_block * x, min((q_block + 1) * x, span.q_len))
+    cols = np.arange(block * y, min((block + 1) * y, span.kv_len))
+    dscores, probs = score_grads(ctx, null, batch, head, rows, cols, kv_head)
+    return {"dk": ctx.scale(null) * (dscores.T @ ctx.q_side("query", batch, head)[rows]),
+            "dv": probs.T @ ctx.q_side("dout", batch, head)[rows]}  # fmt: skip
+
+
+def rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: Blocks, device: Mapping[str, np.ndarray],
+                   golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan],
+                   causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+    """Device rows that equal golden rows at other positions of the same head."""
+    supposes = "device rows that hold the golden rows of other positions"
+    matched, bad_total, where = 0, 0, []
+    energy_all = energy_matched = 0.0
+    x, y = case.block_shape
+    for i, target in enumerate(blocks.targets):
+        if target.tensor not in blocks.failing:
+            continue
+        dev, null = blocks.device[i], blocks.null[i]
+        bench = blocks.bench[i]
+        scale = float((null**2).sum(axis=1).mean())
+        row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
+        floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
+        row_err = ((dev - null) ** 2).sum(axis=1)
+        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's
+        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & (row_err > scale * 1e-6))[:32]
+        if not bad.size:
+            continue
+        span = spans[target.batch]
+        view = q_view if target.tensor == "dq" else kv_view
+        gold = np.asarray(view(case, golden[target.tensor], span)[target.head], dtype=np.float64)
+        size = x if target.tensor == "dq" else y
+        first = target.block * size
+        rows = dev[bad]
+        dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + (gold**2).sum(axis=1)[None, :]
+        dist[np.arange(bad.size), first + bad] = np.inf
+        best = dist.argmin(axis=1)
+        closest = dist[np.arange(bad.size), best]
+        # a match: the other golden row explains 95% of the row's error and is within 5% of the row's own
+        # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
+        own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
+        ok = (closest <= np.maximum(4 * floor, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
+        ok &= (gold[best] ** 2).sum(axis=1) > 0
+        bad_total += bad.size
+        matched += int(ok.sum())
+        energy_all += float(row_err[bad].sum())
+        energy_matched += float(row_err[bad][ok].sum())
+        for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
+            where.append(f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
+                         f"holds golden row {int(s)}")
+    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
+    if matched >= 1 and share >= 0.5:
+        text = (f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
+                f"{'; '.join(where[:2])}")
+        causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
+        tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
+    else:
+        tried.append(Hypothesis("rows-permuted", supposes, 0.0,
+                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"))
+
+
+def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """Excess error confined to one or a few 16x16 tiles of the failing blocks."""
+    supposes = "errors confined to one or a few 16x16 tiles"
+    energies: list[tuple[float, str]] = []
+    for target in blocks.targets:
+        if target.tensor not in blocks.failing:
+            continue
+        dev, bench, null, _ = blocks.data[target]
+        err = (dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0)
+        size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
+        starts_r, starts_c = np.arange(0, err.shape[0], TILE), np.arange(0, err.shape[1], TILE)
+        if not err.size:
+            continue
+        tiles = np.add.reduceat(np.add.reduceat(err, starts_r, axis=0), starts_c, axis=1)
+        for r, c in zip(*np.nonzero(tiles > 0), strict=True):
+            row = target.block * size + int(starts_r[r])
+            energies.append((float(tiles[r, c]) / blocks.noise[target.tensor],
+                             f"{target.words()} tile at row {row}, column {int(starts_c[c])}"))  # fmt: skip
+    total = sum(e for e, _ in energies)
+    energies.sort(key=lambda e: -e[0])
+    top = energies[:4]
+    share = sum(e for e, _ in top) / total if total else 0.0
+    if share >= 0.9:
+        many = sum(1 for e, _ in energies if e >= 0.05 * total)
+        text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
+                f"tile{'s' if many != 1 else ''}: {top[0][1]}")
+        _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
+    else:
+        tried.append(Hypothesis("tile-local", supposes, 0.0,
+                f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"))
+
+
+PIECE = 128
+"""The kernel cuts a block's rows (X for dq, Y for dk/dv) into pieces of this many rows."""
+
+
+def piece_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """Excess error confined to one or two 128-row pieces of blocks longer than a piece."""
+    supposes = "errors confined to one or a few 128-row pieces of a block"
+    energies: list[tuple[float, str]] = []
+    for target in blocks.targets:
+        if target.tensor not in blocks.failing:
+            continue
+        dev, bench, null, _ = blocks.data[target]
+        if dev.shape[0] <= PIECE:
+            continue
+        err = ((dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0)).sum(axis=1)
+        size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
+        for start in range(0, err.size, PIECE):
+            row = target.block * size + start
+            energies.append((max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor],
+                             f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}"))  # fmt: skip
+    total = sum(e for e, _ in energies)
+    energies.sort(key=lambda e: -e[0])
+    top = energies[:2]
+    share = sum(e for e, _ in top) / total if total and len(energies) >= 4 else 0.0
+    if share >= 0.9:
+        many = sum(1 for e, _ in energies if e >= 0.05 * total)
+        text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
+                f"piece{'s' if many != 1 else ''}: {top[0][1]}")
+        _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
+    else:
+        why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
+        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: {why}"))
+
+
+def _accumulated(case: Case, block_mask: np.ndarray, name: str, spans: Mapping[int, SequenceSpan],
+                 shape: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+    """Blocks each block of a gradient accumulates ([B, heads, blocks], as the block map): a dq block its
+    selected kv blocks, a dk/dv block the (query head, query block) pairs that select it."""
+    counts = np.zeros(shape)
+    for span in spans.values():
+        mask = mask_view(case, block_mask, span) != 0  # [N1, nQ, nKV]
+        if name == "dq":
+            per = mask.sum(axis=2)
+        else:
+            per = mask.sum(axis=1).reshape(case.num_kv_heads, case.group_size, -1).sum(axis=1)
+        counts[span.batch, : per.shape[0], : per.shape[1]] = per
+    return counts
+
+
+def _ranks(values: np.ndarray) -> np.ndarray:
+    order = np.argsort(values, kind="stable")
+    ranks = np.empty(values.size)
+    ranks[order] = np.arange(values.size)
+    for value in np.unique(values):  # ties share their mean rank
+        same = values == value
+        ranks[same] = ranks[same].mean()
+    return ranks
+
+
+def accumulation_precision(case: Case, failing: Sequence[TensorResult], golden: Mapping[str, np.ndarray],
+                           block_mask: np.ndarray, spans: Mapping[int, SequenceSpan], causes: list[Cause],
+                           tried: list[Hypothesis]) -> None:  # fmt: skip
+    """A relative error (beyond the benchmark's) that grows with the blocks each row or column accumulates."""
+    supposes = "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"
+    fits, words = [], []
+    for result in failing:
+        block_map = result.block_map
+        if block_map is None or block_map.rmse_benchmark is None:
+            continue
+        counts = _accumulated(case, block_mask, result.name, spans, block_map.rmse.shape)
+        view = q_view if result.name == "dq" else kv_view
+        size = block_map.block_size
+        gold_rms = np.zeros(block_map.rmse.shape)
+        for span in spans.values():
+            gold = np.asarray(view(case, golden[result.name], span), dtype=np.float64)  # [heads, rows, D]
+            n_blocks = -(-gold.shape[1] // size)
+            for j in range(n_blocks):
+                piece = gold[:, j * size : (j + 1) * size]
+                gold_rms[span.batch, :, j] = np.sqrt((piece**2).mean(axis=(1, 2)))
+        excess = np.sqrt(np.maximum(np.nan_to_num(block_map.rmse) ** 2 - np.nan_to_num(block_map.rmse_benchmark) ** 2,
+                                    0.0))  # fmt: skip
+        use = (counts > 0) & (gold_rms > 0) & np.isfinite(block_map.rmse)
+        if len(np.unique(counts[use])) < 3:
+            continue
+        relative, count = excess[use] / gold_rms[use], counts[use]
+        if not (relative > 0).any():
+            continue
+        corr = float(np.corrcoef(_ranks(count), _ranks(relative))[0, 1]) if relative.std() > 0 else 0.0
+        low, high = count <= np.quantile(count, 1 / 3), count >= np.quantile(count, 2 / 3)
+        growth = float(relative[high].mean() / max(relative[low].mean(), 1e-30))
+        fits.append((corr, growth))
+        words.append(f"{result.name}: rank correlation {corr:.2f} between a block's relative excess error and the "
+                     f"{int(count.min())}-{int(count.max())} blocks it accumulates, {growth:.3g}x from the fewest "
+                     "to the most")  # fmt: skip
+    if fits and all(corr >= 0.6 and growth >= 1.5 for corr, growth in fits):
+        score = 0.8 * min(corr for corr, _ in fits)
+        text = "; ".join(words)
+        causes.append(Cause("accumulation-precision", score, text, tuple(t.name for t in failing), ()))
+        tried.append(Hypothesis("accumulation-precision", supposes, score, "fits: " + text))
+    else:
+        tried.append(Hypothesis("accumulation-precision", supposes, 0.0,
+                "ruled out: " + ("; ".join(words) if words else "too few distinct accumulation counts")))
+
+
+def block_local(case: Case, failing: Sequence[TensorResult], causes: list[Cause], tried: list[Hypothesis]) -> None:
+    """Excess error confined to one or two 128-row pieces of blocks no longer than a piece (the block map's)."""
+    supposes = "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"
+    shares, words = [], []
+    for result in failing:
+        excess = _block_excess(result)
+        if excess is None or result.block_map is None or result.block_map.block_size > PIECE:
+            continue
+        per_piece = PIECE // result.block_map.block_size
+        pieces: dict[tuple[int, int, int], float] = {}
+        for b, n, j in zip(*np.nonzero(np.isfinite(result.block_map.rmse)), strict=True):
+            key = (int(b), int(n), int(j) // per_piece)
+            pieces[key] = pieces.get(key, 0.0) + float(excess[b, n, j])
+        total = sum(pieces.values())
+        if len(pieces) < 4 or total <= 0:
+            shares.append(0.0)
+            continue
+        ranked = sorted(pieces.items(), key=lambda item: -item[1])
+        shares.append(sum(e for _, e in ranked[:2]) / total)
+        (b, n, piece), _ = ranked[0]
+        words.append(f"{result.name} batch {b} head {n} rows {piece * PIECE}-{piece * PIECE + PIECE - 1}")
+    share = min(shares) if shares else 0.0
+    if share >= 0.9:
+        text = f"{share:.0%} of the excess error lies in one or two 128-row pieces: {', '.join(words)}"
+        causes.append(Cause("tile-local", 0.55 * share, text, tuple(t.name for t in failing), tuple(words)))
+        tried.append(Hypothesis("tile-local", supposes, 0.55 * share, "fits: " + text))
+    else:
+        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: the 2 worst pieces hold {share:.0%}"))

@@ -1,0 +1,296 @@
+"""Causes read from where the device's values sit: another layout or dtype reading, rows at the wrong offset.
+
+* **layout**: a failing tensor read under another layout (BNSD's bytes in [B, S, N, D] or [N, B, S, D]
+  order, TND's in [N, T, D] order) or dtype (fp16 bits read as bf16, or the reverse) equals the golden.
+* **length-boundary**: the excess error lies in rows past the actual sequence lengths (padding rows
+  written), or a batch entry's golden rows sit at another offset of the device's (an entry shifted, a
+  sequence offset read wrongly).
+
+Both work on whole tensors in the global row order (TND: tokens; BNSD: batch x S), which is cheap: no
+product is recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...case import Case, SequenceSpan, numpy_dtype
+from ..results import Cause, Hypothesis, TensorResult
+
+PLACED = 0.9
+"""A layout or length-boundary cause explaining this share of the excess error ends the search."""
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A tensor as global rows [rows, N * D] (float64): device (non-finite values replaced by the golden's),
+    golden, and each row's error energy beyond the benchmark's (`excess`) and the benchmark's own (`noise`)."""
+
+    device: np.ndarray
+    golden: np.ndarray
+    noise: np.ndarray
+    excess: np.ndarray
+    energy: np.ndarray  # each golden row's
+
+
+def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
+    values = np.asarray(array, dtype=np.float64)
+    if case.layout == "TND":
+        return values.reshape(values.shape[0], -1)
+    return values.transpose(0, 2, 1, 3).reshape(values.shape[0] * values.shape[2], -1)
+
+
+def _floor(case: Case, golden: np.ndarray) -> float:
+    eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
+    return float((golden * golden).mean()) * (eps / 4) ** 2 + 1e-30
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _rows(case: Case, name: str, device: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray],
+          benchmark: Mapping[str, np.ndarray] | None) -> _Rows:  # fmt: skip
+    gold = _global_rows(case, golden[name])
+    dev = _global_rows(case, device[name])
+    dev = np.where(np.isfinite(dev), dev, np.nan_to_num(gold))
+    gold = np.nan_to_num(gold)
+    width = gold.shape[1]
+    if benchmark is not None:
+        noise = ((_global_rows(case, benchmark[name]) - gold) ** 2).sum(axis=1)
+        noise = np.nan_to_num(noise, nan=0.0, posinf=0.0)
+    else:
+        noise = np.zeros(gold.shape[0])
+    noise = np.maximum(noise, _floor(case, gold) * width)
+    err = ((dev - gold) ** 2).sum(axis=1)
+    return _Rows(dev, gold, noise, np.maximum(err - noise, 0.0), (gold * gold).sum(axis=1))
+
+
+def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[tuple[int, int, int]]:
+    """Each batch entry's (batch, first global row, length) in a tensor's global rows."""
+    size = case.q_shape[2] if name == "dq" else case.kv_shape[2]
+    out = []
+    for span in spans.values():
+        start, length = (span.q_start, span.q_len) if name == "dq" else (span.kv_start, span.kv_len)
+        if case.layout != "TND":
+            start = span.batch * size
+        out.append((span.batch, start, length))
+    return out
+
+
+def _shift_candidates(case: Case, rows: _Rows, entries: Sequence[tuple[int, int, int]], start: int,
+                      worst: np.ndarray) -> list[int]:  # fmt: skip
+    """Offsets to try for an entry: small ones, the other entries' starts, and those at which the golden
+    holds the entry's worst device rows (any offset a misplaced write gives)."""
+    x, y = case.block_shape
+    small = [1, 2, 3, 4, 8, 16, x, y]
+    found = {d for s in small for d in (s, -s)} | {other - start for _, other, _ in entries}
+    dev = rows.device[worst]
+    dist = (dev**2).sum(axis=1)[:, None] - 2 * dev @ rows.golden.T + rows.energy[None, :]
+    found |= {int(t) - int(g) for t, g in zip(worst, dist.argmin(axis=1), strict=True)}
+    return sorted(d for d in found if d)
+
+
+def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
+    """Whether device rows `at` hold the golden rows `at - shift` (as closely as the benchmark, or 95% of
+    the row's error explained); rows without a golden row there do not."""
+    source = at - shift
+    valid = (source >= 0) & (source < rows.golden.shape[0])
+    ok = np.zeros(at.size, dtype=bool)
+    at, source = at[valid], source[valid]
+    dist = ((rows.device[at] - rows.golden[source]) ** 2).sum(axis=1)
+    err = rows.excess[at] + rows.noise[at]
+    own = rows.energy[source]
+    ok[valid] = (dist <= np.maximum(4 * rows.noise[source], 0.05 * np.minimum(err, own))) & (own > 0)
+    ok[valid] &= rows.excess[at] > 0
+    return ok
+
+
+def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]) -> tuple[np.ndarray,
+        list[str]]:  # fmt: skip
+    """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry)."""
+    count = rows.golden.shape[0]
+    explained = np.zeros(count, dtype=bool)
+    words = []
+    entries = _entries(case, name, spans)
+    total = float(rows.excess.sum())
+    for batch, start, length in entries:
+        excess = rows.excess[start : start + length]
+        if length < 2 or float(excess.sum()) < 0.05 * total:
+            continue
+        worst = np.argsort(excess)[::-1][:8]
+        worst = worst[excess[worst] > 0] + start
+        if worst.size < 2:
+            continue
+        best: tuple[float, int, np.ndarray] | None = None
+        for shift in _shift_candidates(case, rows, entries, start, worst):
+            if _matches(rows, worst, shift).sum() < 2:  # cheap: the worst rows first
+                continue
+            at = np.arange(max(start + shift, 0), min(start + shift + length, count))
+            ok = _matches(rows, at, shift)
+            if ok.sum() < max(2, length // 2):
+                continue
+            gain = float(rows.excess[at[ok]].sum())
+            if best is None or gain > best[0]:
+                best = (gain, shift, at[ok])
+        if best is not None and best[0] > 0.05 * total:
+            explained[best[2]] = True
+            words.append(f"{name} batch {batch}'s rows sit {best[1]:+d} rows off ({best[2].size} of {length} rows)")
+    return explained, words
+
+
+def length_boundary(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
+                    golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
+                    spans: Mapping[int, SequenceSpan], causes: list[Cause],
+                    tried: list[Hypothesis]) -> float:  # fmt: skip
+    """Errors past the actual lengths (padding rows written) or a batch entry's rows at another offset.
+
+    Returns the share of the failing tensors' excess error it explains (the smallest of theirs)."""
+    supposes = "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"
+    shares, words = [], []
+    for result in failing:
+        rows = _rows(case, result.name, device, golden, benchmark)
+        total = float(rows.excess.sum())
+        if total <= 0:
+            continue
+        covered = np.zeros(rows.golden.shape[0], dtype=bool)
+        for _, start, length in _entries(case, result.name, spans):
+            covered[start : start + length] = True
+        padding = ~covered & (rows.excess > 0)
+        shifted, shift_words = _shifted_entries(case, result.name, rows, spans)
+        share = float(rows.excess[padding | shifted].sum()) / total
+        shares.append(share)
+        if padding.any() and float(rows.excess[padding].sum()) > 0.05 * total:
+            words.append(f"{result.name}: {int(padding.sum())} rows past the actual lengths written "
+                         f"({float(rows.excess[padding].sum()) / total:.0%} of its excess error)")  # fmt: skip
+        words.extend(shift_words)
+    share = min(shares) if shares else 0.0
+    if share >= 0.8 and words:
+        text = f"{share:.0%} of the excess error at or past the sequence lengths: {'; '.join(words[:3])}"
+        causes.append(Cause("length-boundary", 0.97 * share, text, tuple(t.name for t in failing), tuple(words[:3])))
+        tried.append(Hypothesis("length-boundary", supposes, 0.97 * share, "fits: " + text))
+        return share
+    tried.append(Hypothesis("length-boundary", supposes, 0.0,
+            f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries"))
+    return 0.0
+
+
+def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
+    """The other readings of a tensor's bytes: (what it supposes, the golden-shaped array it gives)."""
+    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = []
+    other = "bfloat16" if case.dtype == "float16" else "float16"
+    other_type = numpy_dtype(other)
+    out.append((f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)",
+                lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type)))  # fmt: skip
+    if case.layout == "TND":
+        out.append(("written in [N, T, D] order, read as TND",
+                    lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2]).transpose(1, 0, 2)))
+        out.append(("written in TND order with T and N read transposed",
+                    lambda a: a.transpose(1, 0, 2).reshape(a.shape)))
+        out.append(("written in [T, D, N] order, read as TND",
+                    lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1]).transpose(0, 2, 1)))
+    else:
+        out.append(("written as BSND ([B, S, N, D]), read as BNSD",
+                    lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)))
+        out.append(("S and N read transposed (BNSD bytes taken as BSND)",
+                    lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape)))
+        out.append(("written as BNDS ([B, N, D, S]), read as BNSD",
+                    lambda a: a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[2]).transpose(0, 1, 3, 2)))
+        out.append(("written as NBSD ([N, B, S, D]), read as BNSD",
+                    lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2], a.shape[3]).transpose(1, 0, 2, 3)))
+    return out
+
+
+SAMPLE = 2048
+"""Elements a layout reading is first tried on (evenly spread): a wrong reading misses nearly all of them."""
+
+
+def _reading_share(readings: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray],
+                   noise: Mapping[str, float],
+                   null: Mapping[str, float]) -> tuple[float, dict[str, float]]:  # fmt: skip
+    """The share of the excess error a reading removes, and each tensor's error in benchmark units."""
+    hyp, ratios = 0.0, {}
+    for name, values in readings.items():
+        with np.errstate(over="ignore", invalid="ignore"):  # another dtype's bits: NaN/Inf among them
+            diff = np.asarray(values, dtype=np.float64) - golden[name]
+            diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's, here as in the null reading
+            energy = float((diff * diff).sum())
+        excess = max(energy / noise[name] - 1.0, 0.0) if np.isfinite(energy) else np.inf
+        hyp += excess
+        ratios[name] = float(np.sqrt(excess + 1))
+    total = sum(min(v, 1e30) for v in null.values())
+    return (max(0.0, 1.0 - hyp / total) if total > 0 and np.isfinite(hyp) else 0.0), ratios
+
+
+def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.ndarray | None) -> tuple[
+        float, float]:  # fmt: skip
+    noise = 0.0
+    if bench is not None:
+        noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
+    noise = max(noise, _floor(case, gold) * gold.size)
+    with np.errstate(over="ignore", invalid="ignore"):
+        diff = np.asarray(dev, dtype=np.float64) - gold
+        diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's: a reading is scored on the rest
+        energy = float((diff * diff).sum())
+    return noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
+
+
+def layout(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
+           golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
+           causes: list[Cause], tried: list[Hypothesis]) -> float:  # fmt: skip
+    """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
+
+    Each reading is tried on `SAMPLE` elements first, then on the whole tensors. Returns the share of the
+    excess error the best reading explains."""
+    best = 0.0
+    names = [t.name for t in failing]
+    arrays = {n: np.asarray(device[n]) for n in names}
+    picks, sample = {}, {}
+    for name in names:
+        shape = arrays[name].shape
+        flat = np.unique(np.linspace(0, arrays[name].size - 1, min(SAMPLE, arrays[name].size)).astype(np.int64))
+        picks[name] = np.unravel_index(flat, shape)
+        gold = np.nan_to_num(np.asarray(golden[name][picks[name]], dtype=np.float64))
+        bench = benchmark[name][picks[name]] if benchmark is not None else None
+        sample[name] = (gold, *_noise_and_null(case, gold, arrays[name][picks[name]], bench))
+    index = np.arange(arrays[names[0]].size).reshape(arrays[names[0]].shape)
+    whole: dict[str, tuple[np.ndarray, float, float]] = {}
+    for supposes, read in _readings(case):
+        if "bits" in supposes:
+            if any(a.dtype.itemsize != 2 for a in arrays.values()):
+                continue
+        elif np.array_equal(read(index)[picks[names[0]]], index[picks[names[0]]]):
+            tried.append(Hypothesis("layout", supposes, 0.0, "not tried: the same reading in this case"))
+            continue
+        share, ratios = _reading_share({n: read(arrays[n])[picks[n]] for n in names},
+                                       {n: v[0] for n, v in sample.items()}, {n: v[1] for n, v in sample.items()},
+                                       {n: v[2] for n, v in sample.items()})  # fmt: skip
+        if share >= 0.8:  # then on the whole tensors
+            for name in names:
+                if name not in whole:
+                    gold = np.nan_to_num(np.asarray(golden[name], dtype=np.float64))
+                    bench = benchmark[name] if benchmark is not None else None
+                    whole[name] = (gold, *_noise_and_null(case, gold, arrays[name], bench))
+            share, ratios = _reading_share({n: read(arrays[n]) for n in names}, {n: v[0] for n, v in whole.items()},
+                                           {n: v[1] for n, v in whole.items()},
+                                           {n: v[2] for n, v in whole.items()})  # fmt: skip
+        else:
+            tried.append(Hypothesis("layout", supposes, share,
+                    f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements"))
+            continue
+        parts = [f"{n}'s error falls to {r:.3g}x the benchmark's" for n, r in ratios.items()]
+        # the values must then be right: as close as the benchmark, or as bf16's rounding is to an fp16 golden
+        bound = 32.0 if "as bfloat16" in supposes else 4.0
+        if share >= 0.9 and max(ratios.values(), default=0.0) > bound:
+            tried.append(Hypothesis("layout", supposes, 0.0, f"ruled out: explains {share:.0%} of the excess error, "
+                                    f"but {', '.join(parts)} (more than {bound:g}x)"))  # fmt: skip
+            continue
+        if share >= 0.9:
+            text = f"{supposes}: under that reading, {', '.join(parts)}"
+            causes.append(Cause("layout", 0.97 * share, text, tuple(names), ()))
+            outcome = f"explains {share:.0%} of the excess error: {text}"
+            tried.append(Hypothesis("layout", supposes, 0.97 * share, outcome))
+        else:
+            tried.append(Hypothesis("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error"))
+        best = max(best, share)
+    return best

@@ -1,0 +1,189 @@
+"""The target blocks of a diagnosis and how a hypothesis is scored on them.
+
+`Blocks` holds the device's, the benchmark's and the golden's values of the target blocks (the worst
+blocks of each failing tensor, and of each passing one) and scores a hypothesis by the share of the
+device's excess error (beyond the benchmark's) it removes: 1 when the device equals the hypothesis as
+closely as the benchmark equals the golden.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...case import Case, numpy_dtype
+from ...manifest import GRAD_NAMES
+from ..results import TensorResult
+from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
+
+MAX_TARGETS = 3
+"""Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
+adds its worst, so that a hypothesis that would break it is scored down."""
+
+
+@dataclass
+class Blocks:
+    """Device, benchmark and recomputed golden of the target blocks, and the benchmark's error energy.
+
+    `targets` are the failing blocks (and a passing tensor's worst); `add` brings in more blocks (those
+    a hypothesis changes), scored with them so that a hypothesis predicting errors where there are none
+    is scored down."""
+
+    case: Case
+    ctx: Context
+    device_arrays: Mapping[str, np.ndarray]
+    bench_arrays: Mapping[str, np.ndarray] | None
+    golden_arrays: Mapping[str, np.ndarray]
+    failing: tuple[str, ...]
+    targets: list[Target] = field(default_factory=list)
+    data: dict[Target, tuple[np.ndarray, np.ndarray | None, np.ndarray, float]] = field(default_factory=dict)
+    nonfinite: dict[Target, np.ndarray] = field(default_factory=dict)  # where the device has NaN/Inf
+    _noise: tuple[int, dict[str, float]] | None = None
+
+    def add(self, target: Target) -> None:
+        if target in self.data:
+            return
+        case, ctx = self.case, self.ctx
+        null = block_of(case, self.golden_arrays[target.tensor], target, ctx.spans)  # gen's golden (float32 or 64)
+        if not np.isfinite(null).all():
+            null = recompute(ctx, NULL, target)
+        dev = block_of(case, self.device_arrays[target.tensor], target, ctx.spans)
+        bad = ~np.isfinite(dev)
+        if bad.any():
+            self.nonfinite[target] = bad
+            dev = np.where(bad, null, dev)  # non-finite values have their own kind (and a hypothesis may predict them)
+        bench = block_of(case, self.bench_arrays[target.tensor], target, ctx.spans) if self.bench_arrays else None
+        eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
+        floor = float((null * null).sum()) * (eps / 4) ** 2 + 1e-30
+        energy = float(((bench - null) ** 2).sum()) if bench is not None else floor
+        self.data[target] = (dev, bench, null, max(energy, floor))
+
+    @property
+    def device(self) -> list[np.ndarray]:
+        return [self.data[t][0] for t in self.targets]
+
+    @property
+    def bench(self) -> list[np.ndarray | None]:
+        return [self.data[t][1] for t in self.targets]
+
+    @property
+    def null(self) -> list[np.ndarray]:
+        return [self.data[t][2] for t in self.targets]
+
+    @property
+    def noise(self) -> dict[str, float]:
+        """Each tensor's benchmark error energy over the targets (kept while the targets stay the same)."""
+        if self._noise is None or self._noise[0] != len(self.targets):
+            self._noise = (len(self.targets), self.noise_of(self.targets))
+        return self._noise[1]
+
+    def overflows(self, value: np.ndarray) -> np.ndarray:
+        """Where a value is non-finite, or finite but beyond the case dtype's range (an Inf once cast)."""
+        with np.errstate(invalid="ignore"):
+            return ~(np.abs(value) <= float(np.finfo(numpy_dtype(self.case.dtype)).max))
+
+    def predicts_nonfinite(self, values: Sequence[np.ndarray], targets: Sequence[Target] | None = None) -> bool:
+        """Whether values of the targets (or of `targets`) overflow (or are NaN/Inf) where the device's are
+        NaN/Inf: 90% of the elements where either is."""
+        if not self.nonfinite:
+            return False
+        both = either = 0
+        for target, value in zip(self.targets if targets is None else targets, values, strict=True):
+            bad = self.nonfinite.get(target, np.zeros(value.shape, dtype=bool))
+            over = self.overflows(value)
+            both += int((bad & over).sum())
+            either += int((bad | over).sum())
+        return either > 0 and both >= 0.9 * either
+
+    def noise_of(self, targets: Sequence[Target]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for t in targets:
+            out[t.tensor] = out.get(t.tensor, 0.0) + self.data[t][3]
+        return out
+
+    def energies(self, targets: Sequence[Target], values: Sequence[np.ndarray]) -> dict[str, float]:
+        out: dict[str, float] = dict.fromkeys({t.tensor for t in targets}, 0.0)
+        for target, value in zip(targets, values, strict=True):
+            bad = self.nonfinite.get(target)
+            if bad is not None:  # a hypothesis predicting the device's NaN/Inf (or an overflow) explains them
+                value = np.where(bad & self.overflows(value), self.data[target][0], value)
+            diff = self.data[target][0] - value
+            energy = float((diff * diff).sum()) if diff.size else 0.0
+            out[target.tensor] += energy if math.isfinite(energy) else math.inf
+        return out
+
+    @staticmethod
+    def excess(energies: Mapping[str, float], noise: Mapping[str, float]) -> float:
+        return sum(max(e / noise[t] - 1.0, 0.0) for t, e in energies.items())
+
+    def explained(self, values: Sequence[np.ndarray], extra: Sequence[Target] = (),
+                  extra_values: Sequence[np.ndarray] = ()) -> tuple[float, dict[str, float]]:  # fmt: skip
+        """Return (share of the excess error removed, each failing tensor's error in benchmark units) of a
+        hypothesis's values on the targets (and on `extra` blocks it changes)."""
+        return self.explained_on([*self.targets, *extra], [*values, *extra_values])
+
+    def explained_on(self, targets: Sequence[Target], values: Sequence[np.ndarray]) -> tuple[float, dict[str, float]]:
+        """`explained` over some of the blocks (`screen`: the worst of each failing tensor)."""
+        noise = self.noise_of(targets)
+        null_excess = self.excess(self.energies(targets, [self.data[t][2] for t in targets]), noise)
+        energies = self.energies(targets, values)
+        if null_excess <= 0:
+            return 0.0, {}
+        share = 1.0 - self.excess(energies, noise) / null_excess
+        return max(0.0, min(1.0, share)), {t: math.sqrt(e / noise[t]) for t, e in energies.items()}
+
+    @property
+    def screen(self) -> list[Target]:
+        """The worst target block of each failing tensor: a hypothesis must explain them to be tried on all."""
+        first: dict[str, Target] = {}
+        for target in self.targets:
+            if target.tensor in self.failing:
+                first.setdefault(target.tensor, target)
+        return list(first.values())
+
+    def screen_for(self, variant: Variant) -> list[Target]:
+        """The one block a variant must explain half of to be tried on all: the worst failing dq block
+        (the cheapest to recompute), or the worst dk/dv block for a variant that leaves dq as it is."""
+        screen = self.screen
+        if variant.group:
+            screen = [t for t in screen if t.tensor != "dq"]
+        return screen[:1] if screen else self.screen
+
+    def falls(self, ratios: Mapping[str, float]) -> str:
+        targets = self.targets
+        noise = self.noise_of(targets)
+        null = {t: math.sqrt(e / noise[t]) for t, e in self.energies(targets, self.null).items()}
+        parts = [f"{t}'s error {'falls' if ratios[t] <= null[t] else 'rises'} to {ratios[t]:.3g}x the benchmark's "
+                 f"(from {null[t]:.3g}x)" for t in GRAD_NAMES if t in self.failing and t in ratios]  # fmt: skip
+        return ", ".join(parts)
+
+
+
+def worst_targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
+    """The worst blocks of each failing tensor (and the 2 worst of each passing one), by block map score."""
+    targets: list[Target] = []
+    for result in tensors:
+        if result.block_map is None:
+            continue
+        score = np.where(np.isnan(result.block_map.score), -np.inf, result.block_map.score)
+        count = per_tensor if not result.passed else 1
+        for flat in np.argsort(score, axis=None)[::-1][:count]:
+            if score.flat[flat] == -np.inf:
+                break
+            b, n, j = (int(i) for i in np.unravel_index(flat, score.shape))
+            targets.append(Target(result.name, b, n, j))
+    return targets
+
+
+def gather_blocks(case: Case, ctx: Context, tensors: Sequence[TensorResult], device: Mapping[str, np.ndarray],
+            golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
+            per_tensor: int = MAX_TARGETS) -> Blocks:  # fmt: skip
+    failing = tuple(t.name for t in tensors if not t.passed)
+    blocks = Blocks(case, ctx, device, benchmark, golden, failing)
+    for target in worst_targets(case, tensors, per_tensor):
+        blocks.add(target)
+        blocks.targets.append(target)
+    return blocks

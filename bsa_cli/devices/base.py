@@ -1,0 +1,199 @@
+"""What every device is: the `Device` protocol, one run of a case (`Attempt`, `Execution`), the words for
+device kinds and run outcomes, and the pieces of the binary contract every device shares.
+
+The binary contract (docs/run.md documents it for users):
+
+    BINARY <case_dir>/case.json <output_dir>        (or a --cmd template, split with shlex, no shell)
+
+with `ASCEND_DEVICE_ID` set. The binary writes `dq.bin`, `dk.bin`, `dv.bin` as the manifest's `outputs`
+say, and `status.txt` (first line the aclnn status as a decimal integer, an optional second line a
+message); a negative case writes only `status.txt`. It exits 0 once the status is recorded, whatever the
+status; a non-zero exit means the binary itself failed.
+
+Three devices keep it: an external binary or --cmd template (`binary.BinaryDevice`), the torch_npu child
+(`torch_npu.TorchNpuDevice`) and the built-in reference device (`reference.ReferenceDevice`). Callers ask
+the device what it does (`reference_results`, `seeded`, `reports_progress`, ...), never which one it is.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+import threading
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from ..errors import BsaError
+
+DeviceKind = Literal["reference", "torch_npu", "binary"]
+"""How records name the kind of device."""
+
+Outcome = Literal["ok", "nondeterministic", "error", "crashed", "timeout", "interrupted"]
+"""How running one case ended (a key of `OUTCOMES`)."""
+
+OUTCOMES: dict[Outcome, str] = {
+    "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
+    "nondeterministic": "ran --repeat times and met a race that matters: the status or dq differed between runs "
+    "(with --deterministic: any output), or a repeat failed the standard (last-bit noise in dk/dv alone is "
+    "reported, not failed, unless the run asked for deterministic mode)",
+    "error": "inputs failed verification, the binary exited non-zero, or its outputs are missing or of the wrong size",
+    "crashed": "the binary was killed by a signal (the reference device: raised an exception)",
+    "timeout": "ran past --timeout; its whole process group was killed",
+    "interrupted": "stopped by Ctrl-C before it finished",
+}
+"""Outcome of running one case, and what each means. Only `ok` leaves a result `bsa compare` can judge."""
+
+RunOrder = tuple[list[str], int | None]
+"""What asks one run for its dK/dV accumulation order (arguments added to its command line), and the seed of
+that order (None: one fixed order, or an order bsa does not choose)."""
+
+STATUS_FILE = "status.txt"
+"""The file every device writes the aclnn status into (first line), with an optional message after it."""
+
+
+class RunConfigError(BsaError):
+    """A run cannot start: bad --device, --binary, --cmd, --fault or --devices value."""
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write bytes through a temporary file in the same directory and an atomic rename."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+@dataclass
+class Attempt:
+    """One run of a case: what was run, how it ended, what it left."""
+
+    index: int
+    argv: list[str]
+    staging: Path
+    stdout_log: str
+    stderr_log: str
+    started: str = ""
+    finished: str = ""
+    duration_s: float = 0.0
+    exit_code: int | None = None
+    signal: str | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+    exception: str | None = None
+    status: int | None = None
+    status_message: str | None = None
+    outputs: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
+    order_seed: int | None = None  # the reference device's accumulation order for this run
+    fault_not_applied: str | None = None  # the reference device: why its planted fault left this case clean
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.interrupted:
+            return "interrupted"
+        if self.timed_out:
+            return "timeout"
+        if self.signal is not None or self.exception is not None:
+            return "crashed"
+        return "error" if self.problems else "ok"
+
+
+class Cancel:
+    """Shared between workers: the cancel flag and the process groups running now (Ctrl-C kills them)."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._groups: set[int] = set()
+
+    def add(self, pgid: int) -> None:
+        with self._lock:
+            self._groups.add(pgid)
+
+    def discard(self, pgid: int) -> None:
+        with self._lock:
+            self._groups.discard(pgid)
+
+    def cancel(self) -> None:
+        self.event.set()
+        with self._lock:
+            groups = list(self._groups)
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+@dataclass(frozen=True)
+class Execution:
+    """What a device needs to run one attempt besides the attempt itself."""
+
+    case_dir: Path
+    output_dir: Path  # where the attempt's stdout and stderr logs go
+    env: Mapping[str, str]  # the variables bsa sets for the run (`RunOptions.env`)
+    timeout: float | None
+    cancel: Cancel
+
+
+class Device(Protocol):
+    """What runs the cases. Build one with `devices.create`, which checks it before any case runs."""
+
+    @property
+    def kind(self) -> DeviceKind:
+        """How records name the kind of device."""
+
+    @property
+    def name(self) -> str:
+        """How records and output name the device."""
+
+    @property
+    def fault(self) -> str | None:
+        """The fault it plants (only the reference device plants one)."""
+
+    @property
+    def reference_results(self) -> bool:
+        """Whether its results are a reference, never device results (the reference device)."""
+
+    @property
+    def seeded(self) -> bool:
+        """Whether its runs sum dK/dV in an order seeded run by run (`RunOptions.seed`)."""
+
+    @property
+    def reports_progress(self) -> bool:
+        """Whether it reports progress within a case (see `reporting`)."""
+
+    @property
+    def announcement(self) -> str:
+        """The line that says, before a run, which device runs."""
+
+    @property
+    def binary_record(self) -> dict[str, Any] | None:
+        """run.json's `binary`: the external binary's path and sha256, or None."""
+
+    def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
+        """Return the command line of one run (the reference device: the equivalent `bsa emulate` call)."""
+
+    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
+        """Return run `index`'s accumulation order (`RunOrder`)."""
+
+    def time_limit(self, timeout: float | None) -> float | None:
+        """Return the time limit a run of this device runs under (--timeout, where it applies)."""
+
+    def execute(self, attempt: Attempt, execution: Execution) -> None:
+        """Run one attempt: write its outputs into `attempt.staging` and its logs into the output folder;
+        record how it ended in `attempt` (exit code, signal, timeout, interruption, problems)."""
+
+    def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+        """Return run.json's `device_software` (never raises: unknown values are null)."""
+
+    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
+        """While the block runs, report progress within a case as `callback(case name, fraction done)`."""

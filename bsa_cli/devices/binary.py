@@ -1,0 +1,135 @@
+"""The external device: a binary (`--binary`) or a command template (`--cmd`), run as a child process per
+run of a case, as the binary contract says (`base`)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import string
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..errors import suggest
+from ..store import MANIFEST, sha256_file
+from . import software
+from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder
+from .process import spawn
+
+PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
+"""Names a --cmd template may use, as `{name}`."""
+
+
+@dataclass(frozen=True)
+class BinaryDevice:
+    """An external binary and/or --cmd template. Build one with `create`, which checks both."""
+
+    binary: Path | None = None
+    cmd: str | None = None
+    binary_sha256: str | None = None
+
+    kind: ClassVar[DeviceKind] = "binary"
+    fault = None
+    reference_results = False
+    seeded = False
+    reports_progress = False
+
+    @classmethod
+    def create(cls, binary: str | Path | None = None, cmd: str | None = None) -> BinaryDevice:
+        """Check the binary and the template and return the device.
+
+        Raises:
+            RunConfigError: the binary is missing or not executable, or the template uses an unknown or
+                unavailable placeholder.
+        """
+        resolved = _resolve_binary(binary) if binary is not None else None
+        if cmd is not None:
+            _check_template(cmd, has_binary=resolved is not None)
+        return cls(binary=resolved, cmd=cmd, binary_sha256=sha256_file(resolved) if resolved is not None else None)
+
+    @property
+    def name(self) -> str:
+        if self.binary is not None:
+            return str(self.binary)
+        return shlex.split(self.cmd or "")[0]
+
+    @property
+    def announcement(self) -> str:
+        return f"device: {self.name} (sha256 {self.binary_sha256 or '-'})"
+
+    @property
+    def binary_record(self) -> dict[str, Any] | None:
+        return {"path": str(self.binary), "sha256": self.binary_sha256} if self.binary is not None else None
+
+    def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
+        """Return the command line of one run: `BINARY <case_dir>/case.json <output_dir>`, or the template's."""
+        manifest = str(case_dir / MANIFEST)
+        if self.cmd is None:
+            return [str(self.binary), manifest, str(output_dir)]
+        values = {
+            "binary": str(self.binary) if self.binary is not None else "",
+            "case_dir": str(case_dir),
+            "manifest": manifest,
+            "output_dir": str(output_dir),
+            "device_id": str(device_id),
+        }
+        return [token.format(**values) for token in shlex.split(self.cmd)]
+
+    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
+        return [], None  # its atomic adds choose their own order
+
+    def time_limit(self, timeout: float | None) -> float | None:
+        return timeout
+
+    def execute(self, attempt: Attempt, execution: Execution) -> None:
+        spawn(attempt, execution)
+
+    def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
+        return software.binary({**os.environ, **env})
+
+    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
+        return nullcontext()
+
+
+def _resolve_binary(binary: str | Path) -> Path:
+    path = Path(binary)
+    if not path.exists() and os.sep not in str(binary):
+        found = shutil.which(str(binary))
+        if found:
+            path = Path(found)
+    if not path.exists():
+        raise RunConfigError(f"--binary {binary}: no such file")
+    if not path.is_file() or not os.access(path, os.X_OK):
+        raise RunConfigError(f"--binary {binary}: not an executable file (chmod +x?)")
+    return path.resolve()
+
+
+def _check_template(cmd: str, *, has_binary: bool) -> None:
+    try:
+        tokens = shlex.split(cmd)
+    except ValueError as exc:
+        raise RunConfigError(f"--cmd {cmd!r}: cannot split it like a shell would: {exc}") from None
+    if not tokens:
+        raise RunConfigError("--cmd is empty; give a command template such as '{binary} {manifest} {output_dir}'")
+    used = set()
+    for token in tokens:
+        try:
+            fields = [f for _, f, _, _ in string.Formatter().parse(token) if f is not None]
+        except ValueError as exc:
+            raise RunConfigError(f"--cmd {cmd!r}: {exc} (write literal braces as {{{{ and }}}})") from None
+        for name in fields:
+            if name not in PLACEHOLDERS:
+                allowed = " ".join("{" + p + "}" for p in PLACEHOLDERS)
+                raise RunConfigError(
+                    f"--cmd {cmd!r}: unknown placeholder {{{name}}}{suggest(name, PLACEHOLDERS)}; allowed: {allowed}"
+                )
+            used.add(name)
+    if "binary" in used and not has_binary:
+        raise RunConfigError("--cmd uses {binary} but no --binary was given")
+    if "output_dir" not in used:
+        raise RunConfigError(
+            f"--cmd {cmd!r} has no {{output_dir}}: the binary would not know where to write dq, dk, dv"
+        )

@@ -1,0 +1,269 @@
+"""The reference device's planted faults: what each does, which cases it can change, and how it is planted.
+
+A planted fault is a realistic kernel bug the comparator must catch (`bsa run --fault NAME`). The reference
+device (`reference.emulate`) plants them; `fault_applies` and `fault_not_applied` say whether one changes a
+case's outputs, which the reference device records in run.json (`device.fault_not_applied`) and `bsa run`
+warns about before a case runs. Pure: arrays in, arrays or words out.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..case import Case, SequenceSpan, numpy_dtype
+from ..layout import kv_view, lse_view, mask_view, q_view
+from ..rounding import to_dtype
+
+FAULTS: dict[str, str] = {
+    "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "
+    "Skv % Y != 0, else the q tail block when Sq % X != 0 (applies when such a tail block is selected)",
+    "no-gqa-sum": "dk/dv take only the first query head of each GQA group instead of the group sum "
+    "(applies only with N1 > N2 and a selection in a non-first head of a group)",
+    "dk-no-scale": "dK is not multiplied by scale at the end (applies when scale != 1)",
+    "mask-transposed": "the block mask is read as [.., j, i] (out-of-range transposed indices read as "
+    "unselected; applies when the mask is not symmetric)",
+    "block-shift": "kv block j > 0 reads the selection of block j - 1 (applies when some row's selection "
+    "changes along the kv blocks)",
+    "lse-base2": "softmaxLse read as a base-2 log: P = exp2(S * log2(e) - lse)",
+    "no-dsum": "Dsum omitted: dS = P * dP",
+    "nan-row": "one row of dq (a selected query row) is NaN",
+    "stale-output": "dq, dk, dv all zero, as if never written",
+    "race-lost-update": "a race in the dK/dV accumulation: the first kv block that two or more pairs select "
+    "loses one pair's partial, a lost update, in the runs whose order seed is odd (about half of `bsa run`'s "
+    "runs) and always without a seed (applies when a kv block is selected by two or more query blocks or heads)",
+    "scale-rounded": "scaleValue is held in the case dtype (float16/bfloat16) instead of float32: every score "
+    "and dQ, dK are off by the same relative error, about 1e-4 for 1/sqrt(128), well inside one ULP "
+    "(applies when the scale is not exact in the case dtype)",
+    "tile-noise": "in one 16x16 tile of dq inside a selected region, each element's error against the "
+    "float64 golden is made 5x larger (4x extra): a precision bug confined to one tile",
+    "rows-swapped": "two dq rows are written to each other's places: the first two rows of the middle selected "
+    "query block (or that block's one row and the row before it; applies when a query row has a neighbour)",
+    "heads-interleaved": "query head n reads kv head n % N2 instead of n // (N1 / N2), and dK/dV sum the query "
+    "heads mapped to them (applies with N1 > N2 > 1)",
+    "dq-scaled-twice": "dQ is multiplied by scale twice at the end (applies when scale != 1)",
+}
+"""Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
+selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
+
+REPEAT_FAULTS: dict[str, str] = {
+    "deterministic-ignored": "deterministic mode is ignored: dK/dV are summed in a run-dependent order although "
+    "the run asked for one fixed order, so repeats differ in their last bits (shows only with --deterministic "
+    "--repeat N; applies when a kv block is selected by two or more query blocks or heads)",
+}
+"""Faults that leave every single run as clean as the reference and show only between repeated runs."""
+
+ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS}
+"""Every fault `bsa emulate --fault` and `bsa run --fault` accept."""
+
+
+
+def kernel_scale(case: Case, fault: str | None) -> np.float32:
+    """The scale the kernel multiplies by: the float32 scaleValue, or with `scale-rounded` the case dtype's."""
+    scale = np.float32(case.kernel_scale)
+    if fault == "scale-rounded":
+        return np.float32(to_dtype(np.asarray(scale), numpy_dtype(case.dtype)))
+    return scale
+
+
+# ---- fault geometry -------------------------------------------------------------------------------
+
+
+def effective_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault: str | None) -> np.ndarray:
+    """Return the [N1, nQ, nKV] bool mask of a batch entry as the (possibly faulty) kernel reads it."""
+    mask = mask_view(case, block_mask, span)
+    n_q, n_kv = mask.shape[1:]
+    if fault == "mask-transposed":
+        full = np.asarray(block_mask[span.batch]) != 0  # [N1, nQmax, nKVmax]
+        read = np.zeros_like(mask)
+        rows, cols = min(n_q, full.shape[2]), min(n_kv, full.shape[1])
+        read[:, :rows, :cols] = full[:, :cols, :rows].transpose(0, 2, 1)
+        return read
+    if fault == "block-shift":
+        read = mask.copy()
+        read[:, :, 1:] = mask[:, :, :-1]
+        return read
+    if fault == "drop-tail-block":
+        x, y = case.block_shape
+        read = mask.copy()
+        if span.kv_len % y and n_kv:
+            read[:, :, -1] = False
+        elif span.q_len % x and n_q:
+            read[:, -1, :] = False
+        return read
+    return mask
+
+
+def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -> bool:
+    """Say whether fault `name` changes the outputs of `case`.
+
+    With `block_mask` (the full [B, N1, nQ, nKV] input) the answer is exact up to coincidences of the
+    data (a zero dout, an lse of exactly 0); without it, only the geometry decides and faults that depend
+    on the mask pattern are assumed to apply.
+    """
+    if name not in ALL_FAULTS:
+        raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(ALL_FAULTS)}")
+    spans = [s for s in case.spans() if s.q_len and s.kv_len]
+    if name in REPEAT_FAULTS:  # one fixed order is only visible where two pairs add into one kv block
+        return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
+    if name == "nan-row":
+        return math.prod(case.q_shape) > 0
+    if name == "no-gqa-sum" and case.group_size <= 1:
+        return False
+    if name == "race-lost-update" and block_mask is not None:
+        return any(_shared_blocks(case, block_mask, span) for span in spans)
+    if name == "dk-no-scale" and case.kernel_scale == 1.0:
+        return False
+    if name == "dq-scaled-twice" and case.kernel_scale == 1.0:
+        return False
+    if name == "heads-interleaved" and not (case.group_size > 1 and case.num_kv_heads > 1):
+        return False
+    if name == "rows-swapped":
+        if block_mask is None:
+            return max((s.q_len for s in spans), default=0) >= 2
+        site = fault_site(case, block_mask)
+        return site is not None and site.span.q_len >= 2
+    if name == "scale-rounded" and kernel_scale(case, name) == np.float32(case.kernel_scale):
+        return False
+    if name == "drop-tail-block" and not any(
+        s.kv_len % case.block_shape[1] or s.q_len % case.block_shape[0] for s in spans
+    ):
+        return False
+    if block_mask is None:
+        return bool(spans)
+    for span in spans:
+        mask = mask_view(case, block_mask, span)
+        if not mask.any():
+            continue
+        if name == "no-gqa-sum":
+            group = case.group_size
+            if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
+                return True
+        elif name == "heads-interleaved":
+            moved = [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
+            if mask[moved].any():
+                return True
+        elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
+            if not np.array_equal(mask, effective_mask(case, block_mask, span, name)):
+                return True
+        else:
+            return True
+    return False
+
+
+def fault_condition(name: str) -> str:
+    """Return when fault `name` changes a case's outputs, in words ("applies when ...")."""
+    if name == "drop-tail-block":
+        return "applies when a partial tail block (Skv % Y != 0, or else Sq % X != 0) is selected"
+    match = re.search(r"[(;] ?(applies [^)]*)\)", ALL_FAULTS[name])
+    if match:
+        return match.group(1)
+    if name == "nan-row":
+        return "applies to every case with a query row"
+    return "applies when at least one block is selected"
+
+
+def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None) -> str | None:
+    """Return why fault `name` leaves the outputs of `case` as the clean reference's, or None if it applies.
+
+    The sentence is meant for reports: a case that passes with a planted fault it could not carry must
+    not read as a fault the comparator missed.
+
+    Raises:
+        ValueError: an unknown fault.
+    """
+    if fault_applies(name, case, block_mask):
+        return None
+    return (
+        f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
+        "computed it without the fault"
+    )
+
+
+def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
+    """Say whether some kv block of a batch entry is selected by two or more (query head, query block) pairs."""
+    mask = mask_view(case, block_mask, span)
+    groups = mask.reshape(case.num_kv_heads, case.group_size * mask.shape[1], mask.shape[2])
+    return bool((groups.sum(axis=1) >= 2).any())
+
+
+def applicable_faults(case: Case, block_mask: np.ndarray | None = None) -> list[str]:
+    """Return the names of the faults that change the outputs of `case` (see `fault_applies`)."""
+    return [name for name in FAULTS if fault_applies(name, case, block_mask)]
+
+
+# ---- planting --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a row-level fault lands: batch entry, query head, query block."""
+
+    span: SequenceSpan
+    head: int
+    q_block: int
+
+
+def fault_site(case: Case, block_mask: np.ndarray) -> Site | None:
+    """Return the middle (head, query block) with a selected kv block, in (span, head, block) order."""
+    sites: list[Site] = []
+    for span in case.spans():
+        if span.q_len == 0 or span.kv_len == 0:
+            continue
+        heads, blocks = np.nonzero(mask_view(case, block_mask, span).any(axis=2))
+        sites.extend(Site(span, int(h), int(i)) for h, i in zip(heads, blocks, strict=True))
+    return sites[len(sites) // 2] if sites else None
+
+
+def plant_nan_row(case: Case, dq: np.ndarray, site: Site | None) -> None:
+    """Write NaN into the first row of the site's query block (the first dq row without a site)."""
+    if site is None:
+        if dq.size:
+            dq.reshape(-1, case.head_dim)[0] = np.nan
+    else:
+        q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
+
+
+def plant_rows_swapped(case: Case, dq: np.ndarray, site: Site | None) -> None:
+    """Swap the first two rows of the site's query block (its one row and the row before it when it has one)."""
+    if site is None:
+        return
+    first = site.q_block * case.block_shape[0]
+    rows = q_view(case, dq, site.span)[site.head]
+    a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
+    if a < 0:
+        return
+    rows[[a, b]] = rows[[b, a]]
+
+
+def plant_tile_noise(
+    case: Case, tensors: Mapping[str, np.ndarray], block_mask: np.ndarray, dq: np.ndarray, site: Site
+) -> None:
+    """Scale the error of one 16x16 dq tile at `site` (against a float64 golden of those rows) by 5."""
+    x, y = case.block_shape
+    span, head = site.span, site.head
+    first = site.q_block * x
+    rows = slice(first, min(first + 16, span.q_len))
+    col0 = (case.head_dim // 16 // 2) * 16
+    cols = slice(col0, min(col0 + 16, case.head_dim))
+    kv_head = head // case.group_size
+    selected = np.flatnonzero(mask_view(case, block_mask, span)[head, site.q_block])
+    kv_pos = np.concatenate([np.arange(int(j) * y, min((int(j) + 1) * y, span.kv_len)) for j in selected])
+    key = kv_view(case, tensors["key"], span)[kv_head, kv_pos].astype(np.float64)
+    value = kv_view(case, tensors["value"], span)[kv_head, kv_pos].astype(np.float64)
+    query = q_view(case, tensors["query"], span)[head, rows].astype(np.float64)
+    dout = q_view(case, tensors["dout"], span)[head, rows].astype(np.float64)
+    out = q_view(case, tensors["attention_out"], span)[head, rows].astype(np.float64)
+    lse = lse_view(case, np.asarray(tensors["softmax_lse"]), span)[head, rows].astype(np.float64)
+    probs = np.exp(case.kernel_scale * (query @ key.T) - lse[:, None])
+    dscores = probs * (dout @ value.T - (dout * out).sum(axis=1, keepdims=True))
+    golden = case.kernel_scale * (dscores @ key)[:, cols]
+    tile = q_view(case, dq, span)[head, rows, cols]
+    error = tile.astype(np.float64) - golden
+    tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
+
+

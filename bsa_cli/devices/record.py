@@ -1,0 +1,171 @@
+"""run.json: `bsa run`'s record of running one case (docs/run.md, "run.json"), and what a run left: its
+status and output files, checked and hashed.
+
+The record is written last, atomically, once the case is done: an interrupted case never leaves gradients
+without a record. `bsa compare` reads it back (`compare.case_files`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .._version import __version__
+from ..errors import DataError, show
+from ..manifest import Manifest
+from ..store import expected_nbytes, inside, parse_status, read_regular, sha256_file
+from .base import STATUS_FILE, Attempt, Device, Outcome
+from .config import RunOptions
+from .repeat import noise
+
+RUN_FORMAT = "bsa-run/1"
+RUN_RECORD = "run.json"
+
+STATUS_MAX_BYTES = 64 << 10
+"""Bytes of status.txt read (its status line and message)."""
+
+
+def now() -> str:
+    """Return the time now, as records write it (UTC, milliseconds)."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def read_status(staging: Path, attempt: Attempt) -> None:
+    path = staging / STATUS_FILE
+    if not path.exists():
+        attempt.problems.append(f"no {STATUS_FILE}: the binary must write the aclnn status there")
+        return
+    try:
+        text = read_regular(path, STATUS_MAX_BYTES, truncate=True).decode("utf-8", errors="replace")
+    except DataError as exc:
+        attempt.problems.append(f"{STATUS_FILE}: {exc.message}")
+        return
+    lines = text.splitlines()
+    first = lines[0].strip() if lines else ""
+    try:
+        attempt.status = parse_status(first)
+    except ValueError:
+        attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status")
+        return
+    message = "\n".join(lines[1:]).strip()
+    attempt.status_message = message or None
+
+
+def check_outputs(staging: Path, manifest: Manifest, attempt: Attempt) -> None:
+    """Record size and sha256 of each output; note missing or wrong-size ones when the status is 0."""
+    for name, entry in manifest.entries("outputs"):
+        try:
+            path = inside(staging, entry["file"])
+        except DataError as exc:
+            attempt.problems.append(str(exc))
+            continue
+        expected = expected_nbytes(entry)
+        if not path.is_file() or path.is_symlink():
+            if attempt.status == 0:
+                kind = "missing" if not (path.exists() or path.is_symlink()) else "not a regular file"
+                attempt.problems.append(
+                    f"{entry['file']} {kind} (status 0 promises {expected} bytes, "
+                    f"shape {list(entry['shape'])} {entry['dtype']})"
+                )
+            continue
+        size = path.stat().st_size
+        digest = sha256_file(path) if size == expected else None  # an oversized file is not read
+        attempt.outputs[name] = {"file": entry["file"], "bytes": size, "sha256": digest}
+        if size != expected and attempt.status == 0:
+            kind = "truncated" if size < expected else "oversized"
+            attempt.problems.append(
+                f"{entry['file']} {kind}: {size} bytes, expected {expected} "
+                f"(shape {list(entry['shape'])} {entry['dtype']})"
+            )
+
+
+def run_entry(attempt: Attempt) -> dict[str, Any]:
+    """Return the entry of one run in run.json's `runs`."""
+    return {
+        "run": attempt.index,
+        "command": attempt.argv,
+        "output_dir": str(attempt.staging),
+        "started": attempt.started,
+        "finished": attempt.finished,
+        "duration_s": round(attempt.duration_s, 4),
+        "exit_code": attempt.exit_code,
+        "signal": attempt.signal,
+        "timed_out": attempt.timed_out,
+        "outcome": attempt.outcome,
+        "status": attempt.status,
+        "status_message": attempt.status_message,
+        "outputs": attempt.outputs,
+        "stdout_log": attempt.stdout_log,
+        "stderr_log": attempt.stderr_log,
+        "problems": attempt.problems,
+        "order_seed": attempt.order_seed,
+    }
+
+
+def case_record(
+    *,
+    name: str,
+    case_dir: Path,
+    output_dir: Path,
+    device_id: int,
+    options: RunOptions,
+    manifest: Manifest | None,
+    attempts: Sequence[Attempt],
+    outcome: Outcome,
+    problems: list[str],
+    differences: list[dict[str, Any]],
+    started: str,
+    duration: float,
+) -> dict[str, Any]:
+    """Return the run.json of a case (without `inputs`, which the caller adds)."""
+    first = attempts[0] if attempts else None
+    device: Device = options.device
+    expect = None if manifest is None else {"status": manifest.expect_status, "name": manifest.expect_name}
+    runs = [run_entry(a) for a in attempts]
+    if runs:
+        runs[0]["output_dir"] = str(output_dir)  # its files were moved up there
+    env = options.env(device_id)
+    return {
+        "format": RUN_FORMAT,
+        "tool": {"name": "bsa", "version": __version__},
+        "case": name,
+        "case_dir": str(case_dir),
+        "output_dir": str(output_dir),
+        "device": {
+            "name": device.name,
+            "kind": device.kind,
+            "id": device_id,
+            "fault": device.fault,
+            "fault_not_applied": first.fault_not_applied if first else None,
+        },
+        "binary": device.binary_record,
+        "command": first.argv if first else None,
+        "env": env,
+        "timeout_s": device.time_limit(options.timeout),
+        "started": started,
+        "finished": now(),
+        "duration_s": round(duration, 4),
+        "outcome": outcome,
+        "problems": problems,
+        "exit_code": first.exit_code if first else None,
+        "signal": first.signal if first else None,
+        "status": first.status if first else None,
+        "status_message": first.status_message if first else None,
+        "expect": expect,
+        "outputs": first.outputs if first else {},
+        "stdout_log": first.stdout_log if first else None,
+        "stderr_log": first.stderr_log if first else None,
+        "deterministic": options.deterministic,
+        "device_software": device.software(output_dir / first.stdout_log if first else None, env),
+        "repeat": {
+            "count": options.repeat,
+            "completed": sum(a.outcome == "ok" for a in attempts),
+            "identical": not differences,
+            "differences": [{k: v for k, v in d.items() if k != "message"} for d in differences],
+            "noise": noise(differences),
+            "seed": options.seed if device.seeded else None,
+        },
+        "runs": runs,
+    }

@@ -1,0 +1,130 @@
+"""--repeat: whether a case's runs agree, and whether each run passes the case's standard.
+
+dQ rows have one owner in the kernel, so dQ must be bitwise identical run to run; dK and dV are summed with
+fp32 atomic adds, so their last bits may move (noise: reported, not failed, unless the run asked for the
+operator's deterministic mode). Every repeat is also judged as `bsa compare` would judge it, so a race
+that moves the outputs far enough fails the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..case import numpy_dtype
+from ..manifest import Manifest
+from .base import Attempt
+
+ATOMIC_OUTPUTS = ("dk", "dv")
+"""Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2)."""
+
+
+def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:
+    """Return (elements that differ, elements, largest difference in ULPs) of two output files, or None.
+
+    ULPs count the representable values between the two (across zero too: a near-zero sum whose sign
+    flips counts every value between -x and x).
+    """
+    a, b = first.read_bytes(), other.read_bytes()
+    itemsize = numpy_dtype(dtype_name).itemsize
+    if len(a) != len(b) or len(a) % itemsize:
+        return None
+    view = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[itemsize]
+    x, y = np.frombuffer(a, dtype=view), np.frombuffer(b, dtype=view)
+    differ = x != y
+    count = int(np.count_nonzero(differ))
+    if not count:
+        return 0, int(x.size), 0
+    return count, int(x.size), max_ulp(x[differ], y[differ], itemsize)
+
+
+def noise(differences: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
+    """Summarize run-to-run differences per output: runs that differed, most elements, most ULPs."""
+    noise: dict[str, dict[str, int]] = {}
+    for diff in differences:
+        if "elements" not in diff:
+            continue
+        entry = noise.setdefault(diff["output"], {"runs": 0, "elements": 0, "total": diff["total"], "max_ulp": 0})
+        entry["runs"] += 1
+        entry["elements"] = max(entry["elements"], diff["elements"])
+        entry["max_ulp"] = max(entry["max_ulp"], diff["max_ulp"])
+    return noise
+
+
+def max_ulp(x: np.ndarray, y: np.ndarray, itemsize: int) -> int:
+    """Return the largest ULP distance between bit patterns of floats (sign-magnitude mapped to a line)."""
+    bits = itemsize * 8
+    sign = np.uint64(1) << np.uint64(bits - 1)
+
+    def ordinal(v: np.ndarray) -> np.ndarray:
+        u = v.astype(np.uint64)
+        magnitude = (u & (sign - np.uint64(1))).astype(np.int64)
+        return np.where((u & sign) != 0, -magnitude, magnitude)
+
+    return int(np.abs(ordinal(x) - ordinal(y)).max())
+
+
+def differences(
+    manifest: Manifest, first: Attempt, other: Attempt, deterministic: bool
+) -> list[dict[str, Any]]:
+    """Compare a repeat with run 1: the status, and each output element by element.
+
+    dQ rows have one owner in the kernel, so dQ must be bitwise identical; dK and dV are summed with
+    fp32 atomic adds, so their last bits may move from run to run (noise, reported, not a failure).
+    A differing status or dQ (or an output that vanished) is a race that matters (`matters`); in deterministic
+    mode every output must be bitwise identical, dK and dV too.
+    """
+    diffs: list[dict[str, Any]] = []
+    if first.status != other.status:
+        diffs.append(
+            {
+                "run": other.index,
+                "output": "status",
+                "matters": True,
+                "message": f"status differs: run 1 {first.status}, run {other.index} {other.status}",
+            }
+        )
+    for name, entry in manifest.entries("outputs"):
+        a, b = first.outputs.get(name), other.outputs.get(name)
+        if (a or {}).get("sha256") == (b or {}).get("sha256"):
+            continue
+        matters = name not in ATOMIC_OUTPUTS or deterministic
+        diff: dict[str, Any] = {"run": other.index, "output": name, "matters": matters}
+        counted = None
+        if a and b:
+            counted = differing_elements(
+                first.staging / entry["file"], other.staging / entry["file"], entry["dtype"]
+            )
+        if counted is None:
+            diff["matters"] = True
+            diff["message"] = f"{name} not bitwise identical: run {other.index} differs from run 1"
+        else:
+            diff["elements"], diff["total"], diff["max_ulp"] = counted
+            what = (
+                "deterministic mode asks all three outputs bitwise identical"
+                if deterministic and name in ATOMIC_OUTPUTS
+                else "a race: its rows have one owner" if diff["matters"] else "fp32 atomic-add noise"
+            )
+            diff["message"] = (
+                f"{name} not bitwise identical: run {other.index} differs from run 1 in {counted[0]} of "
+                f"{counted[1]} elements, by at most {counted[2]} ULP ({what})"
+            )
+        diffs.append(diff)
+    return diffs
+
+
+def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt) -> list[dict[str, Any]]:
+    """Judge one run's outputs by the case's own standard (as `bsa compare` would); a failure is a race."""
+    if attempt.status != 0 or manifest.is_negative or not manifest.has_golden:
+        return []
+    from .. import compare  # judging is only needed for repeats
+
+    result = compare.compare_case(case_dir, attempt.staging, workers=1, verify_inputs=False)
+    if result.verdict == "PASS":
+        return []
+    why = result.deciding.detail if result.deciding is not None else result.message
+    return [{"run": attempt.index, "output": "verdict", "verdict": result.verdict, "matters": True,
+             "message": f"run {attempt.index} is {result.verdict} by the standard: {why}"}]  # fmt: skip

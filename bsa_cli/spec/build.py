@@ -1,0 +1,295 @@
+"""One expanded raw case -> a validated `Case`: its fields, geometry, sizes, finite values, interface rules, warnings.
+
+`build_case` reads every key (`fields`), works out the shapes (TND takes them from the lengths), refuses
+tensors beyond MAX_ELEMENTS and init values or scales with which the inputs or the golden cannot be
+finite, then holds the call to the operator's interface rules (`interface`): a case meant to pass must
+break none (the likeliest mistakes get their fix first), a negative case must break one whose status is
+the one it expects. A valid case carries the warnings where the golden and the A2/A3 kernel part ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from .. import interface, stress
+from ..case import DTYPES, MAX_TOKENS, Case, Distribution
+from ..errors import show
+from ..inputs import fit_explicit, unreachable_kv_blocks
+from ..store import MAX_NAME_BYTES, is_case_name
+from .fields import (
+    CASE_KEYS,
+    INT64_LIMIT,
+    TENSORS,
+    _block_shape,
+    _compare,
+    _dtype_suggestion,
+    _expect,
+    _init,
+    _key,
+    _null_layouts,
+    _Reader,
+    _release,
+    _sparsity,
+    _suggest,
+    _tensors,
+    dtype_name,
+)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
+
+MAX_ELEMENTS = 1 << 40
+"""Most elements of one tensor (query, key/value or the block mask) of a case: beyond any real case, and
+far enough from int64 overflow that every size and cost bsa computes stays exact."""
+
+LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}\Z")
+"""What a layout string may be (a negative case may pass one the operator rejects)."""
+
+
+def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str | None = None) -> Case:
+    """Validate one expanded raw case and return it as a `Case` (`release`, if given, replacing its own)."""
+    base_name = raw.get("name")
+    r = _Reader(path, raw, base_name if isinstance(base_name, str) else show(base_name))
+    if not isinstance(base_name, str) or not base_name:
+        raise r.error("name", "every case needs a 'name' (letters, digits, '_', '.', '-')")
+    name = base_name + suffix
+    r.case = show(name, 80).strip("'")
+    if not NAME_RE.match(name):
+        raise r.error("name", f"{show(name)} may hold only letters, digits, '_', '.', '-'")
+    if not is_case_name(name):
+        raise r.error("name", f"{show(name)} cannot name a case folder: a name is not '.' or '..', does not "
+                      f"start with '.' (hidden), and has at most {MAX_NAME_BYTES} characters")  # fmt: skip
+    for key in raw:
+        if key not in CASE_KEYS:
+            raise r.error(_key(key), f"unknown key{_suggest(key, CASE_KEYS)}; allowed: {', '.join(CASE_KEYS)}")
+
+    expect = _expect(r)
+    layout = r.get("layout", "BNSD")
+    kv_layout = r.get("kv_layout")
+    nulls = _null_layouts(r, raw)
+    for key, value in (("layout", layout), ("kv_layout", kv_layout)):
+        if value is not None and not (isinstance(value, str) and LAYOUT_RE.match(value)):
+            raise r.error(key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); "
+                          "allowed: BNSD, TND")  # fmt: skip
+    raw_dtype = r.get("dtype", "float16")
+    dtype = dtype_name(raw_dtype)
+    if dtype is None:
+        raise r.error("dtype", f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
+                      "allowed: float16 (fp16), bfloat16 (bf16)")  # fmt: skip
+    num_heads = r.integer("num_heads", minimum=1)
+    num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
+    head_dim = r.integer("head_dim", 128, minimum=1)
+    q_lengths = r.lengths("actual_seq_lengths")
+    kv_lengths = r.lengths("actual_seq_lengths_kv")
+    tnd = layout == "TND"
+    kv_lengths_null = "actual_seq_lengths_kv" in raw and raw["actual_seq_lengths_kv"] is None
+    if tnd:
+        if kv_lengths is None and q_lengths is not None and not kv_lengths_null:
+            kv_lengths = q_lengths
+        for key in ("q_seq_len", "kv_seq_len"):
+            if raw.get(key) is not None and q_lengths is not None:
+                raise r.error(key, "applies to BNSD only; TND takes its maximum from actual_seq_lengths")
+        if q_lengths is None:  # a negative case (missing lengths): tensors still need a shape
+            q_seq_len = r.integer("q_seq_len", 128)
+            kv_seq_len = r.integer("kv_seq_len", q_seq_len)
+            batch = r.integer("batch", 1, minimum=1)
+        else:
+            batch = len(q_lengths)
+            if "batch" in raw and raw["batch"] != batch:
+                raise r.error("batch", f"{show(raw['batch'])} differs from the {batch} entries of actual_seq_lengths")
+            q_seq_len = max(q_lengths, default=0)
+            # a negative case with null kv lengths: kv tensors take the q lengths' shape
+            kv_seq_len = max(kv_lengths if kv_lengths is not None else q_lengths, default=0)
+    else:
+        batch = r.integer("batch", 1, minimum=1)
+        q_seq_len = r.integer("q_seq_len", minimum=1)
+        kv_seq_len = r.integer("kv_seq_len", q_seq_len, minimum=1)
+        if kv_lengths is None and q_lengths is not None and kv_seq_len == q_seq_len and not kv_lengths_null:
+            kv_lengths = q_lengths
+        for key, lengths, limit in (
+            ("actual_seq_lengths", q_lengths, q_seq_len),
+            ("actual_seq_lengths_kv", kv_lengths, kv_seq_len),
+        ):
+            if lengths is not None and max(lengths, default=0) > limit:
+                raise r.error(key, f"{show(list(lengths))}: a length exceeds the sequence dimension {limit}")
+    for key, lengths in (("actual_seq_lengths", q_lengths), ("actual_seq_lengths_kv", kv_lengths)):
+        if lengths is not None and len(lengths) != batch:
+            raise r.error(key, f"has {len(lengths)} entries, but batch is {batch}: give one length per batch")
+    block_shape = _block_shape(r, expect)
+    scale = r.number("scale", 1.0 / math.sqrt(head_dim))
+    if not math.isfinite(scale):
+        raise r.error("scale", f"{show(scale)} must be a finite number")
+    if abs(scale) > FLOAT32_MAX:
+        raise r.error("scale", f"{show(scale)} overflows float32 (the kernel receives float(scale)): "
+                      "the golden cannot be finite")  # fmt: skip
+
+    case = Case(
+        name=name,
+        source=str(path),
+        layout=layout,
+        kv_layout=kv_layout if kv_layout is not None else None,
+        dtype=dtype,
+        batch=batch,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        q_seq_len=q_seq_len,
+        kv_seq_len=kv_seq_len,
+        actual_seq_lengths=q_lengths,
+        actual_seq_lengths_kv=kv_lengths,
+        block_shape=block_shape,
+        scale=scale,
+        seed=r.integer("seed", 0, maximum=2**64 - 1),
+        sparsity=_sparsity(r, path),
+        init=_init(r),
+        expect=expect,
+        seq_lengths_encoding=r.choice("seq_lengths_encoding", ("per_batch", "cumulative"), "per_batch"),
+        lse_shape=r.choice("lse_shape", ("trailing_one", "squeezed"), "trailing_one"),
+        bnsd_lengths=r.choice("bnsd_lengths", ("honored", "ignored"), "honored"),
+        empty_row_lse=r.number("empty_row_lse", math.inf),
+        mask_type=r.integer("mask_type", 0, minimum=None, maximum=INT64_LIMIT - 1),
+        pre_tokens=r.integer("pre_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
+        next_tokens=r.integer("next_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
+        tensors=_tensors(r),
+        compare=_compare(r),
+        release=release if release is not None else _release(r),
+        null_layouts=nulls,
+    )
+    _check_sizes(r, case)
+    _check_finite(r, case)
+    if case.sparsity.explicit is not None:
+        try:
+            fit_explicit(case.sparsity.explicit, case.mask_shape)
+        except ValueError as exc:
+            raise r.error("sparsity.mask", str(exc)) from None
+    rows = case.sparsity.empty_rows
+    if isinstance(rows, tuple) and rows and max(rows) >= case.num_q_blocks:
+        raise r.error("sparsity.empty_rows", f"index {max(rows)} is beyond the case's {case.num_q_blocks} query-block "
+                      f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row")  # fmt: skip
+    return _check_interface(r, case)
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _check_sizes(r: _Reader, case: Case) -> None:
+    """Refuse a case whose tensors hold more than MAX_ELEMENTS elements, or that has nothing to compute."""
+    for what, shape in (
+        ("query", case.q_shape),
+        ("key and value", case.kv_shape),
+        ("block_sparse_mask", case.mask_shape),
+    ):
+        count = math.prod(shape)
+        if count > MAX_ELEMENTS:
+            raise r.error("batch" if what != "block_sparse_mask" else "block_shape",
+                          f"{what} would have shape {list(shape)}: {count:.3g} elements, more than bsa's limit "
+                          f"of 2^{MAX_ELEMENTS.bit_length() - 1}")  # fmt: skip
+    if case.expect.ok and math.prod(case.q_shape) == 0 and math.prod(case.kv_shape) == 0:
+        raise r.error("actual_seq_lengths", "every length is 0: the case has nothing to compute or compare")
+
+
+def _magnitude(dist: Distribution) -> float:
+    """Return a bound that drawn values exceed only rarely: |mean| + 4 std, or the larger uniform bound."""
+    if dist.kind == "uniform":
+        return max(abs(dist.low), abs(dist.high))
+    return abs(dist.mean) + 4.0 * dist.std
+
+
+def _check_finite(r: _Reader, case: Case) -> None:
+    """Refuse init values and scales with which the inputs or the golden cannot be finite.
+
+    Inputs are drawn then rounded to the case dtype: values beyond its largest finite number become inf.
+    Scores (scale * q.k over head_dim), dP and the gradients are bounded with those magnitudes; a bound
+    past float32's largest number means the golden overflows.
+    """
+    if case.dtype not in ("float16", "bfloat16", "float32", "float64"):
+        return  # a negative case of another dtype: the operator rejects it before reading values
+    largest = float(ml_dtypes.finfo(DTYPES[case.dtype]).max)
+    size = {}
+    init = case.init
+    if (init.sink is not None or init.logit_std is not None) and case.kernel_scale == 0:
+        raise r.error("init.sink" if init.sink is not None else "init.logit_std", "needs a nonzero scale: it is "
+                      "defined by the scaled scores")  # fmt: skip
+    if init.sink is not None and stress.query_spread(case) == 0:
+        raise r.error("init.sink", "needs queries that vary (std or range > 0): they move by twice their std")
+    for tensor in TENSORS:
+        dist = getattr(init, tensor)
+        if init.logit_std is not None and tensor in ("query", "key"):
+            dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
+        size[tensor] = _magnitude(dist)
+        if dist.row_scale is not None:
+            size[tensor] *= dist.row_scale.high
+        if dist.outliers is not None:
+            size[tensor] *= max(1.0, dist.outliers.factor)
+        if init.sink is not None and tensor == "query":
+            size[tensor] += stress.sink_query_shift(case)
+        if init.sink is not None and tensor == "key":
+            size[tensor] = max(size[tensor], stress.sink_key_length(case))
+        if size[tensor] > largest:
+            raise r.error(f"init.{tensor}", f"values of {tensor} reach about {size[tensor]:.3g}, beyond "
+                          f"{case.dtype}'s largest number {largest:.5g}: the inputs and the golden cannot be "
+                          "finite")  # fmt: skip
+    d = case.head_dim
+    scores = abs(case.scale) * d * size["query"] * size["key"]
+    dscores = 2.0 * d * size["dout"] * size["value"]
+    grads = abs(case.scale) * max(case.q_seq_len, case.kv_seq_len) * dscores * max(size["key"], size["query"])
+    for what, bound in (("scores scale*q.k", scores), ("dP = dout.v", dscores), ("dq and dk", grads)):
+        if bound > FLOAT32_MAX:
+            raise r.error("init", f"with these values and scale {case.scale:.3g}, {what} may reach {bound:.3g}, "
+                          "beyond float32's largest number: the golden cannot be finite; use a smaller scale or "
+                          "init")  # fmt: skip
+
+
+def _fix_first(case: Case, v: interface.Violation) -> str | None:
+    """Return the message of an interface violation that a case meant to pass has most likely made by
+    mistake, with the fix first and `expect:` (for a negative case) second; None for any other."""
+    negative = (f"for a negative case that tests this instead, set 'expect: {v.status}' (the operator returns "
+                f"{v.status})")  # fmt: skip
+    if v.key in ("layout", "kv_layout"):
+        value = getattr(case, v.key)
+        if isinstance(value, str) and value != value.upper() and value.upper() in interface.TILING_LAYOUTS:
+            return (f"{show(value)} is not a layout the operator knows (did you mean '{value.upper()}'? layout "
+                    f"strings are upper case); {negative}")  # fmt: skip
+    if v.key in ("actual_seq_lengths", "actual_seq_lengths_kv") and "TND" in v.message and "is null" in v.message:
+        which = "query" if v.key == "actual_seq_lengths" else "key/value"
+        return (f"{v.message}: add '{v.key}: [...]' to the case, one {which} length per batch entry (for example "
+                f"'{v.key}: [1000, 333]'); {negative}")  # fmt: skip
+    return None
+
+
+def _check_interface(r: _Reader, case: Case) -> Case:
+    """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
+    params = interface.case_params(case)
+    tensors = case.tensor_descs()
+    undefined = interface.undefined_behaviour(params, tensors, case.release)
+    if undefined:
+        key = "tensors" if case.tensors else "layout"
+        key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else key
+        raise r.error(key, f"{undefined[0]}: undefined behaviour, no status to expect (ops-transformer "
+                      f"{case.release} reads it unchecked)")  # fmt: skip
+    broken = interface.violations(params, tensors, case.release)
+    if case.expect.ok:
+        if broken:
+            v = broken[0]
+            key = v.key if v.key in CASE_KEYS or v.key != "query" or case.override("query") else "dtype"
+            key = key if key in CASE_KEYS else f"tensors.{key}"
+            raise r.error(key, _fix_first(case, v) or f"{v.message}: the operator returns {v.status}; "
+                          f"set 'expect: {v.status}' for a negative case")  # fmt: skip
+        warnings = (*interface.kernel_constraints(params, case.bnsd_lengths), *unreachable_kv_blocks(case))
+        return dataclasses.replace(case, warnings=tuple(warnings))
+    if not broken:
+        raise r.error(
+            "expect", f"expects {case.expect.name} ({case.expect.status}), but the case breaks no interface rule"
+        )
+    if broken[0].status != case.expect.status:
+        v = broken[0]
+        raise r.error(
+            "expect", f"expects {case.expect.status}, but '{v.key}' ({v.message}) makes the operator return {v.status}"
+        )
+    return case

@@ -1,0 +1,65 @@
+"""The shape of the tests: they share code through tests/helpers.py and conftest.py, never through each other.
+
+A test file that imports another runs that file's module-level code twice under some import modes, and
+breaks collection under `--import-mode=importlib` where the tests folder is not on sys.path.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+
+
+def imported_test_modules(source: str) -> set[str]:
+    """Return the test modules (`test_*`) a source imports, as written (`test_x`, `tests.test_x`, `tests.test_x.y`)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            names = [base, *(f"{base}.{alias.name}" if base else alias.name for alias in node.names)]
+        else:
+            continue
+        found.update(name for name in names if any(part.startswith("test_") for part in name.split(".")))
+    return found
+
+
+def test_no_test_file_imports_another_test_file() -> None:
+    offenders = {
+        str(path.relative_to(TESTS)): sorted(imported_test_modules(path.read_text()))
+        for path in sorted(TESTS.rglob("*.py"))
+    }
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
+@pytest.mark.parametrize(
+    "line",
+    ["from test_compare import build_case", "import test_runner", "from tests.test_report import case",
+     "from tests import test_cli_run", "def f():\n    from test_compare import make_case"],
+)  # fmt: skip
+def test_a_planted_cross_test_import_is_caught(line: str) -> None:
+    assert imported_test_modules(line)
+
+
+def test_helpers_and_oracles_are_not_test_modules() -> None:
+    assert not imported_test_modules("from tests.helpers import make_case\nfrom tests import oracle\nimport pytest")
+
+
+@pytest.mark.slow
+def test_the_suite_collects_under_importlib_mode_too() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
+         str(TESTS)],
+        cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert " tests collected" in result.stdout.splitlines()[-1], result.stdout[-500:]
