@@ -1,6 +1,6 @@
 """The validated, immutable description of one test case, and its tensor geometry.
 
-`spec` (bsa_cli/spec/) builds `Case` objects from YAML; everything downstream (inputs, golden, store) reads them.
+`spec` (bsa_cli/specs/) builds `Case` objects from YAML; everything downstream (inputs, golden, store) reads them.
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ def pattern_mask(case: Case) -> np.ndarray:
     elif sparsity.pattern == "explicit":
         assert sparsity.explicit is not None
         grid = fit_explicit(sparsity.explicit, shape)
-    else:  # the spec (bsa_cli/spec/) admits only the patterns above
+    else:  # the spec (bsa_cli/specs/) admits only the patterns above
         raise ValueError(f"unknown sparsity pattern {sparsity.pattern!r}")
     return np.broadcast_to(grid, shape).copy()
 

@@ -73,7 +73,7 @@ def check_suite(
     """Generate `cases` into `out` (reusing those current there), run the device on them, judge the outputs.
 
     Args:
-        cases: the cases to check (`spec.load_specs`).
+        cases: the cases to check (`specs.load_specs`).
         out: the folder of the generated cases.
         options: the device and how to run it (`devices.RunOptions`).
         settings: comparison settings given for the whole run (validated).

@@ -21,7 +21,7 @@ from pathlib import Path
 from bsa_cli import compare
 from bsa_cli.devices import reference
 from bsa_cli.generate import generate_case
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 
 
 def main() -> None:

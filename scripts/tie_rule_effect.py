@@ -24,7 +24,7 @@ from bsa_cli.cli import main
 from bsa_cli.devices import reference
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 
 
 @contextmanager

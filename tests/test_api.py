@@ -19,7 +19,7 @@ import yaml
 from rich.console import Console
 
 import bsa_cli as bsa
-from bsa_cli import compare, generate, report, spec, store
+from bsa_cli import compare, generate, report, specs, store
 from bsa_cli.case import numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS
 from bsa_cli.devices import reference
@@ -42,7 +42,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("api")
     spec_file = root / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC, sort_keys=False))
-    generate.generate_suite(spec.load_specs([spec_file]), root / "out")
+    generate.generate_suite(specs.load_specs([spec_file]), root / "out")
     return root / "out"
 
 

@@ -19,7 +19,7 @@ from bsa_cli.errors import SpecError
 from bsa_cli.generate import generate_case
 from bsa_cli.inputs import make_mask, mask_counts
 from bsa_cli.schedule import pattern_counts
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from tests.helpers import case_factory
 
 make_case = case_factory(tnd_sizes_from_lengths=True, name="c", source="t", num_kv_heads=1, head_dim=8, q_seq_len=100,

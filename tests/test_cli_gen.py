@@ -108,7 +108,7 @@ def test_spec_error_exits_2_with_one_error_line(runner: CliRunner, tmp_path: Pat
     assert result.exit_code == 2
     assert (
         result.stderr == f"Error: {path}: case 'tiny': key 'dtyp': unknown key (did you mean 'dtype'?); "
-        f"allowed: {', '.join(__import__('bsa_cli.spec', fromlist=['CASE_KEYS']).CASE_KEYS)}\n"
+        f"allowed: {', '.join(__import__('bsa_cli.specs', fromlist=['CASE_KEYS']).CASE_KEYS)}\n"
     )
     assert not (tmp_path / "o").exists()
 

@@ -16,7 +16,7 @@ from bsa_cli.cli import main
 from bsa_cli.cli.gen import LIST_COLUMNS, list_rows, list_table
 from bsa_cli.cli.progress import ProgressDisplay
 from bsa_cli.devices import reference
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from tests.helpers import SPEC, fake_device, invoke, run_record
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -689,7 +689,7 @@ def test_select_cases_filters_by_directory_name(two_cases, tmp_path):
 
 def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
     from bsa_cli.generate import generate_case
-    from bsa_cli.spec import load_specs
+    from bsa_cli.specs import load_specs
 
     cases = load_specs([Path(__file__).parent.parent / "cases" / "edge.yaml"])
     failures = []
@@ -731,7 +731,7 @@ def test_mask_view_agrees_with_structural_rows(tmp_path):
 @pytest.mark.slow
 def test_edge_suite_every_applicable_fault_fails(tmp_path):
     from bsa_cli.generate import generate_case
-    from bsa_cli.spec import load_specs
+    from bsa_cli.specs import load_specs
     from bsa_cli.store import load_manifest, read_array
 
     missed = []
@@ -782,7 +782,7 @@ def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
     tmp_path, monkeypatch, case_name, fault, compare_settings, precision
 ):
     from bsa_cli.generate import generate_case
-    from bsa_cli.spec import load_specs
+    from bsa_cli.specs import load_specs
 
     case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
     case = dataclasses.replace(case, compare=compare_settings)

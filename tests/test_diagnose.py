@@ -19,7 +19,7 @@ from bsa_cli.compare.results import DIAGNOSIS_KINDS
 from bsa_cli.devices import faults, reference
 from bsa_cli.generate import generate_case
 from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
 
 CASES = Path(__file__).resolve().parent.parent / "cases"

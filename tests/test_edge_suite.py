@@ -16,7 +16,7 @@ import pytest
 from bsa_cli import golden
 from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from tests import oracle
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from bsa_cli.generate import generate_case
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,7 +11,7 @@ import pytest
 from bsa_cli import interface, manifest
 from bsa_cli.case import Case, TensorOverride
 from bsa_cli.devices.reference import check_interface
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from tests.helpers import case_factory
 
 make_case = case_factory(name="t", source="test", batch=2, head_dim=64, q_seq_len=128, kv_seq_len=128,

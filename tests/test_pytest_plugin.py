@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 import bsa_cli as bsa
-from bsa_cli import generate, spec
+from bsa_cli import generate, specs
 
 pytest_plugins = ["pytester"]
 
@@ -64,7 +64,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("plugin")
     spec_file = root / "tiny.yaml"
     spec_file.write_text(yaml.safe_dump(SPEC, sort_keys=False))
-    generate.generate_suite(spec.load_specs([spec_file]), root / "out")
+    generate.generate_suite(specs.load_specs([spec_file]), root / "out")
     return root / "out"
 
 
@@ -143,7 +143,7 @@ def test_the_plugin_loads_through_its_entry_point_without_numpy_or_torch(tmp_pat
 @pytest.fixture(scope="module")
 def smoke_and_edge(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("smoke-edge") / "out"
-    generate.generate_suite(spec.load_specs([REPO / "cases" / "smoke.yaml", REPO / "cases" / "edge.yaml"]), out)
+    generate.generate_suite(specs.load_specs([REPO / "cases" / "smoke.yaml", REPO / "cases" / "edge.yaml"]), out)
     return out
 
 

@@ -21,7 +21,7 @@ from bsa_cli.devices.faults import applicable_faults
 from bsa_cli.devices.reference import emulate
 from bsa_cli.generate import generate_suite
 from bsa_cli.manifest import case_from_manifest
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
 
 ROOT = Path(__file__).resolve().parent.parent

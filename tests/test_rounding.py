@@ -147,7 +147,7 @@ def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_fro
     from bsa_cli.generate import compute_case
     from bsa_cli.inputs import make_mask
     from bsa_cli.rounding import BACKWARD_TIES, FORWARD_TIES
-    from bsa_cli.spec import load_specs
+    from bsa_cli.specs import load_specs
 
     assert (BACKWARD_TIES, FORWARD_TIES) == ("away", "even")  # CAST_ROUND in the backward, CAST_RINT forward
     case = next(c for c in load_specs(["cases/smoke.yaml"]) if c.name == "smoke-bnsd-random.fp16")

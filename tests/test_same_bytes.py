@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bsa_cli.generate import generate_case
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("same_bytes", ROOT / "scripts" / "same_bytes.py")

@@ -22,7 +22,7 @@ from bsa_cli.cli import gen as cli_gen
 from bsa_cli.cli import main
 from bsa_cli.generate import compute_case
 from bsa_cli.schedule import estimate, parse_shard, shard
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = [

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from bsa_cli.errors import SpecError
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 
 ROOT = Path(__file__).resolve().parent.parent
 

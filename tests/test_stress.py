@@ -17,7 +17,7 @@ from bsa_cli.case import Case, Distribution, Init, Outliers, RowScale, Sink, Spa
 from bsa_cli.errors import SpecError
 from bsa_cli.generate import compute_case, generate_case
 from bsa_cli.inputs import make_tensors
-from bsa_cli.spec import load_specs
+from bsa_cli.specs import load_specs
 from tests.helpers import case_factory
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -223,7 +223,7 @@ def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     from bsa_cli import compare, report
     from bsa_cli.devices import reference
     from bsa_cli.generate import generate_case
-    from bsa_cli.spec import load_specs
+    from bsa_cli.specs import load_specs
 
     case = next(c for c in load_specs([Path(__file__).parent.parent / "cases" / "stress.yaml"])
                 if c.name == "stress-peaked.fp16")  # fmt: skip

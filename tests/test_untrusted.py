@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bsa_cli import devices, generate, schedule, spec, store
+from bsa_cli import devices, generate, schedule, specs, store
 from bsa_cli.devices import process, record, run
 from bsa_cli.errors import DataError, SpecError
 from tests.helpers import BASE, digest, invoke
@@ -85,7 +85,7 @@ def test_case_writer_refuses_names_that_are_not_one_visible_child(tmp_path: Path
 
 @pytest.mark.parametrize("name", [".", "..", "a/b", "../up"])
 def test_generate_case_writes_only_a_child_of_out(tmp_path: Path, name: str) -> None:
-    case = spec.load_specs([write_spec(tmp_path / "specs", {"name": "x"})])[0]
+    case = specs.load_specs([write_spec(tmp_path / "specs", {"name": "x"})])[0]
     with pytest.raises(DataError, match="one visible folder"):
         generate.generate_case(dataclasses.replace(case, name=name), tmp_path / "out")
     assert sorted(os.listdir(tmp_path)) == ["specs"] + (["out"] if (tmp_path / "out").exists() else [])
@@ -126,8 +126,8 @@ def test_the_reference_device_never_writes_or_deletes_outside_the_output_folder(
     tmp_path: Path, negative: bool
 ) -> None:
     folder = victim(tmp_path)
-    specs = {"name": "n", "dtype": "float32", "expect": 161002} if negative else {"name": "n"}
-    assert invoke("gen", write_spec(tmp_path / "specs", specs), "-o", tmp_path / "out").exit_code == 0
+    fields = {"name": "n", "dtype": "float32", "expect": 161002} if negative else {"name": "n"}
+    assert invoke("gen", write_spec(tmp_path / "specs", fields), "-o", tmp_path / "out").exit_code == 0
     edit_manifest(tmp_path / "out" / "n", lambda m: m["outputs"]["dq"].update(file="../../../victim/precious.txt"))
     before = digest(folder)
     result = invoke("run", tmp_path / "out")
@@ -186,7 +186,7 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
     tracemalloc.start()
     try:
         with pytest.raises(SpecError, match="alias bomb"):
-            spec.load_specs([tmp_path / "bomb.yaml"])
+            specs.load_specs([tmp_path / "bomb.yaml"])
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -196,7 +196,7 @@ def test_an_alias_bomb_is_refused_at_once(tmp_path: Path) -> None:
 def test_a_small_alias_is_still_fine_and_an_error_prints_its_value_short(tmp_path: Path) -> None:
     (tmp_path / "small.yaml").write_text(bomb(3))  # 729 strings: within the budget
     with pytest.raises(SpecError) as caught:
-        spec.load_specs([tmp_path / "small.yaml"])
+        specs.load_specs([tmp_path / "small.yaml"])
     assert "key 'dtype'" in str(caught.value) and len(str(caught.value)) < 300 and "\n" not in str(caught.value)
 
 
@@ -349,7 +349,7 @@ def test_a_folder_named_like_a_log_or_record_made_by_a_binary_is_no_crash(out: P
 def test_exponent_numbers_read_as_numbers(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("cases:\n  - {name: x, num_heads: 1, q_seq_len: 16, scale: 1e-3, init: {std: 2E+1}}\n")
-    case = spec.load_specs([path])[0]
+    case = specs.load_specs([path])[0]
     assert case.scale == 0.001 and case.init.query.std == 20.0
 
 
@@ -357,31 +357,31 @@ def test_duplicate_keys_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "s.yaml"
     path.write_text("cases:\n  - name: x\n    num_heads: 1\n    q_seq_len: 16\n    scale: 0.1\n    scale: 0.2\n")
     with pytest.raises(SpecError, match="duplicate key 'scale' \\(first on line 5\\)"):
-        spec.load_specs([path])
+        specs.load_specs([path])
 
 
 @pytest.mark.parametrize("values", [[[0.5, 1]], [[float("nan"), 1]], [[2, 0]], [[-1, 1]]])
 def test_explicit_masks_hold_only_zeros_and_ones(tmp_path: Path, values: list) -> None:
     path = write_spec(tmp_path, {"sparsity": {"pattern": "explicit", "mask": values}})
     with pytest.raises(SpecError, match="a mask holds only 0 and 1"):
-        spec.load_specs([path])
+        specs.load_specs([path])
 
 
 def test_a_tnd_case_with_no_batch_is_refused(tmp_path: Path) -> None:
     path = write_spec(tmp_path, {"layout": "TND", "q_seq_len": None, "actual_seq_lengths": []})
     with pytest.raises(SpecError, match="actual_seq_lengths': is empty"):
-        spec.load_specs([path])
+        specs.load_specs([path])
 
 
 @pytest.mark.parametrize("fields, key", [({"scale": 1e300}, "scale"), ({"init": {"std": 1e300}}, "init.query"),
                                          ({"dtype": "bf16", "init": {"std": 1e19}}, "init")])  # fmt: skip
 def test_values_whose_golden_cannot_be_finite_are_refused(tmp_path: Path, fields: dict, key: str) -> None:
     with pytest.raises(SpecError, match=f"key '{key}'.*cannot be finite"):
-        spec.load_specs([write_spec(tmp_path, fields)])
+        specs.load_specs([write_spec(tmp_path, fields)])
 
 
 def test_gen_says_so_when_a_golden_is_not_finite_anyway(tmp_path: Path) -> None:
-    case = spec.load_specs([write_spec(tmp_path, {"name": "x"})])[0]
+    case = specs.load_specs([write_spec(tmp_path, {"name": "x"})])[0]
     case = dataclasses.replace(case, scale=1e36)  # past the spec's checks: scores overflow float32
     with pytest.raises(DataError, match="golden dq has .* non-finite values"):
         generate.generate_case(case, tmp_path / "out")
@@ -451,7 +451,7 @@ EXTREME = {
 @pytest.mark.parametrize("name", list(EXTREME))
 def test_estimates_of_extreme_shapes_are_within_3x_of_measured(tmp_path: Path, name: str) -> None:
     fields, seconds, mib = EXTREME[name]
-    case = spec.load_specs([write_spec(tmp_path, {"name": name, **fields})])[0]
+    case = specs.load_specs([write_spec(tmp_path, {"name": name, **fields})])[0]
     estimate = schedule.estimate(case)
     assert seconds / 3 <= estimate.seconds <= seconds * 3, estimate
     assert mib / 3 <= estimate.peak_memory / 2**20 <= mib * 3, estimate
@@ -483,13 +483,13 @@ def test_gen_and_compare_walk_the_batch_entries_a_bounded_number_of_times(
     for name in ("bnsd", "tnd"):
         calls.update(spans=0, q_lengths=0)
         compare.compare_case(tmp_path / "out" / name, workers=1)
-        case = spec.load_specs([path])[0 if name == "bnsd" else 1]
+        case = specs.load_specs([path])[0 if name == "bnsd" else 1]
         generate.compute_case(case)
         assert calls["spans"] < 30 and calls["q_lengths"] < 60, (name, calls)
 
 
 def test_estimating_a_huge_mask_does_not_draw_it(tmp_path: Path) -> None:
-    case = spec.load_specs([write_spec(tmp_path, {"q_seq_len": 1 << 20, "block_shape": [1, 1]})])[0]
+    case = specs.load_specs([write_spec(tmp_path, {"q_seq_len": 1 << 20, "block_shape": [1, 1]})])[0]
     tracemalloc.start()
     try:
         estimate = schedule.estimate(case)

@@ -29,7 +29,7 @@ from ..compare import SuiteResult
 from ..compare.drift import Drift, drift_document, regressions_document
 from ..errors import BsaError, DataError, SpecError, plural
 from ..schedule import Estimate, machine_memory, parse_shard, shard
-from ..spec import MAX_CASES, SpecErrors, load_specs
+from ..specs import MAX_CASES, SpecErrors, load_specs
 from ..store import MANIFEST, find_cases, load_manifest, select_cases
 from . import output
 
