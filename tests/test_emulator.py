@@ -514,7 +514,7 @@ def test_emulate_case_dir_plants_a_fault(tmp_path):
 def test_rejected_call_writes_only_the_status_and_clears_stale_results(tmp_path):
     case = make_case(name="negative")
     case_dir = write_case_dir(tmp_path, case, make_inputs(case))
-    built = store.load_manifest(case_dir)
+    built = dict(store.load_manifest(case_dir).raw)
     built["params"]["mask_type"] = 1
     store.write_json_atomic(case_dir / store.MANIFEST, built)
     output_dir = case_dir / store.OUTPUTS_DIR

@@ -46,7 +46,7 @@ def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
             target = COMMITTED / case.name
             (target / "golden").mkdir(parents=True)
             shutil.copytree(out / case.name / "inputs", target / "inputs")
-            manifest = load_manifest(out / case.name)
+            manifest = dict(load_manifest(out / case.name).raw)
             manifest["spec"] = "cases/smoke.yaml"
             (target / "case.json").write_text(json.dumps(manifest, indent=2) + "\n")
             for grad in ("dq", "dk", "dv"):
