@@ -62,10 +62,24 @@ def matmul_rate(size: int = 512, repeats: int = 20) -> float:
 
 
 def make_case(seq: int, heads: int, pattern: str, density: float = 0.2) -> Case:
-    return Case(name=f"bench-{seq}", source="benchmark", layout="BNSD", dtype="float16", batch=1, num_heads=heads,
-                num_kv_heads=heads, head_dim=128, q_seq_len=seq, kv_seq_len=seq, actual_seq_lengths=None,
-                actual_seq_lengths_kv=None, block_shape=(128, 128), scale=128**-0.5, seed=0,
-                sparsity=Sparsity(pattern=pattern, density=density))  # fmt: skip
+    return Case(
+        name=f"bench-{seq}",
+        source="benchmark",
+        layout="BNSD",
+        dtype="float16",
+        batch=1,
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=128,
+        q_seq_len=seq,
+        kv_seq_len=seq,
+        actual_seq_lengths=None,
+        actual_seq_lengths_kv=None,
+        block_shape=(128, 128),
+        scale=128**-0.5,
+        seed=0,
+        sparsity=Sparsity(pattern=pattern, density=density),
+    )
 
 
 def single_thread_matmul_rate() -> float:
@@ -84,13 +98,25 @@ def single_thread_matmul_rate() -> float:
 
 def write_spec(case: Case, path: Path) -> Path:
     """Write `case` as a one-case spec file (the keys `bsa gen` reads)."""
-    spec = {"cases": [{
-        "name": case.name, "layout": case.layout, "dtype": case.dtype, "batch": case.batch,
-        "num_heads": case.num_heads, "num_kv_heads": case.num_kv_heads, "head_dim": case.head_dim,
-        "q_seq_len": case.q_seq_len, "kv_seq_len": case.kv_seq_len, "block_shape": list(case.block_shape),
-        "scale": case.scale, "seed": case.seed,
-        "sparsity": {"pattern": case.sparsity.pattern, "density": case.sparsity.density},
-    }]}  # fmt: skip
+    spec = {
+        "cases": [
+            {
+                "name": case.name,
+                "layout": case.layout,
+                "dtype": case.dtype,
+                "batch": case.batch,
+                "num_heads": case.num_heads,
+                "num_kv_heads": case.num_kv_heads,
+                "head_dim": case.head_dim,
+                "q_seq_len": case.q_seq_len,
+                "kv_seq_len": case.kv_seq_len,
+                "block_shape": list(case.block_shape),
+                "scale": case.scale,
+                "seed": case.seed,
+                "sparsity": {"pattern": case.sparsity.pattern, "density": case.sparsity.density},
+            }
+        ]
+    }
     path.write_text(json.dumps(spec))  # JSON is YAML
     return path
 
@@ -147,9 +173,25 @@ def torch_seconds(case: Case, which: str) -> float | None:
     `explicit`: scores, in-place mask, softmax, P V, `.backward`; `sdpa`: PyTorch's fused
     `scaled_dot_product_attention` with the boolean element mask. All cores; only the computation is timed.
     """
-    fields = {f: getattr(case, f) for f in ("name", "source", "layout", "dtype", "batch", "num_heads", "num_kv_heads",
-                                            "head_dim", "q_seq_len", "kv_seq_len", "actual_seq_lengths",
-                                            "actual_seq_lengths_kv", "scale", "seed")}  # fmt: skip
+    fields = {
+        f: getattr(case, f)
+        for f in (
+            "name",
+            "source",
+            "layout",
+            "dtype",
+            "batch",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "q_seq_len",
+            "kv_seq_len",
+            "actual_seq_lengths",
+            "actual_seq_lengths_kv",
+            "scale",
+            "seed",
+        )
+    }
     fields["block_shape"] = list(case.block_shape)
     args = [sys.executable, "-c", TORCH_CHILD, json.dumps(fields), str(case.sparsity.density), which]
     result = subprocess.run(args, capture_output=True, text=True)
@@ -188,10 +230,13 @@ def end_to_end(case: Case, rounds: int, with_torch: bool, baseline: Path | None)
                     if seconds is not None:
                         figures[f"torch {which}"] = seconds
             measured.append(figures)
-            print(f"  round {round_ + 1}: matmul {figures['rate'] / 1e9:.0f} GFLOP/s "
-                  f"(1 thread: {figures['rate 1 thread'] / 1e9:.0f}), "
-                  + ", ".join(f"{name} {value:.2f} s" for name, value in figures.items() if "rate" not in name)
-                  + f"; {load()}", flush=True)  # fmt: skip
+            print(
+                f"  round {round_ + 1}: matmul {figures['rate'] / 1e9:.0f} GFLOP/s "
+                f"(1 thread: {figures['rate 1 thread'] / 1e9:.0f}), "
+                + ", ".join(f"{name} {value:.2f} s" for name, value in figures.items() if "rate" not in name)
+                + f"; {load()}",
+                flush=True,
+            )
     return measured
 
 
@@ -248,8 +293,9 @@ def compare_throughput(seq: int, cases: int) -> dict[str, float]:
     from bsa_cli.generate import generate_suite
 
     base = make_case(seq, 4, "random", 0.2)
-    suite = [dataclasses.replace(base, name=f"cmp-{i}", seed=i, dtype=("float16", "bfloat16")[i % 2])
-             for i in range(cases)]  # fmt: skip
+    suite = [
+        dataclasses.replace(base, name=f"cmp-{i}", seed=i, dtype=("float16", "bfloat16")[i % 2]) for i in range(cases)
+    ]
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as out:
         generate_suite(suite, Path(out), jobs=os.cpu_count() or 1)
@@ -312,8 +358,10 @@ def main() -> None:
     case = make_case(seq, 4, "random", 0.2)
     stats = mask_stats(case, make_mask(case))
     flops = stats["flops_forward"] + stats["flops_backward"]
-    print(f"case B=1 N=4 S={seq} D=128 X=Y=128 random density {stats['density']:.3f}: "
-          f"{stats['selected_blocks']} selected block pairs, {flops / 1e9:.1f} GFLOP (14 X Y D per pair)")  # fmt: skip
+    print(
+        f"case B=1 N=4 S={seq} D=128 X=Y=128 random density {stats['density']:.3f}: "
+        f"{stats['selected_blocks']} selected block pairs, {flops / 1e9:.1f} GFLOP (14 X Y D per pair)"
+    )
 
     rounds = end_to_end(case, args.rounds, not args.skip_torch, args.baseline)
     best = {name: (max if "rate" in name else min)(r[name] for r in rounds) for name in rounds[0]}
@@ -321,51 +369,67 @@ def main() -> None:
     cores = os.cpu_count() or 1
     peak = cores * best["rate 1 thread"]
     print(f"each figure's best round (in brackets: the same ratio within each of the {len(rounds)} rounds)")
-    print(f"numpy float32 matmul 512x512: {rate / 1e9:.1f} GFLOP/s ({cores} threads); one thread "
-          f"{best['rate 1 thread'] / 1e9:.1f} GFLOP/s, times {cores} cores: {peak / 1e9:.1f} GFLOP/s")  # fmt: skip
+    print(
+        f"numpy float32 matmul 512x512: {rate / 1e9:.1f} GFLOP/s ({cores} threads); one thread "
+        f"{best['rate 1 thread'] / 1e9:.1f} GFLOP/s, times {cores} cores: {peak / 1e9:.1f} GFLOP/s"
+    )
     for name in ("gen", "gen -j 1"):
         seconds = best[name]
         within = span([flops / r[name] / r["rate"] for r in rounds], 3)
         target = "   (target >= 0.25)" if name == "gen" else ""
-        print(f"bsa {name} (fresh process): {seconds:.2f} s = {flops / seconds / 1e9:.1f} GFLOP/s = "
-              f"{flops / seconds / rate:.3f} of the matmul rate [{within}]{target}; "
-              f"{flops / seconds / peak:.3f} of {cores} x the one-thread rate")  # fmt: skip
+        print(
+            f"bsa {name} (fresh process): {seconds:.2f} s = {flops / seconds / 1e9:.1f} GFLOP/s = "
+            f"{flops / seconds / rate:.3f} of the matmul rate [{within}]{target}; "
+            f"{flops / seconds / peak:.3f} of {cores} x the one-thread rate"
+        )
     if "baseline gen" in best:
         within = span([r["baseline gen"] / r["gen"] for r in rounds], 2)
         base = best["baseline gen"]
-        print(f"the baseline's bsa gen: {base:.2f} s = {flops / base / rate:.3f} of the matmul rate: "
-              f"bsa gen is {base / gen:.2f}x [{within}] faster")  # fmt: skip
+        print(
+            f"the baseline's bsa gen: {base:.2f} s = {flops / base / rate:.3f} of the matmul rate: "
+            f"bsa gen is {base / gen:.2f}x [{within}] faster"
+        )
     within = span([r["gen float64"] / r["gen"] for r in rounds], 2)
-    print(f"bsa gen --precision float64: {best['gen float64']:.2f} s = {best['gen float64'] / gen:.2f}x [{within}] "
-          "the float32 gen")  # fmt: skip
+    print(
+        f"bsa gen --precision float64: {best['gen float64']:.2f} s = {best['gen float64'] / gen:.2f}x [{within}] "
+        "the float32 gen"
+    )
     for which in ("explicit", "sdpa"):
         name = f"torch {which}"
         if name in best:
             within = span([r[name] / r["gen"] for r in rounds], 1)
             target = "   (target >= 6)" if which == "explicit" else ""
-            print(f"dense PyTorch float32 autograd ({which}): {best[name]:.2f} s: bsa gen is "
-                  f"{best[name] / gen:.1f}x [{within}] faster{target}")  # fmt: skip
+            print(
+                f"dense PyTorch float32 autograd ({which}): {best[name]:.2f} s: bsa gen is "
+                f"{best[name] / gen:.1f}x [{within}] faster{target}"
+            )
     emulate = best["emulate"]
     within = span([r["gen"] / r["emulate"] for r in rounds], 2)
-    print(f"bsa emulate (fresh process, same case): {emulate:.2f} s: bsa gen / bsa emulate = {gen / emulate:.2f} "
-          f"[{within}]   (target >= 1: emulate no slower than gen)")  # fmt: skip
+    print(
+        f"bsa emulate (fresh process, same case): {emulate:.2f} s: bsa gen / bsa emulate = {gen / emulate:.2f} "
+        f"[{within}]   (target >= 1: emulate no slower than gen)"
+    )
 
     if not args.skip_long:
         long_cases = [("random", 0.05)] + ([("causal", 1.0)] if args.long_causal else [])
         for pattern, density in long_cases:
             fig = peak_memory_child(131072, pattern, density)
             grown = fig["peak"] - fig["baseline"]
-            print(f"S=131072 N=1 {pattern} (density {density}): gen {fig['seconds']:.1f} s, peak RSS "
-                  f"{fig['peak'] / 2**20:.0f} MiB ({grown / 2**20:.0f} MiB above the bare interpreter's), "
-                  f"inputs+outputs {fig['written'] / 2**20:.0f} MiB: ratio {fig['peak'] / fig['written']:.2f}"
-                  "   (target <= 3)")  # fmt: skip
+            print(
+                f"S=131072 N=1 {pattern} (density {density}): gen {fig['seconds']:.1f} s, peak RSS "
+                f"{fig['peak'] / 2**20:.0f} MiB ({grown / 2**20:.0f} MiB above the bare interpreter's), "
+                f"inputs+outputs {fig['written'] / 2**20:.0f} MiB: ratio {fig['peak'] / fig['written']:.2f}"
+                "   (target <= 3)"
+            )
 
     if not args.skip_compare:
         judged = compare_throughput(seq, 4 if args.quick else 8)
         size = judged["megabytes"]
-        print(f"bsa compare (fresh process, suite run by bsa run): {size:.0f} MB of outputs judged in "
-              f"{judged['seconds']:.2f} s = {size / judged['seconds']:.0f} MB/s   (target >= 200); with the "
-              f"interpreter's start {judged['wall']:.2f} s = {size / judged['wall']:.0f} MB/s")  # fmt: skip
+        print(
+            f"bsa compare (fresh process, suite run by bsa run): {size:.0f} MB of outputs judged in "
+            f"{judged['seconds']:.2f} s = {size / judged['seconds']:.0f} MB/s   (target >= 200); with the "
+            f"interpreter's start {judged['wall']:.2f} s = {size / judged['wall']:.0f} MB/s"
+        )
     print(load())
 
 

@@ -36,8 +36,10 @@ def cpu_seconds() -> float:
 
 def main(roots: list[str]) -> None:
     print(f"load average before: {' '.join(f'{v:.2f}' for v in os.getloadavg())}; CPUs {os.cpu_count()}")
-    print(f"{'case':<28} {'pairs':>6} {'GFLOP bwd':>9} {'est s':>7} {'wall s':>7} {'cpu s':>7} {'est/wall':>8} "
-          f"{'est/cpu':>7}")  # fmt: skip
+    print(
+        f"{'case':<28} {'pairs':>6} {'GFLOP bwd':>9} {'est s':>7} {'wall s':>7} {'cpu s':>7} {'est/wall':>8} "
+        f"{'est/cpu':>7}"
+    )
     for case_dir in store.select_cases([Path(r) for r in roots]):
         manifest = store.load_manifest(case_dir)
         if (manifest.get("expect") or {}).get("status", 0) != 0:
@@ -54,8 +56,10 @@ def main(roots: list[str]) -> None:
                 walls.append(time.perf_counter() - wall)
                 cpus.append(cpu_seconds() - cpu)
         wall, cpu = min(walls), min(cpus)  # the best round: the machine is shared
-        print(f"{case_dir.name:<28} {stats['selected_blocks']:>6} {stats['flops_backward'] / 1e9:>9.3g} {guess:>7.3g} "
-              f"{wall:>7.3g} {cpu:>7.3g} {guess / wall:>8.2f} {guess / cpu:>7.2f}")  # fmt: skip
+        print(
+            f"{case_dir.name:<28} {stats['selected_blocks']:>6} {stats['flops_backward'] / 1e9:>9.3g} {guess:>7.3g} "
+            f"{wall:>7.3g} {cpu:>7.3g} {guess / wall:>8.2f} {guess / cpu:>7.2f}"
+        )
     print(f"load average after: {' '.join(f'{v:.2f}' for v in os.getloadavg())}")
 
 

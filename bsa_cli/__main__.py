@@ -31,17 +31,23 @@ def run() -> None:
     """Run the `bsa` command line."""
     limit = _address_space_limit()
     if limit is not None and limit < MIN_ADDRESS_SPACE:
-        _refuse(f"the address-space limit (ulimit -v) is {limit >> 20} MiB; bsa needs at least "
-                f"{MIN_ADDRESS_SPACE >> 20} MiB to load NumPy and BLAS: raise it (ulimit -v)")  # fmt: skip
+        _refuse(
+            f"the address-space limit (ulimit -v) is {limit >> 20} MiB; bsa needs at least "
+            f"{MIN_ADDRESS_SPACE >> 20} MiB to load NumPy and BLAS: raise it (ulimit -v)"
+        )
     try:
         from .cli import main
     except MemoryError:
-        _refuse("out of memory while loading bsa's libraries (NumPy, BLAS): raise the memory or "
-                "address-space limit (ulimit -v)")  # fmt: skip
+        _refuse(
+            "out of memory while loading bsa's libraries (NumPy, BLAS): raise the memory or "
+            "address-space limit (ulimit -v)"
+        )
     except (ImportError, OSError) as exc:
         reason = " ".join(str(exc).split())[:300]
-        _refuse(f"cannot load bsa's libraries: {type(exc).__name__}: {reason} (too little memory for them? "
-                "check ulimit -v; a package missing? reinstall bsa)")  # fmt: skip
+        _refuse(
+            f"cannot load bsa's libraries: {type(exc).__name__}: {reason} (too little memory for them? "
+            "check ulimit -v; a package missing? reinstall bsa)"
+        )
     main()
 
 

@@ -191,13 +191,7 @@ def _read(case_dir: Path, section: str, name: str, entry: Any) -> np.ndarray:
 
 
 def judge(
-    case: LoadedCase,
-    dq: Any,
-    dk: Any,
-    dv: Any,
-    *,
-    settings: RunSettings | None = None,
-    device: str | None = None,
+    case: LoadedCase, dq: Any, dk: Any, dv: Any, *, settings: RunSettings | None = None, device: str | None = None
 ) -> CaseResult:
     """Judge the dq, dk, dv of a call that returned successfully, as `bsa compare` judges them from files.
 
@@ -224,11 +218,7 @@ def judge(
 
 
 def judge_status(
-    case: LoadedCase,
-    outcome: int | BaseException,
-    message: str | None = None,
-    *,
-    device: str | None = None,
+    case: LoadedCase, outcome: int | BaseException, message: str | None = None, *, device: str | None = None
 ) -> CaseResult:
     """Judge a call that did not return gradients: the aclnn status it returned, or the exception it raised.
 

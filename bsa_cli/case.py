@@ -43,9 +43,18 @@ ACLNN_STATUS = {
 """aclnn status names and codes that cases can expect."""
 
 TENSOR_NAMES = (
-    "dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask",
-    "dq", "dk", "dv",
-)  # fmt: skip
+    "dout",
+    "query",
+    "key",
+    "value",
+    "attention_out",
+    "softmax_lse",
+    "block_sparse_mask",
+    "atten_mask",
+    "dq",
+    "dk",
+    "dv",
+)
 """Every tensor of the aclnn call, in its parameter order; `atten_mask` is absent (null) unless a case gives it."""
 
 

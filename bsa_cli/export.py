@@ -39,10 +39,18 @@ EXPECT_MODULE = "bsa_msopst_expect.py"
 INPUT_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask")
 """The operator's tensor arguments, in its order, by manifest name."""
 OP_NAMES = {
-    "dout": "dout", "query": "query", "key": "key", "value": "value", "attention_out": "attentionOut",
-    "softmax_lse": "softmaxLse", "block_sparse_mask": "blockSparseMask", "atten_mask": "attenMask",
-    "dq": "dq", "dk": "dk", "dv": "dv",
-}  # fmt: skip
+    "dout": "dout",
+    "query": "query",
+    "key": "key",
+    "value": "value",
+    "attention_out": "attentionOut",
+    "softmax_lse": "softmaxLse",
+    "block_sparse_mask": "blockSparseMask",
+    "atten_mask": "attenMask",
+    "dq": "dq",
+    "dk": "dk",
+    "dv": "dv",
+}
 """Manifest names -> the aclnn interface's argument names."""
 REQUIRED = {"atten_mask": False}
 
@@ -95,10 +103,15 @@ def msopst_case(case_dir: Path, manifest: Manifest, expect_module: Path) -> list
     params = manifest.params
     inputs = []
     for name, entry in _tensors(manifest):
-        inputs.append({
-            "name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"]),
-            "value": str(case_dir / entry["file"]),
-        })  # fmt: skip
+        inputs.append(
+            {
+                "name": OP_NAMES[name],
+                "format": ["ND"],
+                "type": [entry["dtype"]],
+                "shape": list(entry["shape"]),
+                "value": str(case_dir / entry["file"]),
+            }
+        )
     outputs = [
         {"name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"])}
         for name, entry in manifest.entries("outputs")
@@ -140,18 +153,28 @@ def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
     params = manifest.params
     inputs: list[dict[str, Any]] = []
     for name, entry in _tensors(manifest):
-        inputs.append({
-            "name": OP_NAMES[name], "type": "tensor", "required": REQUIRED.get(name, True), "dtype": entry["dtype"],
-            "shape": list(entry["shape"]), "range_values": _value_range(case_dir, entry),
-            "bin_file": str(case_dir / entry["file"]),
-        })  # fmt: skip
+        inputs.append(
+            {
+                "name": OP_NAMES[name],
+                "type": "tensor",
+                "required": REQUIRED.get(name, True),
+                "dtype": entry["dtype"],
+                "shape": list(entry["shape"]),
+                "range_values": _value_range(case_dir, entry),
+                "bin_file": str(case_dir / entry["file"]),
+            }
+        )
     for name, kind, value in _attributes(params):
         inputs.append({"name": name, "type": "attr", "required": True, "dtype": kind, "value": value})
     golden = dict(manifest.entries("golden"))
     outputs = []
     for name, entry in manifest.entries("outputs"):
-        output: dict[str, Any] = {"name": OP_NAMES[name], "type": "tensor", "dtype": entry["dtype"],
-                                  "shape": list(entry["shape"])}  # fmt: skip
+        output: dict[str, Any] = {
+            "name": OP_NAMES[name],
+            "type": "tensor",
+            "dtype": entry["dtype"],
+            "shape": list(entry["shape"]),
+        }
         if name in golden:
             output["golden_file"] = str(case_dir / golden[name]["file"])
             output["golden_dtype"] = golden[name]["dtype"]
@@ -215,8 +238,9 @@ def expect_module(manifests: Sequence[tuple[Path, Manifest]]) -> str:
         for name in GRAD_NAMES:
             entry = golden[name]
             path = str(Path(case_dir).resolve() / entry["file"])
-            lines.append(f"        _load({path!r}, {entry['dtype']!r}, {list(entry['shape'])!r}, "
-                         f"{outputs[name]['dtype']!r}),")  # fmt: skip
+            lines.append(
+                f"        _load({path!r}, {entry['dtype']!r}, {list(entry['shape'])!r}, {outputs[name]['dtype']!r}),"
+            )
         lines.append("    ]")
     return "\n".join(lines) + "\n"
 
@@ -247,8 +271,10 @@ def earlier_msopst_cases(
             if manifest.name != name:
                 raise ValueError(f"{case_dir} holds case {manifest.name!r}")
         except (DataError, OSError, ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
-            lost.append(f"{path}: its case cannot be read ({exc}); its expected outputs are left out of "
-                        f"{EXPECT_MODULE}: export that case again")  # fmt: skip
+            lost.append(
+                f"{path}: its case cannot be read ({exc}); its expected outputs are left out of "
+                f"{EXPECT_MODULE}: export that case again"
+            )
             continue
         kept.append((case_dir, manifest))
     return kept, lost

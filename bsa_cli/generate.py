@@ -34,8 +34,11 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("sparsity", "causal_alignment"), "top_left"),
     (("init", "sink"), None),
     (("init", "logit_std"), None),
-    *((("init", tensor, key), None)
-      for tensor in ("query", "key", "value", "dout") for key in ("outliers", "row_scale")),
+    *(
+        (("init", tensor, key), None)
+        for tensor in ("query", "key", "value", "dout")
+        for key in ("outliers", "row_scale")
+    ),
 )
 """(path, default) of case fields added after fingerprints were first written: left out of the fingerprint
 at their default, so cases that do not use them keep the fingerprint they had."""
@@ -145,8 +148,9 @@ def generate_case(
     With `jobs` > 1 the files are written (and hashed) in threads while this thread measures the benchmark.
     """
     if not is_case_name(case.name):
-        raise DataError(str(Path(out_root) / case.name), "a case name must name one visible folder inside the "
-                        "output folder")  # fmt: skip
+        raise DataError(
+            str(Path(out_root) / case.name), "a case name must name one visible folder inside the output folder"
+        )
     kernel_range = golden.KernelRange()
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
         tensors, gold, bench = compute_case(case, precision, jobs, on_progress, kernel_range)
@@ -154,8 +158,11 @@ def generate_case(
     for name, array in gold.items():
         if array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
             bad = int(np.count_nonzero(~np.isfinite(array)))
-            raise DataError(str(final_dir), f"the golden {name} has {bad} non-finite values ({precision}): "
-                            "the case's scale or init values overflow; make them smaller")  # fmt: skip
+            raise DataError(
+                str(final_dir),
+                f"the golden {name} has {bad} non-finite values ({precision}): "
+                "the case's scale or init values overflow; make them smaller",
+            )
     try:
         return _write_case(case, final_dir, precision, jobs, tensors, gold, bench, kernel_range)
     except OSError as exc:
@@ -190,8 +197,10 @@ def _write_case(
             manifest["notes"] = kernel_path_notes(case, kernel_range, gold, bench)
         if summary is not None:
             document = compare.summary_document(summary)
-            document["tiles"] = {name: writer.array(f"benchmark/{name}.tiles.bin", tiles, "float32")
-                                 for name, tiles in summary.tiles.items()}  # fmt: skip
+            document["tiles"] = {
+                name: writer.array(f"benchmark/{name}.tiles.bin", tiles, "float32")
+                for name, tiles in summary.tiles.items()
+            }
             manifest["benchmark_summary"] = document
         manifest["generator"]["fingerprint"] = fingerprint(case, precision)
         manifest["generator"]["golden_precision"] = precision
@@ -229,19 +238,25 @@ def kernel_path_notes(
     for name, what in (("dscores", "dS"), ("probs", "P")):
         top = getattr(kernel_range, f"max_abs_{name}")
         if top > largest:
-            notes.append(f"{case.dtype} overflow: max |{what}| in the kernel path is {top:.6g}, beyond {case.dtype}'s "
-                         f"largest number {largest:.6g}: the benchmark's {what} rounds to inf there")  # fmt: skip
+            notes.append(
+                f"{case.dtype} overflow: max |{what}| in the kernel path is {top:.6g}, beyond {case.dtype}'s "
+                f"largest number {largest:.6g}: the benchmark's {what} rounds to inf there"
+            )
         nonzero, flushed = getattr(kernel_range, f"{name}_nonzero"), getattr(kernel_range, f"{name}_flushed")
         if nonzero and flushed / nonzero > UNDERFLOW_NOTE_SHARE:
-            notes.append(f"{case.dtype} underflow: {flushed} of {nonzero} nonzero {what} values "
-                         f"({100 * flushed / nonzero:.1f}%) in the kernel path flush to zero when rounded to "
-                         f"{case.dtype}")  # fmt: skip
+            notes.append(
+                f"{case.dtype} underflow: {flushed} of {nonzero} nonzero {what} values "
+                f"({100 * flushed / nonzero:.1f}%) in the kernel path flush to zero when rounded to "
+                f"{case.dtype}"
+            )
     for name, array in bench.items():
         if array.size and not np.isfinite(array.astype(np.float32)).all():
             bad = int(np.count_nonzero(~np.isfinite(array.astype(np.float32))))
             if np.isfinite(gold[name]).all():
-                notes.append(f"{case.dtype} overflow: the benchmark {name} has {bad} non-finite values where the "
-                             "golden is finite")  # fmt: skip
+                notes.append(
+                    f"{case.dtype} overflow: the benchmark {name} has {bad} non-finite values where the "
+                    "golden is finite"
+                )
     return notes
 
 
@@ -346,8 +361,10 @@ def _generate_in_processes(
                     try:
                         path = future.result()
                     except BrokenProcessPool:
-                        raise DataError(str(out_root / case.name), "its worker process died (out of memory? "
-                                        "killed?); try fewer processes with -j") from None  # fmt: skip
+                        raise DataError(
+                            str(out_root / case.name),
+                            "its worker process died (out of memory? killed?); try fewer processes with -j",
+                        ) from None
                     if on_done:
                         on_done(case, "generated", path)
         except BaseException:

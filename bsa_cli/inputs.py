@@ -42,12 +42,7 @@ _DRAW_CHUNK = 1 << 20
 
 
 def draw(
-    case: Case,
-    stream: str,
-    shape: tuple[int, ...],
-    dist: Distribution,
-    dtype: np.dtype,
-    adjust: Adjust | None = None,
+    case: Case, stream: str, shape: tuple[int, ...], dist: Distribution, dtype: np.dtype, adjust: Adjust | None = None
 ) -> np.ndarray:
     """Draw `shape` values of `dist` from `stream`, changed by `adjust` (stress shapes), rounded to `dtype`."""
     generator = rng(case, stream)

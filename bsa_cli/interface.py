@@ -51,6 +51,7 @@ RULES = RULES_BY_RELEASE[DEFAULT_RELEASE]
 DETERMINISTIC_RELEASES = ("master",)
 """Releases whose A2/A3 tiling has the deterministic mode (`GetDeterministic()`, master since 2026-08-04)."""
 
+
 def release_counts(releases: Iterable[str | None]) -> str:
     """Return e.g. "9.0.0 (11 cases), master (53 cases)" for the releases of some cases ("" for none)."""
     counts: dict[str, int] = {}
@@ -86,9 +87,13 @@ SAME_DTYPE_AS_QUERY = ("key", "value", "attention_out", "dout")
 OUTPUTS = ("dq", "dk", "dv")
 
 BNSD_HEAD_DIM_PAIRS = (
-    ("query", "key"), ("value", "attention_out"), ("value", "dout"),
-    ("query", "dq"), ("key", "dk"), ("value", "dv"),
-)  # fmt: skip
+    ("query", "key"),
+    ("value", "attention_out"),
+    ("value", "dout"),
+    ("query", "dq"),
+    ("key", "dk"),
+    ("value", "dv"),
+)
 """Non-TND layouts: pairs of tensors whose dim 3 (D) must be equal. q and v are not compared."""
 
 BNSD_BATCH_TENSORS = ("key", "value", "attention_out", "dout", "softmax_lse", "dq", "dk", "dv")
@@ -238,8 +243,9 @@ def violations(
                     add(name, f"dim 0 (B) {_dim(tensors[name], 0)} differs from query's {_dim(query, 0)}")
             for first, second in BNSD_HEAD_DIM_PAIRS:
                 if first in tensors and second in tensors and _dim(tensors[first], 3) != _dim(tensors[second], 3):
-                    add(second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s "
-                        f"{_dim(tensors[first], 3)}")  # fmt: skip
+                    add(
+                        second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s {_dim(tensors[first], 3)}"
+                    )
     # 4. attributes.
     if "atten_mask" in tensors:
         add("atten_mask", "attenMask is not null: only a null attenMask is supported")
@@ -285,8 +291,9 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
         found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
     for name in ("key", "value"):
         if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            found.append(Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}",
-                                   invalid))  # fmt: skip
+            found.append(
+                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
+            )
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value not in TILING_LAYOUTS:
@@ -329,8 +336,14 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     if found:
         return found
     if layout == "BNSD" and (_dim(tensors.get("query"), 0) == 0 or _dim(tensors.get("query"), 2) == 0):
-        found.append(Violation("query", f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block "
-                               "to work on (blockDim is 0)", tiling))  # fmt: skip
+        found.append(
+            Violation(
+                "query",
+                f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block "
+                "to work on (blockDim is 0)",
+                tiling,
+            )
+        )
     head_axis = 1
     n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
     if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):

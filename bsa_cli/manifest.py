@@ -393,9 +393,10 @@ def _check_params(p: Any, sem: Any) -> None:
             raise ValueError(f"params.{key}: not null or a list of {p['batch']} non-negative integers")
     block_shape = p.get("block_shape")
     if block_shape is not None and not (
-        isinstance(block_shape, list) and len(block_shape) <= 8
+        isinstance(block_shape, list)
+        and len(block_shape) <= 8
         and all(isinstance(v, int) and abs(v) < 2**63 for v in block_shape)
-    ):  # fmt: skip
+    ):
         raise ValueError(f"params.block_shape: {block_shape!r:.60} is not null or a list of integers")
     if not isinstance(p.get("scale"), (int, float)) or isinstance(p.get("scale"), bool):
         raise ValueError(f"params.scale: {p.get('scale')!r:.60} is not a number")

@@ -93,10 +93,14 @@ def check_suite(
     gen_jobs = auto_jobs(jobs, list(estimates.values()))
     progress.generating(cases, estimates)
     case_dirs = generate_suite(
-        cases, out, precision, gen_jobs, skip_current=True,
+        cases,
+        out,
+        precision,
+        gen_jobs,
+        skip_current=True,
         on_done=lambda case, outcome, _path: progress.generated(case, outcome),
         on_progress=lambda case, fraction: progress.progress(case.name, fraction),
-    )  # fmt: skip
+    )
     summary = run_suite(case_dirs, options, progress)
     if summary.interrupted:
         return CheckResult(tuple(case_dirs), summary, None)
@@ -159,8 +163,9 @@ def inapplicable_faults(case_dirs: Sequence[Path], fault: str) -> list[str]:
         try:
             manifest = store.load_manifest(case_dir)
             if manifest.is_negative:
-                warnings.append(f"{manifest.name}: fault '{fault}' not planted: a negative case is refused "
-                                "before any computation")  # fmt: skip
+                warnings.append(
+                    f"{manifest.name}: fault '{fault}' not planted: a negative case is refused before any computation"
+                )
                 continue
             case = manifest.case
             mask = store.read_array(case_dir, manifest.entry("inputs", "block_sparse_mask"))

@@ -204,8 +204,7 @@ def pattern_counts(case: Case) -> MaskCounts:
         selected += blocks * kept * heads * count
         cells += max(area, 0.0) * kept * heads * count
         rows += active * kept * heads * count
-    return MaskCounts(selected_blocks=int(selected), total_blocks=int(total), cells=int(cells),
-                      active_rows=int(rows))  # fmt: skip
+    return MaskCounts(selected_blocks=int(selected), total_blocks=int(total), cells=int(cells), active_rows=int(rows))
 
 
 _SAMPLED_ROWS = 4096
@@ -232,8 +231,11 @@ def _diagonal_rows(case: Case, q_len: int, kv_len: int) -> tuple[float, float, f
             blocks, columns = blocks + extra, columns + extra * y
     row_tokens = np.minimum(q_len - rows * x, x)
     weight = nq / len(rows)
-    return (float(blocks.sum()) * weight, float((columns * row_tokens).sum()) * weight,
-            float(np.count_nonzero(blocks)) * weight)  # fmt: skip
+    return (
+        float(blocks.sum()) * weight,
+        float((columns * row_tokens).sum()) * weight,
+        float(np.count_nonzero(blocks)) * weight,
+    )
 
 
 def _blocks_up_to_diagonal(n_q: int, n_kv: int, shift: int) -> float:

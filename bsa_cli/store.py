@@ -413,8 +413,11 @@ def check_entry(entry: Any, what: str) -> None:
     if not isinstance(dtype, str) or dtype not in DTYPES:
         raise DataError(f"{what}.dtype", f"{_show(dtype)} is not one of {', '.join(DTYPES)}")
     shape = entry["shape"]
-    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
-                                              for d in shape) or len(shape) > 8:  # fmt: skip
+    if (
+        not isinstance(shape, list)
+        or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        or len(shape) > 8
+    ):
         raise DataError(f"{what}.shape", f"{_show(shape)} is not a list of up to 8 non-negative integers")
     nbytes = math.prod(shape) * numpy_dtype(dtype).itemsize
     if nbytes > MAX_ARRAY_BYTES:
@@ -436,9 +439,12 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
     if not isinstance(name, str) or not name:
         raise DataError(where, f"name {_show(name)} is not a non-empty string")
     if not is_case_name(name):
-        raise DataError(where, f"name {_show(name)} cannot name a case: one visible folder name ('.' and "
-                        f"'..', a leading '.', '/', control characters and names over {MAX_NAME_BYTES} bytes "
-                        "are not)")  # fmt: skip
+        raise DataError(
+            where,
+            f"name {_show(name)} cannot name a case: one visible folder name ('.' and "
+            f"'..', a leading '.', '/', control characters and names over {MAX_NAME_BYTES} bytes "
+            "are not)",
+        )
     for key in ("params", "expect"):
         if not isinstance(manifest.get(key), dict):
             raise DataError(where, f"{key}: {_show(manifest.get(key))} is not a mapping")
@@ -475,8 +481,11 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
             or first.startswith(".run-")
             or (first.startswith(("stdout", "stderr")) and first.endswith(".log"))
         ):
-            raise DataError(where, f"outputs.{entry_name}.file: {_show(entry['file'])} is a file bsa run keeps "
-                            "for itself (status.txt, run.json, logs, .run-*)")  # fmt: skip
+            raise DataError(
+                where,
+                f"outputs.{entry_name}.file: {_show(entry['file'])} is a file bsa run keeps "
+                "for itself (status.txt, run.json, logs, .run-*)",
+            )
         normal = str(file)
         if normal in seen:
             raise DataError(where, f"outputs.{entry_name}.file: {_show(entry['file'])} names another output too")
@@ -503,10 +512,7 @@ def find_cases(root: Path) -> list[Path]:
     return [
         child
         for child in children
-        if not child.name.startswith(".")
-        and not child.is_symlink()
-        and child.is_dir()
-        and (child / MANIFEST).is_file()
+        if not child.name.startswith(".") and not child.is_symlink() and child.is_dir() and (child / MANIFEST).is_file()
     ]
 
 
@@ -530,8 +536,9 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = (), option: st
         selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
         if not selected:
             shown = " or ".join(repr(p) for p in patterns)
-            raise DataError(", ".join(str(r) for r in roots),
-                            f"{option} {shown} matches none of {plural(len(found), 'case')}")  # fmt: skip
+            raise DataError(
+                ", ".join(str(r) for r in roots), f"{option} {shown} matches none of {plural(len(found), 'case')}"
+            )
         found = selected
     return found
 
@@ -554,8 +561,9 @@ def check_unique_names(case_dirs: Sequence[Path]) -> None:
             continue
         if name in seen:
             raise DataError(
-                str(case_dir), f"its manifest names the case {_show(name[1])}, as the manifest of {seen[name]} does: "
-                "a report names each case once; give each case folder its own case (or compare them apart)"
+                str(case_dir),
+                f"its manifest names the case {_show(name[1])}, as the manifest of {seen[name]} does: "
+                "a report names each case once; give each case folder its own case (or compare them apart)",
             )
         seen[name] = Path(case_dir)
 
@@ -619,8 +627,10 @@ def check_output_dir(output_dir: Path) -> Path:
     """
     output_dir = Path(output_dir)
     if output_dir.is_symlink():
-        raise DataError(str(output_dir), "is a symbolic link; bsa never reads or writes outputs through a link "
-                        "(remove it, or give --outputs-root)")  # fmt: skip
+        raise DataError(
+            str(output_dir),
+            "is a symbolic link; bsa never reads or writes outputs through a link (remove it, or give --outputs-root)",
+        )
     if output_dir.exists() and not output_dir.is_dir():
         raise DataError(str(output_dir), "is not a folder; it cannot hold a device's outputs")
     return output_dir

@@ -56,12 +56,16 @@ def main() -> None:
                     over += estimate.benchmark_z > compare.bias.PATH_Z
                     where = f"{result.name} {tensor.name}"
                     floor = compare.bias.BIAS_FLOOR
-                    for key, value in (("z against the benchmark", estimate.z),
-                                       ("z against zero (benchmark z <= PATH_Z)",
-                                        estimate.device_z if estimate.benchmark_z <= compare.bias.PATH_Z else 0.0),
-                                       ("benchmark z", estimate.benchmark_z),
-                                       ("|bias| / floor", abs(estimate.device) / floor),
-                                       ("|difference| / floor", abs(estimate.difference) / floor)):  # fmt: skip
+                    for key, value in (
+                        ("z against the benchmark", estimate.z),
+                        (
+                            "z against zero (benchmark z <= PATH_Z)",
+                            estimate.device_z if estimate.benchmark_z <= compare.bias.PATH_Z else 0.0,
+                        ),
+                        ("benchmark z", estimate.benchmark_z),
+                        ("|bias| / floor", abs(estimate.device) / floor),
+                        ("|difference| / floor", abs(estimate.difference) / floor),
+                    ):
                         if value > bias_worst[key][0]:
                             bias_worst[key] = (value, where)
                 shutil.rmtree(case_dir)

@@ -49,10 +49,14 @@ VOLATILE = (
     (re.compile(rb"\b\d+(\.\d+)?\s?(s|ms|min|seconds|cases/s|GFLOP/s|MB/s)(?![\w])"), b"<DUR>"),
     (re.compile(rb"\b\d+:\d\d:\d\d\b"), b"<DUR>"),
     # JSON fields that hold a clock's or a process's figures
-    (re.compile(rb'"(seconds|elapsed_s|wall_s|duration_s|duration|elapsed|time|pid|started|ended|'
-                rb'started_at|ended_at|finished|timestamp|date|host|hostname|cpu_s|user_s|sys_s|max_rss_kib|'
-                rb'peak_rss_mib|rss_mib|gen_seconds|run_seconds|compare_seconds)": ?("[^"]*"|[-\d.eE+]+|null)'),
-     rb'"\1": <V>'),
+    (
+        re.compile(
+            rb'"(seconds|elapsed_s|wall_s|duration_s|duration|elapsed|time|pid|started|ended|'
+            rb"started_at|ended_at|finished|timestamp|date|host|hostname|cpu_s|user_s|sys_s|max_rss_kib|"
+            rb'peak_rss_mib|rss_mib|gen_seconds|run_seconds|compare_seconds)": ?("[^"]*"|[-\d.eE+]+|null)'
+        ),
+        rb'"\1": <V>',
+    ),
     # JUnit and HTML attributes of time
     (re.compile(rb'\b(time|timestamp|hostname)="[^"]*"'), rb'\1="<V>"'),
 )
@@ -66,8 +70,14 @@ RUN_RECORD_VOLATILE = (
 
 def run(argv: list[str], checkout: Path, log: Path, columns: int = 100) -> int:
     """Run `python -m bsa_cli ARGV` from `checkout`; keep its stdout, stderr and exit code under `log`."""
-    env = {**os.environ, "PYTHONPATH": str(checkout), "COLUMNS": str(columns), "NO_COLOR": "1",
-           "BSA_SAME_TREE": "1", "PYTHONHASHSEED": "0"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(checkout),
+        "COLUMNS": str(columns),
+        "NO_COLOR": "1",
+        "BSA_SAME_TREE": "1",
+        "PYTHONHASHSEED": "0",
+    }
     env.pop("FORCE_COLOR", None)
     done = subprocess.run([sys.executable, "-m", "bsa_cli", *argv], cwd=checkout, env=env, capture_output=True)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -84,8 +94,12 @@ def write_tree(out: Path, checkout: Path, suites: tuple[str, ...]) -> None:
     term = out / "terminal"
     for command in ("", "gen", "validate", "list", "run", "emulate", "compare", "export", "trend", "check"):
         for columns in COLUMNS:
-            run([*([command] if command else []), "--help"], checkout, term / f"help-{command or 'bsa'}-{columns}",
-                columns)
+            run(
+                [*([command] if command else []), "--help"],
+                checkout,
+                term / f"help-{command or 'bsa'}-{columns}",
+                columns,
+            )
     for suite in suites:
         spec = f"cases/{suite}.yaml"
         cases, reports = out / "cases" / suite, out / "reports"
@@ -96,23 +110,77 @@ def write_tree(out: Path, checkout: Path, suites: tuple[str, ...]) -> None:
         run(["run", str(cases), "--deterministic", "--timeout", "600"], checkout, term / f"{suite}-run")
         for columns in COLUMNS:
             run(["compare", str(cases), "-v", "-j", "1"], checkout, term / f"{suite}-compare-{columns}", columns)
-        run(["compare", str(cases), "-j", "1", "--json", str(reports / f"{suite}.json"),
-             "--junit", str(reports / f"{suite}.xml"), "--html", str(reports / f"{suite}.html"),
-             "--csv", str(reports / f"{suite}.csv")], checkout, term / f"{suite}-compare-reports")
+        run(
+            [
+                "compare",
+                str(cases),
+                "-j",
+                "1",
+                "--json",
+                str(reports / f"{suite}.json"),
+                "--junit",
+                str(reports / f"{suite}.xml"),
+                "--html",
+                str(reports / f"{suite}.html"),
+                "--csv",
+                str(reports / f"{suite}.csv"),
+            ],
+            checkout,
+            term / f"{suite}-compare-reports",
+        )
         for fmt in ("msopst", "atk"):
-            run(["export", str(cases), "--format", fmt, "-o", str(out / "export" / fmt / suite)], checkout,
-                term / f"{suite}-export-{fmt}")
+            run(
+                ["export", str(cases), "--format", fmt, "-o", str(out / "export" / fmt / suite)],
+                checkout,
+                term / f"{suite}-export-{fmt}",
+            )
         for fault in FAULTS:
             faulted = out / "faulted" / suite / fault
-            run(["run", str(cases), "--deterministic", "--fault", fault, "--outputs-root", str(faulted),
-                 "--timeout", "600"], checkout, term / f"{suite}-run-{fault}")
+            run(
+                [
+                    "run",
+                    str(cases),
+                    "--deterministic",
+                    "--fault",
+                    fault,
+                    "--outputs-root",
+                    str(faulted),
+                    "--timeout",
+                    "600",
+                ],
+                checkout,
+                term / f"{suite}-run-{fault}",
+            )
             base = reports / f"{suite}-{fault}"
             for columns in COLUMNS:
-                run(["compare", str(cases), "--outputs-root", str(faulted), "-v", "-j", "1"], checkout,
-                    term / f"{suite}-compare-{fault}-{columns}", columns)
-            run(["compare", str(cases), "--outputs-root", str(faulted), "-j", "1",
-                 "--json", f"{base}.json", "--junit", f"{base}.xml", "--html", f"{base}.html", "--csv", f"{base}.csv",
-                 "--baseline", str(reports / f"{suite}.json")], checkout, term / f"{suite}-compare-{fault}-reports")
+                run(
+                    ["compare", str(cases), "--outputs-root", str(faulted), "-v", "-j", "1"],
+                    checkout,
+                    term / f"{suite}-compare-{fault}-{columns}",
+                    columns,
+                )
+            run(
+                [
+                    "compare",
+                    str(cases),
+                    "--outputs-root",
+                    str(faulted),
+                    "-j",
+                    "1",
+                    "--json",
+                    f"{base}.json",
+                    "--junit",
+                    f"{base}.xml",
+                    "--html",
+                    f"{base}.html",
+                    "--csv",
+                    f"{base}.csv",
+                    "--baseline",
+                    str(reports / f"{suite}.json"),
+                ],
+                checkout,
+                term / f"{suite}-compare-{fault}-reports",
+            )
         jsons = [str(reports / f"{suite}.json"), *(str(reports / f"{suite}-{f}.json") for f in FAULTS)]
         run(["trend", *jsons, "--html", str(reports / f"{suite}-trend.html")], checkout, term / f"{suite}-trend")
 
@@ -152,14 +220,17 @@ def diff_trees(a: Path, b: Path) -> int:
             problems.append(f"differs: {name}")
     for line in problems:
         print(line)
-    print(f"{len(left.keys() & right.keys())} files compared: {len(problems)} differences; "
-          f"{blanked} equal once dates, durations, pids and the tree's root are blanked")
+    print(
+        f"{len(left.keys() & right.keys())} files compared: {len(problems)} differences; "
+        f"{blanked} equal once dates, durations, pids and the tree's root are blanked"
+    )
     return 1 if problems else 0
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__
+    )
     sub = parser.add_subparsers(dest="verb", required=True)
     check = sub.add_parser("check")
     check.add_argument("base_rev")
@@ -182,8 +253,11 @@ def main(argv: list[str]) -> int:
         return 0
     work = Path(tempfile.mkdtemp(prefix="same-tree-")) if args.keep is None else args.keep.resolve()
     base = work / "base-checkout"
-    subprocess.run(["git", "-C", str(checkout), "worktree", "add", "--detach", "--force", str(base), args.base_rev],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(checkout), "worktree", "add", "--detach", "--force", str(base), args.base_rev],
+        check=True,
+        capture_output=True,
+    )
     try:
         write_tree(work / "a", base, suites)
         write_tree(work / "b", checkout, suites)

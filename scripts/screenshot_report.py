@@ -22,13 +22,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BROWSERS = (
-    "chromium", "chromium-browser", "chromium-headless-shell", "google-chrome", "google-chrome-stable", "chrome",
-)  # fmt: skip
+    "chromium",
+    "chromium-browser",
+    "chromium-headless-shell",
+    "google-chrome",
+    "google-chrome-stable",
+    "chrome",
+)
 
 
 def find_browser(given: str | None) -> str:
     """Return the browser to run, or exit with a message saying how to get one."""
-    for name in ([given] if given else BROWSERS):
+    for name in [given] if given else BROWSERS:
         path = shutil.which(name) if name else None
         if path:
             return path
@@ -38,8 +43,21 @@ def find_browser(given: str | None) -> str:
 def make_report(work: Path, case: str, fault: str) -> Path:
     """Generate, run and judge one case with a planted fault; return the HTML report's path."""
     html = work / "report.html"
-    command = [sys.executable, "-m", "bsa_cli", "check", str(ROOT / "cases" / "edge.yaml"), "-o", "out",
-               "--fault", fault, "--filter", case, "--html", "report.html"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bsa_cli",
+        "check",
+        str(ROOT / "cases" / "edge.yaml"),
+        "-o",
+        "out",
+        "--fault",
+        fault,
+        "--filter",
+        case,
+        "--html",
+        "report.html",
+    ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=work)  # the report names the folder "out"
     if done.returncode != 1 or not html.is_file():  # 1: the planted fault made the case fail, as wanted
         sys.exit(f"bsa check exited {done.returncode} (expected 1, a failing case):\n{done.stderr}")
@@ -49,9 +67,17 @@ def make_report(work: Path, case: str, fault: str) -> Path:
 def screenshot(browser: str, page: Path, png: Path, width: int, height: int) -> None:
     """Photograph `page` into `png` with a headless browser window of width x height CSS pixels."""
     png.parent.mkdir(parents=True, exist_ok=True)
-    command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-               "--force-device-scale-factor=1", f"--window-size={width},{height}", f"--screenshot={png}",
-               page.resolve().as_uri()]  # fmt: skip
+    command = [
+        browser,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--hide-scrollbars",
+        "--force-device-scale-factor=1",
+        f"--window-size={width},{height}",
+        f"--screenshot={png}",
+        page.resolve().as_uri(),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not png.is_file():
         sys.exit(f"{browser} exited {done.returncode}:\n{done.stderr[-2000:]}")

@@ -125,6 +125,15 @@ def main() -> None:
     """Test data and verdicts for aclnnBlockSparseAttentionGrad."""
 
 
-for _command in (validate_command, list_command, gen_command, run_command, emulate_command, check_command,
-                 compare_command, export_command, trend_command):  # fmt: skip
+for _command in (
+    validate_command,
+    list_command,
+    gen_command,
+    run_command,
+    emulate_command,
+    check_command,
+    compare_command,
+    export_command,
+    trend_command,
+):
     main.add_command(_command)

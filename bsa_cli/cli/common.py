@@ -126,8 +126,12 @@ def find_suites(root: Path, depth: int = SUITE_DEPTH) -> list[Path]:
     suites: list[Path] = []
     level = [root]
     for _ in range(depth):
-        below = sorted(p for folder in level for p in folder.iterdir()
-                       if p.is_dir() and not p.is_symlink() and not p.name.startswith("."))  # fmt: skip
+        below = sorted(
+            p
+            for folder in level
+            for p in folder.iterdir()
+            if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+        )
         suites.extend(p for p in below if not (p / MANIFEST).is_file() and find_cases(p))
         level = [p for p in below if not (p / MANIFEST).is_file() and p not in suites]
     return sorted(suites)
@@ -148,9 +152,10 @@ def select_cases_or_suites(paths: Sequence[Path], filters: Sequence[str]) -> lis
                     suites = find_suites(Path(path))
                     if not suites:
                         raise DataError(
-                            str(path), f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders "
-                            "below; write them with `bsa gen SPECS -o OUT` and compare OUT"
-                        )  # fmt: skip
+                            str(path),
+                            f"no case directories (*/case.json) here or up to {SUITE_DEPTH} folders "
+                            "below; write them with `bsa gen SPECS -o OUT` and compare OUT",
+                        )
                     counts = ", ".join(f"{s} ({plural(len(find_cases(s)), 'case')})" for s in suites)
                     output.info(f"{path} holds no case itself; comparing the {len(suites)} suites below it: {counts}")
                     roots.extend(suites)

@@ -13,14 +13,7 @@ from ..compare import drift as drift_
 from ..errors import DataError
 from ..store import load_json, read_regular
 from . import output
-from .common import (
-    UserError,
-    folders_of_cases,
-    prepare_reports,
-    select_cases_or_suites,
-    user_errors,
-    write_reports,
-)
+from .common import UserError, folders_of_cases, prepare_reports, select_cases_or_suites, user_errors, write_reports
 from .options import (
     ReportPaths,
     SettingsOptions,
@@ -83,19 +76,32 @@ _STANDARD_HELP = (
     is_flag=True,
     help="Hash only the inputs the judge reads (the block mask), not query/key/value/dout/out.",
 )
-@click.option("--baseline", type=click.Path(path_type=Path, dir_okay=False), metavar="OLD.json",
-              help="Compare with an earlier JSON report: each ratio's change, regressions, verdict changes, "
-                   "vanished and new cases (terminal, --json, --html).")
-@click.option("--fail-on-regression", is_flag=True,
-              help="With --baseline: exit 1 (instead of 0) on a regression, a case gone from PASS to FAIL or "
-                   "ERROR, or a vanished case.")
-@click.option("--regression-margin", metavar="REL,ABS",
-              help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
-                   f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).")
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path, dir_okay=False),
+    metavar="OLD.json",
+    help="Compare with an earlier JSON report: each ratio's change, regressions, verdict changes, "
+    "vanished and new cases (terminal, --json, --html).",
+)
+@click.option(
+    "--fail-on-regression",
+    is_flag=True,
+    help="With --baseline: exit 1 (instead of 0) on a regression, a case gone from PASS to FAIL or "
+    "ERROR, or a vanished case.",
+)
+@click.option(
+    "--regression-margin",
+    metavar="REL,ABS",
+    help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
+    f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).",
+)
 @jobs_option_for("Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.")
-@click.option("--explain", metavar="CASE",
-              help="Judge (or, with --merge, read) only case CASE and print its diagnosis's full reasoning: each "
-                   "hypothesis tried, what it explained, why the others were ruled out.")
+@click.option(
+    "--explain",
+    metavar="CASE",
+    help="Judge (or, with --merge, read) only case CASE and print its diagnosis's full reasoning: each "
+    "hypothesis tried, what it explained, why the others were ruled out.",
+)
 @verbose_option
 def compare_command(
     paths: tuple[Path, ...],
@@ -125,11 +131,19 @@ def compare_command(
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
     header = None
     if merge:
-        given = [flag for flag, value in (("--outputs-root", outputs_root), ("--standard", settings.standard),
-                                          ("--threshold", settings.thresholds), ("--padding", settings.padding),
-                                          ("--filter", filters), ("--no-verify-inputs", no_verify_inputs),
-                                          ("--jobs", jobs))
-                 if value]  # fmt: skip
+        given = [
+            flag
+            for flag, value in (
+                ("--outputs-root", outputs_root),
+                ("--standard", settings.standard),
+                ("--threshold", settings.thresholds),
+                ("--padding", settings.padding),
+                ("--filter", filters),
+                ("--no-verify-inputs", no_verify_inputs),
+                ("--jobs", jobs),
+            )
+            if value
+        ]
         if given:
             raise UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")
         prepare_reports(reports)
@@ -142,8 +156,9 @@ def compare_command(
         missing = missing_cases(folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
         prepare_reports(reports)
         with user_errors(ValueError):
-            suite = compare_suite(case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs,
-                                  missing=missing)  # fmt: skip
+            suite = compare_suite(
+                case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs, missing=missing
+            )
     if explain is not None:
         suite = _explained_suite(suite, explain)
     report.render_terminal(suite, output.stdout, verbose=verbose)
@@ -184,8 +199,14 @@ def _baseline_options(
 ) -> tuple[drift_.Margin, drift_.Night | None]:
     """Check --baseline, --fail-on-regression and --regression-margin, and read the baseline report."""
     if baseline is None:
-        given = [flag for flag, value in (("--fail-on-regression", fail_on_regression),
-                                          ("--regression-margin", regression_margin)) if value]  # fmt: skip
+        given = [
+            flag
+            for flag, value in (
+                ("--fail-on-regression", fail_on_regression),
+                ("--regression-margin", regression_margin),
+            )
+            if value
+        ]
         if given:
             raise UserError(f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)")
         return drift_.Margin(), None

@@ -20,13 +20,7 @@ from ..manifest import params as case_params
 from ..schedule import auto_jobs, estimate
 from ..store import find_cases
 from . import output
-from .common import (
-    load_cases,
-    refuse_oversized,
-    show_kernel_path_notes,
-    user_errors,
-    warn_constraints,
-)
+from .common import load_cases, refuse_oversized, show_kernel_path_notes, user_errors, warn_constraints
 from .options import (
     filter_option,
     force_option,
@@ -54,8 +48,11 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
     outside = {name: reasons for name, reasons in outside.items() if reasons}
     if outside:
         first, reasons = next(iter(outside.items()))
-        output.stdout.print(f"Ascend 950 (arch35): {plural(len(outside), 'valid case')} outside its tiling rules, "
-                            f"A2/A3 only (first: {first}: {'; '.join(reasons)})", soft_wrap=True)  # fmt: skip
+        output.stdout.print(
+            f"Ascend 950 (arch35): {plural(len(outside), 'valid case')} outside its tiling rules, "
+            f"A2/A3 only (first: {first}: {'; '.join(reasons)})",
+            soft_wrap=True,
+        )
 
 
 def release_line(cases: Sequence[Case], override: str | None) -> str:
@@ -65,11 +62,40 @@ def release_line(cases: Sequence[Case], override: str | None) -> str:
     return f"operator release: {shown}, from {source}"
 
 
-LIST_COLUMNS = ("case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "block", "pattern", "density", "GFLOP",
-                "MiB in/out", "gen s", "ref s", "GiB", "expect")  # fmt: skip
+LIST_COLUMNS = (
+    "case",
+    "layout",
+    "dtype",
+    "B",
+    "N1/N2",
+    "D",
+    "Sq/Skv",
+    "block",
+    "pattern",
+    "density",
+    "GFLOP",
+    "MiB in/out",
+    "gen s",
+    "ref s",
+    "GiB",
+    "expect",
+)
 """The columns of `bsa list`, in order."""
-LIST_DROP_ORDER = ("MiB in/out", "block", "expect", "pattern", "density", "GFLOP", "GiB", "B", "D", "layout",
-                   "N1/N2", "Sq/Skv", "dtype")  # fmt: skip
+LIST_DROP_ORDER = (
+    "MiB in/out",
+    "block",
+    "expect",
+    "pattern",
+    "density",
+    "GFLOP",
+    "GiB",
+    "B",
+    "D",
+    "layout",
+    "N1/N2",
+    "Sq/Skv",
+    "dtype",
+)
 """Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
 (layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
@@ -85,17 +111,32 @@ def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
     rows = []
     for case in cases:
         e = estimate(case)
-        rows.append({
-            "case": case.name, "layout": case.layout, "dtype": SHORT_DTYPE.get(case.dtype, case.dtype),
-            "B": str(case.batch), "N1/N2": f"{case.num_heads}/{case.num_kv_heads}", "D": str(case.head_dim),
-            "Sq/Skv": f"{case.q_seq_len}/{case.kv_seq_len}", "block": "x".join(map(str, case.block_shape)),
-            "pattern": case.sparsity.pattern, "density": f"{e.density:.3f}", "GFLOP": f"{e.flops / 1e9:.3g}",
-            "MiB in/out": f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}", "gen s": _seconds(e.seconds),
-            "ref s": _seconds(estimate_seconds(e.flops * BACKWARD_SHARE, e.selected_blocks,
-                                               case.num_heads // max(case.num_kv_heads, 1)))
-            if case.expect.ok else "0",
-            "GiB": f"{e.peak_memory / 2**30:.2g}", "expect": "ok" if case.expect.ok else str(case.expect.status),
-        })  # fmt: skip
+        rows.append(
+            {
+                "case": case.name,
+                "layout": case.layout,
+                "dtype": SHORT_DTYPE.get(case.dtype, case.dtype),
+                "B": str(case.batch),
+                "N1/N2": f"{case.num_heads}/{case.num_kv_heads}",
+                "D": str(case.head_dim),
+                "Sq/Skv": f"{case.q_seq_len}/{case.kv_seq_len}",
+                "block": "x".join(map(str, case.block_shape)),
+                "pattern": case.sparsity.pattern,
+                "density": f"{e.density:.3f}",
+                "GFLOP": f"{e.flops / 1e9:.3g}",
+                "MiB in/out": f"{e.input_bytes / 2**20:.1f}/{e.output_bytes / 2**20:.1f}",
+                "gen s": _seconds(e.seconds),
+                "ref s": _seconds(
+                    estimate_seconds(
+                        e.flops * BACKWARD_SHARE, e.selected_blocks, case.num_heads // max(case.num_kv_heads, 1)
+                    )
+                )
+                if case.expect.ok
+                else "0",
+                "GiB": f"{e.peak_memory / 2**30:.2g}",
+                "expect": "ok" if case.expect.ok else str(case.expect.status),
+            }
+        )
     return rows
 
 
@@ -171,9 +212,17 @@ def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: s
 @force_option
 @max_cases_option
 @release_option
-def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, filters: tuple[str, ...],
-                shard_text: str | None, jobs: int | None, force: bool, max_cases: int,
-                release: str | None) -> None:  # fmt: skip
+def gen_command(
+    specs: tuple[str, ...],
+    out_dir: str,
+    precision: str,
+    filters: tuple[str, ...],
+    shard_text: str | None,
+    jobs: int | None,
+    force: bool,
+    max_cases: int,
+    release: str | None,
+) -> None:
     """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
     cases = load_cases(specs, filters, shard_text, max_cases, release)
     warn_constraints(cases)
@@ -186,8 +235,9 @@ def gen_command(specs: tuple[str, ...], out_dir: str, precision: str, filters: t
         shown = GenProgress(display)
         shown.generating(cases, estimates)
         with user_errors():
-            case_dirs = generate_suite(cases, Path(out_dir), precision, jobs, skip_current=True, on_done=shown.done,
-                                       on_progress=shown.progress)  # fmt: skip
+            case_dirs = generate_suite(
+                cases, Path(out_dir), precision, jobs, skip_current=True, on_done=shown.done, on_progress=shown.progress
+            )
     made = len(cases) - len(shown.skipped)
     line = f"generated {plural(made, 'case')} in {out_dir}"
     if shown.skipped:

@@ -227,8 +227,9 @@ class SettingsOptions:
 
     def run_settings(self) -> RunSettings:
         """Build and check the comparison settings, before any case is touched."""
-        settings = RunSettings(standard=self.standard, thresholds=parse_thresholds(self.thresholds),
-                               padding=self.padding)  # fmt: skip
+        settings = RunSettings(
+            standard=self.standard, thresholds=parse_thresholds(self.thresholds), padding=self.padding
+        )
         with user_errors(ValueError):
             settings.validate()
         return settings
@@ -279,14 +280,30 @@ report_options = gathered(
     "reports",
     _report_paths,
     [
-        click.option("--json", "json_path", type=click.Path(path_type=Path, dir_okay=False),
-                     help="Write everything measured as JSON (schema bsa-compare/1)."),
-        click.option("--junit", "junit_path", type=click.Path(path_type=Path, dir_okay=False),
-                     help="Write a JUnit XML report (one testcase per case; says when results are reference ones)."),
-        click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
-                     help="Write a self-contained HTML report with pictures of every failing tensor."),
-        click.option("--csv", "csv_path", type=click.Path(path_type=Path, dir_okay=False),
-                     help="Write msprobe's compare CSV (one row per tensor) with bsa's verdict columns."),
+        click.option(
+            "--json",
+            "json_path",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Write everything measured as JSON (schema bsa-compare/1).",
+        ),
+        click.option(
+            "--junit",
+            "junit_path",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Write a JUnit XML report (one testcase per case; says when results are reference ones).",
+        ),
+        click.option(
+            "--html",
+            "html_path",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Write a self-contained HTML report with pictures of every failing tensor.",
+        ),
+        click.option(
+            "--csv",
+            "csv_path",
+            type=click.Path(path_type=Path, dir_okay=False),
+            help="Write msprobe's compare CSV (one row per tensor) with bsa's verdict columns.",
+        ),
     ],
-)  # fmt: skip
+)
 """--json, --junit, --html and --csv (report files; their folders are created), as `reports: ReportPaths`."""

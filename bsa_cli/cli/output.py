@@ -65,11 +65,16 @@ def warn(message: str) -> None:
     inside a word or path; one line where no terminal tells a width (a CI log)."""
     line = f"Warning: {message}"
     shown = terminal_width() if not stderr.is_terminal else stderr.width
-    lines = [line] if shown is None else textwrap.wrap(
-        line, shown, subsequent_indent=WARNING_INDENT, break_long_words=False, break_on_hyphens=False
-    ) or [line]  # fmt: skip
+    lines = (
+        [line]
+        if shown is None
+        else textwrap.wrap(
+            line, shown, subsequent_indent=WARNING_INDENT, break_long_words=False, break_on_hyphens=False
+        )
+        or [line]
+    )
     text = "\n".join(escape(part) for part in lines)
-    stderr.print("[yellow]Warning:[/yellow]" + text[len("Warning:"):], markup=True, soft_wrap=True)
+    stderr.print("[yellow]Warning:[/yellow]" + text[len("Warning:") :], markup=True, soft_wrap=True)
 
 
 def info(message: str) -> None:

@@ -61,9 +61,7 @@ def print_run_summary(summary: RunSummary) -> None:
 @device_options
 @filter_option()
 @click.option(
-    "--outputs-root",
-    metavar="DIR",
-    help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs.",
+    "--outputs-root", metavar="DIR", help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs."
 )
 def run_command(
     cases: tuple[Path, ...], device: DeviceOptions, filters: tuple[str, ...], outputs_root: str | None
@@ -124,9 +122,7 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
     help="Deterministic mode: dK/dV partials in one fixed order (--seed is ignored), as the operator's "
     f"deterministic mode; also on when {store.DETERMINISTIC_ENV}=1 (what `bsa run --deterministic` sets).",
 )
-def emulate_command(
-    manifest: Path, output_dir: Path, fault: str | None, seed: int | None, deterministic: bool
-) -> None:
+def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: int | None, deterministic: bool) -> None:
     """Act as a device binary on one case: the built-in reference device.
 
     Follows the binary contract: reads MANIFEST (a case's case.json, or its folder) and its inputs,

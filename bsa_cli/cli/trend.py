@@ -15,11 +15,18 @@ from .common import UserError, user_errors
 
 @click.command("trend")
 @click.argument("reports", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=False))
-@click.option("--html", "html_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write a self-contained HTML page with one SVG line chart per case.")
-@click.option("--regression-margin", metavar="REL,ABS",
-              help=f"A case rises when its last value exceeds its first by more than REL of it and ABS of the "
-                   f"limit (default {drift.RELATIVE_MARGIN},{drift.ABSOLUTE_MARGIN}, as bsa compare --baseline).")
+@click.option(
+    "--html",
+    "html_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write a self-contained HTML page with one SVG line chart per case.",
+)
+@click.option(
+    "--regression-margin",
+    metavar="REL,ABS",
+    help=f"A case rises when its last value exceeds its first by more than REL of it and ABS of the "
+    f"limit (default {drift.RELATIVE_MARGIN},{drift.ABSOLUTE_MARGIN}, as bsa compare --baseline).",
+)
 def trend_command(reports: tuple[Path, ...], html_path: Path | None, regression_margin: str | None) -> None:
     """Draw each case's deciding ratio across the JSON reports REPORTS (written by `bsa compare --json`).
 

@@ -179,9 +179,7 @@ def ulp_relative(mantissa_bits: int) -> float:
     return 2.0**-mantissa_bits / (2 * math.log(2))
 
 
-def estimate(
-    device: RelativeSums, bench: RelativeSums, ulp: float, pairs: RelativeSums | None = None
-) -> Bias:
+def estimate(device: RelativeSums, bench: RelativeSums, ulp: float, pairs: RelativeSums | None = None) -> Bias:
     """The bias of a tensor from each side's sums, with the paired difference's sums when measured."""
     if pairs is not None and pairs.count:
         difference, difference_se, paired = pairs.mean, pairs.se, True

@@ -148,8 +148,11 @@ def _read_run_record(
     outputs = record.get("outputs") if record else None
     recorded = None
     if isinstance(outputs, dict):
-        recorded = {name: entry["sha256"] for name, entry in outputs.items()
-                    if isinstance(entry, dict) and isinstance(entry.get("sha256"), str)}  # fmt: skip
+        recorded = {
+            name: entry["sha256"]
+            for name, entry in outputs.items()
+            if isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
+        }
     return problems, checks, inputs, recorded
 
 
@@ -161,8 +164,10 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         record = _load_record(output_dir)
     except DataError as exc:
         return [str(exc)], [], None
-    if not isinstance(record, dict) or not isinstance(record.get("problems") or [], list) or not isinstance(
-        record.get("repeat") or {}, dict
+    if (
+        not isinstance(record, dict)
+        or not isinstance(record.get("problems") or [], list)
+        or not isinstance(record.get("repeat") or {}, dict)
     ):
         return [f"{path}: not a run record"], [], None
     if record.get("case") not in (None, *names):
@@ -195,9 +200,12 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)], record
     noise = (record.get("repeat") or {}).get("noise")
     if outcome == "ok" and isinstance(noise, dict) and noise:
-        parts = [f"{clip(name, 20)} {clip(v.get('elements'), 20)} of {clip(v.get('total'), 20)} elements by <= "
-                 f"{clip(v.get('max_ulp'), 20)} ULP"
-                 for name, v in list(noise.items())[:6] if isinstance(v, dict)]  # fmt: skip
+        parts = [
+            f"{clip(name, 20)} {clip(v.get('elements'), 20)} of {clip(v.get('total'), 20)} elements by <= "
+            f"{clip(v.get('max_ulp'), 20)} ULP"
+            for name, v in list(noise.items())[:6]
+            if isinstance(v, dict)
+        ]
         count = clip(record["repeat"].get("count"), 20)
         text = f"dq bitwise identical over {count} runs; atomic-add noise: " + "; ".join(parts)
         return [], [Check("repeat-noise", None, float(len(parts)), None, True, text)], record
@@ -244,8 +252,13 @@ def _changed_since_run(path: Path, sha256: str, record: Path) -> str | None:
     """Return the message for a device output whose content differs from what `bsa run` recorded, else None."""
     if _sha256(path) == sha256:
         return None
-    return str(DataError(str(path), f"sha256 differs from the one `bsa run` recorded in {record}: the output "
-                         "changed after the run (a process the binary left behind?); run the case again"))
+    return str(
+        DataError(
+            str(path),
+            f"sha256 differs from the one `bsa run` recorded in {record}: the output "
+            "changed after the run (a process the binary left behind?); run the case again",
+        )
+    )
 
 
 def _stale(path: Path, sha256: str | None, what: str) -> str | None:
@@ -360,9 +373,14 @@ def _open_arrays(
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
             where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
             opened.problems.append(
-                str(DataError(str(case_dir / entry["file"]), "the device ran on other contents (sha256 in "
-                              f"{where}): the case was generated again since; run it again"))
-            )  # fmt: skip
+                str(
+                    DataError(
+                        str(case_dir / entry["file"]),
+                        "the device ran on other contents (sha256 in "
+                        f"{where}): the case was generated again since; run it again",
+                    )
+                )
+            )
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
             opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
     return opened

@@ -224,10 +224,13 @@ class Drift:
 
     def counts_line(self) -> str:
         """E.g. "35 cases compared, 1 regression, 0 passed before and not now, 0 vanished, 0 appeared"."""
-        parts = [f"{self.compared} case{'s' if self.compared != 1 else ''} compared",
-                 _count(len(self.regressions), "regression"),
-                 f"{len(self.worsened)} passed before and not now", f"{len(self.vanished)} vanished",
-                 f"{len(self.appeared)} appeared"]  # fmt: skip
+        parts = [
+            f"{self.compared} case{'s' if self.compared != 1 else ''} compared",
+            _count(len(self.regressions), "regression"),
+            f"{len(self.worsened)} passed before and not now",
+            f"{len(self.vanished)} vanished",
+            f"{len(self.appeared)} appeared",
+        ]
         return ", ".join(parts)
 
     def summary_line(self) -> str:
@@ -276,23 +279,38 @@ def compare_with_baseline(
                 continue
             assert check.limit is not None and check.tensor is not None
             regressed = margin.regressed(old.value, check.value, check.limit)
-            changes.append(MetricChange(case.name, check.tensor, check.name, old.value, check.value, check.limit,
-                                        regressed, check.passed))  # fmt: skip
+            changes.append(
+                MetricChange(
+                    case.name, check.tensor, check.name, old.value, check.value, check.limit, regressed, check.passed
+                )
+            )
     vanished = tuple(name for name in before if name not in now)
     appeared = tuple(name for name in now if name not in before)
     notes = []
     now_devices = tuple(devices)
     if baseline.devices and now_devices and set(baseline.devices) != set(now_devices):
-        notes.append(f"the baseline's outputs came from {', '.join(baseline.devices)}; "
-                     f"this run's from {', '.join(now_devices)}")  # fmt: skip
+        notes.append(
+            f"the baseline's outputs came from {', '.join(baseline.devices)}; this run's from {', '.join(now_devices)}"
+        )
     if inputs_changed:
         more = len(inputs_changed) - 8
         shown = ", ".join(inputs_changed[:8]) + (f" and {more} more" if more > 0 else "")
-        notes.append(f"inputs changed since the baseline (another spec, seed or bsa version) for "
-                     f"{_count(len(inputs_changed), 'case')}: {shown}; their figures are not drift")  # fmt: skip
+        notes.append(
+            f"inputs changed since the baseline (another spec, seed or bsa version) for "
+            f"{_count(len(inputs_changed), 'case')}: {shown}; their figures are not drift"
+        )
     compared = sum(1 for name in now if name in before)
-    return Drift(baseline, margin, tuple(changes), tuple(verdicts), vanished, appeared, compared, tuple(notes),
-                 tuple(inputs_changed))  # fmt: skip
+    return Drift(
+        baseline,
+        margin,
+        tuple(changes),
+        tuple(verdicts),
+        vanished,
+        appeared,
+        compared,
+        tuple(notes),
+        tuple(inputs_changed),
+    )
 
 
 def inputs_differ(old: CaseResult, new: CaseResult) -> bool:
@@ -304,15 +322,27 @@ def drift_document(drift: Drift) -> dict[str, Any]:
     """Return the `drift` object of the JSON report (the `regressions` list is `regressions_document`)."""
     night = drift.baseline
     return {
-        "baseline": {"file": night.source, "date": _iso(night.date), "host": night.host, "version": night.version,
-                     "devices": list(night.devices)},  # fmt: skip
+        "baseline": {
+            "file": night.source,
+            "date": _iso(night.date),
+            "host": night.host,
+            "version": night.version,
+            "devices": list(night.devices),
+        },
         "margin": {"relative": drift.margin.relative, "absolute": drift.margin.absolute},
-        "summary": {"compared": drift.compared, "regressions": len(drift.regressions),
-                    "worsened": len(drift.worsened), "vanished": len(drift.vanished),
-                    "appeared": len(drift.appeared), "inputs_changed": len(drift.inputs_changed)},  # fmt: skip
+        "summary": {
+            "compared": drift.compared,
+            "regressions": len(drift.regressions),
+            "worsened": len(drift.worsened),
+            "vanished": len(drift.vanished),
+            "appeared": len(drift.appeared),
+            "inputs_changed": len(drift.inputs_changed),
+        },
         "notes": list(drift.notes),
-        "verdict_changes": [{"case": v.case, "old": v.old, "new": v.new, "worsened": v.worsened,
-                             "headline": v.headline} for v in drift.verdicts],  # fmt: skip
+        "verdict_changes": [
+            {"case": v.case, "old": v.old, "new": v.new, "worsened": v.worsened, "headline": v.headline}
+            for v in drift.verdicts
+        ],
         "vanished": list(drift.vanished),
         "appeared": list(drift.appeared),
         "inputs_changed": list(drift.inputs_changed),
@@ -326,9 +356,17 @@ def regressions_document(drift: Drift) -> list[dict[str, Any]]:
 
 
 def _change_document(change: MetricChange) -> dict[str, Any]:
-    return {"case": change.case, "tensor": change.tensor, "check": change.check, "old": json_number(change.old),
-            "new": json_number(change.new), "delta": json_number(change.delta), "limit": json_number(change.limit),
-            "regressed": change.regressed, "passed": change.passed}  # fmt: skip
+    return {
+        "case": change.case,
+        "tensor": change.tensor,
+        "check": change.check,
+        "old": json_number(change.old),
+        "new": json_number(change.new),
+        "delta": json_number(change.delta),
+        "limit": json_number(change.limit),
+        "regressed": change.regressed,
+        "passed": change.passed,
+    }
 
 
 def _iso(moment: _dt.datetime | None) -> str | None:
@@ -388,8 +426,10 @@ def order_nights(nights: Iterable[Night]) -> tuple[Night, ...]:
     nights = list(nights)
     for night in nights:
         if night.date is None:
-            raise ValueError(f"{night.source}: the report has no date (written by an older bsa); "
-                             "judge the outputs again with `bsa compare --json` to get one")  # fmt: skip
+            raise ValueError(
+                f"{night.source}: the report has no date (written by an older bsa); "
+                "judge the outputs again with `bsa compare --json` to get one"
+            )
     return tuple(sorted(nights, key=lambda n: n.date or _dt.datetime.min))
 
 
@@ -449,8 +489,11 @@ def _rising(points: Sequence[Point | None], margin: Margin) -> bool:
     changes = [i for i, p in enumerate(points) if p is not None and p.inputs_changed]
     if changes:
         points = points[changes[-1] :]
-    measured = [(i, p.value, p.limit) for i, p in enumerate(points) if p is not None and p.value is not None
-                and p.limit is not None and math.isfinite(p.value)]  # fmt: skip
+    measured = [
+        (i, p.value, p.limit)
+        for i, p in enumerate(points)
+        if p is not None and p.value is not None and p.limit is not None and math.isfinite(p.value)
+    ]
     if len(measured) < 2:
         return False
     (_, first, _), (_, last, limit) = measured[0], measured[-1]
@@ -459,4 +502,3 @@ def _rising(points: Sequence[Point | None], margin: Margin) -> bool:
     mean_x, mean_y = sum(xs) / len(xs), sum(ys) / len(ys)
     slope = sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True))
     return slope > 0 and margin.regressed(first, last, limit)
-

@@ -41,13 +41,7 @@ def _upper(name: str, tensor: str, value: float, limit: float, text: str, strict
         severity = 1.0 + 1e-12  # a strict limit reached exactly still fails
     op = ("<" if strict else "<=") if passed else (">=" if strict else ">")
     return Check(
-        name,
-        tensor,
-        float(value),
-        float(limit),
-        passed,
-        f"{tensor} {text} {_fmt(value)} {op} {_fmt(limit)}",
-        severity,
+        name, tensor, float(value), float(limit), passed, f"{tensor} {text} {_fmt(value)} {op} {_fmt(limit)}", severity
     )
 
 
@@ -79,8 +73,10 @@ def _standard_checks(
             checks.append(_with_detail(check, detail))
         ratio = _ratio(device.small_value_err_count, bench.small_value_err_count, 1)
         check = _upper("small_value_ratio", name, ratio, t["small_value_ratio"], "small-value error ratio")
-        detail = (f" (small values off by more than small_value_thd: device {device.small_value_err_count}, "
-                  f"benchmark {bench.small_value_err_count}")  # fmt: skip
+        detail = (
+            f" (small values off by more than small_value_thd: device {device.small_value_err_count}, "
+            f"benchmark {bench.small_value_err_count}"
+        )
         detail += ", floored at 1)" if bench.small_value_err_count < 1 else ")"
         checks.append(_with_detail(check, detail))
         if tile_max is not None and math.isfinite(t["tile_ratio"]):
@@ -148,8 +144,10 @@ def _bias_check(name: str, estimate: bias.Bias, z_limit: float, floor: float) ->
         how = "paired" if estimate.paired else "unpaired"
         why = f"{estimate.z:.3g} standard errors ({how}) from the benchmark's, over the floor {_fmt(floor)}"
     elif failed:
-        why = (f"{estimate.device_z:.3g} standard errors from 0 where the benchmark shows none "
-               f"({estimate.benchmark_z:.2g}), over the floor {_fmt(floor)}")  # fmt: skip
+        why = (
+            f"{estimate.device_z:.3g} standard errors from 0 where the benchmark shows none "
+            f"({estimate.benchmark_z:.2g}), over the floor {_fmt(floor)}"
+        )
     elif abs(estimate.device) <= floor and abs(estimate.difference) <= floor:
         why = f"within the floor {_fmt(floor)}"
     else:
@@ -157,19 +155,12 @@ def _bias_check(name: str, estimate: bias.Bias, z_limit: float, floor: float) ->
     severity = max(z / z_limit, 1.0 + 1e-12) if failed else min(z / z_limit, 1.0)
     if not failed and severity >= 1:
         severity = 1.0  # certain but within the floor, or a precision path biased like the device
-    return Check("bias", name, float(z), float(z_limit), not failed, f"{name} {estimate.describe()}: {why}",
-                 severity)  # fmt: skip
+    return Check("bias", name, float(z), float(z_limit), not failed, f"{name} {estimate.describe()}: {why}", severity)
 
 
 def _with_detail(check: Check, suffix: str) -> Check:
     return Check(
-        check.name,
-        check.tensor,
-        check.value,
-        check.limit,
-        check.passed,
-        check.detail + suffix,
-        check.severity,
+        check.name, check.tensor, check.value, check.limit, check.passed, check.detail + suffix, check.severity
     )
 
 
@@ -232,8 +223,10 @@ def judge_tensors(
             tiles = usable.tiles[name]
             expected = (geom.rows, -(-geom.dim // TILE))
             if tiles.dtype != np.float32 or tuple(tiles.shape) != expected:
-                raise ValueError(f"{name}: benchmark summary tiles are {tiles.dtype} {list(tiles.shape)}, "
-                                 f"expected float32 {list(expected)}")  # fmt: skip
+                raise ValueError(
+                    f"{name}: benchmark summary tiles are {tiles.dtype} {list(tiles.shape)}, "
+                    f"expected float32 {list(expected)}"
+                )
             bench_stats, bench_rows = usable.stats[name], _RowOut(tiles)
         assert dev_stats is not None and dev_rows is not None
         block_map, spans = _block_map(

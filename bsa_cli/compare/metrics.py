@@ -74,10 +74,31 @@ class _Partial:
     golden_min: float = math.inf
     nonfinite_rows: list[int] = field(default_factory=list)
 
-    _SUMS = ("count", "sum_abs", "sum_sq", "sum_rel", "large", "sum_mre", "dot_ag", "dot_aa", "dot_gg",
-             "sum_signed_rel", "sum_signed_rel_sq",
-             "mismatch", "small", "small_err", "nan", "inf", "nonfinite_mismatch", "ulp_sum", "msopst_err",
-             "within_1e3", "within_5e3", "value_sum", "golden_sum")  # fmt: skip
+    _SUMS = (
+        "count",
+        "sum_abs",
+        "sum_sq",
+        "sum_rel",
+        "large",
+        "sum_mre",
+        "dot_ag",
+        "dot_aa",
+        "dot_gg",
+        "sum_signed_rel",
+        "sum_signed_rel_sq",
+        "mismatch",
+        "small",
+        "small_err",
+        "nan",
+        "inf",
+        "nonfinite_mismatch",
+        "ulp_sum",
+        "msopst_err",
+        "within_1e3",
+        "within_5e3",
+        "value_sum",
+        "golden_sum",
+    )
     _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max", "value_max", "golden_max")
     _MINS = ("value_min", "golden_min")
 
@@ -366,11 +387,7 @@ def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
 
 
 def _measure(
-    device: np.ndarray | None,
-    bench: np.ndarray | None,
-    golden: np.ndarray,
-    geom: _Geometry,
-    params: _Params,
+    device: np.ndarray | None, bench: np.ndarray | None, golden: np.ndarray, geom: _Geometry, params: _Params
 ) -> tuple[ErrorStats | None, _RowOut | None, list[int], ErrorStats | None, _RowOut | None]:
     """Measure the device and benchmark arrays (either may be None) against the golden over the judged
     rows, chunk by chunk: (device stats, device rows, device non-finite rows, benchmark stats and rows).

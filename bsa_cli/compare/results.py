@@ -93,8 +93,18 @@ class ErrorStats:
     golden_l2norm: float | None = None
 
 
-MSPROBE_FIELDS = ("thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean",
-                  "value_l2norm", "golden_max", "golden_min", "golden_mean", "golden_l2norm")  # fmt: skip
+MSPROBE_FIELDS = (
+    "thousandth_ratio",
+    "five_thousandths_ratio",
+    "value_max",
+    "value_min",
+    "value_mean",
+    "value_l2norm",
+    "golden_max",
+    "golden_min",
+    "golden_mean",
+    "golden_l2norm",
+)
 """`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
 
 

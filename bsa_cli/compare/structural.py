@@ -100,8 +100,15 @@ def _structural_checks(
     zero_atol = settings.thresholds["zero_atol"]
     if math.isfinite(zero_atol):
         label = "empty query rows" if geom.kind == "q" else "never-selected kv rows"
-        check = _zero_check(name, "empty_rows" if geom.kind == "q" else "unselected_kv", label, values,
-                            zero_rows & ~padding_rows, geom, zero_atol)  # fmt: skip
+        check = _zero_check(
+            name,
+            "empty_rows" if geom.kind == "q" else "unselected_kv",
+            label,
+            values,
+            zero_rows & ~padding_rows,
+            geom,
+            zero_atol,
+        )
         if check is not None:
             checks.append(check)
         if settings.padding == "zero":

@@ -145,8 +145,9 @@ def _qualified_names(results: Sequence[CaseResult]) -> list[CaseResult]:
     return renamed
 
 
-def missing_cases(roots: Sequence[Path], case_dirs: Sequence[Path], patterns: Sequence[str] = ()) -> list[
-        tuple[str, Path, str]]:  # fmt: skip
+def missing_cases(
+    roots: Sequence[Path], case_dirs: Sequence[Path], patterns: Sequence[str] = ()
+) -> list[tuple[str, Path, str]]:
     """Return the cases of the folders of cases `roots` that are missing while a `bsa gen` left their
     temporary folders (`store.find_leftovers`): a case killed while being replaced, or one never finished.
     Cases not matched by `patterns` (globs of names; none: all) are left out.
@@ -165,8 +166,13 @@ def missing_cases(roots: Sequence[Path], case_dirs: Sequence[Path], patterns: Se
                 why = "a bsa gen was killed while replacing it; `bsa gen` again restores the complete copy"
             else:
                 why = "a bsa gen was killed before it finished; run `bsa gen` again"
-            found.append((left.name, left.path, f"{Path(root) / left.name}: the case is missing, only {left.path.name} "
-                          f"is left: {why}"))  # fmt: skip
+            found.append(
+                (
+                    left.name,
+                    left.path,
+                    f"{Path(root) / left.name}: the case is missing, only {left.path.name} is left: {why}",
+                )
+            )
     return found
 
 
@@ -174,8 +180,19 @@ def _missing_result(name: str, where: Path, why: str) -> CaseResult:
     fields: dict[str, Any] = dict.fromkeys(
         ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
     )
-    return CaseResult(name=name, verdict=ERROR, errors=(why,), output_bytes=0, seconds=0.0, case_dir=str(where),
-                      output_dir=str(where), standard="-", checks=(), tensors=(), **fields)  # fmt: skip
+    return CaseResult(
+        name=name,
+        verdict=ERROR,
+        errors=(why,),
+        output_bytes=0,
+        seconds=0.0,
+        case_dir=str(where),
+        output_dir=str(where),
+        standard="-",
+        checks=(),
+        tensors=(),
+        **fields,
+    )
 
 
 def _judge_in_processes(

@@ -84,8 +84,10 @@ def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
         return list(value) if isinstance(value, tuple) else value
 
     # msprobe's figures are the device's only: left out (not null), a summary stays readable by a bsa before them
-    stats = {name: {k: plain(v) for k, v in asdict(s).items() if not (k in MSPROBE_FIELDS and v is None)}
-             for name, s in summary.stats.items()}  # fmt: skip
+    stats = {
+        name: {k: plain(v) for k, v in asdict(s).items() if not (k in MSPROBE_FIELDS and v is None)}
+        for name, s in summary.stats.items()
+    }
     return {"key": dict(summary.key), "stats": stats}
 
 

@@ -145,10 +145,18 @@ def _compare_case(
             ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
         )
         return CaseResult(
-            name=Path(case_dir).name, verdict=ERROR, errors=(text,), output_bytes=0,
-            seconds=time.perf_counter() - started, case_dir=str(case_dir), output_dir=str(out),
-            standard="-", checks=(), tensors=(), **fields,
-        )  # fmt: skip
+            name=Path(case_dir).name,
+            verdict=ERROR,
+            errors=(text,),
+            output_bytes=0,
+            seconds=time.perf_counter() - started,
+            case_dir=str(case_dir),
+            output_dir=str(out),
+            standard="-",
+            checks=(),
+            tensors=(),
+            **fields,
+        )
 
 
 def _judge_case(
@@ -238,15 +246,7 @@ def _judge_case(
         if status_message and not passed:
             text += f": {status_message}"
         checks.append(
-            Check(
-                "status",
-                None,
-                float(status),
-                float(case.expect.status),
-                passed,
-                text,
-                0.0 if passed else math.inf,
-            )
+            Check("status", None, float(status), float(case.expect.status), passed, text, 0.0 if passed else math.inf)
         )
         if known.get("fault"):
             known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
@@ -266,9 +266,17 @@ def _judge_case(
     need_bench = STANDARDS[settings.standard].needs_benchmark
     key = summary_key(case, settings)
     opened = _open_arrays(
-        case_dir, output_dir, manifest, need_bench, pool, verify_inputs, inputs_run, key,
-        device=outcome.grads if outcome is not None else None, outputs_run=outputs_run,
-    )  # fmt: skip
+        case_dir,
+        output_dir,
+        manifest,
+        need_bench,
+        pool,
+        verify_inputs,
+        inputs_run,
+        key,
+        device=outcome.grads if outcome is not None else None,
+        outputs_run=outputs_run,
+    )
     if opened.problems:
         opened.stale()
         return error(name, opened.problems, **known)
@@ -298,8 +306,9 @@ def _judge_case(
     return _finish(name, base, known, checks, tensors, started, output_bytes)
 
 
-def _diagnosis(case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...],
-               checks: list[Check], opened: Any) -> dict[str, Any]:  # fmt: skip
+def _diagnosis(
+    case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...], checks: list[Check], opened: Any
+) -> dict[str, Any]:
     """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
     judgement already checked them or the run record answered for them)."""
     try:
@@ -391,8 +400,10 @@ def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
     for section in ("outputs", "golden", "benchmark"):
         for grad, entry in manifest.entries(section):
             if grad in wanted and list(entry["shape"]) != wanted[grad]:
-                problems.append(f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
-                                f"{wanted[grad]} (its params)")  # fmt: skip
+                problems.append(
+                    f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
+                    f"{wanted[grad]} (its params)"
+                )
     return problems
 
 
@@ -427,5 +438,7 @@ def release_note(release: str | None, device_cann: str | None) -> str | None:
     device_release = release_of_cann(device_cann)
     if release is None or device_release is None or device_release == release:
         return None
-    return (f"the device ran CANN {device_cann} (ops-transformer {device_release}), but the case expects the "
-            f"statuses of release {release}: regenerate with --release {device_release}")  # fmt: skip
+    return (
+        f"the device ran CANN {device_cann} (ops-transformer {device_release}), but the case expects the "
+        f"statuses of release {release}: regenerate with --release {device_release}"
+    )

@@ -23,10 +23,7 @@ DEVICE_KINDS: dict[str, str] = {
 
 
 def create(
-    binary: str | Path | None = None,
-    cmd: str | None = None,
-    fault: str | None = None,
-    kind: str | None = None,
+    binary: str | Path | None = None, cmd: str | None = None, fault: str | None = None, kind: str | None = None
 ) -> Device:
     """Check the options and return the device.
 

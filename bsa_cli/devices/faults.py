@@ -53,13 +53,12 @@ selected (all but nan-row) apply only to cases with at least one selected block;
 REPEAT_FAULTS: dict[str, str] = {
     "deterministic-ignored": "deterministic mode is ignored: dK/dV are summed in a run-dependent order although "
     "the run asked for one fixed order, so repeats differ in their last bits (shows only with --deterministic "
-    "--repeat N; applies when a kv block is selected by two or more query blocks or heads)",
+    "--repeat N; applies when a kv block is selected by two or more query blocks or heads)"
 }
 """Faults that leave every single run as clean as the reference and show only between repeated runs."""
 
 ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS}
 """Every fault `bsa emulate --fault` and `bsa run --fault` accept."""
-
 
 
 def kernel_scale(case: Case, fault: str | None) -> np.float32:
@@ -265,5 +264,3 @@ def plant_tile_noise(
     tile = q_view(case, dq, span)[head, rows, cols]
     error = tile.astype(np.float64) - golden
     tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
-
-

@@ -39,7 +39,6 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-
 def signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)

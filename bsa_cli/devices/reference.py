@@ -372,14 +372,17 @@ _Q_SIDE = ("query", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 """The inputs with a query-head axis (axis 1 in BNSD [B, N1, ...], TND [T, N1, ...] and the mask)."""
 
 
-def _emulate_interleaved(case: Case, tensors: Mapping[str, np.ndarray], order_seed: int | None) -> dict[str,
-        np.ndarray]:
+def _emulate_interleaved(
+    case: Case, tensors: Mapping[str, np.ndarray], order_seed: int | None
+) -> dict[str, np.ndarray]:
     """The heads-interleaved fault: query head n reads kv head n % N2. Planted by ordering the query heads
     so that the kernel's n // G mapping meets that kv head, then putting dq's heads back in place."""
     kv_heads = case.num_kv_heads
     order = np.array(sorted(range(case.num_heads), key=lambda n: (n % kv_heads, n)))
-    moved = {name: np.take(np.asarray(tensors[name]), order, axis=1) if name in _Q_SIDE else tensors[name]
-             for name in tensors}  # fmt: skip
+    moved = {
+        name: np.take(np.asarray(tensors[name]), order, axis=1) if name in _Q_SIDE else tensors[name]
+        for name in tensors
+    }
     grads = emulate(case, moved, None, order_seed)
     dq = np.empty_like(grads["dq"])
     dq[:, order] = grads["dq"]
@@ -398,9 +401,17 @@ def _case_of(case_dir: Path, manifest: Manifest) -> Case:
     where = str(Path(case_dir) / MANIFEST)
     try:
         case = manifest.case
-        shapes = {"query": case.q_shape, "dout": case.q_shape, "attention_out": case.q_shape,
-                  "key": case.kv_shape, "value": case.kv_shape, "block_sparse_mask": case.mask_shape,
-                  "dq": case.q_shape, "dk": case.kv_shape, "dv": case.kv_shape}  # fmt: skip
+        shapes = {
+            "query": case.q_shape,
+            "dout": case.q_shape,
+            "attention_out": case.q_shape,
+            "key": case.kv_shape,
+            "value": case.kv_shape,
+            "block_sparse_mask": case.mask_shape,
+            "dq": case.q_shape,
+            "dk": case.kv_shape,
+            "dv": case.kv_shape,
+        }
         lse_shapes = (tuple(case.lse_shape_dims), tuple(case.q_shape[:-1]))
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise DataError(where, f"params do not describe a case ({type(exc).__name__}: {exc})") from None
@@ -412,14 +423,13 @@ def _case_of(case_dir: Path, manifest: Manifest) -> Case:
             shape = tuple(manifest.entry(section, name)["shape"])
             wanted = lse_shapes if name == "softmax_lse" else (tuple(shapes[name]),)
             if shape not in wanted:
-                raise DataError(where, f"{section}.{name}.shape {list(shape)} differs from the case's "
-                                f"{list(wanted[0])}")  # fmt: skip
+                raise DataError(
+                    where, f"{section}.{name}.shape {list(shape)} differs from the case's {list(wanted[0])}"
+                )
     return case
 
 
-def emulate_case_dir(
-    case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None
-) -> int:
+def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None) -> int:
     """Act as the device binary on one case directory; return the aclnn status written to status.txt.
 
     Checks the interface first: a rejected call writes only status.txt (status, message). A valid call
@@ -444,9 +454,7 @@ class Emulated:
     fault_not_applied: str | None = None
 
 
-def emulate_into(
-    case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None
-) -> Emulated:
+def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None) -> Emulated:
     """Do what `emulate_case_dir` does; return the status and whether the planted fault applied."""
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
@@ -471,8 +479,10 @@ def emulate_into(
         expected = numpy_dtype(entry["dtype"])
         if grad.dtype != expected or list(grad.shape) != list(entry["shape"]):
             wanted = f"{expected} {entry['shape']}"
-            raise DataError(str(case_dir / MANIFEST), f"outputs.{name}: the case gives {grad.dtype} "
-                            f"{list(grad.shape)}, the entry says {wanted}")  # fmt: skip
+            raise DataError(
+                str(case_dir / MANIFEST),
+                f"outputs.{name}: the case gives {grad.dtype} {list(grad.shape)}, the entry says {wanted}",
+            )
         path = paths[name]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, array_bytes(grad))

@@ -67,9 +67,7 @@ def max_ulp(x: np.ndarray, y: np.ndarray, itemsize: int) -> int:
     return int(np.abs(ordinal(x) - ordinal(y)).max())
 
 
-def differences(
-    manifest: Manifest, first: Attempt, other: Attempt, deterministic: bool
-) -> list[dict[str, Any]]:
+def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministic: bool) -> list[dict[str, Any]]:
     """Compare a repeat with run 1: the status, and each output element by element.
 
     dQ rows have one owner in the kernel, so dQ must be bitwise identical; dK and dV are summed with
@@ -95,9 +93,7 @@ def differences(
         diff: dict[str, Any] = {"run": other.index, "output": name, "matters": matters}
         counted = None
         if a and b:
-            counted = differing_elements(
-                first.staging / entry["file"], other.staging / entry["file"], entry["dtype"]
-            )
+            counted = differing_elements(first.staging / entry["file"], other.staging / entry["file"], entry["dtype"])
         if counted is None:
             diff["matters"] = True
             diff["message"] = f"{name} not bitwise identical: run {other.index} differs from run 1"
@@ -106,7 +102,9 @@ def differences(
             what = (
                 "deterministic mode asks all three outputs bitwise identical"
                 if deterministic and name in ATOMIC_OUTPUTS
-                else "a race: its rows have one owner" if diff["matters"] else "fp32 atomic-add noise"
+                else "a race: its rows have one owner"
+                if diff["matters"]
+                else "fp32 atomic-add noise"
             )
             diff["message"] = (
                 f"{name} not bitwise identical: run {other.index} differs from run 1 in {counted[0]} of "
@@ -126,5 +124,12 @@ def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt) -> list[d
     if result.verdict == "PASS":
         return []
     why = result.deciding.detail if result.deciding is not None else result.message
-    return [{"run": attempt.index, "output": "verdict", "verdict": result.verdict, "matters": True,
-             "message": f"run {attempt.index} is {result.verdict} by the standard: {why}"}]  # fmt: skip
+    return [
+        {
+            "run": attempt.index,
+            "output": "verdict",
+            "verdict": result.verdict,
+            "matters": True,
+            "message": f"run {attempt.index} is {result.verdict} by the standard: {why}",
+        }
+    ]

@@ -220,10 +220,19 @@ class _CaseRun:
             shutil.rmtree(attempts[0].staging, ignore_errors=True)
         duration = time.monotonic() - clock
         record = case_record(
-            name=self.name, case_dir=self.case_dir, output_dir=self.output_dir, device_id=self.device_id,
-            options=self.options, manifest=manifest, attempts=attempts, outcome=outcome, problems=problems,
-            differences=differences, started=started, duration=duration,
-        )  # fmt: skip
+            name=self.name,
+            case_dir=self.case_dir,
+            output_dir=self.output_dir,
+            device_id=self.device_id,
+            options=self.options,
+            manifest=manifest,
+            attempts=attempts,
+            outcome=outcome,
+            problems=problems,
+            differences=differences,
+            started=started,
+            duration=duration,
+        )
         record["inputs"] = inputs_run
         try:
             write_json_atomic(self.output_dir / RUN_RECORD, record)
@@ -243,8 +252,10 @@ class _CaseRun:
         for folder, what in folders:
             if folder.is_symlink() or not folder.is_dir():
                 kind = "a symbolic link" if folder.is_symlink() else "no longer a folder"
-                return (f"{folder} ({what}) is {kind} after the binary ran: bsa never reads, hashes or writes "
-                        "through it; nothing of this run was recorded there")  # fmt: skip
+                return (
+                    f"{folder} ({what}) is {kind} after the binary ran: bsa never reads, hashes or writes "
+                    "through it; nothing of this run was recorded there"
+                )
         return None
 
     def _result(
@@ -271,11 +282,7 @@ class _CaseRun:
         )
 
     def _run_all(
-        self,
-        manifest: Manifest,
-        attempts: list[Attempt],
-        problems: list[str],
-        differences: list[dict[str, Any]],
+        self, manifest: Manifest, attempts: list[Attempt], problems: list[str], differences: list[dict[str, Any]]
     ) -> Outcome:
         for index in range(1, self.options.repeat + 1):
             if self.cancel.event.is_set():
@@ -344,8 +351,9 @@ class _CaseRun:
         try:
             self.device.execute(attempt, self._execution)
         except OSError as exc:  # a log or output that cannot be written (a full disk, a folder in its place)
-            attempt.problems.append(f"cannot run the case: {exc.strerror or exc}"
-                                    + (f" ({exc.filename})" if exc.filename else ""))  # fmt: skip
+            attempt.problems.append(
+                f"cannot run the case: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename else "")
+            )
         finally:
             attempt.duration_s = time.monotonic() - clock
             attempt.finished = now()
@@ -364,8 +372,10 @@ class _CaseRun:
             return
         for path in staging.iterdir():
             name = path.name
-            if name == RUN_RECORD or name.startswith(".run-") or (
-                name.startswith(("stdout", "stderr")) and name.endswith(".log")
+            if (
+                name == RUN_RECORD
+                or name.startswith(".run-")
+                or (name.startswith(("stdout", "stderr")) and name.endswith(".log"))
             ):
                 continue
             target = self.output_dir / name
@@ -398,9 +408,7 @@ def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) 
 
 
 def run_cases(
-    case_dirs: Sequence[Path],
-    options: RunOptions,
-    on_event: Callable[[RunEvent], None] | None = None,
+    case_dirs: Sequence[Path], options: RunOptions, on_event: Callable[[RunEvent], None] | None = None
 ) -> RunSummary:
     """Run every case, one worker per device id, and return the results in case order.
 

@@ -61,15 +61,7 @@ from ..case import MAX_TOKENS, numpy_dtype
 from ..errors import BsaError, DataError
 from ..interface import call_lengths
 from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
-from ..store import (
-    DETERMINISTIC_ENV,
-    MANIFEST,
-    array_bytes,
-    check_output_dir,
-    inside_parent,
-    load_manifest,
-    read_array,
-)
+from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, inside_parent, load_manifest, read_array
 from . import software
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
 from .process import spawn
@@ -346,8 +338,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     try:
         torch.npu.set_device(device_id)
         tensors = {
-            name: to_tensor(torch, arrays[name], dtypes[name]).npu() if name in arrays else None
-            for name in CALL_ORDER
+            name: to_tensor(torch, arrays[name], dtypes[name]).npu() if name in arrays else None for name in CALL_ORDER
         }
     except Exception as exc:
         raise DeviceFailure(f"cannot place the inputs on NPU {device_id}: {type(exc).__name__}: {exc}") from None
@@ -403,7 +394,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_WRITE
     return EXIT_STATUS
-
 
 
 # ---- the device, as `bsa run` sees it ----------------------------------------------------------------

@@ -179,12 +179,7 @@ def _grad_views(
 
 
 def _case_entries(
-    case: Case,
-    dout: np.ndarray | None,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    block_mask: np.ndarray,
+    case: Case, dout: np.ndarray | None, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray
 ) -> Iterator[tuple[SequenceSpan, _Entry]]:
     """Yield (span, entry) for each batch entry of a case with query rows."""
     for span in case.spans():

@@ -31,6 +31,7 @@ Rows are independent in the forward (same products, same row sums), so out and l
 (checked bit for bit on OpenBLAS: tiles of `_MIN_TILE_ROWS` rows or more of such wide rows keep to its regular
 gemm path); the backward then sums a row's dK/dV share group by group."""
 
+
 def _selections(mask_rows: np.ndarray) -> list[np.ndarray]:
     """Return, per query block row of one head's [nQ, nKV] mask, the selected kv block indices (ascending)."""
     return [np.flatnonzero(row) for row in mask_rows]

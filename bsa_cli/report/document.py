@@ -104,8 +104,10 @@ def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
     counts: Counter[tuple[Any, ...]] = Counter()
     for case in suite.cases:
         counts[(provenance_label(case), case.device_kind, case.device, case.fault, case.binary_sha256)] += 1
-    return [{"device": label, "kind": kind, "name": name, "fault": fault, "binary_sha256": sha, "cases": count}
-            for (label, kind, name, fault, sha), count in counts.most_common()]  # fmt: skip
+    return [
+        {"device": label, "kind": kind, "name": name, "fault": fault, "binary_sha256": sha, "cases": count}
+        for (label, kind, name, fault, sha), count in counts.most_common()
+    ]
 
 
 def provenance_label(case: CaseResult) -> str:
@@ -233,13 +235,17 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
         raise ValueError(f"{origin}: malformed report ({type(exc).__name__}: {str(exc)[:200]})") from None
     for case in cases:
         if case.verdict not in VERDICTS:
-            raise ValueError(f"{origin}: malformed report (case {case.name!r} has the verdict {case.verdict[:40]!r}; "
-                             f"a verdict is one of {', '.join(VERDICTS)})")  # fmt: skip
+            raise ValueError(
+                f"{origin}: malformed report (case {case.name!r} has the verdict {case.verdict[:40]!r}; "
+                f"a verdict is one of {', '.join(VERDICTS)})"
+            )
     names = Counter(case.name for case in cases)
     twice = [name for name, count in names.items() if count > 1]
     if twice:
-        raise ValueError(f"{origin}: malformed report (case {twice[0]!r} appears {names[twice[0]]} times; a report "
-                         "names each case once)")  # fmt: skip
+        raise ValueError(
+            f"{origin}: malformed report (case {twice[0]!r} appears {names[twice[0]]} times; a report "
+            "names each case once)"
+        )
     return SuiteResult(cases, seconds)
 
 

@@ -138,7 +138,8 @@ def likely_line(case: CaseResult) -> str | None:
     if case.verdict != FAIL or not case.hypotheses:
         return None
     if not case.diagnosis:
-        return (f"likely: unexplained: none of {len(case.hypotheses)} hypotheses fits "
-                f"(bsa compare --explain {case.name})")
+        return (
+            f"likely: unexplained: none of {len(case.hypotheses)} hypotheses fits (bsa compare --explain {case.name})"
+        )
     best = case.diagnosis[0]
     return f"likely: {best.kind} ({best.score:.2f}): {best.evidence}"

@@ -57,8 +57,12 @@ def _provenance_text(case: CaseResult) -> str:
 
 
 def _metrics_text(case: CaseResult) -> str:
-    lines = [_provenance_text(case), *case.notes, *(f"precision path: {n}" for n in case.kernel_notes),
-             f"standard {case.standard}; status {case.status}"]
+    lines = [
+        _provenance_text(case),
+        *case.notes,
+        *(f"precision path: {n}" for n in case.kernel_notes),
+        f"standard {case.standard}; status {case.status}",
+    ]
     for tensor in case.tensors:
         d, b = tensor.device, tensor.benchmark
         lines.append(
@@ -113,10 +117,19 @@ def junit_xml(suite: SuiteResult) -> str:
     """
     tests, failures, errors = len(suite.cases), suite.count(FAIL), suite.count(ERROR)
     seconds = f"{sum(c.seconds for c in suite.cases):.3f}"
-    root = ET.Element("testsuites", name="bsa compare", tests=str(tests), failures=str(failures),
-                      errors=str(errors), time=seconds)  # fmt: skip
-    testsuite = ET.SubElement(root, "testsuite", name="bsa compare", tests=str(tests), failures=str(failures),
-                              errors=str(errors), skipped="0", time=seconds)  # fmt: skip
+    root = ET.Element(
+        "testsuites", name="bsa compare", tests=str(tests), failures=str(failures), errors=str(errors), time=seconds
+    )
+    testsuite = ET.SubElement(
+        root,
+        "testsuite",
+        name="bsa compare",
+        tests=str(tests),
+        failures=str(failures),
+        errors=str(errors),
+        skipped="0",
+        time=seconds,
+    )
     reference = sum(is_reference(c) for c in suite.cases)
     faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
     suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}

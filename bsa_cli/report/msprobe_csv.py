@@ -30,11 +30,28 @@ from ..compare import ERROR, PASS, CaseResult, SuiteResult, TensorResult
 from .files import write_text_atomic
 
 MSPROBE_COLUMNS = (
-    "NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape", "Bench Tensor Shape", "Cosine",
-    "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio", "NPU max", "NPU min",
-    "NPU mean", "NPU l2norm", "Bench max", "Bench min", "Bench mean", "Bench l2norm", "Accuracy Reached or Not",
+    "NPU Name",
+    "Bench Name",
+    "NPU Dtype",
+    "Bench Dtype",
+    "NPU Tensor Shape",
+    "Bench Tensor Shape",
+    "Cosine",
+    "MaxAbsErr",
+    "MaxRelativeErr",
+    "One Thousandth Err Ratio",
+    "Five Thousandths Err Ratio",
+    "NPU max",
+    "NPU min",
+    "NPU mean",
+    "NPU l2norm",
+    "Bench max",
+    "Bench min",
+    "Bench mean",
+    "Bench l2norm",
+    "Accuracy Reached or Not",
     "Err_message",
-)  # fmt: skip
+)
 """msprobe's compare result header (real data mode)."""
 
 BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check")
@@ -65,13 +82,28 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
     failed = [c.detail for c in sorted(tensor.checks, key=lambda c: -c.severity) if not c.passed]
     shape = str(list(tensor.shape))
     row = [
-        f"{OP}/{case.name}/{tensor.name}", f"golden/{case.name}/{tensor.name}", tensor.dtype,
-        tensor.golden_dtype or "float32", shape, shape, _number(d.cosine), _number(d.max_abs_err), _number(d.mare),
-        _number(d.thousandth_ratio), _number(d.five_thousandths_ratio), _number(d.value_max), _number(d.value_min),
-        _number(d.value_mean), _number(d.value_l2norm), _number(d.golden_max), _number(d.golden_min),
-        _number(d.golden_mean), _number(d.golden_l2norm), "Yes" if tensor.passed else "No",
+        f"{OP}/{case.name}/{tensor.name}",
+        f"golden/{case.name}/{tensor.name}",
+        tensor.dtype,
+        tensor.golden_dtype or "float32",
+        shape,
+        shape,
+        _number(d.cosine),
+        _number(d.max_abs_err),
+        _number(d.mare),
+        _number(d.thousandth_ratio),
+        _number(d.five_thousandths_ratio),
+        _number(d.value_max),
+        _number(d.value_min),
+        _number(d.value_mean),
+        _number(d.value_l2norm),
+        _number(d.golden_max),
+        _number(d.golden_min),
+        _number(d.golden_mean),
+        _number(d.golden_l2norm),
+        "Yes" if tensor.passed else "No",
         "; ".join([*case.notes, *failed]),
-    ]  # fmt: skip
+    ]
     tensor_verdict = PASS if tensor.passed else "FAIL"
     return row + [case.name, case.verdict, tensor_verdict, case.standard, _deciding(case)]
 
@@ -81,8 +113,17 @@ def _case_row(case: CaseResult) -> list[str]:
     why = case.errors if case.verdict == ERROR else (case.message,)
     message = "; ".join([*case.notes, *why])
     dtype = case.dtype or NA
-    row = [f"{OP}/{case.name}/status", f"expected/{case.name}/status", dtype, dtype, NA, NA, *([NA] * 13),
-           "Yes" if case.verdict == PASS else "No", message]  # fmt: skip
+    row = [
+        f"{OP}/{case.name}/status",
+        f"expected/{case.name}/status",
+        dtype,
+        dtype,
+        NA,
+        NA,
+        *([NA] * 13),
+        "Yes" if case.verdict == PASS else "No",
+        message,
+    ]
     return row + [case.name, case.verdict, case.verdict, case.standard, _deciding(case)]
 
 

@@ -27,7 +27,9 @@ if TYPE_CHECKING:
 
 VERDICTS: tuple[Verdict, ...] = (FAIL, ERROR, PASS)
 
-_CSS = BASE_CSS + """
+_CSS = (
+    BASE_CSS
+    + """
 h3{font-size:1.02em;margin:1.2em 0 .4em}
 dl.meta{display:grid;grid-template-columns:max-content 1fr;gap:.15em 1em;margin:0;font-size:.92em}
 dl.meta dt{color:#555}dl.meta dd{margin:0}
@@ -60,7 +62,7 @@ section.case>details>summary b{font-size:1.05em}
 details.more>summary{cursor:pointer;color:#333;font-size:.9em}
 ul.errors li{color:var(--error)}
 """
-
+)
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()) -> str:
@@ -76,8 +78,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "",
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
     verdict = FAIL if suite.count(FAIL) else ERROR if suite.count(ERROR) else PASS
-    rows = [("date", esc(head.date)), ("bsa", esc(head.version)), ("host", esc(head.host)),
-            ("output folder", "<br>".join(esc(p) for p in head.out) or "-")]  # fmt: skip
+    rows = [
+        ("date", esc(head.date)),
+        ("bsa", esc(head.version)),
+        ("host", esc(head.host)),
+        ("output folder", "<br>".join(esc(p) for p in head.out) or "-"),
+    ]
     devices = []
     for text, count, warned in device_lines(suite):
         share = f" ({count} of {len(suite.cases)} cases)" if len(suite.cases) > 1 else ""
@@ -123,10 +129,17 @@ def _summary_table(suite: SuiteResult) -> str:
 def _checks_table(case: CaseResult, only_failed: bool) -> str:
     checks = sorted(case.all_checks, key=lambda c: (c.passed, -c.severity)) if only_failed else case.all_checks
     rows = [
-        [esc(c.tensor or "-"), esc(c.name), esc(fmt(c.value)), esc(fmt(c.limit)),
-         '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>', esc(c.detail)]
-        for c in checks if not (only_failed and c.passed)
-    ]  # fmt: skip
+        [
+            esc(c.tensor or "-"),
+            esc(c.name),
+            esc(fmt(c.value)),
+            esc(fmt(c.limit)),
+            '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>',
+            esc(c.detail),
+        ]
+        for c in checks
+        if not (only_failed and c.passed)
+    ]
     return _table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
 
 
@@ -153,19 +166,35 @@ def _hot_table(tensor: TensorResult) -> str:
     rows = []
     for hot in tensor.hot_blocks:
         tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
-        rows.append([str(hot.batch), str(hot.head), str(hot.block), f"{hot.rows[0]}-{hot.rows[1]}",
-                     esc(fmt(hot.score, 3)), esc(fmt(hot.rmse, 3)), esc(fmt(hot.rmse_benchmark, 3)),
-                     esc(fmt(hot.max_abs_err, 3)), esc(tile)])  # fmt: skip
+        rows.append(
+            [
+                str(hot.batch),
+                str(hot.head),
+                str(hot.block),
+                f"{hot.rows[0]}-{hot.rows[1]}",
+                esc(fmt(hot.score, 3)),
+                esc(fmt(hot.rmse, 3)),
+                esc(fmt(hot.rmse_benchmark, 3)),
+                esc(fmt(hot.max_abs_err, 3)),
+                esc(tile),
+            ]
+        )
     headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
     return f"<p class=sub>hot blocks</p>{_table(headers, rows, numeric=tuple(range(0, 8)))}"
 
 
 def _worst_table(tensor: TensorResult) -> str:
     rows = [
-        [esc(where(tensor, e.coords, e.block)), esc(fmt(e.device, 6)), esc(fmt(e.golden, 6)),
-         esc(fmt(e.benchmark, 6)), esc(fmt(e.abs_err)), esc(fmt(e.ulp, 3))]
+        [
+            esc(where(tensor, e.coords, e.block)),
+            esc(fmt(e.device, 6)),
+            esc(fmt(e.golden, 6)),
+            esc(fmt(e.benchmark, 6)),
+            esc(fmt(e.abs_err)),
+            esc(fmt(e.ulp, 3)),
+        ]
         for e in tensor.worst
-    ]  # fmt: skip
+    ]
     headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
     return f"<p class=sub>worst elements</p>{_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
 
@@ -230,8 +259,10 @@ def _case_section(case: CaseResult) -> str:
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
         if case.diagnosis:
-            rows = [[str(rank), esc(c.kind), f"{c.score:.2f}", esc(", ".join(c.tensors)), esc(c.evidence)]
-                    for rank, c in enumerate(case.diagnosis, 1)]  # fmt: skip
+            rows = [
+                [str(rank), esc(c.kind), f"{c.score:.2f}", esc(", ".join(c.tensors)), esc(c.evidence)]
+                for rank, c in enumerate(case.diagnosis, 1)
+            ]
             parts.append("<h3>diagnosis: likely causes, best first</h3>")
             parts.append(_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
         for tensor in case.tensors:
@@ -246,8 +277,9 @@ def _case_section(case: CaseResult) -> str:
         more = [_checks_table(case, only_failed=False)]
     if case.tensors:
         more.append(_metrics_table(case.tensors))
-    more.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}; '
-                f"judged in {case.seconds:.2f} s</p>")  # fmt: skip
+    more.append(
+        f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}; judged in {case.seconds:.2f} s</p>'
+    )
     if case.verdict == PASS:
         parts.extend(more)
     else:

@@ -54,27 +54,42 @@ def render_drift(drift: Drift, console: Console) -> None:
         if console.width >= wide:
             table = Table(box=_box(console), title=title, title_justify="left")
             for column in ("case", "tensor", "check", "before", "now", "change", "limit", "passes"):
-                table.add_column(column, justify="right" if column in ("before", "now", "change", "limit") else "left",
-                                 no_wrap=column in ("case", "check"), overflow="fold")  # fmt: skip
+                table.add_column(
+                    column,
+                    justify="right" if column in ("before", "now", "change", "limit") else "left",
+                    no_wrap=column in ("case", "check"),
+                    overflow="fold",
+                )
             for change in drift.regressions:
-                table.add_row(change.case, change.tensor, change.check, fmt(change.old), fmt(change.new),
-                              _delta(change), fmt(change.limit),
-                              "yes" if change.passed else Text("no", style="bold red"))  # fmt: skip
+                table.add_row(
+                    change.case,
+                    change.tensor,
+                    change.check,
+                    fmt(change.old),
+                    fmt(change.new),
+                    _delta(change),
+                    fmt(change.limit),
+                    "yes" if change.passed else Text("no", style="bold red"),
+                )
             console.print(table)
         else:  # a narrow terminal: one line per regression keeps every name whole
             console.print(Text(title + ":", style="bold"), soft_wrap=True)
             for change in drift.regressions:
                 passes = "still passes" if change.passed else "fails"
-                line = (f"  {change.case} {change.tensor} {change.check}: {fmt(change.old)} -> {fmt(change.new)}, "
-                        f"{_delta(change)}, limit {fmt(change.limit)}, {passes}")  # fmt: skip
+                line = (
+                    f"  {change.case} {change.tensor} {change.check}: {fmt(change.old)} -> {fmt(change.new)}, "
+                    f"{_delta(change)}, limit {fmt(change.limit)}, {passes}"
+                )
                 console.print(Text(line, style="" if change.passed else "bold red"), soft_wrap=True)
     for verdict in drift.verdicts:
         style = "bold red" if verdict.worsened else "green" if verdict.new == PASS else ""
-        console.print(Text(f"{verdict.case}: {verdict.old} -> {verdict.new}: {verdict.headline}", style=style),
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            Text(f"{verdict.case}: {verdict.old} -> {verdict.new}: {verdict.headline}", style=style), soft_wrap=True
+        )
     if drift.vanished:
-        console.print(Text(f"vanished since the baseline: {', '.join(drift.vanished)}", style="bold red"),
-                      soft_wrap=True)  # fmt: skip
+        console.print(
+            Text(f"vanished since the baseline: {', '.join(drift.vanished)}", style="bold red"), soft_wrap=True
+        )
     if drift.appeared:
         console.print(Text(f"new since the baseline: {', '.join(drift.appeared)}"), soft_wrap=True)
     for note in drift.notes:
@@ -82,7 +97,6 @@ def render_drift(drift: Drift, console: Console) -> None:
     margin = f"margin: +{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x limit"
     style = "bold red" if drift.problems else "bold green"
     console.print(Text(f"{drift.summary_line()} ({margin})", style=style), soft_wrap=True)
-
 
 
 def _rows(drift: Drift) -> list[MetricChange]:
@@ -110,14 +124,18 @@ def drift_html(drift: Drift) -> str:
     night = drift.baseline
     margin = f"+{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x the limit"
     counts = drift.counts_line()
-    parts = [f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
-             f"<p><b>{esc(counts)}</b></p>"
-             f'<p class="sub">baseline {esc(night.source)}: {esc(night.label)}; a regression grew by more than '
-             f"{esc(margin)}</p>"]  # fmt: skip
+    parts = [
+        f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
+        f"<p><b>{esc(counts)}</b></p>"
+        f'<p class="sub">baseline {esc(night.source)}: {esc(night.label)}; a regression grew by more than '
+        f"{esc(margin)}</p>"
+    ]
     parts.extend(f'<p class="note">{esc(note)}</p>' for note in drift.notes)
     if drift.verdicts:
-        rows = [[f'<a href="#case-{esc(v.case)}">{esc(v.case)}</a>', _badge(v.old), _badge(v.new), esc(v.headline)]
-                for v in drift.verdicts]  # fmt: skip
+        rows = [
+            [f'<a href="#case-{esc(v.case)}">{esc(v.case)}</a>', _badge(v.old), _badge(v.new), esc(v.headline)]
+            for v in drift.verdicts
+        ]
         parts.append(_table(("case", "before", "now", "what happened now"), rows, "drift verdicts", ()))
     for title, names in (("vanished since the baseline", drift.vanished), ("new since the baseline", drift.appeared)):
         if names:
@@ -126,10 +144,16 @@ def drift_html(drift: Drift) -> str:
     rows_html = []
     for change in _rows(drift):
         direction = "up" if change.delta > 0 else "down" if change.delta < 0 else ""
-        cells = [("", f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'), ("", esc(change.tensor)),
-                 ("", esc(change.check)), ("num", esc(fmt(change.old))), ("num", esc(fmt(change.new))),
-                 (f"num {direction}".strip(), esc(_delta(change))), ("num", esc(fmt(change.limit))),
-                 ("flag", "REGRESSION" if change.regressed else "")]  # fmt: skip
+        cells = [
+            ("", f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'),
+            ("", esc(change.tensor)),
+            ("", esc(change.check)),
+            ("num", esc(fmt(change.old))),
+            ("num", esc(fmt(change.new))),
+            (f"num {direction}".strip(), esc(_delta(change))),
+            ("num", esc(fmt(change.limit))),
+            ("flag", "REGRESSION" if change.regressed else ""),
+        ]
         tds = "".join(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>" for cls, text in cells)
         row_class = ' class="regressed"' if change.regressed else ""
         rows_html.append(f"<tr{row_class}>{tds}</tr>")
@@ -147,6 +171,10 @@ def _badge(verdict: str) -> str:
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str, numeric: Sequence[int]) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>"
-                                    for i, c in enumerate(row)) + "</tr>" for row in rows)  # fmt: skip
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
     return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'

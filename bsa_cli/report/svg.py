@@ -34,7 +34,6 @@ MAX_CELLS = 6000
 """Cells drawn per tensor heat map; larger grids are pooled (each cell covers f x f blocks)."""
 
 
-
 def _mix(pair: tuple[tuple[int, int, int], tuple[int, int, int]], t: float) -> str:
     t = min(max(t, 0.0), 1.0)
     rgb = [round(a + (b - a) * t) for a, b in zip(pair[0], pair[1], strict=True)]
@@ -120,8 +119,10 @@ def _panel_rows(
     grids = [selection.grid(batch, h) for h in range(first, first + group)]
     rows = []
     for cells in zip(*grids, strict=True):
-        row = "".join("1" if "1" in column else ("-" if all(c == "-" for c in column) else "0")
-                      for column in zip(*cells, strict=True))  # fmt: skip
+        row = "".join(
+            "1" if "1" in column else ("-" if all(c == "-" for c in column) else "0")
+            for column in zip(*cells, strict=True)
+        )
         rows.append(row)
     return rows, (first, first + group - 1)
 
@@ -214,8 +215,10 @@ def _panel_svg(
     rows, cols = math.ceil(n_q / pool), math.ceil(n_kv / pool)
     size = block_map.block_size
     out = [_text(ox - 30, oy - 18, _panel_label(block_map.axis, panel), extra=' font-weight="bold"')]
-    out.append(f'<rect x="{ox}" y="{oy}" width="{cols * cell:.1f}" height="{rows * cell:.1f}" '
-               f'fill="{NOT_COMPUTED}" stroke="#777" stroke-width="1"/>')  # fmt: skip
+    out.append(
+        f'<rect x="{ox}" y="{oy}" width="{cols * cell:.1f}" height="{rows * cell:.1f}" '
+        f'fill="{NOT_COMPUTED}" stroke="#777" stroke-width="1"/>'
+    )
     step_kv, step_q = _tick_step(cols, cell), _tick_step(rows, cell)
     for c in range(0, cols, step_kv):
         out.append(_text(ox + (c + 0.5) * cell, oy - 4, str(c * pool), "middle"))
@@ -232,8 +235,10 @@ def _panel_svg(
             where = f"b={panel.batch} n={panel.head} q block {_range(q_range)} x kv block {_range(kv_range)}"
             if "1" not in flat:
                 if flat and all(ch == "-" for ch in flat):
-                    out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" fill="#fff">'
-                               f"<title>{esc(where)}: no block (past the actual length)</title></rect>")  # fmt: skip
+                    out.append(
+                        f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" fill="#fff">'
+                        f"<title>{esc(where)}: no block (past the actual length)</title></rect>"
+                    )
                 continue
             blocks = range(q_range[0], q_range[1] + 1) if block_map.axis == "q" else range(kv_range[0], kv_range[1] + 1)
             values = [float(panel.scores[k]) for k in blocks if k < len(panel.scores)]
@@ -244,18 +249,22 @@ def _panel_svg(
             tip = f"{where}: selected; {tensor.name} {what} {fmt(score, 4)}{detail}"
             if block is None and pool == 1:
                 block = blocks[0]
-            out.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-                       f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                       f"<title>{esc(tip)}</title></rect>")  # fmt: skip
+            out.append(
+                f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
+                f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
+                f"<title>{esc(tip)}</title></rect>"
+            )
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
         k = hot.block // pool
         if block_map.axis == "q":
             box = (ox, oy + k * cell, cols * cell, cell)
         else:
             box = (ox + k * cell, oy, cell, rows * cell)
-        out.append(f'<rect x="{box[0]:.1f}" y="{box[1]:.1f}" width="{box[2]:.1f}" height="{box[3]:.1f}" fill="none" '
-                   f'stroke="#000" stroke-width="2.5"><title>{esc(_hot_text(tensor, hot))}</title>'
-                   "</rect>")  # fmt: skip
+        out.append(
+            f'<rect x="{box[0]:.1f}" y="{box[1]:.1f}" width="{box[2]:.1f}" height="{box[3]:.1f}" fill="none" '
+            f'stroke="#000" stroke-width="2.5"><title>{esc(_hot_text(tensor, hot))}</title>'
+            "</rect>"
+        )
         marker_x = ox + cols * cell + 3 if block_map.axis == "q" else ox + (k + 0.5) * cell
         marker_y = oy + (k + 0.5) * cell if block_map.axis == "q" else oy + rows * cell + 3
         if block_map.axis == "q":  # a triangle pointing left at the row, or up at the column
@@ -325,9 +334,11 @@ def _strip_map(tensor: TensorResult, block_map: BlockMap, scale: Scale) -> str:
                 continue
             score = float(np.nanmax(values))
             tip = f"b={b} n={n} {axis} {_range((c * pool, min((c + 1) * pool, blocks) - 1))}: ratio {fmt(score, 4)}"
-            out.append(f'<rect x="{left + c * cell:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-                       f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                       f"<title>{esc(tip)}</title></rect>")  # fmt: skip
+            out.append(
+                f'<rect x="{left + c * cell:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
+                f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
+                f"<title>{esc(tip)}</title></rect>"
+            )
     return _svg(width, height, "".join(out), f"{tensor.name} error map")
 
 
@@ -344,8 +355,10 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
     log_top = math.log(top)
     for i in range(steps):
         value = math.exp(log_top * (i + 0.5) / steps)
-        out.append(f'<rect x="{bar_x + i * bar_w / steps:.2f}" y="{bar_y}" width="{bar_w / steps + 0.3:.2f}" '
-                   f'height="{bar_h}" fill="{scale.colour(value)}"/>')  # fmt: skip
+        out.append(
+            f'<rect x="{bar_x + i * bar_w / steps:.2f}" y="{bar_y}" width="{bar_w / steps + 0.3:.2f}" '
+            f'height="{bar_h}" fill="{scale.colour(value)}"/>'
+        )
     out.append(f'<rect x="{bar_x}" y="{bar_y}" width="{bar_w}" height="{bar_h}" fill="none" stroke="#777"/>')
     for value, label in ((1.0, "1"), (scale.limit, f"limit {fmt(scale.limit, 3)}"), (top, fmt(top, 3))):
         x = bar_x + bar_w * math.log(value) / log_top if value > 1 else bar_x
@@ -404,12 +417,16 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
             value = float(tiles[r, c])
             s0, d0 = first_row + r * 16, c * 16
             tip = f"rows s={s0}-{min(s0 + 15, hot.rows[1] - 1)}, d={d0}-{d0 + 15}: tile RMSE ratio {fmt(value, 4)}"
-            out.append(f'<rect x="{left + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell:.1f}" '
-                       f'height="{cell:.1f}" fill="{scale.colour(value)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                       f"<title>{esc(tip)}</title></rect>")  # fmt: skip
+            out.append(
+                f'<rect x="{left + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell:.1f}" '
+                f'height="{cell:.1f}" fill="{scale.colour(value)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
+                f"<title>{esc(tip)}</title></rect>"
+            )
     wr, wc = int(worst[0]), int(worst[1])
-    out.append(f'<rect x="{left + wc * cell:.1f}" y="{top + wr * cell:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-               f'fill="none" stroke="#000" stroke-width="2.5"/>')  # fmt: skip
+    out.append(
+        f'<rect x="{left + wc * cell:.1f}" y="{top + wr * cell:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
+        f'fill="none" stroke="#000" stroke-width="2.5"/>'
+    )
     caption = f"worst: s={first_row + wr * 16}, d={wc * 16}, ratio {fmt(float(tiles[wr, wc]), 3)}"
     height = top + n_rows * cell + 20
     out.append(_text(left, height - 4, caption))
@@ -458,11 +475,15 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
             x = x0 + k * bar_w
             share = 100.0 * count / totals[name]
             tip = f"{name}: {count} elements with ULP error {label} ({share:.3g}%)"
-            out.append(f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w - 1:.1f}" height="{max(h, 0):.1f}" '
-                       f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{esc(tip)}</title></rect>')  # fmt: skip
+            out.append(
+                f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w - 1:.1f}" height="{max(h, 0):.1f}" '
+                f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{esc(tip)}</title></rect>'
+            )
         tx, ty = x0 + group_w / 2 - 3, top + plot_h + 10
-        out.append(f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" transform="rotate(-40 {tx:.1f} {ty:.1f})">'
-                   f"{esc(label)}</text>")  # fmt: skip
+        out.append(
+            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" transform="rotate(-40 {tx:.1f} {ty:.1f})">'
+            f"{esc(label)}</text>"
+        )
     out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 14:.1f}" y2="{top + plot_h}" stroke="#555"/>')
     lx = left + 8
     for name, _, fill in series:
@@ -476,8 +497,10 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
 def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     """Return the device's and the benchmark's relative bias with bars of 2 standard errors, on one axis with
     the floor band (where the bias check never fails) around 0; the ULP scale along the top."""
-    rows = [("device", estimate.device, estimate.device_se, DEVICE_FILL),
-            ("benchmark", estimate.benchmark, estimate.benchmark_se, BENCHMARK_FILL)]  # fmt: skip
+    rows = [
+        ("device", estimate.device, estimate.device_se, DEVICE_FILL),
+        ("benchmark", estimate.benchmark, estimate.benchmark_se, BENCHMARK_FILL),
+    ]
     finite = [abs(v) + 2 * se for _, v, se, _ in rows if math.isfinite(v) and math.isfinite(se)]
     reach = max([floor * 1.5, *finite])
     left, right, top, row_h = 80.0, 440.0, 44.0, 26.0
@@ -490,8 +513,10 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     out = [_text(4, 12, title, extra=' font-weight="bold"')]
     band = f"within the floor ±{floor:.3g}: never a failure"
     band_h = row_h * len(rows) + 8
-    out.append(f'<rect x="{x(-floor):.1f}" y="{top - 8}" width="{x(floor) - x(-floor):.1f}" height="{band_h}" '
-               f'fill="{AT_BENCHMARK}"><title>{esc(band)}</title></rect>')  # fmt: skip
+    out.append(
+        f'<rect x="{x(-floor):.1f}" y="{top - 8}" width="{x(floor) - x(-floor):.1f}" height="{band_h}" '
+        f'fill="{AT_BENCHMARK}"><title>{esc(band)}</title></rect>'
+    )
     out.append(f'<line x1="{x(0):.1f}" y1="{top - 12}" x2="{x(0):.1f}" y2="{top + row_h * len(rows)}" stroke="#555"/>')
     for i, (name, value, se, fill) in enumerate(rows):
         y = top + i * row_h + row_h / 2 - 4
@@ -499,11 +524,14 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
         if not (math.isfinite(value) and math.isfinite(se)):
             continue
         lo, hi = x(max(value - 2 * se, -reach)), x(min(value + 2 * se, reach))
-        tip = (f"{name}: {value:+.3g} ± {se:.2g} relative ({estimate.in_ulp(value):+.3g} ± "
-               f"{estimate.in_ulp(se):.2g} ULP)")  # fmt: skip
+        tip = (
+            f"{name}: {value:+.3g} ± {se:.2g} relative ({estimate.in_ulp(value):+.3g} ± {estimate.in_ulp(se):.2g} ULP)"
+        )
         out.append(f'<line x1="{lo:.1f}" y1="{y:.1f}" x2="{hi:.1f}" y2="{y:.1f}" stroke="#333" stroke-width="1.5"/>')
-        out.append(f'<circle cx="{x(value):.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="#333">'
-                   f"<title>{esc(tip)}</title></circle>")  # fmt: skip
+        out.append(
+            f'<circle cx="{x(value):.1f}" cy="{y:.1f}" r="5" fill="{fill}" stroke="#333">'
+            f"<title>{esc(tip)}</title></circle>"
+        )
     axis_y = top + row_h * len(rows)
     out.append(f'<line x1="{left}" y1="{axis_y}" x2="{right}" y2="{axis_y}" stroke="#555"/>')
     for value in (-reach, -reach / 2, 0.0, reach / 2, reach):
@@ -517,5 +545,15 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     return _svg(width, height, "".join(out), title)
 
 
-__all__ = ["AT_BENCHMARK", "NONFINITE", "NOT_COMPUTED", "Scale", "bias_chart", "heat_map", "legend", "tile_map",
-           "ulp_bins", "ulp_chart"]  # fmt: skip
+__all__ = [
+    "AT_BENCHMARK",
+    "NONFINITE",
+    "NOT_COMPUTED",
+    "Scale",
+    "bias_chart",
+    "heat_map",
+    "legend",
+    "tile_map",
+    "ulp_bins",
+    "ulp_chart",
+]

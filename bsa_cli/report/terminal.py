@@ -13,16 +13,7 @@ from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from .formatting import (
-    METRIC_ROWS,
-    fmt,
-    is_reference,
-    likely_line,
-    planted_fault,
-    releases_line,
-    summary_line,
-    where,
-)
+from .formatting import METRIC_ROWS, fmt, is_reference, likely_line, planted_fault, releases_line, summary_line, where
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
 

@@ -28,7 +28,9 @@ COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a"}
 LIMIT_COLOUR = "#b3001b"
 LINE_COLOUR = "#4a6fa5"
 
-_CSS = BASE_CSS + """
+_CSS = (
+    BASE_CSS
+    + """
 h2{font-size:1.1em;margin:1em 0 .4em}
 tr.rising td{background:#fbe3e6}td.flag{color:var(--fail);font-weight:700}
 table.nights td:nth-child(2){white-space:nowrap}
@@ -38,7 +40,7 @@ figure.case{margin:0;border:1px solid #eee;padding:.3em .4em}
 figure.case figcaption{font-size:.9em;margin-bottom:.2em}
 figure.case svg{display:block;background:#fff}
 """
-
+)
 
 
 def _nice_step(span: float) -> float:
@@ -81,19 +83,25 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
         y = y_of(v)
         out.append(f'<line x1="{left:.1f}" y1="{y:.1f}" x2="{width - right:.1f}" y2="{y:.1f}" stroke="#ececec"/>')
         out.append(f'<text x="{left - 4:.1f}" y="{y + 3.5:.1f}" text-anchor="end">{esc(fmt(v, 3))}</text>')
-    out.append(f'<line class="axis" x1="{left:.1f}" y1="{top + plot_h:.1f}" x2="{width - right:.1f}" '
-               f'y2="{top + plot_h:.1f}" stroke="#555"/>')  # fmt: skip
-    out.append(f'<line class="axis" x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{top + plot_h:.1f}" '
-               'stroke="#555"/>')
+    out.append(
+        f'<line class="axis" x1="{left:.1f}" y1="{top + plot_h:.1f}" x2="{width - right:.1f}" '
+        f'y2="{top + plot_h:.1f}" stroke="#555"/>'
+    )
+    out.append(
+        f'<line class="axis" x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{top + plot_h:.1f}" stroke="#555"/>'
+    )
     out.append(_limit_line(series.points, x_of, y_of, left, width - right))
     label_every = max(1, math.ceil(34.0 / step))
     for i, night in enumerate(nights):
         if i % label_every == 0 or i == len(nights) - 1:
             x, y = x_of(i), top + plot_h + 10
-            out.append(f'<line x1="{x:.1f}" y1="{top + plot_h:.1f}" x2="{x:.1f}" y2="{top + plot_h + 3:.1f}" '
-                       'stroke="#555"/>')
-            out.append(f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" transform="rotate(-35 {x:.1f} {y:.1f})">'
-                       f"{esc(night_short(night))}</text>")  # fmt: skip
+            out.append(
+                f'<line x1="{x:.1f}" y1="{top + plot_h:.1f}" x2="{x:.1f}" y2="{top + plot_h + 3:.1f}" stroke="#555"/>'
+            )
+            out.append(
+                f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" transform="rotate(-35 {x:.1f} {y:.1f})">'
+                f"{esc(night_short(night))}</text>"
+            )
     out.append(f'<text x="4" y="{top - 10:.1f}">{esc(series.label)}</text>')
     out.extend(_line(series.points, x_of, y_of))
     for i, point in enumerate(series.points):
@@ -114,15 +122,19 @@ def _limit_line(points: Sequence[Point | None], x_of, y_of, x0: float, x1: float
     if len({limit for _, limit in limits}) == 1:
         limit = limits[0][1]
         y = y_of(limit)
-        return (f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
-                f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
-                f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {esc(fmt(limit))}</text>')
+        return (
+            f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
+            f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
+            f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {esc(fmt(limit))}</text>'
+        )
     parts = []
     for i, limit in limits:
         y = y_of(limit)
-        parts.append(f'<line class="limit" x1="{x_of(i) - 10:.1f}" y1="{y:.1f}" x2="{x_of(i) + 10:.1f}" y2="{y:.1f}" '
-                     f'stroke="{LIMIT_COLOUR}" stroke-dasharray="5 3" stroke-width="1.2">'
-                     f"<title>limit {esc(fmt(limit))}</title></line>")  # fmt: skip
+        parts.append(
+            f'<line class="limit" x1="{x_of(i) - 10:.1f}" y1="{y:.1f}" x2="{x_of(i) + 10:.1f}" y2="{y:.1f}" '
+            f'stroke="{LIMIT_COLOUR}" stroke-dasharray="5 3" stroke-width="1.2">'
+            f"<title>limit {esc(fmt(limit))}</title></line>"
+        )
     return "".join(parts)
 
 
@@ -134,8 +146,11 @@ def _line(points: Sequence[Point | None], x_of, y_of) -> list[str]:  # type: ign
             runs.append([])
             continue
         runs[-1].append(f"{x_of(i):.1f},{y_of(point.value):.1f}")
-    return [f'<polyline class="trend" points="{" ".join(run)}" fill="none" stroke="{LINE_COLOUR}" stroke-width="1.5"/>'
-            for run in runs if len(run) > 1]  # fmt: skip
+    return [
+        f'<polyline class="trend" points="{" ".join(run)}" fill="none" stroke="{LINE_COLOUR}" stroke-width="1.5"/>'
+        for run in runs
+        if len(run) > 1
+    ]
 
 
 def _marker(point: Point, night: Night, x: float, y_of, top: float, plot_h: float) -> str:  # type: ignore[no-untyped-def]
@@ -144,22 +159,30 @@ def _marker(point: Point, night: Night, x: float, y_of, top: float, plot_h: floa
     tip = f"<title>{esc(what)}</title>"
     if point.value is None or math.isnan(point.value):  # not measured that night (ERROR, or the check absent)
         y = top + plot_h
-        return (f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" '
-                f'stroke="{colour}" stroke-width="2">{tip}</circle>')  # fmt: skip
+        return (
+            f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" '
+            f'stroke="{colour}" stroke-width="2">{tip}</circle>'
+        )
     if math.isinf(point.value):  # off the chart: a triangle at the top
-        return (f'<polygon class="point v-{esc(point.verdict)}" points="{x - 5:.1f},{top + 6:.1f} {x + 5:.1f},'
-                f'{top + 6:.1f} {x:.1f},{top - 2:.1f}" fill="{colour}">{tip}</polygon>')  # fmt: skip
-    return (f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y_of(point.value):.1f}" r="4" '
-            f'fill="{colour}" stroke="#fff" stroke-width="1">{tip}</circle>')  # fmt: skip
+        return (
+            f'<polygon class="point v-{esc(point.verdict)}" points="{x - 5:.1f},{top + 6:.1f} {x + 5:.1f},'
+            f'{top + 6:.1f} {x:.1f},{top - 2:.1f}" fill="{colour}">{tip}</polygon>'
+        )
+    return (
+        f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y_of(point.value):.1f}" r="4" '
+        f'fill="{colour}" stroke="#fff" stroke-width="1">{tip}</circle>'
+    )
 
 
 def _nights_table(nights: Sequence[Night]) -> str:
     rows = []
     for i, night in enumerate(nights, 1):
         when = night.date.isoformat(timespec="seconds") if night.date else "-"
-        rows.append(f'<tr><td class="num">{i}</td><td>{esc(when)}</td><td>{esc(", ".join(night.devices) or "-")}</td>'
-                    f"<td>{esc(night.host or '-')}</td><td>{esc(night.version or '-')}</td>"
-                    f"<td>{esc(summary_line(night.suite))}</td><td>{esc(night.source)}</td></tr>")  # fmt: skip
+        rows.append(
+            f'<tr><td class="num">{i}</td><td>{esc(when)}</td><td>{esc(", ".join(night.devices) or "-")}</td>'
+            f"<td>{esc(night.host or '-')}</td><td>{esc(night.version or '-')}</td>"
+            f"<td>{esc(summary_line(night.suite))}</td><td>{esc(night.source)}</td></tr>"
+        )
     head = "".join(f"<th>{h}</th>" for h in ("#", "date (UTC)", "device", "host", "bsa", "cases", "report"))
     return f'<table class="nights"><tr>{head}</tr>{"".join(rows)}</table>'
 
@@ -182,11 +205,13 @@ def _cases_table(trend: Trend) -> str:
         last = fmt(measured[-1]) if measured else "-"
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
         cls = ' class="rising"' if series.rising else ""
-        rows.append(f'<tr{cls}><td><a href="#trend-{esc(series.case)}">{esc(series.case)}</a></td>'
-                    f"<td>{esc(series.label)}</td><td class=\"num\">{esc(first)}</td>"
-                    f'<td class="num">{esc(last)}</td><td class="num">{esc(fmt(limits[-1]) if limits else "-")}</td>'
-                    f'<td class="num">{sum(p is not None for p in series.points)} of {len(series.points)}</td>'
-                    f'<td class="flag">{"rising" if series.rising else ""}</td></tr>')  # fmt: skip
+        rows.append(
+            f'<tr{cls}><td><a href="#trend-{esc(series.case)}">{esc(series.case)}</a></td>'
+            f'<td>{esc(series.label)}</td><td class="num">{esc(first)}</td>'
+            f'<td class="num">{esc(last)}</td><td class="num">{esc(fmt(limits[-1]) if limits else "-")}</td>'
+            f'<td class="num">{sum(p is not None for p in series.points)} of {len(series.points)}</td>'
+            f'<td class="flag">{"rising" if series.rising else ""}</td></tr>'
+        )
     head = "".join(f"<th>{h}</th>" for h in ("case", "followed check", "first", "last", "limit", "nights", "trend"))
     return f'<table class="trend-cases"><tr>{head}</tr>{"".join(rows)}</table>'
 
@@ -201,23 +226,25 @@ def trend_html(trend: Trend) -> str:
         f'<span class="sub">{esc(s.label)}</span></figcaption>{chart(s, nights)}</figure>'
         for s in shown_order(trend)
     ]
-    return "\n".join([
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
-        f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
-        f'<header class="top"><h1>{esc(title)}</h1><p class="sub">{rising} rising (last value beyond the '
-        "regression margin above the first, and a rising fitted line). Each chart follows the check that decides "
-        "the case in its latest night; the dashed red line is its limit; points are coloured by verdict "
-        "(PASS green, FAIL red, ERROR purple, hollow on the axis when not measured); a gap: the case was not "
-        "in that night's report.</p></header>",
-        "<main><h2>Nights</h2>",
-        _nights_table(nights),
-        "<h2>Cases</h2>",
-        _cases_table(trend),
-        '<div class="charts">',
-        *figures,
-        "</div></main></body></html>\n",
-    ])  # fmt: skip
+    return "\n".join(
+        [
+            "<!DOCTYPE html>",
+            '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
+            f"<title>{esc(title)}</title><style>{_CSS}</style></head><body>",
+            f'<header class="top"><h1>{esc(title)}</h1><p class="sub">{rising} rising (last value beyond the '
+            "regression margin above the first, and a rising fitted line). Each chart follows the check that decides "
+            "the case in its latest night; the dashed red line is its limit; points are coloured by verdict "
+            "(PASS green, FAIL red, ERROR purple, hollow on the axis when not measured); a gap: the case was not "
+            "in that night's report.</p></header>",
+            "<main><h2>Nights</h2>",
+            _nights_table(nights),
+            "<h2>Cases</h2>",
+            _cases_table(trend),
+            '<div class="charts">',
+            *figures,
+            "</div></main></body></html>\n",
+        ]
+    )
 
 
 def write_trend_html(trend: Trend, path: Path) -> None:
@@ -232,9 +259,17 @@ def render_trend(trend: Trend, console: Console) -> None:
     for series in trend.rising:
         measured = [v for v in series.values if v is not None]
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
-        console.print(Text(f"rising: {series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} "
-                           f"(limit {fmt(limits[-1])})", style="bold red"), soft_wrap=True)  # fmt: skip
+        console.print(
+            Text(
+                f"rising: {series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} "
+                f"(limit {fmt(limits[-1])})",
+                style="bold red",
+            ),
+            soft_wrap=True,
+        )
     rising = len(trend.rising)
-    text = (f"{len(trend.series)} case{'s' if len(trend.series) != 1 else ''} over {len(trend.nights)} "
-            f"night{'s' if len(trend.nights) != 1 else ''}: {rising} rising")  # fmt: skip
+    text = (
+        f"{len(trend.series)} case{'s' if len(trend.series) != 1 else ''} over {len(trend.nights)} "
+        f"night{'s' if len(trend.nights) != 1 else ''}: {rising} rising"
+    )
     console.print(Text(text, style="bold red" if rising else "bold green"))

@@ -63,8 +63,11 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
     if not NAME_RE.match(name):
         raise r.error("name", f"{show(name)} may hold only letters, digits, '_', '.', '-'")
     if not is_case_name(name):
-        raise r.error("name", f"{show(name)} cannot name a case folder: a name is not '.' or '..', does not "
-                      f"start with '.' (hidden), and has at most {MAX_NAME_BYTES} characters")  # fmt: skip
+        raise r.error(
+            "name",
+            f"{show(name)} cannot name a case folder: a name is not '.' or '..', does not "
+            f"start with '.' (hidden), and has at most {MAX_NAME_BYTES} characters",
+        )
     for key in raw:
         if key not in CASE_KEYS:
             raise r.error(_key(key), f"unknown key{_suggest(key, CASE_KEYS)}; allowed: {', '.join(CASE_KEYS)}")
@@ -75,13 +78,17 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
     nulls = _null_layouts(r, raw)
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value is not None and not (isinstance(value, str) and LAYOUT_RE.match(value)):
-            raise r.error(key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); "
-                          "allowed: BNSD, TND")  # fmt: skip
+            raise r.error(
+                key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); allowed: BNSD, TND"
+            )
     raw_dtype = r.get("dtype", "float16")
     dtype = dtype_name(raw_dtype)
     if dtype is None:
-        raise r.error("dtype", f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
-                      "allowed: float16 (fp16), bfloat16 (bf16)")  # fmt: skip
+        raise r.error(
+            "dtype",
+            f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
+            "allowed: float16 (fp16), bfloat16 (bf16)",
+        )
     num_heads = r.integer("num_heads", minimum=1)
     num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
     head_dim = r.integer("head_dim", 128, minimum=1)
@@ -126,8 +133,9 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
     if not math.isfinite(scale):
         raise r.error("scale", f"{show(scale)} must be a finite number")
     if abs(scale) > FLOAT32_MAX:
-        raise r.error("scale", f"{show(scale)} overflows float32 (the kernel receives float(scale)): "
-                      "the golden cannot be finite")  # fmt: skip
+        raise r.error(
+            "scale", f"{show(scale)} overflows float32 (the kernel receives float(scale)): the golden cannot be finite"
+        )
 
     case = Case(
         name=name,
@@ -170,8 +178,11 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
             raise r.error("sparsity.mask", str(exc)) from None
     rows = case.sparsity.empty_rows
     if isinstance(rows, tuple) and rows and max(rows) >= case.num_q_blocks:
-        raise r.error("sparsity.empty_rows", f"index {max(rows)} is beyond the case's {case.num_q_blocks} query-block "
-                      f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row")  # fmt: skip
+        raise r.error(
+            "sparsity.empty_rows",
+            f"index {max(rows)} is beyond the case's {case.num_q_blocks} query-block "
+            f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row",
+        )
     return _check_interface(r, case)
 
 
@@ -187,9 +198,11 @@ def _check_sizes(r: _Reader, case: Case) -> None:
     ):
         count = math.prod(shape)
         if count > MAX_ELEMENTS:
-            raise r.error("batch" if what != "block_sparse_mask" else "block_shape",
-                          f"{what} would have shape {list(shape)}: {count:.3g} elements, more than bsa's limit "
-                          f"of 2^{MAX_ELEMENTS.bit_length() - 1}")  # fmt: skip
+            raise r.error(
+                "batch" if what != "block_sparse_mask" else "block_shape",
+                f"{what} would have shape {list(shape)}: {count:.3g} elements, more than bsa's limit "
+                f"of 2^{MAX_ELEMENTS.bit_length() - 1}",
+            )
     if case.expect.ok and math.prod(case.q_shape) == 0 and math.prod(case.kv_shape) == 0:
         raise r.error("actual_seq_lengths", "every length is 0: the case has nothing to compute or compare")
 
@@ -214,8 +227,10 @@ def _check_finite(r: _Reader, case: Case) -> None:
     size = {}
     init = case.init
     if (init.sink is not None or init.logit_std is not None) and case.kernel_scale == 0:
-        raise r.error("init.sink" if init.sink is not None else "init.logit_std", "needs a nonzero scale: it is "
-                      "defined by the scaled scores")  # fmt: skip
+        raise r.error(
+            "init.sink" if init.sink is not None else "init.logit_std",
+            "needs a nonzero scale: it is defined by the scaled scores",
+        )
     if init.sink is not None and stress.query_spread(case) == 0:
         raise r.error("init.sink", "needs queries that vary (std or range > 0): they move by twice their std")
     for tensor in TENSORS:
@@ -232,34 +247,45 @@ def _check_finite(r: _Reader, case: Case) -> None:
         if init.sink is not None and tensor == "key":
             size[tensor] = max(size[tensor], stress.sink_key_length(case))
         if size[tensor] > largest:
-            raise r.error(f"init.{tensor}", f"values of {tensor} reach about {size[tensor]:.3g}, beyond "
-                          f"{case.dtype}'s largest number {largest:.5g}: the inputs and the golden cannot be "
-                          "finite")  # fmt: skip
+            raise r.error(
+                f"init.{tensor}",
+                f"values of {tensor} reach about {size[tensor]:.3g}, beyond "
+                f"{case.dtype}'s largest number {largest:.5g}: the inputs and the golden cannot be "
+                "finite",
+            )
     d = case.head_dim
     scores = abs(case.scale) * d * size["query"] * size["key"]
     dscores = 2.0 * d * size["dout"] * size["value"]
     grads = abs(case.scale) * max(case.q_seq_len, case.kv_seq_len) * dscores * max(size["key"], size["query"])
     for what, bound in (("scores scale*q.k", scores), ("dP = dout.v", dscores), ("dq and dk", grads)):
         if bound > FLOAT32_MAX:
-            raise r.error("init", f"with these values and scale {case.scale:.3g}, {what} may reach {bound:.3g}, "
-                          "beyond float32's largest number: the golden cannot be finite; use a smaller scale or "
-                          "init")  # fmt: skip
+            raise r.error(
+                "init",
+                f"with these values and scale {case.scale:.3g}, {what} may reach {bound:.3g}, "
+                "beyond float32's largest number: the golden cannot be finite; use a smaller scale or "
+                "init",
+            )
 
 
 def _fix_first(case: Case, v: interface.Violation) -> str | None:
     """Return the message of an interface violation that a case meant to pass has most likely made by
     mistake, with the fix first and `expect:` (for a negative case) second; None for any other."""
-    negative = (f"for a negative case that tests this instead, set 'expect: {v.status}' (the operator returns "
-                f"{v.status})")  # fmt: skip
+    negative = (
+        f"for a negative case that tests this instead, set 'expect: {v.status}' (the operator returns {v.status})"
+    )
     if v.key in ("layout", "kv_layout"):
         value = getattr(case, v.key)
         if isinstance(value, str) and value != value.upper() and value.upper() in interface.TILING_LAYOUTS:
-            return (f"{show(value)} is not a layout the operator knows (did you mean '{value.upper()}'? layout "
-                    f"strings are upper case); {negative}")  # fmt: skip
+            return (
+                f"{show(value)} is not a layout the operator knows (did you mean '{value.upper()}'? layout "
+                f"strings are upper case); {negative}"
+            )
     if v.key in ("actual_seq_lengths", "actual_seq_lengths_kv") and "TND" in v.message and "is null" in v.message:
         which = "query" if v.key == "actual_seq_lengths" else "key/value"
-        return (f"{v.message}: add '{v.key}: [...]' to the case, one {which} length per batch entry (for example "
-                f"'{v.key}: [1000, 333]'); {negative}")  # fmt: skip
+        return (
+            f"{v.message}: add '{v.key}: [...]' to the case, one {which} length per batch entry (for example "
+            f"'{v.key}: [1000, 333]'); {negative}"
+        )
     return None
 
 
@@ -271,16 +297,22 @@ def _check_interface(r: _Reader, case: Case) -> Case:
     if undefined:
         key = "tensors" if case.tensors else "layout"
         key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else key
-        raise r.error(key, f"{undefined[0]}: undefined behaviour, no status to expect (ops-transformer "
-                      f"{case.release} reads it unchecked)")  # fmt: skip
+        raise r.error(
+            key,
+            f"{undefined[0]}: undefined behaviour, no status to expect (ops-transformer "
+            f"{case.release} reads it unchecked)",
+        )
     broken = interface.violations(params, tensors, case.release)
     if case.expect.ok:
         if broken:
             v = broken[0]
             key = v.key if v.key in CASE_KEYS or v.key != "query" or case.override("query") else "dtype"
             key = key if key in CASE_KEYS else f"tensors.{key}"
-            raise r.error(key, _fix_first(case, v) or f"{v.message}: the operator returns {v.status}; "
-                          f"set 'expect: {v.status}' for a negative case")  # fmt: skip
+            raise r.error(
+                key,
+                _fix_first(case, v)
+                or f"{v.message}: the operator returns {v.status}; set 'expect: {v.status}' for a negative case",
+            )
         warnings = (*interface.kernel_constraints(params, case.bnsd_lengths), *unreachable_kv_blocks(case))
         return dataclasses.replace(case, warnings=tuple(warnings))
     if not broken:

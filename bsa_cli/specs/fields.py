@@ -37,30 +37,74 @@ from ..inputs import ALIGNMENTS
 from ..store import inside, read_regular
 
 DTYPE_ALIASES = {
-    "fp16": "float16", "half": "float16", "f16": "float16",
-    "bf16": "bfloat16", "bfloat": "bfloat16",
-    "fp32": "float32", "float": "float32", "single": "float32", "f32": "float32",
-    "fp64": "float64", "double": "float64", "f64": "float64",
-    "u8": "uint8", "i8": "int8", "i32": "int32", "int": "int32", "i64": "int64", "long": "int64",
+    "fp16": "float16",
+    "half": "float16",
+    "f16": "float16",
+    "bf16": "bfloat16",
+    "bfloat": "bfloat16",
+    "fp32": "float32",
+    "float": "float32",
+    "single": "float32",
+    "f32": "float32",
+    "fp64": "float64",
+    "double": "float64",
+    "f64": "float64",
+    "u8": "uint8",
+    "i8": "int8",
+    "i32": "int32",
+    "int": "int32",
+    "i64": "int64",
+    "long": "int64",
     "boolean": "bool",
-}  # fmt: skip
+}
 """Other names of spec dtypes; names are read case-insensitively, with an optional 'torch.' or 'np.' prefix."""
 PATTERNS = ("dense", "random", "causal", "sliding_window", "strided", "explicit")
 TENSORS = ("query", "key", "value", "dout")
 CASE_KEYS = (
-    "name", "description", "layout", "kv_layout", "dtype", "batch", "num_heads", "num_kv_heads", "head_dim",
-    "q_seq_len", "kv_seq_len", "actual_seq_lengths", "actual_seq_lengths_kv", "block_shape", "scale", "seed",
-    "sparsity", "init", "expect", "seq_lengths_encoding", "lse_shape", "bnsd_lengths", "empty_row_lse",
-    "mask_type", "pre_tokens", "next_tokens", "tensors", "compare", "matrix", "release", "null_layouts",
-)  # fmt: skip
+    "name",
+    "description",
+    "layout",
+    "kv_layout",
+    "dtype",
+    "batch",
+    "num_heads",
+    "num_kv_heads",
+    "head_dim",
+    "q_seq_len",
+    "kv_seq_len",
+    "actual_seq_lengths",
+    "actual_seq_lengths_kv",
+    "block_shape",
+    "scale",
+    "seed",
+    "sparsity",
+    "init",
+    "expect",
+    "seq_lengths_encoding",
+    "lse_shape",
+    "bnsd_lengths",
+    "empty_row_lse",
+    "mask_type",
+    "pre_tokens",
+    "next_tokens",
+    "tensors",
+    "compare",
+    "matrix",
+    "release",
+    "null_layouts",
+)
 TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26
 """Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data."""
 SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head", "causal_alignment")
 PATTERN_KEYS = {
-    "density": ("random",), "per_head": ("random",), "window": ("sliding_window", "strided"), "stride": ("strided",),
-    "causal_alignment": ("causal", "sliding_window", "strided"), "mask": ("explicit",),
-}  # fmt: skip
+    "density": ("random",),
+    "per_head": ("random",),
+    "window": ("sliding_window", "strided"),
+    "stride": ("strided",),
+    "causal_alignment": ("causal", "sliding_window", "strided"),
+    "mask": ("explicit",),
+}
 """Sparsity keys that only some patterns use (`pattern` and `empty_rows` apply to every pattern); another
 pattern refuses them, so a key that would change nothing is never written unseen."""
 DIST_KEYS = ("distribution", "mean", "std", "low", "high", "outliers", "row_scale")
@@ -137,9 +181,7 @@ class _Reader:
     def get(self, key: str, default: Any = None) -> Any:
         return self.raw.get(key, default)
 
-    def integer(
-        self, key: str, default: int | None = None, *, minimum: int | None = 0, maximum: int = MAX_DIM
-    ) -> int:
+    def integer(self, key: str, default: int | None = None, *, minimum: int | None = 0, maximum: int = MAX_DIM) -> int:
         value = self.raw.get(key, default)
         if value is None:
             raise self.error(key, "is required: give an integer")
@@ -187,9 +229,7 @@ class _Reader:
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM for v in value
         ):
-            raise self.error(
-                key, f"{show(value)} is not a list of integers from 0 to {MAX_DIM} (one per batch)"
-            )
+            raise self.error(key, f"{show(value)} is not a list of integers from 0 to {MAX_DIM} (one per batch)")
         if not value:
             raise self.error(key, "is empty: give one length per batch entry (at least one)")
         lengths = _SHARED[("lengths", id(value))] = tuple(value)
@@ -234,16 +274,23 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
         if raw_dtype is not None:
             dtype = dtype_name(raw_dtype)
             if dtype is None:
-                raise r.error(f"{key}.dtype", f"{show(raw_dtype)} is not allowed"
-                              f"{_dtype_suggestion(raw_dtype, DTYPES)}; "
-                              f"allowed: {', '.join(DTYPES)}")  # fmt: skip
+                raise r.error(
+                    f"{key}.dtype",
+                    f"{show(raw_dtype)} is not allowed"
+                    f"{_dtype_suggestion(raw_dtype, DTYPES)}; "
+                    f"allowed: {', '.join(DTYPES)}",
+                )
         shape = value.get("shape")
         if shape is not None:
-            if not isinstance(shape, list) or len(shape) > 8 or not all(
-                isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape
+            if (
+                not isinstance(shape, list)
+                or len(shape) > 8
+                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)
             ):
-                raise r.error(f"{key}.shape", f"{show(shape)} is not a list of non-negative integers "
-                              f"(up to 8, each at most {MAX_DIM})")
+                raise r.error(
+                    f"{key}.shape",
+                    f"{show(shape)} is not a list of non-negative integers (up to 8, each at most {MAX_DIM})",
+                )
             if math.prod(shape) > MAX_OVERRIDE_ELEMENTS:
                 raise r.error(f"{key}.shape", f"{show(shape)} holds over {MAX_OVERRIDE_ELEMENTS} elements")
             shape = tuple(shape)
@@ -288,8 +335,11 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
         users = PATTERN_KEYS.get(key)
         if users is not None and pattern not in users:
             which = " or ".join(users)
-            raise sub.error(key, f"pattern {show(pattern)} does not use it ({key} is for pattern {which}); remove "
-                            f"it, or set pattern: {users[0]}")  # fmt: skip
+            raise sub.error(
+                key,
+                f"pattern {show(pattern)} does not use it ({key} is for pattern {which}); remove "
+                f"it, or set pattern: {users[0]}",
+            )
     density = sub.number("density", 0.5)
     if not 0.0 <= density <= 1.0:
         raise sub.error("density", f"{density} is not within [0, 1]")
@@ -309,15 +359,25 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     elif empty_rows in ((), 0) and not isinstance(empty_rows, bool):
         empty = ()
     else:
-        raise sub.error("empty_rows", f"{show(empty_rows)} is neither a fraction in [0, 1] (like 0.25) "
-                        "nor a list of query-block row indices")  # fmt: skip
+        raise sub.error(
+            "empty_rows",
+            f"{show(empty_rows)} is neither a fraction in [0, 1] (like 0.25) nor a list of query-block row indices",
+        )
     per_head = raw.get("per_head", True)
     if not isinstance(per_head, bool):
         raise sub.error("per_head", f"{show(per_head)} is not true or false")
     alignment = sub.choice("causal_alignment", ALIGNMENTS, "top_left")
-    return Sparsity(pattern=pattern, density=density, window=window, stride=stride, explicit=explicit,
-                    explicit_source=source, empty_rows=empty, per_head=per_head,
-                    causal_alignment=alignment)  # fmt: skip
+    return Sparsity(
+        pattern=pattern,
+        density=density,
+        window=window,
+        stride=stride,
+        explicit=explicit,
+        explicit_source=source,
+        empty_rows=empty,
+        per_head=per_head,
+        causal_alignment=alignment,
+    )
 
 
 def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
@@ -342,8 +402,12 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         except (ValueError, TypeError, OverflowError):
             raise r.error("mask", "is a ragged nested list: every row needs the same length") from None
         source = "inline"
-    if array.dtype == object or array.ndim not in (2, 3, 4) or not (
-        array.dtype == bool or np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+    if (
+        array.dtype == object
+        or array.ndim not in (2, 3, 4)
+        or not (
+            array.dtype == bool or np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
+        )
     ):
         raise r.error(
             "mask",
@@ -354,8 +418,11 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         bad = ~((array == 0) | (array == 1))
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise r.error("mask", f"holds {show(array[where].item())} at index {list(where)} (and "
-                          f"{int(bad.sum())} such values): a mask holds only 0 and 1")  # fmt: skip
+            raise r.error(
+                "mask",
+                f"holds {show(array[where].item())} at index {list(where)} (and "
+                f"{int(bad.sum())} such values): a mask holds only 0 and 1",
+            )
     selected = array != 0
     selected.setflags(write=False)
     _SHARED[key] = (selected, source)
@@ -387,8 +454,11 @@ def _read_npy(r: _Reader, spec: Path, relative: str) -> np.ndarray:
     count = math.prod(shape)
     body = len(data) - stream.tell()
     if count * dtype.itemsize != body:
-        raise r.error("mask", f"{str(file)!r}: its header promises shape {list(shape)} {dtype} "
-                      f"({count * dtype.itemsize} bytes), the file holds {body} bytes")  # fmt: skip
+        raise r.error(
+            "mask",
+            f"{str(file)!r}: its header promises shape {list(shape)} {dtype} "
+            f"({count * dtype.itemsize} bytes), the file holds {body} bytes",
+        )
     return np.frombuffer(data, dtype=dtype, offset=stream.tell()).reshape(shape, order="F" if fortran else "C")
 
 
@@ -434,8 +504,13 @@ def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
             raise r.error(f"{key}.{_key(k)}", f"unknown key{_suggest(k, DIST_KEYS)}; allowed: {', '.join(DIST_KEYS)}")
     sub = r.nested(key, raw)
     kind = sub.choice("distribution", ("normal", "uniform"), "normal")
-    dist = Distribution(kind=kind, mean=sub.number("mean", 0.0), std=sub.number("std", 1.0),
-                        low=sub.number("low", -1.0), high=sub.number("high", 1.0))  # fmt: skip
+    dist = Distribution(
+        kind=kind,
+        mean=sub.number("mean", 0.0),
+        std=sub.number("std", 1.0),
+        low=sub.number("low", -1.0),
+        high=sub.number("high", 1.0),
+    )
     if not all(math.isfinite(v) for v in (dist.mean, dist.std, dist.low, dist.high)):
         raise r.error(key, "distribution parameters must be finite numbers")
     if dist.std < 0:
@@ -455,8 +530,9 @@ def _init(r: _Reader) -> Init:
         raise r.error("init", f"{show(raw)} is not a mapping")
     for key in raw:
         if key not in INIT_KEYS:
-            raise r.error(f"init.{_key(key)}", f"unknown key{_suggest(key, INIT_KEYS)}; "
-                          f"allowed: {', '.join(INIT_KEYS)}")  # fmt: skip
+            raise r.error(
+                f"init.{_key(key)}", f"unknown key{_suggest(key, INIT_KEYS)}; allowed: {', '.join(INIT_KEYS)}"
+            )
     base = {k: v for k, v in raw.items() if k in DIST_KEYS}
     per_tensor = {}
     for tensor in TENSORS:
@@ -467,17 +543,21 @@ def _init(r: _Reader) -> Init:
     sink = None
     if raw.get("sink") is not None:
         sub = _mapping(r, "init.sink", raw["sink"], SINK_KEYS, "token, strength")
-        sink = Sink(token=sub.integer("token", 0), strength=_positive(sub, "strength", 8.0, "a finite number > 0 "
-                    "(the sink's score in nats), like 8"))  # fmt: skip
+        sink = Sink(
+            token=sub.integer("token", 0),
+            strength=_positive(sub, "strength", 8.0, "a finite number > 0 (the sink's score in nats), like 8"),
+        )
     logit_std = None
     if raw.get("logit_std") is not None:
-        logit_std = _positive(r.nested("init", raw), "logit_std", 1.0, "a finite number > 0 (the std of "
-                              "scale * q.k), like 20 or 0.01")  # fmt: skip
+        logit_std = _positive(
+            r.nested("init", raw), "logit_std", 1.0, "a finite number > 0 (the std of scale * q.k), like 20 or 0.01"
+        )
         for tensor in ("query", "key"):
             for k in SHAPE_KEYS:
                 if k in (raw.get(tensor) or {}):
-                    raise r.error(f"init.{tensor}.{k}", "logit_std sets the distribution of query and key; give "
-                                  "one or the other")  # fmt: skip
+                    raise r.error(
+                        f"init.{tensor}.{k}", "logit_std sets the distribution of query and key; give one or the other"
+                    )
     return Init(**per_tensor, sink=sink, logit_std=logit_std)
 
 
@@ -501,8 +581,11 @@ def _release(r: _Reader) -> str:
     value = r.get("release", interface.DEFAULT_RELEASE)
     text = str(value) if isinstance(value, (str, int, float)) and not isinstance(value, bool) else None
     if text not in interface.RELEASES:
-        raise r.error("release", f"{show(value)} is not a release bsa knows{_suggest(str(value), interface.RELEASES)}; "
-                      f"allowed: {', '.join(interface.RELEASES)} (write 9.1.0 in quotes or as a string)")  # fmt: skip
+        raise r.error(
+            "release",
+            f"{show(value)} is not a release bsa knows{_suggest(str(value), interface.RELEASES)}; "
+            f"allowed: {', '.join(interface.RELEASES)} (write 9.1.0 in quotes or as a string)",
+        )
     return text
 
 
@@ -511,8 +594,11 @@ def _null_layouts(r: _Reader, raw: Mapping[str, Any]) -> tuple[str, ...]:
     value = r.get("null_layouts", [])
     valid = isinstance(value, list) and all(isinstance(v, str) and v in interface.LAYOUT_KEYS for v in value)
     if not valid or len(set(value)) != len(value):
-        raise r.error("null_layouts", f"{show(value)} is not a list of distinct 'q' (qInputLayout) and 'kv' "
-                      "(kvInputLayout): the layouts the call passes as null pointers")  # fmt: skip
+        raise r.error(
+            "null_layouts",
+            f"{show(value)} is not a list of distinct 'q' (qInputLayout) and 'kv' "
+            "(kvInputLayout): the layouts the call passes as null pointers",
+        )
     nulls = set(value)
     if "kv_layout" in raw and raw["kv_layout"] is None:
         nulls.add("kv")

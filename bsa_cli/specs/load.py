@@ -26,6 +26,7 @@ FILE_KEYS = ("cases", "defaults", "matrix")
 MAX_CASES = 10_000
 """Default limit on the cases a set of specs may expand to (`--max-cases` raises it)."""
 
+
 class SpecErrors(SpecError):
     """Errors of several cases (or files) of one load, in order: one line each (each case's first error)."""
 
@@ -68,17 +69,21 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES, release:
             continue
         for case in loaded:
             if case.name in seen:
-                errors.append(SpecError(
-                    str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name"
-                ))  # fmt: skip
+                errors.append(
+                    SpecError(str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name")
+                )
                 continue
             other = folded.get(case.name.casefold())
             if other is not None:
-                errors.append(SpecError(
-                    str(file), f"case name differs from {other!r} (in {seen[other]}) only in upper and lower case: on "
-                    "a case-insensitive file system (macOS, Windows) both are one folder; give distinct names",
-                    case=case.name, key="name",
-                ))  # fmt: skip
+                errors.append(
+                    SpecError(
+                        str(file),
+                        f"case name differs from {other!r} (in {seen[other]}) only in upper and lower case: on "
+                        "a case-insensitive file system (macOS, Windows) both are one folder; give distinct names",
+                        case=case.name,
+                        key="name",
+                    )
+                )
                 continue
             seen[case.name] = str(file)
             folded[case.name.casefold()] = case.name
@@ -111,9 +116,7 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def load_spec_file(
-    path: Path, max_cases: int = MAX_CASES, before: int = 0, release: str | None = None
-) -> list[Case]:
+def load_spec_file(path: Path, max_cases: int = MAX_CASES, before: int = 0, release: str | None = None) -> list[Case]:
     """Parse, expand and validate the cases of one spec file: at most `max_cases` less the `before` cases
     that earlier files of the same run expanded to; `release` replaces each case's own."""
     try:
@@ -154,11 +157,18 @@ def _load_spec_file(path: Path, max_cases: int, before: int = 0, release: str | 
         total += count
         if count > max_cases:
             sizes = " x ".join(str(len(v)) for v in matrix.values())
-            raise SpecError(file, f"its matrix of {sizes} values expands to {count} cases, more than the limit "
-                            f"of {max_cases}; raise it with --max-cases", case=label, key="matrix")  # fmt: skip
+            raise SpecError(
+                file,
+                f"its matrix of {sizes} values expands to {count} cases, more than the limit "
+                f"of {max_cases}; raise it with --max-cases",
+                case=label,
+                key="matrix",
+            )
         if total + before > max_cases:
-            raise SpecError(file, f"the cases expand to more than the limit of {max_cases} cases{earlier}; "
-                            "raise it with --max-cases")  # fmt: skip
+            raise SpecError(
+                file,
+                f"the cases expand to more than the limit of {max_cases} cases{earlier}; raise it with --max-cases",
+            )
     cases: list[Case] = []
     errors: list[SpecError] = []
     for label, merged, matrix in planned:

@@ -26,6 +26,7 @@ MAX_YAML_VALUES = 500_000
 MAX_YAML_DEPTH = 32
 """Deepest nesting of lists and mappings in a spec."""
 
+
 class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """YAML's safe loader, refusing duplicate keys, and reading `1e-3` as the number users mean.
 
@@ -80,8 +81,11 @@ def read_yaml(path: Path) -> Any:
         data = read_regular(path, MAX_SPEC_BYTES)
     except DataError as exc:
         if "more than" in exc.message:
-            raise SpecError(file, f"{exc.message}: a spec holds at most {MAX_SPEC_BYTES >> 20} MiB "
-                            "(put large explicit masks in .npy files)") from None  # fmt: skip
+            raise SpecError(
+                file,
+                f"{exc.message}: a spec holds at most {MAX_SPEC_BYTES >> 20} MiB "
+                "(put large explicit masks in .npy files)",
+            ) from None
         raise SpecError(file, f"cannot be read: {exc.message}") from None
     try:
         text = data.decode("utf-8")
@@ -130,8 +134,11 @@ def _check_nodes(file: str, root: yaml.Node) -> None:
                 height = max(height, child_height + 1)
             sizes[key] = (size, height)
             if size > MAX_YAML_VALUES:
-                raise SpecError(file, f"its YAML expands to more than {MAX_YAML_VALUES} values (aliases "
-                                "counted each time they are used): an alias bomb?")  # fmt: skip
+                raise SpecError(
+                    file,
+                    f"its YAML expands to more than {MAX_YAML_VALUES} values (aliases "
+                    "counted each time they are used): an alias bomb?",
+                )
             if height > MAX_YAML_DEPTH:
                 raise SpecError(file, f"nested deeper than the {MAX_YAML_DEPTH} levels a spec may use")
             continue
@@ -143,9 +150,7 @@ def _check_nodes(file: str, root: yaml.Node) -> None:
         open_nodes.add(key)
         stack.append((node, True))
         stack.extend(
-            (child, False)
-            for child in children
-            if not isinstance(child, yaml.ScalarNode) and id(child) not in sizes
+            (child, False) for child in children if not isinstance(child, yaml.ScalarNode) and id(child) not in sizes
         )
 
 

@@ -71,6 +71,7 @@ class Diagnosis:
     causes: tuple[Cause, ...]
     hypotheses: tuple[Hypothesis, ...]
 
+
 # ---- the diagnosis --------------------------------------------------------------------------------
 
 
@@ -110,8 +111,11 @@ def diagnose(
     nonfinite = nonfinite_cause(case, failing, device, golden, spans)
     if nonfinite is not None:
         causes.append(nonfinite)
-        tried.append(Hypothesis("non-finite", "NaN/Inf written where the golden is finite", 1.0,
-                "explains: " + nonfinite.evidence))
+        tried.append(
+            Hypothesis(
+                "non-finite", "NaN/Inf written where the golden is finite", 1.0, "explains: " + nonfinite.evidence
+            )
+        )
     zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
     if zero:
         text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
@@ -135,8 +139,10 @@ def diagnose(
     for v in VARIANTS:
         why = applies(case, ctx, v)
         if why is None and local is not None:
-            why = (f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks "
-                   "does not produce")
+            why = (
+                f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks "
+                "does not produce"
+            )
         if why is None and done is not None:
             why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
         if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
@@ -147,6 +153,7 @@ def diagnose(
         if why is not None:
             tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
             continue
+
         def value(target: Target, v: Variant = v) -> np.ndarray:
             if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
                 return blocks.data[target][2]
@@ -156,12 +163,21 @@ def diagnose(
         screened = [value(t) for t in screen]
         first, measured = blocks.explained_on(screen, screened)
         if first < 0.5 and measured:
-            tried.append(Hypothesis(v.kind, v.supposes, first,
-                                    f"ruled out: explains {first:.0%} of the error of the worst failing block"))
+            tried.append(
+                Hypothesis(
+                    v.kind,
+                    v.supposes,
+                    first,
+                    f"ruled out: explains {first:.0%} of the error of the worst failing block",
+                )
+            )
             continue
         if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
-            tried.append(Hypothesis(v.kind, v.supposes, 0.0,
-                                    "ruled out: it does not put NaN/Inf where the worst failing block has them"))
+            tried.append(
+                Hypothesis(
+                    v.kind, v.supposes, 0.0, "ruled out: it does not put NaN/Inf where the worst failing block has them"
+                )
+            )
             continue
         values = [value(t) for t in blocks.targets]
         extra = [t for t in changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
@@ -174,8 +190,12 @@ def diagnose(
             if blocks.predicts_nonfinite(values):
                 text += "; it puts NaN/Inf where the device has them"
             follows = f" (follows from: {v.supposes})"
-            causes[:] = [replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
-                         if c.kind == "non-finite" and follows not in c.evidence else c for c in causes]  # fmt: skip
+            causes[:] = [
+                replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
+                if c.kind == "non-finite" and follows not in c.evidence
+                else c
+                for c in causes
+            ]
         if share >= 0.5:
             causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", blocks.failing, where))
             tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
@@ -184,12 +204,18 @@ def diagnose(
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
     if done is None and (local is None or local.kind == "rows-permuted"):  # rows at other places: misplaced?
-        placed = max(layout(case, failing, device, golden, benchmark, causes, tried),
-                     length_boundary(case, failing, device, golden, benchmark, spans, causes, tried))
+        placed = max(
+            layout(case, failing, device, golden, benchmark, causes, tried),
+            length_boundary(case, failing, device, golden, benchmark, spans, causes, tried),
+        )
         if placed >= PLACED:  # the values are right, at the wrong place
             best = max((c for c in causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
-            causes[:] = [replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
-                         if c.kind == "non-finite" else c for c in causes]  # fmt: skip
+            causes[:] = [
+                replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
+                if c.kind == "non-finite"
+                else c
+                for c in causes
+            ]
             reason = f"not tried: '{best.kind}' already explains {placed:.0%} of the error"
             for kind, supposes in _PATTERNS:
                 tried.append(Hypothesis(kind, supposes, 0.0, reason))

@@ -23,8 +23,6 @@ from ...rounding import to_dtype
 LOG2E = math.log2(math.e)
 
 
-
-
 @dataclass(frozen=True)
 class Variant:
     """A hypothesis to recompute: how the faulty kernel differs from the operator's semantics."""
@@ -42,10 +40,12 @@ class Variant:
 VARIANTS = (
     Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
     Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
-    Variant("block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)",
-            mask="kv+1"),
-    Variant("block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)",
-            mask="kv-1"),
+    Variant(
+        "block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)", mask="kv+1"
+    ),
+    Variant(
+        "block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)", mask="kv-1"
+    ),
     Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
     Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
     Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
@@ -95,8 +95,9 @@ class Context:
             self.cache[key] = np.asarray(view, dtype=np.float64)
         return self.cache[key]
 
-    def products(self, batch: int, head: int, rows: np.ndarray, cols: np.ndarray,
-                 kv_head: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    def products(
+        self, batch: int, head: int, rows: np.ndarray, cols: np.ndarray, kv_head: int
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Q K^T (unscaled) and dout V^T of some rows and columns: shared by every hypothesis that reads the
         same blocks (lse, Dsum, scale), computed once."""
         key = (batch, head, kv_head, rows.tobytes(), cols.tobytes())
@@ -104,15 +105,18 @@ class Context:
             if len(self.shared) >= 512:  # a bound on the memory held
                 self.shared.clear()
             query, dout = self.q_side("query", batch, head)[rows], self.q_side("dout", batch, head)[rows]
-            self.shared[key] = (query @ self.kv_side("key", batch, kv_head)[cols].T,
-                                dout @ self.kv_side("value", batch, kv_head)[cols].T)  # fmt: skip
+            self.shared[key] = (
+                query @ self.kv_side("key", batch, kv_head)[cols].T,
+                dout @ self.kv_side("value", batch, kv_head)[cols].T,
+            )
         return self.shared[key]
 
     def mask(self, variant: Variant, batch: int) -> np.ndarray:
         key = (variant.mask, batch)
         if key not in self.masks:
-            self.masks[key] = read_mask(self.case, np.asarray(self.inputs["block_sparse_mask"]),
-                    self.spans[batch], variant.mask)
+            self.masks[key] = read_mask(
+                self.case, np.asarray(self.inputs["block_sparse_mask"]), self.spans[batch], variant.mask
+            )
         return self.masks[key]
 
     def kv_head(self, variant: Variant, head: int) -> int:
@@ -165,8 +169,9 @@ def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) 
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def score_grads(ctx: Context, v: Variant, batch: int, head: int, rows: np.ndarray, cols: np.ndarray,
-             kv_head: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+def score_grads(
+    ctx: Context, v: Variant, batch: int, head: int, rows: np.ndarray, cols: np.ndarray, kv_head: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Return (dS, P) [rows, cols] of query head `head` against kv head `kv_head` under the variant."""
     product, dprobs = ctx.products(batch, head, rows, cols, kv_head)
     scores = ctx.scale(v) * product
@@ -248,7 +253,6 @@ def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, 
         view = kv_view(case, array, span)[target.head]
         size, length = y, span.kv_len
     return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
-
 
 
 NULL = Variant("", "")

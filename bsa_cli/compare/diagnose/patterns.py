@@ -36,8 +36,13 @@ def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[i
     return f"batch {b} head {n} row {s} (block {s // size})"
 
 
-def nonfinite_cause(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
-               golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan]) -> Cause | None:  # fmt: skip
+def nonfinite_cause(
+    case: Case,
+    failing: Sequence[TensorResult],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    spans: Mapping[int, SequenceSpan],
+) -> Cause | None:
     parts, where, names = [], [], []
     for result in failing:
         if not any(c.name == "nonfinite" and not c.passed for c in result.checks):
@@ -47,8 +52,10 @@ def nonfinite_cause(case: Case, failing: Sequence[TensorResult], device: Mapping
         count = int(bad.sum())
         rows = np.unique(np.argwhere(bad)[:, :-1], axis=0)
         first = _index_words(case, result.name, tuple(int(i) for i in rows[0]), spans) if rows.size else "-"
-        parts.append(f"{result.name}: {count} NaN/Inf ({result.device.nan_count} NaN, {result.device.inf_count} Inf) "
-                     f"in {len(rows)} rows where the golden is finite, first at {first}")  # fmt: skip
+        parts.append(
+            f"{result.name}: {count} NaN/Inf ({result.device.nan_count} NaN, {result.device.inf_count} Inf) "
+            f"in {len(rows)} rows where the golden is finite, first at {first}"
+        )
         where.append(f"{result.name} {first}")
         names.append(result.name)
     if not parts:
@@ -56,8 +63,14 @@ def nonfinite_cause(case: Case, failing: Sequence[TensorResult], device: Mapping
     return Cause("non-finite", 1.0, "; ".join(parts), tuple(names), tuple(where))
 
 
-def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blocks: Blocks,
-                   causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+def diagnose_bias(
+    case: Case,
+    ctx: Context,
+    failing: Sequence[TensorResult],
+    blocks: Blocks,
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
     """A failure of the bias check alone: a precision bias, or the scale held in the case dtype."""
     words = []
     for result in failing:
@@ -80,8 +93,11 @@ def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blo
         for name in names:
             picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
             bench = [blocks.bench[i] for i in picks]
-            own = _relative_bias(bench, [blocks.null[i] for i in picks],
-                    thd) if all(b is not None for b in bench) else 0.0
+            own = (
+                _relative_bias(bench, [blocks.null[i] for i in picks], thd)
+                if all(b is not None for b in bench)
+                else 0.0
+            )
             null_bias = _relative_bias([blocks.device[i] for i in picks], [blocks.null[i] for i in picks], thd) - own
             hyp_bias = _relative_bias([blocks.device[i] for i in picks], [values[i] for i in picks], thd) - own
             if null_bias == 0:
@@ -106,8 +122,14 @@ def _relative_bias(device: Sequence[Any], golden: Sequence[np.ndarray], thd: flo
 
 
 def _scale_factor_words(factor: float, scale: float) -> str:
-    named = {"1/scale: the scale not applied": 1 / scale, "scale: the scale applied twice": scale,
-             "scale^2": scale * scale, "1/2": 0.5, "2": 2.0, "-1: the sign flipped": -1.0}  # fmt: skip
+    named = {
+        "1/scale: the scale not applied": 1 / scale,
+        "scale: the scale applied twice": scale,
+        "scale^2": scale * scale,
+        "1/2": 0.5,
+        "2": 2.0,
+        "-1: the sign flipped": -1.0,
+    }
     for words, value in named.items():
         if value != 1 and abs(factor / value - 1) < 0.01:
             return f"{factor:.4g} (= {words})"
@@ -128,8 +150,11 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
     off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
     supposes = "a gradient off by a constant factor"
     if not off:
-        tried.append(Hypothesis("scale", supposes, 0.0,
-                "ruled out: the least-squares factor of every failing tensor is within 1% of 1"))
+        tried.append(
+            Hypothesis(
+                "scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
+            )
+        )
         return
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
@@ -143,7 +168,7 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
 def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
     """Failing blocks left all zero where the golden is not."""
     total, zero, where = 0.0, 0.0, []
-    for target, dev, null, in zip(blocks.targets, blocks.device, blocks.null, strict=True):
+    for target, dev, null in zip(blocks.targets, blocks.device, blocks.null, strict=True):
         if target.tensor not in blocks.failing:
             continue
         energy = float(((dev - null) ** 2).sum()) / blocks.noise[target.tensor]
@@ -155,8 +180,9 @@ def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) ->
     supposes = "blocks left zero (never written)"
     if where and share >= 0.5:
         text = f"{len(where)} of the failing blocks are all zero where the golden is not: {', '.join(where[:3])}"
-        causes.append(Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})),
-                tuple(where[:3])))
+        causes.append(
+            Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})), tuple(where[:3]))
+        )
         tried.append(Hypothesis("not-written", supposes, 0.8 * share, f"fits {share:.0%} of the error: {text}"))
         return
     zeros = zero_share(blocks)
@@ -165,8 +191,14 @@ def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) ->
         causes.append(Cause("not-written", 0.8 * zeros, text, blocks.failing, ()))
         tried.append(Hypothesis("not-written", supposes, 0.8 * zeros, "fits: " + text))
     else:
-        tried.append(Hypothesis("not-written", supposes, 0.0,
-                f"ruled out: no failing block is all zero ({len(where)} found), {zeros:.0%} of the error in zeros"))
+        tried.append(
+            Hypothesis(
+                "not-written",
+                supposes,
+                0.0,
+                f"ruled out: no failing block is all zero ({len(where)} found), {zeros:.0%} of the error in zeros",
+            )
+        )
 
 
 def zero_share(blocks: Blocks) -> float:
@@ -183,8 +215,15 @@ def zero_share(blocks: Blocks) -> float:
     return zero / total if total else 0.0
 
 
-def _local_cause(blocks: Blocks, share: float, text: str, where: tuple[str, ...], supposes: str,
-                 causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+def _local_cause(
+    blocks: Blocks,
+    share: float,
+    text: str,
+    where: tuple[str, ...],
+    supposes: str,
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
     """Name errors confined to a few tiles or pieces: not-written where the device left them zero."""
     zeros = zero_share(blocks)
     if zeros >= 0.9:
@@ -206,8 +245,13 @@ def _block_excess(result: TensorResult) -> np.ndarray | None:
     return np.maximum(dev - 2.0 * bench, 0.0)
 
 
-def tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Mapping[int, SequenceSpan],
-                  causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+def tail_pattern(
+    case: Case,
+    failing: Sequence[TensorResult],
+    spans: Mapping[int, SequenceSpan],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
     """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv)."""
     x, y = case.block_shape
     shares, where = [], []
@@ -227,17 +271,27 @@ def tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Mapping[int
     supposes = "errors confined to the partial last blocks"
     share = min(shares) if shares else 0.0
     if share >= 0.8:
-        text = (f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks "
-                "(Sq % X, Skv % Y)")
+        text = (
+            f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks (Sq % X, Skv % Y)"
+        )
         causes.append(Cause("tail-block", 0.85 * share, text, tuple(where), ()))
         tried.append(Hypothesis("tail-block", supposes, 0.85 * share, "fits: " + text))
     else:
-        tried.append(Hypothesis("tail-block", supposes, 0.85 * share,
-                f"ruled out: {share:.0%} of the excess error in tail blocks"))
+        tried.append(
+            Hypothesis(
+                "tail-block", supposes, 0.85 * share, f"ruled out: {share:.0%} of the excess error in tail blocks"
+            )
+        )
 
 
-def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], blocks: Blocks,
-                  causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+def race_pattern(
+    case: Case,
+    ctx: Context,
+    tensors: Sequence[TensorResult],
+    blocks: Blocks,
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
     """dK/dV wrong only in a few kv blocks that two or more pairs add into, dq right: a lost update."""
     supposes = "a race in the dK/dV accumulation (an update lost in a shared kv block)"
     by_name = {t.name: t for t in tensors}
@@ -245,49 +299,64 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
         tried.append(Hypothesis("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass"))
         return
     null = NULL
-    kv_targets = [(i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk",
-            "dv") and t.tensor in blocks.failing]
-    bad = [(i, t) for i, t in kv_targets
-           if float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS]
+    kv_targets = [
+        (i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk", "dv") and t.tensor in blocks.failing
+    ]
+    bad = [
+        (i, t)
+        for i, t in kv_targets
+        if float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS
+    ]
     bad_blocks = sorted({(t.batch, t.head, t.block) for _, t in bad})
     if not bad_blocks or len(bad_blocks) > 2:
-        tried.append(Hypothesis("accumulation-race", supposes, 0.0,
-                                f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"))
+        tried.append(
+            Hypothesis(
+                "accumulation-race", supposes, 0.0, f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
+            )
+        )
         return
     explained = []
     for batch, kv_head, block in bad_blocks:
         mask = ctx.mask(null, batch)
-        pairs = [(h, int(i)) for h in range(case.num_heads) if ctx.kv_head(null, h) == kv_head
-                 for i in np.flatnonzero(mask[h, :, block])]  # fmt: skip
+        pairs = [
+            (h, int(i))
+            for h in range(case.num_heads)
+            if ctx.kv_head(null, h) == kv_head
+            for i in np.flatnonzero(mask[h, :, block])
+        ]
         if len(pairs) < 2:
-            tried.append(Hypothesis("accumulation-race", supposes, 0.0,
-                    "ruled out: a failing kv block only one pair selects"))
+            tried.append(
+                Hypothesis("accumulation-race", supposes, 0.0, "ruled out: a failing kv block only one pair selects")
+            )
             return
         picks = [i for i, t in kv_targets if (t.batch, t.head, t.block) == (batch, kv_head, block)]
         best = 0.0
         for head, q_block in pairs[:64]:
             lost = _pair_partial(ctx, batch, head, q_block, kv_head, block)
             err_null = sum(float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) for i in picks)
-            err_hyp = sum(float(((blocks.device[i] - blocks.null[i] + lost[blocks.targets[i].tensor]) ** 2).sum())
-                          for i in picks)  # fmt: skip
+            err_hyp = sum(
+                float(((blocks.device[i] - blocks.null[i] + lost[blocks.targets[i].tensor]) ** 2).sum()) for i in picks
+            )
             best = max(best, 1.0 - err_hyp / err_null if err_null else 0.0)
         explained.append(best)
     share = min(explained)
     names = ", ".join(f"batch {b} kv head {n} kv block {j}" for b, n, j in bad_blocks)
     if share >= 0.8:
-        text = (f"dq right, dK/dV wrong only in {names}, selected by two or more pairs; one pair's partial "
-                f"missing explains {share:.0%} of it")
+        text = (
+            f"dq right, dK/dV wrong only in {names}, selected by two or more pairs; one pair's partial "
+            f"missing explains {share:.0%} of it"
+        )
         score = 0.95 * share
     else:
         text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs"
         score = 0.6
-    causes.append(Cause("accumulation-race", score, text, tuple(n for n in ("dk", "dv") if n in blocks.failing),
-            (names,)))
+    causes.append(
+        Cause("accumulation-race", score, text, tuple(n for n in ("dk", "dv") if n in blocks.failing), (names,))
+    )
     tried.append(Hypothesis("accumulation-race", supposes, score, "fits: " + text))
 
 
-def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str,
-        np.ndarray]:
+def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str, np.ndarray]:
     """One (query head, query block) pair's share of a kv block's dK and dV."""
     case, span = ctx.case, ctx.spans[batch]
     x, y = case.block_shape
@@ -295,13 +364,22 @@ def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: in
     rows = np.arange(q_block * x, min((q_block + 1) * x, span.q_len))
     cols = np.arange(block * y, min((block + 1) * y, span.kv_len))
     dscores, probs = score_grads(ctx, null, batch, head, rows, cols, kv_head)
-    return {"dk": ctx.scale(null) * (dscores.T @ ctx.q_side("query", batch, head)[rows]),
-            "dv": probs.T @ ctx.q_side("dout", batch, head)[rows]}  # fmt: skip
+    return {
+        "dk": ctx.scale(null) * (dscores.T @ ctx.q_side("query", batch, head)[rows]),
+        "dv": probs.T @ ctx.q_side("dout", batch, head)[rows],
+    }
 
 
-def rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: Blocks, device: Mapping[str, np.ndarray],
-                   golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan],
-                   causes: list[Cause], tried: list[Hypothesis]) -> None:  # fmt: skip
+def rows_permuted(
+    case: Case,
+    failing: Sequence[TensorResult],
+    blocks: Blocks,
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    spans: Mapping[int, SequenceSpan],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
     """Device rows that equal golden rows at other positions of the same head."""
     supposes = "device rows that hold the golden rows of other positions"
     matched, bad_total, where = 0, 0, []
@@ -340,17 +418,27 @@ def rows_permuted(case: Case, failing: Sequence[TensorResult], blocks: Blocks, d
         energy_all += float(row_err[bad].sum())
         energy_matched += float(row_err[bad][ok].sum())
         for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
-            where.append(f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
-                         f"holds golden row {int(s)}")
+            where.append(
+                f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
+                f"holds golden row {int(s)}"
+            )
     share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
-        text = (f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
-                f"{'; '.join(where[:2])}")
+        text = (
+            f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
+            f"{'; '.join(where[:2])}"
+        )
         causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
         tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
     else:
-        tried.append(Hypothesis("rows-permuted", supposes, 0.0,
-                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"))
+        tried.append(
+            Hypothesis(
+                "rows-permuted",
+                supposes,
+                0.0,
+                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row",
+            )
+        )
 
 
 def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
@@ -369,20 +457,29 @@ def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypo
         tiles = np.add.reduceat(np.add.reduceat(err, starts_r, axis=0), starts_c, axis=1)
         for r, c in zip(*np.nonzero(tiles > 0), strict=True):
             row = target.block * size + int(starts_r[r])
-            energies.append((float(tiles[r, c]) / blocks.noise[target.tensor],
-                             f"{target.words()} tile at row {row}, column {int(starts_c[c])}"))  # fmt: skip
+            energies.append(
+                (
+                    float(tiles[r, c]) / blocks.noise[target.tensor],
+                    f"{target.words()} tile at row {row}, column {int(starts_c[c])}",
+                )
+            )
     total = sum(e for e, _ in energies)
     energies.sort(key=lambda e: -e[0])
     top = energies[:4]
     share = sum(e for e, _ in top) / total if total else 0.0
     if share >= 0.9:
         many = sum(1 for e, _ in energies if e >= 0.05 * total)
-        text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
-                f"tile{'s' if many != 1 else ''}: {top[0][1]}")
+        text = (
+            f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
+            f"tile{'s' if many != 1 else ''}: {top[0][1]}"
+        )
         _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
     else:
-        tried.append(Hypothesis("tile-local", supposes, 0.0,
-                f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"))
+        tried.append(
+            Hypothesis(
+                "tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"
+            )
+        )
 
 
 PIECE = 128
@@ -403,24 +500,31 @@ def piece_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hyp
         size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
         for start in range(0, err.size, PIECE):
             row = target.block * size + start
-            energies.append((max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor],
-                             f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}"))  # fmt: skip
+            energies.append(
+                (
+                    max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor],
+                    f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}",
+                )
+            )
     total = sum(e for e, _ in energies)
     energies.sort(key=lambda e: -e[0])
     top = energies[:2]
     share = sum(e for e, _ in top) / total if total and len(energies) >= 4 else 0.0
     if share >= 0.9:
         many = sum(1 for e, _ in energies if e >= 0.05 * total)
-        text = (f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
-                f"piece{'s' if many != 1 else ''}: {top[0][1]}")
+        text = (
+            f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
+            f"piece{'s' if many != 1 else ''}: {top[0][1]}"
+        )
         _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
     else:
         why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
         tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: {why}"))
 
 
-def _accumulated(case: Case, block_mask: np.ndarray, name: str, spans: Mapping[int, SequenceSpan],
-                 shape: tuple[int, ...]) -> np.ndarray:  # fmt: skip
+def _accumulated(
+    case: Case, block_mask: np.ndarray, name: str, spans: Mapping[int, SequenceSpan], shape: tuple[int, ...]
+) -> np.ndarray:
     """Blocks each block of a gradient accumulates ([B, heads, blocks], as the block map): a dq block its
     selected kv blocks, a dk/dv block the (query head, query block) pairs that select it."""
     counts = np.zeros(shape)
@@ -444,9 +548,15 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
-def accumulation_precision(case: Case, failing: Sequence[TensorResult], golden: Mapping[str, np.ndarray],
-                           block_mask: np.ndarray, spans: Mapping[int, SequenceSpan], causes: list[Cause],
-                           tried: list[Hypothesis]) -> None:  # fmt: skip
+def accumulation_precision(
+    case: Case,
+    failing: Sequence[TensorResult],
+    golden: Mapping[str, np.ndarray],
+    block_mask: np.ndarray,
+    spans: Mapping[int, SequenceSpan],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
     """A relative error (beyond the benchmark's) that grows with the blocks each row or column accumulates."""
     supposes = "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"
     fits, words = [], []
@@ -464,8 +574,9 @@ def accumulation_precision(case: Case, failing: Sequence[TensorResult], golden: 
             for j in range(n_blocks):
                 piece = gold[:, j * size : (j + 1) * size]
                 gold_rms[span.batch, :, j] = np.sqrt((piece**2).mean(axis=(1, 2)))
-        excess = np.sqrt(np.maximum(np.nan_to_num(block_map.rmse) ** 2 - np.nan_to_num(block_map.rmse_benchmark) ** 2,
-                                    0.0))  # fmt: skip
+        excess = np.sqrt(
+            np.maximum(np.nan_to_num(block_map.rmse) ** 2 - np.nan_to_num(block_map.rmse_benchmark) ** 2, 0.0)
+        )
         use = (counts > 0) & (gold_rms > 0) & np.isfinite(block_map.rmse)
         if len(np.unique(counts[use])) < 3:
             continue
@@ -476,17 +587,25 @@ def accumulation_precision(case: Case, failing: Sequence[TensorResult], golden: 
         low, high = count <= np.quantile(count, 1 / 3), count >= np.quantile(count, 2 / 3)
         growth = float(relative[high].mean() / max(relative[low].mean(), 1e-30))
         fits.append((corr, growth))
-        words.append(f"{result.name}: rank correlation {corr:.2f} between a block's relative excess error and the "
-                     f"{int(count.min())}-{int(count.max())} blocks it accumulates, {growth:.3g}x from the fewest "
-                     "to the most")  # fmt: skip
+        words.append(
+            f"{result.name}: rank correlation {corr:.2f} between a block's relative excess error and the "
+            f"{int(count.min())}-{int(count.max())} blocks it accumulates, {growth:.3g}x from the fewest "
+            "to the most"
+        )
     if fits and all(corr >= 0.6 and growth >= 1.5 for corr, growth in fits):
         score = 0.8 * min(corr for corr, _ in fits)
         text = "; ".join(words)
         causes.append(Cause("accumulation-precision", score, text, tuple(t.name for t in failing), ()))
         tried.append(Hypothesis("accumulation-precision", supposes, score, "fits: " + text))
     else:
-        tried.append(Hypothesis("accumulation-precision", supposes, 0.0,
-                "ruled out: " + ("; ".join(words) if words else "too few distinct accumulation counts")))
+        tried.append(
+            Hypothesis(
+                "accumulation-precision",
+                supposes,
+                0.0,
+                "ruled out: " + ("; ".join(words) if words else "too few distinct accumulation counts"),
+            )
+        )
 
 
 def block_local(case: Case, failing: Sequence[TensorResult], causes: list[Cause], tried: list[Hypothesis]) -> None:

@@ -49,8 +49,13 @@ def _floor(case: Case, golden: np.ndarray) -> float:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _rows(case: Case, name: str, device: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray],
-          benchmark: Mapping[str, np.ndarray] | None) -> _Rows:  # fmt: skip
+def _rows(
+    case: Case,
+    name: str,
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+) -> _Rows:
     gold = _global_rows(case, golden[name])
     dev = _global_rows(case, device[name])
     dev = np.where(np.isfinite(dev), dev, np.nan_to_num(gold))
@@ -78,8 +83,9 @@ def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[t
     return out
 
 
-def _shift_candidates(case: Case, rows: _Rows, entries: Sequence[tuple[int, int, int]], start: int,
-                      worst: np.ndarray) -> list[int]:  # fmt: skip
+def _shift_candidates(
+    case: Case, rows: _Rows, entries: Sequence[tuple[int, int, int]], start: int, worst: np.ndarray
+) -> list[int]:
     """Offsets to try for an entry: small ones, the other entries' starts, and those at which the golden
     holds the entry's worst device rows (any offset a misplaced write gives)."""
     x, y = case.block_shape
@@ -106,8 +112,9 @@ def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
     return ok
 
 
-def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]) -> tuple[np.ndarray,
-        list[str]]:  # fmt: skip
+def _shifted_entries(
+    case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]
+) -> tuple[np.ndarray, list[str]]:
     """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry)."""
     count = rows.golden.shape[0]
     explained = np.zeros(count, dtype=bool)
@@ -139,10 +146,16 @@ def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Mapping[int, Seq
     return explained, words
 
 
-def length_boundary(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
-                    golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
-                    spans: Mapping[int, SequenceSpan], causes: list[Cause],
-                    tried: list[Hypothesis]) -> float:  # fmt: skip
+def length_boundary(
+    case: Case,
+    failing: Sequence[TensorResult],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    spans: Mapping[int, SequenceSpan],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> float:
     """Errors past the actual lengths (padding rows written) or a batch entry's rows at another offset.
 
     Returns the share of the failing tensors' excess error it explains (the smallest of theirs)."""
@@ -161,8 +174,10 @@ def length_boundary(case: Case, failing: Sequence[TensorResult], device: Mapping
         share = float(rows.excess[padding | shifted].sum()) / total
         shares.append(share)
         if padding.any() and float(rows.excess[padding].sum()) > 0.05 * total:
-            words.append(f"{result.name}: {int(padding.sum())} rows past the actual lengths written "
-                         f"({float(rows.excess[padding].sum()) / total:.0%} of its excess error)")  # fmt: skip
+            words.append(
+                f"{result.name}: {int(padding.sum())} rows past the actual lengths written "
+                f"({float(rows.excess[padding].sum()) / total:.0%} of its excess error)"
+            )
         words.extend(shift_words)
     share = min(shares) if shares else 0.0
     if share >= 0.8 and words:
@@ -170,8 +185,14 @@ def length_boundary(case: Case, failing: Sequence[TensorResult], device: Mapping
         causes.append(Cause("length-boundary", 0.97 * share, text, tuple(t.name for t in failing), tuple(words[:3])))
         tried.append(Hypothesis("length-boundary", supposes, 0.97 * share, "fits: " + text))
         return share
-    tried.append(Hypothesis("length-boundary", supposes, 0.0,
-            f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries"))
+    tried.append(
+        Hypothesis(
+            "length-boundary",
+            supposes,
+            0.0,
+            f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries",
+        )
+    )
     return 0.0
 
 
@@ -180,24 +201,50 @@ def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]
     out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = []
     other = "bfloat16" if case.dtype == "float16" else "float16"
     other_type = numpy_dtype(other)
-    out.append((f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)",
-                lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type)))  # fmt: skip
+    out.append(
+        (
+            f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)",
+            lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type),
+        )
+    )
     if case.layout == "TND":
-        out.append(("written in [N, T, D] order, read as TND",
-                    lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2]).transpose(1, 0, 2)))
-        out.append(("written in TND order with T and N read transposed",
-                    lambda a: a.transpose(1, 0, 2).reshape(a.shape)))
-        out.append(("written in [T, D, N] order, read as TND",
-                    lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1]).transpose(0, 2, 1)))
+        out.append(
+            (
+                "written in [N, T, D] order, read as TND",
+                lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2]).transpose(1, 0, 2),
+            )
+        )
+        out.append(
+            ("written in TND order with T and N read transposed", lambda a: a.transpose(1, 0, 2).reshape(a.shape))
+        )
+        out.append(
+            (
+                "written in [T, D, N] order, read as TND",
+                lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1]).transpose(0, 2, 1),
+            )
+        )
     else:
-        out.append(("written as BSND ([B, S, N, D]), read as BNSD",
-                    lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1], a.shape[3]).transpose(0, 2, 1, 3)))
-        out.append(("S and N read transposed (BNSD bytes taken as BSND)",
-                    lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape)))
-        out.append(("written as BNDS ([B, N, D, S]), read as BNSD",
-                    lambda a: a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[2]).transpose(0, 1, 3, 2)))
-        out.append(("written as NBSD ([N, B, S, D]), read as BNSD",
-                    lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2], a.shape[3]).transpose(1, 0, 2, 3)))
+        out.append(
+            (
+                "written as BSND ([B, S, N, D]), read as BNSD",
+                lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1], a.shape[3]).transpose(0, 2, 1, 3),
+            )
+        )
+        out.append(
+            ("S and N read transposed (BNSD bytes taken as BSND)", lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape))
+        )
+        out.append(
+            (
+                "written as BNDS ([B, N, D, S]), read as BNSD",
+                lambda a: a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[2]).transpose(0, 1, 3, 2),
+            )
+        )
+        out.append(
+            (
+                "written as NBSD ([N, B, S, D]), read as BNSD",
+                lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2], a.shape[3]).transpose(1, 0, 2, 3),
+            )
+        )
     return out
 
 
@@ -205,9 +252,12 @@ SAMPLE = 2048
 """Elements a layout reading is first tried on (evenly spread): a wrong reading misses nearly all of them."""
 
 
-def _reading_share(readings: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray],
-                   noise: Mapping[str, float],
-                   null: Mapping[str, float]) -> tuple[float, dict[str, float]]:  # fmt: skip
+def _reading_share(
+    readings: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    noise: Mapping[str, float],
+    null: Mapping[str, float],
+) -> tuple[float, dict[str, float]]:
     """The share of the excess error a reading removes, and each tensor's error in benchmark units."""
     hyp, ratios = 0.0, {}
     for name, values in readings.items():
@@ -222,8 +272,7 @@ def _reading_share(readings: Mapping[str, np.ndarray], golden: Mapping[str, np.n
     return (max(0.0, 1.0 - hyp / total) if total > 0 and np.isfinite(hyp) else 0.0), ratios
 
 
-def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.ndarray | None) -> tuple[
-        float, float]:  # fmt: skip
+def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.ndarray | None) -> tuple[float, float]:
     noise = 0.0
     if bench is not None:
         noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
@@ -235,9 +284,15 @@ def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.nda
     return noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
 
 
-def layout(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.ndarray],
-           golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
-           causes: list[Cause], tried: list[Hypothesis]) -> float:  # fmt: skip
+def layout(
+    case: Case,
+    failing: Sequence[TensorResult],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> float:
     """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
 
     Each reading is tried on `SAMPLE` elements first, then on the whole tensors. Returns the share of the
@@ -262,28 +317,47 @@ def layout(case: Case, failing: Sequence[TensorResult], device: Mapping[str, np.
         elif np.array_equal(read(index)[picks[names[0]]], index[picks[names[0]]]):
             tried.append(Hypothesis("layout", supposes, 0.0, "not tried: the same reading in this case"))
             continue
-        share, ratios = _reading_share({n: read(arrays[n])[picks[n]] for n in names},
-                                       {n: v[0] for n, v in sample.items()}, {n: v[1] for n, v in sample.items()},
-                                       {n: v[2] for n, v in sample.items()})  # fmt: skip
+        share, ratios = _reading_share(
+            {n: read(arrays[n])[picks[n]] for n in names},
+            {n: v[0] for n, v in sample.items()},
+            {n: v[1] for n, v in sample.items()},
+            {n: v[2] for n, v in sample.items()},
+        )
         if share >= 0.8:  # then on the whole tensors
             for name in names:
                 if name not in whole:
                     gold = np.nan_to_num(np.asarray(golden[name], dtype=np.float64))
                     bench = benchmark[name] if benchmark is not None else None
                     whole[name] = (gold, *_noise_and_null(case, gold, arrays[name], bench))
-            share, ratios = _reading_share({n: read(arrays[n]) for n in names}, {n: v[0] for n, v in whole.items()},
-                                           {n: v[1] for n, v in whole.items()},
-                                           {n: v[2] for n, v in whole.items()})  # fmt: skip
+            share, ratios = _reading_share(
+                {n: read(arrays[n]) for n in names},
+                {n: v[0] for n, v in whole.items()},
+                {n: v[1] for n, v in whole.items()},
+                {n: v[2] for n, v in whole.items()},
+            )
         else:
-            tried.append(Hypothesis("layout", supposes, share,
-                    f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements"))
+            tried.append(
+                Hypothesis(
+                    "layout",
+                    supposes,
+                    share,
+                    f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements",
+                )
+            )
             continue
         parts = [f"{n}'s error falls to {r:.3g}x the benchmark's" for n, r in ratios.items()]
         # the values must then be right: as close as the benchmark, or as bf16's rounding is to an fp16 golden
         bound = 32.0 if "as bfloat16" in supposes else 4.0
         if share >= 0.9 and max(ratios.values(), default=0.0) > bound:
-            tried.append(Hypothesis("layout", supposes, 0.0, f"ruled out: explains {share:.0%} of the excess error, "
-                                    f"but {', '.join(parts)} (more than {bound:g}x)"))  # fmt: skip
+            tried.append(
+                Hypothesis(
+                    "layout",
+                    supposes,
+                    0.0,
+                    f"ruled out: explains {share:.0%} of the excess error, "
+                    f"but {', '.join(parts)} (more than {bound:g}x)",
+                )
+            )
             continue
         if share >= 0.9:
             text = f"{supposes}: under that reading, {', '.join(parts)}"

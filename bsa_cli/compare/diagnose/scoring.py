@@ -119,8 +119,9 @@ class Blocks:
     def excess(energies: Mapping[str, float], noise: Mapping[str, float]) -> float:
         return sum(max(e / noise[t] - 1.0, 0.0) for t, e in energies.items())
 
-    def explained(self, values: Sequence[np.ndarray], extra: Sequence[Target] = (),
-                  extra_values: Sequence[np.ndarray] = ()) -> tuple[float, dict[str, float]]:  # fmt: skip
+    def explained(
+        self, values: Sequence[np.ndarray], extra: Sequence[Target] = (), extra_values: Sequence[np.ndarray] = ()
+    ) -> tuple[float, dict[str, float]]:
         """Return (share of the excess error removed, each failing tensor's error in benchmark units) of a
         hypothesis's values on the targets (and on `extra` blocks it changes)."""
         return self.explained_on([*self.targets, *extra], [*values, *extra_values])
@@ -156,10 +157,13 @@ class Blocks:
         targets = self.targets
         noise = self.noise_of(targets)
         null = {t: math.sqrt(e / noise[t]) for t, e in self.energies(targets, self.null).items()}
-        parts = [f"{t}'s error {'falls' if ratios[t] <= null[t] else 'rises'} to {ratios[t]:.3g}x the benchmark's "
-                 f"(from {null[t]:.3g}x)" for t in GRAD_NAMES if t in self.failing and t in ratios]  # fmt: skip
+        parts = [
+            f"{t}'s error {'falls' if ratios[t] <= null[t] else 'rises'} to {ratios[t]:.3g}x the benchmark's "
+            f"(from {null[t]:.3g}x)"
+            for t in GRAD_NAMES
+            if t in self.failing and t in ratios
+        ]
         return ", ".join(parts)
-
 
 
 def worst_targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
@@ -178,9 +182,15 @@ def worst_targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int =
     return targets
 
 
-def gather_blocks(case: Case, ctx: Context, tensors: Sequence[TensorResult], device: Mapping[str, np.ndarray],
-            golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray] | None,
-            per_tensor: int = MAX_TARGETS) -> Blocks:  # fmt: skip
+def gather_blocks(
+    case: Case,
+    ctx: Context,
+    tensors: Sequence[TensorResult],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    per_tensor: int = MAX_TARGETS,
+) -> Blocks:
     failing = tuple(t.name for t in tensors if not t.passed)
     blocks = Blocks(case, ctx, device, benchmark, golden, failing)
     for target in worst_targets(case, tensors, per_tensor):
