@@ -29,7 +29,8 @@ from .compare import case_settings
 from .errors import DataError
 from .manifest import GRAD_NAMES, Manifest
 from .report.files import write_text_atomic
-from .store import load_manifest, read_array, read_regular
+from .store import load_manifest, read_array
+from .untrusted import read_regular
 
 FORMATS = ("msopst", "atk")
 OP_TYPE = "BlockSparseAttentionGrad"

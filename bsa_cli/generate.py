@@ -25,7 +25,8 @@ from .errors import DataError
 from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
 from .manifest import GRAD_NAMES, build_manifest, flat_params
 from .schedule import available_memory, estimate
-from .store import MANIFEST, CaseWriter, is_case_name, load_manifest, remove_leftovers, verify_inputs
+from .store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
+from .untrusted import is_case_name
 from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")

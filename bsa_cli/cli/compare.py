@@ -11,7 +11,7 @@ from .. import report
 from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
 from ..compare import drift as drift_
 from ..errors import DataError
-from ..store import load_json, read_regular
+from ..untrusted import load_json, read_regular
 from . import output
 from .common import UserError, folders_of_cases, prepare_reports, select_cases_or_suites, user_errors, write_reports
 from .options import (

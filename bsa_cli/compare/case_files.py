@@ -20,17 +20,8 @@ import numpy as np
 
 from ..errors import DataError, clip, show
 from ..manifest import GRAD_NAMES, Manifest
-from ..store import (
-    MANIFEST,
-    entry_path,
-    inside,
-    load_json,
-    map_array,
-    map_read_only,
-    parse_status,
-    read_regular,
-    sha256_file,
-)
+from ..store import MANIFEST, map_array, map_read_only, sha256_file
+from ..untrusted import entry_path, inside, load_json, parse_status, read_regular
 from .results import NOT_RUN, Check
 from .summary import BenchmarkSummary, summary_from_document
 

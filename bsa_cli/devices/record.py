@@ -15,7 +15,8 @@ from typing import Any
 from .._version import __version__
 from ..errors import DataError, show
 from ..manifest import Manifest
-from ..store import expected_nbytes, inside, parse_status, read_regular, sha256_file
+from ..store import expected_nbytes, sha256_file
+from ..untrusted import inside, parse_status, read_regular
 from .base import STATUS_FILE, Attempt, Device, Outcome
 from .config import RunOptions
 from .repeat import noise

@@ -44,8 +44,9 @@ from ..errors import BsaError, DataError, suggest
 from ..layout import kv_view, lse_view, q_view
 from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
 from ..rounding import BACKWARD_TIES, round_float32, to_dtype
-from ..store import MANIFEST, array_bytes, check_output_dir, inside_parent, load_manifest, read_array
+from ..store import MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
 from ..streams import seeded
+from ..untrusted import inside_parent
 from . import software
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
 from .faults import (

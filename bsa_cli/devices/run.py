@@ -28,12 +28,12 @@ from ..store import (
     FLAT_PARAMS,
     OUTPUTS_DIR,
     check_output_dir,
-    inside_parent,
     load_manifest,
     refresh_flat_params,
     verify_inputs,
     write_json_atomic,
 )
+from ..untrusted import inside_parent
 from .base import STATUS_FILE, Attempt, Cancel, Device, Execution, Outcome, RunConfigError
 from .config import RunOptions
 from .record import RUN_RECORD, case_record, check_outputs, now, read_status

@@ -61,7 +61,8 @@ from ..case import MAX_TOKENS, numpy_dtype
 from ..errors import BsaError, DataError
 from ..interface import call_lengths
 from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
-from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, inside_parent, load_manifest, read_array
+from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
+from ..untrusted import inside_parent
 from . import software
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
 from .process import spawn

@@ -27,7 +27,7 @@ from .._version import __version__
 from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, drift
 from ..errors import DataError
 from ..manifest import json_number
-from ..store import load_json, read_regular
+from ..untrusted import load_json, read_regular
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
 

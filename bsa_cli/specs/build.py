@@ -22,7 +22,7 @@ from .. import interface, stress
 from ..case import DTYPES, MAX_TOKENS, Case, Distribution
 from ..errors import show
 from ..inputs import fit_explicit, unreachable_kv_blocks
-from ..store import MAX_NAME_BYTES, is_case_name
+from ..untrusted import MAX_NAME_BYTES, is_case_name
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,

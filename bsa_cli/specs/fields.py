@@ -34,7 +34,7 @@ from ..case import (
 )
 from ..errors import DataError, SpecError, show, suggest
 from ..inputs import ALIGNMENTS
-from ..store import inside, read_regular
+from ..untrusted import inside, read_regular
 
 DTYPE_ALIASES = {
     "fp16": "float16",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..case import Case
 from ..errors import DataError, SpecError, show
-from ..store import inside
+from ..untrusted import inside
 from .build import build_case
 from .expand import _matrix, deep_merge, expand_matrix
 from .fields import _SHARED, _suggest
