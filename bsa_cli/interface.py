@@ -115,7 +115,7 @@ class Violation:
 def case_params(case: Case) -> dict[str, Any]:
     """Return the parameters of a case's call that the rules read, as the operator receives them.
 
-    They are what a manifest's `params` records of the case (tests/test_interface.py holds the two
+    They are what a manifest's `params` records of the case (tests/spec/test_interface.py holds the two
     together): layouts (kv_layout defaults to layout), lengths in the case's `seq_lengths_encoding`
     (`cumulative`: end offsets without a leading 0), the block shape as a list (None for a null one), the
     attributes, and `null_layouts` when the call passes a layout as null.

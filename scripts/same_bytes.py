@@ -8,7 +8,7 @@ Usage: python scripts/same_bytes.py DIR_A DIR_B
 - golden/*.bin and benchmark/*.bin are float32 sums of BLAS products: a NumPy wheel bundles its own
   OpenBLAS, whose kernels may add a product's terms in another order, so they must agree in shape and to
   within float32 rounding: float32 golden files |a - b| <= 1e-5 |b| + 1e-6 max |b| (as
-  tests/test_golden_vectors.py asks), benchmark files in the case dtype within 1 ULP of that dtype
+  tests/golden/test_golden_vectors.py asks), benchmark files in the case dtype within 1 ULP of that dtype
   (a float32 sum a last bit apart can round to the neighbouring float16 / bfloat16 value).
 - case.json must agree in everything but the sha256 of those files and `benchmark_summary` (a cache of
   compare's figures keyed by the NumPy version and machine that measured them).

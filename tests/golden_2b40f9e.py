@@ -1,4 +1,4 @@
-"""The golden module as of commit 2b40f9e, kept verbatim: the reference that tests/test_golden_bits.py holds
+"""The golden module as of commit 2b40f9e, kept verbatim: the reference that tests/golden/test_golden_bits.py holds
 today's bsa_cli/golden/ to, bit for bit (golden float32 and float64, the kernel-faithful benchmark, out, lse).
 
 Not used by bsa. Only the imports (absolute instead of relative), the name of the operator notes

@@ -8,6 +8,7 @@
 - `invoke`: `bsa ARGS` in process through click's CliRunner.
 - `assert_snapshot`: a text compared with tests/snapshots/NAME (conftest.py's `snapshot` fixture decides
   whether a missing or changed snapshot is written).
+- `REPO`, `CASES`, `TESTS`: the repository, its cases/ and tests/, whatever folder a test file is in.
 
 Test files import from here (`from tests.helpers import ...`), never from one another.
 """
@@ -52,6 +53,10 @@ from bsa_cli.manifest import build_manifest, flat_params
 from bsa_cli.store import CaseWriter, array_bytes
 
 TESTS = Path(__file__).resolve().parent
+"""tests/: helpers, oracles and data folders; the test files are one folder down, by what they test."""
+REPO = TESTS.parent
+"""The repository root: test files name `REPO / "scripts"`, `CASES / "edge.yaml"`, never `__file__`'s parents."""
+CASES = REPO / "cases"
 FAKE_DEVICE = TESTS / "bin" / "fake_device.py"
 SNAPSHOTS = TESTS / "snapshots"
 STANDIN = TESTS / "torch_npu_standin"

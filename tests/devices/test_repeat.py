@@ -23,9 +23,9 @@ from bsa_cli.generate import generate_suite
 from bsa_cli.manifest import case_from_manifest
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-EDGE = load_specs([ROOT / "cases" / "edge.yaml"])
+EDGE = load_specs([REPO / "cases" / "edge.yaml"])
 NOISY = ["edge-tail.256.300", "edge-gqa.2.fp16", "edge-varlen-tnd", "edge-dense-all-ones.bf16"]
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import pytest
 
@@ -12,7 +11,7 @@ from bsa_cli import interface, manifest
 from bsa_cli.case import Case, TensorOverride
 from bsa_cli.devices.reference import check_interface
 from bsa_cli.specs import load_specs
-from tests.helpers import case_factory
+from tests.helpers import REPO, case_factory
 
 make_case = case_factory(name="t", source="test", batch=2, head_dim=64, q_seq_len=128, kv_seq_len=128,
                          block_shape=(64, 64), scale=1 / math.sqrt(64), seed=0)  # fmt: skip
@@ -195,7 +194,7 @@ def test_honoured_bnsd_lengths_warn_that_the_kernel_computes_over_all_s():
     assert interface.kernel_constraints(interface.case_params(ignored), ignored.bnsd_lengths) == []
 
 
-SUITES = sorted((Path(__file__).resolve().parent.parent / "cases").glob("*.yaml"))
+SUITES = sorted((REPO / "cases").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("suite", SUITES, ids=[s.stem for s in SUITES])

@@ -8,8 +8,6 @@ the forward itself, so the golden is fed the unrounded float64 forward for that 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -18,9 +16,9 @@ from bsa_cli.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
 from bsa_cli.specs import load_specs
 from tests import oracle
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-EDGE = load_specs([ROOT / "cases" / "edge.yaml"])
+EDGE = load_specs([REPO / "cases" / "edge.yaml"])
 
 
 def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float, what: str) -> None:

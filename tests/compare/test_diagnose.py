@@ -21,8 +21,7 @@ from bsa_cli.generate import generate_case
 from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
-
-CASES = Path(__file__).resolve().parent.parent / "cases"
+from tests.helpers import CASES
 
 TRUE_KIND = {
     "drop-tail-block": "tail-block",

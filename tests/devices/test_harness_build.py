@@ -21,11 +21,11 @@ import yaml
 from click.testing import CliRunner
 
 from bsa_cli.cli import main
+from tests.helpers import REPO, TESTS
 
-REPO = Path(__file__).resolve().parent.parent
 HARNESS = REPO / "harness"
 SOURCE = HARNESS / "bsa_grad_harness.cpp"
-FAKE_ACL = REPO / "tests" / "fake_acl"
+FAKE_ACL = TESTS / "fake_acl"
 CXX = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")
 
 pytestmark = pytest.mark.skipif(CXX is None, reason="no C++ compiler installed")

@@ -30,9 +30,7 @@ from bsa_cli import devices, store
 from bsa_cli.cli import main
 from bsa_cli.devices import torch_npu
 from bsa_cli.devices.torch_npu import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
-from tests.helpers import STANDIN, STANDIN_FAULT, invoke, run_record, standin_env, write_case_dir
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO, STANDIN, STANDIN_FAULT, invoke, run_record, standin_env, write_case_dir
 
 SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 3, "dtype": "fp16"},
@@ -492,8 +490,8 @@ def test_check_smoke_and_edge_through_torch_npu(tmp_path):
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])))
     env.pop(STANDIN_FAULT, None)
-    command = [sys.executable, "-m", "bsa_cli", "check", str(ROOT / "cases" / "smoke.yaml"),
-               str(ROOT / "cases" / "edge.yaml"), "-o", str(tmp_path / "out"), "--device", "torch_npu",
+    command = [sys.executable, "-m", "bsa_cli", "check", str(REPO / "cases" / "smoke.yaml"),
+               str(REPO / "cases" / "edge.yaml"), "-o", str(tmp_path / "out"), "--device", "torch_npu",
                "--devices", "0,1", "--json", str(report)]  # fmt: skip
 
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)

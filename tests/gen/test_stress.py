@@ -18,10 +18,9 @@ from bsa_cli.errors import SpecError
 from bsa_cli.generate import compute_case, generate_case
 from bsa_cli.inputs import make_tensors
 from bsa_cli.specs import load_specs
-from tests.helpers import case_factory
+from tests.helpers import REPO, case_factory
 
-ROOT = Path(__file__).resolve().parent.parent
-STRESS = load_specs([ROOT / "cases" / "stress.yaml"])
+STRESS = load_specs([REPO / "cases" / "stress.yaml"])
 
 
 make_case = case_factory(name="c", source="t", batch=2, num_heads=4, q_seq_len=128, kv_seq_len=160,
@@ -225,7 +224,7 @@ def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     from bsa_cli.generate import generate_case
     from bsa_cli.specs import load_specs
 
-    case = next(c for c in load_specs([Path(__file__).parent.parent / "cases" / "stress.yaml"])
+    case = next(c for c in load_specs([REPO / "cases" / "stress.yaml"])
                 if c.name == "stress-peaked.fp16")  # fmt: skip
     case_dir = generate_case(case, tmp_path)
     reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
@@ -241,7 +240,7 @@ def test_gen_and_check_print_the_kernel_path_notes(tmp_path):
 
     from bsa_cli.cli import main
 
-    spec = Path(__file__).parent.parent / "cases" / "stress.yaml"
+    spec = REPO / "cases" / "stress.yaml"
     for command in (["gen", str(spec), "-o", str(tmp_path / "g")], ["check", str(spec), "-o", str(tmp_path / "c")]):
         result = CliRunner().invoke(main, [*command, "--filter", "stress-peaked.fp16"], catch_exceptions=False)
         assert result.exit_code == 0, result.output

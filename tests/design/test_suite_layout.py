@@ -1,7 +1,9 @@
 """The shape of the tests: they share code through tests/helpers.py and conftest.py, never through each other.
 
 A test file that imports another runs that file's module-level code twice under some import modes, and
-breaks collection under `--import-mode=importlib` where the tests folder is not on sys.path.
+breaks collection under `--import-mode=importlib` where the tests folder is not on sys.path. Test files live
+in folders named for what they test (tests/golden/, tests/cli/, ...), each a package that says so in one line;
+tests/ itself keeps only what they share and the data folders.
 """
 
 from __future__ import annotations
@@ -10,11 +12,10 @@ import ast
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parent
+from tests.helpers import TESTS
 
 
 def imported_test_modules(source: str) -> set[str]:
@@ -43,7 +44,8 @@ def test_no_test_file_imports_another_test_file() -> None:
 @pytest.mark.parametrize(
     "line",
     ["from test_compare import build_case", "import test_runner", "from tests.test_report import case",
-     "from tests import test_cli_run", "def f():\n    from test_compare import make_case"],
+     "from tests import test_cli_run", "def f():\n    from test_compare import make_case",
+     "from tests.compare.test_compare import build_case", "from tests.cli import test_cli_run"],
 )  # fmt: skip
 def test_a_planted_cross_test_import_is_caught(line: str) -> None:
     assert imported_test_modules(line)
@@ -51,6 +53,16 @@ def test_a_planted_cross_test_import_is_caught(line: str) -> None:
 
 def test_helpers_and_oracles_are_not_test_modules() -> None:
     assert not imported_test_modules("from tests.helpers import make_case\nfrom tests import oracle\nimport pytest")
+
+
+def test_test_files_live_in_folders_that_say_what_they_test() -> None:
+    assert sorted(path.name for path in TESTS.glob("test_*.py")) == []
+    folders = sorted({path.parent for path in TESTS.rglob("test_*.py")})
+    assert folders and all(folder.parent == TESTS for folder in folders), folders
+    undocumented = [folder.name for folder in folders
+                    if not (folder / "__init__.py").is_file()
+                    or not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))]  # fmt: skip
+    assert undocumented == []
 
 
 @pytest.mark.slow

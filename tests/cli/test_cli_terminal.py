@@ -17,10 +17,9 @@ from bsa_cli.cli.gen import LIST_COLUMNS, list_rows, list_table
 from bsa_cli.cli.progress import ProgressDisplay
 from bsa_cli.devices import reference
 from bsa_cli.specs import load_specs
-from tests.helpers import SPEC, fake_device, invoke, run_record
+from tests.helpers import REPO, SPEC, fake_device, invoke, run_record
 
-ROOT = Path(__file__).resolve().parent.parent
-SUITES = sorted((ROOT / "cases").glob("*.yaml"))
+SUITES = sorted((REPO / "cases").glob("*.yaml"))
 
 
 def list_output(width: int, *specs: Path) -> str:
@@ -47,17 +46,17 @@ def test_list_fits_the_width_and_keeps_every_name_and_number_whole(width):
 
 
 def test_list_at_80_columns_says_what_it_left_out_and_keeps_the_estimates():
-    text = list_output(80, ROOT / "cases" / "nightly.yaml")
+    text = list_output(80, REPO / "cases" / "nightly.yaml")
     assert "gen s" in text and "ref s" in text and "nightly-causal-16k" in text
     assert "left out at 80 columns: MiB in/out, block, expect, pattern, density, GFLOP, GiB" in " ".join(text.split())
     header = text.splitlines()[1].split()
     assert header == ["case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "gen", "s", "ref", "s"]  # what a case is
-    wide = list_output(200, ROOT / "cases" / "nightly.yaml")
+    wide = list_output(200, REPO / "cases" / "nightly.yaml")
     assert "left out" not in wide and all(column in wide for column in LIST_COLUMNS)
 
 
 def test_list_table_never_cuts_a_name_even_narrower_than_the_name():
-    rows = list_rows(load_specs([ROOT / "cases" / "edge.yaml"]))
+    rows = list_rows(load_specs([REPO / "cases" / "edge.yaml"]))
     table, hidden = list_table(rows, 20)
     console = Console(width=20, file=io.StringIO(), color_system=None)
     console.print(table, crop=False, soft_wrap=True)
@@ -67,7 +66,7 @@ def test_list_table_never_cuts_a_name_even_narrower_than_the_name():
 
 
 def test_list_estimates_the_reference_device_from_backward_flops_and_pairs():
-    (case,) = load_specs([ROOT / "cases" / "nightly.yaml"])[2:3]  # causal 16k
+    (case,) = load_specs([REPO / "cases" / "nightly.yaml"])[2:3]  # causal 16k
     (row,) = list_rows([case])
     from bsa_cli.schedule import estimate
 
@@ -75,7 +74,7 @@ def test_list_estimates_the_reference_device_from_backward_flops_and_pairs():
     expected = reference.estimate_seconds(e.flops * 10 / 14, e.selected_blocks, 1)
     assert float(row["ref s"]) == pytest.approx(expected, rel=0.05)
     # README's performance table: `bsa emulate` takes about as long as `bsa gen` (gen / emulate 1.00-1.13)
-    (readme_case,) = list_rows(load_specs([ROOT / "cases" / "nightly.yaml"])[:1])  # B=1 N=4 S=8192 density 0.2
+    (readme_case,) = list_rows(load_specs([REPO / "cases" / "nightly.yaml"])[:1])  # B=1 N=4 S=8192 density 0.2
     assert 0.5 <= float(readme_case["ref s"]) / float(readme_case["gen s"]) <= 2
 
 

@@ -23,8 +23,8 @@ from bsa_cli.cli import main
 from bsa_cli.generate import compute_case
 from bsa_cli.schedule import estimate, parse_shard, shard
 from bsa_cli.specs import load_specs
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
 CASES = [
     {"name": "mha", "num_heads": 2, "q_seq_len": 160, "head_dim": 32, "block_shape": [32, 32],
      "sparsity": {"pattern": "random", "density": 0.5}},
@@ -61,7 +61,7 @@ def test_parallel_gen_is_bit_identical_to_one_process(tmp_path: Path, which: lis
 
 
 def test_shards_cover_the_suite_exactly_once_and_balance_flops() -> None:
-    cases = load_specs([ROOT / "cases" / "edge.yaml", ROOT / "cases" / "negative.yaml"])
+    cases = load_specs([REPO / "cases" / "edge.yaml", REPO / "cases" / "negative.yaml"])
     costs = [float(estimate(c).flops) for c in cases]
     shards = [shard(cases, i, 3, costs) for i in (1, 2, 3)]
     names = [c.name for s in shards for c in s]
@@ -95,7 +95,7 @@ def test_list_and_gen_take_a_shard(tmp_path: Path) -> None:
 
 
 def test_estimate_grows_with_the_sequence_not_its_square() -> None:
-    (case,) = load_specs([ROOT / "cases" / "nightly.yaml"])[4:5]  # strided 32k, one head
+    (case,) = load_specs([REPO / "cases" / "nightly.yaml"])[4:5]  # strided 32k, one head
     small = dataclasses.replace(case, q_seq_len=case.q_seq_len // 4, kv_seq_len=case.kv_seq_len // 4)
     assert estimate(case).peak_memory < 5 * estimate(small).peak_memory
 

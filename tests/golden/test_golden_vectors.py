@@ -22,10 +22,10 @@ import pytest
 from bsa_cli.generate import generate_case
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-COMMITTED = ROOT / "golden" / "smoke"
-SMOKE = load_specs([ROOT / "cases" / "smoke.yaml"])
+COMMITTED = REPO / "golden" / "smoke"
+SMOKE = load_specs([REPO / "cases" / "smoke.yaml"])
 PROVENANCE = COMMITTED / "PROVENANCE.json"
 
 

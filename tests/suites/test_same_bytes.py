@@ -11,9 +11,9 @@ import pytest
 
 from bsa_cli.generate import generate_case
 from bsa_cli.specs import load_specs
+from tests.helpers import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("same_bytes", ROOT / "scripts" / "same_bytes.py")
+spec = importlib.util.spec_from_file_location("same_bytes", REPO / "scripts" / "same_bytes.py")
 assert spec is not None and spec.loader is not None
 same_bytes = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(same_bytes)
@@ -22,7 +22,7 @@ spec.loader.exec_module(same_bytes)
 @pytest.fixture(scope="module")
 def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("a")
-    for case in load_specs([ROOT / "cases" / "smoke.yaml"])[:2]:
+    for case in load_specs([REPO / "cases" / "smoke.yaml"])[:2]:
         generate_case(case, out)
     return out
 

@@ -9,11 +9,11 @@ import shutil
 import struct
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 BROWSERS = ("chromium", "chromium-browser", "chromium-headless-shell", "google-chrome")
 BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 
@@ -22,7 +22,7 @@ BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium installed")
 def test_screenshot_script_photographs_a_failing_report(tmp_path):
     png = tmp_path / "r.png"
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "screenshot_report.py"), "--out", str(png),
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "screenshot_report.py"), "--out", str(png),
                            "--keep", str(tmp_path / "work"), "--width", "1000", "--height", "700"],
                           capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr

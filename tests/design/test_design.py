@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parent.parent / "bsa_cli"
+from tests.helpers import REPO
+
+PACKAGE = REPO / "bsa_cli"
 
 CLI = "bsa_cli.cli"
 """The command line: the `bsa` group (bsa_cli/cli/__init__.py) and, below it, the command modules and the

@@ -1,7 +1,7 @@
 """cases/upstream.yaml: the shapes of the operator's own tests (ops-transformer, op-plugin) as bsa cases.
 
 They pass on the reference device, and a subset passes through the torch_npu stand-in
-(tests/torch_npu_standin, on the child's PYTHONPATH as in tests/test_torch_npu.py); the whole suite does
+(tests/torch_npu_standin, on the child's PYTHONPATH as in tests/devices/test_torch_npu.py); the whole suite does
 too (2 min here: too slow for the fast loop).
 """
 
@@ -11,16 +11,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import yaml
 from click.testing import CliRunner
 
 from bsa_cli.cli import main
+from tests.helpers import REPO, STANDIN
 
-ROOT = Path(__file__).resolve().parent.parent
-SUITE = ROOT / "cases" / "upstream.yaml"
-STANDIN = Path(__file__).resolve().parent / "torch_npu_standin"
+SUITE = REPO / "cases" / "upstream.yaml"
 
 STANDIN_SUBSET = (
     "upstream-ot-tiling-bnsd-gqa",  # uint8 mask, squeezed lse, 64x64 blocks, GQA 4/2

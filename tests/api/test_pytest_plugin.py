@@ -17,11 +17,10 @@ import yaml
 
 import bsa_cli as bsa
 from bsa_cli import generate, specs
+from tests.helpers import REPO, STANDIN
 
 pytest_plugins = ["pytester"]
 
-REPO = Path(__file__).resolve().parent.parent
-STANDIN = REPO / "tests" / "torch_npu_standin"
 EXAMPLE = REPO / "examples" / "test_torch_npu.py"
 
 SPEC = {

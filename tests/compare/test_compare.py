@@ -24,7 +24,7 @@ from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS, RunSettings
 from bsa_cli.devices import faults, reference
 from bsa_cli.layout import mask_view
-from tests.helpers import build_case, check, make_case, make_inputs, read_grad, rewrite_grad, write_outputs
+from tests.helpers import REPO, build_case, check, make_case, make_inputs, read_grad, rewrite_grad, write_outputs
 
 # ---- fixtures -----------------------------------------------------------------------------------
 
@@ -691,7 +691,7 @@ def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
     from bsa_cli.generate import generate_case
     from bsa_cli.specs import load_specs
 
-    cases = load_specs([Path(__file__).parent.parent / "cases" / "edge.yaml"])
+    cases = load_specs([REPO / "cases" / "edge.yaml"])
     failures = []
     for seed in seeds:
         for case in cases:
@@ -735,7 +735,7 @@ def test_edge_suite_every_applicable_fault_fails(tmp_path):
     from bsa_cli.store import load_manifest, read_array
 
     missed = []
-    for case in load_specs([Path(__file__).parent.parent / "cases" / "edge.yaml"]):
+    for case in load_specs([REPO / "cases" / "edge.yaml"]):
         case_dir = generate_case(case, tmp_path)
         mask = read_array(case_dir, load_manifest(case_dir)["inputs"]["block_sparse_mask"])
         for fault in faults.applicable_faults(case, mask):
@@ -749,7 +749,7 @@ def test_edge_suite_every_applicable_fault_fails(tmp_path):
 
 # ---- the benchmark summary written at gen -------------------------------------------------------
 
-EDGE = Path(__file__).resolve().parent.parent / "cases" / "edge.yaml"
+EDGE = REPO / "cases" / "edge.yaml"
 
 
 def measured_benchmark(monkeypatch: pytest.MonkeyPatch) -> list[bool]:

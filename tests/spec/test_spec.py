@@ -11,8 +11,7 @@ import yaml
 
 from bsa_cli.errors import SpecError
 from bsa_cli.specs import load_specs
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
 
 
 def write_spec(tmp_path: Path, document: object, name: str = "spec.yaml") -> Path:
@@ -270,7 +269,7 @@ def test_empty_row_lse_accepts_inf_strings(tmp_path: Path) -> None:
     assert load_one(tmp_path, empty_row_lse=0).empty_row_lse == 0.0
 
 
-@pytest.mark.parametrize("suite", sorted((ROOT / "cases").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("suite", sorted((REPO / "cases").glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_suites_are_valid(suite: Path) -> None:
     cases = load_specs([suite])
     assert cases
@@ -284,7 +283,7 @@ def test_only_the_doc_semantics_suite_holds_cases_the_a2_a3_target_fails_by_desi
     """A case whose golden follows the documentation where the A2/A3 code does otherwise (BNSD lengths
     honoured) warns; every such shipped case is in cases/doc-semantics.yaml, and every case there is one."""
     by_design = "the A2/A3 kernel ignores BNSD lengths"
-    for suite in sorted((ROOT / "cases").glob("*.yaml")):
+    for suite in sorted((REPO / "cases").glob("*.yaml")):
         cases = load_specs([suite])
         failing = [c.name for c in cases if any(by_design in w for w in c.warnings)]
         if suite.name == "doc-semantics.yaml":
@@ -296,7 +295,7 @@ def test_only_the_doc_semantics_suite_holds_cases_the_a2_a3_target_fails_by_desi
 def test_the_readme_s_complete_spec_is_valid(tmp_path: Path) -> None:
     """README's first spec example is a whole spec `bsa validate` accepts as it stands (the reference after it
     lists every key and is not one spec)."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (REPO / "README.md").read_text()
     intro = "A complete spec (`bsa validate` accepts it as it stands"
     assert intro in readme
     example = readme.split(intro, 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]

@@ -1,0 +1,1 @@
+"""The Python API (api.py) and the pytest plugin (pytest_plugin.py)."""

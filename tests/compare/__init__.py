@@ -1,0 +1,1 @@
+"""Judging (bsa_cli/compare/, drift.py): metrics, standards, bias check, headlines, diagnosis, drift."""
