@@ -59,20 +59,73 @@ FAULTS = {  # planted fault -> the kind the diagnosis should name first (tests/t
 }
 
 LARGER = [  # name, spec keys; in order of size. The first three are the --quick set.
-    ("bnsd-fp16-s512", {"dtype": "fp16", "num_heads": 2, "num_kv_heads": 2, "q_seq_len": 512, "kv_seq_len": 512,
-                        "sparsity": {"pattern": "random", "density": 0.5}}),
-    ("tnd-bf16-s1024", {"layout": "TND", "dtype": "bf16", "num_heads": 2, "num_kv_heads": 2,
-                        "actual_seq_lengths": [700, 324], "sparsity": {"pattern": "random", "density": 0.4}}),
-    ("gqa-fp16-s2048", {"dtype": "fp16", "num_heads": 4, "num_kv_heads": 2, "q_seq_len": 2048, "kv_seq_len": 2048,
-                        "sparsity": {"pattern": "random", "density": 0.3}}),
-    ("gqa-bf16-s4096", {"dtype": "bf16", "num_heads": 4, "num_kv_heads": 1, "q_seq_len": 4096, "kv_seq_len": 4096,
-                        "sparsity": {"pattern": "random", "density": 0.2}}),
-    ("bnsd-fp16-s8192", {"dtype": "fp16", "num_heads": 2, "num_kv_heads": 2, "q_seq_len": 8192, "kv_seq_len": 8192,
-                         "sparsity": {"pattern": "random", "density": 0.1}}),
-    ("tnd-gqa-bf16-s8192", {"layout": "TND", "dtype": "bf16", "num_heads": 4, "num_kv_heads": 2,
-                            "actual_seq_lengths": [4096, 3000, 1096],
-                            "sparsity": {"pattern": "random", "density": 0.15}}),
-]  # fmt: skip
+    (
+        "bnsd-fp16-s512",
+        {
+            "dtype": "fp16",
+            "num_heads": 2,
+            "num_kv_heads": 2,
+            "q_seq_len": 512,
+            "kv_seq_len": 512,
+            "sparsity": {"pattern": "random", "density": 0.5},
+        },
+    ),
+    (
+        "tnd-bf16-s1024",
+        {
+            "layout": "TND",
+            "dtype": "bf16",
+            "num_heads": 2,
+            "num_kv_heads": 2,
+            "actual_seq_lengths": [700, 324],
+            "sparsity": {"pattern": "random", "density": 0.4},
+        },
+    ),
+    (
+        "gqa-fp16-s2048",
+        {
+            "dtype": "fp16",
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "q_seq_len": 2048,
+            "kv_seq_len": 2048,
+            "sparsity": {"pattern": "random", "density": 0.3},
+        },
+    ),
+    (
+        "gqa-bf16-s4096",
+        {
+            "dtype": "bf16",
+            "num_heads": 4,
+            "num_kv_heads": 1,
+            "q_seq_len": 4096,
+            "kv_seq_len": 4096,
+            "sparsity": {"pattern": "random", "density": 0.2},
+        },
+    ),
+    (
+        "bnsd-fp16-s8192",
+        {
+            "dtype": "fp16",
+            "num_heads": 2,
+            "num_kv_heads": 2,
+            "q_seq_len": 8192,
+            "kv_seq_len": 8192,
+            "sparsity": {"pattern": "random", "density": 0.1},
+        },
+    ),
+    (
+        "tnd-gqa-bf16-s8192",
+        {
+            "layout": "TND",
+            "dtype": "bf16",
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "actual_seq_lengths": [4096, 3000, 1096],
+            "sparsity": {"pattern": "random", "density": 0.15},
+        },
+    ),
+]
 
 
 # ---- the two variants of compare ------------------------------------------------------------------
@@ -184,8 +237,10 @@ def ms(seconds: float) -> str:
 
 
 def print_failing(runs: list[Run]) -> None:
-    print(f"{'suite':8} {'case':28} {'fault':16} {'elements':>10} | {'w/o diag':>8} {'diag':>8} {'share':>6} |"
-          f" {'wall w/o':>8} {'diag':>8} {'share':>6} | top kind (true kind)")  # fmt: skip
+    print(
+        f"{'suite':8} {'case':28} {'fault':16} {'elements':>10} | {'w/o diag':>8} {'diag':>8} {'share':>6} |"
+        f" {'wall w/o':>8} {'diag':>8} {'share':>6} | top kind (true kind)"
+    )
     print(f"{'':8} {'':28} {'':16} {'dq+dk+dv':>10} | {'CPU ms':>8} {'CPU ms':>8} {'':>6} | {'ms':>8} {'ms':>8}")
     for r in runs:
         b = r.best
@@ -193,9 +248,11 @@ def print_failing(runs: list[Run]) -> None:
         share_wall = b["diag_wall"] / (b["without_wall"] + b["diag_wall"])
         true = FAULTS[r.fault] if r.fault else "-"
         mark = "" if r.top == true and r.verdict == compare.FAIL else f"  <- MISS ({r.verdict})"
-        print(f"{r.suite:8} {r.case[:28]:28} {r.fault:16} {r.elements:>10} | {ms(b['without_cpu'])} "
-              f"{ms(b['diag_cpu'])} {share_cpu:6.1%} | {ms(b['without_wall'])} {ms(b['diag_wall'])} "
-              f"{share_wall:6.1%} | {r.top} ({true}){mark}")  # fmt: skip
+        print(
+            f"{r.suite:8} {r.case[:28]:28} {r.fault:16} {r.elements:>10} | {ms(b['without_cpu'])} "
+            f"{ms(b['diag_cpu'])} {share_cpu:6.1%} | {ms(b['without_wall'])} {ms(b['diag_wall'])} "
+            f"{share_wall:6.1%} | {r.top} ({true}){mark}"
+        )
 
 
 def print_totals(label: str, runs: list[Run]) -> None:
@@ -206,9 +263,11 @@ def print_totals(label: str, runs: list[Run]) -> None:
     with_ = sum(r.best["with_cpu"] for r in runs)
     wall_without = sum(r.best["without_wall"] for r in runs)
     wall_diag = sum(r.best["diag_wall"] for r in runs)
-    print(f"{label:44} {len(runs):4} runs | CPU: compare w/o {without:7.2f} s, with {with_:7.2f} s, diagnosis "
-          f"{diag:6.2f} s = {diag / (without + diag):5.1%} | wall: w/o {wall_without:7.2f} s, diagnosis "
-          f"{wall_diag:6.2f} s = {wall_diag / (wall_without + wall_diag):5.1%}")  # fmt: skip
+    print(
+        f"{label:44} {len(runs):4} runs | CPU: compare w/o {without:7.2f} s, with {with_:7.2f} s, diagnosis "
+        f"{diag:6.2f} s = {diag / (without + diag):5.1%} | wall: w/o {wall_without:7.2f} s, diagnosis "
+        f"{wall_diag:6.2f} s = {wall_diag / (wall_without + wall_diag):5.1%}"
+    )
 
 
 def main() -> None:
@@ -226,8 +285,10 @@ def main() -> None:
         seconds += gen([larger_spec(work / "larger.yaml", args.quick)], work / "larger")
         start = time.perf_counter()
         runs = outputs("small", work / "small", work / "out") + outputs("larger", work / "larger", work / "out")
-        print(f"bsa gen -j 1: {seconds:.1f} s; reference device ({len(runs)} outputs): "
-              f"{time.perf_counter() - start:.1f} s; {rounds} rounds of judgement\n")  # fmt: skip
+        print(
+            f"bsa gen -j 1: {seconds:.1f} s; reference device ({len(runs)} outputs): "
+            f"{time.perf_counter() - start:.1f} s; {rounds} rounds of judgement\n"
+        )
 
         clock = DiagnosisClock()
         with ThreadPoolExecutor(max_workers=2) as pool:  # as `bsa compare -j 1` hashes (suite.HASH_THREADS)
@@ -249,15 +310,21 @@ def main() -> None:
         print("Clean runs (PASS, never diagnosed): compare with the diagnosis hook vs without, CPU ms")
         for r in sorted((c for c in clean if c.suite == "larger"), key=lambda r: r.elements):
             b = r.best
-            print(f"  {r.case:28} {r.elements:>10} elements: {ms(b['without_cpu'])} vs {ms(b['with_cpu'])} "
-                  f"(diagnosis {ms(b.get('diag_cpu', 0.0))}; verdict {r.verdict}, top {r.top})")  # fmt: skip
+            print(
+                f"  {r.case:28} {r.elements:>10} elements: {ms(b['without_cpu'])} vs {ms(b['with_cpu'])} "
+                f"(diagnosis {ms(b.get('diag_cpu', 0.0))}; verdict {r.verdict}, top {r.top})"
+            )
         small_clean = [c for c in clean if c.suite == "small"]
-        print(f"  smoke+edge: {len(small_clean)} clean runs: {sum(c.best['without_cpu'] for c in small_clean):.2f} s "
-              f"vs {sum(c.best['with_cpu'] for c in small_clean):.2f} s; not PASS: "
-              f"{sum(c.verdict != compare.PASS for c in clean)} of {len(clean)} clean runs\n")  # fmt: skip
+        print(
+            f"  smoke+edge: {len(small_clean)} clean runs: {sum(c.best['without_cpu'] for c in small_clean):.2f} s "
+            f"vs {sum(c.best['with_cpu'] for c in small_clean):.2f} s; not PASS: "
+            f"{sum(c.verdict != compare.PASS for c in clean)} of {len(clean)} clean runs\n"
+        )
         small_misses = [r for r in failing if r.suite == "small" and FAULTS[r.fault] != r.top]
-        print(f"smoke+edge: {sum(r.suite == 'small' for r in failing)} failing runs, top kind not the true one in "
-              f"{len(small_misses)}: {[(r.case, r.fault, r.top) for r in small_misses]}")  # fmt: skip
+        print(
+            f"smoke+edge: {sum(r.suite == 'small' for r in failing)} failing runs, top kind not the true one in "
+            f"{len(small_misses)}: {[(r.case, r.fault, r.top) for r in small_misses]}"
+        )
         print("\nWhole failing suites (sums of the best times):")
         print_totals("smoke+edge" if not args.quick else "smoke", [r for r in failing if r.suite == "small"])
         print_totals("larger set", [r for r in failing if r.suite == "larger"])

@@ -31,4 +31,3 @@ def snapshot(request: pytest.FixtureRequest) -> Callable[[str, str], None]:
         assert_snapshot(name, text, update=update)
 
     return check
-

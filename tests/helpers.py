@@ -66,10 +66,21 @@ STANDIN_FAULT = "BSA_TORCH_NPU_STANDIN_FAULT"
 # ---- cases --------------------------------------------------------------------------------------
 
 CASE_DEFAULTS: dict[str, Any] = dict(
-    source="cases/test.yaml", layout="BNSD", dtype="float16", batch=1, num_heads=2, num_kv_heads=2, head_dim=32,
-    q_seq_len=96, kv_seq_len=80, actual_seq_lengths=None, actual_seq_lengths_kv=None, block_shape=(32, 16),
-    scale=0.17, seed=1,
-)  # fmt: skip
+    source="cases/test.yaml",
+    layout="BNSD",
+    dtype="float16",
+    batch=1,
+    num_heads=2,
+    num_kv_heads=2,
+    head_dim=32,
+    q_seq_len=96,
+    kv_seq_len=80,
+    actual_seq_lengths=None,
+    actual_seq_lengths_kv=None,
+    block_shape=(32, 16),
+    scale=0.17,
+    seed=1,
+)
 """The house case: small, BNSD, float16, a partial last block on both axes."""
 
 
@@ -93,8 +104,11 @@ def case_factory(*, tnd_sizes_from_lengths: bool = False, **defaults: Any) -> Ca
         if name is not None:
             values["name"] = name
         if tnd_sizes_from_lengths and values.get("layout") == "TND":
-            sizes = dict(batch=len(values["actual_seq_lengths"]), q_seq_len=max(values["actual_seq_lengths"]),
-                         kv_seq_len=max(values["actual_seq_lengths_kv"]))  # fmt: skip
+            sizes = dict(
+                batch=len(values["actual_seq_lengths"]),
+                q_seq_len=max(values["actual_seq_lengths"]),
+                kv_seq_len=max(values["actual_seq_lengths_kv"]),
+            )
             values.update({key: value for key, value in sizes.items() if key not in fields})
         return make_case(**values)
 
@@ -278,12 +292,18 @@ SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 5, "dtype": "fp16"},
     "cases": [
         {"name": "t-bnsd-tail", "q_seq_len": 40, "kv_seq_len": 24, "sparsity": {"pattern": "causal"}},
-        {"name": "t-tnd-gqa", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 0, 24],
-         "num_kv_heads": 1, "sparsity": {"pattern": "random", "density": 0.6}},
+        {
+            "name": "t-tnd-gqa",
+            "layout": "TND",
+            "dtype": "bf16",
+            "actual_seq_lengths": [16, 0, 24],
+            "num_kv_heads": 1,
+            "sparsity": {"pattern": "random", "density": 0.6},
+        },
         {"name": "t-neg-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
         {"name": "t-neg-tnd", "layout": "TND", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
     ],
-}  # fmt: skip
+}
 """A small spec of run's tests: a tail, TND GQA with an empty entry, and two negative cases."""
 
 BASE = {"name": "c", "num_heads": 1, "head_dim": 16, "q_seq_len": 32, "block_shape": [16, 16], "dtype": "fp16"}
@@ -328,13 +348,30 @@ def assert_snapshot(name: str, text: str, update: bool = False) -> None:
 
 def stats(rmse: float, full: bool = True, **fields) -> ErrorStats:
     base = dict(
-        count=1024, max_abs_err=rmse * 8, mean_abs_err=rmse * 0.8, rmse=rmse, max_rel_err=0.125, mean_rel_err=0.001,
-        large_count=1000, small_value_count=24, small_value_err_count=2, nan_count=0, inf_count=0,
+        count=1024,
+        max_abs_err=rmse * 8,
+        mean_abs_err=rmse * 0.8,
+        rmse=rmse,
+        max_rel_err=0.125,
+        mean_rel_err=0.001,
+        large_count=1000,
+        small_value_count=24,
+        small_value_err_count=2,
+        nan_count=0,
+        inf_count=0,
         nonfinite_mismatch=0,
-    )  # fmt: skip
+    )
     if full:
-        base.update(mare=0.25, mere=0.002, cosine=0.99999, mismatch_count=3, mismatch_ratio=3 / 1024, ulp_max=6.5,
-                    ulp_mean=0.375, ulp_histogram=(700, 300, 24))  # fmt: skip
+        base.update(
+            mare=0.25,
+            mere=0.002,
+            cosine=0.99999,
+            mismatch_count=3,
+            mismatch_ratio=3 / 1024,
+            ulp_max=6.5,
+            ulp_mean=0.375,
+            ulp_histogram=(700, 300, 24),
+        )
     base.update(fields)
     return ErrorStats(**base)
 
@@ -346,28 +383,57 @@ def tensor(name: str, failed: bool) -> TensorResult:
     checks = [
         Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite"),
         Check("rmse_ratio", name, 1.0, 2.0, True, f"{name} RMSE ratio 1 <= 2", 0.5),
-        Check("tile_ratio", name, 5.0 if failed else 1.5, 3.0, not failed,
-              f"{name} worst 16x16 tile RMSE ratio {5 if failed else 1.5} {'>' if failed else '<='} 3",
-              5 / 3 if failed else 0.5),
-    ]  # fmt: skip
+        Check(
+            "tile_ratio",
+            name,
+            5.0 if failed else 1.5,
+            3.0,
+            not failed,
+            f"{name} worst 16x16 tile RMSE ratio {5 if failed else 1.5} {'>' if failed else '<='} 3",
+            5 / 3 if failed else 0.5,
+        ),
+    ]
     worst = (
         WorstElement((0, 1, 70, 33), {"b": 0, "n": 1, "s": 70, "d": 33}, 2, 0.5, 0.499, 0.4995, 0.001, 2.0),
         WorstElement((0, 0, 3, 1), {"b": 0, "n": 0, "s": 3, "d": 1}, 0, -1.25, -1.2495, -1.25, 0.0005, 0.5),
     )
     hot = (HotBlock(0, 1, 2, (64, 96), 5.0, 5e-4, 1e-4, 5e-3, (64, 32), 5.0),) if failed else ()
-    return TensorResult(name, (1, 2, 100, 64), "float16", ("b", "n", "s", "d"), stats(1e-4), stats(1e-4, full=False),
-                        tuple(checks), worst, hot, block_map)  # fmt: skip
+    return TensorResult(
+        name,
+        (1, 2, 100, 64),
+        "float16",
+        ("b", "n", "s", "d"),
+        stats(1e-4),
+        stats(1e-4, full=False),
+        tuple(checks),
+        worst,
+        hot,
+        block_map,
+    )
 
 
 def case(name: str, verdict: str, **fields) -> CaseResult:
     settings = compare.resolve_settings("float16", {}, RunSettings())
     base = dict(
-        name=name, case_dir=f"out/{name}", output_dir=f"out/{name}/outputs", verdict=verdict, spec="cases/edge.yaml",
-        device="reference (bsa emulate)", standard="double-benchmark", settings=settings, dtype="float16",
-        layout="BNSD", expect_status=0, status=0, status_message=None,
+        name=name,
+        case_dir=f"out/{name}",
+        output_dir=f"out/{name}/outputs",
+        verdict=verdict,
+        spec="cases/edge.yaml",
+        device="reference (bsa emulate)",
+        standard="double-benchmark",
+        settings=settings,
+        dtype="float16",
+        layout="BNSD",
+        expect_status=0,
+        status=0,
+        status_message=None,
         checks=(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)"),),
-        tensors=(), errors=(), output_bytes=1000, seconds=0.5,
-    )  # fmt: skip
+        tensors=(),
+        errors=(),
+        output_bytes=1000,
+        seconds=0.5,
+    )
     base.update(fields)
     return CaseResult(**base)
 
@@ -376,14 +442,31 @@ def sample_suite() -> SuiteResult:
     passing = case("edge-tail", PASS, tensors=(tensor("dq", False), tensor("dk", False), tensor("dv", False)))
     failing = case("edge-tile", FAIL, tensors=(tensor("dq", True), tensor("dk", False), tensor("dv", False)))
     unjudged = case(
-        "edge-missing", ERROR, settings=None, standard="-", checks=(), output_bytes=0,
+        "edge-missing",
+        ERROR,
+        settings=None,
+        standard="-",
+        checks=(),
+        output_bytes=0,
         errors=("out/edge-missing/outputs/dk.bin: missing (expected 25600 bytes for shape [1, 2, 100, 64] float16)",),
-    )  # fmt: skip
+    )
     negative = case(
-        "neg-dtype", PASS, expect_status=161002, status=161002, status_message="dtype float32 is not supported",
-        checks=(Check("status", None, 161002.0, 161002.0, True,
-                      "status 161002 (ACLNN_ERR_PARAM_INVALID) == expected 161002 (ACLNN_ERR_PARAM_INVALID)"),),
-    )  # fmt: skip
+        "neg-dtype",
+        PASS,
+        expect_status=161002,
+        status=161002,
+        status_message="dtype float32 is not supported",
+        checks=(
+            Check(
+                "status",
+                None,
+                161002.0,
+                161002.0,
+                True,
+                "status 161002 (ACLNN_ERR_PARAM_INVALID) == expected 161002 (ACLNN_ERR_PARAM_INVALID)",
+            ),
+        ),
+    )
     return SuiteResult((passing, failing, unjudged, negative), seconds=1.5)
 
 

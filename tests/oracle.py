@@ -156,13 +156,7 @@ def _entry_indexers(case: Case) -> list[tuple[int, tuple, tuple, int, int]]:
     for b, (q_len, kv_len) in enumerate(entry_lengths(case)):
         if case.layout == "TND":
             result.append(
-                (
-                    b,
-                    (slice(q_offset, q_offset + q_len),),
-                    (slice(kv_offset, kv_offset + kv_len),),
-                    q_len,
-                    kv_len,
-                )
+                (b, (slice(q_offset, q_offset + q_len),), (slice(kv_offset, kv_offset + kv_len),), q_len, kv_len)
             )
             q_offset += q_len
             kv_offset += kv_len
@@ -231,12 +225,7 @@ def dense_backward(
 
 
 def torch_backward(
-    case: Case,
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    block_mask: np.ndarray,
+    case: Case, dout: np.ndarray, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Return float64 attention_out, dq, dk, dv of a case from PyTorch autograd (padding 0)."""
     out, dq = np.zeros(case.q_shape), np.zeros(case.q_shape)

@@ -29,11 +29,17 @@ SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 5, "dtype": "fp16"},
     "cases": [
         {"name": "a-bnsd-tail", "batch": 2, "q_seq_len": 40, "kv_seq_len": 24, "sparsity": {"pattern": "causal"}},
-        {"name": "b-tnd-gqa-bf16", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 0, 24],
-         "num_kv_heads": 1, "sparsity": {"pattern": "random", "density": 0.6}},
+        {
+            "name": "b-tnd-gqa-bf16",
+            "layout": "TND",
+            "dtype": "bf16",
+            "actual_seq_lengths": [16, 0, 24],
+            "num_kv_heads": 1,
+            "sparsity": {"pattern": "random", "density": 0.6},
+        },
         {"name": "n-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
     ],
-}  # fmt: skip
+}
 VALID = ("a-bnsd-tail", "b-tnd-gqa-bf16")
 
 
@@ -77,8 +83,12 @@ def written_outputs(case_dir: Path, fault: str | None = None) -> tuple[Path, dic
 def test_load_case_gives_checked_inputs_params_and_the_arguments_of_the_call(generated: Path) -> None:
     case = bsa.load_case(generated / "a-bnsd-tail")
     manifest = manifest_of(generated / "a-bnsd-tail")
-    assert (case.name, case.dir, case.expect, case.expect_name) == ("a-bnsd-tail", generated / "a-bnsd-tail", 0,
-                                                                    "ACLNN_SUCCESS")  # fmt: skip
+    assert (case.name, case.dir, case.expect, case.expect_name) == (
+        "a-bnsd-tail",
+        generated / "a-bnsd-tail",
+        0,
+        "ACLNN_SUCCESS",
+    )
     assert set(case.inputs) == set(INPUT_NAMES)
     for name, entry in manifest["inputs"].items():
         assert (

@@ -27,11 +27,16 @@ SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 3, "dtype": "fp16"},
     "cases": [
         {"name": "p-bnsd", "q_seq_len": 40, "kv_seq_len": 24, "sparsity": {"pattern": "causal"}},
-        {"name": "p-tnd-bf16", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 24],
-         "sparsity": {"pattern": "random", "density": 0.6}},
+        {
+            "name": "p-tnd-bf16",
+            "layout": "TND",
+            "dtype": "bf16",
+            "actual_seq_lengths": [16, 24],
+            "sparsity": {"pattern": "random", "density": 0.6},
+        },
         {"name": "n-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
     ],
-}  # fmt: skip
+}
 NAMES = ["n-dtype", "p-bnsd", "p-tnd-bf16"]
 
 TEST_FILE = """
@@ -131,8 +136,12 @@ def test_the_plugin_loads_through_its_entry_point_without_numpy_or_torch(tmp_pat
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_DISABLE_PLUGIN_AUTOLOAD"}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

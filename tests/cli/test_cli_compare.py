@@ -24,9 +24,21 @@ def invoke(*args: object) -> Result:
 def suite_dir(tmp_path_factory) -> Path:
     """Three valid cases with clean outputs and one negative case with the expected status."""
     root = tmp_path_factory.mktemp("cases")
-    for name, fields in (("a-bnsd", {}), ("b-gqa", dict(num_heads=4, num_kv_heads=1)),
-                         ("c-tnd", dict(layout="TND", batch=2, actual_seq_lengths=(50, 17),
-                                        actual_seq_lengths_kv=(33, 60), q_seq_len=50, kv_seq_len=60))):  # fmt: skip
+    for name, fields in (
+        ("a-bnsd", {}),
+        ("b-gqa", dict(num_heads=4, num_kv_heads=1)),
+        (
+            "c-tnd",
+            dict(
+                layout="TND",
+                batch=2,
+                actual_seq_lengths=(50, 17),
+                actual_seq_lengths_kv=(33, 60),
+                q_seq_len=50,
+                kv_seq_len=60,
+            ),
+        ),
+    ):
         build_case(root, make_case(name, **fields))
     from bsa_cli.case import Expect
 
@@ -85,19 +97,25 @@ def test_standard_threshold_and_filter_options(out):
     ("args", "message"),
     [
         (["--standard", "singel"], "Error: unknown standard 'singel' (did you mean 'single'?); allowed: "),
-        (["--threshold", "rmse_ratio"], "Error: --threshold 'rmse_ratio': expected KEY=NUMBER, for example "
-                                        "--threshold rmse_ratio=1.5\n"),
+        (
+            ["--threshold", "rmse_ratio"],
+            "Error: --threshold 'rmse_ratio': expected KEY=NUMBER, for example --threshold rmse_ratio=1.5\n",
+        ),
         (["--threshold", "rmse_ratio=x"], "Error: --threshold 'rmse_ratio=x': expected KEY=NUMBER"),
         (["--threshold", "rmse_rati=2"], "Error: unknown threshold 'rmse_rati' (did you mean 'rmse_ratio'?)"),
-        (["--standard", "single", "--threshold", "rmse_ratio=2"],
-         "Error: threshold 'rmse_ratio' does not apply to standard 'single'"),
+        (
+            ["--standard", "single", "--threshold", "rmse_ratio=2"],
+            "Error: threshold 'rmse_ratio' does not apply to standard 'single'",
+        ),
         (["--filter", "zzz*"], "matches none of 4 cases\n"),
-        (["--merge", "--standard", "single"], "Error: --merge cannot be used with --standard: shard reports are "
-                                              "already judged\n"),
+        (
+            ["--merge", "--standard", "single"],
+            "Error: --merge cannot be used with --standard: shard reports are already judged\n",
+        ),
         (["--merge", "-j", "2"], "Error: --merge cannot be used with --jobs"),
         (["-j", "0"], "'0' is not a positive whole number or 'auto'"),
     ],
-)  # fmt: skip
+)
 def test_usage_errors_exit_2_with_one_error_line(out, args, message):
     result = invoke(out, *args)
     assert result.exit_code == 2
@@ -144,9 +162,12 @@ def test_compare_before_run_says_each_case_is_not_run_and_what_to_type_once(out,
     result = invoke(out, "--json", tmp_path / "r.json")
     assert result.exit_code == 3
     errors = {c["name"]: c["errors"] for c in json.loads((tmp_path / "r.json").read_text())["cases"]}
-    assert errors == {"a-bnsd": [f"not run yet: no result in {out}/a-bnsd/outputs; run it first: bsa run {out}"],
-                      "b-gqa": [], "c-tnd": [],
-                      "d-neg": [f"not run yet: no result in {out}/d-neg/outputs; run it first: bsa run {out}"]}
+    assert errors == {
+        "a-bnsd": [f"not run yet: no result in {out}/a-bnsd/outputs; run it first: bsa run {out}"],
+        "b-gqa": [],
+        "c-tnd": [],
+        "d-neg": [f"not run yet: no result in {out}/d-neg/outputs; run it first: bsa run {out}"],
+    }
     text = " ".join(result.stdout.split())
     assert text.count("not run yet") == 2 and "could not be judged" not in text  # one line per case, in the table
 
@@ -158,8 +179,15 @@ def test_report_files_and_merge_of_shards(out, tmp_path):
     second = invoke(out, "--filter", "c-*", "--filter", "d-*", "--json", tmp_path / "2.json")
     assert first.exit_code == second.exit_code == 0
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
-    merged = invoke("--merge", tmp_path / "1.json", tmp_path / "2.json", "--junit", tmp_path / "m.xml",
-                    "--json", tmp_path / "m.json")  # fmt: skip
+    merged = invoke(
+        "--merge",
+        tmp_path / "1.json",
+        tmp_path / "2.json",
+        "--junit",
+        tmp_path / "m.xml",
+        "--json",
+        tmp_path / "m.json",
+    )
     assert merged.exit_code == 0
     assert "4 cases: 4 passed, 0 failed, 0 errors" in merged.stdout
     assert merged.stderr == f"wrote JSON report {tmp_path / 'm.json'}\nwrote JUnit report {tmp_path / 'm.xml'}\n"
@@ -186,8 +214,10 @@ def test_unwritable_report_is_a_usage_error_before_any_case_is_judged(out, tmp_p
 
 
 def test_report_folders_are_created(out, tmp_path):
-    paths = {flag: tmp_path / "new" / flag.strip("-") / f"r.{flag.strip('-')}" for flag in
-             ("--json", "--junit", "--html", "--csv")}  # fmt: skip
+    paths = {
+        flag: tmp_path / "new" / flag.strip("-") / f"r.{flag.strip('-')}"
+        for flag in ("--json", "--junit", "--html", "--csv")
+    }
     result = invoke(out, *(x for flag, path in paths.items() for x in (flag, path)))
     assert result.exit_code == 0, result.output
     assert all(path.is_file() and path.stat().st_size for path in paths.values())
@@ -202,13 +232,16 @@ def test_verbose_shows_every_metric(out):
 
 def test_each_report_file_is_named_on_stderr_when_written(out, tmp_path):
     paths = {kind: tmp_path / "reports" / f"r.{kind}" for kind in ("json", "xml", "html", "csv")}
-    result = invoke(out, "--json", paths["json"], "--junit", paths["xml"], "--html", paths["html"],
-                    "--csv", paths["csv"])  # fmt: skip
+    result = invoke(
+        out, "--json", paths["json"], "--junit", paths["xml"], "--html", paths["html"], "--csv", paths["csv"]
+    )
     assert result.exit_code == 0
     assert [line for line in result.stderr.splitlines() if not line.startswith("judged ")] == [
-        f"wrote JSON report {paths['json']}", f"wrote JUnit report {paths['xml']}",
-        f"wrote HTML report {paths['html']}", f"wrote CSV report {paths['csv']}",
-    ]  # fmt: skip
+        f"wrote JSON report {paths['json']}",
+        f"wrote JUnit report {paths['xml']}",
+        f"wrote HTML report {paths['html']}",
+        f"wrote CSV report {paths['csv']}",
+    ]
     assert all(path.is_file() for path in paths.values())
 
 
@@ -216,15 +249,43 @@ def test_every_report_says_which_release_the_cases_expect(tmp_path: Path) -> Non
     import yaml
 
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"cases": [{"name": "c", "num_heads": 1, "q_seq_len": 32, "head_dim": 16,
-                                               "block_shape": [16, 16], "release": "9.1.0"}]}))  # fmt: skip
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "cases": [
+                    {
+                        "name": "c",
+                        "num_heads": 1,
+                        "q_seq_len": 32,
+                        "head_dim": 16,
+                        "block_shape": [16, 16],
+                        "release": "9.1.0",
+                    }
+                ]
+            }
+        )
+    )
     runner = CliRunner()
-    result = runner.invoke(main, ["check", str(spec), "-o", str(tmp_path / "out"), "--json", str(tmp_path / "r.json"),
-                                  "--junit", str(tmp_path / "r.xml"), "--html", str(tmp_path / "r.html")])  # fmt: skip
+    result = runner.invoke(
+        main,
+        [
+            "check",
+            str(spec),
+            "-o",
+            str(tmp_path / "out"),
+            "--json",
+            str(tmp_path / "r.json"),
+            "--junit",
+            str(tmp_path / "r.xml"),
+            "--html",
+            str(tmp_path / "r.html"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "expected statuses follow operator release 9.1.0 (1 case)" in result.stdout
     assert json.loads((tmp_path / "r.json").read_text())["cases"][0]["release"] == "9.1.0"
     assert '<property name="release" value="9.1.0"' in (tmp_path / "r.xml").read_text()
-    assert "<dt>release</dt><dd>expected statuses follow operator release 9.1.0 (1 case)</dd>" in (
-        tmp_path / "r.html"
-    ).read_text()
+    assert (
+        "<dt>release</dt><dd>expected statuses follow operator release 9.1.0 (1 case)</dd>"
+        in (tmp_path / "r.html").read_text()
+    )

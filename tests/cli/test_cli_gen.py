@@ -14,8 +14,15 @@ from bsa_cli import generate
 from bsa_cli.cli import main
 from bsa_cli.store import read_array
 
-CASE = {"name": "tiny", "num_heads": 2, "q_seq_len": 96, "kv_seq_len": 80, "head_dim": 32, "block_shape": [32, 48],
-        "sparsity": {"pattern": "random", "density": 0.6}}  # fmt: skip
+CASE = {
+    "name": "tiny",
+    "num_heads": 2,
+    "q_seq_len": 96,
+    "kv_seq_len": 80,
+    "head_dim": 32,
+    "block_shape": [32, 48],
+    "sparsity": {"pattern": "random", "density": 0.6},
+}
 
 
 @pytest.fixture
@@ -35,9 +42,24 @@ def test_gen_writes_the_documented_case_directory(runner: CliRunner, tmp_path: P
     case_dir = tmp_path / "out" / "tiny"
     manifest = json.loads((case_dir / "case.json").read_text())
     assert manifest["format"] == "bsa-case/1" and manifest["name"] == "tiny"
-    for key in ("layout", "dtype", "batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len",
-                "block_shape", "actual_seq_lengths", "actual_seq_lengths_kv", "seq_lengths_encoding", "scale",
-                "mask_type", "pre_tokens", "next_tokens"):  # fmt: skip
+    for key in (
+        "layout",
+        "dtype",
+        "batch",
+        "num_heads",
+        "num_kv_heads",
+        "head_dim",
+        "q_seq_len",
+        "kv_seq_len",
+        "block_shape",
+        "actual_seq_lengths",
+        "actual_seq_lengths_kv",
+        "seq_lengths_encoding",
+        "scale",
+        "mask_type",
+        "pre_tokens",
+        "next_tokens",
+    ):
         assert key in manifest["params"], key
     assert set(manifest["inputs"]) == {
         "query",
@@ -70,8 +92,11 @@ def test_flat_params_file_lists_params_and_arrays(runner: CliRunner, tmp_path: P
     tnd |= {"layout": "TND", "actual_seq_lengths": [40, 0, 56], "seq_lengths_encoding": "cumulative"}
     result = runner.invoke(main, ["gen", spec(tmp_path, tnd), "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
-    lines = dict(line.split(" ", 1) for line in (tmp_path / "out" / "tiny" / "case.txt").read_text().splitlines()
-                 if not line.startswith(("input ", "golden ", "output ")))  # fmt: skip
+    lines = dict(
+        line.split(" ", 1)
+        for line in (tmp_path / "out" / "tiny" / "case.txt").read_text().splitlines()
+        if not line.startswith(("input ", "golden ", "output "))
+    )
     assert lines["layout"] == "TND" and lines["actual_seq_lengths"] == "40 40 96"
     assert lines["block_shape"] == "32 48" and lines["expect_status"] == "0"
     text = (tmp_path / "out" / "tiny" / "case.txt").read_text()
@@ -150,8 +175,10 @@ def test_a_null_layout_is_161002_on_master_and_refused_on_9_1_0(runner: CliRunne
     assert runner.invoke(main, ["validate", spec(tmp_path, case)]).exit_code == 0
     refused = runner.invoke(main, ["validate", spec(tmp_path, case), "--release", "9.1.0"])
     assert refused.exit_code == 2
-    assert ("key 'null_layouts': kv_layout is null: 9.1.0 reads the layout string before any check (master returns "
-            "161002): undefined behaviour, no status to expect") in refused.stderr  # fmt: skip
+    assert (
+        "key 'null_layouts': kv_layout is null: 9.1.0 reads the layout string before any check (master returns "
+        "161002): undefined behaviour, no status to expect"
+    ) in refused.stderr
     out = tmp_path / "out"
     assert runner.invoke(main, ["gen", spec(tmp_path, case), "-o", str(out)]).exit_code == 0
     manifest = json.loads((out / "tiny" / "case.json").read_text())
@@ -165,11 +192,13 @@ def test_deterministic_mode_is_refused_for_a_release_without_it(runner: CliRunne
     assert runner.invoke(main, ["gen", spec(tmp_path, CASE), "-o", str(out), "--release", "9.1.0"]).exit_code == 0
     result = runner.invoke(main, ["run", str(out), "--deterministic"])
     assert result.exit_code == 2
-    assert result.stderr.startswith("Error: --deterministic: 1 case(s) target a release without the deterministic "
-                                    "mode: tiny (9.1.0)")  # fmt: skip
+    assert result.stderr.startswith(
+        "Error: --deterministic: 1 case(s) target a release without the deterministic mode: tiny (9.1.0)"
+    )
     assert not (out / "tiny" / "outputs" / "run.json").exists()
-    checked = runner.invoke(main, ["check", spec(tmp_path, CASE), "-o", str(tmp_path / "o2"), "--deterministic",
-                                   "--release", "9.0.0"])  # fmt: skip
+    checked = runner.invoke(
+        main, ["check", spec(tmp_path, CASE), "-o", str(tmp_path / "o2"), "--deterministic", "--release", "9.0.0"]
+    )
     assert checked.exit_code == 2 and "tiny (9.0.0)" in checked.stderr
 
 

@@ -23,8 +23,20 @@ def test_gathered_options_reach_the_command_as_one_value_each() -> None:
     def command(device: DeviceOptions, settings: SettingsOptions, reports: dict[str, Path | None], last: str) -> None:
         seen.update(device=device, settings=settings, reports=reports, last=last)
 
-    args = ["--binary", "b", "--devices", "0,1", "--repeat", "2", "--threshold", "rmse_ratio=2", "--html", "r.html",
-            "--last", "x"]  # fmt: skip
+    args = [
+        "--binary",
+        "b",
+        "--devices",
+        "0,1",
+        "--repeat",
+        "2",
+        "--threshold",
+        "rmse_ratio=2",
+        "--html",
+        "r.html",
+        "--last",
+        "x",
+    ]
     result = CliRunner().invoke(command, args)
 
     assert result.exit_code == 0, result.output
@@ -39,12 +51,26 @@ def test_gathered_options_reach_the_command_as_one_value_each() -> None:
 def test_gathered_options_keep_their_order_in_help() -> None:
     check = main.commands["check"]
     names = [param.opts[-1] for param in check.params if isinstance(param, click.Option)]
-    assert names[names.index("--device"):names.index("--timeout") + 1] == [
-        "--device", "--binary", "--cmd", "--fault", "--devices", "--repeat", "--deterministic", "--timeout"
-    ]  # fmt: skip
-    assert names[names.index("--standard"):] == [
-        "--standard", "--threshold", "--padding", "--json", "--junit", "--html", "--csv", "--verbose"
-    ]  # fmt: skip
+    assert names[names.index("--device") : names.index("--timeout") + 1] == [
+        "--device",
+        "--binary",
+        "--cmd",
+        "--fault",
+        "--devices",
+        "--repeat",
+        "--deterministic",
+        "--timeout",
+    ]
+    assert names[names.index("--standard") :] == [
+        "--standard",
+        "--threshold",
+        "--padding",
+        "--json",
+        "--junit",
+        "--html",
+        "--csv",
+        "--verbose",
+    ]
 
 
 @pytest.mark.parametrize("command", ["list", "gen", "run", "check", "compare", "export"])

@@ -174,9 +174,17 @@ def test_outputs_root_and_cmd_template(tmp_path):
 
     template = "{binary} --tag {device_id} {manifest} {output_dir}"
     result = invoke(
-        "run", tmp_path / "out", "--binary", binary, "--cmd", template, "--outputs-root", tmp_path / "dev",
-        "--devices", "4",
-    )  # fmt: skip
+        "run",
+        tmp_path / "out",
+        "--binary",
+        binary,
+        "--cmd",
+        template,
+        "--outputs-root",
+        tmp_path / "dev",
+        "--devices",
+        "4",
+    )
 
     assert result.exit_code == 0, result.output
     rec = json.loads((tmp_path / "dev" / "templ" / "run.json").read_text())
@@ -286,8 +294,12 @@ def test_check_regenerates_only_cases_whose_spec_or_inputs_changed(spec_file, tm
 
     assert result.exit_code == 0, result.output
     outcomes = {line.split()[2]: line.split()[1] for line in result.stderr.splitlines() if line.startswith("gen ")}
-    assert outcomes == {"t-bnsd-tail": "generated", "t-tnd-gqa": "generated", "t-neg-dtype": "skipped",
-                        "t-neg-tnd": "skipped"}  # fmt: skip
+    assert outcomes == {
+        "t-bnsd-tail": "generated",
+        "t-tnd-gqa": "generated",
+        "t-neg-dtype": "skipped",
+        "t-neg-tnd": "skipped",
+    }
 
 
 def test_check_with_a_planted_fault_fails(spec_file, tmp_path):
@@ -404,6 +416,8 @@ def test_display_counts_a_gen_phase_in_flops_within_cases():
 @pytest.mark.parametrize("command", ["run", "check"])
 def test_repeat_help_says_dq_is_bitwise_and_dk_dv_noise_is_reported(command: str) -> None:
     text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=200).output.split())
-    assert ("Run each case N times and judge every run: a status or dq that differs between runs, or a run outside "
-            "the standard, marks the case nondeterministic; dk/dv may differ in their last bits (fp32 atomic adds), "
-            "which is reported as repeat-noise, not failed.") in text  # fmt: skip
+    assert (
+        "Run each case N times and judge every run: a status or dq that differs between runs, or a run outside "
+        "the standard, marks the case nondeterministic; dk/dv may differ in their last bits (fp32 atomic adds), "
+        "which is reported as repeat-noise, not failed."
+    ) in text

@@ -182,13 +182,14 @@ def test_run_on_the_reference_device_weighs_the_bar_by_backward_flops(tmp_path, 
     assert flops["t-bnsd-tail"] > 0 and flops["t-neg-dtype"] == 0
 
 
-
 # ---- widths: warnings wrapped, piped output as wide as the terminal (issue 16, item 12) -----------------
 
 
-WARNING = ("doc-tail-varlen-honored: actual_seq_lengths [8000, 5003] shorter than q_seq_len 8000 with "
-           "bnsd_lengths: honored: the A2/A3 kernel ignores BNSD lengths (computes over all S); use bnsd_lengths: "
-           "ignored")  # fmt: skip
+WARNING = (
+    "doc-tail-varlen-honored: actual_seq_lengths [8000, 5003] shorter than q_seq_len 8000 with "
+    "bnsd_lengths: honored: the A2/A3 kernel ignores BNSD lengths (computes over all S); use bnsd_lengths: "
+    "ignored"
+)
 
 
 def test_a_warning_wraps_at_words_to_the_width_a_person_sees(monkeypatch):

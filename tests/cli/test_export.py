@@ -41,8 +41,15 @@ def test_msopst_cases_point_at_the_inputs_and_expect_the_golden(out, tmp_path):
     (case,) = cases["t-bnsd-tail"]
     manifest = load_manifest(out / "t-bnsd-tail")
     assert case["case_name"] == "t_bnsd_tail" and case["op"] == "BlockSparseAttentionGrad"
-    assert [d["name"] for d in case["input_desc"]] == ["dout", "query", "key", "value", "attentionOut", "softmaxLse",
-                                                       "blockSparseMask"]  # fmt: skip
+    assert [d["name"] for d in case["input_desc"]] == [
+        "dout",
+        "query",
+        "key",
+        "value",
+        "attentionOut",
+        "softmaxLse",
+        "blockSparseMask",
+    ]
     for desc in case["input_desc"]:
         path = Path(desc["value"])
         assert path.is_absolute() and path.is_file()
@@ -104,7 +111,6 @@ def test_export_refuses_a_folder_without_cases(tmp_path):
     assert result.exit_code == 2 and "no case directories" in result.stderr
 
 
-
 def load_expect(case: dict) -> object:
     module_path, function = case["calc_expect_func_file"].rsplit(":", 1)
     spec = importlib.util.spec_from_file_location(f"bsa_expect_{function}", module_path)
@@ -122,14 +128,17 @@ def test_a_second_msopst_export_into_the_same_folder_keeps_the_first_working(out
     assert first.exit_code == 0 and first.stderr == ""
     second = CliRunner().invoke(main, [*command, "t-tnd-*"])
     assert second.exit_code == 0
-    assert second.stderr == (f"kept 1 case of an earlier export in {target} working (t-bnsd-tail): "
-                             "bsa_msopst_expect.py holds their expected outputs too\n")  # fmt: skip
+    assert second.stderr == (
+        f"kept 1 case of an earlier export in {target} working (t-bnsd-tail): "
+        "bsa_msopst_expect.py holds their expected outputs too\n"
+    )
     for name in ("t-bnsd-tail", "t-tnd-gqa"):
         (case,) = json.loads((target / f"{name}.msopst.json").read_text())
         dq, _, _ = load_expect(case)()
         manifest = load_manifest(out / name)
-        assert np.array_equal(dq.view(np.uint16), read_array(out / name, manifest["golden"]["dq"]).astype(
-            dq.dtype).view(np.uint16))  # fmt: skip
+        assert np.array_equal(
+            dq.view(np.uint16), read_array(out / name, manifest["golden"]["dq"]).astype(dq.dtype).view(np.uint16)
+        )
 
 
 def test_an_earlier_msopst_case_whose_folder_is_gone_is_named(out, tmp_path):
@@ -138,11 +147,16 @@ def test_an_earlier_msopst_case_whose_folder_is_gone_is_named(out, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(out, copy)
     target = tmp_path / "st"
-    assert CliRunner().invoke(main, ["export", str(copy), "--format", "msopst", "-o", str(target),
-                                     "--filter", "t-bnsd-*"]).exit_code == 0  # fmt: skip
+    assert (
+        CliRunner()
+        .invoke(main, ["export", str(copy), "--format", "msopst", "-o", str(target), "--filter", "t-bnsd-*"])
+        .exit_code
+        == 0
+    )
     shutil.rmtree(copy / "t-bnsd-tail")
-    result = CliRunner().invoke(main, ["export", str(out), "--format", "msopst", "-o", str(target),
-                                       "--filter", "t-tnd-*"])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["export", str(out), "--format", "msopst", "-o", str(target), "--filter", "t-tnd-*"]
+    )
     assert result.exit_code == 0
     assert result.stderr.startswith(f"Warning: {target / 't-bnsd-tail.msopst.json'}: its case cannot be read (")
     assert "its expected outputs are left out of bsa_msopst_expect.py: export that case again" in result.stderr

@@ -22,18 +22,43 @@ from tests.helpers import case_factory
 GRADS = ("dq", "dk", "dv")
 
 
-_case = case_factory(source="tests", head_dim=128, q_seq_len=128, kv_seq_len=128, block_shape=(64, 64),
-                     scale=1 / 128**0.5, seed=5, sparsity=Sparsity(pattern="random", density=0.6))  # fmt: skip
+_case = case_factory(
+    source="tests",
+    head_dim=128,
+    q_seq_len=128,
+    kv_seq_len=128,
+    block_shape=(64, 64),
+    scale=1 / 128**0.5,
+    seed=5,
+    sparsity=Sparsity(pattern="random", density=0.6),
+)
 
 
 SHAPES = {
     "fp16-mha": _case("fp16-mha"),
     "bf16-gqa": _case("bf16-gqa", dtype="bfloat16", num_heads=4, q_seq_len=256, kv_seq_len=128, num_kv_heads=2),
-    "bf16-tnd": _case("bf16-tnd", dtype="bfloat16", layout="TND", batch=2, q_seq_len=200, kv_seq_len=160,
-                      actual_seq_lengths=(200, 72), actual_seq_lengths_kv=(160, 96)),
-    "fp16-tnd-gqa": _case("fp16-tnd-gqa", layout="TND", batch=2, num_heads=4, num_kv_heads=1, q_seq_len=130,
-                          kv_seq_len=190, actual_seq_lengths=(130, 100), actual_seq_lengths_kv=(190, 80)),
-}  # fmt: skip
+    "bf16-tnd": _case(
+        "bf16-tnd",
+        dtype="bfloat16",
+        layout="TND",
+        batch=2,
+        q_seq_len=200,
+        kv_seq_len=160,
+        actual_seq_lengths=(200, 72),
+        actual_seq_lengths_kv=(160, 96),
+    ),
+    "fp16-tnd-gqa": _case(
+        "fp16-tnd-gqa",
+        layout="TND",
+        batch=2,
+        num_heads=4,
+        num_kv_heads=1,
+        q_seq_len=130,
+        kv_seq_len=190,
+        actual_seq_lengths=(130, 100),
+        actual_seq_lengths_kv=(190, 80),
+    ),
+}
 
 
 @pytest.fixture(scope="module")
@@ -147,7 +172,7 @@ def test_the_html_report_draws_the_bias_first_when_it_decides(generated, tmp_pat
     _plant(case_dir, tmp_path / "out", "dk", 1 - 1e-4)
     result = compare.compare_case(case_dir, tmp_path / "out")
     page = report.html_report(compare.SuiteResult((result,)))
-    section = page[page.index("<h3>dk "):]
+    section = page[page.index("<h3>dk ") :]
     chart = section[: section.index("</svg>")]
     assert "dk: systematic relative error against the golden" in chart
     assert chart.count("<circle") == 2 and "within the floor" in chart  # device, benchmark; the floor band

@@ -99,12 +99,18 @@ EDGE_LIKE = {
     "unequal-blocks": dict(q_seq_len=96, kv_seq_len=144, block_shape=(16, 48), head_dim=64),
     "gqa-4to1": dict(num_heads=4, num_kv_heads=1, q_seq_len=64, kv_seq_len=64, block_shape=(16, 16)),
     "tnd-zero-lengths": dict(
-        layout="TND", batch=4, actual_seq_lengths=(0, 70, 33, 0), actual_seq_lengths_kv=(0, 48, 90, 0),
-        q_seq_len=70, kv_seq_len=90, block_shape=(16, 32),
+        layout="TND",
+        batch=4,
+        actual_seq_lengths=(0, 70, 33, 0),
+        actual_seq_lengths_kv=(0, 48, 90, 0),
+        q_seq_len=70,
+        kv_seq_len=90,
+        block_shape=(16, 32),
     ),
-    "bnsd-honored-lengths": dict(batch=2, q_seq_len=96, kv_seq_len=80, actual_seq_lengths=(96, 41),
-                                 actual_seq_lengths_kv=(80, 23)),
-}  # fmt: skip
+    "bnsd-honored-lengths": dict(
+        batch=2, q_seq_len=96, kv_seq_len=80, actual_seq_lengths=(96, 41), actual_seq_lengths_kv=(80, 23)
+    ),
+}
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -140,7 +146,7 @@ def test_unusual_shapes_pass_when_clean(tmp_path):
             actual_seq_lengths_kv=(0, 5),
             q_seq_len=0,
             kv_seq_len=5,
-        ),  # fmt: skip
+        ),
     ):
         result = compare.compare_case(build_case(tmp_path, case))
         assert result.verdict == PASS, result.message
@@ -376,8 +382,16 @@ def test_ulp_error_uses_the_golden_ulp_in_the_case_dtype():
 def test_ulp_figures_of_a_golden_that_cancelled_to_zero_stay_finite_sized_in_bf16():
     """A bf16 golden of 0 (a sum that cancelled) has an ULP of 2^-133: counted there, an ordinary 2^-22
     rounding error read 2.2e+33 ULP on a passing dq. Below err_thd the unit is the ULP of err_thd."""
-    case = make_case("u", dtype="bfloat16", num_heads=1, num_kv_heads=1, q_seq_len=16, kv_seq_len=16, head_dim=16,
-                     block_shape=(16, 16))  # fmt: skip
+    case = make_case(
+        "u",
+        dtype="bfloat16",
+        num_heads=1,
+        num_kv_heads=1,
+        q_seq_len=16,
+        kv_seq_len=16,
+        head_dim=16,
+        block_shape=(16, 16),
+    )
     rng = np.random.default_rng(1)
     gold = {n: (rng.random((1, 1, 16, 16)) + 0.5).astype(np.float32) for n in ("dq", "dk", "dv")}
     gold["dq"][0, 0, 5, 5] = 0.0
@@ -605,8 +619,13 @@ def test_missing_or_garbled_status_is_an_error(two_cases):
 
 def test_run_record_of_a_crash_or_timeout_makes_the_case_an_error(two_cases):
     a, _ = two_cases
-    record = {"format": "bsa-run/1", "case": "a", "outcome": "timeout", "problems": ["ran past --timeout 5 s"],
-              "device": {"name": "./kernel"}}  # fmt: skip
+    record = {
+        "format": "bsa-run/1",
+        "case": "a",
+        "outcome": "timeout",
+        "problems": ["ran past --timeout 5 s"],
+        "device": {"name": "./kernel"},
+    }
     (a / "outputs" / "run.json").write_text(json.dumps(record))
     result = compare.compare_case(a)
     assert result.verdict == ERROR and result.device == "./kernel"
@@ -664,12 +683,27 @@ def test_exit_code_policy():
     def suite(*verdicts: str) -> compare.SuiteResult:
         cases = tuple(
             compare.CaseResult(
-                name=f"c{i}", case_dir="", output_dir="", verdict=v, spec=None, device=None, standard="-",
-                settings=None, dtype=None, layout=None, expect_status=None, status=None, status_message=None,
-                checks=(), tensors=(), errors=(), output_bytes=0, seconds=0.0,
+                name=f"c{i}",
+                case_dir="",
+                output_dir="",
+                verdict=v,
+                spec=None,
+                device=None,
+                standard="-",
+                settings=None,
+                dtype=None,
+                layout=None,
+                expect_status=None,
+                status=None,
+                status_message=None,
+                checks=(),
+                tensors=(),
+                errors=(),
+                output_bytes=0,
+                seconds=0.0,
             )
             for i, v in enumerate(verdicts)
-        )  # fmt: skip
+        )
         return compare.SuiteResult(cases)
 
     assert suite(PASS, PASS).return_code == 0
@@ -716,8 +750,16 @@ def test_edge_suite_clean_outputs_pass_fifty_seeds(tmp_path):
 
 
 def test_mask_view_agrees_with_structural_rows(tmp_path):
-    case = make_case("tnd", layout="TND", batch=2, actual_seq_lengths=(20, 37), actual_seq_lengths_kv=(33, 9),
-                     q_seq_len=37, kv_seq_len=33, block_shape=(16, 16))  # fmt: skip
+    case = make_case(
+        "tnd",
+        layout="TND",
+        batch=2,
+        actual_seq_lengths=(20, 37),
+        actual_seq_lengths_kv=(33, 9),
+        q_seq_len=37,
+        kv_seq_len=33,
+        block_shape=(16, 16),
+    )
     mask = (np.random.default_rng(2).random(case.mask_shape) < 0.4).astype(np.uint8)
     rows = compare.structural_rows(case, mask)
     zero_dq = rows["dq"][0].reshape(-1, case.num_heads)  # [T, N]
@@ -777,7 +819,7 @@ def measured_benchmark(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         ("edge-tail", "tile-noise", {"standard": "fa-ratio"}, "float64"),
         ("edge-gqa", None, {"standard": "single"}, "float64"),
     ],
-)  # fmt: skip
+)
 def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
     tmp_path, monkeypatch, case_name, fault, compare_settings, precision
 ):
@@ -848,11 +890,13 @@ def test_a_changed_summary_tiles_file_is_stale(generated):
         (lambda m: m["benchmark_summary"]["stats"]["dv"].pop("rmse"), "fields ['rmse'] missing or unknown"),
         (lambda m: m["benchmark_summary"]["stats"]["dk"].update(bias="nan"), "dk: bias nan ± "),
         (lambda m: m["benchmark_summary"].pop("tiles"), "benchmark_summary: 'tiles'"),
-        (lambda m: m["benchmark_summary"]["tiles"]["dq"].update(shape=[96, 4]),  # same bytes as [192, 2]
-         "dq: benchmark summary tiles are float32 [96, 4], expected float32 [192, 2]"),
+        (
+            lambda m: m["benchmark_summary"]["tiles"]["dq"].update(shape=[96, 4]),  # same bytes as [192, 2]
+            "dq: benchmark summary tiles are float32 [96, 4], expected float32 [192, 2]",
+        ),
         (lambda m: m["benchmark_summary"]["tiles"]["dq"].update(shape=[192, 1]), "oversized"),
     ],
-)  # fmt: skip
+)
 def test_a_malformed_summary_makes_the_case_an_error_not_a_crash(generated, edit, message):
     manifest = json.loads((generated / "case.json").read_text())
     edit(manifest)

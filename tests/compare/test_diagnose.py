@@ -67,8 +67,10 @@ def _confusion(tmp_path: Path, suite: str) -> tuple[dict[tuple[str, str], int], 
             top = result.diagnosis[0].kind if result.diagnosis else "-"
             table[(fault, top)] = table.get((fault, top), 0) + 1
             if result.verdict != compare.FAIL or top != TRUE_KIND[fault]:
-                missed.append(f"{case_dir.name} {fault}: {result.verdict}, top {top}: "
-                              f"{[(c.kind, c.score) for c in result.diagnosis]}")  # fmt: skip
+                missed.append(
+                    f"{case_dir.name} {fault}: {result.verdict}, top {top}: "
+                    f"{[(c.kind, c.score) for c in result.diagnosis]}"
+                )
     return table, missed
 
 
@@ -152,8 +154,9 @@ def test_terminal_likely_line_json_and_junit_carry_the_diagnosis(tmp_path):
     case_dir = _cli_case(tmp_path, "stale-output")
     runner = CliRunner()
     report, junit = tmp_path / "r.json", tmp_path / "r.xml"
-    result = runner.invoke(main, ["compare", str(case_dir), "--json", str(report), "--junit", str(junit)],
-                           terminal_width=400)  # fmt: skip
+    result = runner.invoke(
+        main, ["compare", str(case_dir), "--json", str(report), "--junit", str(junit)], terminal_width=400
+    )
     assert result.exit_code == 1
     likely = "likely: not-written (1.00): dq, dk, dv all zero where the golden is not, as if never written"
     lines = result.output.splitlines()
@@ -161,11 +164,13 @@ def test_terminal_likely_line_json_and_junit_carry_the_diagnosis(tmp_path):
     assert lines[5].split("|")[1:3] == [" " * 22, " " * 9] and lines[5].split("|")[3].strip() == likely
     document = json.loads(report.read_text())
     assert document["schema_minor"] == 3
-    assert document["cases"][0]["diagnosis"] == [{"kind": "not-written", "score": 1.0, "evidence": likely[28:],
-                                                  "tensors": ["dq", "dk", "dv"], "where": []}]  # fmt: skip
+    assert document["cases"][0]["diagnosis"] == [
+        {"kind": "not-written", "score": 1.0, "evidence": likely[28:], "tensors": ["dq", "dk", "dv"], "where": []}
+    ]
     assert likely in junit.read_text()
-    merged = runner.invoke(main, ["compare", "--merge", str(report), "--explain", "smoke-gqa-empty-rows"],
-                           terminal_width=400)  # fmt: skip
+    merged = runner.invoke(
+        main, ["compare", "--merge", str(report), "--explain", "smoke-gqa-empty-rows"], terminal_width=400
+    )
     assert "hypotheses tried (1), best first:" in merged.output
     assert f"  [1.00] not-written: an output never written: explains: {likely[28:]}" in merged.output
 
@@ -180,19 +185,26 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     assert unknown.exit_code == 2
     assert unknown.output.splitlines()[-1] == "Error: --explain nope: no such case under the given folders"
     reference.emulate_case_dir(case_dir, case_dir / "outputs", fault="lse-base2")
-    failed = runner.invoke(main, ["compare", str(case_dir.parent), "--explain", "smoke-gqa-empty-rows"],
-                           terminal_width=400)  # fmt: skip
+    failed = runner.invoke(
+        main, ["compare", str(case_dir.parent), "--explain", "smoke-gqa-empty-rows"], terminal_width=400
+    )
     assert failed.exit_code == 1
     lines = failed.output.splitlines()
     start = lines.index("hypotheses tried (25), best first:")
     tried = lines[start + 1 :]
-    assert tried[0].startswith("  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
-                               "explains 100% of the excess error: under the hypothesis, dq's error falls to ")
-    assert any(line.startswith("  [0.00] block-selection: the block mask read transposed ([.., j, i]): ruled out: "
-                               "explains ") for line in tried)
+    assert tried[0].startswith(
+        "  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
+        "explains 100% of the excess error: under the hypothesis, dq's error falls to "
+    )
+    assert any(
+        line.startswith("  [0.00] block-selection: the block mask read transposed ([.., j, i]): ruled out: explains ")
+        for line in tried
+    )
     # the search ends at the hypothesis that explains the error: the later ones say so
-    assert ("  [0.00] softmax-grad: Dsum omitted: dS = P dP: not tried: 'P recomputed as exp2(S log2(e) - lse): "
-            "lse read as a base-2 log' already explains 100% of the error") in tried
+    assert (
+        "  [0.00] softmax-grad: Dsum omitted: dS = P dP: not tried: 'P recomputed as exp2(S log2(e) - lse): "
+        "lse read as a base-2 log' already explains 100% of the error"
+    ) in tried
     assert lines[-1].startswith("judged ") or lines[-1].startswith("  [")
 
 
@@ -369,12 +381,14 @@ def test_a_fault_planted_in_the_output_names_its_kind_first(tmp_path, name, faul
     }[fault]()
     result = _judge(loaded, planted)
     assert result.verdict == compare.FAIL
-    assert result.diagnosis and result.diagnosis[0].kind == kind, [(c.kind, c.score, c.evidence)
-                                                                   for c in result.diagnosis]  # fmt: skip
+    assert result.diagnosis and result.diagnosis[0].kind == kind, [
+        (c.kind, c.score, c.evidence) for c in result.diagnosis
+    ]
 
 
-@pytest.mark.parametrize("name", ["planted-pieces", "planted-causal-long", "planted-heads", "planted-tnd",
-                                  "planted-padding"])  # fmt: skip
+@pytest.mark.parametrize(
+    "name", ["planted-pieces", "planted-causal-long", "planted-heads", "planted-tnd", "planted-padding"]
+)
 def test_clean_outputs_of_the_planted_cases_get_no_diagnosis(tmp_path, name):
     _, loaded, grads = _planted_case(tmp_path, name)
     result = _judge(loaded, grads)

@@ -50,10 +50,7 @@ def grow_dq(case_dir: Path, factor: float) -> None:
     record_path.write_text(json.dumps(record))
 
 
-CASES = {
-    "grow": dict(seed=3),
-    "steady": dict(num_heads=4, num_kv_heads=2, seed=4),
-}
+CASES = {"grow": dict(seed=3), "steady": dict(num_heads=4, num_kv_heads=2, seed=4)}
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +132,9 @@ def test_baseline_flags_the_third_night_against_the_second_and_the_first(nights,
     out = tmp_path / "out3"
     shutil.copytree(Path(str(nights[2]).replace("night-3.json", "out3")), out)
     for baseline in nights[:2]:
-        result = invoke("compare", out, "--baseline", baseline, "--json", tmp_path / "r.json",
-                        "--html", tmp_path / "r.html")  # fmt: skip
+        result = invoke(
+            "compare", out, "--baseline", baseline, "--json", tmp_path / "r.json", "--html", tmp_path / "r.html"
+        )
         assert result.exit_code == 0, result.output  # regressions alone keep the exit code
         document = json.loads((tmp_path / "r.json").read_text())
         flagged = {(r["case"], r["tensor"], r["check"]) for r in document["regressions"]}
@@ -166,8 +164,15 @@ def test_clean_repeats_do_not_flag(suite_dir, tmp_path):
     first = night(suite_dir, tmp_path, 1, 1.0)
     for index in (2, 3):  # fresh dK/dV accumulation orders: the steady GQA case's dk, dv move a little
         again = night(suite_dir, tmp_path, index, 1.0)
-        result = invoke("compare", tmp_path / f"out{index}", "--baseline", first, "--fail-on-regression",
-                        "--json", tmp_path / "r.json")  # fmt: skip
+        result = invoke(
+            "compare",
+            tmp_path / f"out{index}",
+            "--baseline",
+            first,
+            "--fail-on-regression",
+            "--json",
+            tmp_path / "r.json",
+        )
         assert result.exit_code == 0, result.output
         document = json.loads((tmp_path / "r.json").read_text())
         assert document["regressions"] == [] and document["drift"]["summary"]["compared"] == 2
@@ -190,8 +195,16 @@ def test_a_zero_margin_flags_clean_noise_that_the_default_margin_ignores(suite_d
     moved, flagged = [], []
     for seed in (2, 3, 4, 5):
         again = seeded(suite_dir, tmp_path / f"again{seed}", seed)
-        result = invoke("compare", again, "--baseline", tmp_path / "base.json", "--regression-margin", "0,0",
-                        "--json", tmp_path / "r.json")  # fmt: skip
+        result = invoke(
+            "compare",
+            again,
+            "--baseline",
+            tmp_path / "base.json",
+            "--regression-margin",
+            "0,0",
+            "--json",
+            tmp_path / "r.json",
+        )
         assert result.exit_code == 0
         document = json.loads((tmp_path / "r.json").read_text())
         moved += [c for c in document["drift"]["changes"] if c["delta"] != 0]
@@ -273,9 +286,16 @@ def test_reports_carry_date_host_and_device_and_merging_keeps_them(nights, tmp_p
     document = json.loads(nights[0].read_text())
     assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 3
     assert document["date"] == DATES[0] and isinstance(document["host"], str)
-    assert document["devices"] == [{"device": "reference (bsa emulate)", "kind": "reference",
-                                    "name": "reference (bsa emulate)", "fault": None, "binary_sha256": None,
-                                    "cases": 2}]  # fmt: skip
+    assert document["devices"] == [
+        {
+            "device": "reference (bsa emulate)",
+            "kind": "reference",
+            "name": "reference (bsa emulate)",
+            "fault": None,
+            "binary_sha256": None,
+            "cases": 2,
+        }
+    ]
     first = {**document, "cases": document["cases"][:1], "date": "2026-11-28T02:05:00+00:00", "host": "ci-1"}
     second = {**document, "cases": document["cases"][1:], "date": "2026-11-28T03:10:00+01:00", "host": "ci-2"}
     (tmp_path / "a.json").write_text(json.dumps(first))
@@ -364,8 +384,12 @@ def test_the_terminal_drift_section_keeps_names_whole_at_every_width(nights, tmp
     out = tmp_path / "out3"
     shutil.copytree(Path(str(nights[2]).replace("night-3.json", "out3")), out)
     env = {**os.environ, "COLUMNS": str(columns), "TERM": "dumb"}
-    result = subprocess.run([sys.executable, "-m", "bsa_cli", "compare", str(out), "--baseline", str(nights[0])],
-                            capture_output=True, text=True, env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "bsa_cli", "compare", str(out), "--baseline", str(nights[0])],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     lines = result.stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("regressions since"))
     section = [line for line in lines[start:] if "mere_ratio" in line]
@@ -381,11 +405,22 @@ def test_a_failing_night_says_what_failed_even_when_the_chart_follows_another_ch
     documents = [json.loads(path.read_text()) for path in nights[:2]]
     case = next(c for c in documents[1]["cases"] if c["name"] == "grow")
     case["verdict"] = "FAIL"
-    case["tensors"][0]["checks"].append({"name": "bias", "tensor": case["tensors"][0]["name"], "value": 9.0,
-                                         "limit": 5.0, "passed": False, "detail": "dq bias -3e-4 ± 1e-5 (planted)",
-                                         "severity": 1.8})  # fmt: skip
-    series = next(s for s in trend([report.night_from_document(d, f"n{i}") for i, d in enumerate(documents)]).series
-                  if s.case == "grow")  # fmt: skip
+    case["tensors"][0]["checks"].append(
+        {
+            "name": "bias",
+            "tensor": case["tensors"][0]["name"],
+            "value": 9.0,
+            "limit": 5.0,
+            "passed": False,
+            "detail": "dq bias -3e-4 ± 1e-5 (planted)",
+            "severity": 1.8,
+        }
+    )
+    series = next(
+        s
+        for s in trend([report.night_from_document(d, f"n{i}") for i, d in enumerate(documents)]).series
+        if s.case == "grow"
+    )
     assert series.check != "bias"  # a score is never charted
     assert series.points[1].detail.startswith("dq bias -3e-4") and "; charted: " in series.points[1].detail
     assert "dq bias" not in series.points[0].detail

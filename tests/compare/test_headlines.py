@@ -19,8 +19,12 @@ def record_fault(output_dir: Path, fault: str | None, kind: str = "reference", *
     """Write the part of run.json compare reads about the device (a record of an older bsa: without
     `fault_not_applied`, unless given)."""
     name = "reference (bsa emulate)" + (f" with fault '{fault}'" if fault else "")
-    record = {"case": None, "outcome": "ok", "device": {"name": name, "kind": kind, "fault": fault, **device},
-              "binary": None}  # fmt: skip
+    record = {
+        "case": None,
+        "outcome": "ok",
+        "device": {"name": name, "kind": kind, "fault": fault, **device},
+        "binary": None,
+    }
     (output_dir / "run.json").write_text(json.dumps(record))
 
 
@@ -118,8 +122,14 @@ def test_a_failed_run_names_its_log(tmp_path):
     case_dir = build_case(tmp_path, make_case("crash"), outputs=False)
     output_dir = case_dir / "outputs"
     output_dir.mkdir(exist_ok=True)
-    record = {"case": "crash", "outcome": "error", "exit_code": 1, "problems": ["exited with code 1 (see stderr.log)"],
-              "stderr_log": "stderr.log", "device": {"name": "b", "kind": "binary", "fault": None}}  # fmt: skip
+    record = {
+        "case": "crash",
+        "outcome": "error",
+        "exit_code": 1,
+        "problems": ["exited with code 1 (see stderr.log)"],
+        "stderr_log": "stderr.log",
+        "device": {"name": "b", "kind": "binary", "fault": None},
+    }
     (output_dir / "run.json").write_text(json.dumps(record))
     result = compare.compare_case(case_dir, workers=1)
     assert result.verdict == ERROR

@@ -24,10 +24,27 @@ COMMAND_MODULES = {f"{CLI}.{name}" for name in ("compare", "export", "gen", "run
 """Modules that define click commands; the group, `bsa_cli.cli`, adds them to `bsa`."""
 
 COMPARE_ORDER = (
-    "bias", "standards", "results", "geometry", "buffers", "ulp", "metrics", "locate", "structural", "summary", "judge",
-    "hypotheses", "scoring", "patterns", "placement", "diagnose",
-    "case_files", "verdict", "suite", "drift",
-)  # fmt: skip
+    "bias",
+    "standards",
+    "results",
+    "geometry",
+    "buffers",
+    "ulp",
+    "metrics",
+    "locate",
+    "structural",
+    "summary",
+    "judge",
+    "hypotheses",
+    "scoring",
+    "patterns",
+    "placement",
+    "diagnose",
+    "case_files",
+    "verdict",
+    "suite",
+    "drift",
+)
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
 
 MAX_LINES = 1300

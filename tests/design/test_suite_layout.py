@@ -43,10 +43,16 @@ def test_no_test_file_imports_another_test_file() -> None:
 
 @pytest.mark.parametrize(
     "line",
-    ["from test_compare import build_case", "import test_runner", "from tests.test_report import case",
-     "from tests import test_cli_run", "def f():\n    from test_compare import make_case",
-     "from tests.compare.test_compare import build_case", "from tests.cli import test_cli_run"],
-)  # fmt: skip
+    [
+        "from test_compare import build_case",
+        "import test_runner",
+        "from tests.test_report import case",
+        "from tests import test_cli_run",
+        "def f():\n    from test_compare import make_case",
+        "from tests.compare.test_compare import build_case",
+        "from tests.cli import test_cli_run",
+    ],
+)
 def test_a_planted_cross_test_import_is_caught(line: str) -> None:
     assert imported_test_modules(line)
 
@@ -59,9 +65,12 @@ def test_test_files_live_in_folders_that_say_what_they_test() -> None:
     assert sorted(path.name for path in TESTS.glob("test_*.py")) == []
     folders = sorted({path.parent for path in TESTS.rglob("test_*.py")})
     assert folders and all(folder.parent == TESTS for folder in folders), folders
-    undocumented = [folder.name for folder in folders
-                    if not (folder / "__init__.py").is_file()
-                    or not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))]  # fmt: skip
+    undocumented = [
+        folder.name
+        for folder in folders
+        if not (folder / "__init__.py").is_file()
+        or not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
+    ]
     assert undocumented == []
 
 
@@ -69,9 +78,22 @@ def test_test_files_live_in_folders_that_say_what_they_test() -> None:
 def test_the_suite_collects_under_importlib_mode_too() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "--import-mode=importlib",
-         str(TESTS)],
-        cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--import-mode=importlib",
+            str(TESTS),
+        ],
+        cwd=TESTS.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " tests collected" in result.stdout.splitlines()[-1], result.stdout[-500:]

@@ -41,15 +41,20 @@ def test_the_version_line_of_the_toolkit_file_is_read(tmp_path):
     root = toolkit(tmp_path / "tk", INFO.format(ARCH))
 
     assert device_software.toolkit_cann({"ASCEND_HOME_PATH": str(root)}) == (
-        "8.5.0", str(root / f"{ARCH}-linux" / device_software.INFO_NAME))  # fmt: skip
+        "8.5.0",
+        str(root / f"{ARCH}-linux" / device_software.INFO_NAME),
+    )
 
 
 def test_the_variables_are_tried_in_order_and_opp_names_the_folder_below_the_toolkit(tmp_path):
     first = toolkit(tmp_path / "first", "version=9.1.0\n")
     second = toolkit(tmp_path / "second", "version=8.3.RC1\n")
 
-    env = {"ASCEND_HOME_PATH": str(tmp_path / "none"), "ASCEND_TOOLKIT_HOME": str(first),
-           "ASCEND_OPP_PATH": str(second / "opp")}  # fmt: skip
+    env = {
+        "ASCEND_HOME_PATH": str(tmp_path / "none"),
+        "ASCEND_TOOLKIT_HOME": str(first),
+        "ASCEND_OPP_PATH": str(second / "opp"),
+    }
     assert device_software.toolkit_cann(env)[0] == "9.1.0"
     assert device_software.toolkit_cann({"ASCEND_OPP_PATH": str(second / "opp")})[0] == "8.3.RC1"
     assert device_software.toolkit_cann({}) == (None, None)
@@ -112,7 +117,12 @@ def test_an_odd_line_gives_nulls(tmp_path, line):
     log.write_text("status 0\n" + line + "\n")
 
     assert device_software.from_torch_npu_log(log) == {
-        "kind": "torch_npu", "torch": None, "torch_npu": None, "cann": None, "cann_source": None}  # fmt: skip
+        "kind": "torch_npu",
+        "torch": None,
+        "torch_npu": None,
+        "cann": None,
+        "cann_source": None,
+    }
     assert device_software.from_torch_npu_log(tmp_path / "missing.log")["torch"] is None
     assert device_software.from_torch_npu_log(None)["cann"] is None
 
@@ -132,7 +142,11 @@ def test_the_child_takes_the_cann_version_torch_npu_reports_before_the_toolkits(
 
     env = {"ASCEND_HOME_PATH": str(toolkit(tmp_path / "tk", "version=8.5.0\n"))}
     assert device_software.torch_npu_software(Torch, TorchNpu, env) == {
-        "torch": "2.6.0", "torch_npu": "2.6.0rc1", "cann": "9.1.0", "cann_source": "torch_npu.utils.get_cann_version"}
+        "torch": "2.6.0",
+        "torch_npu": "2.6.0rc1",
+        "cann": "9.1.0",
+        "cann_source": "torch_npu.utils.get_cann_version",
+    }
     TorchNpu.utils = None  # type: ignore[assignment]  # an older torch_npu: the toolkit's file
     assert device_software.torch_npu_software(Torch, TorchNpu, env)["cann"] == "8.5.0"
     assert device_software.torch_npu_software(Torch, TorchNpu, {})["cann"] is None
@@ -163,7 +177,10 @@ def test_a_binary_records_the_toolkit_of_its_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("ASCEND_TOOLKIT_HOME", str(root))
     result = devices.run_case(case_dir, run_options(binary))
     assert read_record(result)["device_software"] == {
-        "kind": "binary", "cann": "8.5.0", "cann_source": str(root / f"{ARCH}-linux" / device_software.INFO_NAME)}
+        "kind": "binary",
+        "cann": "8.5.0",
+        "cann_source": str(root / f"{ARCH}-linux" / device_software.INFO_NAME),
+    }
 
     info = root / f"{ARCH}-linux" / device_software.INFO_NAME
     info.unlink()
@@ -185,8 +202,13 @@ def test_torch_npu_records_torch_torch_npu_and_cann(tmp_path, monkeypatch):
     assert result.outcome == "ok", result.problems
     software = read_record(result)["device_software"]
     info = tmp_path / "tk" / f"{ARCH}-linux" / device_software.INFO_NAME
-    assert software == {"kind": "torch_npu", "torch": torch.__version__, "torch_npu": "0.0.0+bsa.standin",
-                        "cann": "8.5.0", "cann_source": str(info)}  # fmt: skip
+    assert software == {
+        "kind": "torch_npu",
+        "torch": torch.__version__,
+        "torch_npu": "0.0.0+bsa.standin",
+        "cann": "8.5.0",
+        "cann_source": str(info),
+    }
 
     monkeypatch.setenv("BSA_TORCH_NPU_STANDIN_CANN", "9.1.0")  # torch_npu reports it: taken first
     result = devices.run_case(case_dir, devices.RunOptions(device=device))
@@ -197,7 +219,12 @@ def test_torch_npu_records_torch_torch_npu_and_cann(tmp_path, monkeypatch):
     result = devices.run_case(case_dir, devices.RunOptions(device=device))
     assert result.outcome == "error"
     assert read_record(result)["device_software"] == {
-        "kind": "torch_npu", "torch": None, "torch_npu": None, "cann": None, "cann_source": None}
+        "kind": "torch_npu",
+        "torch": None,
+        "torch_npu": None,
+        "cann": None,
+        "cann_source": None,
+    }
 
 
 def test_compare_notes_a_device_whose_cann_release_is_not_the_suite_s(tmp_path: Path) -> None:
@@ -208,11 +235,18 @@ def test_compare_notes_a_device_whose_cann_release_is_not_the_suite_s(tmp_path: 
     from bsa_cli.interface import release_of_cann
 
     assert [release_of_cann(v) for v in ("9.0.0", "9.1.0.RC1", "8.3.RC1", None, "9.10")] == [
-        "9.0.0", "9.1.0", None, None, None
-    ]  # fmt: skip
+        "9.0.0",
+        "9.1.0",
+        None,
+        None,
+        None,
+    ]
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"cases": [{"name": "c", "num_heads": 1, "q_seq_len": 32, "head_dim": 16,
-                                               "block_shape": [16, 16]}]}))  # fmt: skip
+    spec.write_text(
+        yaml.safe_dump(
+            {"cases": [{"name": "c", "num_heads": 1, "q_seq_len": 32, "head_dim": 16, "block_shape": [16, 16]}]}
+        )
+    )
     runner = CliRunner()
     assert runner.invoke(main, ["gen", str(spec), "-o", str(tmp_path / "out")]).exit_code == 0
     assert runner.invoke(main, ["run", str(tmp_path / "out")]).exit_code == 0
@@ -226,6 +260,8 @@ def test_compare_notes_a_device_whose_cann_release_is_not_the_suite_s(tmp_path: 
         assert result.exit_code == 0, result.output
         case = json.loads(report.read_text())["cases"][0]
         assert case["device_cann"] == cann and case["release"] == "master"
-        expected = ("the device ran CANN 9.1.0.RC1 (ops-transformer 9.1.0), but the case expects the statuses of "
-                    "release master: regenerate with --release 9.1.0")  # fmt: skip
+        expected = (
+            "the device ran CANN 9.1.0.RC1 (ops-transformer 9.1.0), but the case expects the statuses of "
+            "release master: regenerate with --release 9.1.0"
+        )
         assert (expected in case["notes"]) is note

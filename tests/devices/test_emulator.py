@@ -27,8 +27,9 @@ TOLERANCE = {"float16": 2e-3, "bfloat16": 1.6e-2}
 # ---- helpers: cases, inputs and an independent dense float64 reference ----------------------------
 
 
-make_case = case_factory(name="t", source="test", q_seq_len=128, kv_seq_len=128, block_shape=(32, 32), scale=None,
-                         seed=0)  # fmt: skip
+make_case = case_factory(
+    name="t", source="test", q_seq_len=128, kv_seq_len=128, block_shape=(32, 32), scale=None, seed=0
+)
 
 
 def element_mask(case: Case, block_mask: np.ndarray, span) -> np.ndarray:
@@ -422,14 +423,7 @@ APPLICABILITY_CASES = {
     "nothing-selected": (dict(num_heads=4, num_kv_heads=1), 0.0),
     "tnd-zero-lengths": (CASES["tnd-zero-first-last"], 0.5),
     "all-lengths-zero": (
-        dict(
-            layout="TND",
-            batch=2,
-            q_seq_len=0,
-            kv_seq_len=0,
-            actual_seq_lengths=(0, 0),
-            actual_seq_lengths_kv=(0, 0),
-        ),
+        dict(layout="TND", batch=2, q_seq_len=0, kv_seq_len=0, actual_seq_lengths=(0, 0), actual_seq_lengths_kv=(0, 0)),
         1.0,
     ),
 }

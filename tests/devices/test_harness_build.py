@@ -36,13 +36,24 @@ SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 3},
     "cases": [
         {"name": "h-bnsd", "dtype": "fp16", "q_seq_len": 40, "kv_seq_len": 24},
-        {"name": "h-tnd", "layout": "TND", "dtype": "bf16", "actual_seq_lengths": [16, 0, 24],
-         "seq_lengths_encoding": "cumulative", "num_kv_heads": 1},
+        {
+            "name": "h-tnd",
+            "layout": "TND",
+            "dtype": "bf16",
+            "actual_seq_lengths": [16, 0, 24],
+            "seq_lengths_encoding": "cumulative",
+            "num_kv_heads": 1,
+        },
         {"name": "h-neg-dtype", "dtype": "float32", "q_seq_len": 16, "expect": "ACLNN_ERR_PARAM_INVALID"},
-        {"name": "h-neg-tnd-lengths", "layout": "TND", "dtype": "fp16", "q_seq_len": 16,
-         "expect": "ACLNN_ERR_PARAM_INVALID"},
+        {
+            "name": "h-neg-tnd-lengths",
+            "layout": "TND",
+            "dtype": "fp16",
+            "q_seq_len": 16,
+            "expect": "ACLNN_ERR_PARAM_INVALID",
+        },
     ],
-}  # fmt: skip
+}
 
 
 def compile_flags() -> list[str]:
@@ -267,8 +278,9 @@ def test_deterministic_mode_sets_acl_opt_deterministic_after_the_device(harness,
         assert "fake_acl: aclrtCtxSetSysParamOpt(0, 1)" in result.stderr  # ACL_OPT_DETERMINISTIC = 0, value 1
         assert "deterministic mode: aclrtCtxSetSysParamOpt(ACL_OPT_DETERMINISTIC, 1)" in result.stdout
         assert leaks(result.stderr) == {}
-    failing = run_harness(harness, cases / "h-tnd", tmp_path / "f", "--deterministic",
-                          FAKE_ACL_FAIL="aclrtCtxSetSysParamOpt")  # fmt: skip
+    failing = run_harness(
+        harness, cases / "h-tnd", tmp_path / "f", "--deterministic", FAKE_ACL_FAIL="aclrtCtxSetSysParamOpt"
+    )
     assert failing.returncode == 3 and "aclrtCtxSetSysParamOpt" in failing.stderr
     assert leaks(failing.stderr) == {}
 

@@ -114,8 +114,7 @@ def test_the_race_fault_strikes_in_odd_seeded_runs_and_always_without_a_seed(sui
 
 def test_cli_repeat_with_a_race_exits_1_and_says_why(suite: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(
-        main,
-        ["run", str(suite), "--repeat", "6", "--fault", "race-lost-update", "--outputs-root", str(tmp_path / "o")],
+        main, ["run", str(suite), "--repeat", "6", "--fault", "race-lost-update", "--outputs-root", str(tmp_path / "o")]
     )
     assert result.exit_code == 1, result.output
     record = json.loads(next((tmp_path / "o").glob("*/run.json")).read_text())
@@ -146,16 +145,19 @@ def test_deterministic_repeats_are_bitwise_identical_on_the_reference_device(sui
 
 def test_a_device_that_ignores_deterministic_mode_fails_as_nondeterministic(suite: Path) -> None:
     name = "edge-gqa.2.fp16"
-    result = CliRunner().invoke(main, ["run", str(suite / name), "--deterministic", "--repeat", "3",
-                                       "--fault", "deterministic-ignored"])  # fmt: skip
+    result = CliRunner().invoke(
+        main, ["run", str(suite / name), "--deterministic", "--repeat", "3", "--fault", "deterministic-ignored"]
+    )
     assert result.exit_code == 1, result.output
     record = json.loads((suite / name / "outputs" / "run.json").read_text())
     assert record["outcome"] == "nondeterministic"
     raced = {d["output"] for d in record["repeat"]["differences"] if d["matters"]}
     assert raced and raced <= {"dk", "dv"}
     assert any("deterministic mode asks all three outputs bitwise identical" in p for p in record["problems"])
-    assert any(f"of {read_array(suite / name, load_manifest(suite / name)['inputs']['key']).size} elements" in p
-               for p in record["problems"])  # fmt: skip
+    assert any(
+        f"of {read_array(suite / name, load_manifest(suite / name)['inputs']['key']).size} elements" in p
+        for p in record["problems"]
+    )
 
 
 def test_without_deterministic_mode_the_same_fault_is_noise_and_passes(suite: Path) -> None:

@@ -45,13 +45,24 @@ def test_good_binary_leaves_outputs_status_and_a_complete_record(tmp_path):
     assert record["command"] == [str(binary), str(case_dir / "case.json"), str(outputs / ".run-1")]
     assert record["exit_code"] == 0 and record["signal"] is None
     assert record["status"] == 0 and record["status_message"] == "fake device"
-    assert record["device"] == {"name": str(binary), "kind": "binary", "id": 3, "fault": None,
-                                "fault_not_applied": None}  # fmt: skip
+    assert record["device"] == {
+        "name": str(binary),
+        "kind": "binary",
+        "id": 3,
+        "fault": None,
+        "fault_not_applied": None,
+    }
     assert record["binary"]["sha256"] == store.sha256_file(binary)
     assert record["env"] == {"ASCEND_DEVICE_ID": "3"}
     assert record["outputs"]["dq"]["sha256"] == store.sha256_file(outputs / "dq.bin")
-    assert record["repeat"] == {"count": 1, "completed": 1, "identical": True, "differences": [], "noise": {},
-                                "seed": None}  # fmt: skip
+    assert record["repeat"] == {
+        "count": 1,
+        "completed": 1,
+        "identical": True,
+        "differences": [],
+        "noise": {},
+        "seed": None,
+    }
     assert record["started"] <= record["finished"]
     manifest = json.loads((case_dir / "case.json").read_text())
     assert record["inputs"] == {name: entry["sha256"] for name, entry in manifest["inputs"].items()}
@@ -201,8 +212,14 @@ def test_repeat_reports_outputs_that_are_not_bitwise_identical(tmp_path):
 
     steady, racy = summary.results
     assert steady.outcome == "ok"
-    assert read_record(steady)["repeat"] == {"count": 3, "completed": 3, "identical": True, "differences": [],
-                                             "noise": {}, "seed": None}  # fmt: skip
+    assert read_record(steady)["repeat"] == {
+        "count": 3,
+        "completed": 3,
+        "identical": True,
+        "differences": [],
+        "noise": {},
+        "seed": None,
+    }
     assert racy.outcome == "nondeterministic"
     assert "dq not bitwise identical: run 2 differs from run 1 in" in racy.problems[0]
     record = read_record(racy)
@@ -249,10 +266,7 @@ def test_ctrl_c_keeps_finished_cases_and_records_the_interrupted_one(tmp_path):
     summary = devices.run_cases(case_dirs, run_options(fake_device(tmp_path)), on_event=interrupt_when_hanging)
 
     assert summary.interrupted
-    assert [(r.name, r.outcome) for r in summary.results] == [
-        ("first_good", "ok"),
-        ("second_hang", "interrupted"),
-    ]
+    assert [(r.name, r.outcome) for r in summary.results] == [("first_good", "ok"), ("second_hang", "interrupted")]
     assert summary.not_run == ["third_good"]
     assert summary.return_code == 3
     assert json.loads((case_dirs[0] / "outputs" / "run.json").read_text())["outcome"] == "ok"

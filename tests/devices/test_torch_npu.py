@@ -35,15 +35,30 @@ from tests.helpers import REPO, STANDIN, STANDIN_FAULT, invoke, run_record, stan
 SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 3, "dtype": "fp16"},
     "cases": [
-        {"name": "tn-bnsd-bf16", "dtype": "bf16", "batch": 2, "q_seq_len": 40, "kv_seq_len": 24,
-         "sparsity": {"pattern": "random", "density": 0.6}},
-        {"name": "tn-tnd-gqa", "layout": "TND", "actual_seq_lengths": [16, 0, 24], "num_kv_heads": 1,
-         "sparsity": {"pattern": "causal"}},
+        {
+            "name": "tn-bnsd-bf16",
+            "dtype": "bf16",
+            "batch": 2,
+            "q_seq_len": 40,
+            "kv_seq_len": 24,
+            "sparsity": {"pattern": "random", "density": 0.6},
+        },
+        {
+            "name": "tn-tnd-gqa",
+            "layout": "TND",
+            "actual_seq_lengths": [16, 0, 24],
+            "num_kv_heads": 1,
+            "sparsity": {"pattern": "causal"},
+        },
         {"name": "tn-neg-block-zero", "q_seq_len": 16, "block_shape": [0, 16], "expect": "ACLNN_ERR_PARAM_INVALID"},
-        {"name": "tn-neg-null-lse", "q_seq_len": 16, "tensors": {"softmax_lse": None},
-         "expect": "ACLNN_ERR_PARAM_NULLPTR"},
+        {
+            "name": "tn-neg-null-lse",
+            "q_seq_len": 16,
+            "tensors": {"softmax_lse": None},
+            "expect": "ACLNN_ERR_PARAM_NULLPTR",
+        },
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -89,8 +104,9 @@ def checked(tmp_path_factory, spec_file, generated) -> tuple[Path, Any, dict]:
     report = out.parent / "report.json"
     with pytest.MonkeyPatch.context() as patch:
         standin_env(patch)
-        result = invoke("check", spec_file, "-o", out, "--device", "torch_npu", "--devices", "0,1", "-j", "1",
-                        "--json", report)  # fmt: skip
+        result = invoke(
+            "check", spec_file, "-o", out, "--device", "torch_npu", "--devices", "0,1", "-j", "1", "--json", report
+        )
     return out, result, json.loads(report.read_text()) if report.exists() else {}
 
 
@@ -141,8 +157,14 @@ def test_gradients_arrive_bit_for_bit(checked, standin):
         for name in torch_npu.CALL_ORDER
     ]
 
-    expected = standin._backward(*tensors, call.block_shape, call.actual_seq_lengths, call.actual_seq_lengths_kv,
-                                 call.q_input_layout, call.scale_value)  # fmt: skip
+    expected = standin._backward(
+        *tensors,
+        call.block_shape,
+        call.actual_seq_lengths,
+        call.actual_seq_lengths_kv,
+        call.q_input_layout,
+        call.scale_value,
+    )
 
     for name, grad in zip(("dq", "dk", "dv"), expected, strict=True):
         entry = manifest["outputs"][name]
@@ -211,10 +233,12 @@ def test_missing_torch_npu_is_a_usage_error(out, monkeypatch):
     [
         (["--binary", "/bin/true"], "Error: --device torch_npu cannot be used with --binary: "),
         (["--cmd", "x {output_dir}"], "Error: --device torch_npu cannot be used with --cmd: "),
-        (["--fault", "nan-row"], "Error: --fault plants a fault in the reference device; it cannot be used with "
-                                 "--device torch_npu"),
+        (
+            ["--fault", "nan-row"],
+            "Error: --fault plants a fault in the reference device; it cannot be used with --device torch_npu",
+        ),
     ],
-)  # fmt: skip
+)
 def test_device_torch_npu_conflicts_with_other_devices(out, with_standin, extra, message):
     result = invoke("run", out, "--device", "torch_npu", *extra)
 
@@ -283,20 +307,26 @@ def test_plan_call_passes_what_the_harness_passes(generated):
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
-        (lambda m: m["inputs"].update(atten_mask=dict(m["inputs"]["block_sparse_mask"], dtype="bool")),
-         "input atten_mask is passed, but the binding always passes a null attenMask"),
+        (
+            lambda m: m["inputs"].update(atten_mask=dict(m["inputs"]["block_sparse_mask"], dtype="bool")),
+            "input atten_mask is passed, but the binding always passes a null attenMask",
+        ),
         (lambda m: m["params"].update(mask_type=1), "maskType 1: the binding always passes 0"),
         (lambda m: m["params"].update(next_tokens=0), "next_tokens 0: the binding always passes 2147483647"),
         (lambda m: m["params"].update(block_shape=None), "blockShape None: the binding passes [128, 128]"),
         (lambda m: m["params"].update(block_shape=[64]), "blockShape [64]: the binding passes [128, 128]"),
-        (lambda m: m["outputs"]["dq"].update(dtype="float32"),
-         "dq is float32 [2, 2, 40, 16], but the binding allocates it like query (bfloat16 [2, 2, 40, 16])"),
+        (
+            lambda m: m["outputs"]["dq"].update(dtype="float32"),
+            "dq is float32 [2, 2, 40, 16], but the binding allocates it like query (bfloat16 [2, 2, 40, 16])",
+        ),
         (lambda m: m["outputs"].pop("dv"), "dv is null: the binding always allocates dq, dk, dv"),
-        (lambda m: m["params"].update(block_shape=[16.5, 16]),
-         "a value the binding takes as int, int list or float is 16.5, not an integer"),
+        (
+            lambda m: m["params"].update(block_shape=[16.5, 16]),
+            "a value the binding takes as int, int list or float is 16.5, not an integer",
+        ),
         (lambda m: m["params"].update(null_layouts=["kv"]), "a null kvInputLayout: the binding takes a str"),
     ],
-)  # fmt: skip
+)
 def test_plan_call_refuses_what_the_binding_cannot_express(generated, change, reason):
     manifest = store.load_manifest(generated / "tn-bnsd-bf16")
     change(manifest)
@@ -375,8 +405,11 @@ def test_the_standin_takes_the_call_torch_npus_tests_make(standin):
     dq, dk, dv = standin.npu_block_sparse_attention_backward(*args, **kwargs)
 
     assert (dq.dtype, list(dq.shape), list(dk.shape), list(dv.shape)) == (
-        torch.float16, [1, 2, 32, 16], [1, 1, 32, 16], [1, 1, 32, 16]
-    )  # fmt: skip
+        torch.float16,
+        [1, 2, 32, 16],
+        [1, 1, 32, 16],
+        [1, 1, 32, 16],
+    )
     assert dq.cpu().abs().sum() > 0 and not hasattr(dq.cpu(), standin._ON_NPU)
     all_positional = standin.npu_block_sparse_attention_backward(*args, *kwargs.values())
     assert all(torch.equal(a, b) for a, b in zip((dq, dk, dv), all_positional, strict=True))
@@ -386,22 +419,34 @@ def test_the_standin_takes_the_call_torch_npus_tests_make(standin):
     ("how", "message"),
     [
         (lambda a, k: (a, renamed(k, "scale_value", "scale")), "is missing value for argument 'scale_value'"),
-        (lambda a, k: (a, renamed(k, "kv_input_layout", "kv_layout")),
-         "is missing value for argument 'kv_input_layout'"),
+        (
+            lambda a, k: (a, renamed(k, "kv_input_layout", "kv_layout")),
+            "is missing value for argument 'kv_input_layout'",
+        ),
         (lambda a, k: (a, {**k, "deterministic": True}), "expected at most 14 argument(s) but received 15"),
         (lambda a, k: ([*a, *k.values(), 1], {}), "expected at most 14 argument(s) but received 15"),
-        (lambda a, k: ([*a, *list(k.values())[:5], k["scale_value"], k["num_key_value_heads"]], {}),
-         "Expected a value of type 'int' for argument 'num_key_value_heads' but instead found type 'float'"),
-        (lambda a, k: (a, {**k, "block_shape": "16,16"}),
-         "Expected a value of type 'Optional[List[int]]' for argument 'block_shape' but instead found type 'str'"),
-        (lambda a, k: (a, {**k, "actual_seq_lengths": torch.tensor([32])}),
-         "for argument 'actual_seq_lengths' but instead found type 'Tensor'"),
-        (lambda a, k: (a, {**k, "q_input_layout": None}),
-         "Expected a value of type 'str' for argument 'q_input_layout' but instead found type 'NoneType'"),
-        (lambda a, k: (a, {**k, "num_key_value_heads": 1.5}),
-         "Expected a value of type 'int' for argument 'num_key_value_heads'"),
+        (
+            lambda a, k: ([*a, *list(k.values())[:5], k["scale_value"], k["num_key_value_heads"]], {}),
+            "Expected a value of type 'int' for argument 'num_key_value_heads' but instead found type 'float'",
+        ),
+        (
+            lambda a, k: (a, {**k, "block_shape": "16,16"}),
+            "Expected a value of type 'Optional[List[int]]' for argument 'block_shape' but instead found type 'str'",
+        ),
+        (
+            lambda a, k: (a, {**k, "actual_seq_lengths": torch.tensor([32])}),
+            "for argument 'actual_seq_lengths' but instead found type 'Tensor'",
+        ),
+        (
+            lambda a, k: (a, {**k, "q_input_layout": None}),
+            "Expected a value of type 'str' for argument 'q_input_layout' but instead found type 'NoneType'",
+        ),
+        (
+            lambda a, k: (a, {**k, "num_key_value_heads": 1.5}),
+            "Expected a value of type 'int' for argument 'num_key_value_heads'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_standin_refuses_wrong_names_order_and_types(standin, how, message):
     args, kwargs = how(*call_args(standin))
 
@@ -422,16 +467,22 @@ def test_the_standin_refuses_tensors_left_on_the_cpu(standin):
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        ({"key": torch.zeros(1, 1, 32, 16, dtype=torch.bfloat16)},
-         "query, key, value must have the same dtype, got query=Half, key=BFloat16, value=Half"),
+        (
+            {"key": torch.zeros(1, 1, 32, 16, dtype=torch.bfloat16)},
+            "query, key, value must have the same dtype, got query=Half, key=BFloat16, value=Half",
+        ),
         ({"key": None}, "query, key, value must have the same dtype, got query=Half, key=Undefined, value=Half"),
         ({"query": torch.zeros(1, 2, 32, 256, dtype=torch.float16)}, "head_dim must be <= 128, but got 256"),
-        ({"q_input_layout": "TND", "kv_input_layout": "TND", "actual_seq_lengths": []},
-         "actual_seq_lengths must be specified when q_input_layout is TND"),
-        ({"q_input_layout": "TND", "kv_input_layout": "TND", "actual_seq_lengths_kv": None},
-         "actual_seq_lengths_kv must be specified when kv_input_layout is TND"),
+        (
+            {"q_input_layout": "TND", "kv_input_layout": "TND", "actual_seq_lengths": []},
+            "actual_seq_lengths must be specified when q_input_layout is TND",
+        ),
+        (
+            {"q_input_layout": "TND", "kv_input_layout": "TND", "actual_seq_lengths_kv": None},
+            "actual_seq_lengths_kv must be specified when kv_input_layout is TND",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_standin_makes_the_bindings_own_checks(standin, change, message):
     args, kwargs = call_args(standin, **change)
 
@@ -449,10 +500,15 @@ def test_the_standin_makes_the_bindings_own_checks(standin, change, message):
         ({"softmax_lse": None}, 161001),
         ({"block_sparse_mask": torch.ones(1, 2, 2, 2, dtype=torch.int8)}, 161002),
         ({"kv_input_layout": "TND", "actual_seq_lengths_kv": [32]}, 161002),
-        ({"key": torch.zeros(1, 3, 32, 16, dtype=torch.float16), "value": torch.zeros(1, 3, 32, 16,
-          dtype=torch.float16)}, 561002),
+        (
+            {
+                "key": torch.zeros(1, 3, 32, 16, dtype=torch.float16),
+                "value": torch.zeros(1, 3, 32, 16, dtype=torch.float16),
+            },
+            561002,
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_standin_rejects_like_aclnn_in_torch_npus_format(standin, change, status):
     args, kwargs = call_args(standin, **change)
 
@@ -470,8 +526,9 @@ def test_the_standin_fills_in_a_missing_block_shape_as_the_binding_does(standin)
     args, kwargs = call_args(standin, block_shape=[128, 128], block_sparse_mask=one_block)
     given = standin.npu_block_sparse_attention_backward(*args, **kwargs)
 
-    filled = [standin.npu_block_sparse_attention_backward(*args, **{**kwargs, "block_shape": shape}) for shape in
-              (None, [64])]  # fmt: skip
+    filled = [
+        standin.npu_block_sparse_attention_backward(*args, **{**kwargs, "block_shape": shape}) for shape in (None, [64])
+    ]
 
     for grads in filled:
         assert all(torch.equal(a, b) for a, b in zip(given, grads, strict=True))
@@ -490,9 +547,22 @@ def test_check_smoke_and_edge_through_torch_npu(tmp_path):
     report = tmp_path / "report.json"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])))
     env.pop(STANDIN_FAULT, None)
-    command = [sys.executable, "-m", "bsa_cli", "check", str(REPO / "cases" / "smoke.yaml"),
-               str(REPO / "cases" / "edge.yaml"), "-o", str(tmp_path / "out"), "--device", "torch_npu",
-               "--devices", "0,1", "--json", str(report)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bsa_cli",
+        "check",
+        str(REPO / "cases" / "smoke.yaml"),
+        str(REPO / "cases" / "edge.yaml"),
+        "-o",
+        str(tmp_path / "out"),
+        "--device",
+        "torch_npu",
+        "--devices",
+        "0,1",
+        "--json",
+        str(report),
+    ]
 
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
 
@@ -513,9 +583,24 @@ def test_deterministic_repeats_through_the_standin_are_bitwise_identical(out, wi
 
 def test_without_deterministic_mode_the_standin_moves_dk_dv_last_bits(tmp_path, with_standin):
     spec = tmp_path / "noisy.yaml"
-    spec.write_text(yaml.safe_dump({"cases": [{"name": "noisy", "layout": "TND", "num_heads": 4, "num_kv_heads": 1,
-                                               "head_dim": 32, "block_shape": [16, 16], "seed": 5,
-                                               "actual_seq_lengths": [96, 64]}]}))  # fmt: skip
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "cases": [
+                    {
+                        "name": "noisy",
+                        "layout": "TND",
+                        "num_heads": 4,
+                        "num_kv_heads": 1,
+                        "head_dim": 32,
+                        "block_shape": [16, 16],
+                        "seed": 5,
+                        "actual_seq_lengths": [96, 64],
+                    }
+                ]
+            }
+        )
+    )
     assert invoke("gen", spec, "-o", tmp_path / "out").exit_code == 0
     for flags, noisy in (((), True), (("--deterministic",), False)):
         result = invoke("run", tmp_path / "out", "--device", "torch_npu", "--repeat", "3", *flags)

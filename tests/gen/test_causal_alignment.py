@@ -22,8 +22,18 @@ from bsa_cli.schedule import pattern_counts
 from bsa_cli.specs import load_specs
 from tests.helpers import case_factory
 
-make_case = case_factory(tnd_sizes_from_lengths=True, name="c", source="t", num_kv_heads=1, head_dim=8, q_seq_len=100,
-                         kv_seq_len=230, block_shape=(32, 48), scale=0.25, seed=3)  # fmt: skip
+make_case = case_factory(
+    tnd_sizes_from_lengths=True,
+    name="c",
+    source="t",
+    num_kv_heads=1,
+    head_dim=8,
+    q_seq_len=100,
+    kv_seq_len=230,
+    block_shape=(32, 48),
+    scale=0.25,
+    seed=3,
+)
 
 
 def brute_force(q_len: int, kv_len: int, x: int, y: int, n_q: int, n_kv: int, bottom_right: bool) -> np.ndarray:
@@ -47,11 +57,21 @@ BOTTOM_RIGHT_CASES = {
     "sq-below-skv": dict(q_seq_len=100, kv_seq_len=230, block_shape=(32, 48)),
     "sq-above-skv": dict(q_seq_len=230, kv_seq_len=100, block_shape=(32, 48)),
     "sq-above-skv-wide-rows": dict(q_seq_len=300, kv_seq_len=70, block_shape=(64, 16)),
-    "bnsd-lengths": dict(batch=3, q_seq_len=200, kv_seq_len=150, actual_seq_lengths=(200, 37, 5),
-                         actual_seq_lengths_kv=(150, 150, 90), block_shape=(16, 32)),
-    "tnd-varying": dict(layout="TND", actual_seq_lengths=(0, 50, 37, 70, 200, 45),
-                        actual_seq_lengths_kv=(30, 0, 130, 200, 70, 45), block_shape=(32, 16)),
-}  # fmt: skip
+    "bnsd-lengths": dict(
+        batch=3,
+        q_seq_len=200,
+        kv_seq_len=150,
+        actual_seq_lengths=(200, 37, 5),
+        actual_seq_lengths_kv=(150, 150, 90),
+        block_shape=(16, 32),
+    ),
+    "tnd-varying": dict(
+        layout="TND",
+        actual_seq_lengths=(0, 50, 37, 70, 200, 45),
+        actual_seq_lengths_kv=(30, 0, 130, 200, 70, 45),
+        block_shape=(32, 16),
+    ),
+}
 
 
 @pytest.mark.parametrize("name", BOTTOM_RIGHT_CASES)
@@ -84,8 +104,10 @@ def test_top_left_is_the_block_diagonal_and_the_token_rule_when_blocks_are_squar
 
 @pytest.mark.parametrize("pattern", ["sliding_window", "strided"])
 def test_windows_follow_the_bottom_right_diagonal(pattern: str) -> None:
-    case = make_case(sparsity=Sparsity(pattern, window=2, stride=3, causal_alignment="bottom_right"),
-                     **BOTTOM_RIGHT_CASES["tnd-varying"])  # fmt: skip
+    case = make_case(
+        sparsity=Sparsity(pattern, window=2, stride=3, causal_alignment="bottom_right"),
+        **BOTTOM_RIGHT_CASES["tnd-varying"],
+    )
     mask = make_mask(case)
     x, y = case.block_shape
     n_q, n_kv = mask.shape[2:]
@@ -111,8 +133,9 @@ def test_bottom_right_and_top_left_differ_only_when_lengths_differ() -> None:
 @pytest.mark.parametrize("pattern", ["causal", "sliding_window", "strided"])
 @pytest.mark.parametrize("name", ["sq-below-skv", "sq-above-skv", "tnd-varying"])
 def test_estimates_count_bottom_right_patterns_as_drawn(pattern: str, name: str) -> None:
-    case = make_case(sparsity=Sparsity(pattern, window=2, stride=3, causal_alignment="bottom_right"),
-                     **BOTTOM_RIGHT_CASES[name])  # fmt: skip
+    case = make_case(
+        sparsity=Sparsity(pattern, window=2, stride=3, causal_alignment="bottom_right"), **BOTTOM_RIGHT_CASES[name]
+    )
     exact, estimated = mask_counts(case, make_mask(case)), pattern_counts(case)
     assert estimated.selected_blocks == exact.selected_blocks
     assert estimated.cells == exact.cells
@@ -133,8 +156,10 @@ def load(tmp_path: Path, **fields: object) -> Case:
 @pytest.mark.parametrize(
     ("value", "fragment"),
     [
-        ("bottom-right",
-         "'bottom-right' is not allowed (did you mean 'bottom_right'?); allowed: top_left, bottom_right"),
+        (
+            "bottom-right",
+            "'bottom-right' is not allowed (did you mean 'bottom_right'?); allowed: top_left, bottom_right",
+        ),
         ("topleft", "(did you mean 'top_left'?)"),
         (1, "1 is not allowed; allowed: top_left, bottom_right"),
     ],
@@ -160,18 +185,34 @@ def test_top_left_with_more_keys_than_queries_warns_of_blocks_never_selected(tmp
 
 
 def test_bottom_right_sliding_window_never_reaches_past_the_last_key(tmp_path: Path) -> None:
-    case = load(tmp_path, layout="TND", q_seq_len=None, kv_seq_len=None, actual_seq_lengths=[300, 64, 64],
-                actual_seq_lengths_kv=[100, 300, 300],
-                sparsity={"pattern": "sliding_window", "window": 1, "causal_alignment": "top_left"})
+    case = load(
+        tmp_path,
+        layout="TND",
+        q_seq_len=None,
+        kv_seq_len=None,
+        actual_seq_lengths=[300, 64, 64],
+        actual_seq_lengths_kv=[100, 300, 300],
+        sparsity={"pattern": "sliding_window", "window": 1, "causal_alignment": "top_left"},
+    )
     assert len(case.warnings) == 1
     assert "kv blocks 1..4 (key tokens 64..299 of 300, Sq 64) of batch entries 1, 2" in case.warnings[0]
 
 
 def test_manifest_records_the_pattern_and_its_alignment(tmp_path: Path) -> None:
-    case = load(tmp_path, head_dim=8, q_seq_len=64, kv_seq_len=96, block_shape=[32, 32],
-                sparsity={"pattern": "sliding_window", "window": 2, "causal_alignment": "bottom_right"})
+    case = load(
+        tmp_path,
+        head_dim=8,
+        q_seq_len=64,
+        kv_seq_len=96,
+        block_shape=[32, 32],
+        sparsity={"pattern": "sliding_window", "window": 2, "causal_alignment": "bottom_right"},
+    )
     manifest = json.loads((generate_case(case, tmp_path / "out") / "case.json").read_text())
-    assert manifest["sparsity"] == {"pattern": "sliding_window", "window": 2, "causal_alignment": "bottom_right",
-                                    "empty_rows": []}  # fmt: skip
+    assert manifest["sparsity"] == {
+        "pattern": "sliding_window",
+        "window": 2,
+        "causal_alignment": "bottom_right",
+        "empty_rows": [],
+    }
     mask = np.fromfile(tmp_path / "out" / "c" / manifest["inputs"]["block_sparse_mask"]["file"], dtype=np.uint8)
     assert mask.reshape(1, 2, 2, 3)[0, 0].tolist() == [[1, 1, 0], [0, 1, 1]]

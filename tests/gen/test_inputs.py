@@ -13,8 +13,18 @@ from bsa_cli.case import Distribution, Init, Sparsity
 from bsa_cli.inputs import make_mask, make_tensors, mask_stats
 from tests.helpers import case_factory
 
-make_case = case_factory(name="c", source="t", batch=2, num_heads=4, head_dim=16, q_seq_len=256, kv_seq_len=256,
-                         block_shape=(32, 32), scale=0.25, seed=3)  # fmt: skip
+make_case = case_factory(
+    name="c",
+    source="t",
+    batch=2,
+    num_heads=4,
+    head_dim=16,
+    q_seq_len=256,
+    kv_seq_len=256,
+    block_shape=(32, 32),
+    scale=0.25,
+    seed=3,
+)
 
 
 def test_tensors_depend_only_on_the_case_and_are_rounded_to_its_dtype() -> None:

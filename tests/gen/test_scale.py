@@ -26,13 +26,35 @@ from bsa_cli.specs import load_specs
 from tests.helpers import REPO
 
 CASES = [
-    {"name": "mha", "num_heads": 2, "q_seq_len": 160, "head_dim": 32, "block_shape": [32, 32],
-     "sparsity": {"pattern": "random", "density": 0.5}},
-    {"name": "gqa", "num_heads": 4, "num_kv_heads": 2, "q_seq_len": 200, "head_dim": 32, "block_shape": [64, 48],
-     "dtype": "bf16", "sparsity": {"pattern": "causal"}},
-    {"name": "tnd", "layout": "TND", "num_heads": 4, "num_kv_heads": 4, "head_dim": 32, "block_shape": [32, 32],
-     "actual_seq_lengths": [0, 90, 33], "sparsity": {"pattern": "random", "density": 0.7}},
-]  # fmt: skip
+    {
+        "name": "mha",
+        "num_heads": 2,
+        "q_seq_len": 160,
+        "head_dim": 32,
+        "block_shape": [32, 32],
+        "sparsity": {"pattern": "random", "density": 0.5},
+    },
+    {
+        "name": "gqa",
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "q_seq_len": 200,
+        "head_dim": 32,
+        "block_shape": [64, 48],
+        "dtype": "bf16",
+        "sparsity": {"pattern": "causal"},
+    },
+    {
+        "name": "tnd",
+        "layout": "TND",
+        "num_heads": 4,
+        "num_kv_heads": 4,
+        "head_dim": 32,
+        "block_shape": [32, 32],
+        "actual_seq_lengths": [0, 90, 33],
+        "sparsity": {"pattern": "random", "density": 0.7},
+    },
+]
 
 
 def spec(tmp_path: Path, cases: list[dict]) -> str:
@@ -43,8 +65,11 @@ def spec(tmp_path: Path, cases: list[dict]) -> str:
 
 def hashes(case_dir: Path) -> dict[str, str]:
     manifest = json.loads((case_dir / "case.json").read_text())
-    return {f"{section}/{name}": entry["sha256"] for section in ("inputs", "golden", "benchmark")
-            for name, entry in manifest[section].items()}  # fmt: skip
+    return {
+        f"{section}/{name}": entry["sha256"]
+        for section in ("inputs", "golden", "benchmark")
+        for name, entry in manifest[section].items()
+    }
 
 
 @pytest.mark.parametrize(
@@ -193,15 +218,18 @@ def test_ctrl_c_ends_any_command_with_130_and_one_line(tmp_path: Path, monkeypat
 
 
 def test_cases_in_worker_processes_report_progress_before_they_end(tmp_path: Path) -> None:
-    big = [dict(CASES[0], name=f"big{i}", q_seq_len=4096, head_dim=128, block_shape=[128, 128], seed=i)
-           for i in range(2)]  # fmt: skip
+    big = [
+        dict(CASES[0], name=f"big{i}", q_seq_len=4096, head_dim=128, block_shape=[128, 128], seed=i) for i in range(2)
+    ]
     cases = load_specs([spec(tmp_path, big)])
     events: list[tuple[str, str, float]] = []
     generate.generate_suite(
-        cases, tmp_path / "o", jobs=2,
+        cases,
+        tmp_path / "o",
+        jobs=2,
         on_progress=lambda case, fraction: events.append(("progress", case.name, fraction)),
         on_done=lambda case, outcome, path: events.append(("done", case.name, 1.0)),
-    )  # fmt: skip
+    )
     for name in ("big0", "big1"):
         mine = [(kind, fraction) for kind, case, fraction in events if case == name]
         assert mine[-1] == ("done", 1.0) and [k for k, _ in mine].count("done") == 1  # nothing after the end

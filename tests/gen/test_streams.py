@@ -44,8 +44,22 @@ def test_a_numpy_with_other_streams_is_refused_before_anything_is_written(
     monkeypatch.setattr(streams, "_stream_digest", lambda: "0" * 64)
     streams.check_streams.cache_clear()
     spec = tmp_path / "s.yaml"
-    spec.write_text(yaml.safe_dump({"cases": [{"name": "tiny", "num_heads": 1, "q_seq_len": 32, "kv_seq_len": 32,
-                                               "head_dim": 16, "block_shape": [16, 16]}]}))  # fmt: skip
+    spec.write_text(
+        yaml.safe_dump(
+            {
+                "cases": [
+                    {
+                        "name": "tiny",
+                        "num_heads": 1,
+                        "q_seq_len": 32,
+                        "kv_seq_len": 32,
+                        "head_dim": 16,
+                        "block_shape": [16, 16],
+                    }
+                ]
+            }
+        )
+    )
     try:
         result = CliRunner().invoke(main, ["gen", str(spec), "-o", str(tmp_path / "out")])
     finally:

@@ -23,8 +23,17 @@ from tests.helpers import REPO, case_factory
 STRESS = load_specs([REPO / "cases" / "stress.yaml"])
 
 
-make_case = case_factory(name="c", source="t", batch=2, num_heads=4, q_seq_len=128, kv_seq_len=160,
-                         block_shape=(32, 32), scale=1 / math.sqrt(32), seed=5)  # fmt: skip
+make_case = case_factory(
+    name="c",
+    source="t",
+    batch=2,
+    num_heads=4,
+    q_seq_len=128,
+    kv_seq_len=160,
+    block_shape=(32, 32),
+    scale=1 / math.sqrt(32),
+    seed=5,
+)
 
 
 def rows_of(array: np.ndarray) -> np.ndarray:
@@ -72,8 +81,15 @@ def test_sink_key_takes_most_queries_weight() -> None:
 
 
 def test_sink_sits_at_each_tnd_sequence_start() -> None:
-    case = make_case(layout="TND", batch=3, q_seq_len=70, kv_seq_len=90, actual_seq_lengths=(50, 0, 70),
-                     actual_seq_lengths_kv=(90, 3, 40), init=Init(sink=Sink(token=2, strength=6.0)))  # fmt: skip
+    case = make_case(
+        layout="TND",
+        batch=3,
+        q_seq_len=70,
+        kv_seq_len=90,
+        actual_seq_lengths=(50, 0, 70),
+        actual_seq_lengths_kv=(90, 3, 40),
+        init=Init(sink=Sink(token=2, strength=6.0)),
+    )
     key = make_tensors(case)["key"].astype(np.float64)
     norms = np.linalg.norm(key, axis=2).max(axis=1)
     assert set(np.flatnonzero(norms > 2 * np.median(norms))) == {2, 92, 95}
@@ -113,9 +129,15 @@ def load(tmp_path: Path, init: object) -> Case:
 
 
 def test_spec_reads_every_stress_key(tmp_path: Path) -> None:
-    case = load(tmp_path, {"query": {"outliers": {"fraction": 0.1, "factor": 5, "axis": "channel"}},
-                           "dout": {"row_scale": {"low": 0.01, "high": 10}},
-                           "sink": {"token": 3, "strength": 6}, "logit_std": 20})  # fmt: skip
+    case = load(
+        tmp_path,
+        {
+            "query": {"outliers": {"fraction": 0.1, "factor": 5, "axis": "channel"}},
+            "dout": {"row_scale": {"low": 0.01, "high": 10}},
+            "sink": {"token": 3, "strength": 6},
+            "logit_std": 20,
+        },
+    )
     assert case.init.query.outliers == Outliers(fraction=0.1, factor=5.0, axis="channel")
     assert case.init.dout.row_scale == RowScale(low=0.01, high=10.0)
     assert case.init.sink == Sink(token=3, strength=6.0) and case.init.logit_std == 20.0
@@ -128,10 +150,16 @@ def test_spec_reads_every_stress_key(tmp_path: Path) -> None:
         ({"sinks": {}}, "init.sinks", "unknown key (did you mean 'sink'?)"),
         ({"query": {"outliers": {"fracton": 0.1}}}, "init.query.outliers.fracton", "(did you mean 'fraction'?)"),
         ({"query": {"outliers": {"fraction": 2}}}, "init.query.outliers.fraction", "allowed: a fraction in (0, 1]"),
-        ({"query": {"outliers": {"factor": -3}}}, "init.query.outliers.factor",
-         "-3.0 is not allowed; allowed: a finite"),
-        ({"key": {"outliers": {"axis": "channels"}}}, "init.key.outliers.axis",
-         "'channels' is not allowed (did you mean 'channel'?); allowed: token, channel"),
+        (
+            {"query": {"outliers": {"factor": -3}}},
+            "init.query.outliers.factor",
+            "-3.0 is not allowed; allowed: a finite",
+        ),
+        (
+            {"key": {"outliers": {"axis": "channels"}}},
+            "init.key.outliers.axis",
+            "'channels' is not allowed (did you mean 'channel'?); allowed: token, channel",
+        ),
         ({"key": {"outliers": 4}}, "init.key.outliers", "4 is not a mapping of fraction, factor, axis"),
         ({"dout": {"row_scale": {"low": 10, "high": 1}}}, "init.dout.row_scale.low", "10.0 is above high 1.0"),
         ({"dout": {"row_scale": {"low": 0}}}, "init.dout.row_scale.low", "0.0 is not allowed"),
@@ -141,7 +169,7 @@ def test_spec_reads_every_stress_key(tmp_path: Path) -> None:
         ({"logit_std": 20, "key": {"std": 2}}, "init.key.std", "logit_std sets the distribution of query and key"),
         ({"query": {"outliers": {"factor": 30000}}}, "init.query", "beyond float16's largest number"),
     ],
-)  # fmt: skip
+)
 def test_bad_stress_keys_name_the_key_and_what_is_allowed(tmp_path: Path, init: dict, key: str, fragment: str) -> None:
     with pytest.raises(SpecError) as info:
         load(tmp_path, init)
@@ -176,8 +204,15 @@ def test_stress_suite_covers_dtypes_gqa_tnd_and_every_shape() -> None:
     assert {i.logit_std for i in inits} >= {25.0, 0.01}
 
 
-OVERFLOW = dict(dtype="float16", batch=1, num_heads=2, num_kv_heads=2, q_seq_len=128, kv_seq_len=128,
-                init=Init(logit_std=3.0, dout=Distribution(std=4000.0), value=Distribution(std=10.0)))  # fmt: skip
+OVERFLOW = dict(
+    dtype="float16",
+    batch=1,
+    num_heads=2,
+    num_kv_heads=2,
+    q_seq_len=128,
+    kv_seq_len=128,
+    init=Init(logit_std=3.0, dout=Distribution(std=4000.0), value=Distribution(std=10.0)),
+)
 
 
 def notes_of(case: Case, tmp_path: Path) -> list[str]:
@@ -213,8 +248,10 @@ def test_watching_the_kernel_path_changes_no_bit_of_the_benchmark() -> None:
 def test_a_stress_option_changes_only_the_cases_that_use_it() -> None:
     plain = make_case()
     assert dataclasses.replace(plain, init=Init()).init == plain.init  # defaults are no stress at all
-    assert make_tensors(plain)["query"].tobytes() == make_tensors(make_case(init=Init(dout=Distribution(
-        row_scale=RowScale()))))["query"].tobytes()  # fmt: skip
+    assert (
+        make_tensors(plain)["query"].tobytes()
+        == make_tensors(make_case(init=Init(dout=Distribution(row_scale=RowScale()))))["query"].tobytes()
+    )
 
 
 def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
@@ -224,8 +261,7 @@ def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     from bsa_cli.generate import generate_case
     from bsa_cli.specs import load_specs
 
-    case = next(c for c in load_specs([REPO / "cases" / "stress.yaml"])
-                if c.name == "stress-peaked.fp16")  # fmt: skip
+    case = next(c for c in load_specs([REPO / "cases" / "stress.yaml"]) if c.name == "stress-peaked.fp16")
     case_dir = generate_case(case, tmp_path)
     reference.emulate_case_dir(case_dir, case_dir / "outputs", order_seed=1)
     result = compare.compare_case(case_dir)

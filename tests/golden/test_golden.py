@@ -38,10 +38,23 @@ def make_case(
         assert lengths is not None and kv_lengths is not None
         q_len, kv_len = max(lengths), max(kv_lengths)
     return helpers.make_case(
-        "t", source="test", layout=layout, dtype=dtype, batch=batch, num_heads=heads, num_kv_heads=kv_heads,
-        head_dim=dim, q_seq_len=q_len, kv_seq_len=kv_len, actual_seq_lengths=lengths, actual_seq_lengths_kv=kv_lengths,
-        block_shape=block_shape, scale=scale, seed=0, **fields,
-    )  # fmt: skip
+        "t",
+        source="test",
+        layout=layout,
+        dtype=dtype,
+        batch=batch,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=dim,
+        q_seq_len=q_len,
+        kv_seq_len=kv_len,
+        actual_seq_lengths=lengths,
+        actual_seq_lengths_kv=kv_lengths,
+        block_shape=block_shape,
+        scale=scale,
+        seed=0,
+        **fields,
+    )
 
 
 def make_inputs(case: Case, seed: int = 0, density: float = 0.5, mask: np.ndarray | None = None) -> dict:
@@ -104,11 +117,7 @@ def check_against_oracles(case: Case, t: dict) -> None:
 # ---- agreement with the oracles over geometries -------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "heads, kv_heads",
-    [(4, 4), (4, 2), (4, 1), (8, 2)],
-    ids=["mha", "gqa2", "gqa4-n2=1", "gqa4"],
-)
+@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2), (4, 1), (8, 2)], ids=["mha", "gqa2", "gqa4-n2=1", "gqa4"])
 def test_gqa_ratios_match_oracles_with_own_mask_per_head(heads, kv_heads):
     case = make_case(heads=heads, kv_heads=kv_heads, q_len=96, kv_len=112, block_shape=(16, 16))
     t = make_inputs(case, seed=heads + kv_heads, density=0.4)
@@ -371,14 +380,29 @@ FUSED_GEOMETRIES = {
     "gqa-tails": dict(heads=4, kv_heads=2, dim=32, q_len=200, kv_len=170, block_shape=(16, 48)),
     "gqa4-bf16": dict(dtype="bfloat16", heads=4, kv_heads=1, dim=64, q_len=300, kv_len=260, block_shape=(64, 64)),
     "tnd-zero-lengths": dict(
-        layout="TND", batch=4, heads=4, kv_heads=2, dim=16, lengths=(0, 37, 20, 50), kv_lengths=(45, 0, 29, 61),
+        layout="TND",
+        batch=4,
+        heads=4,
+        kv_heads=2,
+        dim=16,
+        lengths=(0, 37, 20, 50),
+        kv_lengths=(45, 0, 29, 61),
         block_shape=(16, 48),
     ),
     "bnsd-honored": dict(
-        batch=2, heads=2, kv_heads=1, dim=16, q_len=80, kv_len=96, lengths=(50, 80), kv_lengths=(70, 33),
-        block_shape=(16, 32), bnsd_lengths="honored", empty_row_lse=-math.inf,
+        batch=2,
+        heads=2,
+        kv_heads=1,
+        dim=16,
+        q_len=80,
+        kv_len=96,
+        lengths=(50, 80),
+        kv_lengths=(70, 33),
+        block_shape=(16, 32),
+        bnsd_lengths="honored",
+        empty_row_lse=-math.inf,
     ),
-}  # fmt: skip
+}
 
 
 def fused(case: Case, t: dict, precision=np.float32):

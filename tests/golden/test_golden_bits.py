@@ -24,25 +24,65 @@ from tests import golden_2b40f9e as before
 from tests.helpers import case_factory
 
 CASES = {
-    "gqa-tails-fp16": dict(num_heads=4, num_kv_heads=2, head_dim=32, q_seq_len=200, kv_seq_len=170,
-                           block_shape=(16, 48), sparsity=Sparsity("random", density=0.6)),
-    "gqa4-bf16-causal": dict(dtype="bfloat16", num_heads=4, num_kv_heads=1, head_dim=64, q_seq_len=300,
-                             kv_seq_len=300, block_shape=(64, 64), sparsity=Sparsity("causal")),
-    "tnd-zero-lengths": dict(layout="TND", batch=4, num_heads=4, num_kv_heads=2, head_dim=16,
-                             actual_seq_lengths=(0, 37, 20, 50), actual_seq_lengths_kv=(45, 0, 29, 61),
-                             block_shape=(16, 48), sparsity=Sparsity("random", density=0.7)),
-    "bnsd-honored-empty-rows": dict(batch=2, num_heads=2, num_kv_heads=1, head_dim=16, q_seq_len=80,
-                                    kv_seq_len=96, actual_seq_lengths=(50, 80), actual_seq_lengths_kv=(70, 33),
-                                    block_shape=(16, 32), empty_row_lse=1e300,
-                                    sparsity=Sparsity("random", density=0.8, empty_rows=(1,))),
-    "wide-uniform-fp16": dict(num_heads=2, num_kv_heads=2, head_dim=128, q_seq_len=256, kv_seq_len=640,
-                              block_shape=(128, 128), sparsity=Sparsity("strided", window=2, stride=2),
-                              init=Init(dout=Distribution("uniform", low=-3.0, high=3.0))),
-}  # fmt: skip
+    "gqa-tails-fp16": dict(
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        q_seq_len=200,
+        kv_seq_len=170,
+        block_shape=(16, 48),
+        sparsity=Sparsity("random", density=0.6),
+    ),
+    "gqa4-bf16-causal": dict(
+        dtype="bfloat16",
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=64,
+        q_seq_len=300,
+        kv_seq_len=300,
+        block_shape=(64, 64),
+        sparsity=Sparsity("causal"),
+    ),
+    "tnd-zero-lengths": dict(
+        layout="TND",
+        batch=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        actual_seq_lengths=(0, 37, 20, 50),
+        actual_seq_lengths_kv=(45, 0, 29, 61),
+        block_shape=(16, 48),
+        sparsity=Sparsity("random", density=0.7),
+    ),
+    "bnsd-honored-empty-rows": dict(
+        batch=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        q_seq_len=80,
+        kv_seq_len=96,
+        actual_seq_lengths=(50, 80),
+        actual_seq_lengths_kv=(70, 33),
+        block_shape=(16, 32),
+        empty_row_lse=1e300,
+        sparsity=Sparsity("random", density=0.8, empty_rows=(1,)),
+    ),
+    "wide-uniform-fp16": dict(
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=128,
+        q_seq_len=256,
+        kv_seq_len=640,
+        block_shape=(128, 128),
+        sparsity=Sparsity("strided", window=2, stride=2),
+        init=Init(dout=Distribution("uniform", low=-3.0, high=3.0)),
+    ),
+}
 
 
-table_case = case_factory(tnd_sizes_from_lengths=True, source="test", q_seq_len=64, kv_seq_len=64, block_shape=(16, 16),
-                          seed=7)  # fmt: skip
+table_case = case_factory(
+    tnd_sizes_from_lengths=True, source="test", q_seq_len=64, kv_seq_len=64, block_shape=(16, 16), seed=7
+)
 
 
 def make_case(name: str) -> Case:
@@ -66,8 +106,10 @@ def gen_before(case: Case, precision: str) -> list[np.ndarray]:
     for g in range(case.num_kv_heads):
         heads, kv = slice(g * size, (g + 1) * size), slice(g, g + 1)
         sub = dataclasses.replace(case, num_heads=size, num_kv_heads=1)
-        t = {name: np.ascontiguousarray(tensors[name][:, kv if name in ("key", "value") else heads])
-             for name in ("dout", "query", "key", "value")}  # fmt: skip
+        t = {
+            name: np.ascontiguousarray(tensors[name][:, kv if name in ("key", "value") else heads])
+            for name in ("dout", "query", "key", "value")
+        }
         sub_mask = np.ascontiguousarray(mask[:, heads])
         inputs = (t["dout"], t["query"], t["key"], t["value"])
         out, lse, *gold = before.forward_backward(sub, *inputs, sub_mask, precision)

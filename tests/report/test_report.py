@@ -18,12 +18,7 @@ import pytest
 from rich.console import Console
 
 from bsa_cli import compare, report
-from bsa_cli.compare import (
-    FAIL,
-    PASS,
-    Check,
-    SuiteResult,
-)
+from bsa_cli.compare import FAIL, PASS, Check, SuiteResult
 from tests.helpers import build_case, case, make_case, sample_suite, tensor
 
 
@@ -62,42 +57,148 @@ def test_terminal_output_is_plain_text_without_a_tty():
 # ---- JSON ---------------------------------------------------------------------------------------
 
 CASE_KEYS = {
-    "name", "case_dir", "output_dir", "verdict", "spec", "device", "standard", "settings", "dtype", "layout",
-    "expect_status", "status", "status_message", "checks", "tensors", "errors", "output_bytes", "seconds",
-    "device_kind", "fault", "binary_sha256", "notes", "selection", "kernel_notes", "message", "headline", "deciding",
-    "inputs_sha256", "release", "device_cann", "diagnosis", "hypotheses",
-}  # fmt: skip
-TENSOR_KEYS = {"name", "shape", "dtype", "axes", "device", "benchmark", "checks", "worst", "hot_blocks", "block_map",
-               "extra", "ulp_chart", "golden_dtype", "bias", "passed"}  # fmt: skip
+    "name",
+    "case_dir",
+    "output_dir",
+    "verdict",
+    "spec",
+    "device",
+    "standard",
+    "settings",
+    "dtype",
+    "layout",
+    "expect_status",
+    "status",
+    "status_message",
+    "checks",
+    "tensors",
+    "errors",
+    "output_bytes",
+    "seconds",
+    "device_kind",
+    "fault",
+    "binary_sha256",
+    "notes",
+    "selection",
+    "kernel_notes",
+    "message",
+    "headline",
+    "deciding",
+    "inputs_sha256",
+    "release",
+    "device_cann",
+    "diagnosis",
+    "hypotheses",
+}
+TENSOR_KEYS = {
+    "name",
+    "shape",
+    "dtype",
+    "axes",
+    "device",
+    "benchmark",
+    "checks",
+    "worst",
+    "hot_blocks",
+    "block_map",
+    "extra",
+    "ulp_chart",
+    "golden_dtype",
+    "bias",
+    "passed",
+}
 STATS_KEYS = {
-    "count", "max_abs_err", "mean_abs_err", "rmse", "max_rel_err", "mean_rel_err", "large_count", "small_value_count",
-    "small_value_err_count", "nan_count", "inf_count", "nonfinite_mismatch", "mare", "mere", "cosine",
-    "mismatch_count", "mismatch_ratio", "ulp_max", "ulp_mean", "ulp_histogram", "msopst_err_count", "msopst_max_err",
-    "bias", "bias_se",
-    "thousandth_ratio", "five_thousandths_ratio", "value_max", "value_min", "value_mean", "value_l2norm",
-    "golden_max", "golden_min", "golden_mean", "golden_l2norm",
-}  # fmt: skip
+    "count",
+    "max_abs_err",
+    "mean_abs_err",
+    "rmse",
+    "max_rel_err",
+    "mean_rel_err",
+    "large_count",
+    "small_value_count",
+    "small_value_err_count",
+    "nan_count",
+    "inf_count",
+    "nonfinite_mismatch",
+    "mare",
+    "mere",
+    "cosine",
+    "mismatch_count",
+    "mismatch_ratio",
+    "ulp_max",
+    "ulp_mean",
+    "ulp_histogram",
+    "msopst_err_count",
+    "msopst_max_err",
+    "bias",
+    "bias_se",
+    "thousandth_ratio",
+    "five_thousandths_ratio",
+    "value_max",
+    "value_min",
+    "value_mean",
+    "value_l2norm",
+    "golden_max",
+    "golden_min",
+    "golden_mean",
+    "golden_l2norm",
+}
 
 
 def test_json_schema_is_stable():
     document = report.to_document(sample_suite())
-    assert set(document) == {"schema", "schema_minor", "tool", "date", "host", "devices", "exit_code", "summary",
-                             "cases"}  # fmt: skip
+    assert set(document) == {
+        "schema",
+        "schema_minor",
+        "tool",
+        "date",
+        "host",
+        "devices",
+        "exit_code",
+        "summary",
+        "cases",
+    }
     assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 3 and document["exit_code"] == 3
     reference = "reference (bsa emulate)"
-    assert document["devices"] == [{"device": reference, "kind": None, "name": reference, "fault": None,
-                                    "binary_sha256": None, "cases": 4}]  # fmt: skip
-    assert document["summary"] == {"cases": 4, "passed": 2, "failed": 1, "errors": 1, "output_bytes": 3000,
-                                   "seconds": 1.5}  # fmt: skip
+    assert document["devices"] == [
+        {"device": reference, "kind": None, "name": reference, "fault": None, "binary_sha256": None, "cases": 4}
+    ]
+    assert document["summary"] == {
+        "cases": 4,
+        "passed": 2,
+        "failed": 1,
+        "errors": 1,
+        "output_bytes": 3000,
+        "seconds": 1.5,
+    }
     for case_data in document["cases"]:
         assert set(case_data) == CASE_KEYS
     tensor_data = document["cases"][1]["tensors"][0]
     assert set(tensor_data) == TENSOR_KEYS
     assert set(tensor_data["device"]) == STATS_KEYS
-    assert set(tensor_data["hot_blocks"][0]) == {"batch", "head", "block", "rows", "score", "rmse", "rmse_benchmark",
-                                                 "max_abs_err", "tile", "tile_ratio", "tiles"}  # fmt: skip
-    assert set(tensor_data["worst"][0]) == {"index", "coords", "block", "device", "golden", "benchmark", "abs_err",
-                                            "ulp"}  # fmt: skip
+    assert set(tensor_data["hot_blocks"][0]) == {
+        "batch",
+        "head",
+        "block",
+        "rows",
+        "score",
+        "rmse",
+        "rmse_benchmark",
+        "max_abs_err",
+        "tile",
+        "tile_ratio",
+        "tiles",
+    }
+    assert set(tensor_data["worst"][0]) == {
+        "index",
+        "coords",
+        "block",
+        "device",
+        "golden",
+        "benchmark",
+        "abs_err",
+        "ulp",
+    }
     assert set(tensor_data["block_map"]) == {"axis", "block_size", "rmse", "rmse_benchmark", "max_abs_err", "score"}
     assert tensor_data["block_map"]["score"] == [[[1.0, 1.0, 5.0, None]]]
     assert document["cases"][1]["deciding"]["name"] == "tile_ratio"
@@ -122,8 +223,11 @@ def test_json_round_trip_keeps_everything(tmp_path):
 
 
 def test_json_round_trip_of_real_results_is_strict_json(tmp_path):
-    case_dir = build_case(tmp_path, make_case("real", batch=2, actual_seq_lengths=(96, 10),
-                                              actual_seq_lengths_kv=(80, 5)), fault="nan-row")  # fmt: skip
+    case_dir = build_case(
+        tmp_path,
+        make_case("real", batch=2, actual_seq_lengths=(96, 10), actual_seq_lengths_kv=(80, 5)),
+        fault="nan-row",
+    )
     suite = compare.compare_suite([case_dir], workers=1)
     header = report.report_header(suite)  # one date for both documents (a second may pass between them)
     report.write_json(suite, tmp_path / "r.json", header)
@@ -219,8 +323,10 @@ def table_of(suite: SuiteResult, width: int) -> list[str]:
 
 def test_a_pass_headline_names_the_check_closest_to_its_limit():
     (first, *_) = passing_suite().cases
-    assert first.headline == ("closest to its limit: dk small-value error ratio 1 <= 2 (small values off by more than "
-                              "small_value_thd: device 1585947, benchmark 1585947)")  # fmt: skip
+    assert first.headline == (
+        "closest to its limit: dk small-value error ratio 1 <= 2 (small values off by more than "
+        "small_value_thd: device 1585947, benchmark 1585947)"
+    )
     negative = sample_suite().cases[3]
     assert negative.headline.startswith("status 161002")  # a status is no limit to be close to
 

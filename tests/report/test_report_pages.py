@@ -37,10 +37,21 @@ def pictured_tensor() -> compare.TensorResult:
 def pictured_suite(device: str = "reference (bsa emulate) with fault 'tile-noise'", **fields) -> SuiteResult:
     # mask [B=1, N1=2, nQ=4, nKV=3]: head 1 selects (2, 0) and (2, 2); the last kv block of row 3 is past the length
     selection = Selection((1, 2, 4, 3), ("110", "011", "101", "11-", "100", "010", "101", "00-"))
-    failing = case("edge-tile", FAIL, tensors=(pictured_tensor(), tensor("dk", False), tensor("dv", False)),
-                   selection=selection, device=device, **fields)  # fmt: skip
-    passing = case("edge-ok", PASS, tensors=(tensor("dq", False), tensor("dk", False), tensor("dv", False)),
-                   device=device, **fields)  # fmt: skip
+    failing = case(
+        "edge-tile",
+        FAIL,
+        tensors=(pictured_tensor(), tensor("dk", False), tensor("dv", False)),
+        selection=selection,
+        device=device,
+        **fields,
+    )
+    passing = case(
+        "edge-ok",
+        PASS,
+        tensors=(tensor("dq", False), tensor("dk", False), tensor("dv", False)),
+        device=device,
+        **fields,
+    )
     return SuiteResult((failing, passing), seconds=1.0)
 
 
@@ -60,8 +71,9 @@ def test_header_names_date_version_host_folder_device_standard_and_counts():
     assert header["standard"] == "double-benchmark (2)"
     assert header["cases"] == "2 cases: 1 passed, 1 failed, 0 errors; exit code 1"
     warned = [Page.text(e) for e in page.find("span", **{"class": "warn"})]
-    assert warned == ["the reference device (bsa emulate): reference results, not device results; "
-                      "planted fault 'tile-noise'"]  # fmt: skip
+    assert warned == [
+        "the reference device (bsa emulate): reference results, not device results; planted fault 'tile-noise'"
+    ]
     assert ".warn{color:var(--fail)" in report.html_report(suite, head)  # named in red
 
 
@@ -90,8 +102,13 @@ def test_a_failing_tensor_has_a_heat_map_with_axes_legend_tooltips_and_the_worst
     assert any(t.startswith("device: 24 elements with ULP error 2-4") for t in tips)
     assert any(t.startswith("benchmark: 14 elements with ULP error 2-4") for t in tips)
     legend = " ".join(Page.text(e) for e in page.find("text"))
-    for words in ("not computed (block not selected)", "at the benchmark's error (ratio <= 1)", "limit 3",
-                  "no block (past the actual length)", "the hottest block, where the worst 16x16 tile is"):  # fmt: skip
+    for words in (
+        "not computed (block not selected)",
+        "at the benchmark's error (ratio <= 1)",
+        "limit 3",
+        "no block (past the actual length)",
+        "the hottest block, where the worst 16x16 tile is",
+    ):
         assert words in legend
     # axes: the panel's block indices along both sides, and what rows and columns are
     assert "rows: query block i; columns: kv block j" in legend and "b=0 n=1" in legend
@@ -133,8 +150,14 @@ def test_filters_by_verdict_need_no_script():
 
 
 def test_500_cases_make_one_summary_table_and_a_page_of_reasonable_size():
-    cases = [case(f"c{i:03d}", PASS if i % 10 else FAIL, tensors=(tensor("dq", i % 10 == 0), tensor("dk", False),
-                  tensor("dv", False))) for i in range(500)]  # fmt: skip
+    cases = [
+        case(
+            f"c{i:03d}",
+            PASS if i % 10 else FAIL,
+            tensors=(tensor("dq", i % 10 == 0), tensor("dk", False), tensor("dv", False)),
+        )
+        for i in range(500)
+    ]
     text = report.html_report(SuiteResult(tuple(cases)))
     page = Page(text)
     assert len(page.find("table", **{"class": "cases"})) == 1
@@ -149,8 +172,15 @@ def test_an_error_case_lists_its_errors():
 
 
 def test_a_fault_note_reaches_every_report():
-    noted = case("mha", PASS, tensors=(tensor("dq", False),), notes=("fault 'no-gqa-sum' does not apply to this case",),
-                 device="reference (bsa emulate) with fault 'no-gqa-sum'", fault="no-gqa-sum", device_kind="reference")
+    noted = case(
+        "mha",
+        PASS,
+        tensors=(tensor("dq", False),),
+        notes=("fault 'no-gqa-sum' does not apply to this case",),
+        device="reference (bsa emulate) with fault 'no-gqa-sum'",
+        fault="no-gqa-sum",
+        device_kind="reference",
+    )
     suite = SuiteResult((noted,))
     notes = [Page.text(e) for e in Page(report.html_report(suite)).find("p", **{"class": "note"})]
     assert notes == ["fault 'no-gqa-sum' does not apply to this case"]
@@ -175,8 +205,10 @@ def test_junit_says_reference_results_and_planted_faults_in_properties_and_syste
         case_props = {p.get("name"): p.get("value") for p in testcase.findall("properties/property")}
         assert case_props["reference_results"] == "true" and case_props["planted_fault"] == "tile-noise"
         out = testcase.find("system-out").text or ""
-        assert out.splitlines()[0] == ("REFERENCE RESULTS: outputs from the reference device (bsa emulate), not from "
-                                       "hardware; PLANTED FAULT 'tile-noise'")  # fmt: skip
+        assert out.splitlines()[0] == (
+            "REFERENCE RESULTS: outputs from the reference device (bsa emulate), not from "
+            "hardware; PLANTED FAULT 'tile-noise'"
+        )
 
 
 def test_junit_of_a_device_run_has_no_reference_warning():
@@ -205,10 +237,21 @@ def test_junit_test_names_are_the_same_whatever_happened(verdict):
 def test_csv_has_msprobe_columns_then_bsa_verdict_and_deciding_check():
     rows = list(csv.reader(io.StringIO(report.msprobe_csv.csv_text(sample_suite()))))
     header = rows[0]
-    assert header[:6] == ["NPU Name", "Bench Name", "NPU Dtype", "Bench Dtype", "NPU Tensor Shape",
-                          "Bench Tensor Shape"]  # fmt: skip
-    assert header[6:11] == ["Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio",
-                            "Five Thousandths Err Ratio"]  # fmt: skip
+    assert header[:6] == [
+        "NPU Name",
+        "Bench Name",
+        "NPU Dtype",
+        "Bench Dtype",
+        "NPU Tensor Shape",
+        "Bench Tensor Shape",
+    ]
+    assert header[6:11] == [
+        "Cosine",
+        "MaxAbsErr",
+        "MaxRelativeErr",
+        "One Thousandth Err Ratio",
+        "Five Thousandths Err Ratio",
+    ]
     assert header[19:21] == ["Accuracy Reached or Not", "Err_message"]
     assert header[21:] == ["bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check"]
     by_name = {row[0]: dict(zip(header, row, strict=True)) for row in rows[1:]}

@@ -22,9 +22,23 @@ BROWSER = next((shutil.which(b) for b in BROWSERS if shutil.which(b)), None)
 @pytest.mark.skipif(BROWSER is None, reason="no Chromium installed")
 def test_screenshot_script_photographs_a_failing_report(tmp_path):
     png = tmp_path / "r.png"
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "screenshot_report.py"), "--out", str(png),
-                           "--keep", str(tmp_path / "work"), "--width", "1000", "--height", "700"],
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "screenshot_report.py"),
+            "--out",
+            str(png),
+            "--keep",
+            str(tmp_path / "work"),
+            "--width",
+            "1000",
+            "--height",
+            "700",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (1000, 700)

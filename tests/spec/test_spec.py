@@ -64,11 +64,7 @@ def test_matrix_expands_cartesian_product_with_readable_unique_names(tmp_path: P
         "cases": [
             {
                 **BASE,
-                "matrix": {
-                    "dtype": ["fp16", "bf16"],
-                    "block_shape": [[16, 48], [80, 32]],
-                    "sparsity.density": [0.25],
-                },
+                "matrix": {"dtype": ["fp16", "bf16"], "block_shape": [[16, 48], [80, 32]], "sparsity.density": [0.25]},
                 "sparsity": {"pattern": "random"},
             }
         ]
@@ -86,12 +82,7 @@ def test_matrix_expands_cartesian_product_with_readable_unique_names(tmp_path: P
 
 def test_top_level_matrix_applies_to_every_case(tmp_path: Path) -> None:
     doc = {"matrix": {"dtype": ["fp16", "bf16"]}, "cases": [BASE, {**BASE, "name": "d"}]}
-    assert [c.name for c in load_specs([write_spec(tmp_path, doc)])] == [
-        "c.fp16",
-        "c.bf16",
-        "d.fp16",
-        "d.bf16",
-    ]
+    assert [c.name for c in load_specs([write_spec(tmp_path, doc)])] == ["c.fp16", "c.bf16", "d.fp16", "d.bf16"]
 
 
 def test_misspelt_key_names_file_case_key_and_suggestion(tmp_path: Path) -> None:
@@ -252,13 +243,7 @@ def test_explicit_mask_of_wrong_shape_is_refused(tmp_path: Path) -> None:
 
 def test_init_overrides_per_tensor(tmp_path: Path) -> None:
     case = load_one(
-        tmp_path,
-        init={
-            "distribution": "uniform",
-            "low": -2,
-            "high": 2,
-            "dout": {"distribution": "normal", "std": 0.1},
-        },
+        tmp_path, init={"distribution": "uniform", "low": -2, "high": 2, "dout": {"distribution": "normal", "std": 0.1}}
     )
     assert case.init.query.kind == "uniform" and case.init.query.low == -2
     assert case.init.dout.kind == "normal" and case.init.dout.std == 0.1

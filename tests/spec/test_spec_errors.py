@@ -22,13 +22,28 @@ def load(tmp_path: Path, cases: list[dict], name: str = "spec.yaml") -> list:
 @pytest.mark.parametrize(
     ("spelling", "dtype"),
     [
-        ("FP16", "float16"), ("half", "float16"), ("Half", "float16"), ("Float16", "float16"),
-        ("fp16", "float16"), ("float16", "float16"), ("torch.float16", "float16"), (" FLOAT16 ", "float16"),
-        ("BF16", "bfloat16"), ("bfloat16", "bfloat16"), ("bf16", "bfloat16"), ("BFloat16", "bfloat16"),
-        ("torch.bfloat16", "bfloat16"), ("Float32", "float32"), ("FP32", "float32"), ("float", "float32"),
-        ("double", "float64"), ("INT8", "int8"), ("Bool", "bool"), ("np.int64", "int64"),
+        ("FP16", "float16"),
+        ("half", "float16"),
+        ("Half", "float16"),
+        ("Float16", "float16"),
+        ("fp16", "float16"),
+        ("float16", "float16"),
+        ("torch.float16", "float16"),
+        (" FLOAT16 ", "float16"),
+        ("BF16", "bfloat16"),
+        ("bfloat16", "bfloat16"),
+        ("bf16", "bfloat16"),
+        ("BFloat16", "bfloat16"),
+        ("torch.bfloat16", "bfloat16"),
+        ("Float32", "float32"),
+        ("FP32", "float32"),
+        ("float", "float32"),
+        ("double", "float64"),
+        ("INT8", "int8"),
+        ("Bool", "bool"),
+        ("np.int64", "int64"),
     ],
-)  # fmt: skip
+)
 def test_dtype_names_are_read_case_insensitively(spelling: str, dtype: str) -> None:
     assert dtype_name(spelling) == dtype
 
@@ -134,33 +149,62 @@ def validate(tmp_path: Path, case: dict) -> object:
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"layout": "bnsd"}, "key 'layout': 'bnsd' is not a layout the operator knows (did you mean 'BNSD'? layout "
-         "strings are upper case); for a negative case that tests this instead, set 'expect: 561002' (the operator "
-         "returns 561002)"),
-        ({"layout": "TND"}, "key 'actual_seq_lengths': is null, but a TND query needs it: add "
-         "'actual_seq_lengths: [...]' to the case, one query length per batch entry (for example "
-         "'actual_seq_lengths: [1000, 333]'); for a negative case that tests this instead, set 'expect: 161002' "
-         "(the operator returns 161002)"),
+        (
+            {"layout": "bnsd"},
+            "key 'layout': 'bnsd' is not a layout the operator knows (did you mean 'BNSD'? layout "
+            "strings are upper case); for a negative case that tests this instead, set 'expect: 561002' (the operator "
+            "returns 561002)",
+        ),
+        (
+            {"layout": "TND"},
+            "key 'actual_seq_lengths': is null, but a TND query needs it: add "
+            "'actual_seq_lengths: [...]' to the case, one query length per batch entry (for example "
+            "'actual_seq_lengths: [1000, 333]'); for a negative case that tests this instead, set 'expect: 161002' "
+            "(the operator returns 161002)",
+        ),
         ({"dtype": "float8"}, "key 'dtype': 'float8' is not allowed; allowed: float16 (fp16), bfloat16 (bf16)"),
-        ({"dtype": "flaot16"}, "key 'dtype': 'flaot16' is not allowed (did you mean 'float16'?); allowed: float16 "
-         "(fp16), bfloat16 (bf16)"),
-        ({"sparsity": {"pattern": "causal", "density": 0.5}}, "key 'sparsity.density': pattern 'causal' does not "
-         "use it (density is for pattern random); remove it, or set pattern: random"),
-        ({"sparsity": {"pattern": "random", "window": 2}}, "key 'sparsity.window': pattern 'random' does not use it "
-         "(window is for pattern sliding_window or strided); remove it, or set pattern: sliding_window"),
-        ({"sparsity": {"pattern": "sliding_window", "stride": 3}}, "key 'sparsity.stride': pattern "
-         "'sliding_window' does not use it (stride is for pattern strided); remove it, or set pattern: strided"),
-        ({"sparsity": {"pattern": "random", "causal_alignment": "bottom_right"}}, "key 'sparsity.causal_alignment': "
-         "pattern 'random' does not use it (causal_alignment is for pattern causal or sliding_window or strided); "
-         "remove it, or set pattern: causal"),
-        ({"sparsity": {"density": 0.3}}, "key 'sparsity.density': pattern 'dense' does not use it (density is for "
-         "pattern random); remove it, or set pattern: random"),
-        ({"sparsity": {"pattern": "causal", "per_head": False}}, "key 'sparsity.per_head': pattern 'causal' does "
-         "not use it (per_head is for pattern random); remove it, or set pattern: random"),
-        ({"sparsity": {"pattern": "random", "mask": [[1]]}}, "key 'sparsity.mask': pattern 'random' does not use "
-         "it (mask is for pattern explicit); remove it, or set pattern: explicit"),
+        (
+            {"dtype": "flaot16"},
+            "key 'dtype': 'flaot16' is not allowed (did you mean 'float16'?); allowed: float16 (fp16), bfloat16 (bf16)",
+        ),
+        (
+            {"sparsity": {"pattern": "causal", "density": 0.5}},
+            "key 'sparsity.density': pattern 'causal' does not "
+            "use it (density is for pattern random); remove it, or set pattern: random",
+        ),
+        (
+            {"sparsity": {"pattern": "random", "window": 2}},
+            "key 'sparsity.window': pattern 'random' does not use it "
+            "(window is for pattern sliding_window or strided); remove it, or set pattern: sliding_window",
+        ),
+        (
+            {"sparsity": {"pattern": "sliding_window", "stride": 3}},
+            "key 'sparsity.stride': pattern "
+            "'sliding_window' does not use it (stride is for pattern strided); remove it, or set pattern: strided",
+        ),
+        (
+            {"sparsity": {"pattern": "random", "causal_alignment": "bottom_right"}},
+            "key 'sparsity.causal_alignment': "
+            "pattern 'random' does not use it (causal_alignment is for pattern causal or sliding_window or strided); "
+            "remove it, or set pattern: causal",
+        ),
+        (
+            {"sparsity": {"density": 0.3}},
+            "key 'sparsity.density': pattern 'dense' does not use it (density is for "
+            "pattern random); remove it, or set pattern: random",
+        ),
+        (
+            {"sparsity": {"pattern": "causal", "per_head": False}},
+            "key 'sparsity.per_head': pattern 'causal' does "
+            "not use it (per_head is for pattern random); remove it, or set pattern: random",
+        ),
+        (
+            {"sparsity": {"pattern": "random", "mask": [[1]]}},
+            "key 'sparsity.mask': pattern 'random' does not use "
+            "it (mask is for pattern explicit); remove it, or set pattern: explicit",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_hint_points_to_the_fix(tmp_path: Path, fields: dict, message: str) -> None:
     result = validate(tmp_path, fields)
     assert result.exit_code == 2
@@ -168,8 +212,21 @@ def test_a_hint_points_to_the_fix(tmp_path: Path, fields: dict, message: str) ->
 
 
 def test_keys_every_pattern_uses_and_a_negative_case_with_a_lower_case_layout_stay_valid(tmp_path: Path) -> None:
-    assert validate(tmp_path, {"sparsity": {"pattern": "strided", "window": 2, "stride": 3,
-                                            "causal_alignment": "bottom_right", "empty_rows": [0]}}).exit_code == 0
+    assert (
+        validate(
+            tmp_path,
+            {
+                "sparsity": {
+                    "pattern": "strided",
+                    "window": 2,
+                    "stride": 3,
+                    "causal_alignment": "bottom_right",
+                    "empty_rows": [0],
+                }
+            },
+        ).exit_code
+        == 0
+    )
     assert validate(tmp_path, {"sparsity": {"pattern": "random", "density": 0.4, "per_head": False}}).exit_code == 0
     assert validate(tmp_path, {"layout": "bnsd", "expect": 561002}).exit_code == 0
 

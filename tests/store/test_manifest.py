@@ -15,13 +15,23 @@ from bsa_cli.manifest import Manifest
 from bsa_cli.store import MANIFEST, load_manifest
 
 SPEC = {
-    "defaults": {"dtype": "float16", "layout": "BNSD", "batch": 1, "num_heads": 2, "num_kv_heads": 1,
-                 "head_dim": 64, "q_seq_len": 40, "kv_seq_len": 40, "block_shape": [16, 16], "seed": 7},
+    "defaults": {
+        "dtype": "float16",
+        "layout": "BNSD",
+        "batch": 1,
+        "num_heads": 2,
+        "num_kv_heads": 1,
+        "head_dim": 64,
+        "q_seq_len": 40,
+        "kv_seq_len": 40,
+        "block_shape": [16, 16],
+        "seed": 7,
+    },
     "cases": [
         {"name": "valid", "compare": {"standard": "allclose", "thresholds": {"diff_thd": 0.02}}},
         {"name": "negative", "dtype": "float32", "expect": 161002},
     ],
-}  # fmt: skip
+}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +66,12 @@ def test_a_negative_case_says_so_and_has_no_golden(out):
 
 
 def test_null_tensors_are_left_out_of_entries():
-    raw = {"name": "n", "params": {}, "expect": {"status": 161001},
-           "inputs": {"query": None, "key": {"file": "inputs/key.bin", "dtype": "float16", "shape": [1]}}}  # fmt: skip
+    raw = {
+        "name": "n",
+        "params": {},
+        "expect": {"status": 161001},
+        "inputs": {"query": None, "key": {"file": "inputs/key.bin", "dtype": "float16", "shape": [1]}},
+    }
     manifest = Manifest(raw)
     assert [name for name, _ in manifest.entries("inputs")] == ["key"]
     assert manifest.section("golden") == {} and manifest.seed is None and manifest.expect_name is None

@@ -59,8 +59,9 @@ def test_golden_matches_torch_autograd(case) -> None:
     tensors = make_tensors(case)
     mask = make_mask(case)
     out, lse = golden.forward(case, tensors["query"], tensors["key"], tensors["value"], mask)
-    grads = golden.backward(case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"], out, lse, mask,
-                            precision=np.float64)  # fmt: skip
+    grads = golden.backward(
+        case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"], out, lse, mask, precision=np.float64
+    )
     torch_out, *torch_grads = oracle.torch_backward(
         case, tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask
     )

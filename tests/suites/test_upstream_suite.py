@@ -66,8 +66,22 @@ def test_a_subset_passes_through_the_torch_npu_standin(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(STANDIN), os.environ.get("PYTHONPATH")])))
     env.pop("BSA_TORCH_NPU_STANDIN_FAULT", None)
     filters = [arg for name in STANDIN_SUBSET for arg in ("--filter", name)]
-    command = [sys.executable, "-m", "bsa_cli", "check", str(SUITE), "-o", str(tmp_path / "out"),
-               "--device", "torch_npu", "--devices", "0,1", "--json", str(report), *filters]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bsa_cli",
+        "check",
+        str(SUITE),
+        "-o",
+        str(tmp_path / "out"),
+        "--device",
+        "torch_npu",
+        "--devices",
+        "0,1",
+        "--json",
+        str(report),
+        *filters,
+    ]
 
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
 

@@ -31,6 +31,7 @@ from tests.helpers import BASE, digest
 MEMORY_LIMIT = 1 << 30
 TIME_LIMIT_S = 20.0
 
+
 @dataclass
 class Sandbox:
     """A trial's folder: `victim/` must stay as it is; `out/` is the folder given to bsa."""
@@ -85,9 +86,7 @@ class Sandbox:
             "    case = os.path.dirname(sys.argv[1])\n"
             "    for g in ('dq', 'dk', 'dv'):\n"
             "        data = open(os.path.join(case, manifest['benchmark'][g]['file']), 'rb').read()\n"
-            "        put(manifest['outputs'][g]['file'], data)\n"
-            + body
-            + "\n"
+            "        put(manifest['outputs'][g]['file'], data)\n" + body + "\n"
         )
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
         return str(path)
@@ -321,8 +320,9 @@ TRIALS = [
     # ---- case names (item 1) ----
     Trial("name-dot", _spec(name="."), 2, "cannot name a case folder"),
     Trial("name-dotdot", _spec(name=".."), 2, "cannot name a case folder"),
-    Trial("name-dotdot-check", lambda b: ["check", b.spec(name=".."), "-o", str(b.out)], 2,
-          "cannot name a case folder"),
+    Trial(
+        "name-dotdot-check", lambda b: ["check", b.spec(name=".."), "-o", str(b.out)], 2, "cannot name a case folder"
+    ),
     Trial("name-hidden", _spec(name=".c"), 2, "cannot name a case folder"),
     Trial("name-too-long", _spec(name="n" * 300), 2, "at most 200 characters"),
     Trial("name-long-by-matrix", _spec(matrix={"seed": [int("9" * 200)]}), 2, "cannot name a case folder"),
@@ -330,59 +330,131 @@ TRIALS = [
     # ---- YAML and matrix bombs (item 4) ----
     Trial("alias-bomb", _text(_bomb()), 2, "alias bomb"),
     Trial("alias-bomb-in-dtype", _text(_bomb().replace("    description: [", "    dtype: [")), 2, "alias bomb"),
-    Trial("alias-recursive", _text("cases:\n  - &c {name: x, q_seq_len: 16, num_heads: 1, description: *c}\n"), 2,
-          "refers to a value that contains it"),
-    Trial("matrix-bomb", _spec("validate", matrix={k: list(range(1, 11)) for k in (
-        "seed", "head_dim", "num_heads", "q_seq_len", "kv_seq_len", "batch", "sparsity.window", "sparsity.stride",
-        "num_kv_heads")}), 2, "--max-cases"),
-    Trial("matrix-bomb-dotted", _spec("validate", matrix={f"init.{k}": [float(i) for i in range(10)] for k in (
-        "mean", "std", "low", "high")} | {f"sparsity.{k}": list(range(1, 11)) for k in ("window", "stride")}
-        | {"seed": list(range(10)), "head_dim": list(range(1, 11)), "scale": [0.1] * 10}), 2, "--max-cases"),
+    Trial(
+        "alias-recursive",
+        _text("cases:\n  - &c {name: x, q_seq_len: 16, num_heads: 1, description: *c}\n"),
+        2,
+        "refers to a value that contains it",
+    ),
+    Trial(
+        "matrix-bomb",
+        _spec(
+            "validate",
+            matrix={
+                k: list(range(1, 11))
+                for k in (
+                    "seed",
+                    "head_dim",
+                    "num_heads",
+                    "q_seq_len",
+                    "kv_seq_len",
+                    "batch",
+                    "sparsity.window",
+                    "sparsity.stride",
+                    "num_kv_heads",
+                )
+            },
+        ),
+        2,
+        "--max-cases",
+    ),
+    Trial(
+        "matrix-bomb-dotted",
+        _spec(
+            "validate",
+            matrix={f"init.{k}": [float(i) for i in range(10)] for k in ("mean", "std", "low", "high")}
+            | {f"sparsity.{k}": list(range(1, 11)) for k in ("window", "stride")}
+            | {"seed": list(range(10)), "head_dim": list(range(1, 11)), "scale": [0.1] * 10},
+        ),
+        2,
+        "--max-cases",
+    ),
     Trial("too-many-cases", _many_cases, 2, "more than the limit of 10000 cases"),
     Trial("deep-flow", _text("cases:\n  - name: x\n    description: " + "[" * 3000 + "]" * 3000 + "\n"), 2, "YAML"),
-    Trial("deep-block", _text("cases:\n  - name: x\n    description:\n" + "".join(
-        "  " * (i + 3) + "k:\n" for i in range(40)) + "  " * 43 + "1\n"), 2, "nested deeper"),
-    Trial("duplicate-key", _text("cases:\n  - name: x\n    num_heads: 1\n    q_seq_len: 16\n    q_seq_len: 32\n"), 2,
-          "duplicate key 'q_seq_len'"),
+    Trial(
+        "deep-block",
+        _text(
+            "cases:\n  - name: x\n    description:\n"
+            + "".join("  " * (i + 3) + "k:\n" for i in range(40))
+            + "  " * 43
+            + "1\n"
+        ),
+        2,
+        "nested deeper",
+    ),
+    Trial(
+        "duplicate-key",
+        _text("cases:\n  - name: x\n    num_heads: 1\n    q_seq_len: 16\n    q_seq_len: 32\n"),
+        2,
+        "duplicate key 'q_seq_len'",
+    ),
     Trial("python-tag", _text("cases:\n  - !!python/object:os.system {name: x}\n"), 2, "not valid YAML"),
     Trial("huge-integer", _text("cases:\n  - name: x\n    num_heads: " + "9" * 5000 + "\n"), 2, "not valid YAML"),
     Trial("bad-date", _text("cases:\n  - name: x\n    seed: 2001-13-45\n"), 2, "not valid YAML"),
-    Trial("not-utf8", lambda b: (b.root.joinpath("s.yaml").write_bytes(b"cases:\n  - name: \xff\xfe\n"),
-                                 ["validate", str(b.root / "s.yaml")])[1], 2, "not UTF-8"),
-    Trial("spec-too-large", _text("cases:\n  - name: x\n    description: '" + "x" * (5 << 20) + "'\n"), 2,
-          "at most 4 MiB"),
-    Trial("spec-fifo", lambda b: (os.mkfifo(b.root / "s.yaml"), ["validate", str(b.root / "s.yaml")])[1], 2,
-          "not a regular file"),
+    Trial(
+        "not-utf8",
+        lambda b: (
+            b.root.joinpath("s.yaml").write_bytes(b"cases:\n  - name: \xff\xfe\n"),
+            ["validate", str(b.root / "s.yaml")],
+        )[1],
+        2,
+        "not UTF-8",
+    ),
+    Trial(
+        "spec-too-large", _text("cases:\n  - name: x\n    description: '" + "x" * (5 << 20) + "'\n"), 2, "at most 4 MiB"
+    ),
+    Trial(
+        "spec-fifo",
+        lambda b: (os.mkfifo(b.root / "s.yaml"), ["validate", str(b.root / "s.yaml")])[1],
+        2,
+        "not a regular file",
+    ),
     Trial("matrix-key-not-string", _spec("validate", matrix={1: [1]}), 2, "matrix key 1"),
     # ---- values that used to crash (item 5) ----
     Trial("dtype-list", _spec("validate", dtype=["fp16"]), 2, "key 'dtype': ['fp16'] is not allowed"),
     Trial("dtype-mapping", _spec("validate", dtype={"a": 1}), 2, "key 'dtype'"),
-    Trial("layout-injection", _spec("validate", kv_layout="BNSD\nexpect_status 0", expect=161002), 2,
-          "not a layout string"),
+    Trial(
+        "layout-injection",
+        _spec("validate", kv_layout="BNSD\nexpect_status 0", expect=161002),
+        2,
+        "not a layout string",
+    ),
     Trial("batch-1e12", _spec("list", batch=10**12), 2, "above the maximum 2147483647"),
     Trial("q-seq-2-70", _spec("list", q_seq_len=2**70), 2, "above the maximum"),
-    Trial("elements-beyond-limit", _spec("list", batch=2**20, num_heads=2**20, q_seq_len=2**10), 2,
-          "more than bsa's limit"),
+    Trial(
+        "elements-beyond-limit",
+        _spec("list", batch=2**20, num_heads=2**20, q_seq_len=2**10),
+        2,
+        "more than bsa's limit",
+    ),
     Trial("seed-negative", _spec("validate", seed=-1), 2, "below the minimum 0"),
     Trial("pre-tokens-huge", _spec("validate", pre_tokens=2**70, expect=161002), 2, "above the maximum"),
-    Trial("block-shape-huge-negative-case", _spec("validate", block_shape=[2**70, 1], expect=161002), 2,
-          "block_shape"),
+    Trial("block-shape-huge-negative-case", _spec("validate", block_shape=[2**70, 1], expect=161002), 2, "block_shape"),
     Trial("head-dim-float", _spec("validate", head_dim=1e400), 2, "not an integer"),
     Trial("density-text", _spec("validate", sparsity={"pattern": "random", "density": "lots"}), 2, "not a number"),
-    Trial("empty-rows-nan", _spec("validate", sparsity={"pattern": "dense", "empty_rows": float("nan")}), 2,
-          "empty_rows"),
+    Trial(
+        "empty-rows-nan", _spec("validate", sparsity={"pattern": "dense", "empty_rows": float("nan")}), 2, "empty_rows"
+    ),
     Trial("compare-standard-list", _spec("validate", compare={"standard": ["x"]}), 2, "compare"),
     Trial("init-mapping-list", _spec("validate", init=[1]), 2, "key 'init'"),
     # ---- explicit masks (items 5, 6) ----
     Trial("mask-fifo", _mask(_fifo_mask), 2, "not a regular file"),
     Trial("mask-npz", _mask("m.npz", ("m.npz", b"PK\x03\x04" + b"\0" * 60)), 2, "not a .npy array file"),
     Trial("mask-empty-npy", _mask("m.npy", ("m.npy", b"")), 2, "not a .npy array file"),
-    Trial("mask-huge-header", _mask("m.npy", ("m.npy", _npy_header("|u1", (10**5, 10**5, 10**5)))), 2,
-          "header promises shape"),
+    Trial(
+        "mask-huge-header",
+        _mask("m.npy", ("m.npy", _npy_header("|u1", (10**5, 10**5, 10**5)))),
+        2,
+        "header promises shape",
+    ),
     Trial("mask-absolute", _mask(lambda b: str(b.victim / "m.npy")), 2, "absolute path"),
     Trial("mask-dotdot", _mask("../victim/m.npy"), 2, "'..'"),
-    Trial("mask-inside-subfolder-ok", _mask("sub/m.npy", ("sub/m.npy", _npy_bytes(np.ones((2, 2))))), 0,
-          "generated 1 case in"),
+    Trial(
+        "mask-inside-subfolder-ok",
+        _mask("sub/m.npy", ("sub/m.npy", _npy_bytes(np.ones((2, 2))))),
+        0,
+        "generated 1 case in",
+    ),
     Trial("mask-link-out", _mask(_link_mask), 2, "leads out of"),
     Trial("mask-half", _mask([[0.5, 1.0], [1.0, 1.0]]), 2, "holds 0.5"),
     Trial("mask-nan", _mask("m.npy", ("m.npy", _npy_bytes(np.array([[np.nan, 1.0], [1.0, 1.0]])))), 2, "holds nan"),
@@ -395,29 +467,68 @@ TRIALS = [
     Trial("init-mean-fp16-overflow", _spec(init={"mean": 1e5}), 2, "float16's largest number"),
     Trial("scale-nan", _spec(scale="nan"), 2, "finite number"),
     Trial("tnd-no-lengths", _spec(layout="TND", actual_seq_lengths=[], q_seq_len=None), 2, "is empty"),
-    Trial("tnd-zero-lengths", lambda b: ["gen", b.spec(case={**{k: v for k, v in BASE.items() if k != "q_seq_len"},
-                                                             "layout": "TND", "actual_seq_lengths": [0, 0]}),
-                                         "-o", str(b.out)], 2, "nothing to compute"),
+    Trial(
+        "tnd-zero-lengths",
+        lambda b: [
+            "gen",
+            b.spec(
+                case={
+                    **{k: v for k, v in BASE.items() if k != "q_seq_len"},
+                    "layout": "TND",
+                    "actual_seq_lengths": [0, 0],
+                }
+            ),
+            "-o",
+            str(b.out),
+        ],
+        2,
+        "nothing to compute",
+    ),
     # ---- manifests that point outside their case (item 2) ----
-    Trial("outputs-absolute", _manifest(_set("outputs.dq.file", lambda b: str(b.victim / "precious.txt"))), 3,
-          "is an absolute path"),
+    Trial(
+        "outputs-absolute",
+        _manifest(_set("outputs.dq.file", lambda b: str(b.victim / "precious.txt"))),
+        3,
+        "is an absolute path",
+    ),
     Trial("outputs-dotdot", _manifest(_set("outputs.dq.file", "../../../victim/precious.txt")), 3, "'..'"),
-    Trial("outputs-dotdot-emulate", _manifest(_set("outputs.dq.file", "../../victim/new/dq.bin"), "emulate"), 2,
-          "'..'"),
-    Trial("outputs-dotdot-negative", _manifest(_set("outputs.dq.file", "../../../victim/precious.txt"), name="n"), 3,
-          "'..'"),
-    Trial("inputs-absolute", _manifest(_set("inputs.query.file", lambda b: str(b.victim / "precious.txt"))), 3,
-          "absolute path"),
-    Trial("golden-dotdot-compare", _manifest(_set("golden.dq.file", "../../victim/precious.txt"), "compare"), 3,
-          "'..'"),
+    Trial(
+        "outputs-dotdot-emulate", _manifest(_set("outputs.dq.file", "../../victim/new/dq.bin"), "emulate"), 2, "'..'"
+    ),
+    Trial(
+        "outputs-dotdot-negative",
+        _manifest(_set("outputs.dq.file", "../../../victim/precious.txt"), name="n"),
+        3,
+        "'..'",
+    ),
+    Trial(
+        "inputs-absolute",
+        _manifest(_set("inputs.query.file", lambda b: str(b.victim / "precious.txt"))),
+        3,
+        "absolute path",
+    ),
+    Trial(
+        "golden-dotdot-compare", _manifest(_set("golden.dq.file", "../../victim/precious.txt"), "compare"), 3, "'..'"
+    ),
     Trial("outputs-itself", _manifest(_set("outputs.dq.file", ".")), 3, "names the folder itself"),
     Trial("outputs-reserved", _manifest(_set("outputs.dq.file", "run.json")), 3, "keeps for itself"),
-    Trial("tiles-absolute-compare", _manifest(_set("benchmark_summary.tiles.dq.file", "/etc/passwd"), "compare"), 3,
-          "absolute path"),
+    Trial(
+        "tiles-absolute-compare",
+        _manifest(_set("benchmark_summary.tiles.dq.file", "/etc/passwd"), "compare"),
+        3,
+        "absolute path",
+    ),
     Trial("input-link-out", _case_file(_replace_with_link("inputs/query.bin", "copy")), 3, "leads out of"),
     Trial("manifest-link-out", _case_file(_replace_with_link("case.json", "copy"), "compare"), 3, "leads out of"),
-    Trial("manifest-fifo", lambda b: (_fifo_manifest(b.cases("p") / "p", b), [
-        "emulate", str(b.out / "p" / "case.json"), str(b.out / "emulated")])[1], 2, "not a regular file"),
+    Trial(
+        "manifest-fifo",
+        lambda b: (
+            _fifo_manifest(b.cases("p") / "p", b),
+            ["emulate", str(b.out / "p" / "case.json"), str(b.out / "emulated")],
+        )[1],
+        2,
+        "not a regular file",
+    ),
     Trial("manifest-fifo-not-a-case", _case_file(_fifo_manifest), 2, "no case directories"),
     Trial("manifest-deep-json", _case_file(_deep_json, "compare"), 3, "not valid JSON"),
     # ---- links and folders in the output folder (item 3) ----
@@ -446,40 +557,74 @@ TRIALS = [
     Trial("shape-huge", _manifest(_set("golden.dq.shape", [2**40, 2**40]), "compare"), 3, "more than bsa's limit"),
     Trial("params-batch-huge", _manifest(_set("params.batch", 10**15), "compare"), 3, "params.batch"),
     Trial("params-strings", _manifest(_set("params.head_dim", "16"), "emulate"), 2, "params.head_dim"),
-    Trial("params-lengths-string", _manifest(_set("params.actual_seq_lengths", "abc"), "compare"), 3,
-          "params.actual_seq_lengths"),
+    Trial(
+        "params-lengths-string",
+        _manifest(_set("params.actual_seq_lengths", "abc"), "compare"),
+        3,
+        "params.actual_seq_lengths",
+    ),
     Trial("name-not-string", _manifest(_set("name", {"x": 1})), 3, "name {'x': 1} is not a non-empty string"),
-    Trial("name-climbs-export", lambda b: (b.edit(lambda m: m.update(name="../../victim/x")),
-                                           ["export", str(b.out), "--format", "atk", "-o", str(b.out / "ex")])[1],
-          2, "cannot name a case"),
-    Trial("record-hostile-compare", _case_file(lambda c, b: (c / "outputs").mkdir(exist_ok=True) or (
-        c / "outputs" / "run.json").write_text(json.dumps({"case": "p", "outcome": "crashed", "problems": 7,
-                                                           "repeat": []})), "compare"), 3, "not a run record"),
+    Trial(
+        "name-climbs-export",
+        lambda b: (
+            b.edit(lambda m: m.update(name="../../victim/x")),
+            ["export", str(b.out), "--format", "atk", "-o", str(b.out / "ex")],
+        )[1],
+        2,
+        "cannot name a case",
+    ),
+    Trial(
+        "record-hostile-compare",
+        _case_file(
+            lambda c, b: (
+                (c / "outputs").mkdir(exist_ok=True)
+                or (c / "outputs" / "run.json").write_text(
+                    json.dumps({"case": "p", "outcome": "crashed", "problems": 7, "repeat": []})
+                )
+            ),
+            "compare",
+        ),
+        3,
+        "not a run record",
+    ),
     # ---- binaries (items 5, 7) ----
     Trial("binary-folder-run-json", _binary(GOOD_BINARY + "; os.mkdir(os.path.join(out, 'run.json'))"), 0, "1 ok"),
     Trial("binary-folder-stderr-log", _binary(GOOD_BINARY + "; os.mkdir(os.path.join(out, 'stderr.log'))"), 0, "1 ok"),
-    Trial("binary-status-fifo", _binary("grads(); os.mkfifo(os.path.join(out, 'status.txt'))"), 3,
-          "not a regular file"),
+    Trial(
+        "binary-status-fifo", _binary("grads(); os.mkfifo(os.path.join(out, 'status.txt'))"), 3, "not a regular file"
+    ),
     Trial("binary-status-huge", _binary("grads(); put('status.txt', b'0\\n' + b'x' * (20 << 20))"), 0, "1 ok"),
-    Trial("binary-status-long-number", _binary("grads(); put('status.txt', b'9' * 5000)"), 3,
-          "not a decimal aclnn status"),
-    Trial("binary-dq-link", _binary("grads(); os.remove(os.path.join(out, 'dq.bin')); "
-                                    "os.symlink('{victim}/precious.txt', os.path.join(out, 'dq.bin')); "
-                                    "put('status.txt', b'0')"), 3, "dq.bin"),
-    Trial("binary-chatty", _binary(GOOD_BINARY + "; sys.stdout.write('x' * (6 << 20)); "
-                                   "sys.stderr.write('y' * (3 << 20))"),
-          0, "1 ok"),
+    Trial(
+        "binary-status-long-number", _binary("grads(); put('status.txt', b'9' * 5000)"), 3, "not a decimal aclnn status"
+    ),
+    Trial(
+        "binary-dq-link",
+        _binary(
+            "grads(); os.remove(os.path.join(out, 'dq.bin')); "
+            "os.symlink('{victim}/precious.txt', os.path.join(out, 'dq.bin')); "
+            "put('status.txt', b'0')"
+        ),
+        3,
+        "dq.bin",
+    ),
+    Trial(
+        "binary-chatty",
+        _binary(GOOD_BINARY + "; sys.stdout.write('x' * (6 << 20)); sys.stderr.write('y' * (3 << 20))"),
+        0,
+        "1 ok",
+    ),
     Trial("binary-exits-1", _binary("sys.exit(1)"), 3, "exited with code 1"),
     Trial("binary-killed", _binary("os.kill(os.getpid(), 9)"), 3, "killed by SIGKILL"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("hostile-gen")
     spec = root / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"cases": [{**BASE, "name": "p"}, {**BASE, "name": "n", "dtype": "float32",
-                                                                           "expect": 161002}]}))  # fmt: skip
+    spec.write_text(
+        yaml.safe_dump({"cases": [{**BASE, "name": "p"}, {**BASE, "name": "n", "dtype": "float32", "expect": 161002}]})
+    )
     result = CliRunner().invoke(main, ["gen", str(spec), "-o", str(root / "out")])
     assert result.exit_code == 0, result.output
     return root / "out"
@@ -655,28 +800,52 @@ _DUPLICATE_OUTPUTS = '"outputs": {"dq": {"file": "../../victim/dq.bin", "dtype":
 
 ROUND2 = [
     # ---- item 5: duplicate keys in every JSON bsa reads ----
-    Trial("manifest-duplicate-key", _manifest_text(lambda t: t.replace('"outputs": {', _DUPLICATE_OUTPUTS, 1)), 3,
-          "duplicate key 'dq'"),
-    Trial("manifest-duplicate-key-compare", _manifest_text(lambda t: t.replace('{', '{"name": "q", ', 1), "compare"),
-          3, "duplicate key 'name'"),
+    Trial(
+        "manifest-duplicate-key",
+        _manifest_text(lambda t: t.replace('"outputs": {', _DUPLICATE_OUTPUTS, 1)),
+        3,
+        "duplicate key 'dq'",
+    ),
+    Trial(
+        "manifest-duplicate-key-compare",
+        _manifest_text(lambda t: t.replace("{", '{"name": "q", ', 1), "compare"),
+        3,
+        "duplicate key 'name'",
+    ),
     Trial("record-duplicate-key", _after_run(_duplicate_in_record), 3, "duplicate key 'outcome'"),
-    Trial("merge-duplicate-key", _report('{"schema": "bsa-compare/1", "cases": [], "cases": []}'), 2,
-          "duplicate key 'cases'"),
-    Trial("baseline-duplicate-key", _baseline('{"schema": "bsa-compare/1", "schema": "x", "cases": []}'), 2,
-          "duplicate key 'schema'"),
+    Trial(
+        "merge-duplicate-key",
+        _report('{"schema": "bsa-compare/1", "cases": [], "cases": []}'),
+        2,
+        "duplicate key 'cases'",
+    ),
+    Trial(
+        "baseline-duplicate-key",
+        _baseline('{"schema": "bsa-compare/1", "schema": "x", "cases": []}'),
+        2,
+        "duplicate key 'schema'",
+    ),
     # ---- item 9: what a report may cost to read ----
     Trial("merge-empty-objects", _report("[" + "{}, " * (4 << 20) + "{}]"), 2, "objects and arrays in"),
     Trial("baseline-empty-objects", _baseline("[" + "{}, " * (4 << 20) + "{}]"), 2, "objects and arrays in"),
     # ---- item 12: a status line is a decimal integer in ASCII digits ----
     Trial("binary-status-underscore", _binary("grads(); put('status.txt', b'0_0')"), 3, "not a decimal aclnn status"),
-    Trial("binary-status-arabic-indic", _binary("grads(); put('status.txt', '\\u0660'.encode())"), 3,
-          "not a decimal aclnn status"),
-    Trial("binary-status-fullwidth", _binary("grads(); put('status.txt', '\\uff10'.encode())"), 3,
-          "not a decimal aclnn status"),
+    Trial(
+        "binary-status-arabic-indic",
+        _binary("grads(); put('status.txt', '\\u0660'.encode())"),
+        3,
+        "not a decimal aclnn status",
+    ),
+    Trial(
+        "binary-status-fullwidth",
+        _binary("grads(); put('status.txt', '\\uff10'.encode())"),
+        3,
+        "not a decimal aclnn status",
+    ),
     Trial("binary-status-plus", _binary("grads(); put('status.txt', b'+0')"), 3, "not a decimal aclnn status"),
     Trial("status-underscore-compare", _after_run(_status_line("0_0\n")), 3, "not a decimal aclnn status"),
     Trial("status-fullwidth-compare", _after_run(_status_line("\uff10\n")), 3, "not a decimal aclnn status"),
-]  # fmt: skip
+]
 
 
 def test_round_two_ids_are_unique() -> None:
@@ -724,34 +893,58 @@ ROUND2_NAMES = [
     Trial("merge-verdict-lowercase", _judged_report(_verdict("pass")), 2, "has the verdict 'pass'"),
     Trial("merge-verdict-empty", _judged_report(_verdict("")), 2, "has the verdict ''"),
     Trial("baseline-verdict-lol", _judged_report(_verdict("lol"), "baseline"), 2, "has the verdict 'lol'"),
-    Trial("merge-output-bytes-text", _judged_report(lambda d: d["cases"][0].update(output_bytes="12")), 2,
-          "expected an integer"),
+    Trial(
+        "merge-output-bytes-text",
+        _judged_report(lambda d: d["cases"][0].update(output_bytes="12")),
+        2,
+        "expected an integer",
+    ),
     Trial("merge-errors-string", _judged_report(lambda d: d["cases"][0].update(errors="oops")), 2, "expected a list"),
     # ---- item 10: a .npy header with negative dimensions ----
-    Trial("mask-negative-dims", _mask("m.npy", ("m.npy", _npy_header("|u1", (-2, -3)) + b"\0" * 6)), 2,
-          "a dimension is negative"),
+    Trial(
+        "mask-negative-dims",
+        _mask("m.npy", ("m.npy", _npy_header("|u1", (-2, -3)) + b"\0" * 6)),
+        2,
+        "a dimension is negative",
+    ),
     # ---- item 11: names ----
     Trial("name-final-newline", _spec("validate", name="abc\n"), 2, "may hold only letters"),
     Trial("name-final-newline-gen", _spec(name="abc\n"), 2, "may hold only letters"),
     Trial("layout-final-newline", _spec("validate", layout="BNSD\n", expect=161002), 2, "not a layout string"),
-    Trial("names-differ-in-case", _text(yaml.safe_dump({"defaults": BASE, "cases": [{"name": "Case"},
-                                                                                    {"name": "case"}]})), 2,
-          "only in upper and lower case"),
-    Trial("matrix-dtype-case", _spec("validate", matrix={"dtype": ["fp16", "FP16"]}), 2,
-          "only in upper and lower case"),
+    Trial(
+        "names-differ-in-case",
+        _text(yaml.safe_dump({"defaults": BASE, "cases": [{"name": "Case"}, {"name": "case"}]})),
+        2,
+        "only in upper and lower case",
+    ),
+    Trial(
+        "matrix-dtype-case", _spec("validate", matrix={"dtype": ["fp16", "FP16"]}), 2, "only in upper and lower case"
+    ),
     Trial("manifest-name-newline", _manifest(_set("name", "p\n")), 3, "cannot name a case"),
     Trial("manifest-name-newline-compare", _manifest(_set("name", "p\n"), "compare"), 3, "cannot name a case"),
     Trial("two-folders-one-name", _twin_folders, 2, "names the case 'p', as the manifest of"),
     Trial("merge-name-twice", _judged_report(lambda d: d["cases"].append(d["cases"][0])), 2, "appears 2 times"),
-    Trial("baseline-name-twice", _judged_report(lambda d: d["cases"].append(d["cases"][0]), "baseline"), 2,
-          "appears 2 times"),
+    Trial(
+        "baseline-name-twice",
+        _judged_report(lambda d: d["cases"].append(d["cases"][0]), "baseline"),
+        2,
+        "appears 2 times",
+    ),
     # ---- item 12: empty_rows within the case's query blocks ----
-    Trial("empty-rows-beyond", _spec("validate", sparsity={"pattern": "dense", "empty_rows": [0, 2]}), 2,
-          "index 2 is beyond the case's 2 query-block rows"),
-    Trial("empty-rows-huge", _spec("validate", sparsity={"pattern": "dense", "empty_rows": [10**30]}), 2,
-          "is beyond the case's 2 query-block rows"),
+    Trial(
+        "empty-rows-beyond",
+        _spec("validate", sparsity={"pattern": "dense", "empty_rows": [0, 2]}),
+        2,
+        "index 2 is beyond the case's 2 query-block rows",
+    ),
+    Trial(
+        "empty-rows-huge",
+        _spec("validate", sparsity={"pattern": "dense", "empty_rows": [10**30]}),
+        2,
+        "is beyond the case's 2 query-block rows",
+    ),
     Trial("empty-rows-last-ok", _spec(sparsity={"pattern": "dense", "empty_rows": [1]}), 0, "generated 1 case in"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("trial", ROUND2_NAMES, ids=[t.id for t in ROUND2_NAMES])
@@ -770,8 +963,9 @@ def _bsa(*args: str, limit: int | None = None, code: str | None = None) -> Any:
             resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
 
     program = code or "import sys; from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()"
-    return subprocess.run([sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=120,
-                          preexec_fn=preexec)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", program, *args], capture_output=True, text=True, timeout=120, preexec_fn=preexec
+    )
 
 
 def test_an_address_space_limit_too_small_for_the_libraries_is_one_error_line() -> None:
@@ -782,9 +976,11 @@ def test_an_address_space_limit_too_small_for_the_libraries_is_one_error_line() 
 
 
 def test_a_library_that_cannot_load_is_one_error_line() -> None:
-    fail = ("import sys\nclass Fail:\n    def find_spec(self, name, *a):\n"
-            "        if name == 'numpy': raise MemoryError()\nsys.meta_path.insert(0, Fail())\n"
-            "from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()\n")  # fmt: skip
+    fail = (
+        "import sys\nclass Fail:\n    def find_spec(self, name, *a):\n"
+        "        if name == 'numpy': raise MemoryError()\nsys.meta_path.insert(0, Fail())\n"
+        "from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()\n"
+    )
     result = _bsa("validate", "cases/smoke.yaml", code=fail)
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("Error: out of memory while loading bsa's libraries")
@@ -798,8 +994,15 @@ def test_bsa_starts_under_an_address_space_limit_it_can_work_in() -> None:
 
 # ---- item 3 and the Ctrl-C item: signals; no process outlives bsa, nothing half-written ----------------
 
-MEDIUM = {"layout": "TND", "num_heads": 8, "num_kv_heads": 2, "head_dim": 64, "block_shape": [64, 64],
-          "dtype": "fp16", "sparsity": {"pattern": "dense"}}  # fmt: skip
+MEDIUM = {
+    "layout": "TND",
+    "num_heads": 8,
+    "num_kv_heads": 2,
+    "head_dim": 64,
+    "block_shape": [64, 64],
+    "dtype": "fp16",
+    "sparsity": {"pattern": "dense"},
+}
 
 
 def _proc_state(pid: int) -> tuple[str, int] | None:
@@ -862,14 +1065,20 @@ def _start_bsa(*args: str) -> Any:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # a background job of a shell ignores SIGINT
 
     program = "import sys; from bsa_cli.__main__ import run; sys.argv[0] = 'bsa'; run()"
-    return subprocess.Popen([sys.executable, "-c", program, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=default_interrupt)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", program, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=default_interrupt,
+    )
 
 
 def _gen_medium(root: Path, names: list[str], length: int) -> Path:
     spec = root / "medium.yaml"
-    cases = [{**MEDIUM, "name": name, "actual_seq_lengths": [length, length], "seed": i}
-             for i, name in enumerate(names)]
+    cases = [
+        {**MEDIUM, "name": name, "actual_seq_lengths": [length, length], "seed": i} for i, name in enumerate(names)
+    ]
     spec.write_text(yaml.safe_dump({"cases": cases}))
     result = CliRunner().invoke(main, ["gen", str(spec), "-o", str(root / "out"), "-j", "2"])
     assert result.exit_code == 0, result.output
@@ -951,10 +1160,14 @@ def test_sigterm_to_gen_ends_its_workers_and_leaves_no_case_half_done(tmp_path: 
     proc = _start_bsa("gen", str(spec), "-o", str(out), "-j", "2")
     workers: set[int] = set()
     try:
-        workers = _wait_for(lambda: {p for p in _descendants(proc.pid)} if len(_descendants(proc.pid)) >= 2 else None,
-                            60, "the workers to start")  # fmt: skip
-        _wait_for(lambda: out.is_dir() and any(p.name.startswith(".") for p in out.iterdir()), 60,
-                  "a case to be under way")  # fmt: skip
+        workers = _wait_for(
+            lambda: {p for p in _descendants(proc.pid)} if len(_descendants(proc.pid)) >= 2 else None,
+            60,
+            "the workers to start",
+        )
+        _wait_for(
+            lambda: out.is_dir() and any(p.name.startswith(".") for p in out.iterdir()), 60, "a case to be under way"
+        )
         proc.terminate()
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 143, err
@@ -976,8 +1189,11 @@ def test_compare_workers_and_resource_tracker_end_with_compare(signum: int, medi
     proc = _start_bsa("compare", str(medium), "-j", "2")
     helpers: set[int] = set()
     try:
-        helpers = _wait_for(lambda: _descendants(proc.pid) if len(_descendants(proc.pid)) >= 2 else None, 60,
-                            "the worker and the resource tracker to start")  # fmt: skip
+        helpers = _wait_for(
+            lambda: _descendants(proc.pid) if len(_descendants(proc.pid)) >= 2 else None,
+            60,
+            "the worker and the resource tracker to start",
+        )
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == (-9 if signum == 9 else 143), err
@@ -1009,7 +1225,7 @@ def _binary_swaps(which: str) -> Callable[[Sandbox], list[str]]:
         box.victim.mkdir(exist_ok=True)
         fake = _fake_outputs(box)
         folder = "out" if which == "run" else "os.path.dirname(out)"
-        body = (GOOD_BINARY + f"\nimport shutil\nshutil.rmtree({folder})\nos.symlink({str(fake)!r}, {folder})")
+        body = GOOD_BINARY + f"\nimport shutil\nshutil.rmtree({folder})\nos.symlink({str(fake)!r}, {folder})"
         return ["run", str(box.cases("p")), "--binary", box.binary(body)]
 
     return setup
@@ -1024,7 +1240,7 @@ ROUND2_LINKS = [
     Trial("binary-swaps-run-folder", _binary_swaps("run"), 3, "(run folder) is a symbolic link after the binary ran"),
     Trial("binary-swaps-outputs", _binary_swaps("outputs"), 3, "(output folder) is a symbolic link after the binary"),
     Trial("outputs-changed-after-run", _after_run(_rewrite_dq), 3, "changed after the run"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("trial", ROUND2_LINKS, ids=[t.id for t in ROUND2_LINKS])
@@ -1096,8 +1312,9 @@ def _kill_gen_while_replacing(tmp_path: Path, where: str) -> tuple[Path, Path]:
     out = tmp_path / "out"
     assert CliRunner().invoke(main, ["gen", str(spec), "-o", str(out)]).exit_code == 0
     spec.write_text(yaml.safe_dump({"cases": [{**BASE, "name": "p", "seed": 7}]}))  # p is generated again
-    killed = subprocess.run([sys.executable, "-c", _KILLED_GEN, where, str(spec), str(out)], capture_output=True,
-                            text=True, timeout=120)  # fmt: skip
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_GEN, where, str(spec), str(out)], capture_output=True, text=True, timeout=120
+    )
     assert killed.returncode == 137, killed.stderr
     return spec, out
 
@@ -1105,8 +1322,11 @@ def _kill_gen_while_replacing(tmp_path: Path, where: str) -> tuple[Path, Path]:
 def test_kill_between_the_renames_keeps_a_complete_copy_and_compare_notices(tmp_path: Path) -> None:
     spec, out = _kill_gen_while_replacing(tmp_path, "between-renames")
     assert not (out / "p").exists()  # the moment the issue found: p under neither name
-    copies = [p for p in out.iterdir() if p.name.startswith(".p.") and ((p / "case" / "case.json").is_file()
-                                                                        or (p / "case.json").is_file())]  # fmt: skip
+    copies = [
+        p
+        for p in out.iterdir()
+        if p.name.startswith(".p.") and ((p / "case" / "case.json").is_file() or (p / "case.json").is_file())
+    ]
     assert copies, sorted(os.listdir(out))
     compared = _invoke(["compare", str(out)])
     assert compared.exit_code == 3, compared.output
@@ -1183,12 +1403,15 @@ def _txt_link(box: Sandbox) -> list[str]:
 ROUND2_TXT = [
     Trial("case-txt-output-climbs", _tampered_txt("output", "dq", lambda b: "../../../victim/dq.bin"), 0, "1 ok"),
     Trial("case-txt-output-absolute", _tampered_txt("output", "dq", lambda b: str(b.victim / "dq.bin")), 0, "1 ok"),
-    Trial("case-txt-input-foreign", _tampered_txt("input", "query", lambda b: "../../victim/precious.txt"), 0,
-          "1 ok"),
+    Trial("case-txt-input-foreign", _tampered_txt("input", "query", lambda b: "../../victim/precious.txt"), 0, "1 ok"),
     Trial("case-txt-is-a-link", _txt_link, 0, "1 ok"),
-    Trial("case-txt-is-a-folder", _case_file(lambda c, b: ((c / "case.txt").unlink(), (c / "case.txt").mkdir())),
-          3, "case.txt from case.json"),
-]  # fmt: skip
+    Trial(
+        "case-txt-is-a-folder",
+        _case_file(lambda c, b: ((c / "case.txt").unlink(), (c / "case.txt").mkdir())),
+        3,
+        "case.txt from case.json",
+    ),
+]
 
 
 @pytest.mark.parametrize("trial", ROUND2_TXT, ids=[t.id for t in ROUND2_TXT])

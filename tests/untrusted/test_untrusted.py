@@ -97,8 +97,10 @@ def test_generate_case_writes_only_a_child_of_out(tmp_path: Path, name: str) -> 
 @pytest.mark.parametrize(
     "section, name", [("inputs", "query"), ("golden", "dq"), ("benchmark", "dk"), ("outputs", "dv")]
 )
-@pytest.mark.parametrize("bad, problem", [("/tmp/x.bin", "absolute path"), ("../../x.bin", "'..'"),
-                                          ("inputs/../../x.bin", "'..'"), (".", "folder itself")])  # fmt: skip
+@pytest.mark.parametrize(
+    "bad, problem",
+    [("/tmp/x.bin", "absolute path"), ("../../x.bin", "'..'"), ("inputs/../../x.bin", "'..'"), (".", "folder itself")],
+)
 def test_a_manifest_file_outside_its_folder_is_an_error_naming_the_entry(
     out: Path, section: str, name: str, bad: str, problem: str
 ) -> None:
@@ -122,9 +124,7 @@ def test_a_symlink_leading_out_of_the_case_is_refused(out: Path, tmp_path: Path)
 
 
 @pytest.mark.parametrize("negative", [False, True])
-def test_the_reference_device_never_writes_or_deletes_outside_the_output_folder(
-    tmp_path: Path, negative: bool
-) -> None:
+def test_the_reference_device_never_writes_or_deletes_outside_the_output_folder(tmp_path: Path, negative: bool) -> None:
     folder = victim(tmp_path)
     fields = {"name": "n", "dtype": "float32", "expect": 161002} if negative else {"name": "n"}
     assert invoke("gen", write_spec(tmp_path / "specs", fields), "-o", tmp_path / "out").exit_code == 0
@@ -201,8 +201,17 @@ def test_a_small_alias_is_still_fine_and_an_error_prints_its_value_short(tmp_pat
 
 
 def test_a_matrix_bomb_is_refused_and_max_cases_raises_the_limit(tmp_path: Path) -> None:
-    keys = ("seed", "head_dim", "num_heads", "q_seq_len", "kv_seq_len", "batch", "sparsity.window",
-            "sparsity.stride", "num_kv_heads")  # fmt: skip
+    keys = (
+        "seed",
+        "head_dim",
+        "num_heads",
+        "q_seq_len",
+        "kv_seq_len",
+        "batch",
+        "sparsity.window",
+        "sparsity.stride",
+        "num_kv_heads",
+    )
     bomb_path = write_spec(tmp_path / "bomb", {"matrix": {k: list(range(1, 11)) for k in keys}})
     tracemalloc.start()
     try:
@@ -333,8 +342,9 @@ def test_ctrl_c_while_gen_workers_start_or_run_leaves_no_traceback(tmp_path: Pat
 
 def test_a_folder_named_like_a_log_or_record_made_by_a_binary_is_no_crash(out: Path, tmp_path: Path) -> None:
     binary = tmp_path / "device.sh"
-    binary.write_text('#!/bin/sh\nmkdir "$2/run.json" "$2/stderr.log" "$2/stdout.log"\n'
-                      "printf '161002\\n' > \"$2/status.txt\"\n")  # fmt: skip
+    binary.write_text(
+        '#!/bin/sh\nmkdir "$2/run.json" "$2/stderr.log" "$2/stdout.log"\nprintf \'161002\\n\' > "$2/status.txt"\n'
+    )
     binary.chmod(0o755)
     result = invoke("run", out, "--binary", binary)
     assert result.exit_code == 0, result.output
@@ -373,8 +383,14 @@ def test_a_tnd_case_with_no_batch_is_refused(tmp_path: Path) -> None:
         specs.load_specs([path])
 
 
-@pytest.mark.parametrize("fields, key", [({"scale": 1e300}, "scale"), ({"init": {"std": 1e300}}, "init.query"),
-                                         ({"dtype": "bf16", "init": {"std": 1e19}}, "init")])  # fmt: skip
+@pytest.mark.parametrize(
+    "fields, key",
+    [
+        ({"scale": 1e300}, "scale"),
+        ({"init": {"std": 1e300}}, "init.query"),
+        ({"dtype": "bf16", "init": {"std": 1e19}}, "init"),
+    ],
+)
 def test_values_whose_golden_cannot_be_finite_are_refused(tmp_path: Path, fields: dict, key: str) -> None:
     with pytest.raises(SpecError, match=f"key '{key}'.*cannot be finite"):
         specs.load_specs([write_spec(tmp_path, fields)])
@@ -393,8 +409,10 @@ def test_gen_says_so_when_a_golden_is_not_finite_anyway(tmp_path: Path) -> None:
 
 def test_a_binary_log_keeps_its_head_and_tail_and_says_how_much_was_cut(out: Path, tmp_path: Path) -> None:
     binary = tmp_path / "chatty.py"
-    binary.write_text(f"#!{sys.executable}\nimport sys\nsys.stdout.write('h' * 100 + 'x' * (5 << 20) + 't' * 100)\n"
-                      "open(sys.argv[2] + '/status.txt', 'w').write('161002')\n")  # fmt: skip
+    binary.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.stdout.write('h' * 100 + 'x' * (5 << 20) + 't' * 100)\n"
+        "open(sys.argv[2] + '/status.txt', 'w').write('161002')\n"
+    )
     binary.chmod(0o755)
     assert invoke("run", out / "a", "--binary", binary).exit_code == 0
     log = (out / "a" / "outputs" / "stdout.log").read_bytes()
@@ -406,8 +424,9 @@ def test_a_binary_log_keeps_its_head_and_tail_and_says_how_much_was_cut(out: Pat
 
 def test_status_txt_is_read_up_to_a_bound(out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     binary = tmp_path / "status.py"
-    binary.write_text(f"#!{sys.executable}\nimport sys\nopen(sys.argv[2] + '/status.txt', 'w').write("
-                      "'161002\\n' + 'm' * 100000)\n")  # fmt: skip
+    binary.write_text(
+        f"#!{sys.executable}\nimport sys\nopen(sys.argv[2] + '/status.txt', 'w').write('161002\\n' + 'm' * 100000)\n"
+    )
     binary.chmod(0o755)
     monkeypatch.setattr(record, "STATUS_MAX_BYTES", 1000)
     result = devices.run_case(out / "a", devices.RunOptions(device=devices.create(binary=binary)))
@@ -441,11 +460,14 @@ EXTREME = {
     "heads-1e5-d1": ({"num_heads": 10**5, "head_dim": 1, "q_seq_len": 16}, 19.2, 640.0),
     "tnd-200k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 200_000}, 56.2, 3174.0),
     "tnd-20k-batches": ({"layout": "TND", "q_seq_len": None, "actual_seq_lengths": [16] * 20_000}, 5.7, 361.0),
-    "block-1x1-random": ({"q_seq_len": 2048, "block_shape": [1, 1],
-                          "sparsity": {"pattern": "random", "density": 0.1}}, 0.93, 86.0),
+    "block-1x1-random": (
+        {"q_seq_len": 2048, "block_shape": [1, 1], "sparsity": {"pattern": "random", "density": 0.1}},
+        0.93,
+        86.0,
+    ),
     "block-1x1-causal": ({"q_seq_len": 4096, "block_shape": [1, 1], "sparsity": {"pattern": "causal"}}, 2.1, 151.0),
     "block-1-rows": ({"q_seq_len": 65536, "kv_seq_len": 16, "block_shape": [1, 16]}, 7.7, 81.0),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(EXTREME))

@@ -236,9 +236,7 @@ def _check_params(
     if q_input_layout == "TND" and not actual_seq_lengths:
         raise RuntimeError(f"actual_seq_lengths must be specified when q_input_layout is TND{_ops_param_error()}")
     if kv_input_layout == "TND" and not actual_seq_lengths_kv:
-        raise RuntimeError(
-            f"actual_seq_lengths_kv must be specified when kv_input_layout is TND{_ops_param_error()}"
-        )
+        raise RuntimeError(f"actual_seq_lengths_kv must be specified when kv_input_layout is TND{_ops_param_error()}")
 
 
 def _aclnn_status(tensors: dict[str, torch.Tensor | None], params: dict[str, Any]) -> tuple[int, str]:
@@ -422,9 +420,19 @@ def _npu_block_sparse_attention_backward(
     assert d_out is not None and query is not None and key is not None and value is not None
     assert attention_out is not None and softmax_lse is not None and block_sparse_mask is not None
     grads = _backward(
-        d_out, query, key, value, attention_out, softmax_lse, block_sparse_mask, shape,
-        actual_seq_lengths, actual_seq_lengths_kv, q_input_layout, scale_value,
-    )  # fmt: skip
+        d_out,
+        query,
+        key,
+        value,
+        attention_out,
+        softmax_lse,
+        block_sparse_mask,
+        shape,
+        actual_seq_lengths,
+        actual_seq_lengths_kv,
+        q_input_layout,
+        scale_value,
+    )
     if fault == "wrong-dtype":
         grads = tuple(g.float() for g in grads)  # type: ignore[assignment]
     for grad in grads:
