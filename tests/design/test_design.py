@@ -47,8 +47,15 @@ COMPARE_ORDER = (
 )
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
 
-MAX_LINES = 1300
-"""No module of bsa_cli is longer: past this, it holds more than one job (docs/design.md)."""
+MAX_LINES = 600
+"""No module of bsa_cli is longer unless LONG_MODULES names it: past this, it holds more than one job."""
+
+LONG_MODULES = {
+    "bsa_cli.store": 650,  # the files of a case folder: made, found and checked in one place
+    "bsa_cli.specs.fields": 650,  # one reader per spec key: splitting them would split the key table
+    "bsa_cli.compare.diagnose.patterns": 700,  # the causes scored from the error's shape, one function each
+}
+"""Modules that may pass MAX_LINES, with their own bound, each for the reason docs/design.md gives."""
 
 
 def module_name(path: Path) -> str:
@@ -176,7 +183,8 @@ def module_lengths(root: Path = PACKAGE) -> dict[str, int]:
 
 
 def too_long(lengths: Mapping[str, int], limit: int = MAX_LINES) -> list[str]:
-    return [f"{module}: {n} lines (at most {limit})" for module, n in lengths.items() if n > limit]
+    bounds = {module: LONG_MODULES.get(module, limit) for module in lengths}
+    return [f"{module}: {n} lines (at most {bounds[module]})" for module, n in lengths.items() if n > bounds[module]]
 
 
 def test_no_module_outgrows_one_job() -> None:
