@@ -111,7 +111,7 @@ def _recorded_fault_note(output_dir: Path) -> tuple[bool, str | None]:
     gives when the fault did not apply (None: it applied).
 
     The reference device records it as `device.fault_not_applied`; records written before that key existed
-    say nothing (False), and the caller works the answer out from the fault itself."""
+    say nothing (False)."""
     try:
         device = _load_record(output_dir)["device"]
     except (DataError, KeyError, TypeError):

@@ -296,7 +296,7 @@ def _judge_case(
     if stale:
         return error(name, stale, **known)
     if known.get("fault"):
-        known["notes"] = _fault_notes(str(known["fault"]), case, opened.block_mask, output_dir)
+        known["notes"] = _fault_notes(output_dir)
     known["kernel_notes"] = manifest.notes
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
@@ -339,19 +339,12 @@ class _LazyInputs(Mapping[str, np.ndarray]):
         return len(self.entries)
 
 
-def _fault_notes(fault: str, case: Case, block_mask: np.ndarray, output_dir: Path | None) -> tuple[str, ...]:
+def _fault_notes(output_dir: Path | None) -> tuple[str, ...]:
     """Return a note when the planted fault does not apply to the case (the device ran it clean), as the
-    reference device recorded it in run.json; a record of an older bsa does not say, and the fault's
-    geometry answers instead (`devices.faults`, pure)."""
+    reference device recorded it in run.json (`device.fault_not_applied`). Judging never asks a device: a
+    record of a bsa older than that key does not say, and gets no note."""
     recorded, reason = _recorded_fault_note(output_dir) if output_dir is not None else (False, None)
-    if not recorded:
-        from ..devices.faults import fault_not_applied  # only records written before run.json said it
-
-        try:
-            reason = fault_not_applied(fault, case, block_mask)
-        except ValueError:  # a fault this bsa does not know (a record of another version)
-            return ()
-    return () if reason is None else (reason,)
+    return (reason,) if recorded and reason is not None else ()
 
 
 def selection(case: Case, block_mask: np.ndarray) -> Selection | None:

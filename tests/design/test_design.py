@@ -142,6 +142,16 @@ def test_imports_flow_one_way() -> None:
     assert import_violations(source_imports()) == []
 
 
+def test_judging_never_imports_a_device() -> None:
+    """compare reads what a device recorded (run.json), never the device: not even lazily."""
+    found = {
+        module: sorted(t for t in targets if t == "bsa_cli.devices" or t.startswith("bsa_cli.devices."))
+        for module, targets in source_imports().items()
+        if module.startswith("bsa_cli.compare")
+    }
+    assert {module: targets for module, targets in found.items() if targets} == {}
+
+
 def test_every_module_of_compare_has_its_place_in_the_order() -> None:
     compare = PACKAGE / "compare"
     packages = {p.parent.name for p in compare.glob("*/__init__.py")}
