@@ -152,6 +152,38 @@ def test_judging_never_imports_a_device() -> None:
     assert {module: targets for module, targets in found.items() if targets} == {}
 
 
+INNER_ORDERS = {
+    "bsa_cli.specs": ("safe_yaml", "fields", "expand", "build", "load"),
+    "bsa_cli.golden": ("numerics", "paths", "walk", "compute"),
+}
+"""The modules of other packages, in the order data flows through them: each imports only those before it
+(the package's `__init__`, its face, hands on names and imports any of them)."""
+
+
+def inner_order_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
+    problems = []
+    for package, order in INNER_ORDERS.items():
+        for module, targets in sorted(imports.items()):
+            if not module.startswith(f"{package}."):
+                continue
+            for target in sorted(t for t in targets if t.startswith(f"{package}.") and t != module):
+                inner, target_inner = module.rpartition(".")[2], target.rpartition(".")[2]
+                if target_inner in order and order.index(target_inner) >= order.index(inner):
+                    problems.append(f"{module} imports {target}: later in {package}'s order")
+    return problems
+
+
+def test_packages_keep_their_inner_order() -> None:
+    for package, order in INNER_ORDERS.items():
+        folder = PACKAGE / package.split(".", 1)[1]
+        assert {p.stem for p in folder.glob("*.py")} - {"__init__"} == set(order), package
+    assert inner_order_violations(source_imports()) == []
+    planted = {"bsa_cli.golden.numerics": {"bsa_cli.golden.walk"}}
+    assert inner_order_violations(planted) == [
+        "bsa_cli.golden.numerics imports bsa_cli.golden.walk: later in bsa_cli.golden's order"
+    ]
+
+
 def test_every_module_of_compare_has_its_place_in_the_order() -> None:
     compare = PACKAGE / "compare"
     packages = {p.parent.name for p in compare.glob("*/__init__.py")}
