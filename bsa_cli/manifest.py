@@ -133,17 +133,20 @@ class Manifest(Mapping[str, Any]):
         return self.raw.get("compare")
 
     @property
+    def _generator(self) -> Mapping[str, Any]:
+        found = self.raw.get("generator")
+        return found if isinstance(found, Mapping) else {}
+
+    @property
     def seed(self) -> int | None:
         """The seed gen drew the inputs with (`generator.seed`), None when not recorded."""
-        found = self.raw.get("generator")
-        seed = found.get("seed") if isinstance(found, Mapping) else None
+        seed = self._generator.get("seed")
         return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
 
     @property
     def fingerprint(self) -> Any:
         """What gen recorded of how it made the case (`generator.fingerprint`): `generate.is_current` asks it."""
-        found = self.raw.get("generator")
-        return found.get("fingerprint") if isinstance(found, Mapping) else None
+        return self._generator.get("fingerprint")
 
     @property
     def thresholds(self) -> Mapping[str, Any]:

@@ -26,6 +26,7 @@ Exit 0 when the trees agree, 1 with one line per difference, 2 for a usage error
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import shutil
@@ -185,9 +186,16 @@ def write_tree(out: Path, checkout: Path, suites: tuple[str, ...]) -> None:
         run(["trend", *jsons, "--html", str(reports / f"{suite}-trend.html")], checkout, term / f"{suite}-trend")
 
 
+@functools.cache
+def checkout_of(root: Path) -> str | None:
+    """Return the checkout whose bsa wrote the tree at `root` (`write` records it), None if unknown."""
+    path = root / "checkout.txt"
+    return path.read_text().strip() if path.is_file() else None
+
+
 def normalised(data: bytes, root: Path, name: str) -> bytes:
     """Return a file's bytes with its tree's root, the checkout that wrote it and VOLATILE blanked."""
-    checkout = (root / "checkout.txt").read_text().strip() if (root / "checkout.txt").is_file() else None
+    checkout = checkout_of(root)
     data = data.replace(str(root).encode(), b"<ROOT>")
     if checkout:
         data = data.replace(checkout.encode(), b"<CHECKOUT>")

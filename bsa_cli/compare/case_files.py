@@ -106,20 +106,18 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     return info
 
 
-def _recorded_fault_note(output_dir: Path) -> tuple[bool, str | None]:
-    """Return whether the run record says if its planted fault applied to the case, and the sentence it
-    gives when the fault did not apply (None: it applied).
+def recorded_fault_notes(output_dir: Path) -> tuple[str, ...]:
+    """Return the sentence the run record gives when its planted fault did not apply to the case (the
+    device ran it clean), else nothing.
 
-    The reference device records it as `device.fault_not_applied`; records written before that key existed
-    say nothing (False)."""
+    The reference device records it as `device.fault_not_applied` (null when the fault applied); records
+    written before that key existed say nothing. Judging never asks a device instead."""
     try:
         device = _load_record(output_dir)["device"]
     except (DataError, KeyError, TypeError):
-        return False, None
-    if not isinstance(device, dict) or "fault_not_applied" not in device:
-        return False, None
-    note = device["fault_not_applied"]
-    return True, clip(note, 1000) if isinstance(note, str) and note else None
+        return ()
+    note = device.get("fault_not_applied") if isinstance(device, dict) else None
+    return (clip(note, 1000),) if isinstance(note, str) and note else ()
 
 
 def _read_run_record(

@@ -26,9 +26,9 @@ from .case_files import (
     _open_arrays,
     _read_run_record,
     _read_status,
-    _recorded_fault_note,
     _run_device_info,
     not_run_message,
+    recorded_fault_notes,
 )
 from .diagnose import diagnose
 from .judge import judge_tensors
@@ -296,7 +296,7 @@ def _judge_case(
     if stale:
         return error(name, stale, **known)
     if known.get("fault"):
-        known["notes"] = _fault_notes(output_dir)
+        known["notes"] = recorded_fault_notes(output_dir) if output_dir is not None else ()
     known["kernel_notes"] = manifest.notes
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
@@ -337,14 +337,6 @@ class _LazyInputs(Mapping[str, np.ndarray]):
 
     def __len__(self) -> int:
         return len(self.entries)
-
-
-def _fault_notes(output_dir: Path | None) -> tuple[str, ...]:
-    """Return a note when the planted fault does not apply to the case (the device ran it clean), as the
-    reference device recorded it in run.json (`device.fault_not_applied`). Judging never asks a device: a
-    record of a bsa older than that key does not say, and gets no note."""
-    recorded, reason = _recorded_fault_note(output_dir) if output_dir is not None else (False, None)
-    return (reason,) if recorded and reason is not None else ()
 
 
 def selection(case: Case, block_mask: np.ndarray) -> Selection | None:

@@ -461,7 +461,7 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     manifest = load_manifest(case_dir)
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    outputs = {name: entry for name, entry in manifest.entries("outputs")}
+    outputs = dict(manifest.entries("outputs"))
     paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
     for path in [output_dir / STATUS_FILE, *paths.values()]:
         if path.is_symlink() or path.is_file():
