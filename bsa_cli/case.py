@@ -13,6 +13,8 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
+from .ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, SOFTMAX_LSE_FLAG_DEFAULT, Op
+
 DTYPES: dict[str, Any] = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -155,10 +157,17 @@ class Init:
 
 @dataclass(frozen=True)
 class Expect:
-    """The aclnn status a case expects: 0 for a valid call, an error code for a negative case."""
+    """The aclnn status a case expects: 0 for a valid call, an error code for a negative case.
+
+    `verdict` and `cause` are for the pair (ops chain and autograd) only: a chain that must fail for a named
+    cause (a pitfall of the pair, cases/chain.yaml) says `verdict: FAIL` and the cause its report must name;
+    compare then passes it when it fails for that cause, and fails it otherwise.
+    """
 
     status: int = 0
     name: str = "ACLNN_SUCCESS"
+    verdict: str = "PASS"  # PASS | FAIL: what judging the pair must conclude
+    cause: str | None = None  # the cause a FAIL must name (docs/compare.md, "The pair")
 
     @property
     def ok(self) -> bool:
@@ -207,6 +216,21 @@ class Case:
     warnings: tuple[str, ...] = ()  # kernel constraints this case is outside of
     release: str = "master"  # the operator release whose rules decide its expected status (interface.RELEASES)
     null_layouts: tuple[str, ...] = ()  # "q", "kv": layouts the call passes as null pointers (shapes follow layout)
+    ops: tuple[Op, ...] = DEFAULT_OPS  # the operator calls the case tests (bsa_cli/ops.py), in OPS order
+    inner_precise: int = INNER_PRECISE_DEFAULT  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
+    softmax_lse_flag: int = SOFTMAX_LSE_FLAG_DEFAULT  # the forward's softmaxLseFlag (1: lse written)
+    op_expect: tuple[tuple[Op, Expect], ...] = ()
+    """Ops whose expected status differs from `expect` (set by specs/build from each op's rules)."""
+    skipped_ops: tuple[tuple[Op, str], ...] = ()
+    """Ops the case lists that their operator refuses while another accepts the case: (op, why), not run."""
+
+    def expect_of(self, op: Op) -> Expect:
+        """Return what one op of the case must return (`op_expect`, else `expect`)."""
+        return dict(self.op_expect).get(op, self.expect)
+
+    def skip_reason(self, op: Op) -> str | None:
+        """Return why the case does not run `op` (its operator refuses what another accepts), or None."""
+        return dict(self.skipped_ops).get(op)
 
     # ---- geometry -------------------------------------------------------------------------------
 

@@ -35,6 +35,13 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("sparsity", "causal_alignment"), "top_left"),
     (("init", "sink"), None),
     (("init", "logit_std"), None),
+    (("expect", "verdict"), "PASS"),
+    (("expect", "cause"), None),
+    (("ops",), ("backward",)),
+    (("inner_precise",), 0),
+    (("softmax_lse_flag",), 1),
+    (("op_expect",), ()),
+    (("skipped_ops",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")

@@ -19,6 +19,7 @@ from . import interface
 from ._version import __version__
 from .case import Case, Expect, TensorOverride
 from .errors import clip
+from .ops import INNER_PRECISE_DEFAULT, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, split_folder_name
 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""
@@ -57,6 +58,35 @@ class Manifest(Mapping[str, Any]):
     @property
     def name(self) -> str:
         return str(self.raw["name"])
+
+    @property
+    def op(self) -> Op:
+        """The operator call this case folder tests (`op`; absent: the backward, as before ops existed)."""
+        op = self.raw.get("op", "backward")
+        return op if op in OPS else "backward"
+
+    @property
+    def case_name(self) -> str:
+        """The name of the case this folder is one op of (`NAME` of `NAME@forward`)."""
+        return split_folder_name(self.name)[0]
+
+    @property
+    def skip(self) -> str | None:
+        """Why gen did not make this op of the case (`skip`: its operator refuses what another op accepts),
+        or None. A skipped folder has no inputs, golden or outputs; no device runs it."""
+        reason = self.raw.get("skip")
+        return clip(reason, 500) if isinstance(reason, str) else None
+
+    @property
+    def forward_params(self) -> Mapping[str, int]:
+        """The forward's own parameters (`params.inner_precise`, `params.softmax_lse_flag`), bsa's defaults
+        where the manifest has none (a backward folder)."""
+        found = {"inner_precise": INNER_PRECISE_DEFAULT, "softmax_lse_flag": SOFTMAX_LSE_FLAG_DEFAULT}
+        for key in found:
+            value = self.params.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                found[key] = value
+        return found
 
     @property
     def spec(self) -> Any:

@@ -13,14 +13,17 @@ from typing import Final, Literal
 
 import numpy as np
 
+from ..ops import Op, split_folder_name
 from .bias import Bias
 from .standards import Settings
 
-Verdict = Literal["PASS", "FAIL", "ERROR"]
-"""A case's verdict: PASS, FAIL, or ERROR (it could not be judged)."""
+Verdict = Literal["PASS", "FAIL", "ERROR", "SKIP"]
+"""A case's verdict: PASS, FAIL, ERROR (it could not be judged), or SKIP (this op of the case is not judged:
+its operator refuses what another op accepts, or the device cannot run it; `errors` says why)."""
 PASS: Final = "PASS"
 FAIL: Final = "FAIL"
 ERROR: Final = "ERROR"
+SKIP: Final = "SKIP"
 
 
 @dataclass(frozen=True)
@@ -281,7 +284,7 @@ class CaseResult:
     status_message: str | None
     checks: tuple[Check, ...]  # case-level: status, run record
     tensors: tuple[TensorResult, ...]
-    errors: tuple[str, ...]  # why an ERROR case could not be judged
+    errors: tuple[str, ...]  # why an ERROR case could not be judged, or why a SKIP is not judged
     output_bytes: int
     seconds: float
     device_kind: str | None = None  # reference | torch_npu | binary (run.json); None when not recorded
@@ -295,6 +298,12 @@ class CaseResult:
     device_cann: str | None = None  # the CANN version the device side ran (run.json device_software), if known
     diagnosis: tuple[Cause, ...] = ()  # a FAIL's likely causes, best first (`compare.diagnose`); a PASS none
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
+    op: Op = "backward"  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
+
+    @property
+    def case_name(self) -> str:
+        """The case this result is one op of (`NAME` of the folder `NAME@forward`)."""
+        return split_folder_name(self.name)[0]
 
     @property
     def passed(self) -> bool:
@@ -310,7 +319,7 @@ class CaseResult:
     @property
     def headline(self) -> str:
         """One line saying what happened: the notes, then the deciding check (or the first error)."""
-        if self.verdict == ERROR:
+        if self.verdict in (ERROR, SKIP):
             main = self.errors[0] if self.errors else ""
         else:
             deciding = self.deciding
@@ -335,7 +344,7 @@ class CaseResult:
     @property
     def message(self) -> str:
         """One line: the errors of an ERROR case, the failed checks of a FAIL, the deciding check of a PASS."""
-        if self.verdict == ERROR:
+        if self.verdict in (ERROR, SKIP):
             return "; ".join(self.errors)
         if self.verdict == FAIL:
             failed = sorted((c for c in self.all_checks if not c.passed), key=lambda c: -c.severity)

@@ -32,7 +32,7 @@ from ..errors import BsaError
 DeviceKind = Literal["reference", "torch_npu", "binary"]
 """How records name the kind of device."""
 
-Outcome = Literal["ok", "nondeterministic", "error", "crashed", "timeout", "interrupted"]
+Outcome = Literal["ok", "nondeterministic", "error", "crashed", "timeout", "interrupted", "skipped"]
 """How running one case ended (a key of `OUTCOMES`)."""
 
 OUTCOMES: dict[Outcome, str] = {
@@ -44,6 +44,8 @@ OUTCOMES: dict[Outcome, str] = {
     "crashed": "the binary was killed by a signal (the reference device: raised an exception)",
     "timeout": "ran past --timeout; its whole process group was killed",
     "interrupted": "stopped by Ctrl-C before it finished",
+    "skipped": "not run: the case folder is an op gen skipped (its operator refuses the case), or an op this "
+    "device cannot run (autograd needs torch_npu); run.json says why and compare reports it as SKIP",
 }
 """Outcome of running one case, and what each means. Only `ok` leaves a result `bsa compare` can judge."""
 
