@@ -16,7 +16,6 @@ one way. This module imports no other module of the CLI but `output`.
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -77,9 +76,7 @@ def load_cases(
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
     with user_errors():
-        cases = load_specs(specs, max_cases, release)
-    if ops is not None:
-        cases = with_ops(cases, ops)
+        cases = load_specs(specs, max_cases, release, None if ops is None else tuple(ops))
     if filters:
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
         if not cases:
@@ -89,15 +86,6 @@ def load_cases(
             index, count = parse_shard(shard_text)
         cases = shard(cases, index, count)
     return cases
-
-
-def with_ops(cases: Sequence[Case], ops: Sequence[Op]) -> list[Case]:
-    """Return the cases with their ops replaced by `ops` (`--ops`).
-
-    Only `Case.ops` is replaced: the expected status and the skip of each op come from the spec's own ops
-    (specs/build); an op the spec did not list is taken as its backward's expectation says.
-    """
-    return [dataclasses.replace(case, ops=tuple(ops)) for case in cases]
 
 
 def select_ops(case_dirs: Sequence[Path], ops: Sequence[Op] | None) -> tuple[list[Path], list[str]]:

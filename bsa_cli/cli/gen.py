@@ -82,9 +82,10 @@ LIST_COLUMNS = (
     "ref s",
     "GiB",
     "expect",
-    "ops",
 )
-"""The columns of `bsa list`, in order ("ops" only where a case lists ops other than the backward alone)."""
+"""The columns of `bsa list`, in order; `OPS_COLUMN` follows them where a case lists other ops than the
+backward alone (a suite of the backward alone shows what it always showed)."""
+OPS_COLUMN = "ops"
 LIST_DROP_ORDER = (
     "MiB in/out",
     "block",
@@ -99,7 +100,6 @@ LIST_DROP_ORDER = (
     "N1/N2",
     "Sq/Skv",
     "dtype",
-    "ops",
 )
 """Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
 (layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
@@ -140,7 +140,7 @@ def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
                 else "0",
                 "GiB": f"{e.peak_memory / 2**30:.2g}",
                 "expect": "ok" if case.expect.ok else str(case.expect.status),
-                "ops": ",".join(case.ops),
+                OPS_COLUMN: ",".join(case.ops),
             }
         )
     return rows
@@ -152,16 +152,16 @@ def _seconds(value: float) -> str:
 
 
 def list_table(rows: Sequence[dict[str, str]], width: int) -> tuple[Table, list[str]]:
-    """Return the table of `bsa list` that fits `width` columns, and the columns it leaves out.
+    """Return the table of `bsa list` that fits `width` columns, and the columns it leaves out (the ops
+    column, where shown, last of all but case, gen s and ref s).
 
     Columns go in LIST_DROP_ORDER until the table fits; no cell is ever wrapped or cut (a case name
     longer than the terminal still shows whole, on a line of its own width).
     """
-    shown = list(LIST_COLUMNS)
-    if all(row.get("ops", ",".join(DEFAULT_OPS)) == ",".join(DEFAULT_OPS) for row in rows):
-        shown.remove("ops")  # a suite of the backward alone shows what it always showed
+    with_ops = any(row[OPS_COLUMN] != ",".join(DEFAULT_OPS) for row in rows)
+    shown = [*LIST_COLUMNS, OPS_COLUMN] if with_ops else list(LIST_COLUMNS)
     hidden: list[str] = []
-    for column in (None, *(c for c in LIST_DROP_ORDER if c in shown)):
+    for column in (None, *LIST_DROP_ORDER, *([OPS_COLUMN] if with_ops else [])):
         if column is not None:
             shown.remove(column)
             hidden.append(column)

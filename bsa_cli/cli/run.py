@@ -179,6 +179,7 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
 @force_option
 @max_cases_option
 @release_option
+@ops_option_for(GEN_OPS_HELP)
 @settings_options(
     standard="Judge every case by this standard (as bsa compare).",
     threshold="Override one threshold of the standard (repeatable), as bsa compare.",
@@ -186,7 +187,6 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
 )
 @report_options
 @verbose_option
-@ops_option_for(GEN_OPS_HELP)
 def check_command(
     specs: tuple[str, ...],
     out: Path,

@@ -11,37 +11,17 @@ import numpy as np
 import pytest
 
 from bsa_cli import generate, golden, store
-from bsa_cli.case import Case, Expect, numpy_dtype
+from bsa_cli.case import Case, Expect
 from bsa_cli.errors import DataError
 from bsa_cli.generate import fingerprint, generate_case, generate_case_ops, generate_suite
-from bsa_cli.rounding import to_dtype
 from tests.helpers import make_case
 
 ALL_OPS = ("forward", "backward", "chain", "autograd")
 
 
-def _forward_stub(case: Case, query, key, value, mask, precision, jobs=1):  # type: ignore[no-untyped-def]
-    """What golden.forward_golden_and_benchmark gives (contract signature), from the float64 forward."""
-    out, lse = golden.forward(case, query, key, value, mask)
-    dtype = numpy_dtype(case.dtype)
-    return out.astype(precision), lse.astype(precision), to_dtype(out, dtype), lse.astype(np.float32)
-
-
-def _chain_stub(case: Case, dout, query, key, value, mask, precision, jobs=1):  # type: ignore[no-untyped-def]
-    """What golden.chain_golden_and_benchmark gives (contract signature): dicts out, lse, dq, dk, dv."""
-    out, lse = golden.forward(case, query, key, value, mask)
-    grads = golden.backward(case, dout, query, key, value, out, lse, mask, precision)
-    gold = {"out": out.astype(precision), "lse": lse.astype(precision)}
-    gold.update(zip(("dq", "dk", "dv"), grads, strict=True))
-    bench_out, bench_lse = to_dtype(out, numpy_dtype(case.dtype)), lse.astype(np.float32)
-    kernel = golden.backward_kernel(case, dout, query, key, value, bench_out, bench_lse, mask)
-    bench = {"out": bench_out, "lse": bench_lse, **dict(zip(("dq", "dk", "dv"), kernel, strict=True))}
-    return gold, bench
-
-
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Count the golden functions' calls; stand in for them where branch fwd-numerics is not merged yet."""
+    """Count the golden functions' calls."""
     counted = {"backward": 0, "forward": 0, "chain": 0}
 
     def counting(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -51,13 +31,12 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
         return call
 
-    for name, attr, stub in (
-        ("backward", "golden_and_benchmark", None),
-        ("forward", "forward_golden_and_benchmark", _forward_stub),
-        ("chain", "chain_golden_and_benchmark", _chain_stub),
+    for name, attr in (
+        ("backward", "golden_and_benchmark"),
+        ("forward", "forward_golden_and_benchmark"),
+        ("chain", "chain_golden_and_benchmark"),
     ):
-        function = getattr(golden, attr, None) or stub
-        monkeypatch.setattr(golden, attr, counting(name, function), raising=False)
+        monkeypatch.setattr(golden, attr, counting(name, getattr(golden, attr)))
     return counted
 
 
@@ -203,12 +182,14 @@ def test_a_suite_regenerates_only_the_folders_that_are_not_current(tmp_path: Pat
 
 
 def test_a_non_finite_golden_writes_no_folder_of_the_case(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    def overflowing(case, query, key, value, mask, precision, jobs=1):  # type: ignore[no-untyped-def]
-        out, lse, bench_out, bench_lse = _forward_stub(case, query, key, value, mask, precision)
+    computed = golden.forward_golden_and_benchmark
+
+    def overflowing(*args: Any) -> Any:
+        out, lse, bench_out, bench_lse = computed(*args)
         out[0, 0, 0, 0] = np.inf
         return out, lse, bench_out, bench_lse
 
-    monkeypatch.setattr(golden, "forward_golden_and_benchmark", overflowing, raising=False)
+    monkeypatch.setattr(golden, "forward_golden_and_benchmark", overflowing)
     with pytest.raises(DataError, match=r"c@forward.*the golden out has 1 non-finite values"):
         generate_case_ops(make_case("c", ops=("forward", "backward")), tmp_path)
     assert not any(tmp_path.iterdir())
