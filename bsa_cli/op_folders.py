@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from .case import Case, TensorOverride
+from .forward_interface import FORWARD_MASK_DTYPE
 from .ops import OPS, Op, split_folder_name
 
 INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
@@ -41,16 +42,17 @@ OP_OUTPUT_NAMES: Mapping[Op, tuple[str, ...]] = {
 """What a device writes in each op's folder (and what its golden and benchmark hold)."""
 CALL_NAMES = {"out": "attention_out", "lse": "softmax_lse"}
 """The forward's outputs by the names of the backward's inputs they are (`Case.tensor_descs`, overrides)."""
-FORWARD_MASK_DTYPE = "int8"
-"""The block mask's dtype in a forward folder: the forward's registered mask dtype (the same bytes)."""
 
 
 def op_case(case: Case, op: Op) -> Case:
-    """Return the case as one op's call sees its tensors: a forward folder's mask is int8 unless a negative
-    case overrides its dtype (`tensor_descs` and `inputs.call_inputs` then give the forward's tensors)."""
-    if op != "forward":
+    """Return the case as one op's call sees its tensors (`tensor_descs`, `inputs.call_inputs`): a forward
+    folder's mask is int8 (`forward_interface.FORWARD_MASK_DTYPE`, the same bytes) whatever dtype the case
+    gives the backward's; a null mask or a shape override applies, as `forward_interface.forward_tensors`
+    has it."""
+    mask = case.override("block_sparse_mask")
+    if op != "forward" or (mask is not None and mask.null):
         return case
-    return replace(case, tensors=(TensorOverride("block_sparse_mask", dtype=FORWARD_MASK_DTYPE), *case.tensors))
+    return replace(case, tensors=(*case.tensors, TensorOverride("block_sparse_mask", dtype=FORWARD_MASK_DTYPE)))
 
 
 def op_problem(document: Mapping[str, Any]) -> str | None:
