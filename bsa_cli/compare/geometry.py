@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from ..manifest import GRAD_NAMES
 
 TILE = 16
 """Side of the cube unit's fractal: the tile the localized check and the hot-block map work in."""
+
+Q_ROWS = ("dq", "out", "lse")
+"""Tensors whose rows are query rows (the others, dk and dv, have kv rows)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class _Geometry:
     block: int
     lengths: tuple[int, ...]
     starts: tuple[int, ...]  # TND token offsets of each batch entry
+    judged: tuple[tuple[int, int], ...] | None = None  # row ranges judged, when not every real row is (`only_rows`)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -51,7 +55,10 @@ class _Geometry:
         return per_row.reshape(-1, self.heads, seq, *tail)[batch, :, :length]
 
     def segments(self) -> list[tuple[int, int]]:
-        """Return the [start, stop) row ranges that hold real positions (all rows unless BNSD padding)."""
+        """Return the [start, stop) row ranges that hold real positions (all rows unless BNSD padding), or
+        the ranges `judged` names (the rows the forward writes)."""
+        if self.judged is not None:
+            return list(self.judged)
         if self.layout == "TND" or all(n == self.shape[2] for n in self.lengths):
             return [(0, self.rows)] if self.rows else []
         seq = self.shape[2]
@@ -84,7 +91,7 @@ class _Geometry:
 
 
 def _geometry(case: Case, name: str) -> _Geometry:
-    kind = "q" if name == "dq" else "kv"
+    kind = "q" if name in Q_ROWS else "kv"
     spans = case.spans()
     if kind == "q":
         shape, heads = case.q_shape, case.num_heads
@@ -131,3 +138,40 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
             else:
                 geom.seq_view(zero, span.batch)[...] = np.repeat(never, y, axis=1)[:, : span.kv_len]
     return result
+
+
+def only_rows(geom: _Geometry, rows: np.ndarray) -> _Geometry:
+    """Return `geom` judging only the rows flagged in `rows` (bool over the tensor's rows), as row ranges."""
+    flags = np.concatenate(([False], np.asarray(rows, dtype=bool).reshape(-1), [False]))
+    edges = np.flatnonzero(flags[1:] != flags[:-1])
+    ranges = tuple((int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True))
+    return replace(geom, judged=ranges)
+
+
+def written_rows(case: Case, block_mask: np.ndarray) -> np.ndarray:
+    """Return the rows the forward writes, as bool of shape `case.q_shape[:-1]`.
+
+    Row (b, n1, s) is written iff s < the actual query length of b (BNSD rows past it are not written,
+    whatever `bnsd_lengths` says of the backward; TND: every token of the entry) and the mask selects a kv
+    block j < ceil(kv_len / Y) in row s // X of head n1 (kv_len > 0). Compare's own copy of the rule
+    `golden.written_rows` implements (docs/compare.md, "The forward and the pair").
+    """
+    x, y = case.block_shape
+    q_lengths = case.actual_seq_lengths or (case.q_seq_len,) * case.batch
+    kv_lengths = case.actual_seq_lengths_kv or (case.kv_seq_len,) * case.batch
+    written = np.zeros(case.q_shape[:-1], dtype=bool)
+    q_start = 0
+    for b, (q_len, kv_len) in enumerate(zip(q_lengths, kv_lengths, strict=True)):
+        if case.layout != "TND":
+            q_len = min(q_len, case.q_seq_len)
+        n_kv = -(-kv_len // y)
+        selected = (np.asarray(block_mask[b, :, :, :n_kv]) != 0).any(axis=2) if kv_len > 0 else None  # [N1, nQ]
+        if selected is not None and q_len > 0:
+            rows = np.repeat(selected, x, axis=1)[:, :q_len]  # [N1, q_len]
+            if case.layout == "TND":
+                written[q_start : q_start + q_len] = rows.T
+            else:
+                written[b, :, :q_len] = rows
+        if case.layout == "TND":
+            q_start += q_len
+    return written
