@@ -18,7 +18,8 @@ import numpy as np
 
 from ..case import Case
 from .buffers import CHUNK_ELEMENTS
-from .geometry import _Geometry, _geometry, only_rows, written_rows
+from ..golden import written_rows
+from .geometry import _Geometry, _geometry, only_rows
 from .judge import _upper, _with_detail, judge_tensor
 from .locate import _worst_elements
 from .metrics import _measure, _Params

@@ -147,31 +147,3 @@ def only_rows(geom: _Geometry, rows: np.ndarray) -> _Geometry:
     ranges = tuple((int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True))
     return replace(geom, judged=ranges)
 
-
-def written_rows(case: Case, block_mask: np.ndarray) -> np.ndarray:
-    """Return the rows the forward writes, as bool of shape `case.q_shape[:-1]`.
-
-    Row (b, n1, s) is written iff s < the actual query length of b (BNSD rows past it are not written,
-    whatever `bnsd_lengths` says of the backward; TND: every token of the entry) and the mask selects a kv
-    block j < ceil(kv_len / Y) in row s // X of head n1 (kv_len > 0). Compare's own copy of the rule
-    `golden.written_rows` implements (docs/compare.md, "The forward and the pair").
-    """
-    x, y = case.block_shape
-    q_lengths = case.actual_seq_lengths or (case.q_seq_len,) * case.batch
-    kv_lengths = case.actual_seq_lengths_kv or (case.kv_seq_len,) * case.batch
-    written = np.zeros(case.q_shape[:-1], dtype=bool)
-    q_start = 0
-    for b, (q_len, kv_len) in enumerate(zip(q_lengths, kv_lengths, strict=True)):
-        if case.layout != "TND":
-            q_len = min(q_len, case.q_seq_len)
-        n_kv = -(-kv_len // y)
-        selected = (np.asarray(block_mask[b, :, :, :n_kv]) != 0).any(axis=2) if kv_len > 0 else None  # [N1, nQ]
-        if selected is not None and q_len > 0:
-            rows = np.repeat(selected, x, axis=1)[:, :q_len]  # [N1, q_len]
-            if case.layout == "TND":
-                written[q_start : q_start + q_len] = rows.T
-            else:
-                written[b, :, :q_len] = rows
-        if case.layout == "TND":
-            q_start += q_len
-    return written

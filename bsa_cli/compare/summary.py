@@ -19,7 +19,8 @@ from .._version import __version__
 from ..case import Case
 from ..manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS
-from .geometry import _geometry, only_rows, written_rows
+from ..golden import written_rows
+from .geometry import _geometry, only_rows
 from .metrics import _measure, _params
 from .results import MSPROBE_FIELDS, ErrorStats
 from .standards import Settings
