@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..case import Case
-from .buffers import CHUNK_ELEMENTS
 from ..golden import written_rows
+from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry, _geometry, only_rows
 from .judge import _upper, _with_detail, judge_tensor
 from .locate import _worst_elements

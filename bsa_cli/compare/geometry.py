@@ -146,4 +146,3 @@ def only_rows(geom: _Geometry, rows: np.ndarray) -> _Geometry:
     edges = np.flatnonzero(flags[1:] != flags[:-1])
     ranges = tuple((int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True))
     return replace(geom, judged=ranges)
-

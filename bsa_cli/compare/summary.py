@@ -17,9 +17,9 @@ import numpy as np
 
 from .._version import __version__
 from ..case import Case
+from ..golden import written_rows
 from ..manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS
-from ..golden import written_rows
 from .geometry import _geometry, only_rows
 from .metrics import _measure, _params
 from .results import MSPROBE_FIELDS, ErrorStats
