@@ -224,7 +224,15 @@ def test_a_chain_reading_padding_rows_fails_naming_them(tmp_path: Path) -> None:
     result = judge(build_judged_op_folder(tmp_path, case, "chain", mask_with_empty_rows(case)))
     assert result.verdict == FAIL
     assert result.deciding is not None and result.deciding.name == "padding-rows-read"
-    assert "read 26 padding rows past the actual lengths [70] of S 96" in result.message
+    assert "read 26 query padding rows past the actual lengths [70] of S 96" in result.message
+
+
+def test_a_chain_reading_kv_padding_names_padding_rows_read(tmp_path: Path) -> None:
+    case = make("pair", actual_seq_lengths=(96,), actual_seq_lengths_kv=(50,), bnsd_lengths="ignored")
+    result = judge(build_judged_op_folder(tmp_path, case, "chain", mask_with_empty_rows(case)))
+    assert result.verdict == FAIL
+    assert result.deciding is not None and result.deciding.name == "padding-rows-read", result.message
+    assert "read 30 key/value padding positions past the actual kv lengths [50] of S 80" in result.message
 
 
 def test_a_chain_that_must_fail_passes_when_it_fails_for_its_cause(tmp_path: Path) -> None:
