@@ -344,6 +344,7 @@ def _judge_case(
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
     causes = pair_causes(case, manifest.forward_params, tensors) if op in PAIR_OPS else []
+    causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks += [*cause_checks(causes), *op_checks]
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)

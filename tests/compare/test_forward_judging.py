@@ -244,6 +244,20 @@ def test_a_chain_that_must_fail_passes_when_it_fails_for_its_cause(tmp_path: Pat
     assert result.expected_failure == result.message and result.message in result.headline
 
 
+def test_the_expected_cause_leads_the_message_when_two_causes_apply(tmp_path: Path) -> None:
+    case = make(
+        "pair", softmax_lse_flag=0, actual_seq_lengths=(70,), actual_seq_lengths_kv=(80,), bnsd_lengths="ignored"
+    )
+    for cause in ("padding-rows-read", "lse-unwritten"):
+        expect = {"verdict": "FAIL", "cause": cause}
+        result = judge(build_judged_op_folder(tmp_path / cause, case, "chain", expect=expect))
+        assert result.verdict == PASS
+        assert result.message.startswith(f"fails as it must: {cause}: ")
+        assert [c.kind for c in result.diagnosis[:2]] == sorted(
+            ("lse-unwritten", "padding-rows-read"), key=lambda kind: kind != cause
+        )
+
+
 def test_a_chain_that_must_fail_fails_when_it_fails_for_another_cause(tmp_path: Path) -> None:
     case = make("pair", softmax_lse_flag=0)
     expect = {"verdict": "FAIL", "cause": "padding-rows-read"}
