@@ -134,6 +134,7 @@ def test_lse_left_unwritten_fails_rows_written(tmp_path: Path) -> None:
     rows = check(result, "rows-written", "lse")
     assert not rows.passed and "rows the forward must write hold NaN/Inf" in rows.detail
     assert not check(result, "nonfinite", "lse").passed
+    assert result.deciding == rows and result.headline.startswith("lse rows-written: 160 of 160 rows the forward must write")
     assert check(result, "rows-written", "out").passed
 
 
