@@ -3,6 +3,7 @@ causes and expected verdict, SKIP (docs/compare.md, "The forward and the pair").
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -134,7 +135,9 @@ def test_lse_left_unwritten_fails_rows_written(tmp_path: Path) -> None:
     rows = check(result, "rows-written", "lse")
     assert not rows.passed and "rows the forward must write hold NaN/Inf" in rows.detail
     assert not check(result, "nonfinite", "lse").passed
-    assert result.deciding == rows and result.headline.startswith("lse rows-written: 160 of 160 rows the forward must write")
+    assert result.deciding == rows and result.headline.startswith(
+        "lse rows-written: 160 of 160 rows the forward must write"
+    )
     assert check(result, "rows-written", "out").passed
 
 
@@ -324,3 +327,64 @@ def test_a_summary_of_the_forward_benchmark_gives_the_same_verdict_and_figures(c
         compare.summarize_benchmark(case, settings, arrays["golden"], arrays["benchmark"])
     out_before = next(t for t in before.tensors if t.name == "out")
     assert out_before.benchmark == summary.stats["out"]
+
+
+def write_summary(case_dir: Path) -> set[str]:
+    """Measure the folder's benchmark as gen would (`summarize_benchmark`) and store it in its case.json."""
+    manifest = load_manifest(case_dir)
+    case = manifest.case
+    arrays = {}
+    for section in ("golden", "benchmark"):
+        arrays[section] = {
+            name: np.fromfile(case_dir / e["file"], dtype=numpy_dtype(e["dtype"])).reshape(e["shape"])
+            for name, e in manifest.entries(section)
+        }
+    entry = manifest.inputs["block_sparse_mask"]
+    mask = np.fromfile(case_dir / entry["file"], dtype=numpy_dtype(entry["dtype"])).reshape(case.mask_shape)
+    summary = compare.summarize_benchmark(
+        case, compare.case_settings(case), arrays["golden"], arrays["benchmark"], mask
+    )
+    document = compare.summary_document(summary)
+    document["tiles"] = {}
+    for name, tiles in summary.tiles.items():
+        data = array_bytes(tiles)
+        (case_dir / f"benchmark/{name}.tiles.bin").write_bytes(data)
+        document["tiles"][name] = {
+            "file": f"benchmark/{name}.tiles.bin",
+            "dtype": "float32",
+            "shape": list(tiles.shape),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    raw = json.loads((case_dir / "case.json").read_text())
+    raw["benchmark_summary"] = document
+    (case_dir / "case.json").write_text(json.dumps(raw))
+    return set(summary.stats)
+
+
+@pytest.mark.parametrize("op", ["forward", "chain"])
+def test_an_op_folder_judged_with_its_summary_gives_the_same_figures(tmp_path: Path, op: str) -> None:
+    case = make("c")
+    case_dir = build_judged_op_folder(tmp_path, case, op, mask_with_empty_rows(case))
+    out = read(case_dir, "out").copy()
+    b, n, s = np.argwhere(written(case_dir))[4]
+    out[b, n, s] = (out[b, n, s].astype(np.float32) + 0.03).astype(out.dtype)
+    rewrite(case_dir, "out", out)
+    without = judge(case_dir)
+    assert write_summary(case_dir) == ({"out"} if op == "forward" else {"out", *GRAD_NAMES})
+    with_summary = judge(case_dir)
+    assert with_summary.verdict == without.verdict == FAIL
+    assert [(c.name, c.tensor, c.value, c.detail) for c in with_summary.all_checks] == [
+        (c.name, c.tensor, c.value, c.detail) for c in without.all_checks
+    ]
+    assert [t.benchmark for t in with_summary.tensors] == [t.benchmark for t in without.tensors]
+
+
+def test_a_summary_without_out_makes_a_forward_folder_an_error(tmp_path: Path) -> None:
+    case_dir = build_judged_op_folder(tmp_path, make("c"), "chain")
+    write_summary(case_dir)
+    raw = json.loads((case_dir / "case.json").read_text())
+    del raw["benchmark_summary"]["stats"]["out"], raw["benchmark_summary"]["tiles"]["out"]
+    (case_dir / "case.json").write_text(json.dumps(raw))
+    result = judge(case_dir)
+    assert result.verdict == compare.ERROR
+    assert "benchmark_summary: no stats of out" in result.errors[0]
