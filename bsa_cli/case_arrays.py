@@ -87,6 +87,8 @@ class OpArrays:
     kernel_range: KernelRange | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     """The mask's statistics (`inputs.mask_stats`) for an op folder's manifest; the backward's are its own."""
+    block_mask: np.ndarray | None = None
+    """An op folder's mask as drawn (the forward's written rows for its benchmark summary); None: the backward."""
 
 
 _OP_PASSES: Mapping[Op, int] = {"backward": _PASSES, "forward": 2, "chain": 4, "autograd": 4}
@@ -149,7 +151,7 @@ def each_op(
                     )
                 gold = dict(zip(("out", "lse"), computed[:2], strict=True))
                 bench = dict(zip(("out", "lse"), computed[2:], strict=True))
-                yield op, OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), stats=stats)
+                yield op, OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), None, None, stats, mask)
             else:
                 if pair is None:
                     kernel_range = golden.KernelRange()
@@ -165,7 +167,7 @@ def each_op(
                             jobs,
                         )
                     pair = OpArrays({}, _lse_shaped(case, gold), _lse_shaped(case, bench), None, kernel_range)
-                yield op, OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats)
+                yield op, OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats, mask)
 
 
 def _lse_shaped(case: Case, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
