@@ -9,8 +9,9 @@ Prints, each as a ratio measured in the same run:
 
 Usage: python benchmarks/gen_cost.py [--base REV] [--spec FILE]... [--filter GLOB]... [--rounds N] [-j N]
 
-Each measurement is `generate.generate_suite` in a fresh process of its own (the wall time of the
-generation only: no interpreter start, no import, the specs already loaded), into an empty folder. BASE's
+Each measurement is `generate.generate_suite` in a fresh process of its own (the wall and CPU time of the
+generation only: no interpreter start, no import, the specs already loaded), into an empty folder, with
+BLAS on one thread (`ONE_THREAD`). BASE's
 code is `git archive`d into a temporary folder, so its process imports BASE's bsa_cli, and this checkout's
 its own. Measurements run in rounds, one of each per round, and each keeps its best round, so a burst of
 load on the shared machine cannot fall on one side of a ratio only. Specs that list `ops:` are read with
@@ -31,6 +32,9 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 
+ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+"""BLAS on one thread in both children: on a shared machine a BLAS thread per core makes times swing several-fold."""
+
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
@@ -42,9 +46,10 @@ specs, filters, ops, out, jobs = json.loads(sys.argv[1])
 cases = load_specs(specs) if ops is None else load_specs(specs, ops=tuple(ops))
 if filters:
     cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 folders = generate_suite(cases, Path(out), jobs=jobs)
-print(json.dumps({"seconds": time.perf_counter() - start, "cases": len(cases), "folders": len(folders)}))
+seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
+print(json.dumps({"seconds": seconds, "cpu": cpu, "cases": len(cases), "folders": len(folders)}))
 """
 
 
@@ -59,7 +64,7 @@ def export(rev: str, into: Path) -> Path:
 def generate(tree: Path, specs: list[str], filters: list[str], ops: list[str] | None, out: Path, jobs: int) -> dict:
     """Generate the suite with the bsa_cli of `tree` in a fresh process; return its seconds and counts."""
     shutil.rmtree(out, ignore_errors=True)
-    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1", **ONE_THREAD}
     argument = json.dumps([specs, filters, ops, str(out), jobs])
     done = subprocess.run(
         [sys.executable, "-c", CHILD, argument], env=env, cwd=tree, check=True, capture_output=True, text=True
@@ -93,25 +98,32 @@ def main() -> None:
             "this: forward,backward": (CHECKOUT, ["forward", "backward"]),
             "this: forward,backward,chain": (CHECKOUT, ["forward", "backward", "chain"]),
         }
-        best: dict[str, float] = {}
+        best: dict[str, dict[str, float]] = {"seconds": {}, "cpu": {}}
         counts: dict[str, dict] = {}
         for round_ in range(args.rounds):
             for label, (tree, ops) in runs.items():
                 found = generate(tree, specs, args.filter, ops, work / label.replace(" ", "_"), args.jobs)
-                best[label] = min(best.get(label, float("inf")), found["seconds"])
+                for kind, figures in best.items():
+                    figures[label] = min(figures.get(label, float("inf")), found[kind])
                 counts[label] = found
-            print(f"round {round_ + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in best.items()), flush=True)
+            shown = ", ".join(f"{k} {v:.2f} s" for k, v in best["seconds"].items())
+            print(f"round {round_ + 1} (best wall so far): {shown}", flush=True)
         identical = same_bytes(work / "base:_backward", work / "this:_backward")
-        plain = best["this: backward"]
         print(f"\ncases: {counts['base: backward']['cases']} of {', '.join(Path(s).name for s in specs)}")
-        print(f"backward-only suite, this / {args.base}: {plain / best['base: backward']:.3f}  (target <= 1.0)")
-        print(f"  {best['base: backward']:.2f} s at {args.base}, {plain:.2f} s here; same bytes: {identical}")
-        for label in ("this: forward,backward", "this: forward,backward,chain"):
-            found = counts[label]
+        for kind, figures in best.items():
+            plain = figures["this: backward"]
+            print(f"{'wall' if kind == 'seconds' else 'CPU'} time, best of {args.rounds} rounds:")
             print(
-                f"{label.removeprefix('this: ')} / backward: {best[label] / plain:.3f}  "
-                f"({best[label]:.2f} s, {found['folders']} folders of {found['cases']} cases)"
+                f"  backward-only suite, this / {args.base}: {plain / figures['base: backward']:.3f}  "
+                f"({figures['base: backward']:.3f} s at {args.base}, {plain:.3f} s here; target <= 1.0)"
             )
+            for label in ("this: forward,backward", "this: forward,backward,chain"):
+                found = counts[label]
+                print(
+                    f"  {label.removeprefix('this: ')} / backward: {figures[label] / plain:.3f}  "
+                    f"({figures[label]:.3f} s, {found['folders']} folders of {found['cases']} cases)"
+                )
+        print(f"backward-only folders byte for byte the same as {args.base}'s: {identical}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
