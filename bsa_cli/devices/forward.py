@@ -93,7 +93,8 @@ def _stacks(width: int, fault: str | None) -> list[tuple[int, int]]:
     bounds = []
     for index, start in enumerate(range(0, width, STACK_COLUMNS)):
         first = start + 1 if fault == "stack-off-by-one" and index > 0 else start
-        bounds.append((first, min(start + STACK_COLUMNS, width)))
+        if first < min(start + STACK_COLUMNS, width):  # a stack of one column loses it altogether
+            bounds.append((first, min(start + STACK_COLUMNS, width)))
     return bounds
 
 
