@@ -233,7 +233,7 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
     nulls = interface.null_layouts(params)
     if nulls:
         names = " and ".join("qInputLayout" if key == "layout" else "kvInputLayout" for key in nulls)
-        return [Violation(nulls[0], f"{names} null", nullptr)]
+        return [Violation(nulls[0], f"{names} {'are' if len(nulls) > 1 else 'is'} null", nullptr)]
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if layout not in LAYOUTS:
         return [Violation("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)]

@@ -90,7 +90,7 @@ def build_case(
     expect = read_expect(r)
     case_ops = read_ops(r)
     _check_ops_keys(r, case_ops, expect, override=ops is not None)
-    case_ops = ops if ops is not None else case_ops
+    case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
     calls_forward = any(op in FORWARD_OPS for op in case_ops)
     inner_precise = read_inner_precise(r, not expect.ok)
     softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
