@@ -388,3 +388,14 @@ def test_chain_yaml_builds_with_every_op() -> None:
     assert by_name["chain-lse-flag-0"].expect_of("forward") == Expect()
     assert by_name["chain-lse-flag-0"].expect_of("autograd").cause == "lse-unwritten"
     assert [op for op, _ in by_name["chain-y64-backward-only"].skipped_ops] == ["forward", "chain", "autograd"]
+
+
+def test_warnings_belong_to_the_ops_whose_kernel_parts_ways_with_the_golden(tmp_path: Path) -> None:
+    lengths = {"actual_seq_lengths": [200], "actual_seq_lengths_kv": [200]}
+    forward_only = one(tmp_path, **{"ops": ["forward"], **lengths})
+    assert forward_only.warnings == ()  # the forward honours the lengths, as the golden does
+    pair = one(tmp_path, **{"ops": ["forward", "backward"], **lengths})
+    assert ["the A2/A3 kernel ignores BNSD lengths" in w for w in pair.warnings] == [True]
+    ignored = one(tmp_path, **{"ops": ["forward"], "bnsd_lengths": "ignored", **lengths})
+    assert [w.split(":")[0] for w in ignored.warnings] == ["forward"]
+    assert "attends only to each entry's first keys" in ignored.warnings[0]
