@@ -256,10 +256,15 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if layout not in LAYOUTS:
         return [Violation("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)]
-    # The kv whitelist reads `qLayout != "BSND"` (sic): with a BSND query any kv string passes it, and the
-    # equality rule below refuses it instead (the same status).
-    if kv_layout not in LAYOUTS and layout != "BSND":
-        return [Violation("kv_layout", f"{kv_layout!r}: kvInputLayout is one of TND, BNSD, BSND", invalid)]
+    # The kv whitelist reads `kvLayout != "TND" && kvLayout != "BNSD" && qLayout != "BSND"` (sic): a BSND kv
+    # layout is refused here unless the query is BSND, and with a BSND query any kv string passes it (the
+    # equality rule below then refuses a different one: the same status).
+    if kv_layout not in ("TND", "BNSD") and layout != "BSND":
+        return [
+            Violation(
+                "kv_layout", f"{kv_layout!r}: kvInputLayout is TND or BNSD (BSND only with a BSND query)", invalid
+            )
+        ]
     if layout != kv_layout:
         return [
             Violation("kv_layout", f"{kv_layout!r} differs from qInputLayout {layout!r}: they must be equal", invalid)
