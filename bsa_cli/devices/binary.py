@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import suggest
+from ..manifest import Manifest
 from ..store import MANIFEST, sha256_file
 from . import software
 from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder
@@ -77,6 +78,11 @@ class BinaryDevice:
             "device_id": str(device_id),
         }
         return [token.format(**values) for token in shlex.split(self.cmd)]
+
+    def unsupported(self, manifest: Manifest) -> str | None:
+        if manifest.op == "autograd":
+            return "a device binary has no autograd (torch_npu's link): run it with --device torch_npu"
+        return None
 
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         return [], None  # its atomic adds choose their own order
