@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import suggest
+from ..manifest import Manifest
 from ..store import MANIFEST, sha256_file
 from . import software
 from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder
 from .process import spawn
+
+AUTOGRAD_REFUSAL = (
+    "autograd runs the chain through torch_npu's autograd (out.backward(dout)); a device binary calls aclnn "
+    "itself and cannot run it: use --device torch_npu (torch 2.6 or later)"
+)
+"""Why --binary / --cmd skip an autograd case folder."""
 
 PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 """Names a --cmd template may use, as `{name}`."""
@@ -92,6 +99,16 @@ class BinaryDevice:
 
     def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def cannot_run(self, manifest: Manifest) -> str | None:
+        """Return why a binary cannot run a case folder's op (autograd), or None.
+
+        `autograd` is the chain as torch_npu's autograd runs it (`out.backward(dout)`): a binary calls aclnn
+        itself and has no autograd (the C++ harness also refuses it: exit 5, `cannot run: ...`).
+        """
+        if manifest.op == "autograd":
+            return AUTOGRAD_REFUSAL
+        return None
 
 
 def _resolve_binary(binary: str | Path) -> Path:
