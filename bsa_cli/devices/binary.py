@@ -85,6 +85,11 @@ class BinaryDevice:
         }
         return [token.format(**values) for token in shlex.split(self.cmd)]
 
+    def unsupported(self, manifest: Manifest) -> str | None:
+        if manifest.op == "autograd":
+            return "a device binary has no autograd (torch_npu's link): run it with --device torch_npu"
+        return None
+
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         return [], None  # its atomic adds choose their own order
 

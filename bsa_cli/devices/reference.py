@@ -538,6 +538,10 @@ class ReferenceDevice:
         argv = ["bsa", "emulate", str(case_dir / MANIFEST), str(output_dir)]
         return argv + (["--fault", self.fault] if self.fault else [])
 
+    def unsupported(self, manifest: Manifest) -> str | None:
+        autograd = manifest.op == "autograd"
+        return "the reference device has no autograd: run it with --device torch_npu" if autograd else None
+
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         """Return run `index`'s `--seed` (and `--deterministic`) and the seed of its dK/dV order: None in
         deterministic mode (one fixed order: (head, query block), as the mode's fixed-order sum), unless the

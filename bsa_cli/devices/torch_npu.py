@@ -397,6 +397,9 @@ class TorchNpuDevice:
     def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
         return [sys.executable, "-m", TORCH_NPU_MODULE, str(case_dir / MANIFEST), str(output_dir)]
 
+    def unsupported(self, manifest: Manifest) -> str | None:
+        return None  # every op: the child says when its torch cannot run autograd (Attempt.skipped)
+
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         return [], None  # the NPU's atomic adds choose their own order
 
