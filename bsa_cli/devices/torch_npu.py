@@ -69,6 +69,7 @@ from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, 
 from ..untrusted import inside_parent
 from . import software, torch_npu_ops
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .binary import CANNOT_RUN_PREFIX, EXIT_CANNOT_RUN, mark_cannot_run
 from .process import spawn
 from .torch_npu_ops import (
     TORCH_DTYPES,
@@ -99,7 +100,7 @@ CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "
 GRAD_OF = {"dq": "query", "dk": "key", "dv": "value"}
 """The input each gradient is allocated like by the binding (`apply_tensor_without_format`)."""
 
-EXIT_STATUS, EXIT_USAGE, EXIT_DEVICE, EXIT_WRITE, EXIT_CANNOT_RUN = 0, 2, 3, 4, 5
+EXIT_STATUS, EXIT_USAGE, EXIT_DEVICE, EXIT_WRITE = 0, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -348,7 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         run_case(case_dir, output_dir, device_id)
     except CannotRun as exc:
-        print(f"cannot run: {exc}", file=sys.stderr)
+        print(f"{CANNOT_RUN_PREFIX}{exc}", file=sys.stderr)
         return EXIT_CANNOT_RUN
     except (DataError, NotExpressible, TorchNpuMissing) as exc:
         print(f"Error: {exc}", file=sys.stderr)
@@ -397,9 +398,6 @@ class TorchNpuDevice:
     def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
         return [sys.executable, "-m", TORCH_NPU_MODULE, str(case_dir / MANIFEST), str(output_dir)]
 
-    def unsupported(self, manifest: Manifest) -> str | None:
-        return None  # every op: the child says when its torch cannot run autograd (Attempt.skipped)
-
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         return [], None  # the NPU's atomic adds choose their own order
 
@@ -408,6 +406,7 @@ class TorchNpuDevice:
 
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
+        mark_cannot_run(attempt, execution)  # the child's exit 5: autograd before torch 2.6
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.from_torch_npu_log(stdout_log)
@@ -415,7 +414,7 @@ class TorchNpuDevice:
     def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
         return nullcontext()
 
-    def cannot_run(self, manifest: Manifest) -> str | None:
+    def unsupported(self, manifest: Manifest) -> str | None:
         """Return why this device cannot run a case folder's op (autograd before torch 2.6), or None.
 
         torch's version is read from its installed metadata (`importlib.metadata`), never by importing it;
