@@ -10,7 +10,7 @@ from bsa_cli import devices, golden
 from bsa_cli.devices import reference
 from bsa_cli.devices.reference_ops import AUTOGRAD_REASON, Unsupported
 from bsa_cli.golden.forward import written_rows
-from tests.helpers import build_op_folder, case_factory, make_inputs, read_output, read_record
+from tests.helpers import build_case, build_op_folder, case_factory, make_inputs, read_output, read_record
 
 make = case_factory(
     head_dim=64, block_shape=(128, 128), q_seq_len=256, kv_seq_len=384, num_heads=2, num_kv_heads=1, scale=None
@@ -185,3 +185,94 @@ def test_run_records_the_prefill_and_every_output(tmp_path, op, names):
     assert record["device"]["prefilled_outputs"] == "nan"
     assert sorted(record["outputs"]) == names
     assert all(d["output"] in ("dk", "dv") for d in record["repeat"]["differences"])
+
+
+# ---- planted faults ------------------------------------------------------------------------------------
+
+long_rows = case_factory(
+    head_dim=64, block_shape=(128, 128), q_seq_len=128, kv_seq_len=1024, num_heads=2, num_kv_heads=1, scale=None
+)
+"""A case whose rows select 1024 kv columns: two 512-column stacks of the forward's online softmax."""
+
+
+def clean_and_faulty(tmp_path, case, op, fault, mask=None):
+    """Return (clean outputs dir, faulty outputs dir, the faulty run's Emulated) of one op folder."""
+    clean_dir = build_op_folder(tmp_path / "clean", case, op, mask)
+    faulty_dir = build_op_folder(tmp_path / "faulty", case, op, mask)
+    _, clean = emulate(clean_dir, order_seed=None)
+    done, faulty = emulate(faulty_dir, fault, order_seed=None)
+    return clean, faulty, done
+
+
+def same(first, second, name) -> bool:
+    return (first / f"{name}.bin").read_bytes() == (second / f"{name}.bin").read_bytes()
+
+
+@pytest.mark.parametrize("fault", ["rescale-skipped", "stack-off-by-one"])
+def test_a_forward_fault_of_the_stacks_changes_out_on_long_rows(tmp_path, fault):
+    clean, faulty, done = clean_and_faulty(tmp_path, long_rows("c"), "forward", fault)
+
+    assert done.status == 0 and done.fault_not_applied is None
+    assert not same(clean, faulty, "out")
+
+
+def test_lse_not_written_leaves_the_prefill_in_lse(tmp_path):
+    case = make("c")
+    clean, faulty, done = clean_and_faulty(tmp_path, case, "forward", "lse-not-written", mask_of(case))
+
+    assert done.fault_not_applied is None and same(clean, faulty, "out")
+    assert (bits(read_output(faulty, "lse", case)) == NAN_BITS["float32"]).all()
+
+
+def test_a_backward_fault_does_not_apply_to_a_forward_folder(tmp_path):
+    case = make("c")
+    clean, faulty, done = clean_and_faulty(tmp_path, case, "forward", "dk-no-scale", mask_of(case))
+
+    assert done.fault_not_applied is not None and "does not apply" in done.fault_not_applied
+    assert same(clean, faulty, "out") and same(clean, faulty, "lse")
+
+
+def test_a_chain_plants_a_backward_fault_in_its_backward_step(tmp_path):
+    case = make("c")
+    clean, faulty, done = clean_and_faulty(tmp_path, case, "chain", "dk-no-scale", mask_of(case))
+
+    assert done.fault_not_applied is None
+    assert all(same(clean, faulty, name) for name in ("out", "lse", "dq", "dv"))
+    assert not same(clean, faulty, "dk")
+
+
+def test_a_chain_plants_a_forward_fault_in_its_forward_step(tmp_path):
+    case = make("c")
+    mask = mask_of(case)
+    clean, faulty, done = clean_and_faulty(tmp_path, case, "chain", "lse-not-written", mask)
+
+    assert done.fault_not_applied is None and same(clean, faulty, "out")
+    rows = written_rows(case, mask)
+    assert np.isnan(read_output(faulty, "dq", case)[rows].astype(np.float32)).all()  # the backward read the NaN
+
+
+def test_run_records_a_fault_that_cannot_apply_to_the_op(tmp_path):
+    case = make("c")
+    forward_dir = build_op_folder(tmp_path, case, "forward", mask_of(case))
+    chain_result = devices.run_case(
+        build_op_folder(tmp_path, case, "chain", mask_of(case)),
+        devices.RunOptions(device=reference.ReferenceDevice("lse-not-written")),
+    )
+
+    result = devices.run_case(forward_dir, devices.RunOptions(device=reference.ReferenceDevice("no-dsum")))
+
+    assert result.outcome == "ok"
+    assert "does not apply" in read_record(result)["device"]["fault_not_applied"]
+    assert read_record(chain_result)["device"]["fault_not_applied"] is None
+
+
+def test_a_forward_fault_does_not_apply_to_a_backward_folder(tmp_path):
+    case = make("c")
+    clean_dir = build_case(tmp_path / "clean", case, mask_of(case), outputs=False)
+    faulty_dir = build_case(tmp_path / "faulty", case, mask_of(case), outputs=False)
+    _, clean = emulate(clean_dir)
+
+    done, faulty = emulate(faulty_dir, "lse-not-written")
+
+    assert done.prefilled_outputs is None and "does not apply" in (done.fault_not_applied or "")
+    assert all(same(clean, faulty, name) for name in ("dq", "dk", "dv"))
