@@ -21,10 +21,10 @@ NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
 
 
 def mask_of(case) -> np.ndarray:
-    """All blocks selected but query block 1 of head 1 (its rows stay unwritten) and kv block 2 of head 0."""
+    """All blocks selected but query block 1 of head 1 (its rows stay unwritten) and the last kv block of head 0."""
     mask = np.ones(case.mask_shape, dtype=np.uint8)
     mask[0, 1, 1, :] = 0
-    mask[0, 0, :, 2] = 0
+    mask[0, 0, :, -1] = 0
     return mask
 
 
@@ -94,8 +94,26 @@ def test_a_forward_the_forward_refuses_writes_only_its_status(tmp_path):
 # ---- the chain -----------------------------------------------------------------------------------------
 
 
-def test_the_chain_runs_the_backward_on_the_forwards_own_outputs(tmp_path):
-    case = make("c")
+GEOMETRIES = {
+    "bnsd-gqa": {},
+    "tnd": dict(
+        layout="TND",
+        batch=2,
+        actual_seq_lengths=(200, 56),
+        actual_seq_lengths_kv=(256, 128),
+        num_heads=2,
+        num_kv_heads=2,
+        q_seq_len=200,
+        kv_seq_len=256,
+    ),
+    "bnsd-lengths-bf16": dict(dtype="bfloat16", actual_seq_lengths=(200,), actual_seq_lengths_kv=(300,)),
+}
+"""Chains of several geometries: GQA, TND with two batch entries, BNSD lengths below S (honoured)."""
+
+
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_the_chain_runs_the_backward_on_the_forwards_own_outputs(tmp_path, geometry):
+    case = make("c", **GEOMETRIES[geometry])
     mask = mask_of(case)
     forward_dir = build_op_folder(tmp_path, case, "forward", mask)
     chain_dir = build_op_folder(tmp_path, case, "chain", mask)
