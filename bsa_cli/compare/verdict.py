@@ -1,5 +1,5 @@
 """Judge one case to its verdict: from a device output directory (`compare_case`) or from a device's
-outcome held in memory (`judge_outcome`); whatever the files hold, it ends as PASS, FAIL or ERROR."""
+outcome held in memory (`judge_outcome`); whatever the files hold, it ends as PASS, FAIL, ERROR or SKIP."""
 
 from __future__ import annotations
 
