@@ -49,6 +49,7 @@ OUTCOME_STYLE = {
     "PASS": "green",
     "FAIL": "red",
     "ERROR": "red",
+    "SKIP": "yellow",
 }
 """The colour of each outcome in a case's line."""
 
@@ -170,8 +171,8 @@ class ProgressDisplay:
 
 
 def log_lines(result: RunResult) -> list[str]:
-    """Return where a failed run's logs are (full paths), nothing for a run that left a result."""
-    if result.ok:
+    """Return where a failed run's logs are (full paths), nothing for a run that left a result or was skipped."""
+    if result.ok or result.outcome == "skipped":
         return []
     logs = [result.record.get(key) for key in ("stderr_log", "stdout_log")]
     paths = [Path(result.output_dir) / name for name in logs if isinstance(name, str) and name]
@@ -180,7 +181,11 @@ def log_lines(result: RunResult) -> list[str]:
 
 
 def run_detail(result: RunResult) -> str:
-    """Return the short status text of one run: aclnn status (and the expected one), time, device."""
+    """Return the short status text of one run: aclnn status (and the expected one), time, device; for a
+    skipped run why it was not run (run.json's `skipped`)."""
+    reason = result.record.get("skipped") if result.outcome == "skipped" else None
+    if isinstance(reason, str) and reason and reason not in result.problems:
+        return f"not run: {reason}"
     parts = []
     if result.status is not None:
         status = f"status {result.status}"

@@ -11,11 +11,23 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
+from ..compare import ERROR, FAIL, PASS, SKIP, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from .formatting import METRIC_ROWS, fmt, is_reference, likely_line, planted_fault, releases_line, summary_line, where
+from .formatting import (
+    METRIC_ROWS,
+    fmt,
+    grouped,
+    is_reference,
+    likely_line,
+    planted_fault,
+    query_axis,
+    releases_line,
+    shows_ops,
+    summary_line,
+    where,
+)
 
-VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
+VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold yellow"}
 
 
 def _box(console: Console) -> box.Box:
@@ -44,23 +56,41 @@ _DETAIL = re.compile(r" \([^()]*\)$")
 
 
 def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
-    standards = sorted({case.standard for case in suite.cases if case.standard != "-"})
+    """One row per result; with ops other than the backward, a case's ops side by side in `OPS` order under
+    its name (an op column; the name on the first row of the case, a line between cases)."""
+    standards = sorted({case.standard for case in suite.cases if case.standard not in ("-", "")})
     one = len(standards) <= 1
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
+    with_ops = shows_ops(suite.cases)
     table = Table(box=_box(console), title=title, title_justify="left", expand=False)
     table.add_column("case", overflow="fold")
+    if with_ops:
+        table.add_column("op", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     if not one:
         table.add_column("standard", overflow="fold")
     table.add_column(f"deciding check{SHORT_NOTE if short else ''}", overflow="fold")
-    for case in suite.cases:
+    cases = grouped(suite.cases)
+    for index, case in enumerate(cases):
         headline = case.headline
         if short and headline.startswith(f"{CLOSEST} "):  # a PASS without notes
             headline = _DETAIL.sub("", headline.removeprefix(f"{CLOSEST} "))
         likely = likely_line(case)
         if likely:
             headline = f"{headline}\n{likely}"
-        table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), headline)
+        if not with_ops:
+            table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), headline)
+            continue
+        first = index == 0 or cases[index - 1].case_name != case.case_name
+        last = index == len(cases) - 1 or cases[index + 1].case_name != case.case_name
+        table.add_row(
+            case.case_name if first else "",
+            case.op,
+            _verdict_text(case.verdict),
+            *([] if one else [case.standard]),
+            headline,
+            end_section=last,
+        )
     return table
 
 
@@ -154,7 +184,7 @@ def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Ta
 
 
 def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
-    kind = "query block i" if tensor.name == "dq" else "kv block j"
+    kind = "query block i" if query_axis(tensor) else "kv block j"
     table = Table(box=_box(console), title=f"{case.name} {tensor.name}: hot blocks ({kind})", title_justify="left")
     for column in ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile"):
         table.add_column(column, justify="right")
@@ -210,8 +240,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
             f"(bsa emulate), not from hardware{planted}.",
             style="yellow",
         )
-    for case in suite.cases:
-        if case.not_run:  # the table's line says it, with what to type
+    for case in grouped(suite.cases):
+        if case.not_run or case.verdict == SKIP:  # the table's line says it (what to type, why not judged)
             continue
         if case.verdict == ERROR:
             console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
@@ -239,4 +269,6 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
     if releases:
         console.print(Text(releases), soft_wrap=True)
     style = "bold red" if suite.count(FAIL) else VERDICT_STYLE[ERROR] if suite.count(ERROR) else "bold green"
+    if suite.cases and suite.count(SKIP) == len(suite.cases):
+        style = VERDICT_STYLE[SKIP]  # nothing was judged: no green
     console.print(Text(summary_line(suite), style=style))
