@@ -159,15 +159,18 @@ def provenance(case: CaseResult) -> str:
 
 def device_lines(suite: SuiteResult) -> list[tuple[str, int, bool]]:
     """Return each distinct provenance of the suite's outputs with its case count, and whether it is a
-    warning (reference results or a planted fault), most cases first."""
-    counts = Counter(provenance(case) for case in suite.cases)
-    warned = {provenance(case): is_reference(case) for case in suite.cases}
+    warning (reference results or a planted fault), most cases first (SKIP results have no outputs)."""
+    judged = [case for case in suite.cases if case.verdict != SKIP]  # a SKIP has no outputs
+    counts = Counter(provenance(case) for case in judged)
+    warned = {provenance(case): is_reference(case) for case in judged}
     return [(text, count, warned[text]) for text, count in counts.most_common()]
 
 
 def standards_line(suite: SuiteResult) -> str:
     """Return the standards that judged the suite with their case counts, e.g. "double-benchmark (27), single (1)"."""
-    counts = Counter(case.standard for case in suite.cases if case.standard and case.standard != "-")
+    counts = Counter(
+        case.standard for case in suite.cases if case.standard and case.standard != "-" and case.verdict != SKIP
+    )
     return ", ".join(f"{name} ({count})" for name, count in counts.most_common()) or "-"
 
 

@@ -79,7 +79,7 @@ ul.errors li{color:var(--error)}
 
 _OPS_CSS = """
 :root{--skip:#6a6f78}
-.SKIP{color:var(--skip);font-weight:700}.badge.SKIP{background:var(--skip)}
+.SKIP{color:var(--skip);font-weight:700}.badge.SKIP{background:var(--skip);color:#fff}
 #show-SKIP:checked~nav label[for=show-SKIP]{background:#333;color:#fff;border-color:#333}
 #show-problems:checked~section.v-SKIP,#show-FAIL:checked~section.v-SKIP,#show-ERROR:checked~section.v-SKIP,
 #show-PASS:checked~section.v-SKIP,#show-SKIP:checked~section.v-PASS,#show-SKIP:checked~section.v-FAIL,
@@ -90,13 +90,13 @@ _OPS_CSS = """
 #show-problems:checked~table.ops tr.case:not(.has-FAIL):not(.has-ERROR),
 #show-FAIL:checked~table.ops tr.case:not(.has-FAIL),#show-ERROR:checked~table.ops tr.case:not(.has-ERROR),
 #show-PASS:checked~table.ops tr.case:not(.has-PASS),#show-SKIP:checked~table.ops tr.case:not(.has-SKIP){display:none}
-table.ops td.op{min-width:11em;max-width:22em}
+table.ops td.op{min-width:11em;max-width:22em}table.ops td:first-child{white-space:nowrap}
 table.ops td.op a{text-decoration:none}
 table.ops td.op .what{display:block;font-size:.86em;color:#333;margin-top:.15em}
 table.ops td.none{color:#999;text-align:center}
 .opname{display:inline-block;border:1px solid #999;border-radius:3px;padding:0 .35em;font-size:.85em;color:#333;
  background:#f4f4f4;margin-left:.3em}
-p.siblings{font-size:.88em;margin:.2em 0 .5em}p.siblings a{margin-right:.7em;text-decoration:none}
+p.siblings{font-size:.88em;margin:.2em 0 .5em}p.siblings a,p.siblings b{margin-right:.9em;text-decoration:none}
 ul.skips li{color:var(--skip)}
 """
 """The rules a page needs only when it shows ops other than the backward or a SKIP (a backward-only suite's page
@@ -125,8 +125,9 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
         ("output folder", "<br>".join(esc(p) for p in head.out) or "-"),
     ]
     devices = []
+    noun = "results" if shows_ops(suite.cases) else "cases"
     for text, count, warned in device_lines(suite):
-        share = f" ({count} of {len(suite.cases)} cases)" if len(suite.cases) > 1 else ""
+        share = f" ({count} of {len(suite.cases)} {noun})" if len(suite.cases) > 1 else ""
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
     rows.append(("standard", esc(standards_line(suite))))

@@ -51,6 +51,8 @@ def _case_table(suite: SuiteResult, console: Console) -> Table:
 SHORT_NOTE = " (of a PASS: the check closest to its limit)"
 """What the deciding-check column's heading adds where passing lines are short (they leave out that they name
 the check closest to its limit)."""
+_SAME = "not judged: same reason as"
+"""What a SKIP row says when the op above it in the same case was skipped for the same reason."""
 _DETAIL = re.compile(r" \([^()]*\)$")
 """The numbers in parentheses at the end of a check's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
 
@@ -58,7 +60,7 @@ _DETAIL = re.compile(r" \([^()]*\)$")
 def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
     """One row per result; with ops other than the backward, a case's ops side by side in `OPS` order under
     its name (an op column; the name on the first row of the case, a line between cases)."""
-    standards = sorted({case.standard for case in suite.cases if case.standard not in ("-", "")})
+    standards = sorted({c.standard for c in suite.cases if c.standard not in ("-", "") and c.verdict != SKIP})
     one = len(standards) <= 1
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
     with_ops = shows_ops(suite.cases)
@@ -71,8 +73,9 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
         table.add_column("standard", overflow="fold")
     table.add_column(f"deciding check{SHORT_NOTE if short else ''}", overflow="fold")
     cases = grouped(suite.cases)
+    reasons: dict[str, str] = {}
     for index, case in enumerate(cases):
-        headline = case.headline
+        headline: str | Text = case.headline
         if short and headline.startswith(f"{CLOSEST} "):  # a PASS without notes
             headline = _DETAIL.sub("", headline.removeprefix(f"{CLOSEST} "))
         likely = likely_line(case)
@@ -83,6 +86,12 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             continue
         first = index == 0 or cases[index - 1].case_name != case.case_name
         last = index == len(cases) - 1 or cases[index + 1].case_name != case.case_name
+        if first:
+            reasons = {}  # a SKIP's reason -> the case's first op skipped for it
+        if case.verdict == SKIP and case.headline in reasons:
+            headline = Text(f"{_SAME} {reasons[case.headline]}", style="dim")  # one reason, said once per case
+        elif case.verdict == SKIP:
+            reasons[case.headline] = case.op
         table.add_row(
             case.case_name if first else "",
             case.op,
@@ -230,13 +239,14 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
 def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
     """Print the case table, details of failing and unjudged cases (every metric with `verbose`), a summary."""
     console.print(_case_table(suite, console))
-    reference = sum(1 for c in suite.cases if is_reference(c))
+    reference = sum(1 for c in suite.cases if is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
     if reference:
         faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
         names = ", ".join(repr(f) for f in faults)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
+        noun = "result" if shows_ops(suite.cases) else "case"
         console.print(
-            f"Note: the outputs of {reference} case{'s' if reference != 1 else ''} come from the reference device "
+            f"Note: the outputs of {reference} {noun}{'s' if reference != 1 else ''} come from the reference device "
             f"(bsa emulate), not from hardware{planted}.",
             style="yellow",
         )
