@@ -37,9 +37,20 @@ columns take part. The lse of an empty row is never read.
 
 The modules, each importing only those before it: `numerics` (buffers, gathered and padded blocks, row
 chunks, scattered products), `paths` (the precision paths, `KernelRange`, `watching`), `walk` (the walker,
-threads, `reporting`), `compute` (the functions this face hands on).
+threads, `reporting`), `compute` (the functions this face hands on), `forward` (the forward operator's
+kernel-faithful path and the golden and benchmark of forward and chain folders; its docstring says how).
 """
 
+# first: the submodule `forward` binds the name `forward`, which the function of `compute` then takes back
+from .forward import (
+    chain_golden_and_benchmark,
+    forward_case,
+    forward_golden_and_benchmark,
+    forward_kernel,
+    written_rows,
+)
+
+# isort: split
 from .compute import (
     backward,
     backward_kernel,
@@ -64,6 +75,11 @@ __all__ = [
     "backward_kernel",
     "forward_backward",
     "golden_and_benchmark",
+    "written_rows",
+    "forward_case",
+    "forward_kernel",
+    "forward_golden_and_benchmark",
+    "chain_golden_and_benchmark",
     "reporting",
     "watching",
     "KernelRange",
