@@ -91,6 +91,7 @@ CASE_KEYS = {
     "hypotheses",
     "op",
     "case",
+    "expected_failure",
 }
 TENSOR_KEYS = {
     "name",
