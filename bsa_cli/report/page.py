@@ -218,7 +218,7 @@ def _siblings(case: CaseResult, suite: SuiteResult) -> str:
         else f'<b><span class="badge {c.verdict}">{c.verdict}</span> {esc(c.op)}</b>'
         for c in others
     ]
-    return f'<p class="siblings">ops of {esc(case.case_name)}: {"".join(links)}</p>'
+    return f'<p class="siblings">ops of {esc(case.case_name)}: {" ".join(links)}</p>'
 
 
 def _checks_table(case: CaseResult, only_failed: bool) -> str:
