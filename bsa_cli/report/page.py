@@ -402,7 +402,8 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
     section comparing the run with a baseline report comes first."""
     head = header or report_header(suite)
     with_ops = shows_ops(suite.cases)
-    extra = _OPS_CSS if with_ops or suite.count(SKIP) else ""
+    skip_in_drift = drift is not None and any(SKIP in (v.old, v.new) for v in drift.verdicts)
+    extra = _OPS_CSS if with_ops or suite.count(SKIP) or skip_in_drift else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',

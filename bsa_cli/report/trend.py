@@ -18,13 +18,13 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from ..compare import ERROR, FAIL, PASS
+from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Night, Point, Series, Trend
 from .files import write_text_atomic
 from .formatting import fmt, summary_line
 from .style import BASE_CSS, SVG_FONT, esc
 
-COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a"}
+COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a", SKIP: "#6a6f78"}
 LIMIT_COLOUR = "#b3001b"
 LINE_COLOUR = "#4a6fa5"
 
