@@ -49,7 +49,7 @@ OUTCOME_STYLE = {
     "PASS": "green",
     "FAIL": "red",
     "ERROR": "red",
-    "SKIP": "yellow",
+    "SKIP": "cyan",
 }
 """The colour of each outcome in a case's line."""
 

@@ -27,7 +27,7 @@ from .formatting import (
     where,
 )
 
-VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold yellow"}
+VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold cyan"}
 
 
 def _box(console: Console) -> box.Box:

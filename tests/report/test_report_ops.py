@@ -126,7 +126,7 @@ def test_skip_has_its_own_style_on_a_terminal():
     assert VERDICT_STYLE[SKIP] not in (VERDICT_STYLE["PASS"], VERDICT_STYLE["FAIL"], VERDICT_STYLE["ERROR"])
     console = Console(file=io.StringIO(), width=100, force_terminal=True, color_system="standard")
     report.render_terminal(ops_suite(), console)
-    assert "\x1b[1;33mSKIP" in console.file.getvalue()  # bold yellow
+    assert "\x1b[1;36mSKIP" in console.file.getvalue()  # bold cyan
 
 
 # ---- JSON, merging, baselines and trends ------------------------------------------------------------------
