@@ -89,7 +89,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for index, (_, name, _) in enumerate(folders):
         first.setdefault(name, index)
     folders.sort(key=lambda f: (first[f[1]], OPS.index(f[2])))  # a case's ops side by side, in OPS order
-    selected = [(d, op) for d, _, op in folders if op in wanted]
+    selected: list[tuple[Path, str]] = [(d, op) for d, _, op in folders if op in wanted]
     if not selected:
         raise pytest.UsageError(
             f"--bsa-ops: none of the {len(folders)} case folders is of {ops_text}: generate them with "

@@ -48,7 +48,8 @@ baseline, `drift` and `regressions`); 2 added `inputs_sha256` per case and `drif
 (every hypothesis the diagnosis tried: `{kind, supposes, score, outcome}`) per case; 4 added `op` (the
 operator call judged: forward, backward, chain, autograd; `name` is the case folder, `NAME@op` for ops other
 than the backward), `case` (the case's name) and `expected_failure` (a pair that fails as it must: a PASS)
-per case, the verdict SKIP (its `errors` say why) and `summary.skipped`; a document without `schema_minor` is minor 0, one without `op` judges the backward."""
+per case, the verdict SKIP (its `errors` say why) and `summary.skipped`; a document without `schema_minor`
+is minor 0, a case without `op` judges the backward."""
 
 
 def _map_cells(array: np.ndarray) -> Any:

@@ -75,15 +75,16 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
     cases = grouped(suite.cases)
     reasons: dict[str, str] = {}
     for index, case in enumerate(cases):
-        headline: str | Text = case.headline
-        if short and headline.startswith(f"{CLOSEST} "):  # a PASS without notes
-            headline = _DETAIL.sub("", headline.removeprefix(f"{CLOSEST} "))
+        text = case.headline
+        if short and text.startswith(f"{CLOSEST} "):  # a PASS without notes
+            text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         likely = likely_line(case)
         if likely:
-            headline = f"{headline}\n{likely}"
+            text = f"{text}\n{likely}"
         if not with_ops:
-            table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), headline)
+            table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), text)
             continue
+        headline: str | Text = text
         first = index == 0 or cases[index - 1].case_name != case.case_name
         last = index == len(cases) - 1 or cases[index + 1].case_name != case.case_name
         if first:
