@@ -40,6 +40,9 @@ LSE_LIMITS = {"lse_max_ratio": ("mare_ratio", 10.0), "lse_rmse_ratio": ("rmse_ra
 """The lse checks, each with the double-benchmark key whose limit it takes (the case's, with its preset)
 and the default used under another standard."""
 
+NOT_WRITTEN = "rows the forward must write hold NaN/Inf"
+"""How `rows-written` says that rows the forward must write were not (the pair's `lse-unwritten` reads it)."""
+
 PREFILL_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
 """The NaN a device pre-fills the forward's output buffers with, by dtype (run.json `prefilled_outputs: "nan"`)."""
 
@@ -211,8 +214,7 @@ def rows_written_check(
     if bad_written:
         assert first_written is not None
         parts.append(
-            f"{bad_written} of {n_written} rows the forward must write hold NaN/Inf (never written?), "
-            f"first at {_where(geom, first_written)}"
+            f"{bad_written} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, first_written)}"
         )
     if bad_left:
         assert first_left is not None

@@ -5,7 +5,8 @@ A chain runs the forward, then the backward on the forward's OWN out and lse. Tw
 chain's gradients fail:
 
 * `lse-unwritten`: softmax_lse_flag 0, so the forward leaves softmaxLse unwritten and the backward reads
-  the buffer as it is (the NaN prefill, or uninitialised memory on a real NPU);
+  the buffer as it is (the NaN prefill, or uninitialised memory on a real NPU); or a forward that left
+  lse rows unwritten although the flag is 1 (its `rows-written` check says so);
 * `padding-rows-read`: BNSD actual lengths below S with `bnsd_lengths: ignored`: the backward computes over
   the full S and reads the padding rows' out and lse, which the forward leaves unwritten.
 
@@ -20,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 from ..case import Case, Expect
 from ..manifest import GRAD_NAMES
+from .forward import NOT_WRITTEN
 from .results import Cause, Check, TensorResult
 
 PAIR_CAUSES = ("lse-unwritten", "padding-rows-read")
@@ -33,10 +35,23 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
         return []
     names = ", ".join(failing)
     causes = []
+    unwritten = [
+        c
+        for t in tensors
+        if t.name == "lse"
+        for c in t.checks
+        if c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
+    ]
     if forward_params.get("softmax_lse_flag", 1) == 0:
         evidence = (
             "the backward read softmaxLse that the forward never wrote (softmax_lse_flag 0: torch_npu's default "
             f"leaves lse unwritten, and the backward reads the buffer as it is): {names} fail"
+        )
+        causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
+    elif unwritten:
+        evidence = (
+            f"the backward read softmaxLse that the forward did not write although softmax_lse_flag is 1 "
+            f"({unwritten[0].detail}): {names} fail"
         )
         causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
     padding = _padding_rows(case)
