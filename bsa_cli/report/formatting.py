@@ -118,7 +118,8 @@ def query_axis(tensor: TensorResult) -> bool:
 
 def releases_line(suite: SuiteResult) -> str | None:
     """Return e.g. "expected statuses follow operator release master (28 cases)", or None without releases."""
-    shown = release_counts(case.release for case in suite.cases)
+    by_case = {case.case_name: case.release for case in suite.cases}  # a case's ops follow one release
+    shown = release_counts(by_case.values())
     return f"expected statuses follow operator release {shown}" if shown else None
 
 

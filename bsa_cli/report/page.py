@@ -126,8 +126,11 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
     ]
     devices = []
     noun = "results" if shows_ops(suite.cases) else "cases"
+    judged = len(suite.cases) - suite.count(SKIP)  # a SKIP has no outputs
+    if suite.count(SKIP):
+        noun = f"judged {noun}"
     for text, count, warned in device_lines(suite):
-        share = f" ({count} of {len(suite.cases)} {noun})" if len(suite.cases) > 1 else ""
+        share = f" ({count} of {judged} {noun})" if judged > 1 else ""
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
     rows.append(("standard", esc(standards_line(suite))))
@@ -339,7 +342,8 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     """One result: open with pictures when it failed, folded when it passed or was skipped; with ops, its op
     after the case's name and links to the case's other ops."""
     is_open = " open" if case.verdict not in (PASS, SKIP) else ""
-    facts = " · ".join(esc(x) for x in (case.dtype, case.layout, case.standard) if x and x != "-")
+    standard = case.standard if case.verdict != SKIP else None  # no standard judged a SKIP
+    facts = " · ".join(esc(x) for x in (case.dtype, case.layout, standard) if x and x != "-")
     title = (
         f'<b>{esc(case.case_name)}</b><span class="opname">{esc(case.op)}</span>'
         if with_ops
