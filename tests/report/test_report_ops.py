@@ -274,3 +274,36 @@ def test_progress_colours_skip_and_says_why_a_run_was_skipped():
     folder = Path("out/c@autograd")
     result = RunResult("c@autograd", folder, folder / "outputs", "skipped", record={"skipped": why})
     assert run_detail(result) == f"not run: {why}"
+
+
+# ---- real results ----------------------------------------------------------------------------------------
+
+
+def test_real_op_results_render_side_by_side_and_read_back(tmp_path):
+    from bsa_cli import compare, store
+    from tests.helpers import build_case, build_judged_op_folder, make_case
+
+    case = make_case("real", head_dim=64, block_shape=(128, 128), q_seq_len=128, kv_seq_len=128)
+    build_case(tmp_path, case)
+    build_judged_op_folder(tmp_path, case, "forward")
+    build_judged_op_folder(tmp_path, case, "chain", fault="tile-noise")
+    build_judged_op_folder(tmp_path, case, "autograd", skip="autograd: the reference device cannot run it")
+    suite = compare.compare_suite(store.select_cases([tmp_path]), workers=1)
+    assert {c.name: c.verdict for c in suite.cases} == {
+        "real": "PASS",
+        "real@forward": "PASS",
+        "real@chain": "FAIL",
+        "real@autograd": "SKIP",
+    }
+    text = render(suite)
+    assert "| real | forward  | PASS" in text and "|      | autograd | SKIP    | autograd: the reference device" in text
+    assert text.rstrip().endswith("4 results of 1 case: 2 passed, 1 failed, 0 errors, 1 skipped")
+    header = report.report_header(suite)
+    document = json.loads(json.dumps(report.to_document(suite, header), allow_nan=False))
+    assert [c["op"] for c in document["cases"]] == [c.op for c in suite.cases]
+    back = report.from_document(document)
+    assert report.to_document(back, header) == document and render(back) == text
+    names = [c.get("name") for c in ET.fromstring(report.junit_xml(suite)).iter("testcase")]
+    assert names == ["real[forward]", "real", "real[chain]", "real[autograd]"]
+    page = report.html_report(suite)
+    assert 'href="#case-real@chain"' in page and "out, lse, dk, dv pass." in page
