@@ -5,7 +5,7 @@ the `bsa_case` fixture is parametrized over the case folders under `--bsa-cases`
 those matching `--bsa-filter`), one per (case, op): a case's ops side by side in `OPS` order, with test
 ids `NAME` for the backward and `NAME[op]` for the others (`--bsa-ops LIST` keeps some ops; a test marked
 `@pytest.mark.bsa_ops("forward", ...)` gets only the folders of those ops). It receives each folder loaded
-(`bsa_cli.api.load_case`; its op is `bsa_case.manifest.op`); a folder that gen wrote for an op its operator
+(`bsa_cli.api.load_case`; its op is `bsa_case.op`); a folder that gen wrote for an op its operator
 refuses (the manifest's `skip`) is skipped with the reason. Without `--bsa-cases` such a test is skipped.
 A failing verdict fails the test through `bsa_cli.assert_passed(result)`, whose message starts with the
 deciding check; JUnit XML comes from pytest itself (`--junitxml`).
@@ -138,8 +138,8 @@ NO_FOLDER = "no case folder of the ops of this test's bsa_ops marker under --bsa
 
 @pytest.fixture
 def bsa_case(request: pytest.FixtureRequest) -> LoadedCase:
-    """One generated case folder, loaded: `inputs`, `params`, `op_args`, `expect`, `name`, `dir`, and its op
-    (`manifest.op`) (bsa_cli.api.LoadedCase).
+    """One generated case folder, loaded: `inputs`, `params`, `op_args`, `expect`, `name`, `dir`, `op`
+    (bsa_cli.api.LoadedCase).
 
     Skipped when pytest runs without --bsa-cases, when the test's `bsa_ops` marker names no op of the
     folders found, and for a folder gen wrote for an op its operator refuses (the manifest says why).

@@ -7,6 +7,7 @@ skipped op, holds `skip` and no inputs), enough for what the plugin reads (folde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -132,3 +133,43 @@ def test_a_marker_naming_no_op_is_a_usage_error(pytester: pytest.Pytester, suite
 def test_the_marker_is_registered(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest("--markers")
     result.stdout.fnmatch_lines(["@pytest.mark.bsa_ops(*ops): run this test only on the case folders of these ops*"])
+
+
+FORWARD_TEST = """
+import numpy as np
+import pytest
+
+import bsa_cli as bsa
+from bsa_cli.case import numpy_dtype
+
+
+@pytest.mark.bsa_ops("forward")
+def test_forward(bsa_case):
+    assert bsa_case.op == "forward"
+    outputs = {
+        name: np.fromfile(bsa_case.dir / "outputs" / entry["file"], dtype=numpy_dtype(entry["dtype"])).reshape(
+            entry["shape"]
+        )
+        for name, entry in bsa_case.manifest["outputs"].items()
+    }
+    bsa.assert_passed(bsa.judge(bsa_case, out=outputs["out"], lse=outputs["lse"], prefilled=True))
+"""
+
+
+def test_a_forward_folder_is_judged_through_the_api(pytester: pytest.Pytester, tmp_path: Path) -> None:
+    from tests.helpers import build_case, build_judged_op_folder, make_case
+
+    case = make_case("fwd", head_dim=64, block_shape=(128, 128), q_seq_len=128, kv_seq_len=128)
+    build_case(tmp_path, case)
+    build_judged_op_folder(tmp_path, case, "forward")
+    build_judged_op_folder(tmp_path, dataclasses.replace(case, name="fwd-bad"), "forward", fault="lse-not-written")
+    pytester.makepyfile(test_mine=FORWARD_TEST)
+    result = pytester.runpytest(f"--bsa-cases={tmp_path}", "-v")
+    result.stdout.fnmatch_lines(
+        [
+            "test_mine.py::test_forward[[]fwd[[]forward[]][]] PASSED*",  # the case of the first folder first
+            "test_mine.py::test_forward[[]fwd-bad[[]forward[]][]] FAILED*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["E * AssertionError: fwd-bad@forward: FAIL (double-benchmark): lse *"])
+    result.assert_outcomes(passed=1, failed=1)
