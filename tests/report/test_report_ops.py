@@ -307,3 +307,11 @@ def test_real_op_results_render_side_by_side_and_read_back(tmp_path):
     assert names == ["real[forward]", "real", "real[chain]", "real[autograd]"]
     page = report.html_report(suite)
     assert 'href="#case-real@chain"' in page and "out, lse, dk, dv pass." in page
+
+
+def test_the_judging_line_counts_results_of_cases_where_there_are_op_folders():
+    from bsa_cli.cli.progress import judged_text
+
+    assert judged_text([Path("out/a"), Path("out/b")]) == "2 cases"
+    folders = [Path(f"out/{n}") for n in ("a", "a@forward", "a@chain", "b")]
+    assert judged_text(folders) == "4 results of 2 cases"
