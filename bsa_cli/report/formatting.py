@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 
@@ -107,6 +108,30 @@ def operator_of(op: str, tensor: str | None = None) -> str:
     if op == "backward" or tensor is not None:
         return OPERATORS["backward"]
     return f"{OPERATORS['forward']}+{OPERATORS['backward']}"
+
+
+_PARENTHESES = re.compile(r" \([^()]*\)")
+"""A parenthesised aside in a check's or a note's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
+
+
+def short_headline(case: CaseResult, asides: bool = False) -> str:
+    """Return a result's headline for a table cell: its notes, then what decided it, without the numbers in
+    parentheses (kept with `asides`): a PASS's check closest to its limit without "closest to its limit:",
+    a pair that fails as it must by its cause alone (the failing checks that follow are in the full headline)."""
+    from ..compare.results import CLOSEST
+
+    headline = case.headline
+    if case.verdict == PASS and case.expected_failure and headline.endswith(case.expected_failure):
+        main = case.expected_failure.split("; ", 1)[0]
+    elif case.verdict == PASS and case.deciding is not None and headline.endswith(case.deciding.detail):
+        main = case.deciding.detail
+    elif case.verdict in (PASS, FAIL) and not asides:
+        return _PARENTHESES.sub("", headline)
+    else:
+        return headline  # why an op was skipped or not judged, whole (its status is in parentheses)
+    notes = list(case.notes)
+    text = "; ".join([*notes, main.removeprefix(f"{CLOSEST} ")])
+    return text if asides else _PARENTHESES.sub("", text)
 
 
 def query_axis(tensor: TensorResult) -> bool:

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult, Verdict
-from ..compare.results import CLOSEST
 from . import svg
 from .files import write_text_atomic
 from .formatting import (
@@ -25,6 +24,7 @@ from .formatting import (
     ops_of,
     query_axis,
     releases_line,
+    short_headline,
     shows_ops,
     standards_line,
     summary_line,
@@ -173,10 +173,8 @@ def _summary_table(suite: SuiteResult) -> str:
 
 
 def _short_headline(case: CaseResult) -> str:
-    """A result's headline for a cell of the ops table: a PASS's deciding check without its numbers."""
-    headline = case.headline
-    if headline.startswith(f"{CLOSEST} "):
-        headline = headline.removeprefix(f"{CLOSEST} ").split(" (", 1)[0]
+    """A result's headline for a cell of the ops table (`formatting.short_headline`), at most 160 characters."""
+    headline = short_headline(case)
     return headline if len(headline) <= 160 else headline[:157] + "..."
 
 
@@ -188,6 +186,7 @@ def _ops_table(suite: SuiteResult) -> str:
     for case in grouped(suite.cases):
         by_case.setdefault(case.case_name, {})[case.op] = case
     rows = []
+    above: dict[str, str | None] = {}  # per op: the SKIP reason of the row above, said once down a column
     for name, results in by_case.items():
         first = next(iter(results.values()))
         verdicts = " ".join(f"has-{v}" for v in dict.fromkeys(r.verdict for r in results.values()))
@@ -195,12 +194,18 @@ def _ops_table(suite: SuiteResult) -> str:
         for op in ops:
             result = results.get(op)
             if result is None:
+                above[op] = None
                 cells.append('<td class="none" title="the case does not test this op">-</td>')
                 continue
+            what = _short_headline(result)
+            reason = result.headline if result.verdict == SKIP else None
+            if reason is not None and above.get(op) == reason:
+                what = "same reason as above"
+            above[op] = reason
             cells.append(
                 f'<td class="op v-{result.verdict}"><a href="#case-{esc(result.name)}" title="{esc(result.headline)}">'
                 f'<span class="badge {result.verdict}">{result.verdict}</span></a>'
-                f'<span class="what">{esc(_short_headline(result))}</span></td>'
+                f'<span class="what">{esc(what)}</span></td>'
             )
         rows.append(
             f'<tr class="case {verdicts}"><td><a href="#case-{esc(first.name)}">{esc(name)}</a></td>'

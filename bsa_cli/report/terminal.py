@@ -22,6 +22,7 @@ from .formatting import (
     planted_fault,
     query_axis,
     releases_line,
+    short_headline,
     shows_ops,
     summary_line,
     where,
@@ -78,6 +79,8 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
         text = case.headline
         if short and text.startswith(f"{CLOSEST} "):  # a PASS without notes
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
+        elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
+            text = short_headline(case, asides=not short)
         likely = likely_line(case)
         if likely:
             text = f"{text}\n{likely}"

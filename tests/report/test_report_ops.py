@@ -315,3 +315,34 @@ def test_the_judging_line_counts_results_of_cases_where_there_are_op_folders():
     assert judged_text([Path("out/a"), Path("out/b")]) == "2 cases"
     folders = [Path(f"out/{n}") for n in ("a", "a@forward", "a@chain", "b")]
     assert judged_text(folders) == "4 results of 2 cases"
+
+
+def test_a_pair_that_fails_as_it_must_reads_by_its_cause_in_the_tables():
+    from tests.helpers import op_result
+
+    must = (
+        "fails as it must: lse-unwritten: the backward read softmaxLse that the forward never wrote "
+        "(softmax_lse_flag 0: torch_npu's default leaves lse unwritten): dq, dk, dv fail; dq NaN/Inf where the "
+        "golden is finite: 65536 elements (65536 NaN, 0 Inf), rows b=0 n=0 s=0 (q block 0); dk NaN/Inf ..."
+    )
+    note = "lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten)"
+    chain = op_result("chain-lse-flag-0", "chain", PASS, expected_failure=must, notes=(note,))
+    assert chain.headline == f"{note}; {must}"
+    assert formatting.short_headline(chain) == (
+        "lse not judged: softmax_lse_flag 0; fails as it must: lse-unwritten: the backward read softmaxLse that "
+        "the forward never wrote: dq, dk, dv fail"
+    )
+    wide = render(SuiteResult((chain,)), 120)  # the cause with its asides, the failing checks left out
+    assert "| PASS    | lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten);" in wide
+    assert "65536" not in wide  # the failing checks stay in the JSON and HTML sections
+    page = report.html_report(SuiteResult((chain,)))
+    assert f'<span class="what">{formatting.short_headline(chain)}'.replace("'", "&#x27;") in page
+
+
+def test_a_column_of_one_skip_reason_says_it_once():
+    why = "the reference device has no autograd: run it with --device torch_npu"
+    results = [skipped_result(name, "autograd", why) for name in ("a", "b", "c")]
+    results += [skipped_result("a", "chain", "other")]
+    page = Page(report.html_report(SuiteResult(tuple(results))))
+    cells = [Page.text(e) for e in page.find("span", **{"class": "what"})]
+    assert cells == ["other", why, "same reason as above", "same reason as above"]
