@@ -43,12 +43,16 @@ def _case_table(suite: SuiteResult, console: Console) -> Table:
     """One row per case; the standard goes in the title when every judged case has the same one (a column
     repeating one value only narrows the deciding check). Where the rows do not fit the console's width, a
     passing case's line leaves out its numbers in parentheses (the JSON and HTML reports keep them)."""
-    passing = dataclasses.replace(suite, cases=tuple(c for c in suite.cases if c.headline.startswith(f"{CLOSEST} ")))
+    with_ops = shows_ops(suite.cases)
+    shortened = [c for c in suite.cases if c.headline.startswith(f"{CLOSEST} ") or (with_ops and c.verdict == PASS)]
+    passing = dataclasses.replace(suite, cases=tuple(shortened))
     measure = Console(width=10_000, file=io.StringIO(), color_system=None).measure
     short = bool(passing.cases) and measure(_verdict_table(passing, console, short=False)).maximum > console.width
     return _verdict_table(suite, console, short=short)
 
 
+CASE_WHOLE = 32
+"""Longest case name a table with ops keeps on one line (its op rows leave the column's other lines empty)."""
 SHORT_NOTE = " (of a PASS: the check closest to its limit)"
 """What the deciding-check column's heading adds where passing lines are short (they leave out that they name
 the check closest to its limit)."""
@@ -66,7 +70,8 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
     with_ops = shows_ops(suite.cases)
     table = Table(box=_box(console), title=title, title_justify="left", expand=False)
-    table.add_column("case", overflow="fold")
+    longest = max((len(c.case_name) for c in suite.cases), default=0)
+    table.add_column("case", overflow="fold", no_wrap=with_ops and longest <= CASE_WHOLE)
     if with_ops:
         table.add_column("op", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
@@ -77,7 +82,9 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
     reasons: dict[str, str] = {}
     for index, case in enumerate(cases):
         text = case.headline
-        if short and text.startswith(f"{CLOSEST} "):  # a PASS without notes
+        if short and with_ops and case.verdict == PASS:  # notes and the check, without their numbers
+            text = short_headline(case)
+        elif short and text.startswith(f"{CLOSEST} "):  # a PASS without notes
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
             text = short_headline(case, asides=not short)

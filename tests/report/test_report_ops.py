@@ -332,9 +332,11 @@ def test_a_pair_that_fails_as_it_must_reads_by_its_cause_in_the_tables():
         "lse not judged: softmax_lse_flag 0; fails as it must: lse-unwritten: the backward read softmaxLse that "
         "the forward never wrote: dq, dk, dv fail"
     )
-    wide = render(SuiteResult((chain,)), 120)  # the cause with its asides, the failing checks left out
-    assert "| PASS    | lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten);" in wide
+    wide = render(SuiteResult((chain,)), 320)  # the cause with its asides, the failing checks left out
+    assert "| PASS    | lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten); fails" in wide
     assert "65536" not in wide  # the failing checks stay in the JSON and HTML sections
+    narrow = render(SuiteResult((chain,)), 120)  # without the asides where the line would not fit
+    assert "| PASS    | lse not judged: softmax_lse_flag 0; fails as it must: lse-unwritten: the" in narrow
     page = report.html_report(SuiteResult((chain,)))
     assert f'<span class="what">{formatting.short_headline(chain)}'.replace("'", "&#x27;") in page
 
