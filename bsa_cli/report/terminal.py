@@ -57,7 +57,8 @@ SHORT_NOTE = " (of a PASS: the check closest to its limit)"
 """What the deciding-check column's heading adds where passing lines are short (they leave out that they name
 the check closest to its limit)."""
 _SAME = "not judged: same reason as"
-"""What a SKIP row says when the op above it in the same case was skipped for the same reason."""
+"""What a SKIP row says when an op above it in the same case (or this op of the case above) was skipped for the
+same reason."""
 _DETAIL = re.compile(r" \([^()]*\)$")
 """The numbers in parentheses at the end of a check's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
 
@@ -80,6 +81,7 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
     table.add_column(f"deciding check{SHORT_NOTE if short else ''}", overflow="fold")
     cases = grouped(suite.cases)
     reasons: dict[str, str] = {}
+    before: dict[str, str] = {}
     for index, case in enumerate(cases):
         text = case.headline
         if short and with_ops and case.verdict == PASS:  # notes and the check, without their numbers
@@ -98,10 +100,12 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
         first = index == 0 or cases[index - 1].case_name != case.case_name
         last = index == len(cases) - 1 or cases[index + 1].case_name != case.case_name
         if first:
-            reasons = {}  # a SKIP's reason -> the case's first op skipped for it
+            before, reasons = reasons, {}  # a SKIP's reason -> the case's first op skipped for it
         if case.verdict == SKIP and case.headline in reasons:
             headline = Text(f"{_SAME} {reasons[case.headline]}", style="dim")  # one reason, said once per case
         elif case.verdict == SKIP:
+            if before.get(case.headline) == case.op:  # the case above skipped this op for this reason too
+                headline = Text(f"{_SAME} the case above", style="dim")
             reasons[case.headline] = case.op
         table.add_row(
             case.case_name if first else "",

@@ -348,3 +348,15 @@ def test_a_column_of_one_skip_reason_says_it_once():
     page = Page(report.html_report(SuiteResult(tuple(results))))
     cells = [Page.text(e) for e in page.find("span", **{"class": "what"})]
     assert cells == ["other", why, "same reason as above", "same reason as above"]
+
+
+def test_an_op_every_case_skips_for_one_reason_says_it_once_in_the_terminal():
+    from tests.helpers import op_result, op_tensor
+
+    why = "the reference device has no autograd: run it with --device torch_npu"
+    results = []
+    for name in ("a", "b", "c"):
+        results += [op_result(name, "backward", PASS, tensors=(op_tensor("dq", False),))]
+        results += [skipped_result(name, "autograd", why)]
+    text = render(SuiteResult(tuple(results)))
+    assert text.count(why) == 1 and text.count("not judged: same reason as the case above") == 2
