@@ -174,6 +174,12 @@ def test_baselines_and_trends_follow_each_op_of_a_case_apart():
     assert not changes.vanished and not changes.appeared
     trend = drift.trend([night, report.night_from_document(report.to_document(SuiteResult(worse)), "new.json")])
     assert {s.case for s in trend.series} >= {"smoke-bnsd", "smoke-bnsd@forward", "smoke-bnsd@chain"}
+    from bsa_cli.report.trend import render_trend, trend_html
+
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    render_trend(trend, console)
+    followed = f"{len(trend.series)} results of 3 cases over 2 nights"
+    assert followed in console.file.getvalue() and f"bsa trend: {followed}" in trend_html(trend)
 
 
 # ---- JUnit ------------------------------------------------------------------------------------------------
