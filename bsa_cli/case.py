@@ -41,6 +41,7 @@ ACLNN_STATUS = {
     "ACLNN_ERR_PARAM_NULLPTR": 161001,
     "ACLNN_ERR_PARAM_INVALID": 161002,
     "ACLNN_ERR_INNER_TILING_ERROR": 561002,
+    "ACLNN_ERR_INNER_NULLPTR": 561103,  # the forward's infershape failures (forward_interface)
 }
 """aclnn status names and codes that cases can expect."""
 

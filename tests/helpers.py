@@ -504,6 +504,76 @@ class Page(HTMLParser):
         return "".join(element[2])
 
 
+# ---- op folders (forward, chain, autograd) --------------------------------------------------------
+
+
+OP_INPUT_NAMES = {
+    "forward": ("query", "key", "value", "block_sparse_mask"),
+    "chain": ("query", "key", "value", "dout", "block_sparse_mask"),
+    "autograd": ("query", "key", "value", "dout", "block_sparse_mask"),
+}
+"""The inputs of an op folder other than the backward's (the contract of issue 21)."""
+
+
+def op_outputs(case: Case, op: str) -> dict[str, dict[str, Any]]:
+    """Return the `outputs` section of an op folder: out and lse (forward), and dq, dk, dv (chain, autograd)."""
+    outputs: dict[str, dict[str, Any]] = {
+        "out": {"file": "out.bin", "dtype": case.dtype, "shape": list(case.q_shape)},
+        "lse": {"file": "lse.bin", "dtype": "float32", "shape": list(case.lse_shape_dims)},
+    }
+    if op != "forward":
+        outputs.update(
+            {
+                name: {"file": f"{name}.bin", "dtype": case.dtype, "shape": list(shape)}
+                for name, shape in (("dq", case.q_shape), ("dk", case.kv_shape), ("dv", case.kv_shape))
+            }
+        )
+    return outputs
+
+
+def build_op_folder(
+    root: Path,
+    case: Case,
+    op: str,
+    mask: np.ndarray | None = None,
+    *,
+    skip: str | None = None,
+    mask_dtype: str = "uint8",
+) -> Path:
+    """Write the case folder `NAME@op` of `case` as gen writes it (inputs, outputs, no golden), and return it.
+
+    The inputs are `make_inputs`'s (the same bytes as `build_case`'s backward folder); the mask is int8 in
+    a forward folder and `mask_dtype` in a chain or autograd one. With `skip`, the folder gen writes for an
+    op it skipped: every section empty and `skip` the reason.
+    """
+    from bsa_cli.ops import folder_name  # here, not at the top: helpers.py grows at its end only
+
+    name = folder_name(case.name, op)  # type: ignore[arg-type]
+    tensors = make_inputs(case, mask)
+    with CaseWriter(Path(root) / name) as writer:
+        inputs: dict[str, Any] = {}
+        for tensor in OP_INPUT_NAMES[op] if skip is None else ():
+            array = tensors[tensor]
+            dtype = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
+            if tensor == "block_sparse_mask":
+                dtype = "int8" if op == "forward" else mask_dtype
+                array = np.asarray(array).astype(numpy_dtype(dtype))
+            inputs[tensor] = writer.array(f"inputs/{tensor}.bin", array, dtype)
+        manifest = build_manifest(dataclasses.replace(case, name=name), inputs, {}, {}, {})
+        manifest["op"] = op
+        manifest["params"].update(inner_precise=case.inner_precise, softmax_lse_flag=case.softmax_lse_flag)
+        manifest["outputs"] = op_outputs(case, op) if skip is None else {}
+        if skip is not None:
+            manifest["skip"] = skip
+        return writer.commit(manifest, flat_params(manifest))
+
+
+def read_output(output_dir: Path, name: str, case: Case) -> np.ndarray:
+    """Return output `name` of an op folder (out, lse, dq, dk, dv) from `output_dir`, in its entry's shape."""
+    entry = op_outputs(case, "chain")[name]
+    return np.fromfile(output_dir / entry["file"], dtype=numpy_dtype(entry["dtype"])).reshape(entry["shape"])
+
+
 # ---- reports of a suite with ops (issue 21) ---------------------------------------------------------
 
 

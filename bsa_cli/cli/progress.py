@@ -182,11 +182,10 @@ def log_lines(result: RunResult) -> list[str]:
 
 
 def run_detail(result: RunResult) -> str:
-    """Return the short status text of one run: aclnn status (and the expected one), time, device; for a
-    skipped run why it was not run (run.json's `skipped`)."""
-    reason = result.record.get("skipped") if result.outcome == "skipped" else None
-    if isinstance(reason, str) and reason and reason not in result.problems:
-        return f"not run: {reason}"
+    """Return the short status text of one run: aclnn status (and the expected one), time, device; why a
+    skipped case was not run."""
+    if result.skipped is not None:
+        return result.skipped
     parts = []
     if result.status is not None:
         status = f"status {result.status}"

@@ -18,10 +18,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import interface, stress
-from ..case import DTYPES, MAX_TOKENS, Case, Distribution
+from .. import forward_interface, interface, stress
+from ..case import DTYPES, MAX_TOKENS, Case, Distribution, Expect
 from ..errors import show
 from ..inputs import fit_explicit, unreachable_kv_blocks
+from ..ops import DEFAULT_OPS, FORWARD_OPS, OPS, PAIR_OPS, Op
 from ..untrusted import MAX_NAME_BYTES, is_case_name
 from .fields import (
     CASE_KEYS,
@@ -30,7 +31,6 @@ from .fields import (
     _block_shape,
     _compare,
     _dtype_suggestion,
-    _expect,
     _init,
     _key,
     _null_layouts,
@@ -40,6 +40,14 @@ from .fields import (
     _suggest,
     _tensors,
     dtype_name,
+)
+from .ops_fields import (
+    forward_keys_given,
+    judges_pair,
+    read_expect,
+    read_inner_precise,
+    read_ops,
+    read_softmax_lse_flag,
 )
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
@@ -52,8 +60,15 @@ LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}\Z")
 """What a layout string may be (a negative case may pass one the operator rejects)."""
 
 
-def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str | None = None) -> Case:
-    """Validate one expanded raw case and return it as a `Case` (`release`, if given, replacing its own)."""
+def build_case(
+    path: Path, raw: dict[str, Any], suffix: str = "", release: str | None = None, ops: tuple[Op, ...] | None = None
+) -> Case:
+    """Validate one expanded raw case and return it as a `Case` (`release`, if given, replacing its own).
+
+    `ops` (`--ops`), if given, replaces the case's own `ops:`; each listed op's status is then worked out
+    again (`Case.op_expect`, `Case.skipped_ops`), and the forward's keys and a pair's verdict, which mean
+    nothing to the ops it leaves, are not an error then.
+    """
     base_name = raw.get("name")
     r = _Reader(path, raw, base_name if isinstance(base_name, str) else show(base_name))
     if not isinstance(base_name, str) or not base_name:
@@ -72,7 +87,13 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
         if key not in CASE_KEYS:
             raise r.error(_key(key), f"unknown key{_suggest(key, CASE_KEYS)}; allowed: {', '.join(CASE_KEYS)}")
 
-    expect = _expect(r)
+    expect = read_expect(r)
+    case_ops = read_ops(r)
+    _check_ops_keys(r, case_ops, expect, override=ops is not None)
+    case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
+    calls_forward = any(op in FORWARD_OPS for op in case_ops)
+    inner_precise = read_inner_precise(r, not expect.ok)
+    softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
     layout = r.get("layout", "BNSD")
     kv_layout = r.get("kv_layout")
     nulls = _null_layouts(r, raw)
@@ -168,6 +189,9 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
         compare=_compare(r),
         release=release if release is not None else _release(r),
         null_layouts=nulls,
+        ops=case_ops,
+        inner_precise=inner_precise if calls_forward else Case.inner_precise,
+        softmax_lse_flag=softmax_lse_flag if calls_forward else Case.softmax_lse_flag,
     )
     _check_sizes(r, case)
     _check_finite(r, case)
@@ -183,7 +207,29 @@ def build_case(path: Path, raw: dict[str, Any], suffix: str = "", release: str |
             f"index {max(rows)} is beyond the case's {case.num_q_blocks} query-block "
             f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row",
         )
-    return _check_interface(r, case)
+    if case.ops == DEFAULT_OPS and not judges_pair(case.expect):
+        return _check_interface(r, case)  # a backward-only case: exactly the Case bsa always built
+    return _check_ops(r, case)
+
+
+def _check_ops_keys(r: _Reader, ops: tuple[Op, ...], expect: Expect, override: bool) -> None:
+    """Refuse keys the case's own ops never read: the forward's parameters without an op that calls the
+    forward, a pair's verdict or cause without chain or autograd (an `--ops` override is not refused)."""
+    if override:
+        return
+    if not any(op in FORWARD_OPS for op in ops):
+        for key in forward_keys_given(r.raw):
+            raise r.error(
+                key,
+                f"is the forward's parameter, but the case's ops are {', '.join(ops)}: add an op that calls the "
+                f"forward ({', '.join(FORWARD_OPS)}) to 'ops:', or remove it",
+            )
+    if judges_pair(expect) and not any(op in PAIR_OPS for op in ops):
+        raise r.error(
+            "expect",
+            f"verdict and cause judge the pair, but the case's ops are {', '.join(ops)}: add chain or autograd "
+            "to 'ops:', or expect a status only",
+        )
 
 
 FLOAT32_MAX = float(np.finfo(np.float32).max)
@@ -325,3 +371,88 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             "expect", f"expects {case.expect.status}, but '{v.key}' ({v.message}) makes the operator return {v.status}"
         )
     return case
+
+
+def _check_ops(r: _Reader, case: Case) -> Case:
+    """Work out each listed op's status and fill `op_expect` and `skipped_ops` (docs/interface.md, "The forward").
+
+    A valid case: an op its operator refuses is skipped with why when another listed op accepts the case;
+    when every listed op refuses it, the error of a valid case that breaks a rule. A negative case: every
+    listed op returns the expected status or accepts the case (then judged as a valid op); another nonzero
+    status is an error, and so is no op returning the expected one. An op that does not judge the pair gets
+    a plain Expect() where `expect` holds a verdict or cause.
+    """
+    backward_steps = [op for op in case.ops if op != "forward"]
+    if backward_steps:
+        undefined = interface.undefined_behaviour(interface.case_params(case), case.tensor_descs(), case.release)
+        if undefined:
+            key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else "tensors"
+            raise r.error(
+                key,
+                f"{undefined[0]}: undefined behaviour for the backward ({', '.join(backward_steps)}), no status to "
+                f"expect (ops-transformer {case.release} reads it unchecked)",
+            )
+    if any(op in FORWARD_OPS for op in case.ops):
+        undefined = forward_interface.undefined_behaviour(
+            forward_interface.case_params_forward(case), forward_interface.forward_tensors(case)
+        )
+        if undefined:
+            raise r.error("tensors", f"{undefined[0]}: no status bsa can expect from the forward")
+    statuses = {op: forward_interface.op_status(case, op) for op in case.ops}
+    op_expect: list[tuple[Op, Expect]] = []
+    skipped: list[tuple[Op, str]] = []
+    if case.expect.ok:
+        accepting = [op for op in case.ops if statuses[op][0] == 0]
+        if not accepting:
+            op = case.ops[0]
+            status, message = statuses[op]
+            if op == "backward":
+                return _check_interface(r, case)  # today's message, with the fix first where there is one
+            raise r.error(
+                "expect",
+                f"every listed op refuses the case; the {op} returns {status} ({message}): set "
+                f"'expect: {status}' for a negative case, or list an op that accepts it",
+            )
+        for op in case.ops:
+            if statuses[op][0] != 0:
+                why = forward_interface.refusal(case, op)
+                skipped.append((op, f"{why}; {_accepted_by(accepting)}"))
+            elif judges_pair(case.expect) and op not in PAIR_OPS:
+                op_expect.append((op, Expect()))
+    else:
+        matching = [op for op in case.ops if statuses[op][0] == case.expect.status]
+        for op in case.ops:
+            status, message = statuses[op]
+            if status == 0:
+                op_expect.append((op, Expect()))
+            elif status != case.expect.status:
+                raise r.error(
+                    "expect",
+                    f"expects {case.expect.status}, but for op {op} '{message}' makes the operator return {status}",
+                )
+        if not matching:
+            raise r.error(
+                "expect",
+                f"expects {case.expect.name} ({case.expect.status}), but no listed op ({', '.join(case.ops)}) "
+                "breaks an interface rule",
+            )
+    warnings: list[str] = []
+    if case.expect.ok:  # each operator's own gaps between golden and kernel, for the ops that call it
+        if backward_steps:
+            warnings += interface.kernel_constraints(interface.case_params(case), case.bnsd_lengths)
+        if any(op in FORWARD_OPS for op in case.ops):
+            params = forward_interface.case_params_forward(case)
+            warnings += forward_interface.kernel_constraints(params, case.bnsd_lengths)
+        warnings += unreachable_kv_blocks(case)
+    return dataclasses.replace(
+        case,
+        op_expect=tuple(sorted(op_expect, key=lambda item: OPS.index(item[0]))),
+        skipped_ops=tuple(skipped),
+        warnings=tuple(warnings),
+    )
+
+
+def _accepted_by(ops: list[Op]) -> str:
+    """Return "the backward accepts it" / "the backward and the chain accept it"."""
+    names = " and ".join(f"the {op}" for op in ops)
+    return f"{names} accept{'s' if len(ops) == 1 else ''} it"

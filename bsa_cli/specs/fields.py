@@ -92,6 +92,9 @@ CASE_KEYS = (
     "matrix",
     "release",
     "null_layouts",
+    "ops",
+    "inner_precise",
+    "softmax_lse_flag",
 )
 TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..case import Case
 from ..errors import DataError, SpecError, show
+from ..ops import Op
 from ..untrusted import inside
 from .build import build_case
 from .expand import _matrix, deep_merge, expand_matrix
@@ -48,10 +49,19 @@ def raise_spec_errors(errors: list[SpecError]) -> None:
         raise SpecErrors(errors)
 
 
-def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES, release: str | None = None) -> list[Case]:
+def load_specs(
+    paths: Iterable[str | Path],
+    max_cases: int = MAX_CASES,
+    release: str | None = None,
+    ops: tuple[Op, ...] | None = None,
+) -> list[Case]:
     """Load every case of the given spec files or folders (their `*.yaml`/`*.yml` files, sorted).
 
     `release` (`--release`), if given, replaces every case's own `release:` (interface.RELEASES).
+    `ops` (`--ops`: `ops.parse_ops("forward,backward")`), if given, replaces every case's own `ops:`, and
+    each case's per-op expectations (`Case.op_expect`) and skipped ops (`Case.skipped_ops`) are worked out
+    for those ops (specs/build.py); a case that no op of `ops` accepts is a spec error, as a valid case
+    breaking a rule is. `ops=("backward",)` builds every case as bsa always did (the backward alone).
 
     Raises:
         SpecError: a file is unreadable or breaks a rule, two cases share a name, or the specs expand to
@@ -63,7 +73,7 @@ def load_specs(paths: Iterable[str | Path], max_cases: int = MAX_CASES, release:
     errors: list[SpecError] = []
     for file in spec_files(paths):
         try:
-            loaded = load_spec_file(file, max_cases, before=len(cases), release=release)
+            loaded = load_spec_file(file, max_cases, before=len(cases), release=release, ops=ops)
         except SpecError as exc:
             errors.append(exc)  # every file's errors are reported, in order
             continue
@@ -116,16 +126,24 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def load_spec_file(path: Path, max_cases: int = MAX_CASES, before: int = 0, release: str | None = None) -> list[Case]:
+def load_spec_file(
+    path: Path,
+    max_cases: int = MAX_CASES,
+    before: int = 0,
+    release: str | None = None,
+    ops: tuple[Op, ...] | None = None,
+) -> list[Case]:
     """Parse, expand and validate the cases of one spec file: at most `max_cases` less the `before` cases
-    that earlier files of the same run expanded to; `release` replaces each case's own."""
+    that earlier files of the same run expanded to; `release` and `ops` (as `load_specs`) replace each case's own."""
     try:
-        return _load_spec_file(path, max_cases, before, release)
+        return _load_spec_file(path, max_cases, before, release, ops)
     finally:
         _SHARED.clear()
 
 
-def _load_spec_file(path: Path, max_cases: int, before: int = 0, release: str | None = None) -> list[Case]:
+def _load_spec_file(
+    path: Path, max_cases: int, before: int = 0, release: str | None = None, ops: tuple[Op, ...] | None = None
+) -> list[Case]:
     file = str(path)
     document = read_yaml(path)
     if not isinstance(document, dict):
@@ -174,7 +192,7 @@ def _load_spec_file(path: Path, max_cases: int, before: int = 0, release: str | 
     for label, merged, matrix in planned:
         try:  # a case's first error is reported, then the next case is read
             variants = expand_matrix(file, label, merged, matrix)
-            cases.extend(build_case(path, variant, suffix, release) for variant, suffix in variants)
+            cases.extend(build_case(path, variant, suffix, release, ops) for variant, suffix in variants)
         except SpecError as exc:
             errors.append(exc)
     raise_spec_errors(errors)

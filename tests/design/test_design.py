@@ -155,7 +155,7 @@ def test_judging_never_imports_a_device() -> None:
 
 
 INNER_ORDERS = {
-    "bsa_cli.specs": ("safe_yaml", "fields", "expand", "build", "load"),
+    "bsa_cli.specs": ("safe_yaml", "fields", "ops_fields", "expand", "build", "load"),
     "bsa_cli.golden": ("numerics", "paths", "walk", "compute", "forward"),
 }
 """The modules of other packages, in the order data flows through them: each imports only those before it

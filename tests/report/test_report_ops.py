@@ -278,8 +278,8 @@ def test_progress_colours_skip_and_says_why_a_run_was_skipped():
     assert OUTCOME_STYLE["SKIP"] not in (OUTCOME_STYLE["PASS"], OUTCOME_STYLE["FAIL"])
     why = "autograd needs torch_npu 2.6 or later"
     folder = Path("out/c@autograd")
-    result = RunResult("c@autograd", folder, folder / "outputs", "skipped", record={"skipped": why})
-    assert run_detail(result) == f"not run: {why}"
+    result = RunResult("c@autograd", folder, folder / "outputs", "skipped", skipped=why)
+    assert run_detail(result) == why
 
 
 # ---- real results ----------------------------------------------------------------------------------------

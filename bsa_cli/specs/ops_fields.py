@@ -1,0 +1,126 @@
+"""The keys of a case that say which operator calls it tests, and the forward's own parameters.
+
+- `ops`: a list of `forward`, `backward`, `chain`, `autograd` (any order in YAML; stored in `ops.OPS` order,
+  each once; default `[backward]`). Allowed in `defaults:` and matrices like any case key; `--ops`
+  (`load_specs(..., ops=...)`) replaces it.
+- `inner_precise`: the forward's innerPrecise, 0, 1 or 4 as the aclnn takes them (default 0, bsa's; torch_npu's
+  binding defaults to 1); another integer only in a negative case (`expect:` a status).
+- `softmax_lse_flag`: the forward's softmaxLseFlag, 0 or 1 (default 1, bsa's; torch_npu's binding defaults to
+  0, which leaves lse unwritten); another integer only in a negative case.
+- `expect`: a status as before (`ok`, a code or its name), or a mapping `{status, verdict, cause}`: `verdict`
+  PASS or FAIL and `cause` (a word such as `lse-unwritten`) say what judging the pair (chain, autograd) must
+  conclude; they mean nothing to other ops (a spec error when its own ops list no pair op).
+
+Each reader raises a SpecError naming the file, the case, the key and the bad value, with what is allowed.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..case import Expect
+from ..errors import show
+from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op
+from .fields import INT64_LIMIT, _expect, _key, _Reader, _suggest
+
+OPS_KEYS = ("ops", "inner_precise", "softmax_lse_flag")
+"""Case keys this module reads (fields.CASE_KEYS holds them too)."""
+
+EXPECT_KEYS = ("status", "verdict", "cause")
+VERDICTS = ("PASS", "FAIL")
+CAUSE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*\Z")
+"""A cause is one lower-case word, hyphens allowed: `lse-unwritten`, `padding-rows-read`."""
+
+SOFTMAX_LSE_FLAG_VALUES = (0, 1)
+
+
+def read_ops(r: _Reader) -> tuple[Op, ...]:
+    """Return the case's `ops:` in OPS order (DEFAULT_OPS when absent)."""
+    if "ops" not in r.raw:
+        return DEFAULT_OPS
+    value = r.get("ops")
+    allowed = ", ".join(OPS)
+    if isinstance(value, str):
+        raise r.error("ops", f"{show(value)} is not a list: write 'ops: [{value}]' (a list of {allowed})")
+    if not isinstance(value, list) or not value:
+        raise r.error("ops", f"{show(value)} is not a non-empty list of ops; allowed: {allowed}")
+    for word in value:
+        if word not in OPS:
+            raise r.error("ops", f"{show(word)} is not an op{_suggest(word, OPS)}; allowed: {allowed}")
+    if len(set(value)) != len(value):
+        twice = next(w for w in value if value.count(w) > 1)
+        raise r.error("ops", f"{show(twice)} is listed twice: list each op once")
+    return tuple(op for op in OPS if op in value)
+
+
+def read_inner_precise(r: _Reader, negative: bool) -> int:
+    """Return `inner_precise:` (0, 1, 4; another integer only in a negative case)."""
+    value = r.integer("inner_precise", INNER_PRECISE_DEFAULT, minimum=None, maximum=INT64_LIMIT - 1)
+    if value not in INNER_PRECISE_VALUES and not negative:
+        raise r.error(
+            "inner_precise",
+            f"{show(value)} is not allowed; allowed: 0 (fp32 softmax, bsa's default), 1 (fp16 softmax, torch_npu's "
+            "default), 4 (Ascend 950); another value only in a negative case (the aclnn returns 161002: set "
+            "'expect: 161002')",
+        )
+    return value
+
+
+def read_softmax_lse_flag(r: _Reader, negative: bool) -> int:
+    """Return `softmax_lse_flag:` (0, 1; another integer only in a negative case)."""
+    value = r.integer("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT, minimum=None, maximum=INT64_LIMIT - 1)
+    if value not in SOFTMAX_LSE_FLAG_VALUES and not negative:
+        raise r.error(
+            "softmax_lse_flag",
+            f"{show(value)} is not allowed; allowed: 1 (lse written, bsa's default), 0 (lse left unwritten, "
+            "torch_npu's default); another value only in a negative case (the A2/A3 tiling refuses it: set "
+            "'expect: 561002')",
+        )
+    return value
+
+
+def read_expect(r: _Reader) -> Expect:
+    """Return `expect:`: a status (`fields._expect`), or a mapping {status, verdict, cause}."""
+    raw = r.get("expect", "ok")
+    if not isinstance(raw, dict):
+        return _expect(r)
+    for key in raw:
+        if key not in EXPECT_KEYS:
+            raise r.error(
+                f"expect.{_key(key)}", f"unknown key{_suggest(key, EXPECT_KEYS)}; allowed: {', '.join(EXPECT_KEYS)}"
+            )
+    status = _expect(_Reader(r.path, {"expect": raw.get("status", "ok")}, r.case, f"{r.prefix}expect."))
+    sub = r.nested("expect", raw)
+    verdict = raw.get("verdict", "PASS")
+    verdict = verdict.upper() if isinstance(verdict, str) and verdict.upper() in VERDICTS else verdict
+    if verdict not in VERDICTS:
+        raise sub.error(
+            "verdict", f"{show(verdict)} is not allowed{_suggest(verdict, VERDICTS)}; allowed: {', '.join(VERDICTS)}"
+        )
+    cause = raw.get("cause")
+    if cause is not None and not (isinstance(cause, str) and CAUSE_RE.match(cause) and len(cause) <= 64):
+        raise sub.error("cause", f"{show(cause)} is not a cause: one lower-case word, hyphens allowed (lse-unwritten)")
+    if verdict == "FAIL" and cause is None:
+        raise sub.error(
+            "cause", "verdict FAIL needs the cause its report must name (for example 'cause: lse-unwritten')"
+        )
+    if verdict == "PASS" and cause is not None:
+        raise sub.error("cause", f"{show(cause)} is for 'verdict: FAIL' only (the cause a failing pair must name)")
+    if verdict == "FAIL" and not status.ok:
+        raise sub.error(
+            "verdict",
+            f"FAIL with status {status.status}: a negative case is judged by its status; verdict FAIL is for a "
+            "pair the operators accept that must fail its judging",
+        )
+    return Expect(status=status.status, name=status.name, verdict=verdict, cause=cause)
+
+
+def judges_pair(expect: Expect) -> bool:
+    """Whether an expectation says something only the pair's judging can tell (verdict FAIL, a cause)."""
+    return expect.verdict != "PASS" or expect.cause is not None
+
+
+def forward_keys_given(raw: Any) -> list[str]:
+    """Return the forward's own keys a raw case gives (inner_precise, softmax_lse_flag)."""
+    return [key for key in ("inner_precise", "softmax_lse_flag") if isinstance(raw, dict) and key in raw]
