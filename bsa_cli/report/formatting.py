@@ -126,12 +126,22 @@ def short_headline(case: CaseResult, asides: bool = False) -> str:
     elif case.verdict == PASS and case.deciding is not None and headline.endswith(case.deciding.detail):
         main = case.deciding.detail
     elif case.verdict in (PASS, FAIL) and not asides:
-        return _PARENTHESES.sub("", headline)
+        return _without_asides(headline)
     else:
         return headline  # why an op was skipped or not judged, whole (its status is in parentheses)
     notes = list(case.notes)
     text = "; ".join([*notes, main.removeprefix(f"{CLOSEST} ")])
-    return text if asides else _PARENTHESES.sub("", text)
+    return text if asides else _without_asides(text)
+
+
+def _without_asides(text: str) -> str:
+    """Return `text` without its parenthesised asides, nested ones too."""
+    for _ in range(4):
+        shorter = _PARENTHESES.sub("", text)
+        if shorter == text:
+            break
+        text = shorter
+    return text
 
 
 def query_axis(tensor: TensorResult) -> bool:

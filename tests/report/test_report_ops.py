@@ -366,3 +366,14 @@ def test_an_op_every_case_skips_for_one_reason_says_it_once_in_the_terminal():
         results += [skipped_result(name, "autograd", why)]
     text = render(SuiteResult(tuple(results)))
     assert text.count(why) == 1 and text.count("not judged: same reason as the case above") == 2
+
+
+def test_a_cell_leaves_out_nested_asides():
+    from bsa_cli.compare import Check
+    from tests.helpers import op_result
+
+    detail = "lse max abs error ratio 2.68e+04 > 10 (device 1.636, floor 6.1e-05: fp32 lse (innerPrecise 0): err_thd)"
+    failing = op_result(
+        "c", "forward", "FAIL", checks=(Check("lse_max_ratio", "lse", 2.68e4, 10, False, detail, 2.68e3),)
+    )
+    assert formatting.short_headline(failing) == "lse max abs error ratio 2.68e+04 > 10"
