@@ -54,28 +54,43 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
             f"({unwritten[0].detail}): {names} fail"
         )
         causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
-    padding = _padding_rows(case)
-    if padding:
+    q_padding, kv_padding = (
+        _padding(case, case.actual_seq_lengths, case.q_seq_len),
+        _padding(case, case.actual_seq_lengths_kv, case.kv_seq_len),
+    )
+    if q_padding or kv_padding:
+        read = []
+        if q_padding:
+            read.append(
+                f"{q_padding} query padding rows past the actual lengths {list(case.actual_seq_lengths or ())} of "
+                f"S {case.q_seq_len}, whose out and lse the forward leaves unwritten"
+            )
+        if kv_padding:
+            read.append(
+                f"{kv_padding} key/value padding positions past the actual kv lengths "
+                f"{list(case.actual_seq_lengths_kv or ())} of S {case.kv_seq_len}, which the forward never attended to"
+            )
         evidence = (
-            f"the backward computes over the full S (bnsd_lengths: ignored) and read {padding} padding rows "
-            f"past the actual lengths {list(case.actual_seq_lengths or ())} of S {case.q_seq_len}, whose out and "
-            f"lse the forward leaves unwritten: {names} fail"
+            f"the backward computes over the full S (bnsd_lengths: ignored) and read {' and '.join(read)}: {names} fail"
         )
         where = tuple(
-            f"batch {b}: rows {n} to {case.q_seq_len}"
-            for b, n in enumerate(case.actual_seq_lengths or ())
-            if n < case.q_seq_len
+            f"batch {b}: {what} {n} to {size}"
+            for what, lengths, size in (
+                ("query rows", case.actual_seq_lengths, case.q_seq_len),
+                ("kv positions", case.actual_seq_lengths_kv, case.kv_seq_len),
+            )
+            for b, n in enumerate(lengths or ())
+            if n < size
         )
         causes.append(Cause("padding-rows-read", 1.0, evidence, failing, where))
     return causes
 
 
-def _padding_rows(case: Case) -> int:
-    """Return the BNSD query positions past the actual lengths that a backward over the full S reads (per head)."""
-    lengths = case.actual_seq_lengths
+def _padding(case: Case, lengths: tuple[int, ...] | None, size: int) -> int:
+    """Return the BNSD positions past the actual lengths that a backward over the full S reads (per head)."""
     if case.layout == "TND" or case.bnsd_lengths != "ignored" or lengths is None:
         return 0
-    return sum(max(case.q_seq_len - n, 0) for n in lengths)
+    return sum(max(size - n, 0) for n in lengths)
 
 
 def cause_checks(causes: Sequence[Cause]) -> list[Check]:

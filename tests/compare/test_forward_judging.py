@@ -3,6 +3,7 @@ causes and expected verdict, SKIP (docs/compare.md, "The forward and the pair").
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -134,6 +135,9 @@ def test_lse_left_unwritten_fails_rows_written(tmp_path: Path) -> None:
     rows = check(result, "rows-written", "lse")
     assert not rows.passed and "rows the forward must write hold NaN/Inf" in rows.detail
     assert not check(result, "nonfinite", "lse").passed
+    assert result.deciding == rows and result.headline.startswith(
+        "lse rows-written: 160 of 160 rows the forward must write"
+    )
     assert check(result, "rows-written", "out").passed
 
 
@@ -224,7 +228,15 @@ def test_a_chain_reading_padding_rows_fails_naming_them(tmp_path: Path) -> None:
     result = judge(build_judged_op_folder(tmp_path, case, "chain", mask_with_empty_rows(case)))
     assert result.verdict == FAIL
     assert result.deciding is not None and result.deciding.name == "padding-rows-read"
-    assert "read 26 padding rows past the actual lengths [70] of S 96" in result.message
+    assert "read 26 query padding rows past the actual lengths [70] of S 96" in result.message
+
+
+def test_a_chain_reading_kv_padding_names_padding_rows_read(tmp_path: Path) -> None:
+    case = make("pair", actual_seq_lengths=(96,), actual_seq_lengths_kv=(50,), bnsd_lengths="ignored")
+    result = judge(build_judged_op_folder(tmp_path, case, "chain", mask_with_empty_rows(case)))
+    assert result.verdict == FAIL
+    assert result.deciding is not None and result.deciding.name == "padding-rows-read", result.message
+    assert "read 30 key/value padding positions past the actual kv lengths [50] of S 80" in result.message
 
 
 def test_a_chain_that_must_fail_passes_when_it_fails_for_its_cause(tmp_path: Path) -> None:
@@ -234,6 +246,20 @@ def test_a_chain_that_must_fail_passes_when_it_fails_for_its_cause(tmp_path: Pat
     assert result.verdict == PASS
     assert result.message.startswith("fails as it must: lse-unwritten: ")
     assert result.expected_failure == result.message and result.message in result.headline
+
+
+def test_the_expected_cause_leads_the_message_when_two_causes_apply(tmp_path: Path) -> None:
+    case = make(
+        "pair", softmax_lse_flag=0, actual_seq_lengths=(70,), actual_seq_lengths_kv=(80,), bnsd_lengths="ignored"
+    )
+    for cause in ("padding-rows-read", "lse-unwritten"):
+        expect = {"verdict": "FAIL", "cause": cause}
+        result = judge(build_judged_op_folder(tmp_path / cause, case, "chain", expect=expect))
+        assert result.verdict == PASS
+        assert result.message.startswith(f"fails as it must: {cause}: ")
+        assert [c.kind for c in result.diagnosis[:2]] == sorted(
+            ("lse-unwritten", "padding-rows-read"), key=lambda kind: kind != cause
+        )
 
 
 def test_a_chain_that_must_fail_fails_when_it_fails_for_another_cause(tmp_path: Path) -> None:
@@ -301,3 +327,97 @@ def test_a_summary_of_the_forward_benchmark_gives_the_same_verdict_and_figures(c
         compare.summarize_benchmark(case, settings, arrays["golden"], arrays["benchmark"])
     out_before = next(t for t in before.tensors if t.name == "out")
     assert out_before.benchmark == summary.stats["out"]
+
+
+def write_summary(case_dir: Path) -> set[str]:
+    """Measure the folder's benchmark as gen would (`summarize_benchmark`) and store it in its case.json."""
+    manifest = load_manifest(case_dir)
+    case = manifest.case
+    arrays = {}
+    for section in ("golden", "benchmark"):
+        arrays[section] = {
+            name: np.fromfile(case_dir / e["file"], dtype=numpy_dtype(e["dtype"])).reshape(e["shape"])
+            for name, e in manifest.entries(section)
+        }
+    entry = manifest.inputs["block_sparse_mask"]
+    mask = np.fromfile(case_dir / entry["file"], dtype=numpy_dtype(entry["dtype"])).reshape(case.mask_shape)
+    summary = compare.summarize_benchmark(
+        case, compare.case_settings(case), arrays["golden"], arrays["benchmark"], mask
+    )
+    document = compare.summary_document(summary)
+    document["tiles"] = {}
+    for name, tiles in summary.tiles.items():
+        data = array_bytes(tiles)
+        (case_dir / f"benchmark/{name}.tiles.bin").write_bytes(data)
+        document["tiles"][name] = {
+            "file": f"benchmark/{name}.tiles.bin",
+            "dtype": "float32",
+            "shape": list(tiles.shape),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+    raw = json.loads((case_dir / "case.json").read_text())
+    raw["benchmark_summary"] = document
+    (case_dir / "case.json").write_text(json.dumps(raw))
+    return set(summary.stats)
+
+
+@pytest.mark.parametrize("op", ["forward", "chain"])
+def test_an_op_folder_judged_with_its_summary_gives_the_same_figures(tmp_path: Path, op: str) -> None:
+    case = make("c")
+    case_dir = build_judged_op_folder(tmp_path, case, op, mask_with_empty_rows(case))
+    out = read(case_dir, "out").copy()
+    b, n, s = np.argwhere(written(case_dir))[4]
+    out[b, n, s] = (out[b, n, s].astype(np.float32) + 0.03).astype(out.dtype)
+    rewrite(case_dir, "out", out)
+    without = judge(case_dir)
+    assert write_summary(case_dir) == ({"out"} if op == "forward" else {"out", *GRAD_NAMES})
+    with_summary = judge(case_dir)
+    assert with_summary.verdict == without.verdict == FAIL
+    assert [(c.name, c.tensor, c.value, c.detail) for c in with_summary.all_checks] == [
+        (c.name, c.tensor, c.value, c.detail) for c in without.all_checks
+    ]
+    assert [t.benchmark for t in with_summary.tensors] == [t.benchmark for t in without.tensors]
+
+
+def test_a_summary_without_out_makes_a_forward_folder_an_error(tmp_path: Path) -> None:
+    case_dir = build_judged_op_folder(tmp_path, make("c"), "chain")
+    write_summary(case_dir)
+    raw = json.loads((case_dir / "case.json").read_text())
+    del raw["benchmark_summary"]["stats"]["out"], raw["benchmark_summary"]["tiles"]["out"]
+    (case_dir / "case.json").write_text(json.dumps(raw))
+    result = judge(case_dir)
+    assert result.verdict == compare.ERROR
+    assert "benchmark_summary: no stats of out" in result.errors[0]
+
+
+def test_fragmented_written_rows_are_measured_exactly_on_those_rows(tmp_path: Path) -> None:
+    """TND interleaves heads, so the written rows of a head whose block row selects nothing split the
+    tensor's rows into many short ranges: measured gathered (`metrics._items`), with the same figures."""
+    case = make(
+        "tnd",
+        layout="TND",
+        batch=2,
+        num_heads=4,
+        num_kv_heads=2,
+        actual_seq_lengths=(96, 64),
+        actual_seq_lengths_kv=(80, 48),
+        q_seq_len=96,
+        kv_seq_len=80,
+    )
+    mask = (np.random.default_rng(7).random(case.mask_shape) < 0.15).astype(np.uint8)
+    case_dir = build_judged_op_folder(tmp_path, case, "forward", mask, device="benchmark")
+    out = read(case_dir, "out").copy()
+    rows = written(case_dir)
+    noisy = np.random.default_rng(1).standard_normal(out.shape) * 1e-3
+    out[rows] = (out[rows].astype(np.float32) + noisy[rows]).astype(out.dtype)
+    rewrite(case_dir, "out", out)
+    geom = compare.geometry.only_rows(compare.geometry._geometry(load_manifest(case_dir).case, "out"), rows)
+    assert len(geom.judged) > 10 and compare.metrics._items(geom)[0].dtype == np.intp  # gathered
+    judged = next(t for t in judge(case_dir).tensors if t.name == "out")
+    gold = np.fromfile(case_dir / "golden/out.bin", dtype=np.float32).reshape(out.shape)
+    error = (out.astype(np.float64) - gold)[rows]
+    assert judged.device.count == error.size
+    assert judged.device.max_abs_err == pytest.approx(np.abs(error).max(), rel=1e-6)
+    assert judged.device.rmse == pytest.approx(np.sqrt((error**2).mean()), rel=1e-5)
+    worst = judged.worst[0].coords
+    assert rows[worst["t"], worst["n"]]
