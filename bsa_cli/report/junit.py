@@ -57,6 +57,8 @@ def _provenance_text(case: CaseResult) -> str:
 
 
 def _metrics_text(case: CaseResult) -> str:
+    if case.verdict == SKIP:  # nothing was measured
+        return "\n".join([_provenance_text(case), *case.notes, f"op {case.op} not judged: {case.message}"])
     lines = [
         _provenance_text(case),
         *case.notes,

@@ -204,6 +204,8 @@ def test_junit_names_ops_in_brackets_and_skips_with_why():
     skipped = cases["smoke-bnsd[autograd]"].find("skipped")
     assert skipped is not None and skipped.get("message", "").startswith("autograd: the reference device cannot run")
     assert cases["smoke-bnsd[chain]"].find("failure") is not None
+    out = cases["smoke-y64[forward]"].find("system-out")
+    assert out is not None and (out.text or "").splitlines()[-1].startswith("op forward not judged: the A2/A3 forward")
     properties = {p.get("name"): p.get("value") for p in cases["smoke-bnsd[chain]"].iter("property")}
     assert properties["op"] == "chain" and "op" not in {p.get("name") for p in cases["smoke-bnsd"].iter("property")}
     backward_only = ET.fromstring(report.junit_xml(sample_suite())).find("testsuite")
