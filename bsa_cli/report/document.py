@@ -105,9 +105,12 @@ def utc_date(date: str) -> str:
 
 def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
     """Return who produced the suite's outputs, one entry per distinct device, most cases first:
-    `{"device": words, "kind", "name", "fault", "binary_sha256", "cases"}` (from each case's run record)."""
+    `{"device": words, "kind", "name", "fault", "binary_sha256", "cases"}` (from each case's run record; a
+    SKIP produced no outputs and counts for none)."""
     counts: Counter[tuple[Any, ...]] = Counter()
     for case in suite.cases:
+        if case.verdict == SKIP:
+            continue
         counts[(provenance_label(case), case.device_kind, case.device, case.fault, case.binary_sha256)] += 1
     return [
         {"device": label, "kind": kind, "name": name, "fault": fault, "binary_sha256": sha, "cases": count}
