@@ -147,7 +147,8 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
 
 def _filters(suite: SuiteResult) -> str:
     problems = suite.count(FAIL) + suite.count(ERROR)
-    choices = [("all", f"all ({len(suite.cases)})"), ("problems", f"failed or not judged ({problems})")]
+    problem_label = "FAIL or ERROR" if suite.count(SKIP) else "failed or not judged"  # a SKIP is not judged either
+    choices = [("all", f"all ({len(suite.cases)})"), ("problems", f"{problem_label} ({problems})")]
     choices += [(v, f"{v} ({suite.count(v)})") for v in (*VERDICTS, *((SKIP,) if suite.count(SKIP) else ()))]
     inputs = "".join(
         f'<input type="radio" name="show" id="show-{key}" class="filter"{" checked" if key == "all" else ""}>'

@@ -236,6 +236,8 @@ def test_html_summary_is_a_row_per_case_with_a_cell_per_op_linking_to_its_sectio
     sections = [e[1]["id"] for e in page.find("section")]
     assert sections == [f"case-{name}" for name in GROUPED]
     assert [e[1]["id"] for e in page.find("input")][-1] == "show-SKIP"
+    labels = [Page.text(e) for e in page.find("label")]
+    assert labels == ["all (8)", "FAIL or ERROR (1)", "FAIL (1)", "ERROR (0)", "PASS (4)", "SKIP (3)"]
     assert ".badge.SKIP{background:var(--skip);color:#fff}" in html
     assert "#show-FAIL:checked~table.ops tr.case:not(.has-FAIL)," in html  # the FAIL filter keeps the cases with a FAIL
 
