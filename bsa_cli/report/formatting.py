@@ -126,15 +126,15 @@ def short_headline(case: CaseResult, asides: bool = False) -> str:
     elif case.verdict == PASS and case.deciding is not None and headline.endswith(case.deciding.detail):
         main = case.deciding.detail
     elif case.verdict in (PASS, FAIL) and not asides:
-        return _without_asides(headline)
+        return without_asides(headline)
     else:
         return headline  # why an op was skipped or not judged, whole (its status is in parentheses)
     notes = list(case.notes)
     text = "; ".join([*notes, main.removeprefix(f"{CLOSEST} ")])
-    return text if asides else _without_asides(text)
+    return text if asides else without_asides(text)
 
 
-def _without_asides(text: str) -> str:
+def without_asides(text: str) -> str:
     """Return `text` without its parenthesised asides, nested ones too."""
     for _ in range(4):
         shorter = _PARENTHESES.sub("", text)
@@ -229,6 +229,7 @@ __all__ = [
     "standards_line",
     "summary_line",
     "where",
+    "without_asides",
     "likely_line",
 ]
 

@@ -8,6 +8,7 @@ map of each failing tensor, its hottest block's 16x16 tiles, and its ULP chart a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from .formatting import (
     standards_line,
     summary_line,
     where,
+    without_asides,
 )
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
@@ -93,6 +95,7 @@ _OPS_CSS = """
 table.ops td.op{min-width:11em;max-width:22em}table.ops td:first-child{white-space:nowrap}
 table.ops td.op a{text-decoration:none}
 table.ops td.op .what{display:block;font-size:.86em;color:#333;margin-top:.15em}
+table.ops td.op .cellnote{display:block;font-size:.78em;color:#9a4a00;margin-top:.1em}
 table.ops td.none{color:#999;text-align:center}
 .opname{display:inline-block;border:1px solid #999;border-radius:3px;padding:0 .35em;font-size:.85em;color:#333;
  background:#f4f4f4;margin-left:.3em}
@@ -174,8 +177,9 @@ def _summary_table(suite: SuiteResult) -> str:
 
 
 def _short_headline(case: CaseResult) -> str:
-    """A result's headline for a cell of the ops table (`formatting.short_headline`), at most 160 characters."""
-    headline = short_headline(case)
+    """A result's headline for a cell of the ops table without its notes (`formatting.short_headline`), at most
+    160 characters; the notes follow in the cell's smaller print."""
+    headline = short_headline(dataclasses.replace(case, notes=()))
     return headline if len(headline) <= 160 else headline[:157] + "..."
 
 
@@ -203,10 +207,11 @@ def _ops_table(suite: SuiteResult) -> str:
             if reason is not None and above.get(op) == reason:
                 what = "same reason as above"
             above[op] = reason
+            notes = "".join(f'<span class="cellnote">{esc(without_asides(n))}</span>' for n in result.notes)
             cells.append(
                 f'<td class="op v-{result.verdict}"><a href="#case-{esc(result.name)}" title="{esc(result.headline)}">'
                 f'<span class="badge {result.verdict}">{result.verdict}</span></a>'
-                f'<span class="what">{esc(what)}</span></td>'
+                f'<span class="what">{esc(what)}</span>{notes}</td>'
             )
         rows.append(
             f'<tr class="case {verdicts}"><td><a href="#case-{esc(first.name)}">{esc(name)}</a></td>'

@@ -348,8 +348,12 @@ def test_a_pair_that_fails_as_it_must_reads_by_its_cause_in_the_tables():
     assert "65536" not in wide  # the failing checks stay in the JSON and HTML sections
     narrow = render(SuiteResult((chain,)), 120)  # without the asides where the line would not fit
     assert "| PASS    | lse not judged: softmax_lse_flag 0; fails as it must: lse-unwritten: the" in narrow
-    page = report.html_report(SuiteResult((chain,)))
-    assert f'<span class="what">{formatting.short_headline(chain)}'.replace("'", "&#x27;") in page
+    page = Page(report.html_report(SuiteResult((chain,))))  # the cause, then the note in smaller print
+    (cell,) = page.find("td", **{"class": "op v-PASS"})
+    assert Page.text(cell) == (
+        "PASSfails as it must: lse-unwritten: the backward read softmaxLse that the forward never wrote: dq, dk, dv "
+        "faillse not judged: softmax_lse_flag 0"
+    )
 
 
 def test_a_column_of_one_skip_reason_says_it_once():
