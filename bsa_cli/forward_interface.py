@@ -119,7 +119,9 @@ def forward_tensors(case: Case) -> dict[str, dict[str, Any]]:
     """Return the forward call's non-null tensors of a case ({name: {"dtype", "shape"}}, overrides applied).
 
     The mask is int8 whatever dtype the case gives the backward (a shape override or null applies);
-    dout, dq, dk and dv are not the forward's.
+    dout, dq, dk and dv are not the forward's. (Autograd hands the forward and the backward one mask tensor,
+    in the backward's dtype: whether the NPU's forward takes a uint8 or bool mask is not visible in public
+    code, so bsa expects the forward's status as for int8 there too.)
     """
     descs = case.tensor_descs()
     found = {name: descs[name] for name in FORWARD_TENSORS if name in descs}
@@ -159,10 +161,6 @@ def _shape(tensors: Mapping[str, Mapping[str, Any]], name: str) -> list[Any]:
     return list((tensors.get(name) or {}).get("shape") or ())
 
 
-def _dim(shape: list[Any], axis: int) -> Any:
-    return shape[axis] if len(shape) > axis else None
-
-
 def _ceil_div(n: int, d: int) -> int:
     """The tiling's CeilDiv: 0 for n == 0."""
     return 0 if n == 0 else -(-n // d)
@@ -182,6 +180,27 @@ def undefined_behaviour(params: Mapping[str, Any], tensors: Mapping[str, Mapping
     if mask is not None and mask.get("dtype") != FORWARD_MASK_DTYPE:
         found.append(f"block_sparse_mask dtype {mask.get('dtype')!r}: the forward registers int8 only")
     return found
+
+
+def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
+    """Return warnings for a valid forward call whose golden the A2/A3 forward will not match.
+
+    The forward honours BNSD lengths (`call_lengths`: the tiling walks each batch entry's kv length), so a
+    golden that computes over the whole S (`bnsd_lengths: ignored`, the backward's A2/A3 semantics) parts
+    ways with it where actual_seq_lengths_kv is shorter than kv_seq_len. (Shorter query lengths only leave
+    rows unwritten, which judging excludes.)
+    """
+    if params.get("layout") != "BNSD" or bnsd_lengths != "ignored":
+        return []
+    lengths = params.get("actual_seq_lengths_kv") or []
+    full = params.get("kv_seq_len", 0)
+    if any(n < full for n in lengths):
+        return [
+            f"forward: actual_seq_lengths_kv {list(lengths)} shorter than kv_seq_len {full} with bnsd_lengths: "
+            "ignored: the forward attends only to each entry's first keys, the golden to all S; use "
+            "bnsd_lengths: honored to judge the forward on its own terms"
+        ]
+    return []
 
 
 def violations(
@@ -233,14 +252,19 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
     nulls = interface.null_layouts(params)
     if nulls:
         names = " and ".join("qInputLayout" if key == "layout" else "kvInputLayout" for key in nulls)
-        return [Violation(nulls[0], f"{names} null", nullptr)]
+        return [Violation(nulls[0], f"{names} {'are' if len(nulls) > 1 else 'is'} null", nullptr)]
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if layout not in LAYOUTS:
         return [Violation("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)]
-    # The kv whitelist reads `qLayout != "BSND"` (sic): with a BSND query any kv string passes it, and the
-    # equality rule below refuses it instead (the same status).
-    if kv_layout not in LAYOUTS and layout != "BSND":
-        return [Violation("kv_layout", f"{kv_layout!r}: kvInputLayout is one of TND, BNSD, BSND", invalid)]
+    # The kv whitelist reads `kvLayout != "TND" && kvLayout != "BNSD" && qLayout != "BSND"` (sic): a BSND kv
+    # layout is refused here unless the query is BSND, and with a BSND query any kv string passes it (the
+    # equality rule below then refuses a different one: the same status).
+    if kv_layout not in ("TND", "BNSD") and layout != "BSND":
+        return [
+            Violation(
+                "kv_layout", f"{kv_layout!r}: kvInputLayout is TND or BNSD (BSND only with a BSND query)", invalid
+            )
+        ]
     if layout != kv_layout:
         return [
             Violation("kv_layout", f"{kv_layout!r} differs from qInputLayout {layout!r}: they must be equal", invalid)
@@ -440,13 +464,12 @@ def chain_check(
 def op_violation(case: Case, op: Op) -> tuple[str, Violation] | None:
     """Return the first rule one op of a case breaks, with the step that refuses it ("forward" or
     "backward"), or None when the op's operators accept the case."""
-    params = case_params_forward(case)
     if op in ("forward", *PAIR_OPS):
-        found = violations(params, forward_tensors(case), case.release)
+        found = violations(case_params_forward(case), forward_tensors(case), case.release)
         if found:
             return "forward", found[0]
     if op != "forward":
-        found = interface.violations(params, case.tensor_descs(), case.release)
+        found = interface.violations(interface.case_params(case), case.tensor_descs(), case.release)
         if found:
             return "backward", found[0]
     return None
@@ -465,12 +488,13 @@ def op_status(case: Case, op: Op) -> tuple[int, str]:
 
 def refusal(case: Case, op: Op) -> str | None:
     """Return how one op of a case is refused, for a skip reason ("the A2/A3 forward refuses block_shape
-    [128, 64]: Y % 128 != 0 on A2/A3 (tiling, 561002)"), or None when accepted."""
+    [128, 64]: Y % 128 != 0 (tiling, 561002)"; "the chain's backward step refuses ..."), or None when
+    accepted."""
     found = op_violation(case, op)
     if found is None:
         return None
     step, v = found
-    who = f"the chain's {step} step" if op == "chain" else f"the autograd {step}" if op == "autograd" else None
+    who = f"the chain's {step} step" if op == "chain" else f"autograd's {step} step" if op == "autograd" else None
     who = who or ("the A2/A3 forward" if step == "forward" else "the backward")
     stage = STAGES.get(v.status, "aclnn") if step == "forward" else ("tiling" if v.status == 561002 else "aclnn")
     return f"{who} refuses {v.key} {v.message} ({stage}, {v.status})"

@@ -1,11 +1,14 @@
 """The pytest plugin of bsa: run a test once per generated case (`pytest --bsa-cases OUT test_mine.py`).
 
 Installing bsa registers it (entry point `pytest11`); docs/api.md documents it. A test that asks for
-the `bsa_case` fixture is parametrized over the case directories under `--bsa-cases` (every case, or
-those matching `--bsa-filter`), with the case names as test ids, and receives each case loaded
-(`bsa_cli.api.load_case`). Without `--bsa-cases` such a test is skipped. A failing verdict fails the
-test through `bsa_cli.assert_passed(result)`, whose message starts with the deciding check; JUnit XML
-comes from pytest itself (`--junitxml`).
+the `bsa_case` fixture is parametrized over the case folders under `--bsa-cases` (every case, or
+those matching `--bsa-filter`), one per (case, op): a case's ops side by side in `OPS` order, with test
+ids `NAME` for the backward and `NAME[op]` for the others (`--bsa-ops LIST` keeps some ops; a test marked
+`@pytest.mark.bsa_ops("forward", ...)` gets only the folders of those ops). It receives each folder loaded
+(`bsa_cli.api.load_case`; its op is `bsa_case.op`); a folder that gen wrote for an op its operator
+refuses (the manifest's `skip`) is skipped with the reason. Without `--bsa-cases` such a test is skipped.
+A failing verdict fails the test through `bsa_cli.assert_passed(result)`, whose message starts with the
+deciding check; JUnit XML comes from pytest itself (`--junitxml`).
 
 Nothing but pytest is imported when pytest starts: bsa's modules (NumPy) load once `--bsa-cases` is
 given, torch only in the tests that use it.
@@ -21,7 +24,8 @@ import pytest
 if TYPE_CHECKING:
     from .api import LoadedCase
 
-_CASE_DIRS = pytest.StashKey[list[Path]]()
+_CASE_DIRS = pytest.StashKey[list[tuple[Path, str]]]()
+"""The selected case folders, each with its op, a case's ops side by side."""
 
 SKIP_REASON = "no cases: run pytest with --bsa-cases OUT (a folder of cases written by `bsa gen`)"
 
@@ -44,44 +48,110 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="GLOB",
         help="only the cases whose names match GLOB (e.g. 'smoke-*'); may be repeated",
     )
+    group.addoption(
+        "--bsa-ops",
+        default=None,
+        metavar="LIST",
+        help="only the folders of these ops (comma list of forward, backward, chain, autograd; default: every "
+        "op the cases were generated with)",
+    )
+
+
+MARKER = "bsa_ops(*ops): run this test only on the case folders of these ops (forward, backward, chain, autograd)"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Find the cases once, before collection; a bad folder or a filter matching nothing is a usage error."""
+    """Find the cases once, before collection; a bad folder, a filter matching nothing or an unknown op is a
+    usage error."""
+    config.addinivalue_line("markers", MARKER)
     roots = config.getoption("bsa_cases")
     patterns = config.getoption("bsa_filter")
+    ops_text = config.getoption("bsa_ops")
     if not roots:
-        if patterns:
-            raise pytest.UsageError("--bsa-filter needs --bsa-cases OUT")
+        for given, option in ((patterns, "--bsa-filter"), (ops_text, "--bsa-ops")):
+            if given:
+                raise pytest.UsageError(f"{option} needs --bsa-cases OUT")
         return
     from .errors import DataError
+    from .ops import OPS, parse_ops, split_folder_name
     from .store import select_cases
 
     try:
-        config.stash[_CASE_DIRS] = select_cases([Path(r) for r in roots], patterns, option="--bsa-filter")
+        wanted = parse_ops(ops_text) if ops_text is not None else OPS
+    except ValueError as exc:
+        raise pytest.UsageError(f"--bsa-ops: {exc}") from None
+    try:
+        case_dirs = select_cases([Path(r) for r in roots], patterns, option="--bsa-filter")
     except DataError as exc:
         raise pytest.UsageError(f"--bsa-cases: {exc}") from None
+    folders = [(d, *split_folder_name(d.name)) for d in case_dirs]
+    first: dict[str, int] = {}
+    for index, (_, name, _) in enumerate(folders):
+        first.setdefault(name, index)
+    folders.sort(key=lambda f: (first[f[1]], OPS.index(f[2])))  # a case's ops side by side, in OPS order
+    selected: list[tuple[Path, str]] = [(d, op) for d, _, op in folders if op in wanted]
+    if not selected:
+        raise pytest.UsageError(
+            f"--bsa-ops: none of the {len(folders)} case folders is of {ops_text}: generate them with "
+            f"`bsa gen --ops {ops_text}`"
+        )
+    config.stash[_CASE_DIRS] = selected
+
+
+def folder_id(case_dir: Path, op: str) -> str:
+    """A folder's test id: the case's name, with the op in brackets for an op other than the backward."""
+    from .ops import split_folder_name
+
+    name = split_folder_name(case_dir.name)[0]
+    return name if op == "backward" else f"{name}[{op}]"
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Parametrize `bsa_case` over the selected cases, with their names as ids."""
+    """Parametrize `bsa_case` over the selected (case, op) folders (those of the test's `bsa_ops` marker),
+    with ids `NAME` and `NAME[op]`."""
     if "bsa_case" not in metafunc.fixturenames:
         return
-    case_dirs = metafunc.config.stash.get(_CASE_DIRS, None)
-    if case_dirs:
-        metafunc.parametrize("bsa_case", case_dirs, ids=[d.name for d in case_dirs], indirect=True)
+    folders = metafunc.config.stash.get(_CASE_DIRS, None)
+    if not folders:
+        return
+    marker = metafunc.definition.get_closest_marker("bsa_ops")
+    if marker is not None:
+        from .ops import OPS
+
+        unknown = [str(op) for op in marker.args if op not in OPS]
+        if unknown or not marker.args:
+            raise pytest.UsageError(
+                f"{metafunc.definition.nodeid}: @pytest.mark.bsa_ops({', '.join(map(repr, marker.args))}): "
+                f"give one or more of {', '.join(OPS)}"
+            )
+        folders = [(d, op) for d, op in folders if op in marker.args]
+    if not folders:
+        metafunc.parametrize("bsa_case", [None], ids=["no-folder"], indirect=True)
+        return
+    metafunc.parametrize(
+        "bsa_case", [d for d, _ in folders], ids=[folder_id(d, op) for d, op in folders], indirect=True
+    )
+
+
+NO_FOLDER = "no case folder of the ops of this test's bsa_ops marker under --bsa-cases"
 
 
 @pytest.fixture
 def bsa_case(request: pytest.FixtureRequest) -> LoadedCase:
-    """One generated case, loaded: `inputs`, `params`, `op_args`, `expect`, `name`, `dir` (bsa_cli.api.LoadedCase).
+    """One generated case folder, loaded: `inputs`, `params`, `op_args`, `expect`, `name`, `dir`, `op`
+    (bsa_cli.api.LoadedCase).
 
-    Skipped when pytest runs without --bsa-cases.
+    Skipped when pytest runs without --bsa-cases, when the test's `bsa_ops` marker names no op of the
+    folders found, and for a folder gen wrote for an op its operator refuses (the manifest says why).
     """
     case_dir = getattr(request, "param", None)
     if case_dir is None:
-        pytest.skip(SKIP_REASON)
+        pytest.skip(NO_FOLDER if request.config.stash.get(_CASE_DIRS, None) else SKIP_REASON)
     assert case_dir is not None  # pytest.skip raises
     from .api import load_case
+    from .store import load_manifest
 
+    skip = load_manifest(case_dir).skip
+    if skip:
+        pytest.skip(f"{Path(case_dir).name}: not judged: {skip}")
     return load_case(case_dir)

@@ -504,6 +504,76 @@ class Page(HTMLParser):
         return "".join(element[2])
 
 
+# ---- op folders (forward, chain, autograd) --------------------------------------------------------
+
+
+OP_INPUT_NAMES = {
+    "forward": ("query", "key", "value", "block_sparse_mask"),
+    "chain": ("query", "key", "value", "dout", "block_sparse_mask"),
+    "autograd": ("query", "key", "value", "dout", "block_sparse_mask"),
+}
+"""The inputs of an op folder other than the backward's (the contract of issue 21)."""
+
+
+def op_outputs(case: Case, op: str) -> dict[str, dict[str, Any]]:
+    """Return the `outputs` section of an op folder: out and lse (forward), and dq, dk, dv (chain, autograd)."""
+    outputs: dict[str, dict[str, Any]] = {
+        "out": {"file": "out.bin", "dtype": case.dtype, "shape": list(case.q_shape)},
+        "lse": {"file": "lse.bin", "dtype": "float32", "shape": list(case.lse_shape_dims)},
+    }
+    if op != "forward":
+        outputs.update(
+            {
+                name: {"file": f"{name}.bin", "dtype": case.dtype, "shape": list(shape)}
+                for name, shape in (("dq", case.q_shape), ("dk", case.kv_shape), ("dv", case.kv_shape))
+            }
+        )
+    return outputs
+
+
+def build_op_folder(
+    root: Path,
+    case: Case,
+    op: str,
+    mask: np.ndarray | None = None,
+    *,
+    skip: str | None = None,
+    mask_dtype: str = "uint8",
+) -> Path:
+    """Write the case folder `NAME@op` of `case` as gen writes it (inputs, outputs, no golden), and return it.
+
+    The inputs are `make_inputs`'s (the same bytes as `build_case`'s backward folder); the mask is int8 in
+    a forward folder and `mask_dtype` in a chain or autograd one. With `skip`, the folder gen writes for an
+    op it skipped: every section empty and `skip` the reason.
+    """
+    from bsa_cli.ops import folder_name  # here, not at the top: helpers.py grows at its end only
+
+    name = folder_name(case.name, op)  # type: ignore[arg-type]
+    tensors = make_inputs(case, mask)
+    with CaseWriter(Path(root) / name) as writer:
+        inputs: dict[str, Any] = {}
+        for tensor in OP_INPUT_NAMES[op] if skip is None else ():
+            array = tensors[tensor]
+            dtype = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
+            if tensor == "block_sparse_mask":
+                dtype = "int8" if op == "forward" else mask_dtype
+                array = np.asarray(array).astype(numpy_dtype(dtype))
+            inputs[tensor] = writer.array(f"inputs/{tensor}.bin", array, dtype)
+        manifest = build_manifest(dataclasses.replace(case, name=name), inputs, {}, {}, {})
+        manifest["op"] = op
+        manifest["params"].update(inner_precise=case.inner_precise, softmax_lse_flag=case.softmax_lse_flag)
+        manifest["outputs"] = op_outputs(case, op) if skip is None else {}
+        if skip is not None:
+            manifest["skip"] = skip
+        return writer.commit(manifest, flat_params(manifest))
+
+
+def read_output(output_dir: Path, name: str, case: Case) -> np.ndarray:
+    """Return output `name` of an op folder (out, lse, dq, dk, dv) from `output_dir`, in its entry's shape."""
+    entry = op_outputs(case, "chain")[name]
+    return np.fromfile(output_dir / entry["file"], dtype=numpy_dtype(entry["dtype"])).reshape(entry["shape"])
+
+
 # ---- op folders with golden and device outputs (issue 21: compare's forward and pair) ----------------
 
 
@@ -600,3 +670,86 @@ def build_judged_op_folder(
     run = {"case": name, "outcome": "ok", "device": record_device}
     (output_dir / "run.json").write_text(json.dumps(run))
     return case_dir
+
+
+# ---- reports of a suite with ops (issue 21) ---------------------------------------------------------
+
+
+def op_tensor(name: str, failed: bool) -> TensorResult:
+    """A judged tensor of any op: dq/dk/dv as `tensor`, or the forward's out ([B, N, S, D]) and lse ([B, N, S],
+    per query block i)."""
+    base = tensor("dq" if name in ("out", "lse") else name, failed)
+    if name not in ("out", "lse"):
+        return base
+    checks = tuple(dataclasses.replace(c, tensor=name, detail=c.detail.replace("dq", name, 1)) for c in base.checks)
+    if name == "out":
+        return dataclasses.replace(base, name=name, checks=checks)
+    worst = tuple(
+        dataclasses.replace(w, index=w.index[:3], coords={k: v for k, v in w.coords.items() if k != "d"})
+        for w in base.worst
+    )
+    hot = tuple(dataclasses.replace(h, tile=None, tile_ratio=None) for h in base.hot_blocks)
+    return dataclasses.replace(
+        base,
+        name=name,
+        shape=(1, 2, 100),
+        dtype="float32",
+        axes=("b", "n", "s"),
+        checks=checks,
+        worst=worst,
+        hot_blocks=hot,
+    )
+
+
+def op_result(case_name: str, op: str, verdict: str, **fields: Any) -> CaseResult:
+    """One op's result of a case (`case`, named after its folder: `NAME` for the backward, `NAME@op`)."""
+    name = case_name if op == "backward" else f"{case_name}@{op}"
+    fields.setdefault("case_dir", f"out/{name}")
+    fields.setdefault("output_dir", f"out/{name}/outputs")
+    return dataclasses.replace(case(name, verdict, **fields), op=op)
+
+
+def skipped_result(case_name: str, op: str, why: str) -> CaseResult:
+    """An op a case lists that is not judged (SKIP), with why."""
+    return op_result(case_name, op, compare.SKIP, checks=(), tensors=(), errors=(why,), output_bytes=0, status=None)
+
+
+def ops_suite() -> SuiteResult:
+    """Results of three cases with ops side by side, as `bsa check --ops forward,backward,chain,autograd` on the
+    reference device gives them: PASS, FAIL (a chain whose backward read the lse the forward never wrote) and
+    SKIP (autograd on the reference device, the A2/A3 forward refusing Y = 64), in folder-name order (the
+    reports put each case's ops side by side)."""
+    grads = ("dq", "dk", "dv")
+    fwd_ok = tuple(op_tensor(n, False) for n in ("out", "lse"))
+    chain_fail = case(
+        "x", FAIL, tensors=(*fwd_ok, op_tensor("dq", True), op_tensor("dk", False), op_tensor("dv", False))
+    )
+    unwritten = Check(
+        "pair_cause",
+        None,
+        1.0,
+        None,
+        False,
+        "lse-unwritten: softmax_lse_flag 0: the backward read the lse the forward never wrote",
+        math.inf,
+    )
+    autograd = "autograd: the reference device cannot run it (only torch_npu 2.6 or later runs autograd)"
+    y64 = "the A2/A3 forward refuses block_shape [128, 64]: Y % 128 != 0 (tiling, 561002); the backward accepts it"
+    results = [
+        op_result("smoke-bnsd", "backward", PASS, tensors=tuple(op_tensor(n, False) for n in grads)),
+        op_result("smoke-bnsd", "autograd", compare.SKIP, checks=(), errors=(autograd,), status=None, output_bytes=0),
+        op_result("smoke-bnsd", "chain", FAIL, tensors=chain_fail.tensors, checks=(*chain_fail.checks, unwritten)),
+        op_result("smoke-bnsd", "forward", PASS, tensors=fwd_ok),
+        op_result("smoke-y64", "backward", PASS, tensors=tuple(op_tensor(n, False) for n in grads)),
+        skipped_result("smoke-y64", "chain", y64),
+        skipped_result("smoke-y64", "forward", y64),
+        op_result(
+            "neg-fwd-d96",
+            "forward",
+            PASS,
+            expect_status=561002,
+            status=561002,
+            checks=(Check("status", None, 561002.0, 561002.0, True, "status 561002 == expected 561002"),),
+        ),
+    ]
+    return SuiteResult(tuple(results), seconds=2.0)

@@ -31,6 +31,7 @@ from .. import pipeline
 from ..case import Case
 from ..compare import CaseResult
 from ..devices import Device, RunEvent, RunResult
+from ..ops import split_folder_name
 from ..schedule import Estimate
 from . import output
 
@@ -49,6 +50,7 @@ OUTCOME_STYLE = {
     "PASS": "green",
     "FAIL": "red",
     "ERROR": "red",
+    "SKIP": "cyan",
 }
 """The colour of each outcome in a case's line."""
 
@@ -170,8 +172,8 @@ class ProgressDisplay:
 
 
 def log_lines(result: RunResult) -> list[str]:
-    """Return where a failed run's logs are (full paths), nothing for a run that left a result."""
-    if result.ok:
+    """Return where a failed run's logs are (full paths), nothing for a run that left a result or was skipped."""
+    if result.ok or result.outcome == "skipped":
         return []
     logs = [result.record.get(key) for key in ("stderr_log", "stdout_log")]
     paths = [Path(result.output_dir) / name for name in logs if isinstance(name, str) and name]
@@ -257,10 +259,19 @@ class PipelineProgress(pipeline.CheckProgress):
 
     def judging(self, case_dirs: Sequence[Path]) -> None:
         self.display.phase("compare", len(case_dirs), [c.name for c in case_dirs])
-        output.info(f"judging {len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}: verdicts in the table below")
+        output.info(f"judging {judged_text(case_dirs)}: verdicts in the table below")
 
     def judged(self, result: CaseResult) -> None:
         self.display.advance(result.name)  # the verdict itself is printed once, in the report's table
+
+
+def judged_text(case_dirs: Sequence[Path]) -> str:
+    """Return e.g. "12 cases", or with op folders (`NAME@forward`) "9 results of 3 cases"."""
+    names = {split_folder_name(d.name) for d in case_dirs}
+    cases = len({name for name, _ in names})
+    if all(op == "backward" for _, op in names):
+        return f"{len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}"
+    return f"{len(case_dirs)} result{'s' if len(case_dirs) != 1 else ''} of {cases} case{'s' if cases != 1 else ''}"
 
 
 def _duration(seconds: float) -> str:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .geometry import TILE, _Geometry
-from .metrics import TOP_K, _chunks, _Params, _RowOut
+from .metrics import TOP_K, _items, _Params, _RowOut
 from .results import ULP_CHART_EDGES, BlockMap, HotBlock, UlpChart, WorstElement
 from .ulp import _MANTISSA_BITS, _ulp_power, ulp_error
 
@@ -183,9 +183,9 @@ def ulp_chart(
                 continue
             total = np.zeros(len(edges) + 1, dtype=np.int64)
             values2d = values.reshape(geom.rows, geom.dim)
-            for start, stop in _chunks(geom):
-                g = np.asarray(golden2d[start:stop], dtype=np.float32)
-                a = np.asarray(values2d[start:stop]).astype(np.float32)
+            for rows in _items(geom):
+                g = np.asarray(golden2d[rows], dtype=np.float32)
+                a = np.asarray(values2d[rows]).astype(np.float32)
                 power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
                 error = (np.abs(a - g) / power).astype(np.float64)
                 error = error[np.isfinite(error)]

@@ -225,7 +225,7 @@ _INDEX = np.arange(CHUNK_ELEMENTS, dtype=np.intp)
 
 
 def _measure_chunk(
-    a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice, full: bool, scratch: _Scratch
+    a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice | np.ndarray, full: bool, scratch: _Scratch
 ) -> _Partial:
     """Measure float32 values `a` [rows, D] (all finite) against the shared golden of the chunk."""
     part = _Partial()
@@ -300,21 +300,20 @@ def _chunk(
     params: _Params,
     device_out: _RowOut | None,
     bench_out: _RowOut | None,
-    first: int,
+    rows: slice | np.ndarray,
 ) -> tuple[_Partial | None, _Partial | None]:
-    """Measure rows [first, first + len(golden)) of the device and benchmark arrays (either may be None)
-    against the golden.
+    """Measure the tensor's rows `rows` (a range, or the rows themselves: `_items`) of the device and
+    benchmark arrays (either may be None) against the golden.
 
     Arrays are [rows, D]: device and benchmark in the case dtype, golden float32 or float64. Non-finite
     elements are counted, then judged as if equal to the golden (their error shows in the counts and the
     structural check, not in every metric).
     """
-    rows = slice(first, first + len(golden))
     scratch = _take_scratch()
     try:
         # Overflowing squares and sums of a wild device (huge errors) are expected: they mean failure.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return _chunk_in(device, bench, golden, params, device_out, bench_out, first, rows, scratch)
+            return _chunk_in(device, bench, golden, params, device_out, bench_out, rows, scratch)
     finally:
         _give_scratch(scratch)
 
@@ -326,8 +325,7 @@ def _chunk_in(
     params: _Params,
     device_out: _RowOut | None,
     bench_out: _RowOut | None,
-    first: int,
-    rows: slice,
+    rows: slice | np.ndarray,
     scratch: _Scratch,
 ) -> tuple[_Partial | None, _Partial | None]:
     shared = _shared(golden, params, scratch)
@@ -346,13 +344,22 @@ def _chunk_in(
             part = _measure_nonfinite(a, shared, params, out, rows, full)
             if full and out.max_abs is not None:
                 bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
-                out.max_abs[first + bad_rows] = np.inf
-            part.nonfinite_rows = [first + int(r) for r in part.nonfinite_rows]
+                out.max_abs[_global_rows(rows, bad_rows)] = np.inf
+            part.nonfinite_rows = [int(r) for r in _global_rows(rows, np.asarray(part.nonfinite_rows, dtype=np.intp))]
         parts.append(part)
     return parts[0], parts[1]
 
 
-def _measure_nonfinite(a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice, full: bool) -> _Partial:
+def _global_rows(rows: slice | np.ndarray, local: np.ndarray) -> np.ndarray:
+    """Return the tensor's rows of a chunk's row numbers `local` (0 is the chunk's first row)."""
+    if isinstance(rows, slice):
+        return (rows.start or 0) + local
+    return rows[local]
+
+
+def _measure_nonfinite(
+    a: np.ndarray, s: _Shared, params: _Params, out: _RowOut, rows: slice | np.ndarray, full: bool
+) -> _Partial:
     """The slow path of a chunk holding NaN/Inf (or errors too large to square in float32)."""
     finite_a, finite_g = np.isfinite(a), np.isfinite(s.golden)
     bad = finite_a != finite_g
@@ -386,6 +393,24 @@ def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
     return items
 
 
+GATHER_BELOW = 4
+"""Judged row ranges shorter on average than a chunk's rows / GATHER_BELOW are measured gathered (`_items`)."""
+
+
+def _items(geom: _Geometry) -> list[slice | np.ndarray]:
+    """Return the work items of a tensor's judged rows: row ranges (`_chunks`), or, where the judged rows
+    are many short ranges (the rows the forward writes, heads interleaved in TND), the rows themselves
+    gathered into index arrays of about CHUNK_ELEMENTS elements (thousands of tiny chunks cost seconds)."""
+    step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
+    judged = geom.judged
+    if judged is not None and len(judged) > 1:
+        count = sum(stop - start for start, stop in judged)
+        if count < len(judged) * step / GATHER_BELOW:
+            rows = np.concatenate([np.arange(start, stop, dtype=np.intp) for start, stop in judged])
+            return [rows[i : i + step] for i in range(0, len(rows), step)]
+    return [slice(start, stop) for start, stop in _chunks(geom)]
+
+
 def _measure(
     device: np.ndarray | None, bench: np.ndarray | None, golden: np.ndarray, geom: _Geometry, params: _Params
 ) -> tuple[ErrorStats | None, _RowOut | None, list[int], ErrorStats | None, _RowOut | None]:
@@ -410,14 +435,13 @@ def _measure(
         )
     bench_out = None if bench is None else _RowOut(np.zeros((rows, tiles), dtype=np.float32))
 
-    def work(item: tuple[int, int]) -> tuple[_Partial | None, _Partial | None]:
-        start, stop = item
-        device_rows = None if device2d is None else device2d[start:stop]
-        bench_rows = None if bench2d is None else bench2d[start:stop]
-        return _chunk(device_rows, bench_rows, golden2d[start:stop], params, device_out, bench_out, start)
+    def work(rows: slice | np.ndarray) -> tuple[_Partial | None, _Partial | None]:
+        device_rows = None if device2d is None else device2d[rows]
+        bench_rows = None if bench2d is None else bench2d[rows]
+        return _chunk(device_rows, bench_rows, golden2d[rows], params, device_out, bench_out, rows)
 
     device_total, bench_total = _Partial(), _Partial()
-    for device_part, bench_part in map(work, _chunks(geom)):
+    for device_part, bench_part in map(work, _items(geom)):
         if device_part is not None:
             device_total.merge(device_part)
         if bench_part is not None:
@@ -441,9 +465,9 @@ def paired_relative_sums(
     device2d, bench2d, golden2d = (a.reshape(rows, dim) for a in (device, bench, golden))
     sums = RelativeSums()
     with np.errstate(over="ignore", invalid="ignore"):  # a wild device's inf - inf is left out below
-        for start, stop in _chunks(geom):
-            d = device2d[start:stop].astype(np.float64)
-            sums.add(*relative_errors(d - bench2d[start:stop], golden2d[start:stop], params.err_thd))
+        for item in _items(geom):
+            d = device2d[item].astype(np.float64)
+            sums.add(*relative_errors(d - bench2d[item], golden2d[item], params.err_thd))
     return sums
 
 

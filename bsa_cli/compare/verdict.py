@@ -1,5 +1,5 @@
 """Judge one case to its verdict: from a device output directory (`compare_case`) or from a device's
-outcome held in memory (`judge_outcome`); whatever the files hold, it ends as PASS, FAIL or ERROR."""
+outcome held in memory (`judge_outcome`); whatever the files hold, it ends as PASS, FAIL, ERROR or SKIP."""
 
 from __future__ import annotations
 
@@ -138,7 +138,7 @@ def judge_outcome(
 
     Args:
         case_dir: a directory written by `bsa gen`.
-        outcome: the status the device returned, and dq, dk, dv when it succeeded.
+        outcome: the status the device returned, and the op's outputs (`OP_TENSORS`) when it succeeded.
         manifest: the case's manifest as already read (default: read from `case_dir`).
         run: settings given for the whole run, as `compare_case`.
         pool: an executor hashing files while the metrics are measured (default: serially).

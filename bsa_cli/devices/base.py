@@ -5,8 +5,9 @@ The binary contract (docs/run.md documents it for users):
 
     BINARY <case_dir>/case.json <output_dir>        (or a --cmd template, split with shlex, no shell)
 
-with `ASCEND_DEVICE_ID` set. The binary writes `dq.bin`, `dk.bin`, `dv.bin` as the manifest's `outputs`
-say, and `status.txt` (first line the aclnn status as a decimal integer, an optional second line a
+with `ASCEND_DEVICE_ID` set. The binary writes the outputs the manifest's `outputs` say (`dq.bin`,
+`dk.bin`, `dv.bin` for the backward; `out.bin`, `lse.bin` for the forward; all five for a chain), and
+`status.txt` (first line the aclnn status as a decimal integer, an optional second line a
 message); a negative case writes only `status.txt`. It exits 0 once the status is recorded, whatever the
 status; a non-zero exit means the binary itself failed.
 
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..errors import BsaError
+from ..manifest import Manifest
 
 DeviceKind = Literal["reference", "torch_npu", "binary"]
 """How records name the kind of device."""
@@ -96,6 +98,8 @@ class Attempt:
     problems: list[str] = field(default_factory=list)
     order_seed: int | None = None  # the reference device's accumulation order for this run
     fault_not_applied: str | None = None  # the reference device: why its planted fault left this case clean
+    prefilled_outputs: str | None = None  # what the device pre-filled the outputs with ("nan"), None: not pre-filled
+    skipped: str | None = None  # why the device did not run the op after all (a torch_npu child: torch < 2.6)
 
     @property
     def outcome(self) -> Outcome:
@@ -105,6 +109,8 @@ class Attempt:
             return "timeout"
         if self.signal is not None or self.exception is not None:
             return "crashed"
+        if self.skipped is not None and not self.problems:
+            return "skipped"
         return "error" if self.problems else "ok"
 
 
@@ -180,6 +186,13 @@ class Device(Protocol):
     @property
     def binary_record(self) -> dict[str, Any] | None:
         """run.json's `binary`: the external binary's path and sha256, or None."""
+
+    def unsupported(self, manifest: Manifest) -> str | None:
+        """Return why this device cannot run the op of a case folder (`manifest.op`), or None when it can.
+
+        A reason makes the case "skipped" before anything runs (run.json `skipped` says why, compare
+        reports SKIP). A device that only learns it at run time (a torch_npu child that finds torch < 2.6)
+        sets `Attempt.skipped` instead."""
 
     def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
         """Return the command line of one run (the reference device: the equivalent `bsa emulate` call)."""

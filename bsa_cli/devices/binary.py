@@ -14,10 +14,16 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ..errors import suggest
+from ..manifest import Manifest
 from ..store import MANIFEST, sha256_file
 from . import software
 from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder
 from .process import spawn
+
+EXIT_CANNOT_RUN = 5
+"""The exit code of a device child that cannot run the folder's op here (the C++ harness on autograd, the
+torch_npu child on autograd before torch 2.6); the first line of its stderr is `CANNOT_RUN_PREFIX` + why."""
+CANNOT_RUN_PREFIX = "cannot run: "
 
 PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 """Names a --cmd template may use, as `{name}`."""
@@ -78,6 +84,11 @@ class BinaryDevice:
         }
         return [token.format(**values) for token in shlex.split(self.cmd)]
 
+    def unsupported(self, manifest: Manifest) -> str | None:
+        if manifest.op == "autograd":
+            return "a device binary has no autograd (torch_npu's link): run it with --device torch_npu"
+        return None
+
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         return [], None  # its atomic adds choose their own order
 
@@ -86,6 +97,7 @@ class BinaryDevice:
 
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
+        mark_cannot_run(attempt, execution)
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.binary({**os.environ, **env})
@@ -133,3 +145,22 @@ def _check_template(cmd: str, *, has_binary: bool) -> None:
         raise RunConfigError(
             f"--cmd {cmd!r} has no {{output_dir}}: the binary would not know where to write dq, dk, dv"
         )
+
+
+def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
+    """Turn a child's "cannot run this op" (exit `EXIT_CANNOT_RUN`, stderr `cannot run: WHY`) into a skip.
+
+    `attempt.skipped` gets WHY and the exit code's problem goes (the run is "skipped", not an error); any
+    other exit 5 stays what it was.
+    """
+    if attempt.exit_code != EXIT_CANNOT_RUN or attempt.signal is not None or attempt.timed_out:
+        return
+    try:
+        with open(execution.output_dir / attempt.stderr_log, "rb") as log:
+            first = log.read(4096).decode("utf-8", "replace").splitlines()[:1]
+    except OSError:
+        return
+    if not first or not first[0].startswith(CANNOT_RUN_PREFIX) or not first[0][len(CANNOT_RUN_PREFIX) :].strip():
+        return
+    attempt.skipped = first[0][len(CANNOT_RUN_PREFIX) :].strip()[:500]
+    attempt.problems = [p for p in attempt.problems if not p.startswith(f"exited with code {EXIT_CANNOT_RUN}")]

@@ -55,7 +55,10 @@ def read_status(staging: Path, attempt: Attempt) -> None:
 
 
 def check_outputs(staging: Path, manifest: Manifest, attempt: Attempt) -> None:
-    """Record size and sha256 of each output; note missing or wrong-size ones when the status is 0."""
+    """Record size and sha256 of each output of the op folder (the backward's dq, dk, dv; the forward's out,
+    lse; the chain's five); note missing or wrong-size ones when the status is 0. With another status,
+    whatever the device left is recorded, and nothing is missing (a chain whose backward refused the
+    forward's outputs may leave out and lse)."""
     for name, entry in manifest.entries("outputs"):
         try:
             path = inside(staging, entry["file"])
@@ -119,8 +122,12 @@ def case_record(
     differences: list[dict[str, Any]],
     started: str,
     duration: float,
+    skipped: str | None = None,
 ) -> dict[str, Any]:
-    """Return the run.json of a case (without `inputs`, which the caller adds)."""
+    """Return the run.json of a case (without `inputs`, which the caller adds).
+
+    `skipped` is why a case was not run (outcome "skipped"); `device.prefilled_outputs` appears only when
+    the device pre-filled its output buffers (the reference device's forward: "nan")."""
     first = attempts[0] if attempts else None
     device: Device = options.device
     expect = None if manifest is None else {"status": manifest.expect_status, "name": manifest.expect_name}
@@ -140,6 +147,7 @@ def case_record(
             "id": device_id,
             "fault": device.fault,
             "fault_not_applied": first.fault_not_applied if first else None,
+            **({"prefilled_outputs": first.prefilled_outputs} if first and first.prefilled_outputs else {}),
         },
         "binary": device.binary_record,
         "command": first.argv if first else None,
@@ -149,6 +157,7 @@ def case_record(
         "finished": now(),
         "duration_s": round(duration, 4),
         "outcome": outcome,
+        **({"skipped": skipped} if outcome == "skipped" else {}),
         "problems": problems,
         "exit_code": first.exit_code if first else None,
         "signal": first.signal if first else None,

@@ -2,8 +2,10 @@
 
 dQ rows have one owner in the kernel, so dQ must be bitwise identical run to run; dK and dV are summed with
 fp32 atomic adds, so their last bits may move (noise: reported, not failed, unless the run asked for the
-operator's deterministic mode). Every repeat is also judged as `bsa compare` would judge it, so a race
-that moves the outputs far enough fails the run.
+operator's deterministic mode). The forward's out and lse have one owner per row too: bitwise identical in
+every op folder that has them (forward, chain, autograd), except an lse the forward never writes
+(softmax_lse_flag 0: whatever the buffer held, not judged). Every repeat is also judged as `bsa compare`
+would judge it, so a race that moves the outputs far enough fails the run.
 """
 
 from __future__ import annotations
@@ -16,10 +18,18 @@ import numpy as np
 
 from ..case import numpy_dtype
 from ..manifest import Manifest
+from ..ops import FORWARD_OPS
 from .base import Attempt
 
 ATOMIC_OUTPUTS = ("dk", "dv")
 """Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2)."""
+
+
+def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
+    """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
+    if manifest.op in FORWARD_OPS and manifest.forward_params["softmax_lse_flag"] == 0:
+        return ("lse",)
+    return ()
 
 
 def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:
@@ -42,10 +52,11 @@ def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, 
 
 
 def noise(differences: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, int]]:
-    """Summarize run-to-run differences per output: runs that differed, most elements, most ULPs."""
+    """Summarize run-to-run differences per output: runs that differed, most elements, most ULPs (an output
+    the operator never writes, `unwritten`, is not noise: its differences stay in `differences` only)."""
     noise: dict[str, dict[str, int]] = {}
     for diff in differences:
-        if "elements" not in diff:
+        if "elements" not in diff or diff.get("unwritten"):
             continue
         entry = noise.setdefault(diff["output"], {"runs": 0, "elements": 0, "total": diff["total"], "max_ulp": 0})
         entry["runs"] += 1
@@ -70,12 +81,16 @@ def max_ulp(x: np.ndarray, y: np.ndarray, itemsize: int) -> int:
 def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministic: bool) -> list[dict[str, Any]]:
     """Compare a repeat with run 1: the status, and each output element by element.
 
-    dQ rows have one owner in the kernel, so dQ must be bitwise identical; dK and dV are summed with
-    fp32 atomic adds, so their last bits may move from run to run (noise, reported, not a failure).
-    A differing status or dQ (or an output that vanished) is a race that matters (`matters`); in deterministic
-    mode every output must be bitwise identical, dK and dV too.
+    dQ (and the forward's out and lse) rows have one owner in the kernel, so they must be bitwise identical;
+    dK and dV are summed with fp32 atomic adds, so their last bits may move from run to run (noise,
+    reported, not a failure). A differing status, dQ, out or lse (or an output that vanished) is a race that
+    matters (`matters`); in deterministic mode every output must be bitwise identical, dK and dV too. An
+    lse the forward never writes (softmax_lse_flag 0) may differ (a device's uninitialised memory): reported,
+    never a race.
     """
     diffs: list[dict[str, Any]] = []
+    unwritten = unwritten_outputs(manifest)
+    every = "all three" if manifest.op == "backward" else "all"
     if first.status != other.status:
         diffs.append(
             {
@@ -89,18 +104,24 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
         a, b = first.outputs.get(name), other.outputs.get(name)
         if (a or {}).get("sha256") == (b or {}).get("sha256"):
             continue
-        matters = name not in ATOMIC_OUTPUTS or deterministic
+        matters = (name not in ATOMIC_OUTPUTS or deterministic) and name not in unwritten
         diff: dict[str, Any] = {"run": other.index, "output": name, "matters": matters}
+        if name in unwritten:
+            diff["unwritten"] = True
         counted = None
         if a and b:
             counted = differing_elements(first.staging / entry["file"], other.staging / entry["file"], entry["dtype"])
-        if counted is None:
+        if counted is None and name not in unwritten:
             diff["matters"] = True
             diff["message"] = f"{name} not bitwise identical: run {other.index} differs from run 1"
+        elif counted is None:
+            diff["message"] = f"{name} differs: run {other.index} from run 1 (never written: softmax_lse_flag 0)"
         else:
             diff["elements"], diff["total"], diff["max_ulp"] = counted
             what = (
-                "deterministic mode asks all three outputs bitwise identical"
+                "never written with softmax_lse_flag 0: not judged"
+                if name in unwritten
+                else f"deterministic mode asks {every} outputs bitwise identical"
                 if deterministic and name in ATOMIC_OUTPUTS
                 else "a race: its rows have one owner"
                 if diff["matters"]

@@ -4,7 +4,9 @@ thread per id; `run_case` runs one case with its repeats.
 Each run of a device writes into a fresh staging directory `<output_dir>/.run-K`; when the case is done,
 the first run's files move up into `<output_dir>` and `run.json` (`record.case_record`) is written last,
 atomically. Stale results of an earlier run are deleted before a case starts, so nothing left over from
-another binary can be judged, and an interrupted case never leaves gradients without a record.
+another binary can be judged, and an interrupted case never leaves outputs without a record. A case
+folder gen skipped (`Manifest.skip`), or one whose op the device cannot run (`Device.unsupported`), is
+not run: its run.json says "skipped" and why.
 
 This module never prints: callers watch progress through `RunEvent`s.
 """
@@ -60,6 +62,7 @@ class RunResult:
     device_id: int = 0
     duration_s: float = 0.0
     record: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    skipped: str | None = None  # why the case was not run (outcome "skipped")
 
     @property
     def ok(self) -> bool:
@@ -94,7 +97,8 @@ class RunSummary:
 
         3 if any case could not be judged (error, crashed, timeout, interrupted, or cases never run);
         else 1 if any case was nondeterministic under --repeat (a failure of the kernel);
-        else 0. A run does not judge the gradients or the status: `bsa compare` does.
+        else 0. A skipped case (an op gen skipped, or one the device cannot run) is not a failure. A run
+        does not judge the outputs or the status: `bsa compare` does.
         """
         unjudged = {"error", "crashed", "timeout", "interrupted"}
         if self.interrupted or self.not_run or any(r.outcome in unjudged for r in self.results):
@@ -102,6 +106,10 @@ class RunSummary:
         if any(r.outcome == "nondeterministic" for r in self.results):
             return 1
         return 0
+
+
+STALE_OUTPUT_FILES = ("dq.bin", "dk.bin", "dv.bin", "out.bin", "lse.bin")
+"""Output files of every op (the backward's, the forward's) deleted before a case runs, whatever its manifest says."""
 
 
 def _clear_stale(output_dir: Path, manifest: Manifest | None) -> list[str]:
@@ -118,7 +126,7 @@ def _clear_stale(output_dir: Path, manifest: Manifest | None) -> list[str]:
         return []
     problems: list[str] = []
     paths = [output_dir / STATUS_FILE, output_dir / RUN_RECORD]
-    paths += [output_dir / name for name in ("dq.bin", "dk.bin", "dv.bin")]
+    paths += [output_dir / name for name in STALE_OUTPUT_FILES]
     for _, entry in manifest.entries("outputs") if manifest is not None else ():
         try:
             paths.append(inside_parent(output_dir, entry["file"]))
@@ -181,6 +189,9 @@ class _CaseRun:
         if stale:
             problems.extend(stale)
             outcome = "error"
+        skipped = None if manifest is None or outcome != "ok" else self._skip_reason(manifest)
+        if skipped is not None:
+            outcome = "skipped"
         inputs_run: dict[str, str] | None = None
         if manifest is not None and outcome == "ok":
             try:
@@ -200,6 +211,8 @@ class _CaseRun:
         try:
             if outcome == "ok" and manifest is not None:
                 outcome = self._run_all(manifest, attempts, problems, differences)
+                if outcome == "skipped":
+                    skipped = attempts[-1].skipped
         except OSError as exc:  # a staging folder that cannot be made (a full disk, no permission)
             problems.append(f"cannot run the case in {self.output_dir}: {exc.strerror or exc}")
             outcome = "error"
@@ -232,6 +245,7 @@ class _CaseRun:
             differences=differences,
             started=started,
             duration=duration,
+            skipped=skipped,
         )
         record["inputs"] = inputs_run
         try:
@@ -240,7 +254,13 @@ class _CaseRun:
             problems.append(f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}")
             record["outcome"], record["problems"] = "error", problems
             outcome = "error"
-        return self._result(manifest, attempts, outcome, problems, record, duration)
+        return self._result(manifest, attempts, outcome, problems, record, duration, skipped)
+
+    def _skip_reason(self, manifest: Manifest) -> str | None:
+        """Return why this case folder is not run: gen skipped its op, or the device cannot run the op."""
+        if manifest.skip is not None:
+            return manifest.skip
+        return self.device.unsupported(manifest)
 
     def _moved(self, staging: Path | None = None) -> str | None:
         """Return why the folders of this run are no longer bsa's (checked after a binary exits, as before it
@@ -266,6 +286,7 @@ class _CaseRun:
         problems: list[str],
         record: Mapping[str, Any] | None,
         duration: float,
+        skipped: str | None = None,
     ) -> RunResult:
         first = attempts[0] if attempts else None
         return RunResult(
@@ -279,6 +300,7 @@ class _CaseRun:
             device_id=self.device_id,
             duration_s=duration,
             record=record or {},
+            skipped=skipped if outcome == "skipped" else None,
         )
 
     def _run_all(
@@ -295,6 +317,8 @@ class _CaseRun:
                 attempt.problems.append(moved)
                 problems.extend(attempt.problems)
                 return "error"
+            if attempt.outcome == "skipped":  # the device found at run time that it cannot run the op
+                return "skipped"
             if attempt.exit_code == 0:
                 read_status(attempt.staging, attempt)
                 if attempt.status is not None:

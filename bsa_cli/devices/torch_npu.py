@@ -36,15 +36,21 @@ So a case whose call the binding can make runs as the harness would run it; a ca
 (a non-null attenMask, maskType or tokens other than the defaults, a null or short blockShape, a null
 layout, outputs unlike query/key/value, a dtype torch has no tensor for) is refused with exit code 2.
 
+A case folder of another op (`manifest.op`: forward, chain, autograd) runs through
+`npu_block_sparse_attention` and, for the chain, this binding too (`torch_npu_ops`, which says how).
+
 Exit codes: 0 a status was recorded; 2 bad arguments, an unreadable case, a case the binding cannot
 express, torch or torch_npu cannot be imported; 3 the operator or the device failed without an aclnn
-status, or returned gradients of the wrong dtype or shape; 4 an output file could not be written.
+status, or returned gradients of the wrong dtype or shape; 4 an output file could not be written; 5 this
+op cannot run here (autograd before torch 2.6, or a folder gen skipped): no status, and the first line of
+stderr is `cannot run: <why>`.
 torch and torch_npu are imported only when a case runs, never by `import bsa_cli`; only APIs that
 PyTorch 2.1 has are used.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -55,17 +61,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-import numpy as np
-
-from ..case import MAX_TOKENS, numpy_dtype
-from ..errors import BsaError, DataError
+from ..case import MAX_TOKENS
+from ..errors import DataError
 from ..interface import call_lengths
 from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
 from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
 from ..untrusted import inside_parent
-from . import software
+from . import software, torch_npu_ops
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .binary import CANNOT_RUN_PREFIX, EXIT_CANNOT_RUN, mark_cannot_run
 from .process import spawn
+from .torch_npu_ops import (
+    TORCH_DTYPES,
+    CannotRun,
+    DeviceFailure,
+    NotExpressible,
+    TorchNpuMissing,
+    _int,
+    _int_list,
+    to_array,
+    to_tensor,
+)
 
 TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
 """How the torch_npu device is named in records and output."""
@@ -84,25 +100,7 @@ CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "
 GRAD_OF = {"dq": "query", "dk": "key", "dv": "value"}
 """The input each gradient is allocated like by the binding (`apply_tensor_without_format`)."""
 
-TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
-"""Manifest dtypes this device can hand to torch (torch names them alike)."""
-
 EXIT_STATUS, EXIT_USAGE, EXIT_DEVICE, EXIT_WRITE = 0, 2, 3, 4
-
-
-class NotExpressible(BsaError):
-    """A case that the torch_npu binding cannot express (it fixes or fills in what the case varies)."""
-
-
-class DeviceFailure(BsaError):
-    """The operator or the device failed without an aclnn status, or returned unusable gradients.
-
-    `str()` is one line; `detail` holds the whole message of the exception behind it, if any.
-    """
-
-    def __init__(self, message: str, detail: str = "") -> None:
-        super().__init__(message)
-        self.detail = detail
 
 
 @dataclass(frozen=True)
@@ -129,17 +127,6 @@ class Call:
             "num_key_value_heads": self.num_key_value_heads,
             "scale_value": self.scale_value,
         }
-
-
-def _int(value: Any) -> int:
-    """Return an integer value as a Python int (the binding's `int`), refusing anything else."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{value!r}, not an integer")
-    return int(value)
-
-
-def _int_list(values: Sequence[Any] | None) -> list[int] | None:
-    return None if values is None else [_int(v) for v in values]
 
 
 def _desc(entry: Mapping[str, Any] | None) -> tuple[Any, tuple[int, ...]]:
@@ -223,33 +210,6 @@ def aclnn_status(message: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
-# ---- tensors (torch is imported by the caller and passed in) --------------------------------------
-
-
-def to_tensor(torch: Any, array: np.ndarray, dtype_name: str) -> Any:
-    """Return a CPU tensor holding exactly the bytes of `array` (bfloat16 through an int16 view)."""
-    array = np.ascontiguousarray(array)
-    if dtype_name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    return torch.from_numpy(array.copy())
-
-
-def to_array(torch: Any, tensor: Any, dtype_name: str, shape: Sequence[int], what: str) -> np.ndarray:
-    """Return the bytes of a CPU tensor as a NumPy array of the manifest dtype (bfloat16 through int16).
-
-    Raises:
-        DeviceFailure: the tensor is not of `dtype_name` and `shape`.
-    """
-    expected = getattr(torch, dtype_name)
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype != expected or list(tensor.shape) != list(shape):
-        found = f"{tensor.dtype} {list(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-        raise DeviceFailure(f"{what}: torch_npu returned {found}, the manifest wants {expected} {list(shape)}")
-    tensor = tensor.contiguous()
-    if dtype_name == "bfloat16":
-        return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-    return tensor.numpy()
-
-
 # ---- one case --------------------------------------------------------------------------------------
 
 
@@ -266,10 +226,6 @@ def prepare_environment(env: MutableMapping[str, str]) -> list[str]:
         del env["TORCH_NPU_COMPACT_ERROR_OUTPUT"]
         notes.append("TORCH_NPU_COMPACT_ERROR_OUTPUT may hide the aclnn status: unset for this case")
     return notes
-
-
-class TorchNpuMissing(BsaError):
-    """torch or torch_npu cannot be imported in this Python, or has no such binding."""
 
 
 def import_torch_npu() -> tuple[Any, Any]:
@@ -292,31 +248,33 @@ def import_torch_npu() -> tuple[Any, Any]:
     return torch, torch_npu
 
 
-def _clear(output_dir: Path, outputs: Mapping[str, Any]) -> None:
-    """Remove an earlier status and gradient files (links as links), never outside `output_dir`."""
+def _clear(output_dir: Path, manifest: Manifest) -> None:
+    """Remove an earlier status and output files (links as links), never outside `output_dir`."""
     paths = [output_dir / STATUS_FILE]
-    paths += [inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if outputs.get(name)]
+    paths += [inside_parent(output_dir, entry["file"]) for _, entry in manifest.entries("outputs")]
     for path in paths:
         if path.is_symlink() or path.is_file():
             path.unlink()
 
 
 def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
-    """Run one case through torch_npu and write its outputs and status; return the aclnn status.
+    """Run one case folder through torch_npu (by its `op`) and write its outputs and status; return the
+    aclnn status. The backward is called here; the forward, the chain and autograd in `torch_npu_ops`.
 
     Raises:
         DataError: the manifest or an input file is missing or malformed.
         NotExpressible: the binding cannot express the case.
+        CannotRun: an op this device cannot run here (autograd before torch 2.6, an op gen skipped).
         DeviceFailure: the operator or device failed without a status, or returned unusable gradients.
         OSError: an output file could not be written.
     """
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
-    call = plan_call(manifest)
-    outputs = manifest.outputs
+    op_plan = None if manifest.op == "backward" else torch_npu_ops.plan_op(manifest)
+    call = plan_call(manifest) if op_plan is None else None
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    _clear(output_dir, outputs)
+    _clear(output_dir, manifest)
     # `bsa run` checked every input against its sha256 just before starting this process.
     arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in manifest.entries("inputs")}
     dtypes = {name: str(entry["dtype"]) for name, entry in manifest.entries("inputs")}
@@ -329,6 +287,13 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     if os.environ.get(DETERMINISTIC_ENV) == "1":  # reaches the operator's deterministic path (op-plugin)
         torch.use_deterministic_algorithms(True)
         print("deterministic mode: torch.use_deterministic_algorithms(True)")
+    if op_plan is not None:
+        try:
+            torch.npu.set_device(device_id)
+        except Exception as exc:
+            raise DeviceFailure(f"cannot set NPU {device_id}: {type(exc).__name__}: {exc}") from None
+        return torch_npu_ops.run_op(op_plan, manifest, arrays, torch, torch_npu, output_dir)
+    assert call is not None
     binding = getattr(torch_npu, BINDING, None)
     if binding is None:
         raise TorchNpuMissing(
@@ -383,6 +348,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         run_case(case_dir, output_dir, device_id)
+    except CannotRun as exc:
+        print(f"{CANNOT_RUN_PREFIX}{exc}", file=sys.stderr)
+        return EXIT_CANNOT_RUN
     except (DataError, NotExpressible, TorchNpuMissing) as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -438,12 +406,27 @@ class TorchNpuDevice:
 
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
+        mark_cannot_run(attempt, execution)  # the child's exit 5: autograd before torch 2.6
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.from_torch_npu_log(stdout_log)
 
     def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
         return nullcontext()
+
+    def unsupported(self, manifest: Manifest) -> str | None:
+        """Return why this device cannot run a case folder's op (autograd before torch 2.6), or None.
+
+        torch's version is read from its installed metadata (`importlib.metadata`), never by importing it;
+        the child checks `torch.__version__` again (exit 5, `EXIT_CANNOT_RUN`).
+        """
+        if manifest.op != "autograd":
+            return None
+        try:
+            version = importlib.metadata.version("torch")
+        except (importlib.metadata.PackageNotFoundError, ValueError):
+            return None  # unknown here: the child decides
+        return torch_npu_ops.autograd_refusal(version)
 
 
 def _check_torch_npu() -> None:

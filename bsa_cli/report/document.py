@@ -24,14 +24,15 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, drift
+from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, drift
 from ..errors import DataError
 from ..manifest import json_number
+from ..ops import OPS
 from ..untrusted import load_json, read_regular
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
 
-VERDICTS = (PASS, FAIL, ERROR)
+VERDICTS = (PASS, FAIL, ERROR, SKIP)
 """The verdicts a report's case may have; a report with another is malformed."""
 
 SCHEMA = "bsa-compare/1"
@@ -40,12 +41,15 @@ SCHEMA = "bsa-compare/1"
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`)."""
 
-SCHEMA_MINOR = 3
+SCHEMA_MINOR = 4
 """Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
 baseline, `drift` and `regressions`); 2 added `inputs_sha256` per case and `drift.inputs_changed`; 3 added
 `diagnosis` (a failing case's likely causes: `{kind, score, evidence, tensors, where}`) and `hypotheses`
-(every hypothesis the diagnosis tried: `{kind, supposes, score, outcome}`) per case; a document without
-`schema_minor` is minor 0."""
+(every hypothesis the diagnosis tried: `{kind, supposes, score, outcome}`) per case; 4 added `op` (the
+operator call judged: forward, backward, chain, autograd; `name` is the case folder, `NAME@op` for ops other
+than the backward), `case` (the case's name) and `expected_failure` (a pair that fails as it must: a PASS)
+per case, the verdict SKIP (its `errors` say why) and `summary.skipped`; a document without `schema_minor`
+is minor 0, a case without `op` judges the backward."""
 
 
 def _map_cells(array: np.ndarray) -> Any:
@@ -78,6 +82,7 @@ def _plain(value: Any) -> Any:
 def case_document(case: CaseResult) -> dict[str, Any]:
     """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
     document = _plain(case)
+    document["case"] = case.case_name
     document["message"] = case.message
     document["headline"] = case.headline
     deciding = case.deciding
@@ -100,9 +105,12 @@ def utc_date(date: str) -> str:
 
 def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
     """Return who produced the suite's outputs, one entry per distinct device, most cases first:
-    `{"device": words, "kind", "name", "fault", "binary_sha256", "cases"}` (from each case's run record)."""
+    `{"device": words, "kind", "name", "fault", "binary_sha256", "cases"}` (from each case's run record; a
+    SKIP produced no outputs and counts for none)."""
     counts: Counter[tuple[Any, ...]] = Counter()
     for case in suite.cases:
+        if case.verdict == SKIP:
+            continue
         counts[(provenance_label(case), case.device_kind, case.device, case.fault, case.binary_sha256)] += 1
     return [
         {"device": label, "kind": kind, "name": name, "fault": fault, "binary_sha256": sha, "cases": count}
@@ -145,6 +153,7 @@ def to_document(
             "passed": suite.count(PASS),
             "failed": suite.count(FAIL),
             "errors": suite.count(ERROR),
+            "skipped": suite.count(SKIP),
             "output_bytes": suite.output_bytes,
             "seconds": round(suite.seconds, 3),
         },
@@ -238,6 +247,11 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
             raise ValueError(
                 f"{origin}: malformed report (case {case.name!r} has the verdict {case.verdict[:40]!r}; "
                 f"a verdict is one of {', '.join(VERDICTS)})"
+            )
+        if case.op not in OPS:
+            raise ValueError(
+                f"{origin}: malformed report (case {case.name!r} has the op {str(case.op)[:40]!r}; an op is one "
+                f"of {', '.join(OPS)})"
             )
     names = Counter(case.name for case in cases)
     twice = [name for name, count in names.items() if count > 1]

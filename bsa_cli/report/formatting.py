@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult
+from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult
 from ..interface import release_counts
+from ..ops import OPS, Op
 
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("max_abs_err", "max abs error"),
@@ -52,23 +54,113 @@ def fmt(value: float | int | None, digits: int = 4) -> str:
 
 
 def summary_line(suite: SuiteResult) -> str:
-    """Return e.g. "28 cases: 26 passed, 1 failed, 1 error"."""
-    errors = suite.count(ERROR)
+    """Return e.g. "28 cases: 26 passed, 1 failed, 1 error"; with ops other than the backward, the results
+    of how many cases ("12 results of 4 cases: ..."), and the skipped ones where there are any ("..., 1
+    skipped")."""
+    errors, skipped = suite.count(ERROR), suite.count(SKIP)
+    total = len(suite.cases)
+    if shows_ops(suite.cases):
+        names = len({case.case_name for case in suite.cases})
+        counted = f"{total} result{'s' if total != 1 else ''} of {names} case{'s' if names != 1 else ''}"
+    else:
+        counted = f"{total} case{'s' if total != 1 else ''}"
     return (
-        f"{len(suite.cases)} case{'s' if len(suite.cases) != 1 else ''}: {suite.count(PASS)} passed, "
-        f"{suite.count(FAIL)} failed, {errors} error{'s' if errors != 1 else ''}"
+        f"{counted}: {suite.count(PASS)} passed, {suite.count(FAIL)} failed, {errors} error{'s' if errors != 1 else ''}"
+        + (f", {skipped} skipped" if skipped else "")
     )
+
+
+def shows_ops(cases: Sequence[CaseResult]) -> bool:
+    """Whether reports name each result's op: some result judges an op other than the backward (a backward-only
+    suite renders as it always did)."""
+    return any(case.op != "backward" for case in cases)
+
+
+def grouped(cases: Sequence[CaseResult]) -> list[CaseResult]:
+    """Return the results with each case's ops side by side: cases in the order of their first result, a case's
+    ops in `OPS` order (forward, backward, chain, autograd). A backward-only suite keeps its order."""
+    if not shows_ops(cases):
+        return list(cases)
+    first: dict[str, int] = {}
+    for index, case in enumerate(cases):
+        first.setdefault(case.case_name, index)
+    return sorted(cases, key=lambda c: (first[c.case_name], OPS.index(c.op) if c.op in OPS else len(OPS)))
+
+
+def ops_of(cases: Sequence[CaseResult]) -> tuple[Op, ...]:
+    """Return the ops the results judge, in `OPS` order."""
+    present = {case.op for case in cases}
+    return tuple(op for op in OPS if op in present)
+
+
+OPERATORS: dict[str, str] = {"forward": "aclnnBlockSparseAttention", "backward": "aclnnBlockSparseAttentionGrad"}
+"""The aclnn operator each op calls (the pair calls both: `operator_of`)."""
+
+FORWARD_TENSORS = ("out", "lse")
+"""The forward's outputs, as a result's tensors name them (the pair's out and lse too)."""
+
+
+def operator_of(op: str, tensor: str | None = None) -> str:
+    """Return the aclnn operator that produced a tensor of an op's result (out and lse: the forward; dq, dk,
+    dv: the backward); without a tensor, the operators the op calls ("A+B" for the pair)."""
+    if op == "forward" or (tensor in FORWARD_TENSORS):
+        return OPERATORS["forward"]
+    if op == "backward" or tensor is not None:
+        return OPERATORS["backward"]
+    return f"{OPERATORS['forward']}+{OPERATORS['backward']}"
+
+
+_PARENTHESES = re.compile(r" \([^()]*\)")
+"""A parenthesised aside in a check's or a note's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
+
+
+def short_headline(case: CaseResult, asides: bool = False) -> str:
+    """Return a result's headline for a table cell: its notes, then what decided it, without the numbers in
+    parentheses (kept with `asides`): a PASS's check closest to its limit without "closest to its limit:",
+    a pair that fails as it must by its cause alone (the failing checks that follow are in the full headline)."""
+    from ..compare.results import CLOSEST
+
+    headline = case.headline
+    if case.verdict == PASS and case.expected_failure and headline.endswith(case.expected_failure):
+        main = case.expected_failure.split("; ", 1)[0]
+    elif case.verdict == PASS and case.deciding is not None and headline.endswith(case.deciding.detail):
+        main = case.deciding.detail
+    elif case.verdict in (PASS, FAIL) and not asides:
+        return without_asides(headline)
+    else:
+        return headline  # why an op was skipped or not judged, whole (its status is in parentheses)
+    notes = list(case.notes)
+    text = "; ".join([*notes, main.removeprefix(f"{CLOSEST} ")])
+    return text if asides else without_asides(text)
+
+
+def without_asides(text: str) -> str:
+    """Return `text` without its parenthesised asides, nested ones too."""
+    for _ in range(4):
+        shorter = _PARENTHESES.sub("", text)
+        if shorter == text:
+            break
+        text = shorter
+    return text
+
+
+def query_axis(tensor: TensorResult) -> bool:
+    """Whether a tensor's blocks are query blocks i (dq, and the forward's out and lse), not kv blocks j."""
+    if tensor.block_map is not None:
+        return tensor.block_map.axis == "q"
+    return tensor.name in ("dq", *FORWARD_TENSORS)
 
 
 def releases_line(suite: SuiteResult) -> str | None:
     """Return e.g. "expected statuses follow operator release master (28 cases)", or None without releases."""
-    shown = release_counts(case.release for case in suite.cases)
+    by_case = {case.case_name: case.release for case in suite.cases}  # a case's ops follow one release
+    shown = release_counts(by_case.values())
     return f"expected statuses follow operator release {shown}" if shown else None
 
 
 def where(tensor: TensorResult, coords: Mapping[str, int], block: int) -> str:
     """Return an element's place in its tensor's layout and its block, e.g. "b=0,n=1,s=70,d=33 i=2"."""
-    axis = "i" if tensor.name == "dq" else "j"
+    axis = "i" if query_axis(tensor) else "j"
     index = ",".join(f"{axis_name}={coords[axis_name]}" for axis_name in tensor.axes)
     extra = f" (b={coords['b']} s={coords['s']})" if "t" in coords else ""
     return f"{index}{extra} {axis}={block}"
@@ -103,15 +195,18 @@ def provenance(case: CaseResult) -> str:
 
 def device_lines(suite: SuiteResult) -> list[tuple[str, int, bool]]:
     """Return each distinct provenance of the suite's outputs with its case count, and whether it is a
-    warning (reference results or a planted fault), most cases first."""
-    counts = Counter(provenance(case) for case in suite.cases)
-    warned = {provenance(case): is_reference(case) for case in suite.cases}
+    warning (reference results or a planted fault), most cases first (SKIP results have no outputs)."""
+    judged = [case for case in suite.cases if case.verdict != SKIP]  # a SKIP has no outputs
+    counts = Counter(provenance(case) for case in judged)
+    warned = {provenance(case): is_reference(case) for case in judged}
     return [(text, count, warned[text]) for text, count in counts.most_common()]
 
 
 def standards_line(suite: SuiteResult) -> str:
     """Return the standards that judged the suite with their case counts, e.g. "double-benchmark (27), single (1)"."""
-    counts = Counter(case.standard for case in suite.cases if case.standard and case.standard != "-")
+    counts = Counter(
+        case.standard for case in suite.cases if case.standard and case.standard != "-" and case.verdict != SKIP
+    )
     return ", ".join(f"{name} ({count})" for name, count in counts.most_common()) or "-"
 
 
@@ -120,7 +215,13 @@ __all__ = [
     "ERROR",
     "FAIL",
     "PASS",
+    "SKIP",
     "device_lines",
+    "grouped",
+    "operator_of",
+    "ops_of",
+    "query_axis",
+    "shows_ops",
     "fmt",
     "is_reference",
     "planted_fault",
@@ -128,6 +229,7 @@ __all__ = [
     "standards_line",
     "summary_line",
     "where",
+    "without_asides",
     "likely_line",
 ]
 

@@ -6,9 +6,9 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from ..compare import ERROR, FAIL, CaseResult, SuiteResult
+from ..compare import ERROR, FAIL, SKIP, CaseResult, SuiteResult
 from .files import write_text_atomic
-from .formatting import fmt, is_reference, likely_line, planted_fault, provenance, where
+from .formatting import fmt, grouped, is_reference, likely_line, planted_fault, provenance, query_axis, where
 
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -20,7 +20,7 @@ def _xml_text(text: str) -> str:
 def case_report_text(case: CaseResult) -> str:
     """Return the plain-text details of one case: failed checks, worst elements, hot blocks."""
     lines: list[str] = list(case.notes)
-    if case.verdict == ERROR:
+    if case.verdict in (ERROR, SKIP):
         lines.extend(case.errors)
         return "\n".join(lines)
     for check in sorted(case.all_checks, key=lambda c: -c.severity):
@@ -37,7 +37,7 @@ def case_report_text(case: CaseResult) -> str:
                 f"{fmt(element.device, 6)}, golden {fmt(element.golden, 6)}, abs err {fmt(element.abs_err)}"
             )
         for hot in tensor.hot_blocks[:3]:
-            kind = "q block" if tensor.name == "dq" else "kv block"
+            kind = "q block" if query_axis(tensor) else "kv block"
             tile = "" if hot.tile is None else f", worst tile s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
             lines.append(
                 f"{tensor.name} hot {kind}: b={hot.batch} n={hot.head} {kind}={hot.block} "
@@ -57,10 +57,13 @@ def _provenance_text(case: CaseResult) -> str:
 
 
 def _metrics_text(case: CaseResult) -> str:
+    if case.verdict == SKIP:  # nothing was measured
+        return "\n".join([_provenance_text(case), *case.notes, f"op {case.op} not judged: {case.message}"])
     lines = [
         _provenance_text(case),
         *case.notes,
         *(f"precision path: {n}" for n in case.kernel_notes),
+        *([f"op {case.op}"] if case.op != "backward" else []),
         f"standard {case.standard}; status {case.status}",
     ]
     for tensor in case.tensors:
@@ -98,18 +101,23 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
         values["release"] = case.release
     if case.dtype:
         values["dtype"] = case.dtype
+    if case.op != "backward":
+        values["op"] = case.op
     return values
 
 
 def testcase_id(case: CaseResult) -> tuple[str, str]:
-    """Return a case's (classname, name): `bsa.<spec file stem>` and the case name, whatever the verdict,
-    device, fault or shard, so CI keeps one history per case."""
+    """Return a result's (classname, name): `bsa.<spec file stem>` and the case name, with the op in brackets
+    for an op other than the backward (`NAME[forward]`; the backward keeps `NAME`), whatever the verdict,
+    device, fault or shard, so CI keeps one history per case and op."""
     spec = Path(case.spec).stem if case.spec else "cases"
-    return f"bsa.{spec}", case.name
+    name = case.case_name if case.op == "backward" else f"{case.case_name}[{case.op}]"
+    return f"bsa.{spec}", name
 
 
 def junit_xml(suite: SuiteResult) -> str:
-    """Return a JUnit XML report: one testcase per case, <failure> for FAIL, <error> for ERROR.
+    """Return a JUnit XML report: one testcase per result (a case's ops side by side), <failure> for FAIL,
+    <error> for ERROR, <skipped> for SKIP (with why).
 
     Every testcase carries properties (device, reference_results, planted_fault, binary_sha256,
     standard, dtype) and a system-out whose first line says where the outputs come from; the testsuite
@@ -127,14 +135,14 @@ def junit_xml(suite: SuiteResult) -> str:
         tests=str(tests),
         failures=str(failures),
         errors=str(errors),
-        skipped="0",
+        skipped=str(suite.count(SKIP)),
         time=seconds,
     )
     reference = sum(is_reference(c) for c in suite.cases)
     faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
     suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}
     _properties(testsuite, suite_values)
-    for case in suite.cases:
+    for case in grouped(suite.cases):
         classname, name = testcase_id(case)
         testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")
         _properties(testcase, _case_properties(case))
@@ -149,6 +157,8 @@ def junit_xml(suite: SuiteResult) -> str:
         elif case.verdict == ERROR:
             element = ET.SubElement(testcase, "error", message=_xml_text(message[:1000]), type="ERROR")
             element.text = _xml_text(case_report_text(case))
+        elif case.verdict == SKIP:
+            ET.SubElement(testcase, "skipped", message=_xml_text(message[:1000]))
         out = ET.SubElement(testcase, "system-out")
         out.text = _xml_text(_metrics_text(case))
     if reference:

@@ -15,8 +15,14 @@ measurements: "NPU" is the device's output, "Bench" the golden (the float32/floa
 * bsa's columns: the case, its verdict, the tensor's verdict, the standard, and the check that decided
   the case.
 
-A case without tensor results (a negative case judged on its status, or one that could not be judged)
-has one row named after the case, with "N/A" in the numeric columns.
+A case without tensor results (a negative case judged on its status, one that could not be judged, or a
+skipped op) has one row named after the case, with "N/A" in the numeric columns ("Accuracy Reached or Not"
+too for a SKIP).
+
+Ops: a result's names carry its op (the case folder `NAME@forward`) and the operator that produced each
+tensor (`aclnnBlockSparseAttention/NAME@chain/out`, `aclnnBlockSparseAttentionGrad/NAME@chain/dq`), so
+msprobe's columns keep their meaning; a suite with ops other than the backward gets one more bsa column at
+the end, `bsa Op` (a backward-only suite's CSV is as it always was).
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ import io
 import math
 from pathlib import Path
 
-from ..compare import ERROR, PASS, CaseResult, SuiteResult, TensorResult
+from ..compare import ERROR, PASS, SKIP, CaseResult, SuiteResult, TensorResult
 from .files import write_text_atomic
+from .formatting import grouped, operator_of, shows_ops
 
 MSPROBE_COLUMNS = (
     "NPU Name",
@@ -57,8 +64,12 @@ MSPROBE_COLUMNS = (
 BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check")
 """The columns bsa adds after msprobe's."""
 
+OP_COLUMN = "bsa Op"
+"""The last column where a suite has ops other than the backward: forward, backward, chain, autograd."""
+
 NA = "N/A"
 OP = "aclnnBlockSparseAttentionGrad"
+"""The backward's operator, in the names of a backward result's rows (`formatting.operator_of` for the others)."""
 
 
 def _number(value: float | int | None) -> str:
@@ -82,7 +93,7 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
     failed = [c.detail for c in sorted(tensor.checks, key=lambda c: -c.severity) if not c.passed]
     shape = str(list(tensor.shape))
     row = [
-        f"{OP}/{case.name}/{tensor.name}",
+        f"{operator_of(case.op, tensor.name)}/{case.name}/{tensor.name}",
         f"golden/{case.name}/{tensor.name}",
         tensor.dtype,
         tensor.golden_dtype or "float32",
@@ -110,31 +121,35 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
 
 def _case_row(case: CaseResult) -> list[str]:
     """The one row of a case without tensor results."""
-    why = case.errors if case.verdict == ERROR else (case.message,)
+    why = case.errors if case.verdict in (ERROR, SKIP) else (case.message,)
     message = "; ".join([*case.notes, *why])
     dtype = case.dtype or NA
+    reached = NA if case.verdict == SKIP else "Yes" if case.verdict == PASS else "No"
     row = [
-        f"{OP}/{case.name}/status",
+        f"{operator_of(case.op)}/{case.name}/status",
         f"expected/{case.name}/status",
         dtype,
         dtype,
         NA,
         NA,
         *([NA] * 13),
-        "Yes" if case.verdict == PASS else "No",
+        reached,
         message,
     ]
     return row + [case.name, case.verdict, case.verdict, case.standard, _deciding(case)]
 
 
 def csv_rows(suite: SuiteResult) -> list[list[str]]:
-    """Return the CSV's rows, header first: one per tensor of each case (one per case without tensors)."""
-    rows: list[list[str]] = [[*MSPROBE_COLUMNS, *BSA_COLUMNS]]
-    for case in suite.cases:
+    """Return the CSV's rows, header first: one per tensor of each result (one per result without tensors),
+    a case's ops side by side."""
+    with_ops = shows_ops(suite.cases)
+    rows: list[list[str]] = [[*MSPROBE_COLUMNS, *BSA_COLUMNS, *([OP_COLUMN] if with_ops else [])]]
+    for case in grouped(suite.cases):
         if case.tensors:
-            rows.extend(_tensor_row(case, tensor) for tensor in case.tensors)
+            shown = [_tensor_row(case, tensor) for tensor in case.tensors]
         else:
-            rows.append(_case_row(case))
+            shown = [_case_row(case)]
+        rows.extend([*row, case.op] if with_ops else row for row in shown)
     return rows
 
 

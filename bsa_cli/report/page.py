@@ -8,15 +8,30 @@ map of each failing tensor, its hottest block's 16x16 tiles, and its ULP chart a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..compare import ERROR, FAIL, PASS, CaseResult, SuiteResult, TensorResult, Verdict
+from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult, Verdict
 from . import svg
 from .files import write_text_atomic
-from .formatting import METRIC_ROWS, device_lines, fmt, releases_line, standards_line, summary_line, where
+from .formatting import (
+    METRIC_ROWS,
+    device_lines,
+    fmt,
+    grouped,
+    ops_of,
+    query_axis,
+    releases_line,
+    short_headline,
+    shows_ops,
+    standards_line,
+    summary_line,
+    where,
+    without_asides,
+)
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
 from .regressions import drift_html
@@ -64,6 +79,32 @@ ul.errors li{color:var(--error)}
 """
 )
 
+_OPS_CSS = """
+:root{--skip:#6a6f78}
+.SKIP{color:var(--skip);font-weight:700}.badge.SKIP{background:var(--skip);color:#fff}
+#show-SKIP:checked~nav label[for=show-SKIP]{background:#333;color:#fff;border-color:#333}
+#show-problems:checked~section.v-SKIP,#show-FAIL:checked~section.v-SKIP,#show-ERROR:checked~section.v-SKIP,
+#show-PASS:checked~section.v-SKIP,#show-SKIP:checked~section.v-PASS,#show-SKIP:checked~section.v-FAIL,
+#show-SKIP:checked~section.v-ERROR,#show-SKIP:checked~table.cases tr.v-PASS,#show-SKIP:checked~table.cases tr.v-FAIL,
+#show-SKIP:checked~table.cases tr.v-ERROR,#show-problems:checked~table.cases tr.v-SKIP,
+#show-FAIL:checked~table.cases tr.v-SKIP,#show-ERROR:checked~table.cases tr.v-SKIP,
+#show-PASS:checked~table.cases tr.v-SKIP,
+#show-problems:checked~table.ops tr.case:not(.has-FAIL):not(.has-ERROR),
+#show-FAIL:checked~table.ops tr.case:not(.has-FAIL),#show-ERROR:checked~table.ops tr.case:not(.has-ERROR),
+#show-PASS:checked~table.ops tr.case:not(.has-PASS),#show-SKIP:checked~table.ops tr.case:not(.has-SKIP){display:none}
+table.ops td.op{min-width:11em;max-width:22em}table.ops td:first-child{white-space:nowrap}
+table.ops td.op a{text-decoration:none}
+table.ops td.op .what{display:block;font-size:.86em;color:#333;margin-top:.15em}
+table.ops td.op .cellnote{display:block;font-size:.78em;color:#9a4a00;margin-top:.1em}
+table.ops td.none{color:#999;text-align:center}
+.opname{display:inline-block;border:1px solid #999;border-radius:3px;padding:0 .35em;font-size:.85em;color:#333;
+ background:#f4f4f4;margin-left:.3em}
+p.siblings{font-size:.88em;margin:.2em 0 .5em}p.siblings a,p.siblings b{margin-right:.9em;text-decoration:none}
+ul.skips li{color:var(--skip)}
+"""
+"""The rules a page needs only when it shows ops other than the backward or a SKIP (a backward-only suite's page
+is as it always was)."""
+
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()) -> str:
     """Return an HTML table; cells are HTML already; columns in `numeric` are right-aligned."""
@@ -78,6 +119,8 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "",
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
     verdict = FAIL if suite.count(FAIL) else ERROR if suite.count(ERROR) else PASS
+    if suite.cases and suite.count(SKIP) == len(suite.cases):
+        verdict = SKIP  # nothing judged: not a PASS
     rows = [
         ("date", esc(head.date)),
         ("bsa", esc(head.version)),
@@ -85,8 +128,12 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
         ("output folder", "<br>".join(esc(p) for p in head.out) or "-"),
     ]
     devices = []
+    noun = "results" if shows_ops(suite.cases) else "cases"
+    judged = len(suite.cases) - suite.count(SKIP)  # a SKIP has no outputs
+    if suite.count(SKIP):
+        noun = f"judged {noun}"
     for text, count, warned in device_lines(suite):
-        share = f" ({count} of {len(suite.cases)} cases)" if len(suite.cases) > 1 else ""
+        share = f" ({count} of {judged} {noun})" if judged > 1 else ""
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
     rows.append(("standard", esc(standards_line(suite))))
@@ -103,8 +150,9 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
 
 def _filters(suite: SuiteResult) -> str:
     problems = suite.count(FAIL) + suite.count(ERROR)
-    choices = [("all", f"all ({len(suite.cases)})"), ("problems", f"failed or not judged ({problems})")]
-    choices += [(v, f"{v} ({suite.count(v)})") for v in VERDICTS]
+    problem_label = "FAIL or ERROR" if suite.count(SKIP) else "failed or not judged"  # a SKIP is not judged either
+    choices = [("all", f"all ({len(suite.cases)})"), ("problems", f"{problem_label} ({problems})")]
+    choices += [(v, f"{v} ({suite.count(v)})") for v in (*VERDICTS, *((SKIP,) if suite.count(SKIP) else ()))]
     inputs = "".join(
         f'<input type="radio" name="show" id="show-{key}" class="filter"{" checked" if key == "all" else ""}>'
         for key, _ in choices
@@ -114,6 +162,8 @@ def _filters(suite: SuiteResult) -> str:
 
 
 def _summary_table(suite: SuiteResult) -> str:
+    if shows_ops(suite.cases):
+        return _ops_table(suite)
     rows = []
     for case in suite.cases:
         rows.append(
@@ -124,6 +174,65 @@ def _summary_table(suite: SuiteResult) -> str:
         )
     head = "".join(f"<th>{h}</th>" for h in ("case", "verdict", "dtype", "layout", "standard", "what happened"))
     return f'<table class="cases"><tr class="head">{head}</tr>{"".join(rows)}</table>'
+
+
+def _short_headline(case: CaseResult) -> str:
+    """A result's headline for a cell of the ops table without its notes (`formatting.short_headline`), at most
+    160 characters; the notes follow in the cell's smaller print."""
+    headline = short_headline(dataclasses.replace(case, notes=()))
+    return headline if len(headline) <= 160 else headline[:157] + "..."
+
+
+def _ops_table(suite: SuiteResult) -> str:
+    """The summary of a suite with ops: one row per case, one cell per op (the verdict linking to the op's
+    section, and what happened), the ops in `OPS` order; a case without an op shows a dash there."""
+    ops = ops_of(suite.cases)
+    by_case: dict[str, dict[str, CaseResult]] = {}
+    for case in grouped(suite.cases):
+        by_case.setdefault(case.case_name, {})[case.op] = case
+    rows = []
+    above: dict[str, str | None] = {}  # per op: the SKIP reason of the row above, said once down a column
+    for name, results in by_case.items():
+        first = next(iter(results.values()))
+        verdicts = " ".join(f"has-{v}" for v in dict.fromkeys(r.verdict for r in results.values()))
+        cells = []
+        for op in ops:
+            result = results.get(op)
+            if result is None:
+                above[op] = None
+                cells.append('<td class="none" title="the case does not test this op">-</td>')
+                continue
+            what = _short_headline(result)
+            reason = result.headline if result.verdict == SKIP else None
+            if reason is not None and above.get(op) == reason:
+                what = "same reason as above"
+            above[op] = reason
+            notes = "".join(f'<span class="cellnote">{esc(without_asides(n))}</span>' for n in result.notes)
+            cells.append(
+                f'<td class="op v-{result.verdict}"><a href="#case-{esc(result.name)}" title="{esc(result.headline)}">'
+                f'<span class="badge {result.verdict}">{result.verdict}</span></a>'
+                f'<span class="what">{esc(what)}</span>{notes}</td>'
+            )
+        rows.append(
+            f'<tr class="case {verdicts}"><td><a href="#case-{esc(first.name)}">{esc(name)}</a></td>'
+            f"<td>{esc(first.dtype or '-')}</td><td>{esc(first.layout or '-')}</td>{''.join(cells)}</tr>"
+        )
+    head = "".join(f"<th>{esc(h)}</th>" for h in ("case", "dtype", "layout", *ops))
+    return f'<table class="cases ops"><tr class="head">{head}</tr>{"".join(rows)}</table>'
+
+
+def _siblings(case: CaseResult, suite: SuiteResult) -> str:
+    """Links to the other ops of a result's case, each with its verdict (empty for a case of one op)."""
+    others = [c for c in grouped(suite.cases) if c.case_name == case.case_name]
+    if len(others) < 2:
+        return ""
+    links = [
+        f'<a href="#case-{esc(c.name)}"><span class="badge {c.verdict}">{c.verdict}</span> {esc(c.op)}</a>'
+        if c is not case
+        else f'<b><span class="badge {c.verdict}">{c.verdict}</span> {esc(c.op)}</b>'
+        for c in others
+    ]
+    return f'<p class="siblings">ops of {esc(case.case_name)}: {" ".join(links)}</p>'
 
 
 def _checks_table(case: CaseResult, only_failed: bool) -> str:
@@ -162,7 +271,7 @@ def _metrics_table(tensors: Sequence[TensorResult]) -> str:
 
 
 def _hot_table(tensor: TensorResult) -> str:
-    kind = "query block i" if tensor.name == "dq" else "kv block j"
+    kind = "query block i" if query_axis(tensor) else "kv block j"
     rows = []
     for hot in tensor.hot_blocks:
         tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
@@ -240,17 +349,32 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     return "".join(parts)
 
 
-def _case_section(case: CaseResult) -> str:
-    """One case: open with pictures when it failed, folded when it passed."""
-    is_open = " open" if case.verdict != PASS else ""
-    facts = " · ".join(esc(x) for x in (case.dtype, case.layout, case.standard) if x and x != "-")
+def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: bool = False) -> str:
+    """One result: open with pictures when it failed, folded when it passed or was skipped; with ops, its op
+    after the case's name and links to the case's other ops."""
+    is_open = " open" if case.verdict not in (PASS, SKIP) else ""
+    standard = case.standard if case.verdict != SKIP else None  # no standard judged a SKIP
+    facts = " · ".join(esc(x) for x in (case.dtype, case.layout, standard) if x and x != "-")
+    title = (
+        f'<b>{esc(case.case_name)}</b><span class="opname">{esc(case.op)}</span>'
+        if with_ops
+        else f"<b>{esc(case.name)}</b>"
+    )
     summary = (
-        f'<summary><span class="badge {case.verdict}">{case.verdict}</span> <b>{esc(case.name)}</b> '
+        f'<summary><span class="badge {case.verdict}">{case.verdict}</span> {title} '
         f'<span class="sub">{facts}</span> — {esc(case.headline)}</summary>'
     )
     parts = [f'<section class="case v-{case.verdict}" id="case-{esc(case.name)}"><details{is_open}>{summary}']
+    if with_ops and suite is not None:
+        parts.append(_siblings(case, suite))
     parts.extend(f'<p class="note">{esc(note)}</p>' for note in case.notes)
     parts.extend(f'<p class="sub">precision path: {esc(note)}</p>' for note in case.kernel_notes)
+    if case.verdict == SKIP:
+        parts.append('<p class="sub">not judged:</p>')
+        parts.append('<ul class="skips">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
+        parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
+        parts.append("</details></section>")
+        return "".join(parts)
     if case.verdict == ERROR:
         parts.append('<ul class="errors">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
         parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
@@ -292,18 +416,21 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
     """Return a self-contained HTML report (no script, no external file, font or link); with `drift`, a
     section comparing the run with a baseline report comes first."""
     head = header or report_header(suite)
+    with_ops = shows_ops(suite.cases)
+    skip_in_drift = drift is not None and any(SKIP in (v.old, v.new) for v in drift.verdicts)
+    extra = _OPS_CSS if with_ops or suite.count(SKIP) or skip_in_drift else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
         f"<title>bsa compare: {esc(summary_line(suite))}</title>",
-        f"<style>{_CSS}{_DRIFT_CSS if drift else ''}</style></head><body>",
+        f"<style>{_CSS}{extra}{_DRIFT_CSS if drift else ''}</style></head><body>",
         _header(suite, head),
         "<main>",
         drift_html(drift) if drift is not None else "",
         _filters(suite),
         _summary_table(suite),
     ]
-    parts.extend(_case_section(case) for case in suite.cases)
+    parts.extend(_case_section(case, suite, with_ops) for case in grouped(suite.cases))
     parts.append("</main></body></html>\n")
     return "\n".join(parts)
 

@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..compare import ERROR, FAIL, PASS
+from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Drift, MetricChange
 from .formatting import fmt
 from .style import esc
@@ -165,7 +165,7 @@ def drift_html(drift: Drift) -> str:
 
 
 def _badge(verdict: str) -> str:
-    cls = verdict if verdict in (PASS, FAIL, ERROR) else ""
+    cls = verdict if verdict in (PASS, FAIL, ERROR, SKIP) else ""
     return f'<span class="badge {cls}">{esc(verdict)}</span>'
 
 

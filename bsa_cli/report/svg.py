@@ -19,7 +19,7 @@ import numpy as np
 
 from ..compare import BlockMap, HotBlock, Selection, TensorResult, UlpChart
 from ..compare.bias import Bias
-from .formatting import fmt
+from .formatting import fmt, query_axis
 from .style import SVG_FONT, esc
 
 NOT_COMPUTED = "url(#bsa-hatch)"
@@ -301,7 +301,7 @@ def _cell_detail(tensor: TensorResult, block_map: BlockMap, panel: _Panel, block
 
 
 def _hot_text(tensor: TensorResult, hot: HotBlock) -> str:
-    kind = "q block" if tensor.name == "dq" else "kv block"
+    kind = "q block" if query_axis(tensor) else "kv block"
     text = f"hottest block: b={hot.batch} n={hot.head} {kind} {hot.block} (rows {hot.rows[0]}-{hot.rows[1] - 1})"
     if hot.tile is not None:
         text += f"; worst 16x16 tile at s={hot.tile[0]}, d={hot.tile[1]}: ratio {fmt(hot.tile_ratio, 3)}"
@@ -401,7 +401,7 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
     n_rows, n_cols = tiles.shape
     cell = min(22.0, max(6.0, 200.0 / max(n_rows, n_cols)))
     left, top = 44.0, 54.0
-    kind = "q block" if tensor.name == "dq" else "kv block"
+    kind = "q block" if query_axis(tensor) else "kv block"
     title = f"{tensor.name} b={hot.batch} n={hot.head} {kind} {hot.block}: 16x16 tiles"
     out = [_text(4, 12, title, extra=' font-weight="bold"'), _text(left, 30, "columns: head dim d; rows: position s")]
     first_row = hot.rows[0]

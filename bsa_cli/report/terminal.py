@@ -11,11 +11,24 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from ..compare import ERROR, FAIL, PASS, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
+from ..compare import ERROR, FAIL, PASS, SKIP, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from .formatting import METRIC_ROWS, fmt, is_reference, likely_line, planted_fault, releases_line, summary_line, where
+from .formatting import (
+    METRIC_ROWS,
+    fmt,
+    grouped,
+    is_reference,
+    likely_line,
+    planted_fault,
+    query_axis,
+    releases_line,
+    short_headline,
+    shows_ops,
+    summary_line,
+    where,
+)
 
-VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta"}
+VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold cyan"}
 
 
 def _box(console: Console) -> box.Box:
@@ -30,37 +43,78 @@ def _case_table(suite: SuiteResult, console: Console) -> Table:
     """One row per case; the standard goes in the title when every judged case has the same one (a column
     repeating one value only narrows the deciding check). Where the rows do not fit the console's width, a
     passing case's line leaves out its numbers in parentheses (the JSON and HTML reports keep them)."""
-    passing = dataclasses.replace(suite, cases=tuple(c for c in suite.cases if c.headline.startswith(f"{CLOSEST} ")))
+    with_ops = shows_ops(suite.cases)
+    shortened = [c for c in suite.cases if c.headline.startswith(f"{CLOSEST} ") or (with_ops and c.verdict == PASS)]
+    passing = dataclasses.replace(suite, cases=tuple(shortened))
     measure = Console(width=10_000, file=io.StringIO(), color_system=None).measure
     short = bool(passing.cases) and measure(_verdict_table(passing, console, short=False)).maximum > console.width
     return _verdict_table(suite, console, short=short)
 
 
+CASE_WHOLE = 32
+"""Longest case name a table with ops keeps on one line (its op rows leave the column's other lines empty)."""
 SHORT_NOTE = " (of a PASS: the check closest to its limit)"
 """What the deciding-check column's heading adds where passing lines are short (they leave out that they name
 the check closest to its limit)."""
+_SAME = "not judged: same reason as"
+"""What a SKIP row says when an op above it in the same case (or this op of the case above) was skipped for the
+same reason."""
 _DETAIL = re.compile(r" \([^()]*\)$")
 """The numbers in parentheses at the end of a check's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
 
 
 def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
-    standards = sorted({case.standard for case in suite.cases if case.standard != "-"})
+    """One row per result; with ops other than the backward, a case's ops side by side in `OPS` order under
+    its name (an op column; the name on the first row of the case, a line between cases)."""
+    standards = sorted({c.standard for c in suite.cases if c.standard not in ("-", "") and c.verdict != SKIP})
     one = len(standards) <= 1
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
+    with_ops = shows_ops(suite.cases)
     table = Table(box=_box(console), title=title, title_justify="left", expand=False)
-    table.add_column("case", overflow="fold")
+    longest = max((len(c.case_name) for c in suite.cases), default=0)
+    table.add_column("case", overflow="fold", no_wrap=with_ops and longest <= CASE_WHOLE)
+    if with_ops:
+        table.add_column("op", no_wrap=True)
     table.add_column("verdict", no_wrap=True)
     if not one:
         table.add_column("standard", overflow="fold")
     table.add_column(f"deciding check{SHORT_NOTE if short else ''}", overflow="fold")
-    for case in suite.cases:
-        headline = case.headline
-        if short and headline.startswith(f"{CLOSEST} "):  # a PASS without notes
-            headline = _DETAIL.sub("", headline.removeprefix(f"{CLOSEST} "))
+    cases = grouped(suite.cases)
+    reasons: dict[str, str] = {}
+    before: dict[str, str] = {}
+    for index, case in enumerate(cases):
+        text = case.headline
+        if short and with_ops and case.verdict == PASS:  # notes and the check, without their numbers
+            text = short_headline(case)
+        elif short and text.startswith(f"{CLOSEST} "):  # a PASS without notes
+            text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
+        elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
+            text = short_headline(case, asides=not short)
         likely = likely_line(case)
         if likely:
-            headline = f"{headline}\n{likely}"
-        table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), headline)
+            text = f"{text}\n{likely}"
+        if not with_ops:
+            table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), text)
+            continue
+        headline: str | Text = text
+        first = index == 0 or cases[index - 1].case_name != case.case_name
+        last = index == len(cases) - 1 or cases[index + 1].case_name != case.case_name
+        if first:
+            before, reasons = reasons, {}  # a SKIP's reason -> the case's first op skipped for it
+        if case.verdict == SKIP and case.headline in reasons:
+            headline = Text(f"{_SAME} {reasons[case.headline]}", style="dim")  # one reason, said once per case
+        elif case.verdict == SKIP:
+            if before.get(case.headline) == case.op:  # the case above skipped this op for this reason too
+                headline = Text(f"{_SAME} the case above", style="dim")
+            reasons[case.headline] = case.op
+        table.add_row(
+            case.case_name if first else "",
+            case.op,
+            _verdict_text(case.verdict),
+            *([] if one else [case.standard]),
+            headline,
+            end_section=last,
+        )
     return table
 
 
@@ -154,7 +208,7 @@ def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Ta
 
 
 def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
-    kind = "query block i" if tensor.name == "dq" else "kv block j"
+    kind = "query block i" if query_axis(tensor) else "kv block j"
     table = Table(box=_box(console), title=f"{case.name} {tensor.name}: hot blocks ({kind})", title_justify="left")
     for column in ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile"):
         table.add_column(column, justify="right")
@@ -200,18 +254,19 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
 def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
     """Print the case table, details of failing and unjudged cases (every metric with `verbose`), a summary."""
     console.print(_case_table(suite, console))
-    reference = sum(1 for c in suite.cases if is_reference(c))
+    reference = sum(1 for c in suite.cases if is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
     if reference:
         faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
         names = ", ".join(repr(f) for f in faults)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
+        noun = "result" if shows_ops(suite.cases) else "case"
         console.print(
-            f"Note: the outputs of {reference} case{'s' if reference != 1 else ''} come from the reference device "
+            f"Note: the outputs of {reference} {noun}{'s' if reference != 1 else ''} come from the reference device "
             f"(bsa emulate), not from hardware{planted}.",
             style="yellow",
         )
-    for case in suite.cases:
-        if case.not_run:  # the table's line says it, with what to type
+    for case in grouped(suite.cases):
+        if case.not_run or case.verdict == SKIP:  # the table's line says it (what to type, why not judged)
             continue
         if case.verdict == ERROR:
             console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
@@ -239,4 +294,6 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
     if releases:
         console.print(Text(releases), soft_wrap=True)
     style = "bold red" if suite.count(FAIL) else VERDICT_STYLE[ERROR] if suite.count(ERROR) else "bold green"
+    if suite.cases and suite.count(SKIP) == len(suite.cases):
+        style = VERDICT_STYLE[SKIP]  # nothing was judged: no green
     console.print(Text(summary_line(suite), style=style))

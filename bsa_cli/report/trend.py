@@ -18,13 +18,14 @@ from pathlib import Path
 from rich.console import Console
 from rich.text import Text
 
-from ..compare import ERROR, FAIL, PASS
+from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Night, Point, Series, Trend
+from ..ops import split_folder_name
 from .files import write_text_atomic
 from .formatting import fmt, summary_line
 from .style import BASE_CSS, SVG_FONT, esc
 
-COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a"}
+COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a", SKIP: "#6a6f78"}
 LIMIT_COLOUR = "#b3001b"
 LINE_COLOUR = "#4a6fa5"
 
@@ -216,10 +217,20 @@ def _cases_table(trend: Trend) -> str:
     return f'<table class="trend-cases"><tr>{head}</tr>{"".join(rows)}</table>'
 
 
+def _followed(trend: Trend) -> str:
+    """Return what the trend follows: "28 cases", or with op folders (`NAME@forward`) "52 results of 13 cases"."""
+    count = len(trend.series)
+    folders = [split_folder_name(s.case) for s in trend.series]
+    if all(op == "backward" for _, op in folders):
+        return f"{count} case{'s' if count != 1 else ''}"
+    cases = len({name for name, _ in folders})
+    return f"{count} result{'s' if count != 1 else ''} of {cases} case{'s' if cases != 1 else ''}"
+
+
 def trend_html(trend: Trend) -> str:
     """Return the self-contained trend page (no script, no external file, font or link)."""
     nights = trend.nights
-    title = f"bsa trend: {len(trend.series)} cases over {len(nights)} nights"
+    title = f"bsa trend: {_followed(trend)} over {len(nights)} nights"
     rising = len(trend.rising)
     figures = [
         f'<figure class="case" id="trend-{esc(s.case)}"><figcaption><b>{esc(s.case)}</b> '
@@ -268,8 +279,5 @@ def render_trend(trend: Trend, console: Console) -> None:
             soft_wrap=True,
         )
     rising = len(trend.rising)
-    text = (
-        f"{len(trend.series)} case{'s' if len(trend.series) != 1 else ''} over {len(trend.nights)} "
-        f"night{'s' if len(trend.nights) != 1 else ''}: {rising} rising"
-    )
+    text = f"{_followed(trend)} over {len(trend.nights)} night{'s' if len(trend.nights) != 1 else ''}: {rising} rising"
     console.print(Text(text, style="bold red" if rising else "bold green"))

@@ -163,7 +163,7 @@ def test_terminal_likely_line_json_and_junit_carry_the_diagnosis(tmp_path):
     assert lines[4].split("|")[3].strip().startswith("dq is all zero, as if never written, where the golden is not")
     assert lines[5].split("|")[1:3] == [" " * 22, " " * 9] and lines[5].split("|")[3].strip() == likely
     document = json.loads(report.read_text())
-    assert document["schema_minor"] == 3
+    assert document["schema_minor"] >= 3  # diagnosis and hypotheses came with minor 3
     assert document["cases"][0]["diagnosis"] == [
         {"kind": "not-written", "score": 1.0, "evidence": likely[28:], "tensors": ["dq", "dk", "dv"], "where": []}
     ]

@@ -284,7 +284,7 @@ def test_drift_options_need_a_baseline(nights):
 
 def test_reports_carry_date_host_and_device_and_merging_keeps_them(nights, tmp_path):
     document = json.loads(nights[0].read_text())
-    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 3
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == report.SCHEMA_MINOR
     assert document["date"] == DATES[0] and isinstance(document["host"], str)
     assert document["devices"] == [
         {

@@ -388,3 +388,36 @@ def test_a_summary_without_out_makes_a_forward_folder_an_error(tmp_path: Path) -
     result = judge(case_dir)
     assert result.verdict == compare.ERROR
     assert "benchmark_summary: no stats of out" in result.errors[0]
+
+
+def test_fragmented_written_rows_are_measured_exactly_on_those_rows(tmp_path: Path) -> None:
+    """TND interleaves heads, so the written rows of a head whose block row selects nothing split the
+    tensor's rows into many short ranges: measured gathered (`metrics._items`), with the same figures."""
+    case = make(
+        "tnd",
+        layout="TND",
+        batch=2,
+        num_heads=4,
+        num_kv_heads=2,
+        actual_seq_lengths=(96, 64),
+        actual_seq_lengths_kv=(80, 48),
+        q_seq_len=96,
+        kv_seq_len=80,
+    )
+    mask = (np.random.default_rng(7).random(case.mask_shape) < 0.15).astype(np.uint8)
+    case_dir = build_judged_op_folder(tmp_path, case, "forward", mask, device="benchmark")
+    out = read(case_dir, "out").copy()
+    rows = written(case_dir)
+    noisy = np.random.default_rng(1).standard_normal(out.shape) * 1e-3
+    out[rows] = (out[rows].astype(np.float32) + noisy[rows]).astype(out.dtype)
+    rewrite(case_dir, "out", out)
+    geom = compare.geometry.only_rows(compare.geometry._geometry(load_manifest(case_dir).case, "out"), rows)
+    assert len(geom.judged) > 10 and compare.metrics._items(geom)[0].dtype == np.intp  # gathered
+    judged = next(t for t in judge(case_dir).tensors if t.name == "out")
+    gold = np.fromfile(case_dir / "golden/out.bin", dtype=np.float32).reshape(out.shape)
+    error = (out.astype(np.float64) - gold)[rows]
+    assert judged.device.count == error.size
+    assert judged.device.max_abs_err == pytest.approx(np.abs(error).max(), rel=1e-6)
+    assert judged.device.rmse == pytest.approx(np.sqrt((error**2).mean()), rel=1e-5)
+    worst = judged.worst[0].coords
+    assert rows[worst["t"], worst["n"]]
