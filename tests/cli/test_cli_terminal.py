@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from bsa_cli.cli import main
-from bsa_cli.cli.gen import LIST_COLUMNS, list_rows, list_table
+from bsa_cli.cli.gen import LIST_COLUMNS, OPS_COLUMN, list_rows, list_table
 from bsa_cli.cli.progress import ProgressDisplay
 from bsa_cli.devices import reference
 from bsa_cli.specs import load_specs
@@ -38,7 +38,7 @@ def test_list_fits_the_width_and_keeps_every_name_and_number_whole(width):
     assert names == [c.name for c in cases]  # one line per case, the name whole
     rows = {row["case"]: row for row in list_rows(cases)}
     header = f" {lines[1]} "
-    shown = [c for c in LIST_COLUMNS if re.search(rf"\s{re.escape(c)}\s", header)]
+    shown = [c for c in (*LIST_COLUMNS, OPS_COLUMN) if re.search(rf"\s{re.escape(c)}\s", header)]
     assert shown[0] == "case" and {"gen s", "ref s"} <= set(shown)
     for line in lines[3 : 3 + len(cases)]:
         cells = line.split()
