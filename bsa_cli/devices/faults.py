@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..case import Case, SequenceSpan, numpy_dtype
+from ..golden import forward_case, written_rows
 from ..layout import kv_view, lse_view, mask_view, q_view
+from ..ops import PAIR_OPS, Op
 from ..rounding import to_dtype
 
 FAULTS: dict[str, str] = {
@@ -57,8 +59,24 @@ REPEAT_FAULTS: dict[str, str] = {
 }
 """Faults that leave every single run as clean as the reference and show only between repeated runs."""
 
-ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS}
+FORWARD_FAULTS: dict[str, str] = {
+    "lse-not-written": "softmaxLse is left as the buffer held it (the NaN prefill) although softmax_lse_flag is 1 "
+    "(applies with softmax_lse_flag 1 and a row the forward writes)",
+    "rescale-skipped": "the forward's online softmax does not rescale the running sum and accumulator by "
+    "exp(m_old - m_new) when a later 512-column stack raises a row's max (applies to rows with more than 512 "
+    "selected columns)",
+    "stack-off-by-one": "the forward's 512-column stack boundary is off by one: every stack after the first starts "
+    "one column late, so columns 512, 1024, ... of a row's selected columns are dropped (applies to rows with "
+    "more than 512 selected columns)",
+}
+"""Faults of the forward (`devices.forward.run_forward` plants them): they apply to the ops that call the
+forward (forward, chain, autograd), never to a backward folder; the faults above never to a forward folder."""
+
+ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS}
 """Every fault `bsa emulate --fault` and `bsa run --fault` accept."""
+
+_LONG_ROW = 512
+"""Selected columns beyond which a row takes two online-softmax stacks of the forward."""
 
 
 def kernel_scale(case: Case, fault: str | None) -> np.float32:
@@ -97,15 +115,21 @@ def effective_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault
     return mask
 
 
-def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -> bool:
-    """Say whether fault `name` changes the outputs of `case`.
+def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = "backward") -> bool:
+    """Say whether fault `name` changes the outputs of the `op` folder of `case`.
 
     With `block_mask` (the full [B, N1, nQ, nKV] input) the answer is exact up to coincidences of the
-    data (a zero dout, an lse of exactly 0); without it, only the geometry decides and faults that depend
-    on the mask pattern are assumed to apply.
+    data (a zero dout, an lse of exactly 0, a max that no later stack raises); without it, only the
+    geometry decides and faults that depend on the mask pattern are assumed to apply. A forward fault
+    never applies to a backward folder, a backward fault never to a forward folder; on a chain (or
+    autograd) both kinds apply, each to its step.
     """
     if name not in ALL_FAULTS:
         raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(ALL_FAULTS)}")
+    if op not in PAIR_OPS and (name in FORWARD_FAULTS) != (op == "forward"):
+        return False
+    if name in FORWARD_FAULTS:
+        return _forward_fault_applies(name, case, block_mask)
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
     if name in REPEAT_FAULTS:  # one fixed order is only visible where two pairs add into one kv block
         return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
@@ -154,6 +178,26 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None) -
     return False
 
 
+def _forward_fault_applies(name: str, case: Case, block_mask: np.ndarray | None) -> bool:
+    """Say whether a forward fault changes the forward's outputs (`fault_applies`)."""
+    fcase = forward_case(case)
+    spans = [s for s in fcase.spans() if s.q_len and s.kv_len]
+    if name == "lse-not-written":
+        if case.softmax_lse_flag != 1:
+            return False
+        return bool(written_rows(case, block_mask).any()) if block_mask is not None else bool(spans)
+    if block_mask is None:
+        return any(s.kv_len > _LONG_ROW for s in spans)
+    y = fcase.block_shape[1]
+    for span in spans:
+        mask = mask_view(fcase, block_mask, span)  # [N1, nQ, nKV]
+        widths = np.full(mask.shape[2], y)
+        widths[-1] = span.kv_len - y * (mask.shape[2] - 1)  # the real columns of a partial tail block
+        if (mask @ widths > _LONG_ROW).any():
+            return True
+    return False
+
+
 def fault_condition(name: str) -> str:
     """Return when fault `name` changes a case's outputs, in words ("applies when ...")."""
     if name == "drop-tail-block":
@@ -166,8 +210,9 @@ def fault_condition(name: str) -> str:
     return "applies when at least one block is selected"
 
 
-def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None) -> str | None:
-    """Return why fault `name` leaves the outputs of `case` as the clean reference's, or None if it applies.
+def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = "backward") -> str | None:
+    """Return why fault `name` leaves the outputs of the `op` folder of `case` as the clean reference's, or
+    None if it applies.
 
     The sentence is meant for reports: a case that passes with a planted fault it could not carry must
     not read as a fault the comparator missed.
@@ -175,8 +220,18 @@ def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = Non
     Raises:
         ValueError: an unknown fault.
     """
-    if fault_applies(name, case, block_mask):
+    if fault_applies(name, case, block_mask, op):
         return None
+    if name in FORWARD_FAULTS and op == "backward":
+        return (
+            f"fault '{name}' is a fault of the forward: it does not apply to a backward folder (the reference "
+            "device computed it without the fault)"
+        )
+    if name not in FORWARD_FAULTS and op == "forward":
+        return (
+            f"fault '{name}' is a fault of the backward: it does not apply to a forward folder (the reference "
+            "device computed it without the fault)"
+        )
     return (
         f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
         "computed it without the fault"
