@@ -575,6 +575,7 @@ std::vector<char> LayoutBuffer(const std::string &layout)
 
 // ---- the forward and the chain -------------------------------------------------------------------------
 
+#ifndef BSA_NO_FORWARD
 // Host bytes of one input line, checked against its dtype and shape (a bad or stale file fails before the
 // device is touched).
 std::vector<char> ReadInput(const std::string &caseDir, const ArraySpec &array)
@@ -634,6 +635,8 @@ void Download(const DeviceTensor &tensor, const std::string &outputDir)
     }
     WriteFile(Inside(outputDir, tensor.spec.file, false), data.data(), data.size());
 }
+
+#endif  // BSA_NO_FORWARD
 
 // forward: aclnnBlockSparseAttention on query, key, value and the mask (as int8, the dtype the forward
 // registers: the same bytes), writing out and lse. chain: then aclnnBlockSparseAttentionGrad on the
