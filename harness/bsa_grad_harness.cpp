@@ -10,9 +10,14 @@
 //   dq.bin dk.bin dv.bin   raw little-endian, as the case's `output` lines say (only when the status is 0)
 //   status.txt             first line the aclnn status (0, 161001, 161002, ...), second line a message
 //
+// A case folder whose case.txt says `op forward` runs aclnnBlockSparseAttention (out.bin, lse.bin; the mask
+// as int8; out and lse pre-filled with NaN), `op chain` the forward and then the backward on the forward's
+// own device outputs (all five files); `op autograd` is torch_npu's (exit 5). See README.md.
+//
 // Exit codes: 0 the status was recorded (whatever it is); 2 bad arguments or case files;
 // 3 an AscendCL runtime call failed (init, device, memory, stream sync); 4 an output file could not be
-// written. Every acl resource is released on every path (RAII).
+// written; 5 this op cannot run here (stderr: "cannot run: <why>"). Every acl resource is released on
+// every path (RAII).
 //
 // Options:
 //   --device N              device id (default: $ASCEND_DEVICE_ID, else 0)
