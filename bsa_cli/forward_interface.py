@@ -184,6 +184,27 @@ def undefined_behaviour(params: Mapping[str, Any], tensors: Mapping[str, Mapping
     return found
 
 
+def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
+    """Return warnings for a valid forward call whose golden the A2/A3 forward will not match.
+
+    The forward honours BNSD lengths (`call_lengths`: the tiling walks each batch entry's kv length), so a
+    golden that computes over the whole S (`bnsd_lengths: ignored`, the backward's A2/A3 semantics) parts
+    ways with it where actual_seq_lengths_kv is shorter than kv_seq_len. (Shorter query lengths only leave
+    rows unwritten, which judging excludes.)
+    """
+    if params.get("layout") != "BNSD" or bnsd_lengths != "ignored":
+        return []
+    lengths = params.get("actual_seq_lengths_kv") or []
+    full = params.get("kv_seq_len", 0)
+    if any(n < full for n in lengths):
+        return [
+            f"forward: actual_seq_lengths_kv {list(lengths)} shorter than kv_seq_len {full} with bnsd_lengths: "
+            "ignored: the forward attends only to each entry's first keys, the golden to all S; use "
+            "bnsd_lengths: honored to judge the forward on its own terms"
+        ]
+    return []
+
+
 def violations(
     params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
 ) -> list[Violation]:
@@ -233,7 +254,7 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
     nulls = interface.null_layouts(params)
     if nulls:
         names = " and ".join("qInputLayout" if key == "layout" else "kvInputLayout" for key in nulls)
-        return [Violation(nulls[0], f"{names} null", nullptr)]
+        return [Violation(nulls[0], f"{names} {'are' if len(nulls) > 1 else 'is'} null", nullptr)]
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if layout not in LAYOUTS:
         return [Violation("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)]

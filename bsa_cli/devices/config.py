@@ -17,7 +17,8 @@ from .reference import ReferenceDevice
 
 DEVICE_KINDS: dict[str, str] = {
     "reference": "the built-in reference device (bsa emulate), in this process: reference results",
-    "torch_npu": "torch_npu.npu_block_sparse_attention_backward, in a child process per case (an Ascend host)",
+    "torch_npu": "torch_npu's npu_block_sparse_attention_backward (and npu_block_sparse_attention for the forward, the "
+    "chain and autograd), in a child process per case (an Ascend host)",
 }
 """Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd)."""
 

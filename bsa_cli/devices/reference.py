@@ -20,7 +20,7 @@ Its results are a *reference*, never device results. It follows the A2/A3 kernel
 
 `emulate(..., fault=NAME)` plants one of `FAULTS`, a realistic kernel bug the comparator must catch.
 `check_interface` plays the aclnn parameter checks, and `emulate_case_dir` the binary contract of
-docs/design.md (a case directory in, dq.bin/dk.bin/dv.bin and status.txt out).
+docs/design.md (a case directory in, dq.bin/dk.bin/dv.bin and status.txt out; other ops: `reference_ops`).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from .faults import (
     plant_rows_swapped,
     plant_tile_noise,
 )
+from .reference_ops import Emulated, emulate_op_into, unsupported
 
 __all__ = [
     "FAULTS",
@@ -439,26 +440,21 @@ def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None,
     processes, several times slower; the results are the same), writes dq.bin, dk.bin, dv.bin as the
     manifest's `outputs` say, then status.txt "0". Old status and gradient files are removed first and
     every file is written atomically, so an interrupted run never leaves a result that looks complete.
+    A forward or chain folder (`Manifest.op`) goes to `reference_ops.emulate_op_into`.
 
     Raises:
         DataError: the manifest or an input file is missing, malformed or stale.
+        reference_ops.Unsupported: an autograd folder, or a folder gen skipped (`Manifest.skip`).
     """
     return emulate_into(case_dir, output_dir, fault, order_seed).status
-
-
-@dataclass(frozen=True)
-class Emulated:
-    """What `emulate_into` did: the aclnn status it wrote, and why its planted fault left the case clean
-    (`faults.fault_not_applied`; None without a fault, when it applied, or when the call was refused)."""
-
-    status: int
-    fault_not_applied: str | None = None
 
 
 def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None) -> Emulated:
     """Do what `emulate_case_dir` does; return the status and whether the planted fault applied."""
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
+    if manifest.op != "backward" or manifest.skip is not None:
+        return emulate_op_into(manifest, case_dir, output_dir, emulate, fault, order_seed)
     check_output_dir(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     outputs = dict(manifest.entries("outputs"))
@@ -539,8 +535,7 @@ class ReferenceDevice:
         return argv + (["--fault", self.fault] if self.fault else [])
 
     def unsupported(self, manifest: Manifest) -> str | None:
-        autograd = manifest.op == "autograd"
-        return "the reference device has no autograd: run it with --device torch_npu" if autograd else None
+        return unsupported(manifest)  # autograd
 
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         """Return run `index`'s `--seed` (and `--deterministic`) and the seed of its dK/dV order: None in
@@ -595,6 +590,7 @@ class ReferenceDevice:
         stderr.write_text("")
         attempt.exit_code = 0
         attempt.fault_not_applied = done.fault_not_applied
+        attempt.prefilled_outputs = done.prefilled_outputs
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.reference()

@@ -16,7 +16,9 @@
   `forward_kernel` followed by `compute.backward_kernel` on its out and lse.
 
 Rows the forward does not write hold out 0 and lse `case.empty_row_lse` in every array here (never judged).
-Each (batch entry, kv head) is one walk of `walk`, as in `compute`, so `jobs` threads give the same bits.
+Each (batch entry, kv head) is one walk of `walk`, as in `compute`, so `jobs` threads give the same bits. Every
+BLAS call here runs on one thread (`blas.one_thread_each`): on a shared machine BLAS threads on 128-row
+products spin against other processes (a causal 4k-token case: 46 s with two BLAS threads, 3.4 s with one).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
+from .. import blas
 from ..case import Case, numpy_dtype
 from ..layout import lse_view, mask_view, q_view
 from ..rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
@@ -240,7 +243,8 @@ def forward_kernel(
     fcase = forward_case(case)
     out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
     lse = np.full(case.q_shape[:-1], _empty_row_lse32(case), dtype=np.float32)
-    _run(_kernel_walks(fcase, (query, key, value, block_mask), out, lse, stack), _lanes(fcase, block_mask, jobs))
+    with blas.one_thread_each():  # 128-row products: BLAS threads only spin against other processes
+        _run(_kernel_walks(fcase, (query, key, value, block_mask), out, lse, stack), _lanes(fcase, block_mask, jobs))
     return out, lse
 
 
@@ -259,7 +263,8 @@ def _forward64(
         out_view, lse_rows = q_view(fcase, out, span), lse_view(fcase, lse, span)
         empty = np.ones(lse_rows.shape, dtype=bool)
         tasks += [_Task(_Forward(entry, out_view, lse_rows, empty), kv_head) for kv_head in range(case.num_kv_heads)]
-    _run(tasks, _lanes(fcase, block_mask, jobs))
+    with blas.one_thread_each():
+        _run(tasks, _lanes(fcase, block_mask, jobs))
     return out, lse
 
 
@@ -316,10 +321,12 @@ def chain_golden_and_benchmark(
     precision = _check_precision(precision)
     fcase = forward_case(case)
     out64, lse64 = _forward64(case, query, key, value, block_mask, jobs)
-    dq, dk, dv = backward(fcase, dout, query, key, value, out64, lse64, block_mask, precision)
+    with blas.one_thread_each():
+        dq, dk, dv = backward(fcase, dout, query, key, value, out64, lse64, block_mask, precision)
     gold = {"out": _in_precision(out64, precision), "lse": _in_precision(lse64, precision), "dq": dq, "dk": dk}
     gold["dv"] = dv
     bench_out, bench_lse = forward_kernel(case, query, key, value, block_mask, jobs)
-    bench_dq, bench_dk, bench_dv = backward_kernel(fcase, dout, query, key, value, bench_out, bench_lse, block_mask)
+    with blas.one_thread_each():
+        bench_dq, bench_dk, bench_dv = backward_kernel(fcase, dout, query, key, value, bench_out, bench_lse, block_mask)
     bench = {"out": bench_out, "lse": bench_lse, "dq": bench_dq, "dk": bench_dk, "dv": bench_dv}
     return gold, bench

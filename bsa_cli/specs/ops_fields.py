@@ -93,6 +93,7 @@ def read_expect(r: _Reader) -> Expect:
     status = _expect(_Reader(r.path, {"expect": raw.get("status", "ok")}, r.case, f"{r.prefix}expect."))
     sub = r.nested("expect", raw)
     verdict = raw.get("verdict", "PASS")
+    verdict = verdict.upper() if isinstance(verdict, str) and verdict.upper() in VERDICTS else verdict
     if verdict not in VERDICTS:
         raise sub.error(
             "verdict", f"{show(verdict)} is not allowed{_suggest(verdict, VERDICTS)}; allowed: {', '.join(VERDICTS)}"

@@ -217,3 +217,14 @@ def test_the_chain_is_the_forward_then_the_backward_on_its_own_outputs() -> None
     flag0 = dataclasses.replace(case, softmax_lse_flag=0)
     unwritten = reference.emulate(flag0, device_forward.backward_tensors(t, device_forward.run_forward(flag0, t)))
     assert np.isnan(unwritten["dq"].astype(np.float32)).any()
+
+
+def test_stack_off_by_one_on_a_row_of_513_columns_drops_its_last_column() -> None:
+    case = make_case(num_heads=1, num_kv_heads=1, q_seq_len=16, kv_seq_len=513, block_shape=(16, 128), head_dim=32)
+    mask = np.ones(case.mask_shape, dtype=np.uint8)
+    t = draw(case, seed=8, mask=mask)
+    assert faults.fault_applies("stack-off-by-one", case, mask, "forward")
+    faulty = device_forward.run_forward(case, t, "stack-off-by-one")
+    short = make_case(num_heads=1, num_kv_heads=1, q_seq_len=16, kv_seq_len=512, block_shape=(16, 128), head_dim=32)
+    first_512 = {**t, "key": t["key"][:, :, :512], "value": t["value"][:, :, :512], "block_sparse_mask": mask[..., :4]}
+    np.testing.assert_array_equal(bits(faulty["out"]), bits(device_forward.run_forward(short, first_512)["out"]))

@@ -214,3 +214,32 @@ def test_an_lse_never_written_may_differ_between_repeats(tmp_path, op):
     assert diff["matters"] is False and diff["unwritten"] is True
     assert "softmax_lse_flag 0" in diff["message"]
     assert repeat.noise([diff]) == {}  # not atomic-add noise either
+
+
+def test_the_progress_line_of_a_skipped_case_says_why(tmp_path):
+    from bsa_cli.cli.progress import run_detail
+
+    case_dir = build_op_folder(tmp_path, make("c"), "autograd")
+
+    result = devices.run_case(case_dir, devices.RunOptions())
+
+    assert run_detail(result) == "the reference device has no autograd: run it with --device torch_npu"
+
+
+def test_a_binary_that_cannot_run_the_op_exits_5_and_the_case_is_skipped(tmp_path):
+    case_dir = build_op_folder(tmp_path, make("c"), "chain")
+    script = "echo 'cannot run: this harness has no forward' >&2; exit 5"
+
+    result = devices.run_case(case_dir, run_options(cmd=f'sh -c "{script}" sh {{output_dir}}'))
+
+    assert result.outcome == "skipped", result.problems
+    assert result.skipped == "this harness has no forward"
+    assert read_record(result)["skipped"] == "this harness has no forward"
+
+
+def test_any_other_exit_5_is_an_error(tmp_path):
+    case_dir = build_op_folder(tmp_path, make("c"), "chain")
+
+    result = devices.run_case(case_dir, run_options(cmd='sh -c "echo oops >&2; exit 5" sh {output_dir}'))
+
+    assert result.outcome == "error" and result.skipped is None

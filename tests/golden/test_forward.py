@@ -358,3 +358,11 @@ def test_chain_golden_is_torch_autograd_of_the_dense_forward(geometry: str) -> N
     dq, dk, dv = golden.backward_kernel(golden.forward_case(case), *args[:4], out, lse, t["block_sparse_mask"])
     for name, grad in (("dq", dq), ("dk", dk), ("dv", dv)):
         np.testing.assert_array_equal(bench[name].view(np.uint16), grad.view(np.uint16))
+
+
+def test_golden_forward_is_still_the_float64_forward_function() -> None:
+    """The module golden/forward.py must not shadow compute's `forward` on the package (callers use both)."""
+    from bsa_cli.golden import compute
+
+    assert golden.forward is compute.forward
+    assert golden.forward_kernel.__module__ == "bsa_cli.golden.forward"

@@ -260,6 +260,8 @@ def test_shipped_suites_are_valid(suite: Path) -> None:
     assert cases
     if suite.name.startswith("negative"):
         assert all(not c.expect.ok for c in cases)
+    elif suite.name == "chain.yaml":  # a pitfall of the pair is a status: the backward refuses an int8 mask
+        assert [c.name for c in cases if not c.expect.ok] == ["chain-mask-int8-into-backward"]
     else:
         assert all(c.expect.ok for c in cases)
 
