@@ -1,8 +1,12 @@
-"""Generate one case directory: inputs, golden forward, golden and kernel-faithful backward, manifest."""
+"""Generate a case's folders, one per op it tests: inputs, golden and kernel-faithful benchmark, manifest.
+
+The arrays come from `case_arrays` (inputs drawn once per case, each golden computed once); this module
+writes them (`store.CaseWriter`), with the benchmark summary of a backward folder, the fingerprint of
+each folder, and runs suites in worker processes.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -10,7 +14,7 @@ import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -21,11 +25,12 @@ import numpy as np
 from . import compare, golden
 from ._version import __version__
 from .case import Case, numpy_dtype
+from .case_arrays import OpArrays, each_op
+from .case_arrays import compute_case as compute_case  # where callers have always found it
+from .case_arrays import compute_ops as compute_ops
 from .errors import DataError
-from .golden import KernelRange
-from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
-from .manifest import GRAD_NAMES, build_manifest, flat_params
-from .op_folders import OP_INPUT_NAMES, op_case
+from .inputs import mask_stats
+from .manifest import build_manifest, flat_params
 from .ops import FORWARD_OPS, Op, folder_name
 from .schedule import available_memory, estimate
 from .store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
@@ -103,164 +108,6 @@ def is_current(case: Case, case_dir: Path, precision: str, op: Op = "backward") 
     return True
 
 
-_PASSES = 2
-"""Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward."""
-
-
-def compute_case(
-    case: Case,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    kernel_range: golden.KernelRange | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Return (inputs, golden, benchmark) arrays of a case's backward; negative cases get no golden or benchmark.
-
-    With `jobs` > 1 the inputs are drawn and the golden and benchmark walks (`golden.golden_and_benchmark`)
-    run in up to `jobs` threads; each walk's arithmetic is the same as in one thread, so the results are
-    bit-identical. `on_progress(fraction)` hears how much of the case's arithmetic is done, after every
-    query-block row (the golden and the benchmark walks count alike). `kernel_range`, if given, gathers the
-    range of the benchmark's P and dS before they are rounded (`golden.watching`).
-    """
-    tensors, mask = make_tensors(case, jobs), make_mask(case)
-    progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]) * _PASSES, on_progress)
-    return _backward_arrays(case, tensors, mask, precision, jobs, progress, kernel_range)
-
-
-def _backward_arrays(
-    case: Case,
-    drawn: Mapping[str, np.ndarray],
-    mask: np.ndarray,
-    precision: str,
-    jobs: int,
-    progress: _Progress,
-    kernel_range: golden.KernelRange | None,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The backward's (inputs, golden, benchmark) of `compute_case`, from the case's drawn tensors and mask."""
-    tensors = dict(drawn)
-    if not case.expect_of("backward").ok:
-        # The op rejects the call before reading data: any out and lse of the right shapes will do.
-        tensors["attention_out"] = draw(case, "attention_out", case.q_shape, case.init.dout, numpy_dtype(case.dtype))
-        tensors["softmax_lse"] = np.zeros(case.lse_shape_dims, dtype=np.float32)
-        tensors["block_sparse_mask"] = mask
-        return call_inputs(case, tensors), {}, {}
-    tensors["block_sparse_mask"] = mask
-    arrays = (tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
-    watch = golden.watching(kernel_range) if kernel_range is not None else contextlib.nullcontext()
-    with golden.reporting(progress.pairs), watch:
-        out, lse, gold, bench = golden.golden_and_benchmark(case, *arrays, precision, jobs)
-    tensors["attention_out"] = out
-    tensors["softmax_lse"] = lse.reshape(case.lse_shape_dims)
-    gold_arrays = dict(zip(GRAD_NAMES, gold, strict=True))
-    return call_inputs(case, tensors), gold_arrays, dict(zip(GRAD_NAMES, bench, strict=True))
-
-
-@dataclass
-class OpArrays:
-    """What one op's folder of a case holds: its inputs, golden and benchmark arrays (none for a negative or
-    skipped op), why it is skipped (`skip`), and the kernel path's range where the benchmark ran the backward."""
-
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
-    golden: dict[str, np.ndarray] = field(default_factory=dict)
-    benchmark: dict[str, np.ndarray] = field(default_factory=dict)
-    skip: str | None = None
-    kernel_range: KernelRange | None = None
-    stats: dict[str, Any] = field(default_factory=dict)
-    """The mask's statistics (`inputs.mask_stats`) for an op folder's manifest; the backward's are its own."""
-
-
-_OP_PASSES: Mapping[Op, int] = {"backward": _PASSES, "forward": 2, "chain": 4, "autograd": 4}
-"""Walks over the selected blocks per op (the forward: golden and kernel forward; the pair: both of each)."""
-
-
-def compute_ops(
-    case: Case,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    ops: Sequence[Op] | None = None,
-) -> dict[Op, OpArrays]:
-    """Return the arrays of each op's folder of a case (`ops`: those of `case.ops` to make, default all).
-
-    The inputs are drawn once and shared (the same bytes in every folder; the forward's mask as int8); each
-    golden is computed once: the backward's as `compute_case`, the forward's by
-    `golden.forward_golden_and_benchmark`, the pair's (chain and autograd alike) by
-    `golden.chain_golden_and_benchmark`. A skipped op gets only its reason, a negative op (its
-    `case.expect_of` not ok) its call's inputs. Progress as `compute_case`, over every op made.
-    """
-    todo = [op for op in case.ops if ops is None or op in ops]
-    tensors, mask = make_tensors(case, jobs), make_mask(case)
-    pairs = int(mask_stats(case, mask)["selected_blocks"])  # counted once more below: cheap beside a walk
-    made = [op for op in todo if case.skip_reason(op) is None and case.expect_of(op).ok]
-    progress = _Progress(
-        pairs * sum(_OP_PASSES[op] for op in made if op != "autograd" or "chain" not in made), on_progress
-    )
-    found: dict[Op, OpArrays] = {}
-    pair: OpArrays | None = None
-    stats = mask_stats(case, mask)
-    for op in todo:
-        reason = case.skip_reason(op)
-        if reason is not None:
-            found[op] = OpArrays(skip=reason, stats=stats)
-        elif op == "backward":
-            kernel_range = golden.KernelRange()
-            found[op] = OpArrays(*_backward_arrays(case, tensors, mask, precision, jobs, progress, kernel_range))
-            found[op].kernel_range = kernel_range
-        else:
-            called = {name: tensors[name] for name in OP_INPUT_NAMES[op] if name in tensors}
-            inputs = call_inputs(op_case(case, op), {**called, "block_sparse_mask": mask})
-            if not case.expect_of(op).ok:
-                found[op] = OpArrays(inputs, stats=stats)
-            elif op == "forward":
-                with golden.reporting(progress.pairs):
-                    computed = golden.forward_golden_and_benchmark(
-                        case, tensors["query"], tensors["key"], tensors["value"], mask, precision, jobs
-                    )
-                gold = dict(zip(("out", "lse"), computed[:2], strict=True))
-                bench = dict(zip(("out", "lse"), computed[2:], strict=True))
-                found[op] = OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), stats=stats)
-            else:
-                if pair is None:
-                    kernel_range = golden.KernelRange()
-                    with golden.reporting(progress.pairs), golden.watching(kernel_range):
-                        gold, bench = golden.chain_golden_and_benchmark(
-                            case,
-                            tensors["dout"],
-                            tensors["query"],
-                            tensors["key"],
-                            tensors["value"],
-                            mask,
-                            precision,
-                            jobs,
-                        )
-                    pair = OpArrays({}, _lse_shaped(case, gold), _lse_shaped(case, bench), None, kernel_range)
-                found[op] = OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats)
-    return found
-
-
-def _lse_shaped(case: Case, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Return an op's golden or benchmark arrays with lse in the case's lse shape (`case.lse_shape_dims`)."""
-    return {name: a.reshape(case.lse_shape_dims) if name == "lse" else a for name, a in arrays.items()}
-
-
-class _Progress:
-    """Turns selected block pairs walked into the fraction of a case done (every walk counts alike).
-
-    Pairs are counted as `mask_stats` counts them (within each batch entry's lengths), as the walks see them;
-    `total` is the pairs of every walk the case's folders take.
-    """
-
-    def __init__(self, total: int, listener: Callable[[float], None] | None) -> None:
-        self.total = max(1, total)
-        self.done = 0
-        self.listener = listener
-
-    def pairs(self, count: int) -> None:
-        if self.listener is not None:
-            self.done += count
-            self.listener(min(1.0, self.done / self.total))
-
-
 def case_folders(case: Case, out_root: Path) -> list[Path]:
     """Return the folders of a case's ops under `out_root`, in `OPS` order (the backward's: `NAME`)."""
     return [Path(out_root) / folder_name(case.name, op) for op in case.ops]
@@ -289,10 +136,12 @@ def generate_case_ops(
     """Write one folder per op of the case (`ops`: only those, default all of `case.ops`), each atomically,
     and return them in `OPS` order (progress as `compute_case`, over every op).
 
+    Each folder is written before the next op is computed (`each_op`), so one op's arrays are held at a time.
+
     Raises:
-        DataError: a golden is not finite (the case's values overflow), or a folder cannot be written
-            (a full disk, no permission); nothing of it is left half-written, and no folder is written when
-            a golden is not finite.
+        DataError: an op's golden is not finite (the case's values overflow: that folder and the later ones
+            are not written), or a folder cannot be written (a full disk, no permission); nothing of a
+            folder is left half-written.
 
     With `jobs` > 1 the files are written (and hashed) in threads while this thread measures the benchmark.
     """
@@ -300,26 +149,33 @@ def generate_case_ops(
         raise DataError(
             str(Path(out_root) / case.name), "a case name must name one visible folder inside the output folder"
         )
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
-        computed = compute_ops(case, precision, jobs, on_progress, ops)
-    for op, arrays in computed.items():
-        for name, array in arrays.golden.items():
-            # lse is the empty-row value where nothing is selected (inf, by default): never judged there
-            if name != "lse" and array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
-                bad = int(np.count_nonzero(~np.isfinite(array)))
-                raise DataError(
-                    str(Path(out_root) / folder_name(case.name, op)),
-                    f"the golden {name} has {bad} non-finite values ({precision}): "
-                    "the case's scale or init values overflow; make them smaller",
-                )
-    written = []
-    for op, arrays in computed.items():
+    written: list[Path] = []
+    computed = each_op(case, precision, jobs, on_progress, ops)
+    while True:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
+            found = next(computed, None)
+        if found is None:
+            return written
+        op, arrays = found
         final_dir = Path(out_root) / folder_name(case.name, op)
+        _check_finite(arrays.golden, final_dir, precision)
         try:
             written.append(_write_case(case, final_dir, precision, jobs, op, arrays))
         except OSError as exc:
             raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
-    return written
+
+
+def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: str) -> None:
+    """Raise DataError naming the first golden array with non-finite values (lse aside: it holds the empty
+    rows' value, inf by default, where nothing is selected, and is never judged there)."""
+    for name, array in gold.items():
+        if name != "lse" and array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
+            bad = int(np.count_nonzero(~np.isfinite(array)))
+            raise DataError(
+                str(final_dir),
+                f"the golden {name} has {bad} non-finite values ({precision}): "
+                "the case's scale or init values overflow; make them smaller",
+            )
 
 
 def _write_case(case: Case, final_dir: Path, precision: str, jobs: int, op: Op, arrays: OpArrays) -> Path:
@@ -579,5 +435,4 @@ def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Cas
 
 
 def _dtype_name(array: np.ndarray) -> str:
-    name = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
-    return name
+    return "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name

@@ -184,11 +184,13 @@ def inapplicable_faults(case_dirs: Sequence[Path], fault: str) -> list[str]:
                     f"{manifest.name}: fault '{fault}' not planted: a negative case is refused before any computation"
                 )
                 continue
+            if manifest.skip is not None:
+                continue  # never run
             case = manifest.case
             mask = store.read_array(case_dir, manifest.entry("inputs", "block_sparse_mask"))
-            reason = fault_not_applied(fault, case, mask)
+            reason = fault_not_applied(fault, case, mask, manifest.op)
         except (BsaError, KeyError, TypeError, ValueError):
             continue  # the run reports a broken case itself
         if reason is not None:
-            warnings.append(f"{case.name}: {reason}")
+            warnings.append(f"{manifest.name}: {reason}")
     return warnings

@@ -8,6 +8,7 @@ Layout of one generated case (the contract other tools read; README.md documents
     OUT/<case>/golden/*.bin     golden dq, dk, dv (float32 or float64)
     OUT/<case>/benchmark/*.bin  kernel-faithful dq, dk, dv in the case dtype
     OUT/<case>/outputs/         where a device (or the reference device) writes dq.bin, dk.bin, dv.bin
+    OUT/<case>@<op>/            the same for another op of the case (forward, chain, autograd: `op_folders`)
 
 Arrays are raw little-endian C-order bytes. A case directory is written under a temporary name and
 renamed into place once complete, so an interrupted run never leaves a case that looks complete.
