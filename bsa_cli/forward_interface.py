@@ -491,7 +491,7 @@ def refusal(case: Case, op: Op) -> str | None:
     if found is None:
         return None
     step, v = found
-    who = f"the chain's {step} step" if op == "chain" else f"the autograd {step}" if op == "autograd" else None
+    who = f"the chain's {step} step" if op == "chain" else f"autograd's {step} step" if op == "autograd" else None
     who = who or ("the A2/A3 forward" if step == "forward" else "the backward")
     stage = STAGES.get(v.status, "aclnn") if step == "forward" else ("tiling" if v.status == 561002 else "aclnn")
     return f"{who} refuses {v.key} {v.message} ({stage}, {v.status})"

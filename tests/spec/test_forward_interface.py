@@ -388,6 +388,7 @@ def test_chain_yaml_builds_with_every_op() -> None:
     assert by_name["chain-lse-flag-0"].expect_of("forward") == Expect()
     assert by_name["chain-lse-flag-0"].expect_of("autograd").cause == "lse-unwritten"
     assert [op for op, _ in by_name["chain-y64-backward-only"].skipped_ops] == ["forward", "chain", "autograd"]
+    assert by_name["chain-y64-backward-only"].skip_reason("autograd").startswith("autograd's forward step refuses")
 
 
 def test_warnings_belong_to_the_ops_whose_kernel_parts_ways_with_the_golden(tmp_path: Path) -> None:
