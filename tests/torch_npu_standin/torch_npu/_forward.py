@@ -4,8 +4,9 @@ Written from the operator's documentation (ops-transformer attention/block_spars
 section 8), apart from bsa's golden and reference device: for each query row, the kv columns of the
 blocks its mask row selects (within the actual kv length), scores in fp32 times the fp32 scale, a dense
 softmax in fp32, P cast to the input dtype before P V, fp32 accumulation, out cast to the input dtype;
-lse = ln(l) + m in fp32. innerPrecise 1: the scale cast to fp16, exp taken on fp16 differences, P in fp16,
-lse rounded to fp16 (the kernel's fp16 softmax, not its tiling).
+lse = ln(l) + m in fp32. innerPrecise 1 holds the softmax in fp16 (DOMAIN.md section 8): the scale cast to
+fp16, S16 = fp16(fp16(S) * scale16), P = fp16(exp(fp16(S16 - m))), the row sum held in fp16, lse =
+fp16(fp16(ln l) + m); P V still accumulates in fp32. One dense pass per row: no 512-column stacks.
 
 What the real operator leaves alone is left alone here too: rows past a BNSD actual length and rows whose
 mask row selects no kv block are not written (they hold NaN, the stand-in's "garbage"); with
@@ -23,6 +24,11 @@ def _uninitialised(shape: list[int]) -> torch.Tensor:
     """Return float32 memory as a fresh NPU allocation holds it: whatever bytes were there."""
     bits = torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32)
     return bits.view(torch.float32)
+
+
+def _fp16(values: torch.Tensor) -> torch.Tensor:
+    """Return float32 values rounded to float16 (ties to even), still float32."""
+    return values.to(torch.float16).float()
 
 
 def lse_shape(query: torch.Tensor) -> list[int]:
@@ -78,18 +84,22 @@ def forward(
             if not bool(written.any()):
                 continue
             q, k, v = q_b[n].float(), k_b[n // group].float(), v_b[n // group].float()
-            scores = torch.where(selected, (q @ k.T) * scale, torch.tensor(-math.inf))
-            row_max = scores.max(dim=1, keepdim=True).values.clamp_min(-3.0e38)  # rows with nothing: no NaN here
-            shifted = scores - row_max
-            if inner_precise == 1:
-                p = torch.exp(shifted.to(torch.float16).float()).to(torch.float16).float()
+            products = q @ k.T
+            if inner_precise == 1:  # S16 = fp16(fp16(S) * scale16): the fp16 softmax holds its scores in fp16
+                products = _fp16(_fp16(products) * scale)
             else:
-                p = torch.exp(shifted)
-            row_sum = p.sum(dim=1, keepdim=True)
-            o = (p.to(io_dtype).float() @ v) / row_sum
-            lse = torch.log(row_sum[:, 0]) + row_max[:, 0]
+                products = products * scale
+            scores = torch.where(selected, products, torch.tensor(-math.inf))
+            row_max = scores.max(dim=1, keepdim=True).values.clamp_min(-3.0e38)  # rows with nothing: no NaN here
             if inner_precise == 1:
-                lse = lse.to(torch.float16).float()
+                p = _fp16(torch.exp(_fp16(scores - row_max)))
+                row_sum = _fp16(p.sum(dim=1, keepdim=True))
+            else:
+                p = torch.exp(scores - row_max)
+                row_sum = p.sum(dim=1, keepdim=True)
+            o = (p.to(io_dtype).float() @ v) / row_sum
+            lse = torch.log(row_sum[:, 0])
+            lse = _fp16(_fp16(lse) + row_max[:, 0]) if inner_precise == 1 else lse + row_max[:, 0]
             o_b[n][written] = o[written]
             l_b[n][written] = lse[written]
     out = out32.to(io_dtype)
