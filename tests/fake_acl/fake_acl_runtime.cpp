@@ -549,9 +549,16 @@ aclnnStatus aclnnBlockSparseAttentionGetWorkspaceSize(
     if (numKeyValueHeads != 0 && key->dims[nAxis] != numKeyValueHeads) {
         return Reject(561103, "fake forward infershape: numKeyValueHeads differs from key's N");
     }
+    const size_t dAxis = rank - 1;
+    if ((qLayout != "TND" && value->dims[0] != key->dims[0]) || value->dims[dAxis] != key->dims[dAxis]) {
+        return Reject(561103, "fake forward infershape: value's B or D differs from key's");
+    }
     // A2/A3 tiling: 561002
     if (qLayout == "BSND") {
         return Reject(561002, "fake forward tiling: BSND is the 950's");
+    }
+    if (numKeyValueHeads == 0) {
+        return Reject(561002, "fake forward tiling: numKeyValueHeads 0");
     }
     if (innerPrecise == 4 || (innerPrecise == 1 && query->dtype == ACL_BF16)) {
         return Reject(561002, "fake forward tiling: innerPrecise 4, or 1 with bfloat16");
@@ -561,6 +568,18 @@ aclnnStatus aclnnBlockSparseAttentionGetWorkspaceSize(
     }
     if (softmaxLseFlag != 0 && softmaxLseFlag != 1) {
         return Reject(561002, "fake forward tiling: softmaxLseFlag must be 0 or 1");
+    }
+    if (qLayout != "TND" && (query->dims[0] != key->dims[0] || key->dims[0] != value->dims[0])) {
+        return Reject(561002, "fake forward tiling: B of query, key, value differ");
+    }
+    if (query->dims[dAxis] != key->dims[dAxis] || key->dims[dAxis] != value->dims[dAxis]) {
+        return Reject(561002, "fake forward tiling: D of query, key, value differ");
+    }
+    if (key->dims[nAxis] != numKeyValueHeads || value->dims[nAxis] != numKeyValueHeads) {
+        return Reject(561002, "fake forward tiling: key/value N differs from numKeyValueHeads");
+    }
+    if (query->dims[nAxis] % numKeyValueHeads != 0) {
+        return Reject(561002, "fake forward tiling: N1 % numKeyValueHeads != 0");
     }
     const int64_t headDim = query->dims[rank - 1];
     if (headDim != 64 && headDim != 128) {
@@ -629,15 +648,18 @@ aclnnStatus aclnnBlockSparseAttentionGetWorkspaceSize(
             return Reject(561002, "fake forward tiling: TND lengths do not sum to T");
         }
     }
+    int64_t rows = 0;
+    for (int64_t length : qLengths) {
+        rows += length;
+    }
+    if (batch == 0 || n1 == 0 || rows == 0) {
+        return Reject(561002, "fake forward tiling: blockDim is 0 (no query row)");
+    }
     if (softmaxLseFlag == 1 && softmaxLseOptional == nullptr) {
         return Reject(561103, "fake forward: softmaxLse is null with softmaxLseFlag 1 (its ViewCopy fails)");
     }
     if (ShouldFail("aclnnBlockSparseAttentionGetWorkspaceSize")) {
         return Reject(161002, "fake forward: forced failure");
-    }
-    const int64_t kvHeads = key->dims[1];
-    if (kvHeads <= 0 || n1 % kvHeads != 0) {
-        return Reject(561002, "fake forward tiling: N1 % N2 != 0");
     }
     std::printf("fake forward: actualSeqLengths %s actualSeqLengthsKv %s\n", Join(actualSeqLengthsOptional).c_str(),
                 Join(actualSeqLengthsKvOptional).c_str());
