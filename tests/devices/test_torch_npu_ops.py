@@ -451,3 +451,20 @@ def test_check_smoke_and_chain_with_ops_through_torch_npu(tmp_path, ops):
     assert failed == {}, failed
     assert done.returncode == 0, done.stderr[-2000:]
     assert {case.get("op") for case in cases} == set(ops.split(","))
+
+
+def test_a_child_on_torch_before_2_6_skips_an_autograd_folder(tmp_path, monkeypatch):
+    """bsa's process sees a new torch (its metadata), the child's torch says 2.5.1: the child exits 5 and
+    the case is skipped with its reason, not an error."""
+    case = make("old-child")
+    case_dir = build_op_folder(tmp_path / "out", case, "autograd", mask_of(case))
+    standin_env(monkeypatch)
+    monkeypatch.setenv("BSA_TORCH_NPU_STANDIN_FAULT", "old-torch")
+
+    result = invoke("run", case_dir, "--device", "torch_npu")
+
+    assert result.exit_code == 0, result.output
+    rec = run_record(case_dir)
+    assert rec["outcome"] == "skipped" and rec["problems"] == []
+    assert rec["skipped"].startswith("autograd needs torch 2.6 or later") and "torch 2.5.1" in rec["skipped"]
+    assert not (case_dir / "outputs" / "dq.bin").exists()

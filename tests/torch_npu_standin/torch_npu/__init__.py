@@ -34,7 +34,8 @@ would read out of bounds).
 `BSA_TORCH_NPU_STANDIN_FAULT` makes it misbehave, for the runner's paths: `import` (importing it raises
 ImportError, as torch_npu does without the CANN environment), `crash` (SIGSEGV in the call), `hang` (never
 returns), `error` (torch.npu.synchronize raises a device error without an aclnn status), `wrong-dtype`
-(returns float32 gradients). The value is a fault for every process, or `FAULT@ID,...`: a fault for the
+(returns float32 gradients), `old-torch` (torch.__version__ reads "2.5.1" and the forward gets no autograd
+link, as torch_npu before 2.6). The value is a fault for every process, or `FAULT@ID,...`: a fault for the
 process whose ASCEND_DEVICE_ID is ID (so one run on several device ids meets several faults).
 """
 
@@ -80,7 +81,7 @@ SCHEMA = (
 """op_plugin/config/op_plugin_functions.yaml at 517f2e7d, unchanged since the binding came (9bbf9610)."""
 
 FAULT_VARIABLE = "BSA_TORCH_NPU_STANDIN_FAULT"
-FAULTS = ("import", "crash", "hang", "error", "wrong-dtype")
+FAULTS = ("import", "crash", "hang", "error", "wrong-dtype", "old-torch")
 MAX_HEAD_DIM = 128
 MAX_TOKENS = 2147483647
 _ON_NPU = "_bsa_standin_on_npu"
@@ -112,6 +113,9 @@ def _fault() -> str:
             chosen = name
     return chosen
 
+
+if _fault() == "old-torch":
+    torch.__version__ = "2.5.1"  # type: ignore[assignment]
 
 if _fault() == "import":
     raise ImportError("libhccl.so: cannot open shared object file: No such file or directory (stand-in fault)")
