@@ -180,10 +180,7 @@ def log_lines(result: RunResult) -> list[str]:
 
 
 def run_detail(result: RunResult) -> str:
-    """Return the short status text of one run: aclnn status (and the expected one), time, device; why a
-    skipped case was not run."""
-    if result.skipped is not None:
-        return result.skipped
+    """Return the short status text of one run: aclnn status (and the expected one), time, device."""
     parts = []
     if result.status is not None:
         status = f"status {result.status}"

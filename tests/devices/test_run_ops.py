@@ -216,16 +216,6 @@ def test_an_lse_never_written_may_differ_between_repeats(tmp_path, op):
     assert repeat.noise([diff]) == {}  # not atomic-add noise either
 
 
-def test_the_progress_line_of_a_skipped_case_says_why(tmp_path):
-    from bsa_cli.cli.progress import run_detail
-
-    case_dir = build_op_folder(tmp_path, make("c"), "autograd")
-
-    result = devices.run_case(case_dir, devices.RunOptions())
-
-    assert run_detail(result) == "the reference device has no autograd: run it with --device torch_npu"
-
-
 def test_a_binary_that_cannot_run_the_op_exits_5_and_the_case_is_skipped(tmp_path):
     case_dir = build_op_folder(tmp_path, make("c"), "chain")
     script = "echo 'cannot run: this harness has no forward' >&2; exit 5"
