@@ -119,7 +119,9 @@ def forward_tensors(case: Case) -> dict[str, dict[str, Any]]:
     """Return the forward call's non-null tensors of a case ({name: {"dtype", "shape"}}, overrides applied).
 
     The mask is int8 whatever dtype the case gives the backward (a shape override or null applies);
-    dout, dq, dk and dv are not the forward's.
+    dout, dq, dk and dv are not the forward's. (Autograd hands the forward and the backward one mask tensor,
+    in the backward's dtype: whether the NPU's forward takes a uint8 or bool mask is not visible in public
+    code, so bsa expects the forward's status as for int8 there too.)
     """
     descs = case.tensor_descs()
     found = {name: descs[name] for name in FORWARD_TENSORS if name in descs}
@@ -157,10 +159,6 @@ def _int(value: Any) -> bool:
 
 def _shape(tensors: Mapping[str, Mapping[str, Any]], name: str) -> list[Any]:
     return list((tensors.get(name) or {}).get("shape") or ())
-
-
-def _dim(shape: list[Any], axis: int) -> Any:
-    return shape[axis] if len(shape) > axis else None
 
 
 def _ceil_div(n: int, d: int) -> int:
@@ -258,10 +256,15 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if layout not in LAYOUTS:
         return [Violation("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)]
-    # The kv whitelist reads `qLayout != "BSND"` (sic): with a BSND query any kv string passes it, and the
-    # equality rule below refuses it instead (the same status).
-    if kv_layout not in LAYOUTS and layout != "BSND":
-        return [Violation("kv_layout", f"{kv_layout!r}: kvInputLayout is one of TND, BNSD, BSND", invalid)]
+    # The kv whitelist reads `kvLayout != "TND" && kvLayout != "BNSD" && qLayout != "BSND"` (sic): a BSND kv
+    # layout is refused here unless the query is BSND, and with a BSND query any kv string passes it (the
+    # equality rule below then refuses a different one: the same status).
+    if kv_layout not in ("TND", "BNSD") and layout != "BSND":
+        return [
+            Violation(
+                "kv_layout", f"{kv_layout!r}: kvInputLayout is TND or BNSD (BSND only with a BSND query)", invalid
+            )
+        ]
     if layout != kv_layout:
         return [
             Violation("kv_layout", f"{kv_layout!r} differs from qInputLayout {layout!r}: they must be equal", invalid)
@@ -461,13 +464,12 @@ def chain_check(
 def op_violation(case: Case, op: Op) -> tuple[str, Violation] | None:
     """Return the first rule one op of a case breaks, with the step that refuses it ("forward" or
     "backward"), or None when the op's operators accept the case."""
-    params = case_params_forward(case)
     if op in ("forward", *PAIR_OPS):
-        found = violations(params, forward_tensors(case), case.release)
+        found = violations(case_params_forward(case), forward_tensors(case), case.release)
         if found:
             return "forward", found[0]
     if op != "forward":
-        found = interface.violations(params, case.tensor_descs(), case.release)
+        found = interface.violations(interface.case_params(case), case.tensor_descs(), case.release)
         if found:
             return "backward", found[0]
     return None
@@ -486,7 +488,8 @@ def op_status(case: Case, op: Op) -> tuple[int, str]:
 
 def refusal(case: Case, op: Op) -> str | None:
     """Return how one op of a case is refused, for a skip reason ("the A2/A3 forward refuses block_shape
-    [128, 64]: Y % 128 != 0 on A2/A3 (tiling, 561002)"), or None when accepted."""
+    [128, 64]: Y % 128 != 0 (tiling, 561002)"; "the chain's backward step refuses ..."), or None when
+    accepted."""
     found = op_violation(case, op)
     if found is None:
         return None

@@ -400,3 +400,11 @@ def test_warnings_belong_to_the_ops_whose_kernel_parts_ways_with_the_golden(tmp_
     ignored = one(tmp_path, **{"ops": ["forward"], "bnsd_lengths": "ignored", **lengths})
     assert [w.split(":")[0] for w in ignored.warnings] == ["forward"]
     assert "attends only to each entry's first keys" in ignored.warnings[0]
+
+
+def test_a_backward_refusal_names_the_backward_and_the_op_that_accepts(tmp_path: Path) -> None:
+    case = one(tmp_path, **{"ops": ["forward", "backward"], "mask_type": 1})
+    assert case.skipped_ops == (
+        ("backward", "the backward refuses mask_type 1: only 0 is supported (aclnn, 161002); the forward accepts it"),
+    )
+    assert forward_interface.refusal(case, "forward") is None
