@@ -1,4 +1,4 @@
-"""The Python API: load a generated case, judge the dq, dk, dv a device returned, as `bsa compare` would.
+"""The Python API: load a generated case, judge the outputs a device returned, as `bsa compare` would.
 
 For people who call the operator themselves (from PyTorch through torch_npu, or a harness of their own);
 docs/api.md documents it with a runnable example:
@@ -9,6 +9,9 @@ docs/api.md documents it with a runnable example:
     dq, dk, dv = my_backward(case.inputs, **case.op_args)
     result = bsa.judge(case, dq, dk, dv)      # the verdict `bsa compare` gives for the same outputs
     bsa.assert_passed(result)                 # AssertionError naming the deciding check
+
+A case folder of the forward (`NAME@forward`) is judged on `bsa.judge(case, out=..., lse=...)`, one of the
+pair (`NAME@chain`, `NAME@autograd`) on `bsa.judge(case, out=, lse=, dq=, dk=, dv=)`.
 
 Gradients may be NumPy arrays or torch tensors (on any device with `.cpu()`; bfloat16 moves bit for
 bit). torch is imported only once a tensor is given or asked for.
@@ -29,9 +32,10 @@ import numpy as np
 
 from . import interface
 from .case import ACLNN_STATUS, Case, numpy_dtype
-from .compare import HASH_THREADS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
+from .compare import HASH_THREADS, OP_TENSORS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
 from .errors import DataError
-from .manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from .manifest import INPUT_NAMES, Manifest
+from .ops import Op
 from .store import MANIFEST, load_manifest, read_array, select_cases
 
 if TYPE_CHECKING:
@@ -61,15 +65,24 @@ OP_ARG_NAMES = (
 )
 """The non-tensor arguments of `torch_npu.npu_block_sparse_attention_backward`, in its order."""
 
+OP_INPUT_NAMES: dict[Op, tuple[str, ...]] = {
+    "backward": INPUT_NAMES,
+    "forward": ("query", "key", "value", "block_sparse_mask"),
+    "chain": ("query", "key", "value", "dout", "block_sparse_mask"),
+    "autograd": ("query", "key", "value", "dout", "block_sparse_mask"),
+}
+"""The inputs a valid case folder of each op has (the forward and the pair compute out and lse themselves)."""
+
 
 @dataclass(frozen=True, eq=False)
 class LoadedCase:
     """A case directory written by `bsa gen`, with its inputs read and checked against their sha256.
 
     `inputs` holds NumPy arrays keyed by the manifest's input names (query, key, value, dout,
-    attention_out, softmax_lse, block_sparse_mask; bfloat16 as `ml_dtypes.bfloat16`). A negative case may
-    lack an input: the operator is then to receive a null tensor. The golden and benchmark gradients are
-    read on first use.
+    attention_out, softmax_lse, block_sparse_mask; bfloat16 as `ml_dtypes.bfloat16`; a forward folder has
+    query, key, value and the int8 mask, a chain or autograd folder also dout). A negative case may lack an
+    input: the operator is then to receive a null tensor. The golden and benchmark outputs are read on
+    first use.
     """
 
     dir: Path
@@ -81,6 +94,21 @@ class LoadedCase:
     def name(self) -> str:
         """The case's name (its directory's name)."""
         return self.manifest.name
+
+    @property
+    def op(self) -> Op:
+        """The operator call this case folder tests: backward, forward, chain or autograd (`bsa_cli.ops`)."""
+        return self.manifest.op
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """The outputs `judge` takes for this folder's op: dq, dk, dv; out, lse; or all five for the pair."""
+        return OP_TENSORS[self.op]
+
+    @property
+    def skip(self) -> str | None:
+        """Why gen made no files for this op of the case (its operator refuses what another accepts), or None."""
+        return self.manifest.skip
 
     @property
     def params(self) -> dict[str, Any]:
@@ -125,17 +153,19 @@ class LoadedCase:
 
     @cached_property
     def golden(self) -> dict[str, np.ndarray]:
-        """The golden dq, dk, dv (float32 or float64), read and sha256-checked; empty for a negative case."""
+        """The golden outputs of the op (dq, dk, dv; out, lse for the forward; all five for the pair; float32 or
+        float64), read and sha256-checked; empty for a negative case."""
         return self._section("golden")
 
     @cached_property
     def benchmark(self) -> dict[str, np.ndarray]:
-        """The kernel-faithful dq, dk, dv in the case dtype, read and sha256-checked; empty for a negative case."""
+        """The kernel-faithful outputs in the case dtype (lse float32), read and sha256-checked; empty for a
+        negative case."""
         return self._section("benchmark")
 
     def _section(self, section: str) -> dict[str, np.ndarray]:
         entries = self.manifest.section(section)
-        return {name: _read(self.dir, section, name, entries[name]) for name in GRAD_NAMES if name in entries}
+        return {name: _read(self.dir, section, name, entries[name]) for name in self.outputs if name in entries}
 
 
 def load_case(case_dir: str | Path) -> LoadedCase:
@@ -160,10 +190,12 @@ def load_case(case_dir: str | Path) -> LoadedCase:
         entries = manifest.inputs
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(str(path), f"malformed manifest ({type(exc).__name__}: {exc})") from None
-    if case.expect.ok:
-        missing = [name for name in INPUT_NAMES if entries.get(name) is None]
+    wanted = OP_INPUT_NAMES[manifest.op]
+    if case.expect.ok and manifest.skip is None:
+        missing = [name for name in wanted if entries.get(name) is None]
         if missing:
-            raise DataError(str(path), f"no inputs entry for {', '.join(missing)} (a valid case has all seven)")
+            every = "all seven" if manifest.op == "backward" else f"{', '.join(wanted)} ({manifest.op})"
+            raise DataError(str(path), f"no inputs entry for {', '.join(missing)} (a valid case has {every})")
     inputs = {str(name): _read(case_dir, "inputs", str(name), entry) for name, entry in manifest.entries("inputs")}
     return LoadedCase(case_dir, manifest, inputs)
 
@@ -191,30 +223,75 @@ def _read(case_dir: Path, section: str, name: str, entry: Any) -> np.ndarray:
 
 
 def judge(
-    case: LoadedCase, dq: Any, dk: Any, dv: Any, *, settings: RunSettings | None = None, device: str | None = None
+    case: LoadedCase,
+    dq: Any = None,
+    dk: Any = None,
+    dv: Any = None,
+    *,
+    out: Any = None,
+    lse: Any = None,
+    settings: RunSettings | None = None,
+    device: str | None = None,
+    prefilled: bool = False,
 ) -> CaseResult:
-    """Judge the dq, dk, dv of a call that returned successfully, as `bsa compare` judges them from files.
+    """Judge the outputs of a call that returned successfully, as `bsa compare` judges them from files.
+
+    Which outputs depends on the case folder's op (`case.op`, `case.outputs`): the backward's dq, dk, dv
+    (positional, as before); the forward's `out=` and `lse=`; the pair's (chain, autograd) `out=`, `lse=`,
+    `dq=`, `dk=`, `dv=`: the forward step's outputs and the backward's gradients.
 
     Args:
         case: from `load_case`.
         dq, dk, dv: NumPy arrays or torch tensors (any device with `.cpu()`) of the case's dtype and of
             query's and key's shapes.
+        out, lse: the forward's attentionOut (case dtype, query's shape) and softmaxLse (float32, the
+            manifest's `outputs.lse` shape), as the call left them (rows the forward does not write are not
+            judged; with softmax_lse_flag 0 lse is not judged).
         settings: comparison settings for this judgement, as `bsa compare --standard/--threshold/--padding`
             give them (default: the case's own).
         device: a label for who computed the outputs (reports show it).
+        prefilled: the output buffers were filled with NaN before the call (fp16 0x7E00, bf16 0x7FC0, fp32
+            0x7FC00000), so `rows-written` also checks that rows the forward must leave alone were left
+            alone. torch_npu allocates its outputs: leave it False then.
 
     Returns:
         The verdict (`result.passed`, `result.verdict`, `result.checks`, `result.deciding`, `result.message`).
         A negative case fails: the operator should have refused the call. Bad golden or benchmark files
-        give an ERROR verdict, naming the file.
+        give an ERROR verdict, naming the file; a folder gen skipped is a SKIP (no outputs needed).
 
     Raises:
-        ValueError: a gradient is not of the case's dtype and shape (naming it, what was expected and what
-            was given).
-        TypeError: a gradient is neither a NumPy array nor a torch tensor.
+        ValueError: an output the op needs is missing, one it does not have is given (naming both lists), or
+            one is not of the case's dtype and shape (naming it, what was expected and what was given).
+        TypeError: an output is neither a NumPy array nor a torch tensor.
     """
-    grads = {name: to_numpy(value, name) for name, value in zip(GRAD_NAMES, (dq, dk, dv), strict=True)}
-    return _judge(case, DeviceOutcome(0, None, grads, device), settings)
+    given = {
+        name: value
+        for name, value in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
+        if value is not None
+    }
+    op = _loaded(case).op
+    wanted = OP_TENSORS[op]
+    if _loaded(case).skip is not None:
+        return _judge(case, DeviceOutcome(0, None, None, device), settings)
+    extra = [name for name in given if name not in wanted]
+    missing = [name for name in wanted if name not in given]
+    if extra or missing:
+        how = "dq, dk, dv" if op == "backward" else ", ".join(f"{n}=..." for n in wanted)
+        parts = [f"{', '.join(missing)} missing"] if missing else []
+        if extra:
+            parts.append(f"{', '.join(extra)} given, but the {op} has no {' or '.join(extra)}")
+        raise ValueError(
+            f"{case.name}: {'; '.join(parts)}: the {op}'s outputs are {', '.join(wanted)} (bsa.judge(case, {how}))"
+        )
+    outputs = {name: to_numpy(given[name], name) for name in wanted}
+    return _judge(case, DeviceOutcome(0, None, outputs, device, prefilled=prefilled), settings)
+
+
+def _loaded(case: Any) -> LoadedCase:
+    """Return `case` if it is what `load_case` returns; TypeError otherwise."""
+    if not (isinstance(getattr(case, "dir", None), Path) and isinstance(getattr(case, "manifest", None), Mapping)):
+        raise TypeError(f"case: a {type(case).__name__}; expected what bsa.load_case returns")
+    return case  # type: ignore[no-any-return]
 
 
 def judge_status(
@@ -246,8 +323,7 @@ def judge_status(
 
 
 def _judge(case: LoadedCase, outcome: DeviceOutcome, settings: RunSettings | None) -> CaseResult:
-    if not (isinstance(getattr(case, "dir", None), Path) and isinstance(getattr(case, "manifest", None), Mapping)):
-        raise TypeError(f"case: a {type(case).__name__}; expected what bsa.load_case returns")
+    _loaded(case)
     with ThreadPoolExecutor(max_workers=HASH_THREADS) as pool:
         return judge_outcome(case.dir, outcome, case.manifest, settings, pool)
 

@@ -43,7 +43,8 @@ def compute_case(
     range of the benchmark's P and dS before they are rounded (`golden.watching`).
     """
     tensors, mask = make_tensors(case, jobs), make_mask(case)
-    progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]) * _PASSES, on_progress)
+    pairs = int(mask_stats(case, mask)["selected_blocks"]) if case.expect_of("backward").ok else 0  # refused: no walk
+    progress = _Progress(pairs * _PASSES, on_progress)
     return _backward_arrays(case, tensors, mask, precision, jobs, progress, kernel_range)
 
 
@@ -87,6 +88,8 @@ class OpArrays:
     kernel_range: KernelRange | None = None
     stats: dict[str, Any] = field(default_factory=dict)
     """The mask's statistics (`inputs.mask_stats`) for an op folder's manifest; the backward's are its own."""
+    block_mask: np.ndarray | None = None
+    """An op folder's mask as drawn (the forward's written rows for its benchmark summary); None: the backward."""
 
 
 _OP_PASSES: Mapping[Op, int] = {"backward": _PASSES, "forward": 2, "chain": 4, "autograd": 4}
@@ -124,10 +127,11 @@ def each_op(
     """
     todo = [op for op in case.ops if ops is None or op in ops]
     tensors, mask = make_tensors(case, jobs), make_mask(case)
-    stats = mask_stats(case, mask)
+    # a case every op refuses may have no geometry to count blocks in (the backward's folder counts its own)
+    stats = mask_stats(case, mask) if any(case.expect_of(op).ok for op in todo) else {}
     made = [op for op in todo if case.skip_reason(op) is None and case.expect_of(op).ok]
     walks = sum(_OP_PASSES[op] for op in made if op != "autograd" or "chain" not in made)  # the pair once
-    progress = _Progress(int(stats["selected_blocks"]) * walks, on_progress)
+    progress = _Progress(int(stats.get("selected_blocks", 0)) * walks, on_progress)
     pair: OpArrays | None = None
     for op in todo:
         reason = case.skip_reason(op)
@@ -149,7 +153,7 @@ def each_op(
                     )
                 gold = dict(zip(("out", "lse"), computed[:2], strict=True))
                 bench = dict(zip(("out", "lse"), computed[2:], strict=True))
-                yield op, OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), stats=stats)
+                yield op, OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), None, None, stats, mask)
             else:
                 if pair is None:
                     kernel_range = golden.KernelRange()
@@ -165,7 +169,7 @@ def each_op(
                             jobs,
                         )
                     pair = OpArrays({}, _lse_shaped(case, gold), _lse_shaped(case, bench), None, kernel_range)
-                yield op, OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats)
+                yield op, OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats, mask)
 
 
 def _lse_shaped(case: Case, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -185,9 +185,10 @@ def _write_case(case: Case, final_dir: Path, precision: str, jobs: int, op: Op, 
     files += [(f"benchmark/{name}.bin", a, "float32" if name == "lse" else case.dtype) for name, a in bench.items()]
     with CaseWriter(final_dir) as writer, _Writers(writer, jobs) as written:
         pending = written.all(files)
-        # the summary measures dq, dk, dv; an op folder's compare measures its benchmark from the files
-        measured = bench and op == "backward"
-        summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench) if measured else None
+        summary = None
+        if bench:  # out over the forward's written rows (the mask), dq, dk, dv; lse is measured when judged
+            masked = () if arrays.block_mask is None else (arrays.block_mask,)
+            summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench, *masked)
         entries = pending()
         inputs = {name: entries[f"inputs/{name}.bin"] for name in tensors}
         golden_entries = {name: entries[f"golden/{name}.bin"] for name in gold}

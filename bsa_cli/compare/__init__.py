@@ -1,4 +1,7 @@
-"""Judge a device's dq, dk, dv against the golden: metrics, standards, structural checks, verdicts.
+"""Judge a device's outputs against the golden: metrics, standards, structural checks, verdicts.
+
+The backward's dq, dk, dv; the forward's out and lse (on the rows it writes); all five for the pair (chain,
+autograd), each case folder by its op (`manifest.op`, `OP_TENSORS`).
 
 Nothing here prints. `compare_suite` reads case directories and device output directories and returns a
 `SuiteResult`; `bsa_cli.report` renders it. The pure core is `judge_tensors` (arrays in, `TensorResult`s
@@ -17,7 +20,9 @@ none imports `bsa_cli.report` or the CLI):
 * `locate.py`     where the errors are: block maps, hot blocks and tiles, worst elements, the ULP chart;
 * `structural.py` the checks every standard runs: NaN/Inf, rows that must be 0, padding, all-zero outputs;
 * `summary.py`    the benchmark measured once at `bsa gen` and reused by every judgement;
-* `judge.py`      `judge_tensors`: the pure core, with the checks of each standard;
+* `judge.py`      `judge_tensors`: the pure core, with the checks of each standard (`judge_tensor`: one tensor);
+* `forward.py`    the forward's out and lse judged on the rows it writes, and the `rows-written` check;
+* `pair.py`       the pair's causes (`lse-unwritten`, `padding-rows-read`) and its expected verdict;
 * `diagnose/`     a failing case's likely causes, hypotheses recomputed on its failing blocks (`diagnose`);
 * `case_files.py` reading a case and an output directory: status, run record, hashes, mapped arrays;
 * `verdict.py`    one case to its verdict: `compare_case` (files) and `judge_outcome` (in memory);
@@ -59,13 +64,14 @@ from .standards import (
 from .suite import HASH_THREADS, compare_suite, missing_cases, suite_jobs
 from .summary import BenchmarkSummary, summarize_benchmark, summary_document, summary_from_document, summary_key
 from .ulp import ULP_BUCKETS, ulp_error
-from .verdict import DeviceOutcome, compare_case, judge_outcome
+from .verdict import OP_TENSORS, DeviceOutcome, compare_case, judge_outcome
 
 __all__ = [
     "DEFAULT_STANDARD",
     "ERROR",
     "FAIL",
     "HASH_THREADS",
+    "OP_TENSORS",
     "PASS",
     "SKIP",
     "STANDARDS",

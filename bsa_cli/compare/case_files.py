@@ -23,7 +23,7 @@ from ..manifest import GRAD_NAMES, Manifest
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
 from ..untrusted import entry_path, inside, load_json, parse_status, read_regular
 from .results import NOT_RUN, Check
-from .summary import BenchmarkSummary, summary_from_document
+from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
 
 STATUS_FILE = "status.txt"
 RUN_RECORD = "run.json"
@@ -104,6 +104,25 @@ def _run_device_info(output_dir: Path) -> dict[str, Any]:
     if isinstance(software, dict) and isinstance(software.get("cann"), str):
         info["device_cann"] = clip(software["cann"], 64)
     return info
+
+
+def run_forward_record(output_dir: Path) -> tuple[str | None, bool]:
+    """Return what a run record says for an op folder: why the device did not run it (outcome "skipped":
+    its `skipped` reason, else None), and whether it pre-filled the forward's outputs with NaN
+    (`device.prefilled_outputs: "nan"`)."""
+    try:
+        record = _load_record(output_dir)
+    except DataError:
+        return None, False
+    if not isinstance(record, dict):
+        return None, False
+    device = record.get("device")
+    prefilled = isinstance(device, dict) and device.get("prefilled_outputs") == "nan"
+    if record.get("outcome") != "skipped":
+        return None, prefilled
+    reason = record.get("skipped")
+    text = clip(reason, 500) if isinstance(reason, str) and reason else "the device did not run it (no reason given)"
+    return text, prefilled
 
 
 def recorded_fault_notes(output_dir: Path) -> tuple[str, ...]:
@@ -294,10 +313,12 @@ def _open_arrays(
     key: Mapping[str, Any] | None = None,
     device: Mapping[str, np.ndarray] | None = None,
     outputs_run: Mapping[str, str] | None = None,
+    names: Sequence[str] = GRAD_NAMES,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
-    Device outputs given as arrays (`device`) stand for the files of `output_dir`.
+    Device outputs given as arrays (`device`) stand for the files of `output_dir`. `names` are the tensors
+    of the case folder's op (dq, dk, dv for the backward; out, lse for the forward; all five for the pair).
 
     When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
     opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
@@ -316,10 +337,10 @@ def _open_arrays(
     opened = _Opened()
     document = manifest.benchmark_summary
     if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
-        opened.summary = _open_summary(case_dir, manifest, document, executor, opened)
+        opened.summary = _open_summary(case_dir, manifest, document, executor, opened, names)
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
     if device is not None:
-        opened.device.update((name, device[name]) for name in GRAD_NAMES)
+        opened.device.update((name, device[name]) for name in names)
     else:
         assert output_dir is not None
         sections.insert(0, ("outputs", output_dir, opened.device))
@@ -331,7 +352,7 @@ def _open_arrays(
         entries = dict(manifest.entries(section))
         # With a summary the benchmark is hashed and read at its worst elements only, not measured.
         populate = section != "benchmark" or opened.summary is None
-        for name in GRAD_NAMES:
+        for name in names:
             if name not in entries:
                 opened.problems.append(f"{case_dir / MANIFEST}: no {section} entry for {name}")
                 continue
@@ -376,17 +397,27 @@ def _open_arrays(
 
 
 def _open_summary(
-    case_dir: Path, manifest: Manifest, document: Mapping[str, Any], executor: Executor, opened: _Opened
+    case_dir: Path,
+    manifest: Manifest,
+    document: Mapping[str, Any],
+    executor: Executor,
+    opened: _Opened,
+    names: Sequence[str] = GRAD_NAMES,
 ) -> BenchmarkSummary | None:
     """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it; None, with a problem noted,
-    if it is malformed or a tiles file is missing or of the wrong size."""
+    if it is malformed, lacks a tensor of `names` the standard judges (lse never is summarized), or a
+    tiles file is missing or of the wrong size."""
     tiles = {}
     try:
         for name, entry in dict(document["tiles"]).items():
             tiles[name] = map_array(case_dir, entry, populate=True)
             path, sha = case_dir / entry["file"], entry.get("sha256")
             opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
-        return summary_from_document(document, tiles)
+        summary = summary_from_document(document, tiles)
+        lacking = [name for name in names if name in SUMMARIZED and name not in summary.stats]
+        if lacking:
+            raise ValueError(f"no stats of {', '.join(lacking)}")
+        return summary
     except DataError as exc:
         opened.problems.append(str(exc))
     except (KeyError, TypeError, ValueError) as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -12,6 +12,9 @@ from ..manifest import GRAD_NAMES
 
 TILE = 16
 """Side of the cube unit's fractal: the tile the localized check and the hot-block map work in."""
+
+Q_ROWS = ("dq", "out", "lse")
+"""Tensors whose rows are query rows (the others, dk and dv, have kv rows)."""
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class _Geometry:
     block: int
     lengths: tuple[int, ...]
     starts: tuple[int, ...]  # TND token offsets of each batch entry
+    judged: tuple[tuple[int, int], ...] | None = None  # row ranges judged, when not every real row is (`only_rows`)
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -51,7 +55,10 @@ class _Geometry:
         return per_row.reshape(-1, self.heads, seq, *tail)[batch, :, :length]
 
     def segments(self) -> list[tuple[int, int]]:
-        """Return the [start, stop) row ranges that hold real positions (all rows unless BNSD padding)."""
+        """Return the [start, stop) row ranges that hold real positions (all rows unless BNSD padding), or
+        the ranges `judged` names (the rows the forward writes)."""
+        if self.judged is not None:
+            return list(self.judged)
         if self.layout == "TND" or all(n == self.shape[2] for n in self.lengths):
             return [(0, self.rows)] if self.rows else []
         seq = self.shape[2]
@@ -84,7 +91,7 @@ class _Geometry:
 
 
 def _geometry(case: Case, name: str) -> _Geometry:
-    kind = "q" if name == "dq" else "kv"
+    kind = "q" if name in Q_ROWS else "kv"
     spans = case.spans()
     if kind == "q":
         shape, heads = case.q_shape, case.num_heads
@@ -131,3 +138,11 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
             else:
                 geom.seq_view(zero, span.batch)[...] = np.repeat(never, y, axis=1)[:, : span.kv_len]
     return result
+
+
+def only_rows(geom: _Geometry, rows: np.ndarray) -> _Geometry:
+    """Return `geom` judging only the rows flagged in `rows` (bool over the tensor's rows), as row ranges."""
+    flags = np.concatenate(([False], np.asarray(rows, dtype=bool).reshape(-1), [False]))
+    edges = np.flatnonzero(flags[1:] != flags[:-1])
+    ranges = tuple((int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True))
+    return replace(geom, judged=ranges)

@@ -206,68 +206,84 @@ def judge_tensors(
     usable = summary if summary is not None and summary.key == summary_key(case, settings) else None
     if standard.needs_benchmark and not benchmark and usable is None:
         raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs")
+    rows = structural_rows(case, block_mask)
+    return tuple(
+        judge_tensor(case, settings, _geometry(case, name), device[name], golden[name], benchmark, usable, rows[name])
+        for name in GRAD_NAMES
+    )
+
+
+def judge_tensor(
+    case: Case,
+    settings: Settings,
+    geom: _Geometry,
+    dev: np.ndarray,
+    gold: np.ndarray,
+    benchmark: Mapping[str, np.ndarray] | None,
+    usable: BenchmarkSummary | None,
+    rows: tuple[np.ndarray, np.ndarray],
+) -> TensorResult:
+    """Judge one tensor by the case's standard (`judge_tensors` for dq, dk, dv; the forward's out too).
+
+    Args:
+        geom: the tensor's geometry; its `judged` rows, when set, are the only ones measured.
+        benchmark: the benchmark arrays by name (this tensor's may be absent when `usable` stands for it).
+        usable: a benchmark summary whose key matches these settings, or None.
+        rows: (rows that must be 0, padding rows) of the tensor (`structural_rows`).
+    """
     t = settings.thresholds
     params = _params(case, settings)
-    rows = structural_rows(case, block_mask)
-    results = []
-    for name in GRAD_NAMES:
-        geom = _geometry(case, name)
-        dev, gold = device[name], golden[name]
-        bench = benchmark.get(name) if benchmark else None
-        for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
-            if array is not None and tuple(array.shape) != geom.shape:
-                raise ValueError(f"{name}: {label} shape {list(array.shape)} is not {list(geom.shape)}")
-        measured = _measure(dev, None if usable else bench, gold, geom, params)
-        dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = measured
-        if usable is not None:
-            tiles = usable.tiles[name]
-            expected = (geom.rows, -(-geom.dim // TILE))
-            if tiles.dtype != np.float32 or tuple(tiles.shape) != expected:
-                raise ValueError(
-                    f"{name}: benchmark summary tiles are {tiles.dtype} {list(tiles.shape)}, "
-                    f"expected float32 {list(expected)}"
-                )
-            bench_stats, bench_rows = usable.stats[name], _RowOut(tiles)
-        assert dev_stats is not None and dev_rows is not None
-        block_map, spans = _block_map(
-            geom,
-            dev_rows,
-            bench_rows,
-            bench_stats.rmse if bench_stats else 0.0,
-            dev_stats.rmse,
-            t.get("tile_floor", 0.1),
-        )
-        tile_max = None
-        if bench_rows is not None:
-            ratios = [float(t.ratio.max()) for t in spans.values() if t.ratio is not None and t.ratio.size]
-            tile_max = max(ratios, default=0.0)
-        extra: dict[str, float] = {}
-        if settings.standard == "fa-ratio":
-            extra["ulp_floor"] = _fa_floor(gold, case.dtype, t["floor_factor"])
-        checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows[name], settings)
-        checks += _standard_checks(name, settings, dev_stats, bench_stats, tile_max, extra)
-        estimate = None
-        if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:
-            estimate = _bias(dev_stats, bench_stats, (dev, bench, gold), geom, params, t["bias_floor"])
-            checks.append(_bias_check(name, estimate, t["bias_z"], t["bias_floor"]))
-        failed = not all(c.passed for c in checks)
-        chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
-        results.append(
-            TensorResult(
-                name=name,
-                shape=geom.shape,
-                dtype=case.dtype,
-                axes=geom.axes,
-                device=dev_stats,
-                benchmark=bench_stats,
-                checks=tuple(checks),
-                worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
-                hot_blocks=_hot_blocks(block_map, spans, geom, keep_tiles=failed),
-                block_map=block_map,
-                extra=extra,
-                ulp_chart=chart,
-                golden_dtype=str(gold.dtype),
-                bias=estimate,
+    name = geom.name
+    bench = benchmark.get(name) if benchmark else None
+    for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
+        if array is not None and tuple(array.shape) != geom.shape:
+            raise ValueError(f"{name}: {label} shape {list(array.shape)} is not {list(geom.shape)}")
+    summarized = usable is not None and name in usable.stats
+    measured = _measure(dev, None if summarized else bench, gold, geom, params)
+    dev_stats, dev_rows, nonfinite_rows, bench_stats, bench_rows = measured
+    if usable is not None and summarized:
+        tiles = usable.tiles[name]
+        expected = (geom.rows, -(-geom.dim // TILE))
+        if tiles.dtype != np.float32 or tuple(tiles.shape) != expected:
+            raise ValueError(
+                f"{name}: benchmark summary tiles are {tiles.dtype} {list(tiles.shape)}, "
+                f"expected float32 {list(expected)}"
             )
-        )
-    return tuple(results)
+        bench_stats, bench_rows = usable.stats[name], _RowOut(tiles)
+    if STANDARDS[settings.standard].needs_benchmark and bench_stats is None:
+        raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs of {name}")
+    assert dev_stats is not None and dev_rows is not None
+    block_map, spans = _block_map(
+        geom, dev_rows, bench_rows, bench_stats.rmse if bench_stats else 0.0, dev_stats.rmse, t.get("tile_floor", 0.1)
+    )
+    tile_max = None
+    if bench_rows is not None:
+        ratios = [float(t.ratio.max()) for t in spans.values() if t.ratio is not None and t.ratio.size]
+        tile_max = max(ratios, default=0.0)
+    extra: dict[str, float] = {}
+    if settings.standard == "fa-ratio":
+        extra["ulp_floor"] = _fa_floor(gold, case.dtype, t["floor_factor"])
+    checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
+    checks += _standard_checks(name, settings, dev_stats, bench_stats, tile_max, extra)
+    estimate = None
+    if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:
+        estimate = _bias(dev_stats, bench_stats, (dev, bench, gold), geom, params, t["bias_floor"])
+        checks.append(_bias_check(name, estimate, t["bias_z"], t["bias_floor"]))
+    failed = not all(c.passed for c in checks)
+    chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
+    return TensorResult(
+        name=name,
+        shape=geom.shape,
+        dtype=case.dtype,
+        axes=geom.axes,
+        device=dev_stats,
+        benchmark=bench_stats,
+        checks=tuple(checks),
+        worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
+        hot_blocks=_hot_blocks(block_map, spans, geom, keep_tiles=failed),
+        block_map=block_map,
+        extra=extra,
+        ulp_chart=chart,
+        golden_dtype=str(gold.dtype),
+        bias=estimate,
+    )

@@ -213,6 +213,8 @@ DIAGNOSIS_KINDS = (
     "rows-permuted",
     "tile-local",
     "layout",
+    "lse-unwritten",
+    "padding-rows-read",
 )
 """The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 tests some of them (`diagnose.TESTED_KINDS`)."""
@@ -299,6 +301,7 @@ class CaseResult:
     diagnosis: tuple[Cause, ...] = ()  # a FAIL's likely causes, best first (`compare.diagnose`); a PASS none
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
     op: Op = "backward"  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
+    expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
 
     @property
     def case_name(self) -> str:
@@ -321,6 +324,8 @@ class CaseResult:
         """One line saying what happened: the notes, then the deciding check (or the first error)."""
         if self.verdict in (ERROR, SKIP):
             main = self.errors[0] if self.errors else ""
+        elif self.verdict == PASS and self.expected_failure:
+            main = self.expected_failure
         else:
             deciding = self.deciding
             main = deciding.detail if deciding else ""
@@ -346,6 +351,8 @@ class CaseResult:
         """One line: the errors of an ERROR case, the failed checks of a FAIL, the deciding check of a PASS."""
         if self.verdict in (ERROR, SKIP):
             return "; ".join(self.errors)
+        if self.verdict == PASS and self.expected_failure:
+            return self.expected_failure
         if self.verdict == FAIL:
             failed = sorted((c for c in self.all_checks if not c.passed), key=lambda c: -c.severity)
             return "; ".join(c.detail for c in failed)

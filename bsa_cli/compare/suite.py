@@ -296,7 +296,7 @@ def _output_bytes(output_dir: Path) -> int:
     total = 0
     if output_dir.is_symlink():
         return 0
-    for name in GRAD_NAMES:
+    for name in (*GRAD_NAMES, "out", "lse"):  # an op folder's outputs too (absent from a backward's)
         with contextlib.suppress(OSError):
             total += (output_dir / f"{name}.bin").stat().st_size
     return total

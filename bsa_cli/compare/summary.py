@@ -17,9 +17,10 @@ import numpy as np
 
 from .._version import __version__
 from ..case import Case
+from ..golden import written_rows
 from ..manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS
-from .geometry import _geometry
+from .geometry import _geometry, only_rows
 from .metrics import _measure, _params
 from .results import MSPROBE_FIELDS, ErrorStats
 from .standards import Settings
@@ -62,17 +63,39 @@ def summary_key(case: Case, settings: Settings) -> dict[str, Any]:
 
 
 def summarize_benchmark(
-    case: Case, settings: Settings, golden: Mapping[str, np.ndarray], benchmark: Mapping[str, np.ndarray]
+    case: Case,
+    settings: Settings,
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray],
+    block_mask: np.ndarray | None = None,
 ) -> BenchmarkSummary:
-    """Measure the benchmark against the golden as `judge_tensors` would under `settings`."""
+    """Measure the benchmark against the golden as `judge_tensors` would under `settings`.
+
+    Every tensor the case's standard judges that both mappings hold is measured: dq, dk, dv, and the
+    forward's `out` over the rows the forward writes (which needs `block_mask`). lse, judged by a rule of
+    its own, is measured at each judgement (its arrays are small).
+
+    Raises:
+        ValueError: `out` is given without the block mask.
+    """
     params = _params(case, settings)
     stats, tiles = {}, {}
-    for name in GRAD_NAMES:
+    for name in SUMMARIZED:
+        if name not in golden or name not in benchmark:
+            continue
         geom = _geometry(case, name)
+        if name == "out":
+            if block_mask is None:
+                raise ValueError("out: summarizing the forward's benchmark needs the block mask (its written rows)")
+            geom = only_rows(geom, written_rows(case, block_mask))
         _, _, _, bench_stats, bench_rows = _measure(None, benchmark[name], golden[name], geom, params)
         assert bench_stats is not None and bench_rows is not None
         stats[name], tiles[name] = bench_stats, bench_rows.tile_sse
     return BenchmarkSummary(summary_key(case, settings), stats, tiles)
+
+
+SUMMARIZED = ("out", *GRAD_NAMES)
+"""The tensors a benchmark summary can hold: those the case's standard judges."""
 
 
 def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
@@ -94,11 +117,15 @@ def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
 def summary_from_document(document: Mapping[str, Any], tiles: Mapping[str, np.ndarray]) -> BenchmarkSummary:
     """Rebuild a summary from `summary_document` and its tiles; ValueError if the document is malformed."""
     try:
-        stats = {name: ErrorStats(**_stats_fields(document["stats"][name])) for name in GRAD_NAMES}
+        names = [name for name in SUMMARIZED if name in document["stats"]]
+        unknown = set(document["stats"]) - set(SUMMARIZED)
+        if unknown or not names:
+            raise ValueError(f"stats of {sorted(unknown) or 'no tensor'}; a summary holds {', '.join(SUMMARIZED)}")
+        stats = {name: ErrorStats(**_stats_fields(document["stats"][name])) for name in names}
         for name, figures in stats.items():  # finite for any real benchmark: NaN would switch the bias check off
             if not all(v is None or math.isfinite(v) for v in (figures.bias, figures.bias_se)):
                 raise ValueError(f"{name}: bias {figures.bias!r} ± {figures.bias_se!r} is not finite")
-        return BenchmarkSummary(dict(document["key"]), stats, {name: tiles[name] for name in GRAD_NAMES})
+        return BenchmarkSummary(dict(document["key"]), stats, {name: tiles[name] for name in names})
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed benchmark summary ({type(exc).__name__}: {exc})") from None
 

@@ -21,6 +21,7 @@ from ..errors import DataError, clip
 from ..interface import release_of_cann
 from ..layout import mask_view
 from ..manifest import GRAD_NAMES, Manifest
+from ..ops import PAIR_OPS, Op, split_folder_name
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
 from .case_files import (
     _open_arrays,
@@ -29,10 +30,26 @@ from .case_files import (
     _run_device_info,
     not_run_message,
     recorded_fault_notes,
+    run_forward_record,
 )
 from .diagnose import diagnose
+from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
-from .results import ERROR, FAIL, PASS, SELECTION_MAX_CELLS, CaseResult, Check, Hypothesis, Selection, TensorResult
+from .pair import cause_checks, expected_verdict, pair_causes
+from .results import (
+    ERROR,
+    FAIL,
+    PASS,
+    SELECTION_MAX_CELLS,
+    SKIP,
+    CaseResult,
+    Cause,
+    Check,
+    Hypothesis,
+    Selection,
+    TensorResult,
+    Verdict,
+)
 from .standards import STANDARDS, RunSettings, resolve_settings
 from .summary import summary_key
 
@@ -77,9 +94,12 @@ class RunThresholdError(ValueError):
 class DeviceOutcome:
     """What a device returned for one case, held in memory instead of written to an output directory.
 
-    `status` is the aclnn status (0 for success); `grads` are dq, dk, dv for a call that succeeded (the
-    case's dtype and shapes). `problems` say why the outcome cannot be judged (as a crash in run.json
-    does): with any, the case is an ERROR.
+    `status` is the aclnn status (0 for success); `grads` are the outputs of a call that succeeded, as the
+    case folder's op has them (`OP_TENSORS`: dq, dk, dv for the backward; out, lse for the forward; all five
+    for the pair), of the manifest's dtypes and shapes. `problems` say why the outcome cannot be judged (as
+    a crash in run.json does): with any, the case is an ERROR. `prefilled`: the forward's output buffers
+    were pre-filled with NaN before the call (as run.json's `device.prefilled_outputs: "nan"`), so rows the
+    forward must leave alone are checked.
     """
 
     status: int | None
@@ -87,6 +107,16 @@ class DeviceOutcome:
     grads: Mapping[str, np.ndarray] | None = None
     device: str | None = None
     problems: tuple[str, ...] = ()
+    prefilled: bool = False
+
+
+OP_TENSORS: dict[Op, tuple[str, ...]] = {
+    "backward": GRAD_NAMES,
+    "forward": FORWARD_NAMES,
+    "chain": (*FORWARD_NAMES, *GRAD_NAMES),
+    "autograd": (*FORWARD_NAMES, *GRAD_NAMES),
+}
+"""The tensors a case folder of each op judges (its manifest's golden and outputs entries)."""
 
 
 IN_MEMORY = "(in memory)"
@@ -146,6 +176,7 @@ def _compare_case(
         )
         return CaseResult(
             name=Path(case_dir).name,
+            op=split_folder_name(Path(case_dir).name)[1],
             verdict=ERROR,
             errors=(text,),
             output_bytes=0,
@@ -174,9 +205,13 @@ def _judge_case(
     The two differ only in where the status, the run's problems and the gradients come from.
     """
     run = run or RunSettings()
-    base: dict[str, Any] = {"case_dir": str(case_dir), "output_dir": str(output_dir or IN_MEMORY)}
+    base: dict[str, Any] = {
+        "case_dir": str(case_dir),
+        "output_dir": str(output_dir or IN_MEMORY),
+        "op": split_folder_name(case_dir.name)[1],
+    }
 
-    def error(name: str, errors: list[str], **known: Any) -> CaseResult:
+    def error(name: str, errors: list[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
         fields: dict[str, Any] = dict.fromkeys(
             ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
         )
@@ -184,7 +219,7 @@ def _judge_case(
         fields.update(known)
         seconds = time.perf_counter() - started
         return CaseResult(
-            name=name, verdict=ERROR, errors=tuple(errors), output_bytes=0, seconds=seconds, **base, **fields
+            name=name, verdict=verdict, errors=tuple(errors), output_bytes=0, seconds=seconds, **base, **fields
         )
 
     try:
@@ -195,6 +230,8 @@ def _judge_case(
     except (KeyError, TypeError, ValueError) as exc:
         return error(case_dir.name, [f"{case_dir / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})"])
     name = manifest.name
+    op: Op = manifest.op
+    base["op"] = op
     try:
         settings = resolve_settings(case.dtype, manifest.compare_settings, run)
     except ValueError as exc:
@@ -211,6 +248,9 @@ def _judge_case(
         "layout": case.layout,
         "expect_status": case.expect.status,
     }
+    if manifest.skip is not None:  # gen made no files: the op's operator refuses what another op accepts
+        return error(name, [manifest.skip], SKIP, **known)
+    prefilled = outcome.prefilled if outcome is not None else False
     if outcome is None:
         assert output_dir is not None
         try:
@@ -222,6 +262,9 @@ def _judge_case(
             return error(name, [not_run], **known)
         known.update({"device": None, **_run_device_info(output_dir)})
         problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, case_dir.name))
+        skipped, prefilled = run_forward_record(output_dir)
+        if skipped is not None and not problems:
+            return error(name, [skipped], SKIP, **known)
     else:
         known["device"] = outcome.device
         problems, run_checks, inputs_run, outputs_run = list(outcome.problems), [], None, None
@@ -241,8 +284,8 @@ def _judge_case(
     checks = list(run_checks)
     if not case.expect.ok:
         passed = status == case.expect.status
-        op = "==" if passed else "!="
-        text = f"status {_status_name(status)} {op} expected {_status_name(case.expect.status)}"
+        relation = "==" if passed else "!="
+        text = f"status {_status_name(status)} {relation} expected {_status_name(case.expect.status)}"
         if status_message and not passed:
             text += f": {status_message}"
         checks.append(
@@ -258,8 +301,9 @@ def _judge_case(
         checks.append(Check("status", None, float(status), 0.0, False, text, math.inf))
         return _finish(name, base, known, checks, (), started, 0)
     checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
+    names = OP_TENSORS[op]
     if outcome is not None:
-        _check_grads(manifest, outcome.grads)
+        _check_grads(manifest, outcome.grads, names)
     shapes = _shape_problems(case, manifest, case_dir / MANIFEST)  # cheap: before anything is hashed
     if shapes:
         return error(name, shapes, **known)
@@ -276,6 +320,7 @@ def _judge_case(
         key,
         device=outcome.grads if outcome is not None else None,
         outputs_run=outputs_run,
+        names=names,
     )
     if opened.problems:
         opened.stale()
@@ -285,10 +330,9 @@ def _judge_case(
         text = f"{case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"
         return error(name, [text], **known)
     assert opened.block_mask is not None
+    forward = ForwardSettings(prefilled=prefilled, **manifest.forward_params)
     try:
-        tensors = judge_tensors(
-            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
-        )
+        tensors, op_checks, op_notes = _judge_op(op, case, settings, opened, forward)
     except ValueError as exc:
         opened.stale()
         return error(name, [f"{case_dir}: {exc}"], **known)
@@ -297,27 +341,120 @@ def _judge_case(
         return error(name, stale, **known)
     if known.get("fault"):
         known["notes"] = recorded_fault_notes(output_dir) if output_dir is not None else ()
+    known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
+    causes = pair_causes(case, manifest.forward_params, tensors) if op in PAIR_OPS else []
+    causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
+    checks += [*cause_checks(causes), *op_checks]
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
     if not all(t.passed for t in tensors) or not all(c.passed for c in checks):
-        known.update(_diagnosis(case_dir, manifest, case, tensors, checks, opened))
+        known.update(_diagnosis(case_dir, manifest, case, tensors, checks, opened, causes))
+    if op in PAIR_OPS:
+        failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
+        message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
+        extra, met = expected_verdict(case.expect, failed, causes, message)
+        if extra is not None:
+            checks.append(extra)
+        known["expected_failure"] = met
     output_bytes = sum(a.nbytes for a in opened.device.values())
     return _finish(name, base, known, checks, tensors, started, output_bytes)
 
 
+def _judge_op(
+    op: Op, case: Case, settings: Any, opened: Any, forward: ForwardSettings
+) -> tuple[tuple[TensorResult, ...], list[Check], tuple[str, ...]]:
+    """Judge the tensors of a case folder's op: (tensors, case-level checks, notes).
+
+    The backward: dq, dk, dv (`judge_tensors`). The forward: out and lse on the rows it writes
+    (`judge_forward`). The pair: both, the forward step's out and lse, then the backward's dq, dk, dv.
+    """
+    if op == "backward":
+        tensors = judge_tensors(
+            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
+        )
+        return tensors, [], ()
+    judged, op_checks, notes = judge_forward(
+        case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, forward, opened.summary
+    )
+    if op in PAIR_OPS:
+        judged += judge_tensors(
+            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
+        )
+    return judged, list(op_checks), notes
+
+
+def _failed_checks(checks: list[Check], tensors: tuple[TensorResult, ...]) -> list[Check]:
+    """The failed checks, most severe first (as `CaseResult.message` lists them)."""
+    every = [*checks, *(c for t in tensors for c in t.checks)]
+    return sorted((c for c in every if not c.passed), key=lambda c: -c.severity)
+
+
+FORWARD_NOT_DIAGNOSED = (
+    "not run: the diagnosis recomputes the backward's blocks; a forward folder's out and lse are judged "
+    "(rows-written, out, lse), not diagnosed"
+)
+"""The hypotheses line of a failing forward folder."""
+
+
 def _diagnosis(
-    case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...], checks: list[Check], opened: Any
+    case_dir: Path,
+    manifest: Manifest,
+    case: Case,
+    tensors: tuple[TensorResult, ...],
+    checks: list[Check],
+    opened: Any,
+    causes: list[Cause] | None = None,
 ) -> dict[str, Any]:
     """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
-    judgement already checked them or the run record answered for them)."""
+    judgement already checked them or the run record answered for them).
+
+    A forward folder is not diagnosed (its hypotheses say so). A pair's causes (`pair_causes`) come first;
+    its dq, dk, dv are then diagnosed as a backward's, from the golden out and lse of the exact forward.
+    """
+    op = manifest.op
+    if op == "forward":
+        return {"hypotheses": (Hypothesis("-", "the diagnosis", 0.0, FORWARD_NOT_DIAGNOSED),)}
+    first = tuple(causes or ())
+    tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
+    entries = dict(manifest.entries("inputs"))
+    grads = tuple(t for t in tensors if t.name in GRAD_NAMES)
+    device, golden = opened.device, opened.golden
+    benchmark = opened.benchmark or None
     try:
-        inputs = _LazyInputs(case_dir, dict(manifest.entries("inputs")))
+        inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries)
+        if op in PAIR_OPS:
+            inputs = _PairInputs(inputs, golden)
+            device = {n: device[n] for n in GRAD_NAMES}
+            golden = {n: golden[n] for n in GRAD_NAMES}
+            benchmark = {n: benchmark[n] for n in GRAD_NAMES if n in benchmark} if benchmark else None
         with blas.one_thread_each():  # products of a few blocks: BLAS threads only spin (100x slower measured)
-            result = diagnose(case, tensors, checks, opened.device, opened.golden, opened.benchmark or None, inputs)
+            result = diagnose(case, grads, checks, device, golden, benchmark or None, inputs)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
-        return {"hypotheses": (Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}"),)}
-    return {"diagnosis": result.causes, "hypotheses": result.hypotheses}
+        failure = Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}")
+        return {"diagnosis": first, "hypotheses": (*tried, failure)}
+    return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
+
+
+class _PairInputs(Mapping[str, np.ndarray]):
+    """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse are the golden
+    out and lse (the exact forward's), the others the case's inputs."""
+
+    def __init__(self, inputs: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray]) -> None:
+        self.inputs, self.golden = inputs, golden
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name == "attention_out":
+            return self.golden["out"]
+        if name == "softmax_lse":
+            return self.golden["lse"]
+        return self.inputs[name]
+
+    def __iter__(self) -> Any:
+        return iter((*self.inputs, "attention_out", "softmax_lse"))
+
+    def __len__(self) -> int:
+        return len(self.inputs) + 2
 
 
 class _LazyInputs(Mapping[str, np.ndarray]):
@@ -353,10 +490,13 @@ def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
     return Selection(shape, rows)
 
 
-def _check_grads(manifest: Manifest, grads: Mapping[str, np.ndarray] | None) -> None:
-    """Raise ValueError unless `grads` holds dq, dk, dv of the dtypes and shapes the manifest's `outputs` give."""
+def _check_grads(
+    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
+) -> None:
+    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
+    the dtypes and shapes the manifest's `outputs` give."""
     outputs = manifest.outputs
-    for name in GRAD_NAMES:
+    for name in names:
         entry = outputs.get(name)
         if entry is None:
             continue  # the manifest's own problem: _open_arrays reports it
@@ -380,7 +520,7 @@ def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
     """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
     shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
     golden for a small case costs nothing."""
-    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape)}
+    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape), "out": list(case.q_shape)}
     problems = []
     for section in ("outputs", "golden", "benchmark"):
         for grad, entry in manifest.entries(section):
@@ -402,6 +542,7 @@ def _finish(
     output_bytes: int,
 ) -> CaseResult:
     passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
+    passed = passed or bool(known.get("expected_failure"))  # a pair that fails as it must
     note = release_note(known.get("release"), known.get("device_cann"))
     if note:
         known = {**known, "notes": (note, *known.get("notes", ()))}

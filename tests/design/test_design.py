@@ -35,6 +35,8 @@ COMPARE_ORDER = (
     "structural",
     "summary",
     "judge",
+    "forward",
+    "pair",
     "hypotheses",
     "scoring",
     "patterns",

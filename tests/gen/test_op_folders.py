@@ -90,7 +90,9 @@ def test_the_forward_folder_holds_what_the_contract_says(tmp_path: Path, calls: 
         "lse": {"file": "lse.bin", "dtype": "float32", "shape": lse_shape},
     }
     assert forward["expect"] == {"status": 0, "name": "ACLNN_SUCCESS"}
-    assert "benchmark_summary" not in forward and "benchmark_summary" in backward
+    assert set(forward["benchmark_summary"]["stats"]) == {"out"}  # over the written rows; lse is measured when judged
+    assert set(forward["benchmark_summary"]["tiles"]) == {"out"}
+    assert set(backward["benchmark_summary"]["stats"]) == {"dq", "dk", "dv"}
     assert forward["stats"] == backward["stats"]
     lines = (tmp_path / "c@forward" / "case.txt").read_text().splitlines()
     assert lines[:3] == ["format bsa-case/1", "name c@forward", "op forward"]
@@ -110,6 +112,7 @@ def test_the_chain_folder_has_five_goldens_and_the_backward_mask_dtype(tmp_path:
     assert chain["inputs"]["block_sparse_mask"]["dtype"] == "uint8"
     assert chain["benchmark"]["lse"]["dtype"] == "float32" and chain["benchmark"]["dq"]["dtype"] == "float16"
     assert "kernel_path" in chain and calls == {"backward": 0, "forward": 0, "chain": 1}
+    assert set(chain["benchmark_summary"]["stats"]) == {"out", "dq", "dk", "dv"}
     assert not (tmp_path / "c").exists()  # a case without the backward has no NAME folder
     assert generate_case(case, tmp_path / "again") == tmp_path / "again" / "c@chain"
 

@@ -1,0 +1,124 @@
+"""The pair (ops chain and autograd): the causes a failing chain is named by, and its expected verdict.
+
+A chain runs the forward, then the backward on the forward's OWN out and lse. Two of its pitfalls
+(DOMAIN.md section 8) make the backward read what the forward never wrote, and are named here when the
+chain's gradients fail:
+
+* `lse-unwritten`: softmax_lse_flag 0, so the forward leaves softmaxLse unwritten and the backward reads
+  the buffer as it is (the NaN prefill, or uninitialised memory on a real NPU); or a forward that left
+  lse rows unwritten although the flag is 1 (its `rows-written` check says so);
+* `padding-rows-read`: BNSD actual lengths below S with `bnsd_lengths: ignored`: the backward computes over
+  the full S and reads the padding rows' out and lse, which the forward leaves unwritten.
+
+A case of cases/chain.yaml may expect the pair to fail for a cause (`expect.verdict: FAIL`, `expect.cause`):
+it then passes when it fails naming that cause, and fails when it passes or fails for another.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ..case import Case, Expect
+from ..manifest import GRAD_NAMES
+from .forward import NOT_WRITTEN
+from .results import Cause, Check, TensorResult
+
+PAIR_CAUSES = ("lse-unwritten", "padding-rows-read")
+"""The causes a failing chain is named by (docs/compare.md, "The forward and the pair")."""
+
+
+def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence[TensorResult]) -> list[Cause]:
+    """Return the pair's causes that explain failing gradients of a chain (none when dq, dk, dv pass)."""
+    failing = tuple(t.name for t in tensors if t.name in GRAD_NAMES and not t.passed)
+    if not failing:
+        return []
+    names = ", ".join(failing)
+    causes = []
+    unwritten = [
+        c
+        for t in tensors
+        if t.name == "lse"
+        for c in t.checks
+        if c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
+    ]
+    if forward_params.get("softmax_lse_flag", 1) == 0:
+        evidence = (
+            "the backward read softmaxLse that the forward never wrote (softmax_lse_flag 0: torch_npu's default "
+            f"leaves lse unwritten, and the backward reads the buffer as it is): {names} fail"
+        )
+        causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
+    elif unwritten:
+        evidence = (
+            f"the backward read softmaxLse that the forward did not write although softmax_lse_flag is 1 "
+            f"({unwritten[0].detail}): {names} fail"
+        )
+        causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
+    q_padding, kv_padding = (
+        _padding(case, case.actual_seq_lengths, case.q_seq_len),
+        _padding(case, case.actual_seq_lengths_kv, case.kv_seq_len),
+    )
+    if q_padding or kv_padding:
+        read = []
+        if q_padding:
+            read.append(
+                f"{q_padding} query padding rows past the actual lengths {list(case.actual_seq_lengths or ())} of "
+                f"S {case.q_seq_len}, whose out and lse the forward leaves unwritten"
+            )
+        if kv_padding:
+            read.append(
+                f"{kv_padding} key/value padding positions past the actual kv lengths "
+                f"{list(case.actual_seq_lengths_kv or ())} of S {case.kv_seq_len}, which the forward never attended to"
+            )
+        evidence = (
+            f"the backward computes over the full S (bnsd_lengths: ignored) and read {' and '.join(read)}: {names} fail"
+        )
+        where = tuple(
+            f"batch {b}: {what} {n} to {size}"
+            for what, lengths, size in (
+                ("query rows", case.actual_seq_lengths, case.q_seq_len),
+                ("kv positions", case.actual_seq_lengths_kv, case.kv_seq_len),
+            )
+            for b, n in enumerate(lengths or ())
+            if n < size
+        )
+        causes.append(Cause("padding-rows-read", 1.0, evidence, failing, where))
+    return causes
+
+
+def _padding(case: Case, lengths: tuple[int, ...] | None, size: int) -> int:
+    """Return the BNSD positions past the actual lengths that a backward over the full S reads (per head)."""
+    if case.layout == "TND" or case.bnsd_lengths != "ignored" or lengths is None:
+        return 0
+    return sum(max(size - n, 0) for n in lengths)
+
+
+def cause_checks(causes: Sequence[Cause]) -> list[Check]:
+    """Return the case-level checks that name the pair's causes in a failing chain's message (first)."""
+    return [
+        Check(c.kind, None, float(len(c.tensors)), None, False, f"{c.kind}: {c.evidence}", math.inf) for c in causes
+    ]
+
+
+def expected_verdict(
+    expect: Expect, failed: bool, causes: Sequence[Cause], message: str
+) -> tuple[Check | None, str | None]:
+    """Apply a chain's expected verdict (`expect.verdict`, `expect.cause`) to how it was judged.
+
+    Returns:
+        (a failing check to add, or None) and the text of a met expectation ("fails as it must: ..."),
+        which makes the verdict PASS.
+    """
+    if expect.verdict != "FAIL":
+        return None, None
+    wanted = expect.cause
+    named = [c.kind for c in causes]
+    must = f"must fail naming {wanted}" if wanted else "must fail"
+    if failed and (wanted is None or wanted in named):
+        return None, f"fails as it must: {message}"
+    if not failed:
+        text = f"passes, but {must} (expect.verdict FAIL)"
+    else:
+        found = ", ".join(named) if named else "no pair cause"
+        text = f"fails, but for {found}, not {wanted} (expect.cause): {message}"
+    return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
