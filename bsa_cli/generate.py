@@ -1,8 +1,12 @@
-"""Generate one case directory: inputs, golden forward, golden and kernel-faithful backward, manifest."""
+"""Generate a case's folders, one per op it tests: inputs, golden and kernel-faithful benchmark, manifest.
+
+The arrays come from `case_arrays` (inputs drawn once per case, each golden computed once); this module
+writes them (`store.CaseWriter`), with the benchmark summary of a backward folder, the fingerprint of
+each folder, and runs suites in worker processes.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import json
@@ -21,9 +25,13 @@ import numpy as np
 from . import compare, golden
 from ._version import __version__
 from .case import Case, numpy_dtype
+from .case_arrays import OpArrays, each_op
+from .case_arrays import compute_case as compute_case  # where callers have always found it
+from .case_arrays import compute_ops as compute_ops
 from .errors import DataError
-from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
-from .manifest import GRAD_NAMES, build_manifest, flat_params
+from .inputs import mask_stats
+from .manifest import build_manifest, flat_params
+from .ops import FORWARD_OPS, Op, folder_name
 from .schedule import available_memory, estimate
 from .store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
 from .untrusted import is_case_name
@@ -52,16 +60,33 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
 at their default, so cases that do not use them keep the fingerprint they had."""
 
 
-def fingerprint(case: Case, precision: str) -> str:
-    """Return a digest of everything that determines a case's files (spec values, precision, bsa version)."""
+def fingerprint(case: Case, precision: str, op: Op = "backward") -> str:
+    """Return a digest of everything that determines the files of one op's folder of a case (spec values,
+    precision, bsa version, the op and what it must return).
+
+    The ops a case lists are left out (each folder has its own), and so are the forward's parameters from
+    the backward's: a case of the default ops keeps the fingerprint it had before ops existed.
+    """
     fields = asdict(case)
     fields.pop("source", None)
     fields.pop("warnings", None)
+    for key in (
+        "ops",
+        "op_expect",
+        "skipped_ops",
+        *(() if op in FORWARD_OPS else ("inner_precise", "softmax_lse_flag")),
+    ):
+        fields.pop(key)
+    fields["expect"] = asdict(case.expect_of(op))
+    if op != "backward":
+        fields["op"] = op
+    if case.skip_reason(op) is not None:
+        fields["skip"] = case.skip_reason(op)
     for (*parents, key), default in FINGERPRINT_DEFAULTS:
         node = fields
         for parent in parents:
             node = node[parent]
-        if node.get(key) == default:
+        if key in node and node.get(key) == default:
             node.pop(key)  # a key added later leaves earlier cases' fingerprints as they were
     explicit = case.sparsity.explicit
     fields["sparsity"]["explicit"] = None if explicit is None else np.packbits(explicit).tobytes().hex()
@@ -69,13 +94,13 @@ def fingerprint(case: Case, precision: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def is_current(case: Case, case_dir: Path, precision: str) -> bool:
-    """Return whether `case_dir` already holds this case, generated the same way, with intact inputs."""
+def is_current(case: Case, case_dir: Path, precision: str, op: Op = "backward") -> bool:
+    """Return whether `case_dir` already holds this op of the case, generated the same way, with intact inputs."""
     if case_dir.is_symlink() or not (case_dir / MANIFEST).is_file():
         return False  # a link is never taken for a case: it is replaced, its target left alone
     try:
         manifest = load_manifest(case_dir)
-        if manifest.fingerprint != fingerprint(case, precision):
+        if manifest.fingerprint != fingerprint(case, precision, op):
             return False
         verify_inputs(case_dir, manifest)
     except DataError:
@@ -83,61 +108,9 @@ def is_current(case: Case, case_dir: Path, precision: str) -> bool:
     return True
 
 
-def compute_case(
-    case: Case,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    kernel_range: golden.KernelRange | None = None,
-) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """Return (inputs, golden, benchmark) arrays of a case; negative cases get no golden or benchmark.
-
-    With `jobs` > 1 the inputs are drawn and the golden and benchmark walks (`golden.golden_and_benchmark`)
-    run in up to `jobs` threads; each walk's arithmetic is the same as in one thread, so the results are
-    bit-identical. `on_progress(fraction)` hears how much of the case's arithmetic is done, after every
-    query-block row (the golden and the benchmark walks count alike). `kernel_range`, if given, gathers the
-    range of the benchmark's P and dS before they are rounded (`golden.watching`).
-    """
-    dtype = numpy_dtype(case.dtype)
-    tensors = make_tensors(case, jobs)
-    mask = make_mask(case)
-    if not case.expect.ok:
-        # The op rejects the call before reading data: any out and lse of the right shapes will do.
-        tensors["attention_out"] = draw(case, "attention_out", case.q_shape, case.init.dout, dtype)
-        tensors["softmax_lse"] = np.zeros(case.lse_shape_dims, dtype=np.float32)
-        tensors["block_sparse_mask"] = mask
-        return call_inputs(case, tensors), {}, {}
-    tensors["block_sparse_mask"] = mask
-    progress = _Progress(int(mask_stats(case, mask)["selected_blocks"]), on_progress)
-    arrays = (tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
-    watch = golden.watching(kernel_range) if kernel_range is not None else contextlib.nullcontext()
-    with golden.reporting(progress.pairs), watch:
-        out, lse, gold, bench = golden.golden_and_benchmark(case, *arrays, precision, jobs)
-    tensors["attention_out"] = out
-    tensors["softmax_lse"] = lse.reshape(case.lse_shape_dims)
-    gold_arrays = dict(zip(GRAD_NAMES, gold, strict=True))
-    return call_inputs(case, tensors), gold_arrays, dict(zip(GRAD_NAMES, bench, strict=True))
-
-
-_PASSES = 2
-"""Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward."""
-
-
-class _Progress:
-    """Turns selected block pairs walked into the fraction of a case done (the two walks count alike).
-
-    Pairs are counted as `mask_stats` counts them (within each batch entry's lengths), as the walks see them.
-    """
-
-    def __init__(self, pairs: int, listener: Callable[[float], None] | None) -> None:
-        self.total = max(1, pairs * _PASSES)
-        self.done = 0
-        self.listener = listener
-
-    def pairs(self, count: int) -> None:
-        if self.listener is not None:
-            self.done += count
-            self.listener(min(1.0, self.done / self.total))
+def case_folders(case: Case, out_root: Path) -> list[Path]:
+    """Return the folders of a case's ops under `out_root`, in `OPS` order (the backward's: `NAME`)."""
+    return [Path(out_root) / folder_name(case.name, op) for op in case.ops]
 
 
 def generate_case(
@@ -147,11 +120,28 @@ def generate_case(
     jobs: int = 1,
     on_progress: Callable[[float], None] | None = None,
 ) -> Path:
-    """Write case directory `out_root/<case.name>` atomically and return it (progress as `compute_case`).
+    """Write the case's folders (`generate_case_ops`) and return the first: `out_root/<case.name>` for a case
+    of the default ops (the backward alone), whose folder is exactly the case of old."""
+    return generate_case_ops(case, out_root, precision, jobs, on_progress)[0]
+
+
+def generate_case_ops(
+    case: Case,
+    out_root: Path,
+    precision: str = "float32",
+    jobs: int = 1,
+    on_progress: Callable[[float], None] | None = None,
+    ops: Sequence[Op] | None = None,
+) -> list[Path]:
+    """Write one folder per op of the case (`ops`: only those, default all of `case.ops`), each atomically,
+    and return them in `OPS` order (progress as `compute_case`, over every op).
+
+    Each folder is written before the next op is computed (`each_op`), so one op's arrays are held at a time.
 
     Raises:
-        DataError: the golden is not finite (the case's values overflow), or the case cannot be written
-            (a full disk, no permission); nothing of the case is left half-written.
+        DataError: an op's golden is not finite (the case's values overflow: that folder and the later ones
+            are not written), or a folder cannot be written (a full disk, no permission); nothing of a
+            folder is left half-written.
 
     With `jobs` > 1 the files are written (and hashed) in threads while this thread measures the benchmark.
     """
@@ -159,49 +149,59 @@ def generate_case(
         raise DataError(
             str(Path(out_root) / case.name), "a case name must name one visible folder inside the output folder"
         )
-    kernel_range = golden.KernelRange()
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
-        tensors, gold, bench = compute_case(case, precision, jobs, on_progress, kernel_range)
-    final_dir = Path(out_root) / case.name
+    written: list[Path] = []
+    computed = each_op(case, precision, jobs, on_progress, ops)
+    while True:
+        with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
+            found = next(computed, None)
+        if found is None:
+            return written
+        op, arrays = found
+        final_dir = Path(out_root) / folder_name(case.name, op)
+        _check_finite(arrays.golden, final_dir, precision)
+        try:
+            written.append(_write_case(case, final_dir, precision, jobs, op, arrays))
+        except OSError as exc:
+            raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
+
+
+def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: str) -> None:
+    """Raise DataError naming the first golden array with non-finite values (lse aside: it holds the empty
+    rows' value, inf by default, where nothing is selected, and is never judged there)."""
     for name, array in gold.items():
-        if array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
+        if name != "lse" and array.size and not (np.isfinite(array.max()) and np.isfinite(array.min())):
             bad = int(np.count_nonzero(~np.isfinite(array)))
             raise DataError(
                 str(final_dir),
                 f"the golden {name} has {bad} non-finite values ({precision}): "
                 "the case's scale or init values overflow; make them smaller",
             )
-    try:
-        return _write_case(case, final_dir, precision, jobs, tensors, gold, bench, kernel_range)
-    except OSError as exc:
-        raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
 
 
-def _write_case(
-    case: Case,
-    final_dir: Path,
-    precision: str,
-    jobs: int,
-    tensors: dict[str, np.ndarray],
-    gold: dict[str, np.ndarray],
-    bench: dict[str, np.ndarray],
-    kernel_range: golden.KernelRange,
-) -> Path:
+def _write_case(case: Case, final_dir: Path, precision: str, jobs: int, op: Op, arrays: OpArrays) -> Path:
+    tensors, gold, bench = arrays.inputs, arrays.golden, arrays.benchmark
     files = [(f"inputs/{name}.bin", array, _dtype_name(array)) for name, array in tensors.items()]
     files += [(f"golden/{name}.bin", array, precision) for name, array in gold.items()]
-    files += [(f"benchmark/{name}.bin", array, case.dtype) for name, array in bench.items()]
+    files += [(f"benchmark/{name}.bin", a, "float32" if name == "lse" else case.dtype) for name, a in bench.items()]
     with CaseWriter(final_dir) as writer, _Writers(writer, jobs) as written:
         pending = written.all(files)
-        summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench) if bench else None
+        summary = None
+        if bench:  # out over the forward's written rows (the mask), dq, dk, dv; lse is measured when judged
+            masked = () if arrays.block_mask is None else (arrays.block_mask,)
+            summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench, *masked)
         entries = pending()
         inputs = {name: entries[f"inputs/{name}.bin"] for name in tensors}
         golden_entries = {name: entries[f"golden/{name}.bin"] for name in gold}
         bench_entries = {name: entries[f"benchmark/{name}.bin"] for name in bench}
         mask = tensors.get("block_sparse_mask")
-        stats = mask_stats(case, mask) if mask is not None and mask.shape == case.mask_shape else {}
-        manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats)
+        stats = arrays.stats if op != "backward" else {}
+        if op == "backward" and mask is not None and mask.shape == case.mask_shape:
+            stats = mask_stats(case, mask)
+        manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats, op, arrays.skip)
         if bench:
-            manifest["kernel_path"] = kernel_path_record(kernel_range)
+            kernel_range = arrays.kernel_range or golden.KernelRange()
+            if arrays.kernel_range is not None:
+                manifest["kernel_path"] = kernel_path_record(kernel_range)
             manifest["notes"] = kernel_path_notes(case, kernel_range, gold, bench)
         if summary is not None:
             document = compare.summary_document(summary)
@@ -210,7 +210,7 @@ def _write_case(
                 for name, tiles in summary.tiles.items()
             }
             manifest["benchmark_summary"] = document
-        manifest["generator"]["fingerprint"] = fingerprint(case, precision)
+        manifest["generator"]["fingerprint"] = fingerprint(case, precision, op)
         manifest["generator"]["golden_precision"] = precision
         if case.sparsity.explicit_source:
             manifest["generator"]["explicit_mask"] = case.sparsity.explicit_source
@@ -302,35 +302,46 @@ def generate_suite(
     on_progress: Callable[[Case, float], None] | None = None,
     memory_budget: int | None = None,
 ) -> list[Path]:
-    """Generate every case; return their directories in the order of `cases`.
+    """Generate every case; return their folders in the order of `cases`, each case's ops in `OPS` order
+    (`case_folders`: one folder per op, the backward's `NAME`, the others `NAME@op`).
 
     With `jobs` > 1 and several cases, cases run in up to `jobs` processes, largest first, and only as
     many at once as their estimated peak memory allows within `memory_budget` bytes (default: the memory
     available now; 0 or unknown: no limit; a case too large for the budget runs alone). A single case
-    runs its golden and benchmark walks in up to `jobs` threads instead. With `skip_current`, cases whose directory
-    already holds the same generation (`is_current`) are left as they are.
-    `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current";
-    `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps of 1%).
+    runs its golden and benchmark walks in up to `jobs` threads instead. With `skip_current`, the folders
+    that already hold the same generation (`is_current`) are left as they are (a case whose folders are
+    all current is not computed at all; otherwise only its other ops are).
+    `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current", `path` its
+    first folder; `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps
+    of 1%).
     """
     out_root = Path(out_root)
     remove_leftovers(out_root)
-    todo = []
+    todo, stale = [], {}
     for case in cases:
-        if skip_current and is_current(case, out_root / case.name, precision):
+        ops = tuple(
+            op
+            for op in case.ops
+            if not (skip_current and is_current(case, out_root / folder_name(case.name, op), precision, op))
+        )
+        if not ops:
             if on_done:
-                on_done(case, "current", out_root / case.name)
+                on_done(case, "current", case_folders(case, out_root)[0])
         else:
             todo.append(case)
+            stale[case.name] = ops
     if jobs > 1 and len(todo) > 1:
         budget = available_memory() if memory_budget is None else memory_budget
-        _generate_in_processes(todo, out_root, precision, min(jobs, len(todo)), budget, on_done, on_progress)
+        _generate_in_processes(
+            todo, out_root, precision, min(jobs, len(todo)), budget, on_done, on_progress, stale=stale
+        )
     else:
         for case in todo:
             listen = None if on_progress is None else functools.partial(on_progress, case)
-            path = generate_case(case, out_root, precision, jobs, listen)
+            paths = generate_case_ops(case, out_root, precision, jobs, listen, stale[case.name])
             if on_done:
-                on_done(case, "generated", path)
-    return [out_root / case.name for case in cases]
+                on_done(case, "generated", paths[0])
+    return [path for case in cases for path in case_folders(case, out_root)]
 
 
 def _generate_in_processes(
@@ -341,14 +352,17 @@ def _generate_in_processes(
     budget: int,
     on_done: Callable[[Case, str, Path], None] | None,
     on_progress: Callable[[Case, float], None] | None = None,
+    *,
+    stale: Mapping[str, Sequence[Op]] | None = None,
 ) -> None:
     """Generate cases in `jobs` processes, largest first, keeping the running cases' peak memory in `budget`.
 
-    Workers send their cases' progress back through a queue, read here between completions.
+    Workers send their cases' progress back through a queue, read here between completions. `stale`: the
+    ops to make of each case by name (default all).
     """
     peaks = {case.name: estimate(case).peak_memory for case in cases}
     waiting = sorted(cases, key=lambda c: (-peaks[c.name], c.name))
-    running: dict[Future[Path], Case] = {}
+    running: dict[Future[list[Path]], Case] = {}
     queue = multiprocessing.get_context("spawn").Queue() if on_progress is not None else None
     with worker_pool(jobs, initializer=_report_to, initargs=(queue,)) as pool:
         try:
@@ -358,7 +372,8 @@ def _generate_in_processes(
                     if len(running) == jobs:
                         break
                     if not running or not budget or in_use + peaks[case.name] <= budget:
-                        running[pool.submit(_generate_reporting, case, out_root, precision)] = case
+                        ops = None if stale is None else stale.get(case.name)
+                        running[pool.submit(_generate_reporting, case, out_root, precision, ops)] = case
                         in_use += peaks[case.name]
                         waiting.remove(case)
                 finished, _ = wait(running, timeout=_PROGRESS_SECONDS if queue else None, return_when=FIRST_COMPLETED)
@@ -367,7 +382,7 @@ def _generate_in_processes(
                 for future in finished:
                     case = running.pop(future)
                     try:
-                        path = future.result()
+                        path = future.result()[0]
                     except BrokenProcessPool:
                         raise DataError(
                             str(out_root / case.name),
@@ -395,8 +410,8 @@ def _report_to(queue: Any) -> None:
         queue.cancel_join_thread()  # a worker never waits at exit for progress nobody reads any more
 
 
-def _generate_reporting(case: Case, out_root: Path, precision: str) -> Path:
-    """`generate_case` in a worker, sending (case name, fraction done) back at each 1% (`_report_to`)."""
+def _generate_reporting(case: Case, out_root: Path, precision: str, ops: Sequence[Op] | None = None) -> list[Path]:
+    """`generate_case_ops` in a worker, sending (case name, fraction done) back at each 1% (`_report_to`)."""
     queue = _REPORTS
     sent = [0.0]
 
@@ -405,7 +420,7 @@ def _generate_reporting(case: Case, out_root: Path, precision: str) -> Path:
             sent[0] = fraction
             queue.put((case.name, fraction))
 
-    return generate_case(case, out_root, precision, on_progress=report)
+    return generate_case_ops(case, out_root, precision, on_progress=report, ops=ops)
 
 
 def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Case, float], None]) -> None:
@@ -421,5 +436,4 @@ def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Cas
 
 
 def _dtype_name(array: np.ndarray) -> str:
-    name = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
-    return name
+    return "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name

@@ -19,17 +19,17 @@ from . import interface
 from ._version import __version__
 from .case import Case, Expect, TensorOverride
 from .errors import clip
-from .ops import INNER_PRECISE_DEFAULT, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, split_folder_name
+from .op_folders import CALL_NAMES, OP_OUTPUT_NAMES, op_case
+from .op_folders import GRAD_NAMES as GRAD_NAMES  # the names every reader of a manifest imports from here
+from .op_folders import INPUT_NAMES as INPUT_NAMES
+from .op_folders import SECTIONS as SECTIONS
+from .ops import FORWARD_OPS, INNER_PRECISE_DEFAULT, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, folder_name, split_folder_name
 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""
 
-INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 OPTIONAL_INPUT_NAMES = ("atten_mask",)
 """Inputs a case passes only to break a rule (a non-null attenMask); absent from a manifest otherwise."""
-GRAD_NAMES = ("dq", "dk", "dv")
-SECTIONS = ("inputs", "golden", "benchmark", "outputs")
-"""The manifest's sections of array entries {name: {file, dtype, shape, sha256}} (a null tensor: None)."""
 
 Entries = Mapping[str, Mapping[str, Any] | None]
 """One section of array entries, as `store.check_manifest` has checked them."""
@@ -272,6 +272,22 @@ def params(case: Case) -> dict[str, Any]:
     }
 
 
+def op_params(case: Case, op: Op) -> dict[str, Any]:
+    """Return the parameters of one op's call: `params`, and the forward's own where the op calls it."""
+    found = params(case)
+    if op in FORWARD_OPS:
+        found.update(inner_precise=case.inner_precise, softmax_lse_flag=case.softmax_lse_flag)
+    return found
+
+
+def expect_record(expect: Expect) -> dict[str, Any]:
+    """Return an op's `expect`: status and name, and the pair's verdict and cause only where set."""
+    record: dict[str, Any] = {"status": expect.status, "name": expect.name}
+    if expect.verdict != "PASS" or expect.cause is not None:
+        record.update(verdict=expect.verdict, cause=expect.cause)
+    return record
+
+
 def semantics(case: Case) -> dict[str, Any]:
     """Return what the golden assumes where the operator's documentation and kernel differ."""
     return {
@@ -301,14 +317,16 @@ def sparsity_record(case: Case) -> dict[str, Any]:
     return record
 
 
-def output_entries(case: Case) -> dict[str, dict[str, Any]]:
-    """Return where a device writes dq, dk, dv: files relative to the output directory."""
+def output_entries(case: Case, op: Op = "backward") -> dict[str, dict[str, Any]]:
+    """Return where a device writes an op's outputs (dq, dk, dv; out, lse): files relative to the output
+    directory, dtype and shape as the call passes them (a null one left out)."""
     descs = case.tensor_descs()
-    return {
-        name: {"file": f"{name}.bin", "dtype": descs[name]["dtype"], "shape": list(descs[name]["shape"])}
-        for name in GRAD_NAMES
-        if name in descs
-    }
+    entries = {}
+    for name in OP_OUTPUT_NAMES[op]:
+        desc = descs.get(CALL_NAMES.get(name, name))
+        if desc is not None:
+            entries[name] = {"file": f"{name}.bin", "dtype": desc["dtype"], "shape": list(desc["shape"])}
+    return entries
 
 
 def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
@@ -374,25 +392,35 @@ def build_manifest(
     golden: Mapping[str, dict[str, Any]],
     benchmark: Mapping[str, dict[str, Any]],
     stats: Mapping[str, Any],
+    op: Op = "backward",
+    skip: str | None = None,
 ) -> dict[str, Any]:
-    """Assemble the manifest of a generated case."""
-    return {
+    """Assemble the manifest of one op's folder of a generated case (the backward's: the case's own).
+
+    An op folder other than the backward's adds `op`, and the forward's parameters where the op calls it;
+    a skipped op (`skip`: why) has no outputs.
+    """
+    document = {
         "format": FORMAT,
-        "name": case.name,
+        "name": folder_name(case.name, op),
+        **({"op": op} if op != "backward" else {}),
         "spec": case.source,
         "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
-        "params": params(case),
+        "params": op_params(case, op),
         "semantics": semantics(case),
         "sparsity": sparsity_record(case),
         "inputs": dict(inputs),
         "golden": dict(golden),
         "benchmark": dict(benchmark),
-        "outputs": output_entries(case),
-        "expect": {"status": case.expect.status, "name": case.expect.name},
+        "outputs": {} if skip is not None else output_entries(op_case(case, op), op),
+        "expect": expect_record(case.expect_of(op)),
         "compare": dict(case.compare),
         "warnings": list(case.warnings),
         "stats": dict(stats),
     }
+    if skip is not None:
+        document["skip"] = skip
+    return document
 
 
 MAX_PARAM = 2**31 - 1
@@ -451,6 +479,8 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     _check_params(p, sem)
     encoding = p.get("seq_lengths_encoding", "per_batch")
     empty_lse = sem.get("empty_row_lse", "inf")
+    op: Op = manifest["op"] if manifest.get("op") in OPS else "backward"
+    forward = {k: v for k, v in p.items() if k in ("inner_precise", "softmax_lse_flag") and type(v) is int}
     case = Case(
         name=manifest["name"],
         source=manifest.get("spec", ""),
@@ -480,6 +510,9 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         pre_tokens=p.get("pre_tokens", 2147483647),
         next_tokens=p.get("next_tokens", 2147483647),
         compare=dict(manifest.get("compare") or {}),
+        ops=(op,),
+        inner_precise=forward.get("inner_precise", INNER_PRECISE_DEFAULT),
+        softmax_lse_flag=forward.get("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT),
     )
     for lengths in (case.actual_seq_lengths, case.actual_seq_lengths_kv):
         if lengths is not None and any(n < 0 for n in lengths):
@@ -506,6 +539,8 @@ def flat_params(manifest: Mapping[str, Any]) -> str:
     directory, output files relative to the output directory).
     """
     lines = [f"format {manifest['format']}", f"name {manifest['name']}"]
+    if manifest.get("op", "backward") != "backward":
+        lines.append(f"op {manifest['op']}")
     for key, value in manifest["params"].items():
         if value is None:
             text = "-"

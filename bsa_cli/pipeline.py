@@ -113,8 +113,11 @@ def check_suite(
 
 
 def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> devices.RunSummary:
-    """Run the device on every case (`devices.run_cases`); the reference device also reports progress within
-    a case, weighed by backward FLOPs."""
+    """Run the device on every case (`devices.run_cases`) but the op folders gen skipped (`skipped_folders`:
+    no device runs them; compare reports them SKIP); the reference device also reports progress within a
+    case, weighed by backward FLOPs."""
+    skipped = {case_dir for case_dir, _ in skipped_folders(case_dirs)}
+    case_dirs = [case_dir for case_dir in case_dirs if case_dir not in skipped]
     if options.deterministic:
         releases = {}
         for case_dir in case_dirs:
@@ -127,6 +130,20 @@ def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: 
     progress.running(case_dirs, options.device, flops)
     with options.device.reporting(progress.progress):
         return devices.run_cases(case_dirs, options, on_event=progress.on_run_event)
+
+
+def skipped_folders(case_dirs: Sequence[Path]) -> list[tuple[Path, str]]:
+    """Return the case folders whose manifest says gen skipped their op (`skip`), with why; a manifest that
+    cannot be read is left to the run, which records it as the case's error."""
+    found = []
+    for case_dir in case_dirs:
+        try:
+            reason = store.load_manifest(case_dir).skip
+        except BsaError:
+            continue
+        if reason is not None:
+            found.append((case_dir, reason))
+    return found
 
 
 def refuse_deterministic(releases: Mapping[str, str]) -> None:
@@ -167,11 +184,13 @@ def inapplicable_faults(case_dirs: Sequence[Path], fault: str) -> list[str]:
                     f"{manifest.name}: fault '{fault}' not planted: a negative case is refused before any computation"
                 )
                 continue
+            if manifest.skip is not None:
+                continue  # never run
             case = manifest.case
             mask = store.read_array(case_dir, manifest.entry("inputs", "block_sparse_mask"))
-            reason = fault_not_applied(fault, case, mask)
+            reason = fault_not_applied(fault, case, mask, manifest.op)
         except (BsaError, KeyError, TypeError, ValueError):
             continue  # the run reports a broken case itself
         if reason is not None:
-            warnings.append(f"{case.name}: {reason}")
+            warnings.append(f"{manifest.name}: {reason}")
     return warnings

@@ -8,6 +8,7 @@ Layout of one generated case (the contract other tools read; README.md documents
     OUT/<case>/golden/*.bin     golden dq, dk, dv (float32 or float64)
     OUT/<case>/benchmark/*.bin  kernel-faithful dq, dk, dv in the case dtype
     OUT/<case>/outputs/         where a device (or the reference device) writes dq.bin, dk.bin, dv.bin
+    OUT/<case>@<op>/            the same for another op of the case (forward, chain, autograd: `op_folders`)
 
 Arrays are raw little-endian C-order bytes. A case directory is written under a temporary name and
 renamed into place once complete, so an interrupted run never leaves a case that looks complete.
@@ -40,6 +41,7 @@ from .case import DTYPES, numpy_dtype
 from .errors import DataError, plural
 from .errors import show as _show
 from .manifest import FORMAT, SECTIONS, Manifest
+from .op_folders import op_problem
 from .untrusted import MAX_NAME_BYTES, check_relative, entry_path, inside, is_case_name, load_json, read_regular
 
 MANIFEST = "case.json"
@@ -241,8 +243,9 @@ def check_entry(entry: Any, what: str) -> None:
 def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
     """Check the parts of a manifest that bsa turns into paths, reads or indexes.
 
-    `name` a string; `params`, `expect` and every section mappings; every array entry as `check_entry`;
-    `outputs` files distinct and none of the files `bsa run` keeps for itself.
+    `name` a string; `params`, `expect` and every section mappings; an op folder's fields as
+    `op_folders.op_problem`; every array entry as `check_entry`; `outputs` files distinct and none of the
+    files `bsa run` keeps for itself.
 
     Raises:
         DataError: `where: KEY: problem`, naming the entry.
@@ -263,6 +266,9 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
     status = manifest["expect"].get("status", 0)
     if not isinstance(status, int) or isinstance(status, bool) or not -(2**63) <= status < 2**63:
         raise DataError(where, f"expect.status: {_show(status)} is not a 64-bit integer")
+    problem = op_problem(manifest)  # an op folder's op, skip and forward parameters
+    if problem is not None:
+        raise DataError(where, problem)
     for section in SECTIONS:
         entries = manifest.get(section)
         if entries is None:

@@ -28,6 +28,7 @@ from ..case import Case
 from ..compare import SuiteResult
 from ..compare.drift import Drift, drift_document, regressions_document
 from ..errors import BsaError, DataError, SpecError, plural
+from ..ops import OPS, Op, split_folder_name
 from ..schedule import Estimate, machine_memory, parse_shard, shard
 from ..specs import MAX_CASES, SpecErrors, load_specs
 from ..store import MANIFEST, find_cases, load_manifest, select_cases
@@ -68,13 +69,14 @@ def load_cases(
     shard_text: str | None = None,
     max_cases: int = MAX_CASES,
     release: str | None = None,
+    ops: Sequence[Op] | None = None,
 ) -> list[Case]:
-    """Load, filter and shard the cases of the given specs (`release` overriding theirs), turning spec errors
-    into `Error:` messages."""
+    """Load, filter and shard the cases of the given specs (`release` overriding theirs, `ops` their ops:
+    `--ops`), turning spec errors into `Error:` messages."""
     if not specs:
         raise UserError("give at least one spec file or folder (for example cases/smoke.yaml)")
     with user_errors():
-        cases = load_specs(specs, max_cases, release)
+        cases = load_specs(specs, max_cases, release, None if ops is None else tuple(ops))
     if filters:
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
         if not cases:
@@ -84,6 +86,49 @@ def load_cases(
             index, count = parse_shard(shard_text)
         cases = shard(cases, index, count)
     return cases
+
+
+def select_ops(case_dirs: Sequence[Path], ops: Sequence[Op] | None) -> tuple[list[Path], list[str]]:
+    """Return the case folders of the ops `ops` (by folder name, `ops.split_folder_name`; None: all) and a
+    line for each case that has no folder of a requested op (that op of it is not taken).
+
+    A case is the folders of one name in one folder of cases; the line names the ops it has and the
+    `bsa gen --ops` that adds the missing one.
+    """
+    if ops is None:
+        return list(case_dirs), []
+    by_case: dict[tuple[Path, str], list[Op]] = {}
+    for case_dir in case_dirs:
+        name, op = split_folder_name(Path(case_dir).name)
+        by_case.setdefault((Path(case_dir).parent, name), []).append(op)
+    notes = []
+    for (_, name), present in by_case.items():
+        for op in ops:
+            if op not in present:
+                has = ", ".join(o for o in OPS if o in present)
+                wanted = ",".join(o for o in OPS if o in present or o in ops)
+                notes.append(
+                    f"case {name} has no {op} folder: its spec lists ops {has}; "
+                    f"regenerate with `bsa gen --ops {wanted}`"
+                )
+    selected = [d for d in case_dirs if split_folder_name(Path(d).name)[1] in ops]
+    return selected, notes
+
+
+def ops_selected(case_dirs: Sequence[Path], ops: Sequence[Op] | None) -> list[Path]:
+    """Return the folders of the ops --ops asks for (`select_ops`), naming each case's missing op on stderr.
+
+    Raises:
+        UserError: no folder of these ops is left.
+    """
+    selected, notes = select_ops(case_dirs, ops)
+    for note in notes:
+        output.warn(note)
+    if not selected:
+        raise UserError(
+            f"--ops {','.join(ops or ())}: none of the {plural(len(case_dirs), 'case folder')} is of these ops"
+        )
+    return selected
 
 
 def warn_constraints(cases: Sequence[Case]) -> None:

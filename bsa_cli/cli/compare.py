@@ -11,14 +11,25 @@ from .. import report
 from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
 from ..compare import drift as drift_
 from ..errors import DataError
+from ..ops import Op, split_folder_name
 from ..untrusted import load_json, read_regular
 from . import output
-from .common import UserError, folders_of_cases, prepare_reports, select_cases_or_suites, user_errors, write_reports
+from .common import (
+    UserError,
+    folders_of_cases,
+    ops_selected,
+    prepare_reports,
+    select_cases_or_suites,
+    user_errors,
+    write_reports,
+)
 from .options import (
+    SELECT_OPS_HELP,
     ReportPaths,
     SettingsOptions,
     filter_option,
     jobs_option_for,
+    ops_option_for,
     report_options,
     settings_options,
     verbose_option,
@@ -103,6 +114,7 @@ _STANDARD_HELP = (
     "hypothesis tried, what it explained, why the others were ruled out.",
 )
 @verbose_option
+@ops_option_for(SELECT_OPS_HELP)
 def compare_command(
     paths: tuple[Path, ...],
     outputs_root: Path | None,
@@ -117,12 +129,14 @@ def compare_command(
     jobs: int | None,
     explain: str | None,
     verbose: bool,
+    ops: tuple[Op, ...] | None,
 ) -> None:
     """Judge the device's dq, dk, dv of every case under OUT (or merge shard reports with --merge).
 
     OUT is a folder written by `bsa gen` (or one case of it); a folder of such folders (OUT/smoke,
-    OUT/edge, ...) is compared whole. Report files' folders are created; a report that cannot be written
-    stops the command before any case is judged.
+    OUT/edge, ...) is compared whole. Each op of a case is a folder of its own (NAME, NAME@forward, ...),
+    judged on its own; --ops takes only those ops' folders. Report files' folders are created; a report
+    that cannot be written stops the command before any case is judged.
 
     Exit code: 0 all cases pass, 1 a case failed (or, with --fail-on-regression, drifted), 2 usage error,
     3 a case could not be judged.
@@ -141,6 +155,7 @@ def compare_command(
                 ("--filter", filters),
                 ("--no-verify-inputs", no_verify_inputs),
                 ("--jobs", jobs),
+                ("--ops", ops),
             )
             if value
         ]
@@ -150,10 +165,12 @@ def compare_command(
         suite, header = _load_reports(paths)
     else:
         run = settings.run_settings()
-        case_dirs = select_cases_or_suites(paths, filters)
+        case_dirs = ops_selected(select_cases_or_suites(paths, filters), ops)
         if explain is not None:
             case_dirs = _explained_dirs(case_dirs, explain)
         missing = missing_cases(folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
+        if ops is not None:  # a leftover of an op not asked for is not missing
+            missing = [item for item in missing if split_folder_name(item[0])[1] in ops]
         prepare_reports(reports)
         with user_errors(ValueError):
             suite = compare_suite(

@@ -17,15 +17,18 @@ from ..errors import BsaError, plural
 from ..generate import generate_suite
 from ..interface import DEFAULT_RELEASE
 from ..manifest import params as case_params
+from ..ops import DEFAULT_OPS, Op, folder_name
 from ..schedule import auto_jobs, estimate
 from ..store import find_cases
 from . import output
 from .common import load_cases, refuse_oversized, show_kernel_path_notes, user_errors, warn_constraints
 from .options import (
+    GEN_OPS_HELP,
     filter_option,
     force_option,
     jobs_option,
     max_cases_option,
+    ops_option_for,
     precision_option,
     release_option,
     shard_option,
@@ -80,7 +83,9 @@ LIST_COLUMNS = (
     "GiB",
     "expect",
 )
-"""The columns of `bsa list`, in order."""
+"""The columns of `bsa list`, in order; `OPS_COLUMN` follows them where a case lists other ops than the
+backward alone (a suite of the backward alone shows what it always showed)."""
+OPS_COLUMN = "ops"
 LIST_DROP_ORDER = (
     "MiB in/out",
     "block",
@@ -135,6 +140,7 @@ def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
                 else "0",
                 "GiB": f"{e.peak_memory / 2**30:.2g}",
                 "expect": "ok" if case.expect.ok else str(case.expect.status),
+                OPS_COLUMN: ",".join(case.ops),
             }
         )
     return rows
@@ -146,14 +152,16 @@ def _seconds(value: float) -> str:
 
 
 def list_table(rows: Sequence[dict[str, str]], width: int) -> tuple[Table, list[str]]:
-    """Return the table of `bsa list` that fits `width` columns, and the columns it leaves out.
+    """Return the table of `bsa list` that fits `width` columns, and the columns it leaves out (the ops
+    column, where shown, last of all but case, gen s and ref s).
 
     Columns go in LIST_DROP_ORDER until the table fits; no cell is ever wrapped or cut (a case name
     longer than the terminal still shows whole, on a line of its own width).
     """
-    shown = list(LIST_COLUMNS)
+    with_ops = any(row[OPS_COLUMN] != ",".join(DEFAULT_OPS) for row in rows)
+    shown = [*LIST_COLUMNS, OPS_COLUMN] if with_ops else list(LIST_COLUMNS)
     hidden: list[str] = []
-    for column in (None, *LIST_DROP_ORDER):
+    for column in (None, *LIST_DROP_ORDER, *([OPS_COLUMN] if with_ops else [])):
         if column is not None:
             shown.remove(column)
             hidden.append(column)
@@ -166,7 +174,7 @@ def list_table(rows: Sequence[dict[str, str]], width: int) -> tuple[Table, list[
 def _list_table(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, show_edge=False, collapse_padding=True)
     for column in columns:
-        left = column in ("case", "layout", "dtype", "pattern", "expect")
+        left = column in ("case", "layout", "dtype", "pattern", "expect", "ops")
         widest = max([len(column), *(len(row[column]) for row in rows)])
         table.add_column(column, justify="left" if left else "right", no_wrap=True, min_width=widest)
     for row in rows:
@@ -212,6 +220,7 @@ def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: s
 @force_option
 @max_cases_option
 @release_option
+@ops_option_for(GEN_OPS_HELP)
 def gen_command(
     specs: tuple[str, ...],
     out_dir: str,
@@ -222,14 +231,19 @@ def gen_command(
     force: bool,
     max_cases: int,
     release: str | None,
+    ops: tuple[Op, ...] | None,
 ) -> None:
-    """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS."""
-    cases = load_cases(specs, filters, shard_text, max_cases, release)
+    """Write inputs, golden and benchmark gradients and a manifest for every case of SPECS.
+
+    Each op a case tests (`ops:` in the spec, or --ops) is a case folder of its own: OUT/NAME for the
+    backward, OUT/NAME@forward, OUT/NAME@chain, OUT/NAME@autograd for the others.
+    """
+    cases = load_cases(specs, filters, shard_text, max_cases, release, ops)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}
     refuse_oversized(estimates, force)
     jobs = auto_jobs(jobs, list(estimates.values()))
-    spec_cases = load_cases(specs, max_cases=max_cases, release=release) if filters or shard_text else cases
+    spec_cases = load_cases(specs, max_cases=max_cases, release=release, ops=ops) if filters or shard_text else cases
     warn_other_cases(Path(out_dir), spec_cases)
     with ProgressDisplay() as display:
         shown = GenProgress(display)
@@ -240,6 +254,8 @@ def gen_command(
             )
     made = len(cases) - len(shown.skipped)
     line = f"generated {plural(made, 'case')} in {out_dir}"
+    if len(case_dirs) != len(cases):
+        line = f"generated {plural(made, 'case')} ({plural(len(case_dirs), 'case folder')}: one per op) in {out_dir}"
     if shown.skipped:
         line += f"; skipped {len(shown.skipped)} already current ({_names(shown.skipped)})"
     output.stdout.print(line, markup=False, soft_wrap=True)
@@ -259,7 +275,7 @@ def warn_other_cases(out: Path, cases: Sequence[Case]) -> None:
         found = find_cases(out) if out.is_dir() else []
     except BsaError:
         return
-    names = {case.name for case in cases}
+    names = {folder_name(case.name, op) for case in cases for op in case.ops}
     others = sorted(path.name for path in found if path.name not in names)
     if others:
         output.warn(

@@ -20,6 +20,7 @@ from ..compare import RunSettings
 from ..devices import DEVICE_KINDS, RunOptions, create, parse_device_ids
 from ..generate import PRECISIONS
 from ..interface import DEFAULT_RELEASE, RELEASES
+from ..ops import OPS, Op, parse_ops
 from .common import UserError, user_errors
 
 Decorator = Callable[[Any], Any]
@@ -79,6 +80,37 @@ release_option = click.option(
 )
 force_option = click.option(
     "--force", is_flag=True, help="Generate cases even when their estimated memory exceeds the machine's."
+)
+
+
+class OpsList(click.ParamType):
+    """A comma list of ops (`forward,backward`), parsed by `ops.parse_ops` into `OPS` order; a word that is no
+    op is a usage error naming the ops."""
+
+    name = "LIST"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[Op, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            return parse_ops(str(value))
+        except ValueError as exc:
+            self.fail(str(exc), param, ctx)
+
+
+def ops_option_for(help_text: str) -> Decorator:
+    """Return `--ops LIST` (the command gets a tuple of ops in `OPS` order, or None) with a command's own help."""
+    return click.option("--ops", "ops", type=OpsList(), metavar="LIST", default=None, help=help_text)
+
+
+OPS_WORDS = ", ".join(OPS)
+GEN_OPS_HELP = (
+    f"Comma list of the operator calls to test ({OPS_WORDS}), overriding the specs' `ops:` "
+    "(default: each case's own, else backward): one case folder per op."
+)
+SELECT_OPS_HELP = (
+    f"Only these ops' case folders (comma list of {OPS_WORDS}); a case without a folder of a requested op "
+    "is named on stderr and that op of it is not taken."
 )
 
 

@@ -12,11 +12,13 @@ from .. import pipeline, report, store
 from ..devices import OUTCOMES, RunSummary, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
 from ..errors import plural
+from ..ops import Op
 from ..schedule import estimate
 from . import output
 from .common import (
     EXIT_INTERRUPTED,
     load_cases,
+    ops_selected,
     prepare_reports,
     refuse_oversized,
     show_kernel_path_notes,
@@ -25,6 +27,8 @@ from .common import (
     write_reports,
 )
 from .options import (
+    GEN_OPS_HELP,
+    SELECT_OPS_HELP,
     DeviceOptions,
     ReportPaths,
     SettingsOptions,
@@ -33,6 +37,7 @@ from .options import (
     force_option,
     jobs_option,
     max_cases_option,
+    ops_option_for,
     precision_option,
     release_option,
     report_options,
@@ -63,13 +68,21 @@ def print_run_summary(summary: RunSummary) -> None:
 @click.option(
     "--outputs-root", metavar="DIR", help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs."
 )
+@ops_option_for(SELECT_OPS_HELP)
 def run_command(
-    cases: tuple[Path, ...], device: DeviceOptions, filters: tuple[str, ...], outputs_root: str | None
+    cases: tuple[Path, ...],
+    device: DeviceOptions,
+    filters: tuple[str, ...],
+    outputs_root: str | None,
+    ops: tuple[Op, ...] | None,
 ) -> None:
     """Run a device (default: the reference device) on every case under CASES.
 
     CASES are folders written by `bsa gen` (or single case folders). Each case's outputs, status.txt,
     logs and run.json go to <case_dir>/outputs; judge them with `bsa compare`.
+
+    A case that tests several ops is a folder per op (NAME, NAME@forward, ...); --ops takes only those
+    ops' folders. Op folders gen skipped (their operator refuses what another op accepts) are never run.
 
     Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
@@ -77,6 +90,9 @@ def run_command(
     run_options = device.run_options(outputs_root)
     with user_errors():
         case_dirs = store.select_cases(cases, filters)
+    case_dirs = ops_selected(case_dirs, ops)
+    for case_dir, reason in pipeline.skipped_folders(case_dirs):
+        output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, user_errors():
         summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
     print_run_summary(summary)
@@ -163,6 +179,7 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
 @force_option
 @max_cases_option
 @release_option
+@ops_option_for(GEN_OPS_HELP)
 @settings_options(
     standard="Judge every case by this standard (as bsa compare).",
     threshold="Override one threshold of the standard (repeatable), as bsa compare.",
@@ -184,6 +201,7 @@ def check_command(
     settings: SettingsOptions,
     reports: ReportPaths,
     verbose: bool,
+    ops: tuple[Op, ...] | None,
 ) -> None:
     """Generate, run and compare in one command: the main job.
 
@@ -197,7 +215,7 @@ def check_command(
     prepare_reports(reports)
     try:
         with ProgressDisplay() as display:
-            cases = load_cases(specs, filters, shard_text, max_cases, release)
+            cases = load_cases(specs, filters, shard_text, max_cases, release, ops)
             warn_constraints(cases)
             estimates = {case.name: estimate(case) for case in cases}
             refuse_oversized(estimates, force)

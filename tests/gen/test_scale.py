@@ -146,7 +146,7 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
 
     started: list[str] = []
 
-    def fake_generate(case: Case, out_root: Path, precision: str, **progress: object) -> Path:  # generate_case
+    def fake_generate(case: Case, out_root: Path, precision: str, **progress: object) -> list[Path]:
         with lock:
             started.append(case.name)
             running.append(case.name)
@@ -154,14 +154,14 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
         time.sleep(0.2)
         with lock:
             running.remove(case.name)
-        return Path(out_root) / case.name
+        return [Path(out_root) / case.name]  # generate_case_ops: the case's folders
 
     @contextlib.contextmanager
     def threads(jobs: int, **start: object) -> Iterator[ThreadPoolExecutor]:
         with ThreadPoolExecutor(jobs) as pool:
             yield pool
 
-    monkeypatch.setattr(generate, "generate_case", fake_generate)
+    monkeypatch.setattr(generate, "generate_case_ops", fake_generate)
     monkeypatch.setattr(generate, "worker_pool", threads)
     done: list[str] = []
     budget = sorted(peaks.values())[-1] + sorted(peaks.values())[0]  # the largest fits only with the smallest
