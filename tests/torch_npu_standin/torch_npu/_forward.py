@@ -1,10 +1,11 @@
 """The stand-in's forward: what aclnnBlockSparseAttention computes, in torch on the CPU (tests only).
 
-Written from the operator's documentation (ops-transformer attention/block_sparse_attention, DOMAIN.md
-section 8), apart from bsa's golden and reference device: for each query row, the kv columns of the
+Written from the operator's documentation (ops-transformer attention/block_sparse_attention,
+docs/interface.md "The forward"), apart from
+bsa's golden and reference device: for each query row, the kv columns of the
 blocks its mask row selects (within the actual kv length), scores in fp32 times the fp32 scale, a dense
 softmax in fp32, P cast to the input dtype before P V, fp32 accumulation, out cast to the input dtype;
-lse = ln(l) + m in fp32. innerPrecise 1 holds the softmax in fp16 (DOMAIN.md section 8): the scale cast to
+lse = ln(l) + m in fp32. innerPrecise 1 holds the softmax in fp16 (docs/operator.md, the forward): the scale cast to
 fp16, S16 = fp16(fp16(S) * scale16), P = fp16(exp(fp16(S16 - m))), the row sum held in fp16, lse =
 fp16(fp16(ln l) + m); P V still accumulates in fp32. One dense pass per row: no 512-column stacks.
 
