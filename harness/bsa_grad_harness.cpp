@@ -10,9 +10,14 @@
 //   dq.bin dk.bin dv.bin   raw little-endian, as the case's `output` lines say (only when the status is 0)
 //   status.txt             first line the aclnn status (0, 161001, 161002, ...), second line a message
 //
+// A case folder whose case.txt says `op forward` runs aclnnBlockSparseAttention (out.bin, lse.bin; the mask
+// as int8; out and lse pre-filled with NaN), `op chain` the forward and then the backward on the forward's
+// own device outputs (all five files); `op autograd` is torch_npu's (exit 5). See README.md.
+//
 // Exit codes: 0 the status was recorded (whatever it is); 2 bad arguments or case files;
 // 3 an AscendCL runtime call failed (init, device, memory, stream sync); 4 an output file could not be
-// written. Every acl resource is released on every path (RAII).
+// written; 5 this op cannot run here (stderr: "cannot run: <why>"). Every acl resource is released on
+// every path (RAII).
 //
 // Options:
 //   --device N              device id (default: $ASCEND_DEVICE_ID, else 0)
@@ -43,6 +48,9 @@
 #include "acl/acl.h"
 #include "aclnn/acl_meta.h"
 #include "aclnn_block_sparse_attention_grad.h"
+#ifndef BSA_NO_FORWARD
+#include "aclnn_block_sparse_attention.h"
+#endif
 
 namespace {
 
@@ -50,6 +58,7 @@ constexpr int kExitOk = 0;
 constexpr int kExitBadInput = 2;
 constexpr int kExitRuntime = 3;
 constexpr int kExitWrite = 4;
+constexpr int kExitCannotRun = 5;  // this op cannot run here (autograd); stderr: "cannot run: <why>"
 
 // An error that ends the run with an exit code (after every RAII owner has released its resource).
 class HarnessError : public std::runtime_error {
@@ -59,6 +68,13 @@ public:
 
 private:
     int exitCode_;
+};
+
+// An op this harness cannot run (autograd is torch_npu's; the forward when built without its header):
+// exit kExitCannotRun, first stderr line "cannot run: <why>", which bsa run records as a skipped case.
+class CannotRun : public std::runtime_error {
+public:
+    explicit CannotRun(const std::string &why) : std::runtime_error(why) {}
 };
 
 std::string RecentAclMessage()
@@ -113,6 +129,11 @@ struct CaseSpec {
             throw HarnessError(kExitBadInput, "case.txt: '" + key + "' is not an integer: " + text);
         }
         return static_cast<int64_t>(value);
+    }
+
+    int64_t IntParamOr(const std::string &key, int64_t fallback) const
+    {
+        return params.count(key) ? IntParam(key) : fallback;
     }
 
     double DoubleParam(const std::string &key) const
@@ -557,11 +578,303 @@ std::vector<char> LayoutBuffer(const std::string &layout)
     return buffer;
 }
 
+// ---- the forward and the chain -------------------------------------------------------------------------
+
+#ifndef BSA_NO_FORWARD
+// Host bytes of one input line, checked against its dtype and shape (a bad or stale file fails before the
+// device is touched).
+std::vector<char> ReadInput(const std::string &caseDir, const ArraySpec &array)
+{
+    return ReadFile(Inside(caseDir, array.file, true), ElementCount(array.dims) * Dtype(array.dtype).size);
+}
+
+// Fill a forward output buffer before the call, so a row the operator never writes shows: NaN of the
+// tensor's dtype (float16 0x7E00, bfloat16 0x7FC0, float32 0x7FC00000), zero bytes, or nothing.
+void Prefill(const DeviceTensor &tensor, const std::string &fill)
+{
+    if (fill == "none" || tensor.buffer.size() == 0) {
+        return;
+    }
+    if (fill == "zero") {
+        CheckAcl(aclrtMemset(tensor.buffer.get(), tensor.buffer.size(), 0, tensor.buffer.size()), "aclrtMemset");
+        return;
+    }
+    std::vector<char> host(tensor.buffer.size());
+    if (tensor.dtype.acl == ACL_FLOAT) {
+        const uint32_t nan = 0x7FC00000u;
+        for (size_t i = 0; i + 4 <= host.size(); i += 4) {
+            std::memcpy(&host[i], &nan, 4);
+        }
+    } else if (tensor.dtype.acl == ACL_FLOAT16 || tensor.dtype.acl == ACL_BF16) {
+        const uint16_t nan = tensor.dtype.acl == ACL_FLOAT16 ? 0x7E00 : 0x7FC0;
+        for (size_t i = 0; i + 2 <= host.size(); i += 2) {
+            std::memcpy(&host[i], &nan, 2);
+        }
+    } else {
+        std::memset(host.data(), 0xFF, host.size());  // a negative case's other dtype: bytes 0xFF
+    }
+    CheckAcl(aclrtMemcpy(tensor.buffer.get(), tensor.buffer.size(), host.data(), host.size(),
+                         ACL_MEMCPY_HOST_TO_DEVICE),
+             "aclrtMemcpy (prefill)");
+}
+
+std::unique_ptr<DeviceTensor> Upload(const ArraySpec &spec, const std::vector<char> &data,
+                                     const std::string &dtypeOverride = "")
+{
+    auto tensor = MakeTensor(spec, dtypeOverride);
+    if (!data.empty()) {
+        CheckAcl(aclrtMemcpy(tensor->buffer.get(), tensor->buffer.size(), data.data(), data.size(),
+                             ACL_MEMCPY_HOST_TO_DEVICE),
+                 "aclrtMemcpy (host to device)");
+    }
+    return tensor;
+}
+
+void Download(const DeviceTensor &tensor, const std::string &outputDir)
+{
+    std::vector<char> data(tensor.bytes());
+    if (!data.empty()) {
+        CheckAcl(aclrtMemcpy(data.data(), data.size(), tensor.buffer.get(), tensor.buffer.size(),
+                             ACL_MEMCPY_DEVICE_TO_HOST),
+                 "aclrtMemcpy (device to host)");
+    }
+    WriteFile(Inside(outputDir, tensor.spec.file, false), data.data(), data.size());
+}
+
+#endif  // BSA_NO_FORWARD
+
+// forward: aclnnBlockSparseAttention on query, key, value and the mask (as int8, the dtype the forward
+// registers: the same bytes), writing out and lse. chain: then aclnnBlockSparseAttentionGrad on the
+// forward's own out and lse, still on the device, with the mask in the backward's dtype (the case's input
+// line, or --mask-dtype), writing dq, dk, dv too. The status is the first nonzero one.
+int RunForwardOp(const Options &options, const std::string &caseDir, const CaseSpec &spec, bool chain)
+{
+#ifdef BSA_NO_FORWARD
+    (void)options, (void)caseDir, (void)spec, (void)chain;
+    throw CannotRun("this harness was built without aclnn_block_sparse_attention.h (BSA_NO_FORWARD): rebuild it "
+                    "against a toolkit with aclnnBlockSparseAttention");
+#else
+    // atten_mask and block_table are passed only when a (negative) case gives them; otherwise null.
+    std::vector<const char *> names = {"query", "key", "value", "block_sparse_mask", "atten_mask", "block_table"};
+    if (chain) {
+        names.push_back("dout");
+    }
+    std::map<std::string, std::vector<char>> host;
+    for (const char *name : names) {
+        auto it = spec.inputs.find(name);
+        if (it != spec.inputs.end()) {
+            host[name] = ReadInput(caseDir, it->second);
+        }
+    }
+    auto maskLine = spec.inputs.find("block_sparse_mask");
+    if (maskLine != spec.inputs.end() && Dtype(maskLine->second.dtype).size != 1) {
+        throw HarnessError(kExitBadInput, "case.txt: block_sparse_mask is " + maskLine->second.dtype +
+                                              ": the forward takes its bytes as int8, so it must be a 1-byte dtype");
+    }
+    std::vector<const char *> outputNames = {"out", "lse"};
+    if (chain) {
+        for (const char *name : {"dq", "dk", "dv"}) {
+            outputNames.push_back(name);
+        }
+    }
+    // An output the case leaves out is passed as nullptr (a negative case: attentionOut null is 161001);
+    // every output is checked before any is written.
+    for (const char *name : outputNames) {
+        if (spec.outputs.count(name)) {
+            Inside(options.outputDir, spec.outputs.at(name).file, false);
+        }
+    }
+
+    AclSession session(options.deviceId, options.deterministic);
+
+    std::map<std::string, std::unique_ptr<DeviceTensor>> inputs;
+    for (const char *name : names) {
+        auto it = spec.inputs.find(name);
+        if (it == spec.inputs.end()) {
+            continue;
+        }
+        const bool isMask = std::string(name) == "block_sparse_mask";
+        inputs[name] = Upload(it->second, host[name], isMask ? "int8" : "");
+    }
+    auto input = [&](const char *name) -> const aclTensor * {
+        auto it = inputs.find(name);
+        return it == inputs.end() ? nullptr : it->second->tensor.get();
+    };
+    std::map<std::string, std::unique_ptr<DeviceTensor>> outputs;
+    for (const char *name : outputNames) {
+        auto it = spec.outputs.find(name);
+        if (it == spec.outputs.end()) {
+            continue;
+        }
+        auto tensor = MakeTensor(it->second);
+        const bool forwardOutput = std::string(name) == "out" || std::string(name) == "lse";
+        if (forwardOutput) {
+            Prefill(*tensor, options.fill);
+        } else if (options.fill != "none" && tensor->buffer.size() > 0) {
+            const int32_t byte = options.fill == "nan" ? 0xFF : 0;
+            CheckAcl(aclrtMemset(tensor->buffer.get(), tensor->buffer.size(), byte, tensor->buffer.size()),
+                     "aclrtMemset");
+        }
+        outputs[name] = std::move(tensor);
+    }
+    auto output = [&](const char *name) -> aclTensor * {
+        auto it = outputs.find(name);
+        return it == outputs.end() ? nullptr : it->second->tensor.get();
+    };
+    if (options.fill == "nan") {
+        std::cout << "bsa-prefilled-outputs: nan" << std::endl;  // bsa run records it (device.prefilled_outputs)
+    }
+
+    std::vector<int64_t> values;
+    IntArrayPtr blockShape = spec.ListParam("block_shape", &values) ? MakeIntArray(values, "blockShape") : nullptr;
+    const bool bnsd = spec.Param("layout") == "BNSD";
+    // The forward's lengths are the case's; a BNSD case with neither passes [S] * B for both (the forward takes
+    // both-or-neither, and the chain's backward reads actualSeqLengths[b] even for BNSD, as torch_npu's
+    // autograd hands it the forward's). A case with one list and not the other passes exactly that.
+    std::vector<int64_t> qValues, kvValues;
+    const bool qGiven = spec.ListParam("actual_seq_lengths", &qValues);
+    const bool kvGiven = spec.ListParam("actual_seq_lengths_kv", &kvValues);
+    IntArrayPtr qLengths, kvLengths;
+    if (bnsd && !qGiven && !kvGiven) {
+        const size_t batch = static_cast<size_t>(spec.IntParam("batch"));
+        qLengths = MakeIntArray(std::vector<int64_t>(batch, spec.IntParam("q_seq_len")), "actualSeqLengths");
+        kvLengths = MakeIntArray(std::vector<int64_t>(batch, spec.IntParam("kv_seq_len")), "actualSeqLengthsKv");
+    } else {
+        qLengths = qGiven ? MakeIntArray(qValues, "actualSeqLengths") : nullptr;
+        kvLengths = kvGiven ? MakeIntArray(kvValues, "actualSeqLengthsKv") : nullptr;
+    }
+    std::vector<char> qLayout = LayoutBuffer(spec.Param("layout"));
+    std::vector<char> kvLayout = LayoutBuffer(spec.Param("kv_layout"));
+    bool nullQLayout = false, nullKvLayout = false;
+    if (auto it = spec.params.find("null_layouts"); it != spec.params.end()) {
+        std::istringstream words(it->second);
+        for (std::string word; words >> word;) {
+            nullQLayout = nullQLayout || word == "q";
+            nullKvLayout = nullKvLayout || word == "kv";
+        }
+    }
+    const int64_t numKvHeads = spec.IntParam("num_kv_heads");
+    const int64_t maskType = spec.IntParam("mask_type");
+    const double scale = spec.DoubleParam("scale");
+    const int64_t preTokens = spec.IntParam("pre_tokens");
+    const int64_t nextTokens = spec.IntParam("next_tokens");
+
+    uint64_t workspaceSize = 0;
+    ExecutorGuard executor;
+    aclnnStatus status = aclnnBlockSparseAttentionGetWorkspaceSize(
+        input("query"), input("key"), input("value"), input("block_sparse_mask"), input("atten_mask"),
+        blockShape.get(), qLengths.get(), kvLengths.get(), input("block_table"),
+        nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
+        scale, spec.IntParamOr("inner_precise", 0), 0 /* blockSize: no paged cache */, preTokens, nextTokens,
+        spec.IntParamOr("softmax_lse_flag", 1), output("out"), output("lse"), &workspaceSize, executor.out());
+    if (status != 0) {
+        const std::string message = "aclnnBlockSparseAttentionGetWorkspaceSize: " + RecentAclMessage();
+        std::cout << message << " (status " << status << ")" << std::endl;
+        WriteStatus(options.outputDir, status, message);
+        return kExitOk;
+    }
+    std::cout << "forward workspace " << workspaceSize << " bytes" << std::endl;
+    {
+        DeviceBuffer workspace(static_cast<size_t>(workspaceSize));
+        status = aclnnBlockSparseAttention(workspace.get(), workspaceSize, executor.release(), session.stream());
+        if (status != 0) {
+            const std::string message = "aclnnBlockSparseAttention: " + RecentAclMessage();
+            std::cout << message << " (status " << status << ")" << std::endl;
+            WriteStatus(options.outputDir, status, message);
+            return kExitOk;
+        }
+        CheckAcl(aclrtSynchronizeStream(session.stream()), "aclrtSynchronizeStream");
+    }
+    for (const char *name : {"out", "lse"}) {
+        if (outputs.count(name)) {
+            Download(*outputs[name], options.outputDir);
+        }
+    }
+    if (!chain) {
+        WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete output files
+        return kExitOk;
+    }
+
+    // The backward on the forward's own out and lse; the mask converted on the host from the forward's int8
+    // bytes to the backward's dtype (bool: nonzero -> 1; uint8 and int8: the same bytes).
+    const bool hasMask = maskLine != spec.inputs.end();
+    const std::string backwardMaskDtype = !options.maskDtype.empty() ? options.maskDtype
+                                          : hasMask                  ? maskLine->second.dtype
+                                                                     : "uint8";
+    std::vector<char> backwardMask = host["block_sparse_mask"];
+    if (backwardMaskDtype == "bool") {
+        for (char &byte : backwardMask) {
+            byte = byte != 0 ? 1 : 0;
+        }
+    }
+    if (maskLine == spec.inputs.end()) {
+        throw HarnessError(kExitBadInput, "case.txt: a chain needs a block_sparse_mask input line");
+    }
+    auto mask = Upload(maskLine->second, backwardMask, backwardMaskDtype);
+    std::cout << "chain: forward mask int8, backward mask " << backwardMaskDtype << std::endl;
+    auto backwardLengths = [&](const char *key, const char *seqKey, const char *what) -> IntArrayPtr {
+        if (spec.ListParam(key, &values)) {
+            return MakeIntArray(values, what);
+        }
+        if (!bnsd) {
+            return nullptr;
+        }
+        values.assign(static_cast<size_t>(spec.IntParam("batch")), spec.IntParam(seqKey));
+        return MakeIntArray(values, what);
+    };
+    IntArrayPtr bqLengths = backwardLengths("actual_seq_lengths", "q_seq_len", "actualSeqLengths");
+    IntArrayPtr bkvLengths = backwardLengths("actual_seq_lengths_kv", "kv_seq_len", "actualSeqLengthsKv");
+    uint64_t gradWorkspaceSize = 0;
+    ExecutorGuard gradExecutor;
+    status = aclnnBlockSparseAttentionGradGetWorkspaceSize(
+        input("dout"), input("query"), input("key"), input("value"), output("out"), output("lse"),
+        mask->tensor.get(), nullptr, blockShape.get(), bqLengths.get(), bkvLengths.get(),
+        nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
+        scale, preTokens, nextTokens, output("dq"), output("dk"), output("dv"), &gradWorkspaceSize,
+        gradExecutor.out());
+    if (status != 0) {
+        const std::string message = "aclnnBlockSparseAttentionGradGetWorkspaceSize: " + RecentAclMessage();
+        std::cout << message << " (status " << status << ")" << std::endl;
+        WriteStatus(options.outputDir, status, message);  // out and lse stay written; no gradients
+        return kExitOk;
+    }
+    std::cout << "backward workspace " << gradWorkspaceSize << " bytes" << std::endl;
+    DeviceBuffer gradWorkspace(static_cast<size_t>(gradWorkspaceSize));
+    status = aclnnBlockSparseAttentionGrad(gradWorkspace.get(), gradWorkspaceSize, gradExecutor.release(),
+                                           session.stream());
+    if (status != 0) {
+        const std::string message = "aclnnBlockSparseAttentionGrad: " + RecentAclMessage();
+        std::cout << message << " (status " << status << ")" << std::endl;
+        WriteStatus(options.outputDir, status, message);
+        return kExitOk;
+    }
+    CheckAcl(aclrtSynchronizeStream(session.stream()), "aclrtSynchronizeStream");
+    for (const char *name : {"dq", "dk", "dv"}) {
+        if (outputs.count(name)) {
+            Download(*outputs[name], options.outputDir);
+        }
+    }
+    WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete output files
+    return kExitOk;
+#endif
+}
+
 int Run(const Options &options)
 {
     const std::string caseDir = CaseDir(options.manifest);
     const CaseSpec spec = ReadCase(caseDir + "/case.txt");
     std::cout << "case " << spec.Param("name") << " on device " << options.deviceId << std::endl;
+    const std::string op = spec.params.count("op") ? spec.Param("op") : "backward";
+    if (op == "autograd") {
+        throw CannotRun("autograd is the chain through torch_npu's autograd (out.backward(dout)); this harness "
+                        "calls aclnn itself: run the case with --device torch_npu");
+    }
+    if (op == "forward" || op == "chain") {
+        return RunForwardOp(options, caseDir, spec, op == "chain");
+    }
+    if (op != "backward") {
+        throw HarnessError(kExitBadInput, "case.txt: op '" + op + "' is not forward, backward, chain or autograd");
+    }
 
     // Host data first: a bad or stale file fails before the device is touched.
     // atten_mask is passed only when a (negative) case gives one; otherwise attenMask is null.
@@ -700,6 +1013,9 @@ int main(int argc, char **argv)
 {
     try {
         return Run(ParseArgs(argc, argv));
+    } catch (const CannotRun &why) {
+        std::cerr << "cannot run: " << why.what() << std::endl;
+        return kExitCannotRun;
     } catch (const HarnessError &error) {
         std::cerr << "bsa_grad_harness: " << error.what() << std::endl;
         return error.exitCode();

@@ -1,7 +1,7 @@
 """The pair (ops chain and autograd): the causes a failing chain is named by, and its expected verdict.
 
 A chain runs the forward, then the backward on the forward's OWN out and lse. Two of its pitfalls
-(DOMAIN.md section 8) make the backward read what the forward never wrote, and are named here when the
+(docs/interface.md, "The forward") make the backward read what the forward never wrote, and are named here when the
 chain's gradients fail:
 
 * `lse-unwritten`: softmax_lse_flag 0, so the forward leaves softmaxLse unwritten and the backward reads

@@ -24,6 +24,9 @@ EXIT_CANNOT_RUN = 5
 """The exit code of a device child that cannot run the folder's op here (the C++ harness on autograd, the
 torch_npu child on autograd before torch 2.6); the first line of its stderr is `CANNOT_RUN_PREFIX` + why."""
 CANNOT_RUN_PREFIX = "cannot run: "
+PREFILL_LINE = "bsa-prefilled-outputs: nan"
+"""The stdout line of a binary that pre-filled the forward's out and lse with NaN before the call (the C++
+harness with its default --fill nan); run.json then records `device.prefilled_outputs: "nan"`."""
 
 PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 """Names a --cmd template may use, as `{name}`."""
@@ -98,6 +101,7 @@ class BinaryDevice:
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
         mark_cannot_run(attempt, execution)
+        mark_prefill(attempt, execution)
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.binary({**os.environ, **env})
@@ -164,3 +168,15 @@ def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
         return
     attempt.skipped = first[0][len(CANNOT_RUN_PREFIX) :].strip()[:500]
     attempt.problems = [p for p in attempt.problems if not p.startswith(f"exited with code {EXIT_CANNOT_RUN}")]
+
+
+def mark_prefill(attempt: Attempt, execution: Execution) -> None:
+    """Record that the binary pre-filled the forward's outputs with NaN (its stdout line `PREFILL_LINE`,
+    read from the first 64 KiB of its log)."""
+    try:
+        with open(execution.output_dir / attempt.stdout_log, "rb") as log:
+            head = log.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return
+    if PREFILL_LINE in head.splitlines():
+        attempt.prefilled_outputs = "nan"

@@ -1,7 +1,7 @@
 """The reference device's ops other than the backward: the forward, and the chain (forward, then backward on
 the forward's own out and lse), as the binary contract asks of an op folder (`Manifest.op`).
 
-* forward: the forward's interface check (`forward_interface.check`: its statuses in DOMAIN.md section 8's
+* forward: the forward's interface check (`forward_interface.check`: its statuses in docs/interface.md's
   order), then the reference forward (`forward.run_forward`: its own tiling, the kernel's precision path,
   output buffers pre-filled with NaN so the rows it must leave alone stay NaN), writing out.bin and lse.bin.
 * chain: the forward on the mask bytes as int8 (the forward's registered dtype), then the backward's

@@ -31,7 +31,11 @@ The ops:
   (still on the device), the mask as the manifest's dtype (the backward's: uint8 or bool), its lengths as
   the backward's harness passes them (`interface.call_lengths`). Status: the forward's, then the backward's.
 * `autograd`: query, key, value with `requires_grad`, the forward, `out.backward(dout)`; dq, dk, dv from
-  `.grad`. This is a training step: the backward receives what derivatives.yaml hands it.
+  `.grad`. This is a training step: the backward receives what derivatives.yaml hands it, the forward's
+  own mask tensor included, so the forward gets the mask in the manifest's dtype (the backward's: uint8 or
+  bool; an int8 one reaches the backward, which refuses it since v9.1.0 with 161002). The forward
+  registers only DT_INT8 for it (ops-transformer `block_sparse_attention_def.cpp`) and its aclnn layer does
+  not check the mask's dtype: whether the NPU's forward takes a uint8/bool mask is for a real run to show.
 
 Lengths passed to the forward: the case's own, except a BNSD case without any, which passes `[S] * B` for
 both (the forward accepts both-or-neither; the A2/A3 backward reads `actualSeqLengths[b]` even for BNSD, and
@@ -390,16 +394,19 @@ def run_op(
     dtypes = {name: str(entry["dtype"]) for name, entry in manifest.entries("inputs")}
     try:
         tensors = {name: to_tensor(torch, arrays[name], dtypes[name]).npu() for name in arrays}
-        # The forward's registered mask dtype is int8: the same bytes, another dtype.
+        # The forward's registered mask dtype is int8: the same bytes, another dtype. Autograd hands the
+        # backward the forward's own mask tensor (derivatives.yaml), so there it keeps the backward's dtype.
         mask_bytes = np.ascontiguousarray(arrays["block_sparse_mask"]).view(np.int8)
-        forward_mask = to_tensor(torch, mask_bytes, "int8").npu()
+        forward_mask = to_tensor(torch, mask_bytes, "int8").npu() if plan.op != "autograd" else None
+        forward_mask = tensors["block_sparse_mask"] if forward_mask is None else forward_mask
         if plan.op == "autograd":
             for name in ("query", "key", "value"):
                 tensors[name] = tensors[name].requires_grad_(True)
     except Exception as exc:
         raise DeviceFailure(f"cannot place the inputs on the NPU: {type(exc).__name__}: {exc}") from None
     steps = {"forward": "", "chain": f", then {BACKWARD_BINDING}", "autograd": ", then out.backward(dout)"}
-    print(f"op {plan.op}: {FORWARD_BINDING} (mask as int8){steps[plan.op]}")
+    mask_dtype = "int8" if plan.op != "autograd" else dtypes["block_sparse_mask"]
+    print(f"op {plan.op}: {FORWARD_BINDING} (mask as {mask_dtype}){steps[plan.op]}")
     call = plan.forward
     query, key, value = (tensors[n] for n in ("query", "key", "value"))
     result = _call(

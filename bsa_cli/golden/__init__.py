@@ -37,20 +37,10 @@ columns take part. The lse of an empty row is never read.
 
 The modules, each importing only those before it: `numerics` (buffers, gathered and padded blocks, row
 chunks, scattered products), `paths` (the precision paths, `KernelRange`, `watching`), `walk` (the walker,
-threads, `reporting`), `compute` (the functions this face hands on), `forward` (the forward operator's
+threads, `reporting`), `compute` (the functions this face hands on), `forward_op` (the forward operator's
 kernel-faithful path and the golden and benchmark of forward and chain folders; its docstring says how).
 """
 
-# first: the submodule `forward` binds the name `forward`, which the function of `compute` then takes back
-from .forward import (
-    chain_golden_and_benchmark,
-    forward_case,
-    forward_golden_and_benchmark,
-    forward_kernel,
-    written_rows,
-)
-
-# isort: split
 from .compute import (
     backward,
     backward_kernel,
@@ -61,6 +51,13 @@ from .compute import (
     forward_backward_sequence,
     forward_sequence,
     golden_and_benchmark,
+)
+from .forward_op import (
+    chain_golden_and_benchmark,
+    forward_case,
+    forward_golden_and_benchmark,
+    forward_kernel,
+    written_rows,
 )
 from .paths import KernelRange, watching
 from .walk import reporting

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import forward_interface, interface, stress
 from ..case import DTYPES, MAX_TOKENS, Case, Distribution, Expect
-from ..errors import show
+from ..errors import SpecError, show
 from ..inputs import fit_explicit, unreachable_kv_blocks
 from ..ops import DEFAULT_OPS, FORWARD_OPS, OPS, PAIR_OPS, Op
 from ..untrusted import MAX_NAME_BYTES, is_case_name
@@ -208,8 +208,13 @@ def build_case(
             f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row",
         )
     if case.ops == DEFAULT_OPS and not judges_pair(case.expect):
-        return _check_interface(r, case)  # a backward-only case: exactly the Case bsa always built
-    return _check_ops(r, case)
+        try:
+            return _check_interface(r, case)  # a backward-only case: exactly the Case bsa always built
+        except SpecError:
+            if ops is None:
+                raise
+            # --ops backward on a suite written for the forward: skipped with why, not an error
+    return _check_ops(r, case, override=ops is not None)
 
 
 def _check_ops_keys(r: _Reader, ops: tuple[Op, ...], expect: Expect, override: bool) -> None:
@@ -373,7 +378,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
     return case
 
 
-def _check_ops(r: _Reader, case: Case) -> Case:
+def _check_ops(r: _Reader, case: Case, override: bool = False) -> Case:
     """Work out each listed op's status and fill `op_expect` and `skipped_ops` (docs/interface.md, "The forward").
 
     A valid case: an op its operator refuses is skipped with why when another listed op accepts the case;
@@ -381,29 +386,47 @@ def _check_ops(r: _Reader, case: Case) -> Case:
     listed op returns the expected status or accepts the case (then judged as a valid op); another nonzero
     status is an error, and so is no op returning the expected one. An op that does not judge the pair gets
     a plain Expect() where `expect` holds a verdict or cause.
+
+    With `override` (the ops came from `--ops`, not from the case), what would be an error is a skip with
+    why: the suite was written for other ops, and each case is judged for the ops that accept it.
     """
     backward_steps = [op for op in case.ops if op != "forward"]
+    undefined_for: dict[Op, str] = {}  # under --ops: ops with no status to expect, skipped with why
     if backward_steps:
         undefined = interface.undefined_behaviour(interface.case_params(case), case.tensor_descs(), case.release)
-        if undefined:
+        if undefined and not override:
             key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else "tensors"
             raise r.error(
                 key,
                 f"{undefined[0]}: undefined behaviour for the backward ({', '.join(backward_steps)}), no status to "
                 f"expect (ops-transformer {case.release} reads it unchecked)",
             )
+        undefined_for.update(
+            (op, f"{undefined[0]}: undefined behaviour, no status to expect") for op in backward_steps if undefined
+        )
     if any(op in FORWARD_OPS for op in case.ops):
         undefined = forward_interface.undefined_behaviour(
             forward_interface.case_params_forward(case), forward_interface.forward_tensors(case)
         )
-        if undefined:
+        if undefined and not override:
             raise r.error("tensors", f"{undefined[0]}: no status bsa can expect from the forward")
+        for op in (op for op in case.ops if op in FORWARD_OPS and undefined):
+            undefined_for.setdefault(op, f"{undefined[0]}: no status bsa can expect from the forward")
+    if undefined_for:
+        rest = [op for op in case.ops if op not in undefined_for]
+        narrowed = _check_ops(r, dataclasses.replace(case, ops=tuple(rest)), override) if rest else case
+        skipped_all = sorted((*narrowed.skipped_ops, *undefined_for.items()), key=lambda item: OPS.index(item[0]))
+        return dataclasses.replace(narrowed, ops=case.ops, skipped_ops=tuple(skipped_all))
     statuses = {op: forward_interface.op_status(case, op) for op in case.ops}
     op_expect: list[tuple[Op, Expect]] = []
     skipped: list[tuple[Op, str]] = []
     if case.expect.ok:
         accepting = [op for op in case.ops if statuses[op][0] == 0]
-        if not accepting:
+        if not accepting and override:
+            skipped = [
+                (op, f"{forward_interface.refusal(case, op)}; no op --ops asked for accepts it") for op in case.ops
+            ]
+        elif not accepting:
             op = case.ops[0]
             status, message = statuses[op]
             if op == "backward":
@@ -413,7 +436,7 @@ def _check_ops(r: _Reader, case: Case) -> Case:
                 f"every listed op refuses the case; the {op} returns {status} ({message}): set "
                 f"'expect: {status}' for a negative case, or list an op that accepts it",
             )
-        for op in case.ops:
+        for op in case.ops if accepting else ():
             if statuses[op][0] != 0:
                 why = forward_interface.refusal(case, op)
                 skipped.append((op, f"{why}; {_accepted_by(accepting)}"))
@@ -425,12 +448,16 @@ def _check_ops(r: _Reader, case: Case) -> Case:
             status, message = statuses[op]
             if status == 0:
                 op_expect.append((op, Expect()))
+            elif status != case.expect.status and override:
+                skipped.append(
+                    (op, f"the {op} returns {status} ({message}) where the case expects {case.expect.status}")
+                )
             elif status != case.expect.status:
                 raise r.error(
                     "expect",
                     f"expects {case.expect.status}, but for op {op} '{message}' makes the operator return {status}",
                 )
-        if not matching:
+        if not matching and not override:
             raise r.error(
                 "expect",
                 f"expects {case.expect.name} ({case.expect.status}), but no listed op ({', '.join(case.ops)}) "

@@ -156,7 +156,7 @@ def test_judging_never_imports_a_device() -> None:
 
 INNER_ORDERS = {
     "bsa_cli.specs": ("safe_yaml", "fields", "ops_fields", "expand", "build", "load"),
-    "bsa_cli.golden": ("numerics", "paths", "walk", "compute", "forward"),
+    "bsa_cli.golden": ("numerics", "paths", "walk", "compute", "forward_op"),
 }
 """The modules of other packages, in the order data flows through them: each imports only those before it
 (the package's `__init__`, its face, hands on names and imports any of them)."""

@@ -9,7 +9,7 @@ import pytest
 from bsa_cli import devices, golden
 from bsa_cli.devices import reference
 from bsa_cli.devices.reference_ops import AUTOGRAD_REASON, Unsupported
-from bsa_cli.golden.forward import written_rows
+from bsa_cli.golden.forward_op import written_rows
 from tests.helpers import build_case, build_op_folder, case_factory, make_inputs, read_output, read_record
 
 make = case_factory(

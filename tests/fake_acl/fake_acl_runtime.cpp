@@ -1,12 +1,15 @@
 // FAKE host-memory implementation of the declarations in tests/fake_acl/, for testing bsa's harness in CI.
-// NOT CANN and not the operator: "device" memory is host memory, and the toy operator copies
-// query/key/value into dq/dk/dv after a few interface checks (161001 for null inputs or missing TND
-// lengths, 161002 for bad layouts or dtypes). It counts every acl resource and prints, at exit,
+// NOT CANN and not the operator: "device" memory is host memory, and the toy backward copies
+// query/key/value into dq/dk/dv after its interface checks (161001 for null inputs or missing TND
+// lengths, 161002 for bad layouts or dtypes); the forward makes its checks and computes a CPU forward
+// (float, dense softmax over each row's selected kv columns) so a chain runs end to end. It counts every acl resource and prints, at exit,
 //     fake_acl report: init=0 device=0 streams=0 buffers=0 tensors=0 int_arrays=0 executors=0
 // (the live count of each), so a test can check the harness frees everything on every path.
 // FAKE_ACL_FAIL=<function>:<n> makes the n-th call of that function fail (error 507899, or nullptr).
 // FAKE_ACLNN_RUN_STATUS=<code> makes aclnnBlockSparseAttentionGrad return that status.
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -16,6 +19,7 @@
 
 #include "acl/acl.h"
 #include "aclnn/acl_meta.h"
+#include "aclnn_block_sparse_attention.h"
 #include "aclnn_block_sparse_attention_grad.h"
 
 struct aclTensor {
@@ -26,6 +30,8 @@ struct aclTensor {
 struct aclIntArray {
     std::vector<int64_t> values;
 };
+struct ForwardExecutor;  // the forward's executor (defined with the forward below)
+
 struct aclOpExecutor {
     const aclTensor *inputs[3];
     aclTensor *outputs[3];
@@ -49,6 +55,7 @@ struct Counters {
 };
 Counters counters;
 std::string recentError;
+std::vector<ForwardExecutor *> forwardExecutors;  // live forward executors (told apart from the backward's)
 
 // True when FAKE_ACL_FAIL names this call.
 bool ShouldFail(const char *function)
@@ -202,10 +209,20 @@ aclnnStatus aclDestroyIntArray(const aclIntArray *array)
     return 0;
 }
 
+void DeleteForwardExecutor(ForwardExecutor *executor);
+
 aclnnStatus aclDestroyAclOpExecutor(aclOpExecutor *executor)
 {
     if (executor == nullptr) {
         return 561103;
+    }
+    auto forward = std::find(forwardExecutors.begin(), forwardExecutors.end(),
+                             reinterpret_cast<ForwardExecutor *>(executor));
+    if (forward != forwardExecutors.end()) {
+        forwardExecutors.erase(forward);
+        DeleteForwardExecutor(reinterpret_cast<ForwardExecutor *>(executor));
+        --counters.executors;
+        return 0;
     }
     delete executor;
     --counters.executors;
@@ -366,6 +383,375 @@ aclnnStatus aclnnBlockSparseAttentionGrad(void *workspace, uint64_t workspaceSiz
     }
     for (int i = 0; i < 3; ++i) {
         std::memcpy(run.outputs[i]->data, run.inputs[i]->data, Bytes(run.inputs[i]));
+    }
+    return 0;
+}
+
+
+// ---- the forward: aclnnBlockSparseAttention ---------------------------------------------------------------
+//
+// Its checks, in the order of ops-transformer master 5778144 (aclnn_block_sparse_attention.cpp ValidateParams
+// and ValidateAdditionalParams, MakeContiguous, the infershape, then the A2/A3 tiling), written apart from
+// bsa_cli/forward_interface.py. Not every tiling rule is played: see tests/fake_acl/README.md. Then a CPU
+// forward in float (dense softmax over the selected kv columns of each row), so a chain runs end to end:
+// rows with no selected block and BNSD rows past the actual lengths are left alone, and so is lse with
+// softmaxLseFlag 0.
+
+namespace {
+
+float HalfToFloat(uint16_t h)
+{
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+    int exponent = (h >> 10) & 0x1F;
+    uint32_t mantissa = h & 0x3FF;
+    uint32_t bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | (mantissa << 13);
+    } else if (exponent == 0) {
+        if (mantissa == 0) {
+            bits = sign;
+        } else {
+            exponent = 1;
+            while ((mantissa & 0x400) == 0) {
+                mantissa <<= 1;
+                --exponent;
+            }
+            mantissa &= 0x3FF;
+            bits = sign | static_cast<uint32_t>(exponent + 112) << 23 | (mantissa << 13);
+        }
+    } else {
+        bits = sign | static_cast<uint32_t>(exponent + 112) << 23 | (mantissa << 13);
+    }
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+}
+
+uint16_t FloatToHalf(float value)  // round to nearest, ties to even
+{
+    uint32_t bits;
+    std::memcpy(&bits, &value, 4);
+    const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000);
+    const uint32_t magnitude = bits & 0x7FFFFFFFu;
+    if (magnitude > 0x7F800000u) {
+        return sign | 0x7E00;
+    }
+    if (magnitude >= 0x477FF000u) {  // rounds to >= 65520: inf
+        return sign | 0x7C00;
+    }
+    if (magnitude < 0x38800000u) {  // subnormal half (or zero)
+        float absolute;
+        std::memcpy(&absolute, &magnitude, 4);
+        return sign | static_cast<uint16_t>(std::nearbyint(absolute * 16777216.0f));  // 2^24
+    }
+    const uint32_t rounded = magnitude + 0xFFF + ((magnitude >> 13) & 1);
+    return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
+float Load(const aclTensor *tensor, size_t index)
+{
+    uint16_t half;
+    std::memcpy(&half, static_cast<const char *>(tensor->data) + 2 * index, 2);
+    if (tensor->dtype == ACL_BF16) {
+        const uint32_t bits = static_cast<uint32_t>(half) << 16;
+        float value;
+        std::memcpy(&value, &bits, 4);
+        return value;
+    }
+    return HalfToFloat(half);
+}
+
+void Store(aclTensor *tensor, size_t index, float value)
+{
+    uint16_t half;
+    if (tensor->dtype == ACL_BF16) {
+        uint32_t bits;
+        std::memcpy(&bits, &value, 4);
+        half = static_cast<uint16_t>((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+    } else {
+        half = FloatToHalf(value);
+    }
+    std::memcpy(static_cast<char *>(tensor->data) + 2 * index, &half, 2);
+}
+
+struct ForwardRun {
+    const aclTensor *query, *key, *value, *mask;
+    aclTensor *out, *lse;
+    bool tnd;
+    int64_t x, y;
+    std::vector<int64_t> qLengths, kvLengths;
+    float scale;
+    int64_t softmaxLseFlag;
+};
+
+int64_t CeilDiv(int64_t n, int64_t d) { return n == 0 ? 0 : (n + d - 1) / d; }
+
+}  // namespace
+
+struct ForwardExecutor {
+    ForwardRun run;
+    uint64_t workspaceSize;
+};
+
+void DeleteForwardExecutor(ForwardExecutor *executor) { delete executor; }
+
+aclnnStatus aclnnBlockSparseAttentionGetWorkspaceSize(
+    const aclTensor *query, const aclTensor *key, const aclTensor *value, const aclTensor *blockSparseMaskOptional,
+    const aclTensor *attenMaskOptional, const aclIntArray *blockShapeOptional,
+    const aclIntArray *actualSeqLengthsOptional, const aclIntArray *actualSeqLengthsKvOptional,
+    const aclTensor *blockTableOptional, char *qInputLayout, char *kvInputLayout, int64_t numKeyValueHeads,
+    int64_t maskType, double scaleValue, int64_t innerPrecise, int64_t blockSize, int64_t preTokens,
+    int64_t nextTokens, int64_t softmaxLseFlag, aclTensor *attentionOut, aclTensor *softmaxLseOptional,
+    uint64_t *workspaceSize, aclOpExecutor **executor)
+{
+    (void)maskType, (void)blockSize;
+    // ValidateParams
+    if (query == nullptr || key == nullptr || value == nullptr) {
+        return Reject(161001, "fake forward: query, key or value is null");
+    }
+    if (query->dtype != ACL_FLOAT16 && query->dtype != ACL_BF16) {
+        return Reject(161002, "fake forward: query dtype must be float16 or bfloat16");
+    }
+    if (key->dtype != query->dtype || value->dtype != query->dtype) {
+        return Reject(161002, "fake forward: key/value dtype differs from query");
+    }
+    if (qInputLayout == nullptr || kvInputLayout == nullptr) {
+        return Reject(161001, "fake forward: a layout string is null");
+    }
+    const std::string qLayout(qInputLayout), kvLayout(kvInputLayout);
+    if (qLayout != "TND" && qLayout != "BNSD" && qLayout != "BSND") {
+        return Reject(161002, "fake forward: qInputLayout must be TND, BNSD or BSND");
+    }
+    if (qLayout != kvLayout) {
+        return Reject(161002, "fake forward: qInputLayout and kvInputLayout differ");
+    }
+    if (blockShapeOptional != nullptr &&
+        (blockShapeOptional->values.size() != 2 || blockShapeOptional->values[0] <= 0 ||
+         blockShapeOptional->values[1] <= 0)) {
+        return Reject(161002, "fake forward: blockShape must hold two positive values");
+    }
+    // ValidateAdditionalParams, MakeContiguous
+    if (innerPrecise != 0 && innerPrecise != 1 && innerPrecise != 4) {
+        return Reject(161002, "fake forward: innerPrecise must be 0, 1 or 4");
+    }
+    if (attentionOut == nullptr) {
+        return Reject(161001, "fake forward: attentionOut is null");
+    }
+    if (blockSparseMaskOptional != nullptr && blockSparseMaskOptional->dims.size() != 4) {
+        return Reject(161002, "fake forward: blockSparseMask must be 4-D");
+    }
+    // infershape: 561103 (the l0op returns null outputs)
+    const size_t rank = qLayout == "TND" ? 3 : 4;
+    if (query->dims.size() != rank || key->dims.size() != rank || value->dims.size() != rank) {
+        return Reject(561103, "fake forward infershape: query/key/value of the wrong rank for the layout");
+    }
+    const size_t nAxis = qLayout == "BSND" ? 2 : 1;
+    if (numKeyValueHeads != 0 && key->dims[nAxis] != numKeyValueHeads) {
+        return Reject(561103, "fake forward infershape: numKeyValueHeads differs from key's N");
+    }
+    const size_t dAxis = rank - 1;
+    if ((qLayout != "TND" && value->dims[0] != key->dims[0]) || value->dims[dAxis] != key->dims[dAxis]) {
+        return Reject(561103, "fake forward infershape: value's B or D differs from key's");
+    }
+    // A2/A3 tiling: 561002
+    if (qLayout == "BSND") {
+        return Reject(561002, "fake forward tiling: BSND is the 950's");
+    }
+    if (numKeyValueHeads == 0) {
+        return Reject(561002, "fake forward tiling: numKeyValueHeads 0");
+    }
+    if (innerPrecise == 4 || (innerPrecise == 1 && query->dtype == ACL_BF16)) {
+        return Reject(561002, "fake forward tiling: innerPrecise 4, or 1 with bfloat16");
+    }
+    if (preTokens != 2147483647 || nextTokens != 2147483647) {
+        return Reject(561002, "fake forward tiling: preTokens/nextTokens must be 2147483647");
+    }
+    if (softmaxLseFlag != 0 && softmaxLseFlag != 1) {
+        return Reject(561002, "fake forward tiling: softmaxLseFlag must be 0 or 1");
+    }
+    if (qLayout != "TND" && (query->dims[0] != key->dims[0] || key->dims[0] != value->dims[0])) {
+        return Reject(561002, "fake forward tiling: B of query, key, value differ");
+    }
+    if (query->dims[dAxis] != key->dims[dAxis] || key->dims[dAxis] != value->dims[dAxis]) {
+        return Reject(561002, "fake forward tiling: D of query, key, value differ");
+    }
+    if (key->dims[nAxis] != numKeyValueHeads || value->dims[nAxis] != numKeyValueHeads) {
+        return Reject(561002, "fake forward tiling: key/value N differs from numKeyValueHeads");
+    }
+    if (query->dims[nAxis] % numKeyValueHeads != 0) {
+        return Reject(561002, "fake forward tiling: N1 % numKeyValueHeads != 0");
+    }
+    const int64_t headDim = query->dims[rank - 1];
+    if (headDim != 64 && headDim != 128) {
+        return Reject(561002, "fake forward tiling: D must be 64 or 128");
+    }
+    const bool tnd = qLayout == "TND";
+    const int64_t n1 = query->dims[1];
+    std::vector<int64_t> qLengths, kvLengths;
+    int64_t batch = 0, maxQ = 0, maxKv = 0;
+    if (tnd) {
+        if (actualSeqLengthsOptional == nullptr || actualSeqLengthsKvOptional == nullptr ||
+            actualSeqLengthsOptional->values.size() != actualSeqLengthsKvOptional->values.size()) {
+            return Reject(561002, "fake forward tiling: TND needs both lengths, of one size");
+        }
+        qLengths = actualSeqLengthsOptional->values;
+        kvLengths = actualSeqLengthsKvOptional->values;
+        batch = static_cast<int64_t>(qLengths.size());
+        for (size_t b = 0; b < qLengths.size(); ++b) {
+            maxQ = std::max(maxQ, qLengths[b]);
+            maxKv = std::max(maxKv, kvLengths[b]);
+        }
+    } else {
+        batch = query->dims[0];
+        maxQ = query->dims[2];
+        maxKv = key->dims[2];
+        if ((actualSeqLengthsOptional == nullptr) != (actualSeqLengthsKvOptional == nullptr)) {
+            return Reject(561002, "fake forward tiling: BNSD takes both lengths or neither");
+        }
+        qLengths.assign(static_cast<size_t>(batch), maxQ);
+        kvLengths.assign(static_cast<size_t>(batch), maxKv);
+        if (actualSeqLengthsOptional != nullptr) {
+            qLengths = actualSeqLengthsOptional->values;
+            kvLengths = actualSeqLengthsKvOptional->values;
+            if (static_cast<int64_t>(qLengths.size()) != batch || static_cast<int64_t>(kvLengths.size()) != batch) {
+                return Reject(561002, "fake forward tiling: one BNSD length per batch entry");
+            }
+            for (int64_t b = 0; b < batch; ++b) {
+                if (qLengths[b] > maxQ || kvLengths[b] > maxKv) {
+                    return Reject(561002, "fake forward tiling: a BNSD length exceeds S");
+                }
+            }
+        }
+    }
+    if (blockSparseMaskOptional == nullptr) {
+        return Reject(561002, "fake forward tiling: blockSparseMask is null");
+    }
+    const int64_t x = blockShapeOptional ? blockShapeOptional->values[0] : 128;
+    const int64_t y = blockShapeOptional ? blockShapeOptional->values[1] : 128;
+    if (y % 128 != 0) {
+        return Reject(561002, "fake forward tiling: Y % 128 != 0");
+    }
+    const std::vector<int64_t> maskShape = {batch, n1, CeilDiv(maxQ, x), CeilDiv(maxKv, y)};
+    if (blockSparseMaskOptional->dims != maskShape) {
+        return Reject(561002, "fake forward tiling: blockSparseMask is not [B, N1, ceil(maxSq/X), ceil(maxSkv/Y)]");
+    }
+    if (attenMaskOptional != nullptr || blockTableOptional != nullptr) {
+        return Reject(561002, "fake forward tiling: attenMask and blockTable must be null");
+    }
+    if (tnd) {
+        int64_t qTokens = 0, kvTokens = 0;
+        for (size_t b = 0; b < qLengths.size(); ++b) {
+            qTokens += qLengths[b];
+            kvTokens += kvLengths[b];
+        }
+        if (qTokens != query->dims[0] || kvTokens != key->dims[0]) {
+            return Reject(561002, "fake forward tiling: TND lengths do not sum to T");
+        }
+    }
+    int64_t rows = 0;
+    for (int64_t length : qLengths) {
+        rows += length;
+    }
+    if (batch == 0 || n1 == 0 || rows == 0) {
+        return Reject(561002, "fake forward tiling: blockDim is 0 (no query row)");
+    }
+    if (softmaxLseFlag == 1 && softmaxLseOptional == nullptr) {
+        return Reject(561103, "fake forward: softmaxLse is null with softmaxLseFlag 1 (its ViewCopy fails)");
+    }
+    if (ShouldFail("aclnnBlockSparseAttentionGetWorkspaceSize")) {
+        return Reject(161002, "fake forward: forced failure");
+    }
+    std::printf("fake forward: actualSeqLengths %s actualSeqLengthsKv %s\n", Join(actualSeqLengthsOptional).c_str(),
+                Join(actualSeqLengthsKvOptional).c_str());
+    *workspaceSize = 4096;
+    auto *run = new ForwardExecutor{
+        {query, key, value, blockSparseMaskOptional, attentionOut, softmaxLseOptional, tnd, x, y, qLengths,
+         kvLengths, innerPrecise == 1 ? HalfToFloat(FloatToHalf(static_cast<float>(scaleValue)))
+                                      : static_cast<float>(scaleValue),
+         softmaxLseFlag},
+        4096};
+    *executor = reinterpret_cast<aclOpExecutor *>(run);
+    ++counters.executors;
+    forwardExecutors.push_back(run);
+    return 0;
+}
+
+aclnnStatus aclnnBlockSparseAttention(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor,
+                                      aclrtStream stream)
+{
+    auto *found = reinterpret_cast<ForwardExecutor *>(executor);
+    auto it = std::find(forwardExecutors.begin(), forwardExecutors.end(), found);
+    if (found == nullptr || it == forwardExecutors.end() || stream == nullptr) {
+        return Reject(161001, "fake forward: null or unknown executor, or null stream");
+    }
+    forwardExecutors.erase(it);
+    const ForwardRun run = found->run;
+    const uint64_t needed = found->workspaceSize;
+    delete found;  // aclnn releases the executor after the second phase
+    --counters.executors;
+    if (workspace == nullptr || workspaceSize < needed) {
+        return Reject(561103, "fake forward: workspace missing or too small");
+    }
+    if (const char *forced = std::getenv("FAKE_ACLNN_RUN_STATUS")) {
+        return Reject(static_cast<aclnnStatus>(std::atoi(forced)), "fake: forced run status");
+    }
+    const int64_t n1 = run.query->dims[1], n2 = run.key->dims[1];
+    const int64_t d = run.query->dims.back();
+    const int64_t sq = run.tnd ? 0 : run.query->dims[2], skv = run.tnd ? 0 : run.key->dims[2];
+    const auto &mask = run.mask->dims;
+    const auto *maskData = static_cast<const int8_t *>(run.mask->data);
+    int64_t qStart = 0, kvStart = 0;
+    for (size_t b = 0; b < run.qLengths.size(); ++b) {
+        const int64_t qLen = run.qLengths[b], kvLen = run.kvLengths[b];
+        for (int64_t n = 0; n < n1; ++n) {
+            const int64_t kvHead = n / (n1 / n2);
+            for (int64_t s = 0; s < qLen; ++s) {
+                const size_t qRow = run.tnd ? static_cast<size_t>(((qStart + s) * n1 + n) * d)
+                                            : static_cast<size_t>((((int64_t)b * n1 + n) * sq + s) * d);
+                std::vector<int64_t> columns;
+                for (int64_t j = 0; j < kvLen; ++j) {
+                    const int64_t at = (((int64_t)b * mask[1] + n) * mask[2] + s / run.x) * mask[3] + j / run.y;
+                    if (maskData[at] != 0) {
+                        columns.push_back(j);
+                    }
+                }
+                if (columns.empty()) {
+                    continue;  // not written: out and lse keep what the buffer held
+                }
+                std::vector<float> scores(columns.size());
+                float rowMax = -INFINITY;
+                for (size_t c = 0; c < columns.size(); ++c) {
+                    const size_t kRow = run.tnd ? static_cast<size_t>(((kvStart + columns[c]) * n2 + kvHead) * d)
+                                                : static_cast<size_t>((((int64_t)b * n2 + kvHead) * skv + columns[c]) * d);
+                    float dot = 0.0f;
+                    for (int64_t e = 0; e < d; ++e) {
+                        dot += Load(run.query, qRow + e) * Load(run.key, kRow + e);
+                    }
+                    scores[c] = dot * run.scale;
+                    rowMax = std::max(rowMax, scores[c]);
+                }
+                float rowSum = 0.0f;
+                std::vector<float> acc(static_cast<size_t>(d), 0.0f);
+                for (size_t c = 0; c < columns.size(); ++c) {
+                    const float p = std::exp(scores[c] - rowMax);
+                    rowSum += p;
+                    const size_t vRow = run.tnd ? static_cast<size_t>(((kvStart + columns[c]) * n2 + kvHead) * d)
+                                                : static_cast<size_t>((((int64_t)b * n2 + kvHead) * skv + columns[c]) * d);
+                    for (int64_t e = 0; e < d; ++e) {
+                        acc[e] += p * Load(run.value, vRow + e);
+                    }
+                }
+                for (int64_t e = 0; e < d; ++e) {
+                    Store(run.out, qRow + e, acc[e] / rowSum);
+                }
+                if (run.softmaxLseFlag == 1) {
+                    const float lse = std::log(rowSum) + rowMax;
+                    std::memcpy(static_cast<char *>(run.lse->data) + 4 * (qRow / d), &lse, 4);
+                }
+            }
+        }
+        qStart += qLen;
+        kvStart += kvLen;
     }
     return 0;
 }

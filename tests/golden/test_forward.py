@@ -1,4 +1,4 @@
-"""Tests of bsa_cli.golden.forward: the forward's written rows, its kernel-faithful benchmark and the chain's golden.
+"""Tests of bsa_cli.golden.forward_op: the forward's written rows, its kernel-faithful benchmark and the chain's golden.
 
 The dense oracle here is written fresh from the forward's formula (a full masked score matrix per batch
 entry, softmax, natural-log lse), with batch entries located by this file's own arithmetic; the chain's
@@ -15,7 +15,7 @@ import pytest
 
 from bsa_cli import golden
 from bsa_cli.case import Case, numpy_dtype
-from bsa_cli.golden.forward import _softmax_of  # `golden.forward` is compute's function, not this module
+from bsa_cli.golden.forward_op import _softmax_of
 from tests import helpers
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -365,4 +365,4 @@ def test_golden_forward_is_still_the_float64_forward_function() -> None:
     from bsa_cli.golden import compute
 
     assert golden.forward is compute.forward
-    assert golden.forward_kernel.__module__ == "bsa_cli.golden.forward"
+    assert golden.forward_kernel.__module__ == "bsa_cli.golden.forward_op"

@@ -170,7 +170,7 @@ def test_a_negative_case_breaking_two_rules_expects_the_first(tmp_path: Path) ->
     assert "makes the operator return 561002" in caught.message and "head_dim" in caught.message
 
 
-# ---- where the code differs from DOMAIN.md / the backward ----------------------------------------------------
+# ---- where the code differs from the earlier notes / the backward ----------------------------------------------------
 
 
 def test_the_forward_differs_from_the_backward_where_its_code_does(tmp_path: Path) -> None:

@@ -34,7 +34,8 @@ would read out of bounds).
 `BSA_TORCH_NPU_STANDIN_FAULT` makes it misbehave, for the runner's paths: `import` (importing it raises
 ImportError, as torch_npu does without the CANN environment), `crash` (SIGSEGV in the call), `hang` (never
 returns), `error` (torch.npu.synchronize raises a device error without an aclnn status), `wrong-dtype`
-(returns float32 gradients). The value is a fault for every process, or `FAULT@ID,...`: a fault for the
+(returns float32 gradients), `old-torch` (torch.__version__ reads "2.5.1" and the forward gets no autograd
+link, as torch_npu before 2.6). The value is a fault for every process, or `FAULT@ID,...`: a fault for the
 process whose ASCEND_DEVICE_ID is ID (so one run on several device ids meets several faults).
 """
 
@@ -51,7 +52,9 @@ from typing import Any
 
 import torch
 
-from bsa_cli import interface
+from bsa_cli import forward_interface, interface
+
+from . import _forward
 
 __version__ = "0.0.0+bsa.standin"
 
@@ -78,7 +81,7 @@ SCHEMA = (
 """op_plugin/config/op_plugin_functions.yaml at 517f2e7d, unchanged since the binding came (9bbf9610)."""
 
 FAULT_VARIABLE = "BSA_TORCH_NPU_STANDIN_FAULT"
-FAULTS = ("import", "crash", "hang", "error", "wrong-dtype")
+FAULTS = ("import", "crash", "hang", "error", "wrong-dtype", "old-torch")
 MAX_HEAD_DIM = 128
 MAX_TOKENS = 2147483647
 _ON_NPU = "_bsa_standin_on_npu"
@@ -110,6 +113,9 @@ def _fault() -> str:
             chosen = name
     return chosen
 
+
+if _fault() == "old-torch":
+    torch.__version__ = "2.5.1"  # type: ignore[assignment]
 
 if _fault() == "import":
     raise ImportError("libhccl.so: cannot open shared object file: No such file or directory (stand-in fault)")
@@ -347,7 +353,9 @@ def _backward(
             p32 = torch.where(selected, torch.exp(scores - lse_b[n].unsqueeze(1)), zero)
             p16 = p32.to(io_dtype).float()
             dsum = (do * o).sum(dim=1, keepdim=True)
-            ds32 = p32 * (do @ v.T - dsum)
+            # Only selected blocks are formed: a row the forward left unwritten (NaN out, no selected block)
+            # never reaches dS, as on the kernel, whose Dsum is read only by the blocks it processes.
+            ds32 = torch.where(selected, p32 * (do @ v.T - dsum), zero)
             ds16 = ds32.to(io_dtype).float()
             dq_b[n] += ds16 @ k
             for first in range(0, sq, x):
@@ -446,3 +454,182 @@ _library.impl(NAME, _npu_block_sparse_attention_backward, "CPU")
 
 npu_block_sparse_attention_backward = getattr(torch.ops.npu, NAME)
 """As torch_npu exports it: `torch_npu.<op> = torch.ops.npu.<op>` (torch_npu/_init/core/_exports.py)."""
+
+
+# ---- the forward and its autograd link ---------------------------------------------------------------
+
+FORWARD_NAME = "npu_block_sparse_attention"
+FORWARD_SCHEMA = (
+    "npu_block_sparse_attention(Tensor query, Tensor key, Tensor value, Tensor block_sparse_mask, "
+    "int[] block_shape, *, str q_input_layout='TND', str kv_input_layout='TND', int num_key_value_heads=1, "
+    "float scale_value=0.0, int inner_precise=1, int[]? actual_seq_lengths=None, "
+    "int[]? actual_seq_lengths_kv=None, int? softmax_lse_flag=0) -> (Tensor, Tensor)"
+)
+"""op_plugin/config/op_plugin_functions.yaml at 517f2e7d, word for word."""
+
+AUTOGRAD_SINCE = (2, 6)
+"""op_plugin/config/derivatives.yaml registers the forward's gradient for `version: [v2.6, newest]`."""
+
+
+def _forward_failure(status: int, reason: str) -> RuntimeError:
+    """The RuntimeError NPU_CHECK_ERROR raises when aclnnBlockSparseAttentionGetWorkspaceSize fails."""
+    return RuntimeError(
+        f"{FORWARD_NAME}:op_plugin/ops/opapi/BlockSparseAttentionKernelNpuOpApi.cpp:86 NPU function error: "
+        f"call aclnnBlockSparseAttention failed, error code is {status}{_pta_error(100)}.\n"
+        f"EZ1001: [PID: {os.getpid()}] {_timestamp()} {reason} (bsa torch_npu stand-in)"
+    )
+
+
+def _desc(tensor: torch.Tensor) -> dict[str, Any]:
+    return {"dtype": str(tensor.dtype).replace("torch.", ""), "shape": list(tensor.shape)}
+
+
+def _forward_lengths(values: list[int] | None, count: int, tensor: torch.Tensor, layout: str) -> list[int]:
+    """Per-batch lengths the kernel uses: the list (TND, or BNSD given), else S for every batch entry."""
+    if values is not None:
+        return list(values)
+    return [tensor.shape[2]] * count if layout != "TND" else []
+
+
+def _npu_block_sparse_attention(
+    query: torch.Tensor | None,
+    key: torch.Tensor | None,
+    value: torch.Tensor | None,
+    block_sparse_mask: torch.Tensor | None,
+    block_shape: list[int],
+    *,
+    q_input_layout: str = "TND",
+    kv_input_layout: str = "TND",
+    num_key_value_heads: int = 1,
+    scale_value: float = 0.0,
+    inner_precise: int = 1,
+    actual_seq_lengths: list[int] | None = None,
+    actual_seq_lengths_kv: list[int] | None = None,
+    softmax_lse_flag: int | None = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward's kernel: the binding's check, aclnn's statuses (bsa's forward rules), then the math."""
+    fault = _fault()
+    if fault == "crash":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    tensors = {"query": query, "key": key, "value": value, "block_sparse_mask": block_sparse_mask}
+    for name, tensor in tensors.items():
+        if tensor is not None and not getattr(tensor, _ON_NPU, False):
+            raise NotImplementedError(
+                f"Could not run 'npu::{FORWARD_NAME}' with arguments from the 'CPU' backend: {name} is on the CPU "
+                "(move it with .npu() first; bsa torch_npu stand-in)"
+            )
+    # check_params of BlockSparseAttentionKernelNpuOpApi.cpp: q, k, v of one dtype, nothing else.
+    dtypes = [_dtype_name(t) for t in (query, key, value)]
+    if len(set(dtypes)) != 1:
+        raise RuntimeError(
+            f"query, key, value must have the same dtype, got query={dtypes[0]}, key={dtypes[1]}, "
+            f"value={dtypes[2]}{_ops_param_error()}"
+        )
+    if query is None or key is None or value is None:
+        raise RuntimeError(f"{FORWARD_NAME}: undefined tensors reach aclnn as null: not played by the stand-in")
+    flag = 0 if softmax_lse_flag is None else softmax_lse_flag  # softmax_lse_flag.value_or(0)
+    lse_shape = _forward.lse_shape(query)
+    table = {name: _desc(t) for name, t in tensors.items() if t is not None}
+    table["attention_out"] = _desc(query)  # apply_tensor_without_format(query.sizes(), query.options())
+    table["softmax_lse"] = {"dtype": "float32", "shape": lse_shape}
+    params = {
+        "layout": q_input_layout,
+        "kv_layout": kv_input_layout,
+        "block_shape": list(block_shape),
+        "actual_seq_lengths": actual_seq_lengths,
+        "actual_seq_lengths_kv": actual_seq_lengths_kv,
+        "num_kv_heads": num_key_value_heads,
+        "inner_precise": inner_precise,
+        "softmax_lse_flag": flag,
+        "mask_type": 0,
+        "pre_tokens": MAX_TOKENS,
+        "next_tokens": MAX_TOKENS,
+    }
+    status, reason = forward_interface.check(params, table)
+    if status != 0:
+        raise _forward_failure(status, reason)
+    assert block_sparse_mask is not None
+    layout = q_input_layout
+    batch = block_sparse_mask.shape[0]
+    q_lengths = _forward_lengths(actual_seq_lengths, batch, query, layout)
+    kv_lengths = _forward_lengths(actual_seq_lengths_kv, batch, key, layout)
+    out, lse = _forward.forward(
+        query,
+        key,
+        value,
+        block_sparse_mask,
+        list(block_shape),
+        layout,
+        q_lengths,
+        kv_lengths,
+        scale_value,
+        inner_precise,
+        flag,
+    )
+    for tensor in (out, lse):
+        setattr(tensor, _ON_NPU, True)
+    return out, lse
+
+
+class _BlockSparseAttentionFunction(torch.autograd.Function):
+    """derivatives.yaml's link: out's gradient is npu_block_sparse_attention_backward(grad, query, key, value,
+    result0, result1, block_sparse_mask, block_shape, actual_seq_lengths, actual_seq_lengths_kv,
+    q_input_layout, kv_input_layout, num_key_value_heads, scale_value); lse is not differentiable."""
+
+    @staticmethod
+    def forward(ctx: Any, query: Any, key: Any, value: Any, mask: Any, block_shape: Any, options: Any) -> Any:
+        out, lse = _npu_block_sparse_attention(query, key, value, mask, block_shape, **options)
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(query, key, value, out, lse, mask)
+        ctx.call = (block_shape, options)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any, grad_lse: Any) -> Any:
+        query, key, value, out, lse, mask = ctx.saved_tensors
+        for tensor in (query, key, value, out, lse, mask):  # unpacked saved tensors lose Python attributes
+            setattr(tensor, _ON_NPU, True)
+        block_shape, options = ctx.call
+        dq, dk, dv = npu_block_sparse_attention_backward(
+            grad,
+            query,
+            key,
+            value,
+            out,  # result0: the forward's own out
+            lse,  # result1: the forward's own lse, written or not
+            mask,
+            block_shape,
+            options.get("actual_seq_lengths"),
+            options.get("actual_seq_lengths_kv"),
+            options.get("q_input_layout", "TND"),
+            options.get("kv_input_layout", "TND"),
+            options.get("num_key_value_heads", 1),
+            options.get("scale_value", 0.0),
+        )
+        return dq, dk, dv, None, None, None
+
+
+def _npu_block_sparse_attention_autograd(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_sparse_mask: torch.Tensor,
+    block_shape: Any,
+    **options: Any,
+) -> Any:
+    """The Autograd kernel torch_npu generates from derivatives.yaml (torch 2.6 and later)."""
+    return _BlockSparseAttentionFunction.apply(query, key, value, block_sparse_mask, block_shape, options)
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+_library.define(FORWARD_SCHEMA)
+_library.impl(FORWARD_NAME, _npu_block_sparse_attention, "CPU")
+if _torch_version() >= AUTOGRAD_SINCE:
+    _library.impl(FORWARD_NAME, _npu_block_sparse_attention_autograd, "Autograd")
+
+npu_block_sparse_attention = getattr(torch.ops.npu, FORWARD_NAME)
+"""As torch_npu exports it (`torch.ops.npu.npu_block_sparse_attention`)."""
