@@ -248,9 +248,16 @@ def gen_command(
     with ProgressDisplay() as display:
         shown = GenProgress(display)
         shown.generating(cases, estimates)
+
+        def done(case: Case, outcome: str, path: Path) -> None:
+            shown.done(case, outcome, path)  # names the case's first folder
+            if len(case.ops) > 1:
+                folders = ", ".join(folder_name(case.name, op) for op in case.ops)
+                display.console.print(f"  one folder per op: {folders}", markup=False, highlight=False)
+
         with user_errors():
             case_dirs = generate_suite(
-                cases, Path(out_dir), precision, jobs, skip_current=True, on_done=shown.done, on_progress=shown.progress
+                cases, Path(out_dir), precision, jobs, skip_current=True, on_done=done, on_progress=shown.progress
             )
     made = len(cases) - len(shown.skipped)
     line = f"generated {plural(made, 'case')} in {out_dir}"

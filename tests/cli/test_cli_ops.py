@@ -65,6 +65,7 @@ def test_gen_ops_overrides_the_specs_ops(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert names(out) == ["pair", "pair@chain", "plain", "plain@chain"]
     assert "generated 2 cases (4 case folders: one per op)" in result.stdout
+    assert "one folder per op: pair, pair@chain" in result.stderr
 
 
 def test_gen_of_the_backward_alone_says_what_it_always_said(tmp_path: Path) -> None:
@@ -73,6 +74,7 @@ def test_gen_of_the_backward_alone_says_what_it_always_said(tmp_path: Path) -> N
     assert result.exit_code == 0, result.output
     assert names(out) == ["narrow", "pair", "plain"]
     assert f"generated 3 cases in {out}" in result.stdout
+    assert "one folder per op" not in result.stderr
 
 
 def test_list_shows_the_ops_column_only_where_a_case_lists_other_ops(tmp_path: Path) -> None:
