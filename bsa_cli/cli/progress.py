@@ -182,7 +182,10 @@ def log_lines(result: RunResult) -> list[str]:
 
 
 def run_detail(result: RunResult) -> str:
-    """Return the short status text of one run: aclnn status (and the expected one), time, device."""
+    """Return the short status text of one run: aclnn status (and the expected one), time, device; why a
+    skipped case was not run."""
+    if result.skipped is not None:
+        return result.skipped
     parts = []
     if result.status is not None:
         status = f"status {result.status}"
