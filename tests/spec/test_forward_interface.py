@@ -350,7 +350,7 @@ def test_backward_only_cases_build_exactly_as_before() -> None:
     """Every shipped case file builds the same Cases with no ops, with `--ops backward`, and with the
     fields new to issue 21 at their defaults (so every existing case folder keeps its bytes)."""
     for path in sorted((REPO / "cases").glob("*.yaml")):
-        if path.name in ("chain.yaml", "negative-forward.yaml"):
+        if path.name in ("chain.yaml", "negative-forward.yaml", "forward-edge.yaml"):  # their cases list ops
             continue
         cases = load_specs([path])
         assert cases == load_specs([path], ops=("backward",)), path.name
