@@ -9,7 +9,8 @@ Usage: python scripts/same_bytes.py DIR_A DIR_B
   OpenBLAS, whose kernels may add a product's terms in another order, so they must agree in shape and to
   within float32 rounding: float32 golden files |a - b| <= 1e-5 |b| + 1e-6 max |b| (as
   tests/golden/test_golden_vectors.py asks), benchmark files in the case dtype within 1 ULP of that dtype
-  (a float32 sum a last bit apart can round to the neighbouring float16 / bfloat16 value).
+  (a float32 sum a last bit apart can round to the neighbouring float16 / bfloat16 value), or 2 ULP for at
+  most `CARRIED_SHARE` of them (a dS rounded the other way carries one more ULP into its gradient).
 - case.json must agree in everything but the sha256 of those files and `benchmark_summary` (a cache of
   compare's figures keyed by the NumPy version and machine that measured them).
 Exit 0 when the folders agree, 1 with one line per difference otherwise, 2 for a usage error.
@@ -25,6 +26,10 @@ from pathlib import Path
 import numpy as np
 
 GRADIENT_FOLDERS = ("golden", "benchmark")
+CARRIED_SHARE = 1e-4
+"""Share of a benchmark file's values that may differ by 2 ULP (not 1): the backward rounds dS to the case
+dtype before its products, so a float32 sum a last bit apart that rounds dS the other way moves the
+gradient it feeds by one more ULP (a chain's benchmark, 640 rows at D 128: 1 value in 160k)."""
 VERSION_KEYED = ("benchmark_summary",)
 
 
@@ -58,7 +63,10 @@ def gradient_difference(a: Path, b: Path, dtype: str) -> str | None:
         x, y = np.fromfile(a, dtype="<u2"), np.fromfile(b, dtype="<u2")
         if x.shape != y.shape:
             return f"{x.size} vs {y.size} values"
-        beyond = np.abs(_ordinals(x) - _ordinals(y)) > 1
+        ulps = np.abs(_ordinals(x) - _ordinals(y))
+        beyond = ulps > 1
+        if not (ulps > 2).any() and beyond.sum() <= x.size * CARRIED_SHARE:
+            beyond[:] = False  # a dS rounded the other way in one build carries one more ULP into a gradient
     if beyond.any() or not np.array_equal(x == 0, y == 0):
         return f"{int(beyond.sum())} of {x.size} values beyond float32 rounding (or zeros moved)"
     return None

@@ -116,12 +116,12 @@ def _piece(
     running_max = running_sum = accumulator = np.empty(0, dtype=np.float32)
     for index, (first, stop) in enumerate(_stacks(positions.size, fault)):
         columns = positions[first:stop]
-        scores = softmax.scores(query @ key[columns].T)
+        scores = softmax.scores(_fp32_sum_of_products(query, key[columns].T))
         stack_max = scores.max(axis=1)
         new_max = stack_max if index == 0 else np.maximum(running_max, stack_max)
         probs = softmax.exp_of(scores - new_max[:, None])
-        stack_sum = probs.sum(axis=1, dtype=np.float32)
-        products = round_float32(probs, io_dtype, FORWARD_TIES) @ value[columns]
+        stack_sum = probs.sum(axis=1, dtype=np.float64).astype(np.float32)
+        products = _fp32_sum_of_products(round_float32(probs, io_dtype, FORWARD_TIES), value[columns])
         if index == 0:
             running_sum, accumulator = softmax.hold(stack_sum), products
         elif fault == "rescale-skipped":  # the max moved on, the old sum and accumulator did not follow
@@ -162,6 +162,12 @@ def _heads_major(case: Case, tensor: np.ndarray, batch: int, start: int, length:
     if case.layout == "TND":
         return tensor[start : start + length].transpose(1, 0, 2)
     return tensor[batch, :, start : start + length]
+
+
+def _fp32_sum_of_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Return a @ b accumulated as the kernel's fp32 sums are modelled: each exact sum (float64 holds every
+    product of two fp16/bf16 values) rounded once to float32, the same on every machine and NumPy."""
+    return np.matmul(a, b, dtype=np.float64).astype(np.float32)
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")

@@ -150,7 +150,7 @@ def online_softmax_rows(
     """
     softmax = _softmax_of(inner_precise, scale)
     io_dtype = np.dtype(io_dtype)
-    scores = softmax.scores(query @ keys.T)
+    scores = softmax.scores(_fp32_product(query, keys.T))
     width = scores.shape[1]
     row_max = row_sum = accumulator = np.empty(0, dtype=np.float32)
     for first in range(0, width, stack):
@@ -162,8 +162,8 @@ def online_softmax_rows(
             new_max = np.maximum(row_max, stack_max)
             factor = softmax.exp(softmax.difference(row_max - new_max))
         probs = softmax.exp(softmax.difference(part - new_max[:, None]))
-        part_sum = probs.sum(axis=1, dtype=np.float32)
-        products = round_float32(probs, io_dtype, FORWARD_TIES) @ values[first : first + stack]
+        part_sum = probs.sum(axis=1, dtype=np.float64).astype(np.float32)
+        products = _fp32_product(round_float32(probs, io_dtype, FORWARD_TIES), values[first : first + stack])
         if first == 0:
             row_sum, accumulator = softmax.held(part_sum), products
         else:
@@ -173,6 +173,18 @@ def online_softmax_rows(
         row_max = new_max
     out = to_dtype(accumulator / row_sum[:, None], io_dtype, FORWARD_TIES)
     return out, softmax.lse(row_sum, row_max).astype(np.float32)
+
+
+def _fp32_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Return a @ b as an fp32 accumulation: the exact sum (float64: the terms are products of fp16/bf16
+    values) rounded once to float32.
+
+    A float32 BLAS would add in an order of its build's choosing, so the forward's out could move by an ULP
+    with the NumPy wheel, and the chain's benchmark backward, fed that out, by many more. One rounding of
+    the float64 sum gives the same float32 on every machine (but where a sum lies within float64's rounding
+    of a float32 tie), so the benchmark's bytes depend on the spec alone.
+    """
+    return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
 
 
 class _ForwardKernel(_Path):
