@@ -43,7 +43,7 @@ from .patterns import (
     zero_blocks,
 )
 from .placement import PLACED, layout, length_boundary
-from .scoring import MAX_TARGETS, gather_blocks
+from .scoring import MAX_TARGETS, SAMPLED, gather_blocks
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
@@ -154,12 +154,20 @@ def diagnose(
             tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
             continue
 
-        def value(target: Target, v: Variant = v) -> np.ndarray:
+        def value(target: Target, v: Variant = v, some: np.ndarray | None = None) -> np.ndarray:
             if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
-                return blocks.data[target][2]
-            return recompute(ctx, v, target)
+                null = blocks.data[target][2]
+                return null if some is None else null[some]
+            return recompute(ctx, v, target, some)
 
         screen = blocks.screen_for(v)
+        rows = blocks.sample_of(screen[0]) if len(screen) == 1 else None
+        if rows is not None:  # a few rows of the worst block first (cheap): most hypotheses end here
+            part, sampled = blocks.explained_rows(screen[0], rows, value(screen[0], some=rows))
+            if sampled and part < SAMPLED:
+                outcome = f"ruled out: explains {part:.0%} of the error of {rows.size} rows of the worst failing block"
+                tried.append(Hypothesis(v.kind, v.supposes, part, outcome))
+                continue
         screened = [value(t) for t in screen]
         first, measured = blocks.explained_on(screen, screened)
         if first < 0.5 and measured:
