@@ -211,7 +211,13 @@ def diagnose(
                 done = tried[-1]
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
-    if done is None and (local is None or local.kind == "rows-permuted"):  # rows at other places: misplaced?
+    # A named constant factor (the scale missing, doubled; the sign flipped) explaining the error: values
+    # wrong everywhere by that factor, not misplaced. Fitted after the recomputed hypotheses (lse in base 2
+    # also looks like a factor, and ends the search there), and kept for its place below otherwise.
+    fit_causes: list[Cause] = []
+    fit_tried: list[Hypothesis] = []
+    factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and local is None else 0.0
+    if done is None and factor < EXPLAINED and (local is None or local.kind == "rows-permuted"):  # misplaced?
         placed = max(
             layout(case, failing, device, golden, benchmark, causes, tried),
             length_boundary(case, failing, device, golden, benchmark, spans, causes, tried),
@@ -230,6 +236,7 @@ def diagnose(
             return _ranked(causes, tried)
     else:
         explained = done.supposes if done is not None else local.kind if local is not None else ""
+        explained = explained or "a gradient off by a constant factor"
         for kind, supposes in _PLACEMENTS:
             tried.append(Hypothesis(kind, supposes, 0.0, f"not tried: '{explained}' explains values, not places"))
     if done is not None or local is not None:  # the patterns below would only rank lower
@@ -238,7 +245,8 @@ def diagnose(
         for kind, supposes in _PATTERNS:
             tried.append(Hypothesis(kind, supposes, 0.0, reason))
         return _ranked(causes, tried)
-    scale_fit(case, blocks, causes, tried)
+    causes.extend(fit_causes)
+    tried.extend(fit_tried)
     zero_blocks(blocks, causes, tried)
     tail_pattern(case, failing, spans, causes, tried)
     race_pattern(case, ctx, tensors, blocks, causes, tried)
