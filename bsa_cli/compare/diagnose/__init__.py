@@ -20,7 +20,7 @@ files, no printing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -43,7 +43,7 @@ from .patterns import (
     zero_blocks,
 )
 from .placement import PLACED, layout, length_boundary
-from .scoring import MAX_TARGETS, SAMPLED, gather_blocks
+from .scoring import MAX_TARGETS, SAMPLED, Blocks, gather_blocks
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
@@ -187,7 +187,11 @@ def diagnose(
                 )
             )
             continue
-        values = [value(t) for t in blocks.targets]
+        bound, values = _values(blocks, v, value)
+        if bound < 0.5:
+            outcome = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
+            tried.append(Hypothesis(v.kind, v.supposes, bound, outcome))
+            continue
         extra = [t for t in changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
         for target in extra:
             blocks.add(target)
@@ -270,6 +274,22 @@ _PLACEMENTS = (
     ("length-boundary", "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"),
 )
 """The placement hypotheses, tried when no recomputed hypothesis explains the error and it is not local."""
+
+
+def _values(blocks: Blocks, v: Variant, value: Callable[[Target], np.ndarray]) -> tuple[float, list[np.ndarray]]:
+    """A hypothesis's values of the targets, and a bound on its share (`Blocks.at_most`): the passing
+    tensors' blocks first, each block's error added, stopping once it cannot explain half (then the
+    values are partial). A mask hypothesis is also scored on blocks it changes: all its targets then."""
+    if v.mask:
+        return 1.0, [value(t) for t in blocks.targets]
+    order = sorted(blocks.targets, key=lambda t: t.tensor in blocks.failing)  # passing first, cheap to break
+    done: dict[Target, np.ndarray] = {}
+    for target in order:
+        done[target] = value(target)
+        bound = blocks.at_most(done)
+        if bound < 0.5:
+            return bound, []
+    return 1.0, [done[t] for t in blocks.targets]
 
 
 def _structural_only(result: TensorResult) -> bool:

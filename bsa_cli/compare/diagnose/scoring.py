@@ -179,6 +179,16 @@ class Blocks:
         hyp_excess = max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
         return max(0.0, min(1.0, 1.0 - hyp_excess / null_excess)), True
 
+    def at_most(self, values: Mapping[Target, np.ndarray]) -> float:
+        """A bound on `explained`'s share (no extra blocks) from a hypothesis's values of some targets: the
+        error it leaves in those alone is a part of what it leaves in all."""
+        noise = self.noise
+        null_excess = self.excess(self.energies(self.targets, self.null), noise)
+        if null_excess <= 0:
+            return 1.0
+        left = self.excess(self.energies(list(values), list(values.values())), noise)
+        return max(0.0, min(1.0, 1.0 - left / null_excess))
+
     @property
     def screen(self) -> list[Target]:
         """The worst target block of each failing tensor: a hypothesis must explain them to be tried on all."""
