@@ -10,7 +10,7 @@ prints, side by side in one run:
   3. the share on whole failing suites (sums over their runs): smoke + edge (cases of a few hundred rows)
      and a larger set (S from 512 to 8192; fp16 and bf16, BNSD and TND, GQA).
 
-Usage: python benchmarks/diagnosis_cost.py [--rounds N] [--quick] [--keep DIR]
+Usage: python benchmarks/diagnosis_cost.py [--rounds N] [--quick] [--keep DIR] [--tops FILE]
 
 How: `bsa gen -j 1` writes the cases into a temporary folder (smoke.yaml, edge.yaml and a generated
 spec of the larger set); the reference device (`devices.reference.emulate_case_dir`, what `bsa emulate`
@@ -25,6 +25,8 @@ time is the wrapped call's, its share = diagnosis / compare with it. A first jud
 warms the page cache and is not counted.
 
 --quick: smoke only and the larger set's three smallest cases (S <= 2048), 2 rounds: under a minute.
+--tops FILE: write every failing run's top kind and its causes (JSON), to compare two versions of the
+diagnosis (run this script once with each on PYTHONPATH): a faster diagnosis must conclude the same.
 """
 
 from __future__ import annotations
@@ -164,6 +166,7 @@ class Run:
     case_dir: Path
     output_dir: Path
     top: str = "-"
+    causes: list[str] = field(default_factory=list)
     verdict: str = "-"
     best: dict[str, float] = field(default_factory=dict)
 
@@ -185,6 +188,7 @@ def judge(run: Run, clock: DiagnosisClock, pool: ThreadPoolExecutor, with_diagno
         run.keep("diag_wall", clock.wall)
         run.verdict = result.verdict
         run.top = result.diagnosis[0].kind if result.diagnosis else "-"
+        run.causes = [f"{c.kind} {c.score:.2f}" for c in result.diagnosis]
 
 
 # ---- cases and outputs -----------------------------------------------------------------------------
@@ -275,6 +279,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=None, help="rounds of judgement (best of N; default 3, 2 quick)")
     parser.add_argument("--quick", action="store_true", help="smoke and the three smallest larger cases (< 1 min)")
     parser.add_argument("--keep", type=Path, default=None, help="write the cases here and keep them")
+    parser.add_argument("--tops", type=Path, default=None, help="write each failing run's top kind here (JSON)")
     args = parser.parse_args()
     rounds = args.rounds or (2 if args.quick else 3)
     work = args.keep or Path(tempfile.mkdtemp(prefix="bsa-diag-cost-"))
@@ -303,6 +308,9 @@ def main() -> None:
                         judge(run, clock, pool, with_diagnosis)
 
         failing = [r for r in runs if r.fault]
+        if args.tops is not None:
+            tops = {f"{r.suite}/{r.case}/{r.fault}": {"top": r.top, "causes": r.causes} for r in failing}
+            args.tops.write_text(json.dumps(tops, indent=1, sort_keys=True))
         clean = [r for r in runs if not r.fault]
         print("Failing runs (best of rounds; share = diagnosis / (compare without it + diagnosis)):")
         print_failing(sorted((r for r in failing if r.suite == "larger"), key=lambda r: r.elements))

@@ -284,6 +284,7 @@ class _Opened:
     golden: dict[str, np.ndarray] = field(default_factory=dict)
     benchmark: dict[str, np.ndarray] | None = None
     block_mask: np.ndarray | None = None
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)  # mapped, for the diagnosis (not read)
     summary: BenchmarkSummary | None = None
     problems: list[str] = field(default_factory=list)
     pending: list[Future[str | None]] = field(default_factory=list)
@@ -376,6 +377,7 @@ def _open_arrays(
         except DataError as exc:
             opened.problems.append(str(exc))
             continue
+        opened.inputs[name] = array
         if name == "block_sparse_mask":
             opened.block_mask = array
         elif not verify_inputs:

@@ -422,7 +422,7 @@ def _diagnosis(
     device, golden = opened.device, opened.golden
     benchmark = opened.benchmark or None
     try:
-        inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries)
+        inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries, opened.inputs)
         if op in PAIR_OPS:
             inputs = _PairInputs(inputs, golden)
             device = {n: device[n] for n in GRAD_NAMES}
@@ -458,11 +458,12 @@ class _PairInputs(Mapping[str, np.ndarray]):
 
 
 class _LazyInputs(Mapping[str, np.ndarray]):
-    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none)."""
+    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none),
+    unless the judgement mapped it already (`mapped`: its size checked, its hash under way or done)."""
 
-    def __init__(self, case_dir: Path, entries: dict[str, Any]) -> None:
+    def __init__(self, case_dir: Path, entries: dict[str, Any], mapped: Mapping[str, np.ndarray]) -> None:
         self.case_dir, self.entries = case_dir, entries
-        self.arrays: dict[str, np.ndarray] = {}
+        self.arrays: dict[str, np.ndarray] = {n: a for n, a in mapped.items() if n in entries}
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name not in self.arrays:

@@ -71,7 +71,7 @@ class Context:
     spans: dict[int, SequenceSpan]
     cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    kv_blocks: dict[tuple[Any, int, int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    kv_blocks: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
     shared: dict[tuple[int, int, int, bytes, bytes], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def q_side(self, name: str, batch: int, head: int) -> np.ndarray:
@@ -210,23 +210,27 @@ class Target:
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def recompute(ctx: Context, v: Variant, target: Target) -> np.ndarray:
-    """Return the float64 golden of one target block under the variant ([rows, D])."""
+def recompute(ctx: Context, v: Variant, target: Target, some: np.ndarray | None = None) -> np.ndarray:
+    """Return the float64 golden of one target block under the variant ([rows, D]); with `some`, of those
+    rows of the block only (the rows of a block are independent: a dq row sums over its kv columns, a dk/dv
+    row over its query rows)."""
     case, span = ctx.case, ctx.spans[target.batch]
     x, y = case.block_shape
     mask = ctx.mask(v, target.batch)
     scale = ctx.scale(v)
     if target.tensor == "dq":
         rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))
+        rows = rows if some is None else rows[some]
         cols = positions(np.flatnonzero(mask[target.head, target.block]), y, span.kv_len)
         if not cols.size:
             return np.zeros((rows.size, case.head_dim))
         kv_head = ctx.kv_head(v, target.head)
         dscores, _ = score_grads(ctx, v, target.batch, target.head, rows, cols, kv_head)
         return scale * (dscores @ ctx.kv_side("key", target.batch, kv_head)[cols])
-    key = (v, target.batch, target.head, target.block)
+    key = (v, target.batch, target.head, target.block, None if some is None else some.tobytes())
     if key not in ctx.kv_blocks:  # dk and dv of one kv block come from the same products: computed once
         cols = np.arange(target.block * y, min((target.block + 1) * y, span.kv_len))
+        cols = cols if some is None else cols[some]
         dk, dv = np.zeros((cols.size, case.head_dim)), np.zeros((cols.size, case.head_dim))
         for head in range(case.num_heads):
             if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):

@@ -16,7 +16,7 @@ from ...case import Case, SequenceSpan
 from ...layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
-from .hypotheses import NULL, VARIANTS, Context, applies, recompute, score_grads
+from .hypotheses import NULL, VARIANTS, Context, Target, applies, recompute, score_grads
 from .scoring import MAX_TARGETS, Blocks
 
 
@@ -136,8 +136,11 @@ def _scale_factor_words(factor: float, scale: float) -> str:
     return f"{factor:.4g}"
 
 
-def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
-    """A constant factor per failing tensor, fitted by least squares: the scale missing or doubled."""
+def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
+    """A constant factor per failing tensor, fitted by least squares: the scale missing or doubled.
+
+    Returns the share of the excess error explained when every factor off 1 is a named one (1/scale,
+    scale, scale^2, 1/2, 2, -1), else 0."""
     factors: dict[str, float] = {}
     for name in blocks.failing:
         picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
@@ -155,7 +158,7 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
                 "scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
             )
         )
-        return
+        return 0.0
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
     if share >= 0.5:
@@ -163,6 +166,8 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
         tried.append(Hypothesis("scale", supposes, share, f"explains {share:.0%} of the excess error: {text}"))
     else:
         tried.append(Hypothesis("scale", supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+    named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
+    return share if named else 0.0
 
 
 def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
@@ -385,6 +390,7 @@ def rows_permuted(
     matched, bad_total, where = 0, 0, []
     energy_all = energy_matched = 0.0
     x, y = case.block_shape
+    heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
     for i, target in enumerate(blocks.targets):
         if target.tensor not in blocks.failing:
             continue
@@ -400,11 +406,15 @@ def rows_permuted(
             continue
         span = spans[target.batch]
         view = q_view if target.tensor == "dq" else kv_view
-        gold = np.asarray(view(case, golden[target.tensor], span)[target.head], dtype=np.float64)
+        key = (target.tensor, target.batch, target.head)  # the worst blocks often share a head: upcast once
+        if key not in heads:
+            head = np.asarray(view(case, golden[target.tensor], span)[target.head], dtype=np.float64)
+            heads[key] = (head, (head**2).sum(axis=1))
+        gold, gold_energy = heads[key]
         size = x if target.tensor == "dq" else y
         first = target.block * size
         rows = dev[bad]
-        dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + (gold**2).sum(axis=1)[None, :]
+        dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + gold_energy[None, :]
         dist[np.arange(bad.size), first + bad] = np.inf
         best = dist.argmin(axis=1)
         closest = dist[np.arange(bad.size), best]
@@ -412,7 +422,7 @@ def rows_permuted(
         # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
         own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
         ok = (closest <= np.maximum(4 * floor, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
-        ok &= (gold[best] ** 2).sum(axis=1) > 0
+        ok &= gold_energy[best] > 0
         bad_total += bad.size
         matched += int(ok.sum())
         energy_all += float(row_err[bad].sum())
@@ -444,7 +454,7 @@ def rows_permuted(
 def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
     """Excess error confined to one or a few 16x16 tiles of the failing blocks."""
     supposes = "errors confined to one or a few 16x16 tiles"
-    energies: list[tuple[float, str]] = []
+    energies: list[tuple[float, Target, int, int]] = []  # (energy in benchmark units, block, row, column)
     for target in blocks.targets:
         if target.tensor not in blocks.failing:
             continue
@@ -455,20 +465,16 @@ def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypo
         if not err.size:
             continue
         tiles = np.add.reduceat(np.add.reduceat(err, starts_r, axis=0), starts_c, axis=1)
-        for r, c in zip(*np.nonzero(tiles > 0), strict=True):
-            row = target.block * size + int(starts_r[r])
-            energies.append(
-                (
-                    float(tiles[r, c]) / blocks.noise[target.tensor],
-                    f"{target.words()} tile at row {row}, column {int(starts_c[c])}",
-                )
-            )
-    total = sum(e for e, _ in energies)
+        at_r, at_c = np.nonzero(tiles > 0)  # the words only for the few tiles named (thousands of tiles)
+        values = (tiles[at_r, at_c] / blocks.noise[target.tensor]).tolist()
+        rows, cols = (target.block * size + starts_r[at_r]).tolist(), starts_c[at_c].tolist()
+        energies.extend((e, target, r, c) for e, r, c in zip(values, rows, cols, strict=True))
+    total = sum(e[0] for e in energies)
     energies.sort(key=lambda e: -e[0])
-    top = energies[:4]
+    top = [(e, f"{t.words()} tile at row {r}, column {c}") for e, t, r, c in energies[:4]]
     share = sum(e for e, _ in top) / total if total else 0.0
     if share >= 0.9:
-        many = sum(1 for e, _ in energies if e >= 0.05 * total)
+        many = sum(1 for e in energies if e[0] >= 0.05 * total)
         text = (
             f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
             f"tile{'s' if many != 1 else ''}: {top[0][1]}"
