@@ -753,3 +753,36 @@ def ops_suite() -> SuiteResult:
         ),
     ]
     return SuiteResult(tuple(results), seconds=2.0)
+
+
+# ---- forward tensors (tests of the forward's golden and of the reference device's forward) -------
+
+
+def draw_forward(
+    case: Case,
+    seed: int = 0,
+    density: float = 0.6,
+    mask: np.ndarray | None = None,
+    *,
+    mask_dtype: str = "uint8",
+    most_selecting_byte: int = 1,
+) -> dict[str, np.ndarray]:
+    """Random query/key/value/dout of the case dtype and a random block mask of `mask_dtype`.
+
+    A selected block gets a byte from 1 to `most_selecting_byte` (any nonzero byte selects); `mask`, if
+    given, is taken as it is.
+    """
+    rng = np.random.default_rng(seed)
+    dtype = numpy_dtype(case.dtype)
+    tensors = {
+        name: rng.standard_normal(case.kv_shape if name in ("key", "value") else case.q_shape).astype(dtype)
+        for name in ("query", "key", "value", "dout")
+    }
+    if mask is None:
+        selected = rng.random(case.mask_shape) < density
+        if most_selecting_byte > 1:
+            mask = selected * rng.integers(1, most_selecting_byte + 1, case.mask_shape)
+        else:
+            mask = selected
+    tensors["block_sparse_mask"] = np.asarray(mask).astype(mask_dtype)
+    return tensors

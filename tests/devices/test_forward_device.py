@@ -18,16 +18,7 @@ make_case = helpers.case_factory(tnd_sizes_from_lengths=True, name="fwd", source
 
 def draw(case: Case, seed: int = 0, density: float = 0.6, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Random query/key/value/dout of the case dtype and a random uint8 block mask."""
-    rng = np.random.default_rng(seed)
-    dtype = numpy_dtype(case.dtype)
-    tensors = {
-        name: rng.standard_normal(case.kv_shape if name in ("key", "value") else case.q_shape).astype(dtype)
-        for name in ("query", "key", "value", "dout")
-    }
-    if mask is None:
-        mask = rng.random(case.mask_shape) < density
-    tensors["block_sparse_mask"] = np.asarray(mask).astype(np.uint8)
-    return tensors
+    return helpers.draw_forward(case, seed, density, mask)
 
 
 def kernel(case: Case, t: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
