@@ -8,7 +8,10 @@ prints, side by side in one run:
   2. clean runs (PASS): compare's time with and without the diagnosis hook (a PASS is never diagnosed:
      the extra must be ~0);
   3. the share on whole failing suites (sums over their runs): smoke + edge (cases of a few hundred rows)
-     and a larger set (S from 512 to 8192; fp16 and bf16, BNSD and TND, GQA).
+     and a larger set (S from 512 to 8192; fp16 and bf16, BNSD and TND, GQA);
+  4. the share of whole `bsa compare` commands, one per planted fault and suite (its failing cases only),
+     as a nightly runs them: every case judged, then the terminal report and --json, --junit and --html
+     written (the command run in this process, `-j 1`, so that the diagnosis can be timed inside it).
 
 Usage: python benchmarks/diagnosis_cost.py [--rounds N] [--quick] [--keep DIR] [--tops FILE]
 
@@ -42,7 +45,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from click.testing import CliRunner
+
 from bsa_cli import compare
+from bsa_cli.cli import main as bsa_main
 from bsa_cli.compare import verdict
 from bsa_cli.compare.diagnose import Diagnosis
 from bsa_cli.devices import faults, reference
@@ -274,6 +280,57 @@ def print_totals(label: str, runs: list[Run]) -> None:
     )
 
 
+def whole_commands(failing: list[Run], work: Path, clock: DiagnosisClock, rounds: int) -> None:
+    """Time `bsa compare` of each (suite, fault)'s failing cases with the diagnosis and without it (best of
+    `rounds`, alternating), reports and all; print each and the sums."""
+    groups: dict[tuple[str, str], list[Run]] = {}
+    for run in failing:
+        assert run.fault is not None
+        groups.setdefault((run.suite, run.fault), []).append(run)
+    rows = []
+    for (suite, fault), group in sorted(groups.items()):
+        root = work / "commands" / suite / fault
+        for run in group:  # --outputs-root reads <root>/<case>
+            if not (root / run.case).exists():
+                shutil.copytree(run.output_dir, root / run.case)
+        args = ["compare", str(work / suite), "--outputs-root", str(root), "-j", "1"]
+        args += [a for run in group for a in ("--filter", run.case)]
+        args += ["--json", str(root / "r.json"), "--junit", str(root / "r.xml"), "--html", str(root / "r.html")]
+        best: dict[str, float] = {}
+        for i in range(rounds):
+            for with_diagnosis in (True, False) if i % 2 == 0 else (False, True):
+                clock.on = with_diagnosis
+                clock.cpu = clock.wall = 0.0
+                cpu, wall = time.process_time(), time.perf_counter()
+                result = CliRunner().invoke(bsa_main, args)
+                cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+                if result.exit_code != 1:
+                    raise RuntimeError(f"bsa {' '.join(args)}: exit {result.exit_code}: {result.output[-2000:]}")
+                tag = "with" if with_diagnosis else "without"
+                best[f"{tag}_cpu"] = min(cpu, best.get(f"{tag}_cpu", float("inf")))
+                best[f"{tag}_wall"] = min(wall, best.get(f"{tag}_wall", float("inf")))
+                if with_diagnosis:
+                    best["diag_cpu"] = min(clock.cpu, best.get("diag_cpu", float("inf")))
+                    best["diag_wall"] = min(clock.wall, best.get("diag_wall", float("inf")))
+        rows.append((suite, fault, len(group), best))
+        print(
+            f"  {suite:6} {fault:16} {len(group):4} cases | CPU w/o {best['without_cpu']:6.2f} s, diagnosis "
+            f"{best['diag_cpu']:5.2f} s = {best['diag_cpu'] / (best['without_cpu'] + best['diag_cpu']):5.1%} | wall "
+            f"w/o {best['without_wall']:6.2f} s, diagnosis {best['diag_wall']:5.2f} s = "
+            f"{best['diag_wall'] / (best['without_wall'] + best['diag_wall']):5.1%}"
+        )
+    for suite in sorted({r[0] for r in rows}):
+        without = sum(b["without_cpu"] for s, _, _, b in rows if s == suite)
+        diag = sum(b["diag_cpu"] for s, _, _, b in rows if s == suite)
+        wall_without = sum(b["without_wall"] for s, _, _, b in rows if s == suite)
+        wall_diag = sum(b["diag_wall"] for s, _, _, b in rows if s == suite)
+        print(
+            f"  {suite:6} all faults: CPU w/o {without:6.2f} s, diagnosis {diag:5.2f} s = "
+            f"{diag / (without + diag):5.1%} | wall w/o {wall_without:6.2f} s, diagnosis {wall_diag:5.2f} s = "
+            f"{wall_diag / (wall_without + wall_diag):5.1%}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=None, help="rounds of judgement (best of N; default 3, 2 quick)")
@@ -338,6 +395,8 @@ def main() -> None:
         print_totals("larger set", [r for r in failing if r.suite == "larger"])
         big = [r for r in failing if r.suite == "larger" and r.elements >= 4_000_000]
         print_totals("larger set, cases of >= 4M elements", big)
+        print("\nWhole `bsa compare` commands, one per suite and fault (its failing cases; all reports written):")
+        whole_commands(failing, work, clock, rounds)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
