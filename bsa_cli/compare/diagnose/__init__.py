@@ -28,6 +28,7 @@ import numpy as np
 from ...case import Case
 from ...manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
+from .contributions import contributions_fit
 from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, recompute
 from .patterns import (
     accumulation_precision,
@@ -251,6 +252,11 @@ def diagnose(
         return _ranked(causes, tried)
     causes.extend(fit_causes)
     tried.extend(fit_tried)
+    if factor < EXPLAINED and contributions_fit(ctx, blocks, causes, tried) >= EXPLAINED:
+        reason = "not tried: the fitted block pairs already explain the error"
+        for kind, supposes in _PATTERNS:
+            tried.append(Hypothesis(kind, supposes, 0.0, reason))
+        return _ranked(causes, tried)
     zero_blocks(blocks, causes, tried)
     tail_pattern(case, failing, spans, causes, tried)
     race_pattern(case, ctx, tensors, blocks, causes, tried)

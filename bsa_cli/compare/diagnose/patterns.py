@@ -136,6 +136,16 @@ def _scale_factor_words(factor: float, scale: float) -> str:
     return f"{factor:.4g}"
 
 
+UNRELATED = 0.1
+"""A fitted factor below this (in size), unless a named one (scale, scale^2), is not a scale: the device's
+values hardly correlate with the golden's (a block left zero, or summed from other pairs) and scaling the
+golden down only shrinks the error."""
+UNNAMED = 0.8
+"""A factor that is none of the named ones scores this times its share: any partial result (pairs left out,
+a softmax term wrong) is partly a smaller or larger golden, so an unnamed factor is weaker evidence than a
+named constant, or than a recomputed cause explaining as much."""
+
+
 def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
     """A constant factor per failing tensor, fitted by least squares: the scale missing or doubled.
 
@@ -161,12 +171,20 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
         return 0.0
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
-    if share >= 0.5:
-        causes.append(Cause("scale", share, text, tuple(off), ()))
-        tried.append(Hypothesis("scale", supposes, share, f"explains {share:.0%} of the excess error: {text}"))
-    else:
-        tried.append(Hypothesis("scale", supposes, share, f"ruled out: explains {share:.0%}: {text}"))
     named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
+    unrelated = [
+        n for n, f in off.items() if abs(f) < UNRELATED and " (= " not in _scale_factor_words(f, case.kernel_scale)
+    ]
+    if unrelated:  # a factor near 0: values unrelated to the golden's (or zero), which no factor explains
+        outcome = f"ruled out: {', '.join(unrelated)} hardly correlate with the golden (a factor near 0): {text}"
+        tried.append(Hypothesis("scale", supposes, 0.0, outcome))
+        return 0.0
+    score = share if named else UNNAMED * share
+    if share >= 0.5:
+        causes.append(Cause("scale", score, text, tuple(off), ()))
+        tried.append(Hypothesis("scale", supposes, score, f"explains {share:.0%} of the excess error: {text}"))
+    else:
+        tried.append(Hypothesis("scale", supposes, score, f"ruled out: explains {share:.0%}: {text}"))
     return share if named else 0.0
 
 

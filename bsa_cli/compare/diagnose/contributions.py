@@ -1,0 +1,238 @@
+"""Which block pairs the device added into its failing blocks: the contributions fit.
+
+A gradient block is a sum over block pairs. A dq block (query head h, query block i) is the sum over the
+kv blocks j its row of the mask selects of scale dS_ij K_j; a dk or dv block (kv head n, kv block j) the
+sum over the (query head h of n's group, query block i) pairs that select j of scale dS_ij^T Q_i and
+P_ij^T dO_i. Given lse and out, every pair's partial is known whatever the mask says (the backward
+recomputes P from the given lse), so a device block can be fitted as a sum of candidate pairs' partials,
+one coefficient each, by least squares. A kernel that reads the selection wrongly, in any way and not
+only in the ways `hypotheses.VARIANTS` recompute (a mask shifted by two blocks, one block dropped, the
+diagonal skipped, a query head left out of its group's sum), adds the pairs it takes for selected,
+coefficient 1, and leaves out the others, 0. When every well-determined coefficient is 0 or 1 and some
+differ from the mask, the fit names the pairs added or left out, and the values it predicts are scored
+like a recomputed hypothesis's (`Blocks.explained`).
+
+Candidates of a dq block: every kv block of its row when there are at most `MAX_CANDIDATES`, else the
+selected ones, those one and two blocks either side, the diagonal, and those the transposed mask and the
+neighbouring query rows select; of a dk/dv block: the same over the query blocks of every query head of
+its group. At most `MAX_CANDIDATES` per block (the selected ones first).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..results import Cause, Hypothesis
+from .hypotheses import NULL, Context, Target, score_grads
+from .scoring import Blocks
+
+MAX_CANDIDATES = 64
+"""Pairs a block is fitted on at most; a block selected by more is not fitted (its fit says so)."""
+STRONG = 1e4
+"""A candidate's coefficient is well determined when its partial's energy is this many times the block's
+benchmark error energy (its error is then about 0.01); the others keep the mask's value. A real pair's
+partial is some 1e5 to 1e7 times the rounding noise of an fp16/bf16 block."""
+INTEGRAL = 0.05
+"""A well-determined coefficient within this of 0 or 1 reads as a pair left out or added. Tight, so that a
+gradient off by a constant factor (dq times scale: coefficients 0.09 for D 128) is not read as pairs left out."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A (query head, query block, kv block) pair of one batch entry."""
+
+    batch: int
+    head: int
+    q_block: int
+    kv_block: int
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A block's fit: the values it predicts and the pairs it finds added (not selected) or left out."""
+
+    target: Target
+    values: np.ndarray
+    added: tuple[Pair, ...]
+    left_out: tuple[Pair, ...]
+    kept: tuple[Pair, ...]  # selected pairs the fit finds added, well determined
+
+
+def _around(selected: np.ndarray, size: int, more: np.ndarray) -> list[int]:
+    """Block indices: the selected ones first, then `more` and those one and two blocks off."""
+    order = [int(j) for j in selected]
+    near = [*(int(j) for j in more), *(int(j) + d for d in (1, -1, 2, -2) for j in selected)]
+    seen = set(order)
+    for j in near:
+        if 0 <= j < size and j not in seen:
+            seen.add(j)
+            order.append(j)
+    return order
+
+
+def candidates(ctx: Context, target: Target) -> tuple[list[Pair], int] | None:
+    """A target block's candidate pairs (the selected ones first) and how many are selected, or None when
+    more than `MAX_CANDIDATES` are selected."""
+    mask = ctx.mask(NULL, target.batch)  # [N1, nQ, nKV]
+    n_q, n_kv = mask.shape[1:]
+    b = target.batch
+    if target.tensor == "dq":
+        h, i = target.head, target.block
+        selected = np.flatnonzero(mask[h, i])
+        if n_kv <= MAX_CANDIDATES:  # every kv block of the row
+            more = [np.arange(n_kv)]
+        else:  # the diagonal, the transposed mask's column, the neighbouring rows' selections
+            more = [np.array([i]), np.flatnonzero(mask[h, :, i]) if i < n_kv else np.zeros(0, dtype=np.int64)]
+            more += [np.flatnonzero(mask[h, k]) for k in (i - 1, i + 1) if 0 <= k < n_q]
+        blocks = _around(selected, n_kv, np.concatenate(more))
+        pairs = [Pair(b, h, i, j) for j in blocks]
+        count = selected.size
+    else:
+        j = target.block
+        heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
+        pairs, extra = [], []
+        count = 0
+        every = len(heads) * n_q <= MAX_CANDIDATES  # every query block of every head of the group
+        for h in heads:
+            selected = np.flatnonzero(mask[h, :, j])
+            count += selected.size
+            if every:
+                more = [np.arange(n_q)]
+            else:
+                more = [np.array([j]), np.flatnonzero(mask[h, j]) if j < n_q else np.zeros(0, dtype=np.int64)]
+                more += [np.flatnonzero(mask[h, :, k]) for k in (j - 1, j + 1) if 0 <= k < n_kv]
+            blocks = _around(selected, n_q, np.concatenate(more))
+            pairs += [Pair(b, h, i, j) for i in blocks[: selected.size]]
+            extra += [Pair(b, h, i, j) for i in blocks[selected.size :]]
+        pairs += extra
+    if count > MAX_CANDIDATES:
+        return None
+    return pairs[:MAX_CANDIDATES], count
+
+
+def partial(ctx: Context, pair: Pair, tensor: str) -> np.ndarray:
+    """One pair's partial of a dq block (its rows) or of a dk/dv block (its columns), float64 [rows, D]."""
+    case, span = ctx.case, ctx.spans[pair.batch]
+    x, y = case.block_shape
+    rows = np.arange(pair.q_block * x, min((pair.q_block + 1) * x, span.q_len))
+    cols = np.arange(pair.kv_block * y, min((pair.kv_block + 1) * y, span.kv_len))
+    kv_head = ctx.kv_head(NULL, pair.head)
+    dscores, probs = score_grads(ctx, NULL, pair.batch, pair.head, rows, cols, kv_head)
+    scale = ctx.scale(NULL)
+    if tensor == "dq":
+        return scale * (dscores @ ctx.kv_side("key", pair.batch, kv_head)[cols])
+    if tensor == "dk":
+        return scale * (dscores.T @ ctx.q_side("query", pair.batch, pair.head)[rows])
+    return probs.T @ ctx.q_side("dout", pair.batch, pair.head)[rows]
+
+
+def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
+    """Fit one failing block as a sum of its candidate pairs' partials: the Fit, or why there is none."""
+    found = candidates(ctx, target)
+    if found is None:
+        return f"{target.words()}: more than {MAX_CANDIDATES} pairs selected, not fitted"
+    pairs, _ = found
+    dev, _, _, noise = blocks.data[target]
+    if target in blocks.nonfinite:
+        return f"{target.words()}: holds NaN/Inf, not fitted"
+    with np.errstate(over="ignore", invalid="ignore"):
+        parts = np.stack([partial(ctx, p, target.tensor) for p in pairs])  # [n, rows, D]
+    if not np.isfinite(parts).all():
+        return f"{target.words()}: a candidate's partial overflows, not fitted"
+    flat = parts.reshape(len(pairs), -1)
+    mask = ctx.mask(NULL, target.batch)
+    selected = np.array([bool(mask[p.head, p.q_block, p.kv_block]) for p in pairs])
+    coef, *_ = np.linalg.lstsq(flat.T, dev.reshape(-1), rcond=None)
+    strong = (flat * flat).sum(axis=1) >= STRONG * noise
+    read = np.round(coef)
+    if np.any(strong & ((np.abs(coef - read) > INTEGRAL) | (read < 0) | (read > 1))):
+        worst = int(np.argmax(np.where(strong, np.abs(coef - np.clip(read, 0, 1)), -1.0)))
+        return f"{target.words()}: not a sum of whole pairs (a coefficient {coef[worst]:.2f})"
+    taken = np.where(strong, read > 0.5, selected)
+    added = tuple(p for p, t, s in zip(pairs, taken, selected, strict=True) if t and not s)
+    left_out = tuple(p for p, t, s in zip(pairs, taken, selected, strict=True) if s and not t)
+    kept = tuple(p for p, t, s, k in zip(pairs, taken, selected, strong, strict=True) if t and s and k)
+    values = np.tensordot(taken.astype(np.float64), parts, axes=1)
+    return Fit(target, values, added, left_out, kept)
+
+
+def _tail(ctx: Context, pair: Pair) -> bool:
+    """Whether a pair lies in a partial last block (Skv % Y, or Sq % X) of its batch entry."""
+    span, (x, y) = ctx.spans[pair.batch], ctx.case.block_shape
+    last_kv = span.kv_len % y and pair.kv_block == (span.kv_len - 1) // y
+    last_q = span.q_len % x and pair.q_block == (span.q_len - 1) // x
+    return bool(last_kv or last_q)
+
+
+def _words(pairs: tuple[Pair, ...], limit: int = 4) -> str:
+    text = ", ".join(f"(head {p.head}, q block {p.q_block}, kv block {p.kv_block})" for p in pairs[:limit])
+    return text + (f" and {len(pairs) - limit} more" if len(pairs) > limit else "")
+
+
+def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
+    """Fit the failing target blocks as sums of whole block pairs; name the pairs a misread selection adds
+    or leaves out (block-selection; tail-block when only partial last blocks are left out; gqa-group-sum
+    when dq is right and whole query heads are left out of their group's dK/dV). Returns the share of the
+    excess error explained (0 when ruled out)."""
+    supposes = "the selection read wrongly in some other way: pairs added or left out (fitted per block)"
+    fits: list[Fit] = []
+    why: list[str] = []
+    for target in blocks.targets:
+        if target.tensor not in blocks.failing:
+            continue
+        fitted = fit_block(ctx, blocks, target)
+        if isinstance(fitted, str):
+            why.append(fitted)
+        elif fitted.added or fitted.left_out:
+            fits.append(fitted)
+    if fits and not any(f.values.any() for f in fits):  # no pair added into any: blocks left zero
+        reason = "every block the fit reads differently is left zero (not-written's, or a factor near 0)"
+        tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
+        return 0.0
+    if not fits:
+        reason = why[0] if why else "every failing block is the sum of the pairs its mask selects"
+        tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
+        return 0.0
+    by_target = {f.target: f.values for f in fits}
+    values = [by_target.get(t, blocks.data[t][2]) for t in blocks.targets]
+    share, ratios = blocks.explained(values)
+    added = tuple(dict.fromkeys(p for f in fits for p in f.added))
+    left_out = tuple(dict.fromkeys(p for f in fits for p in f.left_out))
+    kind, what = _kind(ctx, blocks, fits, added, left_out)
+    parts = []
+    if left_out:
+        parts.append(f"leaves out selected pairs {_words(left_out)}")
+    if added:
+        parts.append(f"adds pairs the mask does not select {_words(added)}")
+    text = f"{what}: the device {' and '.join(parts)}; under the fit, {blocks.falls(ratios)}"
+    where = tuple(f.target.words() for f in fits)[:3]
+    if kind is None:
+        tried.append(Hypothesis("block-selection", supposes, 0.0, f"left to the race pattern: {text}"))
+        return 0.0
+    if share >= 0.5:
+        causes.append(Cause(kind, share, text, blocks.failing, where))
+        tried.append(Hypothesis(kind, supposes, share, f"explains {share:.0%} of the excess error: {text}"))
+        return share
+    tried.append(Hypothesis(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+    return 0.0
+
+
+def _kind(
+    ctx: Context, blocks: Blocks, fits: list[Fit], added: tuple[Pair, ...], left_out: tuple[Pair, ...]
+) -> tuple[str | None, str]:
+    """The kind the fitted pairs point to and how to say it (None: a lost update, the race pattern's)."""
+    kv_only = "dq" not in blocks.failing
+    blocks_hit = {(f.target.batch, f.target.head, f.target.block) for f in fits}
+    if kv_only and not added and len(blocks_hit) <= 2 and all(len(f.left_out) <= 1 for f in fits):
+        return None, "one pair's partial missing in a shared kv block"
+    if not added and all(_tail(ctx, p) for p in left_out):
+        return "tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped"
+    if kv_only and not added and ctx.case.group_size > 1 and len(blocks_hit) >= 2:
+        heads = {p.head for p in left_out}
+        # Whole query heads left out: no fitted block keeps a pair of theirs.
+        if not any(p.head in heads for f in fits for p in f.kept):
+            names = ", ".join(str(h) for h in sorted(heads))
+            return "gqa-group-sum", f"dK/dV leave query heads {names} out of their GQA group's sum"
+    return "block-selection", "the block mask read wrongly"
