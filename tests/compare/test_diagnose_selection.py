@@ -1,0 +1,170 @@
+"""The contributions fit (compare/diagnose/contributions.py): a selection read wrongly in ways no recomputed
+hypothesis supposes (a shift by two blocks, a selected block dropped, the diagonal added or skipped, a query
+head left out of its group's dK/dV) is named by its kind, with the pairs it adds or leaves out."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bsa_cli import api, compare
+from bsa_cli.compare.diagnose import contributions
+from bsa_cli.compare.diagnose.hypotheses import Context, Target
+from bsa_cli.compare.diagnose.scoring import gather_blocks
+from bsa_cli.devices import reference
+from bsa_cli.generate import generate_case
+from bsa_cli.specs import load_specs
+
+SPECS = """
+defaults: {dtype: fp16, head_dim: 64, seed: 5, num_heads: 1}
+cases:
+  - {name: heads, batch: 2, num_heads: 3, q_seq_len: 256, block_shape: [64, 64],
+     sparsity: {pattern: random, density: 0.5}}
+  - {name: gqa, num_heads: 4, num_kv_heads: 1, q_seq_len: 512, block_shape: [64, 64],
+     sparsity: {pattern: random, density: 0.4}}
+  - {name: gqa-bf16, dtype: bf16, num_heads: 6, num_kv_heads: 2, q_seq_len: 384, block_shape: [64, 64],
+     sparsity: {pattern: random, density: 0.5}}
+  - {name: tnd, layout: TND, dtype: bf16, num_heads: 2, actual_seq_lengths: [130, 64, 200], block_shape: [64, 64],
+     sparsity: {pattern: random, density: 0.6}}
+  - {name: causal, num_heads: 2, q_seq_len: 512, block_shape: [64, 64], sparsity: {pattern: causal}}
+"""
+
+
+def _shifted_by_two(mask: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(mask)
+    out[..., 2:] = mask[..., :-2]
+    return out
+
+
+def _first_selected_dropped(mask: np.ndarray) -> np.ndarray:
+    out = mask.copy()
+    selected = out != 0
+    first = np.argmax(selected, axis=-1)
+    b, n, i = np.indices(first.shape)
+    has = selected.any(axis=-1)
+    out[b[has], n[has], i[has], first[has]] = 0
+    return out
+
+
+def _diagonal(mask: np.ndarray, value: int) -> np.ndarray:
+    out = mask.copy()
+    k = np.arange(min(out.shape[2], out.shape[3]))
+    out[:, :, k, k] = value
+    return out
+
+
+MISREAD = {
+    "kv-shift-2": _shifted_by_two,
+    "first-selected-dropped": _first_selected_dropped,
+    "diagonal-skipped": lambda m: _diagonal(m, 0),
+    "diagonal-added": lambda m: _diagonal(m, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    root = tmp_path_factory.mktemp("selection")
+    spec = root / "spec.yaml"
+    spec.write_text(SPECS)
+    out = {}
+    for case in load_specs([spec]):
+        loaded = api.load_case(generate_case(case, root / "cases"))
+        out[case.name] = (case, loaded, reference.emulate(case, loaded.inputs, order_seed=7))
+    return out
+
+
+def _misread(case, loaded, how: str) -> dict[str, np.ndarray]:
+    """The reference device's outputs had it read the mask `how`: its P from the given lse, as a kernel's."""
+    mask = MISREAD[how](np.asarray(loaded.inputs["block_sparse_mask"]))
+    return reference.emulate(case, {**loaded.inputs, "block_sparse_mask": mask}, order_seed=7)
+
+
+@pytest.mark.parametrize(
+    ("name", "how"),
+    [
+        ("heads", "kv-shift-2"),
+        ("heads", "diagonal-skipped"),
+        ("heads", "diagonal-added"),
+        ("gqa", "kv-shift-2"),
+        ("gqa", "first-selected-dropped"),
+        ("gqa", "diagonal-added"),
+        ("gqa-bf16", "first-selected-dropped"),
+        ("gqa-bf16", "diagonal-skipped"),
+        ("tnd", "kv-shift-2"),
+        ("tnd", "diagonal-added"),
+        ("causal", "first-selected-dropped"),
+    ],
+)
+def test_a_selection_read_wrongly_is_named_block_selection(cases, name, how):
+    case, loaded, _ = cases[name]
+    grads = _misread(case, loaded, how)
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    assert result.verdict == compare.FAIL
+    top = result.diagnosis[0]
+    assert top.kind == "block-selection", [(c.kind, c.score, c.evidence) for c in result.diagnosis]
+    assert "(head " in top.evidence and "kv block" in top.evidence  # it names the pairs
+
+
+@pytest.mark.parametrize(("name", "head"), [("gqa", 1), ("gqa", 2), ("gqa-bf16", 1), ("gqa-bf16", 4)])
+def test_a_query_head_left_out_of_its_groups_sum_is_named_gqa_group_sum(cases, name, head):
+    case, loaded, clean = cases[name]
+    mask = np.asarray(loaded.inputs["block_sparse_mask"]).copy()
+    mask[:, head] = 0  # dK/dV without that head's pairs; dq as it is
+    without = reference.emulate(case, {**loaded.inputs, "block_sparse_mask": mask}, order_seed=7)
+    result = api.judge(loaded, clean["dq"], without["dk"], without["dv"])
+    assert result.verdict == compare.FAIL
+    top = result.diagnosis[0]
+    assert top.kind == "gqa-group-sum", [(c.kind, c.score, c.evidence) for c in result.diagnosis]
+    assert f"query heads {head} out" in top.evidence or "last query head" in top.evidence
+
+
+def _blocks(case, loaded, grads):
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
+    ctx = Context(case, loaded.inputs, spans)
+    golden = {n: loaded.golden[n] for n in ("dq", "dk", "dv")}
+    bench = {n: loaded.benchmark[n] for n in ("dq", "dk", "dv")} if loaded.benchmark else None
+    return ctx, gather_blocks(case, ctx, result.tensors, grads, golden, bench)
+
+
+def test_the_fit_of_a_clean_block_adds_and_leaves_out_nothing(cases):
+    case, loaded, clean = cases["heads"]
+    grads = dict(clean)
+    grads["dq"] = clean["dq"].copy()
+    grads["dq"][0, 0, :64] *= 2  # a failing tensor, so that the diagnosis's blocks are gathered
+    ctx, blocks = _blocks(case, loaded, grads)
+    for target in blocks.targets:
+        if target.tensor == "dq" and target.block == 0 and target.head == 0:
+            continue
+        fit = contributions.fit_block(ctx, blocks, target)
+        assert not isinstance(fit, str), fit
+        assert fit.added == () and fit.left_out == (), target
+
+
+def test_the_fit_names_the_one_pair_left_out_of_a_dq_block(cases):
+    case, loaded, clean = cases["heads"]
+    mask = np.asarray(loaded.inputs["block_sparse_mask"])
+    h, i = 1, 2
+    j = int(np.flatnonzero(mask[0, h, i])[0])
+    pair = contributions.Pair(0, h, i, j)
+    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
+    part = contributions.partial(Context(case, loaded.inputs, spans), pair, "dq")
+    grads = dict(clean)
+    grads["dq"] = clean["dq"].copy()
+    rows = grads["dq"][0, h, i * 64 : (i + 1) * 64]
+    rows[:] = (rows.astype(np.float64) - part).astype(rows.dtype)
+    ctx, blocks = _blocks(case, loaded, grads)
+    target = Target("dq", 0, h, i)
+    assert target in blocks.targets
+    fit = contributions.fit_block(ctx, blocks, target)
+    assert not isinstance(fit, str), fit
+    assert fit.left_out == (pair,) and fit.added == ()
+
+
+def test_a_gradient_off_by_scale_is_not_read_as_pairs_left_out(cases):
+    case, loaded, clean = cases["heads"]
+    grads = dict(clean)
+    grads["dq"] = (clean["dq"].astype(np.float64) * case.kernel_scale).astype(clean["dq"].dtype)
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    assert result.diagnosis[0].kind == "scale", [(c.kind, c.score) for c in result.diagnosis]
+    assert not any(c.kind == "block-selection" for c in result.diagnosis)
