@@ -168,3 +168,39 @@ def test_a_gradient_off_by_scale_is_not_read_as_pairs_left_out(cases):
     result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
     assert result.diagnosis[0].kind == "scale", [(c.kind, c.score) for c in result.diagnosis]
     assert not any(c.kind == "block-selection" for c in result.diagnosis)
+
+
+# ---- the fitted softmax variants (hypotheses.fitted_variants): a softmax term wrong by any factor ---------
+
+
+def _with_inputs(case, loaded, name: str, change) -> dict[str, np.ndarray]:
+    """The reference device's outputs given a changed input: out times k changes only Dsum (= rowsum(dO out)),
+    a changed softmax_lse only the P the backward recomputes from it."""
+    return reference.emulate(case, {**loaded.inputs, name: change(np.asarray(loaded.inputs[name]))}, order_seed=7)
+
+
+def _out_times(k: float):
+    return lambda a: (a.astype(np.float32) * k).astype(a.dtype)
+
+
+@pytest.mark.parametrize(
+    ("name", "change", "kind", "words"),
+    [
+        ("heads", ("attention_out", _out_times(2.0)), "softmax-grad", "Dsum taken 2 times"),
+        ("gqa", ("attention_out", _out_times(0.5)), "softmax-grad", "Dsum taken 0.5 times"),
+        ("tnd", ("attention_out", _out_times(3.0)), "softmax-grad", "Dsum taken 3 times"),
+        ("heads", ("softmax_lse", lambda a: a * 0.5), "softmax-lse", "0.5 lse: lse read halved"),
+        ("gqa", ("softmax_lse", lambda a: a * 0.8), "softmax-lse", "0.8 lse: lse read scaled"),
+        ("gqa-bf16", ("softmax_lse", lambda a: a * np.log10(np.e)), "softmax-lse", "as a base-10 log"),
+        ("causal", ("softmax_lse", lambda a: a + 1.0), "softmax-lse", "lse off by a constant"),
+        ("tnd", ("softmax_lse", lambda a: a - 0.5), "softmax-lse", "lse off by a constant"),
+    ],
+)
+def test_a_softmax_term_wrong_by_a_factor_is_fitted_and_named(cases, name, change, kind, words):
+    case, loaded, _ = cases[name]
+    grads = _with_inputs(case, loaded, *change)
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    assert result.verdict == compare.FAIL
+    top = result.diagnosis[0]
+    assert top.kind == kind and words in top.evidence, [(c.kind, c.score, c.evidence) for c in result.diagnosis]
+    assert top.score >= 0.98

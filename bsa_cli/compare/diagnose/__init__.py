@@ -20,7 +20,7 @@ files, no printing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -29,7 +29,7 @@ from ...case import Case
 from ...manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
 from .contributions import contributions_fit
-from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, recompute
+from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, fitted_variants, recompute
 from .patterns import (
     accumulation_precision,
     block_local,
@@ -137,7 +137,16 @@ def diagnose(
     local = next((c for c in causes[before:] if c.score >= LOCAL), None)
     masks_seen: dict[bytes, Variant] = {}
     done: Hypothesis | None = None
-    for v in VARIANTS:
+
+    def variants() -> Iterator[Variant]:
+        yield from VARIANTS
+        if done is None and local is None:  # a softmax term wrong in another way: fitted to the worst dq block
+            worst = next((t for t in blocks.targets if t.tensor == "dq" and t.tensor in blocks.failing), None)
+            if worst is not None and worst not in blocks.nonfinite:
+                dev, _, null, _ = blocks.data[worst]
+                yield from fitted_variants(ctx, worst, dev, null)
+
+    for v in variants():
         why = applies(case, ctx, v)
         if why is None and local is not None:
             why = (

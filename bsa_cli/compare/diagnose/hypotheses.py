@@ -35,6 +35,9 @@ class Variant:
     lse: str = ""  # base2 | ignored
     dsum: str = ""  # none | negated
     scale: str = ""  # rounded
+    lse_factor: float = 1.0  # fitted (`fitted_variants`): P = exp(S - (lse_factor lse + lse_offset))
+    lse_offset: float = 0.0
+    dsum_factor: float = 1.0  # fitted: dS = P (dP - dsum_factor Dsum)
 
 
 VARIANTS = (
@@ -180,6 +183,8 @@ def score_grads(
         probs = np.exp2(scores * LOG2E - lse)
     elif v.lse == "ignored":
         probs = np.exp(scores)
+    elif v.lse_factor != 1.0 or v.lse_offset != 0.0:
+        probs = np.exp(scores - (v.lse_factor * lse + v.lse_offset))
     else:
         probs = np.exp(scores - lse)
     dsum = ctx.q_side("dsum", batch, head)[rows, None]
@@ -187,6 +192,8 @@ def score_grads(
         return probs * dprobs, probs
     if v.dsum == "negated":
         return probs * (dprobs + dsum), probs
+    if v.dsum_factor != 1.0:
+        return probs * (dprobs - v.dsum_factor * dsum), probs
     return probs * (dprobs - dsum), probs
 
 
@@ -260,6 +267,83 @@ def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, 
 
 
 NULL = Variant("", "")
+
+FIT_ROWS = 8
+"""Rows of the worst failing dq block with a golden that the lse fit needs at least."""
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore")
+def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndarray) -> list[Variant]:
+    """Variants fitted to one failing dq block, for a softmax term wrong in a way no fixed variant supposes.
+
+    * Dsum: dq = A - c B is linear in Dsum's factor c (A the dq without Dsum, B = A - golden), so c is
+      fitted by least squares: 0 omitted, -1 added instead of subtracted, 2 doubled, ... .
+    * lse: given lse and out (Dsum is out's), P recomputed from a wrong lse scales each query row's dS,
+      so dq's rows by f_i = exp(lse_i - lse'_i). Reading lse' = a lse + b makes log f_i linear in lse_i:
+      a fitted line through the rows' factors gives a and b (base 2: a = ln 2; lse ignored: a = 0; lse off
+      by a constant: a = 1; P scaled by a constant factor likewise).
+    Each fitted variant is then scored as the fixed ones (recomputed on every target block): a fit is only
+    a candidate. None when the block's values do not support one (a factor within 1% of the golden's)."""
+    out: list[Variant] = []
+    without = recompute(ctx, Variant("softmax-grad", "", dsum="none"), target)
+    term = without - null
+    den = float((term * term).sum())
+    if den > 0 and np.isfinite(den):
+        c = float(((without - dev) * term).sum()) / den
+        if np.isfinite(c) and abs(c - 1.0) > 0.01 and abs(c) < 1e3:
+            c = float(f"{c:.3g}")
+            out.append(Variant("softmax-grad", f"Dsum taken {c:g} times: dS = P (dP - {c:g} Dsum)", dsum_factor=c))
+    norms = (null * null).sum(axis=1)
+    good = np.isfinite(norms) & (norms > 1e-6 * float(norms.max(initial=0.0)))
+    if int(good.sum()) >= FIT_ROWS:
+        factors = (dev[good] * null[good]).sum(axis=1) / norms[good]
+        if (factors > 0).all() and np.isfinite(factors).all():
+            x = ctx.case.block_shape[0]
+            span = ctx.spans[target.batch]
+            rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))[good]
+            lse = ctx.q_side("lse", target.batch, target.head)[rows]
+            if np.isfinite(lse).all():
+                slope, intercept = _line(lse, np.log(factors), norms[good])
+                a, named = _named_lse_factor(1.0 - slope)
+                b = float(f"{-intercept:.3g}") if abs(intercept) > 0.01 else 0.0
+                if a != 1.0 or b != 0.0:
+                    if a == 1.0:
+                        words = f"P recomputed from lse {b:+g}: lse off by a constant (P times {math.exp(-b):.3g})"
+                    else:
+                        offset = f" {b:+g}" if b else ""
+                        words = f"P recomputed from {a:.4g} lse{offset}: lse read {named or 'scaled'}"
+                    out.append(Variant("softmax-lse", words, lse_factor=a, lse_offset=b))
+    return out
+
+
+_LSE_READINGS = {
+    1.0: "",
+    math.log(2): "as a base-2 log",
+    math.log10(math.e): "as a base-10 log",
+    0.5: "halved",
+    2.0: "doubled",
+}
+
+
+def _named_lse_factor(factor: float) -> tuple[float, str]:
+    """A fitted lse factor snapped to a named reading within 1% (base 2, base 10, halved, doubled, none),
+    else rounded to 3 digits."""
+    for value, words in _LSE_READINGS.items():
+        if abs(factor - value) <= 0.01 * value:
+            return value, words
+    return float(f"{factor:.3g}"), ""
+
+
+def _line(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple[float, float]:
+    """Weighted least-squares slope and intercept of y over x (a row's factor is the better known the
+    larger its golden: weight its energy); slope 0 when x does not vary."""
+    w = weight / weight.sum()
+    mx, my = float((w * x).sum()), float((w * y).sum())
+    spread = float((w * (x - mx) ** 2).sum())
+    if spread <= 1e-12 * max(float((w * x * x).sum()), 1e-300):
+        return 0.0, my
+    slope = float((w * (x - mx) * (y - my)).sum()) / spread
+    return slope, my - slope * mx
 
 
 def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int = 2) -> list[Target]:
