@@ -204,3 +204,49 @@ def test_a_softmax_term_wrong_by_a_factor_is_fitted_and_named(cases, name, chang
     top = result.diagnosis[0]
     assert top.kind == kind and words in top.evidence, [(c.kind, c.score, c.evidence) for c in result.diagnosis]
     assert top.score >= 0.98
+
+
+# ---- the fitted head map (hypotheses.fitted_head_map): query heads reading any other kv head -------------
+
+HEAD_SPECS = """
+defaults: {dtype: fp16, head_dim: 64, seed: 5, q_seq_len: 256, block_shape: [64, 64]}
+cases:
+  - {name: gqa3, num_heads: 6, num_kv_heads: 3, sparsity: {pattern: random, density: 0.5}}
+  - {name: mha4, dtype: bf16, num_heads: 4, num_kv_heads: 4, sparsity: {pattern: random, density: 0.5}}
+"""
+
+
+def _kv_heads_read(case, loaded, order: list[int], into_first: bool = False) -> dict[str, np.ndarray]:
+    """Outputs of a kernel whose query heads read kv head order[n // G]: the reference device given key and
+    value in that order (dq then right for that reading), its dK/dV put back in place (or all added into kv
+    head 0, `into_first`, as a kernel reading kv head 0 for every query head would)."""
+    inputs = dict(loaded.inputs)
+    inputs["key"] = np.asarray(inputs["key"])[:, order].copy()
+    inputs["value"] = np.asarray(inputs["value"])[:, order].copy()
+    grads = reference.emulate(case, inputs, order_seed=7)
+    if into_first:
+        out = {"dq": grads["dq"]}
+        for name in ("dk", "dv"):
+            summed = np.zeros_like(grads[name])
+            summed[:, 0] = grads[name].astype(np.float32).sum(axis=1).astype(summed.dtype)
+            out[name] = summed
+        return out
+    back = np.argsort(order)
+    return {"dq": grads["dq"], "dk": grads["dk"][:, back], "dv": grads["dv"][:, back]}
+
+
+@pytest.mark.parametrize(("name", "into_first"), [("gqa3", False), ("gqa3", True), ("mha4", False), ("mha4", True)])
+def test_query_heads_reading_other_kv_heads_are_named_with_their_mapping(tmp_path, name, into_first):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(HEAD_SPECS)
+    (case,) = [c for c in load_specs([spec]) if c.name == name]
+    loaded = api.load_case(generate_case(case, tmp_path / "cases"))
+    n2 = case.num_kv_heads
+    order = [0] * n2 if into_first else list(range(n2))[::-1]
+    grads = _kv_heads_read(case, loaded, order, into_first)
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    assert result.verdict == compare.FAIL
+    top = result.diagnosis[0]
+    assert top.kind == "gqa-head-mapping" and top.score >= 0.98, [(c.kind, c.evidence) for c in result.diagnosis]
+    wrong = [h for h in range(case.num_heads) if order[h // case.group_size] != h // case.group_size]
+    assert f"{wrong[-1]} -> {order[wrong[-1] // case.group_size]}" in top.evidence

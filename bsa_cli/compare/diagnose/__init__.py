@@ -29,7 +29,18 @@ from ...case import Case
 from ...manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
 from .contributions import contributions_fit
-from .hypotheses import VARIANTS, Context, Target, Variant, applies, changed_blocks, fitted_variants, recompute
+from .hypotheses import (
+    VARIANTS,
+    Context,
+    Target,
+    Variant,
+    applies,
+    block_of,
+    changed_blocks,
+    fitted_head_map,
+    fitted_variants,
+    recompute,
+)
 from .patterns import (
     accumulation_precision,
     block_local,
@@ -145,6 +156,10 @@ def diagnose(
             if worst is not None and worst not in blocks.nonfinite:
                 dev, _, null, _ = blocks.data[worst]
                 yield from fitted_variants(ctx, worst, dev, null)
+            if "dq" in blocks.failing:  # query heads reading other kv heads
+                mapped = fitted_head_map(ctx, blocks.targets, lambda t: block_of(case, device["dq"], t, spans))
+                if mapped is not None:
+                    yield mapped
 
     for v in variants():
         why = applies(case, ctx, v)

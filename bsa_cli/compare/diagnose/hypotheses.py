@@ -10,7 +10,7 @@ computes one target block, and `Context` keeps the float64 views it reads, share
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ class Variant:
     lse_factor: float = 1.0  # fitted (`fitted_variants`): P = exp(S - (lse_factor lse + lse_offset))
     lse_offset: float = 0.0
     dsum_factor: float = 1.0  # fitted: dS = P (dP - dsum_factor Dsum)
+    head_map: tuple[int, ...] = ()  # fitted: the kv head each query head reads (and whose dK/dV it adds into)
 
 
 VARIANTS = (
@@ -124,6 +125,8 @@ class Context:
 
     def kv_head(self, variant: Variant, head: int) -> int:
         case = self.case
+        if variant.head_map:
+            return variant.head_map[head]
         if variant.heads == "interleaved":
             return head % case.num_kv_heads
         if variant.heads == "next":
@@ -314,6 +317,59 @@ def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndar
                         words = f"P recomputed from {a:.4g} lse{offset}: lse read {named or 'scaled'}"
                     out.append(Variant("softmax-lse", words, lse_factor=a, lse_offset=b))
     return out
+
+
+MAX_HEAD_FITS = 64
+"""Query head x kv head recomputations the head-map fit makes at most (one dq block each)."""
+
+
+def fitted_head_map(
+    ctx: Context, targets: Sequence[Target], device_block: Callable[[Target], np.ndarray]
+) -> Variant | None:
+    """The kv head each query head reads, fitted: one dq block per query head (its worst failing target,
+    else its first selected block) recomputed against every kv head, the closest to the device's taken.
+    A variant when some query head reads another kv head than n // G (any mapping, not only the fixed
+    variants' interleaved and one-off ones), else None. Only the heads of failing targets are fitted when
+    N1 x N2 exceeds `MAX_HEAD_FITS`; the others keep n // G."""
+    case = ctx.case
+    n1, n2 = case.num_heads, case.num_kv_heads
+    if n2 < 2:
+        return None
+    picked: dict[int, Target] = {}
+    for target in targets:
+        if target.tensor == "dq":
+            picked.setdefault(target.head, target)
+    if n1 * n2 <= MAX_HEAD_FITS:
+        for head in range(n1):
+            if head in picked:
+                continue
+            for batch in ctx.spans:
+                selected = np.flatnonzero(ctx.mask(NULL, batch)[head].any(axis=1))
+                if selected.size:
+                    picked[head] = Target("dq", batch, head, int(selected[0]))
+                    break
+    mapping = [ctx.kv_head(NULL, h) for h in range(n1)]
+    for head, target in sorted(picked.items()):
+        dev = device_block(target)
+        if not np.isfinite(dev).all():
+            continue
+        errors = []
+        for kv_head in range(n2):
+            value = recompute(
+                ctx, Variant("", "", head_map=tuple(kv_head if h == head else 0 for h in range(n1))), target
+            )
+            errors.append(float(((dev - value) ** 2).sum()))
+        best = int(np.argmin(errors))
+        if errors[best] < 0.25 * errors[mapping[head]]:  # clearly closer than the mapping's own
+            mapping[head] = best
+    if mapping == [ctx.kv_head(NULL, h) for h in range(n1)]:
+        return None
+    words = ", ".join(f"{h} -> {k}" for h, k in enumerate(mapping) if k != ctx.kv_head(NULL, h))
+    return Variant(
+        "gqa-head-mapping",
+        f"query heads read other kv heads than n // G (query head -> kv head: {words}), and dK/dV add into those",
+        head_map=tuple(mapping),
+    )
 
 
 _LSE_READINGS = {
