@@ -400,8 +400,11 @@ def rows_permuted(
         row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
         floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
         row_err = ((dev - null) ** 2).sum(axis=1)
-        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's
-        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & (row_err > scale * 1e-6))[:32]
+        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's,
+        # or wrong by 10% of its own size (RMS) (a small row among large ones: attention sinks, mixed dout rows)
+        size = np.maximum((null**2).sum(axis=1), (dev**2).sum(axis=1))
+        large = (row_err > scale * 1e-6) | (row_err > 0.01 * size)
+        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & large)[:32]
         if not bad.size:
             continue
         span = spans[target.batch]
@@ -421,7 +424,9 @@ def rows_permuted(
         # a match: the other golden row explains 95% of the row's error and is within 5% of the row's own
         # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
         own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
-        ok = (closest <= np.maximum(4 * floor, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
+        # (a small row, wrong only relative to itself, is held to its own benchmark error, not the block's)
+        near = np.where(row_err[bad] > scale * 1e-6, 4 * floor, 4 * row_noise[bad])
+        ok = (closest <= np.maximum(near, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
         ok &= gold_energy[best] > 0
         bad_total += bad.size
         matched += int(ok.sum())
