@@ -115,7 +115,8 @@ def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
 def _shifted_entries(
     case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]
 ) -> tuple[np.ndarray, list[str]]:
-    """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry)."""
+    """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry's
+    rows that hold values), and the rows the shift leaves behind zero."""
     count = rows.golden.shape[0]
     explained = np.zeros(count, dtype=bool)
     words = []
@@ -129,19 +130,32 @@ def _shifted_entries(
         worst = worst[excess[worst] > 0] + start
         if worst.size < 2:
             continue
+        # half the entry's rows that hold values must match: rows zero in the golden and on the device (a
+        # causal entry's unattended kv rows) carry no evidence either way
+        live = int(((rows.energy[start : start + length] > 0) | rows.device[start : start + length].any(axis=1)).sum())
         best: tuple[float, int, np.ndarray] | None = None
         for shift in _shift_candidates(case, rows, entries, start, worst):
             if _matches(rows, worst, shift).sum() < 2:  # cheap: the worst rows first
                 continue
             at = np.arange(max(start + shift, 0), min(start + shift + length, count))
             ok = _matches(rows, at, shift)
-            if ok.sum() < max(2, length // 2):
+            if ok.sum() < max(2, live // 2):
                 continue
             gain = float(rows.excess[at[ok]].sum())
             if best is None or gain > best[0]:
                 best = (gain, shift, at[ok])
         if best is not None and best[0] > 0.05 * total:
             explained[best[2]] = True
+            # the rows the shift leaves behind (the first `shift` rows of a late entry, the last of an early
+            # one), when the device left them zero: never written, as a shifted write leaves them
+            shift = best[1]
+            behind = (
+                np.arange(start, start + min(shift, length))
+                if shift > 0
+                else np.arange(start + length + max(shift, -length), start + length)
+            )
+            behind = behind[~rows.device[behind].any(axis=1)]
+            explained[behind] = True
             words.append(f"{name} batch {batch}'s rows sit {best[1]:+d} rows off ({best[2].size} of {length} rows)")
     return explained, words
 
