@@ -41,6 +41,7 @@ from .patterns import (
     tail_pattern,
     tile_local,
     zero_blocks,
+    zero_share,
 )
 from .placement import PLACED, layout, length_boundary
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, gather_blocks
@@ -252,7 +253,7 @@ def diagnose(
     causes.extend(fit_causes)
     tried.extend(fit_tried)
     zero_blocks(blocks, causes, tried)
-    tail_pattern(case, failing, spans, causes, tried)
+    tail_pattern(case, failing, spans, causes, tried, zeros=zero_share(blocks))
     race_pattern(case, ctx, tensors, blocks, causes, tried)
     accumulation_precision(case, failing, golden, np.asarray(inputs["block_sparse_mask"]), spans, causes, tried)
     block_local(case, failing, causes, tried)
