@@ -440,10 +440,11 @@ def rows_permuted(
         # heads of the batch entry (a row written to another head's place)
         label_head = np.full(gold.shape[0], target.head)
         label_row = np.arange(gold.shape[0])
-        others = [h for h in range(view(case, golden[target.tensor], span).shape[0]) if h != target.head]
+        entry = view(case, golden[target.tensor], span)
+        others = [h for h in range(entry.shape[0]) if h != target.head]
         if others:
             block_rows = np.arange(first, first + dev.shape[0])
-            across = np.asarray(view(case, golden[target.tensor], span)[others][:, block_rows], dtype=np.float64)
+            across = np.asarray(entry[:, first : first + dev.shape[0]][others], dtype=np.float64)
             gold = np.concatenate([gold, across.reshape(-1, gold.shape[1])])
             gold_energy = np.concatenate([gold_energy, (across**2).sum(axis=2).reshape(-1)])
             label_head = np.concatenate([label_head, np.repeat(others, block_rows.size)])
