@@ -36,14 +36,13 @@ from .patterns import (
     nonfinite_cause,
     piece_local,
     race_pattern,
-    rows_permuted,
     scale_fit,
     tail_pattern,
     tile_local,
     zero_blocks,
     zero_share,
 )
-from .placement import PLACED, layout, length_boundary
+from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, gather_blocks
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]

@@ -1,8 +1,8 @@
 """Causes scored from the error's pattern, where they cannot be recomputed.
 
 Non-finite values, blocks left zero, errors only in tail blocks, only in kv blocks two pairs add into, in
-one or a few 16x16 tiles or 128-row pieces, rows that equal golden rows elsewhere, a bias alone, error
-that grows with the blocks a row or column accumulates, a constant factor.
+one or a few 16x16 tiles or 128-row pieces, a bias alone, error that grows with the blocks a row or
+column accumulates, a constant factor. (Rows that equal golden rows elsewhere: `placement.rows_permuted`.)
 """
 
 from __future__ import annotations
@@ -392,102 +392,6 @@ def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: in
         "dk": ctx.scale(null) * (dscores.T @ ctx.q_side("query", batch, head)[rows]),
         "dv": probs.T @ ctx.q_side("dout", batch, head)[rows],
     }
-
-
-def rows_permuted(
-    case: Case,
-    failing: Sequence[TensorResult],
-    blocks: Blocks,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
-    """Device rows that equal golden rows at other positions of the same head, or of the same block in
-    another head of the batch entry."""
-    supposes = "device rows that hold the golden rows of other positions"
-    matched, bad_total, where = 0, 0, []
-    energy_all = energy_matched = 0.0
-    x, y = case.block_shape
-    heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
-    for i, target in enumerate(blocks.targets):
-        if target.tensor not in blocks.failing:
-            continue
-        dev, null = blocks.device[i], blocks.null[i]
-        bench = blocks.bench[i]
-        scale = float((null**2).sum(axis=1).mean())
-        row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
-        floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
-        row_err = ((dev - null) ** 2).sum(axis=1)
-        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's,
-        # or wrong by 10% of its own size (RMS) (a small row among large ones: attention sinks, mixed dout rows)
-        size = np.maximum((null**2).sum(axis=1), (dev**2).sum(axis=1))
-        large = (row_err > scale * 1e-6) | (row_err > 0.01 * size)
-        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & large)[:32]
-        if not bad.size:
-            continue
-        span = spans[target.batch]
-        view = q_view if target.tensor == "dq" else kv_view
-        key = (target.tensor, target.batch, target.head)  # the worst blocks often share a head: upcast once
-        if key not in heads:
-            head = np.asarray(view(case, golden[target.tensor], span)[target.head], dtype=np.float64)
-            heads[key] = (head, (head**2).sum(axis=1))
-        gold, gold_energy = heads[key]
-        size = x if target.tensor == "dq" else y
-        first = target.block * size
-        # the candidates: every golden row of the same head, and the rows of the same block in the other
-        # heads of the batch entry (a row written to another head's place)
-        label_head = np.full(gold.shape[0], target.head)
-        label_row = np.arange(gold.shape[0])
-        entry = view(case, golden[target.tensor], span)
-        others = [h for h in range(entry.shape[0]) if h != target.head]
-        if others:
-            block_rows = np.arange(first, first + dev.shape[0])
-            across = np.asarray(entry[:, first : first + dev.shape[0]][others], dtype=np.float64)
-            gold = np.concatenate([gold, across.reshape(-1, gold.shape[1])])
-            gold_energy = np.concatenate([gold_energy, (across**2).sum(axis=2).reshape(-1)])
-            label_head = np.concatenate([label_head, np.repeat(others, block_rows.size)])
-            label_row = np.concatenate([label_row, np.tile(block_rows, len(others))])
-        rows = dev[bad]
-        dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + gold_energy[None, :]
-        dist[np.arange(bad.size), first + bad] = np.inf
-        best = dist.argmin(axis=1)
-        closest = dist[np.arange(bad.size), best]
-        # a match: the other golden row explains 95% of the row's error and is within 5% of the row's own
-        # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
-        own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
-        # (a small row, wrong only relative to itself, is held to its own benchmark error, not the block's)
-        near = np.where(row_err[bad] > scale * 1e-6, 4 * floor, 4 * row_noise[bad])
-        ok = (closest <= np.maximum(near, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
-        ok &= gold_energy[best] > 0
-        bad_total += bad.size
-        matched += int(ok.sum())
-        energy_all += float(row_err[bad].sum())
-        energy_matched += float(row_err[bad][ok].sum())
-        for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
-            other = f"head {int(label_head[s])} " if label_head[s] != target.head else ""
-            where.append(
-                f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
-                f"holds golden {other}row {int(label_row[s])}"
-            )
-    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
-    if matched >= 1 and share >= 0.5:
-        text = (
-            f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
-            f"{'; '.join(where[:2])}"
-        )
-        causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
-        tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "rows-permuted",
-                supposes,
-                0.0,
-                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row",
-            )
-        )
 
 
 def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
