@@ -220,7 +220,12 @@ def diagnose(
     # also looks like a factor, and ends the search there), and kept for its place below otherwise.
     fit_causes: list[Cause] = []
     fit_tried: list[Hypothesis] = []
-    factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and local is None else 0.0
+    # (after a rows-permuted pattern too: rows of one direction, an attention sink's, halved equal other rows)
+    permuted = local is not None and local.kind == "rows-permuted"
+    factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and (local is None or permuted) else 0.0
+    if permuted and factor >= EXPLAINED:  # a named factor explaining the error outranks the row matches
+        causes.extend(fit_causes)
+        tried.extend(fit_tried)
     if done is None and factor < EXPLAINED and (local is None or local.kind == "rows-permuted"):  # misplaced?
         placed = max(
             layout(case, failing, device, golden, benchmark, causes, tried),
@@ -247,7 +252,8 @@ def diagnose(
         explained = done.supposes if done is not None else local.kind if local is not None else ""
         reason = f"not tried: '{explained}' already explains the error"
         for kind, supposes in _PATTERNS:
-            tried.append(Hypothesis(kind, supposes, 0.0, reason))
+            if not any(h.supposes == supposes for h in tried):  # the scale fit may have run (rows-permuted)
+                tried.append(Hypothesis(kind, supposes, 0.0, reason))
         return _ranked(causes, tried)
     causes.extend(fit_causes)
     tried.extend(fit_tried)
