@@ -223,8 +223,8 @@ def diagnose(
     # (after a rows-permuted pattern too: rows of one direction, an attention sink's, halved equal other rows)
     permuted = local is not None and local.kind == "rows-permuted"
     factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and (local is None or permuted) else 0.0
-    if permuted and factor >= EXPLAINED:  # a named factor explaining the error outranks the row matches
-        causes.extend(fit_causes)
+    if permuted:  # a named factor explaining the error outranks the row matches
+        causes.extend(fit_causes if factor >= EXPLAINED else [])
         tried.extend(fit_tried)
     if done is None and factor < EXPLAINED and (local is None or local.kind == "rows-permuted"):  # misplaced?
         placed = max(
