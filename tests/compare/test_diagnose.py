@@ -393,3 +393,38 @@ def test_clean_outputs_of_the_planted_cases_get_no_diagnosis(tmp_path, name):
     _, loaded, grads = _planted_case(tmp_path, name)
     result = _judge(loaded, grads)
     assert result.verdict == compare.PASS and result.diagnosis == () and result.hypotheses == ()
+
+
+STRESS_FAULTS = ("block-shift", "no-dsum", "tile-noise", "dk-no-scale", "rows-swapped", "lse-base2")
+STRESS_UNEXPLAINED = {("stress-outlier-tokens.bf16", "lse-base2"), ("stress-peaked.fp16", "lse-base2")}
+"""lse read in base 2 where the scores are large: P reaches 1e10-1e17, dq and dk are sums of terms many orders
+beyond the result, and the device's rounding of those terms (not the benchmark's) is their error: the true
+hypothesis is 1e-3 of dv but 1-1e8 of dq, dk away (docs/compare.md, "Outside the suites above")."""
+
+
+@pytest.mark.slow  # about 25 s: 12 cases, 6 faults
+def test_stress_suite_every_fault_names_its_true_kind(tmp_path):
+    table: dict[tuple[str, str], int] = {}
+    missed, unexplained = [], set()
+    for case_dir in _suite(tmp_path, "stress"):
+        manifest = load_manifest(case_dir)
+        case = case_from_manifest(manifest)
+        mask = read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
+        for fault in STRESS_FAULTS:
+            if not faults.fault_applies(fault, case, mask):
+                continue
+            output_dir = tmp_path / "out" / case_dir.name / fault
+            reference.emulate_case_dir(case_dir, output_dir, fault=fault)
+            result = compare.compare_case(case_dir, output_dir, workers=1)
+            top = result.diagnosis[0].kind if result.diagnosis else "-"
+            table[(fault, top)] = table.get((fault, top), 0) + 1
+            if result.verdict == compare.PASS:  # a swap of two small rows (mixed dout rows, bf16) passes
+                assert result.diagnosis == () and fault == "rows-swapped"
+            elif (case_dir.name, fault) in STRESS_UNEXPLAINED:
+                unexplained.add((case_dir.name, fault))
+                assert top in ("-", "non-finite"), (case_dir.name, fault, top)  # no wrong cause named
+            elif top != TRUE_KIND[fault]:
+                missed.append(f"{case_dir.name} {fault}: top {top}: {[(c.kind, c.score) for c in result.diagnosis]}")
+    assert missed == []
+    assert unexplained == STRESS_UNEXPLAINED
+    assert sum(table.values()) == 70

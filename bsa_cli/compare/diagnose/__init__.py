@@ -48,13 +48,13 @@ from .patterns import (
     nonfinite_cause,
     piece_local,
     race_pattern,
-    rows_permuted,
     scale_fit,
     tail_pattern,
     tile_local,
     zero_blocks,
+    zero_share,
 )
-from .placement import PLACED, layout, length_boundary
+from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, gather_blocks
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
@@ -245,7 +245,12 @@ def diagnose(
     # also looks like a factor, and ends the search there), and kept for its place below otherwise.
     fit_causes: list[Cause] = []
     fit_tried: list[Hypothesis] = []
-    factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and local is None else 0.0
+    # (after a rows-permuted pattern too: rows of one direction, an attention sink's, halved equal other rows)
+    permuted = local is not None and local.kind == "rows-permuted"
+    factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and (local is None or permuted) else 0.0
+    if permuted:  # a named factor explaining the error outranks the row matches
+        causes.extend(fit_causes if factor >= EXPLAINED else [])
+        tried.extend(fit_tried)
     if done is None and factor < EXPLAINED and (local is None or local.kind == "rows-permuted"):  # misplaced?
         placed = max(
             layout(case, failing, device, golden, benchmark, causes, tried),
@@ -272,7 +277,8 @@ def diagnose(
         explained = done.supposes if done is not None else local.kind if local is not None else ""
         reason = f"not tried: '{explained}' already explains the error"
         for kind, supposes in _PATTERNS:
-            tried.append(Hypothesis(kind, supposes, 0.0, reason))
+            if not any(h.supposes == supposes for h in tried):  # the scale fit may have run (rows-permuted)
+                tried.append(Hypothesis(kind, supposes, 0.0, reason))
         return _ranked(causes, tried)
     causes.extend(fit_causes)
     tried.extend(fit_tried)
@@ -282,7 +288,7 @@ def diagnose(
             tried.append(Hypothesis(kind, supposes, 0.0, reason))
         return _ranked(causes, tried)
     zero_blocks(blocks, causes, tried)
-    tail_pattern(case, failing, spans, causes, tried)
+    tail_pattern(case, failing, spans, causes, tried, zeros=zero_share(blocks))
     race_pattern(case, ctx, tensors, blocks, causes, tried)
     accumulation_precision(case, failing, golden, np.asarray(inputs["block_sparse_mask"]), spans, causes, tried)
     block_local(case, failing, causes, tried)

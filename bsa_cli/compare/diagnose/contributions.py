@@ -159,11 +159,12 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
 
 
 def _tail(ctx: Context, pair: Pair) -> bool:
-    """Whether a pair lies in a partial last block (Skv % Y, or Sq % X) of its batch entry."""
+    """Whether a pair lies in its batch entry's partial last block: the kv block when Skv % Y != 0, else the
+    query block when Sq % X != 0 (the tail-block variant's reading: a kernel skipping its tail)."""
     span, (x, y) = ctx.spans[pair.batch], ctx.case.block_shape
-    last_kv = span.kv_len % y and pair.kv_block == (span.kv_len - 1) // y
-    last_q = span.q_len % x and pair.q_block == (span.q_len - 1) // x
-    return bool(last_kv or last_q)
+    if span.kv_len % y:
+        return pair.kv_block == (span.kv_len - 1) // y
+    return bool(span.q_len % x) and pair.q_block == (span.q_len - 1) // x
 
 
 def _words(pairs: tuple[Pair, ...], limit: int = 4) -> str:
@@ -187,8 +188,8 @@ def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: 
             why.append(fitted)
         elif fitted.added or fitted.left_out:
             fits.append(fitted)
-    if fits and not any(f.values.any() for f in fits):  # no pair added into any: blocks left zero
-        reason = "every block the fit reads differently is left zero (not-written's, or a factor near 0)"
+    if fits and not any(blocks.data[f.target][0].any() for f in fits):  # not a misreading: blocks left zero
+        reason = "every block the fit reads differently is left zero by the device (not-written's)"
         tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
         return 0.0
     if not fits:

@@ -1,12 +1,13 @@
 """Causes scored from the error's pattern, where they cannot be recomputed.
 
 Non-finite values, blocks left zero, errors only in tail blocks, only in kv blocks two pairs add into, in
-one or a few 16x16 tiles or 128-row pieces, rows that equal golden rows elsewhere, a bias alone, error
-that grows with the blocks a row or column accumulates, a constant factor.
+one or a few 16x16 tiles or 128-row pieces, a bias alone, error that grows with the blocks a row or
+column accumulates, a constant factor. (Rows that equal golden rows elsewhere: `placement.rows_permuted`.)
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -138,12 +139,7 @@ def _scale_factor_words(factor: float, scale: float) -> str:
 
 UNRELATED = 0.1
 """A fitted factor below this (in size), unless a named one (scale, scale^2), is not a scale: the device's
-values hardly correlate with the golden's (a block left zero, or summed from other pairs) and scaling the
-golden down only shrinks the error."""
-UNNAMED = 0.8
-"""A factor that is none of the named ones scores this times its share: any partial result (pairs left out,
-a softmax term wrong) is partly a smaller or larger golden, so an unnamed factor is weaker evidence than a
-named constant, or than a recomputed cause explaining as much."""
+values are zero or hardly correlate with the golden's there (blocks left zero, or summed from other pairs)."""
 
 
 def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
@@ -172,19 +168,22 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
     named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
-    unrelated = [
-        n for n, f in off.items() if abs(f) < UNRELATED and " (= " not in _scale_factor_words(f, case.kernel_scale)
-    ]
-    if unrelated:  # a factor near 0: values unrelated to the golden's (or zero), which no factor explains
-        outcome = f"ruled out: {', '.join(unrelated)} hardly correlate with the golden (a factor near 0): {text}"
-        tried.append(Hypothesis("scale", supposes, 0.0, outcome))
-        return 0.0
-    score = share if named else UNNAMED * share
-    if share >= 0.5:
-        causes.append(Cause("scale", score, text, tuple(off), ()))
-        tried.append(Hypothesis("scale", supposes, score, f"explains {share:.0%} of the excess error: {text}"))
+    # A factor of no name must leave no more than rounding noise (the benchmark's, scaled by the factor,
+    # within 4x): values unrelated to the golden, or a few blocks wrong, are fitted by a factor near 0,
+    # which removes the golden's part of the error and explains nothing.
+    noise = all(ratios.get(n, math.inf) <= 4 * max(1.0, abs(f)) for n, f in off.items())
+    # A factor near 0 of no name is no scale even then: the device's values are zero or unrelated there.
+    unrelated = not named and any(abs(f) < UNRELATED for f in off.values())
+    if share >= 0.5 and (named or noise) and not unrelated:
+        causes.append(Cause("scale", share, text, tuple(off), ()))
+        tried.append(Hypothesis("scale", supposes, share, f"explains {share:.0%} of the excess error: {text}"))
     else:
-        tried.append(Hypothesis("scale", supposes, score, f"ruled out: explains {share:.0%}: {text}"))
+        why = (
+            ""
+            if share < 0.5
+            else ", and a factor of no name must leave only rounding noise (4x the benchmark's) and not be near 0"
+        )
+        tried.append(Hypothesis("scale", supposes, share, f"ruled out: explains {share:.0%}{why}: {text}"))
     return share if named else 0.0
 
 
@@ -274,8 +273,12 @@ def tail_pattern(
     spans: Mapping[int, SequenceSpan],
     causes: list[Cause],
     tried: list[Hypothesis],
+    zeros: float = 0.0,
 ) -> None:
-    """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv)."""
+    """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv).
+
+    `zeros`: the share of the failing blocks' excess error in elements left zero (`zero_share`); when 90%,
+    the tail blocks were not written, which `not-written` names (0.8), and the pattern ranks below it."""
     x, y = case.block_shape
     shares, where = [], []
     for result in failing:
@@ -297,8 +300,12 @@ def tail_pattern(
         text = (
             f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks (Sq % X, Skv % Y)"
         )
-        causes.append(Cause("tail-block", 0.85 * share, text, tuple(where), ()))
-        tried.append(Hypothesis("tail-block", supposes, 0.85 * share, "fits: " + text))
+        weight = 0.85
+        if zeros >= 0.9:
+            text += f", {zeros:.0%} of it in elements left zero (not written)"
+            weight = 0.75
+        causes.append(Cause("tail-block", weight * share, text, tuple(where), ()))
+        tried.append(Hypothesis("tail-block", supposes, weight * share, "fits: " + text))
     else:
         tried.append(
             Hypothesis(
@@ -352,14 +359,19 @@ def race_pattern(
                 Hypothesis("accumulation-race", supposes, 0.0, "ruled out: a failing kv block only one pair selects")
             )
             return
-        picks = [i for i, t in kv_targets if (t.batch, t.head, t.block) == (batch, kv_head, block)]
+        # a lost update loses the pair's dK and dV partials both: scored on the kv block of both tensors
+        # (each in its own benchmark units), so a dv block wrong while dk's is right is no lost update
+        both = [Target(name, batch, kv_head, block) for name in ("dk", "dv")]
+        for target in both:
+            blocks.add(target)
         best = 0.0
         for head, q_block in pairs[:64]:
             lost = _pair_partial(ctx, batch, head, q_block, kv_head, block)
-            err_null = sum(float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) for i in picks)
-            err_hyp = sum(
-                float(((blocks.device[i] - blocks.null[i] + lost[blocks.targets[i].tensor]) ** 2).sum()) for i in picks
-            )
+            err_null = err_hyp = 0.0
+            for target in both:
+                dev, _, gold, noise = blocks.data[target]
+                err_null += float(((dev - gold) ** 2).sum()) / noise
+                err_hyp += float(((dev - gold + lost[target.tensor]) ** 2).sum()) / noise
             best = max(best, 1.0 - err_hyp / err_null if err_null else 0.0)
         explained.append(best)
     share = min(explained)
@@ -393,104 +405,46 @@ def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: in
     }
 
 
-def rows_permuted(
-    case: Case,
-    failing: Sequence[TensorResult],
-    blocks: Blocks,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
-    """Device rows that equal golden rows at other positions of the same head."""
-    supposes = "device rows that hold the golden rows of other positions"
-    matched, bad_total, where = 0, 0, []
-    energy_all = energy_matched = 0.0
-    x, y = case.block_shape
-    heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
-    for i, target in enumerate(blocks.targets):
-        if target.tensor not in blocks.failing:
-            continue
-        dev, null = blocks.device[i], blocks.null[i]
-        bench = blocks.bench[i]
-        scale = float((null**2).sum(axis=1).mean())
-        row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
-        floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
-        row_err = ((dev - null) ** 2).sum(axis=1)
-        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's
-        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & (row_err > scale * 1e-6))[:32]
-        if not bad.size:
-            continue
-        span = spans[target.batch]
-        view = q_view if target.tensor == "dq" else kv_view
-        key = (target.tensor, target.batch, target.head)  # the worst blocks often share a head: upcast once
-        if key not in heads:
-            head = np.asarray(view(case, golden[target.tensor], span)[target.head], dtype=np.float64)
-            heads[key] = (head, (head**2).sum(axis=1))
-        gold, gold_energy = heads[key]
-        size = x if target.tensor == "dq" else y
-        first = target.block * size
-        rows = dev[bad]
-        dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + gold_energy[None, :]
-        dist[np.arange(bad.size), first + bad] = np.inf
-        best = dist.argmin(axis=1)
-        closest = dist[np.arange(bad.size), best]
-        # a match: the other golden row explains 95% of the row's error and is within 5% of the row's own
-        # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
-        own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
-        ok = (closest <= np.maximum(4 * floor, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
-        ok &= gold_energy[best] > 0
-        bad_total += bad.size
-        matched += int(ok.sum())
-        energy_all += float(row_err[bad].sum())
-        energy_matched += float(row_err[bad][ok].sum())
-        for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
-            where.append(
-                f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
-                f"holds golden row {int(s)}"
-            )
-    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
-    if matched >= 1 and share >= 0.5:
-        text = (
-            f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
-            f"{'; '.join(where[:2])}"
-        )
-        causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
-        tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "rows-permuted",
-                supposes,
-                0.0,
-                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row",
-            )
-        )
-
-
 def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
     """Excess error confined to one or a few 16x16 tiles of the failing blocks."""
     supposes = "errors confined to one or a few 16x16 tiles"
     energies: list[tuple[float, Target, int, int]] = []  # (energy in benchmark units, block, row, column)
+    wrong: set[tuple[Target, int, int]] = set()  # tiles wrong in their own terms (9x their benchmark's error)
     for target in blocks.targets:
         if target.tensor not in blocks.failing:
             continue
-        dev, bench, null, _ = blocks.data[target]
-        err = (dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0)
+        dev, bench, null, noise = blocks.data[target]
+        bench_err = (bench - null) ** 2 if bench is not None else np.zeros(null.shape)
+        err = (dev - null) ** 2 - bench_err
         size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
         starts_r, starts_c = np.arange(0, err.shape[0], TILE), np.arange(0, err.shape[1], TILE)
         if not err.size:
             continue
         tiles = np.add.reduceat(np.add.reduceat(err, starts_r, axis=0), starts_c, axis=1)
+        own = np.add.reduceat(np.add.reduceat(bench_err, starts_r, axis=0), starts_c, axis=1)
+        own = np.maximum(own, noise * TILE * TILE / err.size)
         at_r, at_c = np.nonzero(tiles > 0)  # the words only for the few tiles named (thousands of tiles)
         values = (tiles[at_r, at_c] / blocks.noise[target.tensor]).tolist()
         rows, cols = (target.block * size + starts_r[at_r]).tolist(), starts_c[at_c].tolist()
         energies.extend((e, target, r, c) for e, r, c in zip(values, rows, cols, strict=True))
+        bad_r, bad_c = np.nonzero(tiles > 8 * own)
+        wrong.update(
+            (target, int(target.block * size + starts_r[r]), int(starts_c[c]))
+            for r, c in zip(bad_r, bad_c, strict=True)
+        )
     total = sum(e[0] for e in energies)
     energies.sort(key=lambda e: -e[0])
     top = [(e, f"{t.words()} tile at row {r}, column {c}") for e, t, r, c in energies[:4]]
     share = sum(e for e, _ in top) / total if total else 0.0
+    # the other tiles must be right: a tensor wrong everywhere in blocks of one row also has its error in
+    # 4 tiles (those rows), but is not tile-local
+    others = len(wrong - {(t, r, c) for _, t, r, c in energies[:4]})
+    if share >= 0.9 and others > max(2, len(wrong) // 10):
+        outcome = (
+            f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are wrong"
+        )
+        tried.append(Hypothesis("tile-local", supposes, 0.0, outcome + " too (9x their benchmark's error)"))
+        return
     if share >= 0.9:
         many = sum(1 for e in energies if e[0] >= 0.05 * total)
         text = (

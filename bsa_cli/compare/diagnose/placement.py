@@ -5,9 +5,11 @@
 * **length-boundary**: the excess error lies in rows past the actual sequence lengths (padding rows
   written), or a batch entry's golden rows sit at another offset of the device's (an entry shifted, a
   sequence offset read wrongly).
+* **rows-permuted**: wrong rows of the failing blocks hold golden rows of other positions or heads (rows
+  swapped, a row written to another's place); checked early, on the target blocks, as a local pattern.
 
-Both work on whole tensors in the global row order (TND: tokens; BNSD: batch x S), which is cheap: no
-product is recomputed.
+The first two work on whole tensors in the global row order (TND: tokens; BNSD: batch x S), which is
+cheap: no product is recomputed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...case import Case, SequenceSpan, numpy_dtype
+from ...layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
+from .scoring import Blocks
 
 PLACED = 0.9
 """A layout or length-boundary cause explaining this share of the excess error ends the search."""
@@ -115,7 +119,8 @@ def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
 def _shifted_entries(
     case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]
 ) -> tuple[np.ndarray, list[str]]:
-    """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry)."""
+    """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry's
+    rows that hold values), and the rows the shift leaves behind zero."""
     count = rows.golden.shape[0]
     explained = np.zeros(count, dtype=bool)
     words = []
@@ -129,19 +134,32 @@ def _shifted_entries(
         worst = worst[excess[worst] > 0] + start
         if worst.size < 2:
             continue
+        # half the entry's rows that hold values must match: rows zero in the golden and on the device (a
+        # causal entry's unattended kv rows) carry no evidence either way
+        live = int(((rows.energy[start : start + length] > 0) | rows.device[start : start + length].any(axis=1)).sum())
         best: tuple[float, int, np.ndarray] | None = None
         for shift in _shift_candidates(case, rows, entries, start, worst):
             if _matches(rows, worst, shift).sum() < 2:  # cheap: the worst rows first
                 continue
             at = np.arange(max(start + shift, 0), min(start + shift + length, count))
             ok = _matches(rows, at, shift)
-            if ok.sum() < max(2, length // 2):
+            if ok.sum() < max(2, live // 2):
                 continue
             gain = float(rows.excess[at[ok]].sum())
             if best is None or gain > best[0]:
                 best = (gain, shift, at[ok])
         if best is not None and best[0] > 0.05 * total:
             explained[best[2]] = True
+            # the rows the shift leaves behind (the first `shift` rows of a late entry, the last of an early
+            # one), when the device left them zero: never written, as a shifted write leaves them
+            shift = best[1]
+            behind = (
+                np.arange(start, start + min(shift, length))
+                if shift > 0
+                else np.arange(start + length + max(shift, -length), start + length)
+            )
+            behind = behind[~rows.device[behind].any(axis=1)]
+            explained[behind] = True
             words.append(f"{name} batch {batch}'s rows sit {best[1]:+d} rows off ({best[2].size} of {length} rows)")
     return explained, words
 
@@ -368,3 +386,110 @@ def layout(
             tried.append(Hypothesis("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error"))
         best = max(best, share)
     return best
+
+
+def rows_permuted(
+    case: Case,
+    failing: Sequence[TensorResult],
+    blocks: Blocks,
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    spans: Mapping[int, SequenceSpan],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
+    """Device rows that equal golden rows at other positions of the same head, or of the same block in
+    another head of the batch entry."""
+    supposes = "device rows that hold the golden rows of other positions"
+    matched, bad_total, where = 0, 0, []
+    sources: set[tuple[str, int, int, int]] = set()  # the golden rows matched: (tensor, batch, head, row)
+    emptied: list[tuple[tuple[str, int, int, int], float]] = []  # wrong rows the device left zero, and their error
+    energy_all = energy_matched = 0.0
+    x, y = case.block_shape
+    heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
+    for i, target in enumerate(blocks.targets):
+        if target.tensor not in blocks.failing:
+            continue
+        dev, null = blocks.device[i], blocks.null[i]
+        bench = blocks.bench[i]
+        scale = float((null**2).sum(axis=1).mean())
+        row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
+        floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
+        row_err = ((dev - null) ** 2).sum(axis=1)
+        # a wrong row: 25x its own benchmark error (rows of mixed magnitude) and above a floor of the block's,
+        # or wrong by 10% of its own size (RMS) (a small row among large ones: attention sinks, mixed dout rows)
+        size = np.maximum((null**2).sum(axis=1), (dev**2).sum(axis=1))
+        large = (row_err > scale * 1e-6) | (row_err > 0.01 * size)
+        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & large)[:32]
+        if not bad.size:
+            continue
+        span = spans[target.batch]
+        view = q_view if target.tensor == "dq" else kv_view
+        key = (target.tensor, target.batch, target.head)  # the worst blocks often share a head: upcast once
+        if key not in heads:
+            head = np.asarray(view(case, golden[target.tensor], span)[target.head], dtype=np.float64)
+            heads[key] = (head, (head**2).sum(axis=1))
+        gold, gold_energy = heads[key]
+        size = x if target.tensor == "dq" else y
+        first = target.block * size
+        # the candidates: every golden row of the same head, and the rows of the same block in the other
+        # heads of the batch entry (a row written to another head's place)
+        label_head = np.full(gold.shape[0], target.head)
+        label_row = np.arange(gold.shape[0])
+        entry = view(case, golden[target.tensor], span)
+        others = [h for h in range(entry.shape[0]) if h != target.head]
+        if others:
+            block_rows = np.arange(first, first + dev.shape[0])
+            across = np.asarray(entry[:, first : first + dev.shape[0]][others], dtype=np.float64)
+            gold = np.concatenate([gold, across.reshape(-1, gold.shape[1])])
+            gold_energy = np.concatenate([gold_energy, (across**2).sum(axis=2).reshape(-1)])
+            label_head = np.concatenate([label_head, np.repeat(others, block_rows.size)])
+            label_row = np.concatenate([label_row, np.tile(block_rows, len(others))])
+        rows = dev[bad]
+        dist = (rows**2).sum(axis=1)[:, None] - 2 * rows @ gold.T + gold_energy[None, :]
+        dist[np.arange(bad.size), first + bad] = np.inf
+        best = dist.argmin(axis=1)
+        closest = dist[np.arange(bad.size), best]
+        # a match: the other golden row explains 95% of the row's error and is within 5% of the row's own
+        # energy (or within 4x the benchmark's row error); neither row is all zero (empty rows abound)
+        own = (rows**2).sum(axis=1)  # the row's own size: a match must be close relative to it too
+        # (a small row, wrong only relative to itself, is held to its own benchmark error, not the block's)
+        near = np.where(row_err[bad] > scale * 1e-6, 4 * floor, 4 * row_noise[bad])
+        ok = (closest <= np.maximum(near, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
+        ok &= gold_energy[best] > 0
+        bad_total += bad.size
+        matched += int(ok.sum())
+        energy_all += float(row_err[bad].sum())
+        energy_matched += float(row_err[bad][ok].sum())
+        sources.update((target.tensor, target.batch, int(label_head[s]), int(label_row[s])) for s in best[ok])
+        emptied.extend(
+            ((target.tensor, target.batch, target.head, first + int(r)), float(row_err[r]))
+            for r in bad[~ok & ~own.astype(bool)]
+        )
+        for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
+            other = f"head {int(label_head[s])} " if label_head[s] != target.head else ""
+            where.append(
+                f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
+                f"holds golden {other}row {int(label_row[s])}"
+            )
+    # a row left zero whose golden row another device row holds: moved away (a swap with an empty row)
+    moved = [err for at, err in emptied if at in sources]
+    matched += len(moved)
+    energy_matched += sum(moved)
+    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
+    if matched >= 1 and share >= 0.5:
+        text = (
+            f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
+            f"{'; '.join(where[:2])}"
+        )
+        causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
+        tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
+    else:
+        tried.append(
+            Hypothesis(
+                "rows-permuted",
+                supposes,
+                0.0,
+                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row",
+            )
+        )

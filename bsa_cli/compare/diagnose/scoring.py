@@ -95,6 +95,13 @@ class Blocks:
         with np.errstate(invalid="ignore"):
             return ~(np.abs(value) <= float(np.finfo(numpy_dtype(self.case.dtype)).max))
 
+    def overflows_in_row(self, value: np.ndarray) -> np.ndarray:
+        """Where a value lies in a row (of D) that overflows or reaches half the dtype's range: an Inf in a
+        row's accumulation turns the whole row NaN/Inf (Inf - Inf), so such a row predicts all of them."""
+        with np.errstate(invalid="ignore"):
+            near = ~(np.abs(value) < 0.5 * float(np.finfo(numpy_dtype(self.case.dtype)).max))
+        return np.broadcast_to(near.any(axis=-1, keepdims=True), value.shape)
+
     def predicts_nonfinite(self, values: Sequence[np.ndarray], targets: Sequence[Target] | None = None) -> bool:
         """Whether values of the targets (or of `targets`) overflow (or are NaN/Inf) where the device's are
         NaN/Inf: 90% of the elements where either is."""
@@ -104,7 +111,7 @@ class Blocks:
         for target, value in zip(self.targets if targets is None else targets, values, strict=True):
             bad = self.nonfinite.get(target, np.zeros(value.shape, dtype=bool))
             over = self.overflows(value)
-            both += int((bad & over).sum())
+            both += int((bad & self.overflows_in_row(value)).sum())
             either += int((bad | over).sum())
         return either > 0 and both >= 0.9 * either
 
@@ -119,7 +126,7 @@ class Blocks:
         for target, value in zip(targets, values, strict=True):
             bad = self.nonfinite.get(target)
             if bad is not None:  # a hypothesis predicting the device's NaN/Inf (or an overflow) explains them
-                value = np.where(bad & self.overflows(value), self.data[target][0], value)
+                value = np.where(bad & self.overflows_in_row(value), self.data[target][0], value)
             diff = self.data[target][0] - value
             energy = float((diff * diff).sum()) if diff.size else 0.0
             out[target.tensor] += energy if math.isfinite(energy) else math.inf
