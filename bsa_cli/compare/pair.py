@@ -42,6 +42,8 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
         for c in t.checks
         if c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
     ]
+    if _rows_unwritten(tensors, "out"):  # out's rows skipped as well: the forward skipped rows (its diagnosis says why)
+        unwritten = []
     if forward_params.get("softmax_lse_flag", 1) == 0:
         evidence = (
             "the backward read softmaxLse that the forward never wrote (softmax_lse_flag 0: torch_npu's default "
@@ -84,6 +86,16 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
         )
         causes.append(Cause("padding-rows-read", 1.0, evidence, failing, where))
     return causes
+
+
+def _rows_unwritten(tensors: Sequence[TensorResult], name: str) -> bool:
+    """Whether a forward output's `rows-written` says rows it must write were not."""
+    return any(
+        c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
+        for t in tensors
+        if t.name == name
+        for c in t.checks
+    )
 
 
 def _padding(case: Case, lengths: tuple[int, ...] | None, size: int) -> int:

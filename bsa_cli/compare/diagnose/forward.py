@@ -448,7 +448,8 @@ def diagnose_forward(
     gold = {n: np.asarray(golden[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
 
     # Rows left at the NaN prefill (or zero), NaN/Inf computed, rows written that must be left alone.
-    _unwritten(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS, causes, tried)
+    left = _unwritten(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS, causes, tried)
+    any_left = any(rows.any() for rows in left.values())
     _written_alone(fcase, tensors, checks, arrays, written, block_mask, prefilled, PREFILL_BITS, causes, tried)
     if any(c.name == "all_zero" and not c.passed for t in failing for c in t.checks):
         zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
@@ -486,7 +487,13 @@ def diagnose_forward(
     if not targets:
         reason = "not tried: no written row has an error beyond the benchmark's (only NaN/Inf or unwritten rows)"
         for v in FORWARD_VARIANTS:
-            tried.append(Hypothesis(v.kind, v.supposes, 0.0, reason))
+            if v.mask and any_left and applies(ctx, v) is None and _predicts_unwritten(ctx, v, written, left):
+                text = f"{v.supposes}: it leaves unwritten exactly the rows the device left unwritten"
+                causes.append(Cause(v.kind, 1.0, text, tuple(names), ()))
+                tried.append(Hypothesis(v.kind, v.supposes, 1.0, "explains: " + text))
+                causes[:] = _follows(causes, v, 1.0)
+            else:
+                tried.append(Hypothesis(v.kind, v.supposes, 0.0, reason))
         return _ranked(causes, tried)
     controls = [min(blocks, key=lambda b: excess[b])] if len(blocks) > len(targets) else []
     controls = [b for b in controls if b not in targets]
@@ -516,6 +523,8 @@ def diagnose_forward(
             causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", changed, where))
             tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
             best = max(best, share)
+            if share >= EXPLAINED and v.mask and any_left and _predicts_unwritten(ctx, v, written, left):
+                causes[:] = _follows(causes, v, share)
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
 
@@ -527,6 +536,9 @@ def diagnose_forward(
         if best < EXPLAINED:
             _layout(fcase, arrays["out"], gold["out"], benchmark, written, local, tried)
             _accumulation(fcase, ctx, blocks, excess, local, tried)
+    moved = max((c.score for c in local if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
+    if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece
+        local = [replace(c, score=min(c.score, 0.9 * moved)) if c.kind == "tile-local" else c for c in local]
     if best >= EXPLAINED:  # a hypothesis that explains the values outranks where the errors are
         local = [replace(c, score=min(c.score, 0.8 * best)) for c in local]
     causes.extend(local)
@@ -546,6 +558,31 @@ def _row_words(case: Case, written: np.ndarray, flat: int) -> str:
     return f"batch {b} head {n} row {s} (q block {s // x})"
 
 
+def _predicts_unwritten(
+    ctx: ForwardContext, v: ForwardVariant, written: np.ndarray, left: Mapping[str, np.ndarray]
+) -> bool:
+    """Whether a mask reading leaves unwritten exactly the rows the device left unwritten (of those it must
+    write), in every output: a kernel skipping a block row writes neither its out nor its lse."""
+    x = ctx.case.block_shape[0]
+    for batch, span in ctx.spans.items():
+        empty = np.repeat(~ctx.mask(v.mask, batch).any(axis=2), x, axis=1)[:, : span.q_len]
+        empty &= lse_view(ctx.case, written, span)
+        if not all(np.array_equal(empty, lse_view(ctx.case, rows, span)) for rows in left.values()):
+            return False
+    return True
+
+
+def _follows(causes: Sequence[Cause], v: ForwardVariant, share: float) -> list[Cause]:
+    """not-written ranked below a mask reading that leaves exactly those rows unwritten (its symptom)."""
+    follows = f" (follows from: {v.supposes})"
+    return [
+        replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
+        if c.kind == "not-written" and follows not in c.evidence
+        else c
+        for c in causes
+    ]
+
+
 def _unwritten(
     case: Case,
     judged: Sequence[str],
@@ -556,9 +593,11 @@ def _unwritten(
     bits: Mapping[str, int],
     causes: list[Cause],
     tried: list[Hypothesis],
-) -> None:
+) -> dict[str, np.ndarray]:
     """not-written: written rows left at the NaN prefill (the device says it pre-filled) or all zero;
-    non-finite: other NaN/Inf in written rows where the golden is finite."""
+    non-finite: other NaN/Inf in written rows where the golden is finite. Returns the rows left unwritten
+    of each output."""
+    every: dict[str, np.ndarray] = {}
     for name in judged:
         dev, ref = arrays[name], gold[name]
         dtype = "float32" if name == "lse" else case.dtype
@@ -569,6 +608,7 @@ def _unwritten(
         at_prefill = (dev.view(unsigned) == unsigned(bits[dtype])).all(axis=-1) if prefilled else np.zeros_like(written)
         zero = (dev.astype(np.float32) == 0).all(axis=-1) & (np.abs(ref) > 0).any(axis=-1)
         left = finite_gold & (at_prefill | zero)
+        every[name] = left
         bad = finite_gold[..., None] & ~finite & ~left[..., None]
         total = int(finite_gold.sum())
         if left.any():
@@ -590,6 +630,8 @@ def _unwritten(
             tried.append(
                 Hypothesis("non-finite", "NaN/Inf written where the golden is finite", 1.0, "explains: " + text)
             )
+
+    return every
 
 
 def _written_alone(
