@@ -36,7 +36,7 @@ from .diagnose import diagnose
 from .diagnose.forward import as_forward_step, carried_from_forward, diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
-from .pair import cause_checks, expected_verdict, pair_causes
+from .pair import cause_checks, expected_verdict, pair_causes, score_padding
 from .results import (
     ERROR,
     FAIL,
@@ -345,6 +345,8 @@ def _judge_case(
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
     causes = pair_causes(case, manifest.forward_params, tensors) if op in PAIR_OPS else []
+    causes, padding_notes = _scored_pair_causes(case_dir, manifest, case, tensors, opened, causes)
+    known["notes"] = (*known["notes"], *padding_notes)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks += [*cause_checks(causes), *op_checks]
     if not all(t.passed for t in tensors):
@@ -354,7 +356,8 @@ def _judge_case(
     if op in PAIR_OPS:
         failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
         message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
-        extra, met = expected_verdict(case.expect, failed, causes, message)
+        forward_failed = any(not t.passed for t in tensors if t.name in FORWARD_NAMES)
+        extra, met = expected_verdict(case.expect, failed, causes, message, forward_failed)
         if extra is not None:
             checks.append(extra)
         known["expected_failure"] = met
@@ -469,6 +472,24 @@ def _diagnosis(
         failure = Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}")
         return {"diagnosis": first, "hypotheses": (*tried, failure)}
     return {"diagnosis": (*first, *found), "hypotheses": (*tried, *notes)}
+
+
+def _scored_pair_causes(
+    case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...], opened: Any, causes: list[Cause]
+) -> tuple[list[Cause], list[str]]:
+    """Score a pair's `padding-rows-read` by where the gradients' error is (`pair.score_padding`)."""
+    if not any(c.kind == "padding-rows-read" for c in causes):
+        return causes, []
+    inputs = _PairInputs(_LazyInputs(case_dir, dict(manifest.entries("inputs")), opened.inputs), opened.device)
+    bench = _pick_tensors(opened.benchmark, GRAD_NAMES) if opened.benchmark else None
+    try:
+        with blas.one_thread_each():
+            return score_padding(
+                case, causes, tensors, _pick_tensors(opened.device, GRAD_NAMES),
+                _pick_tensors(opened.golden, GRAD_NAMES), bench, inputs,
+            )  # fmt: skip
+    except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
+        return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
 
 
 def _pick_tensors(arrays: Mapping[str, np.ndarray], names: tuple[str, ...]) -> dict[str, np.ndarray]:
