@@ -50,6 +50,8 @@ EXPLAINED = 0.9
 """A recomputed hypothesis explaining this share ranks the local patterns below it (it explains values)."""
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
+SCREENED = 0.3
+"""Share of the worst failing block's excess error a hypothesis must explain to be tried on every target."""
 WORST_ROWS = 32
 """Rows of out looked up among the golden's rows for `rows-permuted`."""
 TILE = 16
@@ -144,6 +146,10 @@ class ForwardContext:
     spans: dict[int, SequenceSpan]
     cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    products: dict[tuple[QBlock, int, bytes], np.ndarray] = field(default_factory=dict)
+    softmax: dict[tuple[str, str, str, str, QBlock], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+        default_factory=dict
+    )
 
     def view(self, name: str, batch: int, head: int) -> np.ndarray:
         key = (name, batch, head)
@@ -195,16 +201,38 @@ def recompute_forward(ctx: ForwardContext, v: ForwardVariant, target: QBlock) ->
 
     A block the variant selects nothing for is not written: out and lse NaN (as the device's prefill).
     """
+    key = (v.mask, v.heads, v.scale, v.stacks, target)  # the lse variants share the softmax of the others
+    if key not in ctx.softmax:
+        ctx.softmax[key] = _softmax(ctx, v, target)
+    out, log_sum, row_max = ctx.softmax[key]
+    if v.lse == "no-max":
+        lse = log_sum
+    elif v.lse == "base2":
+        lse = (log_sum + row_max) / math.log(2.0)
+    else:
+        lse = log_sum + row_max
+    return out, lse
+
+
+@np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
+def _softmax(ctx: ForwardContext, v: ForwardVariant, target: QBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, ln l, m) of one query block under the variant's reading of the mask, heads, scale and stacks."""
     rows = ctx.rows(target)
     cols = ctx.columns(v.mask, target)
     if v.stacks == "off-by-one":
         cols = np.delete(cols, np.arange(STACK, cols.size, STACK))
     if not cols.size:
-        return np.full((rows.size, ctx.case.head_dim), np.nan), np.full(rows.size, np.nan)
+        empty = np.full(rows.size, np.nan)
+        return np.full((rows.size, ctx.case.head_dim), np.nan), empty, empty
     kv_head = ctx.kv_head(v, target.head)
-    query = ctx.view("query", target.batch, target.head)[rows]
-    key, value = ctx.view("key", target.batch, kv_head)[cols], ctx.view("value", target.batch, kv_head)[cols]
-    scores = ctx.scale(v) * (query @ key.T)
+    value = ctx.view("value", target.batch, kv_head)[cols]
+    shared = (target, kv_head, cols.tobytes())  # the scale variants share the products
+    if shared not in ctx.products:
+        if len(ctx.products) >= 64:  # a bound on the memory held
+            ctx.products.clear()
+        query = ctx.view("query", target.batch, target.head)[rows]
+        ctx.products[shared] = query @ ctx.view("key", target.batch, kv_head)[cols].T
+    scores = ctx.scale(v) * ctx.products[shared]
     if v.stacks == "no-rescale":  # each stack's exponentials against the running max of its time, never rescaled
         row_max = np.full(rows.size, -np.inf)
         row_sum = np.zeros(rows.size)
@@ -220,15 +248,7 @@ def recompute_forward(ctx: ForwardContext, v: ForwardVariant, target: QBlock) ->
         probs = np.exp(scores - row_max[:, None])
         row_sum = probs.sum(axis=1)
         accumulator = probs @ value
-    out = accumulator / row_sum[:, None]
-    log_sum = np.log(row_sum)
-    if v.lse == "no-max":
-        lse = log_sum
-    elif v.lse == "base2":
-        lse = (log_sum + row_max) / math.log(2.0)
-    else:
-        lse = log_sum + row_max
-    return out, lse
+    return accumulator / row_sum[:, None], np.log(row_sum), row_max
 
 
 def applies(ctx: ForwardContext, v: ForwardVariant) -> str | None:
@@ -511,9 +531,17 @@ def diagnose_forward(
         if why is not None:
             tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
             continue
-        scored = [*targets, *controls, *(b for b in changed_blocks(ctx, v) if b not in targets and b not in controls)]
         values: dict[QBlock, tuple[np.ndarray, ...]] = {}
-        for target in scored:
+        screen = targets[0]  # the worst failing block first (cheap): most hypotheses end here
+        out, lse = recompute_forward(ctx, v, screen)
+        values[screen] = tuple(out if s.name == "out" else lse for s in sides)
+        first, _ = scorer.explained([screen], values)
+        if first < SCREENED and len(targets) > 1:
+            outcome = f"ruled out: explains {first:.0%} of the error of the worst failing block ({screen.words()})"
+            tried.append(Hypothesis(v.kind, v.supposes, first, outcome))
+            continue
+        scored = [*targets, *controls, *(b for b in changed_blocks(ctx, v) if b not in targets and b not in controls)]
+        for target in scored[1:]:
             out, lse = recompute_forward(ctx, v, target)
             values[target] = tuple(out if s.name == "out" else lse for s in sides)
         share, ratios = scorer.explained(scored, values)
