@@ -50,11 +50,18 @@ EXPLAINED = 0.9
 """A recomputed hypothesis explaining this share ranks the local patterns below it (it explains values)."""
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
+LAYOUT_ROWS = 4096
+"""Written rows of out (evenly spread) the layout readings are scored on."""
+DONE = 0.98
+"""A recomputed hypothesis explaining this share ends the search (the later ones read "not tried")."""
 SCREENED = 0.3
 """Share of the worst failing block's excess error a hypothesis must explain to be tried on every target."""
 WORST_ROWS = 32
 """Rows of out looked up among the golden's rows for `rows-permuted`."""
 TILE = 16
+TILE_BLOCKS = 8
+"""Blocks of out (the worst by excess error) whose tiles and pieces `tile-local` looks at: two tiles or a
+piece holding 90% of the error lie in them."""
 
 
 @dataclass(frozen=True)
@@ -398,17 +405,53 @@ def _per_entry(case: Case, array: np.ndarray, spans: Mapping[int, SequenceSpan],
     return {b: np.asarray(q_view(case, array, s), dtype=np.float64) for b, s in spans.items()}
 
 
-def _block_excess(scorer: _Scorer, targets: Sequence[QBlock]) -> dict[QBlock, float]:
-    """Each query block's excess error (out and lse, in benchmark units of the block)."""
-    found = {}
+def _per_block(rows: np.ndarray, n_q: int, x: int) -> np.ndarray:
+    """Sum per-row values [N1, q_len] over query blocks of X rows: [N1, nQ]."""
+    padded = np.zeros((rows.shape[0], n_q * x))
+    padded[:, : rows.shape[1]] = rows
+    return padded.reshape(rows.shape[0], n_q, x).sum(axis=2)
+
+
+def _block_excess(scorer: _Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock, float], dict[QBlock, float]]:
+    """Each query block's excess error (out and lse, in benchmark units of the block), from per-row sums, and
+    out's excess error energy per block (beyond the benchmark's)."""
+    case, ctx = scorer.ctx.case, scorer.ctx
+    x = case.block_shape[0]
+    per_block: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}  # (batch, side) -> (error, noise) [N1, nQ]
+    with np.errstate(invalid="ignore", over="ignore"):
+        for batch, span in ctx.spans.items():
+            written = lse_view(case, scorer.written, span)[..., None]  # [N1, q_len, 1]
+            n_q = -(-span.q_len // x)
+            for side in scorer.sides:
+                gold = side.golden[batch]
+                diff = side.device[batch] - gold
+                diff[~np.isfinite(diff)] = 0.0  # NaN/Inf rows are not-written's or non-finite's
+                diff *= written
+                error = _per_block(np.einsum("nsd,nsd->ns", diff, diff), n_q, x)
+                if side.bench is not None:
+                    bench = side.bench[batch] - gold
+                    bench[~np.isfinite(bench)] = 0.0
+                    bench *= written
+                    energy = _per_block(np.einsum("nsd,nsd->ns", bench, bench), n_q, x)
+                else:
+                    energy = np.zeros_like(error)
+                if side.name == "lse":
+                    floor = _per_block(written[..., 0].astype(np.float64), n_q, x) * (side.floor / 4) ** 2 + 1e-30
+                else:
+                    gold0 = np.where(np.isfinite(gold), gold, 0.0) * written
+                    floor = _per_block(np.einsum("nsd,nsd->ns", gold0, gold0), n_q, x) * (_eps(case) / 4) ** 2 + 1e-30
+                per_block[(batch, side.name)] = (error, np.maximum(energy, floor))
+    found, out_energy = {}, {}
     for target in targets:
         excess = 0.0
         for side in scorer.sides:
-            dev, gold, _, noise = scorer.block(side, target)
-            e = float(((dev - gold) ** 2).sum())
-            excess += max(e / noise - 1.0, 0.0) if math.isfinite(e) else 0.0
+            error, noise = per_block[(target.batch, side.name)]
+            e, n = float(error[target.head, target.block]), float(noise[target.head, target.block])
+            excess += max(e / n - 1.0, 0.0) if math.isfinite(e) else 0.0
+            if side.name == "out":
+                out_energy[target] = max(e - n, 0.0) if math.isfinite(e) else 0.0
         found[target] = excess
-    return found
+    return found, out_energy
 
 
 def _query_blocks(ctx: ForwardContext, written: np.ndarray) -> list[QBlock]:
@@ -501,7 +544,7 @@ def diagnose_forward(
         )
     scorer = _Scorer(ctx, sides, written)
     blocks = _query_blocks(ctx, written)
-    excess = _block_excess(scorer, blocks)
+    excess, out_excess = _block_excess(scorer, blocks)
     worst = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])
     targets = worst[:MAX_TARGETS]
     if not targets:
@@ -520,9 +563,12 @@ def diagnose_forward(
     where = tuple(f"{', '.join(names)} {t.words()}" for t in targets)
 
     best = 0.0
+    done: ForwardVariant | None = None
     seen: dict[bytes, ForwardVariant] = {}
     for v in FORWARD_VARIANTS:
         why = applies(ctx, v)
+        if why is None and done is not None:
+            why = f"not tried: '{done.supposes}' already explains {best:.0%} of the error"
         if why is None and v.mask:
             read = b"".join(ctx.mask(v.mask, b).tobytes() for b in sorted(spans))
             if read in seen:
@@ -551,6 +597,7 @@ def diagnose_forward(
             causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", changed, where))
             tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
             best = max(best, share)
+            done = v if share >= DONE and done is None else done
             if share >= EXPLAINED and v.mask and any_left and _predicts_unwritten(ctx, v, written, left):
                 causes[:] = _follows(causes, v, share)
         else:
@@ -558,9 +605,12 @@ def diagnose_forward(
 
     out_index = judged.index("out") if "out" in judged else None
     local: list[Cause] = []
-    if out_index is not None:
+    if done is not None:  # the patterns would only rank below it
+        for kind, supposes in _FORWARD_PATTERNS:
+            tried.append(Hypothesis(kind, supposes, 0.0, f"not tried: '{done.supposes}' already explains the error"))
+    elif out_index is not None:
         _rows_permuted(fcase, spans, sides[out_index], written, targets, local, tried)
-        _tile_local(fcase, scorer, sides[out_index], blocks, excess, local, tried)
+        _tile_local(fcase, scorer, sides[out_index], blocks, out_excess, local, tried)
         if best < EXPLAINED:
             _layout(fcase, arrays["out"], gold["out"], benchmark, written, local, tried)
             _accumulation(fcase, ctx, blocks, excess, local, tried)
@@ -584,6 +634,15 @@ def _row_words(case: Case, written: np.ndarray, flat: int) -> str:
         return f"token {t} head {n} (T index)"
     b, n, s = (int(i) for i in index)
     return f"batch {b} head {n} row {s} (q block {s // x})"
+
+
+_FORWARD_PATTERNS = (
+    ("rows-permuted", "out rows written at other rows' places (device rows equal golden rows elsewhere)"),
+    ("tile-local", "errors confined to one or two 16x16 tiles (or one 128-row piece) of out"),
+    ("layout", "another layout or dtype reading of out"),
+    ("accumulation-precision", "error growing with the number of kv blocks a query block row accumulates"),
+)
+"""The forward's patterns on out's values, tried after the recomputed hypotheses (for `--explain`)."""
 
 
 def _predicts_unwritten(
@@ -745,11 +804,15 @@ def _rows_permuted(
         dev_rows = np.concatenate([side.device[b][head] for b, _ in pool])
         usable = ok & np.isfinite(dev_rows).all(axis=1)
         err = np.where(usable, ((np.where(usable[:, None], dev_rows, 0.0) - golden_rows) ** 2).sum(axis=1), 0.0)
+        safe_golden = np.where(ok[:, None], golden_rows, 0.0)
+        norms = (safe_golden * safe_golden).sum(axis=1)
         for index in np.argsort(-err, kind="stable")[:WORST_ROWS]:
             noise = float((golden_rows[index] ** 2).sum()) * (2 * eps) ** 2 + 1e-30
             if err[index] <= 4 * noise:
                 break
-            dist = np.where(ok, ((golden_rows - dev_rows[index]) ** 2).sum(axis=1), np.inf)
+            dist = np.where(
+                ok, norms - 2.0 * (safe_golden @ dev_rows[index]) + float(dev_rows[index] @ dev_rows[index]), np.inf
+            )
             dist[index] = np.inf
             match = int(np.argmin(dist))
             (b, s), (mb, ms) = (int(i) for i in where[index]), (int(i) for i in where[match])
@@ -810,39 +873,34 @@ def _tile_local(
     causes: list[Cause],
     tried: list[Hypothesis],
 ) -> None:
-    """tile-local: out's excess error held by one or two 16x16 tiles, or one 128-row piece."""
+    """tile-local: out's excess error (`excess`: per block, beyond the benchmark's) held by one or two 16x16
+    tiles, or one 128-row piece."""
     supposes = "errors confined to one or two 16x16 tiles (or one 128-row piece) of out"
-    tiles: list[tuple[float, str]] = []
-    pieces: list[tuple[float, str]] = []
-    total = 0.0
-    for target in blocks:
-        if excess[target] <= 0:
-            continue
+    tiles: list[tuple[float, tuple[QBlock, int, int, int]]] = []
+    pieces: list[tuple[float, tuple[QBlock, int, int, int]]] = []
+    total = sum(excess.values())  # out's excess error energy, every block
+    count_tiles = 0
+    for target in sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:TILE_BLOCKS]:
         dev, gold, usable, noise = scorer.block(side, target)
         err = (dev - gold) ** 2
         rows, cols = err.shape
         x0 = target.block * case.block_shape[0]
         per_row = noise / max(int(usable.any(axis=1).sum()), 1)
-        for r in range(0, rows, TILE):
-            for c in range(0, cols, TILE):
-                e = float(err[r : r + TILE, c : c + TILE].sum())
-                bench = per_row * min(TILE, rows - r) * min(TILE, cols - c) / cols
-                tiles.append(
-                    (
-                        max(e - bench, 0.0),
-                        f"out {target.words()} rows {x0 + r}..{x0 + min(r + TILE, rows) - 1} "
-                        f"cols {c}..{min(c + TILE, cols) - 1}",
-                    )
-                )
+        padded = np.zeros((-(-rows // TILE) * TILE, -(-cols // TILE) * TILE))
+        padded[:rows, :cols] = err
+        sums = padded.reshape(padded.shape[0] // TILE, TILE, -1, TILE).sum(axis=(1, 3))  # [row tiles, col tiles]
+        heights = np.minimum(TILE, rows - TILE * np.arange(sums.shape[0]))[:, None]
+        widths = np.minimum(TILE, cols - TILE * np.arange(sums.shape[1]))[None, :]
+        excess_tiles = np.maximum(sums - per_row * heights * widths / cols, 0.0)
+        for flat in np.argsort(-excess_tiles, axis=None)[:2]:  # the block's two worst: the worst two overall among them
+            r, c = (int(i) * TILE for i in np.unravel_index(flat, excess_tiles.shape))
+            tiles.append((float(excess_tiles.flat[flat]), (target, x0 + r, x0 + min(r + TILE, rows) - 1, c)))
+        count_tiles += excess_tiles.size
         for r in range(0, rows, 128):
             e = float(err[r : r + 128].sum())
             pieces.append(
-                (
-                    max(e - per_row * min(128, rows - r), 0.0),
-                    f"out {target.words()} rows {x0 + r}..{x0 + min(r + 128, rows) - 1}",
-                )
+                (max(e - per_row * min(128, rows - r), 0.0), (target, x0 + r, x0 + min(r + 128, rows) - 1, -1))
             )
-        total += max(float(err.sum()) - noise, 0.0)
     if total <= 0 or not tiles:
         tried.append(Hypothesis("tile-local", supposes, 0.0, "ruled out: no excess error in out"))
         return
@@ -851,19 +909,27 @@ def _tile_local(
     tile_share = sum(t[0] for t in tiles[:2]) / total
     piece_share = pieces[0][0] / total
     several = sum(-(-len(scorer.ctx.rows(b)) // 128) for b in blocks) > 1  # one piece of all says nothing
-    if tile_share >= LOCAL and len(tiles) > 2:
+    if tile_share >= LOCAL and count_tiles > 2:
         count = "one 16x16 tile" if len(tiles) < 2 or tiles[1][0] < 0.05 * total else "two 16x16 tiles"
-        text = f"{tile_share:.0%} of out's excess error lies in {count}: {tiles[0][1]}"
-        causes.append(Cause("tile-local", min(tile_share, 1.0), text, ("out",), tuple(t[1] for t in tiles[:2])))
+        text = f"{tile_share:.0%} of out's excess error lies in {count}: {_region(tiles[0][1])}"
+        where = tuple(_region(t[1]) for t in tiles[:2])
+        causes.append(Cause("tile-local", min(tile_share, 1.0), text, ("out",), where))
         tried.append(Hypothesis("tile-local", supposes, tile_share, "explains: " + text))
     elif piece_share >= LOCAL and several:
-        text = f"{piece_share:.0%} of out's excess error lies in one 128-row piece: {pieces[0][1]}"
-        causes.append(Cause("tile-local", min(piece_share, 1.0), text, ("out",), (pieces[0][1],)))
+        text = f"{piece_share:.0%} of out's excess error lies in one 128-row piece: {_region(pieces[0][1])}"
+        causes.append(Cause("tile-local", min(piece_share, 1.0), text, ("out",), (_region(pieces[0][1]),)))
         tried.append(Hypothesis("tile-local", supposes, piece_share, "explains: " + text))
     else:
         share = max(tile_share, piece_share if several else 0.0)
         text = f"the two worst tiles hold {tile_share:.0%} of out's excess error, the worst piece {piece_share:.0%}"
         tried.append(Hypothesis("tile-local", supposes, share, "ruled out: " + text))
+
+
+def _region(region: tuple[QBlock, int, int, int]) -> str:
+    """Words for a tile (its first column) or a piece (column -1) of out."""
+    target, first, last, column = region
+    cols = "" if column < 0 else f" cols {column}..{column + TILE - 1}"
+    return f"out {target.words()} rows {first}..{last}{cols}"
 
 
 def _layout(
@@ -877,7 +943,7 @@ def _layout(
 ) -> None:
     """layout: out read as another 16-bit dtype's bits, or with S and N (BNSD) / T and N (TND) swapped."""
     dev = dev.reshape(case.q_shape)
-    gold64 = np.asarray(gold, dtype=np.float64).reshape(case.q_shape)
+    d = case.head_dim
     readings: list[tuple[str, np.ndarray]] = []
     if dev.dtype.itemsize == 2:
         other = numpy_dtype("float16" if case.dtype == "bfloat16" else "bfloat16")
@@ -886,25 +952,33 @@ def _layout(
         )
     flat = np.ascontiguousarray(dev).reshape(-1)
     if case.layout == "TND":
-        t, n, d = case.q_shape
+        t, n, _ = case.q_shape
         readings.append(("out written [N, T, D] (T and N swapped)", flat.reshape(n, t, d).transpose(1, 0, 2)))
     else:
-        b, n, s, d = case.q_shape
+        b, n, s, _ = case.q_shape
         readings.append(("out written [B, S, N, D] (BSND, not BNSD)", flat.reshape(b, s, n, d).transpose(0, 2, 1, 3)))
-    rows = written[..., None] & np.isfinite(gold64)
+    picked = np.flatnonzero(written.reshape(-1))  # the written rows, at most LAYOUT_ROWS evenly spread
+    if picked.size > LAYOUT_ROWS:
+        picked = picked[np.linspace(0, picked.size - 1, LAYOUT_ROWS).astype(np.int64)]
+
+    def rows_of(array: np.ndarray) -> np.ndarray:
+        return np.asarray(array.reshape(-1, d)[picked], dtype=np.float64)
+
+    gold64 = rows_of(np.asarray(gold).reshape(case.q_shape))
+    rows = np.isfinite(gold64)
     eps = _eps(case)
     if benchmark is not None and "out" in benchmark:
-        bench = np.asarray(benchmark["out"], dtype=np.float64).reshape(case.q_shape)
+        bench = rows_of(np.asarray(benchmark["out"]).reshape(case.q_shape))
         noise = float(np.where(rows, (bench - gold64) ** 2, 0.0).sum())
     else:
         noise = 0.0
     noise = max(noise, float(np.where(rows, gold64 * gold64, 0.0).sum()) * (eps / 4) ** 2 + 1e-30)
     with np.errstate(invalid="ignore", over="ignore"):
-        base = np.asarray(dev, dtype=np.float64)
+        base = rows_of(dev)
         null = float(np.where(rows & np.isfinite(base), (base - gold64) ** 2, 0.0).sum())
         null_excess = max(null / noise - 1.0, 0.0)
         for supposes, reading in readings:
-            value = np.asarray(reading, dtype=np.float64)
+            value = rows_of(np.ascontiguousarray(reading))
             usable = rows & np.isfinite(value)
             energy = float(np.where(usable, (value - gold64) ** 2, 0.0).sum())
             coverage = usable.sum() / max(int(rows.sum()), 1)
