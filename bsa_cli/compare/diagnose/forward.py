@@ -54,6 +54,8 @@ LAYOUT_ROWS = 4096
 """Written rows of out (evenly spread) the layout readings are scored on."""
 DONE = 0.98
 """A recomputed hypothesis explaining this share ends the search (the later ones read "not tried")."""
+SAMPLE_ROWS = 32
+"""Rows of the worst failing block a hypothesis is tried on first, when the block has more than twice as many."""
 SCREENED = 0.3
 """Share of the worst failing block's excess error a hypothesis must explain to be tried on every target."""
 WORST_ROWS = 32
@@ -153,8 +155,8 @@ class ForwardContext:
     spans: dict[int, SequenceSpan]
     cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    products: dict[tuple[QBlock, int, bytes], np.ndarray] = field(default_factory=dict)
-    softmax: dict[tuple[str, str, str, str, QBlock], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
+    products: dict[tuple[QBlock, int, bytes, bytes], np.ndarray] = field(default_factory=dict)
+    softmax: dict[tuple[str, str, str, str, QBlock, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict
     )
 
@@ -203,14 +205,18 @@ class ForwardContext:
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
-def recompute_forward(ctx: ForwardContext, v: ForwardVariant, target: QBlock) -> tuple[np.ndarray, np.ndarray]:
-    """Return the float64 out [rows, D] and lse [rows] of one query block under the variant.
+def recompute_forward(
+    ctx: ForwardContext, v: ForwardVariant, target: QBlock, some: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return the float64 out [rows, D] and lse [rows] of one query block under the variant; with `some`, of
+    those rows of the block only (a row's out and lse depend on that row alone).
 
     A block the variant selects nothing for is not written: out and lse NaN (as the device's prefill).
     """
-    key = (v.mask, v.heads, v.scale, v.stacks, target)  # the lse variants share the softmax of the others
+    part = b"" if some is None else some.tobytes()
+    key = (v.mask, v.heads, v.scale, v.stacks, target, part)  # the lse variants share the softmax of the others
     if key not in ctx.softmax:
-        ctx.softmax[key] = _softmax(ctx, v, target)
+        ctx.softmax[key] = _softmax(ctx, v, target, some)
     out, log_sum, row_max = ctx.softmax[key]
     if v.lse == "no-max":
         lse = log_sum
@@ -222,9 +228,12 @@ def recompute_forward(ctx: ForwardContext, v: ForwardVariant, target: QBlock) ->
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
-def _softmax(ctx: ForwardContext, v: ForwardVariant, target: QBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(out, ln l, m) of one query block under the variant's reading of the mask, heads, scale and stacks."""
-    rows = ctx.rows(target)
+def _softmax(
+    ctx: ForwardContext, v: ForwardVariant, target: QBlock, some: np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(out, ln l, m) of one query block (or its rows `some`) under the variant's reading of the mask, heads,
+    scale and stacks."""
+    rows = ctx.rows(target) if some is None else ctx.rows(target)[some]
     cols = ctx.columns(v.mask, target)
     if v.stacks == "off-by-one":
         cols = np.delete(cols, np.arange(STACK, cols.size, STACK))
@@ -233,7 +242,7 @@ def _softmax(ctx: ForwardContext, v: ForwardVariant, target: QBlock) -> tuple[np
         return np.full((rows.size, ctx.case.head_dim), np.nan), empty, empty
     kv_head = ctx.kv_head(v, target.head)
     value = ctx.view("value", target.batch, kv_head)[cols]
-    shared = (target, kv_head, cols.tobytes())  # the scale variants share the products
+    shared = (target, kv_head, cols.tobytes(), b"" if some is None else some.tobytes())  # shared by the scale variants
     if shared not in ctx.products:
         if len(ctx.products) >= 64:  # a bound on the memory held
             ctx.products.clear()
@@ -325,6 +334,7 @@ class _Scorer:
     sides: list[_Side]
     written: np.ndarray  # bool, case.q_shape[:-1]
     data: dict[tuple[str, QBlock], tuple[np.ndarray, np.ndarray, np.ndarray, float]] = field(default_factory=dict)
+    row_noise: dict[tuple[str, QBlock], np.ndarray] = field(default_factory=dict)  # benchmark error per row
 
     def block(self, side: _Side, target: QBlock) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
         """(device, golden, usable mask, noise energy) of one side's block; usable: written rows, both finite."""
@@ -339,8 +349,10 @@ class _Scorer:
             if side.bench is not None:
                 bench = side.bench[target.batch][target.head, rows]
                 bench = np.where(usable & np.isfinite(bench), bench, gold)
-                energy = float(((bench - gold) ** 2).sum())
+                self.row_noise[key] = ((bench - gold) ** 2).sum(axis=1)
+                energy = float(self.row_noise[key].sum())
             else:
+                self.row_noise[key] = np.zeros(rows.size)
                 energy = 0.0
             if side.name == "lse":
                 floor = int(usable.sum()) * (side.floor / 4) ** 2 + 1e-30
@@ -348,6 +360,42 @@ class _Scorer:
                 floor = float((gold * gold).sum()) * (_eps(self.ctx.case) / 4) ** 2 + 1e-30
             self.data[key] = (dev, gold, usable, max(energy, floor))
         return self.data[key]
+
+    def sample(self, target: QBlock) -> np.ndarray | None:
+        """The rows of a block a hypothesis is screened on (`SAMPLE_ROWS`: half the worst by excess error, half
+        spread over the rest), or None for a block of at most twice as many rows."""
+        rows = self.ctx.rows(target).size
+        if rows <= 2 * SAMPLE_ROWS:
+            return None
+        excess = np.zeros(rows)
+        for side in self.sides:
+            dev, gold, _, _ = self.block(side, target)
+            excess += ((dev - gold) ** 2).sum(axis=1) - self.row_noise[(side.name, target)]
+        worst = np.argsort(-excess, kind="stable")[: SAMPLE_ROWS // 2]
+        rest = np.setdiff1d(np.arange(rows), worst)
+        spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
+        return np.unique(np.concatenate([worst, spread]))
+
+    def explained_rows(self, target: QBlock, some: np.ndarray, values: Sequence[np.ndarray]) -> float:
+        """The share of the excess error of a block's rows `some` a hypothesis's values of them remove."""
+        null_excess = hyp_excess = 0.0
+        for side, value in zip(self.sides, values, strict=True):
+            dev, gold, usable, _ = self.block(side, target)
+            dev, gold, usable = dev[some], gold[some], usable[some]
+            value = value[:, None] if value.ndim == 1 else value
+            if side.name == "lse":
+                floor = int(usable.sum()) * (side.floor / 4) ** 2 + 1e-30
+            else:
+                floor = float((gold * gold).sum()) * (_eps(self.ctx.case) / 4) ** 2 + 1e-30
+            noise = max(float(self.row_noise[(side.name, target)][some].sum()), floor)
+            with np.errstate(over="ignore", invalid="ignore"):
+                diff = dev - np.where(usable, value, 0.0)
+                energy = float((diff * diff).sum())
+            null_excess += max(float(((dev - gold) ** 2).sum()) / noise - 1.0, 0.0)
+            hyp_excess += max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
+        if null_excess <= 0:
+            return 0.0
+        return max(0.0, min(1.0, 1.0 - hyp_excess / null_excess))
 
     def _energies(
         self, targets: Sequence[QBlock], values: Mapping[QBlock, tuple[np.ndarray, ...]] | None
@@ -567,18 +615,26 @@ def diagnose_forward(
     seen: dict[bytes, ForwardVariant] = {}
     for v in FORWARD_VARIANTS:
         why = applies(ctx, v)
-        if why is None and done is not None:
-            why = f"not tried: '{done.supposes}' already explains {best:.0%} of the error"
-        if why is None and v.mask:
+        if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
             read = b"".join(ctx.mask(v.mask, b).tobytes() for b in sorted(spans))
             if read in seen:
                 why = f"not told apart from '{seen[read].supposes}' in this case: the mask reads the same"
             seen.setdefault(read, v)
+        if why is None and done is not None:
+            why = f"not tried: '{done.supposes}' already explains {best:.0%} of the error"
         if why is not None:
             tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
             continue
         values: dict[QBlock, tuple[np.ndarray, ...]] = {}
         screen = targets[0]  # the worst failing block first (cheap): most hypotheses end here
+        some = scorer.sample(screen)
+        if some is not None:  # and a few of its rows before it
+            out, lse = recompute_forward(ctx, v, screen, some)
+            part = scorer.explained_rows(screen, some, [out if s.name == "out" else lse for s in sides])
+            if part < SCREENED:
+                outcome = f"ruled out: explains {part:.0%} of the error of {some.size} rows of the worst failing block"
+                tried.append(Hypothesis(v.kind, v.supposes, part, outcome))
+                continue
         out, lse = recompute_forward(ctx, v, screen)
         values[screen] = tuple(out if s.name == "out" else lse for s in sides)
         first, _ = scorer.explained([screen], values)
