@@ -384,3 +384,25 @@ def test_padding_rows_read_is_not_blamed_for_a_chain_failing_for_another_reason(
     assert "padding-rows-read" not in [c.kind for c in result.diagnosis]
     assert any(n.startswith("padding-rows-read not named: it explains") for n in result.notes)
     assert "fails, but for no pair cause, not padding-rows-read" in result.message
+
+
+def _out_halved(case, inputs, outputs):
+    return {"out": (outputs["out"].astype(np.float32) * 0.5).astype(outputs["out"].dtype)}
+
+
+def _lse_shifted(case, inputs, outputs):
+    return {"lse": outputs["lse"] + np.float32(0.25)}
+
+
+@pytest.mark.parametrize(
+    ("plant", "kind"), [(_out_halved, "scale"), (_lse_shifted, "softmax-lse")], ids=["out-halved", "lse-shifted"]
+)
+def test_a_constant_factor_or_shift_is_fitted(tmp_path, plant, kind):
+    case = make("fwd")
+    case_dir = build_judged_op_folder(tmp_path, case, "forward", _mask(case), device="benchmark")
+    outputs = _read(case_dir)
+    outputs.update(plant(case, _inputs(case_dir), outputs))
+    _write(case_dir, outputs, case)
+    result = compare.compare_case(case_dir, workers=1)
+    assert result.verdict == compare.FAIL and result.diagnosis[0].kind == kind, result.diagnosis
+    assert " x golden" in result.diagnosis[0].evidence

@@ -659,6 +659,8 @@ def diagnose_forward(
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
 
+    if done is None:
+        best = max(best, _fits(scorer, targets, controls, names, where, causes, tried))
     out_index = judged.index("out") if "out" in judged else None
     local: list[Cause] = []
     if done is not None:  # the patterns would only rank below it
@@ -699,6 +701,60 @@ _FORWARD_PATTERNS = (
     ("accumulation-precision", "error growing with the number of kv blocks a query block row accumulates"),
 )
 """The forward's patterns on out's values, tried after the recomputed hypotheses (for `--explain`)."""
+
+
+def _fits(
+    scorer: _Scorer,
+    targets: Sequence[QBlock],
+    controls: Sequence[QBlock],
+    names: Sequence[str],
+    where: tuple[str, ...],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> float:
+    """Fitted on the target blocks, scored on them and the control: out off by a constant factor (`scale`:
+    a factor in the normalisation, 1/l or the scale's place), lse off by an affine map (`softmax-lse`: lse
+    in another base, shifted, without a term). Returns the best share."""
+    best = 0.0
+    for index, side in enumerate(scorer.sides):
+        if side.name not in names:
+            continue
+        blocks = [scorer.block(side, t) for t in targets]
+        dev = np.concatenate([b[0].reshape(-1) for b in blocks])
+        gold = np.concatenate([b[1].reshape(-1) for b in blocks])
+        usable = np.concatenate([b[2].reshape(-1) for b in blocks])
+        dev, gold = dev[usable], gold[usable]
+        if gold.size < 2 or not float(gold @ gold) > 0:
+            continue
+        if side.name == "out":
+            factor = float(dev @ gold) / float(gold @ gold)
+            offset = 0.0
+            supposes = "out off by a constant factor"
+            words = f"out = {factor:.4g} x golden"
+            kind = "scale"
+        else:
+            factor, offset = (float(c) for c in np.polyfit(gold, dev, 1))
+            supposes = "lse off by an affine map (another base, a shift, a term left out)"
+            words = f"lse = {factor:.4g} x golden {'+' if offset >= 0 else '-'} {abs(offset):.4g}"
+            kind = "softmax-lse"
+        values = {}
+        scored = [*targets, *controls]
+        for target in scored:
+            parts = []
+            for other_index, other in enumerate(scorer.sides):
+                gold_block = scorer.block(other, target)[1]
+                fitted = factor * gold_block + offset if other_index == index else gold_block
+                parts.append(fitted[:, 0] if other.name == "lse" else fitted)
+            values[target] = tuple(parts)
+        share, ratios = scorer.explained(scored, values)
+        text = f"{words}: {_falls(ratios, names)}"
+        if share >= 0.9:
+            causes.append(Cause(kind, 0.95 * share, text, (side.name,), where))
+            tried.append(Hypothesis(kind, supposes, 0.95 * share, f"explains {share:.0%} of the excess error: {text}"))
+            best = max(best, 0.95 * share)
+        else:
+            tried.append(Hypothesis(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+    return best
 
 
 def _predicts_unwritten(
