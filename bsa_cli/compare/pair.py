@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
 
 from ..case import Case, Expect
 from ..manifest import GRAD_NAMES
@@ -42,6 +46,8 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
         for c in t.checks
         if c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
     ]
+    if _rows_unwritten(tensors, "out"):  # out's rows skipped as well: the forward skipped rows (its diagnosis says why)
+        unwritten = []
     if forward_params.get("softmax_lse_flag", 1) == 0:
         evidence = (
             "the backward read softmaxLse that the forward never wrote (softmax_lse_flag 0: torch_npu's default "
@@ -86,11 +92,90 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
     return causes
 
 
+def _rows_unwritten(tensors: Sequence[TensorResult], name: str) -> bool:
+    """Whether a forward output's `rows-written` says rows it must write were not."""
+    return any(
+        c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
+        for t in tensors
+        if t.name == name
+        for c in t.checks
+    )
+
+
 def _padding(case: Case, lengths: tuple[int, ...] | None, size: int) -> int:
     """Return the BNSD positions past the actual lengths that a backward over the full S reads (per head)."""
     if case.layout == "TND" or case.bnsd_lengths != "ignored" or lengths is None:
         return 0
     return sum(max(size - n, 0) for n in lengths)
+
+
+PADDING_EXPLAINS = 0.5
+"""Share of the failing gradients' excess error the backward recomputed with the padding rows read must
+explain for `padding-rows-read` to be named."""
+
+
+def score_padding(
+    case: Case,
+    causes: Sequence[Cause],
+    tensors: Sequence[TensorResult],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    read: Mapping[str, np.ndarray],
+) -> tuple[list[Cause], list[str]]:
+    """Score `padding-rows-read` by where the gradients' error is: the failing blocks recomputed (float64) as a
+    backward over the full S computes them, reading the padding rows' out and lse as the device's forward left
+    them (`read`: the backward's inputs, attention_out and softmax_lse the device's). The parameter condition
+    names the cause; this says whether it explains the error.
+
+    Returns:
+        The causes, `padding-rows-read` scored by the share it explains (dropped below `PADDING_EXPLAINS`), and
+        notes (why it was dropped).
+    """
+    from .diagnose.hypotheses import NULL, Context, recompute
+    from .diagnose.scoring import gather_blocks
+
+    if not any(c.kind == "padding-rows-read" for c in causes):
+        return list(causes), []
+    grads = [t for t in tensors if t.name in GRAD_NAMES]
+    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}  # the full S: what the backward reads
+    ctx = Context(case, read, spans)
+    blocks = gather_blocks(case, ctx, grads, device, golden, benchmark)
+    if not blocks.targets:
+        return list(causes), []
+    values = [recompute(ctx, NULL, t) for t in blocks.targets]
+    share, ratios = blocks.explained(values)
+    text = f"under it, {blocks.falls(ratios)}" if ratios else ""
+    if blocks.nonfinite and blocks.predicts_nonfinite(values):  # the NaN/Inf explained: half the score at least
+        text = (text + "; " if text else "") + "it puts NaN/Inf where the device has them"
+        share = 0.5 + 0.5 * share if ratios else 1.0
+    padded = [t.words() for t in blocks.targets if _touches_padding(case, t)]
+    where = (
+        f"; {len(padded)} of the {len(blocks.targets)} worst blocks hold or read padding positions" if padded else ""
+    )
+    words = f"recomputed over the full S with the padding rows' out and lse as the forward left them: {text}{where}"
+    kept, notes = [], []
+    for cause in causes:
+        if cause.kind != "padding-rows-read":
+            kept.append(cause)
+        elif share >= PADDING_EXPLAINS:
+            kept.append(replace(cause, score=round(share, 4), evidence=f"{cause.evidence} ({words})"))
+        else:
+            notes.append(f"padding-rows-read not named: it explains {share:.0%} of the gradients' error ({words})")
+    return kept, notes
+
+
+def _touches_padding(case: Case, target: Any) -> bool:
+    """Whether a gradient block holds rows past the actual lengths (dq: query rows; dk/dv: kv positions)."""
+    x, y = case.block_shape
+    batch = target.batch
+    if target.tensor == "dq":
+        lengths, size = case.actual_seq_lengths, x
+    else:
+        lengths, size = case.actual_seq_lengths_kv, y
+    if not lengths or batch >= len(lengths):
+        return False
+    return (target.block + 1) * size > lengths[batch]
 
 
 def cause_checks(causes: Sequence[Cause]) -> list[Check]:
@@ -100,10 +185,18 @@ def cause_checks(causes: Sequence[Cause]) -> list[Check]:
     ]
 
 
+EXPECTED_EXPLAINS = 0.9
+"""Score the expected cause must have for a pitfall case to fail as it must (below it, another error is there too)."""
+
+
 def expected_verdict(
-    expect: Expect, failed: bool, causes: Sequence[Cause], message: str
+    expect: Expect, failed: bool, causes: Sequence[Cause], message: str, forward_failed: bool = False
 ) -> tuple[Check | None, str | None]:
     """Apply a chain's expected verdict (`expect.verdict`, `expect.cause`) to how it was judged.
+
+    The expectation is met when the chain fails, its forward step's out and lse pass (a pitfall is the
+    backward misreading a right forward) and the expected cause is named with a score of at least
+    `EXPECTED_EXPLAINS` (below it, something else is wrong too).
 
     Returns:
         (a failing check to add, or None) and the text of a met expectation ("fails as it must: ..."),
@@ -114,8 +207,18 @@ def expected_verdict(
     wanted = expect.cause
     named = [c.kind for c in causes]
     must = f"must fail naming {wanted}" if wanted else "must fail"
-    if failed and (wanted is None or wanted in named):
+    weak = [c for c in causes if c.kind == wanted and c.score < EXPECTED_EXPLAINS]
+    if failed and forward_failed:  # a pitfall is the backward misreading a right forward, not a wrong forward
+        text = f"fails, but the forward's out or lse fail too, which the pitfall is not ({must}): {message}"
+        return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
+    if failed and (wanted is None or wanted in named) and not weak:
         return None, f"fails as it must: {message}"
+    if failed and weak:
+        text = (
+            f"fails, but {wanted} explains only {weak[0].score:.0%} of the gradients' error (expect.cause): "
+            f"something else is wrong too: {message}"
+        )
+        return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
     if not failed:
         text = f"passes, but {must} (expect.verdict FAIL)"
     else:

@@ -9,7 +9,7 @@ import time
 import traceback
 from collections.abc import Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +33,10 @@ from .case_files import (
     run_forward_record,
 )
 from .diagnose import diagnose
+from .diagnose.forward import as_forward_step, carried_from_forward, diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
-from .pair import cause_checks, expected_verdict, pair_causes
+from .pair import cause_checks, expected_verdict, pair_causes, score_padding
 from .results import (
     ERROR,
     FAIL,
@@ -344,16 +345,19 @@ def _judge_case(
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
     causes = pair_causes(case, manifest.forward_params, tensors) if op in PAIR_OPS else []
+    causes, padding_notes = _scored_pair_causes(case_dir, manifest, case, tensors, opened, causes)
+    known["notes"] = (*known["notes"], *padding_notes)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks += [*cause_checks(causes), *op_checks]
     if not all(t.passed for t in tensors):
         known["selection"] = selection(case, opened.block_mask)
     if not all(t.passed for t in tensors) or not all(c.passed for c in checks):
-        known.update(_diagnosis(case_dir, manifest, case, tensors, checks, opened, causes))
+        known.update(_diagnosis(case_dir, manifest, case, tensors, checks, opened, causes, prefilled))
     if op in PAIR_OPS:
         failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
         message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
-        extra, met = expected_verdict(case.expect, failed, causes, message)
+        forward_failed = any(not t.passed for t in tensors if t.name in FORWARD_NAMES)
+        extra, met = expected_verdict(case.expect, failed, causes, message, forward_failed)
         if extra is not None:
             checks.append(extra)
         known["expected_failure"] = met
@@ -390,13 +394,6 @@ def _failed_checks(checks: list[Check], tensors: tuple[TensorResult, ...]) -> li
     return sorted((c for c in every if not c.passed), key=lambda c: -c.severity)
 
 
-FORWARD_NOT_DIAGNOSED = (
-    "not run: the diagnosis recomputes the backward's blocks; a forward folder's out and lse are judged "
-    "(rows-written, out, lse), not diagnosed"
-)
-"""The hypotheses line of a failing forward folder."""
-
-
 def _diagnosis(
     case_dir: Path,
     manifest: Manifest,
@@ -405,49 +402,113 @@ def _diagnosis(
     checks: list[Check],
     opened: Any,
     causes: list[Cause] | None = None,
+    prefilled: bool = False,
 ) -> dict[str, Any]:
     """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
     judgement already checked them or the run record answered for them).
 
-    A forward folder is not diagnosed (its hypotheses say so). A pair's causes (`pair_causes`) come first;
-    its dq, dk, dv are then diagnosed as a backward's, from the golden out and lse of the exact forward.
+    A forward folder: its out and lse (`diagnose_forward`). A pair: its causes (`pair_causes`) first; then,
+    when the forward step fails, the forward's diagnosis of its out and lse (evidence "the forward's ...");
+    then its dq, dk, dv. Those are first tested as carried from the forward: recomputed from the device's
+    out and lse as the backward read them (`carried_from_forward`); when that explains their error, the
+    backward is not blamed (the forward's cause names them too). Otherwise they are diagnosed as a
+    backward's, from the out and lse the backward read when the forward failed, else from the golden out
+    and lse of the exact forward.
     """
     op = manifest.op
-    if op == "forward":
-        return {"hypotheses": (Hypothesis("-", "the diagnosis", 0.0, FORWARD_NOT_DIAGNOSED),)}
     first = tuple(causes or ())
     tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
     entries = dict(manifest.entries("inputs"))
-    grads = tuple(t for t in tensors if t.name in GRAD_NAMES)
+    params = manifest.forward_params
+    inner_precise = int(params.get("inner_precise", 0))
     device, golden = opened.device, opened.golden
     benchmark = opened.benchmark or None
+    forward_tensors = tuple(t for t in tensors if t.name in FORWARD_NAMES)
+    grads = tuple(t for t in tensors if t.name in GRAD_NAMES)
     try:
         inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries, opened.inputs)
-        if op in PAIR_OPS:
-            inputs = _PairInputs(inputs, golden)
-            device = {n: device[n] for n in GRAD_NAMES}
-            golden = {n: golden[n] for n in GRAD_NAMES}
-            benchmark = {n: benchmark[n] for n in GRAD_NAMES if n in benchmark} if benchmark else None
         with blas.one_thread_each():  # products of a few blocks: BLAS threads only spin (100x slower measured)
-            result = diagnose(case, grads, checks, device, golden, benchmark or None, inputs)
+            if op == "forward":
+                result = diagnose_forward(
+                    case, forward_tensors, checks, device, golden, benchmark, inputs, inner_precise, prefilled
+                )
+                return {"diagnosis": result.causes, "hypotheses": result.hypotheses}
+            if op not in PAIR_OPS:
+                result = diagnose(case, grads, checks, device, golden, benchmark, inputs)
+                return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
+            pick = _pick_tensors
+            forward_failed = any(not t.passed for t in forward_tensors)
+            found: list[Cause] = []
+            notes: list[Hypothesis] = []
+            if forward_failed:
+                fwd = diagnose_forward(
+                    case,
+                    forward_tensors,
+                    [],
+                    pick(device, FORWARD_NAMES),
+                    pick(golden, FORWARD_NAMES),
+                    pick(benchmark, FORWARD_NAMES) if benchmark else None,
+                    inputs,
+                    inner_precise,
+                    prefilled,
+                )
+                found += [as_forward_step(c) for c in fwd.causes]
+                notes += [replace(h, supposes="the forward: " + h.supposes) for h in fwd.hypotheses]
+            if any(not t.passed for t in grads):
+                read = _PairInputs(inputs, device if forward_failed else golden)
+                bench_grads = pick(benchmark, GRAD_NAMES) if benchmark else None
+                dev_grads, gold_grads = pick(device, GRAD_NAMES), pick(golden, GRAD_NAMES)
+                carried = None
+                if forward_failed:
+                    carried = carried_from_forward(case, grads, dev_grads, gold_grads, bench_grads, read)
+                    notes.append(carried.hypothesis)
+                if carried is not None and carried.explains:
+                    found = carried.attribute(found)
+                else:
+                    result = diagnose(case, grads, checks, dev_grads, gold_grads, bench_grads, read)
+                    found += result.causes
+                    notes += result.hypotheses
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
         failure = Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}")
         return {"diagnosis": first, "hypotheses": (*tried, failure)}
-    return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
+    return {"diagnosis": (*first, *found), "hypotheses": (*tried, *notes)}
+
+
+def _scored_pair_causes(
+    case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...], opened: Any, causes: list[Cause]
+) -> tuple[list[Cause], list[str]]:
+    """Score a pair's `padding-rows-read` by where the gradients' error is (`pair.score_padding`)."""
+    if not any(c.kind == "padding-rows-read" for c in causes):
+        return causes, []
+    inputs = _PairInputs(_LazyInputs(case_dir, dict(manifest.entries("inputs")), opened.inputs), opened.device)
+    bench = _pick_tensors(opened.benchmark, GRAD_NAMES) if opened.benchmark else None
+    try:
+        with blas.one_thread_each():
+            return score_padding(
+                case, causes, tensors, _pick_tensors(opened.device, GRAD_NAMES),
+                _pick_tensors(opened.golden, GRAD_NAMES), bench, inputs,
+            )  # fmt: skip
+    except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
+        return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
+
+
+def _pick_tensors(arrays: Mapping[str, np.ndarray], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+    return {n: arrays[n] for n in names if n in arrays}
 
 
 class _PairInputs(Mapping[str, np.ndarray]):
-    """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse are the golden
-    out and lse (the exact forward's), the others the case's inputs."""
+    """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse from `forward`
+    (the device's out and lse as the backward read them, or the golden's: the exact forward's), the others
+    the case's inputs."""
 
-    def __init__(self, inputs: Mapping[str, np.ndarray], golden: Mapping[str, np.ndarray]) -> None:
-        self.inputs, self.golden = inputs, golden
+    def __init__(self, inputs: Mapping[str, np.ndarray], forward: Mapping[str, np.ndarray]) -> None:
+        self.inputs, self.forward = inputs, forward
 
     def __getitem__(self, name: str) -> np.ndarray:
         if name == "attention_out":
-            return self.golden["out"]
+            return self.forward["out"]
         if name == "softmax_lse":
-            return self.golden["lse"]
+            return self.forward["lse"]
         return self.inputs[name]
 
     def __iter__(self) -> Any:

@@ -28,7 +28,7 @@ FAULTS: dict[str, str] = {
     "(applies only with N1 > N2 and a selection in a non-first head of a group)",
     "dk-no-scale": "dK is not multiplied by scale at the end (applies when scale != 1)",
     "mask-transposed": "the block mask is read as [.., j, i] (out-of-range transposed indices read as "
-    "unselected; applies when the mask is not symmetric)",
+    "as unselected; applies when the mask is not symmetric)",
     "block-shift": "kv block j > 0 reads the selection of block j - 1 (applies when some row's selection "
     "changes along the kv blocks)",
     "lse-base2": "softmaxLse read as a base-2 log: P = exp2(S * log2(e) - lse)",
@@ -68,6 +68,21 @@ FORWARD_FAULTS: dict[str, str] = {
     "stack-off-by-one": "the forward's 512-column stack boundary is off by one: every stack after the first starts "
     "one column late, so columns 512, 1024, ... of a row's selected columns are dropped (applies to rows with "
     "more than 512 selected columns)",
+    "forward-mask-transposed": "the forward reads the block mask as [.., j, i] (out-of-range transposed indices read "
+    "as unselected; applies when the mask is not symmetric)",
+    "forward-block-shift": "the forward's kv block j > 0 reads the selection of block j - 1 (applies when some row's "
+    "selection changes along the kv blocks)",
+    "forward-drop-tail-block": "the forward skips the partial last kv block (applies when Skv % Y != 0 and that "
+    "block is selected)",
+    "forward-heads-interleaved": "the forward's query head n reads kv head n % N2 instead of n // (N1 / N2) "
+    "(applies with N1 > N2 > 1)",
+    "forward-no-scale": "the forward does not multiply the scores by scaleValue (applies when scale != 1)",
+    "forward-lse-base2": "the forward writes softmaxLse as a base-2 log, log2(l) + m log2(e) (applies with "
+    "softmax_lse_flag 1 and a row the forward writes)",
+    "forward-rows-swapped": "the forward writes two rows of out and lse to each other's places: the first two rows of "
+    "the middle written query block (applies when that block has a neighbouring row)",
+    "forward-tile-noise": "in one 16x16 tile of out (the first rows of the middle written query block, the middle "
+    "columns) each element's error against the float64 forward is made 8x larger (applies when a row is written)",
 }
 """Faults of the forward (`devices.forward.run_forward` plants them): they apply to the ops that call the
 forward (forward, chain, autograd), never to a backward folder; the faults above never to a forward folder."""
@@ -178,14 +193,56 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     return False
 
 
+FORWARD_MASK_FAULTS = {
+    "forward-mask-transposed": "mask-transposed",
+    "forward-block-shift": "block-shift",
+    "forward-drop-tail-block": "drop-tail-block",
+}
+"""The forward's faults that read the mask otherwise, and the backward's fault (`effective_mask`) reading it so."""
+
+
+def forward_selection(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault: str | None) -> np.ndarray:
+    """Return the [N1, nQ, nKV] selection of a batch entry as the (possibly faulty) forward reads it; the
+    forward's drop-tail-block drops only the kv tail block."""
+    how = FORWARD_MASK_FAULTS.get(fault or "")
+    if how == "drop-tail-block":
+        read = mask_view(case, block_mask, span).copy()
+        if span.kv_len % case.block_shape[1] and read.shape[2]:
+            read[:, :, -1] = False
+        return read
+    return effective_mask(case, block_mask, span, how)
+
+
 def _forward_fault_applies(name: str, case: Case, block_mask: np.ndarray | None) -> bool:
     """Say whether a forward fault changes the forward's outputs (`fault_applies`)."""
     fcase = forward_case(case)
     spans = [s for s in fcase.spans() if s.q_len and s.kv_len]
-    if name == "lse-not-written":
-        if case.softmax_lse_flag != 1:
+    any_written = bool(written_rows(case, block_mask).any()) if block_mask is not None else bool(spans)
+    if name == "lse-not-written" or name == "forward-lse-base2":
+        return case.softmax_lse_flag == 1 and any_written
+    if name == "forward-no-scale":
+        return case.kernel_scale != 1.0 and any_written
+    if name == "forward-tile-noise":
+        return any_written
+    if name == "forward-heads-interleaved":
+        if not (case.group_size > 1 and case.num_kv_heads > 1):
             return False
-        return bool(written_rows(case, block_mask).any()) if block_mask is not None else bool(spans)
+        moved = [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
+        return any_written if block_mask is None else any(mask_view(fcase, block_mask, s)[moved].any() for s in spans)
+    if name == "forward-rows-swapped":
+        if block_mask is None:
+            return max((s.q_len for s in spans), default=0) >= 2
+        site = fault_site(fcase, block_mask)
+        return site is not None and site.span.q_len >= 2
+    if name in FORWARD_MASK_FAULTS:
+        if block_mask is None:
+            return bool(spans) and (
+                name != "forward-drop-tail-block" or any(s.kv_len % fcase.block_shape[1] for s in spans)
+            )
+        return any(
+            not np.array_equal(mask_view(fcase, block_mask, s), forward_selection(fcase, block_mask, s, name))
+            for s in spans
+        )
     if block_mask is None:
         return any(s.kv_len > _LONG_ROW for s in spans)
     y = fcase.block_shape[1]

@@ -16,8 +16,10 @@ Its results are a *reference*, never device results. It follows the forward kern
 
 The outputs are buffers pre-filled with NaN (fp16 0x7E00, bf16 0x7FC0, fp32 0x7FC00000), as the device
 harness fills them: only the rows the forward writes are written, and lse only with softmax_lse_flag 1.
-Planted faults (`faults.FORWARD_FAULTS`): `lse-not-written`, `rescale-skipped`, `stack-off-by-one`; a fault of
-the backward leaves the forward clean.
+Planted faults (`faults.FORWARD_FAULTS`): `lse-not-written`, `rescale-skipped`, `stack-off-by-one`, and the
+misreadings `forward-mask-transposed`, `forward-block-shift`, `forward-drop-tail-block`,
+`forward-heads-interleaved`, `forward-no-scale`, `forward-lse-base2`, `forward-rows-swapped`,
+`forward-tile-noise`; a fault of the backward leaves the forward clean.
 
 Callers: `run_forward(case, tensors, fault)` for a forward folder; for a chain, `run_forward` then
 `backward_tensors` (the backward's inputs from the forward's own outputs, the mask in the manifest's dtype)
@@ -32,14 +34,19 @@ import numpy as np
 
 from .. import blas
 from ..case import Case, numpy_dtype
+from ..golden import forward_case
+from ..layout import lse_view, q_view
 from ..rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
-from .faults import FORWARD_FAULTS
+from .faults import FORWARD_FAULTS, fault_site, forward_selection
 
 PIECE_ROWS = 128
 """Most query rows the forward kernel takes at once (a block row of X > 128 rows is cut into pieces)."""
 
 STACK_COLUMNS = 512
 """Most kv columns of a piece's concatenated selected blocks one online-softmax step takes."""
+
+LOG2E = float(np.log2(np.e))
+"""log2(e): a natural log times it is the base-2 log (`forward-lse-base2`)."""
 
 NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
 """The quiet NaN the output buffers are pre-filled with, per dtype (as the C++ harness fills them)."""
@@ -197,25 +204,32 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
     lse = prefilled(case.lse_shape_dims, "float32")
     lse_rows = lse.reshape(case.q_shape[:-1])  # a view: the trailing 1 (if any) dropped
     write_lse = case.softmax_lse_flag == 1 and fault != "lse-not-written"
-    softmax = _Softmax(case.inner_precise, case.kernel_scale)
+    softmax = _Softmax(case.inner_precise, 1.0 if fault == "forward-no-scale" else case.kernel_scale)
     x, y = case.block_shape
-    mask = np.asarray(tensors["block_sparse_mask"]) != 0
+    block_mask = np.asarray(tensors["block_sparse_mask"])
+    fcase = forward_case(case)
+    spans = {s.batch: s for s in fcase.spans()}
     group = case.num_heads // case.num_kv_heads
     for batch, q_start, q_len, kv_start, kv_len in _entries(case):
         if q_len == 0 or kv_len == 0:
             continue
+        selection = forward_selection(fcase, block_mask, spans[batch], fault)  # [N1, nQ, nKV] as the kernel reads it
         query = _heads_major(case, tensors["query"], batch, q_start, q_len)
         key = _heads_major(case, tensors["key"], batch, kv_start, kv_len)
         value = _heads_major(case, tensors["value"], batch, kv_start, kv_len)
         out_entry = _heads_major(case, out, batch, q_start, q_len)
         lse_entry = _heads_major(case, lse_rows[..., None], batch, q_start, q_len)[..., 0]
-        n_q, n_kv = -(-q_len // x), -(-kv_len // y)
+        n_q = -(-q_len // x)
         for kv_head in range(case.num_kv_heads):
             key32 = to_dtype(key[kv_head], io_dtype).astype(np.float32)
             value32 = to_dtype(value[kv_head], io_dtype).astype(np.float32)
-            for head in range(kv_head * group, (kv_head + 1) * group):
+            if fault == "forward-heads-interleaved":
+                heads = [n for n in range(case.num_heads) if n % case.num_kv_heads == kv_head]
+            else:
+                heads = list(range(kv_head * group, (kv_head + 1) * group))
+            for head in heads:
                 for q_block in range(n_q):
-                    blocks = np.flatnonzero(mask[batch, head, q_block, :n_kv])
+                    blocks = np.flatnonzero(selection[head, q_block])
                     if blocks.size == 0:
                         continue  # never written: the NaN prefill stays
                     positions = (blocks[:, None] * y + np.arange(y)[None, :]).reshape(-1)
@@ -224,10 +238,51 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
                         rows = slice(first, min(first + PIECE_ROWS, (q_block + 1) * x, q_len))
                         query32 = to_dtype(query[head, rows], io_dtype).astype(np.float32)
                         out32, lse32 = _piece(query32, key32, value32, positions, softmax, io_dtype, fault)
+                        if fault == "forward-tile-noise" and (batch, head, q_block, first) == _tile_site(
+                            case, block_mask
+                        ):
+                            out32 = _noisy_tile(case, query32, key32[positions], value32[positions], out32)
                         out_entry[head, rows] = to_dtype(out32, io_dtype, FORWARD_TIES)
                         if write_lse:
-                            lse_entry[head, rows] = lse32
+                            lse_entry[head, rows] = lse32 * np.float32(LOG2E) if fault == "forward-lse-base2" else lse32
+    if fault == "forward-rows-swapped":
+        _swap_rows(fcase, block_mask, out, lse_rows)
     return {"out": out, "lse": lse}
+
+
+def _tile_site(case: Case, block_mask: np.ndarray) -> tuple[int, int, int, int] | None:
+    """(batch, head, query block, first row) of the piece `forward-tile-noise` lands in: the middle written block."""
+    site = fault_site(forward_case(case), block_mask)
+    if site is None:
+        return None
+    return site.span.batch, site.head, site.q_block, site.q_block * case.block_shape[0]
+
+
+def _noisy_tile(case: Case, query: np.ndarray, keys: np.ndarray, values: np.ndarray, out32: np.ndarray) -> np.ndarray:
+    """Return a piece's out with the error of its first 16 rows and middle 16 columns (against the float64
+    forward of those rows) made 8x larger."""
+    rows = min(16, out32.shape[0])
+    col0 = (case.head_dim // 16 // 2) * 16
+    scores = case.kernel_scale * (query[:rows].astype(np.float64) @ keys.astype(np.float64).T)
+    probs = np.exp(scores - scores.max(axis=1, keepdims=True))
+    exact = (probs @ values.astype(np.float64))[:, col0 : col0 + 16] / probs.sum(axis=1, keepdims=True)
+    rounded = to_dtype(out32[:rows, col0 : col0 + 16], numpy_dtype(case.dtype), FORWARD_TIES).astype(np.float64)
+    noisy = out32.copy()
+    noisy[:rows, col0 : col0 + 16] = exact + 8.0 * (rounded - exact)
+    return noisy
+
+
+def _swap_rows(case: Case, block_mask: np.ndarray, out: np.ndarray, lse_rows: np.ndarray) -> None:
+    """Swap out's and lse's first two rows of the middle written query block (its row and the one before)."""
+    site = fault_site(case, block_mask)
+    if site is None:
+        return
+    first = site.q_block * case.block_shape[0]
+    a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
+    if a < 0:
+        return
+    for rows in (q_view(case, out, site.span)[site.head], lse_view(case, lse_rows, site.span)[site.head]):
+        rows[[a, b]] = rows[[b, a]]
 
 
 def backward_tensors(
