@@ -103,6 +103,8 @@ def test_a_selection_read_wrongly_is_named_block_selection(cases, name, how):
     top = result.diagnosis[0]
     assert top.kind == "block-selection", [(c.kind, c.score, c.evidence) for c in result.diagnosis]
     assert "(head " in top.evidence and "kv block" in top.evidence  # it names the pairs
+    if how == "kv-shift-2":
+        assert "kv block j reads the selection of block j - 2" in top.evidence
 
 
 @pytest.mark.parametrize(("name", "head"), [("gqa", 1), ("gqa", 2), ("gqa-bf16", 1), ("gqa-bf16", 4)])
