@@ -41,6 +41,7 @@ COMPARE_ORDER = (
     "scoring",
     "patterns",
     "placement",
+    "contributions",
     "diagnose",
     "case_files",
     "verdict",

@@ -12,10 +12,10 @@ coefficient 1, and leaves out the others, 0. When every well-determined coeffici
 differ from the mask, the fit names the pairs added or left out, and the values it predicts are scored
 like a recomputed hypothesis's (`Blocks.explained`).
 
-Candidates of a dq block: every kv block of its row when there are at most `MAX_CANDIDATES`, else the
-selected ones, those one and two blocks either side, the diagonal, and those the transposed mask and the
-neighbouring query rows select; of a dk/dv block: the same over the query blocks of every query head of
-its group. At most `MAX_CANDIDATES` per block (the selected ones first).
+Candidates of a dq block: the kv blocks its row selects, then the diagonal, the neighbouring rows'
+selections and the blocks next to the selected ones, the transposed mask's, those two blocks off, then
+every other kv block of the row, up to `MAX_CANDIDATES`; of a dk/dv block: the same over the query blocks
+of every query head of its group, level by level.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ..results import Cause, Hypothesis
 from .hypotheses import NULL, Context, Target, score_grads
 from .scoring import Blocks
 
-MAX_CANDIDATES = 64
+MAX_CANDIDATES = 128
 """Pairs a block is fitted on at most; a block selected by more is not fitted (its fit says so)."""
 STRONG = 1e4
 """A candidate's coefficient is well determined when its partial's energy is this many times the block's
@@ -60,64 +60,77 @@ class Fit:
     kept: tuple[Pair, ...]  # selected pairs the fit finds added, well determined
 
 
-def _around(selected: np.ndarray, size: int, more: np.ndarray) -> list[int]:
-    """Block indices: the selected ones first, then `more` and those one and two blocks off."""
-    order = [int(j) for j in selected]
-    near = [*(int(j) for j in more), *(int(j) + d for d in (1, -1, 2, -2) for j in selected)]
-    seen = set(order)
-    for j in near:
-        if 0 <= j < size and j not in seen:
-            seen.add(j)
-            order.append(j)
-    return order
+def _ordered(size: int, groups: list[np.ndarray]) -> list[int]:
+    """Block indices in [0, size) from `groups` in order, each once."""
+    order: dict[int, None] = {}
+    for group in groups:
+        for j in group:
+            if 0 <= int(j) < size:
+                order.setdefault(int(j), None)
+    return list(order)
+
+
+def _near(selected: np.ndarray, d: int) -> np.ndarray:
+    return np.concatenate([selected + d, selected - d])
 
 
 def candidates(ctx: Context, target: Target) -> tuple[list[Pair], int] | None:
     """A target block's candidate pairs (the selected ones first) and how many are selected, or None when
-    more than `MAX_CANDIDATES` are selected."""
+    more than `MAX_CANDIDATES` are selected. Past the selected ones, in the order a misreading most likely
+    reaches them: the diagonal, the neighbouring rows' (columns') selections and the blocks next to the
+    selected ones, the transposed mask's, then two blocks off; every block when they all fit."""
     mask = ctx.mask(NULL, target.batch)  # [N1, nQ, nKV]
     n_q, n_kv = mask.shape[1:]
     b = target.batch
     if target.tensor == "dq":
         h, i = target.head, target.block
         selected = np.flatnonzero(mask[h, i])
-        if n_kv <= MAX_CANDIDATES:  # every kv block of the row
-            more = [np.arange(n_kv)]
-        else:  # the diagonal, the transposed mask's column, the neighbouring rows' selections
-            more = [np.array([i]), np.flatnonzero(mask[h, :, i]) if i < n_kv else np.zeros(0, dtype=np.int64)]
-            more += [np.flatnonzero(mask[h, k]) for k in (i - 1, i + 1) if 0 <= k < n_q]
-        blocks = _around(selected, n_kv, np.concatenate(more))
-        pairs = [Pair(b, h, i, j) for j in blocks]
-        count = selected.size
-    else:
-        j = target.block
-        heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
-        pairs, extra = [], []
-        count = 0
-        every = len(heads) * n_q <= MAX_CANDIDATES  # every query block of every head of the group
-        for h in heads:
-            selected = np.flatnonzero(mask[h, :, j])
-            count += selected.size
-            if every:
-                more = [np.arange(n_q)]
-            else:
-                more = [np.array([j]), np.flatnonzero(mask[h, j]) if j < n_q else np.zeros(0, dtype=np.int64)]
-                more += [np.flatnonzero(mask[h, :, k]) for k in (j - 1, j + 1) if 0 <= k < n_kv]
-            blocks = _around(selected, n_q, np.concatenate(more))
-            pairs += [Pair(b, h, i, j) for i in blocks[: selected.size]]
-            extra += [Pair(b, h, i, j) for i in blocks[selected.size :]]
-        pairs += extra
+        if selected.size > MAX_CANDIDATES:
+            return None
+
+        def row(k: int) -> np.ndarray:
+            return np.flatnonzero(mask[h, k]) if 0 <= k < n_q else np.zeros(0, dtype=np.int64)
+
+        transposed = np.flatnonzero(mask[h, :, i]) if i < n_kv else np.zeros(0, dtype=np.int64)
+        groups = [selected, np.array([i]), row(i - 1), row(i + 1), _near(selected, 1), transposed]
+        groups += [row(i - 2), row(i + 2), _near(selected, 2), np.arange(n_kv)]
+        pairs = [Pair(b, h, i, j) for j in _ordered(n_kv, groups)]
+        return pairs[:MAX_CANDIDATES], selected.size
+    j = target.block
+    heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
+    per_head: list[list[np.ndarray]] = []
+    count = 0
+    for h in heads:
+        selected = np.flatnonzero(mask[h, :, j])
+        count += selected.size
+
+        def column(k: int, h: int = h) -> np.ndarray:
+            return np.flatnonzero(mask[h, :, k]) if 0 <= k < n_kv else np.zeros(0, dtype=np.int64)
+
+        transposed = np.flatnonzero(mask[h, j]) if j < n_q else np.zeros(0, dtype=np.int64)
+        per_head.append(
+            [selected, np.array([j]), column(j - 1), column(j + 1), _near(selected, 1), transposed]
+            + [column(j - 2), column(j + 2), _near(selected, 2), np.arange(n_q)]
+        )
     if count > MAX_CANDIDATES:
         return None
-    return pairs[:MAX_CANDIDATES], count
+    found: dict[Pair, None] = {}
+    for level in range(len(per_head[0]) if per_head else 0):  # level by level over the heads
+        for h, groups in zip(heads, per_head, strict=True):
+            for i in _ordered(n_q, [groups[level]]):
+                found.setdefault(Pair(b, h, i, j), None)
+    return list(found)[:MAX_CANDIDATES], count
 
 
-def partial(ctx: Context, pair: Pair, tensor: str) -> np.ndarray:
-    """One pair's partial of a dq block (its rows) or of a dk/dv block (its columns), float64 [rows, D]."""
+def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
+    """One pair's partial of a dq block (its rows) or of a dk/dv block (its columns), float64 [rows, D];
+    with `some`, of those rows (columns) of the block only."""
     case, span = ctx.case, ctx.spans[pair.batch]
     x, y = case.block_shape
     rows = np.arange(pair.q_block * x, min((pair.q_block + 1) * x, span.q_len))
     cols = np.arange(pair.kv_block * y, min((pair.kv_block + 1) * y, span.kv_len))
+    if some is not None:
+        rows, cols = (rows[some], cols) if tensor == "dq" else (rows, cols[some])
     kv_head = ctx.kv_head(NULL, pair.head)
     dscores, probs = score_grads(ctx, NULL, pair.batch, pair.head, rows, cols, kv_head)
     scale = ctx.scale(NULL)
@@ -129,7 +142,11 @@ def partial(ctx: Context, pair: Pair, tensor: str) -> np.ndarray:
 
 
 def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
-    """Fit one failing block as a sum of its candidate pairs' partials: the Fit, or why there is none."""
+    """Fit one failing block as a sum of its candidate pairs' partials: the Fit, or why there is none.
+
+    In a block of more than 64 rows the coefficients are fitted on its 32 sampled rows (`Blocks.sample_of`:
+    the rows of a block are independent, and each pair's coefficient is the same in all of them), and the
+    pairs read as added are then summed over the whole block."""
     found = candidates(ctx, target)
     if found is None:
         return f"{target.words()}: more than {MAX_CANDIDATES} pairs selected, not fitted"
@@ -137,8 +154,11 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
     dev, _, _, noise = blocks.data[target]
     if target in blocks.nonfinite:
         return f"{target.words()}: holds NaN/Inf, not fitted"
+    some = blocks.sample_of(target)
+    if some is not None:
+        dev, noise = dev[some], noise * some.size / dev.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
-        parts = np.stack([partial(ctx, p, target.tensor) for p in pairs])  # [n, rows, D]
+        parts = np.stack([partial(ctx, p, target.tensor, some) for p in pairs])  # [n, rows, D]
     if not np.isfinite(parts).all():
         return f"{target.words()}: a candidate's partial overflows, not fitted"
     flat = parts.reshape(len(pairs), -1)
@@ -154,7 +174,12 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
     added = tuple(p for p, t, s in zip(pairs, taken, selected, strict=True) if t and not s)
     left_out = tuple(p for p, t, s in zip(pairs, taken, selected, strict=True) if s and not t)
     kept = tuple(p for p, t, s, k in zip(pairs, taken, selected, strong, strict=True) if t and s and k)
-    values = np.tensordot(taken.astype(np.float64), parts, axes=1)
+    if some is None:
+        values = np.tensordot(taken.astype(np.float64), parts, axes=1)
+    else:
+        values = np.zeros(blocks.data[target][0].shape)
+        for pair in (p for p, t in zip(pairs, taken, strict=True) if t):
+            values += partial(ctx, pair, target.tensor)
     return Fit(target, values, added, left_out, kept)
 
 
