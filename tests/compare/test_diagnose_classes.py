@@ -244,6 +244,55 @@ def one_pair_lost(case, inputs, grads):
     return None
 
 
+def _kv_rows_swapped(name: str, across: bool):
+    """Two rows of a selected kv block of dk or dv exchanged: the block's first two, or its first row and
+    the same row of the next kv head."""
+
+    def plant(case, inputs, grads):
+        span, head, block = _selected_kv(case, inputs)
+        row = block * case.block_shape[1]
+        if (across and case.num_kv_heads < 2) or row + 1 >= span.kv_len:
+            return None
+        out = _copy(grads)
+        view, clean = kv_view(case, out[name], span), kv_view(case, grads[name], span)
+        other, other_row = ((head + 1) % case.num_kv_heads, row) if across else (head, row + 1)
+        view[head, row], view[other, other_row] = clean[other, other_row], clean[head, row]
+        return out
+
+    return plant
+
+
+def dq_block_left_zero(case, inputs, grads):
+    """A selected query block of dq (head 0) never written."""
+    span, rows = _selected_rows(case, inputs, 0)
+    out = _copy(grads)
+    x = case.block_shape[0]
+    block = int(rows[len(rows) // 2]) // x
+    q_view(case, out["dq"], span)[0, block * x : (block + 1) * x] = 0
+    return out
+
+
+def dv_row_nan(case, inputs, grads):
+    """One row of a selected kv block of dv written NaN."""
+    span, head, block = _selected_kv(case, inputs)
+    out = _copy(grads)
+    kv_view(case, out["dv"], span)[head, block * case.block_shape[1]] = np.nan
+    return out
+
+
+def dq_tiles_in_two_blocks(case, inputs, grads):
+    """A 16x16 tile of dq (head 0) corrupted in the first and in a late selected query block."""
+    span, rows = _selected_rows(case, inputs, 0)
+    out = _copy(grads)
+    view = q_view(case, out["dq"], span)
+    rng = np.random.default_rng(1)
+    for row in (int(rows[0]), int(rows[-16]) if rows.size > 32 else int(rows[0])):
+        tile = view[0, row : row + 16, 16:32]
+        size = float(np.abs(tile.astype(np.float64)).mean()) or 1.0
+        tile[:] = _cast(tile.astype(np.float64) + size * rng.standard_normal(tile.shape), tile)
+    return out
+
+
 PLANTS: dict[str, tuple[Callable, str | None]] = {
     "rows swapped across heads": (rows_swapped_across_heads, "rows-permuted"),
     "rows swapped far apart": (rows_swapped_far_apart, "rows-permuted"),
@@ -261,6 +310,14 @@ PLANTS: dict[str, tuple[Callable, str | None]] = {
     "a TND entry of dk 3 rows late": (dk_entry_shifted, "length-boundary"),
     "dv written as BSND": (dv_written_bsnd, "layout"),
     "one pair's dK/dV partial lost": (one_pair_lost, "accumulation-race"),
+    "dk rows swapped in a kv block": (_kv_rows_swapped("dk", False), "rows-permuted"),
+    "dv rows swapped across kv heads": (_kv_rows_swapped("dv", True), "rows-permuted"),
+    "dq x 1/2": (_scaled("dq", lambda c: 0.5), "scale"),
+    "dk x -1": (_scaled("dk", lambda c: -1.0), "scale"),
+    "dq x 1/scale": (_scaled("dq", lambda c: 1 / float(c.kernel_scale)), "scale"),
+    "a dq block left zero": (dq_block_left_zero, "not-written"),
+    "a dv row NaN": (dv_row_nan, "non-finite"),
+    "dq tiles in two blocks": (dq_tiles_in_two_blocks, "tile-local"),
 }
 """Each planted fault and its true kind (None: a misreading no hypothesis recomputes; the diagnosis must
 then not name a recomputed kind other than block-selection with a score of 0.8 or more)."""
@@ -324,16 +381,17 @@ def test_every_planted_class_names_its_kind_on_larger_cases(tmp_path, name):
     assert _sweep(case, loaded, grads, PLANTS) == []
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("suite", ["smoke", "stress"])
-def test_every_planted_class_names_its_kind_on_a_suite(tmp_path, suite):
-    wrong = []
+@pytest.mark.slow  # smoke about 5 s, each half of stress about 25 s
+@pytest.mark.parametrize(("suite", "dtype"), [("smoke", None), ("stress", "float16"), ("stress", "bfloat16")])
+def test_every_planted_class_names_its_kind_on_a_suite(tmp_path, suite, dtype):
+    wrong, swept = [], 0
     for spec_case in load_specs([CASES / f"{suite}.yaml"]):
-        if not spec_case.expect.ok:
+        if not spec_case.expect.ok or dtype not in (None, spec_case.dtype):
             continue
         loaded = api.load_case(generate_case(spec_case, tmp_path / "cases"))
         grads = reference.emulate(spec_case, loaded.inputs, order_seed=7)
         clean = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
         assert clean.verdict == compare.PASS and clean.diagnosis == (), spec_case.name
         wrong += _sweep(spec_case, loaded, grads, PLANTS)
-    assert wrong == []
+        swept += 1
+    assert swept >= 5 and wrong == []
