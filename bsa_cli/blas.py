@@ -4,8 +4,11 @@ OpenBLAS keeps one thread count for the whole process (its `openblas_set_num_thr
 name, the same process-wide setting). `one_thread_each()` sets it to one for a block in which several
 threads of bsa call BLAS side by side, and restores it after. Other BLAS builds (MKL, Accelerate), or a
 system whose loaded libraries cannot be listed (no /proc), cannot be told: the block then says so and
-callers stay sequential. The thread count never changes results: OpenBLAS splits a product's rows and
-columns between threads, never its sums.
+callers stay sequential. The thread count can change results: OpenBLAS splits a product's rows and
+columns between threads (never a sum), but at places that move with the count, and on some CPUs its
+kernels for a split's edges round differently (an AMD EPYC with OpenBLAS 0.3.31's Haswell kernels: a
+300 x 64 by 64 x 64 product differs in the last bit between 1 and 2 threads). So everything whose bits are
+promised (the golden walks, the reference device) runs inside `one_thread_each()`, however many lanes.
 """
 
 from __future__ import annotations

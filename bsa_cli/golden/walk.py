@@ -214,19 +214,21 @@ def _run(tasks: list[_Task], jobs: int = 1) -> None:
     """Walk every task: one after the other in this thread, or in up to `jobs` threads.
 
     Threads take the tasks in order (a task that waits for another's tiles comes after it, so it never
-    waits for one not started), each BLAS call on one thread (`blas.one_thread_each`); where BLAS cannot
-    be told, the tasks run one after the other. The `reporting` callback of this thread hears every walk's
-    rows, one at a time.
+    waits for one not started); where BLAS cannot be told, the tasks run one after the other. Every BLAS
+    call runs on one thread (`blas.one_thread_each`), with one lane too: OpenBLAS splits a product between
+    its threads at places that move with their count, and its kernels for the edges of a split round
+    differently on some CPUs (an AMD EPYC with OpenBLAS 0.3.31's Haswell kernels: 1 and 2 threads differ
+    in the last bit), so a golden computed with BLAS threads would depend on the machine's cores and on -j.
+    The `reporting` callback of this thread hears every walk's rows, one at a time.
     """
     report = _PROGRESS.get()
     lanes = min(jobs, len(tasks))
-    if lanes > 1:
-        with blas.one_thread_each() as single:
-            if single:
-                _run_in_threads(tasks, lanes, report)
-                return
-    for task in tasks:
-        _walk(task, report)
+    with blas.one_thread_each() as single:  # one thread always: OpenBLAS's bits can change with its threads
+        if lanes > 1 and single:
+            _run_in_threads(tasks, lanes, report)
+            return
+        for task in tasks:
+            _walk(task, report)
 
 
 def _run_in_threads(tasks: list[_Task], lanes: int, report: Callable[[int], None] | None) -> None:

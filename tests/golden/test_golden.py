@@ -492,6 +492,10 @@ def test_wide_block_rows_cut_into_row_tiles_give_the_same_results(path, monkeypa
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), tiled, whole, strict=True):
         if path == "kernel" and name in ("dq", "dk", "dv"):  # fp32 sums in another order, then a cast
             np.testing.assert_allclose(oracle.f64(a), oracle.f64(b), rtol=2e-3, atol=2e-3, err_msg=name)
+        elif path == "float32" and name in ("dq", "dk", "dv"):  # float32 sums in another grouping: a few ULP
+            scale = float(np.abs(oracle.f64(b)).max())  # of the largest partial sum, not of a small result
+            atol = 8 * float(np.finfo(np.float32).eps) * scale
+            np.testing.assert_allclose(oracle.f64(a), oracle.f64(b), rtol=2e-6, atol=atol, err_msg=name)
         else:
             np.testing.assert_allclose(oracle.f64(a), oracle.f64(b), rtol=2e-6, atol=1e-7, err_msg=name)
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from bsa_cli import golden
+from bsa_cli import blas, golden
 from bsa_cli.case import Case, Distribution, Init, Sparsity
 from bsa_cli.generate import compute_case
 from bsa_cli.golden import compute, numerics, walk
@@ -122,6 +123,14 @@ def gen_before(case: Case, precision: str) -> list[np.ndarray]:
 def gen_now(case: Case, precision: str, jobs: int) -> list[np.ndarray]:
     tensors, gold, bench = compute_case(case, precision, jobs)
     return [tensors["attention_out"], tensors["softmax_lse"], *gold.values(), *bench.values()]
+
+
+@pytest.fixture(autouse=True)
+def one_blas_thread() -> Iterator[None]:
+    """Both modules on one BLAS thread, as bsa's walks always run: OpenBLAS's bits can change with its thread
+    count (bsa_cli/blas.py), and 2b40f9e's module left it at the machine's."""
+    with blas.one_thread_each():
+        yield
 
 
 @pytest.fixture(autouse=True)
