@@ -1,6 +1,6 @@
 """Measure what the forward's diagnosis costs within `bsa compare` on failing forward folders (issue 20).
 
-The forward's diagnosis (`compare/diagnose/forward.py`) recomputes out and lse of a few worst query blocks
+The forward's diagnosis (`compare/diagnose/forward_diagnosis.py`) recomputes out and lse of a few worst query blocks
 per hypothesis and scans out's rows for its patterns; compare's metrics scan every element. This script
 prints, per suite of forward folders (cases/forward-edge.yaml and cases/chain.yaml generated with
 `--ops forward`, and a larger set: S 2048 to 8192, fp16 and bf16, BNSD and TND, GQA), the summed time of

@@ -18,10 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
-from typing import Any
-
-import numpy as np
 
 from ..case import Case, Expect
 from ..manifest import GRAD_NAMES
@@ -107,75 +103,6 @@ def _padding(case: Case, lengths: tuple[int, ...] | None, size: int) -> int:
     if case.layout == "TND" or case.bnsd_lengths != "ignored" or lengths is None:
         return 0
     return sum(max(size - n, 0) for n in lengths)
-
-
-PADDING_EXPLAINS = 0.5
-"""Share of the failing gradients' excess error the backward recomputed with the padding rows read must
-explain for `padding-rows-read` to be named."""
-
-
-def score_padding(
-    case: Case,
-    causes: Sequence[Cause],
-    tensors: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    read: Mapping[str, np.ndarray],
-) -> tuple[list[Cause], list[str]]:
-    """Score `padding-rows-read` by where the gradients' error is: the failing blocks recomputed (float64) as a
-    backward over the full S computes them, reading the padding rows' out and lse as the device's forward left
-    them (`read`: the backward's inputs, attention_out and softmax_lse the device's). The parameter condition
-    names the cause; this says whether it explains the error.
-
-    Returns:
-        The causes, `padding-rows-read` scored by the share it explains (dropped below `PADDING_EXPLAINS`), and
-        notes (why it was dropped).
-    """
-    from .diagnose.hypotheses import NULL, Context, recompute
-    from .diagnose.scoring import gather_blocks
-
-    if not any(c.kind == "padding-rows-read" for c in causes):
-        return list(causes), []
-    grads = [t for t in tensors if t.name in GRAD_NAMES]
-    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}  # the full S: what the backward reads
-    ctx = Context(case, read, spans)
-    blocks = gather_blocks(case, ctx, grads, device, golden, benchmark)
-    if not blocks.targets:
-        return list(causes), []
-    values = [recompute(ctx, NULL, t) for t in blocks.targets]
-    share, ratios = blocks.explained(values)
-    text = f"under it, {blocks.falls(ratios)}" if ratios else ""
-    if blocks.nonfinite and blocks.predicts_nonfinite(values):  # the NaN/Inf explained: half the score at least
-        text = (text + "; " if text else "") + "it puts NaN/Inf where the device has them"
-        share = 0.5 + 0.5 * share if ratios else 1.0
-    padded = [t.words() for t in blocks.targets if _touches_padding(case, t)]
-    where = (
-        f"; {len(padded)} of the {len(blocks.targets)} worst blocks hold or read padding positions" if padded else ""
-    )
-    words = f"recomputed over the full S with the padding rows' out and lse as the forward left them: {text}{where}"
-    kept, notes = [], []
-    for cause in causes:
-        if cause.kind != "padding-rows-read":
-            kept.append(cause)
-        elif share >= PADDING_EXPLAINS:
-            kept.append(replace(cause, score=round(share, 4), evidence=f"{cause.evidence} ({words})"))
-        else:
-            notes.append(f"padding-rows-read not named: it explains {share:.0%} of the gradients' error ({words})")
-    return kept, notes
-
-
-def _touches_padding(case: Case, target: Any) -> bool:
-    """Whether a gradient block holds rows past the actual lengths (dq: query rows; dk/dv: kv positions)."""
-    x, y = case.block_shape
-    batch = target.batch
-    if target.tensor == "dq":
-        lengths, size = case.actual_seq_lengths, x
-    else:
-        lengths, size = case.actual_seq_lengths_kv, y
-    if not lengths or batch >= len(lengths):
-        return False
-    return (target.block + 1) * size > lengths[batch]
 
 
 def cause_checks(causes: Sequence[Cause]) -> list[Check]:

@@ -33,10 +33,11 @@ from .case_files import (
     run_forward_record,
 )
 from .diagnose import diagnose
-from .diagnose.forward import as_forward_step, carried_from_forward, diagnose_forward
+from .diagnose.chain import PairInputs, as_forward_step, carried_from_forward, pick_tensors, score_padding
+from .diagnose.forward_diagnosis import diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
-from .pair import cause_checks, expected_verdict, pair_causes, score_padding
+from .pair import cause_checks, expected_verdict, pair_causes
 from .results import (
     ERROR,
     FAIL,
@@ -345,8 +346,8 @@ def _judge_case(
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
     causes = pair_causes(case, manifest.forward_params, tensors) if op in PAIR_OPS else []
-    causes, padding_notes = _scored_pair_causes(case_dir, manifest, case, tensors, opened, causes)
-    known["notes"] = (*known["notes"], *padding_notes)
+    causes, padding = _scored_pair_causes(case_dir, manifest, case, tensors, opened, causes)
+    known["notes"] = (*known["notes"], *padding)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks += [*cause_checks(causes), *op_checks]
     if not all(t.passed for t in tensors):
@@ -356,8 +357,8 @@ def _judge_case(
     if op in PAIR_OPS:
         failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
         message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
-        forward_failed = any(not t.passed for t in tensors if t.name in FORWARD_NAMES)
-        extra, met = expected_verdict(case.expect, failed, causes, message, forward_failed)
+        forward_ok = all(t.passed for t in tensors if t.name in FORWARD_NAMES)
+        extra, met = expected_verdict(case.expect, failed, causes, message, not forward_ok)
         if extra is not None:
             checks.append(extra)
         known["expected_failure"] = met
@@ -407,20 +408,15 @@ def _diagnosis(
     """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
     judgement already checked them or the run record answered for them).
 
-    A forward folder: its out and lse (`diagnose_forward`). A pair: its causes (`pair_causes`) first; then,
-    when the forward step fails, the forward's diagnosis of its out and lse (evidence "the forward's ...");
-    then its dq, dk, dv. Those are first tested as carried from the forward: recomputed from the device's
-    out and lse as the backward read them (`carried_from_forward`); when that explains their error, the
-    backward is not blamed (the forward's cause names them too). Otherwise they are diagnosed as a
-    backward's, from the out and lse the backward read when the forward failed, else from the golden out
-    and lse of the exact forward.
+    A forward folder: its out and lse (`diagnose_forward`). A pair: its causes first, then the forward's
+    diagnosis when its out or lse fail, then dq, dk, dv: not diagnosed when the backward's right answer to
+    the device's out and lse explains them (`carried_from_forward`), else as a backward's on what it read
+    (the golden out and lse when the forward passes). docs/compare.md, "The forward and the pair".
     """
     op = manifest.op
     first = tuple(causes or ())
     tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
-    entries = dict(manifest.entries("inputs"))
-    params = manifest.forward_params
-    inner_precise = int(params.get("inner_precise", 0))
+    entries, inner_precise = dict(manifest.entries("inputs")), int(manifest.forward_params.get("inner_precise", 0))
     device, golden = opened.device, opened.golden
     benchmark = opened.benchmark or None
     forward_tensors = tuple(t for t in tensors if t.name in FORWARD_NAMES)
@@ -436,7 +432,6 @@ def _diagnosis(
             if op not in PAIR_OPS:
                 result = diagnose(case, grads, checks, device, golden, benchmark, inputs)
                 return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
-            pick = _pick_tensors
             forward_failed = any(not t.passed for t in forward_tensors)
             found: list[Cause] = []
             notes: list[Hypothesis] = []
@@ -445,9 +440,9 @@ def _diagnosis(
                     case,
                     forward_tensors,
                     [],
-                    pick(device, FORWARD_NAMES),
-                    pick(golden, FORWARD_NAMES),
-                    pick(benchmark, FORWARD_NAMES) if benchmark else None,
+                    pick_tensors(device, FORWARD_NAMES),
+                    pick_tensors(golden, FORWARD_NAMES),
+                    pick_tensors(benchmark, FORWARD_NAMES) if benchmark else None,
                     inputs,
                     inner_precise,
                     prefilled,
@@ -455,9 +450,9 @@ def _diagnosis(
                 found += [as_forward_step(c) for c in fwd.causes]
                 notes += [replace(h, supposes="the forward: " + h.supposes) for h in fwd.hypotheses]
             if any(not t.passed for t in grads):
-                read = _PairInputs(inputs, device if forward_failed else golden)
-                bench_grads = pick(benchmark, GRAD_NAMES) if benchmark else None
-                dev_grads, gold_grads = pick(device, GRAD_NAMES), pick(golden, GRAD_NAMES)
+                read = PairInputs(inputs, device if forward_failed else golden)
+                bench_grads = pick_tensors(benchmark, GRAD_NAMES) if benchmark else None
+                dev_grads, gold_grads = pick_tensors(device, GRAD_NAMES), pick_tensors(golden, GRAD_NAMES)
                 carried = None
                 if forward_failed:
                     carried = carried_from_forward(case, grads, dev_grads, gold_grads, bench_grads, read)
@@ -477,45 +472,17 @@ def _diagnosis(
 def _scored_pair_causes(
     case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...], opened: Any, causes: list[Cause]
 ) -> tuple[list[Cause], list[str]]:
-    """Score a pair's `padding-rows-read` by where the gradients' error is (`pair.score_padding`)."""
+    """Score a pair's `padding-rows-read` by where the gradients' error is (`chain.score_padding`)."""
     if not any(c.kind == "padding-rows-read" for c in causes):
         return causes, []
-    inputs = _PairInputs(_LazyInputs(case_dir, dict(manifest.entries("inputs")), opened.inputs), opened.device)
-    bench = _pick_tensors(opened.benchmark, GRAD_NAMES) if opened.benchmark else None
+    inputs = PairInputs(_LazyInputs(case_dir, dict(manifest.entries("inputs")), opened.inputs), opened.device)
+    bench = pick_tensors(opened.benchmark, GRAD_NAMES) if opened.benchmark else None
+    dev, gold = pick_tensors(opened.device, GRAD_NAMES), pick_tensors(opened.golden, GRAD_NAMES)
     try:
         with blas.one_thread_each():
-            return score_padding(
-                case, causes, tensors, _pick_tensors(opened.device, GRAD_NAMES),
-                _pick_tensors(opened.golden, GRAD_NAMES), bench, inputs,
-            )  # fmt: skip
+            return score_padding(case, causes, tensors, dev, gold, bench, inputs)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
         return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
-
-
-def _pick_tensors(arrays: Mapping[str, np.ndarray], names: tuple[str, ...]) -> dict[str, np.ndarray]:
-    return {n: arrays[n] for n in names if n in arrays}
-
-
-class _PairInputs(Mapping[str, np.ndarray]):
-    """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse from `forward`
-    (the device's out and lse as the backward read them, or the golden's: the exact forward's), the others
-    the case's inputs."""
-
-    def __init__(self, inputs: Mapping[str, np.ndarray], forward: Mapping[str, np.ndarray]) -> None:
-        self.inputs, self.forward = inputs, forward
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name == "attention_out":
-            return self.forward["out"]
-        if name == "softmax_lse":
-            return self.forward["lse"]
-        return self.inputs[name]
-
-    def __iter__(self) -> Any:
-        return iter((*self.inputs, "attention_out", "softmax_lse"))
-
-    def __len__(self) -> int:
-        return len(self.inputs) + 2
 
 
 class _LazyInputs(Mapping[str, np.ndarray]):

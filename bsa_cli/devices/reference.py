@@ -309,6 +309,7 @@ def _tile_grads(
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
+@blas.one_thread_each()  # BLAS's bits can change with its thread count (blas.py): one thread, always
 def emulate(
     case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None, order_seed: int | None = None
 ) -> dict[str, np.ndarray]:
@@ -328,13 +329,6 @@ def emulate(
         kernel it raises no floating-point warnings: an inf or NaN (a selected row with an infinite lse, a
         fault) just appears in the outputs, for the comparator to find.
     """
-    with blas.one_thread_each():  # BLAS's bits can change with its thread count (blas.py): one, always
-        return _emulate(case, tensors, fault, order_seed)
-
-
-def _emulate(
-    case: Case, tensors: Mapping[str, np.ndarray], fault: str | None, order_seed: int | None
-) -> dict[str, np.ndarray]:
     if fault is not None and fault not in ALL_FAULTS:
         raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(ALL_FAULTS)}")
     if fault == "heads-interleaved":

@@ -1,8 +1,8 @@
-"""The forward's diagnosis (compare/diagnose/forward.py) and the pair's: every forward fault the reference device
-plants names its true kind first on the forward and chain folders it applies to, faults planted in the output
-arrays name theirs, clean outputs get none, a chain's gradient error carried from its forward is laid to the
-forward, and padding-rows-read is named only where it explains the error (docs/compare.md, "The forward and
-the pair")."""
+"""The forward's diagnosis (compare/diagnose/forward_diagnosis.py) and the pair's: every forward fault
+the reference device plants names its true kind first on the forward and chain folders it applies to,
+faults planted in the output arrays name theirs, clean outputs get none, a chain's gradient error carried
+from its forward is laid to the forward, and padding-rows-read is named only where it explains the error
+(docs/compare.md, "The forward and the pair")."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from bsa_cli import compare, golden
 from bsa_cli.case import Case, numpy_dtype
-from bsa_cli.compare.diagnose.forward import FORWARD_KINDS
+from bsa_cli.compare.diagnose.forward_diagnosis import FORWARD_KINDS
 from bsa_cli.compare.results import DIAGNOSIS_KINDS
 from bsa_cli.devices import faults, reference
 from bsa_cli.devices import forward as device_forward
