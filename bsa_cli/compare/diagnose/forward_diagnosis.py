@@ -33,7 +33,8 @@ import numpy as np
 from ...case import Case
 from ...golden import forward_case, written_rows
 from ..forward import PREFILL_BITS, lse_floor
-from ..results import Cause, Check, Hypothesis, TensorResult
+from ..pair import PAIR_CAUSES
+from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
 from . import Diagnosis, _ranked
 from .forward_hypotheses import (
     FORWARD_VARIANTS,
@@ -76,22 +77,11 @@ SCREENED = 0.3
 """Share of the worst failing block's excess error a hypothesis must explain to be tried on every target."""
 
 
-FORWARD_KINDS = (
-    "non-finite",
-    "not-written",
-    "block-selection",
-    "tail-block",
-    "length-boundary",
-    "gqa-head-mapping",
-    "scale",
-    "softmax-lse",
-    "precision-bias",
-    "accumulation-precision",
-    "rows-permuted",
-    "tile-local",
-    "layout",
-)
-"""The kinds of the vocabulary the forward's diagnosis can name (the backward's others concern gradients)."""
+GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race")
+"""Kinds only a backward's gradients can show (dK/dV's group sum, Dsum, the atomic adds)."""
+
+FORWARD_KINDS = tuple(k for k in DIAGNOSIS_KINDS if k not in (*GRADIENT_KINDS, *PAIR_CAUSES))
+"""The kinds of the vocabulary the forward's diagnosis can name: all but the gradients' and the pair's."""
 
 
 def diagnose_forward(
