@@ -309,7 +309,8 @@ def _tile_grads(
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-@blas.one_thread_each()  # BLAS's bits can change with its thread count (blas.py): one thread, always
+@blas.one_thread_each()  # one BLAS thread, always: its bits can change with its threads (blas.py), and
+# on a shared machine threads on products of a few blocks only spin against other processes
 def emulate(
     case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None, order_seed: int | None = None
 ) -> dict[str, np.ndarray]:
@@ -469,8 +470,7 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
         return Emulated(status)
     case = _case_of(case_dir, manifest)
     tensors = {name: read_array(case_dir, entry) for name, entry in manifest.entries("inputs")}
-    with blas.one_thread_each():  # small products: threads of BLAS only spin against other processes
-        grads = emulate(case, tensors, fault, order_seed)
+    grads = emulate(case, tensors, fault, order_seed)  # on one BLAS thread (its decorator)
     for name in GRAD_NAMES:
         entry = outputs[name]
         grad = grads[name]

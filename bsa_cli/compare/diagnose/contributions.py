@@ -74,9 +74,9 @@ def _near(selected: np.ndarray, d: int) -> np.ndarray:
     return np.concatenate([selected + d, selected - d])
 
 
-def candidates(ctx: Context, target: Target) -> tuple[list[Pair], int] | None:
-    """A target block's candidate pairs (the selected ones first) and how many are selected, or None when
-    more than `MAX_CANDIDATES` are selected. Past the selected ones, in the order a misreading most likely
+def candidates(ctx: Context, target: Target) -> list[Pair] | None:
+    """A target block's candidate pairs (the selected ones first), or None when more than `MAX_CANDIDATES`
+    are selected. Past the selected ones, in the order a misreading most likely
     reaches them: the diagonal, the neighbouring rows' (columns') selections and the blocks next to the
     selected ones, the transposed mask's, then two blocks off; every block when they all fit."""
     mask = ctx.mask(NULL, target.batch)  # [N1, nQ, nKV]
@@ -95,7 +95,7 @@ def candidates(ctx: Context, target: Target) -> tuple[list[Pair], int] | None:
         groups = [selected, np.array([i]), row(i - 1), row(i + 1), _near(selected, 1), transposed]
         groups += [row(i - 2), row(i + 2), _near(selected, 2), np.arange(n_kv)]
         pairs = [Pair(b, h, i, j) for j in _ordered(n_kv, groups)]
-        return pairs[:MAX_CANDIDATES], selected.size
+        return pairs[:MAX_CANDIDATES]
     j = target.block
     heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
     per_head: list[list[np.ndarray]] = []
@@ -119,7 +119,7 @@ def candidates(ctx: Context, target: Target) -> tuple[list[Pair], int] | None:
         for h, groups in zip(heads, per_head, strict=True):
             for i in _ordered(n_q, [groups[level]]):
                 found.setdefault(Pair(b, h, i, j), None)
-    return list(found)[:MAX_CANDIDATES], count
+    return list(found)[:MAX_CANDIDATES]
 
 
 def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
@@ -147,10 +147,9 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
     In a block of more than 64 rows the coefficients are fitted on its 32 sampled rows (`Blocks.sample_of`:
     the rows of a block are independent, and each pair's coefficient is the same in all of them), and the
     pairs read as added are then summed over the whole block."""
-    found = candidates(ctx, target)
-    if found is None:
+    pairs = candidates(ctx, target)
+    if pairs is None:
         return f"{target.words()}: more than {MAX_CANDIDATES} pairs selected, not fitted"
-    pairs, _ = found
     dev, _, _, noise = blocks.data[target]
     if target in blocks.nonfinite:
         return f"{target.words()}: holds NaN/Inf, not fitted"

@@ -348,7 +348,8 @@ def fitted_head_map(
                 if selected.size:
                     picked[head] = Target("dq", batch, head, int(selected[0]))
                     break
-    mapping = [ctx.kv_head(NULL, h) for h in range(n1)]
+    default = [ctx.kv_head(NULL, h) for h in range(n1)]
+    mapping = list(default)
     for head, target in sorted(picked.items()):
         dev = device_block(target)
         if not np.isfinite(dev).all():
@@ -362,9 +363,9 @@ def fitted_head_map(
         best = int(np.argmin(errors))
         if errors[best] < 0.25 * errors[mapping[head]]:  # clearly closer than the mapping's own
             mapping[head] = best
-    if mapping == [ctx.kv_head(NULL, h) for h in range(n1)]:
+    if mapping == default:
         return None
-    words = ", ".join(f"{h} -> {k}" for h, k in enumerate(mapping) if k != ctx.kv_head(NULL, h))
+    words = ", ".join(f"{h} -> {k}" for h, k in enumerate(mapping) if k != default[h])
     return Variant(
         "gqa-head-mapping",
         f"query heads read other kv heads than n // G (query head -> kv head: {words}), and dK/dV add into those",
