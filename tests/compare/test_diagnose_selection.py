@@ -252,3 +252,35 @@ def test_query_heads_reading_other_kv_heads_are_named_with_their_mapping(tmp_pat
     assert top.kind == "gqa-head-mapping" and top.score >= 0.98, [(c.kind, c.evidence) for c in result.diagnosis]
     wrong = [h for h in range(case.num_heads) if order[h // case.group_size] != h // case.group_size]
     assert f"{wrong[-1]} -> {order[wrong[-1] // case.group_size]}" in top.evidence
+
+
+# ---- hostile outputs: no fit claims them, and nothing leaks ---------------------------------------------
+
+
+def test_a_gradient_left_nearly_empty_is_not_read_as_every_pair_left_out(cases):
+    case, loaded, clean = cases["gqa"]
+    grads = {n: (a.astype(np.float32) * 1e-6).astype(a.dtype) if n == "dq" else a for n, a in clean.items()}
+    result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+    assert result.verdict == compare.FAIL
+    assert not any(c.kind == "block-selection" for c in result.diagnosis), [
+        (c.kind, c.evidence) for c in result.diagnosis
+    ]
+
+
+@pytest.mark.parametrize("name", ["gqa", "tnd"])
+def test_random_bits_and_float32_range_values_are_diagnosed_without_warnings(cases, name):
+    import warnings
+
+    case, loaded, clean = cases[name]
+    rng = np.random.default_rng(3)
+    bits = {n: np.frombuffer(rng.bytes(a.nbytes), dtype=a.dtype).reshape(a.shape).copy() for n, a in clean.items()}
+    huge = {
+        n: np.full(a.shape, 3e38 if case.dtype == "bfloat16" else 6e4, np.float32).astype(a.dtype)
+        for n, a in clean.items()
+    }
+    for grads in (bits, huge, {**clean, "dq": bits["dq"]}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a NumPy warning from judging or diagnosing would reach the terminal
+            result = api.judge(loaded, grads["dq"], grads["dk"], grads["dv"])
+        assert result.verdict == compare.FAIL
+        assert not any(h.outcome.startswith("failed") for h in result.hypotheses)

@@ -212,6 +212,15 @@ def _shift(ctx: Context, added: tuple[Pair, ...], left_out: tuple[Pair, ...]) ->
     return ""
 
 
+EMPTY = 1e-6
+"""A device block holding less than this share of its golden's energy is left (nearly) empty."""
+
+
+def _left_empty(blocks: Blocks, target: Target) -> bool:
+    dev, _, null, _ = blocks.data[target]
+    return float((dev * dev).sum()) <= EMPTY * float((null * null).sum())
+
+
 def _words(pairs: tuple[Pair, ...], limit: int = 2) -> str:
     text = ", ".join(f"(head {p.head}, q block {p.q_block}, kv block {p.kv_block})" for p in pairs[:limit])
     return text + (f" and {len(pairs) - limit} more" if len(pairs) > limit else "")
@@ -233,8 +242,8 @@ def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: 
             why.append(fitted)
         elif fitted.added or fitted.left_out:
             fits.append(fitted)
-    if fits and not any(blocks.data[f.target][0].any() for f in fits):  # not a misreading: blocks left zero
-        reason = "every block the fit reads differently is left zero by the device (not-written's)"
+    if fits and all(_left_empty(blocks, f.target) for f in fits):  # nothing written: not a misreading
+        reason = "every block the fit reads differently is left zero, or near (not-written's, or a factor's)"
         tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
         return 0.0
     if not fits:

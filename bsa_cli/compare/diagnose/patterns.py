@@ -137,11 +137,6 @@ def _scale_factor_words(factor: float, scale: float) -> str:
     return f"{factor:.4g}"
 
 
-UNRELATED = 0.1
-"""A fitted factor below this (in size), unless a named one (scale, scale^2), is not a scale: the device's
-values are zero or hardly correlate with the golden's there (blocks left zero, or summed from other pairs)."""
-
-
 def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
     """A constant factor per failing tensor, fitted by least squares: the scale missing or doubled.
 
@@ -172,16 +167,18 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
     # within 4x): values unrelated to the golden, or a few blocks wrong, are fitted by a factor near 0,
     # which removes the golden's part of the error and explains nothing.
     noise = all(ratios.get(n, math.inf) <= 4 * max(1.0, abs(f)) for n, f in off.items())
-    # A factor near 0 of no name is no scale even then: the device's values are zero or unrelated there.
-    unrelated = not named and any(abs(f) < UNRELATED for f in off.values())
-    if share >= 0.5 and (named or noise) and not unrelated:
+    # Blocks the device left all zero fit a factor 0, with no error left: not-written's, not a scale.
+    zero = [
+        n for n in off if not any(d.any() for d, t in zip(blocks.device, blocks.targets, strict=True) if t.tensor == n)
+    ]
+    if share >= 0.5 and (named or noise) and not zero:
         causes.append(Cause("scale", share, text, tuple(off), ()))
         tried.append(Hypothesis("scale", supposes, share, f"explains {share:.0%} of the excess error: {text}"))
     else:
         why = (
             ""
             if share < 0.5
-            else ", and a factor of no name must leave only rounding noise (4x the benchmark's) and not be near 0"
+            else ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
         )
         tried.append(Hypothesis("scale", supposes, share, f"ruled out: explains {share:.0%}{why}: {text}"))
     return share if named else 0.0
