@@ -55,7 +55,7 @@ from .patterns import (
     zero_share,
 )
 from .placement import PLACED, layout, length_boundary, rows_permuted
-from .scoring import MAX_TARGETS, SAMPLED, Blocks, gather_blocks
+from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
@@ -146,6 +146,14 @@ def diagnose(
     tile_local(case, blocks, causes, tried)
     piece_local(case, blocks, causes, tried)
     local = next((c for c in causes[before:] if c.score >= LOCAL), None)
+    # A named constant factor (the scale missing, doubled; the sign flipped): cheap, fitted first. Its cause
+    # is kept for after the recomputed hypotheses (lse in base 2 or ignored, with lse the same in every row,
+    # is a factor too, and ends the search there); while it explains the error, only hypotheses that can
+    # also give a constant factor are recomputed.
+    fit_causes: list[Cause] = []
+    fit_tried: list[Hypothesis] = []
+    permuted = local is not None and local.kind == "rows-permuted"
+    factor = scale_fit(case, blocks, fit_causes, fit_tried) if local is None or permuted else 0.0
     masks_seen: dict[bytes, Variant] = {}
     done: Hypothesis | None = None
 
@@ -156,7 +164,7 @@ def diagnose(
             if worst is not None and worst not in blocks.nonfinite:
                 dev, _, null, _ = blocks.data[worst]
                 yield from fitted_variants(ctx, worst, dev, null)
-            if "dq" in blocks.failing:  # query heads reading other kv heads
+            if "dq" in blocks.failing and factor < EXPLAINED:  # query heads reading other kv heads
                 mapped = fitted_head_map(ctx, blocks.targets, lambda t: block_of(case, device["dq"], t, spans))
                 if mapped is not None:
                     yield mapped
@@ -170,6 +178,11 @@ def diagnose(
             )
         if why is None and done is not None:
             why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
+        if why is None and factor >= EXPLAINED and not _gives_a_factor(v):
+            why = (
+                f"not tried: a named constant factor explains {factor:.0%} of the error (the scale fit), which a "
+                "misreading of blocks, heads, Dsum or the scale's precision does not give"
+            )
         if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
             read = b"".join(ctx.mask(v, b).tobytes() for b in sorted(spans))
             if read in masks_seen:
@@ -212,7 +225,9 @@ def diagnose(
                 )
             )
             continue
-        bound, values = _values(blocks, v, value)
+        # scored on the screen block whole and on the sampled rows of the others (an estimate: `weights_of`)
+        some = blocks.sampled_rows(blocks.targets, whole=screen)
+        bound, values = _values(blocks, v, value, some)
         if bound < 0.5:
             outcome = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
             tried.append(Hypothesis(v.kind, v.supposes, bound, outcome))
@@ -220,11 +235,13 @@ def diagnose(
         extra = [t for t in changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
         for target in extra:
             blocks.add(target)
-        share, ratios = blocks.explained(values, extra, [recompute(ctx, v, t) for t in extra])
-        text = f"under the hypothesis, {blocks.falls(ratios)}" if ratios else "nothing to explain"
+        some.update(blocks.sampled_rows(extra))
+        extra_values = [recompute(ctx, v, t, some.get(t)) for t in extra]
+        share, ratios = blocks.explained(values, extra, extra_values, some)
+        text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
         where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
         if nonfinite is not None and share >= 0.9:  # NaN/Inf are then the symptom (an overflow), not the cause
-            if blocks.predicts_nonfinite(values):
+            if blocks.predicts_nonfinite(values, rows=some):
                 text += "; it puts NaN/Inf where the device has them"
             follows = f" (follows from: {v.supposes})"
             causes[:] = [
@@ -240,14 +257,11 @@ def diagnose(
                 done = tried[-1]
         else:
             tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
-    # A named constant factor (the scale missing, doubled; the sign flipped) explaining the error: values
-    # wrong everywhere by that factor, not misplaced. Fitted after the recomputed hypotheses (lse in base 2
-    # also looks like a factor, and ends the search there), and kept for its place below otherwise.
-    fit_causes: list[Cause] = []
-    fit_tried: list[Hypothesis] = []
-    # (after a rows-permuted pattern too: rows of one direction, an attention sink's, halved equal other rows)
-    permuted = local is not None and local.kind == "rows-permuted"
-    factor = scale_fit(case, blocks, fit_causes, fit_tried) if done is None and (local is None or permuted) else 0.0
+    # The constant factor explaining the error (fitted above): values wrong everywhere by that factor, not
+    # misplaced; not when a recomputed hypothesis explains it. (After a rows-permuted pattern too: rows of
+    # one direction, an attention sink's, halved equal other rows.)
+    if done is not None:
+        factor, fit_causes, fit_tried = 0.0, [], []
     if permuted:  # a named factor explaining the error outranks the row matches
         causes.extend(fit_causes if factor >= EXPLAINED else [])
         tried.extend(fit_tried)
@@ -312,20 +326,27 @@ _PLACEMENTS = (
 """The placement hypotheses, tried when no recomputed hypothesis explains the error and it is not local."""
 
 
-def _values(blocks: Blocks, v: Variant, value: Callable[[Target], np.ndarray]) -> tuple[float, list[np.ndarray]]:
-    """A hypothesis's values of the targets, and a bound on its share (`Blocks.at_most`): the passing
-    tensors' blocks first, each block's error added, stopping once it cannot explain half (then the
-    values are partial). A mask hypothesis is also scored on blocks it changes: all its targets then."""
+def _values(blocks: Blocks, v: Variant, value: Callable[..., np.ndarray], some: Rows) -> tuple[float, list[np.ndarray]]:
+    """A hypothesis's values of the targets (of their rows `some`), and a bound on its share
+    (`Blocks.at_most`): the passing tensors' blocks first, each block's error added, stopping once it cannot
+    explain half (then the values are partial). A mask hypothesis is also scored on blocks it changes: all
+    its targets then."""
     if v.mask:
-        return 1.0, [value(t) for t in blocks.targets]
+        return 1.0, [value(t, some=some.get(t)) for t in blocks.targets]
     order = sorted(blocks.targets, key=lambda t: t.tensor in blocks.failing)  # passing first, cheap to break
     done: dict[Target, np.ndarray] = {}
     for target in order:
-        done[target] = value(target)
-        bound = blocks.at_most(done)
+        done[target] = value(target, some=some.get(target))
+        bound = blocks.at_most(done, some)
         if bound < 0.5:
             return bound, []
     return 1.0, [done[t] for t in blocks.targets]
+
+
+def _gives_a_factor(v: Variant) -> bool:
+    """Whether a hypothesis can make a gradient a constant factor off: lse misread (P scaled row by row, by
+    one factor where lse is the same in every row), or part of a GQA group summed (heads alike)."""
+    return bool(v.lse or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
 
 
 def _structural_only(result: TensorResult) -> bool:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..results import Cause, Hypothesis
-from .hypotheses import NULL, Context, Target, score_grads
+from .hypotheses import NULL, Context, Pair, Target, score_grads
 from .scoring import Blocks
 
 MAX_CANDIDATES = 128
@@ -37,16 +37,6 @@ partial is some 1e5 to 1e7 times the rounding noise of an fp16/bf16 block."""
 INTEGRAL = 0.05
 """A well-determined coefficient within this of 0 or 1 reads as a pair left out or added. Tight, so that a
 gradient off by a constant factor (dq times scale: coefficients 0.09 for D 128) is not read as pairs left out."""
-
-
-@dataclass(frozen=True)
-class Pair:
-    """A (query head, query block, kv block) pair of one batch entry."""
-
-    batch: int
-    head: int
-    q_block: int
-    kv_block: int
 
 
 @dataclass(frozen=True)
@@ -125,20 +115,15 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
 def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
     """One pair's partial of a dq block (its rows) or of a dk/dv block (its columns), float64 [rows, D];
     with `some`, of those rows (columns) of the block only."""
-    case, span = ctx.case, ctx.spans[pair.batch]
-    x, y = case.block_shape
-    rows = np.arange(pair.q_block * x, min((pair.q_block + 1) * x, span.q_len))
-    cols = np.arange(pair.kv_block * y, min((pair.kv_block + 1) * y, span.kv_len))
-    if some is not None:
-        rows, cols = (rows[some], cols) if tensor == "dq" else (rows, cols[some])
+    q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
     kv_head = ctx.kv_head(NULL, pair.head)
-    dscores, probs = score_grads(ctx, NULL, pair.batch, pair.head, rows, cols, kv_head)
+    dscores, probs = score_grads(ctx, NULL, pair, kv_head, q_some, kv_some)
     scale = ctx.scale(NULL)
     if tensor == "dq":
-        return scale * (dscores @ ctx.kv_side("key", pair.batch, kv_head)[cols])
+        return scale * (dscores @ ctx.block_rows("key", pair.batch, kv_head, pair.kv_block, None))
     if tensor == "dk":
-        return scale * (dscores.T @ ctx.q_side("query", pair.batch, pair.head)[rows])
-    return probs.T @ ctx.q_side("dout", pair.batch, pair.head)[rows]
+        return scale * (dscores.T @ ctx.block_rows("query", pair.batch, pair.head, pair.q_block, None))
+    return probs.T @ ctx.block_rows("dout", pair.batch, pair.head, pair.q_block, None)
 
 
 def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ...case import Case, SequenceSpan, numpy_dtype
-from ...layout import kv_view, lse_view, mask_view, q_view
+from ...layout import kv_view, mask_view, q_view
 from ...rounding import to_dtype
+from .views import Held, InputRows
 
 LOG2E = math.log2(math.e)
 
@@ -68,52 +68,51 @@ VARIANTS = (
 
 @dataclass
 class Context:
-    """A case's inputs as float64 views per batch entry and head, computed on demand and kept."""
+    """A case's inputs as float64 rows (`InputRows`, converted by blocks on first read), its masks as read
+    under each variant, and the products and recomputed blocks shared by the hypotheses (`Held`)."""
 
     case: Case
     inputs: Mapping[str, np.ndarray]
     spans: dict[int, SequenceSpan]
-    cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
+    rows: InputRows = field(init=False)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    kv_blocks: dict[tuple[Any, ...], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
-    shared: dict[tuple[int, int, int, bytes, bytes], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
+    values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
 
-    def q_side(self, name: str, batch: int, head: int) -> np.ndarray:
-        key = (name, batch, head)
-        if key not in self.cache:
-            span = self.spans[batch]
-            if name == "lse":
-                view = lse_view(self.case, np.asarray(self.inputs["softmax_lse"]), span)[head]
-            elif name == "dsum":
-                out, dout = self.q_side("attention_out", batch, head), self.q_side("dout", batch, head)
-                view = (out * dout).sum(axis=1)
-            else:
-                view = q_view(self.case, self.inputs[name], span)[head]
-            self.cache[key] = np.asarray(view, dtype=np.float64)
-        return self.cache[key]
+    def __post_init__(self) -> None:
+        self.rows = InputRows(self.case, self.inputs, self.spans)
 
-    def kv_side(self, name: str, batch: int, head: int) -> np.ndarray:
-        key = (name, batch, -1 - head)
-        if key not in self.cache:
-            view = kv_view(self.case, self.inputs[name], self.spans[batch])[head]
-            self.cache[key] = np.asarray(view, dtype=np.float64)
-        return self.cache[key]
+    def q_rows(self, name: str, batch: int, head: int, rows: np.ndarray) -> np.ndarray:
+        """Rows of a query-side input (query, dout, attention_out, lse, dsum) of a query head, float64."""
+        return self.rows(name, batch, head, rows)
+
+    def block_rows(self, name: str, batch: int, head: int, block: int, some: np.ndarray | None) -> np.ndarray:
+        """One block's rows of an input (query, dout, lse, dsum: a query block; key, value: a kv block), or
+        its rows `some`, float64."""
+        rows = self.rows.block(name, batch, head, block)
+        return rows if some is None else rows[some]
 
     def products(
-        self, batch: int, head: int, rows: np.ndarray, cols: np.ndarray, kv_head: int
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Q K^T (unscaled) and dout V^T of some rows and columns: shared by every hypothesis that reads the
-        same blocks (lse, Dsum, scale), computed once."""
-        key = (batch, head, kv_head, rows.tobytes(), cols.tobytes())
-        if key not in self.shared:
-            if len(self.shared) >= 512:  # a bound on the memory held
-                self.shared.clear()
-            query, dout = self.q_side("query", batch, head)[rows], self.q_side("dout", batch, head)[rows]
-            self.shared[key] = (
-                query @ self.kv_side("key", batch, kv_head)[cols].T,
-                dout @ self.kv_side("value", batch, kv_head)[cols].T,
-            )
-        return self.shared[key]
+        self, pair: Pair, kv_head: int, q_some: np.ndarray | None, kv_some: np.ndarray | None
+    ) -> tuple[np.ndarray, ...]:
+        """Q K^T (unscaled) and dout V^T of one (query block, kv block) pair, or of its rows `q_some` and
+        columns `kv_some`: shared by every hypothesis that reads the pair (the lse, Dsum and scale ones, and
+        a misread mask where it selects the same pair), computed once."""
+        key = (
+            pair,
+            kv_head,
+            None if q_some is None else q_some.tobytes(),
+            None if kv_some is None else kv_some.tobytes(),
+        )
+        held = self.shared.get(key)
+        if held is None:
+            batch, head = pair.batch, pair.head
+            query = self.block_rows("query", batch, head, pair.q_block, q_some)
+            dout = self.block_rows("dout", batch, head, pair.q_block, q_some)
+            key_rows = self.block_rows("key", batch, kv_head, pair.kv_block, kv_some)
+            value_rows = self.block_rows("value", batch, kv_head, pair.kv_block, kv_some)
+            held = self.shared.put(key, query @ key_rows.T, dout @ value_rows.T)
+        return held
 
     def mask(self, variant: Variant, batch: int) -> np.ndarray:
         key = (variant.mask, batch)
@@ -174,14 +173,31 @@ def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) 
     return read
 
 
+@dataclass(frozen=True)
+class Pair:
+    """A (query head, query block, kv block) pair of one batch entry: a selected block's share of the
+    gradients (its kv head is the variant's reading of the query head)."""
+
+    batch: int
+    head: int
+    q_block: int
+    kv_block: int
+
+
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def score_grads(
-    ctx: Context, v: Variant, batch: int, head: int, rows: np.ndarray, cols: np.ndarray, kv_head: int
+    ctx: Context,
+    v: Variant,
+    pair: Pair,
+    kv_head: int,
+    q_some: np.ndarray | None = None,
+    kv_some: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (dS, P) [rows, cols] of query head `head` against kv head `kv_head` under the variant."""
-    product, dprobs = ctx.products(batch, head, rows, cols, kv_head)
+    """Return (dS, P) of a pair (its rows `q_some`, columns `kv_some`) against kv head `kv_head` under the
+    variant."""
+    product, dprobs = ctx.products(pair, kv_head, q_some, kv_some)
     scores = ctx.scale(v) * product
-    lse = ctx.q_side("lse", batch, head)[rows, None]
+    lse = ctx.block_rows("lse", pair.batch, pair.head, pair.q_block, q_some)[:, None]
     if v.lse == "base2":
         probs = np.exp2(scores * LOG2E - lse)
     elif v.lse == "ignored":
@@ -190,7 +206,7 @@ def score_grads(
         probs = np.exp(scores - (v.lse_factor * lse + v.lse_offset))
     else:
         probs = np.exp(scores - lse)
-    dsum = ctx.q_side("dsum", batch, head)[rows, None]
+    dsum = ctx.block_rows("dsum", pair.batch, pair.head, pair.q_block, q_some)[:, None]
     if v.dsum == "none":
         return probs * dprobs, probs
     if v.dsum == "negated":
@@ -223,37 +239,51 @@ class Target:
 def recompute(ctx: Context, v: Variant, target: Target, some: np.ndarray | None = None) -> np.ndarray:
     """Return the float64 golden of one target block under the variant ([rows, D]); with `some`, of those
     rows of the block only (the rows of a block are independent: a dq row sums over its kv columns, a dk/dv
-    row over its query rows)."""
+    row over its query rows). Kept (`Context.values`): the hypotheses ask for the same block again."""
+    key = (v, target, None if some is None else some.tobytes())
+    held = ctx.values.get(key)
+    if held is None:
+        if target.tensor == "dq":
+            held = ctx.values.put(key, _dq_block(ctx, v, target, some))
+        else:  # dK and dV of a kv block come from the same P: both computed, both kept
+            dk, dv = _kv_block(ctx, v, target, some)
+            other = replace(target, tensor="dv" if target.tensor == "dk" else "dk")
+            ctx.values.put((v, other, key[2]), dv if target.tensor == "dk" else dk)
+            held = ctx.values.put(key, dk if target.tensor == "dk" else dv)
+    return held[0]
+
+
+def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None) -> np.ndarray:
+    """dq of one query block (its rows `some`): a sum over the kv blocks the variant selects for it."""
     case, span = ctx.case, ctx.spans[target.batch]
-    x, y = case.block_shape
+    x = case.block_shape[0]
+    rows = min((target.block + 1) * x, span.q_len) - target.block * x
+    dq = np.zeros((rows if some is None else some.size, case.head_dim))
+    kv_head = ctx.kv_head(v, target.head)
+    for j in np.flatnonzero(ctx.mask(v, target.batch)[target.head, target.block]):
+        pair = Pair(target.batch, target.head, target.block, int(j))
+        dscores, _ = score_grads(ctx, v, pair, kv_head, some)
+        dq += dscores @ ctx.block_rows("key", target.batch, kv_head, int(j), None)
+    return ctx.scale(v) * dq
+
+
+def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """dK and dV of one kv block (its rows `some`): sums over the (query head, query block) pairs the
+    variant selects it for, in the heads that read its kv head and add into it."""
+    case, span = ctx.case, ctx.spans[target.batch]
+    y = case.block_shape[1]
+    cols = min((target.block + 1) * y, span.kv_len) - target.block * y
+    dk, dv = (np.zeros((cols if some is None else some.size, case.head_dim)) for _ in range(2))
     mask = ctx.mask(v, target.batch)
-    scale = ctx.scale(v)
-    if target.tensor == "dq":
-        rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))
-        rows = rows if some is None else rows[some]
-        cols = positions(np.flatnonzero(mask[target.head, target.block]), y, span.kv_len)
-        if not cols.size:
-            return np.zeros((rows.size, case.head_dim))
-        kv_head = ctx.kv_head(v, target.head)
-        dscores, _ = score_grads(ctx, v, target.batch, target.head, rows, cols, kv_head)
-        return scale * (dscores @ ctx.kv_side("key", target.batch, kv_head)[cols])
-    key = (v, target.batch, target.head, target.block, None if some is None else some.tobytes())
-    if key not in ctx.kv_blocks:  # dk and dv of one kv block come from the same products: computed once
-        cols = np.arange(target.block * y, min((target.block + 1) * y, span.kv_len))
-        cols = cols if some is None else cols[some]
-        dk, dv = np.zeros((cols.size, case.head_dim)), np.zeros((cols.size, case.head_dim))
-        for head in range(case.num_heads):
-            if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
-                continue
-            rows = positions(np.flatnonzero(mask[head, :, target.block]), x, span.q_len)
-            if not rows.size:
-                continue
-            dscores, probs = score_grads(ctx, v, target.batch, head, rows, cols, target.head)
-            dk += scale * (dscores.T @ ctx.q_side("query", target.batch, head)[rows])
-            dv += probs.T @ ctx.q_side("dout", target.batch, head)[rows]
-        ctx.kv_blocks[key] = (dk, dv)
-    dk, dv = ctx.kv_blocks[key]
-    return dk if target.tensor == "dk" else dv
+    for head in range(case.num_heads):
+        if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
+            continue
+        for i in np.flatnonzero(mask[head, :, target.block]):
+            pair = Pair(target.batch, head, int(i), target.block)
+            dscores, probs = score_grads(ctx, v, pair, target.head, None, some)
+            dk += dscores.T @ ctx.block_rows("query", target.batch, head, int(i), None)
+            dv += probs.T @ ctx.block_rows("dout", target.batch, head, int(i), None)
+    return ctx.scale(v) * dk, dv
 
 
 def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, SequenceSpan]) -> np.ndarray:
@@ -304,7 +334,7 @@ def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndar
             x = ctx.case.block_shape[0]
             span = ctx.spans[target.batch]
             rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))[good]
-            lse = ctx.q_side("lse", target.batch, target.head)[rows]
+            lse = ctx.q_rows("lse", target.batch, target.head, rows)
             if np.isfinite(lse).all():
                 slope, intercept = _line(lse, np.log(factors), norms[good])
                 a, named = _named_lse_factor(1.0 - slope)

@@ -17,7 +17,7 @@ from ...case import Case, SequenceSpan
 from ...layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
-from .hypotheses import NULL, VARIANTS, Context, Target, applies, recompute, score_grads
+from .hypotheses import NULL, VARIANTS, Context, Pair, Target, applies, recompute, score_grads
 from .scoring import MAX_TARGETS, Blocks
 
 
@@ -390,15 +390,10 @@ def race_pattern(
 
 def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str, np.ndarray]:
     """One (query head, query block) pair's share of a kv block's dK and dV."""
-    case, span = ctx.case, ctx.spans[batch]
-    x, y = case.block_shape
-    null = NULL
-    rows = np.arange(q_block * x, min((q_block + 1) * x, span.q_len))
-    cols = np.arange(block * y, min((block + 1) * y, span.kv_len))
-    dscores, probs = score_grads(ctx, null, batch, head, rows, cols, kv_head)
+    dscores, probs = score_grads(ctx, NULL, Pair(batch, head, q_block, block), kv_head)
     return {
-        "dk": ctx.scale(null) * (dscores.T @ ctx.q_side("query", batch, head)[rows]),
-        "dv": probs.T @ ctx.q_side("dout", batch, head)[rows],
+        "dk": ctx.scale(NULL) * (dscores.T @ ctx.block_rows("query", batch, head, q_block, None)),
+        "dv": probs.T @ ctx.block_rows("dout", batch, head, q_block, None),
     }
 
 

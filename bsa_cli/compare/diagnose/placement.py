@@ -30,8 +30,9 @@ PLACED = 0.9
 
 @dataclass(frozen=True)
 class _Rows:
-    """A tensor as global rows [rows, N * D] (float64): device (non-finite values replaced by the golden's),
-    golden, and each row's error energy beyond the benchmark's (`excess`) and the benchmark's own (`noise`)."""
+    """A tensor as global rows [rows, N * D] (float32, `_global_rows`): device (non-finite values replaced
+    by the golden's), golden, and each row's error energy beyond the benchmark's (`excess`) and the
+    benchmark's own (`noise`), float64."""
 
     device: np.ndarray
     golden: np.ndarray
@@ -41,15 +42,21 @@ class _Rows:
 
 
 def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
-    values = np.asarray(array, dtype=np.float64)
+    """A tensor as global rows [rows, N * D], float32: it holds fp16, bf16 and float32 values exactly, and
+    the energies compared here (a row's error against the benchmark's) need no more (half the memory
+    passes of float64 over whole tensors)."""
+    values = np.asarray(array, dtype=np.float32)
     if case.layout == "TND":
         return values.reshape(values.shape[0], -1)
     return values.transpose(0, 2, 1, 3).reshape(values.shape[0] * values.shape[2], -1)
 
 
+def _eps(case: Case) -> float:
+    return 2.0 ** -(11 if case.dtype == "float16" else 8)
+
+
 def _floor(case: Case, golden: np.ndarray) -> float:
-    eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
-    return float((golden * golden).mean()) * (eps / 4) ** 2 + 1e-30
+    return float((golden * golden).mean()) * (_eps(case) / 4) ** 2 + 1e-30
 
 
 @np.errstate(over="ignore", invalid="ignore")
@@ -62,17 +69,26 @@ def _rows(
 ) -> _Rows:
     gold = _global_rows(case, golden[name])
     dev = _global_rows(case, device[name])
-    dev = np.where(np.isfinite(dev), dev, np.nan_to_num(gold))
-    gold = np.nan_to_num(gold)
+    if not np.isfinite(gold).all():  # (whole-tensor passes: each skipped where it changes nothing)
+        gold = np.nan_to_num(gold)
+    if not np.isfinite(dev).all():
+        dev = np.where(np.isfinite(dev), dev, gold)
     width = gold.shape[1]
     if benchmark is not None:
-        noise = ((_global_rows(case, benchmark[name]) - gold) ** 2).sum(axis=1)
-        noise = np.nan_to_num(noise, nan=0.0, posinf=0.0)
+        diff = _global_rows(case, benchmark[name])
+        diff -= gold
+        noise = np.nan_to_num(_row_squares(diff), nan=0.0, posinf=0.0)
     else:
         noise = np.zeros(gold.shape[0])
-    noise = np.maximum(noise, _floor(case, gold) * width)
-    err = ((dev - gold) ** 2).sum(axis=1)
-    return _Rows(dev, gold, noise, np.maximum(err - noise, 0.0), (gold * gold).sum(axis=1))
+    energy = _row_squares(gold)
+    noise = np.maximum(noise, float(energy.mean()) * (_eps(case) / 4) ** 2 + 1e-30 * width)  # `_floor` x width
+    err = _row_squares(np.subtract(dev, gold, dtype=np.float64))  # a device's huge values: no float32 overflow
+    return _Rows(dev, gold, noise, np.maximum(err - noise, 0.0), energy)
+
+
+def _row_squares(rows: np.ndarray) -> np.ndarray:
+    """Each row's sum of squares (float64: no overflow)."""
+    return np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
 
 
 def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[tuple[int, int, int]]:
@@ -388,19 +404,30 @@ def layout(
     return best
 
 
-def rows_permuted(
-    case: Case,
-    failing: Sequence[TensorResult],
-    blocks: Blocks,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
-    """Device rows that equal golden rows at other positions of the same head, or of the same block in
-    another head of the batch entry."""
-    supposes = "device rows that hold the golden rows of other positions"
+SCREEN_ROWS = 8
+"""Wrong rows per failing block `rows_permuted` tries first."""
+WRONG_ROWS = 32
+"""Wrong rows per failing block `rows_permuted` matches at most."""
+
+
+@dataclass
+class _RowMatches:
+    """Wrong rows of the failing blocks matched to golden rows elsewhere (`rows_permuted`)."""
+
+    matched: int
+    bad_total: int
+    energy_all: float
+    energy_matched: float
+    where: list[str]
+    sources: set[tuple[str, int, int, int]]  # the golden rows matched: (tensor, batch, head, row)
+    emptied: list[tuple[tuple[str, int, int, int], float]]  # wrong rows the device left zero, and their error
+
+
+def _row_matches(
+    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan], limit: int
+) -> _RowMatches:
+    """Match the first `limit` wrong rows of each failing target block to the golden rows of its head (and
+    to the same block's rows in the other heads of its batch entry)."""
     matched, bad_total, where = 0, 0, []
     sources: set[tuple[str, int, int, int]] = set()  # the golden rows matched: (tensor, batch, head, row)
     emptied: list[tuple[tuple[str, int, int, int], float]] = []  # wrong rows the device left zero, and their error
@@ -420,7 +447,7 @@ def rows_permuted(
         # or wrong by 10% of its own size (RMS) (a small row among large ones: attention sinks, mixed dout rows)
         size = np.maximum((null**2).sum(axis=1), (dev**2).sum(axis=1))
         large = (row_err > scale * 1e-6) | (row_err > 0.01 * size)
-        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & large)[:32]
+        bad = np.flatnonzero((row_err > 25 * np.maximum(row_noise, scale * 1e-9)) & large)[:limit]
         if not bad.size:
             continue
         span = spans[target.batch]
@@ -472,6 +499,34 @@ def rows_permuted(
                 f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
                 f"holds golden {other}row {int(label_row[s])}"
             )
+    return _RowMatches(matched, bad_total, energy_all, energy_matched, where, sources, emptied)
+
+
+def rows_permuted(
+    case: Case,
+    failing: Sequence[TensorResult],
+    blocks: Blocks,
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    spans: Mapping[int, SequenceSpan],
+    causes: list[Cause],
+    tried: list[Hypothesis],
+) -> None:
+    """Device rows that equal golden rows at other positions of the same head, or of the same block in
+    another head of the batch entry.
+
+    Tried on the first `SCREEN_ROWS` wrong rows of each failing block first (most failing cases end here:
+    none of them equals another golden row), then on up to `WRONG_ROWS`."""
+    supposes = "device rows that hold the golden rows of other positions"
+    screen = _row_matches(case, blocks, golden, spans, SCREEN_ROWS)
+    if screen.matched == 0 and screen.bad_total:
+        why = f"ruled out: none of the first {SCREEN_ROWS} wrong rows of each failing block equals another golden row"
+        tried.append(Hypothesis("rows-permuted", supposes, 0.0, why))
+        return
+    found = _row_matches(case, blocks, golden, spans, WRONG_ROWS)
+    matched, bad_total, where = found.matched, found.bad_total, found.where
+    energy_all, energy_matched = found.energy_all, found.energy_matched
+    sources, emptied = found.sources, found.emptied
     # a row left zero whose golden row another device row holds: moved away (a swap with an empty row)
     moved = [err for at, err in emptied if at in sources]
     matched += len(moved)

@@ -32,6 +32,10 @@ out the many wrong ones at a fraction of the cost and the whole block decides as
 SAMPLED = 0.3
 """The share of the sampled rows' excess error a hypothesis must explain to be tried on the whole block."""
 
+Rows = Mapping[Target, np.ndarray]
+"""Rows of some target blocks (`Blocks.sample_of`) a hypothesis was recomputed on; a block not in it, on
+all its rows. Its score then weighs each sampled row by the rows it stands for (`Blocks.weights_of`)."""
+
 
 @dataclass
 class Blocks:
@@ -51,6 +55,7 @@ class Blocks:
     data: dict[Target, tuple[np.ndarray, np.ndarray | None, np.ndarray, float]] = field(default_factory=dict)
     nonfinite: dict[Target, np.ndarray] = field(default_factory=dict)  # where the device has NaN/Inf
     samples: dict[Target, np.ndarray | None] = field(default_factory=dict)  # `sample_of`, kept
+    weights: dict[Target, np.ndarray] = field(default_factory=dict)  # `weights_of`, kept
     _noise: tuple[int, dict[str, float]] | None = None
 
     def add(self, target: Target) -> None:
@@ -102,14 +107,18 @@ class Blocks:
             near = ~(np.abs(value) < 0.5 * float(np.finfo(numpy_dtype(self.case.dtype)).max))
         return np.broadcast_to(near.any(axis=-1, keepdims=True), value.shape)
 
-    def predicts_nonfinite(self, values: Sequence[np.ndarray], targets: Sequence[Target] | None = None) -> bool:
-        """Whether values of the targets (or of `targets`) overflow (or are NaN/Inf) where the device's are
-        NaN/Inf: 90% of the elements where either is."""
+    def predicts_nonfinite(
+        self, values: Sequence[np.ndarray], targets: Sequence[Target] | None = None, rows: Rows | None = None
+    ) -> bool:
+        """Whether values of the targets (or of `targets`; of their `rows`) overflow (or are NaN/Inf) where
+        the device's are NaN/Inf: 90% of the elements where either is."""
         if not self.nonfinite:
             return False
         both = either = 0
         for target, value in zip(self.targets if targets is None else targets, values, strict=True):
             bad = self.nonfinite.get(target, np.zeros(value.shape, dtype=bool))
+            if rows and target in rows and target in self.nonfinite:
+                bad = bad[rows[target]]
             over = self.overflows(value)
             both += int((bad & self.overflows_in_row(value)).sum())
             either += int((bad | over).sum())
@@ -121,14 +130,25 @@ class Blocks:
             out[t.tensor] = out.get(t.tensor, 0.0) + self.data[t][3]
         return out
 
-    def energies(self, targets: Sequence[Target], values: Sequence[np.ndarray]) -> dict[str, float]:
+    def energies(
+        self, targets: Sequence[Target], values: Sequence[np.ndarray], rows: Rows | None = None
+    ) -> dict[str, float]:
+        """Each tensor's error energy of values of the targets (of their `rows`: estimated, `weights_of`)."""
         out: dict[str, float] = dict.fromkeys({t.tensor for t in targets}, 0.0)
         for target, value in zip(targets, values, strict=True):
+            dev = self.data[target][0]
+            some = rows.get(target) if rows else None
+            if some is not None:
+                dev = dev[some]
             bad = self.nonfinite.get(target)
             if bad is not None:  # a hypothesis predicting the device's NaN/Inf (or an overflow) explains them
-                value = np.where(bad & self.overflows_in_row(value), self.data[target][0], value)
-            diff = self.data[target][0] - value
-            energy = float((diff * diff).sum()) if diff.size else 0.0
+                bad = bad if some is None else bad[some]
+                value = np.where(bad & self.overflows_in_row(value), dev, value)
+            diff = dev - value
+            if some is None:
+                energy = float((diff * diff).sum()) if diff.size else 0.0
+            else:
+                energy = float(((diff * diff).sum(axis=1) * self.weights_of(target)).sum())
             out[target.tensor] += energy if math.isfinite(energy) else math.inf
         return out
 
@@ -137,21 +157,32 @@ class Blocks:
         return sum(max(e / noise[t] - 1.0, 0.0) for t, e in energies.items())
 
     def explained(
-        self, values: Sequence[np.ndarray], extra: Sequence[Target] = (), extra_values: Sequence[np.ndarray] = ()
+        self,
+        values: Sequence[np.ndarray],
+        extra: Sequence[Target] = (),
+        extra_values: Sequence[np.ndarray] = (),
+        rows: Rows | None = None,
     ) -> tuple[float, dict[str, float]]:
         """Return (share of the excess error removed, each failing tensor's error in benchmark units) of a
-        hypothesis's values on the targets (and on `extra` blocks it changes)."""
-        return self.explained_on([*self.targets, *extra], [*values, *extra_values])
+        hypothesis's values on the targets (and on `extra` blocks it changes); of their `rows`, estimated."""
+        return self.explained_on([*self.targets, *extra], [*values, *extra_values], rows)
 
-    def explained_on(self, targets: Sequence[Target], values: Sequence[np.ndarray]) -> tuple[float, dict[str, float]]:
+    def explained_on(
+        self, targets: Sequence[Target], values: Sequence[np.ndarray], rows: Rows | None = None
+    ) -> tuple[float, dict[str, float]]:
         """`explained` over some of the blocks (`screen`: the worst of each failing tensor)."""
         noise = self.noise_of(targets)
-        null_excess = self.excess(self.energies(targets, [self.data[t][2] for t in targets]), noise)
-        energies = self.energies(targets, values)
+        null_excess = self.excess(self.energies(targets, self.null_of(targets, rows), rows), noise)
+        energies = self.energies(targets, values, rows)
         if null_excess <= 0:
             return 0.0, {}
         share = 1.0 - self.excess(energies, noise) / null_excess
         return max(0.0, min(1.0, share)), {t: math.sqrt(e / noise[t]) for t, e in energies.items()}
+
+    def null_of(self, targets: Sequence[Target], rows: Rows | None = None) -> list[np.ndarray]:
+        """The golden of the targets (of their `rows`)."""
+        some = rows or {}
+        return [self.data[t][2] if some.get(t) is None else self.data[t][2][some[t]] for t in targets]
 
     def sample_of(self, target: Target) -> np.ndarray | None:
         """The rows of a block a hypothesis is tried on first (`SAMPLE_ROWS`), or None: the block is short,
@@ -167,8 +198,27 @@ class Blocks:
             rest = np.setdiff1d(np.arange(dev.shape[0]), worst)
             spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
             rows = np.unique(np.concatenate([worst, spread]))
+            # a worst row stands for itself, an evenly spread one for its share of the others
+            weights = np.full(rows.size, (dev.shape[0] - worst.size) / spread.size)
+            weights[np.isin(rows, worst)] = 1.0
+            self.weights[target] = weights
         self.samples[target] = rows
         return rows
+
+    def weights_of(self, target: Target) -> np.ndarray:
+        """The weight of each row of a block's sample (`sample_of`) in an estimated score: 1 for the worst
+        rows, taken all, and (rows - worst) / spread for each evenly spread one, a stratified sample of the
+        others: the estimate of the block's error energy is then unbiased."""
+        return self.weights[target]
+
+    def sampled_rows(self, targets: Sequence[Target], whole: Sequence[Target] = ()) -> dict[Target, np.ndarray]:
+        """The sampled rows of the targets (`sample_of`), but for those in `whole` or too short to sample."""
+        out = {}
+        for target in targets:
+            some = None if target in whole else self.sample_of(target)
+            if some is not None:
+                out[target] = some
+        return out
 
     def explained_rows(self, target: Target, rows: np.ndarray, value: np.ndarray) -> tuple[float, bool]:
         """`explained_on` one block's `rows` (value: the hypothesis's values of those rows): (share, whether
@@ -186,14 +236,14 @@ class Blocks:
         hyp_excess = max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
         return max(0.0, min(1.0, 1.0 - hyp_excess / null_excess)), True
 
-    def at_most(self, values: Mapping[Target, np.ndarray]) -> float:
-        """A bound on `explained`'s share (no extra blocks) from a hypothesis's values of some targets: the
-        error it leaves in those alone is a part of what it leaves in all."""
+    def at_most(self, values: Mapping[Target, np.ndarray], rows: Rows | None = None) -> float:
+        """A bound on `explained`'s share (no extra blocks) from a hypothesis's values of some targets (of
+        their `rows`): the error it leaves in those alone is a part of what it leaves in all."""
         noise = self.noise
-        null_excess = self.excess(self.energies(self.targets, self.null), noise)
+        null_excess = self.excess(self.energies(self.targets, self.null_of(self.targets, rows), rows), noise)
         if null_excess <= 0:
             return 1.0
-        left = self.excess(self.energies(list(values), list(values.values())), noise)
+        left = self.excess(self.energies(list(values), list(values.values()), rows), noise)
         return max(0.0, min(1.0, 1.0 - left / null_excess))
 
     @property
@@ -213,10 +263,11 @@ class Blocks:
             screen = [t for t in screen if t.tensor != "dq"]
         return screen[:1] if screen else self.screen
 
-    def falls(self, ratios: Mapping[str, float]) -> str:
+    def falls(self, ratios: Mapping[str, float], rows: Rows | None = None) -> str:
         targets = self.targets
         noise = self.noise_of(targets)
-        null = {t: math.sqrt(e / noise[t]) for t, e in self.energies(targets, self.null).items()}
+        energies = self.energies(targets, self.null_of(targets, rows), rows)
+        null = {t: math.sqrt(e / noise[t]) for t, e in energies.items()}
         parts = [
             f"{t}'s error {'falls' if ratios[t] <= null[t] else 'rises'} to {ratios[t]:.3g}x the benchmark's "
             f"(from {null[t]:.3g}x)"

@@ -1,0 +1,113 @@
+"""A case's inputs as float64 rows, converted block by block when the diagnosis first reads them.
+
+The diagnosis recomputes a few blocks: a dq block reads one query block's rows and the key and value
+rows of the kv blocks it selects, a dk/dv block one kv block's rows and the query rows that select it.
+Converting whole heads to float64 (and, for Dsum, multiplying out by dout over them) cost as much as the
+recomputation itself on long sequences, most of it for rows no hypothesis reads. `InputRows` converts
+only the blocks read, once each, and keeps them; `Held` keeps products and recomputed blocks up to a
+bound on the memory they take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...case import Case, SequenceSpan
+from ...layout import kv_view, lse_view, q_view
+
+KV_SIDE = ("key", "value")
+"""Inputs of the key's shape (kv_view, blocks of Y rows); the others have the query's (blocks of X rows)."""
+
+HELD_BYTES = 256 << 20
+"""What a `Held` keeps at most (bytes): past it, it forgets everything and starts again."""
+
+
+@dataclass
+class InputRows:
+    """A case's inputs as float64 rows of one batch entry and head, converted by blocks on first read.
+
+    Names: query, dout, attention_out (rows [n, D]); key, value ([n, D] of a kv head); lse and dsum
+    (rows [n]: softmaxLse, and Dsum = rowsum(out * dout) in float64)."""
+
+    case: Case
+    inputs: Mapping[str, np.ndarray]
+    spans: Mapping[int, SequenceSpan]
+    _held: dict[tuple[str, int, int], tuple[np.ndarray | None, np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def __call__(self, name: str, batch: int, head: int, index: np.ndarray) -> np.ndarray:
+        """Rows `index` (positions within the batch entry) of input `name` of (batch, head), float64."""
+        converted = self._buffer(name, batch, head)[1]
+        if index.size:
+            self._convert(name, batch, head, np.unique(np.asarray(index) // self._size(name)))
+        return converted[index]
+
+    def block(self, name: str, batch: int, head: int, block: int) -> np.ndarray:
+        """The rows of one block (X rows of a query-side input, Y of key or value) of (batch, head), float64:
+        a read-only view, no copy."""
+        converted = self._buffer(name, batch, head)[1]
+        self._convert(name, batch, head, np.array([block]))
+        size = self._size(name)
+        view = converted[block * size : (block + 1) * size]
+        view.flags.writeable = False
+        return view
+
+    def _size(self, name: str) -> int:
+        return self.case.block_shape[1 if name in KV_SIDE else 0]
+
+    def _convert(self, name: str, batch: int, head: int, blocks: np.ndarray) -> None:
+        source, converted, done = self._buffer(name, batch, head)
+        size = self._size(name)
+        for block in blocks[~done[blocks]]:
+            part = slice(int(block) * size, (int(block) + 1) * size)
+            if source is None:  # dsum: from the float64 rows of out and dout
+                out, dout = (
+                    self.block("attention_out", batch, head, int(block)),
+                    self.block("dout", batch, head, int(block)),
+                )
+                converted[part] = (out * dout).sum(axis=1)
+            else:
+                converted[part] = np.asarray(source[part], dtype=np.float64)
+        done[blocks] = True
+
+    def _buffer(self, name: str, batch: int, head: int) -> tuple[np.ndarray | None, np.ndarray, np.ndarray]:
+        key = (name, batch, head)
+        if key not in self._held:
+            case, span = self.case, self.spans[batch]
+            source: np.ndarray | None
+            if name == "dsum":
+                source, shape = None, (span.q_len,)
+            elif name == "lse":
+                source = lse_view(case, np.asarray(self.inputs["softmax_lse"]), span)[head]
+                shape = source.shape
+            else:
+                view = kv_view if name in KV_SIDE else q_view
+                source = view(case, self.inputs[name], span)[head]
+                shape = source.shape
+            size = case.block_shape[1 if name in KV_SIDE else 0]
+            blocks = -(-shape[0] // size) if size else 0
+            self._held[key] = (source, np.zeros(shape), np.zeros(blocks, dtype=bool))
+        return self._held[key]
+
+
+class Held:
+    """Values kept by key (products, recomputed blocks) while they take under `HELD_BYTES`."""
+
+    def __init__(self, limit: int = HELD_BYTES) -> None:
+        self.limit = limit
+        self.bytes = 0
+        self._values: dict[Hashable, tuple[np.ndarray, ...]] = {}
+
+    def get(self, key: Hashable) -> tuple[np.ndarray, ...] | None:
+        return self._values.get(key)
+
+    def put(self, key: Hashable, *values: np.ndarray) -> tuple[np.ndarray, ...]:
+        size = sum(v.nbytes for v in values)
+        if self.bytes + size > self.limit:
+            self._values.clear()
+            self.bytes = 0
+        self._values[key] = values
+        self.bytes += size
+        return values
