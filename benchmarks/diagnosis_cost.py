@@ -22,9 +22,11 @@ tile-noise, rows-swapped, no-dsum; each where it applies). Each output is then j
 process by `compare.compare_case` with a pool of 2 hashing threads, as `bsa compare -j 1` judges a case
 (inputs verified), in rounds that alternate the order of the two variants: with the diagnosis (the
 entry point verdict.py calls is wrapped to time itself) and without it (the entry point replaced by one
-returning no causes). Each figure keeps its best of `--rounds` (default 3): CPU time
-(`time.process_time`, every thread of the process) and wall time (`time.perf_counter`). The diagnosis's
-time is the wrapped call's, its share = diagnosis / compare with it. A first judgement of every output
+returning no causes). Each figure keeps its best of `--rounds` (default 3): CPU time and wall time
+(`time.perf_counter`). Compare's CPU time is the process's (`time.process_time`, every thread); the
+diagnosis's is that of the thread it runs in (`time.thread_time`: the judgement's hashing threads may
+still run beside it, and the process's time counted them as the diagnosis's until 2026-12). Its share =
+diagnosis / (compare without it + diagnosis). A first judgement of every output
 warms the page cache and is not counted.
 
 --quick: smoke only and the larger set's three smallest cases (S <= 2048), 2 rounds: under a minute.
@@ -153,11 +155,11 @@ class DiagnosisClock:
         if not self.on:
             return Diagnosis((), ())
         self.calls += 1
-        cpu, wall = time.process_time(), time.perf_counter()
+        cpu, wall = time.thread_time(), time.perf_counter()  # its thread's: hashing threads run beside it
         try:
             return self.real(*args, **kwargs)
         finally:
-            self.cpu += time.process_time() - cpu
+            self.cpu += time.thread_time() - cpu
             self.wall += time.perf_counter() - wall
 
 

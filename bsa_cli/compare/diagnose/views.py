@@ -36,6 +36,7 @@ class InputRows:
     inputs: Mapping[str, np.ndarray]
     spans: Mapping[int, SequenceSpan]
     _held: dict[tuple[str, int, int], tuple[np.ndarray | None, np.ndarray, np.ndarray]] = field(default_factory=dict)
+    _blocks: dict[tuple[str, int, int, int], np.ndarray] = field(default_factory=dict)  # `block`'s views
 
     def __call__(self, name: str, batch: int, head: int, index: np.ndarray) -> np.ndarray:
         """Rows `index` (positions within the batch entry) of input `name` of (batch, head), float64."""
@@ -47,11 +48,15 @@ class InputRows:
     def block(self, name: str, batch: int, head: int, block: int) -> np.ndarray:
         """The rows of one block (X rows of a query-side input, Y of key or value) of (batch, head), float64:
         a read-only view, no copy."""
-        converted = self._buffer(name, batch, head)[1]
-        self._convert(name, batch, head, np.array([block]))
-        size = self._size(name)
-        view = converted[block * size : (block + 1) * size]
-        view.flags.writeable = False
+        key = (name, batch, head, block)
+        view = self._blocks.get(key)
+        if view is None:
+            converted = self._buffer(name, batch, head)[1]
+            self._convert(name, batch, head, np.array([block]))
+            size = self._size(name)
+            view = converted[block * size : (block + 1) * size]
+            view.flags.writeable = False
+            self._blocks[key] = view
         return view
 
     def _size(self, name: str) -> int:
