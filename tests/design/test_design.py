@@ -37,6 +37,7 @@ COMPARE_ORDER = (
     "judge",
     "forward",
     "pair",
+    "views",
     "hypotheses",
     "scoring",
     "patterns",
