@@ -206,6 +206,13 @@ def diagnose(
                 outcome = f"ruled out: explains {part:.0%} of the error of {rows.size} rows of the worst failing block"
                 tried.append(Hypothesis(v.kind, v.supposes, part, outcome))
                 continue
+        # scored on the screen block whole and on the sampled rows of the others (an estimate: `weights_of`)
+        some = blocks.sampled_rows(blocks.targets, whole=screen)
+        bound = 1.0 if v.mask else _passing_bound(blocks, value, some)  # it must leave passing tensors right
+        if bound < 0.5:
+            outcome = f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)"
+            tried.append(Hypothesis(v.kind, v.supposes, bound, outcome))
+            continue
         screened = [value(t) for t in screen]
         first, measured = blocks.explained_on(screen, screened)
         if first < 0.5 and measured:
@@ -225,8 +232,6 @@ def diagnose(
                 )
             )
             continue
-        # scored on the screen block whole and on the sampled rows of the others (an estimate: `weights_of`)
-        some = blocks.sampled_rows(blocks.targets, whole=screen)
         bound, values = _values(blocks, v, value, some)
         if bound < 0.5:
             outcome = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
@@ -347,6 +352,20 @@ def _gives_a_factor(v: Variant) -> bool:
     """Whether a hypothesis can make a gradient a constant factor off: lse misread (P scaled row by row, by
     one factor where lse is the same in every row), or part of a GQA group summed (heads alike)."""
     return bool(v.lse or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
+
+
+def _passing_bound(blocks: Blocks, value: Callable[..., np.ndarray], some: Rows) -> float:
+    """A bound on a hypothesis's share (`Blocks.at_most`) from its values of the passing tensors' blocks
+    (of their sampled rows), dq's first (the cheapest), stopping once it falls below half."""
+    passing = sorted((t for t in blocks.targets if t.tensor not in blocks.failing), key=lambda t: t.tensor != "dq")
+    done: dict[Target, np.ndarray] = {}
+    bound = 1.0
+    for target in passing:
+        done[target] = value(target, some=some.get(target))
+        bound = blocks.at_most(done, some)
+        if bound < 0.5:
+            break
+    return bound
 
 
 def _structural_only(result: TensorResult) -> bool:
