@@ -98,7 +98,8 @@ class InputRows:
 
 
 class Held:
-    """Values kept by key (products, recomputed blocks) while they take under `HELD_BYTES`."""
+    """Values kept by key (products, recomputed blocks) while they take under `HELD_BYTES`; read-only, as
+    every hypothesis that asks for them shares them."""
 
     def __init__(self, limit: int = HELD_BYTES) -> None:
         self.limit = limit
@@ -113,6 +114,8 @@ class Held:
         if self.bytes + size > self.limit:
             self._values.clear()
             self.bytes = 0
+        for value in values:
+            value.flags.writeable = False
         self._values[key] = values
         self.bytes += size
         return values
