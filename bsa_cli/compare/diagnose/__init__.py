@@ -339,33 +339,34 @@ def _values(blocks: Blocks, v: Variant, value: Callable[..., np.ndarray], some: 
     if v.mask:
         return 1.0, [value(t, some=some.get(t)) for t in blocks.targets]
     order = sorted(blocks.targets, key=lambda t: t.tensor in blocks.failing)  # passing first, cheap to break
+    bound, done = _bounded(blocks, value, some, order)
+    return (bound, []) if bound < 0.5 else (1.0, [done[t] for t in blocks.targets])
+
+
+def _passing_bound(blocks: Blocks, value: Callable[..., np.ndarray], some: Rows) -> float:
+    """`_bounded` over the passing tensors' blocks, dq's first (the cheapest)."""
+    passing = sorted((t for t in blocks.targets if t.tensor not in blocks.failing), key=lambda t: t.tensor != "dq")
+    return _bounded(blocks, value, some, passing)[0]
+
+
+def _bounded(
+    blocks: Blocks, value: Callable[..., np.ndarray], some: Rows, targets: Sequence[Target]
+) -> tuple[float, dict[Target, np.ndarray]]:
+    """A hypothesis's values of `targets` in turn (of their rows `some`) and the bound on its share they
+    give (`Blocks.at_most`), stopping once it falls below half: (the bound, 1 if never below; the values)."""
     done: dict[Target, np.ndarray] = {}
-    for target in order:
+    for target in targets:
         done[target] = value(target, some=some.get(target))
         bound = blocks.at_most(done, some)
         if bound < 0.5:
-            return bound, []
-    return 1.0, [done[t] for t in blocks.targets]
+            return bound, done
+    return 1.0, done
 
 
 def _gives_a_factor(v: Variant) -> bool:
     """Whether a hypothesis can make a gradient a constant factor off: lse misread (P scaled row by row, by
     one factor where lse is the same in every row), or part of a GQA group summed (heads alike)."""
     return bool(v.lse or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
-
-
-def _passing_bound(blocks: Blocks, value: Callable[..., np.ndarray], some: Rows) -> float:
-    """A bound on a hypothesis's share (`Blocks.at_most`) from its values of the passing tensors' blocks
-    (of their sampled rows), dq's first (the cheapest), stopping once it falls below half."""
-    passing = sorted((t for t in blocks.targets if t.tensor not in blocks.failing), key=lambda t: t.tensor != "dq")
-    done: dict[Target, np.ndarray] = {}
-    bound = 1.0
-    for target in passing:
-        done[target] = value(target, some=some.get(target))
-        bound = blocks.at_most(done, some)
-        if bound < 0.5:
-            break
-    return bound
 
 
 def _structural_only(result: TensorResult) -> bool:

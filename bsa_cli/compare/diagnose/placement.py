@@ -51,12 +51,10 @@ def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
     return values.transpose(0, 2, 1, 3).reshape(values.shape[0] * values.shape[2], -1)
 
 
-def _eps(case: Case) -> float:
-    return 2.0 ** -(11 if case.dtype == "float16" else 8)
-
-
-def _floor(case: Case, golden: np.ndarray) -> float:
-    return float((golden * golden).mean()) * (_eps(case) / 4) ** 2 + 1e-30
+def _floor(case: Case, mean_square: float) -> float:
+    """An element's noise floor: a quarter of the dtype's epsilon of the golden's RMS, squared."""
+    eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
+    return mean_square * (eps / 4) ** 2 + 1e-30
 
 
 @np.errstate(over="ignore", invalid="ignore")
@@ -80,7 +78,7 @@ def _rows(
     else:
         noise = np.zeros(gold.shape[0])
     energy = _row_squares(gold)
-    noise = np.maximum(noise, float(energy.mean()) * (_eps(case) / 4) ** 2 + 1e-30 * width)  # `_floor` x width
+    noise = np.maximum(noise, _floor(case, float(energy.mean()) / width) * width)
     err = _row_squares(np.subtract(dev, gold, dtype=np.float64))  # a device's huge values: no float32 overflow
     return _Rows(dev, gold, noise, np.maximum(err - noise, 0.0), energy)
 
@@ -309,7 +307,7 @@ def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.nda
     noise = 0.0
     if bench is not None:
         noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
-    noise = max(noise, _floor(case, gold) * gold.size)
+    noise = max(noise, _floor(case, float((gold * gold).mean())) * gold.size)
     with np.errstate(over="ignore", invalid="ignore"):
         diff = np.asarray(dev, dtype=np.float64) - gold
         diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's: a reading is scored on the rest

@@ -91,7 +91,7 @@ class InputRows:
                 view = kv_view if name in KV_SIDE else q_view
                 source = view(case, self.inputs[name], span)[head]
                 shape = source.shape
-            size = case.block_shape[1 if name in KV_SIDE else 0]
+            size = self._size(name)
             blocks = -(-shape[0] // size) if size else 0
             self._held[key] = (source, np.zeros(shape), np.zeros(blocks, dtype=bool))
         return self._held[key]
