@@ -54,8 +54,8 @@ from bsa_cli.cli import main as bsa_main
 from bsa_cli.compare import verdict
 from bsa_cli.compare.diagnose import Diagnosis
 from bsa_cli.devices import faults, reference
-from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
 from bsa_cli.store import load_manifest, read_array
+from bsa_cli.store.manifest import GRAD_NAMES, case_from_manifest
 
 BSA = [sys.executable, "-m", "bsa_cli"]
 CASES = Path(__file__).resolve().parent.parent / "cases"

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import diagnosis_cost as cost  # noqa: E402  (this checkout's bsa_cli, the cases and faults)
 
-from bsa_cli import compare  # noqa: E402
+from bsa_cli import compare
 
 
 def load_copy(checkout: Path, work: Path) -> ModuleType:

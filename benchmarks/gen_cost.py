@@ -38,7 +38,7 @@ ONE_THREAD = {name: "1" for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", 
 CHILD = r"""
 import json, sys, time
 from pathlib import Path
-from bsa_cli.generate import generate_suite
+from bsa_cli.gen.generate import generate_suite
 from bsa_cli.specs import load_specs
 import fnmatch
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bsa_cli.case import Case, Sparsity
+from bsa_cli.core.case import Case, Sparsity
 from bsa_cli.inputs import make_mask, mask_stats
 
 BSA = [sys.executable, "-m", "bsa_cli"]
@@ -140,7 +140,7 @@ def timed_command(args: list[str], what: str, bsa_path: Path | None = None) -> f
 TORCH_CHILD = """
 import json, sys, time
 import numpy as np, torch, torch.nn.functional as F
-from bsa_cli.case import Case, Sparsity
+from bsa_cli.core.case import Case, Sparsity
 from bsa_cli.inputs import make_mask, make_tensors
 fields = json.loads(sys.argv[1])
 fields["block_shape"] = tuple(fields["block_shape"])
@@ -263,9 +263,9 @@ def peak_rss():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 base = peak_rss()
-from bsa_cli.case import Case, Sparsity
-from bsa_cli.generate import generate_case
-from bsa_cli.schedule import auto_jobs, estimate
+from bsa_cli.core.case import Case, Sparsity
+from bsa_cli.gen.generate import generate_case
+from bsa_cli.gen.schedule import auto_jobs, estimate
 case = Case(name="long", source="benchmark", layout="BNSD", dtype="float16", batch=1, num_heads=1, num_kv_heads=1,
             head_dim=128, q_seq_len={seq}, kv_seq_len={seq}, actual_seq_lengths=None, actual_seq_lengths_kv=None,
             block_shape=(128, 128), scale=128**-0.5, seed=0, sparsity=Sparsity(pattern={pattern!r}, density={density}))
@@ -290,7 +290,7 @@ def compare_throughput(seq: int, cases: int) -> dict[str, float]:
     """
     import dataclasses
 
-    from bsa_cli.generate import generate_suite
+    from bsa_cli.gen.generate import generate_suite
 
     base = make_case(seq, 4, "random", 0.2)
     suite = [

@@ -27,8 +27,8 @@ _PUBLIC = {
     "Check": "compare",
     "RunSettings": "compare",
     "SuiteResult": "compare",
-    "BsaError": "errors",
-    "DataError": "errors",
+    "BsaError": "core.errors",
+    "DataError": "core.errors",
 }
 """Public name -> the module (under bsa_cli) that defines it."""
 
@@ -66,7 +66,7 @@ if TYPE_CHECKING:
         to_torch,
     )
     from .compare import CaseResult, Check, RunSettings, SuiteResult
-    from .errors import BsaError, DataError
+    from .core.errors import BsaError, DataError
 
 
 def __getattr__(name: str) -> Any:

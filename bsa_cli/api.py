@@ -30,13 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import interface
-from .case import ACLNN_STATUS, Case, numpy_dtype
 from .compare import HASH_THREADS, OP_TENSORS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
-from .errors import DataError
-from .manifest import INPUT_NAMES, Manifest
-from .ops import Op
+from .core.case import ACLNN_STATUS, Case, numpy_dtype
+from .core.errors import DataError
+from .ops import Op, interface
 from .store import MANIFEST, load_manifest, read_array, select_cases
+from .store.manifest import INPUT_NAMES, Manifest
 
 if TYPE_CHECKING:
     import torch
@@ -349,7 +348,7 @@ def aclnn_status(text: str) -> int | None:
 
 def failure_message(result: CaseResult) -> str:
     """Return why a case did not pass: its deciding check (or errors) first, then the report's details."""
-    from .report import case_report_text  # the same details the JUnit report gives
+    from .report import case_report_text
 
     if result.verdict == PASS:
         return f"{result.name}: PASS"

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import devices, store
-from .case import Case
 from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
-from .errors import BsaError
-from .generate import generate_suite
-from .interface import DETERMINISTIC_RELEASES
-from .schedule import Estimate, auto_jobs, estimate
+from .core.case import Case
+from .core.errors import BsaError
+from .gen.generate import generate_suite
+from .gen.schedule import Estimate, auto_jobs, estimate
+from .ops.interface import DETERMINISTIC_RELEASES
 
 
 class CheckProgress:

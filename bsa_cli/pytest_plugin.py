@@ -72,7 +72,7 @@ def pytest_configure(config: pytest.Config) -> None:
             if given:
                 raise pytest.UsageError(f"{option} needs --bsa-cases OUT")
         return
-    from .errors import DataError
+    from .core.errors import DataError
     from .ops import OPS, parse_ops, split_folder_name
     from .store import select_cases
 

@@ -24,8 +24,8 @@ torch = pytest.importorskip("torch")
 torch_npu = pytest.importorskip("torch_npu")  # gives torch `Tensor.npu()` and `torch.npu`
 
 import bsa_cli as bsa  # noqa: E402
-from bsa_cli.devices.torch_npu import NotExpressible, plan_call  # noqa: E402
-from bsa_cli.devices.torch_npu_ops import plan_op  # noqa: E402
+from bsa_cli.devices.torch_npu import NotExpressible, plan_call
+from bsa_cli.devices.torch_npu_ops import plan_op
 
 TENSORS = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
 """The binding's tensors, in its order (d_out first)."""

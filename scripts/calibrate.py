@@ -18,9 +18,9 @@ import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-from bsa_cli import compare
+from bsa_cli import compare, standards
 from bsa_cli.devices import reference
-from bsa_cli.generate import generate_case
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 
 
@@ -53,14 +53,14 @@ def main() -> None:
                     if estimate is None or not estimate.judgeable():
                         continue
                     tensors += 1
-                    over += estimate.benchmark_z > compare.bias.PATH_Z
+                    over += estimate.benchmark_z > standards.bias.PATH_Z
                     where = f"{result.name} {tensor.name}"
-                    floor = compare.bias.BIAS_FLOOR
+                    floor = standards.bias.BIAS_FLOOR
                     for key, value in (
                         ("z against the benchmark", estimate.z),
                         (
                             "z against zero (benchmark z <= PATH_Z)",
-                            estimate.device_z if estimate.benchmark_z <= compare.bias.PATH_Z else 0.0,
+                            estimate.device_z if estimate.benchmark_z <= standards.bias.PATH_Z else 0.0,
                         ),
                         ("benchmark z", estimate.benchmark_z),
                         ("|bias| / floor", abs(estimate.device) / floor),

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 from bsa_cli import golden
 from bsa_cli.cli import main
 from bsa_cli.devices import reference
-from bsa_cli.generate import compute_case
+from bsa_cli.gen.generate import compute_case
 from bsa_cli.inputs import make_mask
 from bsa_cli.specs import load_specs
 

@@ -4,7 +4,7 @@ today's bsa_cli/golden/ to, bit for bit (golden float32 and float64, the kernel-
 Not used by bsa. Only the imports (absolute instead of relative), the name of the operator notes
 (docs/operator.md) and the 16-bit casts differ from that commit: the kernel path's casts round half away
 from zero (the kernel's CAST_ROUND) and the forward's out is rounded through float32 for bfloat16, both
-through bsa_cli.rounding, as today's code has them. Its own docstring:
+through bsa_cli.core.rounding, as today's code has them. Its own docstring:
 
 Block-sparse attention forward and backward on arrays: the golden and the kernel-faithful path.
 
@@ -49,9 +49,9 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-from bsa_cli.case import Case, numpy_dtype
-from bsa_cli.layout import kv_view, lse_view, mask_view, q_view
-from bsa_cli.rounding import round_float32, to_dtype
+from bsa_cli.core.case import Case, numpy_dtype
+from bsa_cli.core.layout import kv_view, lse_view, mask_view, q_view
+from bsa_cli.core.rounding import round_float32, to_dtype
 
 __all__ = [
     "forward_sequence",

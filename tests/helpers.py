@@ -32,7 +32,6 @@ import pytest
 from click.testing import CliRunner, Result
 
 from bsa_cli import compare, devices, golden
-from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.cli import main
 from bsa_cli.compare import (
     ERROR,
@@ -48,9 +47,10 @@ from bsa_cli.compare import (
     TensorResult,
     WorstElement,
 )
+from bsa_cli.core.case import Case, Expect, numpy_dtype
 from bsa_cli.devices import record, reference
-from bsa_cli.manifest import build_manifest, flat_params
 from bsa_cli.store import CaseWriter, array_bytes
+from bsa_cli.store.manifest import build_manifest, flat_params
 
 TESTS = Path(__file__).resolve().parent
 """tests/: helpers, oracles and data folders; the test files are one folder down, by what they test."""
@@ -546,7 +546,7 @@ def build_op_folder(
     a forward folder and `mask_dtype` in a chain or autograd one. With `skip`, the folder gen writes for an
     op it skipped: every section empty and `skip` the reason.
     """
-    from bsa_cli.ops import folder_name  # here, not at the top: helpers.py grows at its end only
+    from bsa_cli.ops import folder_name
 
     name = folder_name(case.name, op)  # type: ignore[arg-type]
     tensors = make_inputs(case, mask)
@@ -598,7 +598,7 @@ def build_judged_op_folder(
     `prefilled`). run.json records `device.prefilled_outputs: "nan"` when `prefilled`. `expect` replaces the
     manifest's expect (e.g. {"verdict": "FAIL", "cause": "lse-unwritten"}); `skip` writes a skipped folder.
     """
-    from bsa_cli.devices import forward as device_forward  # here, not at the top: helpers.py grows at its end only
+    from bsa_cli.devices import forward as device_forward
     from bsa_cli.ops import folder_name
 
     name = folder_name(case.name, op)  # type: ignore[arg-type]

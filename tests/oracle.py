@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bsa_cli.case import Case
+from bsa_cli.core.case import Case
 
 
 def f64(array: np.ndarray) -> np.ndarray:

@@ -24,12 +24,12 @@ from pathlib import Path
 import click
 
 from .. import report
-from ..case import Case
 from ..compare import SuiteResult
 from ..compare.drift import Drift, drift_document, regressions_document
-from ..errors import BsaError, DataError, SpecError, plural
+from ..core.case import Case
+from ..core.errors import BsaError, DataError, SpecError, plural
+from ..gen.schedule import Estimate, machine_memory, parse_shard, shard
 from ..ops import OPS, Op, split_folder_name
-from ..schedule import Estimate, machine_memory, parse_shard, shard
 from ..specs import MAX_CASES, SpecErrors, load_specs
 from ..store import MANIFEST, find_cases, load_manifest, select_cases
 from . import output

@@ -10,9 +10,9 @@ import click
 from .. import report
 from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
 from ..compare import drift as drift_
-from ..errors import DataError
+from ..core.errors import DataError
+from ..core.untrusted import load_json, read_regular
 from ..ops import Op, split_folder_name
-from ..untrusted import load_json, read_regular
 from . import output
 from .common import (
     UserError,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..errors import plural
-from ..export import EXPECT_MODULE, FORMATS, export_cases
+from ..core.errors import plural
+from ..report.export import EXPECT_MODULE, FORMATS, export_cases
 from . import output
 from .common import UserError, select_cases_or_suites, user_errors
 from .options import filter_option

@@ -11,15 +11,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from .. import interface
-from ..case import Case
-from ..errors import BsaError, plural
-from ..generate import generate_suite
-from ..interface import DEFAULT_RELEASE
-from ..manifest import params as case_params
-from ..ops import DEFAULT_OPS, Op, folder_name
-from ..schedule import auto_jobs, estimate
+from ..core.case import Case
+from ..core.errors import BsaError, plural
+from ..gen.generate import generate_suite
+from ..gen.schedule import auto_jobs, estimate
+from ..ops import DEFAULT_OPS, Op, folder_name, interface
+from ..ops.interface import DEFAULT_RELEASE
 from ..store import find_cases
+from ..store.manifest import params as case_params
 from . import output
 from .common import load_cases, refuse_oversized, show_kernel_path_notes, user_errors, warn_constraints
 from .options import (

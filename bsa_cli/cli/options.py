@@ -18,9 +18,9 @@ import click
 
 from ..compare import RunSettings
 from ..devices import DEVICE_KINDS, RunOptions, create, parse_device_ids
-from ..generate import PRECISIONS
-from ..interface import DEFAULT_RELEASE, RELEASES
+from ..gen.generate import PRECISIONS
 from ..ops import OPS, Op, parse_ops
+from ..ops.interface import DEFAULT_RELEASE, RELEASES
 from .common import UserError, user_errors
 
 Decorator = Callable[[Any], Any]

@@ -28,11 +28,11 @@ from rich.progress import (
 from rich.text import Text
 
 from .. import pipeline
-from ..case import Case
 from ..compare import CaseResult
+from ..core.case import Case
 from ..devices import Device, RunEvent, RunResult
+from ..gen.schedule import Estimate
 from ..ops import split_folder_name
-from ..schedule import Estimate
 from . import output
 
 PLAIN_PROGRESS_S = 15.0

@@ -9,11 +9,11 @@ from pathlib import Path
 import click
 
 from .. import pipeline, report, store
+from ..core.errors import plural
 from ..devices import OUTCOMES, RunSummary, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
-from ..errors import plural
+from ..gen.schedule import estimate
 from ..ops import Op
-from ..schedule import estimate
 from . import output
 from .common import (
     EXIT_INTERRUPTED,

@@ -31,7 +31,15 @@ none imports `bsa_cli.report` or the CLI):
 
 from __future__ import annotations
 
-from . import bias  # noqa: F401  (compare.bias: the statistic's module, for reports and scripts)
+from ..standards import (
+    DEFAULT_STANDARD,
+    STANDARDS,
+    RunSettings,
+    Settings,
+    case_settings,
+    resolve_settings,
+    validate_settings,
+)
 from .geometry import structural_rows
 from .judge import judge_tensors
 from .results import (
@@ -51,15 +59,6 @@ from .results import (
     UlpChart,
     Verdict,
     WorstElement,
-)
-from .standards import (
-    DEFAULT_STANDARD,
-    STANDARDS,
-    RunSettings,
-    Settings,
-    case_settings,
-    resolve_settings,
-    validate_settings,
 )
 from .suite import HASH_THREADS, compare_suite, missing_cases, suite_jobs
 from .summary import BenchmarkSummary, summarize_benchmark, summary_document, summary_from_document, summary_key

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DataError, clip, show
-from ..manifest import GRAD_NAMES, Manifest
+from ..core.errors import DataError, clip, show
+from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
-from ..untrusted import entry_path, inside, load_json, parse_status, read_regular
+from ..store.manifest import GRAD_NAMES, Manifest
 from .results import NOT_RUN, Check
 from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
 

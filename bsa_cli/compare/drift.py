@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..manifest import json_number
+from ..store.manifest import json_number
 from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult
 
 RELATIVE_MARGIN = 0.10

@@ -16,15 +16,15 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..case import Case
+from ..core.case import Case
 from ..golden import written_rows
+from ..standards import Settings
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry, _geometry, only_rows
 from .judge import _upper, _with_detail, judge_tensor
 from .locate import _worst_elements
 from .metrics import _measure, _Params
 from .results import Check, TensorResult, _fmt
-from .standards import Settings
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 

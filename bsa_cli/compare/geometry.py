@@ -6,9 +6,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..case import Case
-from ..layout import mask_view
-from ..manifest import GRAD_NAMES
+from ..core.case import Case
+from ..core.layout import mask_view
+from ..store.manifest import GRAD_NAMES
 
 TILE = 16
 """Side of the cube unit's fractal: the tile the localized check and the hot-block map work in."""

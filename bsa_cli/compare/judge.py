@@ -11,16 +11,15 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from ..case import Case, numpy_dtype
-from ..manifest import GRAD_NAMES
-from ..rounding import round_float32
-from . import bias
+from ..core.case import Case, numpy_dtype
+from ..core.rounding import round_float32
+from ..standards import STANDARDS, Settings, bias
+from ..store.manifest import GRAD_NAMES
 from .buffers import CHUNK_ELEMENTS
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
 from .metrics import _measure, _Params, _params, _RowOut, paired_relative_sums
 from .results import Check, ErrorStats, TensorResult, _fmt
-from .standards import STANDARDS, Settings
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 from .ulp import _MANTISSA_BITS

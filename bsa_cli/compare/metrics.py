@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..case import Case
-from .bias import RelativeSums, relative_errors
+from ..core.case import Case
+from ..standards import ERR_THD, SMALL_VALUE_THD, Settings
+from ..standards.bias import RelativeSums, relative_errors
 from .buffers import CHUNK_ELEMENTS, _floor_array, _give_scratch, _Scratch, _take_scratch, _upcast
 from .geometry import TILE, _Geometry
 from .results import ErrorStats
-from .standards import ERR_THD, SMALL_VALUE_THD, Settings
 from .ulp import _MANTISSA_BITS, ULP_EDGES, _ulp_power
 
 TOP_K = 5

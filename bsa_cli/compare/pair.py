@@ -19,8 +19,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
-from ..case import Case, Expect
-from ..manifest import GRAD_NAMES
+from ..core.case import Case, Expect
+from ..store.manifest import GRAD_NAMES
 from .forward import NOT_WRITTEN
 from .results import Cause, Check, TensorResult
 

@@ -14,8 +14,8 @@ from typing import Final, Literal
 import numpy as np
 
 from ..ops import Op, split_folder_name
-from .bias import Bias
-from .standards import Settings
+from ..standards import Settings
+from ..standards.bias import Bias
 
 Verdict = Literal["PASS", "FAIL", "ERROR", "SKIP"]
 """A case's verdict: PASS, FAIL, ERROR (it could not be judged), or SKIP (this op of the case is not judged:

@@ -11,10 +11,10 @@ import math
 
 import numpy as np
 
+from ..standards import Settings
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry
 from .results import Check, ErrorStats, _fmt
-from .standards import Settings
 
 
 def _zero_check(

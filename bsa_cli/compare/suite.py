@@ -15,12 +15,12 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError
-from ..manifest import GRAD_NAMES
+from ..core.errors import DataError
+from ..core.workers import cpu_count, worker_pool
+from ..standards import RunSettings, resolve_settings, validate_settings
 from ..store import OUTPUTS_DIR, check_unique_names, find_leftovers, load_manifest
-from ..workers import cpu_count, worker_pool
+from ..store.manifest import GRAD_NAMES
 from .results import ERROR, CaseResult, SuiteResult
-from .standards import RunSettings, resolve_settings, validate_settings
 from .verdict import _compare_case
 
 

@@ -16,14 +16,14 @@ from typing import Any
 import numpy as np
 
 from .._version import __version__
-from ..case import Case
+from ..core.case import Case
 from ..golden import written_rows
-from ..manifest import GRAD_NAMES, json_number
+from ..standards import Settings
+from ..store.manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _geometry, only_rows
 from .metrics import _measure, _params
 from .results import MSPROBE_FIELDS, ErrorStats
-from .standards import Settings
 
 SUMMARY_FORMAT = 2
 """Version of the benchmark summary's arithmetic: a summary of another version is measured again."""

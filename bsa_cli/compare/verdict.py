@@ -15,14 +15,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import blas
-from ..case import ACLNN_STATUS, Case, numpy_dtype
-from ..errors import DataError, clip
-from ..interface import release_of_cann
-from ..layout import mask_view
-from ..manifest import GRAD_NAMES, Manifest
+from ..core import blas
+from ..core.case import ACLNN_STATUS, Case, numpy_dtype
+from ..core.errors import DataError, clip
+from ..core.layout import mask_view
 from ..ops import PAIR_OPS, Op, split_folder_name
+from ..ops.interface import release_of_cann
+from ..standards import STANDARDS, RunSettings, resolve_settings
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
+from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
     _open_arrays,
     _read_run_record,
@@ -52,7 +53,6 @@ from .results import (
     TensorResult,
     Verdict,
 )
-from .standards import STANDARDS, RunSettings, resolve_settings
 from .summary import summary_key
 
 

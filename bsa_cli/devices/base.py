@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from ..errors import BsaError
-from ..manifest import Manifest
+from ..core.errors import BsaError
+from ..store.manifest import Manifest
 
 DeviceKind = Literal["reference", "torch_npu", "binary"]
 """How records name the kind of device."""

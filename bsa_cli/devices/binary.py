@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import suggest
-from ..manifest import Manifest
+from ..core.errors import suggest
 from ..store import MANIFEST, sha256_file
+from ..store.manifest import Manifest
 from . import software
 from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder
 from .process import spawn

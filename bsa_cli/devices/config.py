@@ -8,7 +8,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import suggest
+from ..core.errors import suggest
 from ..store import DETERMINISTIC_ENV
 from .base import Device, RunConfigError
 from .binary import BinaryDevice
@@ -52,7 +52,7 @@ def create(
             raise RunConfigError(
                 "--fault plants a fault in the reference device; it cannot be used with --device torch_npu"
             )
-        from .torch_npu import TorchNpuDevice  # not at import: the child runs that module as __main__
+        from .torch_npu import TorchNpuDevice
 
         return TorchNpuDevice.create()
     if binary is None and cmd is None:

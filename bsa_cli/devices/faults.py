@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..case import Case, SequenceSpan, numpy_dtype
+from ..core.case import Case, SequenceSpan, numpy_dtype
+from ..core.layout import kv_view, lse_view, mask_view, q_view
+from ..core.rounding import to_dtype
 from ..golden import forward_case, written_rows
-from ..layout import kv_view, lse_view, mask_view, q_view
 from ..ops import PAIR_OPS, Op
-from ..rounding import to_dtype
 
 FAULTS: dict[str, str] = {
     "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "

@@ -32,11 +32,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .. import blas
-from ..case import Case, numpy_dtype
+from ..core import blas
+from ..core.case import Case, numpy_dtype
+from ..core.layout import lse_view, q_view
+from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
 from ..golden import forward_case
-from ..layout import lse_view, q_view
-from ..rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
 from .faults import FORWARD_FAULTS, fault_site, forward_selection
 
 PIECE_ROWS = 128

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..errors import DataError, show
-from ..manifest import Manifest
+from ..core.errors import DataError, show
+from ..core.untrusted import inside, parse_status, read_regular
 from ..store import expected_nbytes, sha256_file
-from ..untrusted import inside, parse_status, read_regular
+from ..store.manifest import Manifest
 from .base import STATUS_FILE, Attempt, Device, Outcome
 from .config import RunOptions
 from .repeat import noise

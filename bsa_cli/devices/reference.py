@@ -38,15 +38,16 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .. import blas, interface
-from ..case import Case, SequenceSpan, numpy_dtype
-from ..errors import BsaError, DataError, suggest
-from ..layout import kv_view, lse_view, q_view
-from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
-from ..rounding import BACKWARD_TIES, round_float32, to_dtype
+from ..core import blas
+from ..core.case import Case, SequenceSpan, numpy_dtype
+from ..core.errors import BsaError, DataError, suggest
+from ..core.layout import kv_view, lse_view, q_view
+from ..core.rounding import BACKWARD_TIES, round_float32, to_dtype
+from ..core.streams import seeded
+from ..core.untrusted import inside_parent
+from ..ops import interface
 from ..store import MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
-from ..streams import seeded
-from ..untrusted import inside_parent
+from ..store.manifest import GRAD_NAMES, INPUT_NAMES, Manifest
 from . import software
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
 from .faults import (

@@ -27,12 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import blas, forward_interface, interface
-from ..case import Case, numpy_dtype
-from ..errors import BsaError, DataError
-from ..manifest import Manifest
+from ..core import blas
+from ..core.case import Case, numpy_dtype
+from ..core.errors import BsaError, DataError
+from ..core.untrusted import inside_parent
+from ..ops import forward_interface, interface
 from ..store import MANIFEST, array_bytes, check_output_dir, read_array
-from ..untrusted import inside_parent
+from ..store.manifest import Manifest
 from .base import STATUS_FILE, write_atomic
 from .faults import FORWARD_FAULTS, fault_not_applied
 from .forward import OUTPUT_NAMES, backward_tensors, forward_mask, run_forward

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..case import numpy_dtype
-from ..manifest import Manifest
+from ..core.case import numpy_dtype
 from ..ops import FORWARD_OPS
+from ..store.manifest import Manifest
 from .base import Attempt
 
 ATOMIC_OUTPUTS = ("dk", "dv")
@@ -139,7 +139,7 @@ def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt) -> list[d
     """Judge one run's outputs by the case's own standard (as `bsa compare` would); a failure is a race."""
     if attempt.status != 0 or manifest.is_negative or not manifest.has_golden:
         return []
-    from .. import compare  # judging is only needed for repeats
+    from .. import compare
 
     result = compare.compare_case(case_dir, attempt.staging, workers=1, verify_inputs=False)
     if result.verdict == "PASS":

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DataError, clip
-from ..manifest import Manifest, flat_params
+from ..core.errors import DataError, clip
+from ..core.untrusted import inside_parent
 from ..store import (
     FLAT_PARAMS,
     OUTPUTS_DIR,
@@ -35,7 +35,7 @@ from ..store import (
     verify_inputs,
     write_json_atomic,
 )
-from ..untrusted import inside_parent
+from ..store.manifest import Manifest, flat_params
 from .base import STATUS_FILE, Attempt, Cancel, Device, Execution, Outcome, RunConfigError
 from .config import RunOptions
 from .record import RUN_RECORD, case_record, check_outputs, now, read_status

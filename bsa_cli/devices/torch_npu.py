@@ -61,12 +61,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..case import MAX_TOKENS
-from ..errors import DataError
-from ..interface import call_lengths
-from ..manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from ..core.case import MAX_TOKENS
+from ..core.errors import DataError
+from ..core.untrusted import inside_parent
+from ..ops.interface import call_lengths
 from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
-from ..untrusted import inside_parent
+from ..store.manifest import GRAD_NAMES, INPUT_NAMES, Manifest
 from . import software, torch_npu_ops
 from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
 from .binary import CANNOT_RUN_PREFIX, EXIT_CANNOT_RUN, mark_cannot_run

@@ -54,12 +54,12 @@ from typing import Any
 
 import numpy as np
 
-from ..case import MAX_TOKENS, numpy_dtype
-from ..errors import BsaError
-from ..interface import call_lengths
-from ..manifest import Manifest
+from ..core.case import MAX_TOKENS, numpy_dtype
+from ..core.errors import BsaError
+from ..core.untrusted import inside_parent
+from ..ops.interface import call_lengths
 from ..store import array_bytes
-from ..untrusted import inside_parent
+from ..store.manifest import Manifest
 from .base import STATUS_FILE, write_atomic
 
 FORWARD_BINDING = "npu_block_sparse_attention"

@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..case import Case, SequenceSpan, numpy_dtype
-from ..layout import kv_view, lse_view, mask_view, q_view
+from ..core.case import Case, SequenceSpan, numpy_dtype
+from ..core.layout import kv_view, lse_view, mask_view, q_view
 from .paths import _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
 from .walk import _run, _SharedBlocks, _Task, _Tiles
 

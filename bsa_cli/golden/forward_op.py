@@ -29,10 +29,10 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import DTypeLike
 
-from .. import blas
-from ..case import Case, numpy_dtype
-from ..layout import lse_view, mask_view, q_view
-from ..rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
+from ..core import blas
+from ..core.case import Case, numpy_dtype
+from ..core.layout import lse_view, mask_view, q_view
+from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
 from .compute import _case_entries, _check_precision, _lanes, backward, backward_kernel
 from .numerics import _padded_blocks, _Scratch, _to_io_fp32
 from .paths import _Entry, _Forward, _Path

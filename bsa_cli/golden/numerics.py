@@ -14,7 +14,7 @@ import math
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..rounding import to_dtype
+from ..core.rounding import to_dtype
 
 _PRODUCT_ELEMENTS = 1 << 20
 """Most elements of one dK/dV share (selected columns x D) computed before it is added to its blocks."""

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..rounding import BACKWARD_TIES, FORWARD_TIES, round_float32, to_dtype
+from ..core.rounding import BACKWARD_TIES, FORWARD_TIES, round_float32, to_dtype
 from .numerics import _add_products, _chunks, _mask_tail, _padded_blocks, _Scratch, _to_io_fp32
 
 

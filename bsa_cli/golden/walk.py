@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 
 import numpy as np
 
-from .. import blas
+from ..core import blas
 from .numerics import _gather, _Scratch
 from .paths import _Path
 

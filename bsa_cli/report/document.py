@@ -25,10 +25,10 @@ import numpy as np
 
 from .._version import __version__
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, drift
-from ..errors import DataError
-from ..manifest import json_number
+from ..core.errors import DataError
+from ..core.untrusted import load_json, read_regular
 from ..ops import OPS
-from ..untrusted import load_json, read_regular
+from ..store.manifest import json_number
 from .files import write_text_atomic
 from .header import ReportHeader, report_header
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import BsaError
+from ..core.errors import BsaError
 
 
 @dataclass

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult
-from ..interface import release_counts
 from ..ops import OPS, Op
+from ..ops.interface import release_counts
 
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("max_abs_err", "max abs error"),

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..compare import BlockMap, HotBlock, Selection, TensorResult, UlpChart
-from ..compare.bias import Bias
+from ..standards.bias import Bias
 from .formatting import fmt, query_axis
 from .style import SVG_FONT, esc
 

@@ -18,12 +18,11 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import forward_interface, interface, stress
-from ..case import DTYPES, MAX_TOKENS, Case, Distribution, Expect
-from ..errors import SpecError, show
-from ..inputs import fit_explicit, unreachable_kv_blocks
-from ..ops import DEFAULT_OPS, FORWARD_OPS, OPS, PAIR_OPS, Op
-from ..untrusted import MAX_NAME_BYTES, is_case_name
+from ..core.case import DTYPES, MAX_TOKENS, Case, Distribution, Expect
+from ..core.errors import SpecError, show
+from ..core.untrusted import MAX_NAME_BYTES, is_case_name
+from ..inputs import fit_explicit, stress, unreachable_kv_blocks
+from ..ops import DEFAULT_OPS, FORWARD_OPS, OPS, PAIR_OPS, Op, forward_interface, interface
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,

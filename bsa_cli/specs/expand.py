@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import SpecError, show, suggest
+from ..core.errors import SpecError, show, suggest
 from .fields import CASE_KEYS, _key
 
 

@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import interface
-from ..case import (
+from ..core.case import (
     ACLNN_STATUS,
     DTYPES,
     TENSOR_NAMES,
@@ -32,9 +31,10 @@ from ..case import (
     Sparsity,
     TensorOverride,
 )
-from ..errors import DataError, SpecError, show, suggest
+from ..core.errors import DataError, SpecError, show, suggest
+from ..core.untrusted import inside, read_regular
 from ..inputs import ALIGNMENTS
-from ..untrusted import inside, read_regular
+from ..ops import interface
 
 DTYPE_ALIASES = {
     "fp16": "float16",

@@ -12,10 +12,10 @@ import math
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..case import Case
-from ..errors import DataError, SpecError, show
+from ..core.case import Case
+from ..core.errors import DataError, SpecError, show
+from ..core.untrusted import inside
 from ..ops import Op
-from ..untrusted import inside
 from .build import build_case
 from .expand import _matrix, deep_merge, expand_matrix
 from .fields import _SHARED, _suggest

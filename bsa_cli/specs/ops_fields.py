@@ -19,8 +19,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..case import Expect
-from ..errors import show
+from ..core.case import Expect
+from ..core.errors import show
 from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op
 from .fields import INT64_LIMIT, _expect, _key, _Reader, _suggest
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import yaml
 
-from ..errors import DataError, SpecError, show
-from ..untrusted import read_regular
+from ..core.errors import DataError, SpecError, show
+from ..core.untrusted import read_regular
 
 MAX_SPEC_BYTES = 4 << 20
 """Largest spec file read (4 MiB): specs are a few KiB; large explicit masks belong in .npy files."""

@@ -19,11 +19,12 @@ import yaml
 from rich.console import Console
 
 import bsa_cli as bsa
-from bsa_cli import compare, generate, report, specs, store
-from bsa_cli.case import numpy_dtype
+from bsa_cli import compare, report, specs, store
 from bsa_cli.compare import ERROR, FAIL, PASS
+from bsa_cli.core.case import numpy_dtype
 from bsa_cli.devices import reference
-from bsa_cli.manifest import GRAD_NAMES, INPUT_NAMES
+from bsa_cli.gen import generate
+from bsa_cli.store.manifest import GRAD_NAMES, INPUT_NAMES
 
 SPEC = {
     "defaults": {"head_dim": 16, "block_shape": [16, 16], "num_heads": 2, "seed": 5, "dtype": "fp16"},

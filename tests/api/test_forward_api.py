@@ -11,7 +11,7 @@ import pytest
 
 import bsa_cli as bsa
 from bsa_cli import compare
-from bsa_cli.case import numpy_dtype
+from bsa_cli.core.case import numpy_dtype
 from tests.helpers import build_judged_op_folder, case_factory
 
 make = case_factory(head_dim=64, q_seq_len=96, kv_seq_len=80, block_shape=(32, 16), scale=None)

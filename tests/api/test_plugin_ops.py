@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bsa_cli import generate, specs
+from bsa_cli import specs
+from bsa_cli.gen import generate
 
 pytest_plugins = ["pytester"]
 
@@ -140,7 +141,7 @@ import numpy as np
 import pytest
 
 import bsa_cli as bsa
-from bsa_cli.case import numpy_dtype
+from bsa_cli.core.case import numpy_dtype
 
 
 @pytest.mark.bsa_ops("forward")

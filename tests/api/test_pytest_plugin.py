@@ -17,7 +17,8 @@ import pytest
 import yaml
 
 import bsa_cli as bsa
-from bsa_cli import generate, specs
+from bsa_cli import specs
+from bsa_cli.gen import generate
 from tests.helpers import REPO, STANDIN
 
 pytest_plugins = ["pytester"]
@@ -43,7 +44,7 @@ NAMES = ["n-dtype", "p-bnsd", "p-tnd-bf16"]
 TEST_FILE = """
 import bsa_cli as bsa
 from bsa_cli.devices import reference
-from bsa_cli.manifest import call_tensors
+from bsa_cli.store.manifest import call_tensors
 
 FAULT = {fault!r}
 

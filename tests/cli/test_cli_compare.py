@@ -40,7 +40,7 @@ def suite_dir(tmp_path_factory) -> Path:
         ),
     ):
         build_case(root, make_case(name, **fields))
-    from bsa_cli.case import Expect
+    from bsa_cli.core.case import Expect
 
     negative = build_case(root, make_case("d-neg", expect=Expect(161002, "ACLNN_ERR_PARAM_INVALID")), outputs=False)
     (negative / "outputs" / "status.txt").write_text("161002\n")

@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import generate
 from bsa_cli.cli import main
+from bsa_cli.gen import generate
 from bsa_cli.store import read_array
 
 CASE = {

@@ -68,7 +68,7 @@ def test_list_table_never_cuts_a_name_even_narrower_than_the_name():
 def test_list_estimates_the_reference_device_from_backward_flops_and_pairs():
     (case,) = load_specs([REPO / "cases" / "nightly.yaml"])[2:3]  # causal 16k
     (row,) = list_rows([case])
-    from bsa_cli.schedule import estimate
+    from bsa_cli.gen.schedule import estimate
 
     e = estimate(case)
     expected = reference.estimate_seconds(e.flops * 10 / 14, e.selected_blocks, 1)

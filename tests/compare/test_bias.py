@@ -12,7 +12,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli.compare import bias
+from bsa_cli.standards import bias
 
 DTYPES = {"float16": (np.float16, 10, 2.0**-11), "bfloat16": (ml_dtypes.bfloat16, 7, 2.0**-8)}
 

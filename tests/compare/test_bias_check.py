@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from bsa_cli import compare, store
-from bsa_cli.case import Sparsity, numpy_dtype
 from bsa_cli.compare import FAIL, PASS, RunSettings
+from bsa_cli.core.case import Sparsity, numpy_dtype
 from bsa_cli.devices import reference
-from bsa_cli.generate import generate_case
+from bsa_cli.gen.generate import generate_case
 from tests.helpers import case_factory
 
 GRADS = ("dq", "dk", "dv")

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from bsa_cli import compare, report, store
-from bsa_cli.case import Case, Expect, numpy_dtype
 from bsa_cli.compare import ERROR, FAIL, PASS, RunSettings
+from bsa_cli.core.case import Case, Expect, numpy_dtype
+from bsa_cli.core.layout import mask_view
 from bsa_cli.devices import faults, reference
-from bsa_cli.layout import mask_view
 from tests.helpers import REPO, build_case, check, make_case, make_inputs, read_grad, rewrite_grad, write_outputs
 
 # ---- fixtures -----------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_unusual_shapes_pass_when_clean(tmp_path):
 
 
 def test_float64_golden_is_judged_like_float32(tmp_path):
-    from bsa_cli.generate import generate_case
+    from bsa_cli.gen.generate import generate_case
 
     case = make_case("f64", dtype="bfloat16")
     case_dir = generate_case(case, tmp_path, precision="float64")
@@ -722,7 +722,7 @@ def test_select_cases_filters_by_directory_name(two_cases, tmp_path):
 
 
 def _edge_sweep(tmp_path: Path, seeds: range) -> list[str]:
-    from bsa_cli.generate import generate_case
+    from bsa_cli.gen.generate import generate_case
     from bsa_cli.specs import load_specs
 
     cases = load_specs([REPO / "cases" / "edge.yaml"])
@@ -772,7 +772,7 @@ def test_mask_view_agrees_with_structural_rows(tmp_path):
 
 @pytest.mark.slow
 def test_edge_suite_every_applicable_fault_fails(tmp_path):
-    from bsa_cli.generate import generate_case
+    from bsa_cli.gen.generate import generate_case
     from bsa_cli.specs import load_specs
     from bsa_cli.store import load_manifest, read_array
 
@@ -823,7 +823,7 @@ def measured_benchmark(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
     tmp_path, monkeypatch, case_name, fault, compare_settings, precision
 ):
-    from bsa_cli.generate import generate_case
+    from bsa_cli.gen.generate import generate_case
     from bsa_cli.specs import load_specs
 
     case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
@@ -847,7 +847,7 @@ def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
 
 @pytest.fixture
 def generated(tmp_path) -> Path:
-    from bsa_cli.generate import generate_case
+    from bsa_cli.gen.generate import generate_case
 
     case_dir = generate_case(make_case("g"), tmp_path)
     reference.emulate_case_dir(case_dir, case_dir / "outputs")

@@ -11,16 +11,16 @@ import pytest
 from click.testing import CliRunner
 
 from bsa_cli import compare
-from bsa_cli.case import numpy_dtype
 from bsa_cli.cli import main
 from bsa_cli.compare import diagnose
 from bsa_cli.compare.diagnose import hypotheses
 from bsa_cli.compare.results import DIAGNOSIS_KINDS
+from bsa_cli.core.case import numpy_dtype
 from bsa_cli.devices import faults, reference
-from bsa_cli.generate import generate_case
-from bsa_cli.manifest import GRAD_NAMES, case_from_manifest
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
+from bsa_cli.store.manifest import GRAD_NAMES, case_from_manifest
 from tests.helpers import CASES
 
 TRUE_KIND = {

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from bsa_cli import api, compare
-from bsa_cli.case import Case
+from bsa_cli.core.case import Case
+from bsa_cli.core.layout import kv_view, mask_view, q_view
 from bsa_cli.devices import reference
-from bsa_cli.generate import generate_case
-from bsa_cli.layout import kv_view, mask_view, q_view
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 from tests.helpers import CASES
 

@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 
 from bsa_cli import compare, golden
-from bsa_cli.case import Case, numpy_dtype
 from bsa_cli.compare.diagnose.forward_diagnosis import FORWARD_KINDS
 from bsa_cli.compare.results import DIAGNOSIS_KINDS
+from bsa_cli.core.case import Case, numpy_dtype
 from bsa_cli.devices import faults, reference
 from bsa_cli.devices import forward as device_forward
 from bsa_cli.devices.config import RunOptions
 from bsa_cli.devices.forward import prefilled
 from bsa_cli.devices.reference import ReferenceDevice
 from bsa_cli.devices.run import run_case
-from bsa_cli.generate import generate_case_ops
+from bsa_cli.gen.generate import generate_case_ops
 from bsa_cli.specs import load_specs
 from bsa_cli.store import array_bytes, load_manifest, read_array
 from tests.helpers import CASES, build_judged_op_folder, case_factory

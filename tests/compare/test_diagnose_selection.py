@@ -12,7 +12,7 @@ from bsa_cli.compare.diagnose import contributions
 from bsa_cli.compare.diagnose.hypotheses import Context, Target
 from bsa_cli.compare.diagnose.scoring import gather_blocks
 from bsa_cli.devices import reference
-from bsa_cli.generate import generate_case
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 
 SPECS = """

@@ -11,9 +11,9 @@ from bsa_cli import api, compare
 from bsa_cli.compare.diagnose.hypotheses import NULL, VARIANTS, Context, Target, recompute
 from bsa_cli.compare.diagnose.scoring import gather_blocks
 from bsa_cli.compare.diagnose.views import InputRows
+from bsa_cli.core.layout import kv_view, lse_view, q_view
 from bsa_cli.devices import reference
-from bsa_cli.generate import generate_case
-from bsa_cli.layout import kv_view, lse_view, q_view
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 
 SPECS = """

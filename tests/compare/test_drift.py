@@ -19,9 +19,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from bsa_cli import report
-from bsa_cli.case import numpy_dtype
 from bsa_cli.cli import main
 from bsa_cli.compare import drift
+from bsa_cli.core.case import numpy_dtype
 from tests import helpers
 from tests.helpers import Page, build_case, make_case, read_grad, rewrite_grad
 
@@ -464,7 +464,7 @@ def test_trend_does_not_call_a_change_of_inputs_rising(nights, tmp_path):
 
 
 def test_the_inputs_digest_follows_the_input_hashes() -> None:
-    from bsa_cli.manifest import inputs_digest
+    from bsa_cli.store.manifest import inputs_digest
 
     one = {"inputs": {"query": {"sha256": "a" * 64}, "key": {"sha256": "b" * 64}}}
     same = {"inputs": {"key": {"sha256": "b" * 64}, "query": {"sha256": "a" * 64}}}

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from bsa_cli import compare, golden
-from bsa_cli.case import numpy_dtype
 from bsa_cli.compare import FAIL, PASS, SKIP
 from bsa_cli.compare.forward import LSE_FLOOR
-from bsa_cli.manifest import GRAD_NAMES
+from bsa_cli.core.case import numpy_dtype
 from bsa_cli.store import array_bytes, load_manifest
+from bsa_cli.store.manifest import GRAD_NAMES
 from tests.helpers import build_judged_op_folder, case_factory, check
 
 make = case_factory(head_dim=64, q_seq_len=96, kv_seq_len=80, block_shape=(32, 16), scale=None)

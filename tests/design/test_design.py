@@ -24,8 +24,6 @@ COMMAND_MODULES = {f"{CLI}.{name}" for name in ("compare", "export", "gen", "run
 """Modules that define click commands; the group, `bsa_cli.cli`, adds them to `bsa`."""
 
 COMPARE_ORDER = (
-    "bias",
-    "standards",
     "results",
     "geometry",
     "buffers",
@@ -54,6 +52,28 @@ COMPARE_ORDER = (
     "drift",
 )
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
+
+LAYERS = (
+    "_version",
+    "core",
+    "inputs",
+    "golden",
+    "standards",
+    "ops",
+    "specs",
+    "store",
+    "devices",
+    "compare",
+    "gen",
+    "report",
+    "pipeline",
+    "api",
+    "pytest_plugin",
+    "cli",
+    "__main__",
+)
+"""The packages (and top-level modules) of bsa_cli from the bottom up (docs/design.md): each imports only
+those before it. The package `bsa_cli` itself (its `__init__`, the public API's face) imports lazily."""
 
 MAX_LINES = 600
 """No module of bsa_cli is longer unless LONG_MODULES names it: past this, it holds more than one job."""
@@ -113,9 +133,16 @@ def is_cli(module: str) -> bool:
     return module == CLI or module.startswith(f"{CLI}.")
 
 
+def _layer(module: str) -> str:
+    """The layer of a module of bsa_cli: its package below bsa_cli, or its own name at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "_version"  # the face of bsa_cli is no layer: it imports lazily
+
+
 def import_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
     """Return each import that breaks the one-way flow of docs/design.md.
 
+    * Each layer imports only the layers before it in `LAYERS`.
     * Only `bsa_cli.__main__` imports the group, `bsa_cli.cli`; only the group imports the command
       modules; the command modules import the modules they share (`bsa_cli.cli.common`, `.options`,
       `.output`, `.progress`) and the library, never each other; the library imports no module of the CLI.
@@ -126,6 +153,9 @@ def import_violations(imports: Mapping[str, Iterable[str]]) -> list[str]:
     for module, targets in sorted(imports.items()):
         for target in sorted(targets):
             if target == module:
+                continue
+            if module != "bsa_cli" and _layer(target) in LAYERS[LAYERS.index(_layer(module)) + 1 :]:
+                problems.append(f"{module} imports {target}: a layer above it (LAYERS)")
                 continue
             if target == CLI and module != "bsa_cli.__main__":
                 problems.append(f"{module} imports {target}: only `python -m bsa_cli` starts the group")
@@ -218,7 +248,11 @@ def test_the_import_reader_sees_relative_and_lazy_imports() -> None:
         ("bsa_cli.compare.judge", "bsa_cli.report"),
         ("bsa_cli.compare.judge", "bsa_cli.report.formatting"),
         ("bsa_cli.compare.metrics", "bsa_cli.compare.judge"),  # the core importing outwards
-        ("bsa_cli.compare.standards", "bsa_cli.compare.results"),
+        ("bsa_cli.standards", "bsa_cli.compare.results"),
+        ("bsa_cli.core.case", "bsa_cli.ops"),  # a leaf knowing the ops
+        ("bsa_cli.specs.fields", "bsa_cli.compare"),  # spec loading importing judging
+        ("bsa_cli.devices.repeat", "bsa_cli.compare"),
+        ("bsa_cli.golden.walk", "bsa_cli.store"),
     ],
 )
 def test_a_planted_backward_import_is_caught(module: str, target: str) -> None:
@@ -247,7 +281,7 @@ def test_a_module_too_long_is_caught() -> None:
     assert too_long(planted) == [f"bsa_cli.runner: {MAX_LINES + 1} lines (at most {MAX_LINES})"]
 
 
-MANIFEST_WRITERS = {"bsa_cli/manifest.py", "bsa_cli/store.py", "bsa_cli/generate.py"}
+MANIFEST_WRITERS = {"bsa_cli/store/manifest.py", "bsa_cli/store/__init__.py", "bsa_cli/gen/generate.py"}
 """Where case.json is built and checked as JSON (`manifest.build_manifest`, `store.check_manifest`, gen's
 additions); every other module asks a `manifest.Manifest` its questions."""
 
@@ -264,3 +298,24 @@ def test_readers_ask_the_manifest_instead_of_digging_in_its_json() -> None:
         if digging.search(line)
     ]
     assert not found, "ask manifest.Manifest (name, params, is_negative, entries, ...) instead:\n" + "\n".join(found)
+
+
+def test_every_package_has_its_layer() -> None:
+    layers = {_layer(module_name(path)) for path in PACKAGE.rglob("*.py")} - {"_version"}
+    assert layers <= set(LAYERS)
+    assert {p.parent.name for p in PACKAGE.glob("*/__init__.py")} | {p.stem for p in PACKAGE.glob("*.py")} == set(
+        LAYERS
+    ) | {"__init__"}
+
+
+def test_loading_a_spec_imports_nothing_of_judging_golden_store_devices_or_reports() -> None:
+    import subprocess
+    import sys
+
+    program = (
+        "import sys; from bsa_cli.specs import load_specs; load_specs(['cases/smoke.yaml']); "
+        "print(' '.join(m for m in sys.modules if m.startswith('bsa_cli')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, check=True)
+    heavy = ("compare", "golden", "store", "devices", "report", "gen", "cli")
+    assert [m for m in loaded.stdout.split() if _layer(m) in heavy] == []

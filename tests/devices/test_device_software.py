@@ -232,7 +232,7 @@ def test_compare_notes_a_device_whose_cann_release_is_not_the_suite_s(tmp_path: 
     from click.testing import CliRunner
 
     from bsa_cli.cli import main
-    from bsa_cli.interface import release_of_cann
+    from bsa_cli.ops.interface import release_of_cann
 
     assert [release_of_cann(v) for v in ("9.0.0", "9.1.0.RC1", "8.3.RC1", None, "9.10")] == [
         "9.0.0",

@@ -10,13 +10,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli import manifest, store
-from bsa_cli.case import Case, numpy_dtype
+from bsa_cli import store
+from bsa_cli.core.case import Case, numpy_dtype
+from bsa_cli.core.errors import DataError
+from bsa_cli.core.layout import kv_view, lse_view, mask_view, q_view
 from bsa_cli.devices.base import STATUS_FILE
 from bsa_cli.devices.faults import FAULTS, applicable_faults, fault_applies
 from bsa_cli.devices.reference import emulate, emulate_case_dir
-from bsa_cli.errors import DataError
-from bsa_cli.layout import kv_view, lse_view, mask_view, q_view
+from bsa_cli.store import manifest
 from tests.helpers import case_factory
 
 GRADS = ("dq", "dk", "dv")

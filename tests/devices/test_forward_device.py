@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bsa_cli import golden
-from bsa_cli.case import Case, numpy_dtype
+from bsa_cli.core.case import Case, numpy_dtype
 from bsa_cli.devices import faults, reference
 from bsa_cli.devices import forward as device_forward
 from tests import helpers

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from bsa_cli import golden, store
-from bsa_cli.case import numpy_dtype
+from bsa_cli.core.case import numpy_dtype
 from tests.helpers import REPO, TESTS, invoke
 
 SOURCES = [REPO / "harness" / "bsa_grad_harness.cpp", TESTS / "fake_acl" / "fake_acl_runtime.cpp"]

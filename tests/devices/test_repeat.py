@@ -19,10 +19,10 @@ from bsa_cli.cli import main
 from bsa_cli.devices import repeat
 from bsa_cli.devices.faults import applicable_faults
 from bsa_cli.devices.reference import emulate
-from bsa_cli.generate import generate_suite
-from bsa_cli.manifest import case_from_manifest
+from bsa_cli.gen.generate import generate_suite
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
+from bsa_cli.store.manifest import case_from_manifest
 from tests.helpers import REPO
 
 EDGE = load_specs([REPO / "cases" / "edge.yaml"])

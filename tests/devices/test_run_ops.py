@@ -13,8 +13,8 @@ from bsa_cli import devices
 from bsa_cli.devices import reference, repeat
 from bsa_cli.devices.base import Attempt, Execution
 from bsa_cli.devices.record import check_outputs
-from bsa_cli.manifest import Manifest
 from bsa_cli.store import load_manifest
+from bsa_cli.store.manifest import Manifest
 from tests.helpers import build_op_folder, case_factory, fake_device, read_record, run_options, write_case_dir
 
 make = case_factory(head_dim=64, block_shape=(128, 128), q_seq_len=256, kv_seq_len=256, scale=None)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from bsa_cli import devices, store
+from bsa_cli.core.errors import DataError
 from bsa_cli.devices import process
-from bsa_cli.errors import DataError
 from tests.helpers import fake_device, read_record, run_options, write_case_dir
 
 

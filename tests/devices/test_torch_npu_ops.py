@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from bsa_cli import golden, store
-from bsa_cli.case import numpy_dtype
+from bsa_cli.core.case import numpy_dtype
 from bsa_cli.devices import binary, torch_npu, torch_npu_ops
 from bsa_cli.devices.base import Attempt, Cancel, Execution
 from bsa_cli.devices.torch_npu_ops import CannotRun, NotExpressible, plan_op

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 import yaml
 
-from bsa_cli.case import Case, Sparsity
-from bsa_cli.errors import SpecError
-from bsa_cli.generate import generate_case
+from bsa_cli.core.case import Case, Sparsity
+from bsa_cli.core.errors import SpecError
+from bsa_cli.gen.generate import generate_case
+from bsa_cli.gen.schedule import pattern_counts
 from bsa_cli.inputs import make_mask, mask_counts
-from bsa_cli.schedule import pattern_counts
 from bsa_cli.specs import load_specs
 from tests.helpers import case_factory
 

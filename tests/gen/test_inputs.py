@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bsa_cli import inputs
-from bsa_cli.case import Distribution, Init, Sparsity
+from bsa_cli.core.case import Distribution, Init, Sparsity
 from bsa_cli.inputs import make_mask, make_tensors, mask_stats
 from tests.helpers import case_factory
 

@@ -10,10 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bsa_cli import generate, golden, store
-from bsa_cli.case import Case, Expect
-from bsa_cli.errors import DataError
-from bsa_cli.generate import fingerprint, generate_case, generate_case_ops, generate_suite
+from bsa_cli import golden, store
+from bsa_cli.core.case import Case, Expect
+from bsa_cli.core.errors import DataError
+from bsa_cli.gen import generate
+from bsa_cli.gen.generate import fingerprint, generate_case, generate_case_ops, generate_suite
 from tests.helpers import make_case
 
 ALL_OPS = ("forward", "backward", "chain", "autograd")

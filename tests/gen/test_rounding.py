@@ -16,7 +16,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli.rounding import BFLOAT16, FLOAT16, round_float32, to_dtype
+from bsa_cli.core.rounding import BFLOAT16, FLOAT16, round_float32, to_dtype
 
 FORMATS = {  # significant bits, smallest normal exponent, largest finite value
     "float16": (11, -14, 65504.0),
@@ -143,10 +143,10 @@ def test_in_place_and_other_dtypes() -> None:
 
 def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_from_zero(monkeypatch) -> None:
     from bsa_cli import golden
+    from bsa_cli.core.rounding import BACKWARD_TIES, FORWARD_TIES
     from bsa_cli.devices import reference
-    from bsa_cli.generate import compute_case
+    from bsa_cli.gen.generate import compute_case
     from bsa_cli.inputs import make_mask
-    from bsa_cli.rounding import BACKWARD_TIES, FORWARD_TIES
     from bsa_cli.specs import load_specs
 
     assert (BACKWARD_TIES, FORWARD_TIES) == ("away", "even")  # CAST_ROUND in the backward, CAST_RINT forward
@@ -171,7 +171,7 @@ def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_fro
 
 
 def test_numpy_s_half_cast_is_used_only_where_it_gives_bsa_s_bits(monkeypatch) -> None:
-    from bsa_cli import rounding
+    from bsa_cli.core import rounding
 
     assert rounding._numpy_half_cast_is_bsa_s()  # this NumPy's float64 -> float16 cast is bsa's rule
     exponents = np.random.default_rng(8).integers(-26, 17, 300_000)

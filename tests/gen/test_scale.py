@@ -15,13 +15,14 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import generate, golden, schedule
-from bsa_cli.case import Case
+from bsa_cli import golden
 from bsa_cli.cli import common as cli_common
 from bsa_cli.cli import gen as cli_gen
 from bsa_cli.cli import main
-from bsa_cli.generate import compute_case
-from bsa_cli.schedule import estimate, parse_shard, shard
+from bsa_cli.core.case import Case
+from bsa_cli.gen import generate, schedule
+from bsa_cli.gen.generate import compute_case
+from bsa_cli.gen.schedule import estimate, parse_shard, shard
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO
 

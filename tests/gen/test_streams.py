@@ -10,8 +10,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from bsa_cli import streams
 from bsa_cli.cli import main
+from bsa_cli.core import streams
 
 
 def digest(values: np.ndarray) -> str:

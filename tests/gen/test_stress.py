@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from bsa_cli import golden
-from bsa_cli.case import Case, Distribution, Init, Outliers, RowScale, Sink, Sparsity
-from bsa_cli.errors import SpecError
-from bsa_cli.generate import compute_case, generate_case
+from bsa_cli.core.case import Case, Distribution, Init, Outliers, RowScale, Sink, Sparsity
+from bsa_cli.core.errors import SpecError
+from bsa_cli.gen.generate import compute_case, generate_case
 from bsa_cli.inputs import make_tensors
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO, case_factory
@@ -258,7 +258,7 @@ def test_compare_reports_carry_the_kernel_path_notes(tmp_path):
     """A stress case whose kernel path flushes values to zero says so in compare's results and HTML."""
     from bsa_cli import compare, report
     from bsa_cli.devices import reference
-    from bsa_cli.generate import generate_case
+    from bsa_cli.gen.generate import generate_case
     from bsa_cli.specs import load_specs
 
     case = next(c for c in load_specs([REPO / "cases" / "stress.yaml"]) if c.name == "stress-peaked.fp16")

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from bsa_cli import golden
-from bsa_cli.case import Case, numpy_dtype
+from bsa_cli.core.case import Case, numpy_dtype
 from bsa_cli.golden.forward_op import _softmax_of
 from tests import helpers
 

@@ -8,10 +8,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli import blas, golden
-from bsa_cli.case import Case
+from bsa_cli import golden
+from bsa_cli.core import blas
+from bsa_cli.core.case import Case
+from bsa_cli.core.rounding import round_float32
 from bsa_cli.golden import compute, numerics, paths, walk
-from bsa_cli.rounding import round_float32
 from tests import helpers, oracle
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

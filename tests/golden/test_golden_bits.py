@@ -16,9 +16,10 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from bsa_cli import blas, golden
-from bsa_cli.case import Case, Distribution, Init, Sparsity
-from bsa_cli.generate import compute_case
+from bsa_cli import golden
+from bsa_cli.core import blas
+from bsa_cli.core.case import Case, Distribution, Init, Sparsity
+from bsa_cli.gen.generate import compute_case
 from bsa_cli.golden import compute, numerics, walk
 from bsa_cli.inputs import make_mask, make_tensors
 from tests import golden_2b40f9e as before

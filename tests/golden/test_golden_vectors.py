@@ -19,7 +19,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli.generate import generate_case
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
 from tests.helpers import REPO

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import yaml
 
-from bsa_cli import forward_interface, interface, manifest
-from bsa_cli.case import Case, Expect
-from bsa_cli.errors import SpecError
-from bsa_cli.ops import DEFAULT_OPS, OPS
+from bsa_cli.core.case import Case, Expect
+from bsa_cli.core.errors import SpecError
+from bsa_cli.ops import DEFAULT_OPS, OPS, forward_interface, interface
 from bsa_cli.specs import load_specs
+from bsa_cli.store import manifest
 from tests.helpers import REPO
 
 BASE: dict[str, Any] = {"name": "c", "num_heads": 2, "q_seq_len": 256, "head_dim": 128}

@@ -7,10 +7,11 @@ import math
 
 import pytest
 
-from bsa_cli import interface, manifest
-from bsa_cli.case import Case, TensorOverride
+from bsa_cli.core.case import Case, TensorOverride
 from bsa_cli.devices.reference import check_interface
+from bsa_cli.ops import interface
 from bsa_cli.specs import load_specs
+from bsa_cli.store import manifest
 from tests.helpers import REPO, case_factory
 
 make_case = case_factory(

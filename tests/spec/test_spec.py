@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import yaml
 
-from bsa_cli.errors import SpecError
+from bsa_cli.core.errors import SpecError
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO
 

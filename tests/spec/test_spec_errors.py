@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bsa_cli.errors import SpecError
+from bsa_cli.core.errors import SpecError
 from bsa_cli.specs import dtype_name, load_specs
 
 BASE = {"name": "c", "num_heads": 2, "q_seq_len": 256, "head_dim": 128}

@@ -10,9 +10,9 @@ import yaml
 from click.testing import CliRunner
 
 from bsa_cli.cli import main
-from bsa_cli.errors import DataError
-from bsa_cli.manifest import Manifest
+from bsa_cli.core.errors import DataError
 from bsa_cli.store import MANIFEST, load_manifest
+from bsa_cli.store.manifest import Manifest
 
 SPEC = {
     "defaults": {

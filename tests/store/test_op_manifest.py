@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from bsa_cli import store
-from bsa_cli.errors import DataError
-from bsa_cli.manifest import build_manifest, flat_params, output_entries
+from bsa_cli.core.errors import DataError
+from bsa_cli.store.manifest import build_manifest, flat_params, output_entries
 from tests.helpers import make_case
 
 
@@ -65,7 +65,7 @@ def test_forward_parameters_must_be_integers(value: Any) -> None:
 
 
 def test_op_outputs_entries_follow_the_call_s_overrides() -> None:
-    from bsa_cli.case import TensorOverride
+    from bsa_cli.core.case import TensorOverride
 
     case = make_case("c", tensors=(TensorOverride("attention_out", null=True),))
     assert list(output_entries(case, "forward")) == ["lse"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from bsa_cli import golden
-from bsa_cli.generate import compute_case
+from bsa_cli.gen.generate import compute_case
 from bsa_cli.inputs import make_mask, make_tensors
 from bsa_cli.specs import load_specs
 from tests import oracle

@@ -7,8 +7,7 @@ end to end needs the forward's golden and devices; here they load, build and say
 
 from __future__ import annotations
 
-from bsa_cli import forward_interface
-from bsa_cli.ops import OPS
+from bsa_cli.ops import OPS, forward_interface
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO
 

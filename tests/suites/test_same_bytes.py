@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bsa_cli.generate import generate_case
+from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO
 

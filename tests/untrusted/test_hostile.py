@@ -1417,7 +1417,7 @@ ROUND2_TXT = [
 @pytest.mark.parametrize("trial", ROUND2_TXT, ids=[t.id for t in ROUND2_TXT])
 def test_hostile_case_txt_ends_cleanly(trial: Trial, generated: Path, tmp_path: Path) -> None:
     try_trial(trial, generated, tmp_path)
-    from bsa_cli.manifest import flat_params
+    from bsa_cli.store.manifest import flat_params
 
     case = tmp_path / "out" / "p"
     if trial.code == 0:

@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bsa_cli import devices, generate, schedule, specs, store
+from bsa_cli import devices, specs, store
+from bsa_cli.core.errors import DataError, SpecError
 from bsa_cli.devices import process, record, run
-from bsa_cli.errors import DataError, SpecError
+from bsa_cli.gen import generate, schedule
 from tests.helpers import BASE, digest, invoke
 
 
@@ -483,8 +484,8 @@ def test_gen_and_compare_walk_the_batch_entries_a_bounded_number_of_times(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Work grows with the batch, not with its square (1000 BNSD entries took 25 s to judge)."""
-    from bsa_cli import case as case_module
     from bsa_cli import compare
+    from bsa_cli.core import case as case_module
 
     calls = {"spans": 0, "q_lengths": 0}
     spans, q_lengths = case_module.Case.spans, case_module.Case.q_lengths

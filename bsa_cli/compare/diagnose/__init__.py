@@ -25,8 +25,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...case import Case
-from ...manifest import GRAD_NAMES
+from ...core.case import Case
+from ...store.manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
 from .contributions import contributions_fit
 from .hypotheses import (

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ...case import Case
-from ...manifest import GRAD_NAMES
+from ...core.case import Case
+from ...store.manifest import GRAD_NAMES
 from ..results import Cause, Hypothesis, TensorResult
 from .hypotheses import NULL, Context, recompute
 from .scoring import gather_blocks

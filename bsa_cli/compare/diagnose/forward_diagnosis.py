@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ...case import Case
+from ...core.case import Case
 from ...golden import forward_case, written_rows
 from ..forward import PREFILL_BITS, lse_floor
 from ..pair import PAIR_CAUSES

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...case import Case, SequenceSpan, numpy_dtype
-from ...layout import kv_view, lse_view, q_view
-from ...rounding import to_dtype
+from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.layout import kv_view, lse_view, q_view
+from ...core.rounding import to_dtype
 from .hypotheses import positions, read_mask
 
 STACK = 512

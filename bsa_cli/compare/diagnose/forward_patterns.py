@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...case import Case, SequenceSpan, numpy_dtype
-from ...layout import lse_view
+from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.layout import lse_view
 from ..results import Cause, Check, Hypothesis, TensorResult
 from .forward_hypotheses import ForwardContext, ForwardVariant, QBlock, Scorer, Side, dtype_eps, falls
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ...case import Case, SequenceSpan, numpy_dtype
-from ...layout import kv_view, mask_view, q_view
-from ...rounding import to_dtype
+from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.layout import kv_view, mask_view, q_view
+from ...core.rounding import to_dtype
 from .views import Held, InputRows
 
 LOG2E = math.log2(math.e)

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ...case import Case, SequenceSpan
-from ...layout import kv_view, mask_view, q_view
+from ...core.case import Case, SequenceSpan
+from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
 from .hypotheses import NULL, VARIANTS, Context, Pair, Target, applies, recompute, score_grads

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...case import Case, SequenceSpan, numpy_dtype
-from ...layout import kv_view, q_view
+from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
 from .scoring import Blocks
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...case import Case, numpy_dtype
-from ...manifest import GRAD_NAMES
+from ...core.case import Case, numpy_dtype
+from ...store.manifest import GRAD_NAMES
 from ..results import TensorResult
 from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
 

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...case import Case, SequenceSpan
-from ...layout import kv_view, lse_view, q_view
+from ...core.case import Case, SequenceSpan
+from ...core.layout import kv_view, lse_view, q_view
 
 KV_SIDE = ("key", "value")
 """Inputs of the key's shape (kv_view, blocks of Y rows); the others have the query's (blocks of X rows)."""

@@ -14,7 +14,7 @@ Strict where the real binding is (read in github.com/Ascend/op-plugin, master 51
 * The binding's checks of `op_plugin/ops/opapi/BlockSparseAttentionBackwardKernelNpuOpApi.cpp`, with its
   messages: q/k/v of one dtype, head_dim <= 128, TND with non-empty lengths; block_shape None or shorter
   than 2 becomes [128, 128]; attenMask null, maskType 0, tokens 2147483647.
-* The aclnn call plays the operator like bsa's reference device: `bsa_cli.interface.check` decides the
+* The aclnn call plays the operator like bsa's reference device: `bsa_cli.ops.interface.check` decides the
   status from the call's tensors and values, and a non-zero status raises RuntimeError in the format of
   torch_npu's NPU_CHECK_ERROR (github.com/Ascend/pytorch 9e73e708, `torch_npu/csrc/core/npu/NPUException.h`)
   after op-plugin's EXEC_NPU_NO_FORMAT_CHECK_CMD: "... NPU function error: call aclnnBlockSparseAttentionGrad
@@ -52,7 +52,7 @@ from typing import Any
 
 import torch
 
-from bsa_cli import forward_interface, interface
+from bsa_cli.ops import forward_interface, interface
 
 from . import _forward
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import numpy as np
 
-from . import interface
-from .compare import case_settings
-from .errors import DataError
-from .manifest import GRAD_NAMES, Manifest
-from .report.files import write_text_atomic
-from .store import load_manifest, read_array
-from .untrusted import read_regular
+from ..compare import case_settings
+from ..core.errors import DataError
+from ..core.untrusted import read_regular
+from ..ops import interface
+from ..store import load_manifest, read_array
+from ..store.manifest import GRAD_NAMES, Manifest
+from .files import write_text_atomic
 
 FORMATS = ("msopst", "atk")
 OP_TYPE = "BlockSparseAttentionGrad"

@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from .case import DTYPES, numpy_dtype
-from .errors import DataError, plural
-from .errors import show as _show
+from ..core.case import DTYPES, numpy_dtype
+from ..core.errors import DataError, plural
+from ..core.errors import show as _show
+from ..core.untrusted import MAX_NAME_BYTES, check_relative, entry_path, inside, is_case_name, load_json, read_regular
+from ..ops.folders import op_problem
 from .manifest import FORMAT, SECTIONS, Manifest
-from .op_folders import op_problem
-from .untrusted import MAX_NAME_BYTES, check_relative, entry_path, inside, is_case_name, load_json, read_regular
 
 MANIFEST = "case.json"
 FLAT_PARAMS = "case.txt"

@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..core.case import Case, Distribution, numpy_dtype
+from ..core.rounding import to_dtype
+from ..core.streams import check_streams, seeded, uniform, uniform01
 from . import stress
-from .case import Case, Distribution, numpy_dtype
-from .rounding import to_dtype
-from .streams import check_streams, seeded, uniform, uniform01
 from .stress import Adjust
 
 STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out")

@@ -15,15 +15,23 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from . import interface
-from ._version import __version__
-from .case import Case, Expect, TensorOverride
-from .errors import clip
-from .op_folders import CALL_NAMES, OP_OUTPUT_NAMES, op_case
-from .op_folders import GRAD_NAMES as GRAD_NAMES  # the names every reader of a manifest imports from here
-from .op_folders import INPUT_NAMES as INPUT_NAMES
-from .op_folders import SECTIONS as SECTIONS
-from .ops import FORWARD_OPS, INNER_PRECISE_DEFAULT, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, folder_name, split_folder_name
+from .._version import __version__
+from ..core.case import Case, Expect, TensorOverride
+from ..core.errors import clip
+from ..ops import (
+    FORWARD_OPS,
+    INNER_PRECISE_DEFAULT,
+    OPS,
+    SOFTMAX_LSE_FLAG_DEFAULT,
+    Op,
+    folder_name,
+    interface,
+    split_folder_name,
+)
+from ..ops.folders import CALL_NAMES, OP_OUTPUT_NAMES, op_case
+from ..ops.folders import GRAD_NAMES as GRAD_NAMES
+from ..ops.folders import INPUT_NAMES as INPUT_NAMES
+from ..ops.folders import SECTIONS as SECTIONS
 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .case import Case, numpy_dtype
-from .inputs import DIAGONAL_PATTERNS, MaskCounts, diagonal_blocks, make_mask, mask_counts
-from .workers import cpu_count
+from ..core.case import Case, numpy_dtype
+from ..core.workers import cpu_count
+from ..inputs import DIAGONAL_PATTERNS, MaskCounts, diagonal_blocks, make_mask, mask_counts
 
 GOLDEN_FLOPS_PER_SECOND = 40e9
 """Effective rate of `bsa gen` (forward, golden and benchmark backward) on the 2-core development machine."""

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from .case import Case, TensorOverride
+from ..core.case import Case, TensorOverride
+from . import OPS, Op, split_folder_name
 from .forward_interface import FORWARD_MASK_DTYPE
-from .ops import OPS, Op, split_folder_name
 
 INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 """The inputs of a backward folder (the backward's call), in its manifest's order."""

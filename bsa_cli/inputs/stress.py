@@ -15,8 +15,8 @@ from collections.abc import Callable
 import ml_dtypes
 import numpy as np
 
-from .case import Case, Distribution
-from .streams import uniform
+from ..core.case import Case, Distribution
+from ..core.streams import uniform
 
 Adjust = Callable[[np.ndarray, int], None]
 """Changes a chunk of float64 values in place, given the flat index of its first element."""

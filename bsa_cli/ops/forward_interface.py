@@ -35,8 +35,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ..core.case import MAX_TOKENS, Case
 from . import interface
-from .case import MAX_TOKENS, Case
+from .base import INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, SOFTMAX_LSE_FLAG_DEFAULT, Op, get
 from .interface import (
     ACLNN_ERR_INNER_TILING_ERROR,
     ACLNN_ERR_PARAM_INVALID,
@@ -45,7 +46,6 @@ from .interface import (
     DEFAULT_RELEASE,
     Violation,
 )
-from .ops import INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, PAIR_OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op
 
 ACLNN_ERR_INNER_NULLPTR = 561103
 """What GetWorkspaceSize returns when the forward's infershape fails (the l0op hands back null outputs)."""
@@ -464,7 +464,7 @@ def chain_check(
 def op_violation(case: Case, op: Op) -> tuple[str, Violation] | None:
     """Return the first rule one op of a case breaks, with the step that refuses it ("forward" or
     "backward"), or None when the op's operators accept the case."""
-    if op in ("forward", *PAIR_OPS):
+    if get(op).calls_forward:
         found = violations(case_params_forward(case), forward_tensors(case), case.release)
         if found:
             return "forward", found[0]
@@ -482,7 +482,7 @@ def op_status(case: Case, op: Op) -> tuple[int, str]:
     if found is None:
         return ACLNN_SUCCESS, ""
     step, violation = found
-    prefix = f"{step}: " if op in PAIR_OPS else ""
+    prefix = f"{step}: " if get(op).pair else ""
     return violation.status, f"{prefix}{violation.key}: {violation.message}"
 
 

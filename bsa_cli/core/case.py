@@ -13,8 +13,6 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
-from .ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, SOFTMAX_LSE_FLAG_DEFAULT, Op
-
 DTYPES: dict[str, Any] = {
     "float16": np.dtype(np.float16),
     "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -217,19 +215,19 @@ class Case:
     warnings: tuple[str, ...] = ()  # kernel constraints this case is outside of
     release: str = "master"  # the operator release whose rules decide its expected status (interface.RELEASES)
     null_layouts: tuple[str, ...] = ()  # "q", "kv": layouts the call passes as null pointers (shapes follow layout)
-    ops: tuple[Op, ...] = DEFAULT_OPS  # the operator calls the case tests (bsa_cli/ops.py), in OPS order
-    inner_precise: int = INNER_PRECISE_DEFAULT  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
-    softmax_lse_flag: int = SOFTMAX_LSE_FLAG_DEFAULT  # the forward's softmaxLseFlag (1: lse written)
-    op_expect: tuple[tuple[Op, Expect], ...] = ()
+    ops: tuple[str, ...] = ("backward",)  # the operator calls the case tests (bsa_cli/ops/: `Op`s), in OPS order
+    inner_precise: int = 0  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
+    softmax_lse_flag: int = 1  # the forward's softmaxLseFlag (1: lse written)
+    op_expect: tuple[tuple[str, Expect], ...] = ()
     """Ops whose expected status differs from `expect` (set by specs/build from each op's rules)."""
-    skipped_ops: tuple[tuple[Op, str], ...] = ()
+    skipped_ops: tuple[tuple[str, str], ...] = ()
     """Ops the case lists that their operator refuses while another accepts the case: (op, why), not run."""
 
-    def expect_of(self, op: Op) -> Expect:
+    def expect_of(self, op: str) -> Expect:
         """Return what one op of the case must return (`op_expect`, else `expect`)."""
         return dict(self.op_expect).get(op, self.expect)
 
-    def skip_reason(self, op: Op) -> str | None:
+    def skip_reason(self, op: str) -> str | None:
         """Return why the case does not run `op` (its operator refuses what another accepts), or None."""
         return dict(self.skipped_ops).get(op)
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from . import golden
-from .case import Case, numpy_dtype
-from .golden import KernelRange
-from .inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
-from .manifest import GRAD_NAMES
-from .op_folders import OP_INPUT_NAMES, op_case
-from .ops import Op
+from .. import golden
+from ..core.case import Case, numpy_dtype
+from ..golden import KernelRange
+from ..inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
+from ..ops import Op
+from ..ops.folders import OP_INPUT_NAMES, op_case
+from ..store.manifest import GRAD_NAMES
 
 _PASSES = 2
 """Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward."""

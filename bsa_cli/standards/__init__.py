@@ -29,8 +29,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..case import Case
-from ..errors import suggest
+from ..core.case import Case
+from ..core.errors import suggest
 from .bias import BIAS_FLOOR, BIAS_Z
 
 ERR_THD = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-14}

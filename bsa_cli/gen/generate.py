@@ -22,20 +22,20 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import compare, golden
-from ._version import __version__
-from .case import Case, numpy_dtype
-from .case_arrays import OpArrays, each_op
-from .case_arrays import compute_case as compute_case  # where callers have always found it
-from .case_arrays import compute_ops as compute_ops
-from .errors import DataError
-from .inputs import mask_stats
-from .manifest import build_manifest, flat_params
-from .ops import FORWARD_OPS, Op, folder_name
+from .. import compare, golden
+from .._version import __version__
+from ..core.case import Case, numpy_dtype
+from ..core.errors import DataError
+from ..core.untrusted import is_case_name
+from ..core.workers import worker_pool
+from ..inputs import mask_stats
+from ..ops import FORWARD_OPS, Op, folder_name
+from ..store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
+from ..store.manifest import build_manifest, flat_params
+from .arrays import OpArrays, each_op
+from .arrays import compute_case as compute_case
+from .arrays import compute_ops as compute_ops
 from .schedule import available_memory, estimate
-from .store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
-from .untrusted import is_case_name
-from .workers import worker_pool
 
 PRECISIONS = ("float32", "float64")
 

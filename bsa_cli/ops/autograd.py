@@ -1,0 +1,15 @@
+"""Autograd: the chain through torch_npu's autograd (`npu_block_sparse_attention` with `requires_grad`
+inputs, then `out.backward(dout)`): only a torch_npu device runs it."""
+
+from __future__ import annotations
+
+from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+
+AUTOGRAD = Op(
+    "autograd",
+    inputs=("query", "key", "value", "dout", "block_sparse_mask"),
+    outputs=FORWARD_OUTPUTS + GRAD_NAMES,
+    calls_forward=True,
+    calls_backward=True,
+    summary="the chain through torch_npu's autograd (torch_npu only)",
+)

@@ -1,0 +1,15 @@
+"""The backward: aclnnBlockSparseAttentionGrad on the golden's rounded attentionOut and softmaxLse (what bsa
+always tested; a case's default, with unchanged files)."""
+
+from __future__ import annotations
+
+from .base import BACKWARD_INPUTS, GRAD_NAMES, Op
+
+BACKWARD = Op(
+    "backward",
+    inputs=BACKWARD_INPUTS,
+    outputs=GRAD_NAMES,
+    calls_forward=False,
+    calls_backward=True,
+    summary="aclnnBlockSparseAttentionGrad on the golden's attentionOut and softmaxLse",
+)

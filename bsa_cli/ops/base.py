@@ -1,0 +1,112 @@
+"""`Op`: one operator call a case tests, with everything that differs between the calls as its attributes.
+
+Every layer asks the op (`op.calls_forward`, `op.outputs`, `op.folder(name)`) and never compares its name.
+An `Op` is the string of its name, so a case folder's name, case.json's `op` and a report's JSON hold it
+as they always did, and `ops.get(name)` turns any of them back into the op.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, NoReturn
+
+SEPARATOR: Final = "@"
+"""Between a case's name and its op in the folder of an op other than the backward."""
+
+INNER_PRECISE_DEFAULT: Final = 0
+"""bsa's innerPrecise for the forward: 0 (fp32 softmax; the only value the A2/A3 forward takes for bf16).
+torch_npu's `npu_block_sparse_attention` defaults to 1 (`BINDING_DEFAULTS`)."""
+
+SOFTMAX_LSE_FLAG_DEFAULT: Final = 1
+"""bsa's softmaxLseFlag for the forward: 1 (lse written, as the backward needs it). torch_npu defaults to 0,
+which leaves lse unwritten (`BINDING_DEFAULTS`)."""
+
+BINDING_DEFAULTS: Final = {"inner_precise": 1, "softmax_lse_flag": 0}
+"""torch_npu's defaults for the forward's own parameters (op-plugin op_plugin_functions.yaml, master 517f2e7d)."""
+
+INNER_PRECISE_VALUES: Final = (0, 1, 4)
+"""innerPrecise values the forward's aclnn accepts (4 only on Ascend 950)."""
+
+BACKWARD_INPUTS: Final = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
+"""The inputs of the backward's call, in its manifest's order."""
+GRAD_NAMES: Final = ("dq", "dk", "dv")
+FORWARD_OUTPUTS: Final = ("out", "lse")
+"""The forward's outputs (attentionOut, softmaxLse) in the folders of the ops that call it."""
+
+
+class Op(str):
+    """An operator call a case tests: its name, and what every layer asks of it.
+
+    Attributes:
+        inputs: the inputs of its case folder, in its manifest's order (a null tensor left out).
+        outputs: what a device writes in its folder (and what its golden and benchmark hold).
+        calls_forward: it calls aclnnBlockSparseAttention (the forward's rules and parameters apply).
+        calls_backward: it calls aclnnBlockSparseAttentionGrad.
+        pair: the backward runs on the forward's own attentionOut and softmaxLse (a training step).
+        summary: one line for `--help` and docs.
+    """
+
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    calls_forward: bool
+    calls_backward: bool
+    pair: bool
+    summary: str
+
+    def __new__(
+        cls,
+        name: str,
+        *,
+        inputs: tuple[str, ...],
+        outputs: tuple[str, ...],
+        calls_forward: bool,
+        calls_backward: bool,
+        summary: str,
+    ) -> Op:
+        op = super().__new__(cls, name)
+        fields = {
+            "inputs": inputs,
+            "outputs": outputs,
+            "calls_forward": calls_forward,
+            "calls_backward": calls_backward,
+            "pair": calls_forward and calls_backward,
+            "summary": summary,
+        }
+        for key, value in fields.items():
+            object.__setattr__(op, key, value)
+        _BY_NAME[name] = op
+        return op
+
+    def __setattr__(self, key: str, value: Any) -> NoReturn:
+        raise AttributeError(f"an Op is frozen: cannot set {key}")
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return get, (str(self),)  # unpickled as the one op of that name (worker processes)
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    @property
+    def is_default(self) -> bool:
+        """Whether its folder is the case's own name (the backward: bsa's case folders of old)."""
+        return not self.calls_forward
+
+    def folder(self, case_name: str) -> str:
+        """Return the case folder of this op of a case: the name itself for the backward, `NAME@op` otherwise."""
+        return case_name if self.is_default else f"{case_name}{SEPARATOR}{self}"
+
+
+_BY_NAME: dict[str, Op] = {}
+"""Every op by its name, as each op's module defines it."""
+
+
+def get(name: str) -> Op:
+    """Return the op of a name (an `Op` is returned as it is).
+
+    Raises:
+        ValueError: a name that is no op.
+    """
+    op = _BY_NAME.get(name)
+    if op is None:
+        raise ValueError(f"{name!r:.60}: ops are {', '.join(_BY_NAME)}")
+    return op

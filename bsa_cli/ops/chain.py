@@ -1,0 +1,15 @@
+"""The chain: the forward, then the backward on the forward's OWN out and lse (what a training step does),
+each call with the dtypes it accepts."""
+
+from __future__ import annotations
+
+from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+
+CHAIN = Op(
+    "chain",
+    inputs=("query", "key", "value", "dout", "block_sparse_mask"),
+    outputs=FORWARD_OUTPUTS + GRAD_NAMES,
+    calls_forward=True,
+    calls_backward=True,
+    summary="the forward, then the backward on the forward's own out and lse",
+)
