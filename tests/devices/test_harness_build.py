@@ -148,7 +148,7 @@ def test_bnsd_without_lengths_passes_s_for_every_batch(harness, cases, tmp_path)
 def test_the_negative_suite_through_the_harness_gets_every_expected_status(harness, tmp_path):
     """Null tensors, other dtypes and shapes, an attenMask: the harness passes each as the case says.
 
-    The fake operator checks in master's order, written apart from bsa_cli/interface.py.
+    The fake operator checks in master's order, written apart from bsa_cli/ops/interface.py.
     """
     out = tmp_path / "neg"
     gen = CliRunner().invoke(main, ["gen", str(REPO / "cases" / "negative.yaml"), "-o", str(out)])

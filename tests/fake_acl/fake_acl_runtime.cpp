@@ -253,7 +253,7 @@ aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     (void)numKeyValueHeads, (void)scaleValue;
     // The checks of ops-transformer master (5778144) in their order: a null layout first (d42799fe6),
     // ValidateParams (op_host/op_api/aclnn_block_sparse_attention_grad.cpp), then the A2/A3 tiling (561002).
-    // Written apart from bsa_cli/interface.py on purpose: running the negative suite through the harness and
+    // Written apart from bsa_cli/ops/interface.py on purpose: running the negative suite through the harness and
     // this fake checks both, and that the harness passes every tensor, null and list as the case says.
     if (qInputLayout == nullptr || kvInputLayout == nullptr) {
         return Reject(161002, "fake: qInputLayout or kvInputLayout is null");
@@ -392,7 +392,7 @@ aclnnStatus aclnnBlockSparseAttentionGrad(void *workspace, uint64_t workspaceSiz
 //
 // Its checks, in the order of ops-transformer master 5778144 (aclnn_block_sparse_attention.cpp ValidateParams
 // and ValidateAdditionalParams, MakeContiguous, the infershape, then the A2/A3 tiling), written apart from
-// bsa_cli/forward_interface.py. Not every tiling rule is played: see tests/fake_acl/README.md. Then a CPU
+// bsa_cli/ops/forward_interface.py. Not every tiling rule is played: see tests/fake_acl/README.md. Then a CPU
 // forward in float (dense softmax over the selected kv columns of each row), so a chain runs end to end:
 // rows with no selected block and BNSD rows past the actual lengths are left alone, and so is lse with
 // softmaxLseFlag 0.

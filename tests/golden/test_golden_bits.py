@@ -129,7 +129,7 @@ def gen_now(case: Case, precision: str, jobs: int) -> list[np.ndarray]:
 @pytest.fixture(autouse=True)
 def one_blas_thread() -> Iterator[None]:
     """Both modules on one BLAS thread, as bsa's walks always run: OpenBLAS's bits can change with its thread
-    count (bsa_cli/blas.py), and 2b40f9e's module left it at the machine's."""
+    count (bsa_cli/core/blas.py), and 2b40f9e's module left it at the machine's."""
     with blas.one_thread_each():
         yield
 

@@ -1,6 +1,6 @@
 """cases/negative-forward.yaml and cases/chain.yaml: the forward's negative suite and the pair's pitfalls.
 
-The negative suite holds one case per rule of the forward (bsa_cli/forward_interface.py), in the order the
+The negative suite holds one case per rule of the forward (bsa_cli/ops/forward_interface.py), in the order the
 forward checks them; chain.yaml names each pitfall of the pair with the verdict it must give. Running them
 end to end needs the forward's golden and devices; here they load, build and say what each op expects.
 """
