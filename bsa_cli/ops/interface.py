@@ -19,9 +19,9 @@ manifest's `inputs` and `outputs` entries), so a spec, a manifest and the refere
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..core.case import MAX_TOKENS, Case, Layout
 
@@ -356,17 +356,6 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     return found
 
 
-def check(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> tuple[int, str]:
-    """Return the aclnn status of a call under `release` and a message: the first broken rule, or (0, "")."""
-    found = violations(params, tensors, release)
-    if not found:
-        return ACLNN_SUCCESS, ""
-    first = found[0]
-    return first.status, f"{first.key}: {first.message}"
-
-
 def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
     """Return warnings for a valid call whose golden the A2/A3 kernel will not match.
 
@@ -431,3 +420,66 @@ def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int]
         if kv_lengths is None and isinstance(batch, int):
             kv_lengths = [params.get("kv_seq_len")] * batch
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
+
+
+Params = Mapping[str, Any]
+Tensors = Mapping[str, Mapping[str, Any]]
+Step = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One operator an op calls (the forward or the backward): how a case is seen as its call, its rules,
+    what it leaves undefined, where its kernel parts ways with the golden, and how its refusals are named.
+
+    An op holds its calls in the order it makes them (`Op.steps`); specs, gen and devices ask the calls."""
+
+    name: Step
+    refuser: str
+    """Who refuses a call of an op of this one step ("the A2/A3 forward")."""
+    undefined_error: str
+    """The error of a case with undefined behaviour ({first}: the first, {ops}, {release})."""
+    undefined_skip: str
+    """The skip reason of an op with undefined behaviour under `--ops` ({first})."""
+    params: Callable[[Case], dict[str, Any]]
+    tensors: Callable[[Case], dict[str, dict[str, Any]]]
+    rules: Callable[[Params, Tensors, str], list[Violation]]
+    undefined: Callable[[Params, Tensors, str], list[str]]
+    constraints: Callable[[Params, str], list[str]]
+    stages: Mapping[int, str]
+    """Which part of the operator returns a status (skip reasons name it; "aclnn" when absent)."""
+
+    def check(self, params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> tuple[int, str]:
+        """Return the status of a call under `release` and a message: the first broken rule, or (0, "")."""
+        found = self.rules(params, tensors, release)
+        return (found[0].status, f"{found[0].key}: {found[0].message}") if found else (ACLNN_SUCCESS, "")
+
+    def violations(self, case: Case) -> list[Violation]:
+        return self.rules(self.params(case), self.tensors(case), case.release)
+
+    def undefined_behaviour(self, case: Case) -> list[str]:
+        return self.undefined(self.params(case), self.tensors(case), case.release)
+
+    def kernel_constraints(self, case: Case) -> list[str]:
+        return self.constraints(self.params(case), case.bnsd_lengths)
+
+    def stage(self, status: int) -> str:
+        return self.stages.get(status, "aclnn")
+
+
+BACKWARD_CALL = Call(
+    name="backward",
+    refuser="the backward",
+    undefined_error="{first}: undefined behaviour for the backward ({ops}), no status to expect "
+    "(ops-transformer {release} reads it unchecked)",
+    undefined_skip="{first}: undefined behaviour, no status to expect",
+    params=case_params,
+    tensors=Case.tensor_descs,
+    rules=violations,
+    undefined=undefined_behaviour,
+    constraints=kernel_constraints,
+    stages={ACLNN_ERR_INNER_TILING_ERROR: "tiling"},
+)
+"""aclnnBlockSparseAttentionGrad."""
+
+check = BACKWARD_CALL.check

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -168,6 +168,9 @@ def _suggest(value: Any, choices: Iterable[str]) -> str:
     return suggest(value, choices) if isinstance(value, str) else ""
 
 
+_Word = TypeVar("_Word", bound=str)
+
+
 class _Reader:
     """Typed access to one raw case mapping, raising SpecErrors that name the file, case and key."""
 
@@ -214,13 +217,13 @@ class _Reader:
         except OverflowError:
             raise self.error(key, f"{show(value)} is too large for a floating-point number") from None
 
-    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+    def choice(self, key: str, allowed: tuple[_Word, ...], default: _Word) -> _Word:
         value = self.raw.get(key, default)
         if value not in allowed:
             raise self.error(
                 key, f"{show(value)} is not allowed{_suggest(value, allowed)}; allowed: {', '.join(allowed)}"
             )
-        return str(value)
+        return allowed[allowed.index(value)]
 
     def lengths(self, key: str) -> tuple[int, ...] | None:
         value = self.raw.get(key)

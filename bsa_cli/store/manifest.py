@@ -19,19 +19,22 @@ from .._version import __version__
 from ..core.case import Case, Expect, TensorOverride
 from ..core.errors import clip
 from ..ops import (
-    FORWARD_OPS,
+    DEFAULT_OPS,
     INNER_PRECISE_DEFAULT,
-    OPS,
     SOFTMAX_LSE_FLAG_DEFAULT,
     Op,
+    find,
     folder_name,
+    get,
     interface,
     split_folder_name,
 )
-from ..ops.folders import CALL_NAMES, OP_OUTPUT_NAMES, op_case
-from ..ops.folders import GRAD_NAMES as GRAD_NAMES
-from ..ops.folders import INPUT_NAMES as INPUT_NAMES
+from ..ops.base import BACKWARD_INPUTS as INPUT_NAMES
+from ..ops.base import GRAD_NAMES as GRAD_NAMES
+from ..ops.folders import CALL_NAMES, op_case
 from ..ops.folders import SECTIONS as SECTIONS
+
+__all__ = ["GRAD_NAMES", "INPUT_NAMES", "SECTIONS"]  # re-exported: the devices and api read them here
 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""
@@ -70,8 +73,7 @@ class Manifest(Mapping[str, Any]):
     @property
     def op(self) -> Op:
         """The operator call this case folder tests (`op`; absent: the backward, as before ops existed)."""
-        op = self.raw.get("op", "backward")
-        return op if op in OPS else "backward"
+        return find(self.raw.get("op", "backward")) or DEFAULT_OPS[0]
 
     @property
     def case_name(self) -> str:
@@ -280,10 +282,10 @@ def params(case: Case) -> dict[str, Any]:
     }
 
 
-def op_params(case: Case, op: Op) -> dict[str, Any]:
+def op_params(case: Case, op: str) -> dict[str, Any]:
     """Return the parameters of one op's call: `params`, and the forward's own where the op calls it."""
     found = params(case)
-    if op in FORWARD_OPS:
+    if get(op).calls_forward:
         found.update(inner_precise=case.inner_precise, softmax_lse_flag=case.softmax_lse_flag)
     return found
 
@@ -325,12 +327,12 @@ def sparsity_record(case: Case) -> dict[str, Any]:
     return record
 
 
-def output_entries(case: Case, op: Op = "backward") -> dict[str, dict[str, Any]]:
+def output_entries(case: Case, op: str = "backward") -> dict[str, dict[str, Any]]:
     """Return where a device writes an op's outputs (dq, dk, dv; out, lse): files relative to the output
     directory, dtype and shape as the call passes them (a null one left out)."""
     descs = case.tensor_descs()
     entries = {}
-    for name in OP_OUTPUT_NAMES[op]:
+    for name in get(op).outputs:
         desc = descs.get(CALL_NAMES.get(name, name))
         if desc is not None:
             entries[name] = {"file": f"{name}.bin", "dtype": desc["dtype"], "shape": list(desc["shape"])}
@@ -400,7 +402,7 @@ def build_manifest(
     golden: Mapping[str, dict[str, Any]],
     benchmark: Mapping[str, dict[str, Any]],
     stats: Mapping[str, Any],
-    op: Op = "backward",
+    op: str = "backward",
     skip: str | None = None,
 ) -> dict[str, Any]:
     """Assemble the manifest of one op's folder of a generated case (the backward's: the case's own).
@@ -411,7 +413,7 @@ def build_manifest(
     document = {
         "format": FORMAT,
         "name": folder_name(case.name, op),
-        **({"op": op} if op != "backward" else {}),
+        **({"op": op} if not get(op).is_default else {}),
         "spec": case.source,
         "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
         "params": op_params(case, op),
@@ -487,7 +489,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     _check_params(p, sem)
     encoding = p.get("seq_lengths_encoding", "per_batch")
     empty_lse = sem.get("empty_row_lse", "inf")
-    op: Op = manifest["op"] if manifest.get("op") in OPS else "backward"
+    op: Op = find(manifest.get("op")) or DEFAULT_OPS[0]
     forward = {k: v for k, v in p.items() if k in ("inner_precise", "softmax_lse_flag") and type(v) is int}
     case = Case(
         name=manifest["name"],
@@ -547,7 +549,8 @@ def flat_params(manifest: Mapping[str, Any]) -> str:
     directory, output files relative to the output directory).
     """
     lines = [f"format {manifest['format']}", f"name {manifest['name']}"]
-    if manifest.get("op", "backward") != "backward":
+    op = find(manifest.get("op", "backward"))
+    if op is None or not op.is_default:
         lines.append(f"op {manifest['op']}")
     for key, value in manifest["params"].items():
         if value is None:
