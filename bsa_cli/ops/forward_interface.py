@@ -87,16 +87,10 @@ STAGES = {
 
 
 def case_params_forward(case: Case) -> dict[str, Any]:
-    """Return the parameters of a case's forward call that the rules read (as a forward op folder's
-    manifest `params` records them): `interface.case_params` plus heads, D, dtype and the forward's own
-    innerPrecise and softmaxLseFlag."""
+    """Return the parameters of a case's forward call (as a forward op folder's manifest `params` records
+    them): `interface.case_params` and the forward's own innerPrecise and softmaxLseFlag."""
     return {
         **interface.case_params(case),
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "num_heads": case.num_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
         "inner_precise": case.inner_precise,
         "softmax_lse_flag": case.softmax_lse_flag,
     }

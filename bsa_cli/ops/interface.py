@@ -112,31 +112,38 @@ class Violation:
     status: int
 
 
+def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] | None:
+    """Return lengths as the operator receives them: per batch, or cumulative end offsets without a leading 0."""
+    if lengths is None:
+        return None
+    return list(itertools.accumulate(lengths)) if encoding == "cumulative" else list(lengths)
+
+
 def case_params(case: Case) -> dict[str, Any]:
-    """Return the parameters of a case's call that the rules read, as the operator receives them.
-
-    They are what a manifest's `params` records of the case (tests/spec/test_interface.py holds the two
-    together): layouts (kv_layout defaults to layout), lengths in the case's `seq_lengths_encoding`
-    (`cumulative`: end offsets without a leading 0), the block shape as a list (None for a null one), the
-    attributes, and `null_layouts` when the call passes a layout as null.
-    """
-
-    def passed(lengths: tuple[int, ...] | None) -> list[int] | None:
-        if lengths is None:
-            return None
-        return list(itertools.accumulate(lengths)) if case.seq_lengths_encoding == "cumulative" else list(lengths)
-
+    """Return the parameters of a case's call, as the operator receives them and a manifest's `params` records
+    them: layouts (kv_layout defaults to layout), sizes, the block shape as a list (None for a null one), lengths
+    in the case's `seq_lengths_encoding`, both scales, the attributes, and `null_layouts` when the call passes
+    a layout as null. The rules read what they need of them (tests/spec/test_interface.py)."""
     return {
         "layout": case.layout,
         "kv_layout": case.kv_layout or case.layout,
+        "dtype": case.dtype,
+        "batch": case.batch,
+        "num_heads": case.num_heads,
+        "num_kv_heads": case.num_kv_heads,
+        "head_dim": case.head_dim,
         "q_seq_len": case.q_seq_len,
         "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape) if case.block_shape else None,
-        "actual_seq_lengths": passed(case.actual_seq_lengths),
-        "actual_seq_lengths_kv": passed(case.actual_seq_lengths_kv),
+        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
+        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
+        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
+        "seq_lengths_encoding": case.seq_lengths_encoding,
+        "scale": case.scale,
+        "kernel_scale": case.kernel_scale,
         "mask_type": case.mask_type,
         "pre_tokens": case.pre_tokens,
         "next_tokens": case.next_tokens,
+        "lse_shape": case.lse_shape,
         **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
     }
 

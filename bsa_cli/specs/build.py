@@ -32,7 +32,7 @@ from ..core.case import (
 from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
-from ..ops import CALLS, DEFAULT_OPS, FORWARD_OPS, OPS, Op, get, interface
+from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
 from ..ops.interface import Call
 from .fields import (
     CASE_KEYS,
@@ -132,7 +132,7 @@ def build_case(
     _check_sizes(r, case)
     _check_finite(r, case)
     _check_mask(r, case)
-    if case.ops == DEFAULT_OPS and not judges_pair(case.expect):
+    if all(get(op).is_default for op in case.ops) and not judges_pair(case.expect):
         try:
             return _check_interface(r, case)  # a backward-only case: exactly the Case bsa always built
         except SpecError:

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..core.case import Expect
 from ..core.errors import show
-from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op
+from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, find
 from .fields import INT64_LIMIT, _expect, _key, _Reader, _suggest
 
 OPS_KEYS = ("ops", "inner_precise", "softmax_lse_flag")
@@ -46,7 +46,7 @@ def read_ops(r: _Reader) -> tuple[Op, ...]:
     if not isinstance(value, list) or not value:
         raise r.error("ops", f"{show(value)} is not a non-empty list of ops; allowed: {allowed}")
     for word in value:
-        if word not in OPS:
+        if find(word) is None:
             raise r.error("ops", f"{show(word)} is not an op{_suggest(word, OPS)}; allowed: {allowed}")
     if len(set(value)) != len(value):
         twice = next(w for w in value if value.count(w) > 1)

@@ -25,6 +25,7 @@ from ..ops import (
     Op,
     find,
     folder_name,
+    forward_interface,
     get,
     interface,
     split_folder_name,
@@ -225,19 +226,6 @@ class Manifest(Mapping[str, Any]):
         return case_from_manifest(self.raw)
 
 
-def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] | None:
-    """Return lengths as the operator receives them: per batch, or cumulative end offsets without a leading 0."""
-    if lengths is None:
-        return None
-    if encoding == "cumulative":
-        total, ends = 0, []
-        for n in lengths:
-            total += n
-            ends.append(total)
-        return ends
-    return list(lengths)
-
-
 def decode_lengths(values: list[int] | None, encoding: str) -> tuple[int, ...] | None:
     """Invert `encode_lengths`."""
     if values is None:
@@ -256,38 +244,13 @@ def json_number(value: float) -> str | float:
     return value
 
 
-def params(case: Case) -> dict[str, Any]:
-    """Return the op parameters of a case, as passed to aclnnBlockSparseAttentionGrad."""
-    return {
-        "layout": case.layout,
-        "kv_layout": case.kv_layout or case.layout,
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "num_heads": case.num_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "q_seq_len": case.q_seq_len,
-        "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
-        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
-        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
-        "seq_lengths_encoding": case.seq_lengths_encoding,
-        "scale": case.scale,
-        "kernel_scale": case.kernel_scale,
-        "mask_type": case.mask_type,
-        "pre_tokens": case.pre_tokens,
-        "next_tokens": case.next_tokens,
-        "lse_shape": case.lse_shape,
-        **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
-    }
+params = interface.case_params
+"""The op parameters of a case, as passed to aclnnBlockSparseAttentionGrad (`interface.case_params`)."""
 
 
 def op_params(case: Case, op: str) -> dict[str, Any]:
     """Return the parameters of one op's call: `params`, and the forward's own where the op calls it."""
-    found = params(case)
-    if get(op).calls_forward:
-        found.update(inner_precise=case.inner_precise, softmax_lse_flag=case.softmax_lse_flag)
-    return found
+    return forward_interface.case_params_forward(case) if get(op).calls_forward else params(case)
 
 
 def expect_record(expect: Expect) -> dict[str, Any]:
