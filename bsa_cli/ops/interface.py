@@ -222,21 +222,14 @@ def violations(
         found.extend(tiling_refusals(params, tensors))
         return found
     # 2. dtypes.
-    q_dtype = tensors.get("query", {}).get("dtype")
-    if "query" in tensors and q_dtype not in OP_DTYPES:
-        add("query", f"dtype {q_dtype!r} is not float16 or bfloat16")
-    for name in SAME_DTYPE_AS_QUERY:
-        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            add(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}")
+    found.extend(_query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
     lse = tensors.get("softmax_lse")
     if lse is not None and lse.get("dtype") != "float32":
         add("softmax_lse", f"dtype {lse.get('dtype')!r} is not float32")
     mask = tensors.get("block_sparse_mask")
     if mask is not None and mask.get("dtype") not in MASK_DTYPES:
         add("block_sparse_mask", f"dtype {mask.get('dtype')!r} is not bool or uint8")
-    for name in OUTPUTS:
-        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            add(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}")
+    found.extend(_query_dtype_rules(tensors, OUTPUTS, query_itself=False))
     # 3. shapes: TND compares dim 2 only; any other q layout string takes the BNSD branch.
     query = tensors.get("query")
     if query is not None:
@@ -253,20 +246,10 @@ def violations(
                     add(
                         second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s {_dim(tensors[first], 3)}"
                     )
-    # 4. attributes.
-    if "atten_mask" in tensors:
-        add("atten_mask", "attenMask is not null: only a null attenMask is supported")
-    if params.get("mask_type", 0) != 0:
-        add("mask_type", f"{params.get('mask_type')!r}: only 0 is supported")
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            add(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported")
-    # 5. layouts and lengths.
+    # 4. attributes; 5. layouts and lengths.
+    found.extend(_attribute_rules(params, tensors))
+    found.extend(_tnd_length_rules(params))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
-    if layout == "TND" and params.get("actual_seq_lengths") is None:
-        add("actual_seq_lengths", "is null, but a TND query needs it")
-    if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
-        add("actual_seq_lengths_kv", "is null, but a TND key/value needs it")
     if (layout == "BNSD") != (kv_layout == "BNSD"):
         add("kv_layout", f"kvInputLayout {kv_layout!r} and qInputLayout {layout!r}: both BNSD or neither")
     # 6. ParseBlockShape (below).
@@ -291,32 +274,57 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
     """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
     whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
     came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
-    found: list[Violation] = []
-    invalid = ACLNN_ERR_PARAM_INVALID
-    q_dtype = tensors.get("query", {}).get("dtype")
-    if "query" in tensors and q_dtype not in OP_DTYPES:
-        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
-    for name in ("key", "value"):
-        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            found.append(
-                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
-            )
+    found = _query_dtype_rules(tensors, ("key", "value"))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value not in TILING_LAYOUTS:
-            found.append(Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", invalid))
+            found.append(
+                Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", ACLNN_ERR_PARAM_INVALID)
+            )
+    return found + _attribute_rules(params, tensors) + _tnd_length_rules(params) + _block_shape_rules(params)
+
+
+def _query_dtype_rules(
+    tensors: Mapping[str, Mapping[str, Any]], same: tuple[str, ...], query_itself: bool = True
+) -> list[Violation]:
+    """query float16 or bfloat16 (with `query_itself`), and the tensors `same` of its dtype (161002)."""
+    if "query" not in tensors:
+        return []
+    q_dtype, invalid = tensors["query"].get("dtype"), ACLNN_ERR_PARAM_INVALID
+    found = []
+    if query_itself and q_dtype not in OP_DTYPES:
+        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
+    for name in same:
+        if name in tensors and tensors[name].get("dtype") != q_dtype:
+            found.append(
+                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
+            )
+    return found
+
+
+def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """A non-null attenMask, a maskType other than 0, tokens other than MAX_TOKENS (161002, every release)."""
+    found = []
     if "atten_mask" in tensors:
-        found.append(Violation("atten_mask", "attenMask is not null: only a null attenMask is supported", invalid))
+        found.append(("atten_mask", "attenMask is not null: only a null attenMask is supported"))
     if params.get("mask_type", 0) != 0:
-        found.append(Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", invalid))
+        found.append(("mask_type", f"{params.get('mask_type')!r}: only 0 is supported"))
     for key in ("pre_tokens", "next_tokens"):
         if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            found.append(Violation(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported", invalid))
-    if layout == "TND" and params.get("actual_seq_lengths") is None:
-        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", invalid))
+            found.append((key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported"))
+    return [Violation(key, message, ACLNN_ERR_PARAM_INVALID) for key, message in found]
+
+
+def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
+    """A TND query or key/value without its lengths (161002, every release)."""
+    found = []
+    if params.get("layout") == "TND" and params.get("actual_seq_lengths") is None:
+        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", ACLNN_ERR_PARAM_INVALID))
+    kv_layout = params.get("kv_layout", params.get("layout"))
     if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
-        found.append(Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", invalid))
-    found.extend(_block_shape_rules(params))
+        found.append(
+            Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", ACLNN_ERR_PARAM_INVALID)
+        )
     return found
 
 

@@ -42,14 +42,13 @@ from .fields import (
     _compare,
     _dtype_suggestion,
     _init,
-    _key,
     _null_layouts,
     _Reader,
     _release,
     _sparsity,
-    _suggest,
     _tensors,
     dtype_name,
+    refuse_unknown,
 )
 from .ops_fields import (
     forward_keys_given,
@@ -159,9 +158,7 @@ def _reader(path: Path, raw: dict[str, Any], suffix: str) -> tuple[_Reader, str]
             f"{show(name)} cannot name a case folder: a name is not '.' or '..', does not "
             f"start with '.' (hidden), and has at most {MAX_NAME_BYTES} characters",
         )
-    for key in raw:
-        if key not in CASE_KEYS:
-            raise r.error(_key(key), f"unknown key{_suggest(key, CASE_KEYS)}; allowed: {', '.join(CASE_KEYS)}")
+    refuse_unknown(r, raw, CASE_KEYS)
     return r, name
 
 
