@@ -24,7 +24,7 @@ import numpy as np
 from .. import compare, golden
 from .._version import __version__
 from ..core.case import PRECISIONS as PRECISIONS
-from ..core.case import Case, numpy_dtype
+from ..core.case import Case, Precision, numpy_dtype
 from ..core.errors import DataError
 from ..core.untrusted import is_case_name
 from ..core.workers import worker_pool
@@ -59,7 +59,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
 at their default, so cases that do not use them keep the fingerprint they had."""
 
 
-def fingerprint(case: Case, precision: str, op: str = "backward") -> str:
+def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
     """Return a digest of everything that determines the files of one op's folder of a case (spec values,
     precision, bsa version, the op and what it must return).
 
@@ -93,7 +93,7 @@ def fingerprint(case: Case, precision: str, op: str = "backward") -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def is_current(case: Case, case_dir: Path, precision: str, op: str = "backward") -> bool:
+def is_current(case: Case, case_dir: Path, precision: Precision, op: str = "backward") -> bool:
     """Return whether `case_dir` already holds this op of the case, generated the same way, with intact inputs."""
     if case_dir.is_symlink() or not (case_dir / MANIFEST).is_file():
         return False  # a link is never taken for a case: it is replaced, its target left alone
@@ -152,7 +152,7 @@ def generate_case_ops(case: Case, out_root: Path, settings: GenSettings = DEFAUL
             raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
 
 
-def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: str) -> None:
+def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: Precision) -> None:
     """Raise DataError naming the first golden array with non-finite values (lse aside: it holds the empty
     rows' value, inf by default, where nothing is selected, and is never judged there)."""
     for name, array in gold.items():
