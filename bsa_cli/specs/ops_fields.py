@@ -22,7 +22,7 @@ from typing import Any
 from ..core.case import Expect
 from ..core.errors import show
 from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, find
-from .fields import INT64_LIMIT, _expect, _key, _Reader, _suggest
+from .fields import INT64_LIMIT, _expect, _Reader, _suggest, refuse_unknown
 
 OPS_KEYS = ("ops", "inner_precise", "softmax_lse_flag")
 """Case keys this module reads (fields.CASE_KEYS holds them too)."""
@@ -85,11 +85,7 @@ def read_expect(r: _Reader) -> Expect:
     raw = r.get("expect", "ok")
     if not isinstance(raw, dict):
         return _expect(r)
-    for key in raw:
-        if key not in EXPECT_KEYS:
-            raise r.error(
-                f"expect.{_key(key)}", f"unknown key{_suggest(key, EXPECT_KEYS)}; allowed: {', '.join(EXPECT_KEYS)}"
-            )
+    refuse_unknown(r, raw, EXPECT_KEYS, "expect.")
     status = _expect(_Reader(r.path, {"expect": raw.get("status", "ok")}, r.case, f"{r.prefix}expect."))
     sub = r.nested("expect", raw)
     verdict = raw.get("verdict", "PASS")
