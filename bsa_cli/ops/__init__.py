@@ -9,6 +9,9 @@
 Every op of a case is one case folder: the backward keeps the case's name (`NAME`), the others are
 `NAME@forward`, `NAME@chain`, `NAME@autograd`, so each folder is judged on its own and reports put a
 case's ops side by side. The rest of bsa asks an op (`get(name)`) what it needs, never compares its name.
+The two operators are `Call`s (`interface.BACKWARD_CALL`, `forward_interface.FORWARD_CALL`: rules, undefined
+behaviour, kernel constraints); an op holds those it calls (`Op.steps`) and says its status (`Op.status`,
+`Op.refusal`, `Op.violation`).
 Loading this package imports no NumPy: spec loading stands on it.
 """
 
