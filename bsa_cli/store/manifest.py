@@ -452,8 +452,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     _check_params(p, sem)
     encoding = p.get("seq_lengths_encoding", "per_batch")
     empty_lse = sem.get("empty_row_lse", "inf")
-    op: Op = find(manifest.get("op")) or DEFAULT_OPS[0]
-    forward = {k: v for k, v in p.items() if k in ("inner_precise", "softmax_lse_flag") and type(v) is int}
+    forward = Manifest(manifest).forward_params  # bsa's defaults where it has none
     case = Case(
         name=manifest["name"],
         source=manifest.get("spec", ""),
@@ -483,9 +482,9 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         pre_tokens=p.get("pre_tokens", 2147483647),
         next_tokens=p.get("next_tokens", 2147483647),
         compare=dict(manifest.get("compare") or {}),
-        ops=(op,),
-        inner_precise=forward.get("inner_precise", INNER_PRECISE_DEFAULT),
-        softmax_lse_flag=forward.get("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT),
+        ops=(Manifest(manifest).op,),
+        inner_precise=forward["inner_precise"],
+        softmax_lse_flag=forward["softmax_lse_flag"],
     )
     for lengths in (case.actual_seq_lengths, case.actual_seq_lengths_kv):
         if lengths is not None and any(n < 0 for n in lengths):
