@@ -24,9 +24,6 @@ from ..core.errors import show
 from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, find
 from .fields import INT64_LIMIT, _expect, _Reader, _suggest, refuse_unknown
 
-OPS_KEYS = ("ops", "inner_precise", "softmax_lse_flag")
-"""Case keys this module reads (fields.CASE_KEYS holds them too)."""
-
 EXPECT_KEYS = ("status", "verdict", "cause")
 VERDICTS = ("PASS", "FAIL")
 CAUSE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*\Z")
