@@ -440,8 +440,7 @@ def _check_ops(r: _Reader, case: Case, override: bool = False) -> Case:
     statuses = {op: get(op).status(case) for op in case.ops}
     if case.expect.ok and not override and all(status for status, _ in statuses.values()):
         return _every_op_refuses(r, case, statuses)
-    judged = _valid_ops(case, statuses) if case.expect.ok else _negative_ops(r, case, statuses, override)
-    op_expect, skipped = judged
+    op_expect, skipped = _valid_ops(case, statuses) if case.expect.ok else _negative_ops(r, case, statuses, override)
     warnings: tuple[str, ...] = ()
     if case.expect.ok:  # each operator's own gaps between golden and kernel, for the ops that call it
         warnings = (*(w for call in _calls(case) for w in call.kernel_constraints(case)), *unreachable_kv_blocks(case))
