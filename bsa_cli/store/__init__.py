@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -280,7 +280,7 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
             except DataError as exc:
                 raise DataError(where, str(exc)) from None
     seen: set[str] = set()
-    for entry_name, entry in _entries(manifest, "outputs"):
+    for entry_name, entry in Manifest(manifest).entries("outputs"):  # each checked above
         file = PurePosixPath(entry["file"])
         first = file.parts[0]
         if (
@@ -575,12 +575,6 @@ class CaseWriter:
         else:
             os.replace(self.dir, self.final_dir)
         return self.final_dir
-
-
-def _entries(manifest: Mapping[str, Any], section: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (name, entry) of a raw manifest's section (null ones left out), for `check_manifest`, which checks
-    the JSON before it becomes a `Manifest` (whose `entries` every other reader asks)."""
-    yield from ((name, entry) for name, entry in (manifest.get(section) or {}).items() if entry is not None)
 
 
 def verify_inputs(case_dir: Path, manifest: Manifest) -> None:
