@@ -267,9 +267,11 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
         raise DataError(where, problem)
     summary = manifest.get("benchmark_summary")
     tiles = summary.get("tiles") if isinstance(summary, dict) else None
-    for section, entries in (*((s, manifest.get(s)) for s in SECTIONS), ("benchmark_summary.tiles", tiles)):
-        if entries is None or (section == "benchmark_summary.tiles" and not isinstance(entries, dict)):
-            continue  # a summary without tiles is not read
+    tables = {section: manifest.get(section) for section in SECTIONS}
+    tables["benchmark_summary.tiles"] = tiles if isinstance(tiles, dict) else None  # tiles of another kind: unread
+    for section, entries in tables.items():
+        if entries is None:
+            continue
         if not isinstance(entries, dict):
             raise DataError(where, f"{section}: {_show(entries)} is not a mapping of array entries")
         for entry_name, entry in entries.items():
