@@ -39,6 +39,7 @@ CHILD = r"""
 import json, sys, time
 from pathlib import Path
 from bsa_cli.gen.generate import generate_suite
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.specs import load_specs
 import fnmatch
 
@@ -47,7 +48,7 @@ cases = load_specs(specs) if ops is None else load_specs(specs, ops=tuple(ops))
 if filters:
     cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
 start, cpu = time.perf_counter(), time.process_time()
-folders = generate_suite(cases, Path(out), jobs=jobs)
+folders = generate_suite(cases, Path(out), GenSettings(jobs=jobs))
 seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
 print(json.dumps({"seconds": seconds, "cpu": cpu, "cases": len(cases), "folders": len(folders)}))
 """

@@ -265,12 +265,13 @@ def peak_rss():
 base = peak_rss()
 from bsa_cli.core.case import Case, Sparsity
 from bsa_cli.gen.generate import generate_case
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.gen.schedule import auto_jobs, estimate
 case = Case(name="long", source="benchmark", layout="BNSD", dtype="float16", batch=1, num_heads=1, num_kv_heads=1,
             head_dim=128, q_seq_len={seq}, kv_seq_len={seq}, actual_seq_lengths=None, actual_seq_lengths_kv=None,
             block_shape=(128, 128), scale=128**-0.5, seed=0, sparsity=Sparsity(pattern={pattern!r}, density={density}))
 with tempfile.TemporaryDirectory() as out:
-    path = generate_case(case, pathlib.Path(out), jobs=auto_jobs(None, [estimate(case)]))
+    path = generate_case(case, pathlib.Path(out), GenSettings(jobs=auto_jobs(None, [estimate(case)])))
     written = sum(p.stat().st_size for p in path.rglob("*.bin"))
 print(json.dumps({{"baseline": base, "peak": peak_rss(), "written": written}}))
 """
@@ -291,6 +292,7 @@ def compare_throughput(seq: int, cases: int) -> dict[str, float]:
     import dataclasses
 
     from bsa_cli.gen.generate import generate_suite
+    from bsa_cli.gen.settings import GenSettings
 
     base = make_case(seq, 4, "random", 0.2)
     suite = [
@@ -298,7 +300,7 @@ def compare_throughput(seq: int, cases: int) -> dict[str, float]:
     ]
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as out:
-        generate_suite(suite, Path(out), jobs=os.cpu_count() or 1)
+        generate_suite(suite, Path(out), GenSettings(jobs=os.cpu_count() or 1))
         subprocess.run([*BSA, "run", out], capture_output=True, check=True)
         figures["megabytes"] = sum(p.stat().st_size for p in Path(out).glob("*/outputs/d*.bin")) / 1e6
         for _ in range(2):

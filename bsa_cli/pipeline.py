@@ -14,10 +14,11 @@ from pathlib import Path
 
 from . import devices, store
 from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
-from .core.case import Case
+from .core.case import DEFAULT_PRECISION, Case, Precision
 from .core.errors import BsaError
 from .gen.generate import generate_suite
 from .gen.schedule import Estimate, auto_jobs, estimate
+from .gen.settings import GenSettings
 from .ops.interface import DETERMINISTIC_RELEASES
 
 
@@ -65,7 +66,7 @@ def check_suite(
     out: Path,
     options: devices.RunOptions,
     settings: RunSettings,
-    precision: str = "float32",
+    precision: Precision = DEFAULT_PRECISION,
     jobs: int | None = None,
     progress: CheckProgress | None = None,
     estimates: Mapping[str, Estimate] | None = None,
@@ -95,11 +96,9 @@ def check_suite(
     case_dirs = generate_suite(
         cases,
         out,
-        precision,
-        gen_jobs,
+        GenSettings(precision, gen_jobs, on_progress=lambda case, fraction: progress.progress(case.name, fraction)),
         skip_current=True,
         on_done=lambda case, outcome, _path: progress.generated(case, outcome),
-        on_progress=lambda case, fraction: progress.progress(case.name, fraction),
     )
     summary = run_suite(case_dirs, options, progress)
     if summary.interrupted:

@@ -11,10 +11,11 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from ..core.case import Case
+from ..core.case import Case, Precision
 from ..core.errors import BsaError, plural
 from ..gen.generate import generate_suite
 from ..gen.schedule import auto_jobs, estimate
+from ..gen.settings import GenSettings
 from ..ops import DEFAULT_OPS, Op, folder_name, interface
 from ..ops.interface import DEFAULT_RELEASE
 from ..store import find_cases
@@ -223,7 +224,7 @@ def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: s
 def gen_command(
     specs: tuple[str, ...],
     out_dir: str,
-    precision: str,
+    precision: Precision,
     filters: tuple[str, ...],
     shard_text: str | None,
     jobs: int | None,
@@ -255,9 +256,8 @@ def gen_command(
                 display.console.print(f"  one folder per op: {folders}", markup=False, highlight=False)
 
         with user_errors():
-            case_dirs = generate_suite(
-                cases, Path(out_dir), precision, jobs, skip_current=True, on_done=done, on_progress=shown.progress
-            )
+            settings = GenSettings(precision, jobs, on_progress=shown.progress)
+            case_dirs = generate_suite(cases, Path(out_dir), settings, skip_current=True, on_done=done)
     made = len(cases) - len(shown.skipped)
     line = f"generated {plural(made, 'case')} in {out_dir}"
     if len(case_dirs) != len(cases):

@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from .. import pipeline, report, store
+from ..core.case import Precision
 from ..core.errors import plural
 from ..devices import OUTCOMES, RunSummary, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
@@ -192,7 +193,7 @@ def check_command(
     out: Path,
     device: DeviceOptions,
     filters: tuple[str, ...],
-    precision: str,
+    precision: Precision,
     jobs: int | None,
     shard_text: str | None,
     force: bool,

@@ -31,6 +31,20 @@ Layout = Literal["BNSD", "TND"]
 the tokens of every batch entry one after another, cut by the actual lengths). A negative case may carry
 another layout string (`spec` admits up to 16 letters, digits or '_'), which the operator refuses."""
 
+SeqLengthsEncoding = Literal["per_batch", "cumulative"]
+"""How the operator receives actual lengths: per batch entry, or cumulative end offsets without a leading 0."""
+SEQ_LENGTHS_ENCODINGS: tuple[SeqLengthsEncoding, ...] = ("per_batch", "cumulative")
+LseShape = Literal["trailing_one", "squeezed"]
+"""softmax_lse's shape: [.., 1] at the end, or without it."""
+LSE_SHAPES: tuple[LseShape, ...] = ("trailing_one", "squeezed")
+BnsdLengths = Literal["honored", "ignored"]
+"""What a golden assumes of BNSD actual lengths: honored (doc: padding skipped), ignored (A2/A3 code: full S)."""
+BNSD_LENGTHS: tuple[BnsdLengths, ...] = ("honored", "ignored")
+Precision = Literal["float32", "float64"]
+"""The precision a golden is computed in."""
+PRECISIONS: tuple[Precision, ...] = ("float32", "float64")
+DEFAULT_PRECISION: Precision = "float32"
+
 MAX_TOKENS = 2147483647
 """The only preTokens/nextTokens value the operator accepts."""
 
@@ -201,9 +215,9 @@ class Case:
     init: Init = Init()
     expect: Expect = Expect()
     kv_layout: Layout | None = None  # None: same as layout
-    seq_lengths_encoding: str = "per_batch"  # per_batch | cumulative
-    lse_shape: str = "trailing_one"  # trailing_one | squeezed
-    bnsd_lengths: str = "honored"  # honored (doc: padding skipped) | ignored (A2/A3 code: full S)
+    seq_lengths_encoding: SeqLengthsEncoding = "per_batch"
+    lse_shape: LseShape = "trailing_one"
+    bnsd_lengths: BnsdLengths = "honored"  # honored (doc: padding skipped) | ignored (A2/A3 code: full S)
     empty_row_lse: float = math.inf  # softmaxLse written for query rows with no selected block
     mask_type: int = 0
     pre_tokens: int = MAX_TOKENS

@@ -9,7 +9,7 @@ backward's arrays as bsa always computed them (`compute_case`), the forward's
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,41 +19,39 @@ from .. import golden
 from ..core.case import Case, numpy_dtype
 from ..golden import KernelRange
 from ..inputs import call_inputs, draw, make_mask, make_tensors, mask_stats
-from ..ops import Op
-from ..ops.folders import OP_INPUT_NAMES, op_case
+from ..ops import Op, get
+from ..ops.folders import op_case
 from ..store.manifest import GRAD_NAMES
+from .settings import GenSettings
+
+DEFAULT_SETTINGS = GenSettings()
 
 _PASSES = 2
 """Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward."""
 
 
 def compute_case(
-    case: Case,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    kernel_range: golden.KernelRange | None = None,
+    case: Case, settings: GenSettings = DEFAULT_SETTINGS, kernel_range: golden.KernelRange | None = None
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Return (inputs, golden, benchmark) arrays of a case's backward; negative cases get no golden or benchmark.
 
-    With `jobs` > 1 the inputs are drawn and the golden and benchmark walks (`golden.golden_and_benchmark`)
-    run in up to `jobs` threads; each walk's arithmetic is the same as in one thread, so the results are
-    bit-identical. `on_progress(fraction)` hears how much of the case's arithmetic is done, after every
-    query-block row (the golden and the benchmark walks count alike). `kernel_range`, if given, gathers the
-    range of the benchmark's P and dS before they are rounded (`golden.watching`).
+    With `settings.jobs` > 1 the inputs are drawn and the golden and benchmark walks
+    (`golden.golden_and_benchmark`) run in up to `jobs` threads; each walk's arithmetic is the same as in one
+    thread, so the results are bit-identical. `settings.on_progress` hears how much of the case's arithmetic
+    is done, after every query-block row (the golden and the benchmark walks count alike). `kernel_range`, if
+    given, gathers the range of the benchmark's P and dS before they are rounded (`golden.watching`).
     """
-    tensors, mask = make_tensors(case, jobs), make_mask(case)
+    tensors, mask = make_tensors(case, settings.jobs), make_mask(case)
     pairs = int(mask_stats(case, mask)["selected_blocks"]) if case.expect_of("backward").ok else 0  # refused: no walk
-    progress = _Progress(pairs * _PASSES, on_progress)
-    return _backward_arrays(case, tensors, mask, precision, jobs, progress, kernel_range)
+    progress = _Progress(pairs * _PASSES, settings.listener(case))
+    return _backward_arrays(case, tensors, mask, settings, progress, kernel_range)
 
 
 def _backward_arrays(
     case: Case,
     drawn: Mapping[str, np.ndarray],
     mask: np.ndarray,
-    precision: str,
-    jobs: int,
+    settings: GenSettings,
     progress: _Progress,
     kernel_range: golden.KernelRange | None,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]]:
@@ -69,7 +67,7 @@ def _backward_arrays(
     arrays = (tensors["dout"], tensors["query"], tensors["key"], tensors["value"], mask)
     watch = golden.watching(kernel_range) if kernel_range is not None else contextlib.nullcontext()
     with golden.reporting(progress.pairs), watch:
-        out, lse, gold, bench = golden.golden_and_benchmark(case, *arrays, precision, jobs)
+        out, lse, gold, bench = golden.golden_and_benchmark(case, *arrays, settings.precision, settings.jobs)
     tensors["attention_out"] = out
     tensors["softmax_lse"] = lse.reshape(case.lse_shape_dims)
     gold_arrays = dict(zip(GRAD_NAMES, gold, strict=True))
@@ -92,32 +90,16 @@ class OpArrays:
     """An op folder's mask as drawn (the forward's written rows for its benchmark summary); None: the backward."""
 
 
-_OP_PASSES: Mapping[Op, int] = {"backward": _PASSES, "forward": 2, "chain": 4, "autograd": 4}
-"""Walks over the selected blocks per op (the forward: golden and kernel forward; the pair: both of each)."""
+def compute_ops(case: Case, settings: GenSettings = DEFAULT_SETTINGS) -> dict[Op, OpArrays]:
+    """Return the arrays of each op's folder of a case (`settings.ops`: those of `case.ops` to make, default
+    all), as `each_op` computes them."""
+    return dict(each_op(case, settings))
 
 
-def compute_ops(
-    case: Case,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    ops: Sequence[Op] | None = None,
-) -> dict[Op, OpArrays]:
-    """Return the arrays of each op's folder of a case (`ops`: those of `case.ops` to make, default all), as
-    `each_op` computes them."""
-    return dict(each_op(case, precision, jobs, on_progress, ops))
-
-
-def each_op(
-    case: Case,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    ops: Sequence[Op] | None = None,
-) -> Iterator[tuple[Op, OpArrays]]:
-    """Yield (op, the arrays of its folder) for the ops of a case (`ops`: those of `case.ops` to make, default
-    all), in `OPS` order, each computed when asked for (so a caller that writes each folder before asking
-    for the next holds one op's arrays at a time, the pair's shared by chain and autograd).
+def each_op(case: Case, settings: GenSettings = DEFAULT_SETTINGS) -> Iterator[tuple[Op, OpArrays]]:
+    """Yield (op, the arrays of its folder) for the ops of a case (`settings.ops`: those of `case.ops` to make,
+    default all), in `OPS` order, each computed when asked for (so a caller that writes each folder before
+    asking for the next holds one op's arrays at a time, the pair's shared by chain and autograd).
 
     The inputs are drawn once and shared (the same bytes in every folder; the forward's mask as int8); each
     golden is computed once: the backward's as `compute_case`, the forward's by
@@ -125,51 +107,73 @@ def each_op(
     `golden.chain_golden_and_benchmark`. A skipped op gets only its reason, a negative op (its
     `case.expect_of` not ok) its call's inputs. Progress as `compute_case`, over every op made.
     """
-    todo = [op for op in case.ops if ops is None or op in ops]
-    tensors, mask = make_tensors(case, jobs), make_mask(case)
+    todo = [get(op) for op in case.ops if settings.ops is None or op in settings.ops]
+    tensors, mask = make_tensors(case, settings.jobs), make_mask(case)
     # a case every op refuses may have no geometry to count blocks in (the backward's folder counts its own)
     stats = mask_stats(case, mask) if any(case.expect_of(op).ok for op in todo) else {}
-    made = [op for op in todo if case.skip_reason(op) is None and case.expect_of(op).ok]
-    walks = sum(_OP_PASSES[op] for op in made if op != "autograd" or "chain" not in made)  # the pair once
-    progress = _Progress(int(stats.get("selected_blocks", 0)) * walks, on_progress)
+    made = {
+        (op.calls_forward, op.calls_backward) for op in todo if case.skip_reason(op) is None and case.expect_of(op).ok
+    }
+    walks = sum(_PASSES * (calls_forward + calls_backward) for calls_forward, calls_backward in made)  # a pair once
+    progress = _Progress(int(stats.get("selected_blocks", 0)) * walks, settings.listener(case))
     pair: OpArrays | None = None
     for op in todo:
         reason = case.skip_reason(op)
         if reason is not None:
             yield op, OpArrays(skip=reason, stats=stats)
-        elif op == "backward":
+        elif not op.calls_forward:
             kernel_range = golden.KernelRange()
-            arrays = _backward_arrays(case, tensors, mask, precision, jobs, progress, kernel_range)
+            arrays = _backward_arrays(case, tensors, mask, settings, progress, kernel_range)
             yield op, OpArrays(*arrays, kernel_range=kernel_range)
         else:
-            called = {name: tensors[name] for name in OP_INPUT_NAMES[op] if name in tensors}
+            called = {name: tensors[name] for name in op.inputs if name in tensors}
             inputs = call_inputs(op_case(case, op), {**called, "block_sparse_mask": mask})
             if not case.expect_of(op).ok:
                 yield op, OpArrays(inputs, stats=stats)
-            elif op == "forward":
-                with golden.reporting(progress.pairs):
-                    computed = golden.forward_golden_and_benchmark(
-                        case, tensors["query"], tensors["key"], tensors["value"], mask, precision, jobs
-                    )
-                gold = dict(zip(("out", "lse"), computed[:2], strict=True))
-                bench = dict(zip(("out", "lse"), computed[2:], strict=True))
-                yield op, OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), None, None, stats, mask)
+            elif not op.calls_backward:
+                yield op, _forward_arrays(case, op, tensors, mask, settings, progress, inputs, stats)
             else:
-                if pair is None:
-                    kernel_range = golden.KernelRange()
-                    with golden.reporting(progress.pairs), golden.watching(kernel_range):
-                        gold, bench = golden.chain_golden_and_benchmark(
-                            case,
-                            tensors["dout"],
-                            tensors["query"],
-                            tensors["key"],
-                            tensors["value"],
-                            mask,
-                            precision,
-                            jobs,
-                        )
-                    pair = OpArrays({}, _lse_shaped(case, gold), _lse_shaped(case, bench), None, kernel_range)
+                pair = pair or _pair_arrays(case, tensors, mask, settings, progress)
                 yield op, OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats, mask)
+
+
+def _forward_arrays(
+    case: Case,
+    op: Op,
+    tensors: Mapping[str, np.ndarray],
+    mask: np.ndarray,
+    settings: GenSettings,
+    progress: _Progress,
+    inputs: dict[str, np.ndarray],
+    stats: dict[str, Any],
+) -> OpArrays:
+    """The forward's folder: its golden and benchmark out and lse (`golden.forward_golden_and_benchmark`)."""
+    with golden.reporting(progress.pairs):
+        computed = golden.forward_golden_and_benchmark(
+            case, tensors["query"], tensors["key"], tensors["value"], mask, settings.precision, settings.jobs
+        )
+    gold = dict(zip(op.outputs, computed[:2], strict=True))
+    bench = dict(zip(op.outputs, computed[2:], strict=True))
+    return OpArrays(inputs, _lse_shaped(case, gold), _lse_shaped(case, bench), None, None, stats, mask)
+
+
+def _pair_arrays(
+    case: Case, tensors: Mapping[str, np.ndarray], mask: np.ndarray, settings: GenSettings, progress: _Progress
+) -> OpArrays:
+    """The pair's golden and benchmark (out, lse, dq, dk, dv), shared by chain and autograd."""
+    kernel_range = golden.KernelRange()
+    with golden.reporting(progress.pairs), golden.watching(kernel_range):
+        gold, bench = golden.chain_golden_and_benchmark(
+            case,
+            tensors["dout"],
+            tensors["query"],
+            tensors["key"],
+            tensors["value"],
+            mask,
+            settings.precision,
+            settings.jobs,
+        )
+    return OpArrays({}, _lse_shaped(case, gold), _lse_shaped(case, bench), None, kernel_range)
 
 
 def _lse_shaped(case: Case, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

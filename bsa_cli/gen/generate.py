@@ -7,14 +7,13 @@ each folder, and runs suites in worker processes.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -24,20 +23,20 @@ import numpy as np
 
 from .. import compare, golden
 from .._version import __version__
-from ..core.case import Case, numpy_dtype
+from ..core.case import PRECISIONS as PRECISIONS
+from ..core.case import Case, Precision, numpy_dtype
 from ..core.errors import DataError
 from ..core.untrusted import is_case_name
 from ..core.workers import worker_pool
 from ..inputs import mask_stats
-from ..ops import FORWARD_OPS, Op, folder_name
+from ..ops import Op, folder_name, get
 from ..store import MANIFEST, CaseWriter, load_manifest, remove_leftovers, verify_inputs
 from ..store.manifest import build_manifest, flat_params
-from .arrays import OpArrays, each_op
+from .arrays import DEFAULT_SETTINGS, OpArrays, each_op
 from .arrays import compute_case as compute_case
 from .arrays import compute_ops as compute_ops
 from .schedule import available_memory, estimate
-
-PRECISIONS = ("float32", "float64")
+from .settings import GenSettings
 
 FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("sparsity", "causal_alignment"), "top_left"),
@@ -60,7 +59,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
 at their default, so cases that do not use them keep the fingerprint they had."""
 
 
-def fingerprint(case: Case, precision: str, op: Op = "backward") -> str:
+def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
     """Return a digest of everything that determines the files of one op's folder of a case (spec values,
     precision, bsa version, the op and what it must return).
 
@@ -74,11 +73,11 @@ def fingerprint(case: Case, precision: str, op: Op = "backward") -> str:
         "ops",
         "op_expect",
         "skipped_ops",
-        *(() if op in FORWARD_OPS else ("inner_precise", "softmax_lse_flag")),
+        *(() if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")),
     ):
         fields.pop(key)
     fields["expect"] = asdict(case.expect_of(op))
-    if op != "backward":
+    if not get(op).is_default:
         fields["op"] = op
     if case.skip_reason(op) is not None:
         fields["skip"] = case.skip_reason(op)
@@ -94,7 +93,7 @@ def fingerprint(case: Case, precision: str, op: Op = "backward") -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def is_current(case: Case, case_dir: Path, precision: str, op: Op = "backward") -> bool:
+def is_current(case: Case, case_dir: Path, precision: Precision, op: str = "backward") -> bool:
     """Return whether `case_dir` already holds this op of the case, generated the same way, with intact inputs."""
     if case_dir.is_symlink() or not (case_dir / MANIFEST).is_file():
         return False  # a link is never taken for a case: it is replaced, its target left alone
@@ -113,28 +112,15 @@ def case_folders(case: Case, out_root: Path) -> list[Path]:
     return [Path(out_root) / folder_name(case.name, op) for op in case.ops]
 
 
-def generate_case(
-    case: Case,
-    out_root: Path,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-) -> Path:
+def generate_case(case: Case, out_root: Path, settings: GenSettings = DEFAULT_SETTINGS) -> Path:
     """Write the case's folders (`generate_case_ops`) and return the first: `out_root/<case.name>` for a case
     of the default ops (the backward alone), whose folder is exactly the case of old."""
-    return generate_case_ops(case, out_root, precision, jobs, on_progress)[0]
+    return generate_case_ops(case, out_root, settings)[0]
 
 
-def generate_case_ops(
-    case: Case,
-    out_root: Path,
-    precision: str = "float32",
-    jobs: int = 1,
-    on_progress: Callable[[float], None] | None = None,
-    ops: Sequence[Op] | None = None,
-) -> list[Path]:
-    """Write one folder per op of the case (`ops`: only those, default all of `case.ops`), each atomically,
-    and return them in `OPS` order (progress as `compute_case`, over every op).
+def generate_case_ops(case: Case, out_root: Path, settings: GenSettings = DEFAULT_SETTINGS) -> list[Path]:
+    """Write one folder per op of the case (`settings.ops`: only those, default all of `case.ops`), each
+    atomically, and return them in `OPS` order (progress as `compute_case`, over every op).
 
     Each folder is written before the next op is computed (`each_op`), so one op's arrays are held at a time.
 
@@ -143,14 +129,15 @@ def generate_case_ops(
             are not written), or a folder cannot be written (a full disk, no permission); nothing of a
             folder is left half-written.
 
-    With `jobs` > 1 the files are written (and hashed) in threads while this thread measures the benchmark.
+    With `settings.jobs` > 1 the files are written (and hashed) in threads while this thread measures the
+    benchmark.
     """
     if not is_case_name(case.name):
         raise DataError(
             str(Path(out_root) / case.name), "a case name must name one visible folder inside the output folder"
         )
     written: list[Path] = []
-    computed = each_op(case, precision, jobs, on_progress, ops)
+    computed = each_op(case, settings)
     while True:
         with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, once
             found = next(computed, None)
@@ -158,14 +145,14 @@ def generate_case_ops(
             return written
         op, arrays = found
         final_dir = Path(out_root) / folder_name(case.name, op)
-        _check_finite(arrays.golden, final_dir, precision)
+        _check_finite(arrays.golden, final_dir, settings.precision)
         try:
-            written.append(_write_case(case, final_dir, precision, jobs, op, arrays))
+            written.append(_write_case(case, final_dir, settings, op, arrays))
         except OSError as exc:
             raise DataError(str(final_dir), f"cannot be written: {exc.strerror or exc}") from None
 
 
-def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: str) -> None:
+def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: Precision) -> None:
     """Raise DataError naming the first golden array with non-finite values (lse aside: it holds the empty
     rows' value, inf by default, where nothing is selected, and is never judged there)."""
     for name, array in gold.items():
@@ -178,12 +165,12 @@ def _check_finite(gold: Mapping[str, np.ndarray], final_dir: Path, precision: st
             )
 
 
-def _write_case(case: Case, final_dir: Path, precision: str, jobs: int, op: Op, arrays: OpArrays) -> Path:
-    tensors, gold, bench = arrays.inputs, arrays.golden, arrays.benchmark
+def _write_case(case: Case, final_dir: Path, settings: GenSettings, op: Op, arrays: OpArrays) -> Path:
+    tensors, gold, bench, precision = arrays.inputs, arrays.golden, arrays.benchmark, settings.precision
     files = [(f"inputs/{name}.bin", array, _dtype_name(array)) for name, array in tensors.items()]
     files += [(f"golden/{name}.bin", array, precision) for name, array in gold.items()]
     files += [(f"benchmark/{name}.bin", a, "float32" if name == "lse" else case.dtype) for name, a in bench.items()]
-    with CaseWriter(final_dir) as writer, _Writers(writer, jobs) as written:
+    with CaseWriter(final_dir) as writer, _Writers(writer, settings.jobs) as written:
         pending = written.all(files)
         summary = None
         if bench:  # out over the forward's written rows (the mask), dq, dk, dv; lse is measured when judged
@@ -193,10 +180,9 @@ def _write_case(case: Case, final_dir: Path, precision: str, jobs: int, op: Op, 
         inputs = {name: entries[f"inputs/{name}.bin"] for name in tensors}
         golden_entries = {name: entries[f"golden/{name}.bin"] for name in gold}
         bench_entries = {name: entries[f"benchmark/{name}.bin"] for name in bench}
-        mask = tensors.get("block_sparse_mask")
-        stats = arrays.stats if op != "backward" else {}
-        if op == "backward" and mask is not None and mask.shape == case.mask_shape:
-            stats = mask_stats(case, mask)
+        mask, stats = tensors.get("block_sparse_mask"), arrays.stats
+        if op.is_default:  # the case folder of old: its own mask's statistics, as it always had
+            stats = mask_stats(case, mask) if mask is not None and mask.shape == case.mask_shape else {}
         manifest = build_manifest(case, inputs, golden_entries, bench_entries, stats, op, arrays.skip)
         if bench:
             kernel_range = arrays.kernel_range or golden.KernelRange()
@@ -294,88 +280,80 @@ class _Writers:
 def generate_suite(
     cases: Sequence[Case],
     out_root: Path,
-    precision: str = "float32",
-    jobs: int = 1,
+    settings: GenSettings = DEFAULT_SETTINGS,
     *,
     skip_current: bool = False,
     on_done: Callable[[Case, str, Path], None] | None = None,
-    on_progress: Callable[[Case, float], None] | None = None,
     memory_budget: int | None = None,
 ) -> list[Path]:
     """Generate every case; return their folders in the order of `cases`, each case's ops in `OPS` order
     (`case_folders`: one folder per op, the backward's `NAME`, the others `NAME@op`).
 
-    With `jobs` > 1 and several cases, cases run in up to `jobs` processes, largest first, and only as
-    many at once as their estimated peak memory allows within `memory_budget` bytes (default: the memory
+    With `settings.jobs` > 1 and several cases, cases run in up to `jobs` processes, largest first, and only
+    as many at once as their estimated peak memory allows within `memory_budget` bytes (default: the memory
     available now; 0 or unknown: no limit; a case too large for the budget runs alone). A single case
     runs its golden and benchmark walks in up to `jobs` threads instead. With `skip_current`, the folders
     that already hold the same generation (`is_current`) are left as they are (a case whose folders are
     all current is not computed at all; otherwise only its other ops are).
     `on_done(case, outcome, path)` is called as each case ends, outcome "generated" or "current", `path` its
-    first folder; `on_progress(case, fraction)` as its arithmetic advances (from worker processes, in steps
-    of 1%).
+    first folder; `settings.on_progress(case, fraction)` as its arithmetic advances (from worker processes,
+    in steps of 1%).
     """
     out_root = Path(out_root)
     remove_leftovers(out_root)
-    todo, stale = [], {}
+    todo: list[tuple[Case, GenSettings]] = []
     for case in cases:
         ops = tuple(
-            op
+            get(op)
             for op in case.ops
-            if not (skip_current and is_current(case, out_root / folder_name(case.name, op), precision, op))
+            if not (skip_current and is_current(case, out_root / folder_name(case.name, op), settings.precision, op))
         )
         if not ops:
             if on_done:
                 on_done(case, "current", case_folders(case, out_root)[0])
         else:
-            todo.append(case)
-            stale[case.name] = ops
-    if jobs > 1 and len(todo) > 1:
+            todo.append((case, replace(settings, ops=ops)))
+    if settings.jobs > 1 and len(todo) > 1:
         budget = available_memory() if memory_budget is None else memory_budget
-        _generate_in_processes(
-            todo, out_root, precision, min(jobs, len(todo)), budget, on_done, on_progress, stale=stale
-        )
+        _generate_in_processes(todo, out_root, min(settings.jobs, len(todo)), budget, on_done, settings.on_progress)
     else:
-        for case in todo:
-            listen = None if on_progress is None else functools.partial(on_progress, case)
-            paths = generate_case_ops(case, out_root, precision, jobs, listen, stale[case.name])
+        for case, stale in todo:
+            paths = generate_case_ops(case, out_root, stale)
             if on_done:
                 on_done(case, "generated", paths[0])
     return [path for case in cases for path in case_folders(case, out_root)]
 
 
 def _generate_in_processes(
-    cases: Sequence[Case],
+    todo: Sequence[tuple[Case, GenSettings]],
     out_root: Path,
-    precision: str,
     jobs: int,
     budget: int,
     on_done: Callable[[Case, str, Path], None] | None,
-    on_progress: Callable[[Case, float], None] | None = None,
-    *,
-    stale: Mapping[str, Sequence[Op]] | None = None,
+    on_progress: Callable[[Case, float], None] | None,
 ) -> None:
-    """Generate cases in `jobs` processes, largest first, keeping the running cases' peak memory in `budget`.
+    """Generate cases (each with its settings: the ops to make) in `jobs` processes, largest first, keeping the
+    running cases' peak memory in `budget`.
 
-    Workers send their cases' progress back through a queue, read here between completions. `stale`: the
-    ops to make of each case by name (default all).
+    Workers send their cases' progress back through a queue, read here between completions; each worker
+    makes its case in one thread.
     """
-    peaks = {case.name: estimate(case).peak_memory for case in cases}
-    waiting = sorted(cases, key=lambda c: (-peaks[c.name], c.name))
+    peaks = {case.name: estimate(case).peak_memory for case, _ in todo}
+    waiting = sorted(todo, key=lambda item: (-peaks[item[0].name], item[0].name))
     running: dict[Future[list[Path]], Case] = {}
     queue = multiprocessing.get_context("spawn").Queue() if on_progress is not None else None
     with worker_pool(jobs, initializer=_report_to, initargs=(queue,)) as pool:
         try:
             while waiting or running:
                 in_use = sum(peaks[c.name] for c in running.values())
-                for case in list(waiting):
+                for case, settings in list(waiting):
                     if len(running) == jobs:
                         break
                     if not running or not budget or in_use + peaks[case.name] <= budget:
-                        ops = None if stale is None else stale.get(case.name)
-                        running[pool.submit(_generate_reporting, case, out_root, precision, ops)] = case
+                        alone = replace(settings, jobs=1, on_progress=None)
+                        running[pool.submit(_generate_reporting, case, out_root, alone)] = case
                         in_use += peaks[case.name]
-                        waiting.remove(case)
+                        waiting.remove((case, settings))
                 finished, _ = wait(running, timeout=_PROGRESS_SECONDS if queue else None, return_when=FIRST_COMPLETED)
                 if queue is not None and on_progress is not None:
                     _pass_on(queue, {case.name: case for case in running.values()}, on_progress)
@@ -410,17 +388,17 @@ def _report_to(queue: Any) -> None:
         queue.cancel_join_thread()  # a worker never waits at exit for progress nobody reads any more
 
 
-def _generate_reporting(case: Case, out_root: Path, precision: str, ops: Sequence[Op] | None = None) -> list[Path]:
+def _generate_reporting(case: Case, out_root: Path, settings: GenSettings) -> list[Path]:
     """`generate_case_ops` in a worker, sending (case name, fraction done) back at each 1% (`_report_to`)."""
     queue = _REPORTS
     sent = [0.0]
 
-    def report(fraction: float) -> None:
+    def report(_case: Case, fraction: float) -> None:
         if queue is not None and fraction - sent[0] >= 0.01:
             sent[0] = fraction
             queue.put((case.name, fraction))
 
-    return generate_case_ops(case, out_root, precision, on_progress=report, ops=ops)
+    return generate_case_ops(case, out_root, replace(settings, on_progress=report))
 
 
 def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Case, float], None]) -> None:

@@ -242,12 +242,6 @@ def make_mask(case: Case) -> np.ndarray:
     return mask.astype(np.uint8)
 
 
-def block_extents(length: int, block: int, count: int) -> np.ndarray:
-    """Return how many real tokens each of `count` blocks of size `block` holds for a sequence of `length`."""
-    starts = np.arange(count) * block
-    return np.clip(length - starts, 0, block)
-
-
 @dataclass(frozen=True)
 class MaskCounts:
     """What a block mask selects, counting only real rows and columns of each batch entry's lengths."""

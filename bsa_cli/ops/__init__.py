@@ -9,6 +9,9 @@
 Every op of a case is one case folder: the backward keeps the case's name (`NAME`), the others are
 `NAME@forward`, `NAME@chain`, `NAME@autograd`, so each folder is judged on its own and reports put a
 case's ops side by side. The rest of bsa asks an op (`get(name)`) what it needs, never compares its name.
+The two operators are `Call`s (`interface.BACKWARD_CALL`, `forward_interface.FORWARD_CALL`: rules, undefined
+behaviour, kernel constraints); an op holds those it calls (`Op.steps`) and says its status (`Op.status`,
+`Op.refusal`, `Op.violation`).
 Loading this package imports no NumPy: spec loading stands on it.
 """
 
@@ -25,12 +28,17 @@ from .base import SEPARATOR, Op, get
 from .base import SOFTMAX_LSE_FLAG_DEFAULT as SOFTMAX_LSE_FLAG_DEFAULT
 from .chain import CHAIN
 from .forward import FORWARD
+from .forward_interface import FORWARD_CALL
+from .interface import BACKWARD_CALL, Call
 
 OPS: Final[tuple[Op, ...]] = (FORWARD, BACKWARD, CHAIN, AUTOGRAD)
 """Every op, in the order reports show them."""
 
 DEFAULT_OPS: Final[tuple[Op, ...]] = (BACKWARD,)
 """What a case tests unless it says `ops:`: the backward alone, as bsa always did."""
+
+CALLS: Final[tuple[Call, ...]] = (BACKWARD_CALL, FORWARD_CALL)
+"""Every operator the ops call (`Op.steps`), in the order a spec's undefined behaviour and warnings are read."""
 
 PAIR_OPS: Final[tuple[Op, ...]] = tuple(op for op in OPS if op.pair)
 """Ops that run the forward and then the backward on the forward's own outputs."""
@@ -47,7 +55,7 @@ def folder_name(case_name: str, op: str) -> str:
 def split_folder_name(folder: str) -> tuple[str, Op]:
     """Return (case name, op) of a case folder's name (`folder_name` inverted; a plain name is the backward)."""
     base, sep, name = folder.rpartition(SEPARATOR)
-    op = _known(name)
+    op = find(name)
     if sep and base and op is not None and not op.is_default:
         return base, op
     return folder, BACKWARD
@@ -60,14 +68,15 @@ def parse_ops(text: str) -> tuple[Op, ...]:
         ValueError: an empty list or a word that is not an op.
     """
     words = [w.strip() for w in text.split(",") if w.strip()]
-    unknown = [w for w in words if _known(w) is None]
+    unknown = [w for w in words if find(w) is None]
     if unknown or not words:
         raise ValueError(f"{', '.join(unknown) or repr(text)}: ops are {', '.join(OPS)}")
     return tuple(op for op in OPS if op in words)
 
 
-def _known(name: str) -> Op | None:
+def find(name: object) -> Op | None:
+    """Return the op a value names, or None when it names none (a manifest's `op` is untrusted)."""
     try:
-        return get(name)
+        return get(name) if isinstance(name, str) else None
     except ValueError:
         return None

@@ -4,6 +4,8 @@ inputs, then `out.backward(dout)`): only a torch_npu device runs it."""
 from __future__ import annotations
 
 from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+from .forward_interface import FORWARD_CALL
+from .interface import BACKWARD_CALL
 
 AUTOGRAD = Op(
     "autograd",
@@ -12,4 +14,6 @@ AUTOGRAD = Op(
     calls_forward=True,
     calls_backward=True,
     summary="the chain through torch_npu's autograd (torch_npu only)",
+    steps=(FORWARD_CALL, BACKWARD_CALL),
+    step_owner="autograd's",
 )

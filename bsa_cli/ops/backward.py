@@ -4,6 +4,7 @@ always tested; a case's default, with unchanged files)."""
 from __future__ import annotations
 
 from .base import BACKWARD_INPUTS, GRAD_NAMES, Op
+from .interface import BACKWARD_CALL
 
 BACKWARD = Op(
     "backward",
@@ -12,4 +13,5 @@ BACKWARD = Op(
     calls_forward=False,
     calls_backward=True,
     summary="aclnnBlockSparseAttentionGrad on the golden's attentionOut and softmaxLse",
+    steps=(BACKWARD_CALL,),
 )

@@ -7,7 +7,11 @@ as they always did, and `ops.get(name)` turns any of them back into the op.
 
 from __future__ import annotations
 
-from typing import Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final, NoReturn
+
+if TYPE_CHECKING:
+    from ..core.case import Case
+    from .interface import Call, Violation
 
 SEPARATOR: Final = "@"
 """Between a case's name and its op in the folder of an op other than the backward."""
@@ -51,6 +55,13 @@ class Op(str):
     calls_backward: bool
     pair: bool
     summary: str
+    steps: tuple[Call, ...]
+    """The operators it calls, in order (`interface.BACKWARD_CALL`, `forward_interface.FORWARD_CALL`): whose
+    interface rules, undefined behaviour and kernel constraints apply to it."""
+    mask_dtype: str | None
+    """The mask dtype its call passes whatever the case's (the forward's int8), or None: the case's."""
+    step_owner: str
+    """Whose steps its refusals name ("the chain's": "the chain's forward step refuses ..."); "" for one step."""
 
     def __new__(
         cls,
@@ -61,6 +72,9 @@ class Op(str):
         calls_forward: bool,
         calls_backward: bool,
         summary: str,
+        steps: tuple[Call, ...] = (),
+        mask_dtype: str | None = None,
+        step_owner: str = "",
     ) -> Op:
         op = super().__new__(cls, name)
         fields = {
@@ -70,6 +84,9 @@ class Op(str):
             "calls_backward": calls_backward,
             "pair": calls_forward and calls_backward,
             "summary": summary,
+            "steps": steps,
+            "mask_dtype": mask_dtype,
+            "step_owner": step_owner,
         }
         for key, value in fields.items():
             object.__setattr__(op, key, value)
@@ -94,6 +111,35 @@ class Op(str):
     def folder(self, case_name: str) -> str:
         """Return the case folder of this op of a case: the name itself for the backward, `NAME@op` otherwise."""
         return case_name if self.is_default else f"{case_name}{SEPARATOR}{self}"
+
+    def violation(self, case: Case) -> tuple[Call, Violation] | None:
+        """Return the first rule this op of a case breaks, with the call that refuses it, or None when every
+        operator it calls accepts the case."""
+        for call in self.steps:
+            found = call.violations(case)
+            if found:
+                return call, found[0]
+        return None
+
+    def status(self, case: Case) -> tuple[int, str]:
+        """Return the status this op of a case returns and the first broken rule's message ("" when accepted;
+        an op of two steps says which: "forward: ...")."""
+        found = self.violation(case)
+        if found is None:
+            return 0, ""
+        call, violation = found
+        prefix = f"{call.name}: " if self.pair else ""
+        return violation.status, f"{prefix}{violation.key}: {violation.message}"
+
+    def refusal(self, case: Case) -> str | None:
+        """Return how this op of a case is refused, for a skip reason ("the A2/A3 forward refuses block_shape
+        [128, 64]: Y % 128 != 0 (tiling, 561002)"; "the chain's backward step refuses ..."), or None."""
+        found = self.violation(case)
+        if found is None:
+            return None
+        call, v = found
+        who = f"{self.step_owner} {call.name} step" if self.step_owner else call.refuser
+        return f"{who} refuses {v.key} {v.message} ({call.stage(v.status)}, {v.status})"
 
 
 _BY_NAME: dict[str, Op] = {}

@@ -4,6 +4,8 @@ each call with the dtypes it accepts."""
 from __future__ import annotations
 
 from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+from .forward_interface import FORWARD_CALL
+from .interface import BACKWARD_CALL
 
 CHAIN = Op(
     "chain",
@@ -12,4 +14,6 @@ CHAIN = Op(
     calls_forward=True,
     calls_backward=True,
     summary="the forward, then the backward on the forward's own out and lse",
+    steps=(FORWARD_CALL, BACKWARD_CALL),
+    step_owner="the chain's",
 )

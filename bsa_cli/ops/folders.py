@@ -1,10 +1,9 @@
 """What each op's case folder holds: its inputs, its outputs, the mask dtype its call passes.
 
-A case that lists several ops (`bsa_cli/ops.py`) is one case folder per op, every folder drawn from the
-same inputs: the backward's folder is exactly the case of old (`INPUT_NAMES`, golden and outputs
-`GRAD_NAMES`); the forward's holds query, key, value and the mask as int8 (the forward's registered mask
-dtype, the same bytes), and out and lse; the chain's (and autograd's) the backward's mask dtype, dout, and
-all five of out, lse, dq, dk, dv. Pure: tables and a `Case` seen as one op's call; the manifest is built
+A case that lists several ops (`bsa_cli/ops/`) is one case folder per op, every folder drawn from the
+same inputs: the backward's folder is exactly the case of old (`base.BACKWARD_INPUTS`, golden and outputs
+`GRAD_NAMES`); each op says what its folder holds (`Op.inputs`, `Op.outputs`, `Op.mask_dtype`: the forward
+passes the mask as int8, the same bytes). Pure: a `Case` seen as one op's call; the manifest is built
 in `manifest.py`, and `op_problem` is what `store.check_manifest` asks of a folder's op fields.
 """
 
@@ -15,44 +14,22 @@ from dataclasses import replace
 from typing import Any
 
 from ..core.case import Case, TensorOverride
-from . import OPS, Op, split_folder_name
-from .forward_interface import FORWARD_MASK_DTYPE
+from . import OPS, find, get, split_folder_name
 
-INPUT_NAMES = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
-"""The inputs of a backward folder (the backward's call), in its manifest's order."""
-GRAD_NAMES = ("dq", "dk", "dv")
 SECTIONS = ("inputs", "golden", "benchmark", "outputs")
 """The manifest's sections of array entries {name: {file, dtype, shape, sha256}} (a null tensor: None)."""
-FORWARD_OUTPUT_NAMES = ("out", "lse")
-"""The forward's outputs (attentionOut, softmaxLse) in the folders of the ops that call it."""
-OP_INPUT_NAMES: Mapping[Op, tuple[str, ...]] = {
-    "backward": INPUT_NAMES,
-    "forward": ("query", "key", "value", "block_sparse_mask"),
-    "chain": ("query", "key", "value", "dout", "block_sparse_mask"),
-    "autograd": ("query", "key", "value", "dout", "block_sparse_mask"),
-}
-"""The inputs of each op's folder, in its manifest's order (a null tensor left out, `atten_mask` added when
-a negative case passes one)."""
-OP_OUTPUT_NAMES: Mapping[Op, tuple[str, ...]] = {
-    "backward": GRAD_NAMES,
-    "forward": FORWARD_OUTPUT_NAMES,
-    "chain": FORWARD_OUTPUT_NAMES + GRAD_NAMES,
-    "autograd": FORWARD_OUTPUT_NAMES + GRAD_NAMES,
-}
-"""What a device writes in each op's folder (and what its golden and benchmark hold)."""
 CALL_NAMES = {"out": "attention_out", "lse": "softmax_lse"}
 """The forward's outputs by the names of the backward's inputs they are (`Case.tensor_descs`, overrides)."""
 
 
-def op_case(case: Case, op: Op) -> Case:
+def op_case(case: Case, op: str) -> Case:
     """Return the case as one op's call sees its tensors (`tensor_descs`, `inputs.call_inputs`): a forward
-    folder's mask is int8 (`forward_interface.FORWARD_MASK_DTYPE`, the same bytes) whatever dtype the case
-    gives the backward's; a null mask or a shape override applies, as `forward_interface.forward_tensors`
-    has it."""
-    mask = case.override("block_sparse_mask")
-    if op != "forward" or (mask is not None and mask.null):
+    folder's mask is int8 (`Op.mask_dtype`, the same bytes) whatever dtype the case gives the backward's; a
+    null mask or a shape override applies, as `forward_interface.forward_tensors` has it."""
+    mask, dtype = case.override("block_sparse_mask"), get(op).mask_dtype
+    if dtype is None or (mask is not None and mask.null):
         return case
-    return replace(case, tensors=(*case.tensors, TensorOverride("block_sparse_mask", dtype=FORWARD_MASK_DTYPE)))
+    return replace(case, tensors=(*case.tensors, TensorOverride("block_sparse_mask", dtype=dtype)))
 
 
 def op_problem(document: Mapping[str, Any]) -> str | None:
@@ -63,7 +40,7 @@ def op_problem(document: Mapping[str, Any]) -> str | None:
     integers where given.
     """
     op = document.get("op", "backward")
-    if not isinstance(op, str) or op not in OPS:
+    if not isinstance(op, str) or find(op) is None:
         return f"op: {op!r:.60} is not one of {', '.join(OPS)}"
     name = str(document.get("name"))
     named = split_folder_name(name)[1]

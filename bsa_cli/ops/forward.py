@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .base import FORWARD_OUTPUTS, Op
+from .forward_interface import FORWARD_CALL, FORWARD_MASK_DTYPE
 
 FORWARD = Op(
     "forward",
@@ -11,4 +12,6 @@ FORWARD = Op(
     calls_forward=True,
     calls_backward=False,
     summary="aclnnBlockSparseAttention: attentionOut and softmaxLse",
+    steps=(FORWARD_CALL,),
+    mask_dtype=FORWARD_MASK_DTYPE,
 )

@@ -27,7 +27,7 @@ The rules read the forward call's parameters (`case_params_forward`, or `params_
 value, block_sparse_mask (int8: the dtype the forward registers; the chain hands the forward the case's mask
 bytes as int8), atten_mask and block_table (only when passed), attention_out and softmax_lse (the outputs).
 The forward's rules do not differ by release (bsa read master only); `release` picks the backward's rules
-in `chain_check`.
+in a chain (`Op.status`). `FORWARD_CALL` is the forward as the ops that call it hold it (`Op.steps`).
 """
 
 from __future__ import annotations
@@ -37,23 +37,18 @@ from typing import Any
 
 from ..core.case import MAX_TOKENS, Case
 from . import interface
-from .base import INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, SOFTMAX_LSE_FLAG_DEFAULT, Op, get
+from .base import INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, SOFTMAX_LSE_FLAG_DEFAULT
 from .interface import (
     ACLNN_ERR_INNER_TILING_ERROR,
     ACLNN_ERR_PARAM_INVALID,
     ACLNN_ERR_PARAM_NULLPTR,
-    ACLNN_SUCCESS,
     DEFAULT_RELEASE,
+    Call,
     Violation,
 )
 
 ACLNN_ERR_INNER_NULLPTR = 561103
 """What GetWorkspaceSize returns when the forward's infershape fails (the l0op hands back null outputs)."""
-
-FORWARD_RULES = (
-    "ops-transformer master 5778144: aclnnBlockSparseAttention ValidateParams, infershape (561103) + A2/A3 tiling"
-)
-"""The forward's rule set, as a manifest of an op folder that calls the forward may record it."""
 
 FORWARD_TENSORS = (
     "query",
@@ -92,16 +87,10 @@ STAGES = {
 
 
 def case_params_forward(case: Case) -> dict[str, Any]:
-    """Return the parameters of a case's forward call that the rules read (as a forward op folder's
-    manifest `params` records them): `interface.case_params` plus heads, D, dtype and the forward's own
-    innerPrecise and softmaxLseFlag."""
+    """Return the parameters of a case's forward call (as a forward op folder's manifest `params` records
+    them): `interface.case_params` and the forward's own innerPrecise and softmaxLseFlag."""
     return {
         **interface.case_params(case),
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "num_heads": case.num_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
         "inner_precise": case.inner_precise,
         "softmax_lse_flag": case.softmax_lse_flag,
     }
@@ -166,12 +155,14 @@ def _ceil_div(n: int, d: int) -> int:
     return 0 if n == 0 else -(-n // d)
 
 
-def undefined_behaviour(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[str]:
+def undefined_behaviour(
+    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
+) -> list[str]:
     """Return what in a forward call has no status bsa can expect.
 
     A null softmaxLse with softmaxLseFlag 1 reaches `ViewCopy` into a null tensor after tiling; a mask of
     another dtype than int8 is not checked by aclnn and fails kernel selection with a status public code
-    does not show.
+    does not show. (They do not differ by release.)
     """
     found = []
     if "softmax_lse" not in tensors and params.get("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT) == 1:
@@ -320,114 +311,149 @@ def _infershape_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[s
     return []
 
 
+def _refuse(key: str, message: str) -> list[Violation]:
+    return [Violation(key, message, ACLNN_ERR_INNER_TILING_ERROR)]
+
+
 def _tiling_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
     """The A2/A3 refusals of block_sparse_attention_tiling.cpp (`GetBsaTiling`), in its order: 561002."""
-    tiling = ACLNN_ERR_INNER_TILING_ERROR
+    if params.get("layout") == "BSND":
+        return _refuse("layout", "'BSND': the A2/A3 tiling takes TND and BNSD (only the 950 takes BSND)")
+    return (
+        _parse_attrs(params, tensors)
+        or _parse_required_tensors(params, tensors)
+        or _parse_lengths(params, tensors)
+        or _parse_sparse_pattern(params, tensors)
+        or _task_split(params, tensors)
+    )
 
-    def refuse(key: str, message: str) -> list[Violation]:
-        return [Violation(key, message, tiling)]
 
-    layout = params.get("layout")
-    if layout == "BSND":
-        return refuse("layout", "'BSND': the A2/A3 tiling takes TND and BNSD (only the 950 takes BSND)")
-    # ParseAttrs
-    num_kv_heads = params.get("num_kv_heads")
-    if num_kv_heads == 0:
-        return refuse("num_kv_heads", "numKeyValueHeads 0: the tiling needs the kv head count")
+def _parse_attrs(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """ParseAttrs: numKeyValueHeads, innerPrecise, the tokens, softmaxLseFlag."""
+    if params.get("num_kv_heads") == 0:
+        return _refuse("num_kv_heads", "numKeyValueHeads 0: the tiling needs the kv head count")
     inner_precise = params.get("inner_precise", INNER_PRECISE_DEFAULT)
-    dtype = tensors["query"].get("dtype")
     if inner_precise not in (0, 1):
-        return refuse("inner_precise", f"{inner_precise}: A2/A3 takes innerPrecise 0 or 1 (4 is the 950's)")
-    if inner_precise == 1 and dtype == "bfloat16":
-        return refuse("inner_precise", "1 with bfloat16: A2/A3 takes only innerPrecise 0 for bfloat16")
+        return _refuse("inner_precise", f"{inner_precise}: A2/A3 takes innerPrecise 0 or 1 (4 is the 950's)")
+    if inner_precise == 1 and tensors["query"].get("dtype") == "bfloat16":
+        return _refuse("inner_precise", "1 with bfloat16: A2/A3 takes only innerPrecise 0 for bfloat16")
     for token_key in ("pre_tokens", "next_tokens"):
         if params.get(token_key, MAX_TOKENS) != MAX_TOKENS:
-            return refuse(token_key, f"{params.get(token_key)!r}: only {MAX_TOKENS} is supported (no windowed mask)")
+            return _refuse(token_key, f"{params.get(token_key)!r}: only {MAX_TOKENS} is supported (no windowed mask)")
     flag = params.get("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT)
     if flag not in (0, 1):
-        return refuse("softmax_lse_flag", f"{flag!r}: softmaxLseFlag is 0 or 1")
-    # ParseRequiredTensors
-    _, n_axis, b_axis, d_axis = _axes(layout)
+        return _refuse("softmax_lse_flag", f"{flag!r}: softmaxLseFlag is 0 or 1")
+    return []
+
+
+def _parse_required_tensors(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """ParseRequiredTensors: B, D and N of query, key and value, and the head dim."""
+    _, n_axis, b_axis, d_axis = _axes(params.get("layout"))
     query, key, value = _shape(tensors, "query"), _shape(tensors, "key"), _shape(tensors, "value")
+    num_kv_heads = params.get("num_kv_heads")
     if b_axis is not None and not (query[b_axis] == key[b_axis] == value[b_axis]):
-        return refuse(
+        return _refuse(
             "key", f"B of query {query[b_axis]}, key {key[b_axis]}, value {value[b_axis]}: they must be equal"
         )
     if not (query[d_axis] == key[d_axis] == value[d_axis]):
-        return refuse(
+        return _refuse(
             "key", f"D of query {query[d_axis]}, key {key[d_axis]}, value {value[d_axis]}: they must be equal"
         )
     if not (key[n_axis] == value[n_axis] == num_kv_heads):
-        return refuse(
+        return _refuse(
             "num_kv_heads",
             f"N of key {key[n_axis]}, value {value[n_axis]} and numKeyValueHeads {num_kv_heads}: they must be equal",
         )
     n1, head_dim = query[n_axis], query[d_axis]
     if not (_int(n1) and _int(num_kv_heads) and n1 % num_kv_heads == 0):
-        return refuse("num_kv_heads", f"N1 {n1} is not a multiple of numKeyValueHeads {num_kv_heads}")
+        return _refuse("num_kv_heads", f"N1 {n1} is not a multiple of numKeyValueHeads {num_kv_heads}")
     if head_dim not in HEAD_DIMS:
-        return refuse("head_dim", f"D = {head_dim}: the forward takes D 64 or 128")
-    # ParseOptionalTensors: lengths
+        return _refuse("head_dim", f"D = {head_dim}: the forward takes D 64 or 128")
+    return []
+
+
+def _extent(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int]:
+    """Return (B, max Sq, max Skv) as the tiling reads them: from the lengths (TND) or the shapes (BNSD)."""
     q_lengths, kv_lengths = call_lengths(params)
-    max_q, max_kv, batch = 0, 0, 0
-    if layout == "TND":
+    if params.get("layout") == "TND":
+        return len(q_lengths or ()), max(q_lengths or (), default=0), max(kv_lengths or (), default=0)
+    query, key = _shape(tensors, "query"), _shape(tensors, "key")
+    return int(query[0]), int(query[2]), int(key[2])
+
+
+def _parse_lengths(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """ParseOptionalTensors' lengths: TND both given and of one size; BNSD both or neither, B entries, each <= S."""
+    q_lengths, kv_lengths = call_lengths(params)
+    if params.get("layout") == "TND":
         if q_lengths is None or kv_lengths is None:
             key_name = "actual_seq_lengths" if q_lengths is None else "actual_seq_lengths_kv"
-            return refuse(key_name, "is null, but a TND forward needs both lengths")
+            return _refuse(key_name, "is null, but a TND forward needs both lengths")
         if len(q_lengths) != len(kv_lengths):
-            return refuse(
+            return _refuse(
                 "actual_seq_lengths_kv", f"{len(kv_lengths)} entries, actual_seq_lengths {len(q_lengths)}: one size"
             )
-        batch = len(q_lengths)
-        max_q, max_kv = max(q_lengths, default=0), max(kv_lengths, default=0)
-    else:
-        batch, max_q, max_kv = int(query[0]), int(query[2]), int(key[2])
-        if (q_lengths is None) != (kv_lengths is None):
-            given = "actual_seq_lengths" if q_lengths is not None else "actual_seq_lengths_kv"
-            return refuse(given, "is given alone: a BNSD forward takes both lengths or neither")
-        if q_lengths is not None and kv_lengths is not None:
-            if len(q_lengths) != batch or len(kv_lengths) != batch:
-                return refuse(
-                    "actual_seq_lengths",
-                    f"{len(q_lengths)} and {len(kv_lengths)} entries for B = {batch}: one length per batch entry",
-                )
-            for key_name, lengths, limit in (
-                ("actual_seq_lengths", q_lengths, max_q),
-                ("actual_seq_lengths_kv", kv_lengths, max_kv),
-            ):
-                if any(n > limit for n in lengths):
-                    return refuse(key_name, f"{_show(lengths)}: a length exceeds the tensor's S {limit}")
-    # ParseSparsePattern
+        return []
+    batch, max_q, max_kv = _extent(params, tensors)
+    if (q_lengths is None) != (kv_lengths is None):
+        given = "actual_seq_lengths" if q_lengths is not None else "actual_seq_lengths_kv"
+        return _refuse(given, "is given alone: a BNSD forward takes both lengths or neither")
+    if q_lengths is None or kv_lengths is None:
+        return []
+    if len(q_lengths) != batch or len(kv_lengths) != batch:
+        return _refuse(
+            "actual_seq_lengths",
+            f"{len(q_lengths)} and {len(kv_lengths)} entries for B = {batch}: one length per batch entry",
+        )
+    for key_name, lengths, limit in (
+        ("actual_seq_lengths", q_lengths, max_q),
+        ("actual_seq_lengths_kv", kv_lengths, max_kv),
+    ):
+        if any(n > limit for n in lengths):
+            return _refuse(key_name, f"{_show(lengths)}: a length exceeds the tensor's S {limit}")
+    return []
+
+
+def _parse_sparse_pattern(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """ParseSparsePattern and the rest of ParseOptionalTensors: the mask, attenMask and blockTable; then
+    ValidateTNDSeqlenSum."""
     if "block_sparse_mask" not in tensors:
-        return refuse("block_sparse_mask", "is null: the forward needs a blockSparseMask")
+        return _refuse("block_sparse_mask", "is null: the forward needs a blockSparseMask")
     x, y = tuple(params.get("block_shape") or DEFAULT_BLOCK_SHAPE)[:2]
     if y % Y_ALIGNMENT:
-        return refuse("block_shape", f"{_show([x, y])}: Y % {Y_ALIGNMENT} != 0")
+        return _refuse("block_shape", f"{_show([x, y])}: Y % {Y_ALIGNMENT} != 0")
+    batch, max_q, max_kv = _extent(params, tensors)
     mask = _shape(tensors, "block_sparse_mask")
+    n1 = _shape(tensors, "query")[_axes(params.get("layout"))[1]]
     expected = [batch, n1, _ceil_div(max_q, x), _ceil_div(max_kv, y)]
     if mask != expected:
-        return refuse(
+        return _refuse(
             "block_sparse_mask",
             f"shape {mask}: the forward needs exactly [B, N1, ceil(maxSq/X), ceil(maxSkv/Y)] = {expected}",
         )
     if "atten_mask" in tensors:
-        return refuse("atten_mask", "attenMask is not null: the forward does not support it yet")
+        return _refuse("atten_mask", "attenMask is not null: the forward does not support it yet")
     if "block_table" in tensors:
-        return refuse("block_table", "blockTable is not null: the forward has no paged cache")
-    # ValidateTNDSeqlenSum
-    if layout == "TND" and q_lengths is not None and kv_lengths is not None:
+        return _refuse("block_table", "blockTable is not null: the forward has no paged cache")
+    q_lengths, kv_lengths = call_lengths(params)
+    if params.get("layout") == "TND" and q_lengths is not None and kv_lengths is not None:
         for key_name, lengths, tokens, tensor in (
-            ("actual_seq_lengths", q_lengths, query[0], "query"),
-            ("actual_seq_lengths_kv", kv_lengths, key[0], "key"),
+            ("actual_seq_lengths", q_lengths, _shape(tensors, "query")[0], "query"),
+            ("actual_seq_lengths_kv", kv_lengths, _shape(tensors, "key")[0], "key"),
         ):
             if sum(lengths) != tokens:
-                return refuse(key_name, f"{_show(lengths)} sums to {sum(lengths)}, not {tensor}'s T {tokens}")
-    # CalculateTaskSplit / CalculateWorkSpace
+                return _refuse(key_name, f"{_show(lengths)} sums to {sum(lengths)}, not {tensor}'s T {tokens}")
+    return []
+
+
+def _task_split(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """CalculateTaskSplit / CalculateWorkSpace: some query row to work on."""
+    batch, max_q, _ = _extent(params, tensors)
     if batch == 0:
-        return refuse("batch", "B = 0: no batch entry to work on")
+        return _refuse("batch", "B = 0: no batch entry to work on")
+    q_lengths = call_lengths(params)[0]
     rows = q_lengths if q_lengths is not None else [max_q] * batch
-    if n1 == 0 or not any(rows):
-        return refuse("actual_seq_lengths", "no query row to work on (blockDim is 0)")
+    if _shape(tensors, "query")[_axes(params.get("layout"))[1]] == 0 or not any(rows):
+        return _refuse("actual_seq_lengths", "no query row to work on (blockDim is 0)")
     return []
 
 
@@ -435,66 +461,18 @@ def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, (list, tuple)) else repr(value)
 
 
-def check(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> tuple[int, str]:
-    """Return the forward's status for a call and a message: the first broken rule, or (0, "")."""
-    found = violations(params, tensors, release)
-    if not found:
-        return ACLNN_SUCCESS, ""
-    return found[0].status, f"{found[0].key}: {found[0].message}"
+FORWARD_CALL = Call(
+    name="forward",
+    refuser="the A2/A3 forward",
+    undefined_error="{first}: no status bsa can expect from the forward",
+    undefined_skip="{first}: no status bsa can expect from the forward",
+    params=case_params_forward,
+    tensors=forward_tensors,
+    rules=violations,
+    undefined=undefined_behaviour,
+    constraints=kernel_constraints,
+    stages=STAGES,
+)
+"""aclnnBlockSparseAttention."""
 
-
-def chain_check(
-    params: Mapping[str, Any],
-    forward: Mapping[str, Mapping[str, Any]],
-    backward: Mapping[str, Mapping[str, Any]],
-    release: str = DEFAULT_RELEASE,
-) -> tuple[int, str]:
-    """Return the chain's status: the forward's (`check` on its tensors), else the backward's
-    (`interface.check` on the backward's tensors: the mask in the backward's dtype); the message says
-    which step ("forward: ..." / "backward: ...")."""
-    status, message = check(params, forward, release)
-    if status:
-        return status, f"forward: {message}"
-    status, message = interface.check(params, backward, release)
-    return (status, f"backward: {message}") if status else (ACLNN_SUCCESS, "")
-
-
-def op_violation(case: Case, op: Op) -> tuple[str, Violation] | None:
-    """Return the first rule one op of a case breaks, with the step that refuses it ("forward" or
-    "backward"), or None when the op's operators accept the case."""
-    if get(op).calls_forward:
-        found = violations(case_params_forward(case), forward_tensors(case), case.release)
-        if found:
-            return "forward", found[0]
-    if op != "forward":
-        found = interface.violations(interface.case_params(case), case.tensor_descs(), case.release)
-        if found:
-            return "backward", found[0]
-    return None
-
-
-def op_status(case: Case, op: Op) -> tuple[int, str]:
-    """Return the status one op of a case returns (backward: `interface.check`; forward: `check`; chain,
-    autograd: `chain_check`) and the first broken rule's message ("" when accepted)."""
-    found = op_violation(case, op)
-    if found is None:
-        return ACLNN_SUCCESS, ""
-    step, violation = found
-    prefix = f"{step}: " if get(op).pair else ""
-    return violation.status, f"{prefix}{violation.key}: {violation.message}"
-
-
-def refusal(case: Case, op: Op) -> str | None:
-    """Return how one op of a case is refused, for a skip reason ("the A2/A3 forward refuses block_shape
-    [128, 64]: Y % 128 != 0 (tiling, 561002)"; "the chain's backward step refuses ..."), or None when
-    accepted."""
-    found = op_violation(case, op)
-    if found is None:
-        return None
-    step, v = found
-    who = f"the chain's {step} step" if op == "chain" else f"autograd's {step} step" if op == "autograd" else None
-    who = who or ("the A2/A3 forward" if step == "forward" else "the backward")
-    stage = STAGES.get(v.status, "aclnn") if step == "forward" else ("tiling" if v.status == 561002 else "aclnn")
-    return f"{who} refuses {v.key} {v.message} ({stage}, {v.status})"
+check = FORWARD_CALL.check

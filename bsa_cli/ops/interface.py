@@ -19,9 +19,9 @@ manifest's `inputs` and `outputs` entries), so a spec, a manifest and the refere
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..core.case import MAX_TOKENS, Case, Layout
 
@@ -112,31 +112,38 @@ class Violation:
     status: int
 
 
+def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] | None:
+    """Return lengths as the operator receives them: per batch, or cumulative end offsets without a leading 0."""
+    if lengths is None:
+        return None
+    return list(itertools.accumulate(lengths)) if encoding == "cumulative" else list(lengths)
+
+
 def case_params(case: Case) -> dict[str, Any]:
-    """Return the parameters of a case's call that the rules read, as the operator receives them.
-
-    They are what a manifest's `params` records of the case (tests/spec/test_interface.py holds the two
-    together): layouts (kv_layout defaults to layout), lengths in the case's `seq_lengths_encoding`
-    (`cumulative`: end offsets without a leading 0), the block shape as a list (None for a null one), the
-    attributes, and `null_layouts` when the call passes a layout as null.
-    """
-
-    def passed(lengths: tuple[int, ...] | None) -> list[int] | None:
-        if lengths is None:
-            return None
-        return list(itertools.accumulate(lengths)) if case.seq_lengths_encoding == "cumulative" else list(lengths)
-
+    """Return the parameters of a case's call, as the operator receives them and a manifest's `params` records
+    them: layouts (kv_layout defaults to layout), sizes, the block shape as a list (None for a null one), lengths
+    in the case's `seq_lengths_encoding`, both scales, the attributes, and `null_layouts` when the call passes
+    a layout as null. The rules read what they need of them (tests/spec/test_interface.py)."""
     return {
         "layout": case.layout,
         "kv_layout": case.kv_layout or case.layout,
+        "dtype": case.dtype,
+        "batch": case.batch,
+        "num_heads": case.num_heads,
+        "num_kv_heads": case.num_kv_heads,
+        "head_dim": case.head_dim,
         "q_seq_len": case.q_seq_len,
         "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape) if case.block_shape else None,
-        "actual_seq_lengths": passed(case.actual_seq_lengths),
-        "actual_seq_lengths_kv": passed(case.actual_seq_lengths_kv),
+        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
+        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
+        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
+        "seq_lengths_encoding": case.seq_lengths_encoding,
+        "scale": case.scale,
+        "kernel_scale": case.kernel_scale,
         "mask_type": case.mask_type,
         "pre_tokens": case.pre_tokens,
         "next_tokens": case.next_tokens,
+        "lse_shape": case.lse_shape,
         **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
     }
 
@@ -215,21 +222,14 @@ def violations(
         found.extend(tiling_refusals(params, tensors))
         return found
     # 2. dtypes.
-    q_dtype = tensors.get("query", {}).get("dtype")
-    if "query" in tensors and q_dtype not in OP_DTYPES:
-        add("query", f"dtype {q_dtype!r} is not float16 or bfloat16")
-    for name in SAME_DTYPE_AS_QUERY:
-        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            add(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}")
+    found.extend(_query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
     lse = tensors.get("softmax_lse")
     if lse is not None and lse.get("dtype") != "float32":
         add("softmax_lse", f"dtype {lse.get('dtype')!r} is not float32")
     mask = tensors.get("block_sparse_mask")
     if mask is not None and mask.get("dtype") not in MASK_DTYPES:
         add("block_sparse_mask", f"dtype {mask.get('dtype')!r} is not bool or uint8")
-    for name in OUTPUTS:
-        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            add(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}")
+    found.extend(_query_dtype_rules(tensors, OUTPUTS, query_itself=False))
     # 3. shapes: TND compares dim 2 only; any other q layout string takes the BNSD branch.
     query = tensors.get("query")
     if query is not None:
@@ -246,20 +246,10 @@ def violations(
                     add(
                         second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s {_dim(tensors[first], 3)}"
                     )
-    # 4. attributes.
-    if "atten_mask" in tensors:
-        add("atten_mask", "attenMask is not null: only a null attenMask is supported")
-    if params.get("mask_type", 0) != 0:
-        add("mask_type", f"{params.get('mask_type')!r}: only 0 is supported")
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            add(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported")
-    # 5. layouts and lengths.
+    # 4. attributes; 5. layouts and lengths.
+    found.extend(_attribute_rules(params, tensors))
+    found.extend(_tnd_length_rules(params))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
-    if layout == "TND" and params.get("actual_seq_lengths") is None:
-        add("actual_seq_lengths", "is null, but a TND query needs it")
-    if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
-        add("actual_seq_lengths_kv", "is null, but a TND key/value needs it")
     if (layout == "BNSD") != (kv_layout == "BNSD"):
         add("kv_layout", f"kvInputLayout {kv_layout!r} and qInputLayout {layout!r}: both BNSD or neither")
     # 6. ParseBlockShape (below).
@@ -284,32 +274,57 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
     """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
     whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
     came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
-    found: list[Violation] = []
-    invalid = ACLNN_ERR_PARAM_INVALID
-    q_dtype = tensors.get("query", {}).get("dtype")
-    if "query" in tensors and q_dtype not in OP_DTYPES:
-        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
-    for name in ("key", "value"):
-        if name in tensors and "query" in tensors and tensors[name].get("dtype") != q_dtype:
-            found.append(
-                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
-            )
+    found = _query_dtype_rules(tensors, ("key", "value"))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value not in TILING_LAYOUTS:
-            found.append(Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", invalid))
+            found.append(
+                Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", ACLNN_ERR_PARAM_INVALID)
+            )
+    return found + _attribute_rules(params, tensors) + _tnd_length_rules(params) + _block_shape_rules(params)
+
+
+def _query_dtype_rules(
+    tensors: Mapping[str, Mapping[str, Any]], same: tuple[str, ...], query_itself: bool = True
+) -> list[Violation]:
+    """query float16 or bfloat16 (with `query_itself`), and the tensors `same` of its dtype (161002)."""
+    if "query" not in tensors:
+        return []
+    q_dtype, invalid = tensors["query"].get("dtype"), ACLNN_ERR_PARAM_INVALID
+    found = []
+    if query_itself and q_dtype not in OP_DTYPES:
+        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
+    for name in same:
+        if name in tensors and tensors[name].get("dtype") != q_dtype:
+            found.append(
+                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
+            )
+    return found
+
+
+def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+    """A non-null attenMask, a maskType other than 0, tokens other than MAX_TOKENS (161002, every release)."""
+    found = []
     if "atten_mask" in tensors:
-        found.append(Violation("atten_mask", "attenMask is not null: only a null attenMask is supported", invalid))
+        found.append(("atten_mask", "attenMask is not null: only a null attenMask is supported"))
     if params.get("mask_type", 0) != 0:
-        found.append(Violation("mask_type", f"{params.get('mask_type')!r}: only 0 is supported", invalid))
+        found.append(("mask_type", f"{params.get('mask_type')!r}: only 0 is supported"))
     for key in ("pre_tokens", "next_tokens"):
         if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            found.append(Violation(key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported", invalid))
-    if layout == "TND" and params.get("actual_seq_lengths") is None:
-        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", invalid))
+            found.append((key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported"))
+    return [Violation(key, message, ACLNN_ERR_PARAM_INVALID) for key, message in found]
+
+
+def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
+    """A TND query or key/value without its lengths (161002, every release)."""
+    found = []
+    if params.get("layout") == "TND" and params.get("actual_seq_lengths") is None:
+        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", ACLNN_ERR_PARAM_INVALID))
+    kv_layout = params.get("kv_layout", params.get("layout"))
     if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
-        found.append(Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", invalid))
-    found.extend(_block_shape_rules(params))
+        found.append(
+            Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", ACLNN_ERR_PARAM_INVALID)
+        )
     return found
 
 
@@ -354,17 +369,6 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     if layout == "TND" and lengths is not None and not any(lengths):
         found.append(Violation("actual_seq_lengths", f"{lengths}: no query tokens, so no block to work on", tiling))
     return found
-
-
-def check(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> tuple[int, str]:
-    """Return the aclnn status of a call under `release` and a message: the first broken rule, or (0, "")."""
-    found = violations(params, tensors, release)
-    if not found:
-        return ACLNN_SUCCESS, ""
-    first = found[0]
-    return first.status, f"{first.key}: {first.message}"
 
 
 def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
@@ -431,3 +435,66 @@ def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int]
         if kv_lengths is None and isinstance(batch, int):
             kv_lengths = [params.get("kv_seq_len")] * batch
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
+
+
+Params = Mapping[str, Any]
+Tensors = Mapping[str, Mapping[str, Any]]
+Step = Literal["forward", "backward"]
+
+
+@dataclass(frozen=True)
+class Call:
+    """One operator an op calls (the forward or the backward): how a case is seen as its call, its rules,
+    what it leaves undefined, where its kernel parts ways with the golden, and how its refusals are named.
+
+    An op holds its calls in the order it makes them (`Op.steps`); specs, gen and devices ask the calls."""
+
+    name: Step
+    refuser: str
+    """Who refuses a call of an op of this one step ("the A2/A3 forward")."""
+    undefined_error: str
+    """The error of a case with undefined behaviour ({first}: the first, {ops}, {release})."""
+    undefined_skip: str
+    """The skip reason of an op with undefined behaviour under `--ops` ({first})."""
+    params: Callable[[Case], dict[str, Any]]
+    tensors: Callable[[Case], dict[str, dict[str, Any]]]
+    rules: Callable[[Params, Tensors, str], list[Violation]]
+    undefined: Callable[[Params, Tensors, str], list[str]]
+    constraints: Callable[[Params, str], list[str]]
+    stages: Mapping[int, str]
+    """Which part of the operator returns a status (skip reasons name it; "aclnn" when absent)."""
+
+    def check(self, params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> tuple[int, str]:
+        """Return the status of a call under `release` and a message: the first broken rule, or (0, "")."""
+        found = self.rules(params, tensors, release)
+        return (found[0].status, f"{found[0].key}: {found[0].message}") if found else (ACLNN_SUCCESS, "")
+
+    def violations(self, case: Case) -> list[Violation]:
+        return self.rules(self.params(case), self.tensors(case), case.release)
+
+    def undefined_behaviour(self, case: Case) -> list[str]:
+        return self.undefined(self.params(case), self.tensors(case), case.release)
+
+    def kernel_constraints(self, case: Case) -> list[str]:
+        return self.constraints(self.params(case), case.bnsd_lengths)
+
+    def stage(self, status: int) -> str:
+        return self.stages.get(status, "aclnn")
+
+
+BACKWARD_CALL = Call(
+    name="backward",
+    refuser="the backward",
+    undefined_error="{first}: undefined behaviour for the backward ({ops}), no status to expect "
+    "(ops-transformer {release} reads it unchecked)",
+    undefined_skip="{first}: undefined behaviour, no status to expect",
+    params=case_params,
+    tensors=Case.tensor_descs,
+    rules=violations,
+    undefined=undefined_behaviour,
+    constraints=kernel_constraints,
+    stages={ACLNN_ERR_INNER_TILING_ERROR: "tiling"},
+)
+"""aclnnBlockSparseAttentionGrad."""
+
+check = BACKWARD_CALL.check

@@ -18,11 +18,22 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..core.case import DTYPES, MAX_TOKENS, Case, Distribution, Expect
+from ..core.case import (
+    BNSD_LENGTHS,
+    DTYPES,
+    LSE_SHAPES,
+    MAX_TOKENS,
+    SEQ_LENGTHS_ENCODINGS,
+    Case,
+    Distribution,
+    Expect,
+    Layout,
+)
 from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
-from ..ops import DEFAULT_OPS, FORWARD_OPS, OPS, PAIR_OPS, Op, forward_interface, interface
+from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
+from ..ops.interface import Call
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,
@@ -31,14 +42,13 @@ from .fields import (
     _compare,
     _dtype_suggestion,
     _init,
-    _key,
     _null_layouts,
     _Reader,
     _release,
     _sparsity,
-    _suggest,
     _tensors,
     dtype_name,
+    refuse_unknown,
 )
 from .ops_fields import (
     forward_keys_given,
@@ -68,6 +78,72 @@ def build_case(
     again (`Case.op_expect`, `Case.skipped_ops`), and the forward's keys and a pair's verdict, which mean
     nothing to the ops it leaves, are not an error then.
     """
+    r, name = _reader(path, raw, suffix)
+    expect = read_expect(r)
+    case_ops = read_ops(r)
+    _check_ops_keys(r, case_ops, expect, override=ops is not None)
+    case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
+    calls_forward = any(get(op).calls_forward for op in case_ops)
+    inner_precise = read_inner_precise(r, not expect.ok)
+    softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
+    layout, kv_layout, nulls = _layouts(r, raw)
+    dtype = _dtype(r)
+    num_heads = r.integer("num_heads", minimum=1)
+    num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
+    head_dim = r.integer("head_dim", 128, minimum=1)
+    batch, q_seq_len, kv_seq_len, q_lengths, kv_lengths = _sizes(r, raw, layout == "TND")
+    block_shape = _block_shape(r, expect)
+    case = Case(
+        name=name,
+        source=str(path),
+        layout=layout,
+        kv_layout=kv_layout if kv_layout is not None else None,
+        dtype=dtype,
+        batch=batch,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        q_seq_len=q_seq_len,
+        kv_seq_len=kv_seq_len,
+        actual_seq_lengths=q_lengths,
+        actual_seq_lengths_kv=kv_lengths,
+        block_shape=block_shape,
+        scale=_scale(r, head_dim),
+        seed=r.integer("seed", 0, maximum=2**64 - 1),
+        sparsity=_sparsity(r, path),
+        init=_init(r),
+        expect=expect,
+        seq_lengths_encoding=r.choice("seq_lengths_encoding", SEQ_LENGTHS_ENCODINGS, "per_batch"),
+        lse_shape=r.choice("lse_shape", LSE_SHAPES, "trailing_one"),
+        bnsd_lengths=r.choice("bnsd_lengths", BNSD_LENGTHS, "honored"),
+        empty_row_lse=r.number("empty_row_lse", math.inf),
+        mask_type=r.integer("mask_type", 0, minimum=None, maximum=INT64_LIMIT - 1),
+        pre_tokens=r.integer("pre_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
+        next_tokens=r.integer("next_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
+        tensors=_tensors(r),
+        compare=_compare(r),
+        release=release if release is not None else _release(r),
+        null_layouts=nulls,
+        ops=case_ops,
+        inner_precise=inner_precise if calls_forward else Case.inner_precise,
+        softmax_lse_flag=softmax_lse_flag if calls_forward else Case.softmax_lse_flag,
+    )
+    _check_sizes(r, case)
+    _check_finite(r, case)
+    _check_mask(r, case)
+    if all(get(op).is_default for op in case.ops) and not judges_pair(case.expect):
+        try:
+            return _check_interface(r, case)  # a backward-only case: exactly the Case bsa always built
+        except SpecError:
+            if ops is None:
+                raise
+            # --ops backward on a suite written for the forward: skipped with why, not an error
+    return _check_ops(r, case, override=ops is not None)
+
+
+def _reader(path: Path, raw: dict[str, Any], suffix: str) -> tuple[_Reader, str]:
+    """Return a reader of a raw case and the case's name (its `name` and `suffix`), refusing a name that
+    cannot name a case folder and keys bsa does not know."""
     base_name = raw.get("name")
     r = _Reader(path, raw, base_name if isinstance(base_name, str) else show(base_name))
     if not isinstance(base_name, str) or not base_name:
@@ -82,17 +158,12 @@ def build_case(
             f"{show(name)} cannot name a case folder: a name is not '.' or '..', does not "
             f"start with '.' (hidden), and has at most {MAX_NAME_BYTES} characters",
         )
-    for key in raw:
-        if key not in CASE_KEYS:
-            raise r.error(_key(key), f"unknown key{_suggest(key, CASE_KEYS)}; allowed: {', '.join(CASE_KEYS)}")
+    refuse_unknown(r, raw, CASE_KEYS)
+    return r, name
 
-    expect = read_expect(r)
-    case_ops = read_ops(r)
-    _check_ops_keys(r, case_ops, expect, override=ops is not None)
-    case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
-    calls_forward = any(op in FORWARD_OPS for op in case_ops)
-    inner_precise = read_inner_precise(r, not expect.ok)
-    softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
+
+def _layouts(r: _Reader, raw: dict[str, Any]) -> tuple[Layout, Layout | None, tuple[str, ...]]:
+    """Return the layout, the kv layout (None: the layout's) and the layouts passed as null."""
     layout = r.get("layout", "BNSD")
     kv_layout = r.get("kv_layout")
     nulls = _null_layouts(r, raw)
@@ -101,6 +172,10 @@ def build_case(
             raise r.error(
                 key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); allowed: BNSD, TND"
             )
+    return layout, kv_layout, nulls
+
+
+def _dtype(r: _Reader) -> str:
     raw_dtype = r.get("dtype", "float16")
     dtype = dtype_name(raw_dtype)
     if dtype is None:
@@ -109,12 +184,17 @@ def build_case(
             f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
             "allowed: float16 (fp16), bfloat16 (bf16)",
         )
-    num_heads = r.integer("num_heads", minimum=1)
-    num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
-    head_dim = r.integer("head_dim", 128, minimum=1)
+    return dtype
+
+
+Lengths = tuple[int, ...] | None
+
+
+def _sizes(r: _Reader, raw: dict[str, Any], tnd: bool) -> tuple[int, int, int, Lengths, Lengths]:
+    """Return (batch, q_seq_len, kv_seq_len, actual lengths, kv actual lengths): TND takes the sizes from
+    the lengths; kv lengths not given are the q lengths where they can be."""
     q_lengths = r.lengths("actual_seq_lengths")
     kv_lengths = r.lengths("actual_seq_lengths_kv")
-    tnd = layout == "TND"
     kv_lengths_null = "actual_seq_lengths_kv" in raw and raw["actual_seq_lengths_kv"] is None
     if tnd:
         if kv_lengths is None and q_lengths is not None and not kv_lengths_null:
@@ -148,7 +228,10 @@ def build_case(
     for key, lengths in (("actual_seq_lengths", q_lengths), ("actual_seq_lengths_kv", kv_lengths)):
         if lengths is not None and len(lengths) != batch:
             raise r.error(key, f"has {len(lengths)} entries, but batch is {batch}: give one length per batch")
-    block_shape = _block_shape(r, expect)
+    return batch, q_seq_len, kv_seq_len, q_lengths, kv_lengths
+
+
+def _scale(r: _Reader, head_dim: int) -> float:
     scale = r.number("scale", 1.0 / math.sqrt(head_dim))
     if not math.isfinite(scale):
         raise r.error("scale", f"{show(scale)} must be a finite number")
@@ -156,44 +239,11 @@ def build_case(
         raise r.error(
             "scale", f"{show(scale)} overflows float32 (the kernel receives float(scale)): the golden cannot be finite"
         )
+    return scale
 
-    case = Case(
-        name=name,
-        source=str(path),
-        layout=layout,
-        kv_layout=kv_layout if kv_layout is not None else None,
-        dtype=dtype,
-        batch=batch,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        head_dim=head_dim,
-        q_seq_len=q_seq_len,
-        kv_seq_len=kv_seq_len,
-        actual_seq_lengths=q_lengths,
-        actual_seq_lengths_kv=kv_lengths,
-        block_shape=block_shape,
-        scale=scale,
-        seed=r.integer("seed", 0, maximum=2**64 - 1),
-        sparsity=_sparsity(r, path),
-        init=_init(r),
-        expect=expect,
-        seq_lengths_encoding=r.choice("seq_lengths_encoding", ("per_batch", "cumulative"), "per_batch"),
-        lse_shape=r.choice("lse_shape", ("trailing_one", "squeezed"), "trailing_one"),
-        bnsd_lengths=r.choice("bnsd_lengths", ("honored", "ignored"), "honored"),
-        empty_row_lse=r.number("empty_row_lse", math.inf),
-        mask_type=r.integer("mask_type", 0, minimum=None, maximum=INT64_LIMIT - 1),
-        pre_tokens=r.integer("pre_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
-        next_tokens=r.integer("next_tokens", MAX_TOKENS, minimum=None, maximum=INT64_LIMIT - 1),
-        tensors=_tensors(r),
-        compare=_compare(r),
-        release=release if release is not None else _release(r),
-        null_layouts=nulls,
-        ops=case_ops,
-        inner_precise=inner_precise if calls_forward else Case.inner_precise,
-        softmax_lse_flag=softmax_lse_flag if calls_forward else Case.softmax_lse_flag,
-    )
-    _check_sizes(r, case)
-    _check_finite(r, case)
+
+def _check_mask(r: _Reader, case: Case) -> None:
+    """Refuse an explicit mask that does not fit the case, and empty rows beyond its query blocks."""
     if case.sparsity.explicit is not None:
         try:
             fit_explicit(case.sparsity.explicit, case.mask_shape)
@@ -206,14 +256,6 @@ def build_case(
             f"index {max(rows)} is beyond the case's {case.num_q_blocks} query-block "
             f"rows (indices 0 to {case.num_q_blocks - 1}): the mask has no such row",
         )
-    if case.ops == DEFAULT_OPS and not judges_pair(case.expect):
-        try:
-            return _check_interface(r, case)  # a backward-only case: exactly the Case bsa always built
-        except SpecError:
-            if ops is None:
-                raise
-            # --ops backward on a suite written for the forward: skipped with why, not an error
-    return _check_ops(r, case, override=ops is not None)
 
 
 def _check_ops_keys(r: _Reader, ops: tuple[Op, ...], expect: Expect, override: bool) -> None:
@@ -221,14 +263,14 @@ def _check_ops_keys(r: _Reader, ops: tuple[Op, ...], expect: Expect, override: b
     forward, a pair's verdict or cause without chain or autograd (an `--ops` override is not refused)."""
     if override:
         return
-    if not any(op in FORWARD_OPS for op in ops):
+    if not any(get(op).calls_forward for op in ops):
         for key in forward_keys_given(r.raw):
             raise r.error(
                 key,
                 f"is the forward's parameter, but the case's ops are {', '.join(ops)}: add an op that calls the "
                 f"forward ({', '.join(FORWARD_OPS)}) to 'ops:', or remove it",
             )
-    if judges_pair(expect) and not any(op in PAIR_OPS for op in ops):
+    if judges_pair(expect) and not any(get(op).pair for op in ops):
         raise r.error(
             "expect",
             f"verdict and cause judge the pair, but the case's ops are {', '.join(ops)}: add chain or autograd "
@@ -389,96 +431,106 @@ def _check_ops(r: _Reader, case: Case, override: bool = False) -> Case:
     With `override` (the ops came from `--ops`, not from the case), what would be an error is a skip with
     why: the suite was written for other ops, and each case is judged for the ops that accept it.
     """
-    backward_steps = [op for op in case.ops if op != "forward"]
-    undefined_for: dict[Op, str] = {}  # under --ops: ops with no status to expect, skipped with why
-    if backward_steps:
-        undefined = interface.undefined_behaviour(interface.case_params(case), case.tensor_descs(), case.release)
-        if undefined and not override:
-            key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else "tensors"
-            raise r.error(
-                key,
-                f"{undefined[0]}: undefined behaviour for the backward ({', '.join(backward_steps)}), no status to "
-                f"expect (ops-transformer {case.release} reads it unchecked)",
-            )
-        undefined_for.update(
-            (op, f"{undefined[0]}: undefined behaviour, no status to expect") for op in backward_steps if undefined
-        )
-    if any(op in FORWARD_OPS for op in case.ops):
-        undefined = forward_interface.undefined_behaviour(
-            forward_interface.case_params_forward(case), forward_interface.forward_tensors(case)
-        )
-        if undefined and not override:
-            raise r.error("tensors", f"{undefined[0]}: no status bsa can expect from the forward")
-        for op in (op for op in case.ops if op in FORWARD_OPS and undefined):
-            undefined_for.setdefault(op, f"{undefined[0]}: no status bsa can expect from the forward")
+    undefined_for = _undefined_ops(r, case, override)  # under --ops: ops with no status to expect, skipped
     if undefined_for:
         rest = [op for op in case.ops if op not in undefined_for]
         narrowed = _check_ops(r, dataclasses.replace(case, ops=tuple(rest)), override) if rest else case
         skipped_all = sorted((*narrowed.skipped_ops, *undefined_for.items()), key=lambda item: OPS.index(item[0]))
         return dataclasses.replace(narrowed, ops=case.ops, skipped_ops=tuple(skipped_all))
-    statuses = {op: forward_interface.op_status(case, op) for op in case.ops}
-    op_expect: list[tuple[Op, Expect]] = []
-    skipped: list[tuple[Op, str]] = []
-    if case.expect.ok:
-        accepting = [op for op in case.ops if statuses[op][0] == 0]
-        if not accepting and override:
-            skipped = [
-                (op, f"{forward_interface.refusal(case, op)}; no op --ops asked for accepts it") for op in case.ops
-            ]
-        elif not accepting:
-            op = case.ops[0]
-            status, message = statuses[op]
-            if op == "backward":
-                return _check_interface(r, case)  # today's message, with the fix first where there is one
-            raise r.error(
-                "expect",
-                f"every listed op refuses the case; the {op} returns {status} ({message}): set "
-                f"'expect: {status}' for a negative case, or list an op that accepts it",
-            )
-        for op in case.ops if accepting else ():
-            if statuses[op][0] != 0:
-                why = forward_interface.refusal(case, op)
-                skipped.append((op, f"{why}; {_accepted_by(accepting)}"))
-            elif judges_pair(case.expect) and op not in PAIR_OPS:
-                op_expect.append((op, Expect()))
-    else:
-        matching = [op for op in case.ops if statuses[op][0] == case.expect.status]
-        for op in case.ops:
-            status, message = statuses[op]
-            if status == 0:
-                op_expect.append((op, Expect()))
-            elif status != case.expect.status and override:
-                skipped.append(
-                    (op, f"the {op} returns {status} ({message}) where the case expects {case.expect.status}")
-                )
-            elif status != case.expect.status:
-                raise r.error(
-                    "expect",
-                    f"expects {case.expect.status}, but for op {op} '{message}' makes the operator return {status}",
-                )
-        if not matching and not override:
-            raise r.error(
-                "expect",
-                f"expects {case.expect.name} ({case.expect.status}), but no listed op ({', '.join(case.ops)}) "
-                "breaks an interface rule",
-            )
-    warnings: list[str] = []
+    statuses = {op: get(op).status(case) for op in case.ops}
+    if case.expect.ok and not override and all(status for status, _ in statuses.values()):
+        return _every_op_refuses(r, case, statuses)
+    op_expect, skipped = _valid_ops(case, statuses) if case.expect.ok else _negative_ops(r, case, statuses, override)
+    warnings: tuple[str, ...] = ()
     if case.expect.ok:  # each operator's own gaps between golden and kernel, for the ops that call it
-        if backward_steps:
-            warnings += interface.kernel_constraints(interface.case_params(case), case.bnsd_lengths)
-        if any(op in FORWARD_OPS for op in case.ops):
-            params = forward_interface.case_params_forward(case)
-            warnings += forward_interface.kernel_constraints(params, case.bnsd_lengths)
-        warnings += unreachable_kv_blocks(case)
+        warnings = (*(w for call in _calls(case) for w in call.kernel_constraints(case)), *unreachable_kv_blocks(case))
     return dataclasses.replace(
         case,
         op_expect=tuple(sorted(op_expect, key=lambda item: OPS.index(item[0]))),
         skipped_ops=tuple(skipped),
-        warnings=tuple(warnings),
+        warnings=warnings,
     )
 
 
-def _accepted_by(ops: list[Op]) -> str:
+def _calls(case: Case) -> list[Call]:
+    """Return the operators the case's ops call, in the order their rules are checked (`CALLS`)."""
+    return [call for call in CALLS if any(call in get(op).steps for op in case.ops)]
+
+
+def _undefined_ops(r: _Reader, case: Case, override: bool) -> dict[str, str]:
+    """Return the ops whose operators leave something of the case undefined (no status to expect), each with
+    why; without `override`, such a case is an error."""
+    found: dict[str, str] = {}
+    for call in _calls(case):
+        calling = [op for op in case.ops if call in get(op).steps]
+        undefined = call.undefined_behaviour(case)
+        if undefined and not override:
+            key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else "tensors"
+            ops = ", ".join(calling)
+            raise r.error(key, call.undefined_error.format(first=undefined[0], ops=ops, release=case.release))
+        for op in calling if undefined else ():
+            found.setdefault(op, call.undefined_skip.format(first=undefined[0]))
+    return found
+
+
+Judged = tuple[list[tuple[str, Expect]], list[tuple[str, str]]]
+"""What `_check_ops` makes of each op: (its op_expect, its skipped ops)."""
+
+
+def _every_op_refuses(r: _Reader, case: Case, statuses: dict[str, tuple[int, str]]) -> Case:
+    """Refuse a valid case that every listed op refuses: the backward's own message (with the fix first
+    where there is one) when the first op calls the backward alone."""
+    op = case.ops[0]
+    status, message = statuses[op]
+    if not get(op).calls_forward:
+        return _check_interface(r, case)
+    raise r.error(
+        "expect",
+        f"every listed op refuses the case; the {op} returns {status} ({message}): set "
+        f"'expect: {status}' for a negative case, or list an op that accepts it",
+    )
+
+
+def _valid_ops(case: Case, statuses: dict[str, tuple[int, str]]) -> Judged:
+    """A valid case: the ops that refuse it are skipped with why (all of them, under `--ops`, when none accepts)."""
+    accepting = [op for op in case.ops if statuses[op][0] == 0]
+    if not accepting:
+        return [], [(op, f"{get(op).refusal(case)}; no op --ops asked for accepts it") for op in case.ops]
+    op_expect: list[tuple[str, Expect]] = []
+    skipped: list[tuple[str, str]] = []
+    for op in case.ops:
+        if statuses[op][0] != 0:
+            skipped.append((op, f"{get(op).refusal(case)}; {_accepted_by(accepting)}"))
+        elif judges_pair(case.expect) and not get(op).pair:
+            op_expect.append((op, Expect()))
+    return op_expect, skipped
+
+
+def _negative_ops(r: _Reader, case: Case, statuses: dict[str, tuple[int, str]], override: bool) -> Judged:
+    """A negative case: each op returns the expected status, or accepts the case (then judged as a valid op)."""
+    op_expect: list[tuple[str, Expect]] = []
+    skipped: list[tuple[str, str]] = []
+    expected = case.expect.status
+    for op in case.ops:
+        status, message = statuses[op]
+        if status == 0:
+            op_expect.append((op, Expect()))
+        elif status != expected and override:
+            skipped.append((op, f"the {op} returns {status} ({message}) where the case expects {expected}"))
+        elif status != expected:
+            raise r.error(
+                "expect", f"expects {expected}, but for op {op} '{message}' makes the operator return {status}"
+            )
+    if not override and all(status != expected for status, _ in statuses.values()):
+        raise r.error(
+            "expect",
+            f"expects {case.expect.name} ({expected}), but no listed op ({', '.join(case.ops)}) "
+            "breaks an interface rule",
+        )
+    return op_expect, skipped
+
+
+def _accepted_by(ops: list[str]) -> str:
     """Return "the backward accepts it" / "the backward and the chain accept it"."""
     names = " and ".join(f"the {op}" for op in ops)
     return f"{names} accept{'s' if len(ops) == 1 else ''} it"

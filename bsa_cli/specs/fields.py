@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -168,6 +168,9 @@ def _suggest(value: Any, choices: Iterable[str]) -> str:
     return suggest(value, choices) if isinstance(value, str) else ""
 
 
+_Word = TypeVar("_Word", bound=str)
+
+
 class _Reader:
     """Typed access to one raw case mapping, raising SpecErrors that name the file, case and key."""
 
@@ -214,13 +217,13 @@ class _Reader:
         except OverflowError:
             raise self.error(key, f"{show(value)} is too large for a floating-point number") from None
 
-    def choice(self, key: str, allowed: tuple[str, ...], default: str) -> str:
+    def choice(self, key: str, allowed: tuple[_Word, ...], default: _Word) -> _Word:
         value = self.raw.get(key, default)
         if value not in allowed:
             raise self.error(
                 key, f"{show(value)} is not allowed{_suggest(value, allowed)}; allowed: {', '.join(allowed)}"
             )
-        return str(value)
+        return allowed[allowed.index(value)]
 
     def lengths(self, key: str) -> tuple[int, ...] | None:
         value = self.raw.get(key)
@@ -237,6 +240,12 @@ class _Reader:
             raise self.error(key, "is empty: give one length per batch entry (at least one)")
         lengths = _SHARED[("lengths", id(value))] = tuple(value)
         return lengths
+
+
+def refuse_unknown(r: _Reader, raw: Mapping[str, Any], keys: tuple[str, ...], prefix: str = "") -> None:
+    """Refuse the first key of `raw` that is not one of `keys`, with the likeliest meant one."""
+    for key in (key for key in raw if key not in keys):
+        raise r.error(f"{prefix}{_key(key)}", f"unknown key{_suggest(key, keys)}; allowed: {', '.join(keys)}")
 
 
 def _expect(r: _Reader) -> Expect:
@@ -269,9 +278,7 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
             continue
         if not isinstance(value, dict) or not value:
             raise r.error(key, f"{show(value)} is neither null (a null pointer) nor a mapping with dtype and/or shape")
-        for sub in value:
-            if sub not in TENSOR_KEYS:
-                raise r.error(f"{key}.{_key(sub)}", f"unknown key{_suggest(sub, TENSOR_KEYS)}; allowed: dtype, shape")
+        refuse_unknown(r, value, TENSOR_KEYS, f"{key}.")
         raw_dtype = value.get("dtype")
         dtype = None
         if raw_dtype is not None:
@@ -328,10 +335,7 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
         raw = {"pattern": raw}
     if not isinstance(raw, dict):
         raise r.error("sparsity", f"{show(raw)} is not a mapping with a 'pattern'")
-    for key in raw:
-        if key not in SPARSITY_KEYS:
-            allowed = ", ".join(SPARSITY_KEYS)
-            raise r.error(f"sparsity.{_key(key)}", f"unknown key{_suggest(key, SPARSITY_KEYS)}; allowed: {allowed}")
+    refuse_unknown(r, raw, SPARSITY_KEYS, "sparsity.")
     sub = r.nested("sparsity", raw)
     pattern = sub.choice("pattern", PATTERNS, "dense")
     for key in raw:
@@ -469,9 +473,7 @@ def _mapping(r: _Reader, key: str, raw: Any, keys: tuple[str, ...], what: str) -
     """Return a reader of the mapping `raw` under `key`, refusing a non-mapping or an unknown key."""
     if not isinstance(raw, dict):
         raise r.error(key, f"{show(raw)} is not a mapping of {what}")
-    for k in raw:
-        if k not in keys:
-            raise r.error(f"{key}.{_key(k)}", f"unknown key{_suggest(k, keys)}; allowed: {', '.join(keys)}")
+    refuse_unknown(r, raw, keys, f"{key}.")
     return r.nested(key, raw)
 
 
@@ -502,9 +504,7 @@ def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
 
 
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
-    for k in raw:
-        if k not in DIST_KEYS:
-            raise r.error(f"{key}.{_key(k)}", f"unknown key{_suggest(k, DIST_KEYS)}; allowed: {', '.join(DIST_KEYS)}")
+    refuse_unknown(r, raw, DIST_KEYS, f"{key}.")
     sub = r.nested(key, raw)
     kind = sub.choice("distribution", ("normal", "uniform"), "normal")
     dist = Distribution(

@@ -30,7 +30,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -197,11 +197,7 @@ def load_manifest(case_dir: Path) -> Manifest:
     data = read_regular(path, MAX_MANIFEST_BYTES)
     try:
         manifest = load_json(data)
-    except UnicodeDecodeError as exc:
-        raise DataError(str(path), f"not valid JSON: {exc}") from None
-    except json.JSONDecodeError as exc:
-        raise DataError(str(path), f"not valid JSON: {exc}") from None
-    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+    except ValueError as exc:  # JSON, UTF-8, or an integer of more digits than Python converts
         raise DataError(str(path), f"not valid JSON: {exc}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         found = manifest.get("format") if isinstance(manifest, dict) else None
@@ -269,29 +265,24 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
     problem = op_problem(manifest)  # an op folder's op, skip and forward parameters
     if problem is not None:
         raise DataError(where, problem)
-    for section in SECTIONS:
-        entries = manifest.get(section)
+    summary = manifest.get("benchmark_summary")
+    tiles = summary.get("tiles") if isinstance(summary, dict) else None
+    tables = {section: manifest.get(section) for section in SECTIONS}
+    tables["benchmark_summary.tiles"] = tiles if isinstance(tiles, dict) else None  # tiles of another kind: unread
+    for section, entries in tables.items():
         if entries is None:
             continue
         if not isinstance(entries, dict):
             raise DataError(where, f"{section}: {_show(entries)} is not a mapping of array entries")
         for entry_name, entry in entries.items():
-            if entry is None:
+            if entry is None and section in SECTIONS:
                 continue  # a null tensor (a negative case passes a null pointer)
             try:
                 check_entry(entry, f"{section}.{entry_name}")
             except DataError as exc:
                 raise DataError(where, str(exc)) from None
-    summary = manifest.get("benchmark_summary")
-    tiles = summary.get("tiles") if isinstance(summary, dict) else None
-    if isinstance(tiles, dict):
-        for entry_name, entry in tiles.items():
-            try:
-                check_entry(entry, f"benchmark_summary.tiles.{entry_name}")
-            except DataError as exc:
-                raise DataError(where, str(exc)) from None
     seen: set[str] = set()
-    for entry_name, entry in _entries(manifest, "outputs"):
+    for entry_name, entry in Manifest(manifest).entries("outputs"):  # each checked above
         file = PurePosixPath(entry["file"])
         first = file.parts[0]
         if (
@@ -390,11 +381,18 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to `path` through a temporary file in the same directory and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    _replace_atomically(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+
+
+def _replace_atomically(path: Path, data: bytes, mode: int | None = None) -> None:
+    """Write `data` to `path` through a temporary file in the same directory (made with `mode`, else
+    mkstemp's own) and an atomic rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=False)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -424,15 +422,7 @@ def refresh_flat_params(case_dir: Path, text: str) -> bool:
             pass  # too large, unreadable: written again
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(21, "a folder is where case.txt belongs", str(path))
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _replace_atomically(path, data, 0o644)
     return True
 
 
@@ -587,12 +577,6 @@ class CaseWriter:
         else:
             os.replace(self.dir, self.final_dir)
         return self.final_dir
-
-
-def _entries(manifest: Mapping[str, Any], section: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Yield (name, entry) of a raw manifest's section (null ones left out), for `check_manifest`, which checks
-    the JSON before it becomes a `Manifest` (whose `entries` every other reader asks)."""
-    yield from ((name, entry) for name, entry in (manifest.get(section) or {}).items() if entry is not None)
 
 
 def verify_inputs(case_dir: Path, manifest: Manifest) -> None:

@@ -19,19 +19,23 @@ from .._version import __version__
 from ..core.case import Case, Expect, TensorOverride
 from ..core.errors import clip
 from ..ops import (
-    FORWARD_OPS,
+    DEFAULT_OPS,
     INNER_PRECISE_DEFAULT,
-    OPS,
     SOFTMAX_LSE_FLAG_DEFAULT,
     Op,
+    find,
     folder_name,
+    forward_interface,
+    get,
     interface,
     split_folder_name,
 )
-from ..ops.folders import CALL_NAMES, OP_OUTPUT_NAMES, op_case
-from ..ops.folders import GRAD_NAMES as GRAD_NAMES
-from ..ops.folders import INPUT_NAMES as INPUT_NAMES
+from ..ops.base import BACKWARD_INPUTS as INPUT_NAMES
+from ..ops.base import GRAD_NAMES as GRAD_NAMES
+from ..ops.folders import CALL_NAMES, op_case
 from ..ops.folders import SECTIONS as SECTIONS
+
+__all__ = ["GRAD_NAMES", "INPUT_NAMES", "SECTIONS"]  # re-exported: the devices and api read them here
 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""
@@ -70,8 +74,7 @@ class Manifest(Mapping[str, Any]):
     @property
     def op(self) -> Op:
         """The operator call this case folder tests (`op`; absent: the backward, as before ops existed)."""
-        op = self.raw.get("op", "backward")
-        return op if op in OPS else "backward"
+        return find(self.raw.get("op", "backward")) or DEFAULT_OPS[0]
 
     @property
     def case_name(self) -> str:
@@ -223,19 +226,6 @@ class Manifest(Mapping[str, Any]):
         return case_from_manifest(self.raw)
 
 
-def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] | None:
-    """Return lengths as the operator receives them: per batch, or cumulative end offsets without a leading 0."""
-    if lengths is None:
-        return None
-    if encoding == "cumulative":
-        total, ends = 0, []
-        for n in lengths:
-            total += n
-            ends.append(total)
-        return ends
-    return list(lengths)
-
-
 def decode_lengths(values: list[int] | None, encoding: str) -> tuple[int, ...] | None:
     """Invert `encode_lengths`."""
     if values is None:
@@ -254,38 +244,13 @@ def json_number(value: float) -> str | float:
     return value
 
 
-def params(case: Case) -> dict[str, Any]:
-    """Return the op parameters of a case, as passed to aclnnBlockSparseAttentionGrad."""
-    return {
-        "layout": case.layout,
-        "kv_layout": case.kv_layout or case.layout,
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "num_heads": case.num_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "q_seq_len": case.q_seq_len,
-        "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
-        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
-        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
-        "seq_lengths_encoding": case.seq_lengths_encoding,
-        "scale": case.scale,
-        "kernel_scale": case.kernel_scale,
-        "mask_type": case.mask_type,
-        "pre_tokens": case.pre_tokens,
-        "next_tokens": case.next_tokens,
-        "lse_shape": case.lse_shape,
-        **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
-    }
+params = interface.case_params
+"""The op parameters of a case, as passed to aclnnBlockSparseAttentionGrad (`interface.case_params`)."""
 
 
-def op_params(case: Case, op: Op) -> dict[str, Any]:
+def op_params(case: Case, op: str) -> dict[str, Any]:
     """Return the parameters of one op's call: `params`, and the forward's own where the op calls it."""
-    found = params(case)
-    if op in FORWARD_OPS:
-        found.update(inner_precise=case.inner_precise, softmax_lse_flag=case.softmax_lse_flag)
-    return found
+    return forward_interface.case_params_forward(case) if get(op).calls_forward else params(case)
 
 
 def expect_record(expect: Expect) -> dict[str, Any]:
@@ -325,12 +290,12 @@ def sparsity_record(case: Case) -> dict[str, Any]:
     return record
 
 
-def output_entries(case: Case, op: Op = "backward") -> dict[str, dict[str, Any]]:
+def output_entries(case: Case, op: str = "backward") -> dict[str, dict[str, Any]]:
     """Return where a device writes an op's outputs (dq, dk, dv; out, lse): files relative to the output
     directory, dtype and shape as the call passes them (a null one left out)."""
     descs = case.tensor_descs()
     entries = {}
-    for name in OP_OUTPUT_NAMES[op]:
+    for name in get(op).outputs:
         desc = descs.get(CALL_NAMES.get(name, name))
         if desc is not None:
             entries[name] = {"file": f"{name}.bin", "dtype": desc["dtype"], "shape": list(desc["shape"])}
@@ -400,7 +365,7 @@ def build_manifest(
     golden: Mapping[str, dict[str, Any]],
     benchmark: Mapping[str, dict[str, Any]],
     stats: Mapping[str, Any],
-    op: Op = "backward",
+    op: str = "backward",
     skip: str | None = None,
 ) -> dict[str, Any]:
     """Assemble the manifest of one op's folder of a generated case (the backward's: the case's own).
@@ -411,7 +376,7 @@ def build_manifest(
     document = {
         "format": FORMAT,
         "name": folder_name(case.name, op),
-        **({"op": op} if op != "backward" else {}),
+        **({"op": op} if not get(op).is_default else {}),
         "spec": case.source,
         "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
         "params": op_params(case, op),
@@ -487,8 +452,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     _check_params(p, sem)
     encoding = p.get("seq_lengths_encoding", "per_batch")
     empty_lse = sem.get("empty_row_lse", "inf")
-    op: Op = manifest["op"] if manifest.get("op") in OPS else "backward"
-    forward = {k: v for k, v in p.items() if k in ("inner_precise", "softmax_lse_flag") and type(v) is int}
+    forward = Manifest(manifest).forward_params  # bsa's defaults where it has none
     case = Case(
         name=manifest["name"],
         source=manifest.get("spec", ""),
@@ -518,9 +482,9 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         pre_tokens=p.get("pre_tokens", 2147483647),
         next_tokens=p.get("next_tokens", 2147483647),
         compare=dict(manifest.get("compare") or {}),
-        ops=(op,),
-        inner_precise=forward.get("inner_precise", INNER_PRECISE_DEFAULT),
-        softmax_lse_flag=forward.get("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT),
+        ops=(Manifest(manifest).op,),
+        inner_precise=forward["inner_precise"],
+        softmax_lse_flag=forward["softmax_lse_flag"],
     )
     for lengths in (case.actual_seq_lengths, case.actual_seq_lengths_kv):
         if lengths is not None and any(n < 0 for n in lengths):
@@ -547,7 +511,8 @@ def flat_params(manifest: Mapping[str, Any]) -> str:
     directory, output files relative to the output directory).
     """
     lines = [f"format {manifest['format']}", f"name {manifest['name']}"]
-    if manifest.get("op", "backward") != "backward":
+    op = find(manifest.get("op", "backward"))
+    if op is None or not op.is_default:
         lines.append(f"op {manifest['op']}")
     for key, value in manifest["params"].items():
         if value is None:

@@ -154,9 +154,10 @@ def test_unusual_shapes_pass_when_clean(tmp_path):
 
 def test_float64_golden_is_judged_like_float32(tmp_path):
     from bsa_cli.gen.generate import generate_case
+    from bsa_cli.gen.settings import GenSettings
 
     case = make_case("f64", dtype="bfloat16")
-    case_dir = generate_case(case, tmp_path, precision="float64")
+    case_dir = generate_case(case, tmp_path, GenSettings("float64"))
     reference.emulate_case_dir(case_dir, case_dir / "outputs")
     result = compare.compare_case(case_dir)
     assert result.verdict == PASS, result.message
@@ -824,11 +825,12 @@ def test_the_benchmark_summary_judges_exactly_as_measuring_the_benchmark(
     tmp_path, monkeypatch, case_name, fault, compare_settings, precision
 ):
     from bsa_cli.gen.generate import generate_case
+    from bsa_cli.gen.settings import GenSettings
     from bsa_cli.specs import load_specs
 
     case = next(c for c in load_specs([EDGE]) if c.name.startswith(case_name))
     case = dataclasses.replace(case, compare=compare_settings)
-    case_dir = generate_case(case, tmp_path, precision)
+    case_dir = generate_case(case, tmp_path, GenSettings(precision))
     reference.emulate_case_dir(case_dir, case_dir / "outputs", fault=fault)
     manifest = json.loads((case_dir / "case.json").read_text())
     assert set(manifest["benchmark_summary"]["tiles"]) == {"dq", "dk", "dv"}

@@ -24,6 +24,7 @@ from bsa_cli.devices.forward import prefilled
 from bsa_cli.devices.reference import ReferenceDevice
 from bsa_cli.devices.run import run_case
 from bsa_cli.gen.generate import generate_case_ops
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.specs import load_specs
 from bsa_cli.store import array_bytes, load_manifest, read_array
 from tests.helpers import CASES, build_judged_op_folder, case_factory
@@ -57,7 +58,7 @@ def _folders(tmp_path: Path, suite: str, ops: tuple[str, ...]) -> list[Path]:
     folders = []
     for case in load_specs([CASES / f"{suite}.yaml"]):
         if case.expect.ok:
-            folders += generate_case_ops(dataclasses.replace(case, ops=ops), tmp_path / "cases", ops=ops)  # type: ignore[arg-type]
+            folders += generate_case_ops(dataclasses.replace(case, ops=ops), tmp_path / "cases", GenSettings(ops=ops))  # type: ignore[arg-type]
     return [d for d in folders if load_manifest(d).skip is None]
 
 

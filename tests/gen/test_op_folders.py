@@ -15,6 +15,7 @@ from bsa_cli.core.case import Case, Expect
 from bsa_cli.core.errors import DataError
 from bsa_cli.gen import generate
 from bsa_cli.gen.generate import fingerprint, generate_case, generate_case_ops, generate_suite
+from bsa_cli.gen.settings import GenSettings
 from tests.helpers import make_case
 
 ALL_OPS = ("forward", "backward", "chain", "autograd")
@@ -201,15 +202,15 @@ def test_a_non_finite_golden_writes_no_folder_of_the_case(tmp_path: Path, monkey
 
 def test_progress_counts_every_op_s_walks(tmp_path: Path, calls: dict[str, int]) -> None:
     seen: list[float] = []
-    generate_case_ops(make_case("c", ops=ALL_OPS), tmp_path, on_progress=seen.append)
+    generate_case_ops(make_case("c", ops=ALL_OPS), tmp_path, GenSettings(on_progress=lambda _c, f: seen.append(f)))
     assert seen == sorted(seen) and seen and seen[-1] <= 1.0
 
 
 def test_suites_in_worker_processes_make_only_their_stale_ops(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     made: list[tuple[str, tuple[str, ...] | None]] = []
 
-    def fake(case: Case, out_root: Path, precision: str, **kwargs: Any) -> list[Path]:
-        made.append((case.name, kwargs.get("ops")))
+    def fake(case: Case, out_root: Path, settings: GenSettings) -> list[Path]:
+        made.append((case.name, settings.ops))
         return [Path(out_root) / case.name]
 
     import contextlib
@@ -224,6 +225,6 @@ def test_suites_in_worker_processes_make_only_their_stale_ops(tmp_path: Path, mo
     monkeypatch.setattr(generate, "worker_pool", threads)
     monkeypatch.setattr(generate, "is_current", lambda case, folder, precision, op="backward": op == "backward")
     cases = [make_case("a", ops=("forward", "backward")), make_case("b", ops=("backward", "chain"))]
-    folders = generate_suite(cases, tmp_path, jobs=2, skip_current=True)
+    folders = generate_suite(cases, tmp_path, GenSettings(jobs=2), skip_current=True)
     assert sorted(made) == [("a", ("forward",)), ("b", ("chain",))]
     assert [f.name for f in folders] == ["a@forward", "a", "b", "b@chain"]

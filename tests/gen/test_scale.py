@@ -23,6 +23,7 @@ from bsa_cli.core.case import Case
 from bsa_cli.gen import generate, schedule
 from bsa_cli.gen.generate import compute_case
 from bsa_cli.gen.schedule import estimate, parse_shard, shard
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO
 
@@ -129,11 +130,11 @@ def test_estimate_grows_with_the_sequence_not_its_square() -> None:
 def test_progress_within_a_case_rises_row_by_row_to_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (case,) = load_specs([spec(tmp_path, CASES[1:2])])  # gqa: 2 kv-head groups
     seen: list[float] = []
-    compute_case(case, on_progress=seen.append)
+    compute_case(case, GenSettings(on_progress=lambda _case, fraction: seen.append(fraction)))
     assert len(seen) > 4 and seen == sorted(seen) and seen[-1] == 1.0  # one step per block row
     in_threads: list[float] = []
     monkeypatch.setattr(golden.compute, "_THREADS_MIN_ROW_FLOPS", 0)  # these rows are too small for threads
-    compute_case(case, jobs=2, on_progress=in_threads.append)
+    compute_case(case, GenSettings(jobs=2, on_progress=lambda _case, fraction: in_threads.append(fraction)))
     assert len(in_threads) == len(seen) and in_threads == sorted(in_threads) and in_threads[-1] == 1.0  # every row
 
 
@@ -147,7 +148,7 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
 
     started: list[str] = []
 
-    def fake_generate(case: Case, out_root: Path, precision: str, **progress: object) -> list[Path]:
+    def fake_generate(case: Case, out_root: Path, settings: GenSettings) -> list[Path]:
         with lock:
             started.append(case.name)
             running.append(case.name)
@@ -166,13 +167,16 @@ def test_parallel_cases_stay_within_the_memory_budget(tmp_path: Path, monkeypatc
     monkeypatch.setattr(generate, "worker_pool", threads)
     done: list[str] = []
     budget = sorted(peaks.values())[-1] + sorted(peaks.values())[0]  # the largest fits only with the smallest
-    generate.generate_suite(cases, tmp_path, jobs=3, memory_budget=budget, on_done=lambda c, o, p: done.append(c.name))
+    generate.generate_suite(
+        cases, tmp_path, GenSettings(jobs=3), memory_budget=budget, on_done=lambda c, o, p: done.append(c.name)
+    )
     assert sorted(done) == sorted(peaks)
     assert started[0] == max(peaks, key=lambda n: peaks[n])  # largest first
     assert all(sum(peaks[n] for n in group) <= budget for group in overlaps)
     assert max(len(group) for group in overlaps) == 2
     overlaps.clear()
-    generate.generate_suite(cases, tmp_path, jobs=3, memory_budget=1)  # nothing fits: one at a time, all run
+    # nothing fits: one at a time, all run
+    generate.generate_suite(cases, tmp_path, GenSettings(jobs=3), memory_budget=1)
     assert max(len(group) for group in overlaps) == 1 and len(overlaps) == 3
 
 
@@ -227,8 +231,7 @@ def test_cases_in_worker_processes_report_progress_before_they_end(tmp_path: Pat
     generate.generate_suite(
         cases,
         tmp_path / "o",
-        jobs=2,
-        on_progress=lambda case, fraction: events.append(("progress", case.name, fraction)),
+        GenSettings(jobs=2, on_progress=lambda case, fraction: events.append(("progress", case.name, fraction))),
         on_done=lambda case, outcome, path: events.append(("done", case.name, 1.0)),
     )
     for name in ("big0", "big1"):

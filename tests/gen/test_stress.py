@@ -16,6 +16,7 @@ from bsa_cli import golden
 from bsa_cli.core.case import Case, Distribution, Init, Outliers, RowScale, Sink, Sparsity
 from bsa_cli.core.errors import SpecError
 from bsa_cli.gen.generate import compute_case, generate_case
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.inputs import make_tensors
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO, case_factory
@@ -182,8 +183,8 @@ def test_bad_stress_keys_name_the_key_and_what_is_allowed(tmp_path: Path, init: 
 
 
 def relative_to_float64(case: Case) -> dict[str, float]:
-    _, gold32, _ = compute_case(case, "float32")
-    _, gold64, _ = compute_case(case, "float64")
+    _, gold32, _ = compute_case(case, GenSettings("float32"))
+    _, gold64, _ = compute_case(case, GenSettings("float64"))
     return {name: float(np.abs(gold32[name] - gold64[name]).max() / np.abs(gold64[name]).max()) for name in gold64}
 
 

@@ -20,6 +20,7 @@ from bsa_cli import golden
 from bsa_cli.core import blas
 from bsa_cli.core.case import Case, Distribution, Init, Sparsity
 from bsa_cli.gen.generate import compute_case
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.golden import compute, numerics, walk
 from bsa_cli.inputs import make_mask, make_tensors
 from tests import golden_2b40f9e as before
@@ -122,7 +123,7 @@ def gen_before(case: Case, precision: str) -> list[np.ndarray]:
 
 
 def gen_now(case: Case, precision: str, jobs: int) -> list[np.ndarray]:
-    tensors, gold, bench = compute_case(case, precision, jobs)
+    tensors, gold, bench = compute_case(case, GenSettings(precision, jobs))
     return [tensors["attention_out"], tensors["softmax_lse"], *gold.values(), *bench.values()]
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from bsa_cli import ops
 from bsa_cli.core.case import Case, Expect
 from bsa_cli.core.errors import SpecError
 from bsa_cli.ops import DEFAULT_OPS, OPS, forward_interface, interface
@@ -178,7 +179,7 @@ def test_the_forward_differs_from_the_backward_where_its_code_does(tmp_path: Pat
 
     def statuses(**fields: Any) -> tuple[int, int]:
         case = dataclasses.replace(valid, **fields)
-        return forward_interface.op_status(case, "forward")[0], forward_interface.op_status(case, "backward")[0]
+        return ops.get("forward").status(case)[0], ops.get("backward").status(case)[0]
 
     assert statuses() == (0, 0)
     assert statuses(pre_tokens=1024) == (561002, 161002)  # the forward's tiling, the backward's aclnn
@@ -190,7 +191,7 @@ def test_the_forward_differs_from_the_backward_where_its_code_does(tmp_path: Pat
 
 def test_a_null_block_shape_passes_the_forward_as_128_by_128(tmp_path: Path) -> None:
     case = one(tmp_path, override=("forward", "backward"), block_shape=None, expect=161001)
-    assert forward_interface.op_status(case, "forward") == (0, "")
+    assert ops.get("forward").status(case) == (0, "")
     assert case.op_expect == (("forward", Expect()),)
 
 
@@ -220,16 +221,12 @@ def test_manifest_tensors_name_the_forward_outputs() -> None:
 # ---- the chain: the forward's status, then the backward's ----------------------------------------------------
 
 
-def test_chain_check_names_the_step_that_refuses(tmp_path: Path) -> None:
+def test_the_chain_status_names_the_step_that_refuses(tmp_path: Path) -> None:
     case = one(tmp_path, override=("chain",), tensors={"block_sparse_mask": {"dtype": "int8"}}, expect=161002)
-    params = forward_interface.case_params_forward(case)
-    forward, backward = forward_interface.forward_tensors(case), case.tensor_descs()
-    status, message = forward_interface.chain_check(params, forward, backward)
+    status, message = ops.get("chain").status(case)
     assert status == 161002 and message.startswith("backward: block_sparse_mask")
     y64 = dataclasses.replace(case, block_shape=(128, 64))
-    status, message = forward_interface.chain_check(
-        forward_interface.case_params_forward(y64), forward_interface.forward_tensors(y64), y64.tensor_descs()
-    )
+    status, message = ops.get("chain").status(y64)
     assert status == 561002 and message.startswith("forward: block_shape")
 
 
@@ -372,7 +369,7 @@ def test_chain_yaml_names_each_pitfall_with_its_verdict() -> None:
     assert CHAIN["chain-bnsd-padding-rows-read"].expect == Expect(verdict="FAIL", cause="padding-rows-read")
     assert CHAIN["chain-bnsd-padding-rows-read"].bnsd_lengths == "ignored"
     assert CHAIN["chain-mask-int8-into-backward"].expect.status == 161002
-    assert forward_interface.op_status(CHAIN["chain-mask-int8-into-backward"], "chain")[1].startswith("backward: ")
+    assert ops.get("chain").status(CHAIN["chain-mask-int8-into-backward"])[1].startswith("backward: ")
     assert CHAIN["chain-rows-without-blocks"].expect == Expect()
     assert CHAIN["chain-inner-precise-1-fp16"].inner_precise == 1
     assert CHAIN["chain-inner-precise-1-fp16"].expect == Expect()
@@ -407,4 +404,4 @@ def test_a_backward_refusal_names_the_backward_and_the_op_that_accepts(tmp_path:
     assert case.skipped_ops == (
         ("backward", "the backward refuses mask_type 1: only 0 is supported (aclnn, 161002); the forward accepts it"),
     )
-    assert forward_interface.refusal(case, "forward") is None
+    assert ops.get("forward").refusal(case) is None

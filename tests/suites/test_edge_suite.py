@@ -13,6 +13,7 @@ import pytest
 
 from bsa_cli import golden
 from bsa_cli.gen.generate import compute_case
+from bsa_cli.gen.settings import GenSettings
 from bsa_cli.inputs import make_mask, make_tensors
 from bsa_cli.specs import load_specs
 from tests import oracle
@@ -30,7 +31,7 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float, what: str
 
 @pytest.mark.parametrize("case", EDGE, ids=lambda c: c.name)
 def test_gen_golden_matches_the_dense_float64_formula(case) -> None:
-    tensors, gold, bench = compute_case(case, "float64")
+    tensors, gold, bench = compute_case(case, GenSettings("float64"))
     args = [tensors[n] for n in ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")]
     expected = oracle.dense_backward(case, *args)
     out, lse = oracle.dense_forward(

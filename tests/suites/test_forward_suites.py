@@ -7,6 +7,7 @@ end to end needs the forward's golden and devices; here they load, build and say
 
 from __future__ import annotations
 
+from bsa_cli import ops
 from bsa_cli.ops import OPS, forward_interface
 from bsa_cli.specs import load_specs
 from tests.helpers import REPO
@@ -40,7 +41,7 @@ def test_chain_cases_expect_a_verdict_only_of_the_pair() -> None:
         for op in ("forward", "backward"):
             assert case.expect_of(op).verdict == "PASS" and case.expect_of(op).cause is None, (case.name, op)
         if case.skip_reason("chain") is None:
-            status, _ = forward_interface.op_status(case, "chain")
+            status, _ = ops.get("chain").status(case)
             assert status == case.expect_of("chain").status, case.name
 
 
