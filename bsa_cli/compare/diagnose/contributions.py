@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import Cause, Hypothesis
+from .findings import Findings, scored, tried
 from .hypotheses import NULL, Context, Pair, Target, score_grads
 from .scoring import Blocks
 
@@ -69,7 +69,7 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
     are selected. Past the selected ones, in the order a misreading most likely
     reaches them: the diagonal, the neighbouring rows' (columns') selections and the blocks next to the
     selected ones, the transposed mask's, then two blocks off; every block when they all fit."""
-    mask = ctx.mask(NULL, target.batch)  # [N1, nQ, nKV]
+    mask = ctx.mask("", target.batch)  # [N1, nQ, nKV]
     n_q, n_kv = mask.shape[1:]
     b = target.batch
     if target.tensor == "dq":
@@ -146,7 +146,7 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
     if not np.isfinite(parts).all():
         return f"{target.words()}: a candidate's partial overflows, not fitted"
     flat = parts.reshape(len(pairs), -1)
-    mask = ctx.mask(NULL, target.batch)
+    mask = ctx.mask("", target.batch)
     selected = np.array([bool(mask[p.head, p.q_block, p.kv_block]) for p in pairs])
     coef, *_ = np.linalg.lstsq(flat.T, dev.reshape(-1), rcond=None)
     strong = (flat * flat).sum(axis=1) >= STRONG * noise
@@ -183,7 +183,7 @@ def _shift(ctx: Context, added: tuple[Pair, ...], left_out: tuple[Pair, ...]) ->
         return ""
 
     def selects(pair: Pair, axis: int, d: int) -> bool:
-        mask = ctx.mask(NULL, pair.batch)
+        mask = ctx.mask("", pair.batch)
         i, j = pair.q_block - d * (axis == 2), pair.kv_block - d * (axis == 3)
         return 0 <= i < mask.shape[1] and 0 <= j < mask.shape[2] and bool(mask[pair.head, i, j])
 
@@ -211,11 +211,11 @@ def _words(pairs: tuple[Pair, ...], limit: int = 2) -> str:
     return text + (f" and {len(pairs) - limit} more" if len(pairs) > limit else "")
 
 
-def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
+def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
     """Fit the failing target blocks as sums of whole block pairs; name the pairs a misread selection adds
     or leaves out (block-selection; tail-block when only partial last blocks are left out; gqa-group-sum
     when dq is right and whole query heads are left out of their group's dK/dV). Returns the share of the
-    excess error explained (0 when ruled out)."""
+    excess error explained (0 when ruled out), and the findings."""
     supposes = "the selection read wrongly in some other way: pairs added or left out (fitted per block)"
     fits: list[Fit] = []
     why: list[str] = []
@@ -229,12 +229,10 @@ def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: 
             fits.append(fitted)
     if fits and all(_left_empty(blocks, f.target) for f in fits):  # nothing written: not a misreading
         reason = "every block the fit reads differently is left zero, or near (not-written's, or a factor's)"
-        tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
-        return 0.0
+        return 0.0, tried("block-selection", supposes, 0.0, f"ruled out: {reason}")
     if not fits:
         reason = why[0] if why else "every failing block is the sum of the pairs its mask selects"
-        tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
-        return 0.0
+        return 0.0, tried("block-selection", supposes, 0.0, f"ruled out: {reason}")
     by_target = {f.target: f.values for f in fits}
     values = [by_target.get(t, blocks.data[t][2]) for t in blocks.targets]
     share, ratios = blocks.explained(values)
@@ -251,14 +249,8 @@ def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: 
     text = f"{what}: the device {' and '.join(parts)}; under the fit, {blocks.falls(ratios)}"
     where = tuple(f.target.words() for f in fits)[:3]
     if kind is None:
-        tried.append(Hypothesis("block-selection", supposes, 0.0, f"left to the race pattern: {text}"))
-        return 0.0
-    if share >= 0.5:
-        causes.append(Cause(kind, share, text, blocks.failing, where))
-        tried.append(Hypothesis(kind, supposes, share, f"explains {share:.0%} of the excess error: {text}"))
-        return share
-    tried.append(Hypothesis(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}"))
-    return 0.0
+        return 0.0, tried("block-selection", supposes, 0.0, f"left to the race pattern: {text}")
+    return (share if share >= 0.5 else 0.0), scored(kind, supposes, share, text, blocks.failing, where, evidence=text)
 
 
 def _kind(

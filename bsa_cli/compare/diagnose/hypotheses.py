@@ -25,20 +25,28 @@ LOG2E = math.log2(math.e)
 
 @dataclass(frozen=True)
 class Variant:
-    """A hypothesis to recompute: how the faulty kernel differs from the operator's semantics."""
+    """A hypothesis to recompute: how the faulty kernel differs from the operator's semantics. One type for
+    every op: an op's hypotheses are a table of these (`VARIANTS`, `forward_hypotheses.FORWARD_VARIANTS`)."""
 
-    kind: str
+    kind: str  # a cause's kind (`findings.Kind`), "" for the operator's semantics (`NULL`)
     supposes: str
     mask: str = ""  # transposed | kv+1 | kv-1 | q+1 | drop-tail
     heads: str = ""  # interleaved | next
     group: str = ""  # first | not-last
-    lse: str = ""  # base2 | ignored
+    lse: str = ""  # base2 | ignored (the backward's reading); base2 | no-max (the forward's writing)
     dsum: str = ""  # none | negated
-    scale: str = ""  # rounded
+    scale: str = ""  # rounded | missing | twice
+    stacks: str = ""  # no-rescale | off-by-one (the forward's online softmax)
     lse_factor: float = 1.0  # fitted (`fitted_variants`): P = exp(S - (lse_factor lse + lse_offset))
     lse_offset: float = 0.0
     dsum_factor: float = 1.0  # fitted: dS = P (dP - dsum_factor Dsum)
     head_map: tuple[int, ...] = ()  # fitted: the kv head each query head reads (and whose dK/dV it adds into)
+
+
+NULL = Variant("", "")
+"""The operator's semantics."""
+STACK = 512
+"""Columns of one online-softmax step of the forward (its 512-column stacks)."""
 
 
 VARIANTS = (
@@ -67,15 +75,51 @@ VARIANTS = (
 
 
 @dataclass
-class Context:
-    """A case's inputs as float64 rows (`InputRows`, converted by blocks on first read), its masks as read
-    under each variant, and the products and recomputed blocks shared by the hypotheses (`Held`)."""
+class Reading:
+    """A case's inputs and spans, and how a variant reads them: the mask (kept by reading and batch entry),
+    the kv head of a query head, the scale. The backward's `Context` and the forward's share it."""
 
     case: Case
     inputs: Mapping[str, np.ndarray]
     spans: dict[int, SequenceSpan]
-    rows: InputRows = field(init=False)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+
+    def mask(self, how: str, batch: int) -> np.ndarray:
+        """The [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
+        key = (how, batch)
+        if key not in self.masks:
+            block_mask = np.asarray(self.inputs["block_sparse_mask"])
+            self.masks[key] = read_mask(self.case, block_mask, self.spans[batch], how)
+        return self.masks[key]
+
+    def kv_head(self, variant: Variant, head: int) -> int:
+        case = self.case
+        if variant.head_map:
+            return variant.head_map[head]
+        if variant.heads == "interleaved":
+            return head % case.num_kv_heads
+        if variant.heads == "next":
+            return (head // case.group_size + 1) % case.num_kv_heads
+        return head // case.group_size
+
+    def scale(self, variant: Variant) -> float:
+        scale = float(self.case.kernel_scale)
+        if variant.scale == "missing":
+            return 1.0
+        if variant.scale == "twice":
+            return scale * scale
+        if variant.scale == "rounded":
+            held = to_dtype(np.array([scale], dtype=np.float32), numpy_dtype(self.case.dtype))
+            return float(np.asarray(held, dtype=np.float64).reshape(-1)[0])
+        return scale
+
+
+@dataclass
+class Context(Reading):
+    """The backward's `Reading`: its inputs as float64 rows (`InputRows`, converted by blocks on first read),
+    and the products and recomputed blocks shared by the hypotheses (`Held`)."""
+
+    rows: InputRows = field(init=False)
     shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
     values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
 
@@ -114,24 +158,6 @@ class Context:
             held = self.shared.put(key, query @ key_rows.T, dout @ value_rows.T)
         return held
 
-    def mask(self, variant: Variant, batch: int) -> np.ndarray:
-        key = (variant.mask, batch)
-        if key not in self.masks:
-            self.masks[key] = read_mask(
-                self.case, np.asarray(self.inputs["block_sparse_mask"]), self.spans[batch], variant.mask
-            )
-        return self.masks[key]
-
-    def kv_head(self, variant: Variant, head: int) -> int:
-        case = self.case
-        if variant.head_map:
-            return variant.head_map[head]
-        if variant.heads == "interleaved":
-            return head % case.num_kv_heads
-        if variant.heads == "next":
-            return (head // case.group_size + 1) % case.num_kv_heads
-        return head // case.group_size
-
     def in_sum(self, variant: Variant, head: int) -> bool:
         member = head % self.case.group_size
         if variant.group == "first":
@@ -139,12 +165,6 @@ class Context:
         if variant.group == "not-last":
             return member != self.case.group_size - 1
         return True
-
-    def scale(self, variant: Variant) -> float:
-        if variant.scale == "rounded":
-            held = to_dtype(np.array([self.case.kernel_scale], dtype=np.float32), numpy_dtype(self.case.dtype))
-            return float(np.asarray(held, dtype=np.float64).reshape(-1)[0])
-        return float(self.case.kernel_scale)
 
 
 def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) -> np.ndarray:
@@ -260,7 +280,7 @@ def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     rows = min((target.block + 1) * x, span.q_len) - target.block * x
     dq = np.zeros((rows if some is None else some.size, case.head_dim))
     kv_head = ctx.kv_head(v, target.head)
-    for j in np.flatnonzero(ctx.mask(v, target.batch)[target.head, target.block]):
+    for j in np.flatnonzero(ctx.mask(v.mask, target.batch)[target.head, target.block]):
         pair = Pair(target.batch, target.head, target.block, int(j))
         dscores, _ = score_grads(ctx, v, pair, kv_head, some)
         dq += dscores @ ctx.block_rows("key", target.batch, kv_head, int(j), None)
@@ -274,7 +294,7 @@ def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     y = case.block_shape[1]
     cols = min((target.block + 1) * y, span.kv_len) - target.block * y
     dk, dv = (np.zeros((cols if some is None else some.size, case.head_dim)) for _ in range(2))
-    mask = ctx.mask(v, target.batch)
+    mask = ctx.mask(v.mask, target.batch)
     for head in range(case.num_heads):
         if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
             continue
@@ -298,8 +318,6 @@ def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, 
         size, length = y, span.kv_len
     return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
 
-
-NULL = Variant("", "")
 
 FIT_ROWS = 8
 """Rows of the worst failing dq block with a golden that the lse fit needs at least."""
@@ -374,7 +392,7 @@ def fitted_head_map(
             if head in picked:
                 continue
             for batch in ctx.spans:
-                selected = np.flatnonzero(ctx.mask(NULL, batch)[head].any(axis=1))
+                selected = np.flatnonzero(ctx.mask("", batch)[head].any(axis=1))
                 if selected.size:
                     picked[head] = Target("dq", batch, head, int(selected[0]))
                     break
@@ -433,7 +451,7 @@ def _line(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple[float, floa
     return slope, my - slope * mx
 
 
-def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int = 2) -> list[Target]:
+def changed_blocks(ctx: Reading, v: Variant, tensors: Sequence[str], count: int = 2) -> list[Target]:
     """Up to `count` blocks per tensor whose computation a mask variant changes (dq rows, dk/dv columns)."""
     if not v.mask:
         return []
@@ -441,12 +459,11 @@ def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int 
     for name in tensors:
         picked = 0
         for batch in ctx.spans:
-            read, mask = ctx.mask(v, batch), ctx.mask(NULL, batch)
+            diff = ctx.mask(v.mask, batch) != ctx.mask("", batch)
             if name == "dq":
-                heads, blocks = np.nonzero((read != mask).any(axis=2))
+                heads, blocks = np.nonzero(diff.any(axis=2))
             else:
-                diff = (read != mask).any(axis=1)  # [N1, nKV]
-                kv = diff.reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
+                kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
                 heads, blocks = np.nonzero(kv)
             step = max(1, heads.size // count)
             for h, j in list(zip(heads, blocks, strict=True))[::step][: count - picked]:
@@ -457,20 +474,35 @@ def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int 
     return found
 
 
-def applies(case: Case, ctx: Context, v: Variant) -> str | None:
+def applies(ctx: Reading, v: Variant) -> str | None:
     """Return why a variant cannot be told from the operator's semantics in this case, else None."""
-    if v.heads or v.group:
-        if case.group_size <= 1 and v.group:
-            return "not tried: N1 == N2, no GQA group"
-        if v.heads == "interleaved" and (case.group_size <= 1 or case.num_kv_heads <= 1):
-            return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
-        if v.heads == "next" and case.num_kv_heads <= 1:
-            return "not tried: one kv head"
-        if v.group == "not-last" and case.group_size == 2:
-            return "not tried: with groups of 2 it is the same as taking only the first head"
-    if v.mask:
-        if all(np.array_equal(ctx.mask(v, b), ctx.mask(NULL, b)) for b in ctx.spans):
-            return "not tried: the mask reads the same under it in this case"
-    if v.scale == "rounded" and ctx.scale(v) == ctx.scale(NULL):
-        return "not tried: the scale is exact in the case dtype"
+    case = ctx.case
+    if v.group and case.group_size <= 1:
+        return "not tried: N1 == N2, no GQA group"
+    if v.heads == "interleaved" and (case.group_size <= 1 or case.num_kv_heads <= 1):
+        return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
+    if v.heads == "next" and case.num_kv_heads <= 1:
+        return "not tried: one kv head"
+    if v.group == "not-last" and case.group_size == 2:
+        return "not tried: with groups of 2 it is the same as taking only the first head"
+    if v.mask and all(np.array_equal(ctx.mask(v.mask, b), ctx.mask("", b)) for b in ctx.spans):
+        return "not tried: the mask reads the same under it in this case"
+    if v.scale and ctx.scale(v) == ctx.scale(NULL):
+        return (
+            "not tried: the scale is exact in the case dtype" if v.scale == "rounded" else "not tried: the scale is 1"
+        )
+    if v.stacks and _longest_row(ctx) <= STACK:
+        return f"not tried: no row selects more than {STACK} columns (one online-softmax stack)"
     return None
+
+
+def _longest_row(ctx: Reading) -> int:
+    """The most columns a query row selects."""
+    y = ctx.case.block_shape[1]
+    longest = 0
+    for span in ctx.spans.values():
+        mask = ctx.mask("", span.batch)
+        widths = np.full(mask.shape[2], y)
+        widths[-1] = span.kv_len - y * (mask.shape[2] - 1)
+        longest = max(longest, int((mask @ widths).max(initial=0)))
+    return longest

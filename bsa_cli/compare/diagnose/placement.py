@@ -22,6 +22,7 @@ import numpy as np
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
+from .findings import Findings, named, tried
 from .scoring import Blocks
 
 PLACED = 0.9
@@ -184,12 +185,11 @@ def length_boundary(
     golden: Mapping[str, np.ndarray],
     benchmark: Mapping[str, np.ndarray] | None,
     spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> float:
+) -> tuple[float, Findings]:
     """Errors past the actual lengths (padding rows written) or a batch entry's rows at another offset.
 
-    Returns the share of the failing tensors' excess error it explains (the smallest of theirs)."""
+    Returns the share of the failing tensors' excess error it explains (the smallest of theirs), and the
+    findings."""
     supposes = "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"
     shares, words = [], []
     for result in failing:
@@ -213,18 +213,10 @@ def length_boundary(
     share = min(shares) if shares else 0.0
     if share >= 0.8 and words:
         text = f"{share:.0%} of the excess error at or past the sequence lengths: {'; '.join(words[:3])}"
-        causes.append(Cause("length-boundary", 0.97 * share, text, tuple(t.name for t in failing), tuple(words[:3])))
-        tried.append(Hypothesis("length-boundary", supposes, 0.97 * share, "fits: " + text))
-        return share
-    tried.append(
-        Hypothesis(
-            "length-boundary",
-            supposes,
-            0.0,
-            f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries",
-        )
-    )
-    return 0.0
+        names = [t.name for t in failing]
+        return share, named("length-boundary", supposes, 0.97 * share, text, names, words[:3], "fits")
+    why = f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries"
+    return 0.0, tried("length-boundary", supposes, 0.0, why)
 
 
 def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
@@ -321,14 +313,12 @@ def layout(
     device: Mapping[str, np.ndarray],
     golden: Mapping[str, np.ndarray],
     benchmark: Mapping[str, np.ndarray] | None,
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> float:
+) -> tuple[float, Findings]:
     """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
 
     Each reading is tried on `SAMPLE` elements first, then on the whole tensors. Returns the share of the
-    excess error the best reading explains."""
-    best = 0.0
+    excess error the best reading explains, and the findings."""
+    best, found = 0.0, Findings()
     names = [t.name for t in failing]
     arrays = {n: np.asarray(device[n]) for n in names}
     picks, sample = {}, {}
@@ -346,7 +336,7 @@ def layout(
             if any(a.dtype.itemsize != 2 for a in arrays.values()):
                 continue
         elif np.array_equal(read(index)[picks[names[0]]], index[picks[names[0]]]):
-            tried.append(Hypothesis("layout", supposes, 0.0, "not tried: the same reading in this case"))
+            found += tried("layout", supposes, 0.0, "not tried: the same reading in this case")
             continue
         share, ratios = _reading_share(
             {n: read(arrays[n])[picks[n]] for n in names},
@@ -367,38 +357,25 @@ def layout(
                 {n: v[2] for n, v in whole.items()},
             )
         else:
-            tried.append(
-                Hypothesis(
-                    "layout",
-                    supposes,
-                    share,
-                    f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements",
-                )
-            )
+            why = f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements"
+            found += tried("layout", supposes, share, why)
             continue
         parts = [f"{n}'s error falls to {r:.3g}x the benchmark's" for n, r in ratios.items()]
         # the values must then be right: as close as the benchmark, or as bf16's rounding is to an fp16 golden
         bound = 32.0 if "as bfloat16" in supposes else 4.0
         if share >= 0.9 and max(ratios.values(), default=0.0) > bound:
-            tried.append(
-                Hypothesis(
-                    "layout",
-                    supposes,
-                    0.0,
-                    f"ruled out: explains {share:.0%} of the excess error, "
-                    f"but {', '.join(parts)} (more than {bound:g}x)",
-                )
-            )
+            why = f"ruled out: explains {share:.0%} of the excess error, but {', '.join(parts)} (more than {bound:g}x)"
+            found += tried("layout", supposes, 0.0, why)
             continue
         if share >= 0.9:
             text = f"{supposes}: under that reading, {', '.join(parts)}"
-            causes.append(Cause("layout", 0.97 * share, text, tuple(names), ()))
+            cause = Cause("layout", 0.97 * share, text, tuple(names), ())
             outcome = f"explains {share:.0%} of the excess error: {text}"
-            tried.append(Hypothesis("layout", supposes, 0.97 * share, outcome))
+            found += Findings((cause,), (Hypothesis("layout", supposes, 0.97 * share, outcome),))
         else:
-            tried.append(Hypothesis("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error"))
+            found += tried("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error")
         best = max(best, share)
-    return best
+    return best, found
 
 
 SCREEN_ROWS = 8
@@ -506,9 +483,7 @@ def rows_permuted(
     device: Mapping[str, np.ndarray],
     golden: Mapping[str, np.ndarray],
     spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+) -> Findings:
     """Device rows that equal golden rows at other positions of the same head, or of the same block in
     another head of the batch entry.
 
@@ -518,8 +493,7 @@ def rows_permuted(
     screen = _row_matches(case, blocks, golden, spans, SCREEN_ROWS)
     if screen.matched == 0 and screen.bad_total:
         why = f"ruled out: none of the first {SCREEN_ROWS} wrong rows of each failing block equals another golden row"
-        tried.append(Hypothesis("rows-permuted", supposes, 0.0, why))
-        return
+        return tried("rows-permuted", supposes, 0.0, why)
     found = _row_matches(case, blocks, golden, spans, WRONG_ROWS)
     matched, bad_total, where = found.matched, found.bad_total, found.where
     energy_all, energy_matched = found.energy_all, found.energy_matched
@@ -534,14 +508,7 @@ def rows_permuted(
             f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
             f"{'; '.join(where[:2])}"
         )
-        causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
-        tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "rows-permuted",
-                supposes,
-                0.0,
-                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row",
-            )
-        )
+        return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, where[:4], "fits")
+    return tried(
+        "rows-permuted", supposes, 0.0, f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
+    )
