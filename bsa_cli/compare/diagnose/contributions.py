@@ -70,45 +70,35 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
     reaches them: the diagonal, the neighbouring rows' (columns') selections and the blocks next to the
     selected ones, the transposed mask's, then two blocks off; every block when they all fit."""
     mask = ctx.mask("", target.batch)  # [N1, nQ, nKV]
-    n_q, n_kv = mask.shape[1:]
-    b = target.batch
-    if target.tensor == "dq":
-        h, i = target.head, target.block
-        selected = np.flatnonzero(mask[h, i])
-        if selected.size > MAX_CANDIDATES:
-            return None
-
-        def row(k: int) -> np.ndarray:
-            return np.flatnonzero(mask[h, k]) if 0 <= k < n_q else np.zeros(0, dtype=np.int64)
-
-        transposed = np.flatnonzero(mask[h, :, i]) if i < n_kv else np.zeros(0, dtype=np.int64)
-        groups = [selected, np.array([i]), row(i - 1), row(i + 1), _near(selected, 1), transposed]
-        groups += [row(i - 2), row(i + 2), _near(selected, 2), np.arange(n_kv)]
-        pairs = [Pair(b, h, i, j) for j in _ordered(n_kv, groups)]
-        return pairs[:MAX_CANDIDATES]
-    j = target.block
-    heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
-    per_head: list[list[np.ndarray]] = []
-    count = 0
-    for h in heads:
-        selected = np.flatnonzero(mask[h, :, j])
-        count += selected.size
-
-        def column(k: int, h: int = h) -> np.ndarray:
-            return np.flatnonzero(mask[h, :, k]) if 0 <= k < n_kv else np.zeros(0, dtype=np.int64)
-
-        transposed = np.flatnonzero(mask[h, j]) if j < n_q else np.zeros(0, dtype=np.int64)
-        per_head.append(
-            [selected, np.array([j]), column(j - 1), column(j + 1), _near(selected, 1), transposed]
-            + [column(j - 2), column(j + 2), _near(selected, 2), np.arange(n_q)]
+    b, k = target.batch, target.block
+    if target.tensor == "dq":  # a query block's row of the mask, in its query head
+        heads, own = [target.head], mask
+    else:  # a kv block's column, in every query head of its group (level by level over the heads)
+        heads, own = (
+            [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head],
+            mask.transpose(0, 2, 1),
         )
-    if count > MAX_CANDIDATES:
+    n_own, n_other = own.shape[1:]
+    empty = np.zeros(0, dtype=np.int64)
+    per_head: list[list[np.ndarray]] = []
+    for h in heads:
+        selected = np.flatnonzero(own[h, k])
+
+        def line(i: int, h: int = h) -> np.ndarray:
+            return np.flatnonzero(own[h, i]) if 0 <= i < n_own else empty
+
+        transposed = np.flatnonzero(own[h, :, k]) if k < n_other else empty
+        per_head.append(
+            [selected, np.array([k]), line(k - 1), line(k + 1), _near(selected, 1), transposed]
+            + [line(k - 2), line(k + 2), _near(selected, 2), np.arange(n_other)]
+        )
+    if sum(groups[0].size for groups in per_head) > MAX_CANDIDATES:
         return None
     found: dict[Pair, None] = {}
-    for level in range(len(per_head[0]) if per_head else 0):  # level by level over the heads
+    for level in range(len(per_head[0]) if per_head else 0):
         for h, groups in zip(heads, per_head, strict=True):
-            for i in _ordered(n_q, [groups[level]]):
-                found.setdefault(Pair(b, h, i, j), None)
+            for i in _ordered(n_other, [groups[level]]):
+                found.setdefault(Pair(b, h, k, i) if target.tensor == "dq" else Pair(b, h, i, k), None)
     return list(found)[:MAX_CANDIDATES]
 
 

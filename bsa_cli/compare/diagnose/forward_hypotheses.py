@@ -19,10 +19,7 @@ from ...core.case import Case, SequenceSpan
 from ...core.layout import kv_view, lse_view, q_view
 from . import hypotheses
 from .hypotheses import STACK, Reading, Variant, positions
-
-SAMPLE_ROWS = 32
-"""Rows of the worst failing block a hypothesis is tried on first, when the block has more than twice as many."""
-
+from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
     Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
@@ -173,10 +170,6 @@ def changed_blocks(ctx: ForwardContext, v: Variant) -> list[QBlock]:
 # ---- the device's, benchmark's and golden's blocks, and the scoring ------------------------------------
 
 
-def dtype_eps(case: Case) -> float:
-    return 2.0 ** -(11 if case.dtype == "float16" else 8)
-
-
 @dataclass
 class Side:
     """One output (out [N1, q_len, D] per entry, or lse [N1, q_len, 1]) of device, benchmark and golden."""
@@ -223,7 +216,7 @@ class Scorer:
         """The noise floor of a block's (rows') error energy: lse's absolute, out's relative to the golden."""
         if side.name == "lse":
             return int(usable.sum()) * (side.floor / 4) ** 2 + 1e-30
-        return float((gold * gold).sum()) * (dtype_eps(self.ctx.case) / 4) ** 2 + 1e-30
+        return noise_floor(self.ctx.case, float((gold * gold).sum()))
 
     def sample(self, target: QBlock) -> np.ndarray | None:
         """The rows of a block a hypothesis is screened on (`SAMPLE_ROWS`: half the worst by excess error, half
@@ -235,10 +228,7 @@ class Scorer:
         for side in self.sides:
             dev, gold, _, _ = self.block(side, target)
             excess += ((dev - gold) ** 2).sum(axis=1) - self.row_noise[(side.name, target)]
-        worst = np.argsort(-excess, kind="stable")[: SAMPLE_ROWS // 2]
-        rest = np.setdiff1d(np.arange(rows), worst)
-        spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
-        return np.unique(np.concatenate([worst, spread]))
+        return sample_rows(excess)[0]
 
     def explained_rows(self, target: QBlock, some: np.ndarray, values: Sequence[np.ndarray]) -> float:
         """The share of the excess error of a block's rows `some` a hypothesis's values of them remove."""
@@ -253,9 +243,7 @@ class Scorer:
                 energy = float((diff * diff).sum())
             null_excess += max(float(((dev - gold) ** 2).sum()) / noise - 1.0, 0.0)
             hyp_excess += max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
-        if null_excess <= 0:
-            return 0.0
-        return max(0.0, min(1.0, 1.0 - hyp_excess / null_excess))
+        return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
 
     def _energies(
         self, targets: Sequence[QBlock], values: Mapping[QBlock, tuple[np.ndarray, ...]] | None
@@ -293,9 +281,8 @@ class Scorer:
         null_excess = self._excess(null)
         if null_excess <= 0:
             return 0.0, {}
-        share = 1.0 - self._excess(hyp) / null_excess
         ratios = {n: (math.sqrt(hyp[n][0] / hyp[n][1]), math.sqrt(null[n][0] / null[n][1])) for n in hyp}
-        return max(0.0, min(1.0, share)), ratios
+        return share_of(self._excess(hyp), null_excess), ratios
 
 
 def falls(ratios: Mapping[str, tuple[float, float]], failing: Sequence[str]) -> str:
@@ -347,9 +334,7 @@ def block_excess(scorer: Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock
                     floor = block_sums(written[..., 0].astype(np.float64), n_q, x) * (side.floor / 4) ** 2 + 1e-30
                 else:
                     gold0 = np.where(np.isfinite(gold), gold, 0.0) * written
-                    floor = (
-                        block_sums(np.einsum("nsd,nsd->ns", gold0, gold0), n_q, x) * (dtype_eps(case) / 4) ** 2 + 1e-30
-                    )
+                    floor = noise_floor(case, block_sums(np.einsum("nsd,nsd->ns", gold0, gold0), n_q, x))
                 per_block[(batch, side.name)] = (error, np.maximum(energy, floor))
     found, out_energy = {}, {}
     for target in targets:

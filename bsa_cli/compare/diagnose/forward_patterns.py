@@ -19,8 +19,9 @@ from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import lse_view
 from ..results import Cause, Check, Hypothesis, TensorResult
 from .findings import Findings, named, tried
-from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, dtype_eps, falls
+from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, falls
 from .hypotheses import Variant
+from .views import dtype_eps
 
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""

@@ -17,9 +17,11 @@ from ...core.case import Case, SequenceSpan
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
+from .contributions import partial
 from .findings import Findings, named, tried
-from .hypotheses import NULL, VARIANTS, Context, Pair, Target, applies, recompute, score_grads
+from .hypotheses import NULL, VARIANTS, Context, Pair, Target, applies, recompute
 from .scoring import MAX_TARGETS, Blocks
+from .views import dtype_eps
 
 
 def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[int, SequenceSpan]) -> str:
@@ -80,7 +82,7 @@ def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blo
     text = "a systematic relative error below the ratio standards' resolution: " + "; ".join(words)
     names = tuple(t.name for t in failing)
     found = named("precision-bias", "a systematic bias of the precision path", 0.7, text, names, verb="fits")
-    thd = 2.0 ** -(11 if case.dtype == "float16" else 8)
+    thd = dtype_eps(case)
     for v in VARIANTS:
         if v.kind != "scale":
             continue
@@ -314,7 +316,8 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
             blocks.add(target)
         best = 0.0
         for head, q_block in pairs[:64]:
-            lost = _pair_partial(ctx, batch, head, q_block, kv_head, block)
+            pair = Pair(batch, head, q_block, block)
+            lost = {name: partial(ctx, pair, name) for name in ("dk", "dv")}
             err_null = err_hyp = 0.0
             for target in both:
                 dev, _, gold, noise = blocks.data[target]
@@ -335,15 +338,6 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
         score = 0.6
     failing = tuple(n for n in ("dk", "dv") if n in blocks.failing)
     return named("accumulation-race", supposes, score, text, failing, (names,), "fits")
-
-
-def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str, np.ndarray]:
-    """One (query head, query block) pair's share of a kv block's dK and dV."""
-    dscores, probs = score_grads(ctx, NULL, Pair(batch, head, q_block, block), kv_head)
-    return {
-        "dk": ctx.scale(NULL) * (dscores.T @ ctx.block_rows("query", batch, head, q_block, None)),
-        "dv": probs.T @ ctx.block_rows("dout", batch, head, q_block, None),
-    }
 
 
 def tile_local(case: Case, blocks: Blocks) -> Findings:

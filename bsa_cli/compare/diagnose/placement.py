@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -24,6 +25,7 @@ from ...core.layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
 from .findings import Findings, named, tried
 from .scoring import Blocks
+from .views import noise_floor as _floor
 
 PLACED = 0.9
 """A layout or length-boundary cause explaining this share of the excess error ends the search."""
@@ -50,12 +52,6 @@ def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
     if case.layout == "TND":
         return values.reshape(values.shape[0], -1)
     return values.transpose(0, 2, 1, 3).reshape(values.shape[0] * values.shape[2], -1)
-
-
-def _floor(case: Case, mean_square: float) -> float:
-    """An element's noise floor: a quarter of the dtype's epsilon of the golden's RMS, squared."""
-    eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
-    return mean_square * (eps / 4) ** 2 + 1e-30
 
 
 @np.errstate(over="ignore", invalid="ignore")
@@ -219,56 +215,46 @@ def length_boundary(
     return 0.0, tried("length-boundary", supposes, 0.0, why)
 
 
+_LAYOUTS = {
+    "TND": (
+        ("written in [N, T, D] order, read as TND", (1, 0, 2), True),
+        ("written in TND order with T and N read transposed", (1, 0, 2), False),
+        ("written in [T, D, N] order, read as TND", (0, 2, 1), True),
+    ),
+    "BNSD": (
+        ("written as BSND ([B, S, N, D]), read as BNSD", (0, 2, 1, 3), True),
+        ("S and N read transposed (BNSD bytes taken as BSND)", (0, 2, 1, 3), False),
+        ("written as BNDS ([B, N, D, S]), read as BNSD", (0, 1, 3, 2), True),
+        ("written as NBSD ([N, B, S, D]), read as BNSD", (1, 0, 2, 3), True),
+    ),
+}
+"""The other layouts a tensor's bytes may have been written in: (what it supposes, the axes' order, whether
+the bytes were written in that order (read back by it), or read with those axes transposed)."""
+
+
 def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
     """The other readings of a tensor's bytes: (what it supposes, the golden-shaped array it gives)."""
-    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = []
     other = "bfloat16" if case.dtype == "float16" else "float16"
     other_type = numpy_dtype(other)
-    out.append(
+    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = [
         (
             f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)",
             lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type),
         )
-    )
-    if case.layout == "TND":
-        out.append(
-            (
-                "written in [N, T, D] order, read as TND",
-                lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2]).transpose(1, 0, 2),
-            )
-        )
-        out.append(
-            ("written in TND order with T and N read transposed", lambda a: a.transpose(1, 0, 2).reshape(a.shape))
-        )
-        out.append(
-            (
-                "written in [T, D, N] order, read as TND",
-                lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1]).transpose(0, 2, 1),
-            )
-        )
-    else:
-        out.append(
-            (
-                "written as BSND ([B, S, N, D]), read as BNSD",
-                lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1], a.shape[3]).transpose(0, 2, 1, 3),
-            )
-        )
-        out.append(
-            ("S and N read transposed (BNSD bytes taken as BSND)", lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape))
-        )
-        out.append(
-            (
-                "written as BNDS ([B, N, D, S]), read as BNSD",
-                lambda a: a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[2]).transpose(0, 1, 3, 2),
-            )
-        )
-        out.append(
-            (
-                "written as NBSD ([N, B, S, D]), read as BNSD",
-                lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2], a.shape[3]).transpose(1, 0, 2, 3),
-            )
-        )
+    ]
+    for supposes, order, written in _LAYOUTS["TND" if case.layout == "TND" else "BNSD"]:
+        out.append((supposes, partial(_written_in if written else _transposed, order=order)))
     return out
+
+
+def _written_in(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+    """A tensor's bytes written with its axes in `order`, read back in its own."""
+    return a.reshape([a.shape[i] for i in order]).transpose(np.argsort(order))
+
+
+def _transposed(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+    """A tensor's bytes read with its axes in `order`."""
+    return a.transpose(order).reshape(a.shape)
 
 
 SAMPLE = 2048
