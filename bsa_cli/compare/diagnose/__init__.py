@@ -152,7 +152,7 @@ def _raced(checks: Sequence[Check]) -> Findings:
 def _explained(f: _Failure, found: Findings) -> Findings:
     """The error's values: local patterns, then recomputed hypotheses, then places, then patterns."""
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
-    local_found = rows_permuted(f.case, f.failing, f.blocks, f.device, f.golden, f.spans)
+    local_found = rows_permuted(f.case, f.blocks, f.golden, f.spans)
     local_found += tile_local(f.case, f.blocks) + piece_local(f.case, f.blocks)
     local = next((c for c in local_found.causes if c.score >= LOCAL), None)
     found += local_found
@@ -315,7 +315,7 @@ def _patterns(f: _Failure) -> Findings:
         + tail_pattern(f.case, f.failing, f.spans, zeros=zeros)
         + race_pattern(f.case, f.ctx, f.tensors, f.blocks)
         + accumulation_precision(f.case, f.failing, f.golden, mask, f.spans)
-        + block_local(f.case, f.failing)
+        + block_local(f.failing)
     )
 
 

@@ -161,7 +161,7 @@ def diagnose_forward(
     gold = {n: np.asarray(golden[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
     # Rows left at the NaN prefill (or zero), NaN/Inf computed, rows written that must be left alone.
     left, found = unwritten_rows(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS)
-    found += written_alone(fcase, tensors, checks, arrays, written, block_mask, prefilled, PREFILL_BITS)
+    found += written_alone(fcase, tensors, checks, arrays, written, prefilled, PREFILL_BITS)
     found += never_written(failing)
     if failing and all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing):
         detail = "; ".join(c.detail for t in failing for c in t.checks if not c.passed)
@@ -238,7 +238,7 @@ def _explained(
     local = rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
     local += tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
-        local += layout(f.case, out, gold, benchmark, f.written) + accumulation(f.case, f.ctx, f.blocks, f.excess)
+        local += layout(f.case, out, gold, benchmark, f.written) + accumulation(f.ctx, f.blocks, f.excess)
     causes = local.causes
     moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
     if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece

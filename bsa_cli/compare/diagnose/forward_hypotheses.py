@@ -18,26 +18,18 @@ import numpy as np
 from ...core.case import Case, SequenceSpan
 from ...core.layout import kv_view, lse_view, q_view
 from . import hypotheses
-from .hypotheses import STACK, Reading, Variant, positions
+from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, Reading, Variant, positions
 from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
     Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
-    Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
-    Variant(
-        "block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)", mask="kv+1"
-    ),
-    Variant(
-        "block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)", mask="kv-1"
-    ),
-    Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
+    *MASK_READINGS,
     Variant(
         "block-selection",
         "every 512-column stack after the first starts one column late (columns 512, 1024, ... not read)",
         stacks="off-by-one",
     ),
-    Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
-    Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
+    *HEAD_READINGS,
     Variant("scale", "scaleValue not applied to the scores", scale="missing"),
     Variant("scale", "scaleValue applied to the scores twice", scale="twice"),
     Variant("scale", "scaleValue held in the case dtype", scale="rounded"),

@@ -167,7 +167,6 @@ def written_alone(
     checks: Sequence[Check],
     arrays: Mapping[str, np.ndarray],
     written: np.ndarray,
-    block_mask: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
 ) -> Findings:
@@ -410,7 +409,7 @@ def layout(
     return found
 
 
-def accumulation(case: Case, ctx: ForwardContext, blocks: Sequence[QBlock], excess: Mapping[QBlock, float]) -> Findings:
+def accumulation(ctx: ForwardContext, blocks: Sequence[QBlock], excess: Mapping[QBlock, float]) -> Findings:
     """accumulation-precision: the blocks' excess error grows with the kv blocks their row selects."""
     supposes = "error growing with the number of kv blocks a query block row accumulates"
     counts = np.array([float(ctx.mask("", b.batch)[b.head, b.block].sum()) for b in blocks])

@@ -49,18 +49,24 @@ STACK = 512
 """Columns of one online-softmax step of the forward (its 512-column stacks)."""
 
 
-VARIANTS = (
-    Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
+SHIFTED = "reads the selection of block {} (mask shifted by one block)"
+MASK_READINGS = (
     Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
-    Variant(
-        "block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)", mask="kv+1"
-    ),
-    Variant(
-        "block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)", mask="kv-1"
-    ),
+    Variant("block-selection", "kv block j " + SHIFTED.format("j - 1"), mask="kv+1"),
+    Variant("block-selection", "kv block j " + SHIFTED.format("j + 1"), mask="kv-1"),
     Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
+)
+"""The misreadings of the mask every op's diagnosis recomputes (after its tail-block)."""
+HEAD_READINGS = (
     Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
     Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
+)
+"""The misreadings of the GQA head mapping every op's diagnosis recomputes."""
+
+VARIANTS = (
+    Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
+    *MASK_READINGS,
+    *HEAD_READINGS,
     Variant("gqa-group-sum", "dK/dV take only the first query head of each GQA group", group="first"),
     Variant("gqa-group-sum", "dK/dV leave out the last query head of each GQA group", group="not-last"),
     Variant("softmax-lse", "P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log", lse="base2"),

@@ -505,7 +505,7 @@ def accumulation_precision(
     return tried("accumulation-precision", supposes, 0.0, "ruled out: " + why)
 
 
-def block_local(case: Case, failing: Sequence[TensorResult]) -> Findings:
+def block_local(failing: Sequence[TensorResult]) -> Findings:
     """Excess error confined to one or two 128-row pieces of blocks no longer than a piece (the block map's)."""
     supposes = "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"
     shares, words = [], []

@@ -463,12 +463,7 @@ def _row_matches(
 
 
 def rows_permuted(
-    case: Case,
-    failing: Sequence[TensorResult],
-    blocks: Blocks,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
+    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan]
 ) -> Findings:
     """Device rows that equal golden rows at other positions of the same head, or of the same block in
     another head of the batch entry.

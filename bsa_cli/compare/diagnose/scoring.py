@@ -273,7 +273,7 @@ class Blocks:
         return ", ".join(parts)
 
 
-def worst_targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
+def worst_targets(tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
     """The worst blocks of each failing tensor (and the 2 worst of each passing one), by block map score."""
     targets: list[Target] = []
     for result in tensors:
@@ -300,7 +300,7 @@ def gather_blocks(
 ) -> Blocks:
     failing = tuple(t.name for t in tensors if not t.passed)
     blocks = Blocks(case, ctx, device, benchmark, golden, failing)
-    for target in worst_targets(case, tensors, per_tensor):
+    for target in worst_targets(tensors, per_tensor):
         blocks.add(target)
         blocks.targets.append(target)
     return blocks
