@@ -223,8 +223,15 @@ def zero_share(blocks: Blocks) -> float:
     return zero / total if total else 0.0
 
 
-def _local_cause(blocks: Blocks, share: float, text: str, where: tuple[str, ...], supposes: str) -> Findings:
-    """Name errors confined to a few tiles or pieces: not-written where the device left them zero."""
+def _local_cause(
+    blocks: Blocks, share: float, energies: Sequence[float], total: float, top: Sequence[str], unit: str, supposes: str
+) -> Findings:
+    """Name errors confined to a few tiles or pieces (`energies`: each one's, `top`: the words for the worst):
+    not-written where the device left them zero."""
+    many = sum(1 for e in energies if e >= 0.05 * total)
+    text = f"{share:.0%} of the excess error of the failing blocks lies in {many} {unit}{'s' if many != 1 else ''}: "
+    text += top[0]
+    where = tuple(top[:many])
     if zero_share(blocks) >= 0.9:
         text = f"{text}, left zero where the golden is not"
         return named(
@@ -380,12 +387,8 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
         )
         return tried("tile-local", supposes, 0.0, outcome + " too (9x their benchmark's error)")
     if share >= 0.9:
-        many = sum(1 for e in energies if e[0] >= 0.05 * total)
-        text = (
-            f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
-            f"tile{'s' if many != 1 else ''}: {top[0][1]}"
-        )
-        return _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes)
+        each = [e[0] for e in energies]
+        return _local_cause(blocks, share, each, total, [w for _, w in top], "16x16 tile", supposes)
     return tried("tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error")
 
 
@@ -407,23 +410,15 @@ def piece_local(case: Case, blocks: Blocks) -> Findings:
         size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
         for start in range(0, err.size, PIECE):
             row = target.block * size + start
-            energies.append(
-                (
-                    max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor],
-                    f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}",
-                )
-            )
+            words = f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}"
+            energies.append((max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor], words))
     total = sum(e for e, _ in energies)
     energies.sort(key=lambda e: -e[0])
     top = energies[:2]
     share = sum(e for e, _ in top) / total if total and len(energies) >= 4 else 0.0
     if share >= 0.9:
-        many = sum(1 for e, _ in energies if e >= 0.05 * total)
-        text = (
-            f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
-            f"piece{'s' if many != 1 else ''}: {top[0][1]}"
-        )
-        return _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes)
+        pieces = [e for e, _ in energies]
+        return _local_cause(blocks, share, pieces, total, [w for _, w in top], f"{PIECE}-row piece", supposes)
     why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
     return tried("tile-local", supposes, 0.0, f"ruled out: {why}")
 

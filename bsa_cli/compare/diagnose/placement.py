@@ -262,26 +262,30 @@ SAMPLE = 2048
 
 
 def _reading_share(
-    readings: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    noise: Mapping[str, float],
-    null: Mapping[str, float],
+    readings: Mapping[str, np.ndarray], refs: Mapping[str, tuple[np.ndarray, float, float]]
 ) -> tuple[float, dict[str, float]]:
-    """The share of the excess error a reading removes, and each tensor's error in benchmark units."""
+    """The share of the excess error a reading removes (`refs`: each tensor's `_reference`), and each
+    tensor's error in benchmark units."""
     hyp, ratios = 0.0, {}
     for name, values in readings.items():
+        golden, noise, _ = refs[name]
         with np.errstate(over="ignore", invalid="ignore"):  # another dtype's bits: NaN/Inf among them
-            diff = np.asarray(values, dtype=np.float64) - golden[name]
+            diff = np.asarray(values, dtype=np.float64) - golden
             diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's, here as in the null reading
             energy = float((diff * diff).sum())
-        excess = max(energy / noise[name] - 1.0, 0.0) if np.isfinite(energy) else np.inf
+        excess = max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else np.inf
         hyp += excess
         ratios[name] = float(np.sqrt(excess + 1))
-    total = sum(min(v, 1e30) for v in null.values())
+    total = sum(min(ref[2], 1e30) for ref in refs.values())
     return (max(0.0, 1.0 - hyp / total) if total > 0 and np.isfinite(hyp) else 0.0), ratios
 
 
-def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.ndarray | None) -> tuple[float, float]:
+def _reference(
+    case: Case, dev: np.ndarray, golden: np.ndarray, bench: np.ndarray | None
+) -> tuple[np.ndarray, float, float]:
+    """A tensor's (or its picked elements') golden as float64, the benchmark's error energy (at least the
+    noise floor) and the device's excess error in its units."""
+    gold = np.nan_to_num(np.asarray(golden, dtype=np.float64))
     noise = 0.0
     if bench is not None:
         noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
@@ -290,7 +294,7 @@ def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.nda
         diff = np.asarray(dev, dtype=np.float64) - gold
         diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's: a reading is scored on the rest
         energy = float((diff * diff).sum())
-    return noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
+    return gold, noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
 
 
 def layout(
@@ -309,12 +313,10 @@ def layout(
     arrays = {n: np.asarray(device[n]) for n in names}
     picks, sample = {}, {}
     for name in names:
-        shape = arrays[name].shape
         flat = np.unique(np.linspace(0, arrays[name].size - 1, min(SAMPLE, arrays[name].size)).astype(np.int64))
-        picks[name] = np.unravel_index(flat, shape)
-        gold = np.nan_to_num(np.asarray(golden[name][picks[name]], dtype=np.float64))
-        bench = benchmark[name][picks[name]] if benchmark is not None else None
-        sample[name] = (gold, *_noise_and_null(case, gold, arrays[name][picks[name]], bench))
+        picks[name] = at = np.unravel_index(flat, arrays[name].shape)
+        bench = benchmark[name][at] if benchmark is not None else None
+        sample[name] = _reference(case, arrays[name][at], golden[name][at], bench)
     index = np.arange(arrays[names[0]].size).reshape(arrays[names[0]].shape)
     whole: dict[str, tuple[np.ndarray, float, float]] = {}
     for supposes, read in _readings(case):
@@ -324,28 +326,14 @@ def layout(
         elif np.array_equal(read(index)[picks[names[0]]], index[picks[names[0]]]):
             found += tried("layout", supposes, 0.0, "not tried: the same reading in this case")
             continue
-        share, ratios = _reading_share(
-            {n: read(arrays[n])[picks[n]] for n in names},
-            {n: v[0] for n, v in sample.items()},
-            {n: v[1] for n, v in sample.items()},
-            {n: v[2] for n, v in sample.items()},
-        )
-        if share >= 0.8:  # then on the whole tensors
-            for name in names:
-                if name not in whole:
-                    gold = np.nan_to_num(np.asarray(golden[name], dtype=np.float64))
-                    bench = benchmark[name] if benchmark is not None else None
-                    whole[name] = (gold, *_noise_and_null(case, gold, arrays[name], bench))
-            share, ratios = _reading_share(
-                {n: read(arrays[n]) for n in names},
-                {n: v[0] for n, v in whole.items()},
-                {n: v[1] for n, v in whole.items()},
-                {n: v[2] for n, v in whole.items()},
-            )
-        else:
+        share, ratios = _reading_share({n: read(arrays[n])[picks[n]] for n in names}, sample)
+        if share < 0.8:
             why = f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements"
             found += tried("layout", supposes, share, why)
             continue
+        benches = {n: benchmark[n] if benchmark is not None else None for n in names}  # then on the whole tensors
+        whole = whole or {n: _reference(case, arrays[n], golden[n], benches[n]) for n in names}
+        share, ratios = _reading_share({n: read(arrays[n]) for n in names}, whole)
         parts = [f"{n}'s error falls to {r:.3g}x the benchmark's" for n, r in ratios.items()]
         # the values must then be right: as close as the benchmark, or as bf16's rounding is to an fp16 golden
         bound = 32.0 if "as bfloat16" in supposes else 4.0
