@@ -22,40 +22,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ...core.case import Case, SequenceSpan
 from ...store.manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, TensorResult
+from . import hypotheses, patterns
 from .contributions import contributions_fit
 from .findings import Diagnosis, Findings, Search, Trial, named, not_tried, scored, screened_out, tried
-from .hypotheses import (
-    VARIANTS,
-    Context,
-    Target,
-    Variant,
-    applies,
-    block_of,
-    changed_blocks,
-    fitted_head_map,
-    fitted_variants,
-    recompute,
-)
-from .patterns import (
-    accumulation_precision,
-    block_local,
-    diagnose_bias,
-    never_written,
-    nonfinite_cause,
-    piece_local,
-    race_pattern,
-    scale_fit,
-    tail_pattern,
-    tile_local,
-    zero_blocks,
-    zero_share,
-)
+from .hypotheses import VARIANTS, Context, Target, Variant, applies, recompute
 from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
 
@@ -125,18 +102,18 @@ def diagnose(
         return found.ranked()
     spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
     ctx = Context(case, inputs, spans)
-    nonfinite = nonfinite_cause(case, failing, device, golden, spans)
+    nonfinite = patterns.nonfinite_cause(case, failing, device, golden, spans)
     if nonfinite is not None:
         supposes = "NaN/Inf written where the golden is finite"
         found += named("non-finite", supposes, 1.0, nonfinite.evidence, nonfinite.tensors, nonfinite.where)
-    unwritten = never_written(failing)
+    unwritten = patterns.never_written(failing)
     found += unwritten
     if unwritten.causes and all(_structural_only(t) for t in failing):
         return found.ranked()
     bias_only = all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing)
     blocks = gather_blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
     if bias_only:
-        return (found + diagnose_bias(case, ctx, failing, blocks)).ranked()
+        return (found + patterns.diagnose_bias(case, ctx, failing, blocks)).ranked()
     failure = _Failure(case, ctx, tensors, failing, device, golden, benchmark, inputs, blocks, nonfinite)
     return _explained(failure, found).ranked()
 
@@ -153,7 +130,7 @@ def _explained(f: _Failure, found: Findings) -> Findings:
     """The error's values: local patterns, then recomputed hypotheses, then places, then patterns."""
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
     local_found = rows_permuted(f.case, f.blocks, f.golden, f.spans)
-    local_found += tile_local(f.case, f.blocks) + piece_local(f.case, f.blocks)
+    local_found += patterns.tile_local(f.case, f.blocks) + patterns.piece_local(f.case, f.blocks)
     local = next((c for c in local_found.causes if c.score >= LOCAL), None)
     found += local_found
     # A named constant factor (the scale missing, doubled; the sign flipped): cheap, fitted first. Its cause
@@ -161,7 +138,7 @@ def _explained(f: _Failure, found: Findings) -> Findings:
     # is a factor too, and ends the search there); while it explains the error, only hypotheses that can
     # also give a constant factor are recomputed.
     permuted = local is not None and local.kind == "rows-permuted"
-    factor, fit = scale_fit(f.case, f.blocks) if local is None or permuted else (0.0, Findings())
+    factor, fit = patterns.scale_fit(f.case, f.blocks) if local is None or permuted else (0.0, Findings())
     search = Search(symptom="non-finite", done_at=EXPLAINED)
     found = search.run(found, _variants(f, search, local, factor), _why_not(f, search, local, factor), _test(f))
     # The constant factor explaining the error (fitted above): values wrong everywhere by that factor, not
@@ -202,9 +179,10 @@ def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -
         worst = next((t for t in blocks.targets if t.tensor == "dq" and t.tensor in blocks.failing), None)
         if worst is not None and worst not in blocks.nonfinite:
             dev, _, null, _ = blocks.data[worst]
-            yield from fitted_variants(f.ctx, worst, dev, null)
+            yield from hypotheses.fitted_variants(f.ctx, worst, dev, null)
         if "dq" in blocks.failing and factor < EXPLAINED:  # query heads reading other kv heads
-            mapped = fitted_head_map(f.ctx, blocks.targets, lambda t: block_of(f.case, f.device["dq"], t, f.spans))
+            device_block = partial(hypotheses.block_of, f.case, f.device["dq"], spans=f.spans)
+            mapped = hypotheses.fitted_head_map(f.ctx, blocks.targets, device_block)
             if mapped is not None:
                 yield mapped
 
@@ -278,7 +256,7 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
 def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target, np.ndarray]) -> Trial:
     """A hypothesis scored on every target block and on the blocks a mask reading changes."""
     blocks = f.blocks
-    extra = [t for t in changed_blocks(f.ctx, v, GRAD_NAMES) if t not in blocks.targets]
+    extra = [t for t in hypotheses.changed_blocks(f.ctx, v, GRAD_NAMES) if t not in blocks.targets]
     for target in extra:
         blocks.add(target)
     some.update(blocks.sampled_rows(extra))
@@ -308,14 +286,14 @@ def _misplaced(found: Findings, placed: float) -> Findings:
 
 def _patterns(f: _Failure) -> Findings:
     """The pattern hypotheses, when nothing recomputed or fitted explains the error."""
-    zeros = zero_share(f.blocks)
+    zeros = patterns.zero_share(f.blocks)
     mask = np.asarray(f.inputs["block_sparse_mask"])
     return (
-        zero_blocks(f.blocks)
-        + tail_pattern(f.case, f.failing, f.spans, zeros=zeros)
-        + race_pattern(f.case, f.ctx, f.tensors, f.blocks)
-        + accumulation_precision(f.case, f.failing, f.golden, mask, f.spans)
-        + block_local(f.failing)
+        patterns.zero_blocks(f.blocks)
+        + patterns.tail_pattern(f.case, f.failing, f.spans, zeros=zeros)
+        + patterns.race_pattern(f.case, f.ctx, f.tensors, f.blocks)
+        + patterns.accumulation_precision(f.case, f.failing, f.golden, mask, f.spans)
+        + patterns.block_local(f.failing)
     )
 
 

@@ -36,32 +36,10 @@ from ...golden import forward_case, written_rows
 from ..forward import PREFILL_BITS, lse_floor
 from ..pair import PAIR_CAUSES
 from ..results import DIAGNOSIS_KINDS, Check, TensorResult
+from . import forward_hypotheses, forward_patterns
 from .findings import Diagnosis, Findings, Kind, Search, Trial, named, not_tried, scored, screened_out, tried
-from .forward_hypotheses import (
-    FORWARD_VARIANTS,
-    ForwardContext,
-    QBlock,
-    Scorer,
-    Side,
-    block_excess,
-    changed_blocks,
-    falls,
-    per_entry,
-    query_blocks,
-    recompute_forward,
-)
-from .forward_patterns import (
-    FORWARD_PATTERNS,
-    LOCAL,
-    accumulation,
-    fits,
-    layout,
-    predicts_unwritten,
-    rows_permuted,
-    tile_local,
-    unwritten_rows,
-    written_alone,
-)
+from .forward_hypotheses import FORWARD_VARIANTS, ForwardContext, QBlock, Scorer, Side, per_entry, recompute_forward
+from .forward_patterns import FORWARD_PATTERNS, LOCAL, predicts_unwritten
 from .hypotheses import Variant, applies
 from .patterns import never_written
 
@@ -160,8 +138,8 @@ def diagnose_forward(
     arrays = {n: np.asarray(device[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
     gold = {n: np.asarray(golden[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
     # Rows left at the NaN prefill (or zero), NaN/Inf computed, rows written that must be left alone.
-    left, found = unwritten_rows(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS)
-    found += written_alone(fcase, tensors, checks, arrays, written, prefilled, PREFILL_BITS)
+    left, found = forward_patterns.unwritten_rows(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS)
+    found += forward_patterns.written_alone(fcase, tensors, checks, arrays, written, prefilled, PREFILL_BITS)
     found += never_written(failing)
     if failing and all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing):
         detail = "; ".join(c.detail for t in failing for c in t.checks if not c.passed)
@@ -169,8 +147,8 @@ def diagnose_forward(
         return (found + named("precision-bias", "a systematic relative bias alone", 1.0, detail, names)).ranked()
     sides = _sides(fcase, judged, device, golden, benchmark, spans, lse_floor(inner_precise)[0])
     scorer = Scorer(ctx, sides, written)
-    blocks = query_blocks(ctx, written)
-    excess, out_excess = block_excess(scorer, blocks)
+    blocks = forward_hypotheses.query_blocks(ctx, written)
+    excess, out_excess = forward_hypotheses.block_excess(scorer, blocks)
     targets = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:MAX_TARGETS]
     names = [t.name for t in failing]
     f = _Failure(ctx, names, sides, scorer, written, left, blocks, excess, out_excess, targets)
@@ -222,23 +200,25 @@ def _explained(
     gold: np.ndarray | None,
     benchmark: Mapping[str, np.ndarray] | None,
 ) -> Findings:
-    """The recomputed hypotheses, then (while none explains the error) the fits and out's patterns."""
+    """The recomputed hypotheses, then (while none explains the error) the fits and out's forward_patterns."""
     search = Search(symptom="not-written", done_at=DONE)
     found = search.run(found, FORWARD_VARIANTS, _why_not(f, search), _test(f))
     best = search.best
     if search.done is not None:  # the patterns would only rank below it
         reason = f"not tried: '{search.done.supposes}' already explains the error"
         return found + not_tried(FORWARD_PATTERNS, reason)
-    fitted, fit_found = fits(f.scorer, f.targets, f.controls, f.names, f.where)
+    fitted, fit_found = forward_patterns.fits(f.scorer, f.targets, f.controls, f.names, f.where)
     best = max(best, fitted)
     found += fit_found
     if out is None or gold is None:
         return found
     side = next(s for s in f.sides if s.name == "out")
-    local = rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
-    local += tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
+    local = forward_patterns.rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
+    local += forward_patterns.tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
-        local += layout(f.case, out, gold, benchmark, f.written) + accumulation(f.ctx, f.blocks, f.excess)
+        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written) + forward_patterns.accumulation(
+            f.ctx, f.blocks, f.excess
+        )
     causes = local.causes
     moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
     if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece
@@ -274,11 +254,11 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         if first < SCREENED and len(targets) > 1:
             why = f"ruled out: explains {first:.0%} of the error of the worst failing block ({screen.words()})"
             return Trial(tried(v.kind, v.supposes, first, why))
-        changed = [b for b in changed_blocks(ctx, v) if b not in targets and b not in controls]
+        changed = [b for b in forward_hypotheses.changed_blocks(ctx, v) if b not in targets and b not in controls]
         blocks = [*targets, *controls, *changed]
         values.update({target: f.pick(*recompute_forward(ctx, v, target)) for target in blocks[1:]})
         share, ratios = scorer.explained(blocks, values)
-        text = f"under the hypothesis, {falls(ratios, f.names)}"
+        text = f"under the hypothesis, {forward_hypotheses.falls(ratios, f.names)}"
         tensors = tuple(n for n in f.names if n in ratios) or tuple(f.names)
         symptom = share >= EXPLAINED and bool(v.mask) and f.any_left
         symptom = symptom and predicts_unwritten(ctx, v, f.written, f.left)
