@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...core.case import Case, SequenceSpan
-from ...core.layout import kv_view, lse_view, q_view
+from ...core.layout import lse_view, q_view
 from . import hypotheses
 from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, Reading, Variant, positions
 from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
@@ -64,23 +64,13 @@ class QBlock:
 
 @dataclass
 class ForwardContext(Reading):
-    """The forward's `Reading` (its case with BNSD lengths honoured): inputs as float64 views, products and
-    softmax results, kept."""
+    """The forward's `Reading` (its case with BNSD lengths honoured), and its products and softmax results,
+    kept."""
 
-    cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     products: dict[tuple[QBlock, int, bytes, bytes], np.ndarray] = field(default_factory=dict)
     softmax: dict[tuple[str, str, str, str, QBlock, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict
     )
-
-    def view(self, name: str, batch: int, head: int) -> np.ndarray:
-        key = (name, batch, head)
-        if key not in self.cache:
-            span = self.spans[batch]
-            array = self.inputs[name]
-            view = q_view(self.case, array, span)[head] if name == "query" else kv_view(self.case, array, span)[head]
-            self.cache[key] = np.asarray(view, dtype=np.float64)
-        return self.cache[key]
 
     def rows(self, target: QBlock) -> np.ndarray:
         x = self.case.block_shape[0]
@@ -128,13 +118,13 @@ def _softmax(
         empty = np.full(rows.size, np.nan)
         return np.full((rows.size, ctx.case.head_dim), np.nan), empty, empty
     kv_head = ctx.kv_head(v, target.head)
-    value = ctx.view("value", target.batch, kv_head)[cols]
+    value = ctx.rows_of("value", target.batch, kv_head, cols)
     shared = (target, kv_head, cols.tobytes(), b"" if some is None else some.tobytes())  # shared by the scale variants
     if shared not in ctx.products:
         if len(ctx.products) >= 64:  # a bound on the memory held
             ctx.products.clear()
-        query = ctx.view("query", target.batch, target.head)[rows]
-        ctx.products[shared] = query @ ctx.view("key", target.batch, kv_head)[cols].T
+        query = ctx.rows_of("query", target.batch, target.head, rows)
+        ctx.products[shared] = query @ ctx.rows_of("key", target.batch, kv_head, cols).T
     scores = ctx.scale(v) * ctx.products[shared]
     if v.stacks == "no-rescale":  # each stack's exponentials against the running max of its time, never rescaled
         row_max = np.full(rows.size, -np.inf)

@@ -18,7 +18,7 @@ import numpy as np
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import lse_view
 from ..results import Cause, Check, Hypothesis, TensorResult
-from .findings import Findings, named, tried
+from .findings import Findings, Kind, named, tried
 from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, falls
 from .hypotheses import Variant
 from .views import dtype_eps
@@ -131,12 +131,10 @@ def unwritten_rows(
     found = Findings()
     for name in judged:
         dev, ref = arrays[name], gold[name]
-        dtype = "float32" if name == "lse" else case.dtype
-        unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
         finite_gold = np.isfinite(ref).all(axis=-1) & written
         with np.errstate(invalid="ignore"):
             finite = np.isfinite(dev.astype(np.float32))
-        at_prefill = (dev.view(unsigned) == unsigned(bits[dtype])).all(axis=-1) if prefilled else np.zeros_like(written)
+        at_prefill = _at_prefill(case, name, dev, bits) if prefilled else np.zeros_like(written)
         zero = (dev.astype(np.float32) == 0).all(axis=-1) & (np.abs(ref) > 0).any(axis=-1)
         left = finite_gold & (at_prefill | zero)
         every[name] = left
@@ -183,10 +181,7 @@ def written_alone(
         name = check.tensor or "out"
         if name not in arrays:
             continue
-        dev = arrays[name]
-        dtype = "float32" if name == "lse" else case.dtype
-        unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
-        touched = ~written & ~(dev.view(unsigned) == unsigned(bits[dtype])).all(axis=-1)
+        touched = ~written & ~_at_prefill(case, name, arrays[name], bits)
         if "softmax_lse_flag 0" in check.detail:
             text = f"{check.detail}: the forward wrote lse although softmax_lse_flag is 0"
             found += named("layout", "lse written with softmax_lse_flag 0", 0.5, text, (name,))
@@ -195,27 +190,34 @@ def written_alone(
         if case.layout != "TND":
             for span in case.spans():
                 past[span.batch, :, span.q_len :] = True
-        beyond, empty = touched & past, touched & ~past
         total = int(touched.sum())
-        if beyond.any():
-            first = row_words(case, written, int(np.flatnonzero(beyond)[0]))
-            text = (
-                f"{name}: {int(beyond.sum())} rows past the actual query lengths written (the forward must leave "
-                f"them alone), first at {first}"
-            )
-            score = int(beyond.sum()) / total
-            supposes = "rows past the actual lengths written"
-            found += named("length-boundary", supposes, score, text, (name,), (f"{name} {first}",))
-        if empty.any():
-            first = row_words(case, written, int(np.flatnonzero(empty)[0]))
-            text = (
-                f"{name}: {int(empty.sum())} rows of query blocks that select no kv block written (computed "
-                f"although the mask selects nothing there), first at {first}"
-            )
-            score = int(empty.sum()) / total
-            supposes = "rows that select no block written"
-            found += named("block-selection", supposes, score, text, (name,), (f"{name} {first}",))
+        for (kind, supposes, what), rows in zip(_WRITTEN_ALONE, (touched & past, touched & ~past), strict=True):
+            if rows.any():
+                first = row_words(case, written, int(np.flatnonzero(rows)[0]))
+                text = f"{name}: {int(rows.sum())} {what}, first at {first}"
+                found += named(kind, supposes, int(rows.sum()) / total, text, (name,), (f"{name} {first}",))
     return found
+
+
+_WRITTEN_ALONE: tuple[tuple[Kind, str, str], ...] = (
+    (
+        "length-boundary",
+        "rows past the actual lengths written",
+        "rows past the actual query lengths written (the forward must leave them alone)",
+    ),
+    (
+        "block-selection",
+        "rows that select no block written",
+        "rows of query blocks that select no kv block written (computed although the mask selects nothing there)",
+    ),
+)
+"""Rows written that the forward must leave alone: past the actual lengths, or of a block row selecting none."""
+
+
+def _at_prefill(case: Case, name: str, dev: np.ndarray, bits: Mapping[str, int]) -> np.ndarray:
+    """The rows of an output (out or lse) that hold the NaN prefill's bits."""
+    unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
+    return (dev.view(unsigned) == unsigned(bits["float32" if name == "lse" else case.dtype])).all(axis=-1)
 
 
 def rows_permuted(

@@ -83,12 +83,22 @@ VARIANTS = (
 @dataclass
 class Reading:
     """A case's inputs and spans, and how a variant reads them: the mask (kept by reading and batch entry),
-    the kv head of a query head, the scale. The backward's `Context` and the forward's share it."""
+    the kv head of a query head, the scale; the inputs as float64 rows (`InputRows`, converted by blocks on
+    first read). The backward's `Context` and the forward's share it."""
 
     case: Case
     inputs: Mapping[str, np.ndarray]
     spans: dict[int, SequenceSpan]
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    input_rows: InputRows = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.input_rows = InputRows(self.case, self.inputs, self.spans)
+
+    def rows_of(self, name: str, batch: int, head: int, rows: np.ndarray) -> np.ndarray:
+        """Rows of an input (query, dout, attention_out, lse, dsum of a query head; key, value of a kv head),
+        float64."""
+        return self.input_rows(name, batch, head, rows)
 
     def mask(self, how: str, batch: int) -> np.ndarray:
         """The [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
@@ -122,24 +132,15 @@ class Reading:
 
 @dataclass
 class Context(Reading):
-    """The backward's `Reading`: its inputs as float64 rows (`InputRows`, converted by blocks on first read),
-    and the products and recomputed blocks shared by the hypotheses (`Held`)."""
+    """The backward's `Reading`, and the products and recomputed blocks shared by the hypotheses (`Held`)."""
 
-    rows: InputRows = field(init=False)
     shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
     values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
-
-    def __post_init__(self) -> None:
-        self.rows = InputRows(self.case, self.inputs, self.spans)
-
-    def q_rows(self, name: str, batch: int, head: int, rows: np.ndarray) -> np.ndarray:
-        """Rows of a query-side input (query, dout, attention_out, lse, dsum) of a query head, float64."""
-        return self.rows(name, batch, head, rows)
 
     def block_rows(self, name: str, batch: int, head: int, block: int, some: np.ndarray | None) -> np.ndarray:
         """One block's rows of an input (query, dout, lse, dsum: a query block; key, value: a kv block), or
         its rows `some`, float64."""
-        rows = self.rows.block(name, batch, head, block)
+        rows = self.input_rows.block(name, batch, head, block)
         return rows if some is None else rows[some]
 
     def products(
@@ -358,7 +359,7 @@ def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndar
             x = ctx.case.block_shape[0]
             span = ctx.spans[target.batch]
             rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))[good]
-            lse = ctx.q_rows("lse", target.batch, target.head, rows)
+            lse = ctx.rows_of("lse", target.batch, target.head, rows)
             if np.isfinite(lse).all():
                 slope, intercept = _line(lse, np.log(factors), norms[good])
                 a, named = _named_lse_factor(1.0 - slope)
