@@ -214,27 +214,28 @@ class Scorer:
 
     def explained_rows(self, target: QBlock, some: np.ndarray, values: Sequence[np.ndarray]) -> float:
         """The share of the excess error of a block's rows `some` a hypothesis's values of them remove."""
-        null_excess = hyp_excess = 0.0
-        for side, value in zip(self.sides, values, strict=True):
-            dev, gold, usable, _ = self.block(side, target)
-            dev, gold, usable = dev[some], gold[some], usable[some]
-            value = value[:, None] if value.ndim == 1 else value
-            noise = max(float(self.row_noise[(side.name, target)][some].sum()), self._floor(side, usable, gold))
-            with np.errstate(over="ignore", invalid="ignore"):
-                diff = dev - np.where(usable, value, 0.0)
-                energy = float((diff * diff).sum())
-            null_excess += max(float(((dev - gold) ** 2).sum()) / noise - 1.0, 0.0)
-            hyp_excess += max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
+        null_excess = self._excess(self._energies([target], None, some))
+        hyp_excess = self._excess(self._energies([target], {target: tuple(values)}, some))
         return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
 
     def _energies(
-        self, targets: Sequence[QBlock], values: Mapping[QBlock, tuple[np.ndarray, ...]] | None
+        self,
+        targets: Sequence[QBlock],
+        values: Mapping[QBlock, tuple[np.ndarray, ...]] | None,
+        some: np.ndarray | None = None,
     ) -> dict[str, tuple[float, float]]:
+        """Each side's error energy of values of the targets (None: the golden's) and its noise; of their rows
+        `some` (then their own benchmark error, at least the floor)."""
         out: dict[str, tuple[float, float]] = {}
         for index, side in enumerate(self.sides):
             total = noise = 0.0
             for target in targets:
                 dev, gold, usable, energy = self.block(side, target)
+                if some is not None:
+                    dev, gold, usable = dev[some], gold[some], usable[some]
+                    energy = max(
+                        float(self.row_noise[(side.name, target)][some].sum()), self._floor(side, usable, gold)
+                    )
                 if values is None:
                     value = gold
                 else:
