@@ -157,12 +157,9 @@ def _explained(f: _Failure, found: Findings) -> Findings:
     else:
         reason = f"not tried: '{explained or 'a gradient off by a constant factor'}' explains values, not places"
         found += not_tried(_PLACEMENTS, reason)
-    if explained:  # the patterns below would only rank lower
-        reason = f"not tried: '{explained}' already explains the error"
-        # the scale fit may have run (rows-permuted)
-        return found + not_tried(
-            ((k, s) for k, s in _PATTERNS if not any(h.supposes == s for h in found.tried)), reason
-        )
+    if explained:  # the patterns below would only rank lower (the scale fit may have run: rows-permuted)
+        left = [(k, s) for k, s in _PATTERNS if not any(h.supposes == s for h in found.tried)]
+        return found + not_tried(left, f"not tried: '{explained}' already explains the error")
     found += fit
     share, fitted = contributions_fit(f.ctx, f.blocks) if factor < EXPLAINED else (0.0, Findings())
     found += fitted
@@ -189,10 +186,8 @@ def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -
 
 def _why_not(f: _Failure, search: Search, local: Cause | None, factor: float) -> Callable[[Variant], str | None]:
     """Why a hypothesis is not recomputed (or None): in this order, as the search stands when it is asked."""
-    blocks_only = None
-    if local is not None:
-        blocks_only = f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks "
-        blocks_only += "does not produce"
+    whole = "which a misreading of whole blocks does not produce"
+    blocks_only = None if local is None else f"not tried: the error is {local.kind} ({local.score:.2f}), {whole}"
     factored = (
         f"not tried: a named constant factor explains {factor:.0%} of the error (the scale fit), which a "
         "misreading of blocks, heads, Dsum or the scale's precision does not give"
