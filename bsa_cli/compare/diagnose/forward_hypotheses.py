@@ -18,7 +18,7 @@ import numpy as np
 from ...core.case import Case, SequenceSpan
 from ...core.layout import lse_view, q_view
 from . import hypotheses
-from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, Reading, Variant, positions
+from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
 from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
@@ -76,7 +76,7 @@ class ForwardContext(Reading):
         x = self.case.block_shape[0]
         return np.arange(target.block * x, min((target.block + 1) * x, self.spans[target.batch].q_len))
 
-    def columns(self, how: str, target: QBlock) -> np.ndarray:
+    def columns(self, how: MaskReading, target: QBlock) -> np.ndarray:
         selected = np.flatnonzero(self.mask(how, target.batch)[target.head, target.block])
         return positions(selected, self.case.block_shape[1], self.spans[target.batch].kv_len)
 

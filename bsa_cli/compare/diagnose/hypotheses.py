@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
@@ -22,6 +23,9 @@ from .views import Held, InputRows
 
 LOG2E = math.log2(math.e)
 
+MaskReading = Literal["", "transposed", "kv+1", "kv-1", "q+1", "drop-tail"]
+"""How a kernel reads the block mask ("": as the operator says; `read_mask`)."""
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -30,13 +34,13 @@ class Variant:
 
     kind: str  # a cause's kind (`findings.Kind`), "" for the operator's semantics (`NULL`)
     supposes: str
-    mask: str = ""  # transposed | kv+1 | kv-1 | q+1 | drop-tail
-    heads: str = ""  # interleaved | next
-    group: str = ""  # first | not-last
-    lse: str = ""  # base2 | ignored (the backward's reading); base2 | no-max (the forward's writing)
-    dsum: str = ""  # none | negated
-    scale: str = ""  # rounded | missing | twice
-    stacks: str = ""  # no-rescale | off-by-one (the forward's online softmax)
+    mask: MaskReading = ""
+    heads: Literal["", "interleaved", "next"] = ""
+    group: Literal["", "first", "not-last"] = ""
+    lse: Literal["", "base2", "ignored", "no-max"] = ""  # ignored: the backward's reading; no-max: the forward's
+    dsum: Literal["", "none", "negated"] = ""
+    scale: Literal["", "rounded", "missing", "twice"] = ""
+    stacks: Literal["", "no-rescale", "off-by-one"] = ""  # the forward's online softmax
     lse_factor: float = 1.0  # fitted (`fitted_variants`): P = exp(S - (lse_factor lse + lse_offset))
     lse_offset: float = 0.0
     dsum_factor: float = 1.0  # fitted: dS = P (dP - dsum_factor Dsum)
@@ -100,7 +104,7 @@ class Reading:
         float64."""
         return self.input_rows(name, batch, head, rows)
 
-    def mask(self, how: str, batch: int) -> np.ndarray:
+    def mask(self, how: MaskReading, batch: int) -> np.ndarray:
         """The [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
         key = (how, batch)
         if key not in self.masks:
@@ -174,7 +178,7 @@ class Context(Reading):
         return True
 
 
-def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) -> np.ndarray:
+def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: MaskReading) -> np.ndarray:
     """Return the [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
     mask = mask_view(case, block_mask, span)
     n_q, n_kv = mask.shape[1:]
