@@ -19,7 +19,7 @@ from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
 from .contributions import partial
 from .findings import Findings, named, tried
-from .hypotheses import NULL, VARIANTS, Context, Pair, Target, applies, recompute
+from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, recompute
 from .scoring import MAX_TARGETS, Blocks
 from .views import dtype_eps
 
@@ -82,39 +82,33 @@ def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blo
     text = "a systematic relative error below the ratio standards' resolution: " + "; ".join(words)
     names = tuple(t.name for t in failing)
     found = named("precision-bias", "a systematic bias of the precision path", 0.7, text, names, verb="fits")
-    thd = dtype_eps(case)
-    for v in VARIANTS:
-        if v.kind != "scale":
-            continue
+    for v in (v for v in VARIANTS if v.kind == "scale"):  # the scale held in the case dtype
         why = applies(ctx, v)
-        if why is not None:
-            found += tried(v.kind, v.supposes, 0.0, why)
-            continue
-        values = [recompute(ctx, v, t) for t in blocks.targets]
-        share, parts = 1.0, []
-        for name in names:
-            picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
-            bench = [blocks.bench[i] for i in picks]
-            own = (
-                _relative_bias(bench, [blocks.null[i] for i in picks], thd)
-                if all(b is not None for b in bench)
-                else 0.0
-            )
-            null_bias = _relative_bias([blocks.device[i] for i in picks], [blocks.null[i] for i in picks], thd) - own
-            hyp_bias = _relative_bias([blocks.device[i] for i in picks], [values[i] for i in picks], thd) - own
-            if null_bias == 0:
-                continue
-            share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
-            parts.append(f"{name}'s bias falls from {null_bias:.3g} to {hyp_bias:.3g} relative")
-        text = f"{v.supposes}: under the hypothesis, {', '.join(parts)}"
-        if share >= 0.5:
-            cause = Cause("scale", share, text, names, ())
-            found += Findings(
-                (cause,), (Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the bias: {text}"),)
-            )
-        else:
-            found += tried(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}")
+        found += tried(v.kind, v.supposes, 0.0, why) if why is not None else _scale_bias(case, ctx, blocks, v, names)
     return found
+
+
+def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Sequence[str]) -> Findings:
+    """A scale hypothesis scored by the share of each failing tensor's relative bias it removes (the least)."""
+    thd = dtype_eps(case)
+    values = [recompute(ctx, v, t) for t in blocks.targets]
+    share, parts = 1.0, []
+    for name in names:
+        picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
+        dev, null = [blocks.device[i] for i in picks], [blocks.null[i] for i in picks]
+        bench = [blocks.bench[i] for i in picks]
+        own = _relative_bias(bench, null, thd) if all(b is not None for b in bench) else 0.0
+        null_bias = _relative_bias(dev, null, thd) - own
+        hyp_bias = _relative_bias(dev, [values[i] for i in picks], thd) - own
+        if null_bias == 0:
+            continue
+        share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
+        parts.append(f"{name}'s bias falls from {null_bias:.3g} to {hyp_bias:.3g} relative")
+    text = f"{v.supposes}: under the hypothesis, {', '.join(parts)}"
+    if share < 0.5:
+        return tried(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}")
+    outcome = f"explains {share:.0%} of the bias: {text}"
+    return Findings((Cause("scale", share, text, tuple(names), ()),), (Hypothesis(v.kind, v.supposes, share, outcome),))
 
 
 def _relative_bias(device: Sequence[Any], golden: Sequence[np.ndarray], thd: float) -> float:
