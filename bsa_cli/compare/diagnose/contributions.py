@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .findings import Findings, scored, tried
-from .hypotheses import NULL, Context, Pair, Target, score_grads
+from .hypotheses import NULL, Context, Pair, Target, partial
 from .scoring import Blocks
 
 MAX_CANDIDATES = 128
@@ -100,20 +100,6 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
             for i in _ordered(n_other, [groups[level]]):
                 found.setdefault(Pair(b, h, k, i) if target.tensor == "dq" else Pair(b, h, i, k), None)
     return list(found)[:MAX_CANDIDATES]
-
-
-def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
-    """One pair's partial of a dq block (its rows) or of a dk/dv block (its columns), float64 [rows, D];
-    with `some`, of those rows (columns) of the block only."""
-    q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
-    kv_head = ctx.kv_head(NULL, pair.head)
-    dscores, probs = score_grads(ctx, NULL, pair, kv_head, q_some, kv_some)
-    scale = ctx.scale(NULL)
-    if tensor == "dq":
-        return scale * (dscores @ ctx.block_rows("key", pair.batch, kv_head, pair.kv_block, None))
-    if tensor == "dk":
-        return scale * (dscores.T @ ctx.block_rows("query", pair.batch, pair.head, pair.q_block, None))
-    return probs.T @ ctx.block_rows("dout", pair.batch, pair.head, pair.q_block, None)
 
 
 def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:

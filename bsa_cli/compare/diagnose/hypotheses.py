@@ -247,6 +247,20 @@ def score_grads(
     return probs * (dprobs - dsum), probs
 
 
+def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
+    """One pair's partial (the operator's semantics) of a dq block (its rows) or of a dk/dv block (its
+    columns), float64 [rows, D]; with `some`, of those rows (columns) of the block only."""
+    q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
+    kv_head = ctx.kv_head(NULL, pair.head)
+    dscores, probs = score_grads(ctx, NULL, pair, kv_head, q_some, kv_some)
+    scale = ctx.scale(NULL)
+    if tensor == "dq":
+        return scale * (dscores @ ctx.block_rows("key", pair.batch, kv_head, pair.kv_block, None))
+    if tensor == "dk":
+        return scale * (dscores.T @ ctx.block_rows("query", pair.batch, pair.head, pair.q_block, None))
+    return probs.T @ ctx.block_rows("dout", pair.batch, pair.head, pair.q_block, None)
+
+
 def positions(blocks: np.ndarray, size: int, length: int) -> np.ndarray:
     parts = [np.arange(int(b) * size, min((int(b) + 1) * size, length)) for b in blocks]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

@@ -17,9 +17,8 @@ from ...core.case import Case, SequenceSpan
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
-from .contributions import partial
 from .findings import Findings, named, tried
-from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, recompute
+from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
 from .views import dtype_eps
 
