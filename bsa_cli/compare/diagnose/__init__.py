@@ -254,7 +254,7 @@ def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target
     extra = [t for t in hypotheses.changed_blocks(f.ctx, v, GRAD_NAMES) if t not in blocks.targets]
     for target in extra:
         blocks.add(target)
-    some.update(blocks.sampled_rows(extra))
+    some = {**some, **blocks.sampled_rows(extra)}
     extra_values = [recompute(f.ctx, v, t, some.get(t)) for t in extra]
     share, ratios = blocks.explained(values, extra, extra_values, some)
     text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
