@@ -37,6 +37,7 @@ COMPARE_ORDER = (
     "pair",
     "views",
     "hypotheses",
+    "findings",
     "scoring",
     "patterns",
     "placement",

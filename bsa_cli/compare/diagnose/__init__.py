@@ -21,39 +21,18 @@ files, no printing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from ...core.case import Case
+from ...core.case import Case, SequenceSpan
 from ...store.manifest import GRAD_NAMES
-from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
+from ..results import DIAGNOSIS_KINDS, Cause, Check, TensorResult
+from . import hypotheses, patterns
 from .contributions import contributions_fit
-from .hypotheses import (
-    VARIANTS,
-    Context,
-    Target,
-    Variant,
-    applies,
-    block_of,
-    changed_blocks,
-    fitted_head_map,
-    fitted_variants,
-    recompute,
-)
-from .patterns import (
-    accumulation_precision,
-    block_local,
-    diagnose_bias,
-    nonfinite_cause,
-    piece_local,
-    race_pattern,
-    scale_fit,
-    tail_pattern,
-    tile_local,
-    zero_blocks,
-    zero_share,
-)
+from .findings import Diagnosis, Findings, Search, Trial, named, not_tried, scored, screened_out, tried
+from .hypotheses import VARIANTS, Context, Target, Variant, applies, recompute
 from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
 
@@ -70,18 +49,26 @@ LOCAL = 0.8
 EXPLAINED = 0.98
 """A recomputed hypothesis explaining this share of the error ends the search: the later ones are not
 tried (`--explain` says so)."""
-MIN_SCORE = 0.2
-"""Causes scoring less are not listed in the diagnosis (`--explain` still shows them)."""
-MAX_CAUSES = 3
-"""Causes listed in a diagnosis, best first."""
 
 
 @dataclass(frozen=True)
-class Diagnosis:
-    """The causes (best first, at most `MAX_CAUSES`, none below `MIN_SCORE`) and every hypothesis tried."""
+class _Failure:
+    """A failing backward as the diagnosis reads it: the judged tensors, the arrays, the target blocks."""
 
-    causes: tuple[Cause, ...]
-    hypotheses: tuple[Hypothesis, ...]
+    case: Case
+    ctx: Context
+    tensors: Sequence[TensorResult]
+    failing: list[TensorResult]
+    device: Mapping[str, np.ndarray]
+    golden: Mapping[str, np.ndarray]
+    benchmark: Mapping[str, np.ndarray] | None
+    inputs: Mapping[str, np.ndarray]
+    blocks: Blocks
+    nonfinite: Cause | None
+
+    @property
+    def spans(self) -> dict[int, SequenceSpan]:
+        return self.ctx.spans
 
 
 # ---- the diagnosis --------------------------------------------------------------------------------
@@ -109,209 +96,200 @@ def diagnose(
     Returns:
         The causes, best first, and every hypothesis tried. A case with nothing failing gets none.
     """
-    causes: list[Cause] = []
-    tried: list[Hypothesis] = []
     failing = [t for t in tensors if not t.passed]
-    if any(c.name == "deterministic" and not c.passed for c in checks):
-        text = "dK/dV differ between repeated runs of the same inputs: the order of the atomic adds changes the result"
-        causes.append(Cause("accumulation-race", 1.0, text, ("dk", "dv"), ()))
-        tried.append(Hypothesis("accumulation-race", "a run-dependent accumulation order", 1.0, "explains: " + text))
+    found = _raced(checks)
     if not failing:
-        return _ranked(causes, tried)
+        return found.ranked()
     spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
     ctx = Context(case, inputs, spans)
-    nonfinite = nonfinite_cause(case, failing, device, golden, spans)
+    nonfinite = patterns.nonfinite_cause(case, failing, device, golden, spans)
     if nonfinite is not None:
-        causes.append(nonfinite)
-        tried.append(
-            Hypothesis(
-                "non-finite", "NaN/Inf written where the golden is finite", 1.0, "explains: " + nonfinite.evidence
-            )
-        )
-    zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
-    if zero:
-        text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
-        causes.append(Cause("not-written", 1.0, text, tuple(zero), ()))
-        tried.append(Hypothesis("not-written", "an output never written", 1.0, "explains: " + text))
-    if zero and all(_structural_only(t) for t in failing):
-        return _ranked(causes, tried)
+        supposes = "NaN/Inf written where the golden is finite"
+        found += named("non-finite", supposes, 1.0, nonfinite.evidence, nonfinite.tensors, nonfinite.where)
+    unwritten = patterns.never_written(failing)
+    found += unwritten
+    if unwritten.causes and all(_structural_only(t) for t in failing):
+        return found.ranked()
     bias_only = all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing)
     blocks = gather_blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
     if bias_only:
-        diagnose_bias(case, ctx, failing, blocks, causes, tried)
-        return _ranked(causes, tried)
+        return (found + patterns.diagnose_bias(case, ctx, failing, blocks)).ranked()
+    failure = _Failure(case, ctx, tensors, failing, device, golden, benchmark, inputs, blocks, nonfinite)
+    return _explained(failure, found).ranked()
+
+
+def _raced(checks: Sequence[Check]) -> Findings:
+    """accumulation-race, when repeated runs of the same inputs differ."""
+    if not any(c.name == "deterministic" and not c.passed for c in checks):
+        return Findings()
+    text = "dK/dV differ between repeated runs of the same inputs: the order of the atomic adds changes the result"
+    return named("accumulation-race", "a run-dependent accumulation order", 1.0, text, ("dk", "dv"))
+
+
+def _explained(f: _Failure, found: Findings) -> Findings:
+    """The error's values: local patterns, then recomputed hypotheses, then places, then patterns."""
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
-    before = len(causes)
-    rows_permuted(case, failing, blocks, device, golden, spans, causes, tried)
-    tile_local(case, blocks, causes, tried)
-    piece_local(case, blocks, causes, tried)
-    local = next((c for c in causes[before:] if c.score >= LOCAL), None)
+    local_found = rows_permuted(f.case, f.blocks, f.golden, f.spans)
+    local_found += patterns.tile_local(f.case, f.blocks) + patterns.piece_local(f.case, f.blocks)
+    local = next((c for c in local_found.causes if c.score >= LOCAL), None)
+    found += local_found
     # A named constant factor (the scale missing, doubled; the sign flipped): cheap, fitted first. Its cause
     # is kept for after the recomputed hypotheses (lse in base 2 or ignored, with lse the same in every row,
     # is a factor too, and ends the search there); while it explains the error, only hypotheses that can
     # also give a constant factor are recomputed.
-    fit_causes: list[Cause] = []
-    fit_tried: list[Hypothesis] = []
     permuted = local is not None and local.kind == "rows-permuted"
-    factor = scale_fit(case, blocks, fit_causes, fit_tried) if local is None or permuted else 0.0
-    masks_seen: dict[bytes, Variant] = {}
-    done: Hypothesis | None = None
+    factor, fit = patterns.scale_fit(f.case, f.blocks) if local is None or permuted else (0.0, Findings())
+    search = Search(symptom="non-finite", done_at=EXPLAINED)
+    found = search.run(found, _variants(f, search, local, factor), _why_not(f, search, local, factor), _test(f))
+    # The constant factor explaining the error (fitted above): values wrong everywhere by that factor, not
+    # misplaced; not when a recomputed hypothesis explains it. (After a rows-permuted pattern too: rows of
+    # one direction, an attention sink's, halved equal other rows.)
+    if search.done is not None:
+        factor, fit = 0.0, Findings()
+    if permuted:  # a named factor explaining the error outranks the row matches
+        found += Findings(fit.causes if factor >= EXPLAINED else (), fit.tried)
+    explained = search.done.supposes if search.done is not None else local.kind if local is not None else ""
+    if search.done is None and factor < EXPLAINED and (local is None or permuted):  # misplaced?
+        placed, placing = _placed(f)
+        found += placing
+        if placed >= PLACED:  # the values are right, at the wrong place
+            return _misplaced(found, placed)
+    else:
+        reason = f"not tried: '{explained or 'a gradient off by a constant factor'}' explains values, not places"
+        found += not_tried(_PLACEMENTS, reason)
+    if explained:  # the patterns below would only rank lower (the scale fit may have run: rows-permuted)
+        left = [(k, s) for k, s in _PATTERNS if not any(h.supposes == s for h in found.tried)]
+        return found + not_tried(left, f"not tried: '{explained}' already explains the error")
+    found += fit
+    share, fitted = contributions_fit(f.ctx, f.blocks) if factor < EXPLAINED else (0.0, Findings())
+    found += fitted
+    if share >= EXPLAINED:
+        return found + not_tried(_PATTERNS, "not tried: the fitted block pairs already explain the error")
+    return found + _patterns(f)
 
-    def variants() -> Iterator[Variant]:
-        yield from VARIANTS
-        if done is None and local is None:  # a softmax term wrong in another way: fitted to the worst dq block
-            worst = next((t for t in blocks.targets if t.tensor == "dq" and t.tensor in blocks.failing), None)
-            if worst is not None and worst not in blocks.nonfinite:
-                dev, _, null, _ = blocks.data[worst]
-                yield from fitted_variants(ctx, worst, dev, null)
-            if "dq" in blocks.failing and factor < EXPLAINED:  # query heads reading other kv heads
-                mapped = fitted_head_map(ctx, blocks.targets, lambda t: block_of(case, device["dq"], t, spans))
-                if mapped is not None:
-                    yield mapped
 
-    for v in variants():
-        why = applies(case, ctx, v)
-        if why is None and local is not None:
-            why = (
-                f"not tried: the error is {local.kind} ({local.score:.2f}), which a misreading of whole blocks "
-                "does not produce"
+def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -> Iterator[Variant]:
+    """The recomputed hypotheses: the fixed ones, then (while nothing explains the error) those fitted."""
+    yield from VARIANTS
+    if search.done is None and local is None:  # a softmax term wrong in another way: fitted to the worst dq block
+        blocks = f.blocks
+        worst = next((t for t in blocks.targets if t.tensor == "dq" and t.tensor in blocks.failing), None)
+        if worst is not None and worst not in blocks.nonfinite:
+            dev, _, null, _ = blocks.data[worst]
+            yield from hypotheses.fitted_variants(f.ctx, worst, dev, null)
+        if "dq" in blocks.failing and factor < EXPLAINED:  # query heads reading other kv heads
+            device_block = partial(hypotheses.block_of, f.case, f.device["dq"], spans=f.spans)
+            mapped = hypotheses.fitted_head_map(f.ctx, blocks.targets, device_block)
+            if mapped is not None:
+                yield mapped
+
+
+def _why_not(f: _Failure, search: Search, local: Cause | None, factor: float) -> Callable[[Variant], str | None]:
+    """Why a hypothesis is not recomputed (or None): in this order, as the search stands when it is asked."""
+    whole = "which a misreading of whole blocks does not produce"
+    blocks_only = None if local is None else f"not tried: the error is {local.kind} ({local.score:.2f}), {whole}"
+    factored = (
+        f"not tried: a named constant factor explains {factor:.0%} of the error (the scale fit), which a "
+        "misreading of blocks, heads, Dsum or the scale's precision does not give"
+    )
+
+    def why(v: Variant) -> str | None:
+        return Search.first(
+            (
+                lambda: applies(f.ctx, v),
+                lambda: blocks_only,
+                search.ended,
+                lambda: factored if factor >= EXPLAINED and not _gives_a_factor(v) else None,
+                lambda: search.same_mask(f.ctx, v),
             )
-        if why is None and done is not None:
-            why = f"not tried: '{done.supposes}' already explains {done.score:.0%} of the error"
-        if why is None and factor >= EXPLAINED and not _gives_a_factor(v):
-            why = (
-                f"not tried: a named constant factor explains {factor:.0%} of the error (the scale fit), which a "
-                "misreading of blocks, heads, Dsum or the scale's precision does not give"
-            )
-        if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
-            read = b"".join(ctx.mask(v, b).tobytes() for b in sorted(spans))
-            if read in masks_seen:
-                why = f"not told apart from '{masks_seen[read].supposes}' in this case: the mask reads the same"
-            masks_seen.setdefault(read, v)
-        if why is not None:
-            tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
-            continue
+        )
 
-        def value(target: Target, v: Variant = v, some: np.ndarray | None = None) -> np.ndarray:
+    return why
+
+
+def _test(f: _Failure) -> Callable[[Variant], Trial]:
+    """A hypothesis recomputed and scored, cheapest screens first: a few rows of the worst failing block, the
+    passing tensors' blocks, the worst block whole, then every target (`_scored`)."""
+    blocks = f.blocks
+
+    def test(v: Variant) -> Trial:
+        def value(target: Target, some: np.ndarray | None = None) -> np.ndarray:
             if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
                 null = blocks.data[target][2]
                 return null if some is None else null[some]
-            return recompute(ctx, v, target, some)
+            return recompute(f.ctx, v, target, some)
 
         screen = blocks.screen_for(v)
         rows = blocks.sample_of(screen[0]) if len(screen) == 1 else None
         if rows is not None:  # a few rows of the worst block first (cheap): most hypotheses end here
             part, sampled = blocks.explained_rows(screen[0], rows, value(screen[0], some=rows))
             if sampled and part < SAMPLED:
-                outcome = f"ruled out: explains {part:.0%} of the error of {rows.size} rows of the worst failing block"
-                tried.append(Hypothesis(v.kind, v.supposes, part, outcome))
-                continue
+                return Trial(screened_out(v.kind, v.supposes, part, rows.size))
         # scored on the screen block whole and on the sampled rows of the others (an estimate: `weights_of`)
         some = blocks.sampled_rows(blocks.targets, whole=screen)
         bound = 1.0 if v.mask else _passing_bound(blocks, value, some)  # it must leave passing tensors right
         if bound < 0.5:
-            outcome = f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)"
-            tried.append(Hypothesis(v.kind, v.supposes, bound, outcome))
-            continue
+            why = f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)"
+            return Trial(tried(v.kind, v.supposes, bound, why))
         screened = [value(t) for t in screen]
         first, measured = blocks.explained_on(screen, screened)
         if first < 0.5 and measured:
-            tried.append(
-                Hypothesis(
-                    v.kind,
-                    v.supposes,
-                    first,
-                    f"ruled out: explains {first:.0%} of the error of the worst failing block",
-                )
-            )
-            continue
+            why = f"ruled out: explains {first:.0%} of the error of the worst failing block"
+            return Trial(tried(v.kind, v.supposes, first, why))
         if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
-            tried.append(
-                Hypothesis(
-                    v.kind, v.supposes, 0.0, "ruled out: it does not put NaN/Inf where the worst failing block has them"
-                )
-            )
-            continue
+            why = "ruled out: it does not put NaN/Inf where the worst failing block has them"
+            return Trial(tried(v.kind, v.supposes, 0.0, why))
         bound, values = _values(blocks, v, value, some)
         if bound < 0.5:
-            outcome = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
-            tried.append(Hypothesis(v.kind, v.supposes, bound, outcome))
-            continue
-        extra = [t for t in changed_blocks(ctx, v, GRAD_NAMES) if t not in blocks.targets]
-        for target in extra:
-            blocks.add(target)
-        some.update(blocks.sampled_rows(extra))
-        extra_values = [recompute(ctx, v, t, some.get(t)) for t in extra]
-        share, ratios = blocks.explained(values, extra, extra_values, some)
-        text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
-        where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
-        if nonfinite is not None and share >= 0.9:  # NaN/Inf are then the symptom (an overflow), not the cause
-            if blocks.predicts_nonfinite(values, rows=some):
-                text += "; it puts NaN/Inf where the device has them"
-            follows = f" (follows from: {v.supposes})"
-            causes[:] = [
-                replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
-                if c.kind == "non-finite" and follows not in c.evidence
-                else c
-                for c in causes
-            ]
-        if share >= 0.5:
-            causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", blocks.failing, where))
-            tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
-            if share >= EXPLAINED:
-                done = tried[-1]
-        else:
-            tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
-    # The constant factor explaining the error (fitted above): values wrong everywhere by that factor, not
-    # misplaced; not when a recomputed hypothesis explains it. (After a rows-permuted pattern too: rows of
-    # one direction, an attention sink's, halved equal other rows.)
-    if done is not None:
-        factor, fit_causes, fit_tried = 0.0, [], []
-    if permuted:  # a named factor explaining the error outranks the row matches
-        causes.extend(fit_causes if factor >= EXPLAINED else [])
-        tried.extend(fit_tried)
-    if done is None and factor < EXPLAINED and (local is None or local.kind == "rows-permuted"):  # misplaced?
-        placed = max(
-            layout(case, failing, device, golden, benchmark, causes, tried),
-            length_boundary(case, failing, device, golden, benchmark, spans, causes, tried),
-        )
-        if placed >= PLACED:  # the values are right, at the wrong place
-            best = max((c for c in causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
-            causes[:] = [
-                replace(c, score=0.9, evidence=c.evidence + f" (follows from: {best.kind})")
-                if c.kind == "non-finite"
-                else c
-                for c in causes
-            ]
-            reason = f"not tried: '{best.kind}' already explains {placed:.0%} of the error"
-            for kind, supposes in _PATTERNS:
-                tried.append(Hypothesis(kind, supposes, 0.0, reason))
-            return _ranked(causes, tried)
-    else:
-        explained = done.supposes if done is not None else local.kind if local is not None else ""
-        explained = explained or "a gradient off by a constant factor"
-        for kind, supposes in _PLACEMENTS:
-            tried.append(Hypothesis(kind, supposes, 0.0, f"not tried: '{explained}' explains values, not places"))
-    if done is not None or local is not None:  # the patterns below would only rank lower
-        explained = done.supposes if done is not None else local.kind if local is not None else ""
-        reason = f"not tried: '{explained}' already explains the error"
-        for kind, supposes in _PATTERNS:
-            if not any(h.supposes == supposes for h in tried):  # the scale fit may have run (rows-permuted)
-                tried.append(Hypothesis(kind, supposes, 0.0, reason))
-        return _ranked(causes, tried)
-    causes.extend(fit_causes)
-    tried.extend(fit_tried)
-    if factor < EXPLAINED and contributions_fit(ctx, blocks, causes, tried) >= EXPLAINED:
-        reason = "not tried: the fitted block pairs already explain the error"
-        for kind, supposes in _PATTERNS:
-            tried.append(Hypothesis(kind, supposes, 0.0, reason))
-        return _ranked(causes, tried)
-    zero_blocks(blocks, causes, tried)
-    tail_pattern(case, failing, spans, causes, tried, zeros=zero_share(blocks))
-    race_pattern(case, ctx, tensors, blocks, causes, tried)
-    accumulation_precision(case, failing, golden, np.asarray(inputs["block_sparse_mask"]), spans, causes, tried)
-    block_local(case, failing, causes, tried)
-    return _ranked(causes, tried)
+            why = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
+            return Trial(tried(v.kind, v.supposes, bound, why))
+        return _scored(f, v, values, some)
+
+    return test
+
+
+def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target, np.ndarray]) -> Trial:
+    """A hypothesis scored on every target block and on the blocks a mask reading changes."""
+    blocks = f.blocks
+    extra = [t for t in hypotheses.changed_blocks(f.ctx, v, GRAD_NAMES) if t not in blocks.targets]
+    for target in extra:
+        blocks.add(target)
+    some = {**some, **blocks.sampled_rows(extra)}
+    extra_values = [recompute(f.ctx, v, t, some.get(t)) for t in extra]
+    share, ratios = blocks.explained(values, extra, extra_values, some)
+    text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
+    where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
+    symptom = f.nonfinite is not None and share >= 0.9  # NaN/Inf are then the symptom (an overflow), not the cause
+    if symptom and blocks.predicts_nonfinite(values, rows=some):
+        text += "; it puts NaN/Inf where the device has them"
+    return Trial(scored(v.kind, v.supposes, share, text, blocks.failing, where), share, symptom)
+
+
+def _placed(f: _Failure) -> tuple[float, Findings]:
+    """The placement hypotheses: the best share they explain, and the findings."""
+    laid, found = layout(f.case, f.failing, f.device, f.golden, f.benchmark)
+    bounded, more = length_boundary(f.case, f.failing, f.device, f.golden, f.benchmark, f.spans)
+    return max(laid, bounded), found + more
+
+
+def _misplaced(found: Findings, placed: float) -> Findings:
+    """The values are right, at the wrong place: NaN/Inf follow from it, the patterns are not tried."""
+    best = max((c for c in found.causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
+    found = found.follows("non-finite", best.kind, 0.9, exact=True)
+    return found + not_tried(_PATTERNS, f"not tried: '{best.kind}' already explains {placed:.0%} of the error")
+
+
+def _patterns(f: _Failure) -> Findings:
+    """The pattern hypotheses, when nothing recomputed or fitted explains the error."""
+    zeros = patterns.zero_share(f.blocks)
+    mask = np.asarray(f.inputs["block_sparse_mask"])
+    return (
+        patterns.zero_blocks(f.blocks)
+        + patterns.tail_pattern(f.case, f.failing, f.spans, zeros=zeros)
+        + patterns.race_pattern(f.case, f.ctx, f.tensors, f.blocks)
+        + patterns.accumulation_precision(f.case, f.failing, f.golden, mask, f.spans)
+        + patterns.block_local(f.failing)
+    )
 
 
 _PATTERNS = (
@@ -373,14 +351,3 @@ def _structural_only(result: TensorResult) -> bool:
     """Whether a tensor fails its structural checks (NaN/Inf, all zero) and nothing else, or only those
     whose ratios such values make meaningless."""
     return any(c.name in ("nonfinite", "all_zero") and not c.passed for c in result.checks) or result.passed
-
-
-def _ranked(causes: list[Cause], tried: list[Hypothesis]) -> Diagnosis:
-    best: dict[str, Cause] = {}
-    for cause in causes:
-        if cause.kind not in best or cause.score > best[cause.kind].score:
-            best[cause.kind] = cause
-    ranked = sorted(best.values(), key=lambda c: -c.score)
-    kept = tuple(replace(c, score=round(c.score, 4)) for c in ranked if c.score >= MIN_SCORE)[:MAX_CAUSES]
-    hypotheses = tuple(replace(h, score=round(h.score, 4)) for h in sorted(tried, key=lambda h: -h.score))
-    return Diagnosis(kept, hypotheses)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..results import Cause, Hypothesis
-from .hypotheses import NULL, Context, Pair, Target, score_grads
+from .findings import Findings, scored, tried
+from .hypotheses import NULL, Context, Pair, Target, partial
 from .scoring import Blocks
 
 MAX_CANDIDATES = 128
@@ -69,61 +69,37 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
     are selected. Past the selected ones, in the order a misreading most likely
     reaches them: the diagonal, the neighbouring rows' (columns') selections and the blocks next to the
     selected ones, the transposed mask's, then two blocks off; every block when they all fit."""
-    mask = ctx.mask(NULL, target.batch)  # [N1, nQ, nKV]
-    n_q, n_kv = mask.shape[1:]
-    b = target.batch
-    if target.tensor == "dq":
-        h, i = target.head, target.block
-        selected = np.flatnonzero(mask[h, i])
-        if selected.size > MAX_CANDIDATES:
-            return None
-
-        def row(k: int) -> np.ndarray:
-            return np.flatnonzero(mask[h, k]) if 0 <= k < n_q else np.zeros(0, dtype=np.int64)
-
-        transposed = np.flatnonzero(mask[h, :, i]) if i < n_kv else np.zeros(0, dtype=np.int64)
-        groups = [selected, np.array([i]), row(i - 1), row(i + 1), _near(selected, 1), transposed]
-        groups += [row(i - 2), row(i + 2), _near(selected, 2), np.arange(n_kv)]
-        pairs = [Pair(b, h, i, j) for j in _ordered(n_kv, groups)]
-        return pairs[:MAX_CANDIDATES]
-    j = target.block
-    heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
-    per_head: list[list[np.ndarray]] = []
-    count = 0
-    for h in heads:
-        selected = np.flatnonzero(mask[h, :, j])
-        count += selected.size
-
-        def column(k: int, h: int = h) -> np.ndarray:
-            return np.flatnonzero(mask[h, :, k]) if 0 <= k < n_kv else np.zeros(0, dtype=np.int64)
-
-        transposed = np.flatnonzero(mask[h, j]) if j < n_q else np.zeros(0, dtype=np.int64)
-        per_head.append(
-            [selected, np.array([j]), column(j - 1), column(j + 1), _near(selected, 1), transposed]
-            + [column(j - 2), column(j + 2), _near(selected, 2), np.arange(n_q)]
+    mask = ctx.mask("", target.batch)  # [N1, nQ, nKV]
+    b, k = target.batch, target.block
+    if target.tensor == "dq":  # a query block's row of the mask, in its query head
+        heads, own = [target.head], mask
+    else:  # a kv block's column, in every query head of its group (level by level over the heads)
+        heads, own = (
+            [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head],
+            mask.transpose(0, 2, 1),
         )
-    if count > MAX_CANDIDATES:
+    n_own, n_other = own.shape[1:]
+    empty = np.zeros(0, dtype=np.int64)
+    per_head: list[list[np.ndarray]] = []
+    for h in heads:
+        selected = np.flatnonzero(own[h, k])
+
+        def line(i: int, h: int = h) -> np.ndarray:
+            return np.flatnonzero(own[h, i]) if 0 <= i < n_own else empty
+
+        transposed = np.flatnonzero(own[h, :, k]) if k < n_other else empty
+        per_head.append(
+            [selected, np.array([k]), line(k - 1), line(k + 1), _near(selected, 1), transposed]
+            + [line(k - 2), line(k + 2), _near(selected, 2), np.arange(n_other)]
+        )
+    if sum(groups[0].size for groups in per_head) > MAX_CANDIDATES:
         return None
     found: dict[Pair, None] = {}
-    for level in range(len(per_head[0]) if per_head else 0):  # level by level over the heads
+    for level in range(len(per_head[0]) if per_head else 0):
         for h, groups in zip(heads, per_head, strict=True):
-            for i in _ordered(n_q, [groups[level]]):
-                found.setdefault(Pair(b, h, i, j), None)
+            for i in _ordered(n_other, [groups[level]]):
+                found.setdefault(Pair(b, h, k, i) if target.tensor == "dq" else Pair(b, h, i, k), None)
     return list(found)[:MAX_CANDIDATES]
-
-
-def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
-    """One pair's partial of a dq block (its rows) or of a dk/dv block (its columns), float64 [rows, D];
-    with `some`, of those rows (columns) of the block only."""
-    q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
-    kv_head = ctx.kv_head(NULL, pair.head)
-    dscores, probs = score_grads(ctx, NULL, pair, kv_head, q_some, kv_some)
-    scale = ctx.scale(NULL)
-    if tensor == "dq":
-        return scale * (dscores @ ctx.block_rows("key", pair.batch, kv_head, pair.kv_block, None))
-    if tensor == "dk":
-        return scale * (dscores.T @ ctx.block_rows("query", pair.batch, pair.head, pair.q_block, None))
-    return probs.T @ ctx.block_rows("dout", pair.batch, pair.head, pair.q_block, None)
 
 
 def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
@@ -146,7 +122,7 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
     if not np.isfinite(parts).all():
         return f"{target.words()}: a candidate's partial overflows, not fitted"
     flat = parts.reshape(len(pairs), -1)
-    mask = ctx.mask(NULL, target.batch)
+    mask = ctx.mask("", target.batch)
     selected = np.array([bool(mask[p.head, p.q_block, p.kv_block]) for p in pairs])
     coef, *_ = np.linalg.lstsq(flat.T, dev.reshape(-1), rcond=None)
     strong = (flat * flat).sum(axis=1) >= STRONG * noise
@@ -183,7 +159,7 @@ def _shift(ctx: Context, added: tuple[Pair, ...], left_out: tuple[Pair, ...]) ->
         return ""
 
     def selects(pair: Pair, axis: int, d: int) -> bool:
-        mask = ctx.mask(NULL, pair.batch)
+        mask = ctx.mask("", pair.batch)
         i, j = pair.q_block - d * (axis == 2), pair.kv_block - d * (axis == 3)
         return 0 <= i < mask.shape[1] and 0 <= j < mask.shape[2] and bool(mask[pair.head, i, j])
 
@@ -211,11 +187,11 @@ def _words(pairs: tuple[Pair, ...], limit: int = 2) -> str:
     return text + (f" and {len(pairs) - limit} more" if len(pairs) > limit else "")
 
 
-def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
+def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
     """Fit the failing target blocks as sums of whole block pairs; name the pairs a misread selection adds
     or leaves out (block-selection; tail-block when only partial last blocks are left out; gqa-group-sum
     when dq is right and whole query heads are left out of their group's dK/dV). Returns the share of the
-    excess error explained (0 when ruled out)."""
+    excess error explained (0 when ruled out), and the findings."""
     supposes = "the selection read wrongly in some other way: pairs added or left out (fitted per block)"
     fits: list[Fit] = []
     why: list[str] = []
@@ -229,12 +205,10 @@ def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: 
             fits.append(fitted)
     if fits and all(_left_empty(blocks, f.target) for f in fits):  # nothing written: not a misreading
         reason = "every block the fit reads differently is left zero, or near (not-written's, or a factor's)"
-        tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
-        return 0.0
+        return 0.0, tried("block-selection", supposes, 0.0, f"ruled out: {reason}")
     if not fits:
         reason = why[0] if why else "every failing block is the sum of the pairs its mask selects"
-        tried.append(Hypothesis("block-selection", supposes, 0.0, f"ruled out: {reason}"))
-        return 0.0
+        return 0.0, tried("block-selection", supposes, 0.0, f"ruled out: {reason}")
     by_target = {f.target: f.values for f in fits}
     values = [by_target.get(t, blocks.data[t][2]) for t in blocks.targets]
     share, ratios = blocks.explained(values)
@@ -251,14 +225,8 @@ def contributions_fit(ctx: Context, blocks: Blocks, causes: list[Cause], tried: 
     text = f"{what}: the device {' and '.join(parts)}; under the fit, {blocks.falls(ratios)}"
     where = tuple(f.target.words() for f in fits)[:3]
     if kind is None:
-        tried.append(Hypothesis("block-selection", supposes, 0.0, f"left to the race pattern: {text}"))
-        return 0.0
-    if share >= 0.5:
-        causes.append(Cause(kind, share, text, blocks.failing, where))
-        tried.append(Hypothesis(kind, supposes, share, f"explains {share:.0%} of the excess error: {text}"))
-        return share
-    tried.append(Hypothesis(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}"))
-    return 0.0
+        return 0.0, tried("block-selection", supposes, 0.0, f"left to the race pattern: {text}")
+    return (share if share >= 0.5 else 0.0), scored(kind, supposes, share, text, blocks.failing, where, evidence=text)
 
 
 def _kind(

@@ -25,45 +25,23 @@ Pure: arrays in, a `Diagnosis` out; no files, no printing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 
-from ...core.case import Case
+from ...core.case import Case, SequenceSpan
 from ...golden import forward_case, written_rows
 from ..forward import PREFILL_BITS, lse_floor
 from ..pair import PAIR_CAUSES
-from ..results import DIAGNOSIS_KINDS, Cause, Check, Hypothesis, TensorResult
-from . import Diagnosis, _ranked
-from .forward_hypotheses import (
-    FORWARD_VARIANTS,
-    ForwardContext,
-    ForwardVariant,
-    QBlock,
-    Scorer,
-    Side,
-    applies,
-    block_excess,
-    changed_blocks,
-    falls,
-    per_entry,
-    query_blocks,
-    recompute_forward,
-)
-from .forward_patterns import (
-    FORWARD_PATTERNS,
-    LOCAL,
-    accumulation,
-    fits,
-    follows,
-    layout,
-    predicts_unwritten,
-    rows_permuted,
-    tile_local,
-    unwritten_rows,
-    written_alone,
-)
+from ..results import DIAGNOSIS_KINDS, Check, TensorResult
+from . import forward_hypotheses, forward_patterns
+from .findings import Diagnosis, Findings, Kind, Search, Trial, named, not_tried, scored, screened_out, tried
+from .forward_hypotheses import FORWARD_VARIANTS, ForwardContext, QBlock, Scorer, Side, per_entry, recompute_forward
+from .forward_patterns import FORWARD_PATTERNS, LOCAL, predicts_unwritten
+from .hypotheses import Variant, applies
+from .patterns import never_written
 
 __all__ = ["FORWARD_KINDS", "diagnose_forward"]
 
@@ -82,6 +60,45 @@ GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race")
 
 FORWARD_KINDS = tuple(k for k in DIAGNOSIS_KINDS if k not in (*GRADIENT_KINDS, *PAIR_CAUSES))
 """The kinds of the vocabulary the forward's diagnosis can name: all but the gradients' and the pair's."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """A failing forward as the diagnosis reads it: its outputs as device, benchmark and golden (`sides`), the
+    rows it writes and those the device left unwritten, its query blocks by excess error."""
+
+    ctx: ForwardContext
+    names: list[str]  # the failing outputs
+    sides: list[Side]
+    scorer: Scorer
+    written: np.ndarray
+    left: dict[str, np.ndarray]
+    blocks: list[QBlock]
+    excess: dict[QBlock, float]
+    out_excess: dict[QBlock, float]
+    targets: list[QBlock]
+
+    @property
+    def case(self) -> Case:
+        return self.ctx.case
+
+    @property
+    def any_left(self) -> bool:
+        return any(rows.any() for rows in self.left.values())
+
+    @property
+    def controls(self) -> list[QBlock]:
+        """The block with the least excess error, scored with the targets (a hypothesis must leave it right)."""
+        controls = [min(self.blocks, key=lambda b: self.excess[b])] if len(self.blocks) > len(self.targets) else []
+        return [b for b in controls if b not in self.targets]
+
+    @property
+    def where(self) -> tuple[str, ...]:
+        return tuple(f"{', '.join(self.names)} {t.words()}" for t in self.targets)
+
+    def pick(self, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, ...]:
+        """A recomputed out and lse as the sides judged."""
+        return tuple(out if s.name == "out" else lse for s in self.sides)
 
 
 def diagnose_forward(
@@ -111,140 +128,140 @@ def diagnose_forward(
     """
     failing = [t for t in tensors if not t.passed]
     if not failing and all(c.passed for c in checks):
-        return _ranked([], [])
+        return Findings().ranked()
     fcase = forward_case(case)
     spans = {s.batch: s for s in fcase.spans() if s.q_len and s.kv_len}
     ctx = ForwardContext(fcase, inputs, spans)
     block_mask = np.asarray(inputs["block_sparse_mask"])
     written = written_rows(fcase, block_mask)
     judged = [t.name for t in tensors]
-    names = [t.name for t in failing]
-    causes: list[Cause] = []
-    tried: list[Hypothesis] = []
     arrays = {n: np.asarray(device[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
     gold = {n: np.asarray(golden[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
-
     # Rows left at the NaN prefill (or zero), NaN/Inf computed, rows written that must be left alone.
-    left = unwritten_rows(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS, causes, tried)
-    any_left = any(rows.any() for rows in left.values())
-    written_alone(fcase, tensors, checks, arrays, written, block_mask, prefilled, PREFILL_BITS, causes, tried)
-    if any(c.name == "all_zero" and not c.passed for t in failing for c in t.checks):
-        zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
-        text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
-        causes.append(Cause("not-written", 1.0, text, tuple(zero), ()))
-        tried.append(Hypothesis("not-written", "an output never written", 1.0, "explains: " + text))
-    bias_only = bool(failing) and all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing)
-    if bias_only:
+    left, found = forward_patterns.unwritten_rows(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS)
+    found += forward_patterns.written_alone(fcase, tensors, checks, arrays, written, prefilled, PREFILL_BITS)
+    found += never_written(failing)
+    if failing and all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing):
         detail = "; ".join(c.detail for t in failing for c in t.checks if not c.passed)
-        causes.append(Cause("precision-bias", 1.0, detail, tuple(names), ()))
-        tried.append(Hypothesis("precision-bias", "a systematic relative bias alone", 1.0, "explains: " + detail))
-        return _ranked(causes, tried)
+        names = [t.name for t in failing]
+        return (found + named("precision-bias", "a systematic relative bias alone", 1.0, detail, names)).ranked()
+    sides = _sides(fcase, judged, device, golden, benchmark, spans, lse_floor(inner_precise)[0])
+    scorer = Scorer(ctx, sides, written)
+    blocks = forward_hypotheses.query_blocks(ctx, written)
+    excess, out_excess = forward_hypotheses.block_excess(scorer, blocks)
+    targets = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:MAX_TARGETS]
+    names = [t.name for t in failing]
+    f = _Failure(ctx, names, sides, scorer, written, left, blocks, excess, out_excess, targets)
+    if not targets:
+        return _unwritten_only(f, found).ranked()
+    return _explained(f, found, arrays["out"] if "out" in arrays else None, gold.get("out"), benchmark).ranked()
 
-    floor, _ = lse_floor(inner_precise)
+
+def _sides(
+    case: Case,
+    judged: Sequence[str],
+    device: Mapping[str, np.ndarray],
+    golden: Mapping[str, np.ndarray],
+    benchmark: Mapping[str, np.ndarray] | None,
+    spans: Mapping[int, SequenceSpan],
+    floor: float,
+) -> list[Side]:
+    """The judged outputs per batch entry (out [N1, q_len, D], lse [N1, q_len, 1]), float64."""
     sides = []
     for name in judged:
         is_lse = name == "lse"
         bench = None
         if benchmark is not None and name in benchmark:
-            bench = per_entry(fcase, np.asarray(benchmark[name]), spans, is_lse)
-        sides.append(
-            Side(
-                name,
-                per_entry(fcase, np.asarray(device[name]), spans, is_lse),
-                bench,
-                per_entry(fcase, np.asarray(golden[name]), spans, is_lse),
-                floor,
-            )
-        )
-    scorer = Scorer(ctx, sides, written)
-    blocks = query_blocks(ctx, written)
-    excess, out_excess = block_excess(scorer, blocks)
-    worst = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])
-    targets = worst[:MAX_TARGETS]
-    if not targets:
-        reason = "not tried: no written row has an error beyond the benchmark's (only NaN/Inf or unwritten rows)"
-        for v in FORWARD_VARIANTS:
-            if v.mask and any_left and applies(ctx, v) is None and predicts_unwritten(ctx, v, written, left):
-                text = f"{v.supposes}: it leaves unwritten exactly the rows the device left unwritten"
-                causes.append(Cause(v.kind, 1.0, text, tuple(names), ()))
-                tried.append(Hypothesis(v.kind, v.supposes, 1.0, "explains: " + text))
-                causes[:] = follows(causes, v, 1.0)
-            else:
-                tried.append(Hypothesis(v.kind, v.supposes, 0.0, reason))
-        return _ranked(causes, tried)
-    controls = [min(blocks, key=lambda b: excess[b])] if len(blocks) > len(targets) else []
-    controls = [b for b in controls if b not in targets]
-    where = tuple(f"{', '.join(names)} {t.words()}" for t in targets)
+            bench = per_entry(case, np.asarray(benchmark[name]), spans, is_lse)
+        dev = per_entry(case, np.asarray(device[name]), spans, is_lse)
+        sides.append(Side(name, dev, bench, per_entry(case, np.asarray(golden[name]), spans, is_lse), floor))
+    return sides
 
-    best = 0.0
-    done: ForwardVariant | None = None
-    seen: dict[bytes, ForwardVariant] = {}
+
+def _unwritten_only(f: _Failure, found: Findings) -> Findings:
+    """No written row wrong beyond the benchmark: a mask reading that leaves exactly the rows the device left
+    unwritten explains them; nothing else is tried."""
+    reason = "not tried: no written row has an error beyond the benchmark's (only NaN/Inf or unwritten rows)"
     for v in FORWARD_VARIANTS:
-        why = applies(ctx, v)
-        if why is None and v.mask:  # two misreadings of the mask that read the same here are one hypothesis
-            read = b"".join(ctx.mask(v.mask, b).tobytes() for b in sorted(spans))
-            if read in seen:
-                why = f"not told apart from '{seen[read].supposes}' in this case: the mask reads the same"
-            seen.setdefault(read, v)
-        if why is None and done is not None:
-            why = f"not tried: '{done.supposes}' already explains {best:.0%} of the error"
-        if why is not None:
-            tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
-            continue
-        values: dict[QBlock, tuple[np.ndarray, ...]] = {}
+        if v.mask and f.any_left and applies(f.ctx, v) is None and predicts_unwritten(f.ctx, v, f.written, f.left):
+            text = f"{v.supposes}: it leaves unwritten exactly the rows the device left unwritten"
+            found = (found + named(cast(Kind, v.kind), v.supposes, 1.0, text, f.names)).follows(
+                "not-written", v.supposes, 0.9
+            )
+        else:
+            found += tried(v.kind, v.supposes, 0.0, reason)
+    return found
+
+
+def _explained(
+    f: _Failure,
+    found: Findings,
+    out: np.ndarray | None,
+    gold: np.ndarray | None,
+    benchmark: Mapping[str, np.ndarray] | None,
+) -> Findings:
+    """The recomputed hypotheses, then (while none explains the error) the fits and out's forward_patterns."""
+    search = Search(symptom="not-written", done_at=DONE)
+    found = search.run(found, FORWARD_VARIANTS, _why_not(f, search), _test(f))
+    best = search.best
+    if search.done is not None:  # the patterns would only rank below it
+        reason = f"not tried: '{search.done.supposes}' already explains the error"
+        return found + not_tried(FORWARD_PATTERNS, reason)
+    fitted, fit_found = forward_patterns.fits(f.scorer, f.targets, f.controls, f.names, f.where)
+    best = max(best, fitted)
+    found += fit_found
+    if out is None or gold is None:
+        return found
+    side = next(s for s in f.sides if s.name == "out")
+    local = forward_patterns.rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
+    local += forward_patterns.tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
+    if best < EXPLAINED:
+        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written) + forward_patterns.accumulation(
+            f.ctx, f.blocks, f.excess
+        )
+    causes = local.causes
+    moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
+    if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece
+        causes = tuple(replace(c, score=min(c.score, 0.9 * moved)) if c.kind == "tile-local" else c for c in causes)
+    if best >= EXPLAINED:  # a hypothesis that explains the values outranks where the errors are
+        causes = tuple(replace(c, score=min(c.score, 0.8 * best)) for c in causes)
+    return found + Findings(causes, local.tried)
+
+
+def _why_not(f: _Failure, search: Search) -> Callable[[Variant], str | None]:
+    """Why a hypothesis is not recomputed (or None), asked in this order."""
+
+    def why(v: Variant) -> str | None:
+        return Search.first((lambda: applies(f.ctx, v), lambda: search.same_mask(f.ctx, v), search.ended))
+
+    return why
+
+
+def _test(f: _Failure) -> Callable[[Variant], Trial]:
+    """A hypothesis recomputed and scored: a few rows of the worst failing block first, then that block, then
+    every target, the control and the blocks a mask reading changes."""
+    ctx, scorer, targets, controls = f.ctx, f.scorer, f.targets, f.controls
+
+    def test(v: Variant) -> Trial:
         screen = targets[0]  # the worst failing block first (cheap): most hypotheses end here
         some = scorer.sample(screen)
         if some is not None:  # and a few of its rows before it
-            out, lse = recompute_forward(ctx, v, screen, some)
-            part = scorer.explained_rows(screen, some, [out if s.name == "out" else lse for s in sides])
+            part = scorer.explained_rows(screen, some, list(f.pick(*recompute_forward(ctx, v, screen, some))))
             if part < SCREENED:
-                outcome = f"ruled out: explains {part:.0%} of the error of {some.size} rows of the worst failing block"
-                tried.append(Hypothesis(v.kind, v.supposes, part, outcome))
-                continue
-        out, lse = recompute_forward(ctx, v, screen)
-        values[screen] = tuple(out if s.name == "out" else lse for s in sides)
+                return Trial(screened_out(v.kind, v.supposes, part, some.size))
+        values = {screen: f.pick(*recompute_forward(ctx, v, screen))}
         first, _ = scorer.explained([screen], values)
         if first < SCREENED and len(targets) > 1:
-            outcome = f"ruled out: explains {first:.0%} of the error of the worst failing block ({screen.words()})"
-            tried.append(Hypothesis(v.kind, v.supposes, first, outcome))
-            continue
-        scored = [*targets, *controls, *(b for b in changed_blocks(ctx, v) if b not in targets and b not in controls)]
-        for target in scored[1:]:
-            out, lse = recompute_forward(ctx, v, target)
-            values[target] = tuple(out if s.name == "out" else lse for s in sides)
-        share, ratios = scorer.explained(scored, values)
-        text = f"under the hypothesis, {falls(ratios, names)}"
-        if share >= 0.5:
-            changed = tuple(n for n in names if n in ratios) or tuple(names)
-            causes.append(Cause(v.kind, share, f"{v.supposes}: {text}", changed, where))
-            tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the excess error: {text}"))
-            best = max(best, share)
-            done = v if share >= DONE and done is None else done
-            if share >= EXPLAINED and v.mask and any_left and predicts_unwritten(ctx, v, written, left):
-                causes[:] = follows(causes, v, share)
-        else:
-            tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+            why = f"ruled out: explains {first:.0%} of the error of the worst failing block ({screen.words()})"
+            return Trial(tried(v.kind, v.supposes, first, why))
+        changed = [b for b in forward_hypotheses.changed_blocks(ctx, v) if b not in targets and b not in controls]
+        blocks = [*targets, *controls, *changed]
+        values.update({target: f.pick(*recompute_forward(ctx, v, target)) for target in blocks[1:]})
+        share, ratios = scorer.explained(blocks, values)
+        text = f"under the hypothesis, {forward_hypotheses.falls(ratios, f.names)}"
+        tensors = tuple(n for n in f.names if n in ratios) or tuple(f.names)
+        symptom = share >= EXPLAINED and bool(v.mask) and f.any_left
+        symptom = symptom and predicts_unwritten(ctx, v, f.written, f.left)
+        return Trial(scored(v.kind, v.supposes, share, text, tensors, f.where), share, symptom)
 
-    if done is None:
-        best = max(best, fits(scorer, targets, controls, names, where, causes, tried))
-    out_index = judged.index("out") if "out" in judged else None
-    local: list[Cause] = []
-    if done is not None:  # the patterns would only rank below it
-        for kind, supposes in FORWARD_PATTERNS:
-            tried.append(Hypothesis(kind, supposes, 0.0, f"not tried: '{done.supposes}' already explains the error"))
-    elif out_index is not None:
-        rows_permuted(fcase, spans, sides[out_index], written, targets, local, tried)
-        tile_local(fcase, scorer, sides[out_index], blocks, out_excess, local, tried)
-        if best < EXPLAINED:
-            layout(fcase, arrays["out"], gold["out"], benchmark, written, local, tried)
-            accumulation(fcase, ctx, blocks, excess, local, tried)
-    moved = max((c.score for c in local if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
-    if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece
-        local = [replace(c, score=min(c.score, 0.9 * moved)) if c.kind == "tile-local" else c for c in local]
-    if best >= EXPLAINED:  # a hypothesis that explains the values outranks where the errors are
-        local = [replace(c, score=min(c.score, 0.8 * best)) for c in local]
-    causes.extend(local)
-    return _ranked(causes, tried)
-
-
-# ---- patterns ----------------------------------------------------------------------------------------
+    return test

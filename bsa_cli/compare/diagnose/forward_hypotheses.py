@@ -1,10 +1,10 @@
 """The forward's recomputed hypotheses and their scoring: out and lse of a few query blocks, float64.
 
 A forward is row-local: a query row's out and lse depend only on its own selected kv columns. So a
-hypothesis (`ForwardVariant`: the mask read otherwise, heads mapped otherwise, the scale, the lse, the
-online softmax's stacks) is recomputed on a few query blocks (`recompute_forward`), and `Scorer` scores it
-by the share of the device's excess error (beyond the benchmark's) it removes, out and lse together.
-Pure: arrays in, arrays out.
+hypothesis (a `hypotheses.Variant` of `FORWARD_VARIANTS`: the mask read otherwise, heads mapped otherwise,
+the scale, the lse, the online softmax's stacks) is recomputed on a few query blocks (`recompute_forward`),
+and `Scorer` scores it by the share of the device's excess error (beyond the benchmark's) it removes, out
+and lse together. Pure: arrays in, arrays out.
 """
 
 from __future__ import annotations
@@ -15,55 +15,27 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan, numpy_dtype
-from ...core.layout import kv_view, lse_view, q_view
-from ...core.rounding import to_dtype
-from .hypotheses import positions, read_mask
-
-STACK = 512
-"""Columns of one online-softmax step of the forward (its 512-column stacks)."""
-SAMPLE_ROWS = 32
-"""Rows of the worst failing block a hypothesis is tried on first, when the block has more than twice as many."""
-
-
-@dataclass(frozen=True)
-class ForwardVariant:
-    """A hypothesis of the forward to recompute: how a faulty kernel differs from the operator's semantics."""
-
-    kind: str
-    supposes: str
-    mask: str = ""  # transposed | kv+1 | kv-1 | q+1 | drop-tail (hypotheses.read_mask)
-    heads: str = ""  # interleaved | next
-    scale: str = ""  # missing | twice | rounded
-    lse: str = ""  # base2 | no-max
-    stacks: str = ""  # no-rescale | off-by-one
-
+from ...core.case import Case, SequenceSpan
+from ...core.layout import lse_view, q_view
+from . import hypotheses
+from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
+from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
-    ForwardVariant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
-    ForwardVariant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
-    ForwardVariant(
-        "block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)", mask="kv+1"
-    ),
-    ForwardVariant(
-        "block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)", mask="kv-1"
-    ),
-    ForwardVariant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
-    ForwardVariant(
+    Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
+    *MASK_READINGS,
+    Variant(
         "block-selection",
         "every 512-column stack after the first starts one column late (columns 512, 1024, ... not read)",
         stacks="off-by-one",
     ),
-    ForwardVariant(
-        "gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"
-    ),
-    ForwardVariant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
-    ForwardVariant("scale", "scaleValue not applied to the scores", scale="missing"),
-    ForwardVariant("scale", "scaleValue applied to the scores twice", scale="twice"),
-    ForwardVariant("scale", "scaleValue held in the case dtype", scale="rounded"),
-    ForwardVariant("softmax-lse", "lse written as a base-2 log (log2 of the row sum of exp)", lse="base2"),
-    ForwardVariant("softmax-lse", "lse written without the running max (ln l only)", lse="no-max"),
-    ForwardVariant(
+    *HEAD_READINGS,
+    Variant("scale", "scaleValue not applied to the scores", scale="missing"),
+    Variant("scale", "scaleValue applied to the scores twice", scale="twice"),
+    Variant("scale", "scaleValue held in the case dtype", scale="rounded"),
+    Variant("softmax-lse", "lse written as a base-2 log (log2 of the row sum of exp)", lse="base2"),
+    Variant("softmax-lse", "lse written without the running max (ln l only)", lse="no-max"),
+    Variant(
         "softmax-lse",
         "the online softmax's rescale by exp(m_old - m_new) skipped between 512-column stacks",
         stacks="no-rescale",
@@ -72,7 +44,7 @@ FORWARD_VARIANTS = (
 """The forward's recomputed hypotheses, tried in this order."""
 
 
-NULL = ForwardVariant("", "")
+NULL = Variant("", "")
 
 
 @dataclass(frozen=True)
@@ -91,66 +63,27 @@ class QBlock:
 
 
 @dataclass
-class ForwardContext:
-    """The forward's case (BNSD lengths honoured), its inputs as float64 views, and masks, kept."""
+class ForwardContext(Reading):
+    """The forward's `Reading` (its case with BNSD lengths honoured), and its products and softmax results,
+    kept."""
 
-    case: Case
-    inputs: Mapping[str, np.ndarray]
-    spans: dict[int, SequenceSpan]
-    cache: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
-    masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     products: dict[tuple[QBlock, int, bytes, bytes], np.ndarray] = field(default_factory=dict)
     softmax: dict[tuple[str, str, str, str, QBlock, bytes], tuple[np.ndarray, np.ndarray, np.ndarray]] = field(
         default_factory=dict
     )
 
-    def view(self, name: str, batch: int, head: int) -> np.ndarray:
-        key = (name, batch, head)
-        if key not in self.cache:
-            span = self.spans[batch]
-            array = self.inputs[name]
-            view = q_view(self.case, array, span)[head] if name == "query" else kv_view(self.case, array, span)[head]
-            self.cache[key] = np.asarray(view, dtype=np.float64)
-        return self.cache[key]
-
-    def mask(self, how: str, batch: int) -> np.ndarray:
-        key = (how, batch)
-        if key not in self.masks:
-            block_mask = np.asarray(self.inputs["block_sparse_mask"])
-            self.masks[key] = read_mask(self.case, block_mask, self.spans[batch], how)
-        return self.masks[key]
-
-    def kv_head(self, variant: ForwardVariant, head: int) -> int:
-        case = self.case
-        if variant.heads == "interleaved":
-            return head % case.num_kv_heads
-        if variant.heads == "next":
-            return (head // case.group_size + 1) % case.num_kv_heads
-        return head // case.group_size
-
-    def scale(self, variant: ForwardVariant) -> float:
-        scale = float(self.case.kernel_scale)
-        if variant.scale == "missing":
-            return 1.0
-        if variant.scale == "twice":
-            return scale * scale
-        if variant.scale == "rounded":
-            held = to_dtype(np.array([scale], dtype=np.float32), numpy_dtype(self.case.dtype))
-            return float(np.asarray(held, dtype=np.float64).reshape(-1)[0])
-        return scale
-
     def rows(self, target: QBlock) -> np.ndarray:
         x = self.case.block_shape[0]
         return np.arange(target.block * x, min((target.block + 1) * x, self.spans[target.batch].q_len))
 
-    def columns(self, how: str, target: QBlock) -> np.ndarray:
+    def columns(self, how: MaskReading, target: QBlock) -> np.ndarray:
         selected = np.flatnonzero(self.mask(how, target.batch)[target.head, target.block])
         return positions(selected, self.case.block_shape[1], self.spans[target.batch].kv_len)
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
 def recompute_forward(
-    ctx: ForwardContext, v: ForwardVariant, target: QBlock, some: np.ndarray | None = None
+    ctx: ForwardContext, v: Variant, target: QBlock, some: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return the float64 out [rows, D] and lse [rows] of one query block under the variant; with `some`, of
     those rows of the block only (a row's out and lse depend on that row alone).
@@ -173,7 +106,7 @@ def recompute_forward(
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
 def _softmax(
-    ctx: ForwardContext, v: ForwardVariant, target: QBlock, some: np.ndarray | None
+    ctx: ForwardContext, v: Variant, target: QBlock, some: np.ndarray | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out, ln l, m) of one query block (or its rows `some`) under the variant's reading of the mask, heads,
     scale and stacks."""
@@ -185,13 +118,13 @@ def _softmax(
         empty = np.full(rows.size, np.nan)
         return np.full((rows.size, ctx.case.head_dim), np.nan), empty, empty
     kv_head = ctx.kv_head(v, target.head)
-    value = ctx.view("value", target.batch, kv_head)[cols]
+    value = ctx.rows_of("value", target.batch, kv_head, cols)
     shared = (target, kv_head, cols.tobytes(), b"" if some is None else some.tobytes())  # shared by the scale variants
     if shared not in ctx.products:
         if len(ctx.products) >= 64:  # a bound on the memory held
             ctx.products.clear()
-        query = ctx.view("query", target.batch, target.head)[rows]
-        ctx.products[shared] = query @ ctx.view("key", target.batch, kv_head)[cols].T
+        query = ctx.rows_of("query", target.batch, target.head, rows)
+        ctx.products[shared] = query @ ctx.rows_of("key", target.batch, kv_head, cols).T
     scores = ctx.scale(v) * ctx.products[shared]
     if v.stacks == "no-rescale":  # each stack's exponentials against the running max of its time, never rescaled
         row_max = np.full(rows.size, -np.inf)
@@ -211,52 +144,12 @@ def _softmax(
     return accumulator / row_sum[:, None], np.log(row_sum), row_max
 
 
-def applies(ctx: ForwardContext, v: ForwardVariant) -> str | None:
-    """Return why a variant cannot be told from the operator's semantics in this case, else None."""
-    case = ctx.case
-    if v.heads == "interleaved" and (case.group_size <= 1 or case.num_kv_heads <= 1):
-        return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
-    if v.heads == "next" and case.num_kv_heads <= 1:
-        return "not tried: one kv head"
-    if v.mask and all(np.array_equal(ctx.mask(v.mask, b), ctx.mask("", b)) for b in ctx.spans):
-        return "not tried: the mask reads the same under it in this case"
-    if v.scale in ("missing", "twice") and ctx.scale(v) == ctx.scale(NULL):
-        return "not tried: the scale is 1"
-    if v.scale == "rounded" and ctx.scale(v) == ctx.scale(NULL):
-        return "not tried: the scale is exact in the case dtype"
-    if v.stacks:
-        y = case.block_shape[1]
-        longest = 0
-        for span in ctx.spans.values():
-            mask = ctx.mask("", span.batch)
-            widths = np.full(mask.shape[2], y)
-            widths[-1] = span.kv_len - y * (mask.shape[2] - 1)
-            longest = max(longest, int((mask @ widths).max(initial=0)))
-        if longest <= STACK:
-            return f"not tried: no row selects more than {STACK} columns (one online-softmax stack)"
-    return None
-
-
-def changed_blocks(ctx: ForwardContext, v: ForwardVariant, count: int = 2) -> list[QBlock]:
-    """Up to `count` query blocks whose selection a mask variant changes."""
-    if not v.mask:
-        return []
-    found: list[QBlock] = []
-    for batch in ctx.spans:
-        heads, blocks = np.nonzero((ctx.mask(v.mask, batch) != ctx.mask("", batch)).any(axis=2))
-        step = max(1, heads.size // count)
-        for h, i in list(zip(heads, blocks, strict=True))[::step][: count - len(found)]:
-            found.append(QBlock(batch, int(h), int(i)))
-        if len(found) >= count:
-            break
-    return found
+def changed_blocks(ctx: ForwardContext, v: Variant) -> list[QBlock]:
+    """Up to two query blocks whose selection a mask variant changes (`hypotheses.changed_blocks`'s dq)."""
+    return [QBlock(t.batch, t.head, t.block) for t in hypotheses.changed_blocks(ctx, v, ("dq",))]
 
 
 # ---- the device's, benchmark's and golden's blocks, and the scoring ------------------------------------
-
-
-def dtype_eps(case: Case) -> float:
-    return 2.0 ** -(11 if case.dtype == "float16" else 8)
 
 
 @dataclass
@@ -298,12 +191,14 @@ class Scorer:
             else:
                 self.row_noise[key] = np.zeros(rows.size)
                 energy = 0.0
-            if side.name == "lse":
-                floor = int(usable.sum()) * (side.floor / 4) ** 2 + 1e-30
-            else:
-                floor = float((gold * gold).sum()) * (dtype_eps(self.ctx.case) / 4) ** 2 + 1e-30
-            self.data[key] = (dev, gold, usable, max(energy, floor))
+            self.data[key] = (dev, gold, usable, max(energy, self._floor(side, usable, gold)))
         return self.data[key]
+
+    def _floor(self, side: Side, usable: np.ndarray, gold: np.ndarray) -> float:
+        """The noise floor of a block's (rows') error energy: lse's absolute, out's relative to the golden."""
+        if side.name == "lse":
+            return int(usable.sum()) * (side.floor / 4) ** 2 + 1e-30
+        return noise_floor(self.ctx.case, float((gold * gold).sum()))
 
     def sample(self, target: QBlock) -> np.ndarray | None:
         """The rows of a block a hypothesis is screened on (`SAMPLE_ROWS`: half the worst by excess error, half
@@ -315,40 +210,32 @@ class Scorer:
         for side in self.sides:
             dev, gold, _, _ = self.block(side, target)
             excess += ((dev - gold) ** 2).sum(axis=1) - self.row_noise[(side.name, target)]
-        worst = np.argsort(-excess, kind="stable")[: SAMPLE_ROWS // 2]
-        rest = np.setdiff1d(np.arange(rows), worst)
-        spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
-        return np.unique(np.concatenate([worst, spread]))
+        return sample_rows(excess)[0]
 
     def explained_rows(self, target: QBlock, some: np.ndarray, values: Sequence[np.ndarray]) -> float:
         """The share of the excess error of a block's rows `some` a hypothesis's values of them remove."""
-        null_excess = hyp_excess = 0.0
-        for side, value in zip(self.sides, values, strict=True):
-            dev, gold, usable, _ = self.block(side, target)
-            dev, gold, usable = dev[some], gold[some], usable[some]
-            value = value[:, None] if value.ndim == 1 else value
-            if side.name == "lse":
-                floor = int(usable.sum()) * (side.floor / 4) ** 2 + 1e-30
-            else:
-                floor = float((gold * gold).sum()) * (dtype_eps(self.ctx.case) / 4) ** 2 + 1e-30
-            noise = max(float(self.row_noise[(side.name, target)][some].sum()), floor)
-            with np.errstate(over="ignore", invalid="ignore"):
-                diff = dev - np.where(usable, value, 0.0)
-                energy = float((diff * diff).sum())
-            null_excess += max(float(((dev - gold) ** 2).sum()) / noise - 1.0, 0.0)
-            hyp_excess += max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
-        if null_excess <= 0:
-            return 0.0
-        return max(0.0, min(1.0, 1.0 - hyp_excess / null_excess))
+        null_excess = self._excess(self._energies([target], None, some))
+        hyp_excess = self._excess(self._energies([target], {target: tuple(values)}, some))
+        return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
 
     def _energies(
-        self, targets: Sequence[QBlock], values: Mapping[QBlock, tuple[np.ndarray, ...]] | None
+        self,
+        targets: Sequence[QBlock],
+        values: Mapping[QBlock, tuple[np.ndarray, ...]] | None,
+        some: np.ndarray | None = None,
     ) -> dict[str, tuple[float, float]]:
+        """Each side's error energy of values of the targets (None: the golden's) and its noise; of their rows
+        `some` (then their own benchmark error, at least the floor)."""
         out: dict[str, tuple[float, float]] = {}
         for index, side in enumerate(self.sides):
             total = noise = 0.0
             for target in targets:
                 dev, gold, usable, energy = self.block(side, target)
+                if some is not None:
+                    dev, gold, usable = dev[some], gold[some], usable[some]
+                    energy = max(
+                        float(self.row_noise[(side.name, target)][some].sum()), self._floor(side, usable, gold)
+                    )
                 if values is None:
                     value = gold
                 else:
@@ -377,9 +264,8 @@ class Scorer:
         null_excess = self._excess(null)
         if null_excess <= 0:
             return 0.0, {}
-        share = 1.0 - self._excess(hyp) / null_excess
         ratios = {n: (math.sqrt(hyp[n][0] / hyp[n][1]), math.sqrt(null[n][0] / null[n][1])) for n in hyp}
-        return max(0.0, min(1.0, share)), ratios
+        return share_of(self._excess(hyp), null_excess), ratios
 
 
 def falls(ratios: Mapping[str, tuple[float, float]], failing: Sequence[str]) -> str:
@@ -431,9 +317,7 @@ def block_excess(scorer: Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock
                     floor = block_sums(written[..., 0].astype(np.float64), n_q, x) * (side.floor / 4) ** 2 + 1e-30
                 else:
                     gold0 = np.where(np.isfinite(gold), gold, 0.0) * written
-                    floor = (
-                        block_sums(np.einsum("nsd,nsd->ns", gold0, gold0), n_q, x) * (dtype_eps(case) / 4) ** 2 + 1e-30
-                    )
+                    floor = noise_floor(case, block_sums(np.einsum("nsd,nsd->ns", gold0, gold0), n_q, x))
                 per_block[(batch, side.name)] = (error, np.maximum(energy, floor))
     found, out_energy = {}, {}
     for target in targets:

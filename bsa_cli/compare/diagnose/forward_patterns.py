@@ -3,7 +3,7 @@
 Rows left at the prefill or zero and NaN/Inf (`unwritten_rows`), rows written that the forward must leave
 alone (`written_alone`), out's rows equal to golden rows elsewhere (`rows_permuted`), errors in a tile or
 piece (`tile_local`), other readings of out's bytes (`layout`), error growing with the selected blocks
-(`accumulation`), a constant factor or affine map (`fits`). Each appends causes and the hypotheses tried.
+(`accumulation`), a constant factor or affine map (`fits`). Each returns its `Findings`.
 Pure: arrays in, causes out.
 """
 
@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import lse_view
 from ..results import Cause, Check, Hypothesis, TensorResult
-from .forward_hypotheses import ForwardContext, ForwardVariant, QBlock, Scorer, Side, dtype_eps, falls
+from .findings import Findings, Kind, named, tried
+from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, falls
+from .hypotheses import Variant
+from .views import dtype_eps
 
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
@@ -52,18 +55,12 @@ FORWARD_PATTERNS = (
 
 
 def fits(
-    scorer: Scorer,
-    targets: Sequence[QBlock],
-    controls: Sequence[QBlock],
-    names: Sequence[str],
-    where: tuple[str, ...],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> float:
+    scorer: Scorer, targets: Sequence[QBlock], controls: Sequence[QBlock], names: Sequence[str], where: tuple[str, ...]
+) -> tuple[float, Findings]:
     """Fitted on the target blocks, scored on them and the control: out off by a constant factor (`scale`:
     a factor in the normalisation, 1/l or the scale's place), lse off by an affine map (`softmax-lse`: lse
-    in another base, shifted, without a term). Returns the best share."""
-    best = 0.0
+    in another base, shifted, without a term). Returns the best share, and the findings."""
+    best, found = 0.0, Findings()
     for index, side in enumerate(scorer.sides):
         if side.name not in names:
             continue
@@ -97,17 +94,16 @@ def fits(
         share, ratios = scorer.explained(scored, values)
         text = f"{words}: {falls(ratios, names)}"
         if share >= 0.9:
-            causes.append(Cause(kind, 0.95 * share, text, (side.name,), where))
-            tried.append(Hypothesis(kind, supposes, 0.95 * share, f"explains {share:.0%} of the excess error: {text}"))
+            outcome = f"explains {share:.0%} of the excess error: {text}"
+            cause = Cause(kind, 0.95 * share, text, (side.name,), where)
+            found += Findings((cause,), (Hypothesis(kind, supposes, 0.95 * share, outcome),))
             best = max(best, 0.95 * share)
         else:
-            tried.append(Hypothesis(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}"))
-    return best
+            found += tried(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}")
+    return best, found
 
 
-def predicts_unwritten(
-    ctx: ForwardContext, v: ForwardVariant, written: np.ndarray, left: Mapping[str, np.ndarray]
-) -> bool:
+def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, left: Mapping[str, np.ndarray]) -> bool:
     """Whether a mask reading leaves unwritten exactly the rows the device left unwritten (of those it must
     write), in every output: a kernel skipping a block row writes neither its out nor its lse."""
     x = ctx.case.block_shape[0]
@@ -119,17 +115,6 @@ def predicts_unwritten(
     return True
 
 
-def follows(causes: Sequence[Cause], v: ForwardVariant, share: float) -> list[Cause]:
-    """not-written ranked below a mask reading that leaves exactly those rows unwritten (its symptom)."""
-    follows = f" (follows from: {v.supposes})"
-    return [
-        replace(c, score=min(c.score, 0.9 * share), evidence=c.evidence + follows)
-        if c.kind == "not-written" and follows not in c.evidence
-        else c
-        for c in causes
-    ]
-
-
 def unwritten_rows(
     case: Case,
     judged: Sequence[str],
@@ -138,21 +123,18 @@ def unwritten_rows(
     written: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> dict[str, np.ndarray]:
+) -> tuple[dict[str, np.ndarray], Findings]:
     """not-written: written rows left at the NaN prefill (the device says it pre-filled) or all zero;
     non-finite: other NaN/Inf in written rows where the golden is finite. Returns the rows left unwritten
-    of each output."""
+    of each output, and the findings."""
     every: dict[str, np.ndarray] = {}
+    found = Findings()
     for name in judged:
         dev, ref = arrays[name], gold[name]
-        dtype = "float32" if name == "lse" else case.dtype
-        unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
         finite_gold = np.isfinite(ref).all(axis=-1) & written
         with np.errstate(invalid="ignore"):
             finite = np.isfinite(dev.astype(np.float32))
-        at_prefill = (dev.view(unsigned) == unsigned(bits[dtype])).all(axis=-1) if prefilled else np.zeros_like(written)
+        at_prefill = _at_prefill(case, name, dev, bits) if prefilled else np.zeros_like(written)
         zero = (dev.astype(np.float32) == 0).all(axis=-1) & (np.abs(ref) > 0).any(axis=-1)
         left = finite_gold & (at_prefill | zero)
         every[name] = left
@@ -164,8 +146,7 @@ def unwritten_rows(
             first = row_words(case, written, int(np.flatnonzero(left)[0]))
             text = f"{name}: {count} of {total} rows the forward must write hold {how}, as if never written, "
             text += f"first at {first}"
-            causes.append(Cause("not-written", 1.0, text, (name,), (f"{name} {first}",)))
-            tried.append(Hypothesis("not-written", f"{name} rows never written", 1.0, "explains: " + text))
+            found += named("not-written", f"{name} rows never written", 1.0, text, (name,), (f"{name} {first}",))
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=-1))
             first = row_words(case, written, int(rows[0]))
@@ -173,12 +154,9 @@ def unwritten_rows(
                 f"{name}: {int(bad.sum())} NaN/Inf in {rows.size} written rows where the golden is finite, "
                 f"first at {first}"
             )
-            causes.append(Cause("non-finite", 1.0, text, (name,), (f"{name} {first}",)))
-            tried.append(
-                Hypothesis("non-finite", "NaN/Inf written where the golden is finite", 1.0, "explains: " + text)
-            )
-
-    return every
+            supposes = "NaN/Inf written where the golden is finite"
+            found += named("non-finite", supposes, 1.0, text, (name,), (f"{name} {first}",))
+    return every, found
 
 
 def written_alone(
@@ -187,17 +165,15 @@ def written_alone(
     checks: Sequence[Check],
     arrays: Mapping[str, np.ndarray],
     written: np.ndarray,
-    block_mask: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+) -> Findings:
     """Rows the forward must leave alone that were written: past the actual lengths (`length-boundary`), or
     of a block row that selects nothing (`block-selection`); lse written with softmax_lse_flag 0 (`layout`
     would be wrong: it is the flag ignored, `not-written`'s converse, named as block-selection of rows)."""
+    found = Findings()
     if not prefilled:
-        return
+        return found
     every = [*checks, *(c for t in tensors for c in t.checks)]
     for check in every:
         if check.name != "rows-written" or check.passed or "must leave alone were written" not in check.detail:
@@ -205,52 +181,48 @@ def written_alone(
         name = check.tensor or "out"
         if name not in arrays:
             continue
-        dev = arrays[name]
-        dtype = "float32" if name == "lse" else case.dtype
-        unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
-        touched = ~written & ~(dev.view(unsigned) == unsigned(bits[dtype])).all(axis=-1)
+        touched = ~written & ~_at_prefill(case, name, arrays[name], bits)
         if "softmax_lse_flag 0" in check.detail:
             text = f"{check.detail}: the forward wrote lse although softmax_lse_flag is 0"
-            causes.append(Cause("layout", 0.5, text, (name,), ()))
-            tried.append(Hypothesis("layout", "lse written with softmax_lse_flag 0", 0.5, "explains: " + text))
+            found += named("layout", "lse written with softmax_lse_flag 0", 0.5, text, (name,))
             continue
         past = np.zeros_like(written)
         if case.layout != "TND":
             for span in case.spans():
                 past[span.batch, :, span.q_len :] = True
-        beyond, empty = touched & past, touched & ~past
         total = int(touched.sum())
-        if beyond.any():
-            first = row_words(case, written, int(np.flatnonzero(beyond)[0]))
-            text = (
-                f"{name}: {int(beyond.sum())} rows past the actual query lengths written (the forward must leave "
-                f"them alone), first at {first}"
-            )
-            score = int(beyond.sum()) / total
-            causes.append(Cause("length-boundary", score, text, (name,), (f"{name} {first}",)))
-            tried.append(
-                Hypothesis("length-boundary", "rows past the actual lengths written", score, "explains: " + text)
-            )
-        if empty.any():
-            first = row_words(case, written, int(np.flatnonzero(empty)[0]))
-            text = (
-                f"{name}: {int(empty.sum())} rows of query blocks that select no kv block written (computed "
-                f"although the mask selects nothing there), first at {first}"
-            )
-            score = int(empty.sum()) / total
-            causes.append(Cause("block-selection", score, text, (name,), (f"{name} {first}",)))
-            tried.append(Hypothesis("block-selection", "rows that select no block written", score, "explains: " + text))
+        for (kind, supposes, what), rows in zip(_WRITTEN_ALONE, (touched & past, touched & ~past), strict=True):
+            if rows.any():
+                first = row_words(case, written, int(np.flatnonzero(rows)[0]))
+                text = f"{name}: {int(rows.sum())} {what}, first at {first}"
+                found += named(kind, supposes, int(rows.sum()) / total, text, (name,), (f"{name} {first}",))
+    return found
+
+
+_WRITTEN_ALONE: tuple[tuple[Kind, str, str], ...] = (
+    (
+        "length-boundary",
+        "rows past the actual lengths written",
+        "rows past the actual query lengths written (the forward must leave them alone)",
+    ),
+    (
+        "block-selection",
+        "rows that select no block written",
+        "rows of query blocks that select no kv block written (computed although the mask selects nothing there)",
+    ),
+)
+"""Rows written that the forward must leave alone: past the actual lengths, or of a block row selecting none."""
+
+
+def _at_prefill(case: Case, name: str, dev: np.ndarray, bits: Mapping[str, int]) -> np.ndarray:
+    """The rows of an output (out or lse) that hold the NaN prefill's bits."""
+    unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
+    return (dev.view(unsigned) == unsigned(bits["float32" if name == "lse" else case.dtype])).all(axis=-1)
 
 
 def rows_permuted(
-    case: Case,
-    spans: Mapping[int, SequenceSpan],
-    side: Side,
-    written: np.ndarray,
-    targets: Sequence[QBlock],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+    case: Case, spans: Mapping[int, SequenceSpan], side: Side, written: np.ndarray, targets: Sequence[QBlock]
+) -> Findings:
     """rows-permuted: out's worst rows equal golden rows at other positions of the same head (any entry);
     length-boundary when an entry's worst rows all sit one shift from their place (the entry written late)."""
     supposes = "out rows written at other rows' places (device rows equal golden rows elsewhere)"
@@ -279,8 +251,7 @@ def rows_permuted(
             shift = ms - s if mb == b else None
             found.append(_Moved(b, head, s, shift, float(err[index]), float(min(dist[match], err[index]))))
     if not found:
-        tried.append(Hypothesis("rows-permuted", supposes, 0.0, "ruled out: no row of out has an error to place"))
-        return
+        return tried("rows-permuted", supposes, 0.0, "ruled out: no row of out has an error to place")
     total = sum(f.error for f in found)
     share = sum(f.error - f.left for f in found) / total if total > 0 else 0.0
     close = [f for f in found if f.left <= 0.05 * f.error]
@@ -292,20 +263,15 @@ def rows_permuted(
             f"out rows of batch entry {b} equal the golden's rows {common:+d} places away ({shifts.count(common)} of "
             f"the {len(found)} worst rows): the entry written shifted, explaining {share:.0%} of their error"
         )
-        causes.append(Cause("length-boundary", share, text, ("out",), (f"out batch {b}",)))
-        tried.append(Hypothesis("length-boundary", "an entry's rows written shifted", share, "explains: " + text))
-        return
+        return named("length-boundary", "an entry's rows written shifted", share, text, ("out",), (f"out batch {b}",))
     first = f" (first: {close[0].words()})" if close else ""
     text = (
         f"{len(close)} of out's {len(found)} worst rows equal golden rows at other positions{first}, explaining "
         f"{share:.0%} of their error"
     )
     if share >= 0.5:
-        where_rows = tuple(f"out {f.words()}" for f in close[:3])
-        causes.append(Cause("rows-permuted", share, text, ("out",), where_rows))
-        tried.append(Hypothesis("rows-permuted", supposes, share, "explains: " + text))
-    else:
-        tried.append(Hypothesis("rows-permuted", supposes, share, "ruled out: " + text))
+        return named("rows-permuted", supposes, share, text, ("out",), [f"out {f.words()}" for f in close[:3]])
+    return tried("rows-permuted", supposes, share, "ruled out: " + text)
 
 
 @dataclass(frozen=True)
@@ -325,14 +291,8 @@ class _Moved:
 
 
 def tile_local(
-    case: Case,
-    scorer: Scorer,
-    side: Side,
-    blocks: Sequence[QBlock],
-    excess: Mapping[QBlock, float],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+    case: Case, scorer: Scorer, side: Side, blocks: Sequence[QBlock], excess: Mapping[QBlock, float]
+) -> Findings:
     """tile-local: out's excess error (`excess`: per block, beyond the benchmark's) held by one or two 16x16
     tiles, or one 128-row piece."""
     supposes = "errors confined to one or two 16x16 tiles (or one 128-row piece) of out"
@@ -362,8 +322,7 @@ def tile_local(
                 (max(e - per_row * min(128, rows - r), 0.0), (target, x0 + r, x0 + min(r + 128, rows) - 1, -1))
             )
     if total <= 0 or not tiles:
-        tried.append(Hypothesis("tile-local", supposes, 0.0, "ruled out: no excess error in out"))
-        return
+        return tried("tile-local", supposes, 0.0, "ruled out: no excess error in out")
     tiles.sort(key=lambda t: -t[0])
     pieces.sort(key=lambda t: -t[0])
     tile_share = sum(t[0] for t in tiles[:2]) / total
@@ -372,17 +331,19 @@ def tile_local(
     if tile_share >= LOCAL and count_tiles > 2:
         count = "one 16x16 tile" if len(tiles) < 2 or tiles[1][0] < 0.05 * total else "two 16x16 tiles"
         text = f"{tile_share:.0%} of out's excess error lies in {count}: {_region(tiles[0][1])}"
-        where = tuple(_region(t[1]) for t in tiles[:2])
-        causes.append(Cause("tile-local", min(tile_share, 1.0), text, ("out",), where))
-        tried.append(Hypothesis("tile-local", supposes, tile_share, "explains: " + text))
-    elif piece_share >= LOCAL and several:
+        return _local(supposes, tile_share, text, tuple(_region(t[1]) for t in tiles[:2]))
+    if piece_share >= LOCAL and several:
         text = f"{piece_share:.0%} of out's excess error lies in one 128-row piece: {_region(pieces[0][1])}"
-        causes.append(Cause("tile-local", min(piece_share, 1.0), text, ("out",), (_region(pieces[0][1]),)))
-        tried.append(Hypothesis("tile-local", supposes, piece_share, "explains: " + text))
-    else:
-        share = max(tile_share, piece_share if several else 0.0)
-        text = f"the two worst tiles hold {tile_share:.0%} of out's excess error, the worst piece {piece_share:.0%}"
-        tried.append(Hypothesis("tile-local", supposes, share, "ruled out: " + text))
+        return _local(supposes, piece_share, text, (_region(pieces[0][1]),))
+    share = max(tile_share, piece_share if several else 0.0)
+    text = f"the two worst tiles hold {tile_share:.0%} of out's excess error, the worst piece {piece_share:.0%}"
+    return tried("tile-local", supposes, share, "ruled out: " + text)
+
+
+def _local(supposes: str, share: float, text: str, where: tuple[str, ...]) -> Findings:
+    """tile-local named (its cause's score at most 1)."""
+    cause = Cause("tile-local", min(share, 1.0), text, ("out",), where)
+    return Findings((cause,), (Hypothesis("tile-local", supposes, share, "explains: " + text),))
 
 
 def _region(region: tuple[QBlock, int, int, int]) -> str:
@@ -393,14 +354,8 @@ def _region(region: tuple[QBlock, int, int, int]) -> str:
 
 
 def layout(
-    case: Case,
-    dev: np.ndarray,
-    gold: np.ndarray,
-    benchmark: Mapping[str, np.ndarray] | None,
-    written: np.ndarray,
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+    case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Mapping[str, np.ndarray] | None, written: np.ndarray
+) -> Findings:
     """layout: out read as another 16-bit dtype's bits, or with S and N (BNSD) / T and N (TND) swapped."""
     dev = dev.reshape(case.q_shape)
     d = case.head_dim
@@ -433,6 +388,7 @@ def layout(
     else:
         noise = 0.0
     noise = max(noise, float(np.where(rows, gold64 * gold64, 0.0).sum()) * (eps / 4) ** 2 + 1e-30)
+    found = Findings()
     with np.errstate(invalid="ignore", over="ignore"):
         base = rows_of(dev)
         null = float(np.where(rows & np.isfinite(base), (base - gold64) ** 2, 0.0).sum())
@@ -448,40 +404,29 @@ def layout(
                 f"(from {math.sqrt(null / noise):.3g}x)"
             )
             if share >= 0.5:
-                causes.append(Cause("layout", share, f"{supposes}: {text}", ("out",), ()))
-                tried.append(Hypothesis("layout", supposes, share, f"explains {share:.0%}: {text}"))
+                cause = Cause("layout", share, f"{supposes}: {text}", ("out",), ())
+                found += Findings((cause,), (Hypothesis("layout", supposes, share, f"explains {share:.0%}: {text}"),))
             else:
-                tried.append(Hypothesis("layout", supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+                found += tried("layout", supposes, share, f"ruled out: explains {share:.0%}: {text}")
+    return found
 
 
-def accumulation(
-    case: Case,
-    ctx: ForwardContext,
-    blocks: Sequence[QBlock],
-    excess: Mapping[QBlock, float],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+def accumulation(ctx: ForwardContext, blocks: Sequence[QBlock], excess: Mapping[QBlock, float]) -> Findings:
     """accumulation-precision: the blocks' excess error grows with the kv blocks their row selects."""
     supposes = "error growing with the number of kv blocks a query block row accumulates"
     counts = np.array([float(ctx.mask("", b.batch)[b.head, b.block].sum()) for b in blocks])
     values = np.array([excess[b] for b in blocks])
     if counts.size < 4 or np.ptp(counts) == 0 or (values > 0).sum() < 0.5 * values.size:
-        tried.append(
-            Hypothesis(
-                "accumulation-precision", supposes, 0.0, "not tried: the rows accumulate alike, or few blocks fail"
-            )
+        return tried(
+            "accumulation-precision", supposes, 0.0, "not tried: the rows accumulate alike, or few blocks fail"
         )
-        return
     rank_c = np.argsort(np.argsort(counts, kind="stable"), kind="stable").astype(float)
     rank_v = np.argsort(np.argsort(values, kind="stable"), kind="stable").astype(float)
     corr = float(np.corrcoef(rank_c, rank_v)[0, 1])
     text = f"the blocks' excess error and their selected kv blocks have rank correlation {corr:.2f}"
     if corr >= 0.6:
-        causes.append(Cause("accumulation-precision", corr, text, ("out",), ()))
-        tried.append(Hypothesis("accumulation-precision", supposes, corr, "explains: " + text))
-    else:
-        tried.append(Hypothesis("accumulation-precision", supposes, max(corr, 0.0), "ruled out: " + text))
+        return named("accumulation-precision", supposes, corr, text, ("out",))
+    return tried("accumulation-precision", supposes, max(corr, 0.0), "ruled out: " + text)
 
 
 # ---- the pair: the forward step's causes, and gradients carried from the forward ---------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 import numpy as np
 
@@ -22,37 +23,54 @@ from .views import Held, InputRows
 
 LOG2E = math.log2(math.e)
 
+MaskReading = Literal["", "transposed", "kv+1", "kv-1", "q+1", "drop-tail"]
+"""How a kernel reads the block mask ("": as the operator says; `read_mask`)."""
+
 
 @dataclass(frozen=True)
 class Variant:
-    """A hypothesis to recompute: how the faulty kernel differs from the operator's semantics."""
+    """A hypothesis to recompute: how the faulty kernel differs from the operator's semantics. One type for
+    every op: an op's hypotheses are a table of these (`VARIANTS`, `forward_hypotheses.FORWARD_VARIANTS`)."""
 
-    kind: str
+    kind: str  # a cause's kind (`findings.Kind`), "" for the operator's semantics (`NULL`)
     supposes: str
-    mask: str = ""  # transposed | kv+1 | kv-1 | q+1 | drop-tail
-    heads: str = ""  # interleaved | next
-    group: str = ""  # first | not-last
-    lse: str = ""  # base2 | ignored
-    dsum: str = ""  # none | negated
-    scale: str = ""  # rounded
+    mask: MaskReading = ""
+    heads: Literal["", "interleaved", "next"] = ""
+    group: Literal["", "first", "not-last"] = ""
+    lse: Literal["", "base2", "ignored", "no-max"] = ""  # ignored: the backward's reading; no-max: the forward's
+    dsum: Literal["", "none", "negated"] = ""
+    scale: Literal["", "rounded", "missing", "twice"] = ""
+    stacks: Literal["", "no-rescale", "off-by-one"] = ""  # the forward's online softmax
     lse_factor: float = 1.0  # fitted (`fitted_variants`): P = exp(S - (lse_factor lse + lse_offset))
     lse_offset: float = 0.0
     dsum_factor: float = 1.0  # fitted: dS = P (dP - dsum_factor Dsum)
     head_map: tuple[int, ...] = ()  # fitted: the kv head each query head reads (and whose dK/dV it adds into)
 
 
-VARIANTS = (
-    Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
+NULL = Variant("", "")
+"""The operator's semantics."""
+STACK = 512
+"""Columns of one online-softmax step of the forward (its 512-column stacks)."""
+
+
+SHIFTED = "reads the selection of block {} (mask shifted by one block)"
+MASK_READINGS = (
     Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
-    Variant(
-        "block-selection", "kv block j reads the selection of block j - 1 (mask shifted by one block)", mask="kv+1"
-    ),
-    Variant(
-        "block-selection", "kv block j reads the selection of block j + 1 (mask shifted by one block)", mask="kv-1"
-    ),
+    Variant("block-selection", "kv block j " + SHIFTED.format("j - 1"), mask="kv+1"),
+    Variant("block-selection", "kv block j " + SHIFTED.format("j + 1"), mask="kv-1"),
     Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
+)
+"""The misreadings of the mask every op's diagnosis recomputes (after its tail-block)."""
+HEAD_READINGS = (
     Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
     Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
+)
+"""The misreadings of the GQA head mapping every op's diagnosis recomputes."""
+
+VARIANTS = (
+    Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
+    *MASK_READINGS,
+    *HEAD_READINGS,
     Variant("gqa-group-sum", "dK/dV take only the first query head of each GQA group", group="first"),
     Variant("gqa-group-sum", "dK/dV leave out the last query head of each GQA group", group="not-last"),
     Variant("softmax-lse", "P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log", lse="base2"),
@@ -67,29 +85,66 @@ VARIANTS = (
 
 
 @dataclass
-class Context:
-    """A case's inputs as float64 rows (`InputRows`, converted by blocks on first read), its masks as read
-    under each variant, and the products and recomputed blocks shared by the hypotheses (`Held`)."""
+class Reading:
+    """A case's inputs and spans, and how a variant reads them: the mask (kept by reading and batch entry),
+    the kv head of a query head, the scale; the inputs as float64 rows (`InputRows`, converted by blocks on
+    first read). The backward's `Context` and the forward's share it."""
 
     case: Case
     inputs: Mapping[str, np.ndarray]
     spans: dict[int, SequenceSpan]
-    rows: InputRows = field(init=False)
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
-    shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
-    values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
+    input_rows: InputRows = field(init=False)
 
     def __post_init__(self) -> None:
-        self.rows = InputRows(self.case, self.inputs, self.spans)
+        self.input_rows = InputRows(self.case, self.inputs, self.spans)
 
-    def q_rows(self, name: str, batch: int, head: int, rows: np.ndarray) -> np.ndarray:
-        """Rows of a query-side input (query, dout, attention_out, lse, dsum) of a query head, float64."""
-        return self.rows(name, batch, head, rows)
+    def rows_of(self, name: str, batch: int, head: int, rows: np.ndarray) -> np.ndarray:
+        """Rows of an input (query, dout, attention_out, lse, dsum of a query head; key, value of a kv head),
+        float64."""
+        return self.input_rows(name, batch, head, rows)
+
+    def mask(self, how: MaskReading, batch: int) -> np.ndarray:
+        """The [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
+        key = (how, batch)
+        if key not in self.masks:
+            block_mask = np.asarray(self.inputs["block_sparse_mask"])
+            self.masks[key] = read_mask(self.case, block_mask, self.spans[batch], how)
+        return self.masks[key]
+
+    def kv_head(self, variant: Variant, head: int) -> int:
+        case = self.case
+        if variant.head_map:
+            return variant.head_map[head]
+        if variant.heads == "interleaved":
+            return head % case.num_kv_heads
+        if variant.heads == "next":
+            return (head // case.group_size + 1) % case.num_kv_heads
+        return head // case.group_size
+
+    def scale(self, variant: Variant) -> float:
+        scale = float(self.case.kernel_scale)
+        if variant.scale == "missing":
+            return 1.0
+        if variant.scale == "twice":
+            return scale * scale
+        if variant.scale == "rounded":
+            held = to_dtype(np.array([scale], dtype=np.float32), numpy_dtype(self.case.dtype))
+            return float(np.asarray(held, dtype=np.float64).reshape(-1)[0])
+        return scale
+
+
+@dataclass
+class Context(Reading):
+    """The backward's `Reading`, and the products and recomputed blocks shared by the hypotheses (`Held`)."""
+
+    shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
+    values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
 
     def block_rows(self, name: str, batch: int, head: int, block: int, some: np.ndarray | None) -> np.ndarray:
         """One block's rows of an input (query, dout, lse, dsum: a query block; key, value: a kv block), or
         its rows `some`, float64."""
-        rows = self.rows.block(name, batch, head, block)
+        rows = self.input_rows.block(name, batch, head, block)
         return rows if some is None else rows[some]
 
     def products(
@@ -114,24 +169,6 @@ class Context:
             held = self.shared.put(key, query @ key_rows.T, dout @ value_rows.T)
         return held
 
-    def mask(self, variant: Variant, batch: int) -> np.ndarray:
-        key = (variant.mask, batch)
-        if key not in self.masks:
-            self.masks[key] = read_mask(
-                self.case, np.asarray(self.inputs["block_sparse_mask"]), self.spans[batch], variant.mask
-            )
-        return self.masks[key]
-
-    def kv_head(self, variant: Variant, head: int) -> int:
-        case = self.case
-        if variant.head_map:
-            return variant.head_map[head]
-        if variant.heads == "interleaved":
-            return head % case.num_kv_heads
-        if variant.heads == "next":
-            return (head // case.group_size + 1) % case.num_kv_heads
-        return head // case.group_size
-
     def in_sum(self, variant: Variant, head: int) -> bool:
         member = head % self.case.group_size
         if variant.group == "first":
@@ -140,14 +177,8 @@ class Context:
             return member != self.case.group_size - 1
         return True
 
-    def scale(self, variant: Variant) -> float:
-        if variant.scale == "rounded":
-            held = to_dtype(np.array([self.case.kernel_scale], dtype=np.float32), numpy_dtype(self.case.dtype))
-            return float(np.asarray(held, dtype=np.float64).reshape(-1)[0])
-        return float(self.case.kernel_scale)
 
-
-def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: str) -> np.ndarray:
+def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: MaskReading) -> np.ndarray:
     """Return the [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
     mask = mask_view(case, block_mask, span)
     n_q, n_kv = mask.shape[1:]
@@ -216,6 +247,20 @@ def score_grads(
     return probs * (dprobs - dsum), probs
 
 
+def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
+    """One pair's partial (the operator's semantics) of a dq block (its rows) or of a dk/dv block (its
+    columns), float64 [rows, D]; with `some`, of those rows (columns) of the block only."""
+    q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
+    kv_head = ctx.kv_head(NULL, pair.head)
+    dscores, probs = score_grads(ctx, NULL, pair, kv_head, q_some, kv_some)
+    scale = ctx.scale(NULL)
+    if tensor == "dq":
+        return scale * (dscores @ ctx.block_rows("key", pair.batch, kv_head, pair.kv_block, None))
+    if tensor == "dk":
+        return scale * (dscores.T @ ctx.block_rows("query", pair.batch, pair.head, pair.q_block, None))
+    return probs.T @ ctx.block_rows("dout", pair.batch, pair.head, pair.q_block, None)
+
+
 def positions(blocks: np.ndarray, size: int, length: int) -> np.ndarray:
     parts = [np.arange(int(b) * size, min((int(b) + 1) * size, length)) for b in blocks]
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
@@ -260,7 +305,7 @@ def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     rows = min((target.block + 1) * x, span.q_len) - target.block * x
     dq = np.zeros((rows if some is None else some.size, case.head_dim))
     kv_head = ctx.kv_head(v, target.head)
-    for j in np.flatnonzero(ctx.mask(v, target.batch)[target.head, target.block]):
+    for j in np.flatnonzero(ctx.mask(v.mask, target.batch)[target.head, target.block]):
         pair = Pair(target.batch, target.head, target.block, int(j))
         dscores, _ = score_grads(ctx, v, pair, kv_head, some)
         dq += dscores @ ctx.block_rows("key", target.batch, kv_head, int(j), None)
@@ -274,7 +319,7 @@ def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     y = case.block_shape[1]
     cols = min((target.block + 1) * y, span.kv_len) - target.block * y
     dk, dv = (np.zeros((cols if some is None else some.size, case.head_dim)) for _ in range(2))
-    mask = ctx.mask(v, target.batch)
+    mask = ctx.mask(v.mask, target.batch)
     for head in range(case.num_heads):
         if ctx.kv_head(v, head) != target.head or not ctx.in_sum(v, head):
             continue
@@ -298,8 +343,6 @@ def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, 
         size, length = y, span.kv_len
     return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
 
-
-NULL = Variant("", "")
 
 FIT_ROWS = 8
 """Rows of the worst failing dq block with a golden that the lse fit needs at least."""
@@ -334,7 +377,7 @@ def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndar
             x = ctx.case.block_shape[0]
             span = ctx.spans[target.batch]
             rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))[good]
-            lse = ctx.q_rows("lse", target.batch, target.head, rows)
+            lse = ctx.rows_of("lse", target.batch, target.head, rows)
             if np.isfinite(lse).all():
                 slope, intercept = _line(lse, np.log(factors), norms[good])
                 a, named = _named_lse_factor(1.0 - slope)
@@ -374,7 +417,7 @@ def fitted_head_map(
             if head in picked:
                 continue
             for batch in ctx.spans:
-                selected = np.flatnonzero(ctx.mask(NULL, batch)[head].any(axis=1))
+                selected = np.flatnonzero(ctx.mask("", batch)[head].any(axis=1))
                 if selected.size:
                     picked[head] = Target("dq", batch, head, int(selected[0]))
                     break
@@ -433,7 +476,7 @@ def _line(x: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple[float, floa
     return slope, my - slope * mx
 
 
-def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int = 2) -> list[Target]:
+def changed_blocks(ctx: Reading, v: Variant, tensors: Sequence[str], count: int = 2) -> list[Target]:
     """Up to `count` blocks per tensor whose computation a mask variant changes (dq rows, dk/dv columns)."""
     if not v.mask:
         return []
@@ -441,12 +484,11 @@ def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int 
     for name in tensors:
         picked = 0
         for batch in ctx.spans:
-            read, mask = ctx.mask(v, batch), ctx.mask(NULL, batch)
+            diff = ctx.mask(v.mask, batch) != ctx.mask("", batch)
             if name == "dq":
-                heads, blocks = np.nonzero((read != mask).any(axis=2))
+                heads, blocks = np.nonzero(diff.any(axis=2))
             else:
-                diff = (read != mask).any(axis=1)  # [N1, nKV]
-                kv = diff.reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
+                kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
                 heads, blocks = np.nonzero(kv)
             step = max(1, heads.size // count)
             for h, j in list(zip(heads, blocks, strict=True))[::step][: count - picked]:
@@ -457,20 +499,35 @@ def changed_blocks(ctx: Context, v: Variant, tensors: Sequence[str], count: int 
     return found
 
 
-def applies(case: Case, ctx: Context, v: Variant) -> str | None:
+def applies(ctx: Reading, v: Variant) -> str | None:
     """Return why a variant cannot be told from the operator's semantics in this case, else None."""
-    if v.heads or v.group:
-        if case.group_size <= 1 and v.group:
-            return "not tried: N1 == N2, no GQA group"
-        if v.heads == "interleaved" and (case.group_size <= 1 or case.num_kv_heads <= 1):
-            return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
-        if v.heads == "next" and case.num_kv_heads <= 1:
-            return "not tried: one kv head"
-        if v.group == "not-last" and case.group_size == 2:
-            return "not tried: with groups of 2 it is the same as taking only the first head"
-    if v.mask:
-        if all(np.array_equal(ctx.mask(v, b), ctx.mask(NULL, b)) for b in ctx.spans):
-            return "not tried: the mask reads the same under it in this case"
-    if v.scale == "rounded" and ctx.scale(v) == ctx.scale(NULL):
-        return "not tried: the scale is exact in the case dtype"
+    case = ctx.case
+    if v.group and case.group_size <= 1:
+        return "not tried: N1 == N2, no GQA group"
+    if v.heads == "interleaved" and (case.group_size <= 1 or case.num_kv_heads <= 1):
+        return "not tried: the interleaved mapping is the same here (one kv head, or N1 == N2)"
+    if v.heads == "next" and case.num_kv_heads <= 1:
+        return "not tried: one kv head"
+    if v.group == "not-last" and case.group_size == 2:
+        return "not tried: with groups of 2 it is the same as taking only the first head"
+    if v.mask and all(np.array_equal(ctx.mask(v.mask, b), ctx.mask("", b)) for b in ctx.spans):
+        return "not tried: the mask reads the same under it in this case"
+    if v.scale and ctx.scale(v) == ctx.scale(NULL):
+        return (
+            "not tried: the scale is exact in the case dtype" if v.scale == "rounded" else "not tried: the scale is 1"
+        )
+    if v.stacks and _longest_row(ctx) <= STACK:
+        return f"not tried: no row selects more than {STACK} columns (one online-softmax stack)"
     return None
+
+
+def _longest_row(ctx: Reading) -> int:
+    """The most columns a query row selects."""
+    y = ctx.case.block_shape[1]
+    longest = 0
+    for span in ctx.spans.values():
+        mask = ctx.mask("", span.batch)
+        widths = np.full(mask.shape[2], y)
+        widths[-1] = span.kv_len - y * (mask.shape[2] - 1)
+        longest = max(longest, int((mask @ widths).max(initial=0)))
+    return longest

@@ -17,8 +17,10 @@ from ...core.case import Case, SequenceSpan
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
-from .hypotheses import NULL, VARIANTS, Context, Pair, Target, applies, recompute, score_grads
+from .findings import Findings, named, tried
+from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
+from .views import dtype_eps
 
 
 def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[int, SequenceSpan]) -> str:
@@ -64,53 +66,48 @@ def nonfinite_cause(
     return Cause("non-finite", 1.0, "; ".join(parts), tuple(names), tuple(where))
 
 
-def diagnose_bias(
-    case: Case,
-    ctx: Context,
-    failing: Sequence[TensorResult],
-    blocks: Blocks,
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+def never_written(failing: Sequence[TensorResult]) -> Findings:
+    """not-written: failing tensors all zero where the golden is not."""
+    zero = [t.name for t in failing if any(c.name == "all_zero" and not c.passed for c in t.checks)]
+    if not zero:
+        return Findings()
+    text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
+    return named("not-written", "an output never written", 1.0, text, zero)
+
+
+def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blocks: Blocks) -> Findings:
     """A failure of the bias check alone: a precision bias, or the scale held in the case dtype."""
-    words = []
-    for result in failing:
-        if result.bias is not None:
-            words.append(f"{result.name} {result.bias.describe()}")
+    words = [f"{result.name} {result.bias.describe()}" for result in failing if result.bias is not None]
     text = "a systematic relative error below the ratio standards' resolution: " + "; ".join(words)
     names = tuple(t.name for t in failing)
-    causes.append(Cause("precision-bias", 0.7, text, names, ()))
-    tried.append(Hypothesis("precision-bias", "a systematic bias of the precision path", 0.7, "fits: " + text))
-    thd = 2.0 ** -(11 if case.dtype == "float16" else 8)
-    for v in VARIANTS:
-        if v.kind != "scale":
+    found = named("precision-bias", "a systematic bias of the precision path", 0.7, text, names, verb="fits")
+    for v in (v for v in VARIANTS if v.kind == "scale"):  # the scale held in the case dtype
+        why = applies(ctx, v)
+        found += tried(v.kind, v.supposes, 0.0, why) if why is not None else _scale_bias(case, ctx, blocks, v, names)
+    return found
+
+
+def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Sequence[str]) -> Findings:
+    """A scale hypothesis scored by the share of each failing tensor's relative bias it removes (the least)."""
+    thd = dtype_eps(case)
+    values = [recompute(ctx, v, t) for t in blocks.targets]
+    share, parts = 1.0, []
+    for name in names:
+        picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
+        dev, null = [blocks.device[i] for i in picks], [blocks.null[i] for i in picks]
+        bench = [blocks.bench[i] for i in picks]
+        own = _relative_bias(bench, null, thd) if all(b is not None for b in bench) else 0.0
+        null_bias = _relative_bias(dev, null, thd) - own
+        hyp_bias = _relative_bias(dev, [values[i] for i in picks], thd) - own
+        if null_bias == 0:
             continue
-        why = applies(case, ctx, v)
-        if why is not None:
-            tried.append(Hypothesis(v.kind, v.supposes, 0.0, why))
-            continue
-        values = [recompute(ctx, v, t) for t in blocks.targets]
-        share, parts = 1.0, []
-        for name in names:
-            picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
-            bench = [blocks.bench[i] for i in picks]
-            own = (
-                _relative_bias(bench, [blocks.null[i] for i in picks], thd)
-                if all(b is not None for b in bench)
-                else 0.0
-            )
-            null_bias = _relative_bias([blocks.device[i] for i in picks], [blocks.null[i] for i in picks], thd) - own
-            hyp_bias = _relative_bias([blocks.device[i] for i in picks], [values[i] for i in picks], thd) - own
-            if null_bias == 0:
-                continue
-            share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
-            parts.append(f"{name}'s bias falls from {null_bias:.3g} to {hyp_bias:.3g} relative")
-        text = f"{v.supposes}: under the hypothesis, {', '.join(parts)}"
-        if share >= 0.5:
-            causes.append(Cause("scale", share, text, names, ()))
-            tried.append(Hypothesis(v.kind, v.supposes, share, f"explains {share:.0%} of the bias: {text}"))
-        else:
-            tried.append(Hypothesis(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}"))
+        share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
+        parts.append(f"{name}'s bias falls from {null_bias:.3g} to {hyp_bias:.3g} relative")
+    text = f"{v.supposes}: under the hypothesis, {', '.join(parts)}"
+    if share < 0.5:
+        return tried(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}")
+    outcome = f"explains {share:.0%} of the bias: {text}"
+    return Findings((Cause("scale", share, text, tuple(names), ()),), (Hypothesis(v.kind, v.supposes, share, outcome),))
 
 
 def _relative_bias(device: Sequence[Any], golden: Sequence[np.ndarray], thd: float) -> float:
@@ -137,11 +134,11 @@ def _scale_factor_words(factor: float, scale: float) -> str:
     return f"{factor:.4g}"
 
 
-def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> float:
+def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     """A constant factor per failing tensor, fitted by least squares: the scale missing or doubled.
 
     Returns the share of the excess error explained when every factor off 1 is a named one (1/scale,
-    scale, scale^2, 1/2, 2, -1), else 0."""
+    scale, scale^2, 1/2, 2, -1), else 0; and the findings."""
     factors: dict[str, float] = {}
     for name in blocks.failing:
         picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
@@ -154,15 +151,12 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
     off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
     supposes = "a gradient off by a constant factor"
     if not off:
-        tried.append(
-            Hypothesis(
-                "scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
-            )
+        return 0.0, tried(
+            "scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
         )
-        return 0.0
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
-    named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
+    is_named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
     # A factor of no name must leave no more than rounding noise (the benchmark's, scaled by the factor,
     # within 4x): values unrelated to the golden, or a few blocks wrong, are fitted by a factor near 0,
     # which removes the golden's part of the error and explains nothing.
@@ -171,20 +165,18 @@ def scale_fit(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypot
     zero = [
         n for n in off if not any(d.any() for d, t in zip(blocks.device, blocks.targets, strict=True) if t.tensor == n)
     ]
-    if share >= 0.5 and (named or noise) and not zero:
-        causes.append(Cause("scale", share, text, tuple(off), ()))
-        tried.append(Hypothesis("scale", supposes, share, f"explains {share:.0%} of the excess error: {text}"))
-    else:
-        why = (
-            ""
-            if share < 0.5
-            else ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
+    if share >= 0.5 and (is_named or noise) and not zero:
+        outcome = f"explains {share:.0%} of the excess error: {text}"
+        found = Findings(
+            (Cause("scale", share, text, tuple(off), ()),), (Hypothesis("scale", supposes, share, outcome),)
         )
-        tried.append(Hypothesis("scale", supposes, share, f"ruled out: explains {share:.0%}{why}: {text}"))
-    return share if named else 0.0
+    else:
+        why = ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
+        found = tried("scale", supposes, share, f"ruled out: explains {share:.0%}{why if share >= 0.5 else ''}: {text}")
+    return share if is_named else 0.0, found
 
 
-def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+def zero_blocks(blocks: Blocks) -> Findings:
     """Failing blocks left all zero where the golden is not."""
     total, zero, where = 0.0, 0.0, []
     for target, dev, null in zip(blocks.targets, blocks.device, blocks.null, strict=True):
@@ -199,25 +191,15 @@ def zero_blocks(blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) ->
     supposes = "blocks left zero (never written)"
     if where and share >= 0.5:
         text = f"{len(where)} of the failing blocks are all zero where the golden is not: {', '.join(where[:3])}"
-        causes.append(
-            Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})), tuple(where[:3]))
-        )
-        tried.append(Hypothesis("not-written", supposes, 0.8 * share, f"fits {share:.0%} of the error: {text}"))
-        return
+        cause = Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})), tuple(where[:3]))
+        outcome = f"fits {share:.0%} of the error: {text}"
+        return Findings((cause,), (Hypothesis("not-written", supposes, 0.8 * share, outcome),))
     zeros = zero_share(blocks)
     if zeros >= 0.9:
         text = f"{zeros:.0%} of the failing blocks' excess error lies in elements left zero where the golden is not"
-        causes.append(Cause("not-written", 0.8 * zeros, text, blocks.failing, ()))
-        tried.append(Hypothesis("not-written", supposes, 0.8 * zeros, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "not-written",
-                supposes,
-                0.0,
-                f"ruled out: no failing block is all zero ({len(where)} found), {zeros:.0%} of the error in zeros",
-            )
-        )
+        return named("not-written", supposes, 0.8 * zeros, text, blocks.failing, verb="fits")
+    why = f"no failing block is all zero ({len(where)} found), {zeros:.0%} of the error in zeros"
+    return tried("not-written", supposes, 0.0, f"ruled out: {why}")
 
 
 def zero_share(blocks: Blocks) -> float:
@@ -235,23 +217,20 @@ def zero_share(blocks: Blocks) -> float:
 
 
 def _local_cause(
-    blocks: Blocks,
-    share: float,
-    text: str,
-    where: tuple[str, ...],
-    supposes: str,
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
-    """Name errors confined to a few tiles or pieces: not-written where the device left them zero."""
-    zeros = zero_share(blocks)
-    if zeros >= 0.9:
+    blocks: Blocks, share: float, energies: Sequence[float], total: float, top: Sequence[str], unit: str, supposes: str
+) -> Findings:
+    """Name errors confined to a few tiles or pieces (`energies`: each one's, `top`: the words for the worst):
+    not-written where the device left them zero."""
+    many = sum(1 for e in energies if e >= 0.05 * total)
+    text = f"{share:.0%} of the excess error of the failing blocks lies in {many} {unit}{'s' if many != 1 else ''}: "
+    text += top[0]
+    where = tuple(top[:many])
+    if zero_share(blocks) >= 0.9:
         text = f"{text}, left zero where the golden is not"
-        causes.append(Cause("not-written", 0.9 * share, text, blocks.failing, where))
-        tried.append(Hypothesis("not-written", "a region left zero (never written)", 0.9 * share, "fits: " + text))
-        return
-    causes.append(Cause("tile-local", 0.85 * share, text, blocks.failing, where))
-    tried.append(Hypothesis("tile-local", supposes, 0.85 * share, "fits: " + text))
+        return named(
+            "not-written", "a region left zero (never written)", 0.9 * share, text, blocks.failing, where, "fits"
+        )
+    return named("tile-local", supposes, 0.85 * share, text, blocks.failing, where, "fits")
 
 
 def _block_excess(result: TensorResult) -> np.ndarray | None:
@@ -265,13 +244,8 @@ def _block_excess(result: TensorResult) -> np.ndarray | None:
 
 
 def tail_pattern(
-    case: Case,
-    failing: Sequence[TensorResult],
-    spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-    zeros: float = 0.0,
-) -> None:
+    case: Case, failing: Sequence[TensorResult], spans: Mapping[int, SequenceSpan], zeros: float = 0.0
+) -> Findings:
     """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv).
 
     `zeros`: the share of the failing blocks' excess error in elements left zero (`zero_share`); when 90%,
@@ -301,31 +275,16 @@ def tail_pattern(
         if zeros >= 0.9:
             text += f", {zeros:.0%} of it in elements left zero (not written)"
             weight = 0.75
-        causes.append(Cause("tail-block", weight * share, text, tuple(where), ()))
-        tried.append(Hypothesis("tail-block", supposes, weight * share, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "tail-block", supposes, 0.85 * share, f"ruled out: {share:.0%} of the excess error in tail blocks"
-            )
-        )
+        return named("tail-block", supposes, weight * share, text, where, verb="fits")
+    return tried("tail-block", supposes, 0.85 * share, f"ruled out: {share:.0%} of the excess error in tail blocks")
 
 
-def race_pattern(
-    case: Case,
-    ctx: Context,
-    tensors: Sequence[TensorResult],
-    blocks: Blocks,
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], blocks: Blocks) -> Findings:
     """dK/dV wrong only in a few kv blocks that two or more pairs add into, dq right: a lost update."""
     supposes = "a race in the dK/dV accumulation (an update lost in a shared kv block)"
     by_name = {t.name: t for t in tensors}
     if "dq" not in by_name or not by_name["dq"].passed or not {"dk", "dv"} & set(blocks.failing):
-        tried.append(Hypothesis("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass"))
-        return
-    null = NULL
+        return tried("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass")
     kv_targets = [
         (i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk", "dv") and t.tensor in blocks.failing
     ]
@@ -336,26 +295,20 @@ def race_pattern(
     ]
     bad_blocks = sorted({(t.batch, t.head, t.block) for _, t in bad})
     if not bad_blocks or len(bad_blocks) > 2:
-        tried.append(
-            Hypothesis(
-                "accumulation-race", supposes, 0.0, f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
-            )
+        return tried(
+            "accumulation-race", supposes, 0.0, f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
         )
-        return
     explained = []
     for batch, kv_head, block in bad_blocks:
-        mask = ctx.mask(null, batch)
+        mask = ctx.mask("", batch)
         pairs = [
             (h, int(i))
             for h in range(case.num_heads)
-            if ctx.kv_head(null, h) == kv_head
+            if ctx.kv_head(NULL, h) == kv_head
             for i in np.flatnonzero(mask[h, :, block])
         ]
         if len(pairs) < 2:
-            tried.append(
-                Hypothesis("accumulation-race", supposes, 0.0, "ruled out: a failing kv block only one pair selects")
-            )
-            return
+            return tried("accumulation-race", supposes, 0.0, "ruled out: a failing kv block only one pair selects")
         # a lost update loses the pair's dK and dV partials both: scored on the kv block of both tensors
         # (each in its own benchmark units), so a dv block wrong while dk's is right is no lost update
         both = [Target(name, batch, kv_head, block) for name in ("dk", "dv")]
@@ -363,7 +316,8 @@ def race_pattern(
             blocks.add(target)
         best = 0.0
         for head, q_block in pairs[:64]:
-            lost = _pair_partial(ctx, batch, head, q_block, kv_head, block)
+            pair = Pair(batch, head, q_block, block)
+            lost = {name: partial(ctx, pair, name) for name in ("dk", "dv")}
             err_null = err_hyp = 0.0
             for target in both:
                 dev, _, gold, noise = blocks.data[target]
@@ -382,22 +336,11 @@ def race_pattern(
     else:
         text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs"
         score = 0.6
-    causes.append(
-        Cause("accumulation-race", score, text, tuple(n for n in ("dk", "dv") if n in blocks.failing), (names,))
-    )
-    tried.append(Hypothesis("accumulation-race", supposes, score, "fits: " + text))
+    failing = tuple(n for n in ("dk", "dv") if n in blocks.failing)
+    return named("accumulation-race", supposes, score, text, failing, (names,), "fits")
 
 
-def _pair_partial(ctx: Context, batch: int, head: int, q_block: int, kv_head: int, block: int) -> dict[str, np.ndarray]:
-    """One (query head, query block) pair's share of a kv block's dK and dV."""
-    dscores, probs = score_grads(ctx, NULL, Pair(batch, head, q_block, block), kv_head)
-    return {
-        "dk": ctx.scale(NULL) * (dscores.T @ ctx.block_rows("query", batch, head, q_block, None)),
-        "dv": probs.T @ ctx.block_rows("dout", batch, head, q_block, None),
-    }
-
-
-def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+def tile_local(case: Case, blocks: Blocks) -> Findings:
     """Excess error confined to one or a few 16x16 tiles of the failing blocks."""
     supposes = "errors confined to one or a few 16x16 tiles"
     energies: list[tuple[float, Target, int, int]] = []  # (energy in benchmark units, block, row, column)
@@ -435,28 +378,18 @@ def tile_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypo
         outcome = (
             f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are wrong"
         )
-        tried.append(Hypothesis("tile-local", supposes, 0.0, outcome + " too (9x their benchmark's error)"))
-        return
+        return tried("tile-local", supposes, 0.0, outcome + " too (9x their benchmark's error)")
     if share >= 0.9:
-        many = sum(1 for e in energies if e[0] >= 0.05 * total)
-        text = (
-            f"{share:.0%} of the excess error of the failing blocks lies in {many} 16x16 "
-            f"tile{'s' if many != 1 else ''}: {top[0][1]}"
-        )
-        _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
-    else:
-        tried.append(
-            Hypothesis(
-                "tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error"
-            )
-        )
+        each = [e[0] for e in energies]
+        return _local_cause(blocks, share, each, total, [w for _, w in top], "16x16 tile", supposes)
+    return tried("tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error")
 
 
 PIECE = 128
 """The kernel cuts a block's rows (X for dq, Y for dk/dv) into pieces of this many rows."""
 
 
-def piece_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hypothesis]) -> None:
+def piece_local(case: Case, blocks: Blocks) -> Findings:
     """Excess error confined to one or two 128-row pieces of blocks longer than a piece."""
     supposes = "errors confined to one or a few 128-row pieces of a block"
     energies: list[tuple[float, str]] = []
@@ -470,26 +403,17 @@ def piece_local(case: Case, blocks: Blocks, causes: list[Cause], tried: list[Hyp
         size = case.block_shape[0] if target.tensor == "dq" else case.block_shape[1]
         for start in range(0, err.size, PIECE):
             row = target.block * size + start
-            energies.append(
-                (
-                    max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor],
-                    f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}",
-                )
-            )
+            words = f"{target.words()} rows {row}-{row + min(PIECE, err.size - start) - 1}"
+            energies.append((max(float(err[start : start + PIECE].sum()), 0.0) / blocks.noise[target.tensor], words))
     total = sum(e for e, _ in energies)
     energies.sort(key=lambda e: -e[0])
     top = energies[:2]
     share = sum(e for e, _ in top) / total if total and len(energies) >= 4 else 0.0
     if share >= 0.9:
-        many = sum(1 for e, _ in energies if e >= 0.05 * total)
-        text = (
-            f"{share:.0%} of the excess error of the failing blocks lies in {many} {PIECE}-row "
-            f"piece{'s' if many != 1 else ''}: {top[0][1]}"
-        )
-        _local_cause(blocks, share, text, tuple(w for _, w in top[:many]), supposes, causes, tried)
-    else:
-        why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
-        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: {why}"))
+        pieces = [e for e, _ in energies]
+        return _local_cause(blocks, share, pieces, total, [w for _, w in top], f"{PIECE}-row piece", supposes)
+    why = f"the 2 worst hold {share:.0%} of the excess error" if len(energies) >= 4 else "no block over 128 rows"
+    return tried("tile-local", supposes, 0.0, f"ruled out: {why}")
 
 
 def _accumulated(
@@ -524,9 +448,7 @@ def accumulation_precision(
     golden: Mapping[str, np.ndarray],
     block_mask: np.ndarray,
     spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+) -> Findings:
     """A relative error (beyond the benchmark's) that grows with the blocks each row or column accumulates."""
     supposes = "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"
     fits, words = [], []
@@ -564,21 +486,14 @@ def accumulation_precision(
         )
     if fits and all(corr >= 0.6 and growth >= 1.5 for corr, growth in fits):
         score = 0.8 * min(corr for corr, _ in fits)
-        text = "; ".join(words)
-        causes.append(Cause("accumulation-precision", score, text, tuple(t.name for t in failing), ()))
-        tried.append(Hypothesis("accumulation-precision", supposes, score, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "accumulation-precision",
-                supposes,
-                0.0,
-                "ruled out: " + ("; ".join(words) if words else "too few distinct accumulation counts"),
-            )
+        return named(
+            "accumulation-precision", supposes, score, "; ".join(words), [t.name for t in failing], verb="fits"
         )
+    why = "; ".join(words) if words else "too few distinct accumulation counts"
+    return tried("accumulation-precision", supposes, 0.0, "ruled out: " + why)
 
 
-def block_local(case: Case, failing: Sequence[TensorResult], causes: list[Cause], tried: list[Hypothesis]) -> None:
+def block_local(failing: Sequence[TensorResult]) -> Findings:
     """Excess error confined to one or two 128-row pieces of blocks no longer than a piece (the block map's)."""
     supposes = "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"
     shares, words = [], []
@@ -602,7 +517,5 @@ def block_local(case: Case, failing: Sequence[TensorResult], causes: list[Cause]
     share = min(shares) if shares else 0.0
     if share >= 0.9:
         text = f"{share:.0%} of the excess error lies in one or two 128-row pieces: {', '.join(words)}"
-        causes.append(Cause("tile-local", 0.55 * share, text, tuple(t.name for t in failing), tuple(words)))
-        tried.append(Hypothesis("tile-local", supposes, 0.55 * share, "fits: " + text))
-    else:
-        tried.append(Hypothesis("tile-local", supposes, 0.0, f"ruled out: the 2 worst pieces hold {share:.0%}"))
+        return named("tile-local", supposes, 0.55 * share, text, [t.name for t in failing], words, "fits")
+    return tried("tile-local", supposes, 0.0, f"ruled out: the 2 worst pieces hold {share:.0%}")

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
+from .findings import Findings, named, tried
 from .scoring import Blocks
+from .views import noise_floor as _floor
 
 PLACED = 0.9
 """A layout or length-boundary cause explaining this share of the excess error ends the search."""
@@ -49,12 +52,6 @@ def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
     if case.layout == "TND":
         return values.reshape(values.shape[0], -1)
     return values.transpose(0, 2, 1, 3).reshape(values.shape[0] * values.shape[2], -1)
-
-
-def _floor(case: Case, mean_square: float) -> float:
-    """An element's noise floor: a quarter of the dtype's epsilon of the golden's RMS, squared."""
-    eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
-    return mean_square * (eps / 4) ** 2 + 1e-30
 
 
 @np.errstate(over="ignore", invalid="ignore")
@@ -184,12 +181,11 @@ def length_boundary(
     golden: Mapping[str, np.ndarray],
     benchmark: Mapping[str, np.ndarray] | None,
     spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> float:
+) -> tuple[float, Findings]:
     """Errors past the actual lengths (padding rows written) or a batch entry's rows at another offset.
 
-    Returns the share of the failing tensors' excess error it explains (the smallest of theirs)."""
+    Returns the share of the failing tensors' excess error it explains (the smallest of theirs), and the
+    findings."""
     supposes = "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"
     shares, words = [], []
     for result in failing:
@@ -213,70 +209,52 @@ def length_boundary(
     share = min(shares) if shares else 0.0
     if share >= 0.8 and words:
         text = f"{share:.0%} of the excess error at or past the sequence lengths: {'; '.join(words[:3])}"
-        causes.append(Cause("length-boundary", 0.97 * share, text, tuple(t.name for t in failing), tuple(words[:3])))
-        tried.append(Hypothesis("length-boundary", supposes, 0.97 * share, "fits: " + text))
-        return share
-    tried.append(
-        Hypothesis(
-            "length-boundary",
-            supposes,
-            0.0,
-            f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries",
-        )
-    )
-    return 0.0
+        names = [t.name for t in failing]
+        return share, named("length-boundary", supposes, 0.97 * share, text, names, words[:3], "fits")
+    why = f"ruled out: {share:.0%} of the excess error past the lengths or in shifted batch entries"
+    return 0.0, tried("length-boundary", supposes, 0.0, why)
+
+
+_LAYOUTS = {
+    "TND": (
+        ("written in [N, T, D] order, read as TND", (1, 0, 2), True),
+        ("written in TND order with T and N read transposed", (1, 0, 2), False),
+        ("written in [T, D, N] order, read as TND", (0, 2, 1), True),
+    ),
+    "BNSD": (
+        ("written as BSND ([B, S, N, D]), read as BNSD", (0, 2, 1, 3), True),
+        ("S and N read transposed (BNSD bytes taken as BSND)", (0, 2, 1, 3), False),
+        ("written as BNDS ([B, N, D, S]), read as BNSD", (0, 1, 3, 2), True),
+        ("written as NBSD ([N, B, S, D]), read as BNSD", (1, 0, 2, 3), True),
+    ),
+}
+"""The other layouts a tensor's bytes may have been written in: (what it supposes, the axes' order, whether
+the bytes were written in that order (read back by it), or read with those axes transposed)."""
 
 
 def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
     """The other readings of a tensor's bytes: (what it supposes, the golden-shaped array it gives)."""
-    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = []
     other = "bfloat16" if case.dtype == "float16" else "float16"
     other_type = numpy_dtype(other)
-    out.append(
+    out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = [
         (
             f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)",
             lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type),
         )
-    )
-    if case.layout == "TND":
-        out.append(
-            (
-                "written in [N, T, D] order, read as TND",
-                lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2]).transpose(1, 0, 2),
-            )
-        )
-        out.append(
-            ("written in TND order with T and N read transposed", lambda a: a.transpose(1, 0, 2).reshape(a.shape))
-        )
-        out.append(
-            (
-                "written in [T, D, N] order, read as TND",
-                lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1]).transpose(0, 2, 1),
-            )
-        )
-    else:
-        out.append(
-            (
-                "written as BSND ([B, S, N, D]), read as BNSD",
-                lambda a: a.reshape(a.shape[0], a.shape[2], a.shape[1], a.shape[3]).transpose(0, 2, 1, 3),
-            )
-        )
-        out.append(
-            ("S and N read transposed (BNSD bytes taken as BSND)", lambda a: a.transpose(0, 2, 1, 3).reshape(a.shape))
-        )
-        out.append(
-            (
-                "written as BNDS ([B, N, D, S]), read as BNSD",
-                lambda a: a.reshape(a.shape[0], a.shape[1], a.shape[3], a.shape[2]).transpose(0, 1, 3, 2),
-            )
-        )
-        out.append(
-            (
-                "written as NBSD ([N, B, S, D]), read as BNSD",
-                lambda a: a.reshape(a.shape[1], a.shape[0], a.shape[2], a.shape[3]).transpose(1, 0, 2, 3),
-            )
-        )
+    ]
+    for supposes, order, written in _LAYOUTS["TND" if case.layout == "TND" else "BNSD"]:
+        out.append((supposes, partial(_written_in if written else _transposed, order=order)))
     return out
+
+
+def _written_in(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+    """A tensor's bytes written with its axes in `order`, read back in its own."""
+    return a.reshape([a.shape[i] for i in order]).transpose(np.argsort(order))
+
+
+def _transposed(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
+    """A tensor's bytes read with its axes in `order`."""
+    return a.transpose(order).reshape(a.shape)
 
 
 SAMPLE = 2048
@@ -284,26 +262,30 @@ SAMPLE = 2048
 
 
 def _reading_share(
-    readings: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    noise: Mapping[str, float],
-    null: Mapping[str, float],
+    readings: Mapping[str, np.ndarray], refs: Mapping[str, tuple[np.ndarray, float, float]]
 ) -> tuple[float, dict[str, float]]:
-    """The share of the excess error a reading removes, and each tensor's error in benchmark units."""
+    """The share of the excess error a reading removes (`refs`: each tensor's `_reference`), and each
+    tensor's error in benchmark units."""
     hyp, ratios = 0.0, {}
     for name, values in readings.items():
+        golden, noise, _ = refs[name]
         with np.errstate(over="ignore", invalid="ignore"):  # another dtype's bits: NaN/Inf among them
-            diff = np.asarray(values, dtype=np.float64) - golden[name]
+            diff = np.asarray(values, dtype=np.float64) - golden
             diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's, here as in the null reading
             energy = float((diff * diff).sum())
-        excess = max(energy / noise[name] - 1.0, 0.0) if np.isfinite(energy) else np.inf
+        excess = max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else np.inf
         hyp += excess
         ratios[name] = float(np.sqrt(excess + 1))
-    total = sum(min(v, 1e30) for v in null.values())
+    total = sum(min(ref[2], 1e30) for ref in refs.values())
     return (max(0.0, 1.0 - hyp / total) if total > 0 and np.isfinite(hyp) else 0.0), ratios
 
 
-def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.ndarray | None) -> tuple[float, float]:
+def _reference(
+    case: Case, dev: np.ndarray, golden: np.ndarray, bench: np.ndarray | None
+) -> tuple[np.ndarray, float, float]:
+    """A tensor's (or its picked elements') golden as float64, the benchmark's error energy (at least the
+    noise floor) and the device's excess error in its units."""
+    gold = np.nan_to_num(np.asarray(golden, dtype=np.float64))
     noise = 0.0
     if bench is not None:
         noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
@@ -312,7 +294,7 @@ def _noise_and_null(case: Case, gold: np.ndarray, dev: np.ndarray, bench: np.nda
         diff = np.asarray(dev, dtype=np.float64) - gold
         diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's: a reading is scored on the rest
         energy = float((diff * diff).sum())
-    return noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
+    return gold, noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
 
 
 def layout(
@@ -321,24 +303,20 @@ def layout(
     device: Mapping[str, np.ndarray],
     golden: Mapping[str, np.ndarray],
     benchmark: Mapping[str, np.ndarray] | None,
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> float:
+) -> tuple[float, Findings]:
     """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
 
     Each reading is tried on `SAMPLE` elements first, then on the whole tensors. Returns the share of the
-    excess error the best reading explains."""
-    best = 0.0
+    excess error the best reading explains, and the findings."""
+    best, found = 0.0, Findings()
     names = [t.name for t in failing]
     arrays = {n: np.asarray(device[n]) for n in names}
     picks, sample = {}, {}
     for name in names:
-        shape = arrays[name].shape
         flat = np.unique(np.linspace(0, arrays[name].size - 1, min(SAMPLE, arrays[name].size)).astype(np.int64))
-        picks[name] = np.unravel_index(flat, shape)
-        gold = np.nan_to_num(np.asarray(golden[name][picks[name]], dtype=np.float64))
-        bench = benchmark[name][picks[name]] if benchmark is not None else None
-        sample[name] = (gold, *_noise_and_null(case, gold, arrays[name][picks[name]], bench))
+        picks[name] = at = np.unravel_index(flat, arrays[name].shape)
+        bench = benchmark[name][at] if benchmark is not None else None
+        sample[name] = _reference(case, arrays[name][at], golden[name][at], bench)
     index = np.arange(arrays[names[0]].size).reshape(arrays[names[0]].shape)
     whole: dict[str, tuple[np.ndarray, float, float]] = {}
     for supposes, read in _readings(case):
@@ -346,59 +324,32 @@ def layout(
             if any(a.dtype.itemsize != 2 for a in arrays.values()):
                 continue
         elif np.array_equal(read(index)[picks[names[0]]], index[picks[names[0]]]):
-            tried.append(Hypothesis("layout", supposes, 0.0, "not tried: the same reading in this case"))
+            found += tried("layout", supposes, 0.0, "not tried: the same reading in this case")
             continue
-        share, ratios = _reading_share(
-            {n: read(arrays[n])[picks[n]] for n in names},
-            {n: v[0] for n, v in sample.items()},
-            {n: v[1] for n, v in sample.items()},
-            {n: v[2] for n, v in sample.items()},
-        )
-        if share >= 0.8:  # then on the whole tensors
-            for name in names:
-                if name not in whole:
-                    gold = np.nan_to_num(np.asarray(golden[name], dtype=np.float64))
-                    bench = benchmark[name] if benchmark is not None else None
-                    whole[name] = (gold, *_noise_and_null(case, gold, arrays[name], bench))
-            share, ratios = _reading_share(
-                {n: read(arrays[n]) for n in names},
-                {n: v[0] for n, v in whole.items()},
-                {n: v[1] for n, v in whole.items()},
-                {n: v[2] for n, v in whole.items()},
-            )
-        else:
-            tried.append(
-                Hypothesis(
-                    "layout",
-                    supposes,
-                    share,
-                    f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements",
-                )
-            )
+        share, ratios = _reading_share({n: read(arrays[n])[picks[n]] for n in names}, sample)
+        if share < 0.8:
+            why = f"ruled out: explains {share:.0%} of the excess error of {len(picks[names[0]][0])} elements"
+            found += tried("layout", supposes, share, why)
             continue
+        benches = {n: benchmark[n] if benchmark is not None else None for n in names}  # then on the whole tensors
+        whole = whole or {n: _reference(case, arrays[n], golden[n], benches[n]) for n in names}
+        share, ratios = _reading_share({n: read(arrays[n]) for n in names}, whole)
         parts = [f"{n}'s error falls to {r:.3g}x the benchmark's" for n, r in ratios.items()]
         # the values must then be right: as close as the benchmark, or as bf16's rounding is to an fp16 golden
         bound = 32.0 if "as bfloat16" in supposes else 4.0
         if share >= 0.9 and max(ratios.values(), default=0.0) > bound:
-            tried.append(
-                Hypothesis(
-                    "layout",
-                    supposes,
-                    0.0,
-                    f"ruled out: explains {share:.0%} of the excess error, "
-                    f"but {', '.join(parts)} (more than {bound:g}x)",
-                )
-            )
+            why = f"ruled out: explains {share:.0%} of the excess error, but {', '.join(parts)} (more than {bound:g}x)"
+            found += tried("layout", supposes, 0.0, why)
             continue
         if share >= 0.9:
             text = f"{supposes}: under that reading, {', '.join(parts)}"
-            causes.append(Cause("layout", 0.97 * share, text, tuple(names), ()))
+            cause = Cause("layout", 0.97 * share, text, tuple(names), ())
             outcome = f"explains {share:.0%} of the excess error: {text}"
-            tried.append(Hypothesis("layout", supposes, 0.97 * share, outcome))
+            found += Findings((cause,), (Hypothesis("layout", supposes, 0.97 * share, outcome),))
         else:
-            tried.append(Hypothesis("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error"))
+            found += tried("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error")
         best = max(best, share)
-    return best
+    return best, found
 
 
 SCREEN_ROWS = 8
@@ -500,15 +451,8 @@ def _row_matches(
 
 
 def rows_permuted(
-    case: Case,
-    failing: Sequence[TensorResult],
-    blocks: Blocks,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
-    causes: list[Cause],
-    tried: list[Hypothesis],
-) -> None:
+    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan]
+) -> Findings:
     """Device rows that equal golden rows at other positions of the same head, or of the same block in
     another head of the batch entry.
 
@@ -518,8 +462,7 @@ def rows_permuted(
     screen = _row_matches(case, blocks, golden, spans, SCREEN_ROWS)
     if screen.matched == 0 and screen.bad_total:
         why = f"ruled out: none of the first {SCREEN_ROWS} wrong rows of each failing block equals another golden row"
-        tried.append(Hypothesis("rows-permuted", supposes, 0.0, why))
-        return
+        return tried("rows-permuted", supposes, 0.0, why)
     found = _row_matches(case, blocks, golden, spans, WRONG_ROWS)
     matched, bad_total, where = found.matched, found.bad_total, found.where
     energy_all, energy_matched = found.energy_all, found.energy_matched
@@ -534,14 +477,7 @@ def rows_permuted(
             f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
             f"{'; '.join(where[:2])}"
         )
-        causes.append(Cause("rows-permuted", 0.95 * share, text, blocks.failing, tuple(where[:4])))
-        tried.append(Hypothesis("rows-permuted", supposes, 0.95 * share, "fits: " + text))
-    else:
-        tried.append(
-            Hypothesis(
-                "rows-permuted",
-                supposes,
-                0.0,
-                f"ruled out: {matched} of {bad_total} wrong rows equal another golden row",
-            )
-        )
+        return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, where[:4], "fits")
+    return tried(
+        "rows-permuted", supposes, 0.0, f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
+    )

@@ -18,17 +18,17 @@ from ...core.case import Case, numpy_dtype
 from ...store.manifest import GRAD_NAMES
 from ..results import TensorResult
 from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
+from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
 
 MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
 adds its worst, so that a hypothesis that would break it is scored down."""
 
-SAMPLE_ROWS = 32
-"""Rows of the screen block a hypothesis is tried on first, when the block has more than twice as many:
-the 16 holding the most excess error (where a cause shows) and 16 evenly spread over the others (where
-a cause that spreads its error shows too). A hypothesis must explain `SAMPLED` of their error to be tried
-on the whole block: a wrong one explains nearly none of it, the true one nearly all, so the sample rules
-out the many wrong ones at a fraction of the cost and the whole block decides as before."""
+# `views.SAMPLE_ROWS`: rows of the screen block a hypothesis is tried on first, when the block has more than
+# twice as many: the 16 holding the most excess error (where a cause shows) and 16 evenly spread over the others (where
+# a cause that spreads its error shows too). A hypothesis must explain `SAMPLED` of their error to be tried
+# on the whole block: a wrong one explains nearly none of it, the true one nearly all, so the sample rules
+# out the many wrong ones at a fraction of the cost and the whole block decides as before.
 SAMPLED = 0.3
 """The share of the sampled rows' excess error a hypothesis must explain to be tried on the whole block."""
 
@@ -71,8 +71,7 @@ class Blocks:
             self.nonfinite[target] = bad
             dev = np.where(bad, null, dev)  # non-finite values have their own kind (and a hypothesis may predict them)
         bench = block_of(case, self.bench_arrays[target.tensor], target, ctx.spans) if self.bench_arrays else None
-        eps = 2.0 ** -(11 if case.dtype == "float16" else 8)
-        floor = float((null * null).sum()) * (eps / 4) ** 2 + 1e-30
+        floor = noise_floor(case, float((null * null).sum()))
         energy = float(((bench - null) ** 2).sum()) if bench is not None else floor
         self.data[target] = (dev, bench, null, max(energy, floor))
 
@@ -176,8 +175,9 @@ class Blocks:
         energies = self.energies(targets, values, rows)
         if null_excess <= 0:
             return 0.0, {}
-        share = 1.0 - self.excess(energies, noise) / null_excess
-        return max(0.0, min(1.0, share)), {t: math.sqrt(e / noise[t]) for t, e in energies.items()}
+        return share_of(self.excess(energies, noise), null_excess), {
+            t: math.sqrt(e / noise[t]) for t, e in energies.items()
+        }
 
     def null_of(self, targets: Sequence[Target], rows: Rows | None = None) -> list[np.ndarray]:
         """The golden of the targets (of their `rows`)."""
@@ -194,10 +194,7 @@ class Blocks:
         if dev.shape[0] > 2 * SAMPLE_ROWS and target not in self.nonfinite:
             err = ((dev - null) ** 2).sum(axis=1)
             err = err - ((bench - null) ** 2).sum(axis=1) if bench is not None else err
-            worst = np.argsort(-err, kind="stable")[: SAMPLE_ROWS // 2]
-            rest = np.setdiff1d(np.arange(dev.shape[0]), worst)
-            spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
-            rows = np.unique(np.concatenate([worst, spread]))
+            rows, worst, spread = sample_rows(err)
             # a worst row stands for itself, an evenly spread one for its share of the others
             weights = np.full(rows.size, (dev.shape[0] - worst.size) / spread.size)
             weights[np.isin(rows, worst)] = 1.0
@@ -225,8 +222,7 @@ class Blocks:
         those rows have an excess error to explain)."""
         dev, bench, null = (a[rows] if a is not None else None for a in self.data[target][:3])
         assert dev is not None and null is not None
-        eps = 2.0 ** -(11 if self.case.dtype == "float16" else 8)
-        floor = float((null * null).sum()) * (eps / 4) ** 2 + 1e-30
+        floor = noise_floor(self.case, float((null * null).sum()))
         noise = max(float(((bench - null) ** 2).sum()) if bench is not None else floor, floor)
         null_excess = max(float(((dev - null) ** 2).sum()) / noise - 1.0, 0.0)
         if null_excess <= 0:
@@ -234,7 +230,7 @@ class Blocks:
         with np.errstate(over="ignore", invalid="ignore"):
             energy = float(((dev - value) ** 2).sum())
         hyp_excess = max(energy / noise - 1.0, 0.0) if math.isfinite(energy) else math.inf
-        return max(0.0, min(1.0, 1.0 - hyp_excess / null_excess)), True
+        return share_of(hyp_excess, null_excess), True
 
     def at_most(self, values: Mapping[Target, np.ndarray], rows: Rows | None = None) -> float:
         """A bound on `explained`'s share (no extra blocks) from a hypothesis's values of some targets (of
@@ -244,7 +240,7 @@ class Blocks:
         if null_excess <= 0:
             return 1.0
         left = self.excess(self.energies(list(values), list(values.values()), rows), noise)
-        return max(0.0, min(1.0, 1.0 - left / null_excess))
+        return share_of(left, null_excess)
 
     @property
     def screen(self) -> list[Target]:
@@ -277,7 +273,7 @@ class Blocks:
         return ", ".join(parts)
 
 
-def worst_targets(case: Case, tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
+def worst_targets(tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
     """The worst blocks of each failing tensor (and the 2 worst of each passing one), by block map score."""
     targets: list[Target] = []
     for result in tensors:
@@ -304,7 +300,7 @@ def gather_blocks(
 ) -> Blocks:
     failing = tuple(t.name for t in tensors if not t.passed)
     blocks = Blocks(case, ctx, device, benchmark, golden, failing)
-    for target in worst_targets(case, tensors, per_tensor):
+    for target in worst_targets(tensors, per_tensor):
         blocks.add(target)
         blocks.targets.append(target)
     return blocks

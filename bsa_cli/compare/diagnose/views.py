@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -23,6 +24,33 @@ KV_SIDE = ("key", "value")
 
 HELD_BYTES = 256 << 20
 """What a `Held` keeps at most (bytes): past it, it forgets everything and starts again."""
+SAMPLE_ROWS = 32
+"""Rows of a block a hypothesis is tried on first (`sample_rows`), when the block has more than twice as many."""
+
+
+def dtype_eps(case: Case) -> float:
+    """The case dtype's machine epsilon."""
+    return 2.0 ** -(11 if case.dtype == "float16" else 8)
+
+
+def noise_floor(case: Case, energy: Any) -> Any:
+    """The rounding noise of values of this golden `energy` (sum of squares): a quarter of the dtype's
+    epsilon of it, squared (per element or summed; a float or an array of them)."""
+    return energy * (dtype_eps(case) / 4) ** 2 + 1e-30
+
+
+def sample_rows(err: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of a block to try a hypothesis on first, by each row's excess error `err`: (the rows, the
+    worst half, the half evenly spread over the rest)."""
+    worst = np.argsort(-err, kind="stable")[: SAMPLE_ROWS // 2]
+    rest = np.setdiff1d(np.arange(err.size), worst)
+    spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
+    return np.unique(np.concatenate([worst, spread])), worst, spread
+
+
+def share_of(left: float, null: float) -> float:
+    """The share of an excess error `null` a hypothesis leaving `left` explains, in [0, 1]."""
+    return max(0.0, min(1.0, 1.0 - left / null))
 
 
 @dataclass
