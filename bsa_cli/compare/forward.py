@@ -18,13 +18,13 @@ import numpy as np
 
 from ..core.case import Case
 from ..golden import written_rows
-from ..standards import Settings
+from ..standards import Check, Settings, fmt, upper
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry, _geometry, only_rows
-from .judge import _upper, _with_detail, judge_tensor
+from .judge import judge_tensor
 from .locate import _worst_elements
 from .metrics import _measure, _Params
-from .results import Check, TensorResult, _fmt
+from .results import TensorResult
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 
@@ -36,9 +36,13 @@ LSE_FLOOR = {1: 2.0**-11, 0: 2.0**-14}
 innerPrecise: 1 computes lse in fp16 (err_thd of float16, 2^-11), 0 in fp32 (err_thd of float32, 2^-14). An
 lse error of e is a relative error e in every probability the backward recomputes from it."""
 
-LSE_LIMITS = {"lse_max_ratio": ("mare_ratio", 10.0), "lse_rmse_ratio": ("rmse_ratio", 2.0)}
-"""The lse checks, each with the double-benchmark key whose limit it takes (the case's, with its preset)
-and the default used under another standard."""
+LSE_LIMITS = {
+    "lse_max_ratio": ("mare_ratio", 10.0, "max abs error ratio", "max_abs_err"),
+    "lse_rmse_ratio": ("rmse_ratio", 2.0, "RMSE ratio", "rmse"),
+}
+"""The lse checks: each with the double-benchmark key whose limit it takes (the case's, with its preset,
+where its standard has that key), the default used under another standard, its label, and the metric
+(an `ErrorStats` field) it compares."""
 
 NOT_WRITTEN = "rows the forward must write hold NaN/Inf"
 """How `rows-written` says that rows the forward must write were not (the pair's `lse-unwritten` reads it)."""
@@ -136,17 +140,15 @@ def _judge_lse(
     assert dev_stats is not None and dev_rows is not None
     none = np.zeros(geom.rows, dtype=bool)
     checks = _structural_checks("lse", geom, device, dev_stats, nonfinite_rows, (none, none), settings)
-    double = settings.standard == "double-benchmark"
-    for key, (standard_key, default) in LSE_LIMITS.items():
-        limit = settings.thresholds[standard_key] if double else default
-        source = f"{standard_key} of {settings.label}" if double else f"double-benchmark's default ({settings.label})"
-        dev = dev_stats.max_abs_err if key == "lse_max_ratio" else dev_stats.rmse
-        ref = 0.0 if bench_stats is None else (bench_stats.max_abs_err if key == "lse_max_ratio" else bench_stats.rmse)
-        label = "max abs error ratio" if key == "lse_max_ratio" else "RMSE ratio"
-        check = _upper(key, "lse", dev / max(ref, floor), limit, label)
-        shown = f"benchmark {_fmt(ref)}" + (" floored" if ref < floor else "")
-        detail = f" (device {_fmt(dev)}, {shown}; floor {_fmt(floor)}: {why}; limit {source})"
-        checks.append(_with_detail(check, detail))
+    for key, (standard_key, default, label, metric) in LSE_LIMITS.items():
+        limit = settings.thresholds.get(standard_key, default)
+        own = standard_key in settings.thresholds
+        source = f"{standard_key} of {settings.label}" if own else f"double-benchmark's default ({settings.label})"
+        dev = getattr(dev_stats, metric)
+        ref = 0.0 if bench_stats is None else getattr(bench_stats, metric)
+        shown = f"benchmark {fmt(ref)}" + (" floored" if ref < floor else "")
+        detail = f" (device {fmt(dev)}, {shown}; floor {fmt(floor)}: {why}; limit {source})"
+        checks.append(upper(key, "lse", dev / max(ref, floor), limit, label, detail=detail))
     worst = _worst_elements(geom, dev_rows, device, golden, bench, "float32", err_thd=floor)
     return TensorResult(
         name="lse",

@@ -39,11 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BIAS_Z = 5.0
-"""Default `bias_z`: standard errors a bias must exceed to count as certain."""
-
-BIAS_FLOOR = 2.0**-16
-"""Default `bias_floor`: the relative bias float32 accumulation cannot reach."""
+from .base import BIAS_FLOOR as BIAS_FLOOR
+from .base import BIAS_Z as BIAS_Z
 
 PATH_Z = 4.0
 """The benchmark's bias within this many of its standard errors: the precision path shows no bias."""
