@@ -18,7 +18,8 @@ import numpy as np
 
 from ..core.case import Case
 from ..golden import written_rows
-from ..standards import Check, Settings, fmt, upper
+from ..standards import Settings
+from ..standards.base import Check, fmt, upper
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry, _geometry, only_rows
 from .judge import judge_tensor
@@ -191,45 +192,34 @@ def rows_written_check(
     """
     rows = geom.rows
     values2d = values.reshape(rows, -1)
-    bits = PREFILL_BITS.get(dtype)
+    bits = PREFILL_BITS.get(dtype) if prefilled else None
     unsigned = np.uint16 if values2d.dtype.itemsize == 2 else np.uint32
     step = max(1, CHUNK_ELEMENTS // max(values2d.shape[1], 1))
-    bad_written, bad_left = 0, 0
-    first_written: int | None = None
-    first_left: int | None = None
+    finite = np.empty(rows, dtype=bool)
+    prefill = np.ones(rows, dtype=bool)  # no prefill to check: every row left alone passes
     for start in range(0, rows, step):
         chunk = values2d[start : start + step]
-        must = written[start : start + step]
         with np.errstate(invalid="ignore"):
-            finite = np.isfinite(chunk.astype(np.float32)).all(axis=1)
-        broken = np.flatnonzero(must & ~finite)
-        if broken.size:
-            bad_written += int(broken.size)
-            first_written = start + int(broken[0]) if first_written is None else first_written
-        if prefilled and bits is not None:
-            prefill = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
-            touched = np.flatnonzero(~must & ~prefill)
-            if touched.size:
-                bad_left += int(touched.size)
-                first_left = start + int(touched[0]) if first_left is None else first_left
+            finite[start : start + step] = np.isfinite(chunk.astype(np.float32)).all(axis=1)
+        if bits is not None:
+            prefill[start : start + step] = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
+    broken, touched = np.flatnonzero(written & ~finite), np.flatnonzero(~written & ~prefill)
     n_written = int(np.count_nonzero(written))
     n_left = rows - n_written
     parts = []
-    if bad_written:
-        assert first_written is not None
+    if broken.size:
         parts.append(
-            f"{bad_written} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, first_written)}"
+            f"{broken.size} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, int(broken[0]))}"
         )
-    if bad_left:
-        assert first_left is not None
+    if touched.size:
         why = " (softmax_lse_flag 0: lse must stay unwritten)" if flag_zero else ""
         parts.append(
-            f"{bad_left} of {n_left} rows the forward must leave alone were written (not the NaN prefill){why}, "
-            f"first at {_where(geom, first_left)}"
+            f"{touched.size} of {n_left} rows the forward must leave alone were written (not the NaN prefill){why}, "
+            f"first at {_where(geom, int(touched[0]))}"
         )
     if parts:
         detail = f"{name} rows-written: " + "; ".join(parts)
-        return Check("rows-written", name, float(bad_written + bad_left), 0.0, False, detail, math.inf)
+        return Check("rows-written", name, float(broken.size + touched.size), 0.0, False, detail, math.inf)
     if flag_zero:
         text = (
             f"all {rows} rows hold the NaN prefill (softmax_lse_flag 0: lse left unwritten)"

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..core.case import Case
-from ..standards import Measured, Settings, bias, fmt
+from ..standards import Settings, bias
+from ..standards.base import Measured, fmt
 from ..store.manifest import GRAD_NAMES
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart

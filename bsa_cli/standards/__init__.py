@@ -28,40 +28,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..core.errors import suggest
-from .allclose import Allclose
-from .base import GENERAL_KEYS, STANDARDS, Check, Measured, Standard, ThresholdNotApplicable, fmt, get, upper
-from .double_benchmark import ERR_THD, SMALL_VALUE_THD, DoubleBenchmark
-from .fa_ratio import FaRatio
-from .single import Single
+from . import allclose, double_benchmark, fa_ratio, single  # defining their classes registers them
+from .base import GENERAL_KEYS, STANDARDS, Standard, ThresholdNotApplicable, get
+from .double_benchmark import ERR_THD, SMALL_VALUE_THD
 
 if TYPE_CHECKING:
     from ..core.case import Case
 
-__all__ = [
-    "DEFAULT_STANDARD",
-    "ERR_THD",
-    "GENERAL_KEYS",
-    "PADDING_MODES",
-    "SMALL_VALUE_THD",
-    "STANDARDS",
-    "Allclose",
-    "Check",
-    "DoubleBenchmark",
-    "FaRatio",
-    "Measured",
-    "RunSettings",
-    "Settings",
-    "Single",
-    "Standard",
-    "ThresholdNotApplicable",
-    "case_settings",
-    "fmt",
-    "get",
-    "parse_standard",
-    "resolve_settings",
-    "upper",
-    "validate_settings",
-]
+__all__ = ["ERR_THD", "SMALL_VALUE_THD", "allclose", "double_benchmark", "fa_ratio", "single"]
 
 DEFAULT_STANDARD = "double-benchmark"
 Padding = Literal["ignore", "zero"]

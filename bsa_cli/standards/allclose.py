@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Check, Measured, Standard, fmt, upper
+from .base import Check, Measured, Resolved, Standard, fmt, upper
 
 MSOPST = "msopst"
 """The preset of msOpST's form."""
@@ -46,9 +46,7 @@ class Allclose(Standard):
         if preset == MSOPST and "mismatch" in thresholds:
             raise ValueError("allclose:msopst does not take mismatch (it uses diff_thd and pct_thd)")
 
-    def finish(
-        self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None
-    ) -> tuple[dict[str, float], dict[str, str]]:
+    def finish(self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None) -> Resolved:
         """msOpST's form where its preset or any of its keys is given: without mismatch, its keys defaulted."""
         given = {k for k, o in origin.items() if o in ("case", "cli")}
         if preset != MSOPST and not given & set(self.presets[MSOPST]):

@@ -46,6 +46,9 @@ GENERAL_KEYS: dict[str, str] = {
 Stats = Any
 """A tensor's errors against the golden, as `compare.results.ErrorStats` holds them (a layer above this one)."""
 
+Resolved = tuple[dict[str, float], dict[str, str]]
+"""Resolved thresholds, and where each comes from ("default", "preset", "case", "cli")."""
+
 
 def by_dtype(table: Mapping[str, Any], dtype: str) -> Any:
     """A per-dtype value of `table`, float32's for a dtype it does not name."""
@@ -93,10 +96,7 @@ def upper(
 ) -> Check:
     """A check `value <= limit` (or `<` with `strict`); `detail` follows the comparison in its text."""
     passed = value < limit if strict else value <= limit
-    if limit > 0:
-        severity = value / limit
-    else:
-        severity = 0.0 if value <= 0 else math.inf
+    severity = value / limit if limit > 0 else 0.0 if value <= 0 else math.inf
     if not passed and severity <= 1:
         severity = 1.0 + 1e-12  # a strict limit reached exactly still fails
     op = ("<" if strict else "<=") if passed else (">=" if strict else ">")
@@ -208,9 +208,7 @@ class Standard(str, metaclass=ABCMeta):
     def check_rules(self, thresholds: Mapping[str, float], preset: str | None) -> None:
         """Raise ValueError where given thresholds break its own rules (none by default)."""
 
-    def finish(
-        self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None
-    ) -> tuple[dict[str, float], dict[str, str]]:
+    def finish(self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None) -> Resolved:
         """Return resolved thresholds and their origins after its own rules of resolution (none by default).
 
         Args:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Check, Measured, Standard, by_dtype, upper
+from .base import Check, Measured, Resolved, Standard, by_dtype, upper
 
 SINGLE_T = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-13}
 """The single-reference standard's T per dtype."""
@@ -26,9 +26,7 @@ class Single(Standard):
         t = by_dtype(SINGLE_T, dtype)
         return {"mere": t, "mare": 10 * t}
 
-    def finish(
-        self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None
-    ) -> tuple[dict[str, float], dict[str, str]]:
+    def finish(self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None) -> Resolved:
         if origin.get("mare") in ("case", "cli"):
             return thresholds, origin
         return {**thresholds, "mare": 10 * thresholds["mere"]}, origin  # 10 x a given mere

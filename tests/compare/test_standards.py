@@ -13,7 +13,8 @@ import pytest
 from bsa_cli import compare, standards
 from bsa_cli.compare import RunSettings
 from bsa_cli.core.case import numpy_dtype
-from bsa_cli.standards import GENERAL_KEYS, STANDARDS, Check, Measured, Standard, upper
+from bsa_cli.standards import GENERAL_KEYS, STANDARDS, Standard
+from bsa_cli.standards.base import Check, Measured, upper
 from tests.helpers import make_case
 
 DTYPES = ("float16", "bfloat16", "float32")
