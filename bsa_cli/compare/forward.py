@@ -136,14 +136,14 @@ def _judge_lse(
 ) -> TensorResult:
     """Judge lse on the written rows: its max and RMSE absolute errors against the benchmark's, floored."""
     floor, why = lse_floor(inner_precise)
-    base = _params_lse(settings, floor)
-    dev_stats, dev_rows, nonfinite_rows, bench_stats, _ = _measure(device, bench, golden, geom, base)
+    t = settings.thresholds
+    params = _Params("float32", floor, 2.0**-30, t["rtol"], t["atol"], None)  # float32 values, relative above the floor
+    dev_stats, dev_rows, nonfinite_rows, bench_stats, _ = _measure(device, bench, golden, geom, params)
     assert dev_stats is not None and dev_rows is not None
     none = np.zeros(geom.rows, dtype=bool)
     checks = _structural_checks("lse", geom, device, dev_stats, nonfinite_rows, (none, none), settings)
     for key, (standard_key, default, label, metric) in LSE_LIMITS.items():
-        limit = settings.thresholds.get(standard_key, default)
-        own = standard_key in settings.thresholds
+        limit, own = t.get(standard_key, default), standard_key in t
         source = f"{standard_key} of {settings.label}" if own else f"double-benchmark's default ({settings.label})"
         dev = getattr(dev_stats, metric)
         ref = 0.0 if bench_stats is None else getattr(bench_stats, metric)
@@ -165,12 +165,6 @@ def _judge_lse(
         extra={"floor": floor},
         golden_dtype=str(golden.dtype),
     )
-
-
-def _params_lse(settings: Settings, floor: float) -> _Params:
-    """The metric parameters of lse: float32 values, relative errors above the floor."""
-    t = settings.thresholds
-    return _Params("float32", floor, 2.0**-30, t["rtol"], t["atol"], None)
 
 
 def rows_written_check(

@@ -14,12 +14,12 @@ import numpy as np
 
 from ..core.case import Case
 from ..standards import Settings, bias
-from ..standards.base import Measured, fmt
+from ..standards.base import Measured
 from ..store.manifest import GRAD_NAMES
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
 from .metrics import _measure, _Params, _params, _RowOut, paired_relative_sums
-from .results import Check, ErrorStats, TensorResult
+from .results import ErrorStats, TensorResult
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 from .ulp import _MANTISSA_BITS
@@ -46,31 +46,6 @@ def _bias(
         pairs = paired_relative_sums(device, bench, golden, geom, params)
     ulp = bias.ulp_relative(_MANTISSA_BITS.get(params.io_dtype, 23))
     return bias.estimate(sides[0], sides[1], ulp, pairs)
-
-
-def _bias_check(name: str, estimate: bias.Bias, z_limit: float, floor: float) -> Check:
-    """The bias check of one tensor: its value is the standard errors of the deciding comparison."""
-    failed = estimate.beyond(z_limit, floor)
-    against_benchmark = estimate.against_benchmark(z_limit, floor)
-    z = estimate.z if against_benchmark or not failed else estimate.device_z
-    if not estimate.judgeable():
-        why = f"not judged: {estimate.count} values above err_thd, fewer than {bias.MIN_COUNT}"
-    elif failed and against_benchmark:
-        how = "paired" if estimate.paired else "unpaired"
-        why = f"{estimate.z:.3g} standard errors ({how}) from the benchmark's, over the floor {fmt(floor)}"
-    elif failed:
-        why = (
-            f"{estimate.device_z:.3g} standard errors from 0 where the benchmark shows none "
-            f"({estimate.benchmark_z:.2g}), over the floor {fmt(floor)}"
-        )
-    elif abs(estimate.device) <= floor and abs(estimate.difference) <= floor:
-        why = f"within the floor {fmt(floor)}"
-    else:
-        why = f"{estimate.z:.3g} standard errors from the benchmark's, not certain (limit {fmt(z_limit)})"
-    severity = max(z / z_limit, 1.0 + 1e-12) if failed else min(z / z_limit, 1.0)
-    if not failed and severity >= 1:
-        severity = 1.0  # certain but within the floor, or a precision path biased like the device
-    return Check("bias", name, float(z), float(z_limit), not failed, f"{name} {estimate.describe()}: {why}", severity)
 
 
 def judge_tensors(
@@ -160,7 +135,7 @@ def judge_tensor(
     estimate = None
     if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:
         estimate = _bias(dev_stats, bench_stats, (dev, bench, gold), geom, params, t["bias_floor"])
-        checks.append(_bias_check(name, estimate, t["bias_z"], t["bias_floor"]))
+        checks.append(estimate.check(name, t["bias_z"], t["bias_floor"]))
     failed = not all(c.passed for c in checks)
     chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
     return TensorResult(

@@ -152,14 +152,10 @@ def resolve_settings(dtype: str, case_settings: Mapping[str, Any] | None, run: R
     validate_settings(case_settings)
     case_standard, case_preset = parse_standard(case_settings.get("standard", DEFAULT_STANDARD))
     standard, preset = parse_standard(run.standard) if run.standard is not None else (case_standard, case_preset)
-    thresholds = standard.defaults(dtype)
     source = "cli" if run.standard is not None else "case" if "standard" in case_settings else "default"
-    origin = {"standard": source, **dict.fromkeys(thresholds, "default")}
-    if preset:
-        with_preset = standard.defaults(dtype, preset)
-        origin.update((k, "preset") for k, v in with_preset.items() if thresholds.get(k) != v)
-        origin = {k: o for k, o in origin.items() if k in with_preset or k == "standard"}
-        thresholds = with_preset
+    plain, thresholds = standard.defaults(dtype), standard.defaults(dtype, preset)
+    keys = [*(k for k in plain if k in thresholds), *(k for k in thresholds if k not in plain)]  # reports' order
+    origin = {"standard": source} | {k: "default" if plain.get(k) == thresholds[k] else "preset" for k in keys}
     for key in run.thresholds:
         if key not in standard.threshold_keys:
             raise ThresholdNotApplicable(

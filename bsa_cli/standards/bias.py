@@ -41,6 +41,7 @@ import numpy as np
 
 from .base import BIAS_FLOOR as BIAS_FLOOR
 from .base import BIAS_Z as BIAS_Z
+from .base import Check, fmt
 
 PATH_Z = 4.0
 """The benchmark's bias within this many of its standard errors: the precision path shows no bias."""
@@ -156,6 +157,32 @@ class Bias:
 
     def in_ulp(self, value: float) -> float:
         return value / self.ulp if self.ulp > 0 else 0.0
+
+    def check(self, tensor: str, z_limit: float, floor: float) -> Check:
+        """The bias check of a tensor: its value is the standard errors of the deciding comparison."""
+        failed = self.beyond(z_limit, floor)
+        against_benchmark = self.against_benchmark(z_limit, floor)
+        z = self.z if against_benchmark or not failed else self.device_z
+        if not self.judgeable():
+            why = f"not judged: {self.count} values above err_thd, fewer than {MIN_COUNT}"
+        elif failed and against_benchmark:
+            how = "paired" if self.paired else "unpaired"
+            why = f"{self.z:.3g} standard errors ({how}) from the benchmark's, over the floor {fmt(floor)}"
+        elif failed:
+            why = (
+                f"{self.device_z:.3g} standard errors from 0 where the benchmark shows none "
+                f"({self.benchmark_z:.2g}), over the floor {fmt(floor)}"
+            )
+        elif abs(self.device) <= floor and abs(self.difference) <= floor:
+            why = f"within the floor {fmt(floor)}"
+        else:
+            why = f"{self.z:.3g} standard errors from the benchmark's, not certain (limit {fmt(z_limit)})"
+        severity = max(z / z_limit, 1.0 + 1e-12) if failed else min(z / z_limit, 1.0)
+        if not failed and severity >= 1:
+            severity = 1.0  # certain but within the floor, or a precision path biased like the device
+        return Check(
+            "bias", tensor, float(z), float(z_limit), not failed, f"{tensor} {self.describe()}: {why}", severity
+        )
 
     def describe(self) -> str:
         """The estimate in words: relative and in ULPs, each side with its standard error."""
