@@ -28,14 +28,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..core.errors import suggest
-from . import allclose, double_benchmark, fa_ratio, single  # defining their classes registers them
+from . import allclose as allclose  # importing a standard's module defines its class, which registers it
+from . import double_benchmark as double_benchmark
+from . import fa_ratio as fa_ratio
+from . import single as single
 from .base import GENERAL_KEYS, STANDARDS, Standard, ThresholdNotApplicable, get
-from .double_benchmark import ERR_THD, SMALL_VALUE_THD
+from .double_benchmark import ERR_THD as ERR_THD
+from .double_benchmark import SMALL_VALUE_THD as SMALL_VALUE_THD
 
 if TYPE_CHECKING:
     from ..core.case import Case
-
-__all__ = ["ERR_THD", "SMALL_VALUE_THD", "allclose", "double_benchmark", "fa_ratio", "single"]
 
 DEFAULT_STANDARD = "double-benchmark"
 Padding = Literal["ignore", "zero"]
@@ -164,9 +166,9 @@ def resolve_settings(dtype: str, case_settings: Mapping[str, Any] | None, run: R
             )
     case_thresholds = case_settings.get("thresholds") or {}
     given = {k: v for k, v in case_thresholds.items() if case_standard == standard or k in GENERAL_KEYS}
-    for source, values in (("case", given), ("cli", run.thresholds)):
+    for where, values in (("case", given), ("cli", run.thresholds)):
         thresholds.update((k, float(v)) for k, v in values.items())
-        origin.update(dict.fromkeys(values, source))
+        origin.update(dict.fromkeys(values, where))
     thresholds, origin = standard.finish(thresholds, origin, preset)
     padding = run.padding or case_settings.get("padding") or "ignore"
     origin["padding"] = "cli" if run.padding else "case" if case_settings.get("padding") else "default"

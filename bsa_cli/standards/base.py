@@ -122,8 +122,13 @@ STANDARDS: dict[str, Standard] = {}
 class Standard(str, metaclass=ABCMeta):
     """A comparison standard: its name (the string itself), threshold keys, defaults, rules and checks.
 
-    A subclass sets the class attributes and `own_defaults` and `checks`; the other methods are hooks
-    with the behaviour most standards want.
+    A new standard is one subclass in its own module (imported by the package's face), and nothing outside
+    this package changes. It sets `name`, `summary` and `keys`, and defines `own_defaults` (its keys'
+    defaults per dtype) and `checks` (Checks from a tensor's measured errors, `upper` makes most). Where it
+    differs from the usual, it also sets `presets`, `needs_benchmark`, `bias_z`, `atk_name`/`atk_keys` and
+    `rank`, and overrides the hooks: `defaults` (a preset that drops a key, other general defaults),
+    `check_rules` (keys that exclude each other), `finish` (a default derived from a given key) and
+    `measure` (a value its checks need from the golden itself).
 
     Attributes:
         name: what `--standard` and a spec's `compare.standard` call it.
