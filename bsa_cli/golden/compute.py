@@ -36,6 +36,15 @@ def _zeros_grads(
     return np.zeros(q_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype)
 
 
+def _forward_rows(
+    query: np.ndarray, out_dtype: DTypeLike = np.float64, lse_dtype: DTypeLike = np.float64
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return one entry's out (zeros), lse (-inf) and empty (True) rows for a [N1, sq, D] `query`."""
+    heads, q_len, dim = query.shape
+    out = np.zeros((heads, q_len, dim), dtype=out_dtype)
+    return out, np.full((heads, q_len), -np.inf, dtype=lse_dtype), np.ones((heads, q_len), dtype=bool)
+
+
 def _each_kv_head(entry: _Entry, path: Callable[[], _Path]) -> list[_Task]:
     """Return one walk per kv head of `entry`, each with a path of its own from `path()`."""
     return [_Task(path(), kv_head) for kv_head in range(entry.key.shape[0])]
@@ -62,10 +71,7 @@ def forward_sequence(
         out [N1, sq, D] float64 (0 on empty rows), lse [N1, sq] float64 (natural log of the sum of exp
         of the scaled scores over the selected positions; -inf on empty rows), and empty [N1, sq] bool.
     """
-    heads, q_len, dim = query.shape
-    out = np.zeros((heads, q_len, dim))
-    lse = np.full((heads, q_len), -np.inf)
-    empty = np.ones((heads, q_len), dtype=bool)
+    out, lse, empty = _forward_rows(query)
     entry = _Entry.of(None, query, key, value, block_mask, block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))
     return out, lse, empty
@@ -150,10 +156,7 @@ def forward_backward_sequence(
         the golden backward of that out and lse (as `backward_sequence`, to its rounding).
     """
     precision = _check_precision(precision)
-    heads, q_len, dim = query.shape
-    out = np.zeros((heads, q_len, dim), dtype=io_dtype)
-    lse = np.full((heads, q_len), -np.inf, dtype=np.float32)
-    empty = np.ones((heads, q_len), dtype=bool)
+    out, lse, empty = _forward_rows(query, io_dtype, np.float32)
     grads = _zeros_grads(query.shape, key.shape, precision)
     entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
     _run(_each_kv_head(entry, lambda: _ForwardGolden(entry, out, lse, empty, grads)))
@@ -163,14 +166,6 @@ def forward_backward_sequence(
 # ---- whole case ---------------------------------------------------------------------------------
 
 
-def _zero_case_grads(case: Case, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (
-        np.zeros(case.q_shape, dtype=dtype),
-        np.zeros(case.kv_shape, dtype=dtype),
-        np.zeros(case.kv_shape, dtype=dtype),
-    )
-
-
 def _grad_views(
     case: Case, grads: tuple[np.ndarray, ...], span: SequenceSpan
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -178,10 +173,13 @@ def _grad_views(
     return q_view(case, dq, span), kv_view(case, dk, span), kv_view(case, dv, span)
 
 
-def _case_entries(
-    case: Case, dout: np.ndarray | None, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray
-) -> Iterator[tuple[SequenceSpan, _Entry]]:
+Inputs = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""A case's dout (None for the forward), query, key, value and block mask."""
+
+
+def _case_entries(case: Case, inputs: Inputs) -> Iterator[tuple[SequenceSpan, _Entry]]:
     """Yield (span, entry) for each batch entry of a case with query rows."""
+    dout, query, key, value, block_mask = inputs
     for span in case.spans():
         if span.q_len == 0:
             continue
@@ -197,10 +195,19 @@ def _case_entries(
         yield span, entry
 
 
+def _case_walks(case: Case, inputs: Inputs, path: Callable[[SequenceSpan, _Entry], _Path]) -> list[_Task]:
+    """Return one walk per batch entry (with query rows) and kv head of a case, with a path of its own from
+    `path(span, entry)`."""
+    walks = []
+    for span, entry in _case_entries(case, inputs):
+        walks += _each_kv_head(entry, lambda: path(span, entry))  # noqa: B023 (called at once)
+    return walks
+
+
 def forward(
-    case: Case, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray
+    case: Case, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray, jobs: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Compute attentionOut and softmaxLse of a case in float64.
+    """Compute attentionOut and softmaxLse of a case in float64, its walks in up to `jobs` threads (same bits).
 
     Returns:
         attention_out of shape `case.q_shape` and softmax_lse of shape `case.q_shape[:-1]` (no trailing 1).
@@ -208,10 +215,12 @@ def forward(
     """
     attention_out = np.zeros(case.q_shape)
     softmax_lse = np.full(case.q_shape[:-1], case.empty_row_lse, dtype=np.float64)
-    for span, entry in _case_entries(case, None, query, key, value, block_mask):
-        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
-        empty = np.ones(lse.shape, dtype=bool)
-        _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))  # noqa: B023 (called at once)
+
+    def path(span: SequenceSpan, entry: _Entry) -> _Path:
+        lse = lse_view(case, softmax_lse, span)
+        return _Forward(entry, q_view(case, attention_out, span), lse, np.ones(lse.shape, dtype=bool))
+
+    _run(_case_walks(case, (None, query, key, value, block_mask), path), _lanes(case, block_mask, jobs))
     return attention_out, softmax_lse
 
 
@@ -258,14 +267,13 @@ def _backward_case(
     """Walk a backward precision path (`_Golden`, `_Kernel`) over every batch entry and kv head of a case,
     from the given out and lse, into dq, dk, dv of `dtype`."""
     dout, query, key, value, attention_out, softmax_lse, block_mask = arrays
-    grads = _zero_case_grads(case, dtype)
-    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
-        out, lse, views = (
-            q_view(case, attention_out, span),
-            lse_view(case, softmax_lse, span),
-            _grad_views(case, grads, span),
-        )
-        _run(_each_kv_head(entry, lambda: path(entry, out, lse, views)))  # noqa: B023 (called at once)
+    grads = _zeros_grads(case.q_shape, case.kv_shape, dtype)
+
+    def walk_path(span: SequenceSpan, entry: _Entry) -> _Path:
+        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
+        return path(entry, out, lse, _grad_views(case, grads, span))
+
+    _run(_case_walks(case, (dout, query, key, value, block_mask), walk_path))
     return grads
 
 
@@ -340,11 +348,11 @@ def _generate(
     """Run the golden walks (and the benchmark walks after them) of every entry and kv head."""
     precision = _check_precision(precision)
     attention_out, softmax_lse = _rounded_forward_arrays(case)
-    gold = _zero_case_grads(case, precision)
-    bench = _zero_case_grads(case, numpy_dtype(case.dtype)) if benchmark else ()
+    gold = _zeros_grads(case.q_shape, case.kv_shape, precision)
+    bench = _zeros_grads(case.q_shape, case.kv_shape, numpy_dtype(case.dtype)) if benchmark else ()
     jobs = _lanes(case, block_mask, jobs)
     walks: list[tuple[_Task, _Task | None]] = []  # (golden, benchmark) of entries and kv heads, one round
-    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
+    for span, entry in _case_entries(case, (dout, query, key, value, block_mask)):
         out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
         empty = np.ones(lse.shape, dtype=bool)
         gold_views = _grad_views(case, gold, span)

@@ -315,10 +315,18 @@ class _ForwardGolden(_Golden):
         self.keys64 = self.values64 = np.empty((0, 0))  # scratch of the walk, which is over
 
 
-class _Kernel(_Path):
-    """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
+class _KernelInputs(_Path):
+    """A kernel's path: it reads key and value rounded to its input dtype `io_dtype`, in float32 blocks."""
 
     block_dtype = np.dtype(np.float32)
+    io_dtype: np.dtype
+
+    def blocks(self, tensor: np.ndarray) -> np.ndarray:
+        return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
+
+
+class _Kernel(_KernelInputs):
+    """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
 
     def __init__(
         self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -330,9 +338,6 @@ class _Kernel(_Path):
         self.scale32 = np.float32(entry.scale)
         self.watch = _WATCH.get()
         self.seen = KernelRange() if self.watch is not None else None
-
-    def blocks(self, tensor: np.ndarray) -> np.ndarray:
-        return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
 
     def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
         self.dk_blocks = np.zeros_like(key_blocks)
