@@ -305,10 +305,8 @@ def forward_backward(
         float32: bit for bit `forward`'s, cast; then dq, dk, dv in `precision` (float32 or float64), as
         `backward` gives for that out and lse, to its rounding.
     """
-    attention_out, softmax_lse, (dq, dk, dv), _ = _generate(
-        case, dout, query, key, value, block_mask, precision, jobs, False
-    )
-    return attention_out, softmax_lse, dq, dk, dv
+    out, lse, (dq, dk, dv), _ = golden_and_benchmark(case, dout, query, key, value, block_mask, precision, jobs, False)
+    return out, lse, dq, dk, dv
 
 
 def golden_and_benchmark(
@@ -320,32 +318,19 @@ def golden_and_benchmark(
     block_mask: np.ndarray,
     precision: DTypeLike = np.float32,
     jobs: int = 1,
+    benchmark: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """Compute what `bsa gen` writes: `forward_backward`'s out, lse and golden, and the kernel-faithful benchmark.
 
     The benchmark is `backward_kernel` of the rounded out and lse, bit for bit. Its walk over a kv head
     follows the golden's tile by tile; with `jobs` > 1 the walks run in up to `jobs` threads, largest first,
-    when the case's rows carry enough arithmetic to share (`_THREADS_MIN_ROW_FLOPS`).
+    when the case's rows carry enough arithmetic to share (`_THREADS_MIN_ROW_FLOPS`). Without `benchmark`
+    only the golden walks run (`forward_backward`) and the benchmark is ().
 
     Returns:
         attention_out, softmax_lse ([q_shape[:-1]] float32), golden (dq, dk, dv) of `precision`, and
         benchmark (dq, dk, dv) of the case dtype.
     """
-    return _generate(case, dout, query, key, value, block_mask, precision, jobs, True)
-
-
-def _generate(
-    case: Case,
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    block_mask: np.ndarray,
-    precision: DTypeLike,
-    jobs: int,
-    benchmark: bool,
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """Run the golden walks (and the benchmark walks after them) of every entry and kv head."""
     precision = _check_precision(precision)
     attention_out, softmax_lse = _rounded_forward_arrays(case)
     gold = _zeros_grads(case.q_shape, case.kv_shape, precision)

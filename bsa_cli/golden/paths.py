@@ -18,8 +18,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import operator
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -64,27 +66,27 @@ class KernelRange:
     dscores_flushed: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def _fold(self, field: str, value: float, how: Callable[[Any, Any], Any] = operator.add) -> None:
+        setattr(self, field, how(getattr(self, field), value))
+
     def add(self, other: KernelRange) -> None:
         with self.lock:
-            self.max_abs_probs = max(self.max_abs_probs, other.max_abs_probs)
-            self.max_abs_dscores = max(self.max_abs_dscores, other.max_abs_dscores)
-            self.probs_nonzero += other.probs_nonzero
-            self.probs_flushed += other.probs_flushed
-            self.dscores_nonzero += other.dscores_nonzero
-            self.dscores_flushed += other.dscores_flushed
+            for name in ("probs", "dscores"):
+                self._fold(f"max_abs_{name}", getattr(other, f"max_abs_{name}"), max)
+                self._fold(f"{name}_nonzero", getattr(other, f"{name}_nonzero"))
+                self._fold(f"{name}_flushed", getattr(other, f"{name}_flushed"))
 
     def before(self, name: str, values: np.ndarray) -> None:
         """Add one chunk of `name` ('probs' or 'dscores') before rounding: two reductions and a count."""
         if values.size:
-            top = max(float(values.max()), -float(values.min()))
-            setattr(self, f"max_abs_{name}", max(getattr(self, f"max_abs_{name}"), top))
+            self._fold(f"max_abs_{name}", max(float(values.max()), -float(values.min())), max)
         count = int(np.count_nonzero(values))
-        setattr(self, f"{name}_nonzero", getattr(self, f"{name}_nonzero") + count)
-        setattr(self, f"{name}_flushed", getattr(self, f"{name}_flushed") + count)
+        self._fold(f"{name}_nonzero", count)
+        self._fold(f"{name}_flushed", count)
 
     def after(self, name: str, values: np.ndarray) -> None:
         """Take the same chunk after rounding: the nonzero values that remain were not flushed."""
-        setattr(self, f"{name}_flushed", getattr(self, f"{name}_flushed") - int(np.count_nonzero(values)))
+        self._fold(f"{name}_flushed", -int(np.count_nonzero(values)))
 
 
 _WATCH: contextvars.ContextVar[KernelRange | None] = contextvars.ContextVar("watch", default=None)
@@ -365,20 +367,17 @@ class _Kernel(_KernelInputs):
             np.exp(chunk_probs, out=chunk_probs)
             chunk_dscores -= dsum[part, None]
             chunk_dscores *= chunk_probs
-            if self.seen is not None:
-                self.seen.before("probs", chunk_probs)
-                self.seen.before("dscores", chunk_dscores)
-            round_float32(chunk_probs, io_dtype, BACKWARD_TIES, out=chunk_probs)  # P16
-            round_float32(chunk_dscores, io_dtype, BACKWARD_TIES, out=chunk_dscores)  # dS16
-            if self.seen is not None:
-                self.seen.after("probs", chunk_probs)
-                self.seen.after("dscores", chunk_dscores)
-        probs_io, dscores_io = probs, dscores
-        _add_products(self.dv_blocks, selected, probs_io, dout_rows, scratch)
-        dq_rows = dscores_io @ keys
+            for name, chunk in (("probs", chunk_probs), ("dscores", chunk_dscores)):  # rounded: P16, dS16
+                if self.seen is not None:
+                    self.seen.before(name, chunk)
+                round_float32(chunk, io_dtype, BACKWARD_TIES, out=chunk)
+                if self.seen is not None:
+                    self.seen.after(name, chunk)
+        _add_products(self.dv_blocks, selected, probs, dout_rows, scratch)
+        dq_rows = dscores @ keys
         dq_rows *= self.scale32
         self.dq[head, rows] = to_dtype(dq_rows, io_dtype, BACKWARD_TIES)
-        _add_products(self.dk_blocks, selected, dscores_io, query_rows, scratch)
+        _add_products(self.dk_blocks, selected, dscores, query_rows, scratch)
 
     def finish(self, kv_head: int) -> None:
         dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
