@@ -25,10 +25,8 @@ class Allclose(Standard):
         "max_diff": "msOpST: the largest element error must stay below this (default 0.1)",
     }
     presets = {MSOPST: {"diff_thd": 0.01, "pct_thd": 0.05, "max_diff": 0.1}}
+    own_defaults = {"mismatch": 0.0}
     rank = 2
-
-    def own_defaults(self, dtype: str) -> dict[str, float]:
-        return {"mismatch": 0.0}
 
     def defaults(self, dtype: str, preset: str | None = None) -> dict[str, float]:
         values = super().defaults(dtype, preset)

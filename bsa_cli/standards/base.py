@@ -123,17 +123,18 @@ class Standard(str, metaclass=ABCMeta):
     """A comparison standard: its name (the string itself), threshold keys, defaults, rules and checks.
 
     A new standard is one subclass in its own module (imported by the package's face), and nothing outside
-    this package changes. It sets `name`, `summary` and `keys`, and defines `own_defaults` (its keys'
-    defaults per dtype) and `checks` (Checks from a tensor's measured errors, `upper` makes most). Where it
-    differs from the usual, it also sets `presets`, `needs_benchmark`, `bias_z`, `atk_name`/`atk_keys` and
-    `rank`, and overrides the hooks: `defaults` (a preset that drops a key, other general defaults),
-    `check_rules` (keys that exclude each other), `finish` (a default derived from a given key) and
-    `measure` (a value its checks need from the golden itself).
+    this package changes. It sets `name`, `summary`, `keys` and `own_defaults`, and defines `checks` (Checks
+    from a tensor's measured errors, `upper` makes most). Where it differs from the usual, it also sets
+    `presets`, `needs_benchmark`, `bias_z`, `atk_name`/`atk_keys` and `rank`, and overrides the hooks:
+    `defaults` (a preset that drops a key, other general defaults), `check_rules` (keys that exclude each
+    other), `finish` (a default derived from a given key) and `measure` (a value its checks need from the
+    golden itself).
 
     Attributes:
         name: what `--standard` and a spec's `compare.standard` call it.
         summary: one line for `--help` and docs.
         keys: its own threshold keys with their meaning (every standard also takes `GENERAL_KEYS`).
+        own_defaults: its own keys' defaults (without a preset): a number, or a table by dtype (`by_dtype`).
         presets: `name:preset` threshold sets.
         needs_benchmark: its checks measure the device against the benchmark (kernel-faithful) outputs.
         bias_z: its default `bias_z` (inf: the bias check is off unless asked for).
@@ -145,6 +146,7 @@ class Standard(str, metaclass=ABCMeta):
     name: ClassVar[str]
     summary: ClassVar[str]
     keys: ClassVar[Mapping[str, str]]
+    own_defaults: ClassVar[Mapping[str, float | Mapping[str, float]]]
     presets: ClassVar[Mapping[str, Mapping[str, float]]] = {}
     needs_benchmark: ClassVar[bool] = False
     bias_z: ClassVar[float] = math.inf
@@ -176,16 +178,13 @@ class Standard(str, metaclass=ABCMeta):
         """How `--standard` may name it: alone and with each preset."""
         return [str(self), *(f"{self}:{p}" for p in self.presets)]
 
-    @abstractmethod
-    def own_defaults(self, dtype: str) -> dict[str, float]:
-        """Return its own thresholds' defaults for a dtype (without a preset)."""
-
     def defaults(self, dtype: str, preset: str | None = None) -> dict[str, float]:
         """Return its thresholds for a dtype before any override, with `preset` applied: its own, then the
         general ones."""
         rtol, atol = by_dtype(ALLCLOSE_TOL, dtype)
         general = {"zero_atol": 0.0, "rtol": rtol, "atol": atol, "bias_z": self.bias_z, "bias_floor": BIAS_FLOOR}
-        return {**self.own_defaults(dtype), **(self.presets[preset] if preset else {}), **general}
+        own = {k: by_dtype(v, dtype) if isinstance(v, Mapping) else v for k, v in self.own_defaults.items()}
+        return {**own, **(self.presets[preset] if preset else {}), **general}
 
     def check(self, thresholds: Any, preset: str | None = None) -> dict[str, float]:
         """Return given thresholds as floats after checking their keys, their values and its own rules.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .base import BIAS_Z, Check, Measured, Standard, by_dtype, fmt, upper
+from .base import BIAS_Z, Check, Measured, Standard, fmt, upper
 
 ERR_THD = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-14}
 """ATK's err_thd: the floor of benchmark errors, and the |golden| above which relative errors count."""
@@ -42,19 +42,17 @@ class DoubleBenchmark(Standard):
     bias_z = BIAS_Z
     atk_name = "cv_fused_double_benchmark"
     atk_keys = {"mare_ratio": "max_re_ratio", "mere_ratio": "avg_re_ratio", "rmse_ratio": "root_mean_squared_ratio"}
+    own_defaults = {
+        "mare_ratio": 10.0,
+        "mere_ratio": 2.0,
+        "rmse_ratio": 2.0,
+        "small_value_ratio": 2.0,
+        "err_thd": ERR_THD,
+        "small_value_thd": SMALL_VALUE_THD,
+        "tile_ratio": 3.0,
+        "tile_floor": 0.1,
+    }
     rank = 0
-
-    def own_defaults(self, dtype: str) -> dict[str, float]:
-        return {
-            "mare_ratio": 10.0,
-            "mere_ratio": 2.0,
-            "rmse_ratio": 2.0,
-            "small_value_ratio": 2.0,
-            "err_thd": by_dtype(ERR_THD, dtype),
-            "small_value_thd": by_dtype(SMALL_VALUE_THD, dtype),
-            "tile_ratio": 3.0,
-            "tile_floor": 0.1,
-        }
 
     def checks(self, m: Measured, t: Mapping[str, float]) -> list[Check]:
         device, bench = m.device, m.bench

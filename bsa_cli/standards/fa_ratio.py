@@ -22,10 +22,8 @@ class FaRatio(Standard):
         "floor_factor": "ULP floor: this times max |(g + 0.3) - 0.3 - g| in the case dtype (default 2)",
     }
     needs_benchmark = True
+    own_defaults = {"k": 3.0, "floor_factor": 2.0}
     rank = 3
-
-    def own_defaults(self, dtype: str) -> dict[str, float]:
-        return {"k": 3.0, "floor_factor": 2.0}
 
     def measure(self, golden: np.ndarray, dtype: str, thresholds: Mapping[str, float]) -> dict[str, float]:
         """The ULP floor: floor_factor x max |(g + 0.3) - 0.3 - g|, all in the case dtype."""

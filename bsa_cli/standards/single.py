@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from .base import Check, Measured, Resolved, Standard, by_dtype, upper
+from .base import Check, Measured, Resolved, Standard, upper
 
 SINGLE_T = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-13}
 """The single-reference standard's T per dtype."""
@@ -20,11 +20,8 @@ class Single(Standard):
         "mere": "limit of mean relative error (T: 2^-10 fp16, 2^-7 bf16)",
         "mare": "limit of max relative error (default 10 x mere)",
     }
+    own_defaults = {"mere": SINGLE_T, "mare": {dtype: 10 * t for dtype, t in SINGLE_T.items()}}
     rank = 1
-
-    def own_defaults(self, dtype: str) -> dict[str, float]:
-        t = by_dtype(SINGLE_T, dtype)
-        return {"mere": t, "mare": 10 * t}
 
     def finish(self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None) -> Resolved:
         if origin.get("mare") in ("case", "cli"):

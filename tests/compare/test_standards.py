@@ -77,9 +77,7 @@ class MaxAbs(Standard):
     summary = "max abs error <= limit"
     keys = {"limit": "largest abs error allowed"}
     presets = {"loose": {"limit": 1.0}}
-
-    def own_defaults(self, dtype: str) -> dict[str, float]:
-        return {"limit": 1e-3}
+    own_defaults = {"limit": 1e-3}
 
     def checks(self, m: Measured, t: Mapping[str, float]) -> list[Check]:
         return [upper("limit", m.tensor, m.device.max_abs_err, t["limit"], "max abs error")]
