@@ -9,13 +9,14 @@ walks of every entry and kv head in rounds, in threads when the rows carry enoug
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 from ..core.case import Case, SequenceSpan, numpy_dtype
 from ..core.layout import kv_view, lse_view, mask_view, q_view
-from .paths import _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
+from .paths import Grads, Inputs, _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
 from .walk import _run, _SharedBlocks, _Task, _Tiles
 
 # ---- one batch entry ----------------------------------------------------------------------------
@@ -29,16 +30,12 @@ def _check_precision(precision: DTypeLike) -> np.dtype:
     return precision
 
 
-def _zeros_grads(
-    q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype: DTypeLike
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _zeros_grads(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype: DTypeLike) -> Grads:
     """Return zero-filled (dq, dk, dv) of the query's and the key's shape."""
     return np.zeros(q_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype)
 
 
-def _forward_rows(
-    query: np.ndarray, out_dtype: DTypeLike = np.float64, lse_dtype: DTypeLike = np.float64
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _forward_rows(query: np.ndarray, out_dtype: DTypeLike = np.float64, lse_dtype: DTypeLike = np.float64) -> Grads:
     """Return one entry's out (zeros), lse (-inf) and empty (True) rows for a [N1, sq, D] `query`."""
     heads, q_len, dim = query.shape
     out = np.zeros((heads, q_len, dim), dtype=out_dtype)
@@ -57,7 +54,7 @@ def forward_sequence(
     block_mask: np.ndarray,
     block_shape: Sequence[int],
     scale: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute block-sparse attention of one batch entry in float64.
 
     Args:
@@ -72,7 +69,7 @@ def forward_sequence(
         of the scaled scores over the selected positions; -inf on empty rows), and empty [N1, sq] bool.
     """
     out, lse, empty = _forward_rows(query)
-    entry = _Entry.of(None, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((None, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))
     return out, lse, empty
 
@@ -88,7 +85,7 @@ def backward_sequence(
     block_shape: Sequence[int],
     scale: float,
     precision: DTypeLike = np.float32,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute dq, dk, dv of one batch entry in `precision` (float32 or float64) from the given out and lse.
 
     Args:
@@ -100,7 +97,7 @@ def backward_sequence(
         dq [N1, sq, D], dk and dv [N2, skv, D], all of `precision`.
     """
     grads = _zeros_grads(query.shape, key.shape, _check_precision(precision))
-    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Golden(entry, out, lse, grads)))
     return grads
 
@@ -116,7 +113,7 @@ def backward_sequence_kernel(
     block_shape: Sequence[int],
     scale: float,
     io_dtype: DTypeLike,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute dq, dk, dv of one batch entry the way the A2/A3 kernel does (docs/operator.md section 2).
 
     Tensors are first rounded to `io_dtype` and lse to float32, as the kernel sees them.
@@ -126,7 +123,7 @@ def backward_sequence_kernel(
         dq, dk, dv of `io_dtype` (float16 or bfloat16).
     """
     grads = _zeros_grads(query.shape, key.shape, io_dtype)
-    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Kernel(entry, out, lse, grads)))
     return grads
 
@@ -158,7 +155,7 @@ def forward_backward_sequence(
     precision = _check_precision(precision)
     out, lse, empty = _forward_rows(query, io_dtype, np.float32)
     grads = _zeros_grads(query.shape, key.shape, precision)
-    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _ForwardGolden(entry, out, lse, empty, grads)))
     return (out, lse, empty, *grads)
 
@@ -166,33 +163,19 @@ def forward_backward_sequence(
 # ---- whole case ---------------------------------------------------------------------------------
 
 
-def _grad_views(
-    case: Case, grads: tuple[np.ndarray, ...], span: SequenceSpan
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _grad_views(case: Case, grads: tuple[np.ndarray, ...], span: SequenceSpan) -> Grads:
     dq, dk, dv = grads
     return q_view(case, dq, span), kv_view(case, dk, span), kv_view(case, dv, span)
 
 
-Inputs = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""A case's dout (None for the forward), query, key, value and block mask."""
-
-
 def _case_entries(case: Case, inputs: Inputs) -> Iterator[tuple[SequenceSpan, _Entry]]:
     """Yield (span, entry) for each batch entry of a case with query rows."""
-    dout, query, key, value, block_mask = inputs
     for span in case.spans():
         if span.q_len == 0:
             continue
-        entry = _Entry.of(
-            None if dout is None else q_view(case, dout, span),
-            q_view(case, query, span),
-            kv_view(case, key, span),
-            kv_view(case, value, span),
-            mask_view(case, block_mask, span),
-            case.block_shape,
-            case.kernel_scale,
-        )
-        yield span, entry
+        views = (q_view, q_view, kv_view, kv_view, mask_view)
+        arrays = tuple(None if a is None else view(case, a, span) for view, a in zip(views, inputs, strict=True))
+        yield span, _Entry.of(cast(Inputs, arrays), case.block_shape, case.kernel_scale)
 
 
 def _case_walks(case: Case, inputs: Inputs, path: Callable[[SequenceSpan, _Entry], _Path]) -> list[_Task]:
@@ -234,7 +217,7 @@ def backward(
     softmax_lse: np.ndarray,
     block_mask: np.ndarray,
     precision: DTypeLike = np.float32,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute the golden dq, dk, dv of a case in `precision` (float32 or float64).
 
     `softmax_lse` may have the trailing axis of size one or not. Padding stays 0.
@@ -252,7 +235,7 @@ def backward_kernel(
     attention_out: np.ndarray,
     softmax_lse: np.ndarray,
     block_mask: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute dq, dk, dv of a case on the kernel's precision path, in the case dtype."""
     arrays = (dout, query, key, value, attention_out, softmax_lse, block_mask)
     return _backward_case(case, arrays, numpy_dtype(case.dtype), _Kernel)
@@ -262,8 +245,8 @@ def _backward_case(
     case: Case,
     arrays: tuple[np.ndarray, ...],
     dtype: DTypeLike,
-    path: Callable[[_Entry, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]], _Path],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    path: Callable[[_Entry, np.ndarray, np.ndarray, Grads], _Path],
+) -> Grads:
     """Walk a backward precision path (`_Golden`, `_Kernel`) over every batch entry and kv head of a case,
     from the given out and lse, into dq, dk, dv of `dtype`."""
     dout, query, key, value, attention_out, softmax_lse, block_mask = arrays

@@ -28,6 +28,12 @@ import numpy as np
 from ..core.rounding import BACKWARD_TIES, FORWARD_TIES, round_float32, to_dtype
 from .numerics import _add_products, _chunks, _mask_tail, _padded_blocks, _Scratch, _to_io_fp32
 
+Grads = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""dq, dk, dv (of a batch entry, a case, or a view of either)."""
+
+Inputs = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""dout (None for the forward), query, key, value and the block mask: of a case, or heads-major of a batch entry."""
+
 
 def _check_mask(block_mask: np.ndarray, heads: int, q_len: int, kv_len: int, block_shape: Sequence[int]) -> np.ndarray:
     """Return `block_mask` as bool, after checking it is [N1, ceil(q_len/X), ceil(kv_len/Y)]."""
@@ -117,17 +123,9 @@ class _Entry:
     tail_pad: int  # padding columns of the last kv block
 
     @classmethod
-    def of(
-        cls,
-        dout: np.ndarray | None,
-        query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
-        block_mask: np.ndarray,
-        block_shape: Sequence[int],
-        scale: float,
-    ) -> _Entry:
+    def of(cls, inputs: Inputs, block_shape: Sequence[int], scale: float) -> _Entry:
         """Check one entry's shapes (GQA group, mask) and return it."""
+        dout, query, key, value, block_mask = inputs
         heads, q_len = query.shape[:2]
         kv_heads, kv_len = key.shape[:2]
         group = _check_heads(heads, kv_heads)
@@ -189,9 +187,7 @@ class _Forward(_Path):
 class _Golden(_Path):
     """The golden backward (docs/operator.md section 1) in dq's dtype (float32 or float64), from the given out, lse."""
 
-    def __init__(
-        self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
-    ) -> None:
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: Grads) -> None:
         super().__init__(entry)
         self.out, self.lse = out, lse
         self.dq, self.dk, self.dv = grads
@@ -271,14 +267,7 @@ class _ForwardGolden(_Golden):
     dS = E (dP' - Dsum') = P (dP - Dsum), dV += E^T dO' = P^T dO; dQ and dK as in `_Golden`.
     """
 
-    def __init__(
-        self,
-        entry: _Entry,
-        out: np.ndarray,
-        lse: np.ndarray,
-        empty: np.ndarray,
-        grads: tuple[np.ndarray, np.ndarray, np.ndarray],
-    ) -> None:
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, empty: np.ndarray, grads: Grads) -> None:
         super().__init__(entry, out, lse, grads)
         self.empty = empty
         self.keys64 = self.values64 = np.empty((0, 0))
@@ -330,9 +319,7 @@ class _KernelInputs(_Path):
 class _Kernel(_KernelInputs):
     """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
 
-    def __init__(
-        self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
-    ) -> None:
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: Grads) -> None:
         super().__init__(entry)
         self.out, self.lse = out, lse
         self.dq, self.dk, self.dv = grads
