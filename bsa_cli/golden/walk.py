@@ -36,11 +36,6 @@ Reporter = Callable[[int], None] | None
 """What hears a finished block row's selected pairs (`reporting`), if anything does."""
 
 
-def _selections(mask_rows: np.ndarray) -> list[np.ndarray]:
-    """Return, per query block row of one head's [nQ, nKV] mask, the selected kv block indices (ascending)."""
-    return [np.flatnonzero(row) for row in mask_rows]
-
-
 _MIN_TILE_ROWS = 16
 """Fewest query rows in a tile: thinner products may take other BLAS code paths (gemv, small-matrix kernels)."""
 
@@ -56,7 +51,8 @@ def _selected_rows(
     """
     block_rows, q_len = entry.block_shape[0], entry.query.shape[1]
     for head in range(kv_head * entry.group, (kv_head + 1) * entry.group):
-        for row, selected in enumerate(_selections(entry.mask[head])):
+        for row, mask_row in enumerate(entry.mask[head]):
+            selected = np.flatnonzero(mask_row)  # the row's selected kv blocks, ascending
             if selected.size == 0:
                 continue
             keys = _gather(blocks[0], selected, scratch, "keys")

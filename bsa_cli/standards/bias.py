@@ -52,7 +52,7 @@ MIN_COUNT = 256
 
 @dataclass
 class RelativeSums:
-    """Count, sum and sum of squares of signed relative errors over large elements; `merge` folds chunks."""
+    """Count, sum and sum of squares of signed relative errors over large elements; `add` folds chunks."""
 
     count: int = 0
     total: float = 0.0
@@ -70,11 +70,6 @@ class RelativeSums:
         self.count += count
         self.total += float(flat.sum(dtype=np.float64))
         self.squares += float(np.dot(flat, flat))
-
-    def merge(self, other: RelativeSums) -> None:
-        self.count += other.count
-        self.total += other.total
-        self.squares += other.squares
 
     @property
     def mean(self) -> float:
@@ -210,14 +205,4 @@ def estimate(device: RelativeSums, bench: RelativeSums, ulp: float, pairs: Relat
     else:
         difference = device.mean - bench.mean
         difference_se, paired = math.hypot(device.se, bench.se), False
-    return Bias(
-        device=device.mean,
-        device_se=device.se,
-        benchmark=bench.mean,
-        benchmark_se=bench.se,
-        difference=difference,
-        difference_se=difference_se,
-        paired=paired,
-        count=device.count,
-        ulp=ulp,
-    )
+    return Bias(device.mean, device.se, bench.mean, bench.se, difference, difference_se, paired, device.count, ulp)
