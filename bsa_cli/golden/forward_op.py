@@ -135,17 +135,14 @@ def online_softmax_rows(
     for first in range(0, width, stack):
         part = scores[:, first : first + stack]
         stack_max = part.max(axis=1)
-        if first == 0:
-            new_max = stack_max
-        else:
-            new_max = np.maximum(row_max, stack_max)
-            factor = softmax.exp(softmax.held(row_max - new_max))
+        new_max = stack_max if first == 0 else np.maximum(row_max, stack_max)
         probs = softmax.exp(softmax.held(part - new_max[:, None]))
         part_sum = probs.sum(axis=1, dtype=np.float64).astype(np.float32)
         products = _fp32_product(round_float32(probs, io_dtype, FORWARD_TIES), values[first : first + stack])
         if first == 0:
             row_sum, accumulator = softmax.held(part_sum), products
         else:
+            factor = softmax.exp(softmax.held(row_max - new_max))  # the rescale of what the earlier stacks added
             row_sum = softmax.held(row_sum * factor + part_sum)
             accumulator *= factor[:, None]
             accumulator += products

@@ -179,7 +179,7 @@ class _Forward(_Path):
         self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
     ) -> None:
         e = self.entry
-        tile = _forward_tile(e.query[head, rows], keys, values, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch)
+        tile = _forward_tile(e, e.query[head, rows], keys, values, selected, scratch)
         self.out[head, rows], self.lse[head, rows] = tile[:2]
         self.empty[head, rows] = False
 
@@ -286,9 +286,7 @@ class _ForwardGolden(_Golden):
         e, precision = self.entry, self.block_dtype
         assert e.dout is not None
         query_rows = e.query[head, rows].astype(precision)  # a copy: scaled in place below
-        out64, lse64, exp_scores, row_max = _forward_tile(
-            query_rows, self.keys64, self.values64, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch
-        )
+        out64, lse64, exp_scores, row_max = _forward_tile(e, query_rows, self.keys64, self.values64, selected, scratch)
         with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
             out_rows = self.out[head, rows] = to_dtype(out64, self.out.dtype, FORWARD_TIES)
         lse_rows = self.lse[head, rows] = lse64.astype(np.float32)
@@ -386,27 +384,20 @@ def _accumulator(grad: np.ndarray, key_blocks: np.ndarray) -> np.ndarray:
 
 
 def _forward_tile(
-    query: np.ndarray,
-    keys: np.ndarray,
-    values: np.ndarray,
-    selected: np.ndarray,
-    n_kv_blocks: int,
-    tail_pad: int,
-    scale: float,
-    scratch: _Scratch,
+    entry: _Entry, query: np.ndarray, keys: np.ndarray, values: np.ndarray, selected: np.ndarray, scratch: _Scratch
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Forward of one tile of query rows against its selected keys, in float64.
+    """Forward of one tile of `entry`'s query rows against its selected keys, in float64.
 
     Returns:
         out [rows, D], lse [rows], exp(S - rowmax) [rows, cols] (a scratch buffer) and rowmax [rows, 1].
     """
     scores = scratch.get("scores", (query.shape[0], keys.shape[0]), np.float64)
-    np.matmul(np.asarray(query, dtype=np.float64) * scale, keys.T, out=scores)
+    np.matmul(np.asarray(query, dtype=np.float64) * entry.scale, keys.T, out=scores)
     row_max = np.empty((scores.shape[0], 1))
     row_sum = np.empty(scores.shape[0])
     for part in _chunks(scores.shape):
         chunk = scores[part]
-        _mask_tail(chunk, selected, n_kv_blocks, tail_pad)
+        _mask_tail(chunk, selected, entry.mask.shape[2], entry.tail_pad)
         np.max(chunk, axis=1, keepdims=True, out=row_max[part])
         chunk -= row_max[part]
         np.exp(chunk, out=chunk)
