@@ -35,7 +35,9 @@ def _zeros_grads(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype: DTy
     return np.zeros(q_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype)
 
 
-def _forward_rows(query: np.ndarray, out_dtype: DTypeLike = np.float64, lse_dtype: DTypeLike = np.float64) -> Grads:
+def _forward_rows(
+    query: np.ndarray, out_dtype: DTypeLike = np.float64, lse_dtype: DTypeLike = np.float64
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Return one entry's out (zeros), lse (-inf) and empty (True) rows for a [N1, sq, D] `query`."""
     heads, q_len, dim = query.shape
     out = np.zeros((heads, q_len, dim), dtype=out_dtype)
@@ -54,7 +56,7 @@ def forward_sequence(
     block_mask: np.ndarray,
     block_shape: Sequence[int],
     scale: float,
-) -> Grads:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Compute block-sparse attention of one batch entry in float64.
 
     Args:

@@ -275,10 +275,6 @@ def chain_golden_and_benchmark(
     gold = backward(fcase, dout, query, key, value, out64, lse64, block_mask, precision)
     bench_out, bench_lse = forward_kernel(case, query, key, value, block_mask, jobs)
     bench = backward_kernel(fcase, dout, query, key, value, bench_out, bench_lse, block_mask)
-    gold_forward = (_in_precision(out64, precision), _in_precision(lse64, precision))
-    return dict(zip(_CHAIN_NAMES, (*gold_forward, *gold), strict=True)), dict(
-        zip(_CHAIN_NAMES, (bench_out, bench_lse, *bench), strict=True)
-    )
-
-
-_CHAIN_NAMES = ("out", "lse", "dq", "dk", "dv")
+    names = ("out", "lse", "dq", "dk", "dv")
+    gold_arrays = (_in_precision(out64, precision), _in_precision(lse64, precision), *gold)
+    return dict(zip(names, gold_arrays, strict=True)), dict(zip(names, (bench_out, bench_lse, *bench), strict=True))
