@@ -172,9 +172,8 @@ class Bias:
             why = f"within the floor {fmt(floor)}"
         else:
             why = f"{self.z:.3g} standard errors from the benchmark's, not certain (limit {fmt(z_limit)})"
+        # a pass is at most 1: certain but within the floor, or a precision path biased like the device
         severity = max(z / z_limit, 1.0 + 1e-12) if failed else min(z / z_limit, 1.0)
-        if not failed and severity >= 1:
-            severity = 1.0  # certain but within the floor, or a precision path biased like the device
         return Check(
             "bias", tensor, float(z), float(z_limit), not failed, f"{tensor} {self.describe()}: {why}", severity
         )
