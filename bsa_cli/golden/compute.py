@@ -189,6 +189,15 @@ def _case_walks(case: Case, inputs: Inputs, path: Callable[[SequenceSpan, _Entry
     return walks
 
 
+def _forward_arrays(case: Case, rounded: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Return attentionOut (zeros) and softmaxLse ([q_shape[:-1]], the empty-row sentinel) of a case: float64, or
+    `rounded` as written (the case dtype, float32)."""
+    out_dtype, lse_dtype = (numpy_dtype(case.dtype), np.float32) if rounded else (np.float64, np.float64)
+    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
+        empty_row_lse = np.float64(case.empty_row_lse).astype(lse_dtype)
+    return np.zeros(case.q_shape, dtype=out_dtype), np.full(case.q_shape[:-1], empty_row_lse, dtype=lse_dtype)
+
+
 def forward(
     case: Case, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray, jobs: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -198,8 +207,7 @@ def forward(
         attention_out of shape `case.q_shape` and softmax_lse of shape `case.q_shape[:-1]` (no trailing 1).
         Empty rows and rows past a batch entry's length have out 0 and lse `case.empty_row_lse`.
     """
-    attention_out = np.zeros(case.q_shape)
-    softmax_lse = np.full(case.q_shape[:-1], case.empty_row_lse, dtype=np.float64)
+    attention_out, softmax_lse = _forward_arrays(case)
 
     def path(span: SequenceSpan, entry: _Entry) -> _Path:
         lse = lse_view(case, softmax_lse, span)
@@ -262,14 +270,6 @@ def _backward_case(
     return grads
 
 
-def _rounded_forward_arrays(case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """Return attentionOut (zeros, case dtype) and softmaxLse ([q_shape[:-1]] float32, the empty-row sentinel)."""
-    attention_out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
-    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
-        empty_row_lse = np.float64(case.empty_row_lse).astype(np.float32)
-    return attention_out, np.full(case.q_shape[:-1], empty_row_lse, dtype=np.float32)
-
-
 def forward_backward(
     case: Case,
     dout: np.ndarray,
@@ -317,7 +317,7 @@ def golden_and_benchmark(
         benchmark (dq, dk, dv) of the case dtype.
     """
     precision = _check_precision(precision)
-    attention_out, softmax_lse = _rounded_forward_arrays(case)
+    attention_out, softmax_lse = _forward_arrays(case, rounded=True)
     gold = _zeros_grads(case.q_shape, case.kv_shape, precision)
     bench = _zeros_grads(case.q_shape, case.kv_shape, numpy_dtype(case.dtype)) if benchmark else ()
     jobs = _lanes(case, block_mask, jobs)

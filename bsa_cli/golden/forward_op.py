@@ -31,7 +31,7 @@ from numpy.typing import DTypeLike
 from ..core.case import Case, SequenceSpan
 from ..core.layout import lse_view, mask_view, q_view
 from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
-from .compute import _case_walks, _check_precision, _lanes, _rounded_forward_arrays, backward, backward_kernel, forward
+from .compute import _case_walks, _check_precision, _forward_arrays, _lanes, backward, backward_kernel, forward
 from .numerics import _Scratch, _to_io_fp32
 from .paths import _Entry, _KernelInputs, _Path
 from .walk import _run
@@ -207,7 +207,7 @@ def forward_kernel(
         the forward does not write (`written_rows`) hold 0 and `case.empty_row_lse`.
     """
     fcase = forward_case(case)
-    out, lse = _rounded_forward_arrays(case)
+    out, lse = _forward_arrays(case, rounded=True)
 
     def path(span: SequenceSpan, entry: _Entry) -> _Path:
         return _ForwardKernel(entry, q_view(fcase, out, span), lse_view(fcase, lse, span), case.inner_precise, stack)
