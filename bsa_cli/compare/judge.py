@@ -125,10 +125,8 @@ def judge_tensor(
     block_map, spans = _block_map(
         geom, dev_rows, bench_rows, bench_stats.rmse if bench_stats else 0.0, dev_stats.rmse, t.get("tile_floor", 0.1)
     )
-    tile_max = None
-    if bench_rows is not None:
-        ratios = [float(t.ratio.max()) for t in spans.values() if t.ratio is not None and t.ratio.size]
-        tile_max = max(ratios, default=0.0)
+    ratios = [float(s.ratio.max()) for s in spans.values() if s.ratio is not None and s.ratio.size]
+    tile_max = None if bench_rows is None else max(ratios, default=0.0)
     extra = settings.standard.measure(gold, case.dtype, t)
     checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
     checks += settings.standard.checks(Measured(name, dev_stats, bench_stats, tile_max, extra), t)
