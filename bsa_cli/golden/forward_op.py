@@ -167,8 +167,7 @@ class _ForwardKernel(_KernelInputs):
     """The forward kernel's path over one kv head: out (io dtype) and lse (float32) rows of the tile."""
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, inner_precise: int, stack: int) -> None:
-        super().__init__(entry)
-        self.out, self.lse = out, lse
+        super().__init__(entry, out, lse)
         self.io_dtype = out.dtype
         self.inner_precise, self.stack = inner_precise, stack
 

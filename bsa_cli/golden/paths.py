@@ -137,14 +137,16 @@ class _Entry:
 class _Path:
     """A precision path: what a walk over one kv head's selected blocks computes per tile of query rows.
 
-    One instance serves one walk (one entry, one kv head): it keeps that walk's accumulators.
+    One instance serves one walk (one entry, one kv head): it keeps that walk's accumulators. Every path has
+    the entry's out and lse rows ([N1, sq, D] and [N1, sq] views): the forward paths write them, the backward
+    paths read them.
     """
 
     block_dtype: np.dtype
     """Dtype of the padded key and value blocks the walk gathers for `tile`."""
 
-    def __init__(self, entry: _Entry) -> None:
-        self.entry = entry
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray) -> None:
+        self.entry, self.out, self.lse = entry, out, lse
 
     def blocks(self, tensor: np.ndarray) -> np.ndarray:
         """Return one kv head's [skv, D] key or value as zero-padded [nKV, Y, D] blocks of `block_dtype`."""
@@ -172,8 +174,8 @@ class _Forward(_Path):
     block_dtype = np.dtype(np.float64)
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, empty: np.ndarray) -> None:
-        super().__init__(entry)
-        self.out, self.lse, self.empty = out, lse, empty
+        super().__init__(entry, out, lse)
+        self.empty = empty
 
     def tile(
         self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
@@ -188,8 +190,7 @@ class _Golden(_Path):
     """The golden backward (docs/operator.md section 1) in dq's dtype (float32 or float64), from the given out, lse."""
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: Grads) -> None:
-        super().__init__(entry)
-        self.out, self.lse = out, lse
+        super().__init__(entry, out, lse)
         self.dq, self.dk, self.dv = grads
         self.block_dtype = self.dq.dtype
         self.scale_cast = self.block_dtype.type(entry.scale)
@@ -318,8 +319,7 @@ class _Kernel(_KernelInputs):
     """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: Grads) -> None:
-        super().__init__(entry)
-        self.out, self.lse = out, lse
+        super().__init__(entry, out, lse)
         self.dq, self.dk, self.dv = grads
         self.io_dtype = self.dq.dtype
         self.scale32 = np.float32(entry.scale)
