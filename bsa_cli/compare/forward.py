@@ -185,18 +185,7 @@ def rows_written_check(
         flag_zero: lse with softmaxLseFlag 0: no row may be written.
     """
     rows = geom.rows
-    values2d = values.reshape(rows, -1)
-    bits = PREFILL_BITS.get(dtype) if prefilled else None
-    unsigned = np.uint16 if values2d.dtype.itemsize == 2 else np.uint32
-    step = max(1, CHUNK_ELEMENTS // max(values2d.shape[1], 1))
-    finite = np.empty(rows, dtype=bool)
-    prefill = np.ones(rows, dtype=bool)  # no prefill to check: every row left alone passes
-    for start in range(0, rows, step):
-        chunk = values2d[start : start + step]
-        with np.errstate(invalid="ignore"):
-            finite[start : start + step] = np.isfinite(chunk.astype(np.float32)).all(axis=1)
-        if bits is not None:
-            prefill[start : start + step] = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
+    finite, prefill = _row_states(values.reshape(rows, -1), PREFILL_BITS.get(dtype) if prefilled else None)
     broken, touched = np.flatnonzero(written & ~finite), np.flatnonzero(~written & ~prefill)
     n_written = int(np.count_nonzero(written))
     n_left = rows - n_written
@@ -229,6 +218,23 @@ def rows_written_check(
                 else f"; {n_left} rows the forward leaves alone not checked (run.json records no NaN prefill)"
             )
     return Check("rows-written", name, 0.0, 0.0, True, f"{name} rows-written: {text}", 0.0)
+
+
+def _row_states(values2d: np.ndarray, bits: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Return, per row of [rows, cols] `values2d`, whether it is all finite and whether it is all the NaN
+    prefill `bits` (True everywhere without a prefill to check: every row left alone passes)."""
+    rows = values2d.shape[0]
+    unsigned = np.uint16 if values2d.dtype.itemsize == 2 else np.uint32
+    step = max(1, CHUNK_ELEMENTS // max(values2d.shape[1], 1))
+    finite = np.empty(rows, dtype=bool)
+    prefill = np.ones(rows, dtype=bool)
+    for start in range(0, rows, step):
+        chunk = values2d[start : start + step]
+        with np.errstate(invalid="ignore"):
+            finite[start : start + step] = np.isfinite(chunk.astype(np.float32)).all(axis=1)
+        if bits is not None:
+            prefill[start : start + step] = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
+    return finite, prefill
 
 
 def _where(geom: _Geometry, row: int) -> str:
