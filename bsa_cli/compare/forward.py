@@ -19,12 +19,13 @@ import numpy as np
 from ..core.case import Case
 from ..golden import written_rows
 from ..standards import Settings
+from ..standards.base import Check, fmt, upper
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry, _geometry, only_rows
-from .judge import _upper, _with_detail, judge_tensor
+from .judge import judge_tensor
 from .locate import _worst_elements
 from .metrics import _measure, _Params
-from .results import Check, TensorResult, _fmt
+from .results import TensorResult
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 
@@ -36,9 +37,13 @@ LSE_FLOOR = {1: 2.0**-11, 0: 2.0**-14}
 innerPrecise: 1 computes lse in fp16 (err_thd of float16, 2^-11), 0 in fp32 (err_thd of float32, 2^-14). An
 lse error of e is a relative error e in every probability the backward recomputes from it."""
 
-LSE_LIMITS = {"lse_max_ratio": ("mare_ratio", 10.0), "lse_rmse_ratio": ("rmse_ratio", 2.0)}
-"""The lse checks, each with the double-benchmark key whose limit it takes (the case's, with its preset)
-and the default used under another standard."""
+LSE_LIMITS = {
+    "lse_max_ratio": ("mare_ratio", 10.0, "max abs error ratio", "max_abs_err"),
+    "lse_rmse_ratio": ("rmse_ratio", 2.0, "RMSE ratio", "rmse"),
+}
+"""The lse checks: each with the double-benchmark key whose limit it takes (the case's, with its preset,
+where its standard has that key), the default used under another standard, its label, and the metric
+(an `ErrorStats` field) it compares."""
 
 NOT_WRITTEN = "rows the forward must write hold NaN/Inf"
 """How `rows-written` says that rows the forward must write were not (the pair's `lse-unwritten` reads it)."""
@@ -131,22 +136,20 @@ def _judge_lse(
 ) -> TensorResult:
     """Judge lse on the written rows: its max and RMSE absolute errors against the benchmark's, floored."""
     floor, why = lse_floor(inner_precise)
-    base = _params_lse(settings, floor)
-    dev_stats, dev_rows, nonfinite_rows, bench_stats, _ = _measure(device, bench, golden, geom, base)
+    t = settings.thresholds
+    params = _Params("float32", floor, 2.0**-30, t["rtol"], t["atol"], None)  # float32 values, relative above the floor
+    dev_stats, dev_rows, nonfinite_rows, bench_stats, _ = _measure(device, bench, golden, geom, params)
     assert dev_stats is not None and dev_rows is not None
     none = np.zeros(geom.rows, dtype=bool)
     checks = _structural_checks("lse", geom, device, dev_stats, nonfinite_rows, (none, none), settings)
-    double = settings.standard == "double-benchmark"
-    for key, (standard_key, default) in LSE_LIMITS.items():
-        limit = settings.thresholds[standard_key] if double else default
-        source = f"{standard_key} of {settings.label}" if double else f"double-benchmark's default ({settings.label})"
-        dev = dev_stats.max_abs_err if key == "lse_max_ratio" else dev_stats.rmse
-        ref = 0.0 if bench_stats is None else (bench_stats.max_abs_err if key == "lse_max_ratio" else bench_stats.rmse)
-        label = "max abs error ratio" if key == "lse_max_ratio" else "RMSE ratio"
-        check = _upper(key, "lse", dev / max(ref, floor), limit, label)
-        shown = f"benchmark {_fmt(ref)}" + (" floored" if ref < floor else "")
-        detail = f" (device {_fmt(dev)}, {shown}; floor {_fmt(floor)}: {why}; limit {source})"
-        checks.append(_with_detail(check, detail))
+    for key, (standard_key, default, label, metric) in LSE_LIMITS.items():
+        limit, own = t.get(standard_key, default), standard_key in t
+        source = f"{standard_key} of {settings.label}" if own else f"double-benchmark's default ({settings.label})"
+        dev = getattr(dev_stats, metric)
+        ref = 0.0 if bench_stats is None else getattr(bench_stats, metric)
+        shown = f"benchmark {fmt(ref)}" + (" floored" if ref < floor else "")
+        detail = f" (device {fmt(dev)}, {shown}; floor {fmt(floor)}: {why}; limit {source})"
+        checks.append(upper(key, "lse", dev / max(ref, floor), limit, label, detail=detail))
     worst = _worst_elements(geom, dev_rows, device, golden, bench, "float32", err_thd=floor)
     return TensorResult(
         name="lse",
@@ -162,12 +165,6 @@ def _judge_lse(
         extra={"floor": floor},
         golden_dtype=str(golden.dtype),
     )
-
-
-def _params_lse(settings: Settings, floor: float) -> _Params:
-    """The metric parameters of lse: float32 values, relative errors above the floor."""
-    t = settings.thresholds
-    return _Params("float32", floor, 2.0**-30, t["rtol"], t["atol"], None)
 
 
 def rows_written_check(
@@ -188,46 +185,24 @@ def rows_written_check(
         flag_zero: lse with softmaxLseFlag 0: no row may be written.
     """
     rows = geom.rows
-    values2d = values.reshape(rows, -1)
-    bits = PREFILL_BITS.get(dtype)
-    unsigned = np.uint16 if values2d.dtype.itemsize == 2 else np.uint32
-    step = max(1, CHUNK_ELEMENTS // max(values2d.shape[1], 1))
-    bad_written, bad_left = 0, 0
-    first_written: int | None = None
-    first_left: int | None = None
-    for start in range(0, rows, step):
-        chunk = values2d[start : start + step]
-        must = written[start : start + step]
-        with np.errstate(invalid="ignore"):
-            finite = np.isfinite(chunk.astype(np.float32)).all(axis=1)
-        broken = np.flatnonzero(must & ~finite)
-        if broken.size:
-            bad_written += int(broken.size)
-            first_written = start + int(broken[0]) if first_written is None else first_written
-        if prefilled and bits is not None:
-            prefill = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
-            touched = np.flatnonzero(~must & ~prefill)
-            if touched.size:
-                bad_left += int(touched.size)
-                first_left = start + int(touched[0]) if first_left is None else first_left
+    finite, prefill = _row_states(values.reshape(rows, -1), PREFILL_BITS.get(dtype) if prefilled else None)
+    broken, touched = np.flatnonzero(written & ~finite), np.flatnonzero(~written & ~prefill)
     n_written = int(np.count_nonzero(written))
     n_left = rows - n_written
     parts = []
-    if bad_written:
-        assert first_written is not None
+    if broken.size:
         parts.append(
-            f"{bad_written} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, first_written)}"
+            f"{broken.size} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, int(broken[0]))}"
         )
-    if bad_left:
-        assert first_left is not None
+    if touched.size:
         why = " (softmax_lse_flag 0: lse must stay unwritten)" if flag_zero else ""
         parts.append(
-            f"{bad_left} of {n_left} rows the forward must leave alone were written (not the NaN prefill){why}, "
-            f"first at {_where(geom, first_left)}"
+            f"{touched.size} of {n_left} rows the forward must leave alone were written (not the NaN prefill){why}, "
+            f"first at {_where(geom, int(touched[0]))}"
         )
     if parts:
         detail = f"{name} rows-written: " + "; ".join(parts)
-        return Check("rows-written", name, float(bad_written + bad_left), 0.0, False, detail, math.inf)
+        return Check("rows-written", name, float(broken.size + touched.size), 0.0, False, detail, math.inf)
     if flag_zero:
         text = (
             f"all {rows} rows hold the NaN prefill (softmax_lse_flag 0: lse left unwritten)"
@@ -243,6 +218,23 @@ def rows_written_check(
                 else f"; {n_left} rows the forward leaves alone not checked (run.json records no NaN prefill)"
             )
     return Check("rows-written", name, 0.0, 0.0, True, f"{name} rows-written: {text}", 0.0)
+
+
+def _row_states(values2d: np.ndarray, bits: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """Return, per row of [rows, cols] `values2d`, whether it is all finite and whether it is all the NaN
+    prefill `bits` (True everywhere without a prefill to check: every row left alone passes)."""
+    rows = values2d.shape[0]
+    unsigned = np.uint16 if values2d.dtype.itemsize == 2 else np.uint32
+    step = max(1, CHUNK_ELEMENTS // max(values2d.shape[1], 1))
+    finite = np.empty(rows, dtype=bool)
+    prefill = np.ones(rows, dtype=bool)
+    for start in range(0, rows, step):
+        chunk = values2d[start : start + step]
+        with np.errstate(invalid="ignore"):
+            finite[start : start + step] = np.isfinite(chunk.astype(np.float32)).all(axis=1)
+        if bits is not None:
+            prefill[start : start + step] = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
+    return finite, prefill
 
 
 def _where(geom: _Geometry, row: int) -> str:

@@ -6,7 +6,6 @@ here computes or prints.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
@@ -15,6 +14,8 @@ import numpy as np
 
 from ..ops import Op, split_folder_name
 from ..standards import Settings
+from ..standards.base import Check as Check
+from ..standards.base import fmt as _fmt  # noqa: F401 (moved with Check; structural.py imports it here)
 from ..standards.bias import Bias
 
 Verdict = Literal["PASS", "FAIL", "ERROR", "SKIP"]
@@ -24,23 +25,6 @@ PASS: Final = "PASS"
 FAIL: Final = "FAIL"
 ERROR: Final = "ERROR"
 SKIP: Final = "SKIP"
-
-
-@dataclass(frozen=True)
-class Check:
-    """One pass/fail decision: a metric of a tensor (or the case) against a limit.
-
-    `severity` is value / limit for upper limits (above 1 fails), so checks of different kinds can be
-    ranked; structural checks that fail have severity inf.
-    """
-
-    name: str
-    tensor: str | None
-    value: float
-    limit: float | None
-    passed: bool
-    detail: str
-    severity: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -395,18 +379,3 @@ class SuiteResult:
         if self.count(FAIL):
             return 1
         return 0
-
-
-def _fmt(value: float | None) -> str:
-    """Format a metric for a check's text: integers plainly, others with 4 significant digits."""
-    if value is None:
-        return "-"
-    value = float(value)
-    if not math.isfinite(value):
-        return str(value)
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
-    text = f"{value:.4g}"
-    if "." not in text and "e" not in text:  # 1.00004 would read as the integer 1
-        text = f"{value:.3f}"
-    return text

@@ -21,7 +21,7 @@ from ..core.errors import DataError, clip
 from ..core.layout import mask_view
 from ..ops import PAIR_OPS, Op, split_folder_name
 from ..ops.interface import release_of_cann
-from ..standards import STANDARDS, RunSettings, resolve_settings
+from ..standards import STANDARDS, RunSettings, ThresholdNotApplicable, resolve_settings
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
 from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
@@ -236,9 +236,9 @@ def _judge_case(
     base["op"] = op
     try:
         settings = resolve_settings(case.dtype, manifest.compare_settings, run)
+    except ThresholdNotApplicable as exc:
+        raise RunThresholdError(f"case {name!r}: {exc}") from None
     except ValueError as exc:
-        if str(exc).startswith("--threshold"):
-            raise RunThresholdError(f"case {name!r}: {exc}") from None
         return error(name, [f"{case_dir / MANIFEST}: compare settings: {exc}"], dtype=case.dtype, layout=case.layout)
     known: dict[str, Any] = {
         "spec": manifest.spec,

@@ -41,43 +41,20 @@ threads, `reporting`), `compute` (the functions this face hands on), `forward_op
 kernel-faithful path and the golden and benchmark of forward and chain folders; its docstring says how).
 """
 
-from .compute import (
-    backward,
-    backward_kernel,
-    backward_sequence,
-    backward_sequence_kernel,
-    forward,
-    forward_backward,
-    forward_backward_sequence,
-    forward_sequence,
-    golden_and_benchmark,
-)
-from .forward_op import (
-    chain_golden_and_benchmark,
-    forward_case,
-    forward_golden_and_benchmark,
-    forward_kernel,
-    written_rows,
-)
-from .paths import KernelRange, watching
-from .walk import reporting
-
-__all__ = [
-    "forward_sequence",
-    "backward_sequence",
-    "backward_sequence_kernel",
-    "forward_backward_sequence",
-    "forward",
-    "backward",
-    "backward_kernel",
-    "forward_backward",
-    "golden_and_benchmark",
-    "written_rows",
-    "forward_case",
-    "forward_kernel",
-    "forward_golden_and_benchmark",
-    "chain_golden_and_benchmark",
-    "reporting",
-    "watching",
-    "KernelRange",
-]
+from .compute import backward as backward
+from .compute import backward_kernel as backward_kernel
+from .compute import backward_sequence as backward_sequence
+from .compute import backward_sequence_kernel as backward_sequence_kernel
+from .compute import forward as forward
+from .compute import forward_backward as forward_backward
+from .compute import forward_backward_sequence as forward_backward_sequence
+from .compute import forward_sequence as forward_sequence
+from .compute import golden_and_benchmark as golden_and_benchmark
+from .forward_op import chain_golden_and_benchmark as chain_golden_and_benchmark
+from .forward_op import forward_case as forward_case
+from .forward_op import forward_golden_and_benchmark as forward_golden_and_benchmark
+from .forward_op import forward_kernel as forward_kernel
+from .forward_op import written_rows as written_rows
+from .paths import KernelRange as KernelRange
+from .paths import watching as watching
+from .walk import reporting as reporting

@@ -9,13 +9,14 @@ walks of every entry and kv head in rounds, in threads when the rows carry enoug
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import numpy as np
 from numpy.typing import DTypeLike
 
 from ..core.case import Case, SequenceSpan, numpy_dtype
 from ..core.layout import kv_view, lse_view, mask_view, q_view
-from .paths import _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
+from .paths import Grads, Inputs, _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
 from .walk import _run, _SharedBlocks, _Task, _Tiles
 
 # ---- one batch entry ----------------------------------------------------------------------------
@@ -29,11 +30,18 @@ def _check_precision(precision: DTypeLike) -> np.dtype:
     return precision
 
 
-def _zeros_grads(
-    q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype: DTypeLike
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _zeros_grads(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], dtype: DTypeLike) -> Grads:
     """Return zero-filled (dq, dk, dv) of the query's and the key's shape."""
     return np.zeros(q_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype), np.zeros(kv_shape, dtype=dtype)
+
+
+def _forward_rows(
+    query: np.ndarray, out_dtype: DTypeLike = np.float64, lse_dtype: DTypeLike = np.float64
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return one entry's out (zeros), lse (-inf) and empty (True) rows for a [N1, sq, D] `query`."""
+    heads, q_len, dim = query.shape
+    out = np.zeros((heads, q_len, dim), dtype=out_dtype)
+    return out, np.full((heads, q_len), -np.inf, dtype=lse_dtype), np.ones((heads, q_len), dtype=bool)
 
 
 def _each_kv_head(entry: _Entry, path: Callable[[], _Path]) -> list[_Task]:
@@ -62,11 +70,8 @@ def forward_sequence(
         out [N1, sq, D] float64 (0 on empty rows), lse [N1, sq] float64 (natural log of the sum of exp
         of the scaled scores over the selected positions; -inf on empty rows), and empty [N1, sq] bool.
     """
-    heads, q_len, dim = query.shape
-    out = np.zeros((heads, q_len, dim))
-    lse = np.full((heads, q_len), -np.inf)
-    empty = np.ones((heads, q_len), dtype=bool)
-    entry = _Entry.of(None, query, key, value, block_mask, block_shape, scale)
+    out, lse, empty = _forward_rows(query)
+    entry = _Entry.of((None, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))
     return out, lse, empty
 
@@ -82,7 +87,7 @@ def backward_sequence(
     block_shape: Sequence[int],
     scale: float,
     precision: DTypeLike = np.float32,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute dq, dk, dv of one batch entry in `precision` (float32 or float64) from the given out and lse.
 
     Args:
@@ -94,7 +99,7 @@ def backward_sequence(
         dq [N1, sq, D], dk and dv [N2, skv, D], all of `precision`.
     """
     grads = _zeros_grads(query.shape, key.shape, _check_precision(precision))
-    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Golden(entry, out, lse, grads)))
     return grads
 
@@ -110,7 +115,7 @@ def backward_sequence_kernel(
     block_shape: Sequence[int],
     scale: float,
     io_dtype: DTypeLike,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute dq, dk, dv of one batch entry the way the A2/A3 kernel does (docs/operator.md section 2).
 
     Tensors are first rounded to `io_dtype` and lse to float32, as the kernel sees them.
@@ -120,7 +125,7 @@ def backward_sequence_kernel(
         dq, dk, dv of `io_dtype` (float16 or bfloat16).
     """
     grads = _zeros_grads(query.shape, key.shape, io_dtype)
-    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _Kernel(entry, out, lse, grads)))
     return grads
 
@@ -150,12 +155,9 @@ def forward_backward_sequence(
         the golden backward of that out and lse (as `backward_sequence`, to its rounding).
     """
     precision = _check_precision(precision)
-    heads, q_len, dim = query.shape
-    out = np.zeros((heads, q_len, dim), dtype=io_dtype)
-    lse = np.full((heads, q_len), -np.inf, dtype=np.float32)
-    empty = np.ones((heads, q_len), dtype=bool)
+    out, lse, empty = _forward_rows(query, io_dtype, np.float32)
     grads = _zeros_grads(query.shape, key.shape, precision)
-    entry = _Entry.of(dout, query, key, value, block_mask, block_shape, scale)
+    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
     _run(_each_kv_head(entry, lambda: _ForwardGolden(entry, out, lse, empty, grads)))
     return (out, lse, empty, *grads)
 
@@ -163,55 +165,55 @@ def forward_backward_sequence(
 # ---- whole case ---------------------------------------------------------------------------------
 
 
-def _zero_case_grads(case: Case, dtype: DTypeLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (
-        np.zeros(case.q_shape, dtype=dtype),
-        np.zeros(case.kv_shape, dtype=dtype),
-        np.zeros(case.kv_shape, dtype=dtype),
-    )
-
-
-def _grad_views(
-    case: Case, grads: tuple[np.ndarray, ...], span: SequenceSpan
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _grad_views(case: Case, grads: tuple[np.ndarray, ...], span: SequenceSpan) -> Grads:
     dq, dk, dv = grads
     return q_view(case, dq, span), kv_view(case, dk, span), kv_view(case, dv, span)
 
 
-def _case_entries(
-    case: Case, dout: np.ndarray | None, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray
-) -> Iterator[tuple[SequenceSpan, _Entry]]:
+def _case_entries(case: Case, inputs: Inputs) -> Iterator[tuple[SequenceSpan, _Entry]]:
     """Yield (span, entry) for each batch entry of a case with query rows."""
     for span in case.spans():
         if span.q_len == 0:
             continue
-        entry = _Entry.of(
-            None if dout is None else q_view(case, dout, span),
-            q_view(case, query, span),
-            kv_view(case, key, span),
-            kv_view(case, value, span),
-            mask_view(case, block_mask, span),
-            case.block_shape,
-            case.kernel_scale,
-        )
-        yield span, entry
+        views = (q_view, q_view, kv_view, kv_view, mask_view)
+        arrays = tuple(None if a is None else view(case, a, span) for view, a in zip(views, inputs, strict=True))
+        yield span, _Entry.of(cast(Inputs, arrays), case.block_shape, case.kernel_scale)
+
+
+def _case_walks(case: Case, inputs: Inputs, path: Callable[[SequenceSpan, _Entry], _Path]) -> list[_Task]:
+    """Return one walk per batch entry (with query rows) and kv head of a case, with a path of its own from
+    `path(span, entry)`."""
+    walks = []
+    for span, entry in _case_entries(case, inputs):
+        walks += _each_kv_head(entry, lambda: path(span, entry))  # noqa: B023 (called at once)
+    return walks
+
+
+def _forward_arrays(case: Case, rounded: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Return attentionOut (zeros) and softmaxLse ([q_shape[:-1]], the empty-row sentinel) of a case: float64, or
+    `rounded` as written (the case dtype, float32)."""
+    out_dtype, lse_dtype = (numpy_dtype(case.dtype), np.float32) if rounded else (np.float64, np.float64)
+    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
+        empty_row_lse = np.float64(case.empty_row_lse).astype(lse_dtype)
+    return np.zeros(case.q_shape, dtype=out_dtype), np.full(case.q_shape[:-1], empty_row_lse, dtype=lse_dtype)
 
 
 def forward(
-    case: Case, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray
+    case: Case, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray, jobs: int = 1
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Compute attentionOut and softmaxLse of a case in float64.
+    """Compute attentionOut and softmaxLse of a case in float64, its walks in up to `jobs` threads (same bits).
 
     Returns:
         attention_out of shape `case.q_shape` and softmax_lse of shape `case.q_shape[:-1]` (no trailing 1).
         Empty rows and rows past a batch entry's length have out 0 and lse `case.empty_row_lse`.
     """
-    attention_out = np.zeros(case.q_shape)
-    softmax_lse = np.full(case.q_shape[:-1], case.empty_row_lse, dtype=np.float64)
-    for span, entry in _case_entries(case, None, query, key, value, block_mask):
-        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
-        empty = np.ones(lse.shape, dtype=bool)
-        _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))  # noqa: B023 (called at once)
+    attention_out, softmax_lse = _forward_arrays(case)
+
+    def path(span: SequenceSpan, entry: _Entry) -> _Path:
+        lse = lse_view(case, softmax_lse, span)
+        return _Forward(entry, q_view(case, attention_out, span), lse, np.ones(lse.shape, dtype=bool))
+
+    _run(_case_walks(case, (None, query, key, value, block_mask), path), _lanes(case, block_mask, jobs))
     return attention_out, softmax_lse
 
 
@@ -225,7 +227,7 @@ def backward(
     softmax_lse: np.ndarray,
     block_mask: np.ndarray,
     precision: DTypeLike = np.float32,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute the golden dq, dk, dv of a case in `precision` (float32 or float64).
 
     `softmax_lse` may have the trailing axis of size one or not. Padding stays 0.
@@ -243,7 +245,7 @@ def backward_kernel(
     attention_out: np.ndarray,
     softmax_lse: np.ndarray,
     block_mask: np.ndarray,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> Grads:
     """Compute dq, dk, dv of a case on the kernel's precision path, in the case dtype."""
     arrays = (dout, query, key, value, attention_out, softmax_lse, block_mask)
     return _backward_case(case, arrays, numpy_dtype(case.dtype), _Kernel)
@@ -253,28 +255,19 @@ def _backward_case(
     case: Case,
     arrays: tuple[np.ndarray, ...],
     dtype: DTypeLike,
-    path: Callable[[_Entry, np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]], _Path],
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    path: Callable[[_Entry, np.ndarray, np.ndarray, Grads], _Path],
+) -> Grads:
     """Walk a backward precision path (`_Golden`, `_Kernel`) over every batch entry and kv head of a case,
     from the given out and lse, into dq, dk, dv of `dtype`."""
     dout, query, key, value, attention_out, softmax_lse, block_mask = arrays
-    grads = _zero_case_grads(case, dtype)
-    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
-        out, lse, views = (
-            q_view(case, attention_out, span),
-            lse_view(case, softmax_lse, span),
-            _grad_views(case, grads, span),
-        )
-        _run(_each_kv_head(entry, lambda: path(entry, out, lse, views)))  # noqa: B023 (called at once)
+    grads = _zeros_grads(case.q_shape, case.kv_shape, dtype)
+
+    def walk_path(span: SequenceSpan, entry: _Entry) -> _Path:
+        out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
+        return path(entry, out, lse, _grad_views(case, grads, span))
+
+    _run(_case_walks(case, (dout, query, key, value, block_mask), walk_path))
     return grads
-
-
-def _rounded_forward_arrays(case: Case) -> tuple[np.ndarray, np.ndarray]:
-    """Return attentionOut (zeros, case dtype) and softmaxLse ([q_shape[:-1]] float32, the empty-row sentinel)."""
-    attention_out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
-    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as when `forward`'s lse is cast
-        empty_row_lse = np.float64(case.empty_row_lse).astype(np.float32)
-    return attention_out, np.full(case.q_shape[:-1], empty_row_lse, dtype=np.float32)
 
 
 def forward_backward(
@@ -297,10 +290,8 @@ def forward_backward(
         float32: bit for bit `forward`'s, cast; then dq, dk, dv in `precision` (float32 or float64), as
         `backward` gives for that out and lse, to its rounding.
     """
-    attention_out, softmax_lse, (dq, dk, dv), _ = _generate(
-        case, dout, query, key, value, block_mask, precision, jobs, False
-    )
-    return attention_out, softmax_lse, dq, dk, dv
+    out, lse, (dq, dk, dv), _ = golden_and_benchmark(case, dout, query, key, value, block_mask, precision, jobs, False)
+    return out, lse, dq, dk, dv
 
 
 def golden_and_benchmark(
@@ -312,39 +303,26 @@ def golden_and_benchmark(
     block_mask: np.ndarray,
     precision: DTypeLike = np.float32,
     jobs: int = 1,
+    benchmark: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
     """Compute what `bsa gen` writes: `forward_backward`'s out, lse and golden, and the kernel-faithful benchmark.
 
     The benchmark is `backward_kernel` of the rounded out and lse, bit for bit. Its walk over a kv head
     follows the golden's tile by tile; with `jobs` > 1 the walks run in up to `jobs` threads, largest first,
-    when the case's rows carry enough arithmetic to share (`_THREADS_MIN_ROW_FLOPS`).
+    when the case's rows carry enough arithmetic to share (`_THREADS_MIN_ROW_FLOPS`). Without `benchmark`
+    only the golden walks run (`forward_backward`) and the benchmark is ().
 
     Returns:
         attention_out, softmax_lse ([q_shape[:-1]] float32), golden (dq, dk, dv) of `precision`, and
         benchmark (dq, dk, dv) of the case dtype.
     """
-    return _generate(case, dout, query, key, value, block_mask, precision, jobs, True)
-
-
-def _generate(
-    case: Case,
-    dout: np.ndarray,
-    query: np.ndarray,
-    key: np.ndarray,
-    value: np.ndarray,
-    block_mask: np.ndarray,
-    precision: DTypeLike,
-    jobs: int,
-    benchmark: bool,
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
-    """Run the golden walks (and the benchmark walks after them) of every entry and kv head."""
     precision = _check_precision(precision)
-    attention_out, softmax_lse = _rounded_forward_arrays(case)
-    gold = _zero_case_grads(case, precision)
-    bench = _zero_case_grads(case, numpy_dtype(case.dtype)) if benchmark else ()
+    attention_out, softmax_lse = _forward_arrays(case, rounded=True)
+    gold = _zeros_grads(case.q_shape, case.kv_shape, precision)
+    bench = _zeros_grads(case.q_shape, case.kv_shape, numpy_dtype(case.dtype)) if benchmark else ()
     jobs = _lanes(case, block_mask, jobs)
     walks: list[tuple[_Task, _Task | None]] = []  # (golden, benchmark) of entries and kv heads, one round
-    for span, entry in _case_entries(case, dout, query, key, value, block_mask):
+    for span, entry in _case_entries(case, (dout, query, key, value, block_mask)):
         out, lse = q_view(case, attention_out, span), lse_view(case, softmax_lse, span)
         empty = np.ones(lse.shape, dtype=bool)
         gold_views = _grad_views(case, gold, span)

@@ -17,26 +17,24 @@
 
 Rows the forward does not write hold out 0 and lse `case.empty_row_lse` in every array here (never judged).
 Each (batch entry, kv head) is one walk of `walk`, as in `compute`, so `jobs` threads give the same bits. Every
-BLAS call here runs on one thread (`blas.one_thread_each`): on a shared machine BLAS threads on 128-row
-products spin against other processes (a causal 4k-token case: 46 s with two BLAS threads, 3.4 s with one).
+BLAS call here runs on one thread (`walk._run` holds `blas.one_thread_each`): on a shared machine BLAS threads on
+128-row products spin against other processes (a causal 4k-token case: 46 s with two BLAS threads, 3.4 s with one).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import numpy as np
 from numpy.typing import DTypeLike
 
-from ..core import blas
-from ..core.case import Case, numpy_dtype
+from ..core.case import Case, SequenceSpan
 from ..core.layout import lse_view, mask_view, q_view
 from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
-from .compute import _case_entries, _check_precision, _lanes, backward, backward_kernel
-from .numerics import _padded_blocks, _Scratch, _to_io_fp32
-from .paths import _Entry, _Forward, _Path
-from .walk import _run, _Task
+from .compute import _case_walks, _check_precision, _forward_arrays, _lanes, backward, backward_kernel, forward
+from .numerics import _Scratch, _to_io_fp32
+from .paths import _Entry, _KernelInputs, _Path
+from .walk import _run
 
 STACK_COLUMNS = 512
 """Most kv columns (of a row's concatenated selected blocks) one online-softmax step of the forward takes."""
@@ -69,32 +67,28 @@ def written_rows(case: Case, block_mask: np.ndarray) -> np.ndarray:
 # ---- the kernel's path ------------------------------------------------------------------------------
 
 
-def _round16(values: np.ndarray) -> np.ndarray:
-    """Round float32 `values` to float16 in place (ties to even), still float32: a value held in fp16."""
-    return round_float32(values, FLOAT16, FORWARD_TIES, out=values)
-
-
 class _Fp32Softmax:
     """innerPrecise 0: scores, maxima, exponentials, sums and rescale factors all in fp32."""
 
     def __init__(self, scale: float) -> None:
         self.scale = np.float32(scale)
 
+    def held(self, values: np.ndarray) -> np.ndarray:
+        """Return float32 `values` as the softmax holds them (in place): fp32 as they are."""
+        return values
+
     def scores(self, products: np.ndarray) -> np.ndarray:
-        products *= self.scale
-        return products
+        products = self.held(products)
+        products *= self.scale  # fp16: exact in fp32 (two 11-bit significands), then rounded: the fp16 product
+        return self.held(products)
 
     def exp(self, values: np.ndarray) -> np.ndarray:
-        return np.exp(values, out=values)
-
-    def difference(self, values: np.ndarray) -> np.ndarray:
-        return values
-
-    def held(self, values: np.ndarray) -> np.ndarray:
-        return values
+        return self.held(np.exp(values, out=values))
 
     def lse(self, row_sum: np.ndarray, row_max: np.ndarray) -> np.ndarray:
-        return np.log(row_sum) + row_max
+        logs = self.held(np.log(row_sum))
+        logs += row_max
+        return self.held(logs)
 
 
 class _Fp16Softmax(_Fp32Softmax):
@@ -109,24 +103,9 @@ class _Fp16Softmax(_Fp32Softmax):
     def __init__(self, scale: float) -> None:
         self.scale = np.float32(to_dtype(np.asarray(np.float32(scale)), FLOAT16))
 
-    def scores(self, products: np.ndarray) -> np.ndarray:
-        _round16(products)
-        products *= self.scale  # exact in fp32 (two 11-bit significands), then rounded: the fp16 product
-        return _round16(products)
-
-    def exp(self, values: np.ndarray) -> np.ndarray:
-        return _round16(np.exp(values, out=values))
-
-    def difference(self, values: np.ndarray) -> np.ndarray:
-        return _round16(values)
-
     def held(self, values: np.ndarray) -> np.ndarray:
-        return _round16(values)
-
-    def lse(self, row_sum: np.ndarray, row_max: np.ndarray) -> np.ndarray:
-        logs = _round16(np.log(row_sum))
-        logs += row_max
-        return _round16(logs)
+        """Round float32 `values` to float16 in place (ties to even), still float32: a value held in fp16."""
+        return round_float32(values, FLOAT16, FORWARD_TIES, out=values)
 
 
 def _softmax_of(inner_precise: int, scale: float) -> _Fp32Softmax:
@@ -156,17 +135,14 @@ def online_softmax_rows(
     for first in range(0, width, stack):
         part = scores[:, first : first + stack]
         stack_max = part.max(axis=1)
-        if first == 0:
-            new_max = stack_max
-        else:
-            new_max = np.maximum(row_max, stack_max)
-            factor = softmax.exp(softmax.difference(row_max - new_max))
-        probs = softmax.exp(softmax.difference(part - new_max[:, None]))
+        new_max = stack_max if first == 0 else np.maximum(row_max, stack_max)
+        probs = softmax.exp(softmax.held(part - new_max[:, None]))
         part_sum = probs.sum(axis=1, dtype=np.float64).astype(np.float32)
         products = _fp32_product(round_float32(probs, io_dtype, FORWARD_TIES), values[first : first + stack])
         if first == 0:
             row_sum, accumulator = softmax.held(part_sum), products
         else:
+            factor = softmax.exp(softmax.held(row_max - new_max))  # the rescale of what the earlier stacks added
             row_sum = softmax.held(row_sum * factor + part_sum)
             accumulator *= factor[:, None]
             accumulator += products
@@ -187,19 +163,13 @@ def _fp32_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a.astype(np.float64) @ b.astype(np.float64)).astype(np.float32)
 
 
-class _ForwardKernel(_Path):
+class _ForwardKernel(_KernelInputs):
     """The forward kernel's path over one kv head: out (io dtype) and lse (float32) rows of the tile."""
 
-    block_dtype = np.dtype(np.float32)
-
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, inner_precise: int, stack: int) -> None:
-        super().__init__(entry)
-        self.out, self.lse = out, lse
+        super().__init__(entry, out, lse)
         self.io_dtype = out.dtype
         self.inner_precise, self.stack = inner_precise, stack
-
-    def blocks(self, tensor: np.ndarray) -> np.ndarray:
-        return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
 
     def tile(
         self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
@@ -211,23 +181,6 @@ class _ForwardKernel(_Path):
             query, keys[:width], values[:width], e.scale, self.inner_precise, self.io_dtype, self.stack
         )
         self.out[head, rows], self.lse[head, rows] = out, lse
-
-
-def _empty_row_lse32(case: Case) -> np.float32:
-    with np.errstate(over="ignore"):  # a huge finite sentinel becomes inf, as `compute` casts it
-        return np.float64(case.empty_row_lse).astype(np.float32)
-
-
-def _kernel_walks(
-    case: Case, arrays: Sequence[np.ndarray], out: np.ndarray, lse: np.ndarray, stack: int
-) -> list[_Task]:
-    query, key, value, block_mask = arrays
-    tasks = []
-    for span, entry in _case_entries(case, None, query, key, value, block_mask):
-        out_view, lse_rows = q_view(case, out, span), lse_view(case, lse, span)
-        for kv_head in range(case.num_kv_heads):
-            tasks.append(_Task(_ForwardKernel(entry, out_view, lse_rows, case.inner_precise, stack), kv_head))
-    return tasks
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
@@ -253,31 +206,16 @@ def forward_kernel(
         the forward does not write (`written_rows`) hold 0 and `case.empty_row_lse`.
     """
     fcase = forward_case(case)
-    out = np.zeros(case.q_shape, dtype=numpy_dtype(case.dtype))
-    lse = np.full(case.q_shape[:-1], _empty_row_lse32(case), dtype=np.float32)
-    with blas.one_thread_each():  # 128-row products: BLAS threads only spin against other processes
-        _run(_kernel_walks(fcase, (query, key, value, block_mask), out, lse, stack), _lanes(fcase, block_mask, jobs))
+    out, lse = _forward_arrays(case, rounded=True)
+
+    def path(span: SequenceSpan, entry: _Entry) -> _Path:
+        return _ForwardKernel(entry, q_view(fcase, out, span), lse_view(fcase, lse, span), case.inner_precise, stack)
+
+    _run(_case_walks(fcase, (None, query, key, value, block_mask), path), _lanes(fcase, block_mask, jobs))
     return out, lse
 
 
 # ---- golden and benchmark -----------------------------------------------------------------------------
-
-
-def _forward64(
-    case: Case, query: np.ndarray, key: np.ndarray, value: np.ndarray, block_mask: np.ndarray, jobs: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return `compute.forward` of the forward's case (bit for bit), its walks in up to `jobs` threads."""
-    fcase = forward_case(case)
-    out = np.zeros(case.q_shape)
-    lse = np.full(case.q_shape[:-1], fcase.empty_row_lse, dtype=np.float64)
-    tasks = []
-    for span, entry in _case_entries(fcase, None, query, key, value, block_mask):
-        out_view, lse_rows = q_view(fcase, out, span), lse_view(fcase, lse, span)
-        empty = np.ones(lse_rows.shape, dtype=bool)
-        tasks += [_Task(_Forward(entry, out_view, lse_rows, empty), kv_head) for kv_head in range(case.num_kv_heads)]
-    with blas.one_thread_each():
-        _run(tasks, _lanes(fcase, block_mask, jobs))
-    return out, lse
 
 
 def _in_precision(array: np.ndarray, precision: np.dtype) -> np.ndarray:
@@ -301,7 +239,7 @@ def forward_golden_and_benchmark(
         dtype) and lse (float32) of `forward_kernel`; lse arrays have shape `case.q_shape[:-1]`.
     """
     precision = _check_precision(precision)
-    out64, lse64 = _forward64(case, query, key, value, block_mask, jobs)
+    out64, lse64 = forward(forward_case(case), query, key, value, block_mask, jobs)
     bench_out, bench_lse = forward_kernel(case, query, key, value, block_mask, jobs)
     return _in_precision(out64, precision), _in_precision(lse64, precision), bench_out, bench_lse
 
@@ -332,13 +270,10 @@ def chain_golden_and_benchmark(
     """
     precision = _check_precision(precision)
     fcase = forward_case(case)
-    out64, lse64 = _forward64(case, query, key, value, block_mask, jobs)
-    with blas.one_thread_each():
-        dq, dk, dv = backward(fcase, dout, query, key, value, out64, lse64, block_mask, precision)
-    gold = {"out": _in_precision(out64, precision), "lse": _in_precision(lse64, precision), "dq": dq, "dk": dk}
-    gold["dv"] = dv
+    out64, lse64 = forward(fcase, query, key, value, block_mask, jobs)
+    gold = backward(fcase, dout, query, key, value, out64, lse64, block_mask, precision)
     bench_out, bench_lse = forward_kernel(case, query, key, value, block_mask, jobs)
-    with blas.one_thread_each():
-        bench_dq, bench_dk, bench_dv = backward_kernel(fcase, dout, query, key, value, bench_out, bench_lse, block_mask)
-    bench = {"out": bench_out, "lse": bench_lse, "dq": bench_dq, "dk": bench_dk, "dv": bench_dv}
-    return gold, bench
+    bench = backward_kernel(fcase, dout, query, key, value, bench_out, bench_lse, block_mask)
+    names = ("out", "lse", "dq", "dk", "dv")
+    gold_arrays = (_in_precision(out64, precision), _in_precision(lse64, precision), *gold)
+    return dict(zip(names, gold_arrays, strict=True)), dict(zip(names, (bench_out, bench_lse, *bench), strict=True))

@@ -18,13 +18,21 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import operator
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
 from ..core.rounding import BACKWARD_TIES, FORWARD_TIES, round_float32, to_dtype
 from .numerics import _add_products, _chunks, _mask_tail, _padded_blocks, _Scratch, _to_io_fp32
+
+Grads = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""dq, dk, dv (of a batch entry, a case, or a view of either)."""
+
+Inputs = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+"""dout (None for the forward), query, key, value and the block mask: of a case, or heads-major of a batch entry."""
 
 
 def _check_mask(block_mask: np.ndarray, heads: int, q_len: int, kv_len: int, block_shape: Sequence[int]) -> np.ndarray:
@@ -64,27 +72,27 @@ class KernelRange:
     dscores_flushed: int = 0
     lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def _fold(self, field: str, value: float, how: Callable[[Any, Any], Any] = operator.add) -> None:
+        setattr(self, field, how(getattr(self, field), value))
+
     def add(self, other: KernelRange) -> None:
         with self.lock:
-            self.max_abs_probs = max(self.max_abs_probs, other.max_abs_probs)
-            self.max_abs_dscores = max(self.max_abs_dscores, other.max_abs_dscores)
-            self.probs_nonzero += other.probs_nonzero
-            self.probs_flushed += other.probs_flushed
-            self.dscores_nonzero += other.dscores_nonzero
-            self.dscores_flushed += other.dscores_flushed
+            for name in ("probs", "dscores"):
+                self._fold(f"max_abs_{name}", getattr(other, f"max_abs_{name}"), max)
+                self._fold(f"{name}_nonzero", getattr(other, f"{name}_nonzero"))
+                self._fold(f"{name}_flushed", getattr(other, f"{name}_flushed"))
 
     def before(self, name: str, values: np.ndarray) -> None:
         """Add one chunk of `name` ('probs' or 'dscores') before rounding: two reductions and a count."""
         if values.size:
-            top = max(float(values.max()), -float(values.min()))
-            setattr(self, f"max_abs_{name}", max(getattr(self, f"max_abs_{name}"), top))
+            self._fold(f"max_abs_{name}", max(float(values.max()), -float(values.min())), max)
         count = int(np.count_nonzero(values))
-        setattr(self, f"{name}_nonzero", getattr(self, f"{name}_nonzero") + count)
-        setattr(self, f"{name}_flushed", getattr(self, f"{name}_flushed") + count)
+        self._fold(f"{name}_nonzero", count)
+        self._fold(f"{name}_flushed", count)
 
     def after(self, name: str, values: np.ndarray) -> None:
         """Take the same chunk after rounding: the nonzero values that remain were not flushed."""
-        setattr(self, f"{name}_flushed", getattr(self, f"{name}_flushed") - int(np.count_nonzero(values)))
+        self._fold(f"{name}_flushed", -int(np.count_nonzero(values)))
 
 
 _WATCH: contextvars.ContextVar[KernelRange | None] = contextvars.ContextVar("watch", default=None)
@@ -115,17 +123,9 @@ class _Entry:
     tail_pad: int  # padding columns of the last kv block
 
     @classmethod
-    def of(
-        cls,
-        dout: np.ndarray | None,
-        query: np.ndarray,
-        key: np.ndarray,
-        value: np.ndarray,
-        block_mask: np.ndarray,
-        block_shape: Sequence[int],
-        scale: float,
-    ) -> _Entry:
+    def of(cls, inputs: Inputs, block_shape: Sequence[int], scale: float) -> _Entry:
         """Check one entry's shapes (GQA group, mask) and return it."""
+        dout, query, key, value, block_mask = inputs
         heads, q_len = query.shape[:2]
         kv_heads, kv_len = key.shape[:2]
         group = _check_heads(heads, kv_heads)
@@ -137,14 +137,16 @@ class _Entry:
 class _Path:
     """A precision path: what a walk over one kv head's selected blocks computes per tile of query rows.
 
-    One instance serves one walk (one entry, one kv head): it keeps that walk's accumulators.
+    One instance serves one walk (one entry, one kv head): it keeps that walk's accumulators. Every path has
+    the entry's out and lse rows ([N1, sq, D] and [N1, sq] views): the forward paths write them, the backward
+    paths read them.
     """
 
     block_dtype: np.dtype
     """Dtype of the padded key and value blocks the walk gathers for `tile`."""
 
-    def __init__(self, entry: _Entry) -> None:
-        self.entry = entry
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray) -> None:
+        self.entry, self.out, self.lse = entry, out, lse
 
     def blocks(self, tensor: np.ndarray) -> np.ndarray:
         """Return one kv head's [skv, D] key or value as zero-padded [nKV, Y, D] blocks of `block_dtype`."""
@@ -172,14 +174,14 @@ class _Forward(_Path):
     block_dtype = np.dtype(np.float64)
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, empty: np.ndarray) -> None:
-        super().__init__(entry)
-        self.out, self.lse, self.empty = out, lse, empty
+        super().__init__(entry, out, lse)
+        self.empty = empty
 
     def tile(
         self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
     ) -> None:
         e = self.entry
-        tile = _forward_tile(e.query[head, rows], keys, values, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch)
+        tile = _forward_tile(e, e.query[head, rows], keys, values, selected, scratch)
         self.out[head, rows], self.lse[head, rows] = tile[:2]
         self.empty[head, rows] = False
 
@@ -187,11 +189,8 @@ class _Forward(_Path):
 class _Golden(_Path):
     """The golden backward (docs/operator.md section 1) in dq's dtype (float32 or float64), from the given out, lse."""
 
-    def __init__(
-        self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
-    ) -> None:
-        super().__init__(entry)
-        self.out, self.lse = out, lse
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: Grads) -> None:
+        super().__init__(entry, out, lse)
         self.dq, self.dk, self.dv = grads
         self.block_dtype = self.dq.dtype
         self.scale_cast = self.block_dtype.type(entry.scale)
@@ -269,14 +268,7 @@ class _ForwardGolden(_Golden):
     dS = E (dP' - Dsum') = P (dP - Dsum), dV += E^T dO' = P^T dO; dQ and dK as in `_Golden`.
     """
 
-    def __init__(
-        self,
-        entry: _Entry,
-        out: np.ndarray,
-        lse: np.ndarray,
-        empty: np.ndarray,
-        grads: tuple[np.ndarray, np.ndarray, np.ndarray],
-    ) -> None:
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, empty: np.ndarray, grads: Grads) -> None:
         super().__init__(entry, out, lse, grads)
         self.empty = empty
         self.keys64 = self.values64 = np.empty((0, 0))
@@ -295,9 +287,7 @@ class _ForwardGolden(_Golden):
         e, precision = self.entry, self.block_dtype
         assert e.dout is not None
         query_rows = e.query[head, rows].astype(precision)  # a copy: scaled in place below
-        out64, lse64, exp_scores, row_max = _forward_tile(
-            query_rows, self.keys64, self.values64, selected, e.mask.shape[2], e.tail_pad, e.scale, scratch
-        )
+        out64, lse64, exp_scores, row_max = _forward_tile(e, query_rows, self.keys64, self.values64, selected, scratch)
         with np.errstate(under="ignore"):  # rounding tiny outputs to the tensor dtype is the point
             out_rows = self.out[head, rows] = to_dtype(out64, self.out.dtype, FORWARD_TIES)
         lse_rows = self.lse[head, rows] = lse64.astype(np.float32)
@@ -315,24 +305,26 @@ class _ForwardGolden(_Golden):
         self.keys64 = self.values64 = np.empty((0, 0))  # scratch of the walk, which is over
 
 
-class _Kernel(_Path):
-    """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
+class _KernelInputs(_Path):
+    """A kernel's path: it reads key and value rounded to its input dtype `io_dtype`, in float32 blocks."""
 
     block_dtype = np.dtype(np.float32)
+    io_dtype: np.dtype
 
-    def __init__(
-        self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: tuple[np.ndarray, np.ndarray, np.ndarray]
-    ) -> None:
-        super().__init__(entry)
-        self.out, self.lse = out, lse
+    def blocks(self, tensor: np.ndarray) -> np.ndarray:
+        return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
+
+
+class _Kernel(_KernelInputs):
+    """The A2/A3 kernel's precision path (docs/operator.md section 2) from the given out and lse, in the input dtype."""
+
+    def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray, grads: Grads) -> None:
+        super().__init__(entry, out, lse)
         self.dq, self.dk, self.dv = grads
         self.io_dtype = self.dq.dtype
         self.scale32 = np.float32(entry.scale)
         self.watch = _WATCH.get()
         self.seen = KernelRange() if self.watch is not None else None
-
-    def blocks(self, tensor: np.ndarray) -> np.ndarray:
-        return _padded_blocks(_to_io_fp32(tensor, self.io_dtype), self.entry.block_shape[1], np.float32)
 
     def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
         self.dk_blocks = np.zeros_like(key_blocks)
@@ -360,20 +352,17 @@ class _Kernel(_Path):
             np.exp(chunk_probs, out=chunk_probs)
             chunk_dscores -= dsum[part, None]
             chunk_dscores *= chunk_probs
-            if self.seen is not None:
-                self.seen.before("probs", chunk_probs)
-                self.seen.before("dscores", chunk_dscores)
-            round_float32(chunk_probs, io_dtype, BACKWARD_TIES, out=chunk_probs)  # P16
-            round_float32(chunk_dscores, io_dtype, BACKWARD_TIES, out=chunk_dscores)  # dS16
-            if self.seen is not None:
-                self.seen.after("probs", chunk_probs)
-                self.seen.after("dscores", chunk_dscores)
-        probs_io, dscores_io = probs, dscores
-        _add_products(self.dv_blocks, selected, probs_io, dout_rows, scratch)
-        dq_rows = dscores_io @ keys
+            for name, chunk in (("probs", chunk_probs), ("dscores", chunk_dscores)):  # rounded: P16, dS16
+                if self.seen is not None:
+                    self.seen.before(name, chunk)
+                round_float32(chunk, io_dtype, BACKWARD_TIES, out=chunk)
+                if self.seen is not None:
+                    self.seen.after(name, chunk)
+        _add_products(self.dv_blocks, selected, probs, dout_rows, scratch)
+        dq_rows = dscores @ keys
         dq_rows *= self.scale32
         self.dq[head, rows] = to_dtype(dq_rows, io_dtype, BACKWARD_TIES)
-        _add_products(self.dk_blocks, selected, dscores_io, query_rows, scratch)
+        _add_products(self.dk_blocks, selected, dscores, query_rows, scratch)
 
     def finish(self, kv_head: int) -> None:
         dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
@@ -395,27 +384,20 @@ def _accumulator(grad: np.ndarray, key_blocks: np.ndarray) -> np.ndarray:
 
 
 def _forward_tile(
-    query: np.ndarray,
-    keys: np.ndarray,
-    values: np.ndarray,
-    selected: np.ndarray,
-    n_kv_blocks: int,
-    tail_pad: int,
-    scale: float,
-    scratch: _Scratch,
+    entry: _Entry, query: np.ndarray, keys: np.ndarray, values: np.ndarray, selected: np.ndarray, scratch: _Scratch
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Forward of one tile of query rows against its selected keys, in float64.
+    """Forward of one tile of `entry`'s query rows against its selected keys, in float64.
 
     Returns:
         out [rows, D], lse [rows], exp(S - rowmax) [rows, cols] (a scratch buffer) and rowmax [rows, 1].
     """
     scores = scratch.get("scores", (query.shape[0], keys.shape[0]), np.float64)
-    np.matmul(np.asarray(query, dtype=np.float64) * scale, keys.T, out=scores)
+    np.matmul(np.asarray(query, dtype=np.float64) * entry.scale, keys.T, out=scores)
     row_max = np.empty((scores.shape[0], 1))
     row_sum = np.empty(scores.shape[0])
     for part in _chunks(scores.shape):
         chunk = scores[part]
-        _mask_tail(chunk, selected, n_kv_blocks, tail_pad)
+        _mask_tail(chunk, selected, entry.mask.shape[2], entry.tail_pad)
         np.max(chunk, axis=1, keepdims=True, out=row_max[part])
         chunk -= row_max[part]
         np.exp(chunk, out=chunk)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..core import blas
 from .numerics import _gather, _Scratch
-from .paths import _Path
+from .paths import _Entry, _Path
 
 _TILE_ELEMENTS = 1 << 23
 """Most query rows x selected columns one score tile holds (64 MiB in float64); wider block rows go in row groups.
@@ -32,9 +32,8 @@ Rows are independent in the forward (same products, same row sums), so out and l
 gemm path); the backward then sums a row's dK/dV share group by group."""
 
 
-def _selections(mask_rows: np.ndarray) -> list[np.ndarray]:
-    """Return, per query block row of one head's [nQ, nKV] mask, the selected kv block indices (ascending)."""
-    return [np.flatnonzero(row) for row in mask_rows]
+Reporter = Callable[[int], None] | None
+"""What hears a finished block row's selected pairs (`reporting`), if anything does."""
 
 
 _MIN_TILE_ROWS = 16
@@ -42,40 +41,29 @@ _MIN_TILE_ROWS = 16
 
 
 def _selected_rows(
-    mask: np.ndarray,
-    group: int,
-    kv_head: int,
-    block_rows: int,
-    q_len: int,
-    key_blocks: np.ndarray,
-    value_blocks: np.ndarray,
-    scratch: _Scratch,
-    report: Callable[[int], None] | None,
+    entry: _Entry, kv_head: int, blocks: tuple[np.ndarray, np.ndarray], scratch: _Scratch, report: Reporter
 ) -> Iterator[tuple[int, np.ndarray, np.ndarray, np.ndarray, list[slice]]]:
-    """Yield (head, selected, keys, values, row tiles) for each query-block row of a kv head's group.
+    """Yield (head, selected, keys, values, row tiles) for each query-block row of a kv head's group of `entry`.
 
     Rows that select no block are skipped. keys/values hold the row's selected blocks, gathered into
     scratch buffers that the next row reuses. When the caller is done with a row, `report` (if any)
     hears how many selected block pairs it held.
     """
-    for head in range(kv_head * group, (kv_head + 1) * group):
-        for row, selected in enumerate(_selections(mask[head])):
+    block_rows, q_len = entry.block_shape[0], entry.query.shape[1]
+    for head in range(kv_head * entry.group, (kv_head + 1) * entry.group):
+        for row, mask_row in enumerate(entry.mask[head]):
+            selected = np.flatnonzero(mask_row)  # the row's selected kv blocks, ascending
             if selected.size == 0:
                 continue
-            keys = _gather(key_blocks, selected, scratch, "keys")
-            values = _gather(value_blocks, selected, scratch, "values")
-            yield (
-                head,
-                selected,
-                keys,
-                values,
-                _row_tiles(row * block_rows, min(q_len, (row + 1) * block_rows), keys.shape[0]),
-            )
+            keys = _gather(blocks[0], selected, scratch, "keys")
+            values = _gather(blocks[1], selected, scratch, "values")
+            tiles = _row_tiles(row * block_rows, min(q_len, (row + 1) * block_rows), keys.shape[0])
+            yield head, selected, keys, values, tiles
             if report is not None:
                 report(int(selected.size))
 
 
-_PROGRESS: contextvars.ContextVar[Callable[[int], None] | None] = contextvars.ContextVar("progress", default=None)
+_PROGRESS: contextvars.ContextVar[Reporter] = contextvars.ContextVar("progress", default=None)
 
 
 @contextlib.contextmanager
@@ -173,7 +161,7 @@ class _Task:
         return int(entry.mask[self.kv_head * entry.group : (self.kv_head + 1) * entry.group].sum())
 
 
-def _walk(task: _Task, report: Callable[[int], None] | None, stop: threading.Event | None = None) -> None:
+def _walk(task: _Task, report: Reporter, stop: threading.Event | None = None) -> None:
     """Hand every tile of one kv head's selected rows to the task's path, then let it write its results."""
     path, kv_head = task.path, task.kv_head
     entry = path.entry
@@ -185,13 +173,11 @@ def _walk(task: _Task, report: Callable[[int], None] | None, stop: threading.Eve
         def build() -> tuple[np.ndarray, np.ndarray]:
             return path.blocks(entry.key[kv_head]), path.blocks(entry.value[kv_head])
 
-        key_blocks, value_blocks = build() if task.shared is None else task.shared.get(build)
-        path.start(kv_head, key_blocks)
+        blocks = build() if task.shared is None else task.shared.get(build)
+        path.start(kv_head, blocks[0])
         scratch = _Scratch()
         tiles = 0
-        for head, selected, keys, values, row_tiles in _selected_rows(
-            entry.mask, entry.group, kv_head, entry.block_shape[0], q_len, key_blocks, value_blocks, scratch, report
-        ):
+        for head, selected, keys, values, row_tiles in _selected_rows(entry, kv_head, blocks, scratch, report):
             if stop is not None and stop.is_set():
                 raise _Stopped
             path.row(keys, values, scratch)
@@ -231,7 +217,7 @@ def _run(tasks: list[_Task], jobs: int = 1) -> None:
             _walk(task, report)
 
 
-def _run_in_threads(tasks: list[_Task], lanes: int, report: Callable[[int], None] | None) -> None:
+def _run_in_threads(tasks: list[_Task], lanes: int, report: Reporter) -> None:
     """Walk the tasks in `lanes` threads; on the first failure (or Ctrl-C here) stop the rest and raise it."""
     stop = threading.Event()
     if report is not None:

@@ -139,14 +139,6 @@ def _error_threshold(manifest: Manifest) -> list[float]:
     return [float(settings.get("diff_thd", 0.01)), float(settings.get("pct_thd", 0.05))]
 
 
-ATK_STANDARD_KEYS = {
-    "mare_ratio": "max_re_ratio",
-    "mere_ratio": "avg_re_ratio",
-    "rmse_ratio": "root_mean_squared_ratio",
-}
-"""bsa's double-benchmark limits -> ATK's cv_fused_double_benchmark keys."""
-
-
 def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
     """Return the ATK-style case JSON of a generated case (`index`: its id in the export)."""
     case_dir = Path(case_dir).resolve()
@@ -194,12 +186,12 @@ def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
 
 
 def _atk_standard(case: Any) -> dict[str, Any]:
-    """The case's own standard in ATK's words: cv_fused_double_benchmark for double-benchmark, else bsa's."""
+    """The case's own standard in ATK's words where ATK has it (cv_fused_double_benchmark), else bsa's."""
     settings = case_settings(case)
     thresholds = {key: _json_float(value) for key, value in settings.thresholds.items()}
-    if settings.standard == "double-benchmark":
-        limits = {atk: thresholds[bsa] for bsa, atk in ATK_STANDARD_KEYS.items()}
-        return {"acc": {"cv_fused_double_benchmark": limits}}
+    standard = settings.standard
+    if standard.atk_name is not None:
+        return {"acc": {standard.atk_name: {atk: thresholds[bsa] for bsa, atk in standard.atk_keys.items()}}}
     return {"acc": {"bsa": {"standard": settings.label, "thresholds": thresholds}}}
 
 

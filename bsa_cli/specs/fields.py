@@ -35,6 +35,7 @@ from ..core.errors import DataError, SpecError, show, suggest
 from ..core.untrusted import inside, read_regular
 from ..inputs import ALIGNMENTS
 from ..ops import interface
+from ..standards import validate_settings
 
 DTYPE_ALIASES = {
     "fp16": "float16",
@@ -568,10 +569,6 @@ def _compare(r: _Reader) -> dict[str, Any]:
     raw = r.get("compare", {})
     if not isinstance(raw, dict):
         raise r.error("compare", f"{show(raw)} is not a mapping (standard, thresholds)")
-    try:
-        from ..compare import validate_settings
-    except ImportError:  # the comparator is not installed in this build; pass the settings through
-        return dict(raw)
     try:
         validate_settings(raw)
     except ValueError as exc:

@@ -39,11 +39,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-BIAS_Z = 5.0
-"""Default `bias_z`: standard errors a bias must exceed to count as certain."""
-
-BIAS_FLOOR = 2.0**-16
-"""Default `bias_floor`: the relative bias float32 accumulation cannot reach."""
+from .base import BIAS_FLOOR as BIAS_FLOOR
+from .base import BIAS_Z as BIAS_Z
+from .base import Check, fmt
 
 PATH_Z = 4.0
 """The benchmark's bias within this many of its standard errors: the precision path shows no bias."""
@@ -54,7 +52,7 @@ MIN_COUNT = 256
 
 @dataclass
 class RelativeSums:
-    """Count, sum and sum of squares of signed relative errors over large elements; `merge` folds chunks."""
+    """Count, sum and sum of squares of signed relative errors over large elements; `add` folds chunks."""
 
     count: int = 0
     total: float = 0.0
@@ -72,11 +70,6 @@ class RelativeSums:
         self.count += count
         self.total += float(flat.sum(dtype=np.float64))
         self.squares += float(np.dot(flat, flat))
-
-    def merge(self, other: RelativeSums) -> None:
-        self.count += other.count
-        self.total += other.total
-        self.squares += other.squares
 
     @property
     def mean(self) -> float:
@@ -160,6 +153,31 @@ class Bias:
     def in_ulp(self, value: float) -> float:
         return value / self.ulp if self.ulp > 0 else 0.0
 
+    def check(self, tensor: str, z_limit: float, floor: float) -> Check:
+        """The bias check of a tensor: its value is the standard errors of the deciding comparison."""
+        failed = self.beyond(z_limit, floor)
+        against_benchmark = self.against_benchmark(z_limit, floor)
+        z = self.z if against_benchmark or not failed else self.device_z
+        if not self.judgeable():
+            why = f"not judged: {self.count} values above err_thd, fewer than {MIN_COUNT}"
+        elif failed and against_benchmark:
+            how = "paired" if self.paired else "unpaired"
+            why = f"{self.z:.3g} standard errors ({how}) from the benchmark's, over the floor {fmt(floor)}"
+        elif failed:
+            why = (
+                f"{self.device_z:.3g} standard errors from 0 where the benchmark shows none "
+                f"({self.benchmark_z:.2g}), over the floor {fmt(floor)}"
+            )
+        elif abs(self.device) <= floor and abs(self.difference) <= floor:
+            why = f"within the floor {fmt(floor)}"
+        else:
+            why = f"{self.z:.3g} standard errors from the benchmark's, not certain (limit {fmt(z_limit)})"
+        # a pass is at most 1: certain but within the floor, or a precision path biased like the device
+        severity = max(z / z_limit, 1.0 + 1e-12) if failed else min(z / z_limit, 1.0)
+        return Check(
+            "bias", tensor, float(z), float(z_limit), not failed, f"{tensor} {self.describe()}: {why}", severity
+        )
+
     def describe(self) -> str:
         """The estimate in words: relative and in ULPs, each side with its standard error."""
         return (
@@ -186,14 +204,4 @@ def estimate(device: RelativeSums, bench: RelativeSums, ulp: float, pairs: Relat
     else:
         difference = device.mean - bench.mean
         difference_se, paired = math.hypot(device.se, bench.se), False
-    return Bias(
-        device=device.mean,
-        device_se=device.se,
-        benchmark=bench.mean,
-        benchmark_se=bench.se,
-        difference=difference,
-        difference_se=difference_se,
-        paired=paired,
-        count=device.count,
-        ulp=ulp,
-    )
+    return Bias(device.mean, device.se, bench.mean, bench.se, difference, difference_se, paired, device.count, ulp)
