@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core.errors import DataError, clip
+from ..core.exit_codes import exit_code
 from ..core.untrusted import inside_parent
 from ..store import (
     FLAT_PARAMS,
@@ -101,11 +102,10 @@ class RunSummary:
         does not judge the outputs or the status: `bsa compare` does.
         """
         unjudged = {"error", "crashed", "timeout", "interrupted"}
-        if self.interrupted or self.not_run or any(r.outcome in unjudged for r in self.results):
-            return 3
-        if any(r.outcome == "nondeterministic" for r in self.results):
-            return 1
-        return 0
+        return exit_code(
+            unjudged=self.interrupted or bool(self.not_run) or any(r.outcome in unjudged for r in self.results),
+            failed=any(r.outcome == "nondeterministic" for r in self.results),
+        )
 
 
 STALE_OUTPUT_FILES = ("dq.bin", "dk.bin", "dv.bin", "out.bin", "lse.bin")
@@ -334,7 +334,7 @@ class _CaseRun:
                 differences.extend(differences_of(manifest, attempts[0], attempt, self.options.deterministic))
         if self.options.repeat > 1:  # every run is judged, so a race that moves outputs fails the run
             for attempt in attempts:
-                differences.extend(judge_repeat(self.case_dir, manifest, attempt))
+                differences.extend(judge_repeat(self.case_dir, manifest, attempt, self.options.judge))
         races = [d for d in differences if d.get("matters")]
         for diff in races:
             problems.append(diff["message"])
