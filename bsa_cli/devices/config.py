@@ -10,13 +10,13 @@ from pathlib import Path
 
 from ..core.errors import suggest
 from ..store import DETERMINISTIC_ENV
-from .base import Device, RunConfigError
+from .base import Device, DeviceKind, RunConfigError
 from .binary import BinaryDevice
 from .faults import ALL_FAULTS
 from .reference import ReferenceDevice
 from .repeat import RunJudge
 
-DEVICE_KINDS: dict[str, str] = {
+DEVICE_KINDS: dict[DeviceKind, str] = {
     "reference": "the built-in reference device (bsa emulate), in this process: reference results",
     "torch_npu": "torch_npu's npu_block_sparse_attention_backward (and npu_block_sparse_attention for the forward, the "
     "chain and autograd), in a child process per case (an Ascend host)",

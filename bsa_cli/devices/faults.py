@@ -19,7 +19,8 @@ from ..core.case import Case, SequenceSpan, numpy_dtype
 from ..core.layout import kv_view, lse_view, mask_view, q_view
 from ..core.rounding import to_dtype
 from ..golden import forward_case, written_rows
-from ..ops import PAIR_OPS, Op
+from ..ops import Op, get
+from ..ops.backward import BACKWARD
 
 FAULTS: dict[str, str] = {
     "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "
@@ -130,7 +131,7 @@ def effective_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault
     return mask
 
 
-def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = "backward") -> bool:
+def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = BACKWARD) -> bool:
     """Say whether fault `name` changes the outputs of the `op` folder of `case`.
 
     With `block_mask` (the full [B, N1, nQ, nKV] input) the answer is exact up to coincidences of the
@@ -141,7 +142,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     """
     if name not in ALL_FAULTS:
         raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(ALL_FAULTS)}")
-    if op not in PAIR_OPS and (name in FORWARD_FAULTS) != (op == "forward"):
+    if not _fault_step(name, get(op)):
         return False
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
@@ -267,7 +268,7 @@ def fault_condition(name: str) -> str:
     return "applies when at least one block is selected"
 
 
-def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = "backward") -> str | None:
+def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = BACKWARD) -> str | None:
     """Return why fault `name` leaves the outputs of the `op` folder of `case` as the clean reference's, or
     None if it applies.
 
@@ -279,20 +280,21 @@ def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = Non
     """
     if fault_applies(name, case, block_mask, op):
         return None
-    if name in FORWARD_FAULTS and op == "backward":
+    if not _fault_step(name, get(op)):
+        step, other = ("forward", "backward") if name in FORWARD_FAULTS else ("backward", "forward")
         return (
-            f"fault '{name}' is a fault of the forward: it does not apply to a backward folder (the reference "
-            "device computed it without the fault)"
-        )
-    if name not in FORWARD_FAULTS and op == "forward":
-        return (
-            f"fault '{name}' is a fault of the backward: it does not apply to a forward folder (the reference "
+            f"fault '{name}' is a fault of the {step}: it does not apply to a {other} folder (the reference "
             "device computed it without the fault)"
         )
     return (
         f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
         "computed it without the fault"
     )
+
+
+def _fault_step(name: str, op: Op) -> bool:
+    """Say whether the op calls the step a fault plants itself in (a forward fault in the forward)."""
+    return op.calls_forward if name in FORWARD_FAULTS else op.calls_backward
 
 
 def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:

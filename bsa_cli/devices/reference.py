@@ -40,16 +40,16 @@ import numpy as np
 
 from ..core import blas
 from ..core.case import Case, SequenceSpan, numpy_dtype
-from ..core.errors import BsaError, DataError, suggest
+from ..core.errors import BsaError, suggest
 from ..core.layout import kv_view, lse_view, q_view
 from ..core.rounding import BACKWARD_TIES, round_float32, to_dtype
 from ..core.streams import seeded
-from ..core.untrusted import inside_parent
-from ..ops import interface
-from ..store import MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
-from ..store.manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from ..ops import get, interface
+from ..store import MANIFEST, load_manifest, read_array
+from ..store.manifest import Manifest
 from . import software
-from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder, fresh_outputs, write_status
+from .binary import ChildExit
 from .faults import (
     ALL_FAULTS,
     FAULTS,
@@ -61,7 +61,7 @@ from .faults import (
     plant_rows_swapped,
     plant_tile_noise,
 )
-from .reference_ops import Emulated, emulate_op_into, unsupported
+from .reference_ops import Emulated, Unsupported, case_of, emulate_op, unsupported, write_outputs
 
 __all__ = [
     "FAULTS",
@@ -397,43 +397,6 @@ def _emulate_interleaved(
 # ---- the binary contract ----------------------------------------------------------------------------
 
 
-def _case_of(case_dir: Path, manifest: Manifest) -> Case:
-    """Rebuild a case from its manifest and check that its inputs and outputs have the case's shapes.
-
-    Raises:
-        DataError: the params cannot describe a case, or an entry's shape differs from what they give.
-    """
-    where = str(Path(case_dir) / MANIFEST)
-    try:
-        case = manifest.case
-        shapes = {
-            "query": case.q_shape,
-            "dout": case.q_shape,
-            "attention_out": case.q_shape,
-            "key": case.kv_shape,
-            "value": case.kv_shape,
-            "block_sparse_mask": case.mask_shape,
-            "dq": case.q_shape,
-            "dk": case.kv_shape,
-            "dv": case.kv_shape,
-        }
-        lse_shapes = (tuple(case.lse_shape_dims), tuple(case.q_shape[:-1]))
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise DataError(where, f"params do not describe a case ({type(exc).__name__}: {exc})") from None
-    for section, names in (("inputs", (*INPUT_NAMES,)), ("outputs", GRAD_NAMES)):
-        entries = manifest.section(section)
-        for name in names:
-            if name not in entries:
-                raise DataError(where, f"{section}: no entry for {name}")
-            shape = tuple(manifest.entry(section, name)["shape"])
-            wanted = lse_shapes if name == "softmax_lse" else (tuple(shapes[name]),)
-            if shape not in wanted:
-                raise DataError(
-                    where, f"{section}.{name}.shape {list(shape)} differs from the case's {list(wanted[0])}"
-                )
-    return case
-
-
 def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None) -> int:
     """Act as the device binary on one case directory; return the aclnn status written to status.txt.
 
@@ -443,7 +406,7 @@ def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None,
     processes, several times slower; the results are the same), writes dq.bin, dk.bin, dv.bin as the
     manifest's `outputs` say, then status.txt "0". Old status and gradient files are removed first and
     every file is written atomically, so an interrupted run never leaves a result that looks complete.
-    A forward or chain folder (`Manifest.op`) goes to `reference_ops.emulate_op_into`.
+    A forward or chain folder (`Manifest.op`) goes to `reference_ops.emulate_op`.
 
     Raises:
         DataError: the manifest or an input file is missing, malformed or stale.
@@ -456,36 +419,22 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     """Do what `emulate_case_dir` does; return the status and whether the planted fault applied."""
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
-    if manifest.op != "backward" or manifest.skip is not None:
-        return emulate_op_into(manifest, case_dir, output_dir, emulate, fault, order_seed)
-    check_output_dir(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    outputs = dict(manifest.entries("outputs"))
-    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
-    for path in [output_dir / STATUS_FILE, *paths.values()]:
-        if path.is_symlink() or path.is_file():
-            path.unlink()
+    if manifest.skip is not None:
+        raise Unsupported(f"{case_dir}: gen skipped this op, no device runs it: {manifest.skip}")
+    reason = unsupported(manifest)
+    if reason is not None:
+        raise Unsupported(reason)
+    paths = fresh_outputs(output_dir, manifest)
+    if get(manifest.op).calls_forward:
+        return emulate_op(manifest, case_dir, output_dir, paths, emulate, fault, order_seed)
     status, message = check_interface(manifest.params, manifest.call_tensors(), manifest.release)
     if status != 0:
-        write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
-        return Emulated(status)
-    case = _case_of(case_dir, manifest)
+        return Emulated(write_status(output_dir, status, message))
+    case = case_of(case_dir, manifest)
     tensors = {name: read_array(case_dir, entry) for name, entry in manifest.entries("inputs")}
     grads = emulate(case, tensors, fault, order_seed)  # on one BLAS thread (its decorator)
-    for name in GRAD_NAMES:
-        entry = outputs[name]
-        grad = grads[name]
-        expected = numpy_dtype(entry["dtype"])
-        if grad.dtype != expected or list(grad.shape) != list(entry["shape"]):
-            wanted = f"{expected} {entry['shape']}"
-            raise DataError(
-                str(case_dir / MANIFEST),
-                f"outputs.{name}: the case gives {grad.dtype} {list(grad.shape)}, the entry says {wanted}",
-            )
-        path = paths[name]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, array_bytes(grad))
-    write_atomic(output_dir / STATUS_FILE, b"0\n")
+    write_outputs(paths, manifest, grads, str(case_dir / MANIFEST), "the case")
+    write_status(output_dir, 0)
     not_applied = fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
     return Emulated(0, not_applied)
 
@@ -577,12 +526,12 @@ class ReferenceDevice:
             return
         except BsaError as exc:
             stderr.write_text(f"Error: {exc}\n")
-            attempt.exit_code = 2
+            attempt.exit_code = ChildExit.USAGE
             attempt.problems.append(f"the reference device refused the case: {exc}")
             return
         except OSError as exc:
             stderr.write_text(f"Error: {exc}\n")
-            attempt.exit_code = 2
+            attempt.exit_code = ChildExit.USAGE
             attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
             return
         except Exception as exc:
@@ -590,7 +539,7 @@ class ReferenceDevice:
             attempt.exception = type(exc).__name__
             return
         stderr.write_text("")
-        attempt.exit_code = 0
+        attempt.exit_code = ChildExit.STATUS
         attempt.fault_not_applied = done.fault_not_applied
         attempt.prefilled_outputs = done.prefilled_outputs
 

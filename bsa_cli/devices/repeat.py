@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..core.case import numpy_dtype
-from ..ops import FORWARD_OPS
+from ..ops import get
 from ..store.manifest import Manifest
 from .base import Attempt
 
@@ -32,7 +32,7 @@ ATOMIC_OUTPUTS = ("dk", "dv")
 
 def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
     """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
-    if manifest.op in FORWARD_OPS and manifest.forward_params["softmax_lse_flag"] == 0:
+    if get(manifest.op).calls_forward and manifest.forward_params["softmax_lse_flag"] == 0:
         return ("lse",)
     return ()
 
@@ -95,7 +95,7 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     """
     diffs: list[dict[str, Any]] = []
     unwritten = unwritten_outputs(manifest)
-    every = "all three" if manifest.op == "backward" else "all"
+    every = "all" if get(manifest.op).calls_forward else "all three"
     if first.status != other.status:
         diffs.append(
             {

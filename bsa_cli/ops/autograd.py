@@ -3,7 +3,7 @@ inputs, then `out.backward(dout)`): only a torch_npu device runs it."""
 
 from __future__ import annotations
 
-from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+from .base import AUTOGRAD_STEP, FORWARD_BINDING, FORWARD_OUTPUTS, GRAD_NAMES, Op
 
 AUTOGRAD = Op(
     "autograd",
@@ -12,4 +12,6 @@ AUTOGRAD = Op(
     calls_forward=True,
     calls_backward=True,
     summary="the chain through torch_npu's autograd (torch_npu only)",
+    torch_npu_calls=(FORWARD_BINDING, AUTOGRAD_STEP),
+    autograd_only=True,
 )

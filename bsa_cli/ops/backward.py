@@ -3,7 +3,7 @@ always tested; a case's default, with unchanged files)."""
 
 from __future__ import annotations
 
-from .base import BACKWARD_INPUTS, GRAD_NAMES, Op
+from .base import BACKWARD_BINDING, BACKWARD_INPUTS, GRAD_NAMES, Op
 
 BACKWARD = Op(
     "backward",
@@ -12,4 +12,5 @@ BACKWARD = Op(
     calls_forward=False,
     calls_backward=True,
     summary="aclnnBlockSparseAttentionGrad on the golden's attentionOut and softmaxLse",
+    torch_npu_calls=(BACKWARD_BINDING,),
 )

@@ -3,7 +3,7 @@ each call with the dtypes it accepts."""
 
 from __future__ import annotations
 
-from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+from .base import BACKWARD_BINDING, FORWARD_BINDING, FORWARD_OUTPUTS, GRAD_NAMES, Op
 
 CHAIN = Op(
     "chain",
@@ -12,4 +12,5 @@ CHAIN = Op(
     calls_forward=True,
     calls_backward=True,
     summary="the forward, then the backward on the forward's own out and lse",
+    torch_npu_calls=(FORWARD_BINDING, BACKWARD_BINDING),
 )

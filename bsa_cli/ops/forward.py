@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import FORWARD_OUTPUTS, Op
+from .base import FORWARD_BINDING, FORWARD_OUTPUTS, Op
 
 FORWARD = Op(
     "forward",
@@ -11,4 +11,5 @@ FORWARD = Op(
     calls_forward=True,
     calls_backward=False,
     summary="aclnnBlockSparseAttention: attentionOut and softmaxLse",
+    torch_npu_calls=(FORWARD_BINDING,),
 )
