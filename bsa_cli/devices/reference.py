@@ -524,15 +524,13 @@ class ReferenceDevice:
             stderr.write_text("interrupted by Ctrl-C\n")
             attempt.interrupted = True
             return
-        except BsaError as exc:
+        except (BsaError, OSError) as exc:
             stderr.write_text(f"Error: {exc}\n")
             attempt.exit_code = ChildExit.USAGE
-            attempt.problems.append(f"the reference device refused the case: {exc}")
-            return
-        except OSError as exc:
-            stderr.write_text(f"Error: {exc}\n")
-            attempt.exit_code = ChildExit.USAGE
-            attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
+            if isinstance(exc, OSError):
+                attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
+            else:
+                attempt.problems.append(f"the reference device refused the case: {exc}")
             return
         except Exception as exc:
             stderr.write_text(traceback.format_exc())
