@@ -211,10 +211,11 @@ def _sequence_grads(
     case: Case,
     fault: str | None,
     order: np.random.Generator | None,
-    lost_update: list[bool],
+    lose_update: bool,
     ticker: _Ticker | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major, and
+    whether it lost a partial.
 
     For each kv head and kv block, the (query head, query block) pairs that select the block are taken
     in (head, block) order, in tiles of about `_CHUNK_ROWS` query rows; each tile adds its share to the
@@ -222,7 +223,8 @@ def _sequence_grads(
     each pair's dK and dV partial products. The partials are then added to the block's fp32 dK and dV
     one by one, as the kernel's atomic adds do: in (head, block) order, or in the order `order`
     permutes them into, which changes the last bits whenever three or more pairs meet in a block.
-    `lost_update` (race-lost-update fault) holds one flag while a partial is still to be lost.
+    With `lose_update` (race-lost-update fault, while no partial is lost yet) the first block that two or
+    more partials meet in loses its last add.
     """
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
@@ -232,6 +234,7 @@ def _sequence_grads(
     dv = np.zeros_like(seq.value)
     block_rows = [np.arange(i * x, min((i + 1) * x, seq.q_len)) for i in range(mask.shape[1])]
     pairs_per_tile = max(1, _CHUNK_ROWS // x)
+    lost = False
     for kv_head in range(kv_heads):
         group_mask = mask[kv_head * group : (kv_head + 1) * group]  # [G, nQ, nKV]
         for block in range(mask.shape[2]):
@@ -250,14 +253,14 @@ def _sequence_grads(
             if ticker is not None:
                 ticker.add(int(members.size))
             sequence = list(range(len(partials)) if order is None else order.permutation(len(partials)))
-            if fault == "race-lost-update" and lost_update and len(sequence) >= 2:
-                lost_update.pop()
+            if lose_update and not lost and len(sequence) >= 2:
+                lost = True
                 sequence.pop()  # the last add of this block never lands
             for index in sequence:
                 dk_part, dv_part = partials[index]
                 dk[kv_head, cols] += dk_part
                 dv[kv_head, cols] += dv_part
-    return dq, dk, dv
+    return dq, dk, dv, lost
 
 
 def _tile_grads(
@@ -338,8 +341,7 @@ def emulate(
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
     order = None if order_seed is None else seeded(order_seed)
-    strikes = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
-    lost_update = [True] if strikes else []
+    lose_update = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
     dq = np.zeros(case.q_shape, dtype=np.float32)
     dk = np.zeros(case.kv_shape, dtype=np.float32)
     dv = np.zeros(case.kv_shape, dtype=np.float32)
@@ -349,7 +351,8 @@ def emulate(
     for span in spans:
         seq = _load_sequence(case, tensors, span)
         mask = masks[span.batch]
-        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order, lost_update, ticker)
+        dq_seq, dk_seq, dv_seq, lost = _sequence_grads(seq, mask, case, fault, order, lose_update, ticker)
+        lose_update = lose_update and not lost
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
