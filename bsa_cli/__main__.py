@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+from .core.exit_codes import ExitCode  # enum alone: loads before NumPy
+
 MIN_ADDRESS_SPACE = 384 << 20
 """Least address space (`ulimit -v`) bsa starts with: NumPy and OpenBLAS need about 250 MiB to load on a
 small machine, and OpenBLAS ends the process (exit code 1) where it cannot get its buffers."""
@@ -24,7 +26,7 @@ def _address_space_limit() -> int | None:
 
 def _refuse(message: str) -> None:
     sys.stderr.write(f"Error: {message}\n")
-    sys.exit(2)
+    sys.exit(ExitCode.USAGE)
 
 
 def run() -> None:

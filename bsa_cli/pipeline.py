@@ -9,11 +9,11 @@ here prints: a `CheckProgress` is told what happens (the CLI shows it), and erro
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import devices, store
-from .compare import CaseResult, RunSettings, SuiteResult, compare_suite
+from .compare import CaseResult, RunSettings, SuiteResult, compare_case, compare_suite
 from .core.case import DEFAULT_PRECISION, Case, Precision
 from .core.errors import BsaError
 from .gen.generate import generate_suite
@@ -125,10 +125,20 @@ def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: 
             except BsaError:
                 continue  # the run records the broken manifest as the case's error
         refuse_deterministic(releases)
+    options = options if options.judge is not None else replace(options, judge=judge_run)
     flops = backward_flops(case_dirs) if options.device.reports_progress else None
     progress.running(case_dirs, options.device, flops)
     with options.device.reporting(progress.progress):
         return devices.run_cases(case_dirs, options, on_event=progress.on_run_event)
+
+
+def judge_run(case_dir: Path, run_dir: Path) -> tuple[str, str] | None:
+    """Judge one --repeat run's outputs as `bsa compare` would (`devices.RunOptions.judge`): None when they
+    pass, else (verdict, why)."""
+    result = compare_case(case_dir, run_dir, workers=1, verify_inputs=False)
+    if result.verdict == "PASS":
+        return None
+    return result.verdict, result.deciding.detail if result.deciding is not None else result.message
 
 
 def skipped_folders(case_dirs: Sequence[Path]) -> list[tuple[Path, str]]:

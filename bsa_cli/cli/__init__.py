@@ -33,7 +33,8 @@ from typing import Any
 import click
 
 from .._version import __version__
-from .common import EXIT_INTERRUPTED, UserError
+from ..core.exit_codes import ExitCode, signal_exit
+from .common import UserError
 from .compare import compare_command
 from .export import export_command
 from .gen import gen_command, list_command, validate_command
@@ -87,7 +88,7 @@ def _signals_as_interrupts() -> Iterator[None]:
 
 def _interrupted_code() -> int:
     """130 after Ctrl-C; 128 + N after signal N (SIGTERM: 143)."""
-    return 128 + _received[0] if _received else EXIT_INTERRUPTED
+    return signal_exit(_received[0]) if _received else ExitCode.INTERRUPTED
 
 
 class _Commands(click.Group):
@@ -101,7 +102,7 @@ class _Commands(click.Group):
             try:
                 return self._invoke(ctx)
             except click.exceptions.Exit as exc:
-                if exc.exit_code == EXIT_INTERRUPTED and _received:
+                if exc.exit_code == ExitCode.INTERRUPTED and _received:
                     raise click.exceptions.Exit(_interrupted_code()) from None
                 raise
             except KeyboardInterrupt:

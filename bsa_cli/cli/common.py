@@ -1,13 +1,8 @@
 """What the `bsa` commands share: exit codes, `UserError` and `user_errors()`, and the helpers several commands
 call (cases from specs, folders of cases and suites, report files).
 
-Exit codes (one policy for every command):
-    0  everything passed
-    1  a case failed its comparison
-    2  usage error, or a bad spec or file given by the user
-    3  a case could not be judged (missing outputs, harness error)
-  130  interrupted (Ctrl-C); what was finished is complete, nothing is left half-written
-  143  terminated by SIGTERM (129: SIGHUP), handled as Ctrl-C is
+Exit codes: one policy for every command, `core.exit_codes` (0 passed, 1 failed, 2 usage, 3 unjudged,
+130 interrupted; 143 SIGTERM, 129 SIGHUP).
 
 The command modules (`gen`, `run`, `compare`, `export`, `trend`) import this module and the library,
 never each other nor the group; `bsa_cli/cli/__init__.py` builds the `bsa` group from them. So imports flow
@@ -28,13 +23,12 @@ from ..compare import SuiteResult
 from ..compare.drift import Drift, drift_document, regressions_document
 from ..core.case import Case
 from ..core.errors import BsaError, DataError, SpecError, plural
+from ..core.exit_codes import ExitCode
 from ..gen.schedule import Estimate, machine_memory, parse_shard, shard
 from ..ops import OPS, Op, split_folder_name
 from ..specs import MAX_CASES, SpecErrors, load_specs
 from ..store import MANIFEST, find_cases, load_manifest, select_cases
 from . import output
-
-EXIT_PASS, EXIT_FAIL, EXIT_USAGE, EXIT_UNJUDGED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
 
 SUITE_DEPTH = 3
 """How deep below a folder without cases `bsa compare` looks for folders of suites."""
@@ -43,7 +37,7 @@ SUITE_DEPTH = 3
 class UserError(click.ClickException):
     """A user mistake (bad spec, bad file, bad option value): `Error: ...` on stderr, exit code 2."""
 
-    exit_code = EXIT_USAGE
+    exit_code = ExitCode.USAGE
 
 
 @contextmanager

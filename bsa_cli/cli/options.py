@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from ..compare import RunSettings
-from ..devices import DEVICE_KINDS, RunOptions, create, parse_device_ids
+from ..devices import DEVICE_KINDS, DeviceKind, RunOptions, create, parse_device_ids
 from ..gen.generate import PRECISIONS
 from ..ops import OPS, Op, parse_ops
 from ..ops.interface import DEFAULT_RELEASE, RELEASES
@@ -154,7 +154,7 @@ verbose_option = click.option("-v", "--verbose", is_flag=True, help="Show every 
 class DeviceOptions:
     """The device options as given (`device_options`): which device runs the cases, and how."""
 
-    device_kind: str | None
+    device_kind: DeviceKind | None
     binary: str | None
     cmd: str | None
     fault: str | None

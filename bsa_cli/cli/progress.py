@@ -272,7 +272,7 @@ def judged_text(case_dirs: Sequence[Path]) -> str:
     """Return e.g. "12 cases", or with op folders (`NAME@forward`) "9 results of 3 cases"."""
     names = {split_folder_name(d.name) for d in case_dirs}
     cases = len({name for name, _ in names})
-    if all(op == "backward" for _, op in names):
+    if all(op.is_default for _, op in names):
         return f"{len(case_dirs)} case{'s' if len(case_dirs) != 1 else ''}"
     return f"{len(case_dirs)} result{'s' if len(case_dirs) != 1 else ''} of {cases} case{'s' if cases != 1 else ''}"
 

@@ -11,13 +11,13 @@ import click
 from .. import pipeline, report, store
 from ..core.case import Precision
 from ..core.errors import plural
+from ..core.exit_codes import ExitCode
 from ..devices import OUTCOMES, RunSummary, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
 from ..gen.schedule import estimate
 from ..ops import Op
 from . import output
 from .common import (
-    EXIT_INTERRUPTED,
     load_cases,
     ops_selected,
     prepare_reports,
@@ -98,7 +98,7 @@ def run_command(
         summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
     print_run_summary(summary)
     if summary.interrupted:
-        raise click.exceptions.Exit(EXIT_INTERRUPTED)
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED)
     raise click.exceptions.Exit(summary.return_code)
 
 
@@ -112,7 +112,7 @@ def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> No
         faults = reference_faults()
     for name, description in faults.items():
         output.stdout.print(f"{name:<18} {description}", markup=False, soft_wrap=True)
-    ctx.exit(0)
+    ctx.exit(ExitCode.PASSED)
 
 
 @click.command("emulate")
@@ -230,7 +230,7 @@ def check_command(
             show_kernel_path_notes(checked.case_dirs)
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
-        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+        raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
     write_reports(suite, reports, (out,))
     if run_options.device.reference_results:

@@ -23,12 +23,14 @@ import signal
 import tempfile
 import threading
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from ..core.errors import BsaError
+from ..core.untrusted import inside_parent
+from ..store import check_output_dir
 from ..store.manifest import Manifest
 
 DeviceKind = Literal["reference", "torch_npu", "binary"]
@@ -73,6 +75,30 @@ def write_atomic(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_status(output_dir: Path, status: int, message: str | None = None) -> int:
+    """Write status.txt (the status, then `message` when there is one); return the status. A status of 0 is
+    written last: it promises complete output files."""
+    text = f"{status}\n" if message is None else f"{status}\n{message}\n"
+    write_atomic(output_dir / STATUS_FILE, text.encode())
+    return status
+
+
+def fresh_outputs(output_dir: Path, manifest: Manifest) -> dict[str, Path]:
+    """Make the output folder and remove an earlier status and output files (links as links, never outside
+    `output_dir`); return where each output of the manifest goes.
+
+    Raises:
+        DataError: the output folder is a link or an output's file leaves it.
+    """
+    check_output_dir(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {name: inside_parent(output_dir, entry["file"]) for name, entry in manifest.entries("outputs")}
+    for path in [output_dir / STATUS_FILE, *paths.values()]:
+        if path.is_symlink() or path.is_file():
+            path.unlink()
+    return paths
 
 
 @dataclass
@@ -212,3 +238,22 @@ class Device(Protocol):
 
     def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
         """While the block runs, report progress within a case as `callback(case name, fraction done)`."""
+
+
+class ChildDevice:
+    """What the devices that run a child process per run share (an external binary, the torch_npu child):
+    no fault, device results, no order of their own, --timeout, no progress within a case."""
+
+    fault = None
+    reference_results = False
+    seeded = False
+    reports_progress = False
+
+    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
+        return [], None  # the NPU's atomic adds choose their own order
+
+    def time_limit(self, timeout: float | None) -> float | None:
+        return timeout
+
+    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
+        return nullcontext()

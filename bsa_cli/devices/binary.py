@@ -3,26 +3,39 @@ run of a case, as the binary contract says (`base`)."""
 
 from __future__ import annotations
 
+import enum
 import os
 import shlex
 import shutil
 import string
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
 from ..core.errors import suggest
+from ..core.exit_codes import ExitCode
+from ..ops import get
 from ..store import MANIFEST, sha256_file
 from ..store.manifest import Manifest
 from . import software
-from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder
+from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError
 from .process import spawn
 
-EXIT_CANNOT_RUN = 5
-"""The exit code of a device child that cannot run the folder's op here (the C++ harness on autograd, the
-torch_npu child on autograd before torch 2.6); the first line of its stderr is `CANNOT_RUN_PREFIX` + why."""
+
+class ChildExit(enum.IntEnum):
+    """The exit codes of a device child (the torch_npu child, the C++ harness): the binary contract's, not
+    bsa's own (`core.exit_codes`)."""
+
+    STATUS = ExitCode.PASSED  # a status was recorded, whatever it is
+    USAGE = ExitCode.USAGE  # bad arguments, an unreadable case, a call it cannot make, a module missing
+    DEVICE = ExitCode.UNJUDGED  # the operator or device failed without an aclnn status
+    WRITE = 4  # an output file could not be written
+    CANNOT_RUN = 5
+    """It cannot run the folder's op here (the C++ harness on autograd, the torch_npu child on autograd before
+    torch 2.6); the first line of its stderr is `CANNOT_RUN_PREFIX` + why."""
+
+
 CANNOT_RUN_PREFIX = "cannot run: "
 PREFILL_LINE = "bsa-prefilled-outputs: nan"
 """The stdout line of a binary that pre-filled the forward's out and lse with NaN before the call (the C++
@@ -33,7 +46,7 @@ PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
 
 
 @dataclass(frozen=True)
-class BinaryDevice:
+class BinaryDevice(ChildDevice):
     """An external binary and/or --cmd template. Build one with `create`, which checks both."""
 
     binary: Path | None = None
@@ -41,10 +54,6 @@ class BinaryDevice:
     binary_sha256: str | None = None
 
     kind: ClassVar[DeviceKind] = "binary"
-    fault = None
-    reference_results = False
-    seeded = False
-    reports_progress = False
 
     @classmethod
     def create(cls, binary: str | Path | None = None, cmd: str | None = None) -> BinaryDevice:
@@ -88,15 +97,9 @@ class BinaryDevice:
         return [token.format(**values) for token in shlex.split(self.cmd)]
 
     def unsupported(self, manifest: Manifest) -> str | None:
-        if manifest.op == "autograd":
+        if get(manifest.op).autograd_only:
             return "a device binary has no autograd (torch_npu's link): run it with --device torch_npu"
         return None
-
-    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
-        return [], None  # its atomic adds choose their own order
-
-    def time_limit(self, timeout: float | None) -> float | None:
-        return timeout
 
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
@@ -105,9 +108,6 @@ class BinaryDevice:
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.binary({**os.environ, **env})
-
-    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
-        return nullcontext()
 
 
 def _resolve_binary(binary: str | Path) -> Path:
@@ -152,31 +152,33 @@ def _check_template(cmd: str, *, has_binary: bool) -> None:
 
 
 def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
-    """Turn a child's "cannot run this op" (exit `EXIT_CANNOT_RUN`, stderr `cannot run: WHY`) into a skip.
+    """Turn a child's "cannot run this op" (exit `ChildExit.CANNOT_RUN`, stderr `cannot run: WHY`) into a skip.
 
     `attempt.skipped` gets WHY and the exit code's problem goes (the run is "skipped", not an error); any
     other exit 5 stays what it was.
     """
-    if attempt.exit_code != EXIT_CANNOT_RUN or attempt.signal is not None or attempt.timed_out:
+    if attempt.exit_code != ChildExit.CANNOT_RUN or attempt.signal is not None or attempt.timed_out:
         return
-    try:
-        with open(execution.output_dir / attempt.stderr_log, "rb") as log:
-            first = log.read(4096).decode("utf-8", "replace").splitlines()[:1]
-    except OSError:
-        return
+    head = _log_head(execution.output_dir / attempt.stderr_log, 4096)
+    first = [] if head is None else head.splitlines()[:1]
     if not first or not first[0].startswith(CANNOT_RUN_PREFIX) or not first[0][len(CANNOT_RUN_PREFIX) :].strip():
         return
     attempt.skipped = first[0][len(CANNOT_RUN_PREFIX) :].strip()[:500]
-    attempt.problems = [p for p in attempt.problems if not p.startswith(f"exited with code {EXIT_CANNOT_RUN}")]
+    attempt.problems = [p for p in attempt.problems if not p.startswith(f"exited with code {ChildExit.CANNOT_RUN:d}")]
 
 
 def mark_prefill(attempt: Attempt, execution: Execution) -> None:
     """Record that the binary pre-filled the forward's outputs with NaN (its stdout line `PREFILL_LINE`,
     read from the first 64 KiB of its log)."""
-    try:
-        with open(execution.output_dir / attempt.stdout_log, "rb") as log:
-            head = log.read(65536).decode("utf-8", "replace")
-    except OSError:
-        return
-    if PREFILL_LINE in head.splitlines():
+    head = _log_head(execution.output_dir / attempt.stdout_log, 65536)
+    if head is not None and PREFILL_LINE in head.splitlines():
         attempt.prefilled_outputs = "nan"
+
+
+def _log_head(path: Path, size: int) -> str | None:
+    """Return the first `size` bytes of a log as text, or None when it cannot be read."""
+    try:
+        with open(path, "rb") as log:
+            return log.read(size).decode("utf-8", "replace")
+    except OSError:
+        return None

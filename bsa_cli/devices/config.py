@@ -10,12 +10,13 @@ from pathlib import Path
 
 from ..core.errors import suggest
 from ..store import DETERMINISTIC_ENV
-from .base import Device, RunConfigError
+from .base import Device, DeviceKind, RunConfigError
 from .binary import BinaryDevice
 from .faults import ALL_FAULTS
 from .reference import ReferenceDevice
+from .repeat import RunJudge
 
-DEVICE_KINDS: dict[str, str] = {
+DEVICE_KINDS: dict[DeviceKind, str] = {
     "reference": "the built-in reference device (bsa emulate), in this process: reference results",
     "torch_npu": "torch_npu's npu_block_sparse_attention_backward (and npu_block_sparse_attention for the forward, the "
     "chain and autograd), in a child process per case (an Ascend host)",
@@ -83,6 +84,9 @@ class RunOptions:
     """Ask the device for the operator's deterministic mode (all outputs bitwise reproducible): the C++ harness
     sets ACL_OPT_DETERMINISTIC, the torch_npu child torch.use_deterministic_algorithms(True), the reference
     device sums dK/dV in one fixed order; with --repeat every output must then be bitwise identical."""
+    judge: RunJudge | None = field(default=None, compare=False)
+    """Judges each run of a --repeat by the case's standard (`repeat.RunJudge`; `pipeline.run_suite` passes
+    compare's); None: repeats are compared with each other only."""
 
     def __post_init__(self) -> None:
         if self.seed is None:

@@ -19,7 +19,8 @@ from ..core.case import Case, SequenceSpan, numpy_dtype
 from ..core.layout import kv_view, lse_view, mask_view, q_view
 from ..core.rounding import to_dtype
 from ..golden import forward_case, written_rows
-from ..ops import PAIR_OPS, Op
+from ..ops import Op, get
+from ..ops.backward import BACKWARD
 
 FAULTS: dict[str, str] = {
     "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "
@@ -130,7 +131,7 @@ def effective_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault
     return mask
 
 
-def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = "backward") -> bool:
+def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = BACKWARD) -> bool:
     """Say whether fault `name` changes the outputs of the `op` folder of `case`.
 
     With `block_mask` (the full [B, N1, nQ, nKV] input) the answer is exact up to coincidences of the
@@ -141,7 +142,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     """
     if name not in ALL_FAULTS:
         raise ValueError(f"unknown fault {name!r}: expected one of {', '.join(ALL_FAULTS)}")
-    if op not in PAIR_OPS and (name in FORWARD_FAULTS) != (op == "forward"):
+    if not _fault_step(name, get(op)):
         return False
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
@@ -154,17 +155,12 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
         return False
     if name == "race-lost-update" and block_mask is not None:
         return any(_shared_blocks(case, block_mask, span) for span in spans)
-    if name == "dk-no-scale" and case.kernel_scale == 1.0:
-        return False
-    if name == "dq-scaled-twice" and case.kernel_scale == 1.0:
+    if name in ("dk-no-scale", "dq-scaled-twice") and case.kernel_scale == 1.0:
         return False
     if name == "heads-interleaved" and not (case.group_size > 1 and case.num_kv_heads > 1):
         return False
     if name == "rows-swapped":
-        if block_mask is None:
-            return max((s.q_len for s in spans), default=0) >= 2
-        site = fault_site(case, block_mask)
-        return site is not None and site.span.q_len >= 2
+        return _rows_to_swap(case, block_mask, spans)
     if name == "scale-rounded" and kernel_scale(case, name) == np.float32(case.kernel_scale):
         return False
     if name == "drop-tail-block" and not any(
@@ -182,8 +178,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
             if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
                 return True
         elif name == "heads-interleaved":
-            moved = [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
-            if mask[moved].any():
+            if mask[_moved_heads(case)].any():
                 return True
         elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
             if not np.array_equal(mask, effective_mask(case, block_mask, span, name)):
@@ -227,13 +222,10 @@ def _forward_fault_applies(name: str, case: Case, block_mask: np.ndarray | None)
     if name == "forward-heads-interleaved":
         if not (case.group_size > 1 and case.num_kv_heads > 1):
             return False
-        moved = [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
+        moved = _moved_heads(case)
         return any_written if block_mask is None else any(mask_view(fcase, block_mask, s)[moved].any() for s in spans)
     if name == "forward-rows-swapped":
-        if block_mask is None:
-            return max((s.q_len for s in spans), default=0) >= 2
-        site = fault_site(fcase, block_mask)
-        return site is not None and site.span.q_len >= 2
+        return _rows_to_swap(fcase, block_mask, spans)
     if name in FORWARD_MASK_FAULTS:
         if block_mask is None:
             return bool(spans) and (
@@ -267,7 +259,7 @@ def fault_condition(name: str) -> str:
     return "applies when at least one block is selected"
 
 
-def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = "backward") -> str | None:
+def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = None, op: Op = BACKWARD) -> str | None:
     """Return why fault `name` leaves the outputs of the `op` folder of `case` as the clean reference's, or
     None if it applies.
 
@@ -279,20 +271,34 @@ def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = Non
     """
     if fault_applies(name, case, block_mask, op):
         return None
-    if name in FORWARD_FAULTS and op == "backward":
+    if not _fault_step(name, get(op)):
+        step, other = ("forward", "backward") if name in FORWARD_FAULTS else ("backward", "forward")
         return (
-            f"fault '{name}' is a fault of the forward: it does not apply to a backward folder (the reference "
-            "device computed it without the fault)"
-        )
-    if name not in FORWARD_FAULTS and op == "forward":
-        return (
-            f"fault '{name}' is a fault of the backward: it does not apply to a forward folder (the reference "
+            f"fault '{name}' is a fault of the {step}: it does not apply to a {other} folder (the reference "
             "device computed it without the fault)"
         )
     return (
         f"fault '{name}' does not apply to this case ({fault_condition(name)}): the reference device "
         "computed it without the fault"
     )
+
+
+def _moved_heads(case: Case) -> list[int]:
+    """Return the query heads that heads-interleaved moves to another kv head (n % N2 != n // G)."""
+    return [n for n in range(case.num_heads) if n % case.num_kv_heads != n // case.group_size]
+
+
+def _rows_to_swap(case: Case, block_mask: np.ndarray | None, spans: list[SequenceSpan]) -> bool:
+    """Say whether rows-swapped finds a row with a neighbour (at its site; without a mask, in any span)."""
+    if block_mask is None:
+        return max((s.q_len for s in spans), default=0) >= 2
+    site = fault_site(case, block_mask)
+    return site is not None and site.span.q_len >= 2
+
+
+def _fault_step(name: str, op: Op) -> bool:
+    """Say whether the op calls the step a fault plants itself in (a forward fault in the forward)."""
+    return op.calls_forward if name in FORWARD_FAULTS else op.calls_backward
 
 
 def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:

@@ -40,16 +40,16 @@ import numpy as np
 
 from ..core import blas
 from ..core.case import Case, SequenceSpan, numpy_dtype
-from ..core.errors import BsaError, DataError, suggest
+from ..core.errors import BsaError, suggest
 from ..core.layout import kv_view, lse_view, q_view
 from ..core.rounding import BACKWARD_TIES, round_float32, to_dtype
 from ..core.streams import seeded
-from ..core.untrusted import inside_parent
-from ..ops import interface
-from ..store import MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
-from ..store.manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from ..ops import get, interface
+from ..store import MANIFEST, load_manifest, read_array
+from ..store.manifest import Manifest
 from . import software
-from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
+from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder, fresh_outputs, write_status
+from .binary import ChildExit
 from .faults import (
     ALL_FAULTS,
     FAULTS,
@@ -61,7 +61,7 @@ from .faults import (
     plant_rows_swapped,
     plant_tile_noise,
 )
-from .reference_ops import Emulated, emulate_op_into, unsupported
+from .reference_ops import Emulated, Unsupported, case_of, emulate_op, unsupported, write_outputs
 
 __all__ = [
     "FAULTS",
@@ -211,10 +211,11 @@ def _sequence_grads(
     case: Case,
     fault: str | None,
     order: np.random.Generator | None,
-    lost_update: list[bool],
+    lose_update: bool,
     ticker: _Ticker | None = None,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major, and
+    whether it lost a partial.
 
     For each kv head and kv block, the (query head, query block) pairs that select the block are taken
     in (head, block) order, in tiles of about `_CHUNK_ROWS` query rows; each tile adds its share to the
@@ -222,7 +223,8 @@ def _sequence_grads(
     each pair's dK and dV partial products. The partials are then added to the block's fp32 dK and dV
     one by one, as the kernel's atomic adds do: in (head, block) order, or in the order `order`
     permutes them into, which changes the last bits whenever three or more pairs meet in a block.
-    `lost_update` (race-lost-update fault) holds one flag while a partial is still to be lost.
+    With `lose_update` (race-lost-update fault, while no partial is lost yet) the first block that two or
+    more partials meet in loses its last add.
     """
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
@@ -232,6 +234,7 @@ def _sequence_grads(
     dv = np.zeros_like(seq.value)
     block_rows = [np.arange(i * x, min((i + 1) * x, seq.q_len)) for i in range(mask.shape[1])]
     pairs_per_tile = max(1, _CHUNK_ROWS // x)
+    lost = False
     for kv_head in range(kv_heads):
         group_mask = mask[kv_head * group : (kv_head + 1) * group]  # [G, nQ, nKV]
         for block in range(mask.shape[2]):
@@ -250,14 +253,14 @@ def _sequence_grads(
             if ticker is not None:
                 ticker.add(int(members.size))
             sequence = list(range(len(partials)) if order is None else order.permutation(len(partials)))
-            if fault == "race-lost-update" and lost_update and len(sequence) >= 2:
-                lost_update.pop()
+            if lose_update and not lost and len(sequence) >= 2:
+                lost = True
                 sequence.pop()  # the last add of this block never lands
             for index in sequence:
                 dk_part, dv_part = partials[index]
                 dk[kv_head, cols] += dk_part
                 dv[kv_head, cols] += dv_part
-    return dq, dk, dv
+    return dq, dk, dv, lost
 
 
 def _tile_grads(
@@ -338,8 +341,7 @@ def emulate(
     io_dtype = numpy_dtype(case.dtype)
     block_mask = np.asarray(tensors["block_sparse_mask"])
     order = None if order_seed is None else seeded(order_seed)
-    strikes = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
-    lost_update = [True] if strikes else []
+    lose_update = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
     dq = np.zeros(case.q_shape, dtype=np.float32)
     dk = np.zeros(case.kv_shape, dtype=np.float32)
     dv = np.zeros(case.kv_shape, dtype=np.float32)
@@ -349,7 +351,8 @@ def emulate(
     for span in spans:
         seq = _load_sequence(case, tensors, span)
         mask = masks[span.batch]
-        dq_seq, dk_seq, dv_seq = _sequence_grads(seq, mask, case, fault, order, lost_update, ticker)
+        dq_seq, dk_seq, dv_seq, lost = _sequence_grads(seq, mask, case, fault, order, lose_update, ticker)
+        lose_update = lose_update and not lost
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
@@ -397,43 +400,6 @@ def _emulate_interleaved(
 # ---- the binary contract ----------------------------------------------------------------------------
 
 
-def _case_of(case_dir: Path, manifest: Manifest) -> Case:
-    """Rebuild a case from its manifest and check that its inputs and outputs have the case's shapes.
-
-    Raises:
-        DataError: the params cannot describe a case, or an entry's shape differs from what they give.
-    """
-    where = str(Path(case_dir) / MANIFEST)
-    try:
-        case = manifest.case
-        shapes = {
-            "query": case.q_shape,
-            "dout": case.q_shape,
-            "attention_out": case.q_shape,
-            "key": case.kv_shape,
-            "value": case.kv_shape,
-            "block_sparse_mask": case.mask_shape,
-            "dq": case.q_shape,
-            "dk": case.kv_shape,
-            "dv": case.kv_shape,
-        }
-        lse_shapes = (tuple(case.lse_shape_dims), tuple(case.q_shape[:-1]))
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-        raise DataError(where, f"params do not describe a case ({type(exc).__name__}: {exc})") from None
-    for section, names in (("inputs", (*INPUT_NAMES,)), ("outputs", GRAD_NAMES)):
-        entries = manifest.section(section)
-        for name in names:
-            if name not in entries:
-                raise DataError(where, f"{section}: no entry for {name}")
-            shape = tuple(manifest.entry(section, name)["shape"])
-            wanted = lse_shapes if name == "softmax_lse" else (tuple(shapes[name]),)
-            if shape not in wanted:
-                raise DataError(
-                    where, f"{section}.{name}.shape {list(shape)} differs from the case's {list(wanted[0])}"
-                )
-    return case
-
-
 def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None, order_seed: int | None = None) -> int:
     """Act as the device binary on one case directory; return the aclnn status written to status.txt.
 
@@ -443,7 +409,7 @@ def emulate_case_dir(case_dir: Path, output_dir: Path, fault: str | None = None,
     processes, several times slower; the results are the same), writes dq.bin, dk.bin, dv.bin as the
     manifest's `outputs` say, then status.txt "0". Old status and gradient files are removed first and
     every file is written atomically, so an interrupted run never leaves a result that looks complete.
-    A forward or chain folder (`Manifest.op`) goes to `reference_ops.emulate_op_into`.
+    A forward or chain folder (`Manifest.op`) goes to `reference_ops.emulate_op`.
 
     Raises:
         DataError: the manifest or an input file is missing, malformed or stale.
@@ -456,36 +422,22 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     """Do what `emulate_case_dir` does; return the status and whether the planted fault applied."""
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
-    if manifest.op != "backward" or manifest.skip is not None:
-        return emulate_op_into(manifest, case_dir, output_dir, emulate, fault, order_seed)
-    check_output_dir(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    outputs = dict(manifest.entries("outputs"))
-    paths = {name: inside_parent(output_dir, outputs[name]["file"]) for name in GRAD_NAMES if name in outputs}
-    for path in [output_dir / STATUS_FILE, *paths.values()]:
-        if path.is_symlink() or path.is_file():
-            path.unlink()
+    if manifest.skip is not None:
+        raise Unsupported(f"{case_dir}: gen skipped this op, no device runs it: {manifest.skip}")
+    reason = unsupported(manifest)
+    if reason is not None:
+        raise Unsupported(reason)
+    paths = fresh_outputs(output_dir, manifest)
+    if get(manifest.op).calls_forward:
+        return emulate_op(manifest, case_dir, output_dir, paths, emulate, fault, order_seed)
     status, message = check_interface(manifest.params, manifest.call_tensors(), manifest.release)
     if status != 0:
-        write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
-        return Emulated(status)
-    case = _case_of(case_dir, manifest)
+        return Emulated(write_status(output_dir, status, message))
+    case = case_of(case_dir, manifest)
     tensors = {name: read_array(case_dir, entry) for name, entry in manifest.entries("inputs")}
     grads = emulate(case, tensors, fault, order_seed)  # on one BLAS thread (its decorator)
-    for name in GRAD_NAMES:
-        entry = outputs[name]
-        grad = grads[name]
-        expected = numpy_dtype(entry["dtype"])
-        if grad.dtype != expected or list(grad.shape) != list(entry["shape"]):
-            wanted = f"{expected} {entry['shape']}"
-            raise DataError(
-                str(case_dir / MANIFEST),
-                f"outputs.{name}: the case gives {grad.dtype} {list(grad.shape)}, the entry says {wanted}",
-            )
-        path = paths[name]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, array_bytes(grad))
-    write_atomic(output_dir / STATUS_FILE, b"0\n")
+    write_outputs(paths, manifest, grads, str(case_dir / MANIFEST), "the case")
+    write_status(output_dir, 0)
     not_applied = fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
     return Emulated(0, not_applied)
 
@@ -575,22 +527,20 @@ class ReferenceDevice:
             stderr.write_text("interrupted by Ctrl-C\n")
             attempt.interrupted = True
             return
-        except BsaError as exc:
+        except (BsaError, OSError) as exc:
             stderr.write_text(f"Error: {exc}\n")
-            attempt.exit_code = 2
-            attempt.problems.append(f"the reference device refused the case: {exc}")
-            return
-        except OSError as exc:
-            stderr.write_text(f"Error: {exc}\n")
-            attempt.exit_code = 2
-            attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
+            attempt.exit_code = ChildExit.USAGE
+            if isinstance(exc, OSError):
+                attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")
+            else:
+                attempt.problems.append(f"the reference device refused the case: {exc}")
             return
         except Exception as exc:
             stderr.write_text(traceback.format_exc())
             attempt.exception = type(exc).__name__
             return
         stderr.write_text("")
-        attempt.exit_code = 0
+        attempt.exit_code = ChildExit.STATUS
         attempt.fault_not_applied = done.fault_not_applied
         attempt.prefilled_outputs = done.prefilled_outputs
 

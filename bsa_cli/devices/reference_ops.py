@@ -13,8 +13,9 @@ the forward's own out and lse), as the binary contract asks of an op folder (`Ma
   before anything runs.
 
 A forward fault plants itself in the forward step, a backward fault in the backward step of a chain.
-`emulate_op_into` does for an op folder what `reference.emulate_into` does for a backward one (which calls
-it): old outputs removed first, every file written atomically, status.txt last.
+`emulate_op` does for an op folder what `reference.emulate_into` does for a backward one (which calls it,
+once the old outputs are removed): every file written atomically, status.txt last. `case_of` and
+`write_outputs` serve both.
 """
 
 from __future__ import annotations
@@ -30,26 +31,18 @@ import numpy as np
 from ..core import blas
 from ..core.case import Case, numpy_dtype
 from ..core.errors import BsaError, DataError
-from ..core.untrusted import inside_parent
-from ..ops import forward_interface, interface
-from ..store import MANIFEST, array_bytes, check_output_dir, read_array
+from ..ops import forward_interface, get, interface
+from ..store import MANIFEST, array_bytes, read_array
 from ..store.manifest import Manifest
-from .base import STATUS_FILE, write_atomic
+from .base import write_atomic, write_status
 from .faults import FORWARD_FAULTS, fault_not_applied
-from .forward import OUTPUT_NAMES, backward_tensors, forward_mask, run_forward
+from .forward import backward_tensors, forward_mask, run_forward
 
 AUTOGRAD_REASON = "the reference device has no autograd: run it with --device torch_npu"
 """Why the reference device does not run an autograd folder (run.json `skipped`)."""
 
 PREFILL = "nan"
 """What the reference device pre-fills the forward's output buffers with (run.json `device.prefilled_outputs`)."""
-
-CHAIN_OUTPUTS = (*OUTPUT_NAMES, "dq", "dk", "dv")
-OP_INPUTS: Mapping[str, tuple[str, ...]] = {
-    "forward": ("query", "key", "value", "block_sparse_mask"),
-    "chain": ("query", "key", "value", "dout", "block_sparse_mask"),
-}
-"""The inputs and outputs of an op folder, as the manifest's sections name them."""
 
 Backward = Callable[[Case, Mapping[str, np.ndarray], "str | None", "int | None"], dict[str, np.ndarray]]
 """The backward step: `reference.emulate(case, tensors, fault, order_seed)` -> {"dq", "dk", "dv"}."""
@@ -72,42 +65,40 @@ class Emulated:
 
 def unsupported(manifest: Manifest) -> str | None:
     """Return why the reference device cannot run the op of a case folder, or None."""
-    return AUTOGRAD_REASON if manifest.op == "autograd" else None
+    return AUTOGRAD_REASON if get(manifest.op).autograd_only else None
 
 
-def _op_case(case_dir: Path, manifest: Manifest) -> Case:
-    """Rebuild the case of an op folder (its forward parameters too) and check its entries' shapes.
+def case_of(case_dir: Path, manifest: Manifest) -> Case:
+    """Rebuild the case of a folder (an op's forward parameters too) and check that its op's inputs and
+    outputs have the case's shapes.
 
     Raises:
         DataError: the params cannot describe a case, or an input or output is missing or of another shape.
     """
     where = str(Path(case_dir) / MANIFEST)
+    op = get(manifest.op)
     try:
-        forward = manifest.forward_params
-        case = dataclasses.replace(
-            manifest.case, inner_precise=forward["inner_precise"], softmax_lse_flag=forward["softmax_lse_flag"]
-        )
-        lse_shapes = (tuple(case.lse_shape_dims), tuple(case.q_shape[:-1]))
+        case = manifest.case
+        if op.calls_forward:
+            forward = manifest.forward_params
+            case = dataclasses.replace(
+                case, inner_precise=forward["inner_precise"], softmax_lse_flag=forward["softmax_lse_flag"]
+            )
+        q_shape, kv_shape, lse_shapes = tuple(case.q_shape), tuple(case.kv_shape), tuple(case.lse_shape_dims)
         shapes: dict[str, tuple[tuple[int, ...], ...]] = {
-            "query": (tuple(case.q_shape),),
-            "dout": (tuple(case.q_shape),),
-            "out": (tuple(case.q_shape),),
-            "dq": (tuple(case.q_shape),),
-            "key": (tuple(case.kv_shape),),
-            "value": (tuple(case.kv_shape),),
-            "dk": (tuple(case.kv_shape),),
-            "dv": (tuple(case.kv_shape),),
+            **dict.fromkeys(("query", "dout", "attention_out", "out", "dq"), (q_shape,)),
+            **dict.fromkeys(("key", "value", "dk", "dv"), (kv_shape,)),
+            **dict.fromkeys(("softmax_lse", "lse"), (lse_shapes, q_shape[:-1])),
             "block_sparse_mask": (tuple(case.mask_shape),),
-            "lse": lse_shapes,
         }
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise DataError(where, f"params do not describe a case ({type(exc).__name__}: {exc})") from None
-    outputs = OUTPUT_NAMES if manifest.op == "forward" else CHAIN_OUTPUTS
-    for section, names in (("inputs", OP_INPUTS[manifest.op]), ("outputs", outputs)):
+    for section, names in (("inputs", op.inputs), ("outputs", op.outputs)):
         entries = manifest.section(section)
         for name in names:
-            if entries.get(name) is None:
-                raise DataError(where, f"{section}: no entry for {name} (a {manifest.op} folder has one)")
+            if (entries.get(name) is None) if op.calls_forward else (name not in entries):
+                has_one = f" (a {op} folder has one)" if op.calls_forward else ""
+                raise DataError(where, f"{section}: no entry for {name}{has_one}")
             shape = tuple(manifest.entry(section, name)["shape"])
             if shape not in shapes[name]:
                 raise DataError(
@@ -135,8 +126,11 @@ def backward_call(manifest: Manifest) -> dict[str, dict[str, Any]]:
     return {aliases.get(name, name): desc for name, desc in table.items()}
 
 
-def _write(output_dir: Path, paths: Mapping[str, Path], manifest: Manifest, arrays: Mapping[str, np.ndarray]) -> None:
-    """Write each array where its output entry says, after checking its dtype and shape against the entry."""
+def write_outputs(
+    paths: Mapping[str, Path], manifest: Manifest, arrays: Mapping[str, np.ndarray], where: str, who: str
+) -> None:
+    """Write each array where its output entry says, after checking its dtype and shape against the entry
+    (`who` gives them, `where` the error names)."""
     for name, array in arrays.items():
         entry = manifest.entry("outputs", name)
         expected = numpy_dtype(entry["dtype"])
@@ -144,64 +138,47 @@ def _write(output_dir: Path, paths: Mapping[str, Path], manifest: Manifest, arra
         if value.size == int(np.prod(entry["shape"])) and name == "lse":
             value = value.reshape(entry["shape"])  # the forward returns lse with or without the trailing 1
         if value.dtype != expected or list(value.shape) != list(entry["shape"]):
-            raise DataError(
-                str(output_dir),
-                f"outputs.{name}: the reference device gives {value.dtype} {list(value.shape)}, "
-                f"the entry says {expected} {entry['shape']}",
-            )
+            given = f"{value.dtype} {list(value.shape)}"
+            raise DataError(where, f"outputs.{name}: {who} gives {given}, the entry says {expected} {entry['shape']}")
         path = paths[name]
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, array_bytes(value))
 
 
-def emulate_op_into(
+def emulate_op(
     manifest: Manifest,
     case_dir: Path,
     output_dir: Path,
+    paths: Mapping[str, Path],
     backward: Backward,
     fault: str | None = None,
     order_seed: int | None = None,
 ) -> Emulated:
-    """Act as the device binary on a forward or chain folder; return what was done.
+    """Act as the device binary on a forward or chain folder whose old outputs are gone (`paths`: where
+    each output goes); return what was done.
 
     Raises:
-        Unsupported: an autograd folder (or another op this device does not run), or one gen skipped.
         DataError: the manifest or an input file is missing, malformed or stale.
     """
-    op = manifest.op
-    if manifest.skip is not None:
-        raise Unsupported(f"{case_dir}: gen skipped this op, no device runs it: {manifest.skip}")
-    reason = unsupported(manifest)
-    if reason is not None or op not in OP_INPUTS:
-        raise Unsupported(reason or f"op {op!r}: the reference device runs forward and chain folders here")
-    check_output_dir(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    outputs = dict(manifest.entries("outputs"))
-    paths = {name: inside_parent(output_dir, entry["file"]) for name, entry in outputs.items()}
-    for path in [output_dir / STATUS_FILE, *paths.values()]:
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-    step = "forward: " if op == "chain" else ""  # a chain's message says which step refused, as chain_check's
+    op = get(manifest.op)
+    step = "forward: " if op.calls_backward else ""  # a chain's message says which step refused, as chain_check's
     params = forward_interface.params_forward(manifest.params)
     status, message = forward_interface.check(params, forward_call(manifest), manifest.release)
     if status != 0:
-        write_atomic(output_dir / STATUS_FILE, f"{status}\n{step}{message}\n".encode())
-        return Emulated(status)
-    case = _op_case(case_dir, manifest)
-    tensors = {name: read_array(case_dir, manifest.entry("inputs", name)) for name in OP_INPUTS[op]}
+        return Emulated(write_status(output_dir, status, f"{step}{message}"))
+    case = case_of(case_dir, manifest)
+    tensors = {name: read_array(case_dir, manifest.entry("inputs", name)) for name in op.inputs}
     mask = np.asarray(tensors["block_sparse_mask"])
     not_applied = None if fault is None else fault_not_applied(fault, case, mask, op)
     with blas.one_thread_each():  # a forward fault plants itself here, a backward one is ignored
         produced = run_forward(case, {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
-    _write(output_dir, paths, manifest, produced)
-    if op == "chain":
+    write_outputs(paths, manifest, produced, str(output_dir), "the reference device")
+    if op.calls_backward:
         status, message = interface.check(params, backward_call(manifest), manifest.release)
         if status != 0:
-            write_atomic(output_dir / STATUS_FILE, f"{status}\nbackward: {message}\n".encode())
-            return Emulated(status, None, PREFILL)
+            return Emulated(write_status(output_dir, status, f"backward: {message}"), None, PREFILL)
         backward_fault = None if fault in FORWARD_FAULTS else fault  # a backward fault plants itself here
         with blas.one_thread_each():
             grads = backward(case, backward_tensors(tensors, produced), backward_fault, order_seed)
-        _write(output_dir, paths, manifest, grads)
-    write_atomic(output_dir / STATUS_FILE, b"0\n")
-    return Emulated(0, not_applied, PREFILL)
+        write_outputs(paths, manifest, grads, str(output_dir), "the reference device")
+    return Emulated(write_status(output_dir, 0), not_applied, PREFILL)

@@ -10,16 +10,21 @@ would judge it, so a race that moves the outputs far enough fails the run.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..core.case import numpy_dtype
-from ..ops import FORWARD_OPS
+from ..ops import get
 from ..store.manifest import Manifest
 from .base import Attempt
+
+RunJudge = Callable[[Path, Path], "tuple[str, str] | None"]
+"""Judges one run's outputs (the case folder, the run's folder) by the case's standard, as `bsa compare`
+would: None when they pass, else (verdict, why). The caller passes it (`RunOptions.judge`): judging is a
+layer above the devices."""
 
 ATOMIC_OUTPUTS = ("dk", "dv")
 """Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2)."""
@@ -27,7 +32,7 @@ ATOMIC_OUTPUTS = ("dk", "dv")
 
 def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
     """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
-    if manifest.op in FORWARD_OPS and manifest.forward_params["softmax_lse_flag"] == 0:
+    if get(manifest.op).calls_forward and manifest.forward_params["softmax_lse_flag"] == 0:
         return ("lse",)
     return ()
 
@@ -90,7 +95,7 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     """
     diffs: list[dict[str, Any]] = []
     unwritten = unwritten_outputs(manifest)
-    every = "all three" if manifest.op == "backward" else "all"
+    every = "all" if get(manifest.op).calls_forward else "all three"
     if first.status != other.status:
         diffs.append(
             {
@@ -135,22 +140,20 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     return diffs
 
 
-def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt) -> list[dict[str, Any]]:
-    """Judge one run's outputs by the case's own standard (as `bsa compare` would); a failure is a race."""
-    if attempt.status != 0 or manifest.is_negative or not manifest.has_golden:
+def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt, judge: RunJudge | None) -> list[dict[str, Any]]:
+    """Judge one run's outputs by the case's own standard (`judge`; None: not judged); a failure is a race."""
+    if judge is None or attempt.status != 0 or manifest.is_negative or not manifest.has_golden:
         return []
-    from .. import compare
-
-    result = compare.compare_case(case_dir, attempt.staging, workers=1, verify_inputs=False)
-    if result.verdict == "PASS":
+    failed = judge(case_dir, attempt.staging)
+    if failed is None:
         return []
-    why = result.deciding.detail if result.deciding is not None else result.message
+    verdict, why = failed
     return [
         {
             "run": attempt.index,
             "output": "verdict",
-            "verdict": result.verdict,
+            "verdict": verdict,
             "matters": True,
-            "message": f"run {attempt.index} is {result.verdict} by the standard: {why}",
+            "message": f"run {attempt.index} is {verdict} by the standard: {why}",
         }
     ]

@@ -22,9 +22,10 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..core.errors import DataError, clip
+from ..core.exit_codes import exit_code
 from ..core.untrusted import inside_parent
 from ..store import (
     FLAT_PARAMS,
@@ -73,7 +74,7 @@ class RunResult:
 class RunEvent:
     """Progress of a run: `kind` is "start" (a case began on a device) or "done" (with its result)."""
 
-    kind: str
+    kind: Literal["start", "done"]
     case: str
     device_id: int
     result: RunResult | None = None
@@ -101,11 +102,10 @@ class RunSummary:
         does not judge the outputs or the status: `bsa compare` does.
         """
         unjudged = {"error", "crashed", "timeout", "interrupted"}
-        if self.interrupted or self.not_run or any(r.outcome in unjudged for r in self.results):
-            return 3
-        if any(r.outcome == "nondeterministic" for r in self.results):
-            return 1
-        return 0
+        return exit_code(
+            unjudged=self.interrupted or bool(self.not_run) or any(r.outcome in unjudged for r in self.results),
+            failed=any(r.outcome == "nondeterministic" for r in self.results),
+        )
 
 
 STALE_OUTPUT_FILES = ("dq.bin", "dk.bin", "dv.bin", "out.bin", "lse.bin")
@@ -164,73 +164,35 @@ class _CaseRun:
         self.output_dir = output_dir_for(self.case_dir, root)  # its last part is never resolved: never a link
         self.name = self.case_dir.name
         self._execution = Execution(self.case_dir, self.output_dir, options.env(device_id), options.timeout, cancel)
+        self.attempts: list[Attempt] = []  # the runs made so far, run 1 first
+        self.differences: list[dict[str, Any]] = []  # how the repeats differ from run 1, and their verdicts
 
     def run(self) -> RunResult:
-        started = now()
-        clock = time.monotonic()
-        manifest: Manifest | None = None
-        attempts: list[Attempt] = []
-        problems: list[str] = []
-        differences: list[dict[str, Any]] = []
-        outcome: Outcome = "ok"
-        try:
-            manifest = load_manifest(self.case_dir)
-            self.name = manifest.name
-        except DataError as exc:
-            problems.append(str(exc))
-            outcome = "error"
-        try:
-            check_output_dir(self.output_dir)
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-        except (DataError, OSError) as exc:  # nowhere to write: the result goes without a record
-            problems.append(str(exc) if isinstance(exc, DataError) else f"{self.output_dir}: {exc.strerror or exc}")
-            return self._result(manifest, [], "error", problems, None, time.monotonic() - clock)
-        stale = _clear_stale(self.output_dir, manifest)
-        if stale:
-            problems.extend(stale)
-            outcome = "error"
+        started, clock = now(), time.monotonic()
+        manifest, problems = self._load()
+        unwritable = self._make_output_dir()
+        if unwritable is not None:  # nowhere to write: the result goes without a record
+            return self._result(manifest, "error", [*problems, unwritable], None, time.monotonic() - clock)
+        problems += _clear_stale(self.output_dir, manifest)
+        outcome: Outcome = "error" if problems else "ok"
         skipped = None if manifest is None or outcome != "ok" else self._skip_reason(manifest)
-        if skipped is not None:
-            outcome = "skipped"
-        inputs_run: dict[str, str] | None = None
+        outcome = "skipped" if skipped is not None else outcome
+        inputs_run = None
         if manifest is not None and outcome == "ok":
-            try:
-                verify_inputs(self.case_dir, manifest)
-                entries = manifest.entries("inputs")
-                inputs_run = {name: str(entry["sha256"]) for name, entry in entries if entry.get("sha256")}
-            except DataError as exc:
-                problems.append(f"inputs not run: {exc}")
-                outcome = "error"
+            inputs_run, refused = self._prepare(manifest)
+            problems += refused
+            outcome = "error" if refused else outcome
         if manifest is not None and outcome == "ok":
-            try:  # case.txt is derived: what a harness reads always matches the checked case.json
-                refresh_flat_params(self.case_dir, flat_params(manifest))
-            except (OSError, KeyError, TypeError) as exc:
-                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-                problems.append(f"cannot write {self.case_dir / FLAT_PARAMS} from case.json: {why}")
-                outcome = "error"
-        try:
-            if outcome == "ok" and manifest is not None:
-                outcome = self._run_all(manifest, attempts, problems, differences)
-                if outcome == "skipped":
-                    skipped = attempts[-1].skipped
-        except OSError as exc:  # a staging folder that cannot be made (a full disk, no permission)
-            problems.append(f"cannot run the case in {self.output_dir}: {exc.strerror or exc}")
-            outcome = "error"
-        finally:
-            for attempt in attempts[1:]:
-                shutil.rmtree(attempt.staging, ignore_errors=True)
+            outcome, ran = self._run_staged(manifest)
+            problems += ran
+            skipped = self.attempts[-1].skipped if outcome == "skipped" else None
         moved = self._moved()
         if moved is not None:  # the binary replaced the output folder (or the case folder) with a link
-            problems.append(moved)
-            return self._result(manifest, attempts, "error", problems, None, time.monotonic() - clock)
-        if attempts and outcome != "interrupted":
-            try:
-                self._promote(attempts[0].staging)
-            except OSError as exc:
-                problems.append(f"cannot move the outputs into {self.output_dir}: {exc.strerror or exc}")
-                outcome = "error"
-        elif attempts:
-            shutil.rmtree(attempts[0].staging, ignore_errors=True)
+            return self._result(manifest, "error", [*problems, moved], None, time.monotonic() - clock)
+        unmoved = self._keep_first_run(outcome)
+        if unmoved is not None:
+            problems.append(unmoved)
+            outcome = "error"
         duration = time.monotonic() - clock
         record = case_record(
             name=self.name,
@@ -239,22 +201,89 @@ class _CaseRun:
             device_id=self.device_id,
             options=self.options,
             manifest=manifest,
-            attempts=attempts,
+            attempts=self.attempts,
             outcome=outcome,
             problems=problems,
-            differences=differences,
+            differences=self.differences,
             started=started,
             duration=duration,
             skipped=skipped,
         )
         record["inputs"] = inputs_run
+        return self._recorded(manifest, record, duration, skipped)
+
+    def _load(self) -> tuple[Manifest | None, list[str]]:
+        """Return the case's manifest (None: unreadable) and the problem that makes it so."""
+        try:
+            manifest = load_manifest(self.case_dir)
+        except DataError as exc:
+            return None, [str(exc)]
+        self.name = manifest.name
+        return manifest, []
+
+    def _make_output_dir(self) -> str | None:
+        """Make the output folder; return why it cannot be (then nothing is written, not even a record)."""
+        try:
+            check_output_dir(self.output_dir)
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        except DataError as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"{self.output_dir}: {exc.strerror or exc}"
+        return None
+
+    def _prepare(self, manifest: Manifest) -> tuple[dict[str, str] | None, list[str]]:
+        """Verify the inputs and write case.txt; return the inputs run (name: sha256) and the problems that
+        keep the case from running."""
+        try:
+            verify_inputs(self.case_dir, manifest)
+        except DataError as exc:
+            return None, [f"inputs not run: {exc}"]
+        entries = manifest.entries("inputs")
+        inputs_run = {name: str(entry["sha256"]) for name, entry in entries if entry.get("sha256")}
+        try:  # case.txt is derived: what a harness reads always matches the checked case.json
+            refresh_flat_params(self.case_dir, flat_params(manifest))
+        except (OSError, KeyError, TypeError) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            return inputs_run, [f"cannot write {self.case_dir / FLAT_PARAMS} from case.json: {why}"]
+        return inputs_run, []
+
+    def _run_staged(self, manifest: Manifest) -> tuple[Outcome, list[str]]:
+        """Run every repeat in its staging folder (`_run_all`); the repeats' folders go afterwards."""
+        try:
+            return self._run_all(manifest)
+        except OSError as exc:  # a staging folder that cannot be made (a full disk, no permission)
+            return "error", [f"cannot run the case in {self.output_dir}: {exc.strerror or exc}"]
+        finally:
+            for attempt in self.attempts[1:]:
+                shutil.rmtree(attempt.staging, ignore_errors=True)
+
+    def _keep_first_run(self, outcome: Outcome) -> str | None:
+        """Move the first run's files up (an interrupted run's are removed); return why they could not be."""
+        if not self.attempts:
+            return None
+        if outcome == "interrupted":
+            shutil.rmtree(self.attempts[0].staging, ignore_errors=True)
+            return None
+        try:
+            self._promote(self.attempts[0].staging)
+        except OSError as exc:
+            return f"cannot move the outputs into {self.output_dir}: {exc.strerror or exc}"
+        return None
+
+    def _recorded(
+        self, manifest: Manifest | None, record: dict[str, Any], duration: float, skipped: str | None
+    ) -> RunResult:
+        """Write run.json; return the result (an error when run.json cannot be written)."""
         try:
             write_json_atomic(self.output_dir / RUN_RECORD, record)
         except OSError as exc:  # a full disk, or a folder in its place: the case ends without a record
-            problems.append(f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}")
-            record["outcome"], record["problems"] = "error", problems
-            outcome = "error"
-        return self._result(manifest, attempts, outcome, problems, record, duration, skipped)
+            record["problems"] = [
+                *record["problems"],
+                f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}",
+            ]
+            record["outcome"] = "error"
+        return self._result(manifest, record["outcome"], record["problems"], record, duration, skipped)
 
     def _skip_reason(self, manifest: Manifest) -> str | None:
         """Return why this case folder is not run: gen skipped its op, or the device cannot run the op."""
@@ -281,14 +310,13 @@ class _CaseRun:
     def _result(
         self,
         manifest: Manifest | None,
-        attempts: list[Attempt],
         outcome: Outcome,
         problems: list[str],
         record: Mapping[str, Any] | None,
         duration: float,
         skipped: str | None = None,
     ) -> RunResult:
-        first = attempts[0] if attempts else None
+        first = self.attempts[0] if self.attempts else None
         return RunResult(
             name=self.name,
             case_dir=self.case_dir,
@@ -303,22 +331,22 @@ class _CaseRun:
             skipped=skipped if outcome == "skipped" else None,
         )
 
-    def _run_all(
-        self, manifest: Manifest, attempts: list[Attempt], problems: list[str], differences: list[dict[str, Any]]
-    ) -> Outcome:
+    def _run_all(self, manifest: Manifest) -> tuple[Outcome, list[str]]:
+        """Run the case --repeat times (`self.attempts`), compare each repeat with run 1 and judge them all
+        (`self.differences`); return the outcome and its problems."""
+        attempts, differences = self.attempts, self.differences
         for index in range(1, self.options.repeat + 1):
             if self.cancel.event.is_set():
-                return "interrupted"
+                return "interrupted", []
             attempt = self._attempt(index)
             attempts.append(attempt)
             self._execute(attempt)
             moved = self._moved(attempt.staging)
             if moved is not None:  # never read through what the binary put in its folder's place
                 attempt.problems.append(moved)
-                problems.extend(attempt.problems)
-                return "error"
+                return "error", list(attempt.problems)
             if attempt.outcome == "skipped":  # the device found at run time that it cannot run the op
-                return "skipped"
+                return "skipped", []
             if attempt.exit_code == 0:
                 read_status(attempt.staging, attempt)
                 if attempt.status is not None:
@@ -328,17 +356,14 @@ class _CaseRun:
             outcome = attempt.outcome
             if outcome != "ok":
                 prefix = f"run {index} of {self.options.repeat}: " if self.options.repeat > 1 else ""
-                problems.extend(prefix + p for p in self._attempt_problems(attempt))
-                return outcome
+                return outcome, [prefix + p for p in self._attempt_problems(attempt)]
             if index > 1:
                 differences.extend(differences_of(manifest, attempts[0], attempt, self.options.deterministic))
         if self.options.repeat > 1:  # every run is judged, so a race that moves outputs fails the run
             for attempt in attempts:
-                differences.extend(judge_repeat(self.case_dir, manifest, attempt))
-        races = [d for d in differences if d.get("matters")]
-        for diff in races:
-            problems.append(diff["message"])
-        return "nondeterministic" if races else "ok"
+                differences.extend(judge_repeat(self.case_dir, manifest, attempt, self.options.judge))
+        races = [d["message"] for d in differences if d.get("matters")]
+        return "nondeterministic" if races else "ok", races
 
     def _attempt(self, index: int) -> Attempt:
         staging = self.output_dir / f".run-{index}"

@@ -55,21 +55,20 @@ import importlib.util
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from .. import ops
 from ..core.case import MAX_TOKENS
 from ..core.errors import DataError
-from ..core.untrusted import inside_parent
 from ..ops.interface import call_lengths
-from ..store import DETERMINISTIC_ENV, MANIFEST, array_bytes, check_output_dir, load_manifest, read_array
-from ..store.manifest import GRAD_NAMES, INPUT_NAMES, Manifest
+from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
+from ..store.manifest import INPUT_NAMES, Manifest
 from . import software, torch_npu_ops
-from .base import STATUS_FILE, Attempt, DeviceKind, Execution, RunConfigError, RunOrder, write_atomic
-from .binary import CANNOT_RUN_PREFIX, EXIT_CANNOT_RUN, mark_cannot_run
+from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
+from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
 from .process import spawn
 from .torch_npu_ops import (
     TORCH_DTYPES,
@@ -79,7 +78,6 @@ from .torch_npu_ops import (
     TorchNpuMissing,
     _int,
     _int_list,
-    to_array,
     to_tensor,
 )
 
@@ -99,8 +97,6 @@ CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "
 
 GRAD_OF = {"dq": "query", "dk": "key", "dv": "value"}
 """The input each gradient is allocated like by the binding (`apply_tensor_without_format`)."""
-
-EXIT_STATUS, EXIT_USAGE, EXIT_DEVICE, EXIT_WRITE = 0, 2, 3, 4
 
 
 @dataclass(frozen=True)
@@ -248,15 +244,6 @@ def import_torch_npu() -> tuple[Any, Any]:
     return torch, torch_npu
 
 
-def _clear(output_dir: Path, manifest: Manifest) -> None:
-    """Remove an earlier status and output files (links as links), never outside `output_dir`."""
-    paths = [output_dir / STATUS_FILE]
-    paths += [inside_parent(output_dir, entry["file"]) for _, entry in manifest.entries("outputs")]
-    for path in paths:
-        if path.is_symlink() or path.is_file():
-            path.unlink()
-
-
 def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     """Run one case folder through torch_npu (by its `op`) and write its outputs and status; return the
     aclnn status. The backward is called here; the forward, the chain and autograd in `torch_npu_ops`.
@@ -270,11 +257,9 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     """
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
-    op_plan = None if manifest.op == "backward" else torch_npu_ops.plan_op(manifest)
+    op_plan = torch_npu_ops.plan_op(manifest) if ops.get(manifest.op).calls_forward else None
     call = plan_call(manifest) if op_plan is None else None
-    check_output_dir(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    _clear(output_dir, manifest)
+    fresh_outputs(output_dir, manifest)
     # `bsa run` checked every input against its sha256 just before starting this process.
     arrays = {name: read_array(case_dir, entry, verify=False) for name, entry in manifest.entries("inputs")}
     dtypes = {name: str(entry["dtype"]) for name, entry in manifest.entries("inputs")}
@@ -308,29 +293,11 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
         }
     except Exception as exc:
         raise DeviceFailure(f"cannot place the inputs on NPU {device_id}: {type(exc).__name__}: {exc}") from None
-    try:
-        grads = binding(*(tensors[name] for name in CALL_ORDER), **call.keywords())
-        torch.npu.synchronize()
-    except Exception as exc:
-        message = str(exc).strip()
-        status = aclnn_status(message)
-        if status is None:
-            first = message.splitlines()[0] if message else ""
-            raise DeviceFailure(f"{BINDING} raised {type(exc).__name__}: {first}", detail=message) from None
-        write_atomic(output_dir / STATUS_FILE, f"{status}\n{message}\n".encode())
-        print(f"status {status}")
-        return status
-    if not isinstance(grads, (tuple, list)) or len(grads) != len(GRAD_NAMES):
-        raise DeviceFailure(f"{BINDING} returned {type(grads).__name__}, not (dq, dk, dv)")
-    for grad_name, grad in zip(GRAD_NAMES, grads, strict=True):
-        entry = manifest.entry("outputs", grad_name)
-        array = to_array(torch, grad.cpu(), entry["dtype"], entry["shape"], grad_name)
-        path = inside_parent(output_dir, entry["file"])
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, array_bytes(array))
-    write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete gradient files
-    print("status 0")
-    return 0
+    args = [tensors[name] for name in CALL_ORDER]
+    grads = torch_npu_ops.backward_grads(lambda: binding(*args, **call.keywords()), torch, "(dq, dk, dv)")
+    if isinstance(grads, torch_npu_ops.Refusal):
+        return torch_npu_ops.refused(output_dir, grads)
+    return torch_npu_ops.written(torch, output_dir, manifest, grads)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -338,47 +305,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0].startswith("-"):
         print(f"usage: {sys.executable} -m {TORCH_NPU_MODULE} <case_dir>/case.json <output_dir>", file=sys.stderr)
-        return EXIT_USAGE
+        return ChildExit.USAGE
     manifest, output_dir = Path(args[0]), Path(args[1])
     case_dir = manifest if manifest.is_dir() else manifest.parent
     try:
         device_id = int(os.environ.get("ASCEND_DEVICE_ID", "0"))
     except ValueError:
         print(f"Error: ASCEND_DEVICE_ID={os.environ['ASCEND_DEVICE_ID']!r} is not a device id", file=sys.stderr)
-        return EXIT_USAGE
+        return ChildExit.USAGE
     try:
         run_case(case_dir, output_dir, device_id)
     except CannotRun as exc:
         print(f"{CANNOT_RUN_PREFIX}{exc}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
+        return ChildExit.CANNOT_RUN
     except (DataError, NotExpressible, TorchNpuMissing) as exc:
         print(f"Error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ChildExit.USAGE
     except DeviceFailure as exc:
         print(f"Error: {exc}", file=sys.stderr)
         if "\n" in exc.detail:
             print(f"the whole message:\n{exc.detail}", file=sys.stderr)
-        return EXIT_DEVICE
+        return ChildExit.DEVICE
     except OSError as exc:
         print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
-        return EXIT_WRITE
-    return EXIT_STATUS
+        return ChildExit.WRITE
+    return ChildExit.STATUS
 
 
 # ---- the device, as `bsa run` sees it ----------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class TorchNpuDevice:
+class TorchNpuDevice(ChildDevice):
     """The torch_npu device: this module in a child process per run. Build one with `create`, which
     checks that torch and torch_npu are installed."""
 
     kind: ClassVar[DeviceKind] = "torch_npu"
     name = TORCH_NPU_DEVICE
-    fault = None
-    reference_results = False
-    seeded = False
-    reports_progress = False
     binary_record = None
 
     @classmethod
@@ -398,12 +361,6 @@ class TorchNpuDevice:
     def argv(self, case_dir: Path, output_dir: Path, device_id: int) -> list[str]:
         return [sys.executable, "-m", TORCH_NPU_MODULE, str(case_dir / MANIFEST), str(output_dir)]
 
-    def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
-        return [], None  # the NPU's atomic adds choose their own order
-
-    def time_limit(self, timeout: float | None) -> float | None:
-        return timeout
-
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
         mark_cannot_run(attempt, execution)  # the child's exit 5: autograd before torch 2.6
@@ -411,16 +368,13 @@ class TorchNpuDevice:
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.from_torch_npu_log(stdout_log)
 
-    def reporting(self, callback: Callable[[str, float], None]) -> AbstractContextManager[None]:
-        return nullcontext()
-
     def unsupported(self, manifest: Manifest) -> str | None:
         """Return why this device cannot run a case folder's op (autograd before torch 2.6), or None.
 
         torch's version is read from its installed metadata (`importlib.metadata`), never by importing it;
-        the child checks `torch.__version__` again (exit 5, `EXIT_CANNOT_RUN`).
+        the child checks `torch.__version__` again (exit 5, `ChildExit.CANNOT_RUN`).
         """
-        if manifest.op != "autograd":
+        if not ops.get(manifest.op).autograd_only:
             return None
         try:
             version = importlib.metadata.version("torch")

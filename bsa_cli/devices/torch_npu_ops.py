@@ -57,15 +57,12 @@ import numpy as np
 from ..core.case import MAX_TOKENS, numpy_dtype
 from ..core.errors import BsaError
 from ..core.untrusted import inside_parent
+from ..ops import Op, get
+from ..ops.base import AUTOGRAD_STEP, BACKWARD_BINDING, FORWARD_BINDING
 from ..ops.interface import call_lengths
 from ..store import array_bytes
-from ..store.manifest import Manifest
-from .base import STATUS_FILE, write_atomic
-
-FORWARD_BINDING = "npu_block_sparse_attention"
-"""The torch_npu function of the forward."""
-BACKWARD_BINDING = "npu_block_sparse_attention_backward"
-"""The torch_npu function of the backward."""
+from ..store.manifest import GRAD_NAMES, Manifest
+from .base import write_atomic, write_status
 
 FORWARD_STATUS_PATTERN = re.compile(r"call aclnnBlockSparseAttention failed, error code is (\d+)")
 """How the forward's aclnn status appears in torch_npu's RuntimeError (NPU_CHECK_ERROR)."""
@@ -77,12 +74,6 @@ AUTOGRAD_SINCE = (2, 6)
 
 FORWARD_INPUTS = ("query", "key", "value", "block_sparse_mask")
 """The forward's tensors, in the binding's order."""
-OP_OUTPUTS = {
-    "forward": ("out", "lse"),
-    "chain": ("out", "lse", "dq", "dk", "dv"),
-    "autograd": ("out", "lse", "dq", "dk", "dv"),
-}
-"""What each op writes, as its manifest's `outputs` name them."""
 
 TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
 """Manifest dtypes this device can hand to torch (torch names them alike)."""
@@ -174,7 +165,7 @@ class ForwardCall:
 class OpPlan:
     """What one op folder calls: the forward's arguments and, for the chain, the backward's keywords."""
 
-    op: str
+    op: Op
     forward: ForwardCall
     backward: dict[str, Any] | None  # the chain's explicit backward call (autograd: derivatives.yaml's)
     outputs: tuple[str, ...]
@@ -200,7 +191,8 @@ def plan_op(manifest: Manifest) -> OpPlan:
         NotExpressible: the binding fixes or fills in something the case sets otherwise.
         CannotRun: gen skipped this op (the manifest's `skip`).
     """
-    name, op, params, inputs, outputs = manifest.name, manifest.op, manifest.params, manifest.inputs, manifest.outputs
+    name, params, inputs, outputs = manifest.name, manifest.params, manifest.inputs, manifest.outputs
+    op = get(manifest.op)
     if manifest.skip is not None:
         raise CannotRun(f"gen skipped this op: {manifest.skip}")
 
@@ -219,7 +211,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
         raise refuse(f"blockShape {block_shape!r}: the binding's block_shape is a required int[]")
     if params.get("null_layouts"):
         raise refuse("a null layout: the binding takes a str")
-    for tensor in (*FORWARD_INPUTS, *(("dout",) if op != "forward" else ())):
+    for tensor in (*FORWARD_INPUTS, *(("dout",) if op.calls_backward else ())):
         if inputs.get(tensor) is None:
             raise refuse(f"{tensor} is null: the binding takes a Tensor")
     for input_name, entry in manifest.entries("inputs"):
@@ -234,7 +226,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
         "dk": descs["key"],
         "dv": descs["value"],
     }
-    for output in OP_OUTPUTS[op]:
+    for output in op.outputs:
         found = outputs.get(output)
         if found is None:
             raise refuse(f"{output} is null: the binding always returns it")
@@ -259,7 +251,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
             softmax_lse_flag=_int(forward_params["softmax_lse_flag"]),
         )
         backward = None
-        if op == "chain":
+        if BACKWARD_BINDING in op.torch_npu_calls:
             bq, bkv = call_lengths(params)
             backward = {
                 "block_shape": forward.block_shape,
@@ -272,7 +264,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
             }
     except (KeyError, TypeError, ValueError) as exc:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
-    return OpPlan(op=op, forward=forward, backward=backward, outputs=OP_OUTPUTS[op])
+    return OpPlan(op=op, forward=forward, backward=backward, outputs=op.outputs)
 
 
 def aclnn_status(message: str) -> int | None:
@@ -353,17 +345,33 @@ def _call(what: str, function: Any, torch: Any) -> Any:
     return result
 
 
-def _tensors(result: Any, count: int, what: str) -> tuple[Any, ...]:
+def _tensors(result: Any, count: int, what: str, wanted: str = "") -> tuple[Any, ...]:
     if not isinstance(result, (tuple, list)) or len(result) != count:
-        raise DeviceFailure(f"{what} returned {type(result).__name__}, not {count} tensors")
+        raise DeviceFailure(f"{what} returned {type(result).__name__}, not {wanted or f'{count} tensors'}")
     return tuple(result)
 
 
-def _refused(output_dir: Path, refusal: Refusal) -> int:
+def refused(output_dir: Path, refusal: Refusal) -> int:
     """Record a call the operator refused: status.txt only, the status and torch_npu's message."""
-    write_atomic(output_dir / STATUS_FILE, f"{refusal.status}\n{refusal.message}\n".encode())
     print(f"status {refusal.status}")
-    return refusal.status
+    return write_status(output_dir, refusal.status, refusal.message)
+
+
+def written(torch: Any, output_dir: Path, manifest: Manifest, returned: Mapping[str, Any]) -> int:
+    """Write each returned tensor as its output entry says, then status.txt "0" (last: a status of 0
+    promises complete output files); return 0."""
+    for output, tensor in returned.items():
+        write_output(torch, output_dir, manifest.entry("outputs", output), tensor, output)
+    print("status 0")
+    return write_status(output_dir, 0)
+
+
+def backward_grads(call: Any, torch: Any, wanted: str = "") -> dict[str, Any] | Refusal:
+    """Call the backward binding (`call()`); return dq, dk, dv, or the `Refusal` it failed with."""
+    grads = _call(BACKWARD_BINDING, call, torch)
+    if isinstance(grads, Refusal):
+        return grads
+    return dict(zip(GRAD_NAMES, _tensors(grads, len(GRAD_NAMES), BACKWARD_BINDING, wanted), strict=True))
 
 
 def run_op(
@@ -379,14 +387,15 @@ def run_op(
         DeviceFailure: the operator or device failed without a status, or returned unusable outputs.
         OSError: an output file could not be written.
     """
-    if plan.op == "autograd":
+    op = plan.op
+    if op.autograd_only:
         refusal = autograd_refusal(str(torch.__version__))
         if refusal is not None:
             raise CannotRun(refusal)
     forward: Any = getattr(torch_npu, FORWARD_BINDING, None)
     backward: Any = getattr(torch_npu, BACKWARD_BINDING, None)
     for binding, function in ((FORWARD_BINDING, forward), (BACKWARD_BINDING, backward)):
-        if function is None and (binding == FORWARD_BINDING or plan.op == "chain"):
+        if function is None and binding in op.torch_npu_calls:
             version = getattr(torch_npu, "__version__", "?")
             raise TorchNpuMissing(
                 f"torch_npu {version} has no {binding} (op-plugin added it in 2026-03): update torch_npu"
@@ -397,44 +406,37 @@ def run_op(
         # The forward's registered mask dtype is int8: the same bytes, another dtype. Autograd hands the
         # backward the forward's own mask tensor (derivatives.yaml), so there it keeps the backward's dtype.
         mask_bytes = np.ascontiguousarray(arrays["block_sparse_mask"]).view(np.int8)
-        forward_mask = to_tensor(torch, mask_bytes, "int8").npu() if plan.op != "autograd" else None
-        forward_mask = tensors["block_sparse_mask"] if forward_mask is None else forward_mask
-        if plan.op == "autograd":
+        forward_mask = tensors["block_sparse_mask"] if op.autograd_only else to_tensor(torch, mask_bytes, "int8").npu()
+        if op.autograd_only:
             for name in ("query", "key", "value"):
                 tensors[name] = tensors[name].requires_grad_(True)
     except Exception as exc:
         raise DeviceFailure(f"cannot place the inputs on the NPU: {type(exc).__name__}: {exc}") from None
-    steps = {"forward": "", "chain": f", then {BACKWARD_BINDING}", "autograd": ", then out.backward(dout)"}
-    mask_dtype = "int8" if plan.op != "autograd" else dtypes["block_sparse_mask"]
-    print(f"op {plan.op}: {FORWARD_BINDING} (mask as {mask_dtype}){steps[plan.op]}")
+    mask_dtype = dtypes["block_sparse_mask"] if op.autograd_only else "int8"
+    steps = "".join(f", then {step}" for step in op.torch_npu_calls[1:])
+    print(f"op {op}: {FORWARD_BINDING} (mask as {mask_dtype}){steps}")
     call = plan.forward
     query, key, value = (tensors[n] for n in ("query", "key", "value"))
     result = _call(
         FORWARD_BINDING, lambda: forward(query, key, value, forward_mask, call.block_shape, **call.keywords()), torch
     )
     if isinstance(result, Refusal):
-        return _refused(output_dir, result)
+        return refused(output_dir, result)
     out, lse = _tensors(result, 2, FORWARD_BINDING)
     returned = {"out": out, "lse": lse}
-    if plan.op == "chain":
+    if BACKWARD_BINDING in op.torch_npu_calls:
         keywords = plan.backward or {}
         mask = tensors["block_sparse_mask"]  # the manifest's dtype: the backward's
-        grads = _call(
-            BACKWARD_BINDING, lambda: backward(tensors["dout"], query, key, value, out, lse, mask, **keywords), torch
-        )
+        grads = backward_grads(lambda: backward(tensors["dout"], query, key, value, out, lse, mask, **keywords), torch)
         if isinstance(grads, Refusal):
-            return _refused(output_dir, grads)
-        returned.update(zip(("dq", "dk", "dv"), _tensors(grads, 3, BACKWARD_BINDING), strict=True))
-    elif plan.op == "autograd":
-        step = _call("out.backward(dout)", lambda: out.backward(tensors["dout"]), torch)
+            return refused(output_dir, grads)
+        returned.update(grads)
+    elif AUTOGRAD_STEP in op.torch_npu_calls:
+        step = _call(AUTOGRAD_STEP, lambda: out.backward(tensors["dout"]), torch)
         if isinstance(step, Refusal):
-            return _refused(output_dir, step)
-        for grad_name, source in (("dq", query), ("dk", key), ("dv", value)):
+            return refused(output_dir, step)
+        for grad_name, source in zip(GRAD_NAMES, (query, key, value), strict=True):
             if source.grad is None:
-                raise DeviceFailure(f"out.backward(dout) left no {grad_name}: the forward has no gradient here")
+                raise DeviceFailure(f"{AUTOGRAD_STEP} left no {grad_name}: the forward has no gradient here")
             returned[grad_name] = source.grad
-    for output in plan.outputs:
-        write_output(torch, output_dir, manifest.entry("outputs", output), returned[output], output)
-    write_atomic(output_dir / STATUS_FILE, b"0\n")  # last: a status of 0 promises complete output files
-    print("status 0")
-    return 0
+    return written(torch, output_dir, manifest, {output: returned[output] for output in plan.outputs})

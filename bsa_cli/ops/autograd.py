@@ -3,7 +3,7 @@ inputs, then `out.backward(dout)`): only a torch_npu device runs it."""
 
 from __future__ import annotations
 
-from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+from .base import AUTOGRAD_STEP, FORWARD_BINDING, FORWARD_OUTPUTS, GRAD_NAMES, Op
 from .forward_interface import FORWARD_CALL
 from .interface import BACKWARD_CALL
 
@@ -16,4 +16,6 @@ AUTOGRAD = Op(
     summary="the chain through torch_npu's autograd (torch_npu only)",
     steps=(FORWARD_CALL, BACKWARD_CALL),
     step_owner="autograd's",
+    torch_npu_calls=(FORWARD_BINDING, AUTOGRAD_STEP),
+    autograd_only=True,
 )

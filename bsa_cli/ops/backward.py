@@ -3,7 +3,7 @@ always tested; a case's default, with unchanged files)."""
 
 from __future__ import annotations
 
-from .base import BACKWARD_INPUTS, GRAD_NAMES, Op
+from .base import BACKWARD_BINDING, BACKWARD_INPUTS, GRAD_NAMES, Op
 from .interface import BACKWARD_CALL
 
 BACKWARD = Op(
@@ -14,4 +14,5 @@ BACKWARD = Op(
     calls_backward=True,
     summary="aclnnBlockSparseAttentionGrad on the golden's attentionOut and softmaxLse",
     steps=(BACKWARD_CALL,),
+    torch_npu_calls=(BACKWARD_BINDING,),
 )

@@ -33,6 +33,12 @@ INNER_PRECISE_VALUES: Final = (0, 1, 4)
 BACKWARD_INPUTS: Final = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 """The inputs of the backward's call, in its manifest's order."""
 GRAD_NAMES: Final = ("dq", "dk", "dv")
+FORWARD_BINDING: Final = "npu_block_sparse_attention"
+"""torch_npu's function of the forward."""
+BACKWARD_BINDING: Final = "npu_block_sparse_attention_backward"
+"""torch_npu's function of the backward."""
+AUTOGRAD_STEP: Final = "out.backward(dout)"
+"""The backward through torch's autograd (torch_npu's derivatives.yaml link)."""
 FORWARD_OUTPUTS: Final = ("out", "lse")
 """The forward's outputs (attentionOut, softmaxLse) in the folders of the ops that call it."""
 
@@ -47,6 +53,10 @@ class Op(str):
         calls_backward: it calls aclnnBlockSparseAttentionGrad.
         pair: the backward runs on the forward's own attentionOut and softmaxLse (a training step).
         summary: one line for `--help` and docs.
+        torch_npu_calls: what a torch_npu device calls for it, in order (torch_npu's functions;
+            `out.backward(dout)`: torch's autograd link).
+        autograd_only: it runs only through torch's autograd: a device without it (the reference device,
+            a C++ harness) cannot run it.
     """
 
     inputs: tuple[str, ...]
@@ -62,6 +72,8 @@ class Op(str):
     """The mask dtype its call passes whatever the case's (the forward's int8), or None: the case's."""
     step_owner: str
     """Whose steps its refusals name ("the chain's": "the chain's forward step refuses ..."); "" for one step."""
+    torch_npu_calls: tuple[str, ...]
+    autograd_only: bool
 
     def __new__(
         cls,
@@ -75,6 +87,8 @@ class Op(str):
         steps: tuple[Call, ...] = (),
         mask_dtype: str | None = None,
         step_owner: str = "",
+        torch_npu_calls: tuple[str, ...] = (),
+        autograd_only: bool = False,
     ) -> Op:
         op = super().__new__(cls, name)
         fields = {
@@ -87,6 +101,8 @@ class Op(str):
             "steps": steps,
             "mask_dtype": mask_dtype,
             "step_owner": step_owner,
+            "torch_npu_calls": torch_npu_calls,
+            "autograd_only": autograd_only,
         }
         for key, value in fields.items():
             object.__setattr__(op, key, value)

@@ -3,7 +3,7 @@ each call with the dtypes it accepts."""
 
 from __future__ import annotations
 
-from .base import FORWARD_OUTPUTS, GRAD_NAMES, Op
+from .base import BACKWARD_BINDING, FORWARD_BINDING, FORWARD_OUTPUTS, GRAD_NAMES, Op
 from .forward_interface import FORWARD_CALL
 from .interface import BACKWARD_CALL
 
@@ -16,4 +16,5 @@ CHAIN = Op(
     summary="the forward, then the backward on the forward's own out and lse",
     steps=(FORWARD_CALL, BACKWARD_CALL),
     step_owner="the chain's",
+    torch_npu_calls=(FORWARD_BINDING, BACKWARD_BINDING),
 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import FORWARD_OUTPUTS, Op
+from .base import FORWARD_BINDING, FORWARD_OUTPUTS, Op
 from .forward_interface import FORWARD_CALL, FORWARD_MASK_DTYPE
 
 FORWARD = Op(
@@ -14,4 +14,5 @@ FORWARD = Op(
     summary="aclnnBlockSparseAttention: attentionOut and softmaxLse",
     steps=(FORWARD_CALL,),
     mask_dtype=FORWARD_MASK_DTYPE,
+    torch_npu_calls=(FORWARD_BINDING,),
 )

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from bsa_cli import compare, devices
+from bsa_cli import compare, devices, pipeline
 from bsa_cli.cli import main
 from bsa_cli.devices import repeat
 from bsa_cli.devices.faults import applicable_faults
@@ -62,7 +62,9 @@ def test_order_seeds_move_dk_dv_last_bits_and_never_dq(suite: Path, name: str) -
 
 
 def test_repeat_reports_dk_dv_noise_without_failing(suite: Path) -> None:
-    summary = devices.run_cases(sorted(suite.iterdir()), devices.RunOptions(repeat=3, seed=11))
+    summary = devices.run_cases(
+        sorted(suite.iterdir()), devices.RunOptions(repeat=3, seed=11, judge=pipeline.judge_run)
+    )
     assert summary.return_code == 0
     noisy = 0
     for result in summary.results:
@@ -90,7 +92,9 @@ def test_a_planted_race_that_moves_outputs_fails_the_run(suite: Path, tmp_path: 
         case, tensors = case_inputs(case_dir)
         assert "race-lost-update" in applicable_faults(case, tensors["block_sparse_mask"])
     device = devices.create(fault="race-lost-update")
-    options = devices.RunOptions(device=device, repeat=4, seed=5, outputs_root=tmp_path / "outputs")
+    options = devices.RunOptions(
+        device=device, repeat=4, seed=5, outputs_root=tmp_path / "outputs", judge=pipeline.judge_run
+    )
     summary = devices.run_cases(case_dirs, options)
     assert summary.return_code == 1
     failed = [r for r in summary.results if r.outcome == "nondeterministic"]

@@ -29,7 +29,8 @@ from click.testing import CliRunner
 from bsa_cli import devices, store
 from bsa_cli.cli import main
 from bsa_cli.devices import torch_npu
-from bsa_cli.devices.torch_npu import NotExpressible, aclnn_status, plan_call, to_array, to_tensor
+from bsa_cli.devices.torch_npu import NotExpressible, aclnn_status, plan_call
+from bsa_cli.devices.torch_npu_ops import to_array, to_tensor
 from tests.helpers import REPO, STANDIN, STANDIN_FAULT, invoke, run_record, standin_env, write_case_dir
 
 SPEC = {

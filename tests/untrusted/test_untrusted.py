@@ -269,9 +269,9 @@ def test_a_full_disk_during_gen_is_one_error_line_and_leaves_nothing_half_writte
 
 
 def test_a_full_disk_during_run_is_recorded_per_case(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from bsa_cli.devices import reference
+    from bsa_cli.devices import reference_ops
 
-    monkeypatch.setattr(reference, "write_atomic", enospc)
+    monkeypatch.setattr(reference_ops, "write_atomic", enospc)  # where the reference device writes its outputs
     result = invoke("run", out)
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert "could not write its outputs: No space left on device" in result.stderr
