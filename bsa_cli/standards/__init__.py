@@ -131,7 +131,8 @@ class Settings:
     origin: Mapping[str, str]  # "standard", "padding" and each threshold key -> default|preset|case|cli
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "standard", get(self.standard))
+        # A report of another bsa may name a standard this one lacks: read back, it stays that name.
+        object.__setattr__(self, "standard", STANDARDS.get(self.standard, self.standard))
 
     @property
     def label(self) -> str:

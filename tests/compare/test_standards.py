@@ -15,7 +15,7 @@ from bsa_cli.compare import RunSettings
 from bsa_cli.core.case import numpy_dtype
 from bsa_cli.standards import GENERAL_KEYS, STANDARDS, Standard
 from bsa_cli.standards.base import Check, Measured, upper
-from tests.helpers import make_case
+from tests.helpers import REPO, make_case
 
 DTYPES = ("float16", "bfloat16", "float32")
 
@@ -130,3 +130,17 @@ def test_a_planted_standard_is_judged_by_with_no_other_change(planted: Standard)
     judged = {t.name: t for t in compare.judge_tensors(case, strict, device, gold, None, mask)}
     assert [c.detail for c in judged["dk"].checks if c.name == "limit"] == ["dk max abs error 0.25 > 0.001"]
     assert judged["dq"].passed and not judged["dk"].passed
+
+
+def test_a_report_naming_a_standard_this_bsa_lacks_is_read_back(tmp_path) -> None:
+    """A night written by a newer bsa (a standard added since) still reads: `--baseline`, `bsa trend`."""
+    import json
+
+    from bsa_cli.report.document import from_document
+
+    document = json.loads((REPO / "tests" / "snapshots" / "report.json").read_text())
+    for case in document["cases"]:
+        if case.get("settings"):
+            case["settings"]["standard"] = "mixed-tolerance"
+    suite = from_document(document)
+    assert {c.settings.label for c in suite.cases if c.settings} == {"mixed-tolerance"}
