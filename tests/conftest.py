@@ -22,11 +22,13 @@ from bsa_cli.core.case import Case
 from tests.helpers import CASES, assert_snapshot, invoke
 
 # The tests assume no terminal width in the environment (a CI log), as a plain `python -m pytest` gives.
-# pytest imports readline in its main process, and GNU readline with no terminal exports COLUMNS=80 and
-# LINES=24 into the C environment, which xdist's workers inherit: bsa_cli/cli/output.py would read COLUMNS
-# as the person's width and wrap tables at 80. Tests that need a width set COLUMNS themselves.
+# pytest imports readline in its main process, and GNU readline with no terminal sets COLUMNS=80 and
+# LINES=24 in the C environment (not in os.environ), which xdist's workers and the tests' child processes
+# inherit: bsa_cli/cli/output.py would read COLUMNS as the person's width and wrap at 80. This conftest is
+# loaded after that and before the workers start. Tests that need a width set COLUMNS themselves.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
+    os.unsetenv(_name)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
