@@ -17,7 +17,7 @@ import sys
 import pytest
 
 import tests.helpers
-from tests.helpers import TESTS
+from tests.helpers import REPO, TESTS
 
 
 def imported_test_modules(source: str) -> set[str]:
@@ -87,6 +87,13 @@ def test_test_files_live_in_folders_that_say_what_they_test() -> None:
         or not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
     ]
     assert undocumented == []
+
+
+def test_ci_runs_the_readmes_test_command_verbatim_in_a_worker_per_core() -> None:
+    readme = (REPO / "README.md").read_text().split("Run the tests (this is what `.ci/run` runs):", 1)[1]
+    command = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()[-1]
+    assert (REPO / ".ci" / "run").read_text().splitlines()[-1] == command
+    assert command.startswith("python -m pytest -n ") and '"pytest-xdist' in (REPO / "pyproject.toml").read_text()
 
 
 @pytest.mark.slow
