@@ -1,6 +1,6 @@
 """The Python API (bsa_cli.api): load_case, judge and judge_status give what `bsa compare` gives.
 
-A tiny suite is generated once (`bsa gen` as a library); device outputs come from the reference device
+A tiny suite is generated once (`bsa gen`); device outputs come from the reference device
 (`bsa_cli.devices.reference`), clean or with a planted fault, written to files for `compare.compare_case` and
 held in memory (NumPy arrays or torch tensors) for `bsa.judge`.
 """
@@ -10,20 +10,19 @@ from __future__ import annotations
 import io
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 from rich.console import Console
 
 import bsa_cli as bsa
-from bsa_cli import compare, report, specs, store
+from bsa_cli import compare, report, store
 from bsa_cli.compare import ERROR, FAIL, PASS
 from bsa_cli.core.case import numpy_dtype
 from bsa_cli.devices import reference
-from bsa_cli.gen import generate
 from bsa_cli.store.manifest import GRAD_NAMES, INPUT_NAMES
 
 SPEC = {
@@ -45,12 +44,9 @@ VALID = ("a-bnsd-tail", "b-tnd-gqa-bf16")
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("api")
-    spec_file = root / "tiny.yaml"
-    spec_file.write_text(yaml.safe_dump(SPEC, sort_keys=False))
-    generate.generate_suite(specs.load_specs([spec_file]), root / "out")
-    return root / "out"
+def generated(generated_spec: Callable[..., Path]) -> Path:
+    """The tiny suite, shared (read-only: `out` is a private copy)."""
+    return generated_spec(SPEC)
 
 
 @pytest.fixture

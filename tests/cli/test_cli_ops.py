@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,11 +33,9 @@ def spec_file(tmp_path: Path, spec: dict[str, Any] = SPEC) -> Path:
 
 
 @pytest.fixture
-def generated(tmp_path: Path) -> Path:
-    out = tmp_path / "out"
-    result = invoke("gen", spec_file(tmp_path), "-o", out, "-j", "1")
-    assert result.exit_code == 0, result.output
-    return out
+def generated(generated_spec: Callable[..., Path], tmp_path: Path) -> Path:
+    """A private copy of SPEC's folders, generated once (commands may write into them)."""
+    return Path(shutil.copytree(generated_spec(SPEC, "-j", "1"), tmp_path / "out"))
 
 
 def names(folder: Path) -> list[str]:

@@ -27,11 +27,9 @@ def spec_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory, spec_file) -> Path:
-    out = tmp_path_factory.mktemp("generated") / "out"
-    result = CliRunner().invoke(main, ["gen", str(spec_file), "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    return out
+def generated(generated_spec) -> Path:
+    """SPEC's cases, generated once (shared: tests that write into them take `out`, a copy)."""
+    return generated_spec(SPEC)
 
 
 @pytest.fixture

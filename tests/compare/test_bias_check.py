@@ -16,7 +16,6 @@ from bsa_cli import compare, store
 from bsa_cli.compare import FAIL, PASS, RunSettings
 from bsa_cli.core.case import Sparsity, numpy_dtype
 from bsa_cli.devices import reference
-from bsa_cli.gen.generate import generate_case
 from tests.helpers import case_factory
 
 GRADS = ("dq", "dk", "dv")
@@ -62,13 +61,9 @@ SHAPES = {
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bias")
-    dirs = {}
-    for name, case in SHAPES.items():
-        dirs[name] = generate_case(case, root)
-        reference.emulate_case_dir(dirs[name], dirs[name] / "outputs", order_seed=3)
-    return dirs
+def generated(emulated_cases) -> dict[str, Path]:
+    root = emulated_cases(list(SHAPES.values()), order_seed=3)
+    return {name: root / name for name in SHAPES}
 
 
 def _plant(case_dir: Path, output_dir: Path, tensor: str, factor: float) -> None:

@@ -4,6 +4,7 @@ outputs get none, the recomputed golden agrees with gen's, and the reports show 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,15 +49,19 @@ def test_every_fault_has_a_true_kind_of_the_vocabulary():
     assert set(TRUE_KIND.values()) <= set(diagnose.TESTED_KINDS) <= set(DIAGNOSIS_KINDS)
 
 
-def _suite(tmp_path: Path, suite: str) -> list[Path]:
-    return [generate_case(case, tmp_path / "cases") for case in load_specs([CASES / f"{suite}.yaml"]) if case.expect.ok]
+def _suite(generated_suite: Callable[[str], Path], suite: str) -> list[Path]:
+    """The folders of cases/SUITE.yaml's positive cases, generated once per session (read-only)."""
+    root = generated_suite(suite)
+    return [root / case.name for case in load_specs([CASES / f"{suite}.yaml"]) if case.expect.ok]
 
 
-def _confusion(tmp_path: Path, suite: str) -> tuple[dict[tuple[str, str], int], list[str]]:
+def _confusion(
+    generated_suite: Callable[[str], Path], tmp_path: Path, suite: str
+) -> tuple[dict[tuple[str, str], int], list[str]]:
     """Run every applicable fault on every case of a suite: (true fault, top kind) -> count, and the misses."""
     table: dict[tuple[str, str], int] = {}
     missed = []
-    for case_dir in _suite(tmp_path, suite):
+    for case_dir in _suite(generated_suite, suite):
         manifest = load_manifest(case_dir)
         case = case_from_manifest(manifest)
         mask = read_array(case_dir, manifest["inputs"]["block_sparse_mask"])
@@ -74,21 +79,21 @@ def _confusion(tmp_path: Path, suite: str) -> tuple[dict[tuple[str, str], int], 
     return table, missed
 
 
-def test_smoke_suite_every_fault_names_its_true_kind(tmp_path):
-    table, missed = _confusion(tmp_path, "smoke")
+def test_smoke_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
+    table, missed = _confusion(generated_suite, tmp_path, "smoke")
     assert missed == []
     assert {fault for fault, _ in table} >= set(TRUE_KIND) - {"heads-interleaved"}  # smoke has no N1 > N2 > 1
 
 
 @pytest.mark.slow  # about 70 s: 35 cases, 15 faults
-def test_edge_suite_every_fault_names_its_true_kind(tmp_path):
-    table, missed = _confusion(tmp_path, "edge")
+def test_edge_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
+    table, missed = _confusion(generated_suite, tmp_path, "edge")
     assert missed == []
     assert {fault for fault, _ in table} == set(TRUE_KIND)
 
 
-def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(tmp_path):
-    for case_dir in _suite(tmp_path, "smoke"):
+def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(generated_suite, tmp_path):
+    for case_dir in _suite(generated_suite, "smoke"):
         for seed in (None, 1, 2):
             output_dir = tmp_path / "out" / case_dir.name / str(seed)
             reference.emulate_case_dir(case_dir, output_dir, order_seed=seed)
@@ -98,8 +103,8 @@ def test_clean_outputs_with_atomic_order_noise_get_no_diagnosis(tmp_path):
 
 
 @pytest.mark.slow
-def test_clean_stress_cases_get_no_diagnosis(tmp_path):
-    for case_dir in _suite(tmp_path, "stress"):
+def test_clean_stress_cases_get_no_diagnosis(generated_suite, tmp_path):
+    for case_dir in _suite(generated_suite, "stress"):
         output_dir = tmp_path / "out" / case_dir.name
         reference.emulate_case_dir(case_dir, output_dir, order_seed=3)
         result = compare.compare_case(case_dir, output_dir, workers=1)
@@ -404,10 +409,10 @@ stress suite")."""
 
 
 @pytest.mark.slow  # about 25 s: 12 cases, 6 faults
-def test_stress_suite_every_fault_names_its_true_kind(tmp_path):
+def test_stress_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
     table: dict[tuple[str, str], int] = {}
     missed, unexplained = [], set()
-    for case_dir in _suite(tmp_path, "stress"):
+    for case_dir in _suite(generated_suite, "stress"):
         manifest = load_manifest(case_dir)
         case = case_from_manifest(manifest)
         mask = read_array(case_dir, manifest["inputs"]["block_sparse_mask"])

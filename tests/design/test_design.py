@@ -7,6 +7,7 @@ bring a circle back unseen.
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -123,11 +124,17 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-def source_imports() -> dict[str, set[str]]:
-    """Return every bsa_cli module with the bsa_cli modules it imports."""
+@functools.cache
+def _parsed_imports() -> Mapping[str, frozenset[str]]:
+    """Every bsa_cli module with the bsa_cli modules it imports, parsed once per session."""
     files = sorted(PACKAGE.rglob("*.py"))
     modules = {module_name(path) for path in files}
-    return {module_name(path): imported_modules(path) & modules for path in files}
+    return {module_name(path): frozenset(imported_modules(path) & modules) for path in files}
+
+
+def source_imports() -> dict[str, set[str]]:
+    """Return every bsa_cli module with the bsa_cli modules it imports (a fresh copy: tests plant imports)."""
+    return {module: set(targets) for module, targets in _parsed_imports().items()}
 
 
 def is_cli(module: str) -> bool:

@@ -1,9 +1,10 @@
-"""The shape of the tests: they share code through tests/helpers.py and conftest.py, never through each other.
+"""The shape of the tests: they share code through tests/helpers/ and conftest.py, never through each other.
 
 A test file that imports another runs that file's module-level code twice under some import modes, and
 breaks collection under `--import-mode=importlib` where the tests folder is not on sys.path. Test files live
 in folders named for what they test (tests/golden/, tests/cli/, ...), each a package that says so in one line;
-tests/ itself keeps only what they share and the data folders.
+tests/ itself keeps only what they share and the data folders. tests/helpers/ is a module per job whose
+package re-exports every name, so that `from tests.helpers import X` works whichever module X lives in.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import sys
 
 import pytest
 
-from tests.helpers import TESTS
+import tests.helpers
+from tests.helpers import REPO, TESTS
 
 
 def imported_test_modules(source: str) -> set[str]:
@@ -61,6 +63,19 @@ def test_helpers_and_oracles_are_not_test_modules() -> None:
     assert not imported_test_modules("from tests.helpers import make_case\nfrom tests import oracle\nimport pytest")
 
 
+def test_the_helpers_package_reexports_every_name_of_its_modules() -> None:
+    defined = set()
+    for path in sorted((TESTS / "helpers").glob("*.py")):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                defined.update([target.id] if isinstance(target, ast.Name) and target.id != "__all__" else [])
+    assert sorted(defined - set(tests.helpers.__all__)) == []
+    assert all(hasattr(tests.helpers, name) for name in tests.helpers.__all__)
+
+
 def test_test_files_live_in_folders_that_say_what_they_test() -> None:
     assert sorted(path.name for path in TESTS.glob("test_*.py")) == []
     folders = sorted({path.parent for path in TESTS.rglob("test_*.py")})
@@ -72,6 +87,13 @@ def test_test_files_live_in_folders_that_say_what_they_test() -> None:
         or not ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
     ]
     assert undocumented == []
+
+
+def test_ci_runs_the_readmes_test_command_verbatim_in_a_worker_per_core() -> None:
+    readme = (REPO / "README.md").read_text().split("Run the tests (this is what `.ci/run` runs):", 1)[1]
+    command = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()[-1]
+    assert (REPO / ".ci" / "run").read_text().splitlines()[-1] == command
+    assert command.startswith("python -m pytest -n ") and '"pytest-xdist' in (REPO / "pyproject.toml").read_text()
 
 
 @pytest.mark.slow

@@ -24,10 +24,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from click.testing import CliRunner
 
 from bsa_cli import devices, store
-from bsa_cli.cli import main
 from bsa_cli.devices import torch_npu
 from bsa_cli.devices.torch_npu import NotExpressible, aclnn_status, plan_call
 from bsa_cli.devices.torch_npu_ops import to_array, to_tensor
@@ -70,11 +68,9 @@ def spec_file(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory, spec_file) -> Path:
-    out = tmp_path_factory.mktemp("generated") / "out"
-    result = CliRunner().invoke(main, ["gen", str(spec_file), "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    return out
+def generated(generated_spec) -> Path:
+    """SPEC's cases, generated once (shared: tests that write into them take `out`, a copy)."""
+    return generated_spec(SPEC)
 
 
 @pytest.fixture

@@ -13,13 +13,13 @@ import json
 import os
 import platform
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-from bsa_cli.gen.generate import generate_case
 from bsa_cli.specs import load_specs
 from bsa_cli.store import load_manifest, read_array
 from tests.helpers import REPO
@@ -34,10 +34,8 @@ def versions() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("smoke")
-    for case in SMOKE:
-        generate_case(case, out)
+def generated(generated_suite: Callable[[str], Path]) -> Path:
+    out = generated_suite("smoke")
     if os.environ.get("BSA_UPDATE_GOLDEN") == "1":
         shutil.rmtree(COMMITTED, ignore_errors=True)
         COMMITTED.mkdir(parents=True)

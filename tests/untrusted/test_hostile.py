@@ -619,15 +619,11 @@ TRIALS = [
 
 
 @pytest.fixture(scope="module")
-def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("hostile-gen")
-    spec = root / "spec.yaml"
-    spec.write_text(
-        yaml.safe_dump({"cases": [{**BASE, "name": "p"}, {**BASE, "name": "n", "dtype": "float32", "expect": 161002}]})
+def generated(generated_spec: Callable[..., Path]) -> Path:
+    """Cases 'p' (positive) and 'n' (negative), generated once; read-only (a `Sandbox` copies them)."""
+    return generated_spec(
+        {"cases": [{**BASE, "name": "p"}, {**BASE, "name": "n", "dtype": "float32", "expect": 161002}]}
     )
-    result = CliRunner().invoke(main, ["gen", str(spec), "-o", str(root / "out")])
-    assert result.exit_code == 0, result.output
-    return root / "out"
 
 
 def test_the_table_is_large_and_its_ids_unique() -> None:
