@@ -32,7 +32,7 @@ from . import allclose as allclose  # importing a standard's module defines its 
 from . import double_benchmark as double_benchmark
 from . import fa_ratio as fa_ratio
 from . import single as single
-from .base import GENERAL_KEYS, STANDARDS, Standard, ThresholdNotApplicable, get
+from .base import GENERAL_KEYS, STANDARDS, Standard, ThresholdNotApplicable
 from .double_benchmark import ERR_THD as ERR_THD
 from .double_benchmark import SMALL_VALUE_THD as SMALL_VALUE_THD
 
