@@ -327,3 +327,51 @@ def test_loading_a_spec_imports_nothing_of_judging_golden_store_devices_or_repor
     loaded = subprocess.run([sys.executable, "-c", program], cwd=REPO, capture_output=True, text=True, check=True)
     heavy = ("compare", "golden", "store", "devices", "report", "gen", "cli")
     assert [m for m in loaded.stdout.split() if _layer(m) in heavy] == []
+
+
+OP_NAMES = {"forward", "backward", "chain", "autograd"}
+STANDARD_NAMES = {"double-benchmark", "single", "allclose", "fa-ratio"}
+
+
+def name_comparisons(names: set[str], root: Path = PACKAGE, skip: tuple[str, ...] = ()) -> list[str]:
+    """Return file:line of each comparison (==, !=, in, not in) of a value with one of `names` written as a
+    string, or with a tuple holding one, in the package at `root` outside the folders `skip` names."""
+
+    def strings(node: ast.expr) -> set[str]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return {node.value}
+        if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+            return set().union(*(strings(e) for e in node.elts)) if node.elts else set()
+        return set()
+
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        where = path.relative_to(root)
+        if where.parts[0] in skip:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare) and any(
+                isinstance(o, (ast.Eq, ast.NotEq, ast.In, ast.NotIn)) for o in node.ops
+            ):
+                if any(strings(side) & names for side in (node.left, *node.comparators)):
+                    found.append(f"{where}:{node.lineno}")
+    return found
+
+
+def test_only_the_ops_compare_an_op_name() -> None:
+    """Everything outside bsa_cli/ops asks the `Op` (its attributes), never compares its name."""
+    assert name_comparisons(OP_NAMES, skip=("ops",)) == []
+
+
+def test_a_planted_op_name_comparison_is_caught(tmp_path: Path) -> None:
+    (tmp_path / "devices").mkdir()
+    (tmp_path / "devices" / "x.py").write_text('if op in ("chain", "x"):\n    pass\n')
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "y.py").write_text('ok = op == "forward"\n')
+    assert name_comparisons(OP_NAMES, tmp_path, skip=("ops",)) == ["devices/x.py:1"]
+    assert name_comparisons({"allclose"}, tmp_path) == []
+
+
+def test_no_standard_is_chosen_by_its_name() -> None:
+    """A standard's behaviour is its class's: no `if standard == "..."` anywhere, standards/ included."""
+    assert name_comparisons(STANDARD_NAMES) == []
