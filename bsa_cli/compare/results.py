@@ -13,7 +13,9 @@ from typing import Final, Literal
 
 import numpy as np
 
+from ..core.exit_codes import exit_code
 from ..ops import Op, split_folder_name
+from ..ops.backward import BACKWARD
 from ..standards import Settings
 from ..standards.bias import Bias
 
@@ -300,7 +302,7 @@ class CaseResult:
     device_cann: str | None = None  # the CANN version the device side ran (run.json device_software), if known
     diagnosis: tuple[Cause, ...] = ()  # a FAIL's likely causes, best first (`compare.diagnose`); a PASS none
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
-    op: Op = "backward"  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
+    op: Op = BACKWARD  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
     expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
 
     @property
@@ -390,11 +392,7 @@ class SuiteResult:
         status); else 0. Exit code 2 (usage, spec or user-file error) is raised by the CLI before any
         case is judged.
         """
-        if self.count(ERROR):
-            return 3
-        if self.count(FAIL):
-            return 1
-        return 0
+        return int(exit_code(unjudged=self.count(ERROR) > 0, failed=self.count(FAIL) > 0))
 
 
 def _fmt(value: float | None) -> str:

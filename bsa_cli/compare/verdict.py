@@ -19,7 +19,7 @@ from ..core import blas
 from ..core.case import ACLNN_STATUS, Case, Expect, numpy_dtype
 from ..core.errors import DataError, clip
 from ..core.layout import mask_view
-from ..ops import OPS, Op, split_folder_name
+from ..ops import OPS, Op, get, split_folder_name
 from ..ops.interface import release_of_cann
 from ..standards import STANDARDS, RunSettings, Settings, resolve_settings
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
@@ -167,7 +167,8 @@ class _Where:
         fields: dict[str, Any] = dict.fromkeys(
             ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
         )
-        fields.update(standard="-", checks=(), tensors=(), output_bytes=0, **known)
+        fields.update(standard="-", checks=(), tensors=(), output_bytes=0)
+        fields.update(known)
         return self.result(name, op, verdict, errors=tuple(errors), **fields)
 
 
@@ -229,7 +230,7 @@ def _judge_case(
     known: dict[str, Any] = {}
     try:
         manifest = _read_manifest(where.case_dir, manifest)
-        name, op = manifest.name, manifest.op
+        name, op = manifest.name, get(manifest.op)
         known = {"dtype": manifest.case.dtype, "layout": manifest.case.layout}
         settings = _case_settings(where.case_dir, manifest, run or RunSettings())
         known = _manifest_fields(manifest, settings)
@@ -348,7 +349,7 @@ def _judge_outputs(
     outcome: DeviceOutcome | None,
 ) -> CaseResult:
     """Judge the outputs of a call that returned 0: the op's tensors, its causes, a failure's diagnosis."""
-    case, op = manifest.case, manifest.op
+    case, op = manifest.case, get(manifest.op)
     if outcome is not None:
         _check_grads(manifest, outcome.grads, op.outputs)
     shapes = _shape_problems(case, manifest, where.case_dir / MANIFEST)  # cheap: before anything is hashed
@@ -408,7 +409,7 @@ def _open(
         summary_key(manifest.case, settings),
         device=outcome.grads if outcome is not None else None,
         outputs_run=record.outputs_run,
-        names=manifest.op.outputs,
+        names=get(manifest.op).outputs,
     )
     if opened.problems:
         opened.stale()
@@ -508,7 +509,7 @@ def _diagnosis(
     the device's out and lse explains them (`carried_from_forward`), else as a backward's on what it read
     (the golden out and lse when the forward passes). docs/compare.md, "The forward and the pair".
     """
-    op = manifest.op
+    op = get(manifest.op)
     first = tuple(causes or ())
     tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
     entries, inner_precise = dict(manifest.entries("inputs")), int(manifest.forward_params.get("inner_precise", 0))

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult
-from ..ops import OPS, Op
+from ..ops import OPS, Op, get
 from ..ops.interface import release_counts
 
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
@@ -73,7 +73,21 @@ def summary_line(suite: SuiteResult) -> str:
 def shows_ops(cases: Sequence[CaseResult]) -> bool:
     """Whether reports name each result's op: some result judges an op other than the backward (a backward-only
     suite renders as it always did)."""
-    return any(case.op != "backward" for case in cases)
+    return any(not get(case.op).is_default for case in cases)
+
+
+def is_op(name: object) -> bool:
+    """Whether a report's `op` (its JSON may hold anything) names an op (`bsa_cli.ops`)."""
+    try:
+        return isinstance(name, str) and get(name) is not None
+    except ValueError:
+        return False
+
+
+def op_test_name(case_name: str, op: str) -> str:
+    """Return a test's name for one op of a case: the case's name, with the op in brackets for an op other
+    than the backward (`NAME[forward]`)."""
+    return case_name if get(op).is_default else f"{case_name}[{op}]"
 
 
 def grouped(cases: Sequence[CaseResult]) -> list[CaseResult]:
@@ -84,7 +98,7 @@ def grouped(cases: Sequence[CaseResult]) -> list[CaseResult]:
     first: dict[str, int] = {}
     for index, case in enumerate(cases):
         first.setdefault(case.case_name, index)
-    return sorted(cases, key=lambda c: (first[c.case_name], OPS.index(c.op) if c.op in OPS else len(OPS)))
+    return sorted(cases, key=lambda c: (first[c.case_name], OPS.index(c.op) if is_op(c.op) else len(OPS)))
 
 
 def ops_of(cases: Sequence[CaseResult]) -> tuple[Op, ...]:
@@ -103,9 +117,10 @@ FORWARD_TENSORS = ("out", "lse")
 def operator_of(op: str, tensor: str | None = None) -> str:
     """Return the aclnn operator that produced a tensor of an op's result (out and lse: the forward; dq, dk,
     dv: the backward); without a tensor, the operators the op calls ("A+B" for the pair)."""
-    if op == "forward" or (tensor in FORWARD_TENSORS):
+    calls = get(op)
+    if not calls.calls_backward or (tensor in FORWARD_TENSORS):
         return OPERATORS["forward"]
-    if op == "backward" or tensor is not None:
+    if not calls.calls_forward or tensor is not None:
         return OPERATORS["backward"]
     return f"{OPERATORS['forward']}+{OPERATORS['backward']}"
 

@@ -7,8 +7,19 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ..compare import ERROR, FAIL, SKIP, CaseResult, SuiteResult
+from ..ops import get
 from .files import write_text_atomic
-from .formatting import fmt, grouped, is_reference, likely_line, planted_fault, provenance, query_axis, where
+from .formatting import (
+    fmt,
+    grouped,
+    is_reference,
+    likely_line,
+    op_test_name,
+    planted_fault,
+    provenance,
+    query_axis,
+    where,
+)
 
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -63,7 +74,7 @@ def _metrics_text(case: CaseResult) -> str:
         _provenance_text(case),
         *case.notes,
         *(f"precision path: {n}" for n in case.kernel_notes),
-        *([f"op {case.op}"] if case.op != "backward" else []),
+        *([] if get(case.op).is_default else [f"op {case.op}"]),
         f"standard {case.standard}; status {case.status}",
     ]
     for tensor in case.tensors:
@@ -101,7 +112,7 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
         values["release"] = case.release
     if case.dtype:
         values["dtype"] = case.dtype
-    if case.op != "backward":
+    if not get(case.op).is_default:
         values["op"] = case.op
     return values
 
@@ -111,8 +122,7 @@ def testcase_id(case: CaseResult) -> tuple[str, str]:
     for an op other than the backward (`NAME[forward]`; the backward keeps `NAME`), whatever the verdict,
     device, fault or shard, so CI keeps one history per case and op."""
     spec = Path(case.spec).stem if case.spec else "cases"
-    name = case.case_name if case.op == "backward" else f"{case.case_name}[{case.op}]"
-    return f"bsa.{spec}", name
+    return f"bsa.{spec}", op_test_name(case.case_name, case.op)
 
 
 def junit_xml(suite: SuiteResult) -> str:

@@ -221,7 +221,7 @@ def _followed(trend: Trend) -> str:
     """Return what the trend follows: "28 cases", or with op folders (`NAME@forward`) "52 results of 13 cases"."""
     count = len(trend.series)
     folders = [split_folder_name(s.case) for s in trend.series]
-    if all(op == "backward" for _, op in folders):
+    if all(op.is_default for _, op in folders):
         return f"{count} case{'s' if count != 1 else ''}"
     cases = len({name for name, _ in folders})
     return f"{count} result{'s' if count != 1 else ''} of {cases} case{'s' if cases != 1 else ''}"
