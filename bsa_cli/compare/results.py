@@ -7,9 +7,9 @@ here computes or prints.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 
@@ -304,6 +304,17 @@ class CaseResult:
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
     op: Op = BACKWARD  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
     expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
+
+    @classmethod
+    def unjudged(cls, name: str, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
+        """Return the result of a case that is not judged (an ERROR, or a SKIP: `errors` say why), with what is
+        known of it (`case_dir`, `output_dir` and `seconds` at least); what is not known is None, or empty."""
+        fields: dict[str, Any] = dict.fromkeys(
+            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+        )
+        fields.update(standard="-", checks=(), tensors=(), output_bytes=0)
+        fields.update(known)
+        return cls(name=name, verdict=verdict, errors=tuple(errors), **fields)
 
     @property
     def case_name(self) -> str:

@@ -145,31 +145,34 @@ def judge_outcome(
             (naming the tensor, what was expected and what was given), or a run threshold does not apply.
     """
     started = time.perf_counter()
-    return _judge_case(_Where(Path(case_dir), None, started), manifest, run, pool, False, outcome)
+    job = _Judging(Path(case_dir), None, started, run or RunSettings(), pool, False, outcome)
+    return _judge_case(job, manifest)
 
 
 @dataclass(frozen=True)
-class _Where:
-    """The case folder judged, its device output directory (None: an outcome in memory), when judging began."""
+class _Judging:
+    """One case being judged: its folder, its device output directory (None: an outcome in memory), when
+    judging began, and how (the run's settings, the hashing pool, whether every input is hashed)."""
 
     case_dir: Path
     output_dir: Path | None
     started: float
+    run: RunSettings
+    pool: Executor | None
+    verify_inputs: bool
+    outcome: DeviceOutcome | None = None
 
     def result(self, name: str, op: Op, verdict: Verdict, **fields: Any) -> CaseResult:
-        """Return the case's result, its time taken now."""
-        seconds = time.perf_counter() - self.started
-        where: dict[str, Any] = {"case_dir": str(self.case_dir), "output_dir": str(self.output_dir or IN_MEMORY)}
-        return CaseResult(name=name, op=op, verdict=verdict, seconds=seconds, **where, **fields)
+        """Return the case's judged result, its time taken now."""
+        return CaseResult(name=name, op=op, verdict=verdict, errors=(), **self._where(), **fields)
 
     def unjudged(self, name: str, op: Op, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
         """Return the result of a case that is not judged (an ERROR, or a SKIP), with what is known of it."""
-        fields: dict[str, Any] = dict.fromkeys(
-            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
-        )
-        fields.update(standard="-", checks=(), tensors=(), output_bytes=0)
-        fields.update(known)
-        return self.result(name, op, verdict, errors=tuple(errors), **fields)
+        return CaseResult.unjudged(name, errors, verdict, op=op, **self._where(), **known)
+
+    def _where(self) -> dict[str, Any]:
+        seconds = time.perf_counter() - self.started
+        return {"case_dir": str(self.case_dir), "output_dir": str(self.output_dir or IN_MEMORY), "seconds": seconds}
 
 
 def _compare_case(
@@ -181,18 +184,17 @@ def _compare_case(
         RunThresholdError: as `compare_case`.
     """
     case_dir = Path(case_dir)
-    where = _Where(
-        case_dir, Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR, time.perf_counter()
-    )
+    files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+    job = _Judging(case_dir, files, time.perf_counter(), run or RunSettings(), pool, verify_inputs)
     try:
-        return _judge_case(where, None, run, pool, verify_inputs, None)
+        return _judge_case(job, None)
     except RunThresholdError:
         raise
     except Exception as exc:  # a case bsa did not foresee: one line, not a traceback
-        frame = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        at = f" at {Path(frame.filename).name}:{frame.lineno}" if frame else ""
+        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
+        at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
         text = f"{case_dir}: cannot be judged: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
-        return where.unjudged(case_dir.name, split_folder_name(case_dir.name)[1], [text])
+        return job.unjudged(case_dir.name, split_folder_name(case_dir.name)[1], [text])
 
 
 class _Unjudged(Exception):
@@ -216,36 +218,29 @@ class _Record:
     status_message: str | None
 
 
-def _judge_case(
-    where: _Where,
-    manifest: Manifest | None,
-    run: RunSettings | None,
-    pool: Executor | None,
-    verify_inputs: bool,
-    outcome: DeviceOutcome | None,
-) -> CaseResult:
-    """Judge one case: from the files in `where.output_dir`, or from `outcome` in memory (then `output_dir` is
-    None). The two differ only in where the status, the run's problems and the gradients come from."""
-    name, op = where.case_dir.name, split_folder_name(where.case_dir.name)[1]
+def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
+    """Judge one case: from the files in `job.output_dir`, or from `job.outcome` in memory. The two differ
+    only in where the status, the run's problems and the gradients come from."""
+    name, op = job.case_dir.name, split_folder_name(job.case_dir.name)[1]
     known: dict[str, Any] = {}
     try:
-        manifest = _read_manifest(where.case_dir, manifest)
+        manifest = _read_manifest(job.case_dir, manifest)
         name, op = manifest.name, get(manifest.op)
         known = {"dtype": manifest.case.dtype, "layout": manifest.case.layout}
-        settings = _case_settings(where.case_dir, manifest, run or RunSettings())
+        settings = _case_settings(job.case_dir, manifest, job.run)
         known = _manifest_fields(manifest, settings)
         if manifest.skip is not None:  # gen made no files: the op's operator refuses what another op accepts
             raise _Unjudged([manifest.skip], SKIP)
-        record = _outcome_record(outcome) if outcome is not None else _files_record(where, name)
+        record = _outcome_record(job.outcome) if job.outcome is not None else _files_record(job, name)
         known.update(record.device, status=record.status, status_message=record.status_message)
         checks = [*record.checks, _status_check(manifest.case.expect, record.status, record.status_message)]
         if not manifest.case.expect.ok or record.status != 0:
             if not manifest.case.expect.ok and known.get("fault"):
                 known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
-            return _finish(where, name, op, known, checks, (), 0)
-        return _judge_outputs(where, manifest, settings, record, known, checks, pool, verify_inputs, outcome)
+            return _finish(job, name, op, known, checks, (), 0)
+        return _judge_outputs(job, manifest, settings, record, known, checks)
     except _Unjudged as stop:
-        return where.unjudged(name, op, stop.errors, stop.verdict, **{**known, **stop.known})
+        return job.unjudged(name, op, stop.errors, stop.verdict, **{**known, **stop.known})
 
 
 def _read_manifest(case_dir: Path, manifest: Manifest | None) -> Manifest:
@@ -298,19 +293,19 @@ def _outcome_record(outcome: DeviceOutcome) -> _Record:
     return _Record(device, (), None, None, outcome.prefilled, outcome.status, outcome.message)
 
 
-def _files_record(where: _Where, name: str) -> _Record:
+def _files_record(job: _Judging, name: str) -> _Record:
     """Return the record of a device's output directory: run.json and status.txt."""
-    output_dir = where.output_dir
+    output_dir = job.output_dir
     assert output_dir is not None
     try:
         check_output_dir(output_dir)
     except DataError as exc:
         raise _Unjudged([str(exc)]) from None
-    not_run = not_run_message(where.case_dir, output_dir)
+    not_run = not_run_message(job.case_dir, output_dir)
     if not_run is not None:
         raise _Unjudged([not_run])
     device = {"device": None, **_run_device_info(output_dir)}
-    problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, where.case_dir.name))
+    problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, job.case_dir.name))
     skipped, prefilled = run_forward_record(output_dir)
     if skipped is not None and not problems:
         raise _Unjudged([skipped], SKIP, **device)
@@ -338,39 +333,31 @@ def _status_check(expect: Expect, status: int, message: str | None) -> Check:
 
 
 def _judge_outputs(
-    where: _Where,
-    manifest: Manifest,
-    settings: Settings,
-    record: _Record,
-    known: dict[str, Any],
-    checks: list[Check],
-    pool: Executor | None,
-    verify_inputs: bool,
-    outcome: DeviceOutcome | None,
+    job: _Judging, manifest: Manifest, settings: Settings, record: _Record, known: dict[str, Any], checks: list[Check]
 ) -> CaseResult:
     """Judge the outputs of a call that returned 0: the op's tensors, its causes, a failure's diagnosis."""
     case, op = manifest.case, get(manifest.op)
-    if outcome is not None:
-        _check_grads(manifest, outcome.grads, op.outputs)
-    shapes = _shape_problems(case, manifest, where.case_dir / MANIFEST)  # cheap: before anything is hashed
+    if job.outcome is not None:
+        _check_grads(manifest, job.outcome.grads, op.outputs)
+    shapes = _shape_problems(case, manifest, job.case_dir / MANIFEST)  # cheap: before anything is hashed
     if shapes:
         raise _Unjudged(shapes)
-    opened = _open(where, manifest, settings, record, pool, verify_inputs, outcome)
+    opened = _open(job, manifest, settings, record)
     forward = ForwardSettings(prefilled=record.prefilled, **manifest.forward_params)
     try:
         tensors, op_checks, op_notes = _judge_op(op, case, settings, opened, forward)
     except ValueError as exc:
         opened.stale()
-        raise _Unjudged([f"{where.case_dir}: {exc}"]) from None
+        raise _Unjudged([f"{job.case_dir}: {exc}"]) from None
     stale = opened.stale()  # the verdict only stands if every file hashed as the manifest says
     if stale:
         raise _Unjudged(stale)
     if known.get("fault"):
-        known["notes"] = recorded_fault_notes(where.output_dir) if where.output_dir is not None else ()
+        known["notes"] = recorded_fault_notes(job.output_dir) if job.output_dir is not None else ()
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
     causes = pair_causes(case, manifest.forward_params, tensors) if op.pair else []
-    causes, padding = _scored_pair_causes(where.case_dir, manifest, case, tensors, opened, causes)
+    causes, padding = _scored_pair_causes(job.case_dir, manifest, case, tensors, opened, causes)
     known["notes"] = (*known["notes"], *padding)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks = [*checks, *cause_checks(causes), *op_checks]
@@ -378,36 +365,23 @@ def _judge_outputs(
     if failing:
         known["selection"] = selection(case, opened.block_mask)
     if failing or not all(c.passed for c in checks):
-        known.update(_diagnosis(where.case_dir, manifest, tensors, checks, opened, causes, record.prefilled))
+        known.update(_diagnosis(job.case_dir, manifest, tensors, checks, opened, causes, record.prefilled))
     if op.pair:
         extra, known["expected_failure"] = _pair_verdict(case, checks, tensors, causes)
         checks += [extra] if extra is not None else []
     output_bytes = sum(a.nbytes for a in opened.device.values())
-    return _finish(where, manifest.name, op, known, checks, tensors, output_bytes)
+    return _finish(job, manifest.name, op, known, checks, tensors, output_bytes)
 
 
-def _open(
-    where: _Where,
-    manifest: Manifest,
-    settings: Settings,
-    record: _Record,
-    pool: Executor | None,
-    verify_inputs: bool,
-    outcome: DeviceOutcome | None,
-) -> Any:
-    """Return the case's arrays opened (mapped, their hashes checked in `pool`), with the benchmark its
-    standard needs."""
+def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record) -> Any:
+    """Return the case's arrays opened (mapped, their hashes checked in the job's pool), with the benchmark
+    its standard needs."""
     need_bench = STANDARDS[settings.standard].needs_benchmark
+    key = summary_key(manifest.case, settings)
+    device = job.outcome.grads if job.outcome is not None else None
     opened = _open_arrays(
-        where.case_dir,
-        where.output_dir,
-        manifest,
-        need_bench,
-        pool,
-        verify_inputs,
-        record.inputs_run,
-        summary_key(manifest.case, settings),
-        device=outcome.grads if outcome is not None else None,
+        *(job.case_dir, job.output_dir, manifest, need_bench, job.pool, job.verify_inputs, record.inputs_run, key),
+        device=device,
         outputs_run=record.outputs_run,
         names=get(manifest.op).outputs,
     )
@@ -416,7 +390,7 @@ def _open(
         raise _Unjudged(opened.problems)
     if need_bench and not opened.benchmark and opened.summary is None:
         opened.stale()
-        raise _Unjudged([f"{where.case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"])
+        raise _Unjudged([f"{job.case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"])
     assert opened.block_mask is not None
     return opened
 
@@ -659,7 +633,7 @@ def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
 
 
 def _finish(
-    where: _Where,
+    job: _Judging,
     name: str,
     op: Op,
     known: Mapping[str, Any],
@@ -673,9 +647,7 @@ def _finish(
     if note:
         known = {**known, "notes": (note, *known.get("notes", ()))}
     verdict: Verdict = PASS if passed else FAIL
-    return where.result(
-        name, op, verdict, errors=(), checks=tuple(checks), tensors=tensors, output_bytes=output_bytes, **known
-    )
+    return job.result(name, op, verdict, checks=tuple(checks), tensors=tensors, output_bytes=output_bytes, **known)
 
 
 def release_note(release: str | None, device_cann: str | None) -> str | None:
