@@ -166,6 +166,41 @@ def query_axis(tensor: TensorResult) -> bool:
     return tensor.name in ("dq", *FORWARD_TENSORS)
 
 
+def hot_rows(tensor: TensorResult) -> list[list[str]]:
+    """Return a tensor's hot blocks as table rows: b, n, block, rows, score, rmse, bench rmse, max abs err, tile."""
+    rows = []
+    for hot in tensor.hot_blocks:
+        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
+        figures = (fmt(v, 3) for v in (hot.score, hot.rmse, hot.rmse_benchmark, hot.max_abs_err))
+        rows.append([str(hot.batch), str(hot.head), str(hot.block), f"{hot.rows[0]}-{hot.rows[1]}", *figures, tile])
+    return rows
+
+
+def worst_rows(tensor: TensorResult) -> list[list[str]]:
+    """Return a tensor's worst elements as table rows: where, device, golden, benchmark, abs err, ULP."""
+    rows = []
+    for e in tensor.worst:
+        values = (fmt(e.device, 6), fmt(e.golden, 6), fmt(e.benchmark, 6), fmt(e.abs_err), fmt(e.ulp, 3))
+        rows.append([where(tensor, e.coords, e.block), *values])
+    return rows
+
+
+def metric_rows(tensors: Sequence[TensorResult]) -> list[list[str]]:
+    """Return the rows of a metrics table (`METRIC_ROWS`): a label, then each tensor's "device / benchmark"
+    (the device alone without a benchmark); a metric no tensor has is left out."""
+    rows = []
+    for key, label in METRIC_ROWS:
+        digits = 7 if key == "cosine" else 4
+        cells = []
+        for tensor in tensors:
+            device = getattr(tensor.device, key)
+            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
+            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
+        if any(c != "-" for c in cells):
+            rows.append([label, *cells])
+    return rows
+
+
 def releases_line(suite: SuiteResult) -> str | None:
     """Return e.g. "expected statuses follow operator release master (28 cases)", or None without releases."""
     by_case = {case.case_name: case.release for case in suite.cases}  # a case's ops follow one release
@@ -233,6 +268,8 @@ __all__ = [
     "SKIP",
     "device_lines",
     "grouped",
+    "hot_rows",
+    "metric_rows",
     "operator_of",
     "ops_of",
     "query_axis",
@@ -244,6 +281,7 @@ __all__ = [
     "standards_line",
     "summary_line",
     "where",
+    "worst_rows",
     "without_asides",
     "likely_line",
 ]

@@ -18,10 +18,11 @@ from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorRe
 from . import svg
 from .files import write_text_atomic
 from .formatting import (
-    METRIC_ROWS,
     device_lines,
     fmt,
     grouped,
+    hot_rows,
+    metric_rows,
     ops_of,
     query_axis,
     releases_line,
@@ -29,8 +30,8 @@ from .formatting import (
     shows_ops,
     standards_line,
     summary_line,
-    where,
     without_asides,
+    worst_rows,
 )
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
@@ -254,56 +255,20 @@ def _checks_table(case: CaseResult, only_failed: bool) -> str:
 
 def _metrics_table(tensors: Sequence[TensorResult]) -> str:
     """Device / benchmark metrics of the given tensors, one column per tensor."""
-    rows = []
-    for key, label in METRIC_ROWS:
-        cells = []
-        for tensor in tensors:
-            device = getattr(tensor.device, key)
-            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
-            digits = 7 if key == "cosine" else 4
-            text = fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}"
-            cells.append(esc(text))
-        if all(c == "-" for c in cells):
-            continue
-        rows.append([esc(label), *cells])
+    rows = [[esc(cell) for cell in row] for row in metric_rows(tensors)]
     headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
     return _table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
 
 
 def _hot_table(tensor: TensorResult) -> str:
     kind = "query block i" if query_axis(tensor) else "kv block j"
-    rows = []
-    for hot in tensor.hot_blocks:
-        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
-        rows.append(
-            [
-                str(hot.batch),
-                str(hot.head),
-                str(hot.block),
-                f"{hot.rows[0]}-{hot.rows[1]}",
-                esc(fmt(hot.score, 3)),
-                esc(fmt(hot.rmse, 3)),
-                esc(fmt(hot.rmse_benchmark, 3)),
-                esc(fmt(hot.max_abs_err, 3)),
-                esc(tile),
-            ]
-        )
+    rows = [[esc(cell) for cell in row] for row in hot_rows(tensor)]
     headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
     return f"<p class=sub>hot blocks</p>{_table(headers, rows, numeric=tuple(range(0, 8)))}"
 
 
 def _worst_table(tensor: TensorResult) -> str:
-    rows = [
-        [
-            esc(where(tensor, e.coords, e.block)),
-            esc(fmt(e.device, 6)),
-            esc(fmt(e.golden, 6)),
-            esc(fmt(e.benchmark, 6)),
-            esc(fmt(e.abs_err)),
-            esc(fmt(e.ulp, 3)),
-        ]
-        for e in tensor.worst
-    ]
+    rows = [[esc(cell) for cell in row] for row in worst_rows(tensor)]
     headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
     return f"<p class=sub>worst elements</p>{_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
 

@@ -89,6 +89,14 @@ def _text(x: float, y: float, text: str, anchor: str = "start", extra: str = "")
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{esc(text)}</text>'
 
 
+def _cell(x: float, y: float, size: float, fill: str, tip: str) -> str:
+    """A square cell of a map, outlined, its figures in its tooltip."""
+    return (
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{size:.1f}" height="{size:.1f}" '
+        f'fill="{fill}" stroke="{CELL_STROKE}" stroke-width="0.5"><title>{esc(tip)}</title></rect>'
+    )
+
+
 def _tick_step(count: int, cell: float) -> int:
     """Every how many blocks an axis gets an index (labels at least 18 px apart)."""
     for step in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 256, 512):
@@ -249,11 +257,7 @@ def _panel_svg(
             tip = f"{where}: selected; {tensor.name} {what} {fmt(score, 4)}{detail}"
             if block is None and pool == 1:
                 block = blocks[0]
-            out.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-                f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                f"<title>{esc(tip)}</title></rect>"
-            )
+            out.append(_cell(x, y, cell, scale.colour(score), tip))
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
         k = hot.block // pool
         if block_map.axis == "q":
@@ -334,11 +338,7 @@ def _strip_map(tensor: TensorResult, block_map: BlockMap, scale: Scale) -> str:
                 continue
             score = float(np.nanmax(values))
             tip = f"b={b} n={n} {axis} {_range((c * pool, min((c + 1) * pool, blocks) - 1))}: ratio {fmt(score, 4)}"
-            out.append(
-                f'<rect x="{left + c * cell:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-                f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                f"<title>{esc(tip)}</title></rect>"
-            )
+            out.append(_cell(left + c * cell, y, cell, scale.colour(score), tip))
     return _svg(width, height, "".join(out), f"{tensor.name} error map")
 
 
@@ -417,11 +417,7 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
             value = float(tiles[r, c])
             s0, d0 = first_row + r * 16, c * 16
             tip = f"rows s={s0}-{min(s0 + 15, hot.rows[1] - 1)}, d={d0}-{d0 + 15}: tile RMSE ratio {fmt(value, 4)}"
-            out.append(
-                f'<rect x="{left + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell:.1f}" '
-                f'height="{cell:.1f}" fill="{scale.colour(value)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                f"<title>{esc(tip)}</title></rect>"
-            )
+            out.append(_cell(left + c * cell, top + r * cell, cell, scale.colour(value), tip))
     wr, wc = int(worst[0]), int(worst[1])
     out.append(
         f'<rect x="{left + wc * cell:.1f}" y="{top + wr * cell:.1f}" width="{cell:.1f}" height="{cell:.1f}" '

@@ -14,18 +14,19 @@ from rich.text import Text
 from ..compare import ERROR, FAIL, PASS, SKIP, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
 from .formatting import (
-    METRIC_ROWS,
     fmt,
     grouped,
+    hot_rows,
     is_reference,
     likely_line,
+    metric_rows,
     planted_fault,
     query_axis,
     releases_line,
     short_headline,
     shows_ops,
     summary_line,
-    where,
+    worst_rows,
 )
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold cyan"}
@@ -195,15 +196,8 @@ def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Ta
     table = Table(box=_box(console), title=f"{case.name} {tensor.name}: worst elements", title_justify="left")
     for column in ("where", "device", "golden", "benchmark", "abs err", "ulp"):
         table.add_column(column, justify="left" if column == "where" else "right")
-    for element in tensor.worst:
-        table.add_row(
-            where(tensor, element.coords, element.block),
-            fmt(element.device, 6),
-            fmt(element.golden, 6),
-            fmt(element.benchmark, 6),
-            fmt(element.abs_err),
-            fmt(element.ulp, 3),
-        )
+    for row in worst_rows(tensor):
+        table.add_row(*row)
     return table
 
 
@@ -212,19 +206,8 @@ def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Tabl
     table = Table(box=_box(console), title=f"{case.name} {tensor.name}: hot blocks ({kind})", title_justify="left")
     for column in ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile"):
         table.add_column(column, justify="right")
-    for hot in tensor.hot_blocks:
-        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
-        table.add_row(
-            str(hot.batch),
-            str(hot.head),
-            str(hot.block),
-            f"{hot.rows[0]}-{hot.rows[1]}",
-            fmt(hot.score, 3),
-            fmt(hot.rmse, 3),
-            fmt(hot.rmse_benchmark, 3),
-            fmt(hot.max_abs_err, 3),
-            tile,
-        )
+    for row in hot_rows(tensor):
+        table.add_row(*row)
     return table
 
 
@@ -233,16 +216,8 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
     table.add_column("metric")
     for tensor in case.tensors:
         table.add_column(tensor.name, justify="right")
-    for key, label in METRIC_ROWS:
-        cells = []
-        for tensor in case.tensors:
-            device = getattr(tensor.device, key)
-            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
-            digits = 7 if key == "cosine" else 4
-            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
-        if all(c == "-" for c in cells):
-            continue
-        table.add_row(label, *cells)
+    for row in metric_rows(case.tensors):
+        table.add_row(*row)
     hist_cells = []
     for tensor in case.tensors:
         histogram = tensor.device.ulp_histogram or ()
