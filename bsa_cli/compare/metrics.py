@@ -2,7 +2,7 @@
 
 `_measure` walks a tensor's judged rows in chunks; `_measure_chunk` computes one chunk's sums and
 extremes into a `_Partial`, and `_Partial.merge` folds chunks together before `_Partial.stats` turns them
-into an `ErrorStats`. A new statistic is one field of `_Partial` (listed in `_SUMS`, `_MAXES` or `_MINS`),
+into an `ErrorStats`. A new statistic is one field of `_Partial` (a sum unless listed in `_MAXES` or `_MINS`),
 one line in `_measure_chunk`, and one field of `ErrorStats`. Per-row results (`_RowOut`) feed the block
 maps and the worst elements (`locate.py`).
 """
@@ -10,7 +10,7 @@ maps and the worst elements (`locate.py`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -74,36 +74,11 @@ class _Partial:
     golden_min: float = math.inf
     nonfinite_rows: list[int] = field(default_factory=list)
 
-    _SUMS = (
-        "count",
-        "sum_abs",
-        "sum_sq",
-        "sum_rel",
-        "large",
-        "sum_mre",
-        "dot_ag",
-        "dot_aa",
-        "dot_gg",
-        "sum_signed_rel",
-        "sum_signed_rel_sq",
-        "mismatch",
-        "small",
-        "small_err",
-        "nan",
-        "inf",
-        "nonfinite_mismatch",
-        "ulp_sum",
-        "msopst_err",
-        "within_1e3",
-        "within_5e3",
-        "value_sum",
-        "golden_sum",
-    )
     _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max", "value_max", "golden_max")
     _MINS = ("value_min", "golden_min")
 
     def merge(self, other: _Partial) -> None:
-        for name in self._SUMS:
+        for name in _SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in self._MAXES:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
@@ -170,6 +145,12 @@ class _Partial:
             "golden_mean": self.golden_sum / self.count,
             "golden_l2norm": math.sqrt(self.dot_gg),
         }
+
+
+_SUMS = tuple(
+    f.name for f in fields(_Partial) if f.name not in (*_Partial._MAXES, *_Partial._MINS, "ulp_over", "nonfinite_rows")
+)
+"""The fields of `_Partial` that chunks add up: every one but its maxima, minima, ULP counts and rows."""
 
 
 @dataclass

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -98,17 +98,8 @@ class ErrorStats:
     golden_l2norm: float | None = None
 
 
-MSPROBE_FIELDS = (
-    "thousandth_ratio",
-    "five_thousandths_ratio",
-    "value_max",
-    "value_min",
-    "value_mean",
-    "value_l2norm",
-    "golden_max",
-    "golden_min",
-    "golden_mean",
-    "golden_l2norm",
+MSPROBE_FIELDS = tuple(
+    f.name for f in fields(ErrorStats) if f.name.startswith(("thousandth", "five_", "value_", "golden_"))
 )
 """`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
 

@@ -36,7 +36,7 @@ from .formatting import (
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
 from .regressions import drift_html
-from .style import BASE_CSS, esc
+from .style import BASE_CSS, esc, html_table
 
 if TYPE_CHECKING:
     from ..compare.drift import Drift
@@ -105,17 +105,6 @@ ul.skips li{color:var(--skip)}
 """
 """The rules a page needs only when it shows ops other than the backward or a SKIP (a backward-only suite's page
 is as it always was)."""
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()) -> str:
-    """Return an HTML table; cells are HTML already; columns in `numeric` are right-aligned."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
-        body.append(f"<tr>{cells}</tr>")
-    attr = f' class="{cls}"' if cls else ""
-    return f"<table{attr}><tr>{head}</tr>{''.join(body)}</table>"
 
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
@@ -250,27 +239,27 @@ def _checks_table(case: CaseResult, only_failed: bool) -> str:
         for c in checks
         if not (only_failed and c.passed)
     ]
-    return _table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
+    return html_table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
 
 
 def _metrics_table(tensors: Sequence[TensorResult]) -> str:
     """Device / benchmark metrics of the given tensors, one column per tensor."""
     rows = [[esc(cell) for cell in row] for row in metric_rows(tensors)]
     headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
-    return _table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
+    return html_table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
 
 
 def _hot_table(tensor: TensorResult) -> str:
     kind = "query block i" if query_axis(tensor) else "kv block j"
     rows = [[esc(cell) for cell in row] for row in hot_rows(tensor)]
     headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
-    return f"<p class=sub>hot blocks</p>{_table(headers, rows, numeric=tuple(range(0, 8)))}"
+    return f"<p class=sub>hot blocks</p>{html_table(headers, rows, numeric=tuple(range(0, 8)))}"
 
 
 def _worst_table(tensor: TensorResult) -> str:
     rows = [[esc(cell) for cell in row] for row in worst_rows(tensor)]
     headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
-    return f"<p class=sub>worst elements</p>{_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
+    return f"<p class=sub>worst elements</p>{html_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
 
 
 def _tile_limit(case: CaseResult) -> float:
@@ -353,7 +342,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
                 for rank, c in enumerate(case.diagnosis, 1)
             ]
             parts.append("<h3>diagnosis: likely causes, best first</h3>")
-            parts.append(_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
+            parts.append(html_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
         for tensor in case.tensors:
             if not tensor.passed:
                 parts.append(_failing_tensor(case, tensor))

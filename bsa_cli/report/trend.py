@@ -23,7 +23,7 @@ from ..compare.drift import Night, Point, Series, Trend
 from ..ops import split_folder_name
 from .files import write_text_atomic
 from .formatting import fmt, summary_line
-from .style import BASE_CSS, SVG_FONT, esc
+from .style import BASE_CSS, SVG_FONT, esc, html_table
 
 COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a", SKIP: "#6a6f78"}
 LIMIT_COLOUR = "#b3001b"
@@ -179,13 +179,10 @@ def _nights_table(nights: Sequence[Night]) -> str:
     rows = []
     for i, night in enumerate(nights, 1):
         when = night.date.isoformat(timespec="seconds") if night.date else "-"
-        rows.append(
-            f'<tr><td class="num">{i}</td><td>{esc(when)}</td><td>{esc(", ".join(night.devices) or "-")}</td>'
-            f"<td>{esc(night.host or '-')}</td><td>{esc(night.version or '-')}</td>"
-            f"<td>{esc(summary_line(night.suite))}</td><td>{esc(night.source)}</td></tr>"
-        )
-    head = "".join(f"<th>{h}</th>" for h in ("#", "date (UTC)", "device", "host", "bsa", "cases", "report"))
-    return f'<table class="nights"><tr>{head}</tr>{"".join(rows)}</table>'
+        texts = (when, ", ".join(night.devices) or "-", night.host or "-", night.version or "-")
+        rows.append([str(i), *(esc(t) for t in texts), esc(summary_line(night.suite)), esc(night.source)])
+    headers = ("#", "date (UTC)", "device", "host", "bsa", "cases", "report")
+    return html_table(headers, rows, "nights", numeric=(0,))
 
 
 def shown_order(trend: Trend) -> list[Series]:
