@@ -125,6 +125,10 @@ def testcase_id(case: CaseResult) -> tuple[str, str]:
     return f"bsa.{spec}", op_test_name(case.case_name, case.op)
 
 
+_PROBLEMS: dict[str, str] = {FAIL: "failure", ERROR: "error"}
+"""The element of a testcase that failed or could not be judged."""
+
+
 def junit_xml(suite: SuiteResult) -> str:
     """Return a JUnit XML report: one testcase per result (a case's ops side by side), <failure> for FAIL,
     <error> for ERROR, <skipped> for SKIP (with why).
@@ -133,21 +137,12 @@ def junit_xml(suite: SuiteResult) -> str:
     standard, dtype) and a system-out whose first line says where the outputs come from; the testsuite
     says so too when any case holds reference results.
     """
-    tests, failures, errors = len(suite.cases), suite.count(FAIL), suite.count(ERROR)
+    tests = len(suite.cases)
+    counts = {"tests": str(tests), "failures": str(suite.count(FAIL)), "errors": str(suite.count(ERROR))}
     seconds = f"{sum(c.seconds for c in suite.cases):.3f}"
-    root = ET.Element(
-        "testsuites", name="bsa compare", tests=str(tests), failures=str(failures), errors=str(errors), time=seconds
-    )
-    testsuite = ET.SubElement(
-        root,
-        "testsuite",
-        name="bsa compare",
-        tests=str(tests),
-        failures=str(failures),
-        errors=str(errors),
-        skipped=str(suite.count(SKIP)),
-        time=seconds,
-    )
+    root = ET.Element("testsuites", {"name": "bsa compare", **counts, "time": seconds})
+    skipped = str(suite.count(SKIP))
+    testsuite = ET.SubElement(root, "testsuite", {"name": "bsa compare", **counts, "skipped": skipped, "time": seconds})
     reference = sum(is_reference(c) for c in suite.cases)
     faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
     suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}
@@ -161,11 +156,9 @@ def junit_xml(suite: SuiteResult) -> str:
         if likely:  # after the failed checks, kept whole within the message's 1000 characters
             likely = likely[:500]
             message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
-        if case.verdict == FAIL:
-            element = ET.SubElement(testcase, "failure", message=_xml_text(message[:1000]), type="FAIL")
-            element.text = _xml_text(case_report_text(case))
-        elif case.verdict == ERROR:
-            element = ET.SubElement(testcase, "error", message=_xml_text(message[:1000]), type="ERROR")
+        if case.verdict in _PROBLEMS:
+            tag = _PROBLEMS[case.verdict]
+            element = ET.SubElement(testcase, tag, message=_xml_text(message[:1000]), type=case.verdict)
             element.text = _xml_text(case_report_text(case))
         elif case.verdict == SKIP:
             ET.SubElement(testcase, "skipped", message=_xml_text(message[:1000]))
