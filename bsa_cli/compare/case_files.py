@@ -338,7 +338,8 @@ def _open_arrays(
     opened = _Opened()
     document = manifest.benchmark_summary
     if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
-        opened.summary = _open_summary(case_dir, manifest, document, executor, opened, names)
+        opened.summary, problems, opened.pending = _open_summary(case_dir, manifest, document, executor, names)
+        opened.problems += problems
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
     if device is not None:
         opened.device.update((name, device[name]) for name in names)
@@ -399,29 +400,24 @@ def _open_arrays(
 
 
 def _open_summary(
-    case_dir: Path,
-    manifest: Manifest,
-    document: Mapping[str, Any],
-    executor: Executor,
-    opened: _Opened,
-    names: Sequence[str] = GRAD_NAMES,
-) -> BenchmarkSummary | None:
-    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it; None, with a problem noted,
-    if it is malformed, lacks a tensor of `names` the standard judges (lse never is summarized), or a
-    tiles file is missing or of the wrong size."""
+    case_dir: Path, manifest: Manifest, document: Mapping[str, Any], executor: Executor, names: Sequence[str]
+) -> tuple[BenchmarkSummary | None, list[str], list[Future[str | None]]]:
+    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it: (the summary, problems, pending
+    hash checks). No summary, with a problem, if it is malformed, lacks a tensor of `names` the standard
+    judges (lse never is summarized), or a tiles file is missing or of the wrong size."""
     tiles = {}
+    pending: list[Future[str | None]] = []
     try:
         for name, entry in dict(document["tiles"]).items():
             tiles[name] = map_array(case_dir, entry, populate=True)
             path, sha = case_dir / entry["file"], entry.get("sha256")
-            opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
+            pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
         summary = summary_from_document(document, tiles)
         lacking = [name for name in names if name in SUMMARIZED and name not in summary.stats]
         if lacking:
             raise ValueError(f"no stats of {', '.join(lacking)}")
-        return summary
+        return summary, [], pending
     except DataError as exc:
-        opened.problems.append(str(exc))
+        return None, [str(exc)], pending
     except (KeyError, TypeError, ValueError) as exc:
-        opened.problems.append(f"{case_dir / MANIFEST}: benchmark_summary: {exc}")
-    return None
+        return None, [f"{case_dir / MANIFEST}: benchmark_summary: {exc}"], pending

@@ -437,9 +437,7 @@ class _Diagnosing:
     case: Case
     tensors: tuple[TensorResult, ...]
     checks: list[Check]
-    device: Mapping[str, np.ndarray]
-    golden: Mapping[str, np.ndarray]
-    benchmark: Mapping[str, np.ndarray] | None
+    opened: Any  # the device's, golden and benchmark arrays (`_open_arrays`)
     inputs: Mapping[str, np.ndarray]
     inner_precise: int
     prefilled: bool
@@ -447,23 +445,22 @@ class _Diagnosing:
     def of(self, names: tuple[str, ...]) -> tuple[TensorResult, ...]:
         return tuple(t for t in self.tensors if t.name in names)
 
+    def arrays(self, names: tuple[str, ...] | None = None) -> tuple[Any, Any, Any]:
+        """Return the device's, golden and benchmark arrays (None: no benchmark), those of `names` if given."""
+        device, golden, benchmark = self.opened.device, self.opened.golden, self.opened.benchmark or None
+        if names is None:
+            return device, golden, benchmark
+        return (
+            pick_tensors(device, names),
+            pick_tensors(golden, names),
+            pick_tensors(benchmark, names) if benchmark else None,
+        )
+
     def forward(self, pick: bool = False, checks: bool = True) -> Any:
         """Return the forward's diagnosis of out and lse (`pick`: the pair's arrays narrowed to them)."""
-        device, golden, benchmark = self.device, self.golden, self.benchmark
-        if pick:
-            device, golden = pick_tensors(device, FORWARD_NAMES), pick_tensors(golden, FORWARD_NAMES)
-            benchmark = pick_tensors(benchmark, FORWARD_NAMES) if benchmark else None
-        return diagnose_forward(
-            self.case,
-            self.of(FORWARD_NAMES),
-            self.checks if checks else [],
-            device,
-            golden,
-            benchmark,
-            self.inputs,
-            self.inner_precise,
-            self.prefilled,
-        )
+        arrays = self.arrays(FORWARD_NAMES if pick else None)
+        tensors, checked = self.of(FORWARD_NAMES), self.checks if checks else []
+        return diagnose_forward(self.case, tensors, checked, *arrays, self.inputs, self.inner_precise, self.prefilled)
 
 
 def _diagnosis(
@@ -489,33 +486,29 @@ def _diagnosis(
     entries, inner_precise = dict(manifest.entries("inputs")), int(manifest.forward_params.get("inner_precise", 0))
     try:
         inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries, opened.inputs)
-        at = _Diagnosing(
-            manifest.case,
-            tensors,
-            checks,
-            opened.device,
-            opened.golden,
-            opened.benchmark or None,
-            inputs,
-            inner_precise,
-            prefilled,
-        )
+        at = _Diagnosing(manifest.case, tensors, checks, opened, inputs, inner_precise, prefilled)
         with blas.one_thread_each(), np.errstate(all="ignore"):  # 1 thread: 100x faster; untrusted values
             if not op.calls_backward:
                 result = at.forward()
-                found, notes = list(result.causes), list(result.hypotheses)
             elif not op.calls_forward:
-                result = diagnose(at.case, at.of(GRAD_NAMES), checks, at.device, at.golden, at.benchmark, inputs)
-                found, notes = list(result.causes), list(result.hypotheses)
+                result = diagnose(at.case, at.of(GRAD_NAMES), checks, *at.arrays(), inputs)
             else:
-                found, notes = _pair_diagnosis(at)
+                result = _pair_diagnosis(at)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
         failure = Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}")
         return {"diagnosis": first, "hypotheses": (*tried, failure)}
-    return {"diagnosis": (*first, *found), "hypotheses": (*tried, *notes)}
+    return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
 
 
-def _pair_diagnosis(at: _Diagnosing) -> tuple[list[Cause], list[Hypothesis]]:
+@dataclass(frozen=True)
+class _Found:
+    """A pair's diagnosis: its causes and the hypotheses tried, as `diagnose` returns them."""
+
+    causes: list[Cause]
+    hypotheses: list[Hypothesis]
+
+
+def _pair_diagnosis(at: _Diagnosing) -> _Found:
     """Return a pair's causes and hypotheses: the forward step's, then its gradients' (docstring of
     `_diagnosis`)."""
     grads = at.of(GRAD_NAMES)
@@ -527,17 +520,16 @@ def _pair_diagnosis(at: _Diagnosing) -> tuple[list[Cause], list[Hypothesis]]:
         found += [as_forward_step(c) for c in fwd.causes]
         notes += [replace(h, supposes="the forward: " + h.supposes) for h in fwd.hypotheses]
     if all(t.passed for t in grads):
-        return found, notes
-    read = PairInputs(at.inputs, at.device if forward_failed else at.golden)
-    bench_grads = pick_tensors(at.benchmark, GRAD_NAMES) if at.benchmark else None
-    dev_grads, gold_grads = pick_tensors(at.device, GRAD_NAMES), pick_tensors(at.golden, GRAD_NAMES)
+        return _Found(found, notes)
+    dev_grads, gold_grads, bench_grads = at.arrays(GRAD_NAMES)
+    read = PairInputs(at.inputs, at.opened.device if forward_failed else at.opened.golden)
     if forward_failed:
         carried = carried_from_forward(at.case, grads, dev_grads, gold_grads, bench_grads, read)
         notes.append(carried.hypothesis)
         if carried.explains:
-            return carried.attribute(found), notes
+            return _Found(carried.attribute(found), notes)
     result = diagnose(at.case, grads, at.checks, dev_grads, gold_grads, bench_grads, read)
-    return found + list(result.causes), notes + list(result.hypotheses)
+    return _Found(found + list(result.causes), notes + list(result.hypotheses))
 
 
 def _scored_pair_causes(
