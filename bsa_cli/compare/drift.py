@@ -24,7 +24,7 @@ from typing import Any
 
 from ..core.exit_codes import ExitCode, exit_code
 from ..store.manifest import json_number
-from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult
+from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult, Verdict
 
 RELATIVE_MARGIN = 0.10
 """A regression grows by more than this fraction of its old value (measured run-to-run noise: at most 4.5%)."""
@@ -175,8 +175,8 @@ class VerdictChange:
     """A case whose verdict differs from the baseline's."""
 
     case: str
-    old: str
-    new: str
+    old: Verdict
+    new: Verdict
     headline: str  # what happened now
 
     @property
@@ -381,7 +381,7 @@ def _iso(moment: _dt.datetime | None) -> str | None:
 class Point:
     """A case in one night: its verdict and the followed check's value and limit (None: not measured)."""
 
-    verdict: str
+    verdict: Verdict
     value: float | None
     limit: float | None
     detail: str  # the check's text, or the case's headline

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 import numpy as np
 
@@ -189,7 +189,7 @@ class TensorResult:
         return all(c.passed for c in self.checks)
 
 
-DIAGNOSIS_KINDS = (
+DiagnosisKind = Literal[
     "non-finite",
     "not-written",
     "block-selection",
@@ -208,7 +208,9 @@ DIAGNOSIS_KINDS = (
     "layout",
     "lse-unwritten",
     "padding-rows-read",
-)
+]
+"""A kind of cause a diagnosis names."""
+DIAGNOSIS_KINDS: tuple[DiagnosisKind, ...] = get_args(DiagnosisKind)
 """The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 tests some of them (`diagnose.TESTED_KINDS`)."""
 
