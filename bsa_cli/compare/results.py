@@ -387,6 +387,14 @@ class SuiteResult:
         return sum(c.output_bytes for c in self.cases)
 
     @property
+    def verdict(self) -> Verdict:
+        """The suite's verdict, as reports head it: FAIL if a case failed, else ERROR if one could not be judged,
+        else PASS; SKIP when every case was skipped (nothing was judged)."""
+        if self.cases and self.count(SKIP) == len(self.cases):
+            return SKIP
+        return FAIL if self.count(FAIL) else ERROR if self.count(ERROR) else PASS
+
+    @property
     def return_code(self) -> int:
         """Exit code of `bsa compare`, the one place the policy is written.
 

@@ -108,9 +108,7 @@ is as it always was)."""
 
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
-    verdict = FAIL if suite.count(FAIL) else ERROR if suite.count(ERROR) else PASS
-    if suite.cases and suite.count(SKIP) == len(suite.cases):
-        verdict = SKIP  # nothing judged: not a PASS
+    verdict = suite.verdict  # nothing judged: SKIP, not a PASS
     rows = [
         ("date", esc(head.date)),
         ("bsa", esc(head.version)),
@@ -323,17 +321,13 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         parts.append(_siblings(case, suite))
     parts.extend(f'<p class="note">{esc(note)}</p>' for note in case.notes)
     parts.extend(f'<p class="sub">precision path: {esc(note)}</p>' for note in case.kernel_notes)
-    if case.verdict == SKIP:
-        parts.append('<p class="sub">not judged:</p>')
-        parts.append('<ul class="skips">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
-        parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
-        parts.append("</details></section>")
-        return "".join(parts)
-    if case.verdict == ERROR:
-        parts.append('<ul class="errors">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
-        parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
-        parts.append("</details></section>")
-        return "".join(parts)
+    if case.verdict in (SKIP, ERROR):  # why it is not judged, or could not be
+        items = "".join(f"<li>{esc(e)}</li>" for e in case.errors)
+        listed = '<p class="sub">not judged:</p><ul class="skips">' if case.verdict == SKIP else '<ul class="errors">'
+        parts.append(
+            f'{listed}{items}</ul><p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>'
+        )
+        return "".join(parts) + "</details></section>"
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
         if case.diagnosis:
@@ -350,9 +344,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         if passing:
             names = ", ".join(t.name for t in passing)
             parts.append(f'<p class="sub">{esc(names)} pass.</p>')
-        more = [_checks_table(case, only_failed=False)]
-    else:
-        more = [_checks_table(case, only_failed=False)]
+    more = [_checks_table(case, only_failed=False)]
     if case.tensors:
         more.append(_metrics_table(case.tensors))
     more.append(

@@ -275,7 +275,4 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
     releases = releases_line(suite)
     if releases:
         console.print(Text(releases), soft_wrap=True)
-    style = "bold red" if suite.count(FAIL) else VERDICT_STYLE[ERROR] if suite.count(ERROR) else "bold green"
-    if suite.cases and suite.count(SKIP) == len(suite.cases):
-        style = VERDICT_STYLE[SKIP]  # nothing was judged: no green
-    console.print(Text(summary_line(suite), style=style))
+    console.print(Text(summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green
