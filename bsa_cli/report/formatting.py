@@ -58,16 +58,23 @@ def summary_line(suite: SuiteResult) -> str:
     of how many cases ("12 results of 4 cases: ..."), and the skipped ones where there are any ("..., 1
     skipped")."""
     errors, skipped = suite.count(ERROR), suite.count(SKIP)
-    total = len(suite.cases)
-    if shows_ops(suite.cases):
-        names = len({case.case_name for case in suite.cases})
-        counted = f"{total} result{'s' if total != 1 else ''} of {names} case{'s' if names != 1 else ''}"
-    else:
-        counted = f"{total} case{'s' if total != 1 else ''}"
-    return (
-        f"{counted}: {suite.count(PASS)} passed, {suite.count(FAIL)} failed, {errors} error{'s' if errors != 1 else ''}"
-        + (f", {skipped} skipped" if skipped else "")
+    counted = results_of([(case.case_name, case.op) for case in suite.cases])
+    return f"{counted}: {suite.count(PASS)} passed, {suite.count(FAIL)} failed, {plural(errors, 'error')}" + (
+        f", {skipped} skipped" if skipped else ""
     )
+
+
+def plural(count: int, word: str) -> str:
+    """Return e.g. "1 case", "2 cases"."""
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def results_of(folders: Sequence[tuple[str, str]]) -> str:
+    """Return how many results of how many cases (case name, op) there are: "28 cases", or with ops other than
+    the backward "52 results of 13 cases" (a backward-only suite counts as it always did)."""
+    if all(get(op).is_default for _, op in folders):
+        return plural(len(folders), "case")
+    return f"{plural(len(folders), 'result')} of {plural(len({name for name, _ in folders}), 'case')}"
 
 
 def shows_ops(cases: Sequence[CaseResult]) -> bool:
@@ -271,6 +278,8 @@ __all__ = [
     "hot_rows",
     "metric_rows",
     "operator_of",
+    "plural",
+    "results_of",
     "ops_of",
     "query_axis",
     "shows_ops",

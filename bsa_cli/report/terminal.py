@@ -23,6 +23,7 @@ from .formatting import (
     likely_line,
     metric_rows,
     planted_fault,
+    plural,
     query_axis,
     releases_line,
     short_headline,
@@ -243,7 +244,7 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
         noun = "result" if shows_ops(suite.cases) else "case"
         console.print(
-            f"Note: the outputs of {reference} {noun}{'s' if reference != 1 else ''} come from the reference device "
+            f"Note: the outputs of {plural(reference, noun)} come from the reference device "
             f"(bsa emulate), not from hardware{planted}.",
             style="yellow",
         )

@@ -22,7 +22,7 @@ from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Night, Point, Series, Trend
 from ..ops import split_folder_name
 from .files import write_text_atomic
-from .formatting import fmt, summary_line
+from .formatting import fmt, plural, results_of, summary_line
 from .style import BASE_CSS, SVG_FONT, esc, html_table
 
 COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a", SKIP: "#6a6f78"}
@@ -216,12 +216,7 @@ def _cases_table(trend: Trend) -> str:
 
 def _followed(trend: Trend) -> str:
     """Return what the trend follows: "28 cases", or with op folders (`NAME@forward`) "52 results of 13 cases"."""
-    count = len(trend.series)
-    folders = [split_folder_name(s.case) for s in trend.series]
-    if all(op.is_default for _, op in folders):
-        return f"{count} case{'s' if count != 1 else ''}"
-    cases = len({name for name, _ in folders})
-    return f"{count} result{'s' if count != 1 else ''} of {cases} case{'s' if cases != 1 else ''}"
+    return results_of([split_folder_name(s.case) for s in trend.series])
 
 
 def trend_html(trend: Trend) -> str:
@@ -276,5 +271,5 @@ def render_trend(trend: Trend, console: Console) -> None:
             soft_wrap=True,
         )
     rising = len(trend.rising)
-    text = f"{_followed(trend)} over {len(trend.nights)} night{'s' if len(trend.nights) != 1 else ''}: {rising} rising"
+    text = f"{_followed(trend)} over {plural(len(trend.nights), 'night')}: {rising} rising"
     console.print(Text(text, style="bold red" if rising else "bold green"))
