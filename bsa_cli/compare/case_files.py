@@ -1,4 +1,5 @@
-"""Reading a case directory and a device output directory: status, run record, hashes, mapped arrays.
+"""Reading a case directory and a device output directory: status, run record, hashes, mapped arrays, and
+outputs given in memory checked against the manifest.
 
 Everything read is untrusted: files are read bounded, inside their folder, and every problem becomes a
 message (the case then ends as an ERROR), never an exception.
@@ -18,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..core.case import Case, numpy_dtype
 from ..core.errors import DataError, clip, show
+from ..core.layout import mask_view
 from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
 from ..store.manifest import GRAD_NAMES, Manifest
-from .results import NOT_RUN, Check
+from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection
 from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
 
 STATUS_FILE = "status.txt"
@@ -421,3 +424,79 @@ def _open_summary(
         return None, [str(exc)], pending
     except (KeyError, TypeError, ValueError) as exc:
         return None, [f"{case_dir / MANIFEST}: benchmark_summary: {exc}"], pending
+
+
+class _LazyInputs(Mapping[str, np.ndarray]):
+    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none),
+    unless the judgement mapped it already (`mapped`: its size checked, its hash under way or done)."""
+
+    def __init__(self, case_dir: Path, entries: dict[str, Any], mapped: Mapping[str, np.ndarray]) -> None:
+        self.case_dir, self.entries = case_dir, entries
+        self.arrays: dict[str, np.ndarray] = {n: a for n, a in mapped.items() if n in entries}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            self.arrays[name] = map_array(self.case_dir, self.entries[name])
+        return self.arrays[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
+    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
+    shape = tuple(int(n) for n in block_mask.shape)
+    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
+        return None
+    cells = np.full(shape, "-", dtype="<U1")
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)
+        n_q, n_kv = mask.shape[1:]
+        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
+    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
+    return Selection(shape, rows)
+
+
+def _check_grads(
+    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
+) -> None:
+    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
+    the dtypes and shapes the manifest's `outputs` give."""
+    outputs = manifest.outputs
+    for name in names:
+        entry = outputs.get(name)
+        if entry is None:
+            continue  # the manifest's own problem: _open_arrays reports it
+        expected = f"{entry['dtype']} {list(entry['shape'])}"
+        array = (grads or {}).get(name)
+        if array is None:
+            raise ValueError(f"{name}: missing; expected {expected}")
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
+        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
+        if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
+            raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
+    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
+
+
+def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
+    """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
+    shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
+    golden for a small case costs nothing."""
+    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape), "out": list(case.q_shape)}
+    problems = []
+    for section in ("outputs", "golden", "benchmark"):
+        for grad, entry in manifest.entries(section):
+            if grad in wanted and list(entry["shape"]) != wanted[grad]:
+                problems.append(
+                    f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
+                    f"{wanted[grad]} (its params)"
+                )
+    return problems

@@ -16,22 +16,25 @@ from typing import Any
 import numpy as np
 
 from ..core import blas
-from ..core.case import ACLNN_STATUS, Case, Expect, numpy_dtype
+from ..core.case import ACLNN_STATUS, Case, Expect
 from ..core.errors import DataError, clip
-from ..core.layout import mask_view
 from ..ops import OPS, Op, get, split_folder_name
 from ..ops.interface import release_of_cann
 from ..standards import STANDARDS, RunSettings, Settings, resolve_settings
-from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
+from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
 from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
+    _check_grads,
+    _LazyInputs,
     _open_arrays,
     _read_run_record,
     _read_status,
     _run_device_info,
+    _shape_problems,
     not_run_message,
     recorded_fault_notes,
     run_forward_record,
+    selection,
 )
 from .diagnose import diagnose
 from .diagnose.chain import PairInputs, as_forward_step, carried_from_forward, pick_tensors, score_padding
@@ -39,20 +42,7 @@ from .diagnose.forward_diagnosis import diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
 from .pair import cause_checks, expected_verdict, pair_causes
-from .results import (
-    ERROR,
-    FAIL,
-    PASS,
-    SELECTION_MAX_CELLS,
-    SKIP,
-    CaseResult,
-    Cause,
-    Check,
-    Hypothesis,
-    Selection,
-    TensorResult,
-    Verdict,
-)
+from .results import ERROR, FAIL, PASS, SKIP, CaseResult, Cause, Check, Hypothesis, TensorResult, Verdict
 from .summary import summary_key
 
 
@@ -546,82 +536,6 @@ def _scored_pair_causes(
             return score_padding(case, causes, tensors, dev, gold, bench, inputs)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
         return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
-
-
-class _LazyInputs(Mapping[str, np.ndarray]):
-    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none),
-    unless the judgement mapped it already (`mapped`: its size checked, its hash under way or done)."""
-
-    def __init__(self, case_dir: Path, entries: dict[str, Any], mapped: Mapping[str, np.ndarray]) -> None:
-        self.case_dir, self.entries = case_dir, entries
-        self.arrays: dict[str, np.ndarray] = {n: a for n, a in mapped.items() if n in entries}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self.arrays:
-            self.arrays[name] = map_array(self.case_dir, self.entries[name])
-        return self.arrays[name]
-
-    def __iter__(self) -> Any:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
-    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
-    shape = tuple(int(n) for n in block_mask.shape)
-    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
-        return None
-    cells = np.full(shape, "-", dtype="<U1")
-    for span in case.spans():
-        mask = mask_view(case, block_mask, span)
-        n_q, n_kv = mask.shape[1:]
-        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
-    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
-    return Selection(shape, rows)
-
-
-def _check_grads(
-    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
-) -> None:
-    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
-    the dtypes and shapes the manifest's `outputs` give."""
-    outputs = manifest.outputs
-    for name in names:
-        entry = outputs.get(name)
-        if entry is None:
-            continue  # the manifest's own problem: _open_arrays reports it
-        expected = f"{entry['dtype']} {list(entry['shape'])}"
-        array = (grads or {}).get(name)
-        if array is None:
-            raise ValueError(f"{name}: missing; expected {expected}")
-        if not isinstance(array, np.ndarray):
-            raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
-        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
-        if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
-            raise ValueError(f"{name}: expected {expected}, got {got}")
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
-    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
-
-
-def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
-    """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
-    shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
-    golden for a small case costs nothing."""
-    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape), "out": list(case.q_shape)}
-    problems = []
-    for section in ("outputs", "golden", "benchmark"):
-        for grad, entry in manifest.entries(section):
-            if grad in wanted and list(entry["shape"]) != wanted[grad]:
-                problems.append(
-                    f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
-                    f"{wanted[grad]} (its params)"
-                )
-    return problems
 
 
 def _finish(
