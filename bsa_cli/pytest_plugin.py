@@ -100,10 +100,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def folder_id(case_dir: Path, op: str) -> str:
     """A folder's test id: the case's name, with the op in brackets for an op other than the backward."""
-    from .ops import get, split_folder_name
+    from .ops import split_folder_name
+    from .report.formatting import op_test_name
 
-    name = split_folder_name(case_dir.name)[0]
-    return name if get(op).is_default else f"{name}[{op}]"
+    return op_test_name(split_folder_name(case_dir.name)[0], op)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
