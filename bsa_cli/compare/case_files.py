@@ -372,23 +372,39 @@ def _open_arrays(
             elif outputs_run is not None and name in outputs_run:
                 path, record = entry_path(base, entries[name]), base / RUN_RECORD
                 opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
+    inputs, problems, pending = _open_inputs(case_dir, output_dir, manifest, verify_inputs, inputs_run, executor)
+    opened.inputs, opened.block_mask = inputs, inputs.get("block_sparse_mask")
+    opened.problems += problems
+    opened.pending += pending
+    return opened
+
+
+def _open_inputs(
+    case_dir: Path,
+    output_dir: Path | None,
+    manifest: Manifest,
+    verify_inputs: bool,
+    inputs_run: Mapping[str, str] | None,
+    executor: Executor,
+) -> tuple[dict[str, np.ndarray], list[str], list[Future[str | None]]]:
+    """Map a case's inputs and check them (`_open_arrays`): (the arrays mapped, problems, pending hash checks)."""
+    arrays: dict[str, np.ndarray] = {}
+    problems: list[str] = []
+    pending: list[Future[str | None]] = []
     inputs = dict(manifest.entries("inputs"))
     if "block_sparse_mask" not in inputs:
-        opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
+        problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
     for name, entry in inputs.items():
         try:
-            array = map_array(case_dir, entry)
+            arrays[name] = map_array(case_dir, entry)
         except DataError as exc:
-            opened.problems.append(str(exc))
+            problems.append(str(exc))
             continue
-        opened.inputs[name] = array
-        if name == "block_sparse_mask":
-            opened.block_mask = array
-        elif not verify_inputs:
+        if name != "block_sparse_mask" and not verify_inputs:
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
             where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
-            opened.problems.append(
+            problems.append(
                 str(
                     DataError(
                         str(case_dir / entry["file"]),
@@ -398,8 +414,8 @@ def _open_arrays(
                 )
             )
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
-            opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
-    return opened
+            pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+    return arrays, problems, pending
 
 
 def _open_summary(
