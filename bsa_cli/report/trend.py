@@ -123,20 +123,17 @@ def _limit_line(points: Sequence[Point | None], x_of, y_of, x0: float, x1: float
     if len({limit for _, limit in limits}) == 1:
         limit = limits[0][1]
         y = y_of(limit)
-        return (
-            f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
-            f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
+        return _limit_segment(x0, x1, y, limit) + (
             f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {esc(fmt(limit))}</text>'
         )
-    parts = []
-    for i, limit in limits:
-        y = y_of(limit)
-        parts.append(
-            f'<line class="limit" x1="{x_of(i) - 10:.1f}" y1="{y:.1f}" x2="{x_of(i) + 10:.1f}" y2="{y:.1f}" '
-            f'stroke="{LIMIT_COLOUR}" stroke-dasharray="5 3" stroke-width="1.2">'
-            f"<title>limit {esc(fmt(limit))}</title></line>"
-        )
-    return "".join(parts)
+    return "".join(_limit_segment(x_of(i) - 10, x_of(i) + 10, y_of(limit), limit) for i, limit in limits)
+
+
+def _limit_segment(x0: float, x1: float, y: float, limit: float) -> str:
+    return (
+        f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
+        f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
+    )
 
 
 def _line(points: Sequence[Point | None], x_of, y_of) -> list[str]:  # type: ignore[no-untyped-def]
