@@ -252,29 +252,24 @@ def _panel_svg(
             values = [float(panel.scores[k]) for k in blocks if k < len(panel.scores)]
             values = [v for v in values if not math.isnan(v)] or [math.nan]
             score = max(values, key=lambda v: (math.isinf(v) and v > 0, v if math.isfinite(v) else 0.0))
-            block = blocks[0] if block_map.axis == "q" and pool == 1 else None
             detail = _cell_detail(tensor, block_map, panel, blocks, size)
             tip = f"{where}: selected; {tensor.name} {what} {fmt(score, 4)}{detail}"
-            if block is None and pool == 1:
-                block = blocks[0]
             out.append(_cell(x, y, cell, scale.colour(score), tip))
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
         k = hot.block // pool
-        if block_map.axis == "q":
+        if block_map.axis == "q":  # the row outlined, a triangle pointing left at it
             box = (ox, oy + k * cell, cols * cell, cell)
-        else:
+            marker_x, marker_y = ox + cols * cell + 3, oy + (k + 0.5) * cell
+            corners = ((marker_x, marker_y), (marker_x + 7, marker_y - 5), (marker_x + 7, marker_y + 5))
+        else:  # the column outlined, a triangle pointing up at it
             box = (ox + k * cell, oy, cell, rows * cell)
+            marker_x, marker_y = ox + (k + 0.5) * cell, oy + rows * cell + 3
+            corners = ((marker_x, marker_y), (marker_x - 5, marker_y + 7), (marker_x + 5, marker_y + 7))
         out.append(
             f'<rect x="{box[0]:.1f}" y="{box[1]:.1f}" width="{box[2]:.1f}" height="{box[3]:.1f}" fill="none" '
             f'stroke="#000" stroke-width="2.5"><title>{esc(_hot_text(tensor, hot))}</title>'
             "</rect>"
         )
-        marker_x = ox + cols * cell + 3 if block_map.axis == "q" else ox + (k + 0.5) * cell
-        marker_y = oy + (k + 0.5) * cell if block_map.axis == "q" else oy + rows * cell + 3
-        if block_map.axis == "q":  # a triangle pointing left at the row, or up at the column
-            corners = ((marker_x, marker_y), (marker_x + 7, marker_y - 5), (marker_x + 7, marker_y + 5))
-        else:
-            corners = ((marker_x, marker_y), (marker_x - 5, marker_y + 7), (marker_x + 5, marker_y + 7))
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in corners)
         out.append(f'<polygon points="{points}" fill="#000"><title>{esc(_hot_text(tensor, hot))}</title></polygon>')
     return "".join(out)
