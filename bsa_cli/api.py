@@ -33,9 +33,9 @@ import numpy as np
 from .compare import HASH_THREADS, OP_TENSORS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
 from .core.case import ACLNN_STATUS, Case, numpy_dtype
 from .core.errors import DataError
-from .ops import Op, interface
+from .ops import OPS, Op, get, interface
 from .store import MANIFEST, load_manifest, read_array, select_cases
-from .store.manifest import INPUT_NAMES, Manifest
+from .store.manifest import Manifest
 
 if TYPE_CHECKING:
     import torch
@@ -64,12 +64,7 @@ OP_ARG_NAMES = (
 )
 """The non-tensor arguments of `torch_npu.npu_block_sparse_attention_backward`, in its order."""
 
-OP_INPUT_NAMES: dict[Op, tuple[str, ...]] = {
-    "backward": INPUT_NAMES,
-    "forward": ("query", "key", "value", "block_sparse_mask"),
-    "chain": ("query", "key", "value", "dout", "block_sparse_mask"),
-    "autograd": ("query", "key", "value", "dout", "block_sparse_mask"),
-}
+OP_INPUT_NAMES: dict[Op, tuple[str, ...]] = {op: op.inputs for op in OPS}
 """The inputs a valid case folder of each op has (the forward and the pair compute out and lse themselves)."""
 
 
@@ -193,7 +188,7 @@ def load_case(case_dir: str | Path) -> LoadedCase:
     if case.expect.ok and manifest.skip is None:
         missing = [name for name in wanted if entries.get(name) is None]
         if missing:
-            every = "all seven" if manifest.op == "backward" else f"{', '.join(wanted)} ({manifest.op})"
+            every = "all seven" if get(manifest.op).is_default else f"{', '.join(wanted)} ({manifest.op})"
             raise DataError(str(path), f"no inputs entry for {', '.join(missing)} (a valid case has {every})")
     inputs = {str(name): _read(case_dir, "inputs", str(name), entry) for name, entry in manifest.entries("inputs")}
     return LoadedCase(case_dir, manifest, inputs)
@@ -275,7 +270,7 @@ def judge(
     extra = [name for name in given if name not in wanted]
     missing = [name for name in wanted if name not in given]
     if extra or missing:
-        how = "dq, dk, dv" if op == "backward" else ", ".join(f"{n}=..." for n in wanted)
+        how = "dq, dk, dv" if get(op).is_default else ", ".join(f"{n}=..." for n in wanted)
         parts = [f"{', '.join(missing)} missing"] if missing else []
         if extra:
             parts.append(f"{', '.join(extra)} given, but the {op} has no {' or '.join(extra)}")

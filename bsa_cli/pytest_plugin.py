@@ -101,9 +101,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def folder_id(case_dir: Path, op: str) -> str:
     """A folder's test id: the case's name, with the op in brackets for an op other than the backward."""
     from .ops import split_folder_name
+    from .report.formatting import op_test_name
 
-    name = split_folder_name(case_dir.name)[0]
-    return name if op == "backward" else f"{name}[{op}]"
+    return op_test_name(split_folder_name(case_dir.name)[0], op)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -117,8 +117,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marker = metafunc.definition.get_closest_marker("bsa_ops")
     if marker is not None:
         from .ops import OPS
+        from .report.formatting import is_op
 
-        unknown = [str(op) for op in marker.args if op not in OPS]
+        unknown = [str(op) for op in marker.args if not is_op(op)]
         if unknown or not marker.args:
             raise pytest.UsageError(
                 f"{metafunc.definition.nodeid}: @pytest.mark.bsa_ops({', '.join(map(repr, marker.args))}): "

@@ -24,8 +24,10 @@ none imports `bsa_cli.report` or the CLI):
 * `forward.py`    the forward's out and lse judged on the rows it writes, and the `rows-written` check;
 * `pair.py`       the pair's causes (`lse-unwritten`, `padding-rows-read`) and its expected verdict;
 * `diagnose/`     a failing case's likely causes, hypotheses recomputed on its failing blocks (`diagnose`);
-* `case_files.py` reading a case and an output directory: status, run record, hashes, mapped arrays;
-* `verdict.py`    one case to its verdict: `compare_case` (files) and `judge_outcome` (in memory);
+* `case_files.py` reading a case and an output directory: status, run record, hashes, mapped arrays, and
+  outputs given in memory checked against the manifest;
+* `verdict.py`    one case to its verdict: `compare_case` (files) and `judge_outcome` (in memory), each step
+  asking the case folder's op (`bsa_cli.ops`) what it calls and judges;
 * `suite.py`      a suite of cases, in this process or in worker processes: `compare_suite`.
 """
 

@@ -1,4 +1,5 @@
-"""Reading a case directory and a device output directory: status, run record, hashes, mapped arrays.
+"""Reading a case directory and a device output directory: status, run record, hashes, mapped arrays, and
+outputs given in memory checked against the manifest.
 
 Everything read is untrusted: files are read bounded, inside their folder, and every problem becomes a
 message (the case then ends as an ERROR), never an exception.
@@ -18,11 +19,13 @@ from typing import Any
 
 import numpy as np
 
+from ..core.case import Case, numpy_dtype
 from ..core.errors import DataError, clip, show
+from ..core.layout import mask_view
 from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
 from ..store.manifest import GRAD_NAMES, Manifest
-from .results import NOT_RUN, Check
+from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection
 from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
 
 STATUS_FILE = "status.txt"
@@ -338,7 +341,8 @@ def _open_arrays(
     opened = _Opened()
     document = manifest.benchmark_summary
     if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
-        opened.summary = _open_summary(case_dir, manifest, document, executor, opened, names)
+        opened.summary, problems, opened.pending = _open_summary(case_dir, manifest, document, executor, names)
+        opened.problems += problems
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
     if device is not None:
         opened.device.update((name, device[name]) for name in names)
@@ -368,23 +372,39 @@ def _open_arrays(
             elif outputs_run is not None and name in outputs_run:
                 path, record = entry_path(base, entries[name]), base / RUN_RECORD
                 opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
+    inputs, problems, pending = _open_inputs(case_dir, output_dir, manifest, verify_inputs, inputs_run, executor)
+    opened.inputs, opened.block_mask = inputs, inputs.get("block_sparse_mask")
+    opened.problems += problems
+    opened.pending += pending
+    return opened
+
+
+def _open_inputs(
+    case_dir: Path,
+    output_dir: Path | None,
+    manifest: Manifest,
+    verify_inputs: bool,
+    inputs_run: Mapping[str, str] | None,
+    executor: Executor,
+) -> tuple[dict[str, np.ndarray], list[str], list[Future[str | None]]]:
+    """Map a case's inputs and check them (`_open_arrays`): (the arrays mapped, problems, pending hash checks)."""
+    arrays: dict[str, np.ndarray] = {}
+    problems: list[str] = []
+    pending: list[Future[str | None]] = []
     inputs = dict(manifest.entries("inputs"))
     if "block_sparse_mask" not in inputs:
-        opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
+        problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
     for name, entry in inputs.items():
         try:
-            array = map_array(case_dir, entry)
+            arrays[name] = map_array(case_dir, entry)
         except DataError as exc:
-            opened.problems.append(str(exc))
+            problems.append(str(exc))
             continue
-        opened.inputs[name] = array
-        if name == "block_sparse_mask":
-            opened.block_mask = array
-        elif not verify_inputs:
+        if name != "block_sparse_mask" and not verify_inputs:
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
             where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
-            opened.problems.append(
+            problems.append(
                 str(
                     DataError(
                         str(case_dir / entry["file"]),
@@ -394,34 +414,105 @@ def _open_arrays(
                 )
             )
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
-            opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
-    return opened
+            pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+    return arrays, problems, pending
 
 
 def _open_summary(
-    case_dir: Path,
-    manifest: Manifest,
-    document: Mapping[str, Any],
-    executor: Executor,
-    opened: _Opened,
-    names: Sequence[str] = GRAD_NAMES,
-) -> BenchmarkSummary | None:
-    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it; None, with a problem noted,
-    if it is malformed, lacks a tensor of `names` the standard judges (lse never is summarized), or a
-    tiles file is missing or of the wrong size."""
+    case_dir: Path, manifest: Manifest, document: Mapping[str, Any], executor: Executor, names: Sequence[str]
+) -> tuple[BenchmarkSummary | None, list[str], list[Future[str | None]]]:
+    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it: (the summary, problems, pending
+    hash checks). No summary, with a problem, if it is malformed, lacks a tensor of `names` the standard
+    judges (lse never is summarized), or a tiles file is missing or of the wrong size."""
     tiles = {}
+    pending: list[Future[str | None]] = []
     try:
         for name, entry in dict(document["tiles"]).items():
             tiles[name] = map_array(case_dir, entry, populate=True)
             path, sha = case_dir / entry["file"], entry.get("sha256")
-            opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
+            pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
         summary = summary_from_document(document, tiles)
         lacking = [name for name in names if name in SUMMARIZED and name not in summary.stats]
         if lacking:
             raise ValueError(f"no stats of {', '.join(lacking)}")
-        return summary
+        return summary, [], pending
     except DataError as exc:
-        opened.problems.append(str(exc))
+        return None, [str(exc)], pending
     except (KeyError, TypeError, ValueError) as exc:
-        opened.problems.append(f"{case_dir / MANIFEST}: benchmark_summary: {exc}")
-    return None
+        return None, [f"{case_dir / MANIFEST}: benchmark_summary: {exc}"], pending
+
+
+class _LazyInputs(Mapping[str, np.ndarray]):
+    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none),
+    unless the judgement mapped it already (`mapped`: its size checked, its hash under way or done)."""
+
+    def __init__(self, case_dir: Path, entries: dict[str, Any], mapped: Mapping[str, np.ndarray]) -> None:
+        self.case_dir, self.entries = case_dir, entries
+        self.arrays: dict[str, np.ndarray] = {n: a for n, a in mapped.items() if n in entries}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self.arrays:
+            self.arrays[name] = map_array(self.case_dir, self.entries[name])
+        return self.arrays[name]
+
+    def __iter__(self) -> Any:
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
+    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
+    shape = tuple(int(n) for n in block_mask.shape)
+    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
+        return None
+    cells = np.full(shape, "-", dtype="<U1")
+    for span in case.spans():
+        mask = mask_view(case, block_mask, span)
+        n_q, n_kv = mask.shape[1:]
+        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
+    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
+    return Selection(shape, rows)
+
+
+def _check_grads(
+    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
+) -> None:
+    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
+    the dtypes and shapes the manifest's `outputs` give."""
+    outputs = manifest.outputs
+    for name in names:
+        entry = outputs.get(name)
+        if entry is None:
+            continue  # the manifest's own problem: _open_arrays reports it
+        expected = f"{entry['dtype']} {list(entry['shape'])}"
+        array = (grads or {}).get(name)
+        if array is None:
+            raise ValueError(f"{name}: missing; expected {expected}")
+        if not isinstance(array, np.ndarray):
+            raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
+        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
+        if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
+            raise ValueError(f"{name}: expected {expected}, got {got}")
+
+
+def _dtype_name(dtype: np.dtype) -> str:
+    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
+    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
+
+
+def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
+    """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
+    shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
+    golden for a small case costs nothing."""
+    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape), "out": list(case.q_shape)}
+    problems = []
+    for section in ("outputs", "golden", "benchmark"):
+        for grad, entry in manifest.entries(section):
+            if grad in wanted and list(entry["shape"]) != wanted[grad]:
+                problems.append(
+                    f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
+                    f"{wanted[grad]} (its params)"
+                )
+    return problems

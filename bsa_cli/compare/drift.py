@@ -22,8 +22,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..core.exit_codes import ExitCode, exit_code
 from ..store.manifest import json_number
-from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult
+from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult, Verdict
 
 RELATIVE_MARGIN = 0.10
 """A regression grows by more than this fraction of its old value (measured run-to-run noise: at most 4.5%)."""
@@ -174,8 +175,8 @@ class VerdictChange:
     """A case whose verdict differs from the baseline's."""
 
     case: str
-    old: str
-    new: str
+    old: Verdict
+    new: Verdict
     headline: str  # what happened now
 
     @property
@@ -218,9 +219,9 @@ class Drift:
     def return_code(self, suite_code: int, fail_on_regression: bool) -> int:
         """The exit code of `bsa compare --baseline`: the suite's, except that with `fail_on_regression`
         a run that would exit 0 exits 1 when there are problems (a higher code is kept)."""
-        if fail_on_regression and self.problems and suite_code == 0:
-            return 1
-        return suite_code
+        regressed = fail_on_regression and self.problems > 0
+        failed = suite_code == ExitCode.FAILED or regressed
+        return int(exit_code(unjudged=suite_code == ExitCode.UNJUDGED, failed=failed))
 
     def counts_line(self) -> str:
         """E.g. "35 cases compared, 1 regression, 0 passed before and not now, 0 vanished, 0 appeared"."""
@@ -380,7 +381,7 @@ def _iso(moment: _dt.datetime | None) -> str | None:
 class Point:
     """A case in one night: its verdict and the followed check's value and limit (None: not measured)."""
 
-    verdict: str
+    verdict: Verdict
     value: float | None
     limit: float | None
     detail: str  # the check's text, or the case's headline

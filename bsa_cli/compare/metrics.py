@@ -2,7 +2,7 @@
 
 `_measure` walks a tensor's judged rows in chunks; `_measure_chunk` computes one chunk's sums and
 extremes into a `_Partial`, and `_Partial.merge` folds chunks together before `_Partial.stats` turns them
-into an `ErrorStats`. A new statistic is one field of `_Partial` (listed in `_SUMS`, `_MAXES` or `_MINS`),
+into an `ErrorStats`. A new statistic is one field of `_Partial` (a sum unless listed in `_MAXES` or `_MINS`),
 one line in `_measure_chunk`, and one field of `ErrorStats`. Per-row results (`_RowOut`) feed the block
 maps and the worst elements (`locate.py`).
 """
@@ -10,7 +10,7 @@ maps and the worst elements (`locate.py`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -74,36 +74,11 @@ class _Partial:
     golden_min: float = math.inf
     nonfinite_rows: list[int] = field(default_factory=list)
 
-    _SUMS = (
-        "count",
-        "sum_abs",
-        "sum_sq",
-        "sum_rel",
-        "large",
-        "sum_mre",
-        "dot_ag",
-        "dot_aa",
-        "dot_gg",
-        "sum_signed_rel",
-        "sum_signed_rel_sq",
-        "mismatch",
-        "small",
-        "small_err",
-        "nan",
-        "inf",
-        "nonfinite_mismatch",
-        "ulp_sum",
-        "msopst_err",
-        "within_1e3",
-        "within_5e3",
-        "value_sum",
-        "golden_sum",
-    )
     _MAXES = ("max_abs", "max_rel", "max_mre", "ulp_max", "msopst_max", "value_max", "golden_max")
     _MINS = ("value_min", "golden_min")
 
     def merge(self, other: _Partial) -> None:
-        for name in self._SUMS:
+        for name in _SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in self._MAXES:
             setattr(self, name, max(getattr(self, name), getattr(other, name)))
@@ -170,6 +145,12 @@ class _Partial:
             "golden_mean": self.golden_sum / self.count,
             "golden_l2norm": math.sqrt(self.dot_gg),
         }
+
+
+_SUMS = tuple(
+    f.name for f in fields(_Partial) if f.name not in (*_Partial._MAXES, *_Partial._MINS, "ulp_over", "nonfinite_rows")
+)
+"""The fields of `_Partial` that chunks add up: every one but its maxima, minima, ULP counts and rows."""
 
 
 @dataclass
@@ -313,41 +294,38 @@ def _chunk(
     try:
         # Overflowing squares and sums of a wild device (huge errors) are expected: they mean failure.
         with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            return _chunk_in(device, bench, golden, params, device_out, bench_out, rows, scratch)
+            shared = _shared(golden, params, scratch)
+            device_part = _measure_array(device, device_out, True, shared, params, rows, scratch)
+            return device_part, _measure_array(bench, bench_out, False, shared, params, rows, scratch)
     finally:
         _give_scratch(scratch)
 
 
-def _chunk_in(
-    device: np.ndarray | None,
-    bench: np.ndarray | None,
-    golden: np.ndarray,
+def _measure_array(
+    values: np.ndarray | None,
+    out: _RowOut | None,
+    full: bool,
+    shared: _Shared,
     params: _Params,
-    device_out: _RowOut | None,
-    bench_out: _RowOut | None,
     rows: slice | np.ndarray,
     scratch: _Scratch,
-) -> tuple[_Partial | None, _Partial | None]:
-    shared = _shared(golden, params, scratch)
-    parts: list[_Partial | None] = []
-    for values, out, full in ((device, device_out, True), (bench, bench_out, False)):
-        if values is None or out is None:
-            parts.append(None)
-            continue
-        a = _upcast(values, params.io_dtype, scratch)
-        part = _measure_chunk(a, shared, params, out, rows, full, scratch)
-        # float16 Inf/NaN come out of _upcast as finite values >= 65536: an error that large, or a golden
-        # that large, sends the chunk to the exact (slow) path; bfloat16 Inf/NaN propagate as themselves.
-        suspect = values.dtype == np.float16 and part.max_abs + shared.max_abs >= 65504.0
-        if suspect or not math.isfinite(part.sum_sq + part.sum_abs):
-            a = values.astype(np.float32)
-            part = _measure_nonfinite(a, shared, params, out, rows, full)
-            if full and out.max_abs is not None:
-                bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
-                out.max_abs[_global_rows(rows, bad_rows)] = np.inf
-            part.nonfinite_rows = [int(r) for r in _global_rows(rows, np.asarray(part.nonfinite_rows, dtype=np.intp))]
-        parts.append(part)
-    return parts[0], parts[1]
+) -> _Partial | None:
+    """Measure one array of a chunk (the device's, or the benchmark's) against the shared golden."""
+    if values is None or out is None:
+        return None
+    a = _upcast(values, params.io_dtype, scratch)
+    part = _measure_chunk(a, shared, params, out, rows, full, scratch)
+    # float16 Inf/NaN come out of _upcast as finite values >= 65536: an error that large, or a golden
+    # that large, sends the chunk to the exact (slow) path; bfloat16 Inf/NaN propagate as themselves.
+    suspect = values.dtype == np.float16 and part.max_abs + shared.max_abs >= 65504.0
+    if suspect or not math.isfinite(part.sum_sq + part.sum_abs):
+        a = values.astype(np.float32)
+        part = _measure_nonfinite(a, shared, params, out, rows, full)
+        if full and out.max_abs is not None:
+            bad_rows = np.flatnonzero(~np.isfinite(a).all(axis=1))
+            out.max_abs[_global_rows(rows, bad_rows)] = np.inf
+        part.nonfinite_rows = [int(r) for r in _global_rows(rows, np.asarray(part.nonfinite_rows, dtype=np.intp))]
+    return part
 
 
 def _global_rows(rows: slice | np.ndarray, local: np.ndarray) -> np.ndarray:

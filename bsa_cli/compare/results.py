@@ -6,13 +6,15 @@ here computes or prints.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Final, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Final, Literal, get_args
 
 import numpy as np
 
+from ..core.exit_codes import exit_code
 from ..ops import Op, split_folder_name
+from ..ops.backward import BACKWARD
 from ..standards import Settings
 from ..standards.base import Check as Check
 from ..standards.base import fmt as _fmt  # noqa: F401 (moved with Check; structural.py imports it here)
@@ -80,17 +82,8 @@ class ErrorStats:
     golden_l2norm: float | None = None
 
 
-MSPROBE_FIELDS = (
-    "thousandth_ratio",
-    "five_thousandths_ratio",
-    "value_max",
-    "value_min",
-    "value_mean",
-    "value_l2norm",
-    "golden_max",
-    "golden_min",
-    "golden_mean",
-    "golden_l2norm",
+MSPROBE_FIELDS = tuple(
+    f.name for f in fields(ErrorStats) if f.name.startswith(("thousandth", "five_", "value_", "golden_"))
 )
 """`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
 
@@ -180,7 +173,7 @@ class TensorResult:
         return all(c.passed for c in self.checks)
 
 
-DIAGNOSIS_KINDS = (
+DiagnosisKind = Literal[
     "non-finite",
     "not-written",
     "block-selection",
@@ -199,7 +192,9 @@ DIAGNOSIS_KINDS = (
     "layout",
     "lse-unwritten",
     "padding-rows-read",
-)
+]
+"""A kind of cause a diagnosis names."""
+DIAGNOSIS_KINDS: tuple[DiagnosisKind, ...] = get_args(DiagnosisKind)
 """The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 tests some of them (`diagnose.TESTED_KINDS`)."""
 
@@ -284,8 +279,19 @@ class CaseResult:
     device_cann: str | None = None  # the CANN version the device side ran (run.json device_software), if known
     diagnosis: tuple[Cause, ...] = ()  # a FAIL's likely causes, best first (`compare.diagnose`); a PASS none
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
-    op: Op = "backward"  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
+    op: Op = BACKWARD  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
     expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
+
+    @classmethod
+    def unjudged(cls, name: str, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
+        """Return the result of a case that is not judged (an ERROR, or a SKIP: `errors` say why), with what is
+        known of it (`case_dir`, `output_dir` and `seconds` at least); what is not known is None, or empty."""
+        fields: dict[str, Any] = dict.fromkeys(
+            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
+        )
+        fields.update(standard="-", checks=(), tensors=(), output_bytes=0)
+        fields.update(known)
+        return cls(name=name, verdict=verdict, errors=tuple(errors), **fields)
 
     @property
     def case_name(self) -> str:
@@ -365,6 +371,14 @@ class SuiteResult:
         return sum(c.output_bytes for c in self.cases)
 
     @property
+    def verdict(self) -> Verdict:
+        """The suite's verdict, as reports head it: FAIL if a case failed, else ERROR if one could not be judged,
+        else PASS; SKIP when every case was skipped (nothing was judged)."""
+        if self.cases and self.count(SKIP) == len(self.cases):
+            return SKIP
+        return FAIL if self.count(FAIL) else ERROR if self.count(ERROR) else PASS
+
+    @property
     def return_code(self) -> int:
         """Exit code of `bsa compare`, the one place the policy is written.
 
@@ -374,8 +388,4 @@ class SuiteResult:
         status); else 0. Exit code 2 (usage, spec or user-file error) is raised by the CLI before any
         case is judged.
         """
-        if self.count(ERROR):
-            return 3
-        if self.count(FAIL):
-            return 1
-        return 0
+        return int(exit_code(unjudged=self.count(ERROR) > 0, failed=self.count(FAIL) > 0))

@@ -13,14 +13,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
-from typing import Any
 
 from ..core.errors import DataError
 from ..core.workers import cpu_count, worker_pool
 from ..standards import RunSettings, resolve_settings, validate_settings
 from ..store import OUTPUTS_DIR, check_unique_names, find_leftovers, load_manifest
 from ..store.manifest import GRAD_NAMES
-from .results import ERROR, CaseResult, SuiteResult
+from .results import CaseResult, SuiteResult
 from .verdict import _compare_case
 
 
@@ -177,22 +176,7 @@ def missing_cases(
 
 
 def _missing_result(name: str, where: Path, why: str) -> CaseResult:
-    fields: dict[str, Any] = dict.fromkeys(
-        ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
-    )
-    return CaseResult(
-        name=name,
-        verdict=ERROR,
-        errors=(why,),
-        output_bytes=0,
-        seconds=0.0,
-        case_dir=str(where),
-        output_dir=str(where),
-        standard="-",
-        checks=(),
-        tensors=(),
-        **fields,
-    )
+    return CaseResult.unjudged(name, [why], case_dir=str(where), output_dir=str(where), seconds=0.0)
 
 
 def _judge_in_processes(

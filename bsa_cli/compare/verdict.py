@@ -7,7 +7,7 @@ import math
 import os
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -16,22 +16,25 @@ from typing import Any
 import numpy as np
 
 from ..core import blas
-from ..core.case import ACLNN_STATUS, Case, numpy_dtype
+from ..core.case import ACLNN_STATUS, Case, Expect
 from ..core.errors import DataError, clip
-from ..core.layout import mask_view
-from ..ops import PAIR_OPS, Op, split_folder_name
+from ..ops import OPS, Op, get, split_folder_name
 from ..ops.interface import release_of_cann
-from ..standards import STANDARDS, RunSettings, ThresholdNotApplicable, resolve_settings
-from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest, map_array
+from ..standards import STANDARDS, RunSettings, Settings, ThresholdNotApplicable, resolve_settings
+from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
 from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
+    _check_grads,
+    _LazyInputs,
     _open_arrays,
     _read_run_record,
     _read_status,
     _run_device_info,
+    _shape_problems,
     not_run_message,
     recorded_fault_notes,
     run_forward_record,
+    selection,
 )
 from .diagnose import diagnose
 from .diagnose.chain import PairInputs, as_forward_step, carried_from_forward, pick_tensors, score_padding
@@ -39,20 +42,7 @@ from .diagnose.forward_diagnosis import diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
 from .pair import cause_checks, expected_verdict, pair_causes
-from .results import (
-    ERROR,
-    FAIL,
-    PASS,
-    SELECTION_MAX_CELLS,
-    SKIP,
-    CaseResult,
-    Cause,
-    Check,
-    Hypothesis,
-    Selection,
-    TensorResult,
-    Verdict,
-)
+from .results import ERROR, FAIL, PASS, SKIP, CaseResult, Cause, Check, Hypothesis, TensorResult, Verdict
 from .summary import summary_key
 
 
@@ -112,13 +102,8 @@ class DeviceOutcome:
     prefilled: bool = False
 
 
-OP_TENSORS: dict[Op, tuple[str, ...]] = {
-    "backward": GRAD_NAMES,
-    "forward": FORWARD_NAMES,
-    "chain": (*FORWARD_NAMES, *GRAD_NAMES),
-    "autograd": (*FORWARD_NAMES, *GRAD_NAMES),
-}
-"""The tensors a case folder of each op judges (its manifest's golden and outputs entries)."""
+OP_TENSORS: dict[Op, tuple[str, ...]] = {op: op.outputs for op in OPS}
+"""The tensors a case folder of each op judges (its manifest's golden and outputs entries): the op's outputs."""
 
 
 IN_MEMORY = "(in memory)"
@@ -150,7 +135,34 @@ def judge_outcome(
             (naming the tensor, what was expected and what was given), or a run threshold does not apply.
     """
     started = time.perf_counter()
-    return _judge_case(Path(case_dir), None, manifest, run, pool, False, started, outcome)
+    job = _Judging(Path(case_dir), None, started, run or RunSettings(), pool, False, outcome)
+    return _judge_case(job, manifest)
+
+
+@dataclass(frozen=True)
+class _Judging:
+    """One case being judged: its folder, its device output directory (None: an outcome in memory), when
+    judging began, and how (the run's settings, the hashing pool, whether every input is hashed)."""
+
+    case_dir: Path
+    output_dir: Path | None
+    started: float
+    run: RunSettings
+    pool: Executor | None
+    verify_inputs: bool
+    outcome: DeviceOutcome | None = None
+
+    def result(self, name: str, op: Op, verdict: Verdict, **fields: Any) -> CaseResult:
+        """Return the case's judged result, its time taken now."""
+        return CaseResult(name=name, op=op, verdict=verdict, errors=(), **self._where(), **fields)
+
+    def unjudged(self, name: str, op: Op, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
+        """Return the result of a case that is not judged (an ERROR, or a SKIP), with what is known of it."""
+        return CaseResult.unjudged(name, errors, verdict, op=op, **self._where(), **known)
+
+    def _where(self) -> dict[str, Any]:
+        seconds = time.perf_counter() - self.started
+        return {"case_dir": str(self.case_dir), "output_dir": str(self.output_dir or IN_MEMORY), "seconds": seconds}
 
 
 def _compare_case(
@@ -161,209 +173,226 @@ def _compare_case(
     Raises:
         RunThresholdError: as `compare_case`.
     """
-    started = time.perf_counter()
+    case_dir = Path(case_dir)
+    files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
+    job = _Judging(case_dir, files, time.perf_counter(), run or RunSettings(), pool, verify_inputs)
     try:
-        case_dir = Path(case_dir)
-        files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
-        return _judge_case(case_dir, files, None, run, pool, verify_inputs, started, None)
+        return _judge_case(job, None)
     except RunThresholdError:
         raise
     except Exception as exc:  # a case bsa did not foresee: one line, not a traceback
         where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
         at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
         text = f"{case_dir}: cannot be judged: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
-        out = Path(output_dir) if output_dir is not None else Path(case_dir) / OUTPUTS_DIR
-        fields: dict[str, Any] = dict.fromkeys(
-            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
-        )
-        return CaseResult(
-            name=Path(case_dir).name,
-            op=split_folder_name(Path(case_dir).name)[1],
-            verdict=ERROR,
-            errors=(text,),
-            output_bytes=0,
-            seconds=time.perf_counter() - started,
-            case_dir=str(case_dir),
-            output_dir=str(out),
-            standard="-",
-            checks=(),
-            tensors=(),
-            **fields,
-        )
+        return job.unjudged(case_dir.name, split_folder_name(case_dir.name)[1], [text])
 
 
-def _judge_case(
-    case_dir: Path,
-    output_dir: Path | None,
-    manifest: Manifest | None,
-    run: RunSettings | None,
-    pool: Executor | None,
-    verify_inputs: bool,
-    started: float,
-    outcome: DeviceOutcome | None,
-) -> CaseResult:
-    """Judge one case: from the files in `output_dir`, or from `outcome` in memory (then `output_dir` is None).
+class _Unjudged(Exception):
+    """A case that cannot be judged (an ERROR) or is not (a SKIP): why, and what more is known of it."""
 
-    The two differ only in where the status, the run's problems and the gradients come from.
-    """
-    run = run or RunSettings()
-    base: dict[str, Any] = {
-        "case_dir": str(case_dir),
-        "output_dir": str(output_dir or IN_MEMORY),
-        "op": split_folder_name(case_dir.name)[1],
-    }
+    def __init__(self, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> None:
+        super().__init__(*errors)
+        self.errors, self.verdict, self.known = list(errors), verdict, known
 
-    def error(name: str, errors: list[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
-        fields: dict[str, Any] = dict.fromkeys(
-            ("spec", "device", "settings", "dtype", "layout", "expect_status", "status", "status_message")
-        )
-        fields.update(standard="-", checks=(), tensors=())
-        fields.update(known)
-        seconds = time.perf_counter() - started
-        return CaseResult(
-            name=name, verdict=verdict, errors=tuple(errors), output_bytes=0, seconds=seconds, **base, **fields
-        )
 
+@dataclass(frozen=True)
+class _Record:
+    """What the device's side says of one case: who ran it, the run record's checks and hashes, the status."""
+
+    device: Mapping[str, Any]
+    checks: tuple[Check, ...]
+    inputs_run: Any
+    outputs_run: Any
+    prefilled: bool
+    status: int
+    status_message: str | None
+
+
+def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
+    """Judge one case: from the files in `job.output_dir`, or from `job.outcome` in memory. The two differ
+    only in where the status, the run's problems and the gradients come from."""
+    name, op = job.case_dir.name, split_folder_name(job.case_dir.name)[1]
+    known: dict[str, Any] = {}
+    try:
+        manifest = _read_manifest(job.case_dir, manifest)
+        name, op = manifest.name, get(manifest.op)
+        known = {"dtype": manifest.case.dtype, "layout": manifest.case.layout}
+        settings = _case_settings(job.case_dir, manifest, job.run)
+        known = _manifest_fields(manifest, settings)
+        if manifest.skip is not None:  # gen made no files: the op's operator refuses what another op accepts
+            raise _Unjudged([manifest.skip], SKIP)
+        record = _outcome_record(job.outcome) if job.outcome is not None else _files_record(job, name)
+        known.update(record.device, status=record.status, status_message=record.status_message)
+        checks = [*record.checks, _status_check(manifest.case.expect, record.status, record.status_message)]
+        if not manifest.case.expect.ok or record.status != 0:
+            if not manifest.case.expect.ok and known.get("fault"):
+                known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
+            return _finish(job, name, op, known, checks, (), 0)
+        return _judge_outputs(job, manifest, settings, record, known, checks)
+    except _Unjudged as stop:
+        return job.unjudged(name, op, stop.errors, stop.verdict, **{**known, **stop.known})
+
+
+def _read_manifest(case_dir: Path, manifest: Manifest | None) -> Manifest:
+    """Return the case's manifest (read unless given), its case read from it."""
     try:
         manifest = load_manifest(case_dir) if manifest is None else manifest
-        case = manifest.case
+        manifest.case  # noqa: B018  (reading the case is what checks it)
     except DataError as exc:
-        return error(case_dir.name, [str(exc)])
+        raise _Unjudged([str(exc)]) from None
     except (KeyError, TypeError, ValueError) as exc:
-        return error(case_dir.name, [f"{case_dir / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})"])
-    name = manifest.name
-    op: Op = manifest.op
-    base["op"] = op
+        raise _Unjudged([f"{case_dir / MANIFEST}: malformed manifest ({type(exc).__name__}: {exc})"]) from None
+    return manifest
+
+
+def _case_settings(case_dir: Path, manifest: Manifest, run: RunSettings) -> Settings:
+    """Return the settings that judge the case.
+
+    Raises:
+        RunThresholdError: a run threshold does not apply to the case's standard.
+    """
     try:
-        settings = resolve_settings(case.dtype, manifest.compare_settings, run)
+        return resolve_settings(manifest.case.dtype, manifest.compare_settings, run)
     except ThresholdNotApplicable as exc:
-        raise RunThresholdError(f"case {name!r}: {exc}") from None
+        raise RunThresholdError(f"case {manifest.name!r}: {exc}") from None
     except ValueError as exc:
-        return error(name, [f"{case_dir / MANIFEST}: compare settings: {exc}"], dtype=case.dtype, layout=case.layout)
-    known: dict[str, Any] = {
+        raise _Unjudged([f"{case_dir / MANIFEST}: compare settings: {exc}"]) from None
+
+
+def _manifest_fields(manifest: Manifest, settings: Settings) -> dict[str, Any]:
+    """Return the result's fields the manifest and the settings give."""
+    return {
         "spec": manifest.spec,
         "inputs_sha256": manifest.inputs_digest,
         "release": manifest.release,
         "standard": settings.label,
         "settings": settings,
-        "dtype": case.dtype,
-        "layout": case.layout,
-        "expect_status": case.expect.status,
+        "dtype": manifest.case.dtype,
+        "layout": manifest.case.layout,
+        "expect_status": manifest.case.expect.status,
     }
-    if manifest.skip is not None:  # gen made no files: the op's operator refuses what another op accepts
-        return error(name, [manifest.skip], SKIP, **known)
-    prefilled = outcome.prefilled if outcome is not None else False
-    if outcome is None:
-        assert output_dir is not None
-        try:
-            check_output_dir(output_dir)
-        except DataError as exc:
-            return error(name, [str(exc)], **known)
-        not_run = not_run_message(case_dir, output_dir)
-        if not_run is not None:
-            return error(name, [not_run], **known)
-        known.update({"device": None, **_run_device_info(output_dir)})
-        problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, case_dir.name))
-        skipped, prefilled = run_forward_record(output_dir)
-        if skipped is not None and not problems:
-            return error(name, [skipped], SKIP, **known)
-    else:
-        known["device"] = outcome.device
-        problems, run_checks, inputs_run, outputs_run = list(outcome.problems), [], None, None
+
+
+def _outcome_record(outcome: DeviceOutcome) -> _Record:
+    """Return the record of a device's outcome held in memory."""
+    device: dict[str, Any] = {"device": outcome.device}
+    if outcome.problems:
+        raise _Unjudged(outcome.problems, **device)
+    if outcome.status is None:
+        raise _Unjudged(["no aclnn status given for the outcome"], **device)
+    return _Record(device, (), None, None, outcome.prefilled, outcome.status, outcome.message)
+
+
+def _files_record(job: _Judging, name: str) -> _Record:
+    """Return the record of a device's output directory: run.json and status.txt."""
+    output_dir = job.output_dir
+    assert output_dir is not None
+    try:
+        check_output_dir(output_dir)
+    except DataError as exc:
+        raise _Unjudged([str(exc)]) from None
+    not_run = not_run_message(job.case_dir, output_dir)
+    if not_run is not None:
+        raise _Unjudged([not_run])
+    device = {"device": None, **_run_device_info(output_dir)}
+    problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, job.case_dir.name))
+    skipped, prefilled = run_forward_record(output_dir)
+    if skipped is not None and not problems:
+        raise _Unjudged([skipped], SKIP, **device)
     if problems:
-        return error(name, problems, **known)
-    if outcome is None:
-        assert output_dir is not None
-        try:
-            status, status_message = _read_status(output_dir)
-        except DataError as exc:
-            return error(name, [str(exc)], **known)
-    elif outcome.status is None:
-        return error(name, ["no aclnn status given for the outcome"], **known)
-    else:
-        status, status_message = outcome.status, outcome.message
-    known.update(status=status, status_message=status_message)
-    checks = list(run_checks)
-    if not case.expect.ok:
-        passed = status == case.expect.status
-        relation = "==" if passed else "!="
-        text = f"status {_status_name(status)} {relation} expected {_status_name(case.expect.status)}"
-        if status_message and not passed:
-            text += f": {status_message}"
-        checks.append(
-            Check("status", None, float(status), float(case.expect.status), passed, text, 0.0 if passed else math.inf)
-        )
-        if known.get("fault"):
-            known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
-        return _finish(name, base, known, checks, (), started, 0)
+        raise _Unjudged(problems, **device)
+    try:
+        status, status_message = _read_status(output_dir)
+    except DataError as exc:
+        raise _Unjudged([str(exc)], **device) from None
+    return _Record(device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message)
+
+
+def _status_check(expect: Expect, status: int, message: str | None) -> Check:
+    """Return the status check: the status a negative case expects, else 0 (ACLNN_SUCCESS)."""
+    if not expect.ok:
+        passed = status == expect.status
+        text = f"status {_status_name(status)} {'==' if passed else '!='} expected {_status_name(expect.status)}"
+        if message and not passed:
+            text += f": {message}"
+        return Check("status", None, float(status), float(expect.status), passed, text, 0.0 if passed else math.inf)
     if status != 0:
-        text = f"status {_status_name(status)}, expected 0 (ACLNN_SUCCESS)" + (
-            f": {status_message}" if status_message else ""
-        )
-        checks.append(Check("status", None, float(status), 0.0, False, text, math.inf))
-        return _finish(name, base, known, checks, (), started, 0)
-    checks.append(Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0))
-    names = OP_TENSORS[op]
-    if outcome is not None:
-        _check_grads(manifest, outcome.grads, names)
-    shapes = _shape_problems(case, manifest, case_dir / MANIFEST)  # cheap: before anything is hashed
+        text = f"status {_status_name(status)}, expected 0 (ACLNN_SUCCESS)" + (f": {message}" if message else "")
+        return Check("status", None, float(status), 0.0, False, text, math.inf)
+    return Check("status", None, 0.0, 0.0, True, "status 0 (ACLNN_SUCCESS)", 0.0)
+
+
+def _judge_outputs(
+    job: _Judging, manifest: Manifest, settings: Settings, record: _Record, known: dict[str, Any], checks: list[Check]
+) -> CaseResult:
+    """Judge the outputs of a call that returned 0: the op's tensors, its causes, a failure's diagnosis."""
+    case, op = manifest.case, get(manifest.op)
+    if job.outcome is not None:
+        _check_grads(manifest, job.outcome.grads, op.outputs)
+    shapes = _shape_problems(case, manifest, job.case_dir / MANIFEST)  # cheap: before anything is hashed
     if shapes:
-        return error(name, shapes, **known)
-    need_bench = STANDARDS[settings.standard].needs_benchmark
-    key = summary_key(case, settings)
-    opened = _open_arrays(
-        case_dir,
-        output_dir,
-        manifest,
-        need_bench,
-        pool,
-        verify_inputs,
-        inputs_run,
-        key,
-        device=outcome.grads if outcome is not None else None,
-        outputs_run=outputs_run,
-        names=names,
-    )
-    if opened.problems:
-        opened.stale()
-        return error(name, opened.problems, **known)
-    if need_bench and not opened.benchmark and opened.summary is None:
-        opened.stale()
-        text = f"{case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"
-        return error(name, [text], **known)
-    assert opened.block_mask is not None
-    forward = ForwardSettings(prefilled=prefilled, **manifest.forward_params)
+        raise _Unjudged(shapes)
+    opened = _open(job, manifest, settings, record)
+    forward = ForwardSettings(prefilled=record.prefilled, **manifest.forward_params)
     try:
         tensors, op_checks, op_notes = _judge_op(op, case, settings, opened, forward)
     except ValueError as exc:
         opened.stale()
-        return error(name, [f"{case_dir}: {exc}"], **known)
+        raise _Unjudged([f"{job.case_dir}: {exc}"]) from None
     stale = opened.stale()  # the verdict only stands if every file hashed as the manifest says
     if stale:
-        return error(name, stale, **known)
+        raise _Unjudged(stale)
     if known.get("fault"):
-        known["notes"] = recorded_fault_notes(output_dir) if output_dir is not None else ()
+        known["notes"] = recorded_fault_notes(job.output_dir) if job.output_dir is not None else ()
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
-    causes = pair_causes(case, manifest.forward_params, tensors) if op in PAIR_OPS else []
-    causes, padding = _scored_pair_causes(case_dir, manifest, case, tensors, opened, causes)
+    causes = pair_causes(case, manifest.forward_params, tensors) if op.pair else []
+    causes, padding = _scored_pair_causes(job.case_dir, manifest, case, tensors, opened, causes)
     known["notes"] = (*known["notes"], *padding)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
-    checks += [*cause_checks(causes), *op_checks]
-    if not all(t.passed for t in tensors):
+    checks = [*checks, *cause_checks(causes), *op_checks]
+    failing = not all(t.passed for t in tensors)
+    if failing:
         known["selection"] = selection(case, opened.block_mask)
-    if not all(t.passed for t in tensors) or not all(c.passed for c in checks):
-        known.update(_diagnosis(case_dir, manifest, case, tensors, checks, opened, causes, prefilled))
-    if op in PAIR_OPS:
-        failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
-        message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
-        forward_ok = all(t.passed for t in tensors if t.name in FORWARD_NAMES)
-        extra, met = expected_verdict(case.expect, failed, causes, message, not forward_ok)
-        if extra is not None:
-            checks.append(extra)
-        known["expected_failure"] = met
+    if failing or not all(c.passed for c in checks):
+        known.update(_diagnosis(job.case_dir, manifest, tensors, checks, opened, causes, record.prefilled))
+    if op.pair:
+        extra, known["expected_failure"] = _pair_verdict(case, checks, tensors, causes)
+        checks += [extra] if extra is not None else []
     output_bytes = sum(a.nbytes for a in opened.device.values())
-    return _finish(name, base, known, checks, tensors, started, output_bytes)
+    return _finish(job, manifest.name, op, known, checks, tensors, output_bytes)
+
+
+def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record) -> Any:
+    """Return the case's arrays opened (mapped, their hashes checked in the job's pool), with the benchmark
+    its standard needs."""
+    need_bench = STANDARDS[settings.standard].needs_benchmark
+    key = summary_key(manifest.case, settings)
+    device = job.outcome.grads if job.outcome is not None else None
+    opened = _open_arrays(
+        *(job.case_dir, job.output_dir, manifest, need_bench, job.pool, job.verify_inputs, record.inputs_run, key),
+        device=device,
+        outputs_run=record.outputs_run,
+        names=get(manifest.op).outputs,
+    )
+    if opened.problems:
+        opened.stale()
+        raise _Unjudged(opened.problems)
+    if need_bench and not opened.benchmark and opened.summary is None:
+        opened.stale()
+        raise _Unjudged([f"{job.case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"])
+    assert opened.block_mask is not None
+    return opened
+
+
+def _pair_verdict(
+    case: Case, checks: list[Check], tensors: tuple[TensorResult, ...], causes: list[Cause]
+) -> tuple[Check | None, str | None]:
+    """Return a pair's expected-verdict check (if any) and what a pair that fails as it must says."""
+    failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
+    message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
+    forward_ok = all(t.passed for t in tensors if t.name in FORWARD_NAMES)
+    return expected_verdict(case.expect, failed, causes, message, not forward_ok)
 
 
 def _judge_op(
@@ -371,21 +400,17 @@ def _judge_op(
 ) -> tuple[tuple[TensorResult, ...], list[Check], tuple[str, ...]]:
     """Judge the tensors of a case folder's op: (tensors, case-level checks, notes).
 
-    The backward: dq, dk, dv (`judge_tensors`). The forward: out and lse on the rows it writes
-    (`judge_forward`). The pair: both, the forward step's out and lse, then the backward's dq, dk, dv.
+    An op that calls the forward: out and lse on the rows it writes (`judge_forward`); one that calls the
+    backward: dq, dk, dv (`judge_tensors`); the pair both, the forward step's out and lse first.
     """
-    if op == "backward":
-        tensors = judge_tensors(
-            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
-        )
-        return tensors, [], ()
-    judged, op_checks, notes = judge_forward(
-        case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, forward, opened.summary
-    )
-    if op in PAIR_OPS:
-        judged += judge_tensors(
-            case, settings, opened.device, opened.golden, opened.benchmark, opened.block_mask, opened.summary
-        )
+    judged: tuple[TensorResult, ...] = ()
+    op_checks: tuple[Check, ...] = ()
+    notes: tuple[str, ...] = ()
+    arrays = (opened.device, opened.golden, opened.benchmark, opened.block_mask)
+    if op.calls_forward:
+        judged, op_checks, notes = judge_forward(case, settings, *arrays, forward, opened.summary)
+    if op.calls_backward:
+        judged += judge_tensors(case, settings, *arrays, opened.summary)
     return judged, list(op_checks), notes
 
 
@@ -395,10 +420,42 @@ def _failed_checks(checks: list[Check], tensors: tuple[TensorResult, ...]) -> li
     return sorted((c for c in every if not c.passed), key=lambda c: -c.severity)
 
 
+@dataclass(frozen=True)
+class _Diagnosing:
+    """What a failing case's diagnosis reads: its case, tensors judged, checks and arrays."""
+
+    case: Case
+    tensors: tuple[TensorResult, ...]
+    checks: list[Check]
+    opened: Any  # the device's, golden and benchmark arrays (`_open_arrays`)
+    inputs: Mapping[str, np.ndarray]
+    inner_precise: int
+    prefilled: bool
+
+    def of(self, names: tuple[str, ...]) -> tuple[TensorResult, ...]:
+        return tuple(t for t in self.tensors if t.name in names)
+
+    def arrays(self, names: tuple[str, ...] | None = None) -> tuple[Any, Any, Any]:
+        """Return the device's, golden and benchmark arrays (None: no benchmark), those of `names` if given."""
+        device, golden, benchmark = self.opened.device, self.opened.golden, self.opened.benchmark or None
+        if names is None:
+            return device, golden, benchmark
+        return (
+            pick_tensors(device, names),
+            pick_tensors(golden, names),
+            pick_tensors(benchmark, names) if benchmark else None,
+        )
+
+    def forward(self, pick: bool = False, checks: bool = True) -> Any:
+        """Return the forward's diagnosis of out and lse (`pick`: the pair's arrays narrowed to them)."""
+        arrays = self.arrays(FORWARD_NAMES if pick else None)
+        tensors, checked = self.of(FORWARD_NAMES), self.checks if checks else []
+        return diagnose_forward(self.case, tensors, checked, *arrays, self.inputs, self.inner_precise, self.prefilled)
+
+
 def _diagnosis(
     case_dir: Path,
     manifest: Manifest,
-    case: Case,
     tensors: tuple[TensorResult, ...],
     checks: list[Check],
     opened: Any,
@@ -413,60 +470,56 @@ def _diagnosis(
     the device's out and lse explains them (`carried_from_forward`), else as a backward's on what it read
     (the golden out and lse when the forward passes). docs/compare.md, "The forward and the pair".
     """
-    op = manifest.op
+    op = get(manifest.op)
     first = tuple(causes or ())
     tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
     entries, inner_precise = dict(manifest.entries("inputs")), int(manifest.forward_params.get("inner_precise", 0))
-    device, golden = opened.device, opened.golden
-    benchmark = opened.benchmark or None
-    forward_tensors = tuple(t for t in tensors if t.name in FORWARD_NAMES)
-    grads = tuple(t for t in tensors if t.name in GRAD_NAMES)
     try:
         inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries, opened.inputs)
+        at = _Diagnosing(manifest.case, tensors, checks, opened, inputs, inner_precise, prefilled)
         with blas.one_thread_each(), np.errstate(all="ignore"):  # 1 thread: 100x faster; untrusted values
-            if op == "forward":
-                result = diagnose_forward(
-                    case, forward_tensors, checks, device, golden, benchmark, inputs, inner_precise, prefilled
-                )
-                return {"diagnosis": result.causes, "hypotheses": result.hypotheses}
-            if op not in PAIR_OPS:
-                result = diagnose(case, grads, checks, device, golden, benchmark, inputs)
-                return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
-            forward_failed = any(not t.passed for t in forward_tensors)
-            found: list[Cause] = []
-            notes: list[Hypothesis] = []
-            if forward_failed:
-                fwd = diagnose_forward(
-                    case,
-                    forward_tensors,
-                    [],
-                    pick_tensors(device, FORWARD_NAMES),
-                    pick_tensors(golden, FORWARD_NAMES),
-                    pick_tensors(benchmark, FORWARD_NAMES) if benchmark else None,
-                    inputs,
-                    inner_precise,
-                    prefilled,
-                )
-                found += [as_forward_step(c) for c in fwd.causes]
-                notes += [replace(h, supposes="the forward: " + h.supposes) for h in fwd.hypotheses]
-            if any(not t.passed for t in grads):
-                read = PairInputs(inputs, device if forward_failed else golden)
-                bench_grads = pick_tensors(benchmark, GRAD_NAMES) if benchmark else None
-                dev_grads, gold_grads = pick_tensors(device, GRAD_NAMES), pick_tensors(golden, GRAD_NAMES)
-                carried = None
-                if forward_failed:
-                    carried = carried_from_forward(case, grads, dev_grads, gold_grads, bench_grads, read)
-                    notes.append(carried.hypothesis)
-                if carried is not None and carried.explains:
-                    found = carried.attribute(found)
-                else:
-                    result = diagnose(case, grads, checks, dev_grads, gold_grads, bench_grads, read)
-                    found += result.causes
-                    notes += result.hypotheses
+            if not op.calls_backward:
+                result = at.forward()
+            elif not op.calls_forward:
+                result = diagnose(at.case, at.of(GRAD_NAMES), checks, *at.arrays(), inputs)
+            else:
+                result = _pair_diagnosis(at)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
         failure = Hypothesis("-", "the diagnosis", 0.0, f"failed: {type(exc).__name__}: {exc}")
         return {"diagnosis": first, "hypotheses": (*tried, failure)}
-    return {"diagnosis": (*first, *found), "hypotheses": (*tried, *notes)}
+    return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
+
+
+@dataclass(frozen=True)
+class _Found:
+    """A pair's diagnosis: its causes and the hypotheses tried, as `diagnose` returns them."""
+
+    causes: list[Cause]
+    hypotheses: list[Hypothesis]
+
+
+def _pair_diagnosis(at: _Diagnosing) -> _Found:
+    """Return a pair's causes and hypotheses: the forward step's, then its gradients' (docstring of
+    `_diagnosis`)."""
+    grads = at.of(GRAD_NAMES)
+    forward_failed = any(not t.passed for t in at.of(FORWARD_NAMES))
+    found: list[Cause] = []
+    notes: list[Hypothesis] = []
+    if forward_failed:
+        fwd = at.forward(pick=True, checks=False)
+        found += [as_forward_step(c) for c in fwd.causes]
+        notes += [replace(h, supposes="the forward: " + h.supposes) for h in fwd.hypotheses]
+    if all(t.passed for t in grads):
+        return _Found(found, notes)
+    dev_grads, gold_grads, bench_grads = at.arrays(GRAD_NAMES)
+    read = PairInputs(at.inputs, at.opened.device if forward_failed else at.opened.golden)
+    if forward_failed:
+        carried = carried_from_forward(at.case, grads, dev_grads, gold_grads, bench_grads, read)
+        notes.append(carried.hypothesis)
+        if carried.explains:
+            return _Found(carried.attribute(found), notes)
+    result = diagnose(at.case, grads, at.checks, dev_grads, gold_grads, bench_grads, read)
+    return _Found(found + list(result.causes), notes + list(result.hypotheses))
 
 
 def _scored_pair_causes(
@@ -485,89 +538,13 @@ def _scored_pair_causes(
         return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
 
 
-class _LazyInputs(Mapping[str, np.ndarray]):
-    """A case's inputs, each mapped when the diagnosis first reads it (one that stops early reads none),
-    unless the judgement mapped it already (`mapped`: its size checked, its hash under way or done)."""
-
-    def __init__(self, case_dir: Path, entries: dict[str, Any], mapped: Mapping[str, np.ndarray]) -> None:
-        self.case_dir, self.entries = case_dir, entries
-        self.arrays: dict[str, np.ndarray] = {n: a for n, a in mapped.items() if n in entries}
-
-    def __getitem__(self, name: str) -> np.ndarray:
-        if name not in self.arrays:
-            self.arrays[name] = map_array(self.case_dir, self.entries[name])
-        return self.arrays[name]
-
-    def __iter__(self) -> Any:
-        return iter(self.entries)
-
-    def __len__(self) -> int:
-        return len(self.entries)
-
-
-def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
-    """Return the case's block mask as a `Selection`, or None when it has more than SELECTION_MAX_CELLS cells."""
-    shape = tuple(int(n) for n in block_mask.shape)
-    if len(shape) != 4 or math.prod(shape) > SELECTION_MAX_CELLS:
-        return None
-    cells = np.full(shape, "-", dtype="<U1")
-    for span in case.spans():
-        mask = mask_view(case, block_mask, span)
-        n_q, n_kv = mask.shape[1:]
-        cells[span.batch, :, :n_q, :n_kv] = np.where(mask, "1", "0")
-    rows = tuple("".join(row) for row in cells.reshape(-1, shape[3]))
-    return Selection(shape, rows)
-
-
-def _check_grads(
-    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
-) -> None:
-    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
-    the dtypes and shapes the manifest's `outputs` give."""
-    outputs = manifest.outputs
-    for name in names:
-        entry = outputs.get(name)
-        if entry is None:
-            continue  # the manifest's own problem: _open_arrays reports it
-        expected = f"{entry['dtype']} {list(entry['shape'])}"
-        array = (grads or {}).get(name)
-        if array is None:
-            raise ValueError(f"{name}: missing; expected {expected}")
-        if not isinstance(array, np.ndarray):
-            raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
-        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
-        if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
-            raise ValueError(f"{name}: expected {expected}, got {got}")
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
-    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
-
-
-def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
-    """Return where a gradient entry's shape contradicts the case's geometry (`params`): dq has query's
-    shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
-    golden for a small case costs nothing."""
-    wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape), "out": list(case.q_shape)}
-    problems = []
-    for section in ("outputs", "golden", "benchmark"):
-        for grad, entry in manifest.entries(section):
-            if grad in wanted and list(entry["shape"]) != wanted[grad]:
-                problems.append(
-                    f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
-                    f"{wanted[grad]} (its params)"
-                )
-    return problems
-
-
 def _finish(
+    job: _Judging,
     name: str,
-    base: Mapping[str, Any],
+    op: Op,
     known: Mapping[str, Any],
     checks: list[Check],
     tensors: tuple[TensorResult, ...],
-    started: float,
     output_bytes: int,
 ) -> CaseResult:
     passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
@@ -575,17 +552,8 @@ def _finish(
     note = release_note(known.get("release"), known.get("device_cann"))
     if note:
         known = {**known, "notes": (note, *known.get("notes", ()))}
-    return CaseResult(
-        name=name,
-        verdict=PASS if passed else FAIL,
-        errors=(),
-        checks=tuple(checks),
-        tensors=tensors,
-        output_bytes=output_bytes,
-        seconds=time.perf_counter() - started,
-        **base,
-        **known,
-    )
+    verdict: Verdict = PASS if passed else FAIL
+    return job.result(name, op, verdict, checks=tuple(checks), tensors=tensors, output_bytes=output_bytes, **known)
 
 
 def release_note(release: str | None, device_cann: str | None) -> str | None:

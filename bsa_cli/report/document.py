@@ -30,6 +30,7 @@ from ..core.untrusted import load_json, read_regular
 from ..ops import OPS
 from ..store.manifest import json_number
 from .files import write_text_atomic
+from .formatting import is_op
 from .header import ReportHeader, report_header
 
 VERDICTS = (PASS, FAIL, ERROR, SKIP)
@@ -248,7 +249,7 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
                 f"{origin}: malformed report (case {case.name!r} has the verdict {case.verdict[:40]!r}; "
                 f"a verdict is one of {', '.join(VERDICTS)})"
             )
-        if case.op not in OPS:
+        if not is_op(case.op):
             raise ValueError(
                 f"{origin}: malformed report (case {case.name!r} has the op {str(case.op)[:40]!r}; an op is one "
                 f"of {', '.join(OPS)})"

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult
-from ..ops import OPS, Op
+from ..ops import OPS, Op, get
 from ..ops.interface import release_counts
 
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
@@ -58,22 +58,43 @@ def summary_line(suite: SuiteResult) -> str:
     of how many cases ("12 results of 4 cases: ..."), and the skipped ones where there are any ("..., 1
     skipped")."""
     errors, skipped = suite.count(ERROR), suite.count(SKIP)
-    total = len(suite.cases)
-    if shows_ops(suite.cases):
-        names = len({case.case_name for case in suite.cases})
-        counted = f"{total} result{'s' if total != 1 else ''} of {names} case{'s' if names != 1 else ''}"
-    else:
-        counted = f"{total} case{'s' if total != 1 else ''}"
-    return (
-        f"{counted}: {suite.count(PASS)} passed, {suite.count(FAIL)} failed, {errors} error{'s' if errors != 1 else ''}"
-        + (f", {skipped} skipped" if skipped else "")
+    counted = results_of([(case.case_name, case.op) for case in suite.cases])
+    return f"{counted}: {suite.count(PASS)} passed, {suite.count(FAIL)} failed, {plural(errors, 'error')}" + (
+        f", {skipped} skipped" if skipped else ""
     )
+
+
+def plural(count: int, word: str) -> str:
+    """Return e.g. "1 case", "2 cases"."""
+    return f"{count} {word}{'s' if count != 1 else ''}"
+
+
+def results_of(folders: Sequence[tuple[str, str]]) -> str:
+    """Return how many results of how many cases (case name, op) there are: "28 cases", or with ops other than
+    the backward "52 results of 13 cases" (a backward-only suite counts as it always did)."""
+    if all(get(op).is_default for _, op in folders):
+        return plural(len(folders), "case")
+    return f"{plural(len(folders), 'result')} of {plural(len({name for name, _ in folders}), 'case')}"
 
 
 def shows_ops(cases: Sequence[CaseResult]) -> bool:
     """Whether reports name each result's op: some result judges an op other than the backward (a backward-only
     suite renders as it always did)."""
-    return any(case.op != "backward" for case in cases)
+    return any(not get(case.op).is_default for case in cases)
+
+
+def is_op(name: object) -> bool:
+    """Whether a report's `op` (its JSON may hold anything) names an op (`bsa_cli.ops`)."""
+    try:
+        return isinstance(name, str) and get(name) is not None
+    except ValueError:
+        return False
+
+
+def op_test_name(case_name: str, op: str) -> str:
+    """Return a test's name for one op of a case: the case's name, with the op in brackets for an op other
+    than the backward (`NAME[forward]`)."""
+    return case_name if get(op).is_default else f"{case_name}[{op}]"
 
 
 def grouped(cases: Sequence[CaseResult]) -> list[CaseResult]:
@@ -84,7 +105,7 @@ def grouped(cases: Sequence[CaseResult]) -> list[CaseResult]:
     first: dict[str, int] = {}
     for index, case in enumerate(cases):
         first.setdefault(case.case_name, index)
-    return sorted(cases, key=lambda c: (first[c.case_name], OPS.index(c.op) if c.op in OPS else len(OPS)))
+    return sorted(cases, key=lambda c: (first[c.case_name], OPS.index(c.op) if is_op(c.op) else len(OPS)))
 
 
 def ops_of(cases: Sequence[CaseResult]) -> tuple[Op, ...]:
@@ -103,9 +124,10 @@ FORWARD_TENSORS = ("out", "lse")
 def operator_of(op: str, tensor: str | None = None) -> str:
     """Return the aclnn operator that produced a tensor of an op's result (out and lse: the forward; dq, dk,
     dv: the backward); without a tensor, the operators the op calls ("A+B" for the pair)."""
-    if op == "forward" or (tensor in FORWARD_TENSORS):
+    calls = get(op)
+    if not calls.calls_backward or (tensor in FORWARD_TENSORS):
         return OPERATORS["forward"]
-    if op == "backward" or tensor is not None:
+    if not calls.calls_forward or tensor is not None:
         return OPERATORS["backward"]
     return f"{OPERATORS['forward']}+{OPERATORS['backward']}"
 
@@ -149,6 +171,41 @@ def query_axis(tensor: TensorResult) -> bool:
     if tensor.block_map is not None:
         return tensor.block_map.axis == "q"
     return tensor.name in ("dq", *FORWARD_TENSORS)
+
+
+def hot_rows(tensor: TensorResult) -> list[list[str]]:
+    """Return a tensor's hot blocks as table rows: b, n, block, rows, score, rmse, bench rmse, max abs err, tile."""
+    rows = []
+    for hot in tensor.hot_blocks:
+        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
+        figures = (fmt(v, 3) for v in (hot.score, hot.rmse, hot.rmse_benchmark, hot.max_abs_err))
+        rows.append([str(hot.batch), str(hot.head), str(hot.block), f"{hot.rows[0]}-{hot.rows[1]}", *figures, tile])
+    return rows
+
+
+def worst_rows(tensor: TensorResult) -> list[list[str]]:
+    """Return a tensor's worst elements as table rows: where, device, golden, benchmark, abs err, ULP."""
+    rows = []
+    for e in tensor.worst:
+        values = (fmt(e.device, 6), fmt(e.golden, 6), fmt(e.benchmark, 6), fmt(e.abs_err), fmt(e.ulp, 3))
+        rows.append([where(tensor, e.coords, e.block), *values])
+    return rows
+
+
+def metric_rows(tensors: Sequence[TensorResult]) -> list[list[str]]:
+    """Return the rows of a metrics table (`METRIC_ROWS`): a label, then each tensor's "device / benchmark"
+    (the device alone without a benchmark); a metric no tensor has is left out."""
+    rows = []
+    for key, label in METRIC_ROWS:
+        digits = 7 if key == "cosine" else 4
+        cells = []
+        for tensor in tensors:
+            device = getattr(tensor.device, key)
+            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
+            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
+        if any(c != "-" for c in cells):
+            rows.append([label, *cells])
+    return rows
 
 
 def releases_line(suite: SuiteResult) -> str | None:
@@ -218,7 +275,11 @@ __all__ = [
     "SKIP",
     "device_lines",
     "grouped",
+    "hot_rows",
+    "metric_rows",
     "operator_of",
+    "plural",
+    "results_of",
     "ops_of",
     "query_axis",
     "shows_ops",
@@ -229,6 +290,7 @@ __all__ = [
     "standards_line",
     "summary_line",
     "where",
+    "worst_rows",
     "without_asides",
     "likely_line",
 ]

@@ -7,8 +7,19 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from ..compare import ERROR, FAIL, SKIP, CaseResult, SuiteResult
+from ..ops import get
 from .files import write_text_atomic
-from .formatting import fmt, grouped, is_reference, likely_line, planted_fault, provenance, query_axis, where
+from .formatting import (
+    fmt,
+    grouped,
+    is_reference,
+    likely_line,
+    op_test_name,
+    planted_fault,
+    provenance,
+    query_axis,
+    where,
+)
 
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -63,7 +74,7 @@ def _metrics_text(case: CaseResult) -> str:
         _provenance_text(case),
         *case.notes,
         *(f"precision path: {n}" for n in case.kernel_notes),
-        *([f"op {case.op}"] if case.op != "backward" else []),
+        *([] if get(case.op).is_default else [f"op {case.op}"]),
         f"standard {case.standard}; status {case.status}",
     ]
     for tensor in case.tensors:
@@ -101,7 +112,7 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
         values["release"] = case.release
     if case.dtype:
         values["dtype"] = case.dtype
-    if case.op != "backward":
+    if not get(case.op).is_default:
         values["op"] = case.op
     return values
 
@@ -111,8 +122,11 @@ def testcase_id(case: CaseResult) -> tuple[str, str]:
     for an op other than the backward (`NAME[forward]`; the backward keeps `NAME`), whatever the verdict,
     device, fault or shard, so CI keeps one history per case and op."""
     spec = Path(case.spec).stem if case.spec else "cases"
-    name = case.case_name if case.op == "backward" else f"{case.case_name}[{case.op}]"
-    return f"bsa.{spec}", name
+    return f"bsa.{spec}", op_test_name(case.case_name, case.op)
+
+
+_PROBLEMS: dict[str, str] = {FAIL: "failure", ERROR: "error"}
+"""The element of a testcase that failed or could not be judged."""
 
 
 def junit_xml(suite: SuiteResult) -> str:
@@ -123,21 +137,12 @@ def junit_xml(suite: SuiteResult) -> str:
     standard, dtype) and a system-out whose first line says where the outputs come from; the testsuite
     says so too when any case holds reference results.
     """
-    tests, failures, errors = len(suite.cases), suite.count(FAIL), suite.count(ERROR)
+    tests = len(suite.cases)
+    counts = {"tests": str(tests), "failures": str(suite.count(FAIL)), "errors": str(suite.count(ERROR))}
     seconds = f"{sum(c.seconds for c in suite.cases):.3f}"
-    root = ET.Element(
-        "testsuites", name="bsa compare", tests=str(tests), failures=str(failures), errors=str(errors), time=seconds
-    )
-    testsuite = ET.SubElement(
-        root,
-        "testsuite",
-        name="bsa compare",
-        tests=str(tests),
-        failures=str(failures),
-        errors=str(errors),
-        skipped=str(suite.count(SKIP)),
-        time=seconds,
-    )
+    root = ET.Element("testsuites", {"name": "bsa compare", **counts, "time": seconds})
+    skipped = str(suite.count(SKIP))
+    testsuite = ET.SubElement(root, "testsuite", {"name": "bsa compare", **counts, "skipped": skipped, "time": seconds})
     reference = sum(is_reference(c) for c in suite.cases)
     faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
     suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}
@@ -151,11 +156,9 @@ def junit_xml(suite: SuiteResult) -> str:
         if likely:  # after the failed checks, kept whole within the message's 1000 characters
             likely = likely[:500]
             message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
-        if case.verdict == FAIL:
-            element = ET.SubElement(testcase, "failure", message=_xml_text(message[:1000]), type="FAIL")
-            element.text = _xml_text(case_report_text(case))
-        elif case.verdict == ERROR:
-            element = ET.SubElement(testcase, "error", message=_xml_text(message[:1000]), type="ERROR")
+        if case.verdict in _PROBLEMS:
+            tag = _PROBLEMS[case.verdict]
+            element = ET.SubElement(testcase, tag, message=_xml_text(message[:1000]), type=case.verdict)
             element.text = _xml_text(case_report_text(case))
         elif case.verdict == SKIP:
             ET.SubElement(testcase, "skipped", message=_xml_text(message[:1000]))

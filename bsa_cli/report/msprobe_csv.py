@@ -33,6 +33,7 @@ import math
 from pathlib import Path
 
 from ..compare import ERROR, PASS, SKIP, CaseResult, SuiteResult, TensorResult
+from ..compare.results import MSPROBE_FIELDS
 from .files import write_text_atomic
 from .formatting import grouped, operator_of, shows_ops
 
@@ -99,19 +100,7 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
         tensor.golden_dtype or "float32",
         shape,
         shape,
-        _number(d.cosine),
-        _number(d.max_abs_err),
-        _number(d.mare),
-        _number(d.thousandth_ratio),
-        _number(d.five_thousandths_ratio),
-        _number(d.value_max),
-        _number(d.value_min),
-        _number(d.value_mean),
-        _number(d.value_l2norm),
-        _number(d.golden_max),
-        _number(d.golden_min),
-        _number(d.golden_mean),
-        _number(d.golden_l2norm),
+        *(_number(getattr(d, name)) for name in ("cosine", "max_abs_err", "mare", *MSPROBE_FIELDS)),
         "Yes" if tensor.passed else "No",
         "; ".join([*case.notes, *failed]),
     ]
@@ -125,17 +114,8 @@ def _case_row(case: CaseResult) -> list[str]:
     message = "; ".join([*case.notes, *why])
     dtype = case.dtype or NA
     reached = NA if case.verdict == SKIP else "Yes" if case.verdict == PASS else "No"
-    row = [
-        f"{operator_of(case.op)}/{case.name}/status",
-        f"expected/{case.name}/status",
-        dtype,
-        dtype,
-        NA,
-        NA,
-        *([NA] * 13),
-        reached,
-        message,
-    ]
+    status = f"{operator_of(case.op)}/{case.name}/status"
+    row = [status, f"expected/{case.name}/status", dtype, dtype, NA, NA, *([NA] * 13), reached, message]
     return row + [case.name, case.verdict, case.verdict, case.standard, _deciding(case)]
 
 

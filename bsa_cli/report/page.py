@@ -18,10 +18,11 @@ from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorRe
 from . import svg
 from .files import write_text_atomic
 from .formatting import (
-    METRIC_ROWS,
     device_lines,
     fmt,
     grouped,
+    hot_rows,
+    metric_rows,
     ops_of,
     query_axis,
     releases_line,
@@ -29,13 +30,13 @@ from .formatting import (
     shows_ops,
     standards_line,
     summary_line,
-    where,
     without_asides,
+    worst_rows,
 )
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
 from .regressions import drift_html
-from .style import BASE_CSS, esc
+from .style import BASE_CSS, esc, html_table
 
 if TYPE_CHECKING:
     from ..compare.drift import Drift
@@ -106,21 +107,8 @@ ul.skips li{color:var(--skip)}
 is as it always was)."""
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()) -> str:
-    """Return an HTML table; cells are HTML already; columns in `numeric` are right-aligned."""
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = []
-    for row in rows:
-        cells = "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
-        body.append(f"<tr>{cells}</tr>")
-    attr = f' class="{cls}"' if cls else ""
-    return f"<table{attr}><tr>{head}</tr>{''.join(body)}</table>"
-
-
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
-    verdict = FAIL if suite.count(FAIL) else ERROR if suite.count(ERROR) else PASS
-    if suite.cases and suite.count(SKIP) == len(suite.cases):
-        verdict = SKIP  # nothing judged: not a PASS
+    verdict = suite.verdict  # nothing judged: SKIP, not a PASS
     rows = [
         ("date", esc(head.date)),
         ("bsa", esc(head.version)),
@@ -249,63 +237,27 @@ def _checks_table(case: CaseResult, only_failed: bool) -> str:
         for c in checks
         if not (only_failed and c.passed)
     ]
-    return _table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
+    return html_table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
 
 
 def _metrics_table(tensors: Sequence[TensorResult]) -> str:
     """Device / benchmark metrics of the given tensors, one column per tensor."""
-    rows = []
-    for key, label in METRIC_ROWS:
-        cells = []
-        for tensor in tensors:
-            device = getattr(tensor.device, key)
-            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
-            digits = 7 if key == "cosine" else 4
-            text = fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}"
-            cells.append(esc(text))
-        if all(c == "-" for c in cells):
-            continue
-        rows.append([esc(label), *cells])
+    rows = [[esc(cell) for cell in row] for row in metric_rows(tensors)]
     headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
-    return _table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
+    return html_table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
 
 
 def _hot_table(tensor: TensorResult) -> str:
     kind = "query block i" if query_axis(tensor) else "kv block j"
-    rows = []
-    for hot in tensor.hot_blocks:
-        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
-        rows.append(
-            [
-                str(hot.batch),
-                str(hot.head),
-                str(hot.block),
-                f"{hot.rows[0]}-{hot.rows[1]}",
-                esc(fmt(hot.score, 3)),
-                esc(fmt(hot.rmse, 3)),
-                esc(fmt(hot.rmse_benchmark, 3)),
-                esc(fmt(hot.max_abs_err, 3)),
-                esc(tile),
-            ]
-        )
+    rows = [[esc(cell) for cell in row] for row in hot_rows(tensor)]
     headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
-    return f"<p class=sub>hot blocks</p>{_table(headers, rows, numeric=tuple(range(0, 8)))}"
+    return f"<p class=sub>hot blocks</p>{html_table(headers, rows, numeric=tuple(range(0, 8)))}"
 
 
 def _worst_table(tensor: TensorResult) -> str:
-    rows = [
-        [
-            esc(where(tensor, e.coords, e.block)),
-            esc(fmt(e.device, 6)),
-            esc(fmt(e.golden, 6)),
-            esc(fmt(e.benchmark, 6)),
-            esc(fmt(e.abs_err)),
-            esc(fmt(e.ulp, 3)),
-        ]
-        for e in tensor.worst
-    ]
+    rows = [[esc(cell) for cell in row] for row in worst_rows(tensor)]
     headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
-    return f"<p class=sub>worst elements</p>{_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
+    return f"<p class=sub>worst elements</p>{html_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
 
 
 def _tile_limit(case: CaseResult) -> float:
@@ -369,17 +321,13 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         parts.append(_siblings(case, suite))
     parts.extend(f'<p class="note">{esc(note)}</p>' for note in case.notes)
     parts.extend(f'<p class="sub">precision path: {esc(note)}</p>' for note in case.kernel_notes)
-    if case.verdict == SKIP:
-        parts.append('<p class="sub">not judged:</p>')
-        parts.append('<ul class="skips">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
-        parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
-        parts.append("</details></section>")
-        return "".join(parts)
-    if case.verdict == ERROR:
-        parts.append('<ul class="errors">' + "".join(f"<li>{esc(e)}</li>" for e in case.errors) + "</ul>")
-        parts.append(f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>')
-        parts.append("</details></section>")
-        return "".join(parts)
+    if case.verdict in (SKIP, ERROR):  # why it is not judged, or could not be
+        items = "".join(f"<li>{esc(e)}</li>" for e in case.errors)
+        listed = '<p class="sub">not judged:</p><ul class="skips">' if case.verdict == SKIP else '<ul class="errors">'
+        parts.append(
+            f'{listed}{items}</ul><p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>'
+        )
+        return "".join(parts) + "</details></section>"
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
         if case.diagnosis:
@@ -388,7 +336,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
                 for rank, c in enumerate(case.diagnosis, 1)
             ]
             parts.append("<h3>diagnosis: likely causes, best first</h3>")
-            parts.append(_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
+            parts.append(html_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
         for tensor in case.tensors:
             if not tensor.passed:
                 parts.append(_failing_tensor(case, tensor))
@@ -396,9 +344,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         if passing:
             names = ", ".join(t.name for t in passing)
             parts.append(f'<p class="sub">{esc(names)} pass.</p>')
-        more = [_checks_table(case, only_failed=False)]
-    else:
-        more = [_checks_table(case, only_failed=False)]
+    more = [_checks_table(case, only_failed=False)]
     if case.tensors:
         more.append(_metrics_table(case.tensors))
     more.append(

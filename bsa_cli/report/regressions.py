@@ -9,7 +9,6 @@ did not move as well; regressions come first and are highlighted.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -18,7 +17,8 @@ from rich.text import Text
 from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Drift, MetricChange
 from .formatting import fmt
-from .style import esc
+from .style import esc, html_table
+from .terminal import table_box
 
 CSS = """
 section.drift{margin:1em 0 1.2em}
@@ -30,12 +30,6 @@ td.up{color:var(--fail)}td.down{color:var(--pass)}
 
 MAX_ROWS = 400
 """Rows of the HTML drift table (regressions first); the JSON report holds every change."""
-
-
-def _box(console: Console):  # type: ignore[no-untyped-def]
-    from rich import box
-
-    return box.ROUNDED if console.is_terminal else box.ASCII
 
 
 def _delta(change: MetricChange) -> str:
@@ -52,7 +46,7 @@ def render_drift(drift: Drift, console: Console) -> None:
         title = f"regressions since {drift.baseline.label}"
         wide = max(len(c.case) for c in drift.regressions) + len("tensor check before now change limit passes") + 40
         if console.width >= wide:
-            table = Table(box=_box(console), title=title, title_justify="left")
+            table = Table(box=table_box(console), title=title, title_justify="left")
             for column in ("case", "tensor", "check", "before", "now", "change", "limit", "passes"):
                 table.add_column(
                     column,
@@ -136,7 +130,7 @@ def drift_html(drift: Drift) -> str:
             [f'<a href="#case-{esc(v.case)}">{esc(v.case)}</a>', _badge(v.old), _badge(v.new), esc(v.headline)]
             for v in drift.verdicts
         ]
-        parts.append(_table(("case", "before", "now", "what happened now"), rows, "drift verdicts", ()))
+        parts.append(html_table(("case", "before", "now", "what happened now"), rows, "drift verdicts", ()))
     for title, names in (("vanished since the baseline", drift.vanished), ("new since the baseline", drift.appeared)):
         if names:
             cls = "warn" if title.startswith("vanished") else "sub"
@@ -167,14 +161,3 @@ def drift_html(drift: Drift) -> str:
 def _badge(verdict: str) -> str:
     cls = verdict if verdict in (PASS, FAIL, ERROR, SKIP) else ""
     return f'<span class="badge {cls}">{esc(verdict)}</span>'
-
-
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str, numeric: Sequence[int]) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join(
-        "<tr>"
-        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
-        + "</tr>"
-        for row in rows
-    )
-    return f'<table class="{cls}"><tr>{head}</tr>{body}</table>'

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+from collections.abc import Sequence
 
 BASE_CSS = """
 :root{--fail:#b3001b;--error:#8a1a8a;--pass:#16702a;--line:#d6d6d6}
@@ -24,3 +25,16 @@ SVG_FONT = "font-family:ui-monospace,Menlo,Consolas,monospace;font-size:10px"
 def esc(value: object) -> str:
     """Escape any value's text for HTML (quotes too: it also goes into attributes)."""
     return html.escape(str(value), quote=True)
+
+
+def html_table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], cls: str = "", numeric: Sequence[int] = ()
+) -> str:
+    """Return an HTML table; cells are HTML already; columns in `numeric` are right-aligned."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = []
+    for row in rows:
+        cells = "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        body.append(f"<tr>{cells}</tr>")
+    attr = f' class="{cls}"' if cls else ""
+    return f"<table{attr}><tr>{head}</tr>{''.join(body)}</table>"

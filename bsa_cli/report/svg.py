@@ -89,6 +89,14 @@ def _text(x: float, y: float, text: str, anchor: str = "start", extra: str = "")
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}"{extra}>{esc(text)}</text>'
 
 
+def _cell(x: float, y: float, size: float, fill: str, tip: str) -> str:
+    """A square cell of a map, outlined, its figures in its tooltip."""
+    return (
+        f'<rect x="{x:.1f}" y="{y:.1f}" width="{size:.1f}" height="{size:.1f}" '
+        f'fill="{fill}" stroke="{CELL_STROKE}" stroke-width="0.5"><title>{esc(tip)}</title></rect>'
+    )
+
+
 def _tick_step(count: int, cell: float) -> int:
     """Every how many blocks an axis gets an index (labels at least 18 px apart)."""
     for step in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 256, 512):
@@ -244,33 +252,24 @@ def _panel_svg(
             values = [float(panel.scores[k]) for k in blocks if k < len(panel.scores)]
             values = [v for v in values if not math.isnan(v)] or [math.nan]
             score = max(values, key=lambda v: (math.isinf(v) and v > 0, v if math.isfinite(v) else 0.0))
-            block = blocks[0] if block_map.axis == "q" and pool == 1 else None
             detail = _cell_detail(tensor, block_map, panel, blocks, size)
             tip = f"{where}: selected; {tensor.name} {what} {fmt(score, 4)}{detail}"
-            if block is None and pool == 1:
-                block = blocks[0]
-            out.append(
-                f'<rect x="{x:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-                f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                f"<title>{esc(tip)}</title></rect>"
-            )
+            out.append(_cell(x, y, cell, scale.colour(score), tip))
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
         k = hot.block // pool
-        if block_map.axis == "q":
+        if block_map.axis == "q":  # the row outlined, a triangle pointing left at it
             box = (ox, oy + k * cell, cols * cell, cell)
-        else:
+            marker_x, marker_y = ox + cols * cell + 3, oy + (k + 0.5) * cell
+            corners = ((marker_x, marker_y), (marker_x + 7, marker_y - 5), (marker_x + 7, marker_y + 5))
+        else:  # the column outlined, a triangle pointing up at it
             box = (ox + k * cell, oy, cell, rows * cell)
+            marker_x, marker_y = ox + (k + 0.5) * cell, oy + rows * cell + 3
+            corners = ((marker_x, marker_y), (marker_x - 5, marker_y + 7), (marker_x + 5, marker_y + 7))
         out.append(
             f'<rect x="{box[0]:.1f}" y="{box[1]:.1f}" width="{box[2]:.1f}" height="{box[3]:.1f}" fill="none" '
             f'stroke="#000" stroke-width="2.5"><title>{esc(_hot_text(tensor, hot))}</title>'
             "</rect>"
         )
-        marker_x = ox + cols * cell + 3 if block_map.axis == "q" else ox + (k + 0.5) * cell
-        marker_y = oy + (k + 0.5) * cell if block_map.axis == "q" else oy + rows * cell + 3
-        if block_map.axis == "q":  # a triangle pointing left at the row, or up at the column
-            corners = ((marker_x, marker_y), (marker_x + 7, marker_y - 5), (marker_x + 7, marker_y + 5))
-        else:
-            corners = ((marker_x, marker_y), (marker_x - 5, marker_y + 7), (marker_x + 5, marker_y + 7))
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in corners)
         out.append(f'<polygon points="{points}" fill="#000"><title>{esc(_hot_text(tensor, hot))}</title></polygon>')
     return "".join(out)
@@ -334,11 +333,7 @@ def _strip_map(tensor: TensorResult, block_map: BlockMap, scale: Scale) -> str:
                 continue
             score = float(np.nanmax(values))
             tip = f"b={b} n={n} {axis} {_range((c * pool, min((c + 1) * pool, blocks) - 1))}: ratio {fmt(score, 4)}"
-            out.append(
-                f'<rect x="{left + c * cell:.1f}" y="{y:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-                f'fill="{scale.colour(score)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                f"<title>{esc(tip)}</title></rect>"
-            )
+            out.append(_cell(left + c * cell, y, cell, scale.colour(score), tip))
     return _svg(width, height, "".join(out), f"{tensor.name} error map")
 
 
@@ -417,11 +412,7 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
             value = float(tiles[r, c])
             s0, d0 = first_row + r * 16, c * 16
             tip = f"rows s={s0}-{min(s0 + 15, hot.rows[1] - 1)}, d={d0}-{d0 + 15}: tile RMSE ratio {fmt(value, 4)}"
-            out.append(
-                f'<rect x="{left + c * cell:.1f}" y="{top + r * cell:.1f}" width="{cell:.1f}" '
-                f'height="{cell:.1f}" fill="{scale.colour(value)}" stroke="{CELL_STROKE}" stroke-width="0.5">'
-                f"<title>{esc(tip)}</title></rect>"
-            )
+            out.append(_cell(left + c * cell, top + r * cell, cell, scale.colour(value), tip))
     wr, wc = int(worst[0]), int(worst[1])
     out.append(
         f'<rect x="{left + wc * cell:.1f}" y="{top + wr * cell:.1f}" width="{cell:.1f}" height="{cell:.1f}" '

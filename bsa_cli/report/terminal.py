@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
+from collections.abc import Sequence
+from typing import Any
 
 from rich import box
 from rich.console import Console
@@ -14,25 +16,36 @@ from rich.text import Text
 from ..compare import ERROR, FAIL, PASS, SKIP, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
 from .formatting import (
-    METRIC_ROWS,
     fmt,
     grouped,
+    hot_rows,
     is_reference,
     likely_line,
+    metric_rows,
     planted_fault,
+    plural,
     query_axis,
     releases_line,
     short_headline,
     shows_ops,
     summary_line,
-    where,
+    worst_rows,
 )
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold cyan"}
 
 
-def _box(console: Console) -> box.Box:
+def table_box(console: Console) -> box.Box:
+    """The border of a table: rounded on a terminal, ASCII in a file or a pipe."""
     return box.ROUNDED if console.is_terminal else box.ASCII
+
+
+def titled_table(console: Console, title: str, columns: Sequence[str], right: Sequence[str], **options: Any) -> Table:
+    """Return a table titled on the left, its `columns` added (those in `right` right-aligned) with `options`."""
+    table = Table(box=table_box(console), title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left", **options)
+    return table
 
 
 def _verdict_text(verdict: str) -> Text:
@@ -70,7 +83,7 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
     one = len(standards) <= 1
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
     with_ops = shows_ops(suite.cases)
-    table = Table(box=_box(console), title=title, title_justify="left", expand=False)
+    table = Table(box=table_box(console), title=title, title_justify="left", expand=False)
     longest = max((len(c.case_name) for c in suite.cases), default=0)
     table.add_column("case", overflow="fold", no_wrap=with_ops and longest <= CASE_WHOLE)
     if with_ops:
@@ -119,9 +132,11 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
 
 
 def _diagnosis_table(case: CaseResult, console: Console) -> Table:
-    table = Table(box=_box(console), title=f"{case.name}: diagnosis (likely causes, best first)", title_justify="left")
-    for column in ("#", "kind", "score", "tensors", "evidence"):
-        table.add_column(column, justify="right" if column in ("#", "score") else "left", overflow="fold")
+    title, columns = (
+        f"{case.name}: diagnosis (likely causes, best first)",
+        ("#", "kind", "score", "tensors", "evidence"),
+    )
+    table = titled_table(console, title, columns, ("#", "score"), overflow="fold")
     for rank, cause in enumerate(case.diagnosis, 1):
         table.add_row(str(rank), cause.kind, f"{cause.score:.2f}", ",".join(cause.tensors), cause.evidence)
     return table
@@ -153,9 +168,8 @@ def render_explanation(case: CaseResult, console: Console) -> None:
 
 
 def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
-    table = Table(box=_box(console), title=f"{case.name}: checks", title_justify="left")
-    for column in ("tensor", "check", "value", "limit", "result"):
-        table.add_column(column, justify="right" if column in ("value", "limit") else "left")
+    columns = ("tensor", "check", "value", "limit", "result")
+    table = titled_table(console, f"{case.name}: checks", columns, ("value", "limit"))
     for check in case.all_checks:
         if only_failed and check.passed:
             continue
@@ -173,9 +187,8 @@ def _short(value: float, digits: int) -> str:
 def _bias_table(case: CaseResult, console: Console) -> Table:
     """Each tensor's estimated systematic error, relative and in ULPs, with standard errors (`compare.bias`);
     the checks table says which failed."""
-    table = Table(box=_box(console), title=f"{case.name}: bias (signed, relative to the golden)", title_justify="left")
-    for column in ("tensor", "device", "in ULP", "benchmark", "z bench", "z 0"):
-        table.add_column(column, justify="left" if column == "tensor" else "right")
+    columns = ("tensor", "device", "in ULP", "benchmark", "z bench", "z 0")
+    table = titled_table(console, f"{case.name}: bias (signed, relative to the golden)", columns, columns[1:])
     for tensor in case.tensors:
         e = tensor.bias
         if e is None:
@@ -192,57 +205,27 @@ def _bias_table(case: CaseResult, console: Console) -> Table:
 
 
 def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
-    table = Table(box=_box(console), title=f"{case.name} {tensor.name}: worst elements", title_justify="left")
-    for column in ("where", "device", "golden", "benchmark", "abs err", "ulp"):
-        table.add_column(column, justify="left" if column == "where" else "right")
-    for element in tensor.worst:
-        table.add_row(
-            where(tensor, element.coords, element.block),
-            fmt(element.device, 6),
-            fmt(element.golden, 6),
-            fmt(element.benchmark, 6),
-            fmt(element.abs_err),
-            fmt(element.ulp, 3),
-        )
+    columns = ("where", "device", "golden", "benchmark", "abs err", "ulp")
+    table = titled_table(console, f"{case.name} {tensor.name}: worst elements", columns, columns[1:])
+    for row in worst_rows(tensor):
+        table.add_row(*row)
     return table
 
 
 def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
     kind = "query block i" if query_axis(tensor) else "kv block j"
-    table = Table(box=_box(console), title=f"{case.name} {tensor.name}: hot blocks ({kind})", title_justify="left")
-    for column in ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile"):
-        table.add_column(column, justify="right")
-    for hot in tensor.hot_blocks:
-        tile = "-" if hot.tile is None else f"s={hot.tile[0]} d={hot.tile[1]} x{fmt(hot.tile_ratio, 3)}"
-        table.add_row(
-            str(hot.batch),
-            str(hot.head),
-            str(hot.block),
-            f"{hot.rows[0]}-{hot.rows[1]}",
-            fmt(hot.score, 3),
-            fmt(hot.rmse, 3),
-            fmt(hot.rmse_benchmark, 3),
-            fmt(hot.max_abs_err, 3),
-            tile,
-        )
+    columns = ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile")
+    table = titled_table(console, f"{case.name} {tensor.name}: hot blocks ({kind})", columns, columns)
+    for row in hot_rows(tensor):
+        table.add_row(*row)
     return table
 
 
 def _metrics_table(case: CaseResult, console: Console) -> Table:
-    table = Table(box=_box(console), title=f"{case.name}: metrics (device / benchmark)", title_justify="left")
-    table.add_column("metric")
-    for tensor in case.tensors:
-        table.add_column(tensor.name, justify="right")
-    for key, label in METRIC_ROWS:
-        cells = []
-        for tensor in case.tensors:
-            device = getattr(tensor.device, key)
-            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
-            digits = 7 if key == "cosine" else 4
-            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
-        if all(c == "-" for c in cells):
-            continue
-        table.add_row(label, *cells)
+    names = tuple(t.name for t in case.tensors)
+    table = titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names)
+    for row in metric_rows(case.tensors):
+        table.add_row(*row)
     hist_cells = []
     for tensor in case.tensors:
         histogram = tensor.device.ulp_histogram or ()
@@ -261,7 +244,7 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
         noun = "result" if shows_ops(suite.cases) else "case"
         console.print(
-            f"Note: the outputs of {reference} {noun}{'s' if reference != 1 else ''} come from the reference device "
+            f"Note: the outputs of {plural(reference, noun)} come from the reference device "
             f"(bsa emulate), not from hardware{planted}.",
             style="yellow",
         )
@@ -293,7 +276,4 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
     releases = releases_line(suite)
     if releases:
         console.print(Text(releases), soft_wrap=True)
-    style = "bold red" if suite.count(FAIL) else VERDICT_STYLE[ERROR] if suite.count(ERROR) else "bold green"
-    if suite.cases and suite.count(SKIP) == len(suite.cases):
-        style = VERDICT_STYLE[SKIP]  # nothing was judged: no green
-    console.print(Text(summary_line(suite), style=style))
+    console.print(Text(summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green

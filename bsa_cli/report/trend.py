@@ -22,8 +22,8 @@ from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Night, Point, Series, Trend
 from ..ops import split_folder_name
 from .files import write_text_atomic
-from .formatting import fmt, summary_line
-from .style import BASE_CSS, SVG_FONT, esc
+from .formatting import fmt, plural, results_of, summary_line
+from .style import BASE_CSS, SVG_FONT, esc, html_table
 
 COLOURS = {PASS: "#16702a", FAIL: "#b3001b", ERROR: "#8a1a8a", SKIP: "#6a6f78"}
 LIMIT_COLOUR = "#b3001b"
@@ -123,20 +123,17 @@ def _limit_line(points: Sequence[Point | None], x_of, y_of, x0: float, x1: float
     if len({limit for _, limit in limits}) == 1:
         limit = limits[0][1]
         y = y_of(limit)
-        return (
-            f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
-            f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
+        return _limit_segment(x0, x1, y, limit) + (
             f'<text x="{x1 + 3:.1f}" y="{y + 3.5:.1f}" fill="{LIMIT_COLOUR}">limit {esc(fmt(limit))}</text>'
         )
-    parts = []
-    for i, limit in limits:
-        y = y_of(limit)
-        parts.append(
-            f'<line class="limit" x1="{x_of(i) - 10:.1f}" y1="{y:.1f}" x2="{x_of(i) + 10:.1f}" y2="{y:.1f}" '
-            f'stroke="{LIMIT_COLOUR}" stroke-dasharray="5 3" stroke-width="1.2">'
-            f"<title>limit {esc(fmt(limit))}</title></line>"
-        )
-    return "".join(parts)
+    return "".join(_limit_segment(x_of(i) - 10, x_of(i) + 10, y_of(limit), limit) for i, limit in limits)
+
+
+def _limit_segment(x0: float, x1: float, y: float, limit: float) -> str:
+    return (
+        f'<line class="limit" x1="{x0:.1f}" y1="{y:.1f}" x2="{x1:.1f}" y2="{y:.1f}" stroke="{LIMIT_COLOUR}" '
+        f'stroke-dasharray="5 3" stroke-width="1.2"><title>limit {esc(fmt(limit))}</title></line>'
+    )
 
 
 def _line(points: Sequence[Point | None], x_of, y_of) -> list[str]:  # type: ignore[no-untyped-def]
@@ -179,13 +176,10 @@ def _nights_table(nights: Sequence[Night]) -> str:
     rows = []
     for i, night in enumerate(nights, 1):
         when = night.date.isoformat(timespec="seconds") if night.date else "-"
-        rows.append(
-            f'<tr><td class="num">{i}</td><td>{esc(when)}</td><td>{esc(", ".join(night.devices) or "-")}</td>'
-            f"<td>{esc(night.host or '-')}</td><td>{esc(night.version or '-')}</td>"
-            f"<td>{esc(summary_line(night.suite))}</td><td>{esc(night.source)}</td></tr>"
-        )
-    head = "".join(f"<th>{h}</th>" for h in ("#", "date (UTC)", "device", "host", "bsa", "cases", "report"))
-    return f'<table class="nights"><tr>{head}</tr>{"".join(rows)}</table>'
+        texts = (when, ", ".join(night.devices) or "-", night.host or "-", night.version or "-")
+        rows.append([str(i), *(esc(t) for t in texts), esc(summary_line(night.suite)), esc(night.source)])
+    headers = ("#", "date (UTC)", "device", "host", "bsa", "cases", "report")
+    return html_table(headers, rows, "nights", numeric=(0,))
 
 
 def shown_order(trend: Trend) -> list[Series]:
@@ -219,12 +213,7 @@ def _cases_table(trend: Trend) -> str:
 
 def _followed(trend: Trend) -> str:
     """Return what the trend follows: "28 cases", or with op folders (`NAME@forward`) "52 results of 13 cases"."""
-    count = len(trend.series)
-    folders = [split_folder_name(s.case) for s in trend.series]
-    if all(op == "backward" for _, op in folders):
-        return f"{count} case{'s' if count != 1 else ''}"
-    cases = len({name for name, _ in folders})
-    return f"{count} result{'s' if count != 1 else ''} of {cases} case{'s' if cases != 1 else ''}"
+    return results_of([split_folder_name(s.case) for s in trend.series])
 
 
 def trend_html(trend: Trend) -> str:
@@ -279,5 +268,5 @@ def render_trend(trend: Trend, console: Console) -> None:
             soft_wrap=True,
         )
     rising = len(trend.rising)
-    text = f"{_followed(trend)} over {len(trend.nights)} night{'s' if len(trend.nights) != 1 else ''}: {rising} rising"
+    text = f"{_followed(trend)} over {plural(len(trend.nights), 'night')}: {rising} rising"
     console.print(Text(text, style="bold red" if rising else "bold green"))
