@@ -20,7 +20,7 @@ from ..core.case import ACLNN_STATUS, Case, Expect
 from ..core.errors import DataError, clip
 from ..ops import OPS, Op, get, split_folder_name
 from ..ops.interface import release_of_cann
-from ..standards import STANDARDS, RunSettings, Settings, ThresholdNotApplicable, resolve_settings
+from ..standards import RunSettings, Settings, ThresholdNotApplicable, resolve_settings
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
 from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
@@ -366,7 +366,7 @@ def _judge_outputs(
 def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record) -> Any:
     """Return the case's arrays opened (mapped, their hashes checked in the job's pool), with the benchmark
     its standard needs."""
-    need_bench = STANDARDS[settings.standard].needs_benchmark
+    need_bench = settings.standard.needs_benchmark
     key = summary_key(manifest.case, settings)
     device = job.outcome.grads if job.outcome is not None else None
     opened = _open_arrays(
