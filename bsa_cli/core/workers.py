@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from .exit_codes import ExitCode
+
 BLAS_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -133,6 +135,6 @@ def watch_parent(parent: int, poll_s: float = PARENT_POLL_S) -> None:
     def watch() -> None:
         while os.getppid() == parent:
             time.sleep(poll_s)
-        os._exit(1)
+        os._exit(ExitCode.FAILED)
 
     threading.Thread(target=watch, name="bsa-parent-watch", daemon=True).start()
