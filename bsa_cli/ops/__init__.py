@@ -40,9 +40,6 @@ DEFAULT_OPS: Final[tuple[Op, ...]] = (BACKWARD,)
 CALLS: Final[tuple[Call, ...]] = (BACKWARD_CALL, FORWARD_CALL)
 """Every operator the ops call (`Op.steps`), in the order a spec's undefined behaviour and warnings are read."""
 
-PAIR_OPS: Final[tuple[Op, ...]] = tuple(op for op in OPS if op.pair)
-"""Ops that run the forward and then the backward on the forward's own outputs."""
-
 FORWARD_OPS: Final[tuple[Op, ...]] = tuple(op for op in OPS if op.calls_forward)
 """Ops that call the forward (so the forward's rules and parameters apply)."""
 
