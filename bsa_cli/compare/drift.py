@@ -443,11 +443,8 @@ def trend(nights: Sequence[Night], margin: Margin | None = None) -> Trend:
     """
     margin = margin or Margin()
     ordered = order_nights(nights)
-    names: dict[str, None] = {}
-    for night in ordered:
-        names.update((case.name, None) for case in night.suite.cases)
     by_night = [{case.name: case for case in night.suite.cases} for night in ordered]
-    series = [_series(name, by_night, margin) for name in sorted(names)]
+    series = [_series(name, by_night, margin) for name in sorted({name for cases in by_night for name in cases})]
     return Trend(ordered, tuple(series))
 
 
