@@ -150,18 +150,7 @@ def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
     ]
     inputs += [{"name": n, "type": "attr", "required": True, "dtype": k, "value": v} for n, k, v in _attributes(params)]
     golden = dict(manifest.entries("golden"))
-    outputs = []
-    for name, entry in manifest.entries("outputs"):
-        output: dict[str, Any] = {
-            "name": OP_NAMES[name],
-            "type": "tensor",
-            "dtype": entry["dtype"],
-            "shape": list(entry["shape"]),
-        }
-        if name in golden:
-            output["golden_file"] = str(case_dir / golden[name]["file"])
-            output["golden_dtype"] = golden[name]["dtype"]
-        outputs.append(output)
+    outputs = [_atk_output(case_dir, name, entry, golden) for name, entry in manifest.entries("outputs")]
     return {
         "id": index,
         "name": manifest.name,
@@ -173,6 +162,13 @@ def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
         "default_seed": case.seed if manifest.seed is None else manifest.seed,
         "expect": {"status": manifest.expect_status, "name": manifest.expect_name},
     }
+
+
+def _atk_output(case_dir: Path, name: str, entry: Mapping[str, Any], golden: Mapping[str, Any]) -> dict[str, Any]:
+    """An ATK output description: the tensor, and its golden file where the case has one."""
+    found = golden.get(name)
+    paths = {} if found is None else {"golden_file": str(case_dir / found["file"]), "golden_dtype": found["dtype"]}
+    return {"name": OP_NAMES[name], "type": "tensor", "dtype": entry["dtype"], "shape": list(entry["shape"]), **paths}
 
 
 def _atk_standard(case: Any) -> dict[str, Any]:
