@@ -258,11 +258,7 @@ def judge(
             one is not of the case's dtype and shape (naming it, what was expected and what was given).
         TypeError: an output is neither a NumPy array nor a torch tensor.
     """
-    given = {
-        name: value
-        for name, value in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv))
-        if value is not None
-    }
+    given = {k: v for k, v in (("out", out), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv)) if v is not None}
     op = _loaded(case).op
     wanted = OP_TENSORS[op]
     if _loaded(case).skip is not None:

@@ -263,13 +263,8 @@ def _changed_since_run(path: Path, sha256: str, record: Path) -> str | None:
     """Return the message for a device output whose content differs from what `bsa run` recorded, else None."""
     if _sha256(path) == sha256:
         return None
-    return str(
-        DataError(
-            str(path),
-            f"sha256 differs from the one `bsa run` recorded in {record}: the output "
-            "changed after the run (a process the binary left behind?); run the case again",
-        )
-    )
+    why = f"sha256 differs from the one `bsa run` recorded in {record}: the output changed after the run"
+    return str(DataError(str(path), f"{why} (a process the binary left behind?); run the case again"))
 
 
 def _stale(path: Path, sha256: str | None, what: str) -> str | None:
@@ -404,15 +399,8 @@ def _open_inputs(
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
             where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
-            problems.append(
-                str(
-                    DataError(
-                        str(case_dir / entry["file"]),
-                        "the device ran on other contents (sha256 in "
-                        f"{where}): the case was generated again since; run it again",
-                    )
-                )
-            )
+            why = f"the device ran on other contents (sha256 in {where}): the case was generated again since"
+            problems.append(str(DataError(str(case_dir / entry["file"]), f"{why}; run it again")))
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
             pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
     return arrays, problems, pending

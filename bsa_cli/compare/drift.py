@@ -280,11 +280,8 @@ def compare_with_baseline(
                 continue
             assert check.limit is not None and check.tensor is not None
             regressed = margin.regressed(old.value, check.value, check.limit)
-            changes.append(
-                MetricChange(
-                    case.name, check.tensor, check.name, old.value, check.value, check.limit, regressed, check.passed
-                )
-            )
+            figures = (old.value, check.value, check.limit, regressed, check.passed)
+            changes.append(MetricChange(case.name, check.tensor, check.name, *figures))
     vanished = tuple(name for name in before if name not in now)
     appeared = tuple(name for name in now if name not in before)
     notes = []
@@ -301,17 +298,8 @@ def compare_with_baseline(
             f"{_count(len(inputs_changed), 'case')}: {shown}; their figures are not drift"
         )
     compared = sum(1 for name in now if name in before)
-    return Drift(
-        baseline,
-        margin,
-        tuple(changes),
-        tuple(verdicts),
-        vanished,
-        appeared,
-        compared,
-        tuple(notes),
-        tuple(inputs_changed),
-    )
+    cases = (tuple(changes), tuple(verdicts), vanished, appeared, compared)
+    return Drift(baseline, margin, *cases, tuple(notes), tuple(inputs_changed))
 
 
 def inputs_differ(old: CaseResult, new: CaseResult) -> bool:
@@ -443,11 +431,8 @@ def trend(nights: Sequence[Night], margin: Margin | None = None) -> Trend:
     """
     margin = margin or Margin()
     ordered = order_nights(nights)
-    names: dict[str, None] = {}
-    for night in ordered:
-        names.update((case.name, None) for case in night.suite.cases)
     by_night = [{case.name: case for case in night.suite.cases} for night in ordered]
-    series = [_series(name, by_night, margin) for name in sorted(names)]
+    series = [_series(name, by_night, margin) for name in sorted({name for cases in by_night for name in cases})]
     return Trend(ordered, tuple(series))
 
 

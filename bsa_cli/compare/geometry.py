@@ -62,13 +62,12 @@ class _Geometry:
         if self.layout == "TND" or all(n == self.shape[2] for n in self.lengths):
             return [(0, self.rows)] if self.rows else []
         seq = self.shape[2]
-        spans = []
-        for b, length in enumerate(self.lengths):
-            for n in range(self.heads):
-                first = (b * self.heads + n) * seq
-                if length:
-                    spans.append((first, first + length))
-        return spans
+        return [
+            (first, first + length)
+            for b, length in enumerate(self.lengths)
+            if length
+            for first in ((b * self.heads + n) * seq for n in range(self.heads))
+        ]
 
     def locate(self, row: int) -> tuple[int, int, int]:
         """Return (batch, head, position in the sequence) of a row."""

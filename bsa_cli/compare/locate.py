@@ -102,21 +102,10 @@ def _hot_blocks(
             tile_ratio = float(sub[r, c])
             if keep_tiles and not hot:
                 block_tiles = np.array(sub, dtype=np.float64)
-        hot.append(
-            HotBlock(
-                batch=b,
-                head=n,
-                block=j,
-                rows=rows,
-                score=float(score[b, n, j]),
-                rmse=float(block_map.rmse[b, n, j]),
-                rmse_benchmark=None if block_map.rmse_benchmark is None else float(block_map.rmse_benchmark[b, n, j]),
-                max_abs_err=float(block_map.max_abs_err[b, n, j]),
-                tile=tile,
-                tile_ratio=tile_ratio,
-                tiles=block_tiles,
-            )
-        )
+        bench_rmse = None if block_map.rmse_benchmark is None else float(block_map.rmse_benchmark[b, n, j])
+        rmse, max_abs = float(block_map.rmse[b, n, j]), float(block_map.max_abs_err[b, n, j])
+        figures = (float(score[b, n, j]), rmse, bench_rmse, max_abs)
+        hot.append(HotBlock(b, n, j, rows, *figures, tile, tile_ratio, block_tiles))
     return tuple(hot)
 
 
@@ -149,18 +138,11 @@ def _worst_elements(
         value = device2d[row, col : col + 1]
         gold = np.asarray(golden2d[row, col : col + 1], dtype=np.float32)
         index, coords = geom.index(int(row), col)
-        worst.append(
-            WorstElement(
-                index=index,
-                coords=coords,
-                block=coords["s"] // geom.block,
-                device=float(value.astype(np.float32)[0]),
-                golden=float(golden2d[row, col]),
-                benchmark=None if bench2d is None else float(bench2d[row, col].astype(np.float32)),
-                abs_err=float(row_max[row]),
-                ulp=ulp_error(float(value.astype(np.float32)[0]), float(gold[0]), io_dtype, err_thd),
-            )
-        )
+        device_value = float(value.astype(np.float32)[0])
+        benchmark = None if bench2d is None else float(bench2d[row, col].astype(np.float32))
+        ulp = ulp_error(device_value, float(gold[0]), io_dtype, err_thd)
+        figures = (device_value, float(golden2d[row, col]), benchmark, float(row_max[row]), ulp)
+        worst.append(WorstElement(index, coords, coords["s"] // geom.block, *figures))
     return tuple(worst)
 
 

@@ -78,22 +78,16 @@ class _Partial:
     _MINS = ("value_min", "golden_min")
 
     def merge(self, other: _Partial) -> None:
-        for name in _SUMS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        for name in self._MAXES:
-            setattr(self, name, max(getattr(self, name), getattr(other, name)))
-        for name in self._MINS:
-            setattr(self, name, min(getattr(self, name), getattr(other, name)))
+        for names, pick in ((_SUMS, lambda a, b: a + b), (self._MAXES, max), (self._MINS, min)):
+            for name in names:
+                setattr(self, name, pick(getattr(self, name), getattr(other, name)))
         self.ulp_over = tuple(a + b for a, b in zip(self.ulp_over, other.ulp_over, strict=True))
         self.nonfinite_rows.extend(other.nonfinite_rows[: TOP_K - len(self.nonfinite_rows)])
 
     def stats(self, params: _Params, full: bool) -> ErrorStats:
         count = max(self.count, 1)
         norm = math.sqrt(self.dot_aa) * math.sqrt(self.dot_gg)
-        if norm > 0:
-            cosine = self.dot_ag / norm
-        else:
-            cosine = 1.0 if self.dot_aa == self.dot_gg else 0.0
+        cosine = self.dot_ag / norm if norm > 0 else (1.0 if self.dot_aa == self.dot_gg else 0.0)
         over = (self.count, *self.ulp_over, 0)
         histogram = tuple(int(over[i] - over[i + 1]) for i in range(len(ULP_EDGES) + 1))
         return ErrorStats(
@@ -365,10 +359,7 @@ def _measure_nonfinite(
 def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
     """Split the judged row segments of a tensor into work items of about CHUNK_ELEMENTS elements."""
     step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
-    items: list[tuple[int, int]] = []
-    for start, stop in geom.segments():
-        items.extend((r, min(r + step, stop)) for r in range(start, stop, step))
-    return items
+    return [(r, min(r + step, stop)) for start, stop in geom.segments() for r in range(start, stop, step)]
 
 
 GATHER_BELOW = 4

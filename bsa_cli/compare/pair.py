@@ -35,15 +35,8 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
         return []
     names = ", ".join(failing)
     causes = []
-    unwritten = [
-        c
-        for t in tensors
-        if t.name == "lse"
-        for c in t.checks
-        if c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
-    ]
-    if _rows_unwritten(tensors, "out"):  # out's rows skipped as well: the forward skipped rows (its diagnosis says why)
-        unwritten = []
+    # out's rows skipped as well: the forward skipped rows (its diagnosis says why)
+    unwritten = [] if _rows_unwritten(tensors, "out") else _rows_unwritten(tensors, "lse")
     if forward_params.get("softmax_lse_flag", 1) == 0:
         evidence = (
             "the backward read softmaxLse that the forward never wrote (softmax_lse_flag 0: torch_npu's default "
@@ -88,14 +81,15 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
     return causes
 
 
-def _rows_unwritten(tensors: Sequence[TensorResult], name: str) -> bool:
-    """Whether a forward output's `rows-written` says rows it must write were not."""
-    return any(
-        c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
+def _rows_unwritten(tensors: Sequence[TensorResult], name: str) -> list[Check]:
+    """Return a forward output's failed `rows-written` checks that say rows it must write were not."""
+    return [
+        c
         for t in tensors
         if t.name == name
         for c in t.checks
-    )
+        if c.name == "rows-written" and not c.passed and NOT_WRITTEN in c.detail
+    ]
 
 
 def _padding(case: Case, lengths: tuple[int, ...] | None, size: int) -> int:

@@ -93,28 +93,13 @@ def _structural_checks(
         checks.append(Check("nonfinite", name, float(bad), 0.0, False, detail, math.inf))
     else:
         checks.append(Check("nonfinite", name, 0.0, 0.0, True, f"{name} no NaN/Inf where the golden is finite", 0.0))
-    check = _all_zero_check(name, values, stats)
-    if check is not None:
-        checks.append(check)
+    found = [_all_zero_check(name, values, stats)]
     zero_rows, padding_rows = rows
     zero_atol = settings.thresholds["zero_atol"]
     if math.isfinite(zero_atol):
-        label = "empty query rows" if geom.kind == "q" else "never-selected kv rows"
-        check = _zero_check(
-            name,
-            "empty_rows" if geom.kind == "q" else "unselected_kv",
-            label,
-            values,
-            zero_rows & ~padding_rows,
-            geom,
-            zero_atol,
-        )
-        if check is not None:
-            checks.append(check)
+        kind = ("empty_rows", "empty query rows") if geom.kind == "q" else ("unselected_kv", "never-selected kv rows")
+        found.append(_zero_check(name, *kind, values, zero_rows & ~padding_rows, geom, zero_atol))
         if settings.padding == "zero":
-            check = _zero_check(
-                name, "padding", "padding past the actual length", values, padding_rows, geom, zero_atol
-            )
-            if check is not None:
-                checks.append(check)
-    return checks
+            padding = "padding past the actual length"
+            found.append(_zero_check(name, "padding", padding, values, padding_rows, geom, zero_atol))
+    return checks + [check for check in found if check is not None]

@@ -126,9 +126,7 @@ def compare_suite(
 def _qualified_names(results: Sequence[CaseResult]) -> list[CaseResult]:
     """Give cases that suites side by side share a name (OUT/smoke/x, OUT/edge/x) their suite's folder as a
     prefix ("smoke/x", "edge/x"), so that a report, a merge and a baseline name each case once."""
-    counts: dict[str, int] = {}
-    for result in results:
-        counts[result.name] = counts.get(result.name, 0) + 1
+    counts = collections.Counter(result.name for result in results)
     if all(n == 1 for n in counts.values()):
         return list(results)
     renamed = []
@@ -165,13 +163,8 @@ def missing_cases(
                 why = "a bsa gen was killed while replacing it; `bsa gen` again restores the complete copy"
             else:
                 why = "a bsa gen was killed before it finished; run `bsa gen` again"
-            found.append(
-                (
-                    left.name,
-                    left.path,
-                    f"{Path(root) / left.name}: the case is missing, only {left.path.name} is left: {why}",
-                )
-            )
+            text = f"{Path(root) / left.name}: the case is missing, only {left.path.name} is left: {why}"
+            found.append((left.name, left.path, text))
     return found
 
 

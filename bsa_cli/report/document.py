@@ -224,9 +224,7 @@ def _load(tp: Any, data: Any) -> Any:
 def _cells_back(data: Any) -> Any:
     if isinstance(data, list):
         return [_cells_back(v) for v in data]
-    if data is None:
-        return math.nan
-    return float(data)
+    return math.nan if data is None else float(data)
 
 
 def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteResult:

@@ -102,21 +102,8 @@ def msopst_case(case_dir: Path, manifest: Manifest, expect_module: Path) -> list
     """Return the msOpST test-case JSON (a list of one case) of a generated case."""
     case_dir = Path(case_dir).resolve()
     params = manifest.params
-    inputs = []
-    for name, entry in _tensors(manifest):
-        inputs.append(
-            {
-                "name": OP_NAMES[name],
-                "format": ["ND"],
-                "type": [entry["dtype"]],
-                "shape": list(entry["shape"]),
-                "value": str(case_dir / entry["file"]),
-            }
-        )
-    outputs = [
-        {"name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"])}
-        for name, entry in manifest.entries("outputs")
-    ]
+    inputs = [_desc(name, entry) | {"value": str(case_dir / entry["file"])} for name, entry in _tensors(manifest)]
+    outputs = [_desc(name, entry) for name, entry in manifest.entries("outputs")]
     attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(params)]
     ok = not manifest.is_negative
     document: dict[str, Any] = {
@@ -133,6 +120,11 @@ def msopst_case(case_dir: Path, manifest: Manifest, expect_module: Path) -> list
     return [document]
 
 
+def _desc(name: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An msOpST tensor description: its name, format, dtype and shape."""
+    return {"name": OP_NAMES[name], "format": ["ND"], "type": [entry["dtype"]], "shape": list(entry["shape"])}
+
+
 def _error_threshold(manifest: Manifest) -> list[float]:
     """msOpST's [diff_thd, pct_thd]: the case's own when it is judged by allclose:msopst, else msOpST's default."""
     settings = manifest.thresholds
@@ -144,34 +136,21 @@ def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
     case_dir = Path(case_dir).resolve()
     case = manifest.case
     params = manifest.params
-    inputs: list[dict[str, Any]] = []
-    for name, entry in _tensors(manifest):
-        inputs.append(
-            {
-                "name": OP_NAMES[name],
-                "type": "tensor",
-                "required": REQUIRED.get(name, True),
-                "dtype": entry["dtype"],
-                "shape": list(entry["shape"]),
-                "range_values": _value_range(case_dir, entry),
-                "bin_file": str(case_dir / entry["file"]),
-            }
-        )
-    for name, kind, value in _attributes(params):
-        inputs.append({"name": name, "type": "attr", "required": True, "dtype": kind, "value": value})
-    golden = dict(manifest.entries("golden"))
-    outputs = []
-    for name, entry in manifest.entries("outputs"):
-        output: dict[str, Any] = {
+    inputs: list[dict[str, Any]] = [
+        {
             "name": OP_NAMES[name],
             "type": "tensor",
+            "required": REQUIRED.get(name, True),
             "dtype": entry["dtype"],
             "shape": list(entry["shape"]),
+            "range_values": _value_range(case_dir, entry),
+            "bin_file": str(case_dir / entry["file"]),
         }
-        if name in golden:
-            output["golden_file"] = str(case_dir / golden[name]["file"])
-            output["golden_dtype"] = golden[name]["dtype"]
-        outputs.append(output)
+        for name, entry in _tensors(manifest)
+    ]
+    inputs += [{"name": n, "type": "attr", "required": True, "dtype": k, "value": v} for n, k, v in _attributes(params)]
+    golden = dict(manifest.entries("golden"))
+    outputs = [_atk_output(case_dir, name, entry, golden) for name, entry in manifest.entries("outputs")]
     return {
         "id": index,
         "name": manifest.name,
@@ -183,6 +162,13 @@ def atk_case(case_dir: Path, manifest: Manifest, index: int) -> dict[str, Any]:
         "default_seed": case.seed if manifest.seed is None else manifest.seed,
         "expect": {"status": manifest.expect_status, "name": manifest.expect_name},
     }
+
+
+def _atk_output(case_dir: Path, name: str, entry: Mapping[str, Any], golden: Mapping[str, Any]) -> dict[str, Any]:
+    """An ATK output description: the tensor, and its golden file where the case has one."""
+    found = golden.get(name)
+    paths = {} if found is None else {"golden_file": str(case_dir / found["file"]), "golden_dtype": found["dtype"]}
+    return {"name": OP_NAMES[name], "type": "tensor", "dtype": entry["dtype"], "shape": list(entry["shape"]), **paths}
 
 
 def _atk_standard(case: Any) -> dict[str, Any]:

@@ -158,11 +158,8 @@ def short_headline(case: CaseResult, asides: bool = False) -> str:
 
 def without_asides(text: str) -> str:
     """Return `text` without its parenthesised asides, nested ones too."""
-    for _ in range(4):
-        shorter = _PARENTHESES.sub("", text)
-        if shorter == text:
-            break
-        text = shorter
+    for _ in range(4):  # a pass that removes nothing leaves the text as it is
+        text = _PARENTHESES.sub("", text)
     return text
 
 

@@ -101,20 +101,17 @@ def _properties(parent: ET.Element, values: dict[str, str]) -> None:
 
 
 def _case_properties(case: CaseResult) -> dict[str, str]:
-    values = {"device": case.device or "not recorded", "reference_results": str(is_reference(case)).lower()}
-    fault = planted_fault(case)
-    if fault:
-        values["planted_fault"] = fault
-    if case.binary_sha256:
-        values["binary_sha256"] = case.binary_sha256
-    values["standard"] = case.standard
-    if case.release:
-        values["release"] = case.release
-    if case.dtype:
-        values["dtype"] = case.dtype
-    if not get(case.op).is_default:
-        values["op"] = case.op
-    return values
+    values = {
+        "device": case.device or "not recorded",
+        "reference_results": str(is_reference(case)).lower(),
+        "planted_fault": planted_fault(case),
+        "binary_sha256": case.binary_sha256,
+        "standard": case.standard,
+        "release": case.release,
+        "dtype": case.dtype,
+        "op": None if get(case.op).is_default else case.op,
+    }
+    return {name: str(value) for name, value in values.items() if value or name == "standard"}
 
 
 def testcase_id(case: CaseResult) -> tuple[str, str]:

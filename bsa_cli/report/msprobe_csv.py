@@ -78,15 +78,9 @@ def _number(value: float | int | None) -> str:
         return NA
     if isinstance(value, int):
         return str(value)
-    if math.isnan(value):
-        return "nan"
-    if math.isinf(value):
-        return "inf" if value > 0 else "-inf"
+    if not math.isfinite(value):
+        return str(float(value))  # nan, inf, -inf
     return f"{value:.6g}"
-
-
-def _deciding(case: CaseResult) -> str:
-    return case.headline
 
 
 def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
@@ -105,7 +99,7 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
         "; ".join([*case.notes, *failed]),
     ]
     tensor_verdict = PASS if tensor.passed else "FAIL"
-    return row + [case.name, case.verdict, tensor_verdict, case.standard, _deciding(case)]
+    return row + [case.name, case.verdict, tensor_verdict, case.standard, case.headline]
 
 
 def _case_row(case: CaseResult) -> list[str]:
@@ -116,7 +110,7 @@ def _case_row(case: CaseResult) -> list[str]:
     reached = NA if case.verdict == SKIP else "Yes" if case.verdict == PASS else "No"
     status = f"{operator_of(case.op)}/{case.name}/status"
     row = [status, f"expected/{case.name}/status", dtype, dtype, NA, NA, *([NA] * 13), reached, message]
-    return row + [case.name, case.verdict, case.verdict, case.standard, _deciding(case)]
+    return row + [case.name, case.verdict, case.verdict, case.standard, case.headline]
 
 
 def csv_rows(suite: SuiteResult) -> list[list[str]]:

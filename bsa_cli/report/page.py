@@ -152,14 +152,13 @@ def _filters(suite: SuiteResult) -> str:
 def _summary_table(suite: SuiteResult) -> str:
     if shows_ops(suite.cases):
         return _ops_table(suite)
-    rows = []
-    for case in suite.cases:
-        rows.append(
-            f'<tr class="v-{case.verdict}"><td><a href="#case-{esc(case.name)}">{esc(case.name)}</a></td>'
-            f'<td><span class="badge {case.verdict}">{case.verdict}</span></td><td>{esc(case.dtype or "-")}</td>'
-            f"<td>{esc(case.layout or '-')}</td><td>{esc(case.standard)}</td>"
-            f'<td class="headline">{esc(case.headline)}</td></tr>'
-        )
+    rows = [
+        f'<tr class="v-{case.verdict}"><td><a href="#case-{esc(case.name)}">{esc(case.name)}</a></td>'
+        f'<td><span class="badge {case.verdict}">{case.verdict}</span></td><td>{esc(case.dtype or "-")}</td>'
+        f"<td>{esc(case.layout or '-')}</td><td>{esc(case.standard)}</td>"
+        f'<td class="headline">{esc(case.headline)}</td></tr>'
+        for case in suite.cases
+    ]
     head = "".join(f"<th>{h}</th>" for h in ("case", "verdict", "dtype", "layout", "standard", "what happened"))
     return f'<table class="cases"><tr class="head">{head}</tr>{"".join(rows)}</table>'
 
@@ -337,9 +336,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
             ]
             parts.append("<h3>diagnosis: likely causes, best first</h3>")
             parts.append(html_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
-        for tensor in case.tensors:
-            if not tensor.passed:
-                parts.append(_failing_tensor(case, tensor))
+        parts.extend(_failing_tensor(case, tensor) for tensor in case.tensors if not tensor.passed)
         passing = [t for t in case.tensors if t.passed]
         if passing:
             names = ", ".join(t.name for t in passing)

@@ -54,17 +54,9 @@ def render_drift(drift: Drift, console: Console) -> None:
                     no_wrap=column in ("case", "check"),
                     overflow="fold",
                 )
-            for change in drift.regressions:
-                table.add_row(
-                    change.case,
-                    change.tensor,
-                    change.check,
-                    fmt(change.old),
-                    fmt(change.new),
-                    _delta(change),
-                    fmt(change.limit),
-                    "yes" if change.passed else Text("no", style="bold red"),
-                )
+            for c in drift.regressions:
+                passes = "yes" if c.passed else Text("no", style="bold red")
+                table.add_row(c.case, c.tensor, c.check, fmt(c.old), fmt(c.new), _delta(c), fmt(c.limit), passes)
             console.print(table)
         else:  # a narrow terminal: one line per regression keeps every name whole
             console.print(Text(title + ":", style="bold"), soft_wrap=True)

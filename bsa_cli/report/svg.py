@@ -97,12 +97,28 @@ def _cell(x: float, y: float, size: float, fill: str, tip: str) -> str:
     )
 
 
+def _outline(box: tuple[float, float, float, float], tip: str | None = None) -> str:
+    """A box outlined in black over a map (the hottest block, the worst tile), with a tooltip if given."""
+    x, y, w, h = box
+    rect = f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{h:.1f}" fill="none" stroke="#000" '
+    return rect + 'stroke-width="2.5"' + ("/>" if tip is None else f"><title>{esc(tip)}</title></rect>")
+
+
 def _tick_step(count: int, cell: float) -> int:
     """Every how many blocks an axis gets an index (labels at least 18 px apart)."""
     for step in (1, 2, 4, 5, 8, 10, 16, 20, 25, 32, 50, 64, 100, 128, 256, 512):
         if step * cell >= 18 or step >= count:
             return step
     return max(count, 1)
+
+
+def _ticks(ox: float, oy: float, grid: tuple[int, int], cell: float, per: int, first_row: int = 0) -> list[str]:
+    """The indices along the top (columns, `per` apart) and the left (rows, from `first_row`) of a grid."""
+    rows, cols = grid
+    out = [_text(ox + (c + 0.5) * cell, oy - 4, str(c * per), "middle") for c in range(0, cols, _tick_step(cols, cell))]
+    for r in range(0, rows, _tick_step(rows, cell)):
+        out.append(_text(ox - 4, oy + (r + 0.5) * cell + 3.5, str(first_row + r * per), "end"))
+    return out
 
 
 # ---- the heat map ---------------------------------------------------------------------------------
@@ -125,13 +141,10 @@ def _panel_rows(
         return selection.grid(batch, head), (head, head)
     first = head * group
     grids = [selection.grid(batch, h) for h in range(first, first + group)]
-    rows = []
-    for cells in zip(*grids, strict=True):
-        row = "".join(
-            "1" if "1" in column else ("-" if all(c == "-" for c in column) else "0")
-            for column in zip(*cells, strict=True)
-        )
-        rows.append(row)
+    rows = [
+        "".join("1" if "1" in column else ("-" if set(column) == {"-"} else "0") for column in zip(*cells, strict=True))
+        for cells in zip(*grids, strict=True)
+    ]
     return rows, (first, first + group - 1)
 
 
@@ -227,11 +240,7 @@ def _panel_svg(
         f'<rect x="{ox}" y="{oy}" width="{cols * cell:.1f}" height="{rows * cell:.1f}" '
         f'fill="{NOT_COMPUTED}" stroke="#777" stroke-width="1"/>'
     )
-    step_kv, step_q = _tick_step(cols, cell), _tick_step(rows, cell)
-    for c in range(0, cols, step_kv):
-        out.append(_text(ox + (c + 0.5) * cell, oy - 4, str(c * pool), "middle"))
-    for r in range(0, rows, step_q):
-        out.append(_text(ox - 4, oy + (r + 0.5) * cell + 3.5, str(r * pool), "end"))
+    out += _ticks(ox, oy, (rows, cols), cell, pool)
     what = "tile ratio" if block_map.rmse_benchmark is not None else "block RMSE / tensor RMSE"
     for r in range(rows):
         for c in range(cols):
@@ -265,11 +274,7 @@ def _panel_svg(
             box = (ox + k * cell, oy, cell, rows * cell)
             marker_x, marker_y = ox + (k + 0.5) * cell, oy + rows * cell + 3
             corners = ((marker_x, marker_y), (marker_x - 5, marker_y + 7), (marker_x + 5, marker_y + 7))
-        out.append(
-            f'<rect x="{box[0]:.1f}" y="{box[1]:.1f}" width="{box[2]:.1f}" height="{box[3]:.1f}" fill="none" '
-            f'stroke="#000" stroke-width="2.5"><title>{esc(_hot_text(tensor, hot))}</title>'
-            "</rect>"
-        )
+        out.append(_outline(box, _hot_text(tensor, hot)))
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in corners)
         out.append(f'<polygon points="{points}" fill="#000"><title>{esc(_hot_text(tensor, hot))}</title></polygon>')
     return "".join(out)
@@ -322,8 +327,7 @@ def _strip_map(tensor: TensorResult, block_map: BlockMap, scale: Scale) -> str:
     title = f"{tensor.name}: error ratio per (head, {axis}); the block mask was too large to keep"
     width = max(width, len(title) * 6.3 + 10)
     out = [_text(4, 12, title, extra=' font-weight="bold"')]
-    for c in range(0, cols, _tick_step(cols, cell)):
-        out.append(_text(left + (c + 0.5) * cell, top - 4, str(c * pool), "middle"))
+    out += _ticks(left, top, (0, cols), cell, pool)
     for r, (b, n) in enumerate(shown):
         y = top + r * cell
         out.append(_text(left - 4, y + cell / 2 + 3.5, f"b{b} n{n}", "end"))
@@ -401,12 +405,7 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
     out = [_text(4, 12, title, extra=' font-weight="bold"'), _text(left, 30, "columns: head dim d; rows: position s")]
     first_row = hot.rows[0]
     worst = np.unravel_index(int(np.nanargmax(np.where(np.isnan(tiles), -np.inf, tiles))), tiles.shape)
-    step_c = _tick_step(n_cols, cell)
-    for c in range(0, n_cols, step_c):
-        out.append(_text(left + (c + 0.5) * cell, top - 4, str(c * 16), "middle"))
-    step_r = _tick_step(n_rows, cell)
-    for r in range(0, n_rows, step_r):
-        out.append(_text(left - 4, top + (r + 0.5) * cell + 3.5, str(first_row + r * 16), "end"))
+    out += _ticks(left, top, (n_rows, n_cols), cell, 16, first_row)
     for r in range(n_rows):
         for c in range(n_cols):
             value = float(tiles[r, c])
@@ -414,10 +413,7 @@ def tile_map(tensor: TensorResult, scale: Scale) -> str:
             tip = f"rows s={s0}-{min(s0 + 15, hot.rows[1] - 1)}, d={d0}-{d0 + 15}: tile RMSE ratio {fmt(value, 4)}"
             out.append(_cell(left + c * cell, top + r * cell, cell, scale.colour(value), tip))
     wr, wc = int(worst[0]), int(worst[1])
-    out.append(
-        f'<rect x="{left + wc * cell:.1f}" y="{top + wr * cell:.1f}" width="{cell:.1f}" height="{cell:.1f}" '
-        f'fill="none" stroke="#000" stroke-width="2.5"/>'
-    )
+    out.append(_outline((left + wc * cell, top + wr * cell, cell, cell)))
     caption = f"worst: s={first_row + wr * 16}, d={wc * 16}, ratio {fmt(float(tiles[wr, wc]), 3)}"
     height = top + n_rows * cell + 20
     out.append(_text(left, height - 4, caption))
@@ -432,10 +428,8 @@ BENCHMARK_FILL = "#c9c9c9"
 
 def ulp_bins(edges: Sequence[float]) -> list[str]:
     """Return the labels of the chart's bins: "<=0.5", "0.5-1", ..., ">1024"."""
-    labels = [f"<={fmt(edges[0])}"]
-    labels += [f"{fmt(a)}-{fmt(b)}" for a, b in zip(edges, edges[1:], strict=False)]
-    labels.append(f">{fmt(edges[-1])}")
-    return labels
+    pairs = [f"{fmt(a)}-{fmt(b)}" for a, b in zip(edges, edges[1:], strict=False)]
+    return [f"<={fmt(edges[0])}", *pairs, f">{fmt(edges[-1])}"]
 
 
 def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich import box
@@ -40,11 +40,16 @@ def table_box(console: Console) -> box.Box:
     return box.ROUNDED if console.is_terminal else box.ASCII
 
 
-def titled_table(console: Console, title: str, columns: Sequence[str], right: Sequence[str], **options: Any) -> Table:
-    """Return a table titled on the left, its `columns` added (those in `right` right-aligned) with `options`."""
+def titled_table(
+    console: Console, title: str, columns: Sequence[str], right: Sequence[str], rows: Iterable[Any] = (), **options: Any
+) -> Table:
+    """Return a table titled on the left, its `columns` added (those in `right` right-aligned) with `options`,
+    and its `rows`."""
     table = Table(box=table_box(console), title=title, title_justify="left")
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left", **options)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
@@ -132,14 +137,12 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
 
 
 def _diagnosis_table(case: CaseResult, console: Console) -> Table:
-    title, columns = (
-        f"{case.name}: diagnosis (likely causes, best first)",
-        ("#", "kind", "score", "tensors", "evidence"),
-    )
-    table = titled_table(console, title, columns, ("#", "score"), overflow="fold")
-    for rank, cause in enumerate(case.diagnosis, 1):
-        table.add_row(str(rank), cause.kind, f"{cause.score:.2f}", ",".join(cause.tensors), cause.evidence)
-    return table
+    title = f"{case.name}: diagnosis (likely causes, best first)"
+    columns = ("#", "kind", "score", "tensors", "evidence")
+    rows = [
+        (str(n), c.kind, f"{c.score:.2f}", ",".join(c.tensors), c.evidence) for n, c in enumerate(case.diagnosis, 1)
+    ]
+    return titled_table(console, title, columns, ("#", "score"), rows, overflow="fold")
 
 
 def render_explanation(case: CaseResult, console: Console) -> None:
@@ -206,32 +209,23 @@ def _bias_table(case: CaseResult, console: Console) -> Table:
 
 def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
     columns = ("where", "device", "golden", "benchmark", "abs err", "ulp")
-    table = titled_table(console, f"{case.name} {tensor.name}: worst elements", columns, columns[1:])
-    for row in worst_rows(tensor):
-        table.add_row(*row)
-    return table
+    return titled_table(console, f"{case.name} {tensor.name}: worst elements", columns, columns[1:], worst_rows(tensor))
 
 
 def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
     kind = "query block i" if query_axis(tensor) else "kv block j"
     columns = ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile")
-    table = titled_table(console, f"{case.name} {tensor.name}: hot blocks ({kind})", columns, columns)
-    for row in hot_rows(tensor):
-        table.add_row(*row)
-    return table
+    return titled_table(console, f"{case.name} {tensor.name}: hot blocks ({kind})", columns, columns, hot_rows(tensor))
 
 
 def _metrics_table(case: CaseResult, console: Console) -> Table:
     names = tuple(t.name for t in case.tensors)
-    table = titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names)
-    for row in metric_rows(case.tensors):
-        table.add_row(*row)
-    hist_cells = []
-    for tensor in case.tensors:
-        histogram = tensor.device.ulp_histogram or ()
-        hist_cells.append(" ".join(f"{label}:{count}" for label, count in zip(ULP_BUCKETS, histogram, strict=False)))
-    table.add_row("ULP histogram", *hist_cells)
-    return table
+    histograms = [
+        " ".join(f"{label}:{count}" for label, count in zip(ULP_BUCKETS, t.device.ulp_histogram or (), strict=False))
+        for t in case.tensors
+    ]
+    rows = [*metric_rows(case.tensors), ["ULP histogram", *histograms]]
+    return titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names, rows)
 
 
 def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
