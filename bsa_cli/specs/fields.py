@@ -8,6 +8,7 @@ their aliases, and the bounds on values (MAX_DIM, INT64_LIMIT, MAX_MASK_BYTES) a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -207,10 +208,8 @@ class _Reader:
         if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "-inf", "nan"):
             return float(value)
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 return float(value)  # '1e-3' and the like, when quoted
-            except ValueError:
-                pass
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self.error(key, f"{show(value)} is not a number")
         try:
@@ -505,8 +504,7 @@ def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
 
 
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
-    refuse_unknown(r, raw, DIST_KEYS, f"{key}.")
-    sub = r.nested(key, raw)
+    sub = _mapping(r, key, raw, DIST_KEYS, "distribution keys")
     kind = sub.choice("distribution", ("normal", "uniform"), "normal")
     dist = Distribution(
         kind=kind,
@@ -532,11 +530,7 @@ def _init(r: _Reader) -> Init:
     raw = r.get("init", {})
     if not isinstance(raw, dict):
         raise r.error("init", f"{show(raw)} is not a mapping")
-    for key in raw:
-        if key not in INIT_KEYS:
-            raise r.error(
-                f"init.{_key(key)}", f"unknown key{_suggest(key, INIT_KEYS)}; allowed: {', '.join(INIT_KEYS)}"
-            )
+    refuse_unknown(r, raw, INIT_KEYS, "init.")
     base = {k: v for k, v in raw.items() if k in DIST_KEYS}
     per_tensor = {}
     for tensor in TENSORS:
