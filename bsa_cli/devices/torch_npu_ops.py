@@ -250,14 +250,12 @@ def plan_op(manifest: Manifest) -> OpPlan:
         backward = None
         if BACKWARD_BINDING in op.torch_npu_calls:
             bq, bkv = call_lengths(params)
+            shared = ("q_input_layout", "kv_input_layout", "num_key_value_heads", "scale_value")
             backward = {
                 "block_shape": forward.block_shape,
                 "actual_seq_lengths": _int_list(bq),
                 "actual_seq_lengths_kv": _int_list(bkv),
-                "q_input_layout": forward.q_input_layout,
-                "kv_input_layout": forward.kv_input_layout,
-                "num_key_value_heads": forward.num_key_value_heads,
-                "scale_value": forward.scale_value,
+                **{key: getattr(forward, key) for key in shared},  # the forward's, in the backward's order
             }
     except (KeyError, TypeError, ValueError) as exc:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
