@@ -280,16 +280,12 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
             raise r.error(key, f"{show(value)} is neither null (a null pointer) nor a mapping with dtype and/or shape")
         refuse_unknown(r, value, TENSOR_KEYS, f"{key}.")
         raw_dtype = value.get("dtype")
-        dtype = None
-        if raw_dtype is not None:
-            dtype = dtype_name(raw_dtype)
-            if dtype is None:
-                raise r.error(
-                    f"{key}.dtype",
-                    f"{show(raw_dtype)} is not allowed"
-                    f"{_dtype_suggestion(raw_dtype, DTYPES)}; "
-                    f"allowed: {', '.join(DTYPES)}",
-                )
+        dtype = None if raw_dtype is None else dtype_name(raw_dtype)
+        if raw_dtype is not None and dtype is None:
+            raise r.error(
+                f"{key}.dtype",
+                f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; allowed: {', '.join(DTYPES)}",
+            )
         shape = value.get("shape")
         if shape is not None:
             if (
