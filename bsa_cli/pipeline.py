@@ -8,7 +8,7 @@ here prints: a `CheckProgress` is told what happens (the CLI shows it), and erro
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from .gen.generate import generate_suite
 from .gen.schedule import Estimate, auto_jobs, estimate
 from .gen.settings import GenSettings
 from .ops.interface import DETERMINISTIC_RELEASES
+from .store.manifest import Manifest
 
 
 class CheckProgress:
@@ -117,14 +118,8 @@ def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: 
     case, weighed by backward FLOPs."""
     skipped = {case_dir for case_dir, _ in skipped_folders(case_dirs)}
     case_dirs = [case_dir for case_dir in case_dirs if case_dir not in skipped]
-    if options.deterministic:
-        releases = {}
-        for case_dir in case_dirs:
-            try:
-                releases[case_dir.name] = store.load_manifest(case_dir).release
-            except BsaError:
-                continue  # the run records the broken manifest as the case's error
-        refuse_deterministic(releases)
+    if options.deterministic:  # a broken manifest is left to the run, which records it as the case's error
+        refuse_deterministic({case_dir.name: manifest.release for case_dir, manifest in _readable(case_dirs)})
     options = options if options.judge is not None else replace(options, judge=judge_run)
     flops = backward_flops(case_dirs) if options.device.reports_progress else None
     progress.running(case_dirs, options.device, flops)
@@ -144,15 +139,17 @@ def judge_run(case_dir: Path, run_dir: Path) -> tuple[str, str] | None:
 def skipped_folders(case_dirs: Sequence[Path]) -> list[tuple[Path, str]]:
     """Return the case folders whose manifest says gen skipped their op (`skip`), with why; a manifest that
     cannot be read is left to the run, which records it as the case's error."""
-    found = []
+    return [(case_dir, manifest.skip) for case_dir, manifest in _readable(case_dirs) if manifest.skip is not None]
+
+
+def _readable(case_dirs: Sequence[Path]) -> Iterator[tuple[Path, Manifest]]:
+    """Yield each case folder whose manifest can be read, with that manifest (in order; the others are skipped)."""
     for case_dir in case_dirs:
         try:
-            reason = store.load_manifest(case_dir).skip
+            manifest = store.load_manifest(case_dir)
         except BsaError:
             continue
-        if reason is not None:
-            found.append((case_dir, reason))
-    return found
+        yield case_dir, manifest
 
 
 def refuse_deterministic(releases: Mapping[str, str]) -> None:

@@ -22,6 +22,7 @@ cannot be read or written and memory running out into one line): imports flow on
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -64,10 +65,8 @@ def _terminate(signum: int, _frame: Any) -> None:
     for child in multiprocessing.active_children():
         if child.pid is None:  # not started
             continue
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(child.pid, signal.SIGINT)
-        except (ProcessLookupError, PermissionError):
-            pass
     raise Terminated(signum)
 
 

@@ -308,34 +308,20 @@ def _report_paths(
     return {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
 
 
+REPORT_HELP = {
+    "--json": "Write everything measured as JSON (schema bsa-compare/1).",
+    "--junit": "Write a JUnit XML report (one testcase per case; says when results are reference ones).",
+    "--html": "Write a self-contained HTML report with pictures of every failing tensor.",
+    "--csv": "Write msprobe's compare CSV (one row per tensor) with bsa's verdict columns.",
+}
+"""Each report option's help, in --help order."""
+
 report_options = gathered(
     "reports",
     _report_paths,
     [
-        click.option(
-            "--json",
-            "json_path",
-            type=click.Path(path_type=Path, dir_okay=False),
-            help="Write everything measured as JSON (schema bsa-compare/1).",
-        ),
-        click.option(
-            "--junit",
-            "junit_path",
-            type=click.Path(path_type=Path, dir_okay=False),
-            help="Write a JUnit XML report (one testcase per case; says when results are reference ones).",
-        ),
-        click.option(
-            "--html",
-            "html_path",
-            type=click.Path(path_type=Path, dir_okay=False),
-            help="Write a self-contained HTML report with pictures of every failing tensor.",
-        ),
-        click.option(
-            "--csv",
-            "csv_path",
-            type=click.Path(path_type=Path, dir_okay=False),
-            help="Write msprobe's compare CSV (one row per tensor) with bsa's verdict columns.",
-        ),
+        click.option(flag, f"{flag[2:]}_path", type=click.Path(path_type=Path, dir_okay=False), help=text)
+        for flag, text in REPORT_HELP.items()
     ],
 )
 """--json, --junit, --html and --csv (report files; their folders are created), as `reports: ReportPaths`."""

@@ -192,8 +192,7 @@ def run_detail(result: RunResult) -> str:
         if result.expect_status is not None and result.expect_status != result.status:
             status += f" (expected {result.expect_status})"
         parts.append(status)
-    parts.append(f"{result.duration_s:.2f} s")
-    parts.append(f"device {result.device_id}")
+    parts += [f"{result.duration_s:.2f} s", f"device {result.device_id}"]
     return ", ".join(parts)
 
 

@@ -18,6 +18,7 @@ the device what it does (`reference_results`, `seeded`, `reports_progress`, ...)
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -161,10 +162,8 @@ class Cancel:
         with self._lock:
             groups = list(self._groups)
         for pgid in groups:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 @dataclass(frozen=True)

@@ -151,17 +151,13 @@ def _entries(case: Case) -> list[tuple[int, int, int, int, int]]:
     BNSD: the actual lengths when given (the forward honours them), else the S dimensions; rows start at 0
     in the entry's own slice. TND: token offsets are the running sums of the per-batch lengths.
     """
-    if case.layout == "TND":
-        q_lengths = case.actual_seq_lengths or (case.q_seq_len,) * case.batch
-        kv_lengths = case.actual_seq_lengths_kv or (case.kv_seq_len,) * case.batch
-        q_starts = np.concatenate([[0], np.cumsum(q_lengths)[:-1]]).astype(int)
-        kv_starts = np.concatenate([[0], np.cumsum(kv_lengths)[:-1]]).astype(int)
-        return [
-            (b, int(q_starts[b]), int(q_lengths[b]), int(kv_starts[b]), int(kv_lengths[b])) for b in range(case.batch)
-        ]
     q_lengths = case.actual_seq_lengths or (case.q_seq_len,) * case.batch
     kv_lengths = case.actual_seq_lengths_kv or (case.kv_seq_len,) * case.batch
-    return [(b, 0, int(q_lengths[b]), 0, int(kv_lengths[b])) for b in range(case.batch)]
+    if case.layout != "TND":
+        return [(b, 0, int(q_lengths[b]), 0, int(kv_lengths[b])) for b in range(case.batch)]
+    q_starts = np.concatenate([[0], np.cumsum(q_lengths)[:-1]]).astype(int)
+    kv_starts = np.concatenate([[0], np.cumsum(kv_lengths)[:-1]]).astype(int)
+    return [(b, int(q_starts[b]), int(q_lengths[b]), int(kv_starts[b]), int(kv_lengths[b])) for b in range(case.batch)]
 
 
 def _heads_major(case: Case, tensor: np.ndarray, batch: int, start: int, length: int) -> np.ndarray:

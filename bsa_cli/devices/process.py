@@ -8,6 +8,7 @@ keep their first and last MiB.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -40,19 +41,15 @@ def signal_name(number: int) -> str:
 
 
 def signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def stop_group(proc: subprocess.Popen[bytes]) -> None:
     """Stop a run's whole process group: SIGTERM, then SIGKILL after KILL_GRACE_S."""
     signal_group(proc.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass
     signal_group(proc.pid, signal.SIGKILL)
     proc.wait()
 
@@ -84,11 +81,9 @@ def spawn(attempt: Attempt, execution: Execution) -> None:
         reader = PipeReader({proc.stdout: out, proc.stderr: err})
         try:
             while True:
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=0.05)
                     break
-                except subprocess.TimeoutExpired:
-                    pass
                 if execution.cancel.event.is_set():
                     attempt.interrupted = True
                     stop_group(proc)

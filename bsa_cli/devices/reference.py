@@ -342,9 +342,7 @@ def emulate(
     block_mask = np.asarray(tensors["block_sparse_mask"])
     order = None if order_seed is None else seeded(order_seed)
     lose_update = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
-    dq = np.zeros(case.q_shape, dtype=np.float32)
-    dk = np.zeros(case.kv_shape, dtype=np.float32)
-    dv = np.zeros(case.kv_shape, dtype=np.float32)
+    dq, dk, dv = (np.zeros(shape, dtype=np.float32) for shape in (case.q_shape, case.kv_shape, case.kv_shape))
     spans = [span for span in case.spans() if span.q_len and span.kv_len]
     masks = {span.batch: effective_mask(case, block_mask, span, fault) for span in spans}
     ticker = _Ticker(case.name, sum(int(np.count_nonzero(m)) for m in masks.values())) if _REPORTERS else None

@@ -112,6 +112,11 @@ STALE_OUTPUT_FILES = ("dq.bin", "dk.bin", "dv.bin", "out.bin", "lse.bin")
 """Output files of every op (the backward's, the forward's) deleted before a case runs, whatever its manifest says."""
 
 
+def _run_file(name: str) -> bool:
+    """Whether a file name is one `bsa run` keeps for itself: a staging folder `.run-K` or a log."""
+    return name.startswith(".run-") or (name.startswith(("stdout", "stderr")) and name.endswith(".log"))
+
+
 def _clear_stale(output_dir: Path, manifest: Manifest | None) -> list[str]:
     """Delete results of an earlier run from `output_dir`: outputs, status, record, logs, staging dirs.
 
@@ -133,7 +138,7 @@ def _clear_stale(output_dir: Path, manifest: Manifest | None) -> list[str]:
         except DataError as exc:
             problems.append(str(exc))
     for path in output_dir.iterdir():
-        if path.name.startswith(".run-") or (path.name.startswith(("stdout", "stderr")) and path.name.endswith(".log")):
+        if _run_file(path.name):
             paths.append(path)
     for path in dict.fromkeys(paths):
         try:
@@ -420,14 +425,9 @@ class _CaseRun:
         if not staging.is_dir():
             return
         for path in staging.iterdir():
-            name = path.name
-            if (
-                name == RUN_RECORD
-                or name.startswith(".run-")
-                or (name.startswith(("stdout", "stderr")) and name.endswith(".log"))
-            ):
+            if path.name == RUN_RECORD or _run_file(path.name):
                 continue
-            target = self.output_dir / name
+            target = self.output_dir / path.name
             if target.is_dir() and not target.is_symlink():
                 if not (path.is_dir() and not path.is_symlink() and not any(target.iterdir())):
                     continue  # an earlier folder stays; an empty one is replaced below

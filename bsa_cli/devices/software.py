@@ -25,6 +25,7 @@ Nothing here raises: a value that cannot be read is null, never guessed, and nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -155,14 +156,12 @@ def _torch_npu_cann(torch: Any, torch_npu: Any) -> tuple[str | None, str | None]
 def torch_npu_software(torch: Any, torch_npu: Any, env: Mapping[str, str]) -> dict[str, str | None]:
     """What the torch_npu child runs (in the child: torch and torch_npu are imported)."""
     found: dict[str, str | None] = dict.fromkeys(TORCH_NPU_KEYS)
-    try:
+    with contextlib.suppress(Exception):
         found["torch"] = clean(getattr(torch, "__version__", None))
         found["torch_npu"] = clean(getattr(torch_npu, "__version__", None))
         found["cann"], found["cann_source"] = _torch_npu_cann(torch, torch_npu)
         if found["cann"] is None:
             found["cann"], found["cann_source"] = toolkit_cann(env)
-    except Exception:
-        pass
     return found
 
 

@@ -114,15 +114,7 @@ class Call:
 
     def keywords(self) -> dict[str, Any]:
         """Return the arguments after the seven tensors, by their names in the binding's schema."""
-        return {
-            "block_shape": self.block_shape,
-            "actual_seq_lengths": self.actual_seq_lengths,
-            "actual_seq_lengths_kv": self.actual_seq_lengths_kv,
-            "q_input_layout": self.q_input_layout,
-            "kv_input_layout": self.kv_input_layout,
-            "num_key_value_heads": self.num_key_value_heads,
-            "scale_value": self.scale_value,
-        }
+        return torch_npu_ops.call_keywords(self, "null_inputs")
 
 
 def _desc(entry: Mapping[str, Any] | None) -> tuple[Any, tuple[int, ...]]:

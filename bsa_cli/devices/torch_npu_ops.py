@@ -46,6 +46,7 @@ The child never pre-fills outputs (the binding allocates them): run.json records
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -133,6 +134,11 @@ def autograd_refusal(version: str | None) -> str | None:
 # ---- the calls ----------------------------------------------------------------------------------------
 
 
+def call_keywords(call: Any, *skipped: str) -> dict[str, Any]:
+    """Return the fields of a call dataclass but `skipped`, in field order, by name (the binding's keywords)."""
+    return {f.name: getattr(call, f.name) for f in dataclasses.fields(call) if f.name not in skipped}
+
+
 @dataclass(frozen=True)
 class ForwardCall:
     """The non-tensor arguments of one `npu_block_sparse_attention` call."""
@@ -149,16 +155,7 @@ class ForwardCall:
 
     def keywords(self) -> dict[str, Any]:
         """Return the keyword-only arguments after `block_shape`, by their names in the binding's schema."""
-        return {
-            "q_input_layout": self.q_input_layout,
-            "kv_input_layout": self.kv_input_layout,
-            "num_key_value_heads": self.num_key_value_heads,
-            "scale_value": self.scale_value,
-            "inner_precise": self.inner_precise,
-            "actual_seq_lengths": self.actual_seq_lengths,
-            "actual_seq_lengths_kv": self.actual_seq_lengths_kv,
-            "softmax_lse_flag": self.softmax_lse_flag,
-        }
+        return call_keywords(self, "block_shape")
 
 
 @dataclass(frozen=True)
@@ -253,14 +250,12 @@ def plan_op(manifest: Manifest) -> OpPlan:
         backward = None
         if BACKWARD_BINDING in op.torch_npu_calls:
             bq, bkv = call_lengths(params)
+            shared = ("q_input_layout", "kv_input_layout", "num_key_value_heads", "scale_value")
             backward = {
                 "block_shape": forward.block_shape,
                 "actual_seq_lengths": _int_list(bq),
                 "actual_seq_lengths_kv": _int_list(bkv),
-                "q_input_layout": forward.q_input_layout,
-                "kv_input_layout": forward.kv_input_layout,
-                "num_key_value_heads": forward.num_key_value_heads,
-                "scale_value": forward.scale_value,
+                **{key: getattr(forward, key) for key in shared},  # the forward's, in the backward's order
             }
     except (KeyError, TypeError, ValueError) as exc:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None

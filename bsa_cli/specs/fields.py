@@ -8,6 +8,7 @@ their aliases, and the bounds on values (MAX_DIM, INT64_LIMIT, MAX_MASK_BYTES) a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import math
@@ -207,10 +208,8 @@ class _Reader:
         if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "-inf", "nan"):
             return float(value)
         if isinstance(value, str):
-            try:
+            with contextlib.suppress(ValueError):
                 return float(value)  # '1e-3' and the like, when quoted
-            except ValueError:
-                pass
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self.error(key, f"{show(value)} is not a number")
         try:
@@ -281,16 +280,12 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
             raise r.error(key, f"{show(value)} is neither null (a null pointer) nor a mapping with dtype and/or shape")
         refuse_unknown(r, value, TENSOR_KEYS, f"{key}.")
         raw_dtype = value.get("dtype")
-        dtype = None
-        if raw_dtype is not None:
-            dtype = dtype_name(raw_dtype)
-            if dtype is None:
-                raise r.error(
-                    f"{key}.dtype",
-                    f"{show(raw_dtype)} is not allowed"
-                    f"{_dtype_suggestion(raw_dtype, DTYPES)}; "
-                    f"allowed: {', '.join(DTYPES)}",
-                )
+        dtype = None if raw_dtype is None else dtype_name(raw_dtype)
+        if raw_dtype is not None and dtype is None:
+            raise r.error(
+                f"{key}.dtype",
+                f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; allowed: {', '.join(DTYPES)}",
+            )
         shape = value.get("shape")
         if shape is not None:
             if (
@@ -505,8 +500,7 @@ def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
 
 
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
-    refuse_unknown(r, raw, DIST_KEYS, f"{key}.")
-    sub = r.nested(key, raw)
+    sub = _mapping(r, key, raw, DIST_KEYS, "distribution keys")
     kind = sub.choice("distribution", ("normal", "uniform"), "normal")
     dist = Distribution(
         kind=kind,
@@ -532,11 +526,7 @@ def _init(r: _Reader) -> Init:
     raw = r.get("init", {})
     if not isinstance(raw, dict):
         raise r.error("init", f"{show(raw)} is not a mapping")
-    for key in raw:
-        if key not in INIT_KEYS:
-            raise r.error(
-                f"init.{_key(key)}", f"unknown key{_suggest(key, INIT_KEYS)}; allowed: {', '.join(INIT_KEYS)}"
-            )
+    refuse_unknown(r, raw, INIT_KEYS, "init.")
     base = {k: v for k, v in raw.items() if k in DIST_KEYS}
     per_tensor = {}
     for tensor in TENSORS:

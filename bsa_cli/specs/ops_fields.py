@@ -51,30 +51,30 @@ def read_ops(r: _Reader) -> tuple[Op, ...]:
     return tuple(op for op in OPS if op in value)
 
 
+def _forward_integer(r: _Reader, key: str, default: int, values: tuple[int, ...], negative: bool, allowed: str) -> int:
+    """Return the forward's integer `key`: one of `values`, another integer only in a negative case."""
+    value = r.integer(key, default, minimum=None, maximum=INT64_LIMIT - 1)
+    if value not in values and not negative:
+        raise r.error(key, f"{show(value)} is not allowed; allowed: {allowed}")
+    return value
+
+
 def read_inner_precise(r: _Reader, negative: bool) -> int:
     """Return `inner_precise:` (0, 1, 4; another integer only in a negative case)."""
-    value = r.integer("inner_precise", INNER_PRECISE_DEFAULT, minimum=None, maximum=INT64_LIMIT - 1)
-    if value not in INNER_PRECISE_VALUES and not negative:
-        raise r.error(
-            "inner_precise",
-            f"{show(value)} is not allowed; allowed: 0 (fp32 softmax, bsa's default), 1 (fp16 softmax, torch_npu's "
-            "default), 4 (Ascend 950); another value only in a negative case (the aclnn returns 161002: set "
-            "'expect: 161002')",
-        )
-    return value
+    allowed = (
+        "0 (fp32 softmax, bsa's default), 1 (fp16 softmax, torch_npu's default), 4 (Ascend 950); another value "
+        "only in a negative case (the aclnn returns 161002: set 'expect: 161002')"
+    )
+    return _forward_integer(r, "inner_precise", INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, negative, allowed)
 
 
 def read_softmax_lse_flag(r: _Reader, negative: bool) -> int:
     """Return `softmax_lse_flag:` (0, 1; another integer only in a negative case)."""
-    value = r.integer("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT, minimum=None, maximum=INT64_LIMIT - 1)
-    if value not in SOFTMAX_LSE_FLAG_VALUES and not negative:
-        raise r.error(
-            "softmax_lse_flag",
-            f"{show(value)} is not allowed; allowed: 1 (lse written, bsa's default), 0 (lse left unwritten, "
-            "torch_npu's default); another value only in a negative case (the A2/A3 tiling refuses it: set "
-            "'expect: 561002')",
-        )
-    return value
+    allowed = (
+        "1 (lse written, bsa's default), 0 (lse left unwritten, torch_npu's default); another value only in a "
+        "negative case (the A2/A3 tiling refuses it: set 'expect: 561002')"
+    )
+    return _forward_integer(r, "softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT, SOFTMAX_LSE_FLAG_VALUES, negative, allowed)
 
 
 def read_expect(r: _Reader) -> Expect:
