@@ -20,7 +20,7 @@ files, no printing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -35,6 +35,7 @@ from .findings import Diagnosis, Findings, Search, Trial, named, not_tried, scor
 from .hypotheses import VARIANTS, Context, Target, Variant, applies, recompute
 from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
+from .views import Arrays
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
@@ -59,10 +60,10 @@ class _Failure:
     ctx: Context
     tensors: Sequence[TensorResult]
     failing: list[TensorResult]
-    device: Mapping[str, np.ndarray]
-    golden: Mapping[str, np.ndarray]
-    benchmark: Mapping[str, np.ndarray] | None
-    inputs: Mapping[str, np.ndarray]
+    device: Arrays
+    golden: Arrays
+    benchmark: Arrays | None
+    inputs: Arrays
     blocks: Blocks
     nonfinite: Cause | None
 
@@ -78,10 +79,10 @@ def diagnose(
     case: Case,
     tensors: Sequence[TensorResult],
     checks: Sequence[Check],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    inputs: Mapping[str, np.ndarray],
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
+    inputs: Arrays,
 ) -> Diagnosis:
     """Diagnose a failing case: test candidate causes against the device's outputs and rank them.
 

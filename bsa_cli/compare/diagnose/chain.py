@@ -9,7 +9,7 @@ Pure: arrays in, causes out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from ...store.manifest import GRAD_NAMES
 from ..results import Cause, Hypothesis, TensorResult
 from .hypotheses import NULL, Context, recompute
 from .scoring import gather_blocks
+from .views import Arrays
 
 CARRIED = 0.9
 """Share of the gradients' excess error the backward recomputed from the device's out and lse must explain
@@ -67,12 +68,7 @@ class Carried:
 
 
 def carried_from_forward(
-    case: Case,
-    grads: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    read: Mapping[str, np.ndarray],
+    case: Case, grads: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None, read: Arrays
 ) -> Carried:
     """Test whether a pair's failing dq, dk, dv are the backward's right answer to the forward's out and lse
     as the device wrote them: the worst failing blocks recomputed (float64) from `read` (the backward's
@@ -106,10 +102,10 @@ def score_padding(
     case: Case,
     causes: Sequence[Cause],
     tensors: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    read: Mapping[str, np.ndarray],
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
+    read: Arrays,
 ) -> tuple[list[Cause], list[str]]:
     """Score `padding-rows-read` by where the gradients' error is: the failing blocks recomputed (float64) as a
     backward over the full S computes them, reading the padding rows' out and lse as the device's forward left
@@ -163,17 +159,17 @@ def _touches_padding(case: Case, target: Any) -> bool:
     return (target.block + 1) * size > lengths[batch]
 
 
-def pick_tensors(arrays: Mapping[str, np.ndarray], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+def pick_tensors(arrays: Arrays, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The arrays of `names` that `arrays` holds."""
     return {n: arrays[n] for n in names if n in arrays}
 
 
-class PairInputs(Mapping[str, np.ndarray]):
+class PairInputs(Arrays):
     """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse from `forward`
     (the device's out and lse as the backward read them, or the golden's: the exact forward's), the others
     the case's inputs."""
 
-    def __init__(self, inputs: Mapping[str, np.ndarray], forward: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, inputs: Arrays, forward: Arrays) -> None:
         self.inputs, self.forward = inputs, forward
 
     def __getitem__(self, name: str) -> np.ndarray:

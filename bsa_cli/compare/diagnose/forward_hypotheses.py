@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan
+from ...core.case import Case
 from ...core.layout import lse_view, q_view
 from . import hypotheses
 from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
-from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
+from .views import SAMPLE_ROWS, Spans, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
     Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
@@ -277,7 +277,7 @@ def falls(ratios: Mapping[str, tuple[float, float]], failing: Sequence[str]) -> 
     return ", ".join(parts) or "nothing to explain"
 
 
-def per_entry(case: Case, array: np.ndarray, spans: Mapping[int, SequenceSpan], lse: bool) -> dict[int, np.ndarray]:
+def per_entry(case: Case, array: np.ndarray, spans: Spans, lse: bool) -> dict[int, np.ndarray]:
     if lse:
         return {b: np.asarray(lse_view(case, array, s), dtype=np.float64)[..., None] for b, s in spans.items()}
     return {b: np.asarray(q_view(case, array, s), dtype=np.float64) for b, s in spans.items()}

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.case import Case, numpy_dtype
 from ...core.layout import lse_view
 from ..results import Cause, Check, Hypothesis, TensorResult
 from .findings import Findings, Kind, named, tried
 from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, falls
 from .hypotheses import Variant
-from .views import dtype_eps
+from .views import Arrays, Spans, dtype_eps
 
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
@@ -103,7 +103,7 @@ def fits(
     return best, found
 
 
-def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, left: Mapping[str, np.ndarray]) -> bool:
+def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, left: Arrays) -> bool:
     """Whether a mask reading leaves unwritten exactly the rows the device left unwritten (of those it must
     write), in every output: a kernel skipping a block row writes neither its out nor its lse."""
     x = ctx.case.block_shape[0]
@@ -118,8 +118,8 @@ def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, lef
 def unwritten_rows(
     case: Case,
     judged: Sequence[str],
-    arrays: Mapping[str, np.ndarray],
-    gold: Mapping[str, np.ndarray],
+    arrays: Arrays,
+    gold: Arrays,
     written: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
@@ -163,7 +163,7 @@ def written_alone(
     case: Case,
     tensors: Sequence[TensorResult],
     checks: Sequence[Check],
-    arrays: Mapping[str, np.ndarray],
+    arrays: Arrays,
     written: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
@@ -220,9 +220,7 @@ def _at_prefill(case: Case, name: str, dev: np.ndarray, bits: Mapping[str, int])
     return (dev.view(unsigned) == unsigned(bits["float32" if name == "lse" else case.dtype])).all(axis=-1)
 
 
-def rows_permuted(
-    case: Case, spans: Mapping[int, SequenceSpan], side: Side, written: np.ndarray, targets: Sequence[QBlock]
-) -> Findings:
+def rows_permuted(case: Case, spans: Spans, side: Side, written: np.ndarray, targets: Sequence[QBlock]) -> Findings:
     """rows-permuted: out's worst rows equal golden rows at other positions of the same head (any entry);
     length-boundary when an entry's worst rows all sit one shift from their place (the entry written late)."""
     supposes = "out rows written at other rows' places (device rows equal golden rows elsewhere)"
@@ -353,9 +351,7 @@ def _region(region: tuple[QBlock, int, int, int]) -> str:
     return f"out {target.words()} rows {first}..{last}{cols}"
 
 
-def layout(
-    case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Mapping[str, np.ndarray] | None, written: np.ndarray
-) -> Findings:
+def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | None, written: np.ndarray) -> Findings:
     """layout: out read as another 16-bit dtype's bits, or with S and N (BNSD) / T and N (TND) swapped."""
     dev = dev.reshape(case.q_shape)
     d = case.head_dim

@@ -10,7 +10,7 @@ computes one target block, and `Context` keeps the float64 views it reads, share
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -19,7 +19,7 @@ import numpy as np
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import kv_view, mask_view, q_view
 from ...core.rounding import to_dtype
-from .views import Held, InputRows
+from .views import Arrays, Held, InputRows, Spans
 
 LOG2E = math.log2(math.e)
 
@@ -91,7 +91,7 @@ class Reading:
     first read). The backward's `Context` and the forward's share it."""
 
     case: Case
-    inputs: Mapping[str, np.ndarray]
+    inputs: Arrays
     spans: dict[int, SequenceSpan]
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     input_rows: InputRows = field(init=False)
@@ -331,7 +331,7 @@ def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     return ctx.scale(v) * dk, dv
 
 
-def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, SequenceSpan]) -> np.ndarray:
+def block_of(case: Case, array: np.ndarray, target: Target, spans: Spans) -> np.ndarray:
     """Return one target block of a gradient array as float64 [rows, D]."""
     span = spans[target.batch]
     x, y = case.block_shape

@@ -8,22 +8,22 @@ column accumulates, a constant factor. (Rows that equal golden rows elsewhere: `
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan
+from ...core.case import Case
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
 from .findings import Findings, named, tried
 from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
-from .views import dtype_eps
+from .views import Arrays, Spans, dtype_eps
 
 
-def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[int, SequenceSpan]) -> str:
+def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Spans) -> str:
     """Name an element's row in the operator's terms: batch, head, position and block."""
     x, y = case.block_shape
     size = x if name == "dq" else y
@@ -40,11 +40,7 @@ def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[i
 
 
 def nonfinite_cause(
-    case: Case,
-    failing: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, spans: Spans
 ) -> Cause | None:
     parts, where, names = [], [], []
     for result in failing:
@@ -243,9 +239,7 @@ def _block_excess(result: TensorResult) -> np.ndarray | None:
     return np.maximum(dev - 2.0 * bench, 0.0)
 
 
-def tail_pattern(
-    case: Case, failing: Sequence[TensorResult], spans: Mapping[int, SequenceSpan], zeros: float = 0.0
-) -> Findings:
+def tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Spans, zeros: float = 0.0) -> Findings:
     """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv).
 
     `zeros`: the share of the failing blocks' excess error in elements left zero (`zero_share`); when 90%,
@@ -416,9 +410,7 @@ def piece_local(case: Case, blocks: Blocks) -> Findings:
     return tried("tile-local", supposes, 0.0, f"ruled out: {why}")
 
 
-def _accumulated(
-    case: Case, block_mask: np.ndarray, name: str, spans: Mapping[int, SequenceSpan], shape: tuple[int, ...]
-) -> np.ndarray:
+def _accumulated(case: Case, block_mask: np.ndarray, name: str, spans: Spans, shape: tuple[int, ...]) -> np.ndarray:
     """Blocks each block of a gradient accumulates ([B, heads, blocks], as the block map): a dq block its
     selected kv blocks, a dk/dv block the (query head, query block) pairs that select it."""
     counts = np.zeros(shape)
@@ -443,11 +435,7 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 
 def accumulation_precision(
-    case: Case,
-    failing: Sequence[TensorResult],
-    golden: Mapping[str, np.ndarray],
-    block_mask: np.ndarray,
-    spans: Mapping[int, SequenceSpan],
+    case: Case, failing: Sequence[TensorResult], golden: Arrays, block_mask: np.ndarray, spans: Spans
 ) -> Findings:
     """A relative error (beyond the benchmark's) that grows with the blocks each row or column accumulates."""
     supposes = "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"

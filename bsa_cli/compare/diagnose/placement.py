@@ -20,11 +20,12 @@ from functools import partial
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.case import Case, numpy_dtype
 from ...core.layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
 from .findings import Findings, named, tried
 from .scoring import Blocks
+from .views import Arrays, Spans
 from .views import noise_floor as _floor
 
 PLACED = 0.9
@@ -55,13 +56,7 @@ def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _rows(
-    case: Case,
-    name: str,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-) -> _Rows:
+def _rows(case: Case, name: str, device: Arrays, golden: Arrays, benchmark: Arrays | None) -> _Rows:
     gold = _global_rows(case, golden[name])
     dev = _global_rows(case, device[name])
     if not np.isfinite(gold).all():  # (whole-tensor passes: each skipped where it changes nothing)
@@ -85,7 +80,7 @@ def _row_squares(rows: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
 
 
-def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[tuple[int, int, int]]:
+def _entries(case: Case, name: str, spans: Spans) -> list[tuple[int, int, int]]:
     """Each batch entry's (batch, first global row, length) in a tensor's global rows."""
     size = case.q_shape[2] if name == "dq" else case.kv_shape[2]
     out = []
@@ -126,9 +121,7 @@ def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
     return ok
 
 
-def _shifted_entries(
-    case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]
-) -> tuple[np.ndarray, list[str]]:
+def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Spans) -> tuple[np.ndarray, list[str]]:
     """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry's
     rows that hold values), and the rows the shift leaves behind zero."""
     count = rows.golden.shape[0]
@@ -175,12 +168,7 @@ def _shifted_entries(
 
 
 def length_boundary(
-    case: Case,
-    failing: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    spans: Mapping[int, SequenceSpan],
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None, spans: Spans
 ) -> tuple[float, Findings]:
     """Errors past the actual lengths (padding rows written) or a batch entry's rows at another offset.
 
@@ -262,7 +250,7 @@ SAMPLE = 2048
 
 
 def _reading_share(
-    readings: Mapping[str, np.ndarray], refs: Mapping[str, tuple[np.ndarray, float, float]]
+    readings: Arrays, refs: Mapping[str, tuple[np.ndarray, float, float]]
 ) -> tuple[float, dict[str, float]]:
     """The share of the excess error a reading removes (`refs`: each tensor's `_reference`), and each
     tensor's error in benchmark units."""
@@ -298,11 +286,7 @@ def _reference(
 
 
 def layout(
-    case: Case,
-    failing: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None
 ) -> tuple[float, Findings]:
     """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
 
@@ -371,9 +355,7 @@ class _RowMatches:
     emptied: list[tuple[tuple[str, int, int, int], float]]  # wrong rows the device left zero, and their error
 
 
-def _row_matches(
-    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan], limit: int
-) -> _RowMatches:
+def _row_matches(case: Case, blocks: Blocks, golden: Arrays, spans: Spans, limit: int) -> _RowMatches:
     """Match the first `limit` wrong rows of each failing target block to the golden rows of its head (and
     to the same block's rows in the other heads of its batch entry)."""
     matched, bad_total, where = 0, 0, []
@@ -450,9 +432,7 @@ def _row_matches(
     return _RowMatches(matched, bad_total, energy_all, energy_matched, where, sources, emptied)
 
 
-def rows_permuted(
-    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan]
-) -> Findings:
+def rows_permuted(case: Case, blocks: Blocks, golden: Arrays, spans: Spans) -> Findings:
     """Device rows that equal golden rows at other positions of the same head, or of the same block in
     another head of the batch entry.
 

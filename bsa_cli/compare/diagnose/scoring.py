@@ -18,7 +18,7 @@ from ...core.case import Case, numpy_dtype
 from ...store.manifest import GRAD_NAMES
 from ..results import TensorResult
 from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
-from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
+from .views import SAMPLE_ROWS, Arrays, noise_floor, sample_rows, share_of
 
 MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
@@ -47,9 +47,9 @@ class Blocks:
 
     case: Case
     ctx: Context
-    device_arrays: Mapping[str, np.ndarray]
-    bench_arrays: Mapping[str, np.ndarray] | None
-    golden_arrays: Mapping[str, np.ndarray]
+    device_arrays: Arrays
+    bench_arrays: Arrays | None
+    golden_arrays: Arrays
     failing: tuple[str, ...]
     targets: list[Target] = field(default_factory=list)
     data: dict[Target, tuple[np.ndarray, np.ndarray | None, np.ndarray, float]] = field(default_factory=dict)
@@ -293,9 +293,9 @@ def gather_blocks(
     case: Case,
     ctx: Context,
     tensors: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
     per_tensor: int = MAX_TARGETS,
 ) -> Blocks:
     failing = tuple(t.name for t in tensors if not t.passed)

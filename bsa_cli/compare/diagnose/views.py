@@ -24,6 +24,11 @@ KV_SIDE = ("key", "value")
 
 HELD_BYTES = 256 << 20
 """What a `Held` keeps at most (bytes): past it, it forgets everything and starts again."""
+Arrays = Mapping[str, np.ndarray]
+"""Arrays by name: a case's inputs, or its outputs (device, golden, benchmark)."""
+Spans = Mapping[int, SequenceSpan]
+"""A case's sequence spans by batch entry."""
+
 SAMPLE_ROWS = 32
 """Rows of a block a hypothesis is tried on first (`sample_rows`), when the block has more than twice as many."""
 
@@ -61,8 +66,8 @@ class InputRows:
     (rows [n]: softmaxLse, and Dsum = rowsum(out * dout) in float64)."""
 
     case: Case
-    inputs: Mapping[str, np.ndarray]
-    spans: Mapping[int, SequenceSpan]
+    inputs: Arrays
+    spans: Spans
     _held: dict[tuple[str, int, int], tuple[np.ndarray | None, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _blocks: dict[tuple[str, int, int, int], np.ndarray] = field(default_factory=dict)  # `block`'s views
 
