@@ -259,7 +259,7 @@ def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target
     extra_values = [recompute(f.ctx, v, t, some.get(t)) for t in extra]
     share, ratios = blocks.explained(values, extra, extra_values, some)
     text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
-    where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
+    where = tuple(t.words() for t in blocks.failing_targets)[:3]
     symptom = f.nonfinite is not None and share >= 0.9  # NaN/Inf are then the symptom (an overflow), not the cause
     if symptom and blocks.predicts_nonfinite(values, rows=some):
         text += "; it puts NaN/Inf where the device has them"

@@ -131,9 +131,8 @@ def score_padding(
         text = (text + "; " if text else "") + "it puts NaN/Inf where the device has them"
         share = 0.5 + 0.5 * share if ratios else 1.0
     padded = [t.words() for t in blocks.targets if _touches_padding(case, t)]
-    where = (
-        f"; {len(padded)} of the {len(blocks.targets)} worst blocks hold or read padding positions" if padded else ""
-    )
+    count = f"{len(padded)} of the {len(blocks.targets)} worst blocks hold or read padding positions"
+    where = f"; {count}" if padded else ""
     words = f"recomputed over the full S with the padding rows' out and lse as the forward left them: {text}{where}"
     kept, notes = [], []
     for cause in causes:
@@ -150,10 +149,7 @@ def _touches_padding(case: Case, target: Any) -> bool:
     """Whether a gradient block holds rows past the actual lengths (dq: query rows; dk/dv: kv positions)."""
     x, y = case.block_shape
     batch = target.batch
-    if target.tensor == "dq":
-        lengths, size = case.actual_seq_lengths, x
-    else:
-        lengths, size = case.actual_seq_lengths_kv, y
+    lengths, size = (case.actual_seq_lengths, x) if target.tensor == "dq" else (case.actual_seq_lengths_kv, y)
     if not lengths or batch >= len(lengths):
         return False
     return (target.block + 1) * size > lengths[batch]

@@ -213,9 +213,8 @@ def _explained(
     local = forward_patterns.rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
     local += forward_patterns.tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
-        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written) + forward_patterns.accumulation(
-            f.ctx, f.blocks, f.excess
-        )
+        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written)
+        local += forward_patterns.accumulation(f.ctx, f.blocks, f.excess)
     causes = local.causes
     moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
     if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece

@@ -44,9 +44,6 @@ FORWARD_VARIANTS = (
 """The forward's recomputed hypotheses, tried in this order."""
 
 
-NULL = Variant("", "")
-
-
 @dataclass(frozen=True)
 class QBlock:
     """One query block of the forward's outputs: (batch entry, query head, query block)."""
@@ -95,13 +92,8 @@ def recompute_forward(
     if key not in ctx.softmax:
         ctx.softmax[key] = _softmax(ctx, v, target, some)
     out, log_sum, row_max = ctx.softmax[key]
-    if v.lse == "no-max":
-        lse = log_sum
-    elif v.lse == "base2":
-        lse = (log_sum + row_max) / math.log(2.0)
-    else:
-        lse = log_sum + row_max
-    return out, lse
+    lse = log_sum if v.lse == "no-max" else log_sum + row_max
+    return out, (lse / math.log(2.0) if v.lse == "base2" else lse)
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")

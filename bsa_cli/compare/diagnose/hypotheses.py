@@ -153,12 +153,7 @@ class Context(Reading):
         """Q K^T (unscaled) and dout V^T of one (query block, kv block) pair, or of its rows `q_some` and
         columns `kv_some`: shared by every hypothesis that reads the pair (the lse, Dsum and scale ones, and
         a misread mask where it selects the same pair), computed once."""
-        key = (
-            pair,
-            kv_head,
-            None if q_some is None else q_some.tobytes(),
-            None if kv_some is None else kv_some.tobytes(),
-        )
+        key = (pair, kv_head, *(None if some is None else some.tobytes() for some in (q_some, kv_some)))
         held = self.shared.get(key)
         if held is None:
             batch, head = pair.batch, pair.head
@@ -335,12 +330,8 @@ def block_of(case: Case, array: np.ndarray, target: Target, spans: Spans) -> np.
     """Return one target block of a gradient array as float64 [rows, D]."""
     span = spans[target.batch]
     x, y = case.block_shape
-    if target.tensor == "dq":
-        view = q_view(case, array, span)[target.head]
-        size, length = x, span.q_len
-    else:
-        view = kv_view(case, array, span)[target.head]
-        size, length = y, span.kv_len
+    read, size, length = (q_view, x, span.q_len) if target.tensor == "dq" else (kv_view, y, span.kv_len)
+    view = read(case, array, span)[target.head]
     return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
 
 
@@ -427,12 +418,8 @@ def fitted_head_map(
         dev = device_block(target)
         if not np.isfinite(dev).all():
             continue
-        errors = []
-        for kv_head in range(n2):
-            value = recompute(
-                ctx, Variant("", "", head_map=tuple(kv_head if h == head else 0 for h in range(n1))), target
-            )
-            errors.append(float(((dev - value) ** 2).sum()))
+        maps = (tuple(kv_head if h == head else 0 for h in range(n1)) for kv_head in range(n2))
+        errors = [float(((dev - recompute(ctx, Variant("", "", head_map=m), target)) ** 2).sum()) for m in maps]
         best = int(np.argmin(errors))
         if errors[best] < 0.25 * errors[mapping[head]]:  # clearly closer than the mapping's own
             mapping[head] = best

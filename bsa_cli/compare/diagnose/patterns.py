@@ -17,7 +17,7 @@ from ...core.case import Case
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
-from .findings import Findings, named, tried
+from .findings import Findings, named, scored, tried
 from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
 from .views import Arrays, Spans, dtype_eps
@@ -147,9 +147,8 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
     supposes = "a gradient off by a constant factor"
     if not off:
-        return 0.0, tried(
-            "scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
-        )
+        why = "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
+        return 0.0, tried("scale", supposes, 0.0, why)
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
     is_named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
@@ -162,10 +161,7 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
         n for n in off if not any(d.any() for d, t in zip(blocks.device, blocks.targets, strict=True) if t.tensor == n)
     ]
     if share >= 0.5 and (is_named or noise) and not zero:
-        outcome = f"explains {share:.0%} of the excess error: {text}"
-        found = Findings(
-            (Cause("scale", share, text, tuple(off), ()),), (Hypothesis("scale", supposes, share, outcome),)
-        )
+        found = scored("scale", supposes, share, text, tuple(off), (), evidence=text)
     else:
         why = ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
         found = tried("scale", supposes, share, f"ruled out: explains {share:.0%}{why if share >= 0.5 else ''}: {text}")
@@ -175,9 +171,8 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
 def zero_blocks(blocks: Blocks) -> Findings:
     """Failing blocks left all zero where the golden is not."""
     total, zero, where = 0.0, 0.0, []
-    for target, dev, null in zip(blocks.targets, blocks.device, blocks.null, strict=True):
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
+        dev, _, null, _ = blocks.data[target]
         energy = float(((dev - null) ** 2).sum()) / blocks.noise[target.tensor]
         total += energy
         if dev.size and not dev.any() and null.any():
@@ -201,9 +196,7 @@ def zero_blocks(blocks: Blocks) -> Findings:
 def zero_share(blocks: Blocks) -> float:
     """The share of the failing target blocks' excess error in elements the device left zero (golden not)."""
     total = zero = 0.0
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         dev, bench, null, _ = blocks.data[target]
         err = np.maximum((dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0), 0.0)
         err = err / blocks.noise[target.tensor]
@@ -279,19 +272,16 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
     by_name = {t.name: t for t in tensors}
     if "dq" not in by_name or not by_name["dq"].passed or not {"dk", "dv"} & set(blocks.failing):
         return tried("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass")
-    kv_targets = [
-        (i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk", "dv") and t.tensor in blocks.failing
-    ]
+    kv_targets = [t for t in blocks.failing_targets if t.tensor in ("dk", "dv")]
     bad = [
-        (i, t)
-        for i, t in kv_targets
-        if float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS
+        t
+        for t in kv_targets
+        if float(((blocks.data[t][0] - blocks.data[t][2]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS
     ]
-    bad_blocks = sorted({(t.batch, t.head, t.block) for _, t in bad})
+    bad_blocks = sorted({(t.batch, t.head, t.block) for t in bad})
     if not bad_blocks or len(bad_blocks) > 2:
-        return tried(
-            "accumulation-race", supposes, 0.0, f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
-        )
+        why = f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
+        return tried("accumulation-race", supposes, 0.0, why)
     explained = []
     for batch, kv_head, block in bad_blocks:
         mask = ctx.mask("", batch)
@@ -339,9 +329,7 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
     supposes = "errors confined to one or a few 16x16 tiles"
     energies: list[tuple[float, Target, int, int]] = []  # (energy in benchmark units, block, row, column)
     wrong: set[tuple[Target, int, int]] = set()  # tiles wrong in their own terms (9x their benchmark's error)
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         dev, bench, null, noise = blocks.data[target]
         bench_err = (bench - null) ** 2 if bench is not None else np.zeros(null.shape)
         err = (dev - null) ** 2 - bench_err
@@ -387,9 +375,7 @@ def piece_local(case: Case, blocks: Blocks) -> Findings:
     """Excess error confined to one or two 128-row pieces of blocks longer than a piece."""
     supposes = "errors confined to one or a few 128-row pieces of a block"
     energies: list[tuple[float, str]] = []
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         dev, bench, null, _ = blocks.data[target]
         if dev.shape[0] <= PIECE:
             continue

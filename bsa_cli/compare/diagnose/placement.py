@@ -257,10 +257,7 @@ def _reading_share(
     hyp, ratios = 0.0, {}
     for name, values in readings.items():
         golden, noise, _ = refs[name]
-        with np.errstate(over="ignore", invalid="ignore"):  # another dtype's bits: NaN/Inf among them
-            diff = np.asarray(values, dtype=np.float64) - golden
-            diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's, here as in the null reading
-            energy = float((diff * diff).sum())
+        energy = _energy(values, golden)  # another dtype's bits: NaN/Inf among them
         excess = max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else np.inf
         hyp += excess
         ratios[name] = float(np.sqrt(excess + 1))
@@ -278,11 +275,17 @@ def _reference(
     if bench is not None:
         noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
     noise = max(noise, _floor(case, float((gold * gold).mean())) * gold.size)
-    with np.errstate(over="ignore", invalid="ignore"):
-        diff = np.asarray(dev, dtype=np.float64) - gold
-        diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's: a reading is scored on the rest
-        energy = float((diff * diff).sum())
+    energy = _energy(dev, gold)
     return gold, noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
+
+
+@np.errstate(over="ignore", invalid="ignore")
+def _energy(values: np.ndarray, golden: np.ndarray) -> float:
+    """The error energy of values (as float64) against a golden, NaN/Inf left out: they are the non-finite
+    kind's, here as in the null reading (a reading is scored on the rest)."""
+    diff = np.asarray(values, dtype=np.float64) - golden
+    diff[~np.isfinite(diff)] = 0.0
+    return float((diff * diff).sum())
 
 
 def layout(
@@ -364,11 +367,8 @@ def _row_matches(case: Case, blocks: Blocks, golden: Arrays, spans: Spans, limit
     energy_all = energy_matched = 0.0
     x, y = case.block_shape
     heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
-    for i, target in enumerate(blocks.targets):
-        if target.tensor not in blocks.failing:
-            continue
-        dev, null = blocks.device[i], blocks.null[i]
-        bench = blocks.bench[i]
+    for target in blocks.failing_targets:
+        dev, bench, null, _ = blocks.data[target]
         scale = float((null**2).sum(axis=1).mean())
         row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
         floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
@@ -444,20 +444,17 @@ def rows_permuted(case: Case, blocks: Blocks, golden: Arrays, spans: Spans) -> F
         why = f"ruled out: none of the first {SCREEN_ROWS} wrong rows of each failing block equals another golden row"
         return tried("rows-permuted", supposes, 0.0, why)
     found = _row_matches(case, blocks, golden, spans, WRONG_ROWS)
-    matched, bad_total, where = found.matched, found.bad_total, found.where
-    energy_all, energy_matched = found.energy_all, found.energy_matched
-    sources, emptied = found.sources, found.emptied
+    bad_total, where = found.bad_total, found.where
     # a row left zero whose golden row another device row holds: moved away (a swap with an empty row)
-    moved = [err for at, err in emptied if at in sources]
-    matched += len(moved)
-    energy_matched += sum(moved)
-    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
+    moved = [err for at, err in found.emptied if at in found.sources]
+    matched = found.matched + len(moved)
+    energy_matched = found.energy_matched + sum(moved)
+    share = energy_matched / found.energy_all if found.energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
         text = (
             f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
             f"{'; '.join(where[:2])}"
         )
         return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, where[:4], "fits")
-    return tried(
-        "rows-permuted", supposes, 0.0, f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
-    )
+    why = f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
+    return tried("rows-permuted", supposes, 0.0, why)

@@ -243,12 +243,16 @@ class Blocks:
         return share_of(left, null_excess)
 
     @property
+    def failing_targets(self) -> list[Target]:
+        """The target blocks of the failing tensors, in order."""
+        return [t for t in self.targets if t.tensor in self.failing]
+
+    @property
     def screen(self) -> list[Target]:
         """The worst target block of each failing tensor: a hypothesis must explain them to be tried on all."""
         first: dict[str, Target] = {}
-        for target in self.targets:
-            if target.tensor in self.failing:
-                first.setdefault(target.tensor, target)
+        for target in self.failing_targets:
+            first.setdefault(target.tensor, target)
         return list(first.values())
 
     def screen_for(self, variant: Variant) -> list[Target]:
