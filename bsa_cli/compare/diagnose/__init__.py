@@ -214,6 +214,9 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
     blocks = f.blocks
 
     def test(v: Variant) -> Trial:
+        def ruled_out(score: float, why: str) -> Trial:
+            return Trial(tried(v.kind, v.supposes, score, why))
+
         def value(target: Target, some: np.ndarray | None = None) -> np.ndarray:
             if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
                 null = blocks.data[target][2]
@@ -230,20 +233,16 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         some = blocks.sampled_rows(blocks.targets, whole=screen)
         bound = 1.0 if v.mask else _passing_bound(blocks, value, some)  # it must leave passing tensors right
         if bound < 0.5:
-            why = f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)"
-            return Trial(tried(v.kind, v.supposes, bound, why))
+            return ruled_out(bound, f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)")
         screened = [value(t) for t in screen]
         first, measured = blocks.explained_on(screen, screened)
         if first < 0.5 and measured:
-            why = f"ruled out: explains {first:.0%} of the error of the worst failing block"
-            return Trial(tried(v.kind, v.supposes, first, why))
+            return ruled_out(first, f"ruled out: explains {first:.0%} of the error of the worst failing block")
         if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
-            why = "ruled out: it does not put NaN/Inf where the worst failing block has them"
-            return Trial(tried(v.kind, v.supposes, 0.0, why))
+            return ruled_out(0.0, "ruled out: it does not put NaN/Inf where the worst failing block has them")
         bound, values = _values(blocks, v, value, some)
         if bound < 0.5:
-            why = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
-            return Trial(tried(v.kind, v.supposes, bound, why))
+            return ruled_out(bound, f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)")
         return _scored(f, v, values, some)
 
     return test

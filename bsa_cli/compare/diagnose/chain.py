@@ -82,11 +82,8 @@ def carried_from_forward(
     values = [recompute(ctx, NULL, t) for t in blocks.targets]
     share, ratios = blocks.explained(values)
     if blocks.nonfinite and blocks.predicts_nonfinite(values):
-        text = (
-            f"{blocks.falls(ratios)}; it puts NaN/Inf where the device has them"
-            if ratios
-            else "it puts NaN/Inf where the device has them"
-        )
+        nonfinite = "it puts NaN/Inf where the device has them"
+        text = f"{blocks.falls(ratios)}; {nonfinite}" if ratios else nonfinite
         share = max(share, 1.0 if not ratios else share)
     else:
         text = f"under it, {blocks.falls(ratios)}" if ratios else "nothing to explain"
@@ -160,6 +157,10 @@ def pick_tensors(arrays: Arrays, names: tuple[str, ...]) -> dict[str, np.ndarray
     return {n: arrays[n] for n in names if n in arrays}
 
 
+_FROM_FORWARD = {"attention_out": "out", "softmax_lse": "lse"}
+"""The inputs a pair's backward reads from its forward: the forward's output of each."""
+
+
 class PairInputs(Arrays):
     """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse from `forward`
     (the device's out and lse as the backward read them, or the golden's: the exact forward's), the others
@@ -169,11 +170,7 @@ class PairInputs(Arrays):
         self.inputs, self.forward = inputs, forward
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name == "attention_out":
-            return self.forward["out"]
-        if name == "softmax_lse":
-            return self.forward["lse"]
-        return self.inputs[name]
+        return self.forward[_FROM_FORWARD[name]] if name in _FROM_FORWARD else self.inputs[name]
 
     def __iter__(self) -> Any:
         return iter((*self.inputs, "attention_out", "softmax_lse"))

@@ -179,10 +179,9 @@ class Scorer:
                 bench = side.bench[target.batch][target.head, rows]
                 bench = np.where(usable & np.isfinite(bench), bench, gold)
                 self.row_noise[key] = ((bench - gold) ** 2).sum(axis=1)
-                energy = float(self.row_noise[key].sum())
             else:
                 self.row_noise[key] = np.zeros(rows.size)
-                energy = 0.0
+            energy = float(self.row_noise[key].sum())
             self.data[key] = (dev, gold, usable, max(energy, self._floor(side, usable, gold)))
         return self.data[key]
 
@@ -294,17 +293,9 @@ def block_excess(scorer: Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock
             n_q = -(-span.q_len // x)
             for side in scorer.sides:
                 gold = side.golden[batch]
-                diff = side.device[batch] - gold
-                diff[~np.isfinite(diff)] = 0.0  # NaN/Inf rows are not-written's or non-finite's
-                diff *= written
-                error = block_sums(np.einsum("nsd,nsd->ns", diff, diff), n_q, x)
-                if side.bench is not None:
-                    bench = side.bench[batch] - gold
-                    bench[~np.isfinite(bench)] = 0.0
-                    bench *= written
-                    energy = block_sums(np.einsum("nsd,nsd->ns", bench, bench), n_q, x)
-                else:
-                    energy = np.zeros_like(error)
+                error = _block_errors(side.device[batch], gold, written, n_q, x)
+                bench = side.bench
+                energy = np.zeros_like(error) if bench is None else _block_errors(bench[batch], gold, written, n_q, x)
                 if side.name == "lse":
                     floor = block_sums(written[..., 0].astype(np.float64), n_q, x) * (side.floor / 4) ** 2 + 1e-30
                 else:
@@ -322,6 +313,15 @@ def block_excess(scorer: Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock
                 out_energy[target] = max(e - n, 0.0) if math.isfinite(e) else 0.0
         found[target] = excess
     return found, out_energy
+
+
+def _block_errors(values: np.ndarray, gold: np.ndarray, written: np.ndarray, n_q: int, x: int) -> np.ndarray:
+    """The error energy of values against the golden per query block [N1, nQ], of the written rows; NaN/Inf
+    rows left out (they are not-written's or non-finite's)."""
+    diff = values - gold
+    diff[~np.isfinite(diff)] = 0.0
+    diff *= written
+    return block_sums(np.einsum("nsd,nsd->ns", diff, diff), n_q, x)
 
 
 def query_blocks(ctx: ForwardContext, written: np.ndarray) -> list[QBlock]:

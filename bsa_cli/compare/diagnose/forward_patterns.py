@@ -315,10 +315,8 @@ def tile_local(
             tiles.append((float(excess_tiles.flat[flat]), (target, x0 + r, x0 + min(r + TILE, rows) - 1, c)))
         count_tiles += excess_tiles.size
         for r in range(0, rows, 128):
-            e = float(err[r : r + 128].sum())
-            pieces.append(
-                (max(e - per_row * min(128, rows - r), 0.0), (target, x0 + r, x0 + min(r + 128, rows) - 1, -1))
-            )
+            e = max(float(err[r : r + 128].sum()) - per_row * min(128, rows - r), 0.0)
+            pieces.append((e, (target, x0 + r, x0 + min(r + 128, rows) - 1, -1)))
     if total <= 0 or not tiles:
         return tried("tile-local", supposes, 0.0, "ruled out: no excess error in out")
     tiles.sort(key=lambda t: -t[0])
@@ -357,10 +355,8 @@ def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | No
     d = case.head_dim
     readings: list[tuple[str, np.ndarray]] = []
     if dev.dtype.itemsize == 2:
-        other = numpy_dtype("float16" if case.dtype == "bfloat16" else "bfloat16")
-        readings.append(
-            (f"out's bits read as {'float16' if case.dtype == 'bfloat16' else 'bfloat16'}", dev.view(other))
-        )
+        other = "float16" if case.dtype == "bfloat16" else "bfloat16"
+        readings.append((f"out's bits read as {other}", dev.view(numpy_dtype(other))))
     flat = np.ascontiguousarray(dev).reshape(-1)
     if case.layout == "TND":
         t, n, _ = case.q_shape
@@ -413,9 +409,8 @@ def accumulation(ctx: ForwardContext, blocks: Sequence[QBlock], excess: Mapping[
     counts = np.array([float(ctx.mask("", b.batch)[b.head, b.block].sum()) for b in blocks])
     values = np.array([excess[b] for b in blocks])
     if counts.size < 4 or np.ptp(counts) == 0 or (values > 0).sum() < 0.5 * values.size:
-        return tried(
-            "accumulation-precision", supposes, 0.0, "not tried: the rows accumulate alike, or few blocks fail"
-        )
+        why = "not tried: the rows accumulate alike, or few blocks fail"
+        return tried("accumulation-precision", supposes, 0.0, why)
     rank_c = np.argsort(np.argsort(counts, kind="stable"), kind="stable").astype(float)
     rank_v = np.argsort(np.argsort(values, kind="stable"), kind="stable").astype(float)
     corr = float(np.corrcoef(rank_c, rank_v)[0, 1])

@@ -472,11 +472,8 @@ def changed_blocks(ctx: Reading, v: Variant, tensors: Sequence[str], count: int 
         picked = 0
         for batch in ctx.spans:
             diff = ctx.mask(v.mask, batch) != ctx.mask("", batch)
-            if name == "dq":
-                heads, blocks = np.nonzero(diff.any(axis=2))
-            else:
-                kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
-                heads, blocks = np.nonzero(kv)
+            kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
+            heads, blocks = np.nonzero(diff.any(axis=2) if name == "dq" else kv)
             step = max(1, heads.size // count)
             for h, j in list(zip(heads, blocks, strict=True))[::step][: count - picked]:
                 found.append(Target(name, batch, int(h), int(j)))
@@ -500,9 +497,7 @@ def applies(ctx: Reading, v: Variant) -> str | None:
     if v.mask and all(np.array_equal(ctx.mask(v.mask, b), ctx.mask("", b)) for b in ctx.spans):
         return "not tried: the mask reads the same under it in this case"
     if v.scale and ctx.scale(v) == ctx.scale(NULL):
-        return (
-            "not tried: the scale is exact in the case dtype" if v.scale == "rounded" else "not tried: the scale is 1"
-        )
+        return f"not tried: {'the scale is exact in the case dtype' if v.scale == 'rounded' else 'the scale is 1'}"
     if v.stacks and _longest_row(ctx) <= STACK:
         return f"not tried: no row selects more than {STACK} columns (one online-softmax stack)"
     return None

@@ -90,8 +90,8 @@ def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Seq
     share, parts = 1.0, []
     for name in names:
         picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
-        dev, null = [blocks.device[i] for i in picks], [blocks.null[i] for i in picks]
-        bench = [blocks.bench[i] for i in picks]
+        data = [blocks.data[blocks.targets[i]] for i in picks]
+        dev, bench, null = [d[0] for d in data], [d[1] for d in data], [d[2] for d in data]
         own = _relative_bias(bench, null, thd) if all(b is not None for b in bench) else 0.0
         null_bias = _relative_bias(dev, null, thd) - own
         hyp_bias = _relative_bias(dev, [values[i] for i in picks], thd) - own

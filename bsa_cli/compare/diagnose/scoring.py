@@ -80,10 +80,6 @@ class Blocks:
         return [self.data[t][0] for t in self.targets]
 
     @property
-    def bench(self) -> list[np.ndarray | None]:
-        return [self.data[t][1] for t in self.targets]
-
-    @property
     def null(self) -> list[np.ndarray]:
         return [self.data[t][2] for t in self.targets]
 
@@ -210,12 +206,8 @@ class Blocks:
 
     def sampled_rows(self, targets: Sequence[Target], whole: Sequence[Target] = ()) -> dict[Target, np.ndarray]:
         """The sampled rows of the targets (`sample_of`), but for those in `whole` or too short to sample."""
-        out = {}
-        for target in targets:
-            some = None if target in whole else self.sample_of(target)
-            if some is not None:
-                out[target] = some
-        return out
+        some = {target: self.sample_of(target) for target in targets if target not in whole}
+        return {target: rows for target, rows in some.items() if rows is not None}
 
     def explained_rows(self, target: Target, rows: np.ndarray, value: np.ndarray) -> tuple[float, bool]:
         """`explained_on` one block's `rows` (value: the hypothesis's values of those rows): (share, whether

@@ -101,10 +101,7 @@ class InputRows:
         for block in blocks[~done[blocks]]:
             part = slice(int(block) * size, (int(block) + 1) * size)
             if source is None:  # dsum: from the float64 rows of out and dout
-                out, dout = (
-                    self.block("attention_out", batch, head, int(block)),
-                    self.block("dout", batch, head, int(block)),
-                )
+                out, dout = (self.block(n, batch, head, int(block)) for n in ("attention_out", "dout"))
                 converted[part] = (out * dout).sum(axis=1)
             else:
                 converted[part] = np.asarray(source[part], dtype=np.float64)
@@ -116,14 +113,12 @@ class InputRows:
             case, span = self.case, self.spans[batch]
             source: np.ndarray | None
             if name == "dsum":
-                source, shape = None, (span.q_len,)
+                source = None
             elif name == "lse":
                 source = lse_view(case, np.asarray(self.inputs["softmax_lse"]), span)[head]
-                shape = source.shape
             else:
-                view = kv_view if name in KV_SIDE else q_view
-                source = view(case, self.inputs[name], span)[head]
-                shape = source.shape
+                source = (kv_view if name in KV_SIDE else q_view)(case, self.inputs[name], span)[head]
+            shape = (span.q_len,) if source is None else source.shape
             size = self._size(name)
             blocks = -(-shape[0] // size) if size else 0
             self._held[key] = (source, np.zeros(shape), np.zeros(blocks, dtype=bool))
