@@ -69,10 +69,8 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
     if target.tensor == "dq":  # a query block's row of the mask, in its query head
         heads, own = [target.head], mask
     else:  # a kv block's column, in every query head of its group (level by level over the heads)
-        heads, own = (
-            [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head],
-            mask.transpose(0, 2, 1),
-        )
+        heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
+        own = mask.transpose(0, 2, 1)
     n_own, n_other = own.shape[1:]
     empty = np.zeros(0, dtype=np.int64)
     per_head: list[list[np.ndarray]] = []

@@ -141,6 +141,10 @@ def changed_blocks(ctx: ForwardContext, v: Variant) -> list[QBlock]:
     return [QBlock(t.batch, t.head, t.block) for t in hypotheses.changed_blocks(ctx, v, ("dq",))]
 
 
+Values = Mapping[QBlock, tuple[np.ndarray, ...]]
+"""A hypothesis's values of query blocks: each side's (out, lse) as the sides are ordered."""
+
+
 # ---- the device's, benchmark's and golden's blocks, and the scoring ------------------------------------
 
 
@@ -210,10 +214,7 @@ class Scorer:
         return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
 
     def _energies(
-        self,
-        targets: Sequence[QBlock],
-        values: Mapping[QBlock, tuple[np.ndarray, ...]] | None,
-        some: np.ndarray | None = None,
+        self, targets: Sequence[QBlock], values: Values | None, some: np.ndarray | None = None
     ) -> dict[str, tuple[float, float]]:
         """Each side's error energy of values of the targets (None: the golden's) and its noise; of their rows
         `some` (then their own benchmark error, at least the floor)."""
@@ -245,9 +246,7 @@ class Scorer:
     def _excess(energies: Mapping[str, tuple[float, float]]) -> float:
         return sum(max(e / n - 1.0, 0.0) for e, n in energies.values())
 
-    def explained(
-        self, targets: Sequence[QBlock], values: Mapping[QBlock, tuple[np.ndarray, ...]]
-    ) -> tuple[float, dict[str, tuple[float, float]]]:
+    def explained(self, targets: Sequence[QBlock], values: Values) -> tuple[float, dict[str, tuple[float, float]]]:
         """(share of the excess error removed, each side's error in benchmark units under the hypothesis and
         without it)."""
         null = self._energies(targets, None)

@@ -72,16 +72,13 @@ def fits(
         if gold.size < 2 or not float(gold @ gold) > 0:
             continue
         if side.name == "out":
-            factor = float(dev @ gold) / float(gold @ gold)
-            offset = 0.0
-            supposes = "out off by a constant factor"
+            factor, offset = float(dev @ gold) / float(gold @ gold), 0.0
+            kind, supposes = "scale", "out off by a constant factor"
             words = f"out = {factor:.4g} x golden"
-            kind = "scale"
         else:
             factor, offset = (float(c) for c in np.polyfit(gold, dev, 1))
-            supposes = "lse off by an affine map (another base, a shift, a term left out)"
+            kind, supposes = "softmax-lse", "lse off by an affine map (another base, a shift, a term left out)"
             words = f"lse = {factor:.4g} x golden {'+' if offset >= 0 else '-'} {abs(offset):.4g}"
-            kind = "softmax-lse"
         values = {}
         scored = [*targets, *controls]
         for target in scored:
@@ -174,8 +171,7 @@ def written_alone(
     found = Findings()
     if not prefilled:
         return found
-    every = [*checks, *(c for t in tensors for c in t.checks)]
-    for check in every:
+    for check in [*checks, *(c for t in tensors for c in t.checks)]:
         if check.name != "rows-written" or check.passed or "must leave alone were written" not in check.detail:
             continue
         name = check.tensor or "out"

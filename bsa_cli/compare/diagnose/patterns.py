@@ -357,10 +357,8 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
     # 4 tiles (those rows), but is not tile-local
     others = len(wrong - {(t, r, c) for _, t, r, c in energies[:4]})
     if share >= 0.9 and others > max(2, len(wrong) // 10):
-        outcome = (
-            f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are wrong"
-        )
-        return tried("tile-local", supposes, 0.0, outcome + " too (9x their benchmark's error)")
+        outcome = f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are"
+        return tried("tile-local", supposes, 0.0, outcome + " wrong too (9x their benchmark's error)")
     if share >= 0.9:
         each = [e[0] for e in energies]
         return _local_cause(blocks, share, each, total, [w for _, w in top], "16x16 tile", supposes)
