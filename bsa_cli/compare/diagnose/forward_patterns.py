@@ -147,10 +147,8 @@ def unwritten_rows(
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=-1))
             first = row_words(case, written, int(rows[0]))
-            text = (
-                f"{name}: {int(bad.sum())} NaN/Inf in {rows.size} written rows where the golden is finite, "
-                f"first at {first}"
-            )
+            nonfinite_words = f"{int(bad.sum())} NaN/Inf in {rows.size} written rows"
+            text = f"{name}: {nonfinite_words} where the golden is finite, first at {first}"
             supposes = "NaN/Inf written where the golden is finite"
             found += named("non-finite", supposes, 1.0, text, (name,), (f"{name} {first}",))
     return every, found

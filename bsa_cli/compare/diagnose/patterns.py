@@ -458,9 +458,8 @@ def accumulation_precision(
         )
     if fits and all(corr >= 0.6 and growth >= 1.5 for corr, growth in fits):
         score = 0.8 * min(corr for corr, _ in fits)
-        return named(
-            "accumulation-precision", supposes, score, "; ".join(words), [t.name for t in failing], verb="fits"
-        )
+        names = [t.name for t in failing]
+        return named("accumulation-precision", supposes, score, "; ".join(words), names, verb="fits")
     why = "; ".join(words) if words else "too few distinct accumulation counts"
     return tried("accumulation-precision", supposes, 0.0, "ruled out: " + why)
 
