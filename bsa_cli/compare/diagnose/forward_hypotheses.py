@@ -19,7 +19,7 @@ from ...core.case import Case
 from ...core.layout import lse_view, q_view
 from . import hypotheses
 from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
-from .views import SAMPLE_ROWS, Spans, noise_floor, sample_rows, share_of
+from .views import SAMPLE_ROWS, Some, Spans, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
     Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
@@ -80,7 +80,7 @@ class ForwardContext(Reading):
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
 def recompute_forward(
-    ctx: ForwardContext, v: Variant, target: QBlock, some: np.ndarray | None = None
+    ctx: ForwardContext, v: Variant, target: QBlock, some: Some = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return the float64 out [rows, D] and lse [rows] of one query block under the variant; with `some`, of
     those rows of the block only (a row's out and lse depend on that row alone).
@@ -97,9 +97,7 @@ def recompute_forward(
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
-def _softmax(
-    ctx: ForwardContext, v: Variant, target: QBlock, some: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _softmax(ctx: ForwardContext, v: Variant, target: QBlock, some: Some) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out, ln l, m) of one query block (or its rows `some`) under the variant's reading of the mask, heads,
     scale and stacks."""
     rows = ctx.rows(target) if some is None else ctx.rows(target)[some]
@@ -214,7 +212,7 @@ class Scorer:
         return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
 
     def _energies(
-        self, targets: Sequence[QBlock], values: Values | None, some: np.ndarray | None = None
+        self, targets: Sequence[QBlock], values: Values | None, some: Some = None
     ) -> dict[str, tuple[float, float]]:
         """Each side's error energy of values of the targets (None: the golden's) and its noise; of their rows
         `some` (then their own benchmark error, at least the floor)."""

@@ -19,7 +19,7 @@ import numpy as np
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import kv_view, mask_view, q_view
 from ...core.rounding import to_dtype
-from .views import Arrays, Held, InputRows, Spans
+from .views import Arrays, Held, InputRows, Some, Spans
 
 LOG2E = math.log2(math.e)
 
@@ -141,15 +141,13 @@ class Context(Reading):
     shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
     values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
 
-    def block_rows(self, name: str, batch: int, head: int, block: int, some: np.ndarray | None) -> np.ndarray:
+    def block_rows(self, name: str, batch: int, head: int, block: int, some: Some) -> np.ndarray:
         """One block's rows of an input (query, dout, lse, dsum: a query block; key, value: a kv block), or
         its rows `some`, float64."""
         rows = self.input_rows.block(name, batch, head, block)
         return rows if some is None else rows[some]
 
-    def products(
-        self, pair: Pair, kv_head: int, q_some: np.ndarray | None, kv_some: np.ndarray | None
-    ) -> tuple[np.ndarray, ...]:
+    def products(self, pair: Pair, kv_head: int, q_some: Some, kv_some: Some) -> tuple[np.ndarray, ...]:
         """Q K^T (unscaled) and dout V^T of one (query block, kv block) pair, or of its rows `q_some` and
         columns `kv_some`: shared by every hypothesis that reads the pair (the lse, Dsum and scale ones, and
         a misread mask where it selects the same pair), computed once."""
@@ -212,12 +210,7 @@ class Pair:
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def score_grads(
-    ctx: Context,
-    v: Variant,
-    pair: Pair,
-    kv_head: int,
-    q_some: np.ndarray | None = None,
-    kv_some: np.ndarray | None = None,
+    ctx: Context, v: Variant, pair: Pair, kv_head: int, q_some: Some = None, kv_some: Some = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (dS, P) of a pair (its rows `q_some`, columns `kv_some`) against kv head `kv_head` under the
     variant."""
@@ -242,7 +235,7 @@ def score_grads(
     return probs * (dprobs - dsum), probs
 
 
-def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
+def partial(ctx: Context, pair: Pair, tensor: str, some: Some = None) -> np.ndarray:
     """One pair's partial (the operator's semantics) of a dq block (its rows) or of a dk/dv block (its
     columns), float64 [rows, D]; with `some`, of those rows (columns) of the block only."""
     q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
@@ -276,7 +269,7 @@ class Target:
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def recompute(ctx: Context, v: Variant, target: Target, some: np.ndarray | None = None) -> np.ndarray:
+def recompute(ctx: Context, v: Variant, target: Target, some: Some = None) -> np.ndarray:
     """Return the float64 golden of one target block under the variant ([rows, D]); with `some`, of those
     rows of the block only (the rows of a block are independent: a dq row sums over its kv columns, a dk/dv
     row over its query rows). Kept (`Context.values`): the hypotheses ask for the same block again."""
@@ -293,7 +286,7 @@ def recompute(ctx: Context, v: Variant, target: Target, some: np.ndarray | None 
     return held[0]
 
 
-def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None) -> np.ndarray:
+def _dq_block(ctx: Context, v: Variant, target: Target, some: Some) -> np.ndarray:
     """dq of one query block (its rows `some`): a sum over the kv blocks the variant selects for it."""
     case, span = ctx.case, ctx.spans[target.batch]
     x = case.block_shape[0]
@@ -307,7 +300,7 @@ def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     return ctx.scale(v) * dq
 
 
-def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _kv_block(ctx: Context, v: Variant, target: Target, some: Some) -> tuple[np.ndarray, np.ndarray]:
     """dK and dV of one kv block (its rows `some`): sums over the (query head, query block) pairs the
     variant selects it for, in the heads that read its kv head and add into it."""
     case, span = ctx.case, ctx.spans[target.batch]

@@ -28,6 +28,8 @@ Arrays = Mapping[str, np.ndarray]
 """Arrays by name: a case's inputs, or its outputs (device, golden, benchmark)."""
 Spans = Mapping[int, SequenceSpan]
 """A case's sequence spans by batch entry."""
+Some = np.ndarray | None
+"""Some rows of a block (their indices within it), or None: all its rows."""
 
 SAMPLE_ROWS = 32
 """Rows of a block a hypothesis is tried on first (`sample_rows`), when the block has more than twice as many."""
