@@ -20,7 +20,7 @@ files, no printing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -35,6 +35,7 @@ from .findings import Diagnosis, Findings, Search, Trial, named, not_tried, scor
 from .hypotheses import VARIANTS, Context, Target, Variant, applies, recompute
 from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
+from .views import Arrays
 
 __all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
@@ -59,10 +60,10 @@ class _Failure:
     ctx: Context
     tensors: Sequence[TensorResult]
     failing: list[TensorResult]
-    device: Mapping[str, np.ndarray]
-    golden: Mapping[str, np.ndarray]
-    benchmark: Mapping[str, np.ndarray] | None
-    inputs: Mapping[str, np.ndarray]
+    device: Arrays
+    golden: Arrays
+    benchmark: Arrays | None
+    inputs: Arrays
     blocks: Blocks
     nonfinite: Cause | None
 
@@ -78,10 +79,10 @@ def diagnose(
     case: Case,
     tensors: Sequence[TensorResult],
     checks: Sequence[Check],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    inputs: Mapping[str, np.ndarray],
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
+    inputs: Arrays,
 ) -> Diagnosis:
     """Diagnose a failing case: test candidate causes against the device's outputs and rank them.
 
@@ -213,6 +214,9 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
     blocks = f.blocks
 
     def test(v: Variant) -> Trial:
+        def ruled_out(score: float, why: str) -> Trial:
+            return Trial(tried(v.kind, v.supposes, score, why))
+
         def value(target: Target, some: np.ndarray | None = None) -> np.ndarray:
             if v.group and target.tensor == "dq":  # dK/dV's group sum leaves dq as it is
                 null = blocks.data[target][2]
@@ -229,20 +233,16 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         some = blocks.sampled_rows(blocks.targets, whole=screen)
         bound = 1.0 if v.mask else _passing_bound(blocks, value, some)  # it must leave passing tensors right
         if bound < 0.5:
-            why = f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)"
-            return Trial(tried(v.kind, v.supposes, bound, why))
+            return ruled_out(bound, f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)")
         screened = [value(t) for t in screen]
         first, measured = blocks.explained_on(screen, screened)
         if first < 0.5 and measured:
-            why = f"ruled out: explains {first:.0%} of the error of the worst failing block"
-            return Trial(tried(v.kind, v.supposes, first, why))
+            return ruled_out(first, f"ruled out: explains {first:.0%} of the error of the worst failing block")
         if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
-            why = "ruled out: it does not put NaN/Inf where the worst failing block has them"
-            return Trial(tried(v.kind, v.supposes, 0.0, why))
+            return ruled_out(0.0, "ruled out: it does not put NaN/Inf where the worst failing block has them")
         bound, values = _values(blocks, v, value, some)
         if bound < 0.5:
-            why = f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)"
-            return Trial(tried(v.kind, v.supposes, bound, why))
+            return ruled_out(bound, f"ruled out: explains at most {bound:.0%} (the blocks recomputed so far show it)")
         return _scored(f, v, values, some)
 
     return test
@@ -258,7 +258,7 @@ def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target
     extra_values = [recompute(f.ctx, v, t, some.get(t)) for t in extra]
     share, ratios = blocks.explained(values, extra, extra_values, some)
     text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
-    where = tuple(t.words() for t in blocks.targets if t.tensor in blocks.failing)[:3]
+    where = tuple(t.words() for t in blocks.failing_targets)[:3]
     symptom = f.nonfinite is not None and share >= 0.9  # NaN/Inf are then the symptom (an overflow), not the cause
     if symptom and blocks.predicts_nonfinite(values, rows=some):
         text += "; it puts NaN/Inf where the device has them"

@@ -9,7 +9,7 @@ Pure: arrays in, causes out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,6 +20,7 @@ from ...store.manifest import GRAD_NAMES
 from ..results import Cause, Hypothesis, TensorResult
 from .hypotheses import NULL, Context, recompute
 from .scoring import gather_blocks
+from .views import Arrays
 
 CARRIED = 0.9
 """Share of the gradients' excess error the backward recomputed from the device's out and lse must explain
@@ -67,12 +68,7 @@ class Carried:
 
 
 def carried_from_forward(
-    case: Case,
-    grads: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    read: Mapping[str, np.ndarray],
+    case: Case, grads: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None, read: Arrays
 ) -> Carried:
     """Test whether a pair's failing dq, dk, dv are the backward's right answer to the forward's out and lse
     as the device wrote them: the worst failing blocks recomputed (float64) from `read` (the backward's
@@ -86,11 +82,8 @@ def carried_from_forward(
     values = [recompute(ctx, NULL, t) for t in blocks.targets]
     share, ratios = blocks.explained(values)
     if blocks.nonfinite and blocks.predicts_nonfinite(values):
-        text = (
-            f"{blocks.falls(ratios)}; it puts NaN/Inf where the device has them"
-            if ratios
-            else "it puts NaN/Inf where the device has them"
-        )
+        nonfinite = "it puts NaN/Inf where the device has them"
+        text = f"{blocks.falls(ratios)}; {nonfinite}" if ratios else nonfinite
         share = max(share, 1.0 if not ratios else share)
     else:
         text = f"under it, {blocks.falls(ratios)}" if ratios else "nothing to explain"
@@ -106,10 +99,10 @@ def score_padding(
     case: Case,
     causes: Sequence[Cause],
     tensors: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    read: Mapping[str, np.ndarray],
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
+    read: Arrays,
 ) -> tuple[list[Cause], list[str]]:
     """Score `padding-rows-read` by where the gradients' error is: the failing blocks recomputed (float64) as a
     backward over the full S computes them, reading the padding rows' out and lse as the device's forward left
@@ -135,9 +128,8 @@ def score_padding(
         text = (text + "; " if text else "") + "it puts NaN/Inf where the device has them"
         share = 0.5 + 0.5 * share if ratios else 1.0
     padded = [t.words() for t in blocks.targets if _touches_padding(case, t)]
-    where = (
-        f"; {len(padded)} of the {len(blocks.targets)} worst blocks hold or read padding positions" if padded else ""
-    )
+    count = f"{len(padded)} of the {len(blocks.targets)} worst blocks hold or read padding positions"
+    where = f"; {count}" if padded else ""
     words = f"recomputed over the full S with the padding rows' out and lse as the forward left them: {text}{where}"
     kept, notes = [], []
     for cause in causes:
@@ -154,34 +146,31 @@ def _touches_padding(case: Case, target: Any) -> bool:
     """Whether a gradient block holds rows past the actual lengths (dq: query rows; dk/dv: kv positions)."""
     x, y = case.block_shape
     batch = target.batch
-    if target.tensor == "dq":
-        lengths, size = case.actual_seq_lengths, x
-    else:
-        lengths, size = case.actual_seq_lengths_kv, y
+    lengths, size = (case.actual_seq_lengths, x) if target.tensor == "dq" else (case.actual_seq_lengths_kv, y)
     if not lengths or batch >= len(lengths):
         return False
     return (target.block + 1) * size > lengths[batch]
 
 
-def pick_tensors(arrays: Mapping[str, np.ndarray], names: tuple[str, ...]) -> dict[str, np.ndarray]:
+def pick_tensors(arrays: Arrays, names: tuple[str, ...]) -> dict[str, np.ndarray]:
     """The arrays of `names` that `arrays` holds."""
     return {n: arrays[n] for n in names if n in arrays}
 
 
-class PairInputs(Mapping[str, np.ndarray]):
+_FROM_FORWARD = {"attention_out": "out", "softmax_lse": "lse"}
+"""The inputs a pair's backward reads from its forward: the forward's output of each."""
+
+
+class PairInputs(Arrays):
     """A pair's inputs as the diagnosis reads a backward's: attention_out and softmax_lse from `forward`
     (the device's out and lse as the backward read them, or the golden's: the exact forward's), the others
     the case's inputs."""
 
-    def __init__(self, inputs: Mapping[str, np.ndarray], forward: Mapping[str, np.ndarray]) -> None:
+    def __init__(self, inputs: Arrays, forward: Arrays) -> None:
         self.inputs, self.forward = inputs, forward
 
     def __getitem__(self, name: str) -> np.ndarray:
-        if name == "attention_out":
-            return self.forward["out"]
-        if name == "softmax_lse":
-            return self.forward["lse"]
-        return self.inputs[name]
+        return self.forward[_FROM_FORWARD[name]] if name in _FROM_FORWARD else self.inputs[name]
 
     def __iter__(self) -> Any:
         return iter((*self.inputs, "attention_out", "softmax_lse"))

@@ -52,12 +52,7 @@ class Fit:
 
 def _ordered(size: int, groups: list[np.ndarray]) -> list[int]:
     """Block indices in [0, size) from `groups` in order, each once."""
-    order: dict[int, None] = {}
-    for group in groups:
-        for j in group:
-            if 0 <= int(j) < size:
-                order.setdefault(int(j), None)
-    return list(order)
+    return list(dict.fromkeys(int(j) for group in groups for j in group if 0 <= int(j) < size))
 
 
 def _near(selected: np.ndarray, d: int) -> np.ndarray:
@@ -74,10 +69,8 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
     if target.tensor == "dq":  # a query block's row of the mask, in its query head
         heads, own = [target.head], mask
     else:  # a kv block's column, in every query head of its group (level by level over the heads)
-        heads, own = (
-            [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head],
-            mask.transpose(0, 2, 1),
-        )
+        heads = [h for h in range(ctx.case.num_heads) if ctx.kv_head(NULL, h) == target.head]
+        own = mask.transpose(0, 2, 1)
     n_own, n_other = own.shape[1:]
     empty = np.zeros(0, dtype=np.int64)
     per_head: list[list[np.ndarray]] = []
@@ -195,9 +188,7 @@ def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
     supposes = "the selection read wrongly in some other way: pairs added or left out (fitted per block)"
     fits: list[Fit] = []
     why: list[str] = []
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         fitted = fit_block(ctx, blocks, target)
         if isinstance(fitted, str):
             why.append(fitted)
@@ -217,11 +208,8 @@ def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
     kind, what = _kind(ctx, blocks, fits, added, left_out)
     shift = _shift(ctx, added, left_out) if kind == "block-selection" else ""
     what = shift or what
-    parts = []
-    if left_out:
-        parts.append(f"leaves out selected pairs {_words(left_out)}")
-    if added:
-        parts.append(f"adds pairs the mask does not select {_words(added)}")
+    parts = [f"leaves out selected pairs {_words(left_out)}"] if left_out else []
+    parts += [f"adds pairs the mask does not select {_words(added)}"] if added else []
     text = f"{what}: the device {' and '.join(parts)}; under the fit, {blocks.falls(ratios)}"
     where = tuple(f.target.words() for f in fits)[:3]
     if kind is None:

@@ -91,14 +91,6 @@ class Findings:
         return Diagnosis(kept, tuple(replace(h, score=round(h.score, 4)) for h in tried))
 
 
-def total(parts: Iterable[Findings]) -> Findings:
-    """Findings added up in order."""
-    found = Findings()
-    for part in parts:
-        found += part
-    return found
-
-
 def named(
     kind: Kind,
     supposes: str,
@@ -142,9 +134,8 @@ def scored(
 
 def screened_out(kind: str, supposes: str, part: float, rows: int) -> Findings:
     """A hypothesis ruled out on a few rows of the worst failing block."""
-    return tried(
-        kind, supposes, part, f"ruled out: explains {part:.0%} of the error of {rows} rows of the worst failing block"
-    )
+    why = f"ruled out: explains {part:.0%} of the error of {rows} rows of the worst failing block"
+    return tried(kind, supposes, part, why)
 
 
 @dataclass(frozen=True)
@@ -213,8 +204,4 @@ class Search:
     @staticmethod
     def first(reasons: Iterable[Callable[[], str | None]]) -> str | None:
         """The first reason (asked in order, lazily) a hypothesis is not tried, or None."""
-        for reason in reasons:
-            why = reason()
-            if why is not None:
-                return why
-        return None
+        return next((why for why in (reason() for reason in reasons) if why is not None), None)

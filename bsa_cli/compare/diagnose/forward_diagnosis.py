@@ -25,13 +25,13 @@ Pure: arrays in, a `Diagnosis` out; no files, no printing.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan
+from ...core.case import Case
 from ...golden import forward_case, written_rows
 from ..forward import PREFILL_BITS, lse_floor
 from ..pair import PAIR_CAUSES
@@ -42,6 +42,7 @@ from .forward_hypotheses import FORWARD_VARIANTS, ForwardContext, QBlock, Scorer
 from .forward_patterns import FORWARD_PATTERNS, LOCAL, predicts_unwritten
 from .hypotheses import Variant, applies
 from .patterns import never_written
+from .views import Arrays, Spans
 
 __all__ = ["FORWARD_KINDS", "diagnose_forward"]
 
@@ -105,10 +106,10 @@ def diagnose_forward(
     case: Case,
     tensors: Sequence[TensorResult],
     checks: Sequence[Check],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    inputs: Mapping[str, np.ndarray],
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
+    inputs: Arrays,
     inner_precise: int = 0,
     prefilled: bool = False,
 ) -> Diagnosis:
@@ -160,10 +161,10 @@ def diagnose_forward(
 def _sides(
     case: Case,
     judged: Sequence[str],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    spans: Mapping[int, SequenceSpan],
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
+    spans: Spans,
     floor: float,
 ) -> list[Side]:
     """The judged outputs per batch entry (out [N1, q_len, D], lse [N1, q_len, 1]), float64."""
@@ -194,11 +195,7 @@ def _unwritten_only(f: _Failure, found: Findings) -> Findings:
 
 
 def _explained(
-    f: _Failure,
-    found: Findings,
-    out: np.ndarray | None,
-    gold: np.ndarray | None,
-    benchmark: Mapping[str, np.ndarray] | None,
+    f: _Failure, found: Findings, out: np.ndarray | None, gold: np.ndarray | None, benchmark: Arrays | None
 ) -> Findings:
     """The recomputed hypotheses, then (while none explains the error) the fits and out's forward_patterns."""
     search = Search(symptom="not-written", done_at=DONE)
@@ -216,9 +213,8 @@ def _explained(
     local = forward_patterns.rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
     local += forward_patterns.tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
-        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written) + forward_patterns.accumulation(
-            f.ctx, f.blocks, f.excess
-        )
+        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written)
+        local += forward_patterns.accumulation(f.ctx, f.blocks, f.excess)
     causes = local.causes
     moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
     if moved >= LOCAL:  # rows at other rows' places are local too: the rows say more than the tile or piece

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan
+from ...core.case import Case
 from ...core.layout import lse_view, q_view
 from . import hypotheses
 from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
-from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
+from .views import SAMPLE_ROWS, Some, Spans, noise_floor, sample_rows, share_of
 
 FORWARD_VARIANTS = (
     Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
@@ -42,9 +42,6 @@ FORWARD_VARIANTS = (
     ),
 )
 """The forward's recomputed hypotheses, tried in this order."""
-
-
-NULL = Variant("", "")
 
 
 @dataclass(frozen=True)
@@ -83,7 +80,7 @@ class ForwardContext(Reading):
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
 def recompute_forward(
-    ctx: ForwardContext, v: Variant, target: QBlock, some: np.ndarray | None = None
+    ctx: ForwardContext, v: Variant, target: QBlock, some: Some = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return the float64 out [rows, D] and lse [rows] of one query block under the variant; with `some`, of
     those rows of the block only (a row's out and lse depend on that row alone).
@@ -95,19 +92,12 @@ def recompute_forward(
     if key not in ctx.softmax:
         ctx.softmax[key] = _softmax(ctx, v, target, some)
     out, log_sum, row_max = ctx.softmax[key]
-    if v.lse == "no-max":
-        lse = log_sum
-    elif v.lse == "base2":
-        lse = (log_sum + row_max) / math.log(2.0)
-    else:
-        lse = log_sum + row_max
-    return out, lse
+    lse = log_sum if v.lse == "no-max" else log_sum + row_max
+    return out, (lse / math.log(2.0) if v.lse == "base2" else lse)
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
-def _softmax(
-    ctx: ForwardContext, v: Variant, target: QBlock, some: np.ndarray | None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _softmax(ctx: ForwardContext, v: Variant, target: QBlock, some: Some) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(out, ln l, m) of one query block (or its rows `some`) under the variant's reading of the mask, heads,
     scale and stacks."""
     rows = ctx.rows(target) if some is None else ctx.rows(target)[some]
@@ -149,6 +139,10 @@ def changed_blocks(ctx: ForwardContext, v: Variant) -> list[QBlock]:
     return [QBlock(t.batch, t.head, t.block) for t in hypotheses.changed_blocks(ctx, v, ("dq",))]
 
 
+Values = Mapping[QBlock, tuple[np.ndarray, ...]]
+"""A hypothesis's values of query blocks: each side's (out, lse) as the sides are ordered."""
+
+
 # ---- the device's, benchmark's and golden's blocks, and the scoring ------------------------------------
 
 
@@ -187,10 +181,9 @@ class Scorer:
                 bench = side.bench[target.batch][target.head, rows]
                 bench = np.where(usable & np.isfinite(bench), bench, gold)
                 self.row_noise[key] = ((bench - gold) ** 2).sum(axis=1)
-                energy = float(self.row_noise[key].sum())
             else:
                 self.row_noise[key] = np.zeros(rows.size)
-                energy = 0.0
+            energy = float(self.row_noise[key].sum())
             self.data[key] = (dev, gold, usable, max(energy, self._floor(side, usable, gold)))
         return self.data[key]
 
@@ -219,10 +212,7 @@ class Scorer:
         return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
 
     def _energies(
-        self,
-        targets: Sequence[QBlock],
-        values: Mapping[QBlock, tuple[np.ndarray, ...]] | None,
-        some: np.ndarray | None = None,
+        self, targets: Sequence[QBlock], values: Values | None, some: Some = None
     ) -> dict[str, tuple[float, float]]:
         """Each side's error energy of values of the targets (None: the golden's) and its noise; of their rows
         `some` (then their own benchmark error, at least the floor)."""
@@ -254,9 +244,7 @@ class Scorer:
     def _excess(energies: Mapping[str, tuple[float, float]]) -> float:
         return sum(max(e / n - 1.0, 0.0) for e, n in energies.values())
 
-    def explained(
-        self, targets: Sequence[QBlock], values: Mapping[QBlock, tuple[np.ndarray, ...]]
-    ) -> tuple[float, dict[str, tuple[float, float]]]:
+    def explained(self, targets: Sequence[QBlock], values: Values) -> tuple[float, dict[str, tuple[float, float]]]:
         """(share of the excess error removed, each side's error in benchmark units under the hypothesis and
         without it)."""
         null = self._energies(targets, None)
@@ -277,7 +265,7 @@ def falls(ratios: Mapping[str, tuple[float, float]], failing: Sequence[str]) -> 
     return ", ".join(parts) or "nothing to explain"
 
 
-def per_entry(case: Case, array: np.ndarray, spans: Mapping[int, SequenceSpan], lse: bool) -> dict[int, np.ndarray]:
+def per_entry(case: Case, array: np.ndarray, spans: Spans, lse: bool) -> dict[int, np.ndarray]:
     if lse:
         return {b: np.asarray(lse_view(case, array, s), dtype=np.float64)[..., None] for b, s in spans.items()}
     return {b: np.asarray(q_view(case, array, s), dtype=np.float64) for b, s in spans.items()}
@@ -302,17 +290,9 @@ def block_excess(scorer: Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock
             n_q = -(-span.q_len // x)
             for side in scorer.sides:
                 gold = side.golden[batch]
-                diff = side.device[batch] - gold
-                diff[~np.isfinite(diff)] = 0.0  # NaN/Inf rows are not-written's or non-finite's
-                diff *= written
-                error = block_sums(np.einsum("nsd,nsd->ns", diff, diff), n_q, x)
-                if side.bench is not None:
-                    bench = side.bench[batch] - gold
-                    bench[~np.isfinite(bench)] = 0.0
-                    bench *= written
-                    energy = block_sums(np.einsum("nsd,nsd->ns", bench, bench), n_q, x)
-                else:
-                    energy = np.zeros_like(error)
+                error = _block_errors(side.device[batch], gold, written, n_q, x)
+                bench = side.bench
+                energy = np.zeros_like(error) if bench is None else _block_errors(bench[batch], gold, written, n_q, x)
                 if side.name == "lse":
                     floor = block_sums(written[..., 0].astype(np.float64), n_q, x) * (side.floor / 4) ** 2 + 1e-30
                 else:
@@ -330,6 +310,15 @@ def block_excess(scorer: Scorer, targets: Sequence[QBlock]) -> tuple[dict[QBlock
                 out_energy[target] = max(e - n, 0.0) if math.isfinite(e) else 0.0
         found[target] = excess
     return found, out_energy
+
+
+def _block_errors(values: np.ndarray, gold: np.ndarray, written: np.ndarray, n_q: int, x: int) -> np.ndarray:
+    """The error energy of values against the golden per query block [N1, nQ], of the written rows; NaN/Inf
+    rows left out (they are not-written's or non-finite's)."""
+    diff = values - gold
+    diff[~np.isfinite(diff)] = 0.0
+    diff *= written
+    return block_sums(np.einsum("nsd,nsd->ns", diff, diff), n_q, x)
 
 
 def query_blocks(ctx: ForwardContext, written: np.ndarray) -> list[QBlock]:

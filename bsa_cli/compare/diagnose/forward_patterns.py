@@ -15,13 +15,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.case import Case, numpy_dtype
 from ...core.layout import lse_view
 from ..results import Cause, Check, Hypothesis, TensorResult
 from .findings import Findings, Kind, named, tried
 from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, falls
 from .hypotheses import Variant
-from .views import dtype_eps
+from .views import Arrays, Spans, dtype_eps
 
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
@@ -72,16 +72,13 @@ def fits(
         if gold.size < 2 or not float(gold @ gold) > 0:
             continue
         if side.name == "out":
-            factor = float(dev @ gold) / float(gold @ gold)
-            offset = 0.0
-            supposes = "out off by a constant factor"
+            factor, offset = float(dev @ gold) / float(gold @ gold), 0.0
+            kind, supposes = "scale", "out off by a constant factor"
             words = f"out = {factor:.4g} x golden"
-            kind = "scale"
         else:
             factor, offset = (float(c) for c in np.polyfit(gold, dev, 1))
-            supposes = "lse off by an affine map (another base, a shift, a term left out)"
+            kind, supposes = "softmax-lse", "lse off by an affine map (another base, a shift, a term left out)"
             words = f"lse = {factor:.4g} x golden {'+' if offset >= 0 else '-'} {abs(offset):.4g}"
-            kind = "softmax-lse"
         values = {}
         scored = [*targets, *controls]
         for target in scored:
@@ -103,7 +100,7 @@ def fits(
     return best, found
 
 
-def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, left: Mapping[str, np.ndarray]) -> bool:
+def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, left: Arrays) -> bool:
     """Whether a mask reading leaves unwritten exactly the rows the device left unwritten (of those it must
     write), in every output: a kernel skipping a block row writes neither its out nor its lse."""
     x = ctx.case.block_shape[0]
@@ -118,8 +115,8 @@ def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, lef
 def unwritten_rows(
     case: Case,
     judged: Sequence[str],
-    arrays: Mapping[str, np.ndarray],
-    gold: Mapping[str, np.ndarray],
+    arrays: Arrays,
+    gold: Arrays,
     written: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
@@ -150,10 +147,8 @@ def unwritten_rows(
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=-1))
             first = row_words(case, written, int(rows[0]))
-            text = (
-                f"{name}: {int(bad.sum())} NaN/Inf in {rows.size} written rows where the golden is finite, "
-                f"first at {first}"
-            )
+            nonfinite_words = f"{int(bad.sum())} NaN/Inf in {rows.size} written rows"
+            text = f"{name}: {nonfinite_words} where the golden is finite, first at {first}"
             supposes = "NaN/Inf written where the golden is finite"
             found += named("non-finite", supposes, 1.0, text, (name,), (f"{name} {first}",))
     return every, found
@@ -163,7 +158,7 @@ def written_alone(
     case: Case,
     tensors: Sequence[TensorResult],
     checks: Sequence[Check],
-    arrays: Mapping[str, np.ndarray],
+    arrays: Arrays,
     written: np.ndarray,
     prefilled: bool,
     bits: Mapping[str, int],
@@ -174,8 +169,7 @@ def written_alone(
     found = Findings()
     if not prefilled:
         return found
-    every = [*checks, *(c for t in tensors for c in t.checks)]
-    for check in every:
+    for check in [*checks, *(c for t in tensors for c in t.checks)]:
         if check.name != "rows-written" or check.passed or "must leave alone were written" not in check.detail:
             continue
         name = check.tensor or "out"
@@ -220,9 +214,7 @@ def _at_prefill(case: Case, name: str, dev: np.ndarray, bits: Mapping[str, int])
     return (dev.view(unsigned) == unsigned(bits["float32" if name == "lse" else case.dtype])).all(axis=-1)
 
 
-def rows_permuted(
-    case: Case, spans: Mapping[int, SequenceSpan], side: Side, written: np.ndarray, targets: Sequence[QBlock]
-) -> Findings:
+def rows_permuted(case: Case, spans: Spans, side: Side, written: np.ndarray, targets: Sequence[QBlock]) -> Findings:
     """rows-permuted: out's worst rows equal golden rows at other positions of the same head (any entry);
     length-boundary when an entry's worst rows all sit one shift from their place (the entry written late)."""
     supposes = "out rows written at other rows' places (device rows equal golden rows elsewhere)"
@@ -317,10 +309,8 @@ def tile_local(
             tiles.append((float(excess_tiles.flat[flat]), (target, x0 + r, x0 + min(r + TILE, rows) - 1, c)))
         count_tiles += excess_tiles.size
         for r in range(0, rows, 128):
-            e = float(err[r : r + 128].sum())
-            pieces.append(
-                (max(e - per_row * min(128, rows - r), 0.0), (target, x0 + r, x0 + min(r + 128, rows) - 1, -1))
-            )
+            e = max(float(err[r : r + 128].sum()) - per_row * min(128, rows - r), 0.0)
+            pieces.append((e, (target, x0 + r, x0 + min(r + 128, rows) - 1, -1)))
     if total <= 0 or not tiles:
         return tried("tile-local", supposes, 0.0, "ruled out: no excess error in out")
     tiles.sort(key=lambda t: -t[0])
@@ -353,18 +343,14 @@ def _region(region: tuple[QBlock, int, int, int]) -> str:
     return f"out {target.words()} rows {first}..{last}{cols}"
 
 
-def layout(
-    case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Mapping[str, np.ndarray] | None, written: np.ndarray
-) -> Findings:
+def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | None, written: np.ndarray) -> Findings:
     """layout: out read as another 16-bit dtype's bits, or with S and N (BNSD) / T and N (TND) swapped."""
     dev = dev.reshape(case.q_shape)
     d = case.head_dim
     readings: list[tuple[str, np.ndarray]] = []
     if dev.dtype.itemsize == 2:
-        other = numpy_dtype("float16" if case.dtype == "bfloat16" else "bfloat16")
-        readings.append(
-            (f"out's bits read as {'float16' if case.dtype == 'bfloat16' else 'bfloat16'}", dev.view(other))
-        )
+        other = "float16" if case.dtype == "bfloat16" else "bfloat16"
+        readings.append((f"out's bits read as {other}", dev.view(numpy_dtype(other))))
     flat = np.ascontiguousarray(dev).reshape(-1)
     if case.layout == "TND":
         t, n, _ = case.q_shape
@@ -417,9 +403,8 @@ def accumulation(ctx: ForwardContext, blocks: Sequence[QBlock], excess: Mapping[
     counts = np.array([float(ctx.mask("", b.batch)[b.head, b.block].sum()) for b in blocks])
     values = np.array([excess[b] for b in blocks])
     if counts.size < 4 or np.ptp(counts) == 0 or (values > 0).sum() < 0.5 * values.size:
-        return tried(
-            "accumulation-precision", supposes, 0.0, "not tried: the rows accumulate alike, or few blocks fail"
-        )
+        why = "not tried: the rows accumulate alike, or few blocks fail"
+        return tried("accumulation-precision", supposes, 0.0, why)
     rank_c = np.argsort(np.argsort(counts, kind="stable"), kind="stable").astype(float)
     rank_v = np.argsort(np.argsort(values, kind="stable"), kind="stable").astype(float)
     corr = float(np.corrcoef(rank_c, rank_v)[0, 1])

@@ -10,7 +10,7 @@ computes one target block, and `Context` keeps the float64 views it reads, share
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -19,7 +19,7 @@ import numpy as np
 from ...core.case import Case, SequenceSpan, numpy_dtype
 from ...core.layout import kv_view, mask_view, q_view
 from ...core.rounding import to_dtype
-from .views import Held, InputRows
+from .views import Arrays, Held, InputRows, Some, Spans
 
 LOG2E = math.log2(math.e)
 
@@ -91,7 +91,7 @@ class Reading:
     first read). The backward's `Context` and the forward's share it."""
 
     case: Case
-    inputs: Mapping[str, np.ndarray]
+    inputs: Arrays
     spans: dict[int, SequenceSpan]
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
     input_rows: InputRows = field(init=False)
@@ -141,24 +141,17 @@ class Context(Reading):
     shared: Held = field(default_factory=Held)  # Q K^T and dout V^T of some rows and columns
     values: Held = field(default_factory=Held)  # `recompute`'s blocks, by variant, target and rows
 
-    def block_rows(self, name: str, batch: int, head: int, block: int, some: np.ndarray | None) -> np.ndarray:
+    def block_rows(self, name: str, batch: int, head: int, block: int, some: Some) -> np.ndarray:
         """One block's rows of an input (query, dout, lse, dsum: a query block; key, value: a kv block), or
         its rows `some`, float64."""
         rows = self.input_rows.block(name, batch, head, block)
         return rows if some is None else rows[some]
 
-    def products(
-        self, pair: Pair, kv_head: int, q_some: np.ndarray | None, kv_some: np.ndarray | None
-    ) -> tuple[np.ndarray, ...]:
+    def products(self, pair: Pair, kv_head: int, q_some: Some, kv_some: Some) -> tuple[np.ndarray, ...]:
         """Q K^T (unscaled) and dout V^T of one (query block, kv block) pair, or of its rows `q_some` and
         columns `kv_some`: shared by every hypothesis that reads the pair (the lse, Dsum and scale ones, and
         a misread mask where it selects the same pair), computed once."""
-        key = (
-            pair,
-            kv_head,
-            None if q_some is None else q_some.tobytes(),
-            None if kv_some is None else kv_some.tobytes(),
-        )
+        key = (pair, kv_head, *(None if some is None else some.tobytes() for some in (q_some, kv_some)))
         held = self.shared.get(key)
         if held is None:
             batch, head = pair.batch, pair.head
@@ -217,12 +210,7 @@ class Pair:
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
 def score_grads(
-    ctx: Context,
-    v: Variant,
-    pair: Pair,
-    kv_head: int,
-    q_some: np.ndarray | None = None,
-    kv_some: np.ndarray | None = None,
+    ctx: Context, v: Variant, pair: Pair, kv_head: int, q_some: Some = None, kv_some: Some = None
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (dS, P) of a pair (its rows `q_some`, columns `kv_some`) against kv head `kv_head` under the
     variant."""
@@ -247,7 +235,7 @@ def score_grads(
     return probs * (dprobs - dsum), probs
 
 
-def partial(ctx: Context, pair: Pair, tensor: str, some: np.ndarray | None = None) -> np.ndarray:
+def partial(ctx: Context, pair: Pair, tensor: str, some: Some = None) -> np.ndarray:
     """One pair's partial (the operator's semantics) of a dq block (its rows) or of a dk/dv block (its
     columns), float64 [rows, D]; with `some`, of those rows (columns) of the block only."""
     q_some, kv_some = (some, None) if tensor == "dq" else (None, some)
@@ -281,7 +269,7 @@ class Target:
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
-def recompute(ctx: Context, v: Variant, target: Target, some: np.ndarray | None = None) -> np.ndarray:
+def recompute(ctx: Context, v: Variant, target: Target, some: Some = None) -> np.ndarray:
     """Return the float64 golden of one target block under the variant ([rows, D]); with `some`, of those
     rows of the block only (the rows of a block are independent: a dq row sums over its kv columns, a dk/dv
     row over its query rows). Kept (`Context.values`): the hypotheses ask for the same block again."""
@@ -298,7 +286,7 @@ def recompute(ctx: Context, v: Variant, target: Target, some: np.ndarray | None 
     return held[0]
 
 
-def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None) -> np.ndarray:
+def _dq_block(ctx: Context, v: Variant, target: Target, some: Some) -> np.ndarray:
     """dq of one query block (its rows `some`): a sum over the kv blocks the variant selects for it."""
     case, span = ctx.case, ctx.spans[target.batch]
     x = case.block_shape[0]
@@ -312,7 +300,7 @@ def _dq_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     return ctx.scale(v) * dq
 
 
-def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def _kv_block(ctx: Context, v: Variant, target: Target, some: Some) -> tuple[np.ndarray, np.ndarray]:
     """dK and dV of one kv block (its rows `some`): sums over the (query head, query block) pairs the
     variant selects it for, in the heads that read its kv head and add into it."""
     case, span = ctx.case, ctx.spans[target.batch]
@@ -331,16 +319,12 @@ def _kv_block(ctx: Context, v: Variant, target: Target, some: np.ndarray | None)
     return ctx.scale(v) * dk, dv
 
 
-def block_of(case: Case, array: np.ndarray, target: Target, spans: Mapping[int, SequenceSpan]) -> np.ndarray:
+def block_of(case: Case, array: np.ndarray, target: Target, spans: Spans) -> np.ndarray:
     """Return one target block of a gradient array as float64 [rows, D]."""
     span = spans[target.batch]
     x, y = case.block_shape
-    if target.tensor == "dq":
-        view = q_view(case, array, span)[target.head]
-        size, length = x, span.q_len
-    else:
-        view = kv_view(case, array, span)[target.head]
-        size, length = y, span.kv_len
+    read, size, length = (q_view, x, span.q_len) if target.tensor == "dq" else (kv_view, y, span.kv_len)
+    view = read(case, array, span)[target.head]
     return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
 
 
@@ -427,12 +411,8 @@ def fitted_head_map(
         dev = device_block(target)
         if not np.isfinite(dev).all():
             continue
-        errors = []
-        for kv_head in range(n2):
-            value = recompute(
-                ctx, Variant("", "", head_map=tuple(kv_head if h == head else 0 for h in range(n1))), target
-            )
-            errors.append(float(((dev - value) ** 2).sum()))
+        maps = (tuple(kv_head if h == head else 0 for h in range(n1)) for kv_head in range(n2))
+        errors = [float(((dev - recompute(ctx, Variant("", "", head_map=m), target)) ** 2).sum()) for m in maps]
         best = int(np.argmin(errors))
         if errors[best] < 0.25 * errors[mapping[head]]:  # clearly closer than the mapping's own
             mapping[head] = best
@@ -485,11 +465,8 @@ def changed_blocks(ctx: Reading, v: Variant, tensors: Sequence[str], count: int 
         picked = 0
         for batch in ctx.spans:
             diff = ctx.mask(v.mask, batch) != ctx.mask("", batch)
-            if name == "dq":
-                heads, blocks = np.nonzero(diff.any(axis=2))
-            else:
-                kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
-                heads, blocks = np.nonzero(kv)
+            kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
+            heads, blocks = np.nonzero(diff.any(axis=2) if name == "dq" else kv)
             step = max(1, heads.size // count)
             for h, j in list(zip(heads, blocks, strict=True))[::step][: count - picked]:
                 found.append(Target(name, batch, int(h), int(j)))
@@ -513,9 +490,7 @@ def applies(ctx: Reading, v: Variant) -> str | None:
     if v.mask and all(np.array_equal(ctx.mask(v.mask, b), ctx.mask("", b)) for b in ctx.spans):
         return "not tried: the mask reads the same under it in this case"
     if v.scale and ctx.scale(v) == ctx.scale(NULL):
-        return (
-            "not tried: the scale is exact in the case dtype" if v.scale == "rounded" else "not tried: the scale is 1"
-        )
+        return f"not tried: {'the scale is exact in the case dtype' if v.scale == 'rounded' else 'the scale is 1'}"
     if v.stacks and _longest_row(ctx) <= STACK:
         return f"not tried: no row selects more than {STACK} columns (one online-softmax stack)"
     return None

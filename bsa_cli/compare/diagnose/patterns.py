@@ -8,22 +8,22 @@ column accumulates, a constant factor. (Rows that equal golden rows elsewhere: `
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan
+from ...core.case import Case
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
 from ..results import Cause, Hypothesis, TensorResult
-from .findings import Findings, named, tried
+from .findings import Findings, named, scored, tried
 from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
-from .views import dtype_eps
+from .views import Arrays, Spans, dtype_eps
 
 
-def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[int, SequenceSpan]) -> str:
+def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Spans) -> str:
     """Name an element's row in the operator's terms: batch, head, position and block."""
     x, y = case.block_shape
     size = x if name == "dq" else y
@@ -40,11 +40,7 @@ def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Mapping[i
 
 
 def nonfinite_cause(
-    case: Case,
-    failing: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    spans: Mapping[int, SequenceSpan],
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, spans: Spans
 ) -> Cause | None:
     parts, where, names = [], [], []
     for result in failing:
@@ -94,8 +90,8 @@ def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Seq
     share, parts = 1.0, []
     for name in names:
         picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
-        dev, null = [blocks.device[i] for i in picks], [blocks.null[i] for i in picks]
-        bench = [blocks.bench[i] for i in picks]
+        data = [blocks.data[blocks.targets[i]] for i in picks]
+        dev, bench, null = [d[0] for d in data], [d[1] for d in data], [d[2] for d in data]
         own = _relative_bias(bench, null, thd) if all(b is not None for b in bench) else 0.0
         null_bias = _relative_bias(dev, null, thd) - own
         hyp_bias = _relative_bias(dev, [values[i] for i in picks], thd) - own
@@ -151,9 +147,8 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
     supposes = "a gradient off by a constant factor"
     if not off:
-        return 0.0, tried(
-            "scale", supposes, 0.0, "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
-        )
+        why = "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
+        return 0.0, tried("scale", supposes, 0.0, why)
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
     is_named = all(" (= " in _scale_factor_words(f, case.kernel_scale) for f in off.values())
@@ -166,10 +161,7 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
         n for n in off if not any(d.any() for d, t in zip(blocks.device, blocks.targets, strict=True) if t.tensor == n)
     ]
     if share >= 0.5 and (is_named or noise) and not zero:
-        outcome = f"explains {share:.0%} of the excess error: {text}"
-        found = Findings(
-            (Cause("scale", share, text, tuple(off), ()),), (Hypothesis("scale", supposes, share, outcome),)
-        )
+        found = scored("scale", supposes, share, text, tuple(off), (), evidence=text)
     else:
         why = ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
         found = tried("scale", supposes, share, f"ruled out: explains {share:.0%}{why if share >= 0.5 else ''}: {text}")
@@ -179,9 +171,8 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
 def zero_blocks(blocks: Blocks) -> Findings:
     """Failing blocks left all zero where the golden is not."""
     total, zero, where = 0.0, 0.0, []
-    for target, dev, null in zip(blocks.targets, blocks.device, blocks.null, strict=True):
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
+        dev, _, null, _ = blocks.data[target]
         energy = float(((dev - null) ** 2).sum()) / blocks.noise[target.tensor]
         total += energy
         if dev.size and not dev.any() and null.any():
@@ -205,9 +196,7 @@ def zero_blocks(blocks: Blocks) -> Findings:
 def zero_share(blocks: Blocks) -> float:
     """The share of the failing target blocks' excess error in elements the device left zero (golden not)."""
     total = zero = 0.0
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         dev, bench, null, _ = blocks.data[target]
         err = np.maximum((dev - null) ** 2 - ((bench - null) ** 2 if bench is not None else 0.0), 0.0)
         err = err / blocks.noise[target.tensor]
@@ -243,9 +232,7 @@ def _block_excess(result: TensorResult) -> np.ndarray | None:
     return np.maximum(dev - 2.0 * bench, 0.0)
 
 
-def tail_pattern(
-    case: Case, failing: Sequence[TensorResult], spans: Mapping[int, SequenceSpan], zeros: float = 0.0
-) -> Findings:
+def tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Spans, zeros: float = 0.0) -> Findings:
     """Errors confined to partial last blocks (Sq % X for dq, Skv % Y for dk/dv).
 
     `zeros`: the share of the failing blocks' excess error in elements left zero (`zero_share`); when 90%,
@@ -285,19 +272,16 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
     by_name = {t.name: t for t in tensors}
     if "dq" not in by_name or not by_name["dq"].passed or not {"dk", "dv"} & set(blocks.failing):
         return tried("accumulation-race", supposes, 0.0, "ruled out: dq fails too, or dk and dv pass")
-    kv_targets = [
-        (i, t) for i, t in enumerate(blocks.targets) if t.tensor in ("dk", "dv") and t.tensor in blocks.failing
-    ]
+    kv_targets = [t for t in blocks.failing_targets if t.tensor in ("dk", "dv")]
     bad = [
-        (i, t)
-        for i, t in kv_targets
-        if float(((blocks.device[i] - blocks.null[i]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS
+        t
+        for t in kv_targets
+        if float(((blocks.data[t][0] - blocks.data[t][2]) ** 2).sum()) > 9 * blocks.noise[t.tensor] / MAX_TARGETS
     ]
-    bad_blocks = sorted({(t.batch, t.head, t.block) for _, t in bad})
+    bad_blocks = sorted({(t.batch, t.head, t.block) for t in bad})
     if not bad_blocks or len(bad_blocks) > 2:
-        return tried(
-            "accumulation-race", supposes, 0.0, f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
-        )
+        why = f"ruled out: {len(bad_blocks)} failing kv blocks, not one or two"
+        return tried("accumulation-race", supposes, 0.0, why)
     explained = []
     for batch, kv_head, block in bad_blocks:
         mask = ctx.mask("", batch)
@@ -345,9 +329,7 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
     supposes = "errors confined to one or a few 16x16 tiles"
     energies: list[tuple[float, Target, int, int]] = []  # (energy in benchmark units, block, row, column)
     wrong: set[tuple[Target, int, int]] = set()  # tiles wrong in their own terms (9x their benchmark's error)
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         dev, bench, null, noise = blocks.data[target]
         bench_err = (bench - null) ** 2 if bench is not None else np.zeros(null.shape)
         err = (dev - null) ** 2 - bench_err
@@ -375,10 +357,8 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
     # 4 tiles (those rows), but is not tile-local
     others = len(wrong - {(t, r, c) for _, t, r, c in energies[:4]})
     if share >= 0.9 and others > max(2, len(wrong) // 10):
-        outcome = (
-            f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are wrong"
-        )
-        return tried("tile-local", supposes, 0.0, outcome + " too (9x their benchmark's error)")
+        outcome = f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are"
+        return tried("tile-local", supposes, 0.0, outcome + " wrong too (9x their benchmark's error)")
     if share >= 0.9:
         each = [e[0] for e in energies]
         return _local_cause(blocks, share, each, total, [w for _, w in top], "16x16 tile", supposes)
@@ -393,9 +373,7 @@ def piece_local(case: Case, blocks: Blocks) -> Findings:
     """Excess error confined to one or two 128-row pieces of blocks longer than a piece."""
     supposes = "errors confined to one or a few 128-row pieces of a block"
     energies: list[tuple[float, str]] = []
-    for target in blocks.targets:
-        if target.tensor not in blocks.failing:
-            continue
+    for target in blocks.failing_targets:
         dev, bench, null, _ = blocks.data[target]
         if dev.shape[0] <= PIECE:
             continue
@@ -416,9 +394,7 @@ def piece_local(case: Case, blocks: Blocks) -> Findings:
     return tried("tile-local", supposes, 0.0, f"ruled out: {why}")
 
 
-def _accumulated(
-    case: Case, block_mask: np.ndarray, name: str, spans: Mapping[int, SequenceSpan], shape: tuple[int, ...]
-) -> np.ndarray:
+def _accumulated(case: Case, block_mask: np.ndarray, name: str, spans: Spans, shape: tuple[int, ...]) -> np.ndarray:
     """Blocks each block of a gradient accumulates ([B, heads, blocks], as the block map): a dq block its
     selected kv blocks, a dk/dv block the (query head, query block) pairs that select it."""
     counts = np.zeros(shape)
@@ -443,11 +419,7 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 
 def accumulation_precision(
-    case: Case,
-    failing: Sequence[TensorResult],
-    golden: Mapping[str, np.ndarray],
-    block_mask: np.ndarray,
-    spans: Mapping[int, SequenceSpan],
+    case: Case, failing: Sequence[TensorResult], golden: Arrays, block_mask: np.ndarray, spans: Spans
 ) -> Findings:
     """A relative error (beyond the benchmark's) that grows with the blocks each row or column accumulates."""
     supposes = "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"
@@ -486,9 +458,8 @@ def accumulation_precision(
         )
     if fits and all(corr >= 0.6 and growth >= 1.5 for corr, growth in fits):
         score = 0.8 * min(corr for corr, _ in fits)
-        return named(
-            "accumulation-precision", supposes, score, "; ".join(words), [t.name for t in failing], verb="fits"
-        )
+        names = [t.name for t in failing]
+        return named("accumulation-precision", supposes, score, "; ".join(words), names, verb="fits")
     why = "; ".join(words) if words else "too few distinct accumulation counts"
     return tried("accumulation-precision", supposes, 0.0, "ruled out: " + why)
 

@@ -20,11 +20,12 @@ from functools import partial
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan, numpy_dtype
+from ...core.case import Case, numpy_dtype
 from ...core.layout import kv_view, q_view
 from ..results import Cause, Hypothesis, TensorResult
 from .findings import Findings, named, tried
 from .scoring import Blocks
+from .views import Arrays, Spans
 from .views import noise_floor as _floor
 
 PLACED = 0.9
@@ -55,13 +56,7 @@ def _global_rows(case: Case, array: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(over="ignore", invalid="ignore")
-def _rows(
-    case: Case,
-    name: str,
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-) -> _Rows:
+def _rows(case: Case, name: str, device: Arrays, golden: Arrays, benchmark: Arrays | None) -> _Rows:
     gold = _global_rows(case, golden[name])
     dev = _global_rows(case, device[name])
     if not np.isfinite(gold).all():  # (whole-tensor passes: each skipped where it changes nothing)
@@ -85,7 +80,7 @@ def _row_squares(rows: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
 
 
-def _entries(case: Case, name: str, spans: Mapping[int, SequenceSpan]) -> list[tuple[int, int, int]]:
+def _entries(case: Case, name: str, spans: Spans) -> list[tuple[int, int, int]]:
     """Each batch entry's (batch, first global row, length) in a tensor's global rows."""
     size = case.q_shape[2] if name == "dq" else case.kv_shape[2]
     out = []
@@ -126,9 +121,7 @@ def _matches(rows: _Rows, at: np.ndarray, shift: int) -> np.ndarray:
     return ok
 
 
-def _shifted_entries(
-    case: Case, name: str, rows: _Rows, spans: Mapping[int, SequenceSpan]
-) -> tuple[np.ndarray, list[str]]:
+def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Spans) -> tuple[np.ndarray, list[str]]:
     """Device rows that hold a batch entry's golden rows at a constant offset (at least half the entry's
     rows that hold values), and the rows the shift leaves behind zero."""
     count = rows.golden.shape[0]
@@ -175,12 +168,7 @@ def _shifted_entries(
 
 
 def length_boundary(
-    case: Case,
-    failing: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
-    spans: Mapping[int, SequenceSpan],
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None, spans: Spans
 ) -> tuple[float, Findings]:
     """Errors past the actual lengths (padding rows written) or a batch entry's rows at another offset.
 
@@ -262,17 +250,14 @@ SAMPLE = 2048
 
 
 def _reading_share(
-    readings: Mapping[str, np.ndarray], refs: Mapping[str, tuple[np.ndarray, float, float]]
+    readings: Arrays, refs: Mapping[str, tuple[np.ndarray, float, float]]
 ) -> tuple[float, dict[str, float]]:
     """The share of the excess error a reading removes (`refs`: each tensor's `_reference`), and each
     tensor's error in benchmark units."""
     hyp, ratios = 0.0, {}
     for name, values in readings.items():
         golden, noise, _ = refs[name]
-        with np.errstate(over="ignore", invalid="ignore"):  # another dtype's bits: NaN/Inf among them
-            diff = np.asarray(values, dtype=np.float64) - golden
-            diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's, here as in the null reading
-            energy = float((diff * diff).sum())
+        energy = _energy(values, golden)  # another dtype's bits: NaN/Inf among them
         excess = max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else np.inf
         hyp += excess
         ratios[name] = float(np.sqrt(excess + 1))
@@ -290,19 +275,21 @@ def _reference(
     if bench is not None:
         noise = float(np.nan_to_num((np.asarray(bench, dtype=np.float64) - gold) ** 2).sum())
     noise = max(noise, _floor(case, float((gold * gold).mean())) * gold.size)
-    with np.errstate(over="ignore", invalid="ignore"):
-        diff = np.asarray(dev, dtype=np.float64) - gold
-        diff[~np.isfinite(diff)] = 0.0  # NaN/Inf are the non-finite kind's: a reading is scored on the rest
-        energy = float((diff * diff).sum())
+    energy = _energy(dev, gold)
     return gold, noise, max(energy / noise - 1.0, 0.0) if np.isfinite(energy) else 1e30
 
 
+@np.errstate(over="ignore", invalid="ignore")
+def _energy(values: np.ndarray, golden: np.ndarray) -> float:
+    """The error energy of values (as float64) against a golden, NaN/Inf left out: they are the non-finite
+    kind's, here as in the null reading (a reading is scored on the rest)."""
+    diff = np.asarray(values, dtype=np.float64) - golden
+    diff[~np.isfinite(diff)] = 0.0
+    return float((diff * diff).sum())
+
+
 def layout(
-    case: Case,
-    failing: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None
 ) -> tuple[float, Findings]:
     """A failing tensor that equals the golden under another layout or dtype reading of its bytes.
 
@@ -371,9 +358,7 @@ class _RowMatches:
     emptied: list[tuple[tuple[str, int, int, int], float]]  # wrong rows the device left zero, and their error
 
 
-def _row_matches(
-    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan], limit: int
-) -> _RowMatches:
+def _row_matches(case: Case, blocks: Blocks, golden: Arrays, spans: Spans, limit: int) -> _RowMatches:
     """Match the first `limit` wrong rows of each failing target block to the golden rows of its head (and
     to the same block's rows in the other heads of its batch entry)."""
     matched, bad_total, where = 0, 0, []
@@ -382,11 +367,8 @@ def _row_matches(
     energy_all = energy_matched = 0.0
     x, y = case.block_shape
     heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
-    for i, target in enumerate(blocks.targets):
-        if target.tensor not in blocks.failing:
-            continue
-        dev, null = blocks.device[i], blocks.null[i]
-        bench = blocks.bench[i]
+    for target in blocks.failing_targets:
+        dev, bench, null, _ = blocks.data[target]
         scale = float((null**2).sum(axis=1).mean())
         row_noise = ((bench - null) ** 2).sum(axis=1) if bench is not None else np.zeros(null.shape[0])
         floor = max(float(row_noise.mean()), scale * 1e-6, 1e-30)
@@ -450,9 +432,7 @@ def _row_matches(
     return _RowMatches(matched, bad_total, energy_all, energy_matched, where, sources, emptied)
 
 
-def rows_permuted(
-    case: Case, blocks: Blocks, golden: Mapping[str, np.ndarray], spans: Mapping[int, SequenceSpan]
-) -> Findings:
+def rows_permuted(case: Case, blocks: Blocks, golden: Arrays, spans: Spans) -> Findings:
     """Device rows that equal golden rows at other positions of the same head, or of the same block in
     another head of the batch entry.
 
@@ -464,20 +444,17 @@ def rows_permuted(
         why = f"ruled out: none of the first {SCREEN_ROWS} wrong rows of each failing block equals another golden row"
         return tried("rows-permuted", supposes, 0.0, why)
     found = _row_matches(case, blocks, golden, spans, WRONG_ROWS)
-    matched, bad_total, where = found.matched, found.bad_total, found.where
-    energy_all, energy_matched = found.energy_all, found.energy_matched
-    sources, emptied = found.sources, found.emptied
+    bad_total, where = found.bad_total, found.where
     # a row left zero whose golden row another device row holds: moved away (a swap with an empty row)
-    moved = [err for at, err in emptied if at in sources]
-    matched += len(moved)
-    energy_matched += sum(moved)
-    share = energy_matched / energy_all if energy_all else 0.0  # the share of the wrong rows' error
+    moved = [err for at, err in found.emptied if at in found.sources]
+    matched = found.matched + len(moved)
+    energy_matched = found.energy_matched + sum(moved)
+    share = energy_matched / found.energy_all if found.energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
         text = (
             f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
             f"{'; '.join(where[:2])}"
         )
         return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, where[:4], "fits")
-    return tried(
-        "rows-permuted", supposes, 0.0, f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
-    )
+    why = f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
+    return tried("rows-permuted", supposes, 0.0, why)

@@ -18,7 +18,7 @@ from ...core.case import Case, numpy_dtype
 from ...store.manifest import GRAD_NAMES
 from ..results import TensorResult
 from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
-from .views import SAMPLE_ROWS, noise_floor, sample_rows, share_of
+from .views import SAMPLE_ROWS, Arrays, noise_floor, sample_rows, share_of
 
 MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
@@ -47,9 +47,9 @@ class Blocks:
 
     case: Case
     ctx: Context
-    device_arrays: Mapping[str, np.ndarray]
-    bench_arrays: Mapping[str, np.ndarray] | None
-    golden_arrays: Mapping[str, np.ndarray]
+    device_arrays: Arrays
+    bench_arrays: Arrays | None
+    golden_arrays: Arrays
     failing: tuple[str, ...]
     targets: list[Target] = field(default_factory=list)
     data: dict[Target, tuple[np.ndarray, np.ndarray | None, np.ndarray, float]] = field(default_factory=dict)
@@ -78,10 +78,6 @@ class Blocks:
     @property
     def device(self) -> list[np.ndarray]:
         return [self.data[t][0] for t in self.targets]
-
-    @property
-    def bench(self) -> list[np.ndarray | None]:
-        return [self.data[t][1] for t in self.targets]
 
     @property
     def null(self) -> list[np.ndarray]:
@@ -210,12 +206,8 @@ class Blocks:
 
     def sampled_rows(self, targets: Sequence[Target], whole: Sequence[Target] = ()) -> dict[Target, np.ndarray]:
         """The sampled rows of the targets (`sample_of`), but for those in `whole` or too short to sample."""
-        out = {}
-        for target in targets:
-            some = None if target in whole else self.sample_of(target)
-            if some is not None:
-                out[target] = some
-        return out
+        some = {target: self.sample_of(target) for target in targets if target not in whole}
+        return {target: rows for target, rows in some.items() if rows is not None}
 
     def explained_rows(self, target: Target, rows: np.ndarray, value: np.ndarray) -> tuple[float, bool]:
         """`explained_on` one block's `rows` (value: the hypothesis's values of those rows): (share, whether
@@ -243,12 +235,16 @@ class Blocks:
         return share_of(left, null_excess)
 
     @property
+    def failing_targets(self) -> list[Target]:
+        """The target blocks of the failing tensors, in order."""
+        return [t for t in self.targets if t.tensor in self.failing]
+
+    @property
     def screen(self) -> list[Target]:
         """The worst target block of each failing tensor: a hypothesis must explain them to be tried on all."""
         first: dict[str, Target] = {}
-        for target in self.targets:
-            if target.tensor in self.failing:
-                first.setdefault(target.tensor, target)
+        for target in self.failing_targets:
+            first.setdefault(target.tensor, target)
         return list(first.values())
 
     def screen_for(self, variant: Variant) -> list[Target]:
@@ -293,9 +289,9 @@ def gather_blocks(
     case: Case,
     ctx: Context,
     tensors: Sequence[TensorResult],
-    device: Mapping[str, np.ndarray],
-    golden: Mapping[str, np.ndarray],
-    benchmark: Mapping[str, np.ndarray] | None,
+    device: Arrays,
+    golden: Arrays,
+    benchmark: Arrays | None,
     per_tensor: int = MAX_TARGETS,
 ) -> Blocks:
     failing = tuple(t.name for t in tensors if not t.passed)

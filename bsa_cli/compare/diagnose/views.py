@@ -24,6 +24,13 @@ KV_SIDE = ("key", "value")
 
 HELD_BYTES = 256 << 20
 """What a `Held` keeps at most (bytes): past it, it forgets everything and starts again."""
+Arrays = Mapping[str, np.ndarray]
+"""Arrays by name: a case's inputs, or its outputs (device, golden, benchmark)."""
+Spans = Mapping[int, SequenceSpan]
+"""A case's sequence spans by batch entry."""
+Some = np.ndarray | None
+"""Some rows of a block (their indices within it), or None: all its rows."""
+
 SAMPLE_ROWS = 32
 """Rows of a block a hypothesis is tried on first (`sample_rows`), when the block has more than twice as many."""
 
@@ -61,8 +68,8 @@ class InputRows:
     (rows [n]: softmaxLse, and Dsum = rowsum(out * dout) in float64)."""
 
     case: Case
-    inputs: Mapping[str, np.ndarray]
-    spans: Mapping[int, SequenceSpan]
+    inputs: Arrays
+    spans: Spans
     _held: dict[tuple[str, int, int], tuple[np.ndarray | None, np.ndarray, np.ndarray]] = field(default_factory=dict)
     _blocks: dict[tuple[str, int, int, int], np.ndarray] = field(default_factory=dict)  # `block`'s views
 
@@ -96,10 +103,7 @@ class InputRows:
         for block in blocks[~done[blocks]]:
             part = slice(int(block) * size, (int(block) + 1) * size)
             if source is None:  # dsum: from the float64 rows of out and dout
-                out, dout = (
-                    self.block("attention_out", batch, head, int(block)),
-                    self.block("dout", batch, head, int(block)),
-                )
+                out, dout = (self.block(n, batch, head, int(block)) for n in ("attention_out", "dout"))
                 converted[part] = (out * dout).sum(axis=1)
             else:
                 converted[part] = np.asarray(source[part], dtype=np.float64)
@@ -111,14 +115,12 @@ class InputRows:
             case, span = self.case, self.spans[batch]
             source: np.ndarray | None
             if name == "dsum":
-                source, shape = None, (span.q_len,)
+                source = None
             elif name == "lse":
                 source = lse_view(case, np.asarray(self.inputs["softmax_lse"]), span)[head]
-                shape = source.shape
             else:
-                view = kv_view if name in KV_SIDE else q_view
-                source = view(case, self.inputs[name], span)[head]
-                shape = source.shape
+                source = (kv_view if name in KV_SIDE else q_view)(case, self.inputs[name], span)[head]
+            shape = (span.q_len,) if source is None else source.shape
             size = self._size(name)
             blocks = -(-shape[0] // size) if size else 0
             self._held[key] = (source, np.zeros(shape), np.zeros(blocks, dtype=bool))
