@@ -12,32 +12,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal
 
-from ..results import Cause, Hypothesis
+from ..results import Cause, DiagnosisKind, Hypothesis
 
 if TYPE_CHECKING:
     from .hypotheses import Reading, Variant
 
-Kind = Literal[
-    "non-finite",
-    "not-written",
-    "block-selection",
-    "tail-block",
-    "length-boundary",
-    "gqa-head-mapping",
-    "gqa-group-sum",
-    "scale",
-    "softmax-lse",
-    "softmax-grad",
-    "precision-bias",
-    "accumulation-precision",
-    "accumulation-race",
-    "rows-permuted",
-    "tile-local",
-    "layout",
-    "lse-unwritten",
-    "padding-rows-read",
-]
-"""A cause's kind: `results.DIAGNOSIS_KINDS` as a type."""
+Kind = DiagnosisKind
+"""A cause's kind (`results.DIAGNOSIS_KINDS` as a type)."""
 
 Verb = Literal["explains", "fits"]
 """How a named cause's hypothesis reads: a recomputed value explains, a pattern fits."""

@@ -465,8 +465,11 @@ def changed_blocks(ctx: Reading, v: Variant, tensors: Sequence[str], count: int 
         picked = 0
         for batch in ctx.spans:
             diff = ctx.mask(v.mask, batch) != ctx.mask("", batch)
-            kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
-            heads, blocks = np.nonzero(diff.any(axis=2) if name == "dq" else kv)
+            if name == "dq":
+                heads, blocks = np.nonzero(diff.any(axis=2))
+            else:
+                kv = diff.any(axis=1).reshape(ctx.case.num_kv_heads, ctx.case.group_size, -1).any(axis=1)
+                heads, blocks = np.nonzero(kv)
             step = max(1, heads.size // count)
             for h, j in list(zip(heads, blocks, strict=True))[::step][: count - picked]:
                 found.append(Target(name, batch, int(h), int(j)))
