@@ -63,6 +63,22 @@ def worker_pool(
                 os.environ[var] = value
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Hold SIGTERM and SIGHUP while the pool's manager thread starts: raised while its start is awaited,
+    they left a thread that shutdown could not join (a traceback instead of exit 143). Held, they arrive
+    once it runs, and the pool shuts down whole. Threads started meanwhile keep them held: only the main
+    thread handles signals."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGHUP})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 class _Pool(ProcessPoolExecutor):
     """A pool whose workers are all started at once, from this thread, with SIGINT ignored (a spawned
     Python keeps a SIGINT its parent ignored ignored until it says otherwise).
@@ -85,7 +101,8 @@ class _Pool(ProcessPoolExecutor):
         self._previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
             launch()
-            manage()  # managed from now on: leaving the pool waits for every worker
+            with _signals_held():
+                manage()  # managed from now on: leaving the pool waits for every worker
         except BaseException:
             self._restore()
             self.shutdown(wait=True)
