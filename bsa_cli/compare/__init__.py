@@ -10,17 +10,15 @@ out), in `judge.py`.
 The package, from the pure core outwards (each module imports only those above it in this list, and
 none imports `bsa_cli.report` or the CLI):
 
-* `bias.py`       the bias check's statistic: a signed, relative systematic error and its standard error;
-* `standards.py`  the comparison standards, their thresholds, the settings a case is judged by and their
-  precedence (`resolve_settings`);
-* `results.py`    the results as data: `Check`, `ErrorStats`, `TensorResult`, `CaseResult`, `SuiteResult`;
+* `results.py`    the results as data: `ErrorStats`, `TensorResult`, `CaseResult`, `SuiteResult` (`Check`,
+  the bias check and the standards with their settings are `bsa_cli.standards`'s, a layer below);
 * `geometry.py`   how a gradient's rows map to batch entries, heads, positions and blocks; rows that must be 0;
 * `buffers.py`, `ulp.py`  the metrics engine's reusable work arrays and fast upcast; ULP errors;
 * `metrics.py`    the streaming metrics engine: arrays measured against the golden chunk by chunk;
 * `locate.py`     where the errors are: block maps, hot blocks and tiles, worst elements, the ULP chart;
 * `structural.py` the checks every standard runs: NaN/Inf, rows that must be 0, padding, all-zero outputs;
 * `summary.py`    the benchmark measured once at `bsa gen` and reused by every judgement;
-* `judge.py`      `judge_tensors`: the pure core, with the checks of each standard (`judge_tensor`: one tensor);
+* `judge.py`      `judge_tensors`: the pure core; it measures, the case's standard checks (`judge_tensor`: one tensor);
 * `forward.py`    the forward's out and lse judged on the rows it writes, and the `rows-written` check;
 * `pair.py`       the pair's causes (`lse-unwritten`, `padding-rows-read`) and its expected verdict;
 * `diagnose/`     a failing case's likely causes, hypotheses recomputed on its failing blocks (`diagnose`);

@@ -161,7 +161,7 @@ def emulate_op(
         DataError: the manifest or an input file is missing, malformed or stale.
     """
     op = get(manifest.op)
-    step = "forward: " if op.calls_backward else ""  # a chain's message says which step refused, as chain_check's
+    step = "forward: " if op.calls_backward else ""  # a chain's message says which step refused, as Op.status's
     params = forward_interface.params_forward(manifest.params)
     status, message = forward_interface.check(params, forward_call(manifest), manifest.release)
     if status != 0:
