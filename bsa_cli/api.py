@@ -188,7 +188,7 @@ def load_case(case_dir: str | Path) -> LoadedCase:
     if case.expect.ok and manifest.skip is None:
         missing = [name for name in wanted if entries.get(name) is None]
         if missing:
-            every = "all seven" if get(manifest.op).is_default else f"{', '.join(wanted)} ({manifest.op})"
+            every = "all seven" if manifest.op.is_default else f"{', '.join(wanted)} ({manifest.op})"
             raise DataError(str(path), f"no inputs entry for {', '.join(missing)} (a valid case has {every})")
     inputs = {str(name): _read(case_dir, "inputs", str(name), entry) for name, entry in manifest.entries("inputs")}
     return LoadedCase(case_dir, manifest, inputs)

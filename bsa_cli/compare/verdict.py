@@ -18,7 +18,7 @@ import numpy as np
 from ..core import blas
 from ..core.case import ACLNN_STATUS, Case, Expect
 from ..core.errors import DataError, clip
-from ..ops import OPS, Op, get, split_folder_name
+from ..ops import OPS, Op, split_folder_name
 from ..ops.interface import release_of_cann
 from ..standards import RunSettings, Settings, ThresholdNotApplicable, resolve_settings
 from ..store import MANIFEST, OUTPUTS_DIR, check_output_dir, load_manifest
@@ -215,7 +215,7 @@ def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
     known: dict[str, Any] = {}
     try:
         manifest = _read_manifest(job.case_dir, manifest)
-        name, op = manifest.name, get(manifest.op)
+        name, op = manifest.name, manifest.op
         known = {"dtype": manifest.case.dtype, "layout": manifest.case.layout}
         settings = _case_settings(job.case_dir, manifest, job.run)
         known = _manifest_fields(manifest, settings)
@@ -326,7 +326,7 @@ def _judge_outputs(
     job: _Judging, manifest: Manifest, settings: Settings, record: _Record, known: dict[str, Any], checks: list[Check]
 ) -> CaseResult:
     """Judge the outputs of a call that returned 0: the op's tensors, its causes, a failure's diagnosis."""
-    case, op = manifest.case, get(manifest.op)
+    case, op = manifest.case, manifest.op
     if job.outcome is not None:
         _check_grads(manifest, job.outcome.grads, op.outputs)
     shapes = _shape_problems(case, manifest, job.case_dir / MANIFEST)  # cheap: before anything is hashed
@@ -373,7 +373,7 @@ def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record
         *(job.case_dir, job.output_dir, manifest, need_bench, job.pool, job.verify_inputs, record.inputs_run, key),
         device=device,
         outputs_run=record.outputs_run,
-        names=get(manifest.op).outputs,
+        names=manifest.op.outputs,
     )
     if opened.problems:
         opened.stale()
@@ -470,7 +470,7 @@ def _diagnosis(
     the device's out and lse explains them (`carried_from_forward`), else as a backward's on what it read
     (the golden out and lse when the forward passes). docs/compare.md, "The forward and the pair".
     """
-    op = get(manifest.op)
+    op = manifest.op
     first = tuple(causes or ())
     tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
     entries, inner_precise = dict(manifest.entries("inputs")), int(manifest.forward_params.get("inner_precise", 0))

@@ -15,7 +15,6 @@ from typing import Any, ClassVar
 
 from ..core.errors import suggest
 from ..core.exit_codes import ExitCode
-from ..ops import get
 from ..store import MANIFEST, sha256_file
 from ..store.manifest import Manifest
 from . import software
@@ -97,7 +96,7 @@ class BinaryDevice(ChildDevice):
         return [token.format(**values) for token in shlex.split(self.cmd)]
 
     def unsupported(self, manifest: Manifest) -> str | None:
-        if get(manifest.op).autograd_only:
+        if manifest.op.autograd_only:
             return "a device binary has no autograd (torch_npu's link): run it with --device torch_npu"
         return None
 

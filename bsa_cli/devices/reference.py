@@ -44,7 +44,7 @@ from ..core.errors import BsaError, suggest
 from ..core.layout import kv_view, lse_view, q_view
 from ..core.rounding import BACKWARD_TIES, round_float32, to_dtype
 from ..core.streams import seeded
-from ..ops import get, interface
+from ..ops import interface
 from ..store import MANIFEST, load_manifest, read_array
 from ..store.manifest import Manifest
 from . import software
@@ -426,7 +426,7 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     if reason is not None:
         raise Unsupported(reason)
     paths = fresh_outputs(output_dir, manifest)
-    if get(manifest.op).calls_forward:
+    if manifest.op.calls_forward:
         return emulate_op(manifest, case_dir, output_dir, paths, emulate, fault, order_seed)
     status, message = check_interface(manifest.params, manifest.call_tensors(), manifest.release)
     if status != 0:

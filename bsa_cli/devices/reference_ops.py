@@ -31,7 +31,7 @@ import numpy as np
 from ..core import blas
 from ..core.case import Case, numpy_dtype
 from ..core.errors import BsaError, DataError
-from ..ops import forward_interface, get, interface
+from ..ops import forward_interface, interface
 from ..store import MANIFEST, array_bytes, read_array
 from ..store.manifest import Manifest
 from .base import write_atomic, write_status
@@ -65,7 +65,7 @@ class Emulated:
 
 def unsupported(manifest: Manifest) -> str | None:
     """Return why the reference device cannot run the op of a case folder, or None."""
-    return AUTOGRAD_REASON if get(manifest.op).autograd_only else None
+    return AUTOGRAD_REASON if manifest.op.autograd_only else None
 
 
 def case_of(case_dir: Path, manifest: Manifest) -> Case:
@@ -76,7 +76,7 @@ def case_of(case_dir: Path, manifest: Manifest) -> Case:
         DataError: the params cannot describe a case, or an input or output is missing or of another shape.
     """
     where = str(Path(case_dir) / MANIFEST)
-    op = get(manifest.op)
+    op = manifest.op
     try:
         case = manifest.case
         if op.calls_forward:
@@ -160,7 +160,7 @@ def emulate_op(
     Raises:
         DataError: the manifest or an input file is missing, malformed or stale.
     """
-    op = get(manifest.op)
+    op = manifest.op
     step = "forward: " if op.calls_backward else ""  # a chain's message says which step refused, as Op.status's
     params = forward_interface.params_forward(manifest.params)
     status, message = forward_interface.check(params, forward_call(manifest), manifest.release)

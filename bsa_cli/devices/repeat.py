@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 
 from ..core.case import numpy_dtype
-from ..ops import get
 from ..store.manifest import Manifest
 from .base import Attempt
 
@@ -32,7 +31,7 @@ ATOMIC_OUTPUTS = ("dk", "dv")
 
 def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
     """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
-    if get(manifest.op).calls_forward and manifest.forward_params["softmax_lse_flag"] == 0:
+    if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0:
         return ("lse",)
     return ()
 
@@ -95,7 +94,7 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     """
     diffs: list[dict[str, Any]] = []
     unwritten = unwritten_outputs(manifest)
-    every = "all" if get(manifest.op).calls_forward else "all three"
+    every = "all" if manifest.op.calls_forward else "all three"
     if first.status != other.status:
         diffs.append(
             {

@@ -60,7 +60,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from .. import ops
 from ..core.case import MAX_TOKENS
 from ..core.errors import DataError
 from ..ops.interface import call_lengths
@@ -249,7 +248,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     """
     case_dir, output_dir = Path(case_dir), Path(output_dir)
     manifest = load_manifest(case_dir)
-    op_plan = torch_npu_ops.plan_op(manifest) if ops.get(manifest.op).calls_forward else None
+    op_plan = torch_npu_ops.plan_op(manifest) if manifest.op.calls_forward else None
     call = plan_call(manifest) if op_plan is None else None
     fresh_outputs(output_dir, manifest)
     # `bsa run` checked every input against its sha256 just before starting this process.
@@ -366,7 +365,7 @@ class TorchNpuDevice(ChildDevice):
         torch's version is read from its installed metadata (`importlib.metadata`), never by importing it;
         the child checks `torch.__version__` again (exit 5, `ChildExit.CANNOT_RUN`).
         """
-        if not ops.get(manifest.op).autograd_only:
+        if not manifest.op.autograd_only:
             return None
         try:
             version = importlib.metadata.version("torch")

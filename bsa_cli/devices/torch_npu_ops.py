@@ -58,7 +58,7 @@ import numpy as np
 from ..core.case import MAX_TOKENS, numpy_dtype
 from ..core.errors import BsaError
 from ..core.untrusted import inside_parent
-from ..ops import Op, get
+from ..ops import Op
 from ..ops.base import AUTOGRAD_STEP, BACKWARD_BINDING, FORWARD_BINDING
 from ..ops.interface import call_lengths
 from ..store import array_bytes
@@ -189,7 +189,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
         CannotRun: gen skipped this op (the manifest's `skip`).
     """
     name, params, inputs, outputs = manifest.name, manifest.params, manifest.inputs, manifest.outputs
-    op = get(manifest.op)
+    op = manifest.op
     if manifest.skip is not None:
         raise CannotRun(f"gen skipped this op: {manifest.skip}")
 

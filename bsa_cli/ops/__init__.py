@@ -24,7 +24,7 @@ from .backward import BACKWARD
 from .base import BINDING_DEFAULTS as BINDING_DEFAULTS
 from .base import INNER_PRECISE_DEFAULT as INNER_PRECISE_DEFAULT
 from .base import INNER_PRECISE_VALUES as INNER_PRECISE_VALUES
-from .base import SEPARATOR, Op, get
+from .base import SEPARATOR, Op, find, get
 from .base import SOFTMAX_LSE_FLAG_DEFAULT as SOFTMAX_LSE_FLAG_DEFAULT
 from .chain import CHAIN
 from .forward import FORWARD
@@ -69,11 +69,3 @@ def parse_ops(text: str) -> tuple[Op, ...]:
     if unknown or not words:
         raise ValueError(f"{', '.join(unknown) or repr(text)}: ops are {', '.join(OPS)}")
     return tuple(op for op in OPS if op in words)
-
-
-def find(name: object) -> Op | None:
-    """Return the op a value names, or None when it names none (a manifest's `op` is untrusted)."""
-    try:
-        return get(name) if isinstance(name, str) else None
-    except ValueError:
-        return None

@@ -168,7 +168,12 @@ def get(name: str) -> Op:
     Raises:
         ValueError: a name that is no op.
     """
-    op = _BY_NAME.get(name)
+    op = find(name)
     if op is None:
         raise ValueError(f"{name!r:.60}: ops are {', '.join(_BY_NAME)}")
     return op
+
+
+def find(name: object) -> Op | None:
+    """Return the op a value names, or None when it names none (a manifest's `op` is untrusted)."""
+    return _BY_NAME.get(name) if isinstance(name, str) else None
