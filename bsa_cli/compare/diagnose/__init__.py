@@ -26,7 +26,7 @@ from functools import partial
 
 import numpy as np
 
-from ...core.case import Case, SequenceSpan
+from ...core.case import Case
 from ...store.manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, TensorResult
 from . import hypotheses, patterns
@@ -36,8 +36,6 @@ from .hypotheses import VARIANTS, Context, Target, Variant, applies, recompute
 from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
 from .views import Arrays
-
-__all__ = ["MAX_TARGETS", "TESTED_KINDS", "Diagnosis", "diagnose"]
 
 UNTESTED_KINDS: tuple[str, ...] = ()
 """Kinds of the vocabulary this module never names yet."""
@@ -66,10 +64,6 @@ class _Failure:
     inputs: Arrays
     blocks: Blocks
     nonfinite: Cause | None
-
-    @property
-    def spans(self) -> dict[int, SequenceSpan]:
-        return self.ctx.spans
 
 
 # ---- the diagnosis --------------------------------------------------------------------------------
@@ -130,7 +124,7 @@ def _raced(checks: Sequence[Check]) -> Findings:
 def _explained(f: _Failure, found: Findings) -> Findings:
     """The error's values: local patterns, then recomputed hypotheses, then places, then patterns."""
     # A few rows or tiles first (cheap): a misreading of whole blocks, heads or rows does not produce them.
-    local_found = rows_permuted(f.case, f.blocks, f.golden, f.spans)
+    local_found = rows_permuted(f.case, f.blocks, f.golden, f.ctx.spans)
     local_found += patterns.tile_local(f.case, f.blocks) + patterns.piece_local(f.case, f.blocks)
     local = next((c for c in local_found.causes if c.score >= LOCAL), None)
     found += local_found
@@ -151,10 +145,14 @@ def _explained(f: _Failure, found: Findings) -> Findings:
         found += Findings(fit.causes if factor >= EXPLAINED else (), fit.tried)
     explained = search.done.supposes if search.done is not None else local.kind if local is not None else ""
     if search.done is None and factor < EXPLAINED and (local is None or permuted):  # misplaced?
-        placed, placing = _placed(f)
-        found += placing
-        if placed >= PLACED:  # the values are right, at the wrong place
-            return _misplaced(found, placed)
+        laid, placing = layout(f.case, f.failing, f.device, f.golden, f.benchmark)
+        bounded, more = length_boundary(f.case, f.failing, f.device, f.golden, f.benchmark, f.ctx.spans)
+        found += placing + more
+        if max(laid, bounded) >= PLACED:  # the values are right, at the wrong place: NaN/Inf follow from it
+            best = max((c for c in found.causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
+            found = found.follows("non-finite", best.kind, 0.9, exact=True)
+            why = f"not tried: '{best.kind}' already explains {max(laid, bounded):.0%} of the error"
+            return found + not_tried(_PATTERNS, why)
     else:
         reason = f"not tried: '{explained or 'a gradient off by a constant factor'}' explains values, not places"
         found += not_tried(_PLACEMENTS, reason)
@@ -179,7 +177,7 @@ def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -
             dev, _, null, _ = blocks.data[worst]
             yield from hypotheses.fitted_variants(f.ctx, worst, dev, null)
         if "dq" in blocks.failing and factor < EXPLAINED:  # query heads reading other kv heads
-            device_block = partial(hypotheses.block_of, f.case, f.device["dq"], spans=f.spans)
+            device_block = partial(hypotheses.block_of, f.case, f.device["dq"], spans=f.ctx.spans)
             mapped = hypotheses.fitted_head_map(f.ctx, blocks.targets, device_block)
             if mapped is not None:
                 yield mapped
@@ -194,18 +192,15 @@ def _why_not(f: _Failure, search: Search, local: Cause | None, factor: float) ->
         "misreading of blocks, heads, Dsum or the scale's precision does not give"
     )
 
-    def why(v: Variant) -> str | None:
-        return Search.first(
-            (
-                lambda: applies(f.ctx, v),
-                lambda: blocks_only,
-                search.ended,
-                lambda: factored if factor >= EXPLAINED and not _gives_a_factor(v) else None,
-                lambda: search.same_mask(f.ctx, v),
-            )
+    return lambda v: Search.first(
+        (
+            lambda: applies(f.ctx, v),
+            lambda: blocks_only,
+            search.ended,
+            lambda: factored if factor >= EXPLAINED and not _gives_a_factor(v) else None,
+            lambda: search.same_mask(f.ctx, v),
         )
-
-    return why
+    )
 
 
 def _test(f: _Failure) -> Callable[[Variant], Trial]:
@@ -231,7 +226,9 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
                 return Trial(screened_out(v.kind, v.supposes, part, rows.size))
         # scored on the screen block whole and on the sampled rows of the others (an estimate: `weights_of`)
         some = blocks.sampled_rows(blocks.targets, whole=screen)
-        bound = 1.0 if v.mask else _passing_bound(blocks, value, some)  # it must leave passing tensors right
+        # it must leave passing tensors right: their blocks first, dq's first (the cheapest)
+        passing = sorted((t for t in blocks.targets if t.tensor not in blocks.failing), key=lambda t: t.tensor != "dq")
+        bound = 1.0 if v.mask else _bounded(blocks, value, some, passing)[0]
         if bound < 0.5:
             return ruled_out(bound, f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)")
         screened = [value(t) for t in screen]
@@ -265,29 +262,15 @@ def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target
     return Trial(scored(v.kind, v.supposes, share, text, blocks.failing, where), share, symptom)
 
 
-def _placed(f: _Failure) -> tuple[float, Findings]:
-    """The placement hypotheses: the best share they explain, and the findings."""
-    laid, found = layout(f.case, f.failing, f.device, f.golden, f.benchmark)
-    bounded, more = length_boundary(f.case, f.failing, f.device, f.golden, f.benchmark, f.spans)
-    return max(laid, bounded), found + more
-
-
-def _misplaced(found: Findings, placed: float) -> Findings:
-    """The values are right, at the wrong place: NaN/Inf follow from it, the patterns are not tried."""
-    best = max((c for c in found.causes if c.kind in ("layout", "length-boundary")), key=lambda c: c.score)
-    found = found.follows("non-finite", best.kind, 0.9, exact=True)
-    return found + not_tried(_PATTERNS, f"not tried: '{best.kind}' already explains {placed:.0%} of the error")
-
-
 def _patterns(f: _Failure) -> Findings:
     """The pattern hypotheses, when nothing recomputed or fitted explains the error."""
     zeros = patterns.zero_share(f.blocks)
     mask = np.asarray(f.inputs["block_sparse_mask"])
     return (
         patterns.zero_blocks(f.blocks)
-        + patterns.tail_pattern(f.case, f.failing, f.spans, zeros=zeros)
+        + patterns.tail_pattern(f.case, f.failing, f.ctx.spans, zeros=zeros)
         + patterns.race_pattern(f.case, f.ctx, f.tensors, f.blocks)
-        + patterns.accumulation_precision(f.case, f.failing, f.golden, mask, f.spans)
+        + patterns.accumulation_precision(f.case, f.failing, f.golden, mask, f.ctx.spans)
         + patterns.block_local(f.failing)
     )
 
@@ -319,12 +302,6 @@ def _values(blocks: Blocks, v: Variant, value: Callable[..., np.ndarray], some: 
     order = sorted(blocks.targets, key=lambda t: t.tensor in blocks.failing)  # passing first, cheap to break
     bound, done = _bounded(blocks, value, some, order)
     return (bound, []) if bound < 0.5 else (1.0, [done[t] for t in blocks.targets])
-
-
-def _passing_bound(blocks: Blocks, value: Callable[..., np.ndarray], some: Rows) -> float:
-    """`_bounded` over the passing tensors' blocks, dq's first (the cheapest)."""
-    passing = sorted((t for t in blocks.targets if t.tensor not in blocks.failing), key=lambda t: t.tensor != "dq")
-    return _bounded(blocks, value, some, passing)[0]
 
 
 def _bounded(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from ..results import Cause, DiagnosisKind, Hypothesis
 
@@ -20,8 +20,6 @@ if TYPE_CHECKING:
 Kind = DiagnosisKind
 """A cause's kind (`results.DIAGNOSIS_KINDS` as a type)."""
 
-Verb = Literal["explains", "fits"]
-"""How a named cause's hypothesis reads: a recomputed value explains, a pattern fits."""
 
 MIN_SCORE = 0.2
 """Causes scoring less are not listed in the diagnosis (`--explain` still shows them)."""
@@ -79,9 +77,10 @@ def named(
     text: str,
     tensors: Sequence[str],
     where: Sequence[str] = (),
-    verb: Verb = "explains",
+    verb: str = "explains",
 ) -> Findings:
-    """A cause named by its evidence `text`, and its hypothesis ("explains: text")."""
+    """A cause named by its evidence `text`, and its hypothesis ("explains: text"). How it reads (`verb`): a
+    recomputed value explains, a pattern fits (and either may say how much: "explains 90% of the bias")."""
     cause = Cause(kind, score, text, tuple(tensors), tuple(where))
     return Findings((cause,), (Hypothesis(kind, supposes, score, f"{verb}: {text}"),))
 

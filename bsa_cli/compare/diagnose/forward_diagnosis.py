@@ -33,7 +33,7 @@ import numpy as np
 
 from ...core.case import Case
 from ...golden import forward_case, written_rows
-from ..forward import PREFILL_BITS, lse_floor
+from ..forward import lse_floor
 from ..pair import PAIR_CAUSES
 from ..results import DIAGNOSIS_KINDS, Check, TensorResult
 from . import forward_hypotheses, forward_patterns
@@ -42,9 +42,7 @@ from .forward_hypotheses import FORWARD_VARIANTS, ForwardContext, QBlock, Scorer
 from .forward_patterns import FORWARD_PATTERNS, LOCAL, predicts_unwritten
 from .hypotheses import Variant, applies
 from .patterns import never_written
-from .views import Arrays, Spans
-
-__all__ = ["FORWARD_KINDS", "diagnose_forward"]
+from .views import Arrays, falls
 
 MAX_TARGETS = 3
 """Failing query blocks recomputed (the worst by excess error, out and lse together)."""
@@ -135,48 +133,33 @@ def diagnose_forward(
     ctx = ForwardContext(fcase, inputs, spans)
     block_mask = np.asarray(inputs["block_sparse_mask"])
     written = written_rows(fcase, block_mask)
-    judged = [t.name for t in tensors]
-    arrays = {n: np.asarray(device[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
-    gold = {n: np.asarray(golden[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged}
+    judged, names = [t.name for t in tensors], [t.name for t in failing]
+    arrays, gold = ({n: np.asarray(a[n]).reshape((*fcase.q_shape[:-1], -1)) for n in judged} for a in (device, golden))
     # Rows left at the NaN prefill (or zero), NaN/Inf computed, rows written that must be left alone.
-    left, found = forward_patterns.unwritten_rows(fcase, judged, arrays, gold, written, prefilled, PREFILL_BITS)
-    found += forward_patterns.written_alone(fcase, tensors, checks, arrays, written, prefilled, PREFILL_BITS)
+    left, found = forward_patterns.unwritten_rows(fcase, judged, arrays, gold, written, prefilled)
+    if prefilled:
+        found += forward_patterns.written_alone(fcase, tensors, checks, arrays, written)
     found += never_written(failing)
     if failing and all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing):
         detail = "; ".join(c.detail for t in failing for c in t.checks if not c.passed)
-        names = [t.name for t in failing]
         return (found + named("precision-bias", "a systematic relative bias alone", 1.0, detail, names)).ranked()
-    sides = _sides(fcase, judged, device, golden, benchmark, spans, lse_floor(inner_precise)[0])
+
+    def entries(arrays: Arrays, name: str) -> dict[int, np.ndarray]:  # out [N1, q_len, D], lse [N1, q_len, 1]
+        return per_entry(fcase, np.asarray(arrays[name]), spans, name == "lse")
+
+    bench, floor = benchmark or {}, lse_floor(inner_precise)[0]
+    sides = [
+        Side(n, entries(device, n), entries(bench, n) if n in bench else None, entries(golden, n), floor)
+        for n in judged
+    ]
     scorer = Scorer(ctx, sides, written)
     blocks = forward_hypotheses.query_blocks(ctx, written)
     excess, out_excess = forward_hypotheses.block_excess(scorer, blocks)
     targets = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:MAX_TARGETS]
-    names = [t.name for t in failing]
     f = _Failure(ctx, names, sides, scorer, written, left, blocks, excess, out_excess, targets)
     if not targets:
         return _unwritten_only(f, found).ranked()
     return _explained(f, found, arrays["out"] if "out" in arrays else None, gold.get("out"), benchmark).ranked()
-
-
-def _sides(
-    case: Case,
-    judged: Sequence[str],
-    device: Arrays,
-    golden: Arrays,
-    benchmark: Arrays | None,
-    spans: Spans,
-    floor: float,
-) -> list[Side]:
-    """The judged outputs per batch entry (out [N1, q_len, D], lse [N1, q_len, 1]), float64."""
-    sides = []
-    for name in judged:
-        is_lse = name == "lse"
-        bench = None
-        if benchmark is not None and name in benchmark:
-            bench = per_entry(case, np.asarray(benchmark[name]), spans, is_lse)
-        dev = per_entry(case, np.asarray(device[name]), spans, is_lse)
-        sides.append(Side(name, dev, bench, per_entry(case, np.asarray(golden[name]), spans, is_lse), floor))
-    return sides
 
 
 def _unwritten_only(f: _Failure, found: Findings) -> Findings:
@@ -227,10 +210,7 @@ def _explained(
 def _why_not(f: _Failure, search: Search) -> Callable[[Variant], str | None]:
     """Why a hypothesis is not recomputed (or None), asked in this order."""
 
-    def why(v: Variant) -> str | None:
-        return Search.first((lambda: applies(f.ctx, v), lambda: search.same_mask(f.ctx, v), search.ended))
-
-    return why
+    return lambda v: Search.first((lambda: applies(f.ctx, v), lambda: search.same_mask(f.ctx, v), search.ended))
 
 
 def _test(f: _Failure) -> Callable[[Variant], Trial]:
@@ -254,7 +234,7 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         blocks = [*targets, *controls, *changed]
         values.update({target: f.pick(*recompute_forward(ctx, v, target)) for target in blocks[1:]})
         share, ratios = scorer.explained(blocks, values)
-        text = f"under the hypothesis, {forward_hypotheses.falls(ratios, f.names)}"
+        text = f"under the hypothesis, {falls(ratios, f.names)}"
         tensors = tuple(n for n in f.names if n in ratios) or tuple(f.names)
         symptom = share >= EXPLAINED and bool(v.mask) and f.any_left
         symptom = symptom and predicts_unwritten(ctx, v, f.written, f.left)

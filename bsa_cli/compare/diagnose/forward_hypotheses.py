@@ -256,15 +256,6 @@ class Scorer:
         return share_of(self._excess(hyp), null_excess), ratios
 
 
-def falls(ratios: Mapping[str, tuple[float, float]], failing: Sequence[str]) -> str:
-    parts = [
-        f"{n}'s error {'falls' if h <= z else 'rises'} to {h:.3g}x the benchmark's (from {z:.3g}x)"
-        for n, (h, z) in ratios.items()
-        if n in failing
-    ]
-    return ", ".join(parts) or "nothing to explain"
-
-
 def per_entry(case: Case, array: np.ndarray, spans: Spans, lse: bool) -> dict[int, np.ndarray]:
     if lse:
         return {b: np.asarray(lse_view(case, array, s), dtype=np.float64)[..., None] for b, s in spans.items()}

@@ -17,11 +17,12 @@ import numpy as np
 
 from ...core.case import Case, numpy_dtype
 from ...core.layout import lse_view
+from ..forward import PREFILL_BITS
 from ..results import Cause, Check, Hypothesis, TensorResult
 from .findings import Findings, Kind, named, tried
-from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side, falls
+from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side
 from .hypotheses import Variant
-from .views import Arrays, Spans, dtype_eps
+from .views import Arrays, Spans, dtype_eps, falls
 
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
@@ -64,13 +65,12 @@ def fits(
     for index, side in enumerate(scorer.sides):
         if side.name not in names:
             continue
-        blocks = [scorer.block(side, t) for t in targets]
-        dev = np.concatenate([b[0].reshape(-1) for b in blocks])
-        gold = np.concatenate([b[1].reshape(-1) for b in blocks])
-        usable = np.concatenate([b[2].reshape(-1) for b in blocks])
+        blocks = [scorer.block(side, t)[:3] for t in targets]  # device, golden, usable
+        dev, gold, usable = (np.concatenate([b[i].reshape(-1) for b in blocks]) for i in range(3))
         dev, gold = dev[usable], gold[usable]
         if gold.size < 2 or not float(gold @ gold) > 0:
             continue
+        kind: Kind
         if side.name == "out":
             factor, offset = float(dev @ gold) / float(gold @ gold), 0.0
             kind, supposes = "scale", "out off by a constant factor"
@@ -81,19 +81,16 @@ def fits(
             words = f"lse = {factor:.4g} x golden {'+' if offset >= 0 else '-'} {abs(offset):.4g}"
         values = {}
         scored = [*targets, *controls]
-        for target in scored:
-            parts = []
-            for other_index, other in enumerate(scorer.sides):
-                gold_block = scorer.block(other, target)[1]
-                fitted = factor * gold_block + offset if other_index == index else gold_block
-                parts.append(fitted[:, 0] if other.name == "lse" else fitted)
-            values[target] = tuple(parts)
+        for target in scored:  # the fitted side's golden under the fit, the other's as it is
+            golds = [scorer.block(other, target)[1] for other in scorer.sides]
+            golds[index] = factor * golds[index] + offset
+            values[target] = tuple(g[:, 0] if o.name == "lse" else g for o, g in zip(scorer.sides, golds, strict=True))
         share, ratios = scorer.explained(scored, values)
         text = f"{words}: {falls(ratios, names)}"
         if share >= 0.9:
-            outcome = f"explains {share:.0%} of the excess error: {text}"
-            cause = Cause(kind, 0.95 * share, text, (side.name,), where)
-            found += Findings((cause,), (Hypothesis(kind, supposes, 0.95 * share, outcome),))
+            found += named(
+                kind, supposes, 0.95 * share, text, (side.name,), where, f"explains {share:.0%} of the excess error"
+            )
             best = max(best, 0.95 * share)
         else:
             found += tried(kind, supposes, share, f"ruled out: explains {share:.0%}: {text}")
@@ -113,13 +110,7 @@ def predicts_unwritten(ctx: ForwardContext, v: Variant, written: np.ndarray, lef
 
 
 def unwritten_rows(
-    case: Case,
-    judged: Sequence[str],
-    arrays: Arrays,
-    gold: Arrays,
-    written: np.ndarray,
-    prefilled: bool,
-    bits: Mapping[str, int],
+    case: Case, judged: Sequence[str], arrays: Arrays, gold: Arrays, written: np.ndarray, prefilled: bool
 ) -> tuple[dict[str, np.ndarray], Findings]:
     """not-written: written rows left at the NaN prefill (the device says it pre-filled) or all zero;
     non-finite: other NaN/Inf in written rows where the golden is finite. Returns the rows left unwritten
@@ -131,7 +122,7 @@ def unwritten_rows(
         finite_gold = np.isfinite(ref).all(axis=-1) & written
         with np.errstate(invalid="ignore"):
             finite = np.isfinite(dev.astype(np.float32))
-        at_prefill = _at_prefill(case, name, dev, bits) if prefilled else np.zeros_like(written)
+        at_prefill = _at_prefill(case, name, dev) if prefilled else np.zeros_like(written)
         zero = (dev.astype(np.float32) == 0).all(axis=-1) & (np.abs(ref) > 0).any(axis=-1)
         left = finite_gold & (at_prefill | zero)
         every[name] = left
@@ -155,27 +146,19 @@ def unwritten_rows(
 
 
 def written_alone(
-    case: Case,
-    tensors: Sequence[TensorResult],
-    checks: Sequence[Check],
-    arrays: Arrays,
-    written: np.ndarray,
-    prefilled: bool,
-    bits: Mapping[str, int],
+    case: Case, tensors: Sequence[TensorResult], checks: Sequence[Check], arrays: Arrays, written: np.ndarray
 ) -> Findings:
     """Rows the forward must leave alone that were written: past the actual lengths (`length-boundary`), or
     of a block row that selects nothing (`block-selection`); lse written with softmax_lse_flag 0 (`layout`
     would be wrong: it is the flag ignored, `not-written`'s converse, named as block-selection of rows)."""
     found = Findings()
-    if not prefilled:
-        return found
     for check in [*checks, *(c for t in tensors for c in t.checks)]:
         if check.name != "rows-written" or check.passed or "must leave alone were written" not in check.detail:
             continue
         name = check.tensor or "out"
         if name not in arrays:
             continue
-        touched = ~written & ~_at_prefill(case, name, arrays[name], bits)
+        touched = ~written & ~_at_prefill(case, name, arrays[name])
         if "softmax_lse_flag 0" in check.detail:
             text = f"{check.detail}: the forward wrote lse although softmax_lse_flag is 0"
             found += named("layout", "lse written with softmax_lse_flag 0", 0.5, text, (name,))
@@ -208,10 +191,10 @@ _WRITTEN_ALONE: tuple[tuple[Kind, str, str], ...] = (
 """Rows written that the forward must leave alone: past the actual lengths, or of a block row selecting none."""
 
 
-def _at_prefill(case: Case, name: str, dev: np.ndarray, bits: Mapping[str, int]) -> np.ndarray:
+def _at_prefill(case: Case, name: str, dev: np.ndarray) -> np.ndarray:
     """The rows of an output (out or lse) that hold the NaN prefill's bits."""
     unsigned = np.uint16 if dev.dtype.itemsize == 2 else np.uint32
-    return (dev.view(unsigned) == unsigned(bits["float32" if name == "lse" else case.dtype])).all(axis=-1)
+    return (dev.view(unsigned) == unsigned(PREFILL_BITS["float32" if name == "lse" else case.dtype])).all(axis=-1)
 
 
 def rows_permuted(case: Case, spans: Spans, side: Side, written: np.ndarray, targets: Sequence[QBlock]) -> Findings:

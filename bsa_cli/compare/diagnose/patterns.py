@@ -16,7 +16,7 @@ import numpy as np
 from ...core.case import Case
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
-from ..results import Cause, Hypothesis, TensorResult
+from ..results import Cause, TensorResult
 from .findings import Findings, named, scored, tried
 from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
@@ -102,8 +102,7 @@ def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Seq
     text = f"{v.supposes}: under the hypothesis, {', '.join(parts)}"
     if share < 0.5:
         return tried(v.kind, v.supposes, share, f"ruled out: explains {share:.0%}: {text}")
-    outcome = f"explains {share:.0%} of the bias: {text}"
-    return Findings((Cause("scale", share, text, tuple(names), ()),), (Hypothesis(v.kind, v.supposes, share, outcome),))
+    return named("scale", v.supposes, share, text, names, verb=f"explains {share:.0%} of the bias")
 
 
 def _relative_bias(device: Sequence[Any], golden: Sequence[np.ndarray], thd: float) -> float:
@@ -137,12 +136,12 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     scale, scale^2, 1/2, 2, -1), else 0; and the findings."""
     factors: dict[str, float] = {}
     for name in blocks.failing:
-        picks = [i for i, t in enumerate(blocks.targets) if t.tensor == name]
-        num = sum(float((blocks.device[i] * blocks.null[i]).sum()) for i in picks)
-        den = sum(float((blocks.null[i] ** 2).sum()) for i in picks)
+        data = [blocks.data[t] for t in blocks.targets if t.tensor == name]
+        num = sum(float((dev * null).sum()) for dev, _, null, _ in data)
+        den = sum(float((null**2).sum()) for _, _, null, _ in data)
         if den > 0:
             factors[name] = num / den
-    values = [blocks.null[i] * factors.get(t.tensor, 1.0) for i, t in enumerate(blocks.targets)]
+    values = [blocks.data[t][2] * factors.get(t.tensor, 1.0) for t in blocks.targets]
     share, ratios = blocks.explained(values)
     off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
     supposes = "a gradient off by a constant factor"
@@ -157,9 +156,7 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     # which removes the golden's part of the error and explains nothing.
     noise = all(ratios.get(n, math.inf) <= 4 * max(1.0, abs(f)) for n, f in off.items())
     # Blocks the device left all zero fit a factor 0, with no error left: not-written's, not a scale.
-    zero = [
-        n for n in off if not any(d.any() for d, t in zip(blocks.device, blocks.targets, strict=True) if t.tensor == n)
-    ]
+    zero = [n for n in off if not any(blocks.data[t][0].any() for t in blocks.targets if t.tensor == n)]
     if share >= 0.5 and (is_named or noise) and not zero:
         found = scored("scale", supposes, share, text, tuple(off), (), evidence=text)
     else:
@@ -182,9 +179,8 @@ def zero_blocks(blocks: Blocks) -> Findings:
     supposes = "blocks left zero (never written)"
     if where and share >= 0.5:
         text = f"{len(where)} of the failing blocks are all zero where the golden is not: {', '.join(where[:3])}"
-        cause = Cause("not-written", 0.8 * share, text, tuple(sorted({w.split()[0] for w in where})), tuple(where[:3]))
-        outcome = f"fits {share:.0%} of the error: {text}"
-        return Findings((cause,), (Hypothesis("not-written", supposes, 0.8 * share, outcome),))
+        names = sorted({w.split()[0] for w in where})
+        return named("not-written", supposes, 0.8 * share, text, names, where[:3], f"fits {share:.0%} of the error")
     zeros = zero_share(blocks)
     if zeros >= 0.9:
         text = f"{zeros:.0%} of the failing blocks' excess error lies in elements left zero where the golden is not"

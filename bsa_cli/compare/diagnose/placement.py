@@ -22,7 +22,7 @@ import numpy as np
 
 from ...core.case import Case, numpy_dtype
 from ...core.layout import kv_view, q_view
-from ..results import Cause, Hypothesis, TensorResult
+from ..results import TensorResult
 from .findings import Findings, named, tried
 from .scoring import Blocks
 from .views import Arrays, Spans
@@ -330,9 +330,9 @@ def layout(
             continue
         if share >= 0.9:
             text = f"{supposes}: under that reading, {', '.join(parts)}"
-            cause = Cause("layout", 0.97 * share, text, tuple(names), ())
-            outcome = f"explains {share:.0%} of the excess error: {text}"
-            found += Findings((cause,), (Hypothesis("layout", supposes, 0.97 * share, outcome),))
+            found += named(
+                "layout", supposes, 0.97 * share, text, names, verb=f"explains {share:.0%} of the excess error"
+            )
         else:
             found += tried("layout", supposes, share, f"ruled out: explains {share:.0%} of the excess error")
         best = max(best, share)

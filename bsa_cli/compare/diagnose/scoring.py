@@ -18,7 +18,7 @@ from ...core.case import Case, numpy_dtype
 from ...store.manifest import GRAD_NAMES
 from ..results import TensorResult
 from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
-from .views import SAMPLE_ROWS, Arrays, noise_floor, sample_rows, share_of
+from .views import SAMPLE_ROWS, Arrays, falls, noise_floor, sample_rows, share_of
 
 MAX_TARGETS = 3
 """Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
@@ -74,14 +74,6 @@ class Blocks:
         floor = noise_floor(case, float((null * null).sum()))
         energy = float(((bench - null) ** 2).sum()) if bench is not None else floor
         self.data[target] = (dev, bench, null, max(energy, floor))
-
-    @property
-    def device(self) -> list[np.ndarray]:
-        return [self.data[t][0] for t in self.targets]
-
-    @property
-    def null(self) -> list[np.ndarray]:
-        return [self.data[t][2] for t in self.targets]
 
     @property
     def noise(self) -> dict[str, float]:
@@ -259,14 +251,8 @@ class Blocks:
         targets = self.targets
         noise = self.noise_of(targets)
         energies = self.energies(targets, self.null_of(targets, rows), rows)
-        null = {t: math.sqrt(e / noise[t]) for t, e in energies.items()}
-        parts = [
-            f"{t}'s error {'falls' if ratios[t] <= null[t] else 'rises'} to {ratios[t]:.3g}x the benchmark's "
-            f"(from {null[t]:.3g}x)"
-            for t in GRAD_NAMES
-            if t in self.failing and t in ratios
-        ]
-        return ", ".join(parts)
+        both = {t: (ratios[t], math.sqrt(energies[t] / noise[t])) for t in GRAD_NAMES if t in ratios}
+        return falls(both, self.failing, empty="")
 
 
 def worst_targets(tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:

@@ -10,7 +10,7 @@ bound on the memory they take.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,16 @@ def sample_rows(err: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     rest = np.setdiff1d(np.arange(err.size), worst)
     spread = rest[np.linspace(0, rest.size - 1, SAMPLE_ROWS // 2).astype(np.int64)]
     return np.unique(np.concatenate([worst, spread])), worst, spread
+
+
+def falls(ratios: Mapping[str, tuple[float, float]], failing: Sequence[str], empty: str = "nothing to explain") -> str:
+    """Words for each failing output's error under a hypothesis and without it (`ratios`: in benchmark units)."""
+    parts = [
+        f"{n}'s error {'falls' if h <= z else 'rises'} to {h:.3g}x the benchmark's (from {z:.3g}x)"
+        for n, (h, z) in ratios.items()
+        if n in failing
+    ]
+    return ", ".join(parts) or empty
 
 
 def share_of(left: float, null: float) -> float:
