@@ -63,7 +63,7 @@ class _Failure:
     benchmark: Arrays | None
     inputs: Arrays
     blocks: Blocks
-    nonfinite: Cause | None
+    nonfinite: bool  # NaN/Inf where the golden is finite
 
 
 # ---- the diagnosis --------------------------------------------------------------------------------
@@ -98,9 +98,7 @@ def diagnose(
     spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
     ctx = Context(case, inputs, spans)
     nonfinite = patterns.nonfinite_cause(case, failing, device, golden, spans)
-    if nonfinite is not None:
-        supposes = "NaN/Inf written where the golden is finite"
-        found += named("non-finite", supposes, 1.0, nonfinite.evidence, nonfinite.tensors, nonfinite.where)
+    found += nonfinite
     unwritten = patterns.never_written(failing)
     found += unwritten
     if unwritten.causes and all(_structural_only(t) for t in failing):
@@ -109,7 +107,7 @@ def diagnose(
     blocks = gather_blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
     if bias_only:
         return (found + patterns.diagnose_bias(case, ctx, failing, blocks)).ranked()
-    failure = _Failure(case, ctx, tensors, failing, device, golden, benchmark, inputs, blocks, nonfinite)
+    failure = _Failure(case, ctx, tensors, failing, device, golden, benchmark, inputs, blocks, bool(nonfinite.causes))
     return _explained(failure, found).ranked()
 
 
@@ -232,7 +230,7 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         if bound < 0.5:
             return ruled_out(bound, f"ruled out: explains at most {bound:.0%} (the passing tensors' blocks show it)")
         screened = [value(t) for t in screen]
-        first, measured = blocks.explained_on(screen, screened)
+        first, measured = blocks.explained(screened, screen)
         if first < 0.5 and measured:
             return ruled_out(first, f"ruled out: explains {first:.0%} of the error of the worst failing block")
         if not measured and not blocks.predicts_nonfinite(screened, screen):  # the worst block's error: NaN/Inf
@@ -253,10 +251,10 @@ def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target
         blocks.add(target)
     some = {**some, **blocks.sampled_rows(extra)}
     extra_values = [recompute(f.ctx, v, t, some.get(t)) for t in extra]
-    share, ratios = blocks.explained(values, extra, extra_values, some)
+    share, ratios = blocks.explained([*values, *extra_values], [*blocks.targets, *extra], some)
     text = f"under the hypothesis, {blocks.falls(ratios, some)}" if ratios else "nothing to explain"
     where = tuple(t.words() for t in blocks.failing_targets)[:3]
-    symptom = f.nonfinite is not None and share >= 0.9  # NaN/Inf are then the symptom (an overflow), not the cause
+    symptom = f.nonfinite and share >= 0.9  # NaN/Inf are then the symptom (an overflow), not the cause
     if symptom and blocks.predicts_nonfinite(values, rows=some):
         text += "; it puts NaN/Inf where the device has them"
     return Trial(scored(v.kind, v.supposes, share, text, blocks.failing, where), share, symptom)

@@ -19,7 +19,7 @@ from ...core.case import Case
 from ...store.manifest import GRAD_NAMES
 from ..results import Cause, Hypothesis, TensorResult
 from .hypotheses import NULL, Context, recompute
-from .scoring import gather_blocks
+from .scoring import Blocks, gather_blocks
 from .views import Arrays
 
 CARRIED = 0.9
@@ -60,7 +60,7 @@ class Carried:
     def attribute(self, causes: Sequence[Cause]) -> list[Cause]:
         """The forward's causes with the gradients' error laid to the first (the backward not blamed)."""
         if not causes:
-            return list(causes)
+            return []
         first = causes[0]
         follows = f"; {', '.join(self.tensors)} follow from it ({CARRIED_SUPPOSES}: {self.text})"
         tensors = (*first.tensors, *(t for t in self.tensors if t not in first.tensors))
@@ -73,14 +73,10 @@ def carried_from_forward(
     """Test whether a pair's failing dq, dk, dv are the backward's right answer to the forward's out and lse
     as the device wrote them: the worst failing blocks recomputed (float64) from `read` (the backward's
     inputs with attention_out and softmax_lse the device's), scored as a backward hypothesis."""
-    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}
-    ctx = Context(case, read, spans)
-    blocks = gather_blocks(case, ctx, grads, device, golden, benchmark)
     failing = tuple(t.name for t in grads if not t.passed)
+    blocks, values, share, ratios = _recomputed(case, grads, device, golden, benchmark, read)
     if not blocks.targets:
         return Carried(0.0, "no failing block to recompute", failing)
-    values = [recompute(ctx, NULL, t) for t in blocks.targets]
-    share, ratios = blocks.explained(values)
     if blocks.nonfinite and blocks.predicts_nonfinite(values):
         nonfinite = "it puts NaN/Inf where the device has them"
         text = f"{blocks.falls(ratios)}; {nonfinite}" if ratios else nonfinite
@@ -88,6 +84,18 @@ def carried_from_forward(
     else:
         text = f"under it, {blocks.falls(ratios)}" if ratios else "nothing to explain"
     return Carried(share, text, failing)
+
+
+def _recomputed(
+    case: Case, grads: Sequence[TensorResult], device: Arrays, golden: Arrays, benchmark: Arrays | None, read: Arrays
+) -> tuple[Blocks, list[np.ndarray], float, dict[str, float]]:
+    """The worst failing gradient blocks (over the full S: what the backward reads), recomputed (float64) from
+    `read`, and the share of their excess error that explains (and each gradient's error in benchmark units)."""
+    ctx = Context(case, read, {s.batch: s for s in case.spans() if s.q_len and s.kv_len})
+    blocks = gather_blocks(case, ctx, grads, device, golden, benchmark)
+    values = [recompute(ctx, NULL, t) for t in blocks.targets]
+    share, ratios = blocks.explained(values) if blocks.targets else (0.0, {})
+    return blocks, values, share, ratios
 
 
 PADDING_EXPLAINS = 0.5
@@ -116,13 +124,9 @@ def score_padding(
     if not any(c.kind == "padding-rows-read" for c in causes):
         return list(causes), []
     grads = [t for t in tensors if t.name in GRAD_NAMES]
-    spans = {s.batch: s for s in case.spans() if s.q_len and s.kv_len}  # the full S: what the backward reads
-    ctx = Context(case, read, spans)
-    blocks = gather_blocks(case, ctx, grads, device, golden, benchmark)
+    blocks, values, share, ratios = _recomputed(case, grads, device, golden, benchmark, read)
     if not blocks.targets:
         return list(causes), []
-    values = [recompute(ctx, NULL, t) for t in blocks.targets]
-    share, ratios = blocks.explained(values)
     text = f"under it, {blocks.falls(ratios)}" if ratios else ""
     if blocks.nonfinite and blocks.predicts_nonfinite(values):  # the NaN/Inf explained: half the score at least
         text = (text + "; " if text else "") + "it puts NaN/Inf where the device has them"

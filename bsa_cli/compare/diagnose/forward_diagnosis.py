@@ -40,7 +40,7 @@ from . import forward_hypotheses, forward_patterns
 from .findings import Diagnosis, Findings, Kind, Search, Trial, named, not_tried, scored, screened_out, tried
 from .forward_hypotheses import FORWARD_VARIANTS, ForwardContext, QBlock, Scorer, Side, per_entry, recompute_forward
 from .forward_patterns import FORWARD_PATTERNS, LOCAL, predicts_unwritten
-from .hypotheses import Variant, applies
+from .hypotheses import Variant, applies, changed_blocks
 from .patterns import never_written
 from .views import Arrays, falls
 
@@ -230,7 +230,9 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         if first < SCREENED and len(targets) > 1:
             why = f"ruled out: explains {first:.0%} of the error of the worst failing block ({screen.words()})"
             return Trial(tried(v.kind, v.supposes, first, why))
-        changed = [b for b in forward_hypotheses.changed_blocks(ctx, v) if b not in targets and b not in controls]
+        # up to two query blocks whose selection a mask variant changes
+        changed = [QBlock(t.batch, t.head, t.block) for t in changed_blocks(ctx, v, ("dq",))]
+        changed = [b for b in changed if b not in targets and b not in controls]
         blocks = [*targets, *controls, *changed]
         values.update({target: f.pick(*recompute_forward(ctx, v, target)) for target in blocks[1:]})
         share, ratios = scorer.explained(blocks, values)

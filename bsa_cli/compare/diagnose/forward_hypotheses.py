@@ -17,7 +17,6 @@ import numpy as np
 
 from ...core.case import Case
 from ...core.layout import lse_view, q_view
-from . import hypotheses
 from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
 from .views import SAMPLE_ROWS, Some, Spans, noise_floor, sample_rows, share_of
 
@@ -134,11 +133,6 @@ def _softmax(ctx: ForwardContext, v: Variant, target: QBlock, some: Some) -> tup
     return accumulator / row_sum[:, None], np.log(row_sum), row_max
 
 
-def changed_blocks(ctx: ForwardContext, v: Variant) -> list[QBlock]:
-    """Up to two query blocks whose selection a mask variant changes (`hypotheses.changed_blocks`'s dq)."""
-    return [QBlock(t.batch, t.head, t.block) for t in hypotheses.changed_blocks(ctx, v, ("dq",))]
-
-
 Values = Mapping[QBlock, tuple[np.ndarray, ...]]
 """A hypothesis's values of query blocks: each side's (out, lse) as the sides are ordered."""
 
@@ -177,12 +171,9 @@ class Scorer:
             written = lse_view(self.ctx.case, self.written, self.ctx.spans[target.batch])[target.head, rows]
             usable = written[:, None] & np.isfinite(dev) & np.isfinite(gold)
             dev, gold = np.where(usable, dev, 0.0), np.where(usable, gold, 0.0)
-            if side.bench is not None:
-                bench = side.bench[target.batch][target.head, rows]
-                bench = np.where(usable & np.isfinite(bench), bench, gold)
-                self.row_noise[key] = ((bench - gold) ** 2).sum(axis=1)
-            else:
-                self.row_noise[key] = np.zeros(rows.size)
+            bench = gold if side.bench is None else side.bench[target.batch][target.head, rows]  # no benchmark: 0
+            bench = np.where(usable & np.isfinite(bench), bench, gold)
+            self.row_noise[key] = ((bench - gold) ** 2).sum(axis=1)
             energy = float(self.row_noise[key].sum())
             self.data[key] = (dev, gold, usable, max(energy, self._floor(side, usable, gold)))
         return self.data[key]

@@ -164,11 +164,7 @@ class Context(Reading):
 
     def in_sum(self, variant: Variant, head: int) -> bool:
         member = head % self.case.group_size
-        if variant.group == "first":
-            return member == 0
-        if variant.group == "not-last":
-            return member != self.case.group_size - 1
-        return True
+        return {"first": member == 0, "not-last": member != self.case.group_size - 1}.get(variant.group, True)
 
 
 def read_mask(case: Case, block_mask: np.ndarray, span: SequenceSpan, how: MaskReading) -> np.ndarray:
@@ -221,18 +217,12 @@ def score_grads(
         probs = np.exp2(scores * LOG2E - lse)
     elif v.lse == "ignored":
         probs = np.exp(scores)
-    elif v.lse_factor != 1.0 or v.lse_offset != 0.0:
+    else:  # fitted: lse_factor lse + lse_offset (1 lse + 0 exactly lse)
         probs = np.exp(scores - (v.lse_factor * lse + v.lse_offset))
-    else:
-        probs = np.exp(scores - lse)
     dsum = ctx.block_rows("dsum", pair.batch, pair.head, pair.q_block, q_some)[:, None]
     if v.dsum == "none":
         return probs * dprobs, probs
-    if v.dsum == "negated":
-        return probs * (dprobs + dsum), probs
-    if v.dsum_factor != 1.0:
-        return probs * (dprobs - v.dsum_factor * dsum), probs
-    return probs * (dprobs - dsum), probs
+    return probs * (dprobs - (-1.0 if v.dsum == "negated" else v.dsum_factor) * dsum), probs
 
 
 def partial(ctx: Context, pair: Pair, tensor: str, some: Some = None) -> np.ndarray:
@@ -419,11 +409,8 @@ def fitted_head_map(
     if mapping == default:
         return None
     words = ", ".join(f"{h} -> {k}" for h, k in enumerate(mapping) if k != default[h])
-    return Variant(
-        "gqa-head-mapping",
-        f"query heads read other kv heads than n // G (query head -> kv head: {words}), and dK/dV add into those",
-        head_map=tuple(mapping),
-    )
+    supposes = f"query heads read other kv heads than n // G (query head -> kv head: {words}), and dK/dV add into those"
+    return Variant("gqa-head-mapping", supposes, head_map=tuple(mapping))
 
 
 _LSE_READINGS = {

@@ -16,7 +16,7 @@ import numpy as np
 from ...core.case import Case
 from ...core.layout import kv_view, mask_view, q_view
 from ..geometry import TILE
-from ..results import Cause, TensorResult
+from ..results import TensorResult
 from .findings import Findings, named, scored, tried
 from .hypotheses import NULL, VARIANTS, Context, Pair, Target, Variant, applies, partial, recompute
 from .scoring import MAX_TARGETS, Blocks
@@ -41,7 +41,8 @@ def _index_words(case: Case, name: str, index: tuple[int, ...], spans: Spans) ->
 
 def nonfinite_cause(
     case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, spans: Spans
-) -> Cause | None:
+) -> Findings:
+    """non-finite: NaN/Inf written where the golden is finite."""
     parts, where, names = [], [], []
     for result in failing:
         if not any(c.name == "nonfinite" and not c.passed for c in result.checks):
@@ -58,8 +59,8 @@ def nonfinite_cause(
         where.append(f"{result.name} {first}")
         names.append(result.name)
     if not parts:
-        return None
-    return Cause("non-finite", 1.0, "; ".join(parts), tuple(names), tuple(where))
+        return Findings()
+    return named("non-finite", "NaN/Inf written where the golden is finite", 1.0, "; ".join(parts), names, where)
 
 
 def never_written(failing: Sequence[TensorResult]) -> Findings:

@@ -144,20 +144,12 @@ class Blocks:
         return sum(max(e / noise[t] - 1.0, 0.0) for t, e in energies.items())
 
     def explained(
-        self,
-        values: Sequence[np.ndarray],
-        extra: Sequence[Target] = (),
-        extra_values: Sequence[np.ndarray] = (),
-        rows: Rows | None = None,
+        self, values: Sequence[np.ndarray], targets: Sequence[Target] | None = None, rows: Rows | None = None
     ) -> tuple[float, dict[str, float]]:
         """Return (share of the excess error removed, each failing tensor's error in benchmark units) of a
-        hypothesis's values on the targets (and on `extra` blocks it changes); of their `rows`, estimated."""
-        return self.explained_on([*self.targets, *extra], [*values, *extra_values], rows)
-
-    def explained_on(
-        self, targets: Sequence[Target], values: Sequence[np.ndarray], rows: Rows | None = None
-    ) -> tuple[float, dict[str, float]]:
-        """`explained` over some of the blocks (`screen`: the worst of each failing tensor)."""
+        hypothesis's values on the targets (or on `targets`: some of them, the `screen`, or all and the blocks
+        it changes); of their `rows`, estimated."""
+        targets = self.targets if targets is None else targets
         noise = self.noise_of(targets)
         null_excess = self.excess(self.energies(targets, self.null_of(targets, rows), rows), noise)
         energies = self.energies(targets, values, rows)
@@ -202,7 +194,7 @@ class Blocks:
         return {target: rows for target, rows in some.items() if rows is not None}
 
     def explained_rows(self, target: Target, rows: np.ndarray, value: np.ndarray) -> tuple[float, bool]:
-        """`explained_on` one block's `rows` (value: the hypothesis's values of those rows): (share, whether
+        """`explained` on one block's `rows` (value: the hypothesis's values of those rows): (share, whether
         those rows have an excess error to explain)."""
         dev, bench, null = (a[rows] if a is not None else None for a in self.data[target][:3])
         assert dev is not None and null is not None
