@@ -61,7 +61,6 @@ class _Failure:
     device: Arrays
     golden: Arrays
     benchmark: Arrays | None
-    inputs: Arrays
     blocks: Blocks
     nonfinite: bool  # NaN/Inf where the golden is finite
 
@@ -107,7 +106,7 @@ def diagnose(
     blocks = gather_blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
     if bias_only:
         return (found + patterns.diagnose_bias(case, ctx, failing, blocks)).ranked()
-    failure = _Failure(case, ctx, tensors, failing, device, golden, benchmark, inputs, blocks, bool(nonfinite.causes))
+    failure = _Failure(case, ctx, tensors, failing, device, golden, benchmark, blocks, bool(nonfinite.causes))
     return _explained(failure, found).ranked()
 
 
@@ -263,7 +262,7 @@ def _scored(f: _Failure, v: Variant, values: list[np.ndarray], some: dict[Target
 def _patterns(f: _Failure) -> Findings:
     """The pattern hypotheses, when nothing recomputed or fitted explains the error."""
     zeros = patterns.zero_share(f.blocks)
-    mask = np.asarray(f.inputs["block_sparse_mask"])
+    mask = np.asarray(f.ctx.inputs["block_sparse_mask"])
     return (
         patterns.zero_blocks(f.blocks)
         + patterns.tail_pattern(f.case, f.failing, f.ctx.spans, zeros=zeros)

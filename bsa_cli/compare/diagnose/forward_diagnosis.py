@@ -78,10 +78,6 @@ class _Failure:
     targets: list[QBlock]
 
     @property
-    def case(self) -> Case:
-        return self.ctx.case
-
-    @property
     def any_left(self) -> bool:
         return any(rows.any() for rows in self.left.values())
 
@@ -193,10 +189,10 @@ def _explained(
     if out is None or gold is None:
         return found
     side = next(s for s in f.sides if s.name == "out")
-    local = forward_patterns.rows_permuted(f.case, f.ctx.spans, side, f.written, f.targets)
-    local += forward_patterns.tile_local(f.case, f.scorer, side, f.blocks, f.out_excess)
+    local = forward_patterns.rows_permuted(f.ctx.case, f.ctx.spans, side, f.written, f.targets)
+    local += forward_patterns.tile_local(f.ctx.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
-        local += forward_patterns.layout(f.case, out, gold, benchmark, f.written)
+        local += forward_patterns.layout(f.ctx.case, out, gold, benchmark, f.written)
         local += forward_patterns.accumulation(f.ctx, f.blocks, f.excess)
     causes = local.causes
     moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)

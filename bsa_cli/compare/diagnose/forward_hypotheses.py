@@ -217,12 +217,8 @@ class Scorer:
                     energy = max(
                         float(self.row_noise[(side.name, target)][some].sum()), self._floor(side, usable, gold)
                     )
-                if values is None:
-                    value = gold
-                else:
-                    value = values[target][index]
-                    value = value[:, None] if value.ndim == 1 else value
-                    value = np.where(usable, value, 0.0)
+                value = gold if values is None else values[target][index]  # (gold is 0 where not usable)
+                value = np.where(usable, value[:, None] if value.ndim == 1 else value, 0.0)
                 with np.errstate(over="ignore", invalid="ignore"):
                     diff = dev - value
                     e = float((diff * diff).sum())
@@ -308,11 +304,9 @@ def query_blocks(ctx: ForwardContext, written: np.ndarray) -> list[QBlock]:
     x = ctx.case.block_shape[0]
     found = []
     for batch, span in ctx.spans.items():
-        rows = lse_view(ctx.case, written, span)  # [N1, q_len]
-        for head in range(ctx.case.num_heads):
-            for block in range(-(-span.q_len // x)):
-                if rows[head, block * x : (block + 1) * x].any():
-                    found.append(QBlock(batch, head, block))
+        rows = lse_view(ctx.case, written, span).astype(np.float64)  # [N1, q_len]
+        written_blocks = np.argwhere(block_sums(rows, -(-span.q_len // x), x) > 0)  # (head, block), in order
+        found += [QBlock(batch, int(head), int(block)) for head, block in written_blocks]
     return found
 
 

@@ -282,12 +282,8 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
     explained = []
     for batch, kv_head, block in bad_blocks:
         mask = ctx.mask("", batch)
-        pairs = [
-            (h, int(i))
-            for h in range(case.num_heads)
-            if ctx.kv_head(NULL, h) == kv_head
-            for i in np.flatnonzero(mask[h, :, block])
-        ]
+        heads = [h for h in range(case.num_heads) if ctx.kv_head(NULL, h) == kv_head]
+        pairs = [(h, int(i)) for h in heads for i in np.flatnonzero(mask[h, :, block])]
         if len(pairs) < 2:
             return tried("accumulation-race", supposes, 0.0, "ruled out: a failing kv block only one pair selects")
         # a lost update loses the pair's dK and dV partials both: scored on the kv block of both tensors
@@ -431,8 +427,7 @@ def accumulation_precision(
         gold_rms = np.zeros(block_map.rmse.shape)
         for span in spans.values():
             gold = np.asarray(view(case, golden[result.name], span), dtype=np.float64)  # [heads, rows, D]
-            n_blocks = -(-gold.shape[1] // size)
-            for j in range(n_blocks):
+            for j in range(-(-gold.shape[1] // size)):
                 piece = gold[:, j * size : (j + 1) * size]
                 gold_rms[span.batch, :, j] = np.sqrt((piece**2).mean(axis=(1, 2)))
         excess = np.sqrt(

@@ -224,24 +224,19 @@ def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]
     """The other readings of a tensor's bytes: (what it supposes, the golden-shaped array it gives)."""
     other = "bfloat16" if case.dtype == "float16" else "float16"
     other_type = numpy_dtype(other)
+    bits = f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)"
     out: list[tuple[str, Callable[[np.ndarray], np.ndarray]]] = [
-        (
-            f"{case.dtype} written as {other} bits (read as {other}, it equals the golden)",
-            lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type),
-        )
+        (bits, lambda a: np.ascontiguousarray(a).view(np.uint16).view(other_type))
     ]
-    for supposes, order, written in _LAYOUTS["TND" if case.layout == "TND" else "BNSD"]:
-        out.append((supposes, partial(_written_in if written else _transposed, order=order)))
-    return out
+    layouts = _LAYOUTS["TND" if case.layout == "TND" else "BNSD"]
+    return out + [(supposes, partial(_read, order=order, written=written)) for supposes, order, written in layouts]
 
 
-def _written_in(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
-    """A tensor's bytes written with its axes in `order`, read back in its own."""
-    return a.reshape([a.shape[i] for i in order]).transpose(np.argsort(order))
-
-
-def _transposed(a: np.ndarray, order: tuple[int, ...]) -> np.ndarray:
-    """A tensor's bytes read with its axes in `order`."""
+def _read(a: np.ndarray, order: tuple[int, ...], written: bool) -> np.ndarray:
+    """A tensor's bytes written with its axes in `order` and read back in its own, or read with its axes in
+    `order` (not `written`)."""
+    if written:
+        return a.reshape([a.shape[i] for i in order]).transpose(np.argsort(order))
     return a.transpose(order).reshape(a.shape)
 
 

@@ -82,11 +82,6 @@ class Blocks:
             self._noise = (len(self.targets), self.noise_of(self.targets))
         return self._noise[1]
 
-    def overflows(self, value: np.ndarray) -> np.ndarray:
-        """Where a value is non-finite, or finite but beyond the case dtype's range (an Inf once cast)."""
-        with np.errstate(invalid="ignore"):
-            return ~(np.abs(value) <= float(np.finfo(numpy_dtype(self.case.dtype)).max))
-
     def overflows_in_row(self, value: np.ndarray) -> np.ndarray:
         """Where a value lies in a row (of D) that overflows or reaches half the dtype's range: an Inf in a
         row's accumulation turns the whole row NaN/Inf (Inf - Inf), so such a row predicts all of them."""
@@ -106,7 +101,8 @@ class Blocks:
             bad = self.nonfinite.get(target, np.zeros(value.shape, dtype=bool))
             if rows and target in rows and target in self.nonfinite:
                 bad = bad[rows[target]]
-            over = self.overflows(value)
+            with np.errstate(invalid="ignore"):  # non-finite, or beyond the case dtype's range (an Inf once cast)
+                over = ~(np.abs(value) <= float(np.finfo(numpy_dtype(self.case.dtype)).max))
             both += int((bad & self.overflows_in_row(value)).sum())
             either += int((bad | over).sum())
         return either > 0 and both >= 0.9 * either
