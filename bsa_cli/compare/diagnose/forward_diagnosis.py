@@ -68,8 +68,7 @@ class _Failure:
 
     ctx: ForwardContext
     names: list[str]  # the failing outputs
-    sides: list[Side]
-    scorer: Scorer
+    scorer: Scorer  # its sides: the outputs as device, benchmark and golden
     written: np.ndarray
     left: dict[str, np.ndarray]
     blocks: list[QBlock]
@@ -93,7 +92,7 @@ class _Failure:
 
     def pick(self, out: np.ndarray, lse: np.ndarray) -> tuple[np.ndarray, ...]:
         """A recomputed out and lse as the sides judged."""
-        return tuple(out if s.name == "out" else lse for s in self.sides)
+        return tuple(out if s.name == "out" else lse for s in self.scorer.sides)
 
 
 def diagnose_forward(
@@ -152,7 +151,7 @@ def diagnose_forward(
     blocks = forward_hypotheses.query_blocks(ctx, written)
     excess, out_excess = forward_hypotheses.block_excess(scorer, blocks)
     targets = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:MAX_TARGETS]
-    f = _Failure(ctx, names, sides, scorer, written, left, blocks, excess, out_excess, targets)
+    f = _Failure(ctx, names, scorer, written, left, blocks, excess, out_excess, targets)
     if not targets:
         return _unwritten_only(f, found).ranked()
     return _explained(f, found, arrays["out"] if "out" in arrays else None, gold.get("out"), benchmark).ranked()
@@ -188,7 +187,7 @@ def _explained(
     found += fit_found
     if out is None or gold is None:
         return found
-    side = next(s for s in f.sides if s.name == "out")
+    side = next(s for s in f.scorer.sides if s.name == "out")
     local = forward_patterns.rows_permuted(f.ctx.case, f.ctx.spans, side, f.written, f.targets)
     local += forward_patterns.tile_local(f.ctx.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
@@ -218,7 +217,7 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         screen = targets[0]  # the worst failing block first (cheap): most hypotheses end here
         some = scorer.sample(screen)
         if some is not None:  # and a few of its rows before it
-            part = scorer.explained_rows(screen, some, list(f.pick(*recompute_forward(ctx, v, screen, some))))
+            part, _ = scorer.explained([screen], {screen: f.pick(*recompute_forward(ctx, v, screen, some))}, some)
             if part < SCREENED:
                 return Trial(screened_out(v.kind, v.supposes, part, some.size))
         values = {screen: f.pick(*recompute_forward(ctx, v, screen))}

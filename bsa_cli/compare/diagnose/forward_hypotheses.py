@@ -107,13 +107,13 @@ def _softmax(ctx: ForwardContext, v: Variant, target: QBlock, some: Some) -> tup
         empty = np.full(rows.size, np.nan)
         return np.full((rows.size, ctx.case.head_dim), np.nan), empty, empty
     kv_head = ctx.kv_head(v, target.head)
-    value = ctx.rows_of("value", target.batch, kv_head, cols)
+    value = ctx.input_rows("value", target.batch, kv_head, cols)
     shared = (target, kv_head, cols.tobytes(), b"" if some is None else some.tobytes())  # shared by the scale variants
     if shared not in ctx.products:
         if len(ctx.products) >= 64:  # a bound on the memory held
             ctx.products.clear()
-        query = ctx.rows_of("query", target.batch, target.head, rows)
-        ctx.products[shared] = query @ ctx.rows_of("key", target.batch, kv_head, cols).T
+        query = ctx.input_rows("query", target.batch, target.head, rows)
+        ctx.products[shared] = query @ ctx.input_rows("key", target.batch, kv_head, cols).T
     scores = ctx.scale(v) * ctx.products[shared]
     if v.stacks == "no-rescale":  # each stack's exponentials against the running max of its time, never rescaled
         row_max = np.full(rows.size, -np.inf)
@@ -196,12 +196,6 @@ class Scorer:
             excess += ((dev - gold) ** 2).sum(axis=1) - self.row_noise[(side.name, target)]
         return sample_rows(excess)[0]
 
-    def explained_rows(self, target: QBlock, some: np.ndarray, values: Sequence[np.ndarray]) -> float:
-        """The share of the excess error of a block's rows `some` a hypothesis's values of them remove."""
-        null_excess = self._excess(self._energies([target], None, some))
-        hyp_excess = self._excess(self._energies([target], {target: tuple(values)}, some))
-        return 0.0 if null_excess <= 0 else share_of(hyp_excess, null_excess)
-
     def _energies(
         self, targets: Sequence[QBlock], values: Values | None, some: Some = None
     ) -> dict[str, tuple[float, float]]:
@@ -231,11 +225,13 @@ class Scorer:
     def _excess(energies: Mapping[str, tuple[float, float]]) -> float:
         return sum(max(e / n - 1.0, 0.0) for e, n in energies.values())
 
-    def explained(self, targets: Sequence[QBlock], values: Values) -> tuple[float, dict[str, tuple[float, float]]]:
+    def explained(
+        self, targets: Sequence[QBlock], values: Values, some: Some = None
+    ) -> tuple[float, dict[str, tuple[float, float]]]:
         """(share of the excess error removed, each side's error in benchmark units under the hypothesis and
-        without it)."""
-        null = self._energies(targets, None)
-        hyp = self._energies(targets, values)
+        without it); of the targets' rows `some` (a block's: the values are of those rows)."""
+        null = self._energies(targets, None, some)
+        hyp = self._energies(targets, values, some)
         null_excess = self._excess(null)
         if null_excess <= 0:
             return 0.0, {}

@@ -94,15 +94,12 @@ class Reading:
     inputs: Arrays
     spans: dict[int, SequenceSpan]
     masks: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    # rows of an input (query, dout, attention_out, lse, dsum of a query head; key, value of a kv head),
+    # float64: input_rows(name, batch, head, rows)
     input_rows: InputRows = field(init=False)
 
     def __post_init__(self) -> None:
         self.input_rows = InputRows(self.case, self.inputs, self.spans)
-
-    def rows_of(self, name: str, batch: int, head: int, rows: np.ndarray) -> np.ndarray:
-        """Rows of an input (query, dout, attention_out, lse, dsum of a query head; key, value of a kv head),
-        float64."""
-        return self.input_rows(name, batch, head, rows)
 
     def mask(self, how: MaskReading, batch: int) -> np.ndarray:
         """The [N1, nQ, nKV] selection of a batch entry as a kernel reading the mask `how` would."""
@@ -351,7 +348,7 @@ def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndar
             x = ctx.case.block_shape[0]
             span = ctx.spans[target.batch]
             rows = np.arange(target.block * x, min((target.block + 1) * x, span.q_len))[good]
-            lse = ctx.rows_of("lse", target.batch, target.head, rows)
+            lse = ctx.input_rows("lse", target.batch, target.head, rows)
             if np.isfinite(lse).all():
                 slope, intercept = _line(lse, np.log(factors), norms[good])
                 a, named = _named_lse_factor(1.0 - slope)
