@@ -110,14 +110,10 @@ class Reading:
         return self.masks[key]
 
     def kv_head(self, variant: Variant, head: int) -> int:
-        case = self.case
         if variant.head_map:
             return variant.head_map[head]
-        if variant.heads == "interleaved":
-            return head % case.num_kv_heads
-        if variant.heads == "next":
-            return (head // case.group_size + 1) % case.num_kv_heads
-        return head // case.group_size
+        n2, group = self.case.num_kv_heads, self.case.group_size
+        return {"interleaved": head % n2, "next": (head // group + 1) % n2}.get(variant.heads, head // group)
 
     def scale(self, variant: Variant) -> float:
         scale = float(self.case.kernel_scale)

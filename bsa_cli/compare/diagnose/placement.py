@@ -15,7 +15,7 @@ cheap: no product is recomputed.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
@@ -344,22 +344,21 @@ WRONG_ROWS = 32
 class _RowMatches:
     """Wrong rows of the failing blocks matched to golden rows elsewhere (`rows_permuted`)."""
 
-    matched: int
-    bad_total: int
-    energy_all: float
-    energy_matched: float
-    where: list[str]
-    sources: set[tuple[str, int, int, int]]  # the golden rows matched: (tensor, batch, head, row)
-    emptied: list[tuple[tuple[str, int, int, int], float]]  # wrong rows the device left zero, and their error
+    matched: int = 0
+    bad_total: int = 0
+    energy_all: float = 0.0
+    energy_matched: float = 0.0
+    where: list[str] = field(default_factory=list)
+    # the golden rows matched: (tensor, batch, head, row)
+    sources: set[tuple[str, int, int, int]] = field(default_factory=set)
+    # wrong rows the device left zero, and their error
+    emptied: list[tuple[tuple[str, int, int, int], float]] = field(default_factory=list)
 
 
 def _row_matches(case: Case, blocks: Blocks, golden: Arrays, spans: Spans, limit: int) -> _RowMatches:
     """Match the first `limit` wrong rows of each failing target block to the golden rows of its head (and
     to the same block's rows in the other heads of its batch entry)."""
-    matched, bad_total, where = 0, 0, []
-    sources: set[tuple[str, int, int, int]] = set()  # the golden rows matched: (tensor, batch, head, row)
-    emptied: list[tuple[tuple[str, int, int, int], float]] = []  # wrong rows the device left zero, and their error
-    energy_all = energy_matched = 0.0
+    found = _RowMatches()
     x, y = case.block_shape
     heads: dict[tuple[str, int, int], tuple[np.ndarray, np.ndarray]] = {}
     for target in blocks.failing_targets:
@@ -409,22 +408,22 @@ def _row_matches(case: Case, blocks: Blocks, golden: Arrays, spans: Spans, limit
         near = np.where(row_err[bad] > scale * 1e-6, 4 * floor, 4 * row_noise[bad])
         ok = (closest <= np.maximum(near, 0.05 * np.minimum(row_err[bad], own))) & own.astype(bool)
         ok &= gold_energy[best] > 0
-        bad_total += bad.size
-        matched += int(ok.sum())
-        energy_all += float(row_err[bad].sum())
-        energy_matched += float(row_err[bad][ok].sum())
-        sources.update((target.tensor, target.batch, int(label_head[s]), int(label_row[s])) for s in best[ok])
-        emptied.extend(
+        found.bad_total += bad.size
+        found.matched += int(ok.sum())
+        found.energy_all += float(row_err[bad].sum())
+        found.energy_matched += float(row_err[bad][ok].sum())
+        found.sources.update((target.tensor, target.batch, int(label_head[s]), int(label_row[s])) for s in best[ok])
+        found.emptied.extend(
             ((target.tensor, target.batch, target.head, first + int(r)), float(row_err[r]))
             for r in bad[~ok & ~own.astype(bool)]
         )
         for r, s in zip(bad[ok][:2], best[ok][:2], strict=True):
             other = f"head {int(label_head[s])} " if label_head[s] != target.head else ""
-            where.append(
+            found.where.append(
                 f"{target.tensor} batch {target.batch} head {target.head} row {first + int(r)} "
                 f"holds golden {other}row {int(label_row[s])}"
             )
-    return _RowMatches(matched, bad_total, energy_all, energy_matched, where, sources, emptied)
+    return found
 
 
 def rows_permuted(case: Case, blocks: Blocks, golden: Arrays, spans: Spans) -> Findings:
