@@ -124,22 +124,19 @@ def unwritten_rows(
             finite = np.isfinite(dev.astype(np.float32))
         at_prefill = _at_prefill(case, name, dev) if prefilled else np.zeros_like(written)
         zero = (dev.astype(np.float32) == 0).all(axis=-1) & (np.abs(ref) > 0).any(axis=-1)
-        left = finite_gold & (at_prefill | zero)
-        every[name] = left
+        every[name] = left = finite_gold & (at_prefill | zero)
         bad = finite_gold[..., None] & ~finite & ~left[..., None]
-        total = int(finite_gold.sum())
         if left.any():
-            count = int(left.sum())
             how = "the NaN prefill" if at_prefill[left].all() else "zero" if zero[left].all() else "the prefill or zero"
             first = row_words(case, written, int(np.flatnonzero(left)[0]))
-            text = f"{name}: {count} of {total} rows the forward must write hold {how}, as if never written, "
-            text += f"first at {first}"
+            text = f"{name}: {int(left.sum())} of {int(finite_gold.sum())} rows the forward must write hold {how}, "
+            text += f"as if never written, first at {first}"
             found += named("not-written", f"{name} rows never written", 1.0, text, (name,), (f"{name} {first}",))
         if bad.any():
             rows = np.flatnonzero(bad.any(axis=-1))
             first = row_words(case, written, int(rows[0]))
-            nonfinite_words = f"{int(bad.sum())} NaN/Inf in {rows.size} written rows"
-            text = f"{name}: {nonfinite_words} where the golden is finite, first at {first}"
+            text = f"{name}: {int(bad.sum())} NaN/Inf in {rows.size} written rows where the golden is finite, "
+            text += f"first at {first}"
             supposes = "NaN/Inf written where the golden is finite"
             found += named("non-finite", supposes, 1.0, text, (name,), (f"{name} {first}",))
     return every, found
@@ -271,15 +268,15 @@ def tile_local(
     """tile-local: out's excess error (`excess`: per block, beyond the benchmark's) held by one or two 16x16
     tiles, or one 128-row piece."""
     supposes = "errors confined to one or two 16x16 tiles (or one 128-row piece) of out"
-    tiles: list[tuple[float, tuple[QBlock, int, int, int]]] = []
-    pieces: list[tuple[float, tuple[QBlock, int, int, int]]] = []
+    tiles: list[tuple[float, str]] = []  # (excess error energy, words)
+    pieces: list[tuple[float, str]] = []
     total = sum(excess.values())  # out's excess error energy, every block
     count_tiles = 0
     for target in sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:TILE_BLOCKS]:
         dev, gold, usable, noise = scorer.block(side, target)
         err = (dev - gold) ** 2
         rows, cols = err.shape
-        x0 = target.block * case.block_shape[0]
+        x0, words = target.block * case.block_shape[0], f"out {target.words()} rows"
         per_row = noise / max(int(usable.any(axis=1).sum()), 1)
         padded = np.zeros((-(-rows // TILE) * TILE, -(-cols // TILE) * TILE))
         padded[:rows, :cols] = err
@@ -289,11 +286,12 @@ def tile_local(
         excess_tiles = np.maximum(sums - per_row * heights * widths / cols, 0.0)
         for flat in np.argsort(-excess_tiles, axis=None)[:2]:  # the block's two worst: the worst two overall among them
             r, c = (int(i) * TILE for i in np.unravel_index(flat, excess_tiles.shape))
-            tiles.append((float(excess_tiles.flat[flat]), (target, x0 + r, x0 + min(r + TILE, rows) - 1, c)))
+            where = f"{words} {x0 + r}..{x0 + min(r + TILE, rows) - 1} cols {c}..{c + TILE - 1}"
+            tiles.append((float(excess_tiles.flat[flat]), where))
         count_tiles += excess_tiles.size
         for r in range(0, rows, 128):
             e = max(float(err[r : r + 128].sum()) - per_row * min(128, rows - r), 0.0)
-            pieces.append((e, (target, x0 + r, x0 + min(r + 128, rows) - 1, -1)))
+            pieces.append((e, f"{words} {x0 + r}..{x0 + min(r + 128, rows) - 1}"))
     if total <= 0 or not tiles:
         return tried("tile-local", supposes, 0.0, "ruled out: no excess error in out")
     tiles.sort(key=lambda t: -t[0])
@@ -303,11 +301,11 @@ def tile_local(
     several = sum(-(-len(scorer.ctx.rows(b)) // 128) for b in blocks) > 1  # one piece of all says nothing
     if tile_share >= LOCAL and count_tiles > 2:
         count = "one 16x16 tile" if len(tiles) < 2 or tiles[1][0] < 0.05 * total else "two 16x16 tiles"
-        text = f"{tile_share:.0%} of out's excess error lies in {count}: {_region(tiles[0][1])}"
-        return _local(supposes, tile_share, text, tuple(_region(t[1]) for t in tiles[:2]))
+        text = f"{tile_share:.0%} of out's excess error lies in {count}: {tiles[0][1]}"
+        return _local(supposes, tile_share, text, tuple(t[1] for t in tiles[:2]))
     if piece_share >= LOCAL and several:
-        text = f"{piece_share:.0%} of out's excess error lies in one 128-row piece: {_region(pieces[0][1])}"
-        return _local(supposes, piece_share, text, (_region(pieces[0][1]),))
+        text = f"{piece_share:.0%} of out's excess error lies in one 128-row piece: {pieces[0][1]}"
+        return _local(supposes, piece_share, text, (pieces[0][1],))
     share = max(tile_share, piece_share if several else 0.0)
     text = f"the two worst tiles hold {tile_share:.0%} of out's excess error, the worst piece {piece_share:.0%}"
     return tried("tile-local", supposes, share, "ruled out: " + text)
@@ -317,13 +315,6 @@ def _local(supposes: str, share: float, text: str, where: tuple[str, ...]) -> Fi
     """tile-local named (its cause's score at most 1)."""
     cause = Cause("tile-local", min(share, 1.0), text, ("out",), where)
     return Findings((cause,), (Hypothesis("tile-local", supposes, share, "explains: " + text),))
-
-
-def _region(region: tuple[QBlock, int, int, int]) -> str:
-    """Words for a tile (its first column) or a piece (column -1) of out."""
-    target, first, last, column = region
-    cols = "" if column < 0 else f" cols {column}..{column + TILE - 1}"
-    return f"out {target.words()} rows {first}..{last}{cols}"
 
 
 def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | None, written: np.ndarray) -> Findings:
