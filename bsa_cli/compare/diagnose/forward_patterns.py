@@ -22,7 +22,7 @@ from ..results import Cause, Check, Hypothesis, TensorResult
 from .findings import Findings, Kind, named, tried
 from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side
 from .hypotheses import Variant
-from .views import Arrays, Spans, dtype_eps, falls
+from .views import Arrays, Spans, dtype_eps, falls, noise_floor
 
 LOCAL = 0.9
 """Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
@@ -341,13 +341,11 @@ def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | No
 
     gold64 = rows_of(np.asarray(gold).reshape(case.q_shape))
     rows = np.isfinite(gold64)
-    eps = dtype_eps(case)
+    noise = 0.0
     if benchmark is not None and "out" in benchmark:
         bench = rows_of(np.asarray(benchmark["out"]).reshape(case.q_shape))
         noise = float(np.where(rows, (bench - gold64) ** 2, 0.0).sum())
-    else:
-        noise = 0.0
-    noise = max(noise, float(np.where(rows, gold64 * gold64, 0.0).sum()) * (eps / 4) ** 2 + 1e-30)
+    noise = max(noise, noise_floor(case, float(np.where(rows, gold64 * gold64, 0.0).sum())))
     found = Findings()
     with np.errstate(invalid="ignore", over="ignore"):
         base = rows_of(dev)
