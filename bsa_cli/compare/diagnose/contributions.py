@@ -50,11 +50,6 @@ class Fit:
     kept: tuple[Pair, ...]  # selected pairs the fit finds added, well determined
 
 
-def _ordered(size: int, groups: list[np.ndarray]) -> list[int]:
-    """Block indices in [0, size) from `groups` in order, each once."""
-    return list(dict.fromkeys(int(j) for group in groups for j in group if 0 <= int(j) < size))
-
-
 def _near(selected: np.ndarray, d: int) -> np.ndarray:
     return np.concatenate([selected + d, selected - d])
 
@@ -90,7 +85,7 @@ def candidates(ctx: Context, target: Target) -> list[Pair] | None:
     found: dict[Pair, None] = {}
     for level in range(len(per_head[0]) if per_head else 0):
         for h, groups in zip(heads, per_head, strict=True):
-            for i in _ordered(n_other, [groups[level]]):
+            for i in (int(j) for j in groups[level] if 0 <= int(j) < n_other):  # (each pair once: setdefault)
                 found.setdefault(Pair(b, h, k, i) if target.tensor == "dq" else Pair(b, h, i, k), None)
     return list(found)[:MAX_CANDIDATES]
 
