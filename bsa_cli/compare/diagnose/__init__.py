@@ -175,9 +175,7 @@ def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -
             yield from hypotheses.fitted_variants(f.ctx, worst, dev, null)
         if "dq" in blocks.failing and factor < EXPLAINED:  # query heads reading other kv heads
             device_block = partial(hypotheses.block_of, f.case, f.device["dq"], spans=f.ctx.spans)
-            mapped = hypotheses.fitted_head_map(f.ctx, blocks.targets, device_block)
-            if mapped is not None:
-                yield mapped
+            yield from hypotheses.fitted_head_map(f.ctx, blocks.targets, device_block)
 
 
 def _why_not(f: _Failure, search: Search, local: Cause | None, factor: float) -> Callable[[Variant], str | None]:

@@ -365,16 +365,16 @@ MAX_HEAD_FITS = 64
 
 def fitted_head_map(
     ctx: Context, targets: Sequence[Target], device_block: Callable[[Target], np.ndarray]
-) -> Variant | None:
+) -> list[Variant]:
     """The kv head each query head reads, fitted: one dq block per query head (its worst failing target,
     else its first selected block) recomputed against every kv head, the closest to the device's taken.
     A variant when some query head reads another kv head than n // G (any mapping, not only the fixed
-    variants' interleaved and one-off ones), else None. Only the heads of failing targets are fitted when
+    variants' interleaved and one-off ones), else none. Only the heads of failing targets are fitted when
     N1 x N2 exceeds `MAX_HEAD_FITS`; the others keep n // G."""
     case = ctx.case
     n1, n2 = case.num_heads, case.num_kv_heads
     if n2 < 2:
-        return None
+        return []
     picked: dict[int, Target] = {}
     for target in targets:
         if target.tensor == "dq":
@@ -400,10 +400,10 @@ def fitted_head_map(
         if errors[best] < 0.25 * errors[mapping[head]]:  # clearly closer than the mapping's own
             mapping[head] = best
     if mapping == default:
-        return None
+        return []
     words = ", ".join(f"{h} -> {k}" for h, k in enumerate(mapping) if k != default[h])
     supposes = f"query heads read other kv heads than n // G (query head -> kv head: {words}), and dK/dV add into those"
-    return Variant("gqa-head-mapping", supposes, head_map=tuple(mapping))
+    return [Variant("gqa-head-mapping", supposes, head_map=tuple(mapping))]
 
 
 _LSE_READINGS = {
