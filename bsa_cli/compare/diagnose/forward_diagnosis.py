@@ -164,9 +164,8 @@ def _unwritten_only(f: _Failure, found: Findings) -> Findings:
     for v in FORWARD_VARIANTS:
         if v.mask and f.any_left and applies(f.ctx, v) is None and predicts_unwritten(f.ctx, v, f.written, f.left):
             text = f"{v.supposes}: it leaves unwritten exactly the rows the device left unwritten"
-            found = (found + named(cast(Kind, v.kind), v.supposes, 1.0, text, f.names)).follows(
-                "not-written", v.supposes, 0.9
-            )
+            found += named(cast(Kind, v.kind), v.supposes, 1.0, text, f.names)
+            found = found.follows("not-written", v.supposes, 0.9)
         else:
             found += tried(v.kind, v.supposes, 0.0, reason)
     return found

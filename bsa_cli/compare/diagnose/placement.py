@@ -64,11 +64,10 @@ def _rows(case: Case, name: str, device: Arrays, golden: Arrays, benchmark: Arra
     if not np.isfinite(dev).all():
         dev = np.where(np.isfinite(dev), dev, gold)
     width = gold.shape[1]
+    noise = np.zeros(gold.shape[0])
     if benchmark is not None:
         diff = _global_rows(case, benchmark[name]) - gold  # (not in place: a float32 input's rows are a view)
         noise = np.nan_to_num(_row_squares(diff), nan=0.0, posinf=0.0)
-    else:
-        noise = np.zeros(gold.shape[0])
     energy = _row_squares(gold)
     noise = np.maximum(noise, _floor(case, float(energy.mean()) / width) * width)
     err = _row_squares(np.subtract(dev, gold, dtype=np.float64))  # a device's huge values: no float32 overflow

@@ -123,12 +123,10 @@ class InputRows:
         key = (name, batch, head)
         if key not in self._held:
             case, span = self.case, self.spans[batch]
-            source: np.ndarray | None
-            if name == "dsum":
-                source = None
-            elif name == "lse":
+            source: np.ndarray | None = None  # dsum's: computed from out and dout (`_convert`)
+            if name == "lse":
                 source = lse_view(case, np.asarray(self.inputs["softmax_lse"]), span)[head]
-            else:
+            elif name != "dsum":
                 source = (kv_view if name in KV_SIDE else q_view)(case, self.inputs[name], span)[head]
             shape = (span.q_len,) if source is None else source.shape
             size = self._size(name)
