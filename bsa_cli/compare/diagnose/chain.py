@@ -149,11 +149,8 @@ def score_padding(
 def _touches_padding(case: Case, target: Any) -> bool:
     """Whether a gradient block holds rows past the actual lengths (dq: query rows; dk/dv: kv positions)."""
     x, y = case.block_shape
-    batch = target.batch
     lengths, size = (case.actual_seq_lengths, x) if target.tensor == "dq" else (case.actual_seq_lengths_kv, y)
-    if not lengths or batch >= len(lengths):
-        return False
-    return (target.block + 1) * size > lengths[batch]
+    return lengths is not None and target.batch < len(lengths) and (target.block + 1) * size > lengths[target.batch]
 
 
 def pick_tensors(arrays: Arrays, names: tuple[str, ...]) -> dict[str, np.ndarray]:
