@@ -231,16 +231,13 @@ def rows_permuted(case: Case, spans: Spans, side: Side, written: np.ndarray, tar
     common = max(set(shifts), key=shifts.count) if shifts else None
     if share >= 0.5 and common is not None and len(found) >= 4 and shifts.count(common) >= 0.8 * len(found):
         b = next(f.batch for f in close if f.shift == common)
-        text = (
-            f"out rows of batch entry {b} equal the golden's rows {common:+d} places away ({shifts.count(common)} of "
-            f"the {len(found)} worst rows): the entry written shifted, explaining {share:.0%} of their error"
-        )
+        text = f"out rows of batch entry {b} equal the golden's rows {common:+d} places away "
+        text += f"({shifts.count(common)} of the {len(found)} worst rows): the entry written shifted, explaining "
+        text += f"{share:.0%} of their error"
         return named("length-boundary", "an entry's rows written shifted", share, text, ("out",), (f"out batch {b}",))
     first = f" (first: {close[0].words()})" if close else ""
-    text = (
-        f"{len(close)} of out's {len(found)} worst rows equal golden rows at other positions{first}, explaining "
-        f"{share:.0%} of their error"
-    )
+    text = f"{len(close)} of out's {len(found)} worst rows equal golden rows at other positions{first}, explaining "
+    text += f"{share:.0%} of their error"
     if share >= 0.5:
         return named("rows-permuted", supposes, share, text, ("out",), [f"out {f.words()}" for f in close[:3]])
     return tried("rows-permuted", supposes, share, "ruled out: " + text)
@@ -357,10 +354,8 @@ def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | No
             energy = float(np.where(usable, (value - gold64) ** 2, 0.0).sum())
             coverage = usable.sum() / max(int(rows.sum()), 1)
             share = 0.0 if null_excess <= 0 else max(0.0, 1.0 - max(energy / noise - 1.0, 0.0) / null_excess) * coverage
-            text = (
-                f"read so, out's error is {math.sqrt(energy / noise):.3g}x the benchmark's "
-                f"(from {math.sqrt(null / noise):.3g}x)"
-            )
+            text = f"read so, out's error is {math.sqrt(energy / noise):.3g}x the benchmark's "
+            text += f"(from {math.sqrt(null / noise):.3g}x)"
             if share >= 0.5:
                 cause = Cause("layout", share, f"{supposes}: {text}", ("out",), ())
                 found += Findings((cause,), (Hypothesis("layout", supposes, share, f"explains {share:.0%}: {text}"),))

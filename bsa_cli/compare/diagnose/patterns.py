@@ -252,10 +252,8 @@ def tail_pattern(case: Case, failing: Sequence[TensorResult], spans: Spans, zero
     supposes = "errors confined to the partial last blocks"
     share = min(shares) if shares else 0.0
     if share >= 0.8:
-        text = (
-            f"{share:.0%} of the excess error of {', '.join(where)} lies in the partial last blocks (Sq % X, Skv % Y)"
-        )
-        weight = 0.85
+        names, weight = ", ".join(where), 0.85
+        text = f"{share:.0%} of the excess error of {names} lies in the partial last blocks (Sq % X, Skv % Y)"
         if zeros >= 0.9:
             text += f", {zeros:.0%} of it in elements left zero (not written)"
             weight = 0.75
@@ -304,15 +302,10 @@ def race_pattern(case: Case, ctx: Context, tensors: Sequence[TensorResult], bloc
         explained.append(best)
     share = min(explained)
     names = ", ".join(f"batch {b} kv head {n} kv block {j}" for b, n, j in bad_blocks)
+    text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs"
     if share >= 0.8:
-        text = (
-            f"dq right, dK/dV wrong only in {names}, selected by two or more pairs; one pair's partial "
-            f"missing explains {share:.0%} of it"
-        )
-        score = 0.95 * share
-    else:
-        text = f"dq right, dK/dV wrong only in {names}, selected by two or more pairs"
-        score = 0.6
+        text += f"; one pair's partial missing explains {share:.0%} of it"
+    score = 0.95 * share if share >= 0.8 else 0.6
     failing = tuple(n for n in ("dk", "dv") if n in blocks.failing)
     return named("accumulation-race", supposes, score, text, failing, (names,), "fits")
 

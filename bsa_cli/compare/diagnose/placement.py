@@ -444,10 +444,8 @@ def rows_permuted(case: Case, blocks: Blocks, golden: Arrays, spans: Spans) -> F
     energy_matched = found.energy_matched + sum(moved)
     share = energy_matched / found.energy_all if found.energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
-        text = (
-            f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
-            f"{'; '.join(where[:2])}"
-        )
+        text = f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
+        text += "; ".join(where[:2])
         return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, where[:4], "fits")
     why = f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
     return tried("rows-permuted", supposes, 0.0, why)

@@ -268,8 +268,7 @@ def gather_blocks(
     benchmark: Arrays | None,
     per_tensor: int = MAX_TARGETS,
 ) -> Blocks:
-    failing = tuple(t.name for t in tensors if not t.passed)
-    blocks = Blocks(case, ctx, device, benchmark, golden, failing)
+    blocks = Blocks(case, ctx, device, benchmark, golden, tuple(t.name for t in tensors if not t.passed))
     for target in worst_targets(tensors, per_tensor):
         blocks.add(target)
         blocks.targets.append(target)
