@@ -214,9 +214,8 @@ def rows_permuted(case: Case, spans: Spans, side: Side, written: np.ndarray, tar
             noise = float((golden_rows[index] ** 2).sum()) * (2 * eps) ** 2 + 1e-30
             if err[index] <= 4 * noise:
                 break
-            dist = np.where(
-                ok, norms - 2.0 * (safe_golden @ dev_rows[index]) + float(dev_rows[index] @ dev_rows[index]), np.inf
-            )
+            row = dev_rows[index]
+            dist = np.where(ok, norms - 2.0 * (safe_golden @ row) + float(row @ row), np.inf)
             dist[index] = np.inf
             match = int(np.argmin(dist))
             (b, s), (mb, ms) = (int(i) for i in where[index]), (int(i) for i in where[match])

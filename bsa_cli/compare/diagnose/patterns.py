@@ -346,8 +346,7 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
         outcome = f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error, but {others} other tiles are"
         return tried("tile-local", supposes, 0.0, outcome + " wrong too (9x their benchmark's error)")
     if share >= 0.9:
-        each = [e[0] for e in energies]
-        return _local_cause(blocks, share, each, total, [w for _, w in top], "16x16 tile", supposes)
+        return _local_cause(blocks, share, [e[0] for e in energies], total, [w for _, w in top], "16x16 tile", supposes)
     return tried("tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error")
 
 
