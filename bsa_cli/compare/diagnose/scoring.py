@@ -239,8 +239,8 @@ class Blocks:
         targets = self.targets
         noise = self.noise_of(targets)
         energies = self.energies(targets, self.null_of(targets, rows), rows)
-        both = {t: (ratios[t], math.sqrt(energies[t] / noise[t])) for t in GRAD_NAMES if t in ratios}
-        return falls(both, self.failing, empty="")
+        failing = [t for t in GRAD_NAMES if t in self.failing and t in ratios]
+        return falls({t: (ratios[t], math.sqrt(energies[t] / noise[t])) for t in failing}, failing, empty="")
 
 
 def worst_targets(tensors: Sequence[TensorResult], per_tensor: int = MAX_TARGETS) -> list[Target]:
