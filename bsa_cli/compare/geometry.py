@@ -40,10 +40,6 @@ class _Geometry:
     def rows(self) -> int:
         return int(np.prod(self.shape[:-1], dtype=np.int64))
 
-    @property
-    def seq_axis(self) -> int:
-        return self.shape[2] if self.layout != "TND" else 0
-
     def seq_view(self, per_row: np.ndarray, batch: int) -> np.ndarray:
         """Return batch entry `batch` of a per-row array ([rows, ...]) as [heads, length, ...]."""
         length = self.lengths[batch]
@@ -90,18 +86,13 @@ class _Geometry:
 
 
 def _geometry(case: Case, name: str) -> _Geometry:
-    kind = "q" if name in Q_ROWS else "kv"
+    query = name in Q_ROWS
     spans = case.spans()
-    if kind == "q":
-        shape, heads = case.q_shape, case.num_heads
-        lengths = tuple(s.q_len for s in spans)
-        starts = tuple(s.q_start for s in spans)
-        block = case.block_shape[0]
-    else:
-        shape, heads = case.kv_shape, case.num_kv_heads
-        lengths = tuple(s.kv_len for s in spans)
-        starts = tuple(s.kv_start for s in spans)
-        block = case.block_shape[1]
+    shape, heads = (case.q_shape, case.num_heads) if query else (case.kv_shape, case.num_kv_heads)
+    lengths = tuple(s.q_len if query else s.kv_len for s in spans)
+    starts = tuple(s.q_start if query else s.kv_start for s in spans)
+    block = case.block_shape[0 if query else 1]
+    kind = "q" if query else "kv"
     return _Geometry(name, kind, case.layout, tuple(shape), heads, case.head_dim, max(block, 1), lengths, starts)
 
 

@@ -356,20 +356,15 @@ def _measure_nonfinite(
     return part
 
 
-def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
-    """Split the judged row segments of a tensor into work items of about CHUNK_ELEMENTS elements."""
-    step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
-    return [(r, min(r + step, stop)) for start, stop in geom.segments() for r in range(start, stop, step)]
-
-
 GATHER_BELOW = 4
 """Judged row ranges shorter on average than a chunk's rows / GATHER_BELOW are measured gathered (`_items`)."""
 
 
 def _items(geom: _Geometry) -> list[slice | np.ndarray]:
-    """Return the work items of a tensor's judged rows: row ranges (`_chunks`), or, where the judged rows
-    are many short ranges (the rows the forward writes, heads interleaved in TND), the rows themselves
-    gathered into index arrays of about CHUNK_ELEMENTS elements (thousands of tiny chunks cost seconds)."""
+    """Return the work items of a tensor's judged rows: its row segments split into ranges of about
+    CHUNK_ELEMENTS elements, or, where the judged rows are many short ranges (the rows the forward writes,
+    heads interleaved in TND), the rows themselves gathered into index arrays of about CHUNK_ELEMENTS
+    elements (thousands of tiny chunks cost seconds)."""
     step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
     judged = geom.judged
     if judged is not None and len(judged) > 1:
@@ -377,7 +372,7 @@ def _items(geom: _Geometry) -> list[slice | np.ndarray]:
         if count < len(judged) * step / GATHER_BELOW:
             rows = np.concatenate([np.arange(start, stop, dtype=np.intp) for start, stop in judged])
             return [rows[i : i + step] for i in range(0, len(rows), step)]
-    return [slice(start, stop) for start, stop in _chunks(geom)]
+    return [slice(r, min(r + step, stop)) for start, stop in geom.segments() for r in range(start, stop, step)]
 
 
 def _measure(
