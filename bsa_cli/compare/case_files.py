@@ -24,7 +24,7 @@ from ..core.errors import DataError, clip, show
 from ..core.layout import mask_view
 from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
-from ..store.manifest import GRAD_NAMES, Manifest
+from ..store.manifest import Manifest
 from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection
 from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
 
@@ -312,12 +312,11 @@ def _open_arrays(
     key: Mapping[str, Any] | None = None,
     device: Mapping[str, np.ndarray] | None = None,
     outputs_run: Mapping[str, str] | None = None,
-    names: Sequence[str] = GRAD_NAMES,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
-    Device outputs given as arrays (`device`) stand for the files of `output_dir`. `names` are the tensors
-    of the case folder's op (dq, dk, dv for the backward; out, lse for the forward; all five for the pair).
+    Device outputs given as arrays (`device`) stand for the files of `output_dir`. The tensors are those of
+    the case folder's op (dq, dk, dv for the backward; out, lse for the forward; all five for the pair).
 
     When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
     opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
@@ -334,10 +333,10 @@ def _open_arrays(
     """
     executor = pool or _Inline()
     opened = _Opened()
+    names = manifest.op.outputs
     document = manifest.benchmark_summary
     if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
-        opened.summary, problems, opened.pending = _open_summary(case_dir, manifest, document, executor, names)
-        opened.problems += problems
+        opened.summary = _open_summary(opened, case_dir, document, executor, names)
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
     if device is not None:
         opened.device.update((name, device[name]) for name in names)
@@ -367,67 +366,49 @@ def _open_arrays(
             elif outputs_run is not None and name in outputs_run:
                 path, record = entry_path(base, entries[name]), base / RUN_RECORD
                 opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
-    inputs, problems, pending = _open_inputs(case_dir, output_dir, manifest, verify_inputs, inputs_run, executor)
-    opened.inputs, opened.block_mask = inputs, inputs.get("block_sparse_mask")
-    opened.problems += problems
-    opened.pending += pending
-    return opened
-
-
-def _open_inputs(
-    case_dir: Path,
-    output_dir: Path | None,
-    manifest: Manifest,
-    verify_inputs: bool,
-    inputs_run: Mapping[str, str] | None,
-    executor: Executor,
-) -> tuple[dict[str, np.ndarray], list[str], list[Future[str | None]]]:
-    """Map a case's inputs and check them (`_open_arrays`): (the arrays mapped, problems, pending hash checks)."""
-    arrays: dict[str, np.ndarray] = {}
-    problems: list[str] = []
-    pending: list[Future[str | None]] = []
     inputs = dict(manifest.entries("inputs"))
     if "block_sparse_mask" not in inputs:
-        problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
+        opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
     for name, entry in inputs.items():
         try:
-            arrays[name] = map_array(case_dir, entry)
+            opened.inputs[name] = map_array(case_dir, entry)
         except DataError as exc:
-            problems.append(str(exc))
+            opened.problems.append(str(exc))
             continue
         if name != "block_sparse_mask" and not verify_inputs:
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
             where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
             why = f"the device ran on other contents (sha256 in {where}): the case was generated again since"
-            problems.append(str(DataError(str(case_dir / entry["file"]), f"{why}; run it again")))
+            opened.problems.append(str(DataError(str(case_dir / entry["file"]), f"{why}; run it again")))
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
-            pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
-    return arrays, problems, pending
+            opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+    opened.block_mask = opened.inputs.get("block_sparse_mask")
+    return opened
 
 
 def _open_summary(
-    case_dir: Path, manifest: Manifest, document: Mapping[str, Any], executor: Executor, names: Sequence[str]
-) -> tuple[BenchmarkSummary | None, list[str], list[Future[str | None]]]:
-    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it: (the summary, problems, pending
-    hash checks). No summary, with a problem, if it is malformed, lacks a tensor of `names` the standard
+    opened: _Opened, case_dir: Path, document: Mapping[str, Any], executor: Executor, names: Sequence[str]
+) -> BenchmarkSummary | None:
+    """Map a benchmark summary's tiles (their hashes checked in `executor`, pending in `opened`) and rebuild
+    it. No summary, with a problem in `opened`, if it is malformed, lacks a tensor of `names` the standard
     judges (lse never is summarized), or a tiles file is missing or of the wrong size."""
     tiles = {}
-    pending: list[Future[str | None]] = []
     try:
         for name, entry in dict(document["tiles"]).items():
             tiles[name] = map_array(case_dir, entry, populate=True)
             path, sha = case_dir / entry["file"], entry.get("sha256")
-            pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
+            opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
         summary = summary_from_document(document, tiles)
         lacking = [name for name in names if name in SUMMARIZED and name not in summary.stats]
         if lacking:
             raise ValueError(f"no stats of {', '.join(lacking)}")
-        return summary, [], pending
+        return summary
     except DataError as exc:
-        return None, [str(exc)], pending
+        opened.problems.append(str(exc))
     except (KeyError, TypeError, ValueError) as exc:
-        return None, [f"{case_dir / MANIFEST}: benchmark_summary: {exc}"], pending
+        opened.problems.append(f"{case_dir / MANIFEST}: benchmark_summary: {exc}")
+    return None
 
 
 class _LazyInputs(Mapping[str, np.ndarray]):
@@ -464,13 +445,11 @@ def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
     return Selection(shape, rows)
 
 
-def _check_grads(
-    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
-) -> None:
-    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
+def _check_grads(manifest: Manifest, grads: Mapping[str, np.ndarray] | None) -> None:
+    """Raise ValueError unless `grads` holds the tensors of the manifest's op (dq, dk, dv for the backward) of
     the dtypes and shapes the manifest's `outputs` give."""
     outputs = manifest.outputs
-    for name in names:
+    for name in manifest.op.outputs:
         entry = outputs.get(name)
         if entry is None:
             continue  # the manifest's own problem: _open_arrays reports it
@@ -480,14 +459,9 @@ def _check_grads(
             raise ValueError(f"{name}: missing; expected {expected}")
         if not isinstance(array, np.ndarray):
             raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
-        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
+        dtype = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name  # the manifest's name
         if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
-            raise ValueError(f"{name}: expected {expected}, got {got}")
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
-    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
+            raise ValueError(f"{name}: expected {expected}, got {dtype} {list(array.shape)}")
 
 
 def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
