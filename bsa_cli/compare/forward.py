@@ -99,13 +99,13 @@ def judge_forward(
     geom = only_rows(full, written)
     none = np.zeros(full.rows, dtype=bool)
     out = judge_tensor(case, settings, geom, device["out"], golden["out"], benchmark, usable, (none, none))
-    out_rows = rows_written_check("out", full, device["out"], written.reshape(-1), forward.prefilled, case.dtype)
+    out_rows = rows_written_check(full, device["out"], written.reshape(-1), forward.prefilled, case.dtype)
     tensors = [replace(out, checks=(out_rows, *out.checks))]  # rows-written first: it decides a NaN row
     lse_geom = replace(_geometry(case, "lse"), shape=(*case.q_shape[:-1], 1), dim=1)
     lse_device = _lse_array(device["lse"], lse_geom, "device")
     if forward.softmax_lse_flag == 0:
         flags = np.zeros(full.rows, dtype=bool)
-        check = rows_written_check("lse", lse_geom, lse_device, flags, forward.prefilled, "float32", flag_zero=True)
+        check = rows_written_check(lse_geom, lse_device, flags, forward.prefilled, "float32", flag_zero=True)
         note = "lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten)"
         return tuple(tensors), (check,), (note,)
     bench_lse = benchmark.get("lse") if benchmark else None
@@ -114,7 +114,7 @@ def judge_forward(
     lse = _judge_lse(settings, only_rows(lse_geom, written), lse_device, gold, bench, forward.inner_precise)
     if tuple(device["lse"].shape) != lse_geom.shape:  # a squeezed lse: no trailing 1
         lse = replace(lse, shape=tuple(device["lse"].shape), axes=lse.axes[:-1])
-    lse_rows = rows_written_check("lse", lse_geom, lse_device, written.reshape(-1), forward.prefilled, "float32")
+    lse_rows = rows_written_check(lse_geom, lse_device, written.reshape(-1), forward.prefilled, "float32")
     tensors.append(replace(lse, checks=(lse_rows, *lse.checks)))
     return tuple(tensors), (), ()
 
@@ -150,7 +150,7 @@ def _judge_lse(
         shown = f"benchmark {fmt(ref)}" + (" floored" if ref < floor else "")
         detail = f" (device {fmt(dev)}, {shown}; floor {fmt(floor)}: {why}; limit {source})"
         checks.append(upper(key, "lse", dev / max(ref, floor), limit, label, detail=detail))
-    worst = _worst_elements(geom, dev_rows, device, golden, bench, "float32", err_thd=floor)
+    worst = _worst_elements(geom, dev_rows, device, golden, bench, params)
     return TensorResult(
         name="lse",
         shape=tuple(geom.shape),  # the query rows and a trailing 1 (lse_shape trailing_one)
@@ -168,13 +168,7 @@ def _judge_lse(
 
 
 def rows_written_check(
-    name: str,
-    geom: _Geometry,
-    values: np.ndarray,
-    written: np.ndarray,
-    prefilled: bool,
-    dtype: str,
-    flag_zero: bool = False,
+    geom: _Geometry, values: np.ndarray, written: np.ndarray, prefilled: bool, dtype: str, flag_zero: bool = False
 ) -> Check:
     """The `rows-written` check of one forward output: rows it must write hold finite values, and (when the
     device pre-filled the buffer) rows it must leave alone still hold the NaN prefill.
@@ -184,7 +178,7 @@ def rows_written_check(
         values: the device's array; `written`: bool per row (`written_rows`, flattened).
         flag_zero: lse with softmaxLseFlag 0: no row may be written.
     """
-    rows = geom.rows
+    name, rows = geom.name, geom.rows
     finite, prefill = _row_states(values.reshape(rows, -1), PREFILL_BITS.get(dtype) if prefilled else None)
     broken, touched = np.flatnonzero(written & ~finite), np.flatnonzero(~written & ~prefill)
     n_written = int(np.count_nonzero(written))

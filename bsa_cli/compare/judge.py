@@ -144,7 +144,7 @@ def judge_tensor(
         device=dev_stats,
         benchmark=bench_stats,
         checks=tuple(checks),
-        worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
+        worst=_worst_elements(geom, dev_rows, dev, gold, bench, params),
         hot_blocks=_hot_blocks(block_map, spans, geom, keep_tiles=failed),
         block_map=block_map,
         extra=extra,

@@ -70,7 +70,7 @@ def _block_map(
             score[b, :, :n_blocks] = np.maximum.reduceat(ratio.max(axis=2), first_tile, axis=1)
         else:
             score[b, :, :n_blocks] = rmse[b, :, :n_blocks] / max(device_rmse, 1e-30)
-        nonfinite = np.isinf(max_abs[b, :, :n_blocks])  # rows with NaN/Inf (see _chunk)
+        nonfinite = np.isinf(max_abs[b, :, :n_blocks])  # rows with NaN/Inf (see _measure_array)
         score[b, :, :n_blocks][nonfinite] = np.inf
         spans[b] = _SpanTiles(tile_starts, tile_stops, block_of, ratio)
     block_map = BlockMap(geom.kind, geom.block, rmse, rmse_bench, max_abs, score)
@@ -110,21 +110,14 @@ def _hot_blocks(
 
 
 def _worst_elements(
-    geom: _Geometry,
-    rows_out: _RowOut,
-    device: np.ndarray,
-    golden: np.ndarray,
-    bench: np.ndarray | None,
-    io_dtype: str,
-    count: int = TOP_K,
-    err_thd: float | None = None,
+    geom: _Geometry, out: _RowOut, device: np.ndarray, golden: np.ndarray, bench: np.ndarray | None, params: _Params
 ) -> tuple[WorstElement, ...]:
     """Return the elements of largest absolute error (at most one per row), worst first."""
-    assert rows_out.max_abs is not None and rows_out.argmax is not None
-    row_max = rows_out.max_abs
+    assert out.max_abs is not None and out.argmax is not None
+    row_max = out.max_abs
     if row_max.size == 0:
         return ()
-    k = min(count, row_max.size)
+    k = min(TOP_K, row_max.size)
     top = np.argpartition(row_max, row_max.size - k)[-k:]
     top = top[np.argsort(row_max[top])[::-1]]
     device2d = device.reshape(geom.rows, geom.dim)
@@ -134,13 +127,13 @@ def _worst_elements(
     for row in top:
         if row_max[row] < 0:
             break
-        col = int(rows_out.argmax[row])
+        col = int(out.argmax[row])
         value = device2d[row, col : col + 1]
         gold = np.asarray(golden2d[row, col : col + 1], dtype=np.float32)
         index, coords = geom.index(int(row), col)
         device_value = float(value.astype(np.float32)[0])
         benchmark = None if bench2d is None else float(bench2d[row, col].astype(np.float32))
-        ulp = ulp_error(device_value, float(gold[0]), io_dtype, err_thd)
+        ulp = ulp_error(device_value, float(gold[0]), params.io_dtype, params.err_thd)
         figures = (device_value, float(golden2d[row, col]), benchmark, float(row_max[row]), ulp)
         worst.append(WorstElement(index, coords, coords["s"] // geom.block, *figures))
     return tuple(worst)
