@@ -149,26 +149,19 @@ def ulp_chart(
     """
     unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
     edges = np.asarray(ULP_CHART_EDGES, dtype=np.float64) / unit
-    counts: dict[str, np.ndarray] = {}
     golden2d = golden.reshape(geom.rows, geom.dim)
-    arrays = {"device": device, "benchmark": bench}
+
+    def count(values: np.ndarray) -> tuple[int, ...]:
+        total = np.zeros(len(edges) + 1, dtype=np.int64)
+        values2d = values.reshape(geom.rows, geom.dim)
+        for rows in _items(geom):
+            g = np.asarray(golden2d[rows], dtype=np.float32)
+            a = np.asarray(values2d[rows]).astype(np.float32)
+            power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
+            error = (np.abs(a - g) / power).astype(np.float64)
+            error = error[np.isfinite(error)]
+            total += np.bincount(np.searchsorted(edges, error, side="left"), minlength=len(edges) + 1)
+        return tuple(int(c) for c in total)
+
     with np.errstate(over="ignore", invalid="ignore"):
-        for label, values in arrays.items():
-            if values is None:
-                continue
-            total = np.zeros(len(edges) + 1, dtype=np.int64)
-            values2d = values.reshape(geom.rows, geom.dim)
-            for rows in _items(geom):
-                g = np.asarray(golden2d[rows], dtype=np.float32)
-                a = np.asarray(values2d[rows]).astype(np.float32)
-                power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
-                error = (np.abs(a - g) / power).astype(np.float64)
-                error = error[np.isfinite(error)]
-                total += np.bincount(np.searchsorted(edges, error, side="left"), minlength=len(edges) + 1)
-            counts[label] = total
-    bench_counts = counts.get("benchmark")
-    return UlpChart(
-        edges=ULP_CHART_EDGES,
-        device=tuple(int(c) for c in counts["device"]),
-        benchmark=None if bench_counts is None else tuple(int(c) for c in bench_counts),
-    )
+        return UlpChart(ULP_CHART_EDGES, count(device), None if bench is None else count(bench))

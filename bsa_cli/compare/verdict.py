@@ -406,10 +406,10 @@ def _pair_verdict(
     case: Case, checks: list[Check], tensors: tuple[TensorResult, ...], causes: list[Cause]
 ) -> tuple[Check | None, str | None]:
     """Return a pair's expected-verdict check (if any) and what a pair that fails as it must says."""
-    failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
-    message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
-    forward_ok = all(t.passed for t in tensors if t.name in FORWARD_NAMES)
-    return expected_verdict(case.expect, failed, causes, message, not forward_ok)
+    every = [*checks, *(c for t in tensors for c in t.checks)]
+    failed = sorted((c for c in every if not c.passed), key=lambda c: -c.severity)  # as `CaseResult.message` has them
+    forward_failed = not all(t.passed for t in tensors if t.name in FORWARD_NAMES)
+    return expected_verdict(case.expect, bool(failed), causes, "; ".join(c.detail for c in failed), forward_failed)
 
 
 def _judge_op(
@@ -429,12 +429,6 @@ def _judge_op(
     if op.calls_backward:
         judged += judge_tensors(case, settings, *arrays, opened.summary)
     return judged, list(op_checks), notes
-
-
-def _failed_checks(checks: list[Check], tensors: tuple[TensorResult, ...]) -> list[Check]:
-    """The failed checks, most severe first (as `CaseResult.message` lists them)."""
-    every = [*checks, *(c for t in tensors for c in t.checks)]
-    return sorted((c for c in every if not c.passed), key=lambda c: -c.severity)
 
 
 @dataclass(frozen=True)
