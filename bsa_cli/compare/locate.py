@@ -23,26 +23,21 @@ class _SpanTiles:
 
 
 def _block_map(
-    geom: _Geometry,
-    device_rows: _RowOut,
-    bench_rows: _RowOut | None,
-    bench_rmse: float,
-    device_rmse: float,
-    tile_floor: float,
+    geom: _Geometry, device: _RowOut, bench: _RowOut | None, bench_rmse: float, device_rmse: float, tile_floor: float
 ) -> tuple[BlockMap, dict[int, _SpanTiles]]:
     """Aggregate per-row errors into blocks (and 16x16 tiles) of each batch entry."""
     batches = len(geom.lengths)
     max_blocks = max((-(-n // geom.block) for n in geom.lengths), default=0)
     shape = (batches, geom.heads, max_blocks)
     rmse = np.full(shape, np.nan)
-    rmse_bench = np.full(shape, np.nan) if bench_rows is not None else None
+    rmse_bench = np.full(shape, np.nan) if bench is not None else None
     max_abs = np.full(shape, np.nan)
     score = np.full(shape, np.nan)
     dim = geom.dim
     col_sizes = np.minimum(TILE, dim - np.arange(0, dim, TILE)).astype(np.float64)
     floor = max(tile_floor * bench_rmse, 1e-30)
     spans: dict[int, _SpanTiles] = {}
-    assert device_rows.max_abs is not None
+    assert device.max_abs is not None
     for b, length in enumerate(geom.lengths):
         if length == 0:
             continue
@@ -54,16 +49,16 @@ def _block_map(
         tile_stops = np.append(tile_starts[1:], length)
         block_of = np.repeat(np.arange(n_blocks), [len(tiles) for tiles in tiles_per_block])
         first_tile = np.searchsorted(tile_starts, block_starts)
-        dev_tiles = np.add.reduceat(geom.seq_view(device_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
+        dev_tiles = np.add.reduceat(geom.seq_view(device.tile_sse, b).astype(np.float64), tile_starts, axis=1)
         counts = (tile_stops - tile_starts)[:, None] * col_sizes[None, :]  # [tile rows, tile cols]
         block_rows = np.minimum(block_starts + geom.block, length) - block_starts
         dev_block = np.add.reduceat(dev_tiles.sum(axis=2), first_tile, axis=1)
         rmse[b, :, :n_blocks] = np.sqrt(dev_block / (block_rows * dim))
-        row_max = geom.seq_view(device_rows.max_abs, b)
+        row_max = geom.seq_view(device.max_abs, b)
         max_abs[b, :, :n_blocks] = np.maximum.reduceat(row_max, block_starts, axis=1)
         ratio = None
-        if bench_rows is not None and rmse_bench is not None:
-            bench_tiles = np.add.reduceat(geom.seq_view(bench_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
+        if bench is not None and rmse_bench is not None:
+            bench_tiles = np.add.reduceat(geom.seq_view(bench.tile_sse, b).astype(np.float64), tile_starts, axis=1)
             bench_block = np.add.reduceat(bench_tiles.sum(axis=2), first_tile, axis=1)
             rmse_bench[b, :, :n_blocks] = np.sqrt(bench_block / (block_rows * dim))
             ratio = np.sqrt(dev_tiles / counts) / np.maximum(np.sqrt(bench_tiles / counts), floor)

@@ -417,11 +417,6 @@ def paired_relative_sums(
 
 def _params(case: Case, settings: Settings) -> _Params:
     t = settings.thresholds
-    return _Params(
-        io_dtype=case.dtype,
-        err_thd=t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"])),
-        small_thd=t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"])),
-        rtol=t["rtol"],
-        atol=t["atol"],
-        diff_thd=t["diff_thd"] if settings.msopst else None,
-    )
+    err_thd = t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"]))
+    small_thd = t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"]))
+    return _Params(case.dtype, err_thd, small_thd, t["rtol"], t["atol"], t["diff_thd"] if settings.msopst else None)

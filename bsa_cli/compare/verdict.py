@@ -153,22 +153,16 @@ class _Judging:
     outcome: DeviceOutcome | None = None
 
     def finish(
-        self,
-        name: str,
-        op: Op,
-        known: Mapping[str, Any],
-        checks: list[Check],
-        tensors: tuple[TensorResult, ...] = (),
-        output_bytes: int = 0,
+        self, name: str, op: Op, known: Mapping[str, Any], checks: list[Check], tensors: tuple[TensorResult, ...] = ()
     ) -> CaseResult:
-        """Return the case's judged result (PASS or FAIL), its time taken now."""
+        """Return the case's judged result (PASS or FAIL), its time taken now (`output_bytes` 0 unless known)."""
         passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
         passed = passed or bool(known.get("expected_failure"))  # a pair that fails as it must
         note = release_note(known.get("release"), known.get("device_cann"))
         if note:
             known = {**known, "notes": (note, *known.get("notes", ()))}
         verdict: Verdict = PASS if passed else FAIL
-        fields = {"checks": tuple(checks), "tensors": tensors, "output_bytes": output_bytes, **known}
+        fields = {"checks": tuple(checks), "tensors": tensors, "output_bytes": 0, **known}
         return CaseResult(name=name, op=op, verdict=verdict, errors=(), **self._where(), **fields)
 
     def unjudged(self, name: str, op: Op, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
@@ -377,8 +371,8 @@ def _judge_outputs(
     if op.pair:
         extra, known["expected_failure"] = _pair_verdict(case, checks, tensors, causes)
         checks += [extra] if extra is not None else []
-    output_bytes = sum(a.nbytes for a in opened.device.values())
-    return job.finish(manifest.name, op, known, checks, tensors, output_bytes)
+    known["output_bytes"] = sum(a.nbytes for a in opened.device.values())
+    return job.finish(manifest.name, op, known, checks, tensors)
 
 
 def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record) -> Any:
