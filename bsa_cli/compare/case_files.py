@@ -86,37 +86,37 @@ STATUS_MAX_BYTES = 64 << 10
 """Bytes of status.txt read (its status line and message)."""
 
 
-def _run_device_info(output_dir: Path) -> dict[str, Any]:
-    """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
-    binary_sha256 (those it gives)."""
-    try:
-        record = _load_record(output_dir)
-        device = record["device"]
-        info: dict[str, Any] = {"device": clip(device["name"])}
-    except (DataError, KeyError, TypeError):
+def _run_device_info(record: Any) -> dict[str, Any]:
+    """Return what a run record (`_loaded_record`) says of the device: the `CaseResult` fields device,
+    device_kind, fault, binary_sha256 and device_cann (those it gives)."""
+    device = record.get("device") if isinstance(record, dict) else None
+    if not isinstance(device, dict) or "name" not in device:
         return {}
-    if isinstance(device, dict):
-        if isinstance(device.get("kind"), str):
-            info["device_kind"] = clip(device["kind"])
-        if isinstance(device.get("fault"), str):
-            info["fault"] = clip(device["fault"])
-    binary = record.get("binary") if isinstance(record, dict) else None
+    info: dict[str, Any] = {"device": clip(device["name"])}
+    if isinstance(device.get("kind"), str):
+        info["device_kind"] = clip(device["kind"])
+    if isinstance(device.get("fault"), str):
+        info["fault"] = clip(device["fault"])
+    binary, software = record.get("binary"), record.get("device_software")
     if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
         info["binary_sha256"] = clip(binary["sha256"])
-    software = record.get("device_software") if isinstance(record, dict) else None
     if isinstance(software, dict) and isinstance(software.get("cann"), str):
         info["device_cann"] = clip(software["cann"], 64)
     return info
 
 
-def run_forward_record(output_dir: Path) -> tuple[str | None, bool]:
-    """Return what a run record says for an op folder: why the device did not run it (outcome "skipped":
-    its `skipped` reason, else None), and whether it pre-filled the forward's outputs with NaN
-    (`device.prefilled_outputs: "nan"`)."""
+def _loaded_record(output_dir: Path) -> Any:
+    """Return the parsed `run.json` of an output directory, None when it cannot be read (`_load_record`)."""
     try:
-        record = _load_record(output_dir)
+        return _load_record(output_dir)
     except DataError:
-        return None, False
+        return None
+
+
+def run_forward_record(record: Any) -> tuple[str | None, bool]:
+    """Return what a run record (`_loaded_record`) says for an op folder: why the device did not run it
+    (outcome "skipped": its `skipped` reason, else None), and whether it pre-filled the forward's outputs
+    with NaN (`device.prefilled_outputs: "nan"`)."""
     if not isinstance(record, dict):
         return None, False
     device = record.get("device")
@@ -128,16 +128,13 @@ def run_forward_record(output_dir: Path) -> tuple[str | None, bool]:
     return text, prefilled
 
 
-def recorded_fault_notes(output_dir: Path) -> tuple[str, ...]:
+def recorded_fault_notes(record: Any) -> tuple[str, ...]:
     """Return the sentence the run record gives when its planted fault did not apply to the case (the
     device ran it clean), else nothing.
 
     The reference device records it as `device.fault_not_applied` (null when the fault applied); records
     written before that key existed say nothing. Judging never asks a device instead."""
-    try:
-        device = _load_record(output_dir)["device"]
-    except (DataError, KeyError, TypeError):
-        return ()
+    device = record.get("device") if isinstance(record, dict) else None
     note = device.get("fault_not_applied") if isinstance(device, dict) else None
     return (clip(note, 1000),) if isinstance(note, str) and note else ()
 

@@ -17,7 +17,6 @@ class _SpanTiles:
     """One batch entry's tile grid: ratio per (head, tile row, tile column) and which block each row is in."""
 
     starts: np.ndarray  # first position of each tile row
-    stops: np.ndarray
     block_of: np.ndarray  # block index of each tile row
     ratio: np.ndarray | None  # [heads, tile rows, tile cols]
 
@@ -67,7 +66,7 @@ def _block_map(
             score[b, :, :n_blocks] = rmse[b, :, :n_blocks] / max(device_rmse, 1e-30)
         nonfinite = np.isinf(max_abs[b, :, :n_blocks])  # rows with NaN/Inf (see _measure_array)
         score[b, :, :n_blocks][nonfinite] = np.inf
-        spans[b] = _SpanTiles(tile_starts, tile_stops, block_of, ratio)
+        spans[b] = _SpanTiles(tile_starts, block_of, ratio)
     block_map = BlockMap(geom.kind, geom.block, rmse, rmse_bench, max_abs, score)
     return block_map, spans
 

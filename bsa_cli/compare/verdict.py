@@ -26,6 +26,7 @@ from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
     _check_grads,
     _LazyInputs,
+    _loaded_record,
     _open_arrays,
     _read_run_record,
     _read_status,
@@ -215,6 +216,7 @@ class _Record:
     prefilled: bool
     status: int
     status_message: str | None
+    fault_notes: tuple[str, ...] = ()  # what the run record says of a planted fault that did not apply
 
 
 def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
@@ -303,9 +305,10 @@ def _files_record(job: _Judging, name: str) -> _Record:
     not_run = not_run_message(job.case_dir, output_dir)
     if not_run is not None:
         raise _Unjudged([not_run])
-    device = {"device": None, **_run_device_info(output_dir)}
+    record = _loaded_record(output_dir)
+    device = {"device": None, **_run_device_info(record)}
     problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, job.case_dir.name))
-    skipped, prefilled = run_forward_record(output_dir)
+    skipped, prefilled = run_forward_record(record)
     if skipped is not None and not problems:
         raise _Unjudged([skipped], SKIP, **device)
     if problems:
@@ -314,7 +317,8 @@ def _files_record(job: _Judging, name: str) -> _Record:
         status, status_message = _read_status(output_dir)
     except DataError as exc:
         raise _Unjudged([str(exc)], **device) from None
-    return _Record(device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message)
+    notes = recorded_fault_notes(record)
+    return _Record(device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message, notes)
 
 
 def _status_check(expect: Expect, status: int, message: str | None) -> Check:
@@ -352,7 +356,7 @@ def _judge_outputs(
     if stale:
         raise _Unjudged(stale)
     if known.get("fault"):
-        known["notes"] = recorded_fault_notes(job.output_dir) if job.output_dir is not None else ()
+        known["notes"] = record.fault_notes
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
     inputs = _LazyInputs(job.case_dir, dict(manifest.entries("inputs")), opened.inputs)
