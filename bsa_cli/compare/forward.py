@@ -97,15 +97,14 @@ def judge_forward(
     usable = summary if summary is not None and summary.key == summary_key(case, settings) else None
     full = _geometry(case, "out")
     geom = only_rows(full, written)
-    none = np.zeros(full.rows, dtype=bool)
+    none = np.zeros(full.rows, dtype=bool)  # no row must be 0, none is padding; with softmax_lse_flag 0, none written
     out = judge_tensor(case, settings, geom, device["out"], golden["out"], benchmark, usable, (none, none))
     out_rows = rows_written_check(full, device["out"], written.reshape(-1), forward.prefilled, case.dtype)
     tensors = [replace(out, checks=(out_rows, *out.checks))]  # rows-written first: it decides a NaN row
     lse_geom = replace(_geometry(case, "lse"), shape=(*case.q_shape[:-1], 1), dim=1)
     lse_device = _lse_array(device["lse"], lse_geom, "device")
     if forward.softmax_lse_flag == 0:
-        flags = np.zeros(full.rows, dtype=bool)
-        check = rows_written_check(lse_geom, lse_device, flags, forward.prefilled, "float32", flag_zero=True)
+        check = rows_written_check(lse_geom, lse_device, none, forward.prefilled, "float32", flag_zero=True)
         note = "lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten)"
         return tuple(tensors), (check,), (note,)
     bench_lse = benchmark.get("lse") if benchmark else None

@@ -107,10 +107,8 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
     group = case.group_size
     result = {}
     geometries = {name: _geometry(case, name) for name in GRAD_NAMES}  # once: each walks every batch entry
-    for name in GRAD_NAMES:
-        geom = geometries[name]
-        zero = np.zeros(geom.rows, dtype=bool)
-        padding = np.zeros(geom.rows, dtype=bool)
+    for name, geom in geometries.items():
+        zero, padding = np.zeros(geom.rows, dtype=bool), np.zeros(geom.rows, dtype=bool)
         if geom.layout != "TND" and geom.rows:
             padding.reshape(case.batch, geom.heads, -1)[...] = True
         result[name] = (zero, padding)
@@ -118,8 +116,7 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
         mask = mask_view(case, block_mask, span)  # [N1, nQ, nKV]
         empty = ~mask.any(axis=2)  # [N1, nQ]
         never = ~mask.reshape(case.num_kv_heads, group, *mask.shape[1:]).any(axis=(1, 2))  # [N2, nKV]
-        for name in GRAD_NAMES:
-            geom = geometries[name]
+        for name, geom in geometries.items():
             zero, padding = result[name]
             if geom.layout != "TND" and geom.rows:
                 geom.seq_view(padding, span.batch)[...] = False
