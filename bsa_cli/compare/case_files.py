@@ -23,10 +23,11 @@ from ..core.case import Case, numpy_dtype
 from ..core.errors import DataError, clip, show
 from ..core.layout import mask_view
 from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
+from ..standards import Settings
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
 from ..store.manifest import Manifest
 from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection
-from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
+from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document, summary_key
 
 STATUS_FILE = "status.txt"
 RUN_RECORD = "run.json"
@@ -302,20 +303,19 @@ def _open_arrays(
     case_dir: Path,
     output_dir: Path | None,
     manifest: Manifest,
-    need_benchmark: bool,
+    settings: Settings,
     pool: Executor | None,
-    verify_inputs: bool = True,
-    inputs_run: Mapping[str, str] | None = None,
-    key: Mapping[str, Any] | None = None,
-    device: Mapping[str, np.ndarray] | None = None,
-    outputs_run: Mapping[str, str] | None = None,
+    verify_inputs: bool,
+    inputs_run: Mapping[str, str] | None,
+    device: Mapping[str, np.ndarray] | None,
+    outputs_run: Mapping[str, str] | None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
     Device outputs given as arrays (`device`) stand for the files of `output_dir`. The tensors are those of
     the case folder's op (dq, dk, dv for the backward; out, lse for the forward; all five for the pair).
 
-    When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
+    When the manifest's benchmark summary was made under these settings (`summary_key`), it is
     opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
     still size-checked and hashed.
 
@@ -332,7 +332,7 @@ def _open_arrays(
     opened = _Opened()
     names = manifest.op.outputs
     document = manifest.benchmark_summary
-    if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
+    if isinstance(document, dict) and document.get("key") == summary_key(manifest.case, settings):
         opened.summary = _open_summary(opened, case_dir, document, executor, names)
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
     if device is not None:
@@ -341,7 +341,7 @@ def _open_arrays(
         assert output_dir is not None
         sections.insert(0, ("outputs", output_dir, opened.device))
     bench_entries = dict(manifest.entries("benchmark"))
-    if bench_entries or need_benchmark:
+    if bench_entries or settings.standard.needs_benchmark:
         opened.benchmark = {}
         sections.append(("benchmark", case_dir, opened.benchmark))
     for section, base, arrays in sections:

@@ -44,7 +44,6 @@ from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
 from .pair import cause_checks, expected_verdict, pair_causes
 from .results import ERROR, FAIL, PASS, SKIP, CaseResult, Cause, Check, Hypothesis, TensorResult, Verdict
-from .summary import summary_key
 
 
 def _status_name(status: int | None) -> str:
@@ -382,18 +381,13 @@ def _judge_outputs(
 def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record) -> Any:
     """Return the case's arrays opened (mapped, their hashes checked in the job's pool), with the benchmark
     its standard needs."""
-    need_bench = settings.standard.needs_benchmark
-    key = summary_key(manifest.case, settings)
     device = job.outcome.grads if job.outcome is not None else None
-    opened = _open_arrays(
-        *(job.case_dir, job.output_dir, manifest, need_bench, job.pool, job.verify_inputs, record.inputs_run, key),
-        device=device,
-        outputs_run=record.outputs_run,
-    )
+    where = (job.case_dir, job.output_dir, manifest, settings, job.pool, job.verify_inputs)
+    opened = _open_arrays(*where, record.inputs_run, device, record.outputs_run)
     if opened.problems:
         opened.stale()
         raise _Unjudged(opened.problems)
-    if need_bench and not opened.benchmark and opened.summary is None:
+    if settings.standard.needs_benchmark and not opened.benchmark and opened.summary is None:
         opened.stale()
         raise _Unjudged([f"{job.case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"])
     assert opened.block_mask is not None
