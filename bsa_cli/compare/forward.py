@@ -185,13 +185,13 @@ def rows_written_check(
     parts = []
     if broken.size:
         parts.append(
-            f"{broken.size} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, int(broken[0]))}"
+            f"{broken.size} of {n_written} {NOT_WRITTEN} (never written?), first at {geom.where(int(broken[0]))}"
         )
     if touched.size:
         why = " (softmax_lse_flag 0: lse must stay unwritten)" if flag_zero else ""
         parts.append(
             f"{touched.size} of {n_left} rows the forward must leave alone were written (not the NaN prefill){why}, "
-            f"first at {_where(geom, int(touched[0]))}"
+            f"first at {geom.where(int(touched[0]))}"
         )
     if parts:
         detail = f"{name} rows-written: " + "; ".join(parts)
@@ -228,8 +228,3 @@ def _row_states(values2d: np.ndarray, bits: int | None) -> tuple[np.ndarray, np.
         if bits is not None:
             prefill[start : start + step] = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
     return finite, prefill
-
-
-def _where(geom: _Geometry, row: int) -> str:
-    b, n, s = geom.locate(row)
-    return f"b={b} n={n} s={s} (q block {s // geom.block})"

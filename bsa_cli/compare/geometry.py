@@ -76,6 +76,11 @@ class _Geometry:
         b, n = divmod(bn, self.heads)
         return b, n, s
 
+    def where(self, row: int) -> str:
+        """Name a row for a message: "b=0 n=1 s=17 (q block 0)"."""
+        b, n, s = self.locate(row)
+        return f"b={b} n={n} s={s} ({self.kind} block {s // self.block})"
+
     def index(self, row: int, col: int) -> tuple[tuple[int, ...], dict[str, int]]:
         """Return the layout index of an element and its named coordinates (with b and s for TND)."""
         b, n, s = self.locate(row)
