@@ -196,20 +196,15 @@ def rows_written_check(
     if parts:
         detail = f"{name} rows-written: " + "; ".join(parts)
         return Check("rows-written", name, float(broken.size + touched.size), 0.0, False, detail, math.inf)
-    if flag_zero:
-        text = (
-            f"all {rows} rows hold the NaN prefill (softmax_lse_flag 0: lse left unwritten)"
-            if prefilled
-            else "not checked: softmax_lse_flag 0 and run.json records no NaN prefill"
-        )
+    if flag_zero and prefilled:
+        text = f"all {rows} rows hold the NaN prefill (softmax_lse_flag 0: lse left unwritten)"
+    elif flag_zero:
+        text = "not checked: softmax_lse_flag 0 and run.json records no NaN prefill"
     else:
         text = f"{n_written} written rows finite"
         if n_left:
-            text += (
-                f"; {n_left} rows the forward leaves alone hold the NaN prefill"
-                if prefilled
-                else f"; {n_left} rows the forward leaves alone not checked (run.json records no NaN prefill)"
-            )
+            alone = "hold the NaN prefill" if prefilled else "not checked (run.json records no NaN prefill)"
+            text += f"; {n_left} rows the forward leaves alone {alone}"
     return Check("rows-written", name, 0.0, 0.0, True, f"{name} rows-written: {text}", 0.0)
 
 
