@@ -29,6 +29,8 @@ none imports `bsa_cli.report` or the CLI):
 * `suite.py`      a suite of cases, in this process or in worker processes: `compare_suite`.
 """
 
+# ruff: noqa: F401  (the names below are the package's: imported here for its users)
+
 from __future__ import annotations
 
 from ..standards import (
@@ -64,46 +66,3 @@ from .suite import HASH_THREADS, compare_suite, missing_cases, suite_jobs
 from .summary import BenchmarkSummary, summarize_benchmark, summary_document, summary_from_document, summary_key
 from .ulp import ULP_BUCKETS, ulp_error
 from .verdict import OP_TENSORS, DeviceOutcome, compare_case, judge_outcome
-
-__all__ = [
-    "DEFAULT_STANDARD",
-    "ERROR",
-    "FAIL",
-    "HASH_THREADS",
-    "OP_TENSORS",
-    "PASS",
-    "SKIP",
-    "STANDARDS",
-    "ULP_BUCKETS",
-    "ULP_CHART_EDGES",
-    "BenchmarkSummary",
-    "BlockMap",
-    "CaseResult",
-    "Check",
-    "DeviceOutcome",
-    "ErrorStats",
-    "HotBlock",
-    "RunSettings",
-    "Selection",
-    "Settings",
-    "SuiteResult",
-    "TensorResult",
-    "UlpChart",
-    "Verdict",
-    "WorstElement",
-    "case_settings",
-    "compare_case",
-    "compare_suite",
-    "missing_cases",
-    "judge_outcome",
-    "judge_tensors",
-    "resolve_settings",
-    "structural_rows",
-    "suite_jobs",
-    "summarize_benchmark",
-    "summary_document",
-    "summary_from_document",
-    "summary_key",
-    "ulp_error",
-    "validate_settings",
-]

@@ -59,7 +59,7 @@ def _upcast(values: np.ndarray, io_dtype: str, scratch: _Scratch | None = None) 
     """Return float16/bfloat16 (or float32/64) values as float32; exact for finite 16-bit values.
 
     float16 goes through integer bit moves and one multiply (faster than NumPy's cast); its Inf/NaN come
-    out as finite values >= 65536, which `_chunk` detects and handles on its slow path. With `scratch`,
+    out as finite values >= 65536, which `_measure_array` detects and handles on its slow path. With `scratch`,
     the result lives in its "upcast" buffer (valid until the next call).
     """
     if values.dtype.itemsize != 2:

@@ -23,10 +23,11 @@ from ..core.case import Case, numpy_dtype
 from ..core.errors import DataError, clip, show
 from ..core.layout import mask_view
 from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
+from ..standards import Settings
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
-from ..store.manifest import GRAD_NAMES, Manifest
+from ..store.manifest import Manifest
 from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection
-from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document
+from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document, summary_key
 
 STATUS_FILE = "status.txt"
 RUN_RECORD = "run.json"
@@ -86,37 +87,37 @@ STATUS_MAX_BYTES = 64 << 10
 """Bytes of status.txt read (its status line and message)."""
 
 
-def _run_device_info(output_dir: Path) -> dict[str, Any]:
-    """Return what a run record says of the device: the `CaseResult` fields device, device_kind, fault and
-    binary_sha256 (those it gives)."""
-    try:
-        record = _load_record(output_dir)
-        device = record["device"]
-        info: dict[str, Any] = {"device": clip(device["name"])}
-    except (DataError, KeyError, TypeError):
+def _run_device_info(record: Any) -> dict[str, Any]:
+    """Return what a run record (`_loaded_record`) says of the device: the `CaseResult` fields device,
+    device_kind, fault, binary_sha256 and device_cann (those it gives)."""
+    device = record.get("device") if isinstance(record, dict) else None
+    if not isinstance(device, dict) or "name" not in device:
         return {}
-    if isinstance(device, dict):
-        if isinstance(device.get("kind"), str):
-            info["device_kind"] = clip(device["kind"])
-        if isinstance(device.get("fault"), str):
-            info["fault"] = clip(device["fault"])
-    binary = record.get("binary") if isinstance(record, dict) else None
+    info: dict[str, Any] = {"device": clip(device["name"])}
+    if isinstance(device.get("kind"), str):
+        info["device_kind"] = clip(device["kind"])
+    if isinstance(device.get("fault"), str):
+        info["fault"] = clip(device["fault"])
+    binary, software = record.get("binary"), record.get("device_software")
     if isinstance(binary, dict) and isinstance(binary.get("sha256"), str):
         info["binary_sha256"] = clip(binary["sha256"])
-    software = record.get("device_software") if isinstance(record, dict) else None
     if isinstance(software, dict) and isinstance(software.get("cann"), str):
         info["device_cann"] = clip(software["cann"], 64)
     return info
 
 
-def run_forward_record(output_dir: Path) -> tuple[str | None, bool]:
-    """Return what a run record says for an op folder: why the device did not run it (outcome "skipped":
-    its `skipped` reason, else None), and whether it pre-filled the forward's outputs with NaN
-    (`device.prefilled_outputs: "nan"`)."""
+def _loaded_record(output_dir: Path) -> Any:
+    """Return the parsed `run.json` of an output directory, None when it cannot be read (`_load_record`)."""
     try:
-        record = _load_record(output_dir)
+        return _load_record(output_dir)
     except DataError:
-        return None, False
+        return None
+
+
+def run_forward_record(record: Any) -> tuple[str | None, bool]:
+    """Return what a run record (`_loaded_record`) says for an op folder: why the device did not run it
+    (outcome "skipped": its `skipped` reason, else None), and whether it pre-filled the forward's outputs
+    with NaN (`device.prefilled_outputs: "nan"`)."""
     if not isinstance(record, dict):
         return None, False
     device = record.get("device")
@@ -128,16 +129,13 @@ def run_forward_record(output_dir: Path) -> tuple[str | None, bool]:
     return text, prefilled
 
 
-def recorded_fault_notes(output_dir: Path) -> tuple[str, ...]:
+def recorded_fault_notes(record: Any) -> tuple[str, ...]:
     """Return the sentence the run record gives when its planted fault did not apply to the case (the
     device ran it clean), else nothing.
 
     The reference device records it as `device.fault_not_applied` (null when the fault applied); records
     written before that key existed say nothing. Judging never asks a device instead."""
-    try:
-        device = _load_record(output_dir)["device"]
-    except (DataError, KeyError, TypeError):
-        return ()
+    device = record.get("device") if isinstance(record, dict) else None
     note = device.get("fault_not_applied") if isinstance(device, dict) else None
     return (clip(note, 1000),) if isinstance(note, str) and note else ()
 
@@ -305,21 +303,19 @@ def _open_arrays(
     case_dir: Path,
     output_dir: Path | None,
     manifest: Manifest,
-    need_benchmark: bool,
+    settings: Settings,
     pool: Executor | None,
-    verify_inputs: bool = True,
-    inputs_run: Mapping[str, str] | None = None,
-    key: Mapping[str, Any] | None = None,
-    device: Mapping[str, np.ndarray] | None = None,
-    outputs_run: Mapping[str, str] | None = None,
-    names: Sequence[str] = GRAD_NAMES,
+    verify_inputs: bool,
+    inputs_run: Mapping[str, str] | None,
+    device: Mapping[str, np.ndarray] | None,
+    outputs_run: Mapping[str, str] | None,
 ) -> _Opened:
     """Map device outputs, golden, benchmark and the block mask; check sizes now and sha256 in `pool`.
 
-    Device outputs given as arrays (`device`) stand for the files of `output_dir`. `names` are the tensors
-    of the case folder's op (dq, dk, dv for the backward; out, lse for the forward; all five for the pair).
+    Device outputs given as arrays (`device`) stand for the files of `output_dir`. The tensors are those of
+    the case folder's op (dq, dk, dv for the backward; out, lse for the forward; all five for the pair).
 
-    When the manifest's benchmark summary was made under `key` (`summary_key(case, settings)`), it is
+    When the manifest's benchmark summary was made under these settings (`summary_key`), it is
     opened too (its tiles hashed like the golden) and stands for measuring the benchmark, whose files are
     still size-checked and hashed.
 
@@ -334,10 +330,10 @@ def _open_arrays(
     """
     executor = pool or _Inline()
     opened = _Opened()
+    names = manifest.op.outputs
     document = manifest.benchmark_summary
-    if isinstance(document, dict) and key is not None and document.get("key") == dict(key):
-        opened.summary, problems, opened.pending = _open_summary(case_dir, manifest, document, executor, names)
-        opened.problems += problems
+    if isinstance(document, dict) and document.get("key") == summary_key(manifest.case, settings):
+        opened.summary = _open_summary(opened, case_dir, document, executor, names)
     sections: list[tuple[str, Path, dict[str, np.ndarray]]] = [("golden", case_dir, opened.golden)]
     if device is not None:
         opened.device.update((name, device[name]) for name in names)
@@ -345,7 +341,7 @@ def _open_arrays(
         assert output_dir is not None
         sections.insert(0, ("outputs", output_dir, opened.device))
     bench_entries = dict(manifest.entries("benchmark"))
-    if bench_entries or need_benchmark:
+    if bench_entries or settings.standard.needs_benchmark:
         opened.benchmark = {}
         sections.append(("benchmark", case_dir, opened.benchmark))
     for section, base, arrays in sections:
@@ -367,67 +363,49 @@ def _open_arrays(
             elif outputs_run is not None and name in outputs_run:
                 path, record = entry_path(base, entries[name]), base / RUN_RECORD
                 opened.pending.append(executor.submit(_changed_since_run, path, outputs_run[name], record))
-    inputs, problems, pending = _open_inputs(case_dir, output_dir, manifest, verify_inputs, inputs_run, executor)
-    opened.inputs, opened.block_mask = inputs, inputs.get("block_sparse_mask")
-    opened.problems += problems
-    opened.pending += pending
-    return opened
-
-
-def _open_inputs(
-    case_dir: Path,
-    output_dir: Path | None,
-    manifest: Manifest,
-    verify_inputs: bool,
-    inputs_run: Mapping[str, str] | None,
-    executor: Executor,
-) -> tuple[dict[str, np.ndarray], list[str], list[Future[str | None]]]:
-    """Map a case's inputs and check them (`_open_arrays`): (the arrays mapped, problems, pending hash checks)."""
-    arrays: dict[str, np.ndarray] = {}
-    problems: list[str] = []
-    pending: list[Future[str | None]] = []
     inputs = dict(manifest.entries("inputs"))
     if "block_sparse_mask" not in inputs:
-        problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
+        opened.problems.append(f"{case_dir / MANIFEST}: no inputs entry for block_sparse_mask")
     for name, entry in inputs.items():
         try:
-            arrays[name] = map_array(case_dir, entry)
+            opened.inputs[name] = map_array(case_dir, entry)
         except DataError as exc:
-            problems.append(str(exc))
+            opened.problems.append(str(exc))
             continue
         if name != "block_sparse_mask" and not verify_inputs:
             continue
         if inputs_run is not None and entry.get("sha256") and inputs_run.get(name) != entry["sha256"]:
             where = str(output_dir / RUN_RECORD) if output_dir is not None else RUN_RECORD
             why = f"the device ran on other contents (sha256 in {where}): the case was generated again since"
-            problems.append(str(DataError(str(case_dir / entry["file"]), f"{why}; run it again")))
+            opened.problems.append(str(DataError(str(case_dir / entry["file"]), f"{why}; run it again")))
         elif inputs_run is None or name == "block_sparse_mask":  # the judge reads the mask: always hashed
-            pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
-    return arrays, problems, pending
+            opened.pending.append(executor.submit(_stale, case_dir / entry["file"], entry.get("sha256"), "input"))
+    opened.block_mask = opened.inputs.get("block_sparse_mask")
+    return opened
 
 
 def _open_summary(
-    case_dir: Path, manifest: Manifest, document: Mapping[str, Any], executor: Executor, names: Sequence[str]
-) -> tuple[BenchmarkSummary | None, list[str], list[Future[str | None]]]:
-    """Map a benchmark summary's tiles (hashed in `executor`) and rebuild it: (the summary, problems, pending
-    hash checks). No summary, with a problem, if it is malformed, lacks a tensor of `names` the standard
+    opened: _Opened, case_dir: Path, document: Mapping[str, Any], executor: Executor, names: Sequence[str]
+) -> BenchmarkSummary | None:
+    """Map a benchmark summary's tiles (their hashes checked in `executor`, pending in `opened`) and rebuild
+    it. No summary, with a problem in `opened`, if it is malformed, lacks a tensor of `names` the standard
     judges (lse never is summarized), or a tiles file is missing or of the wrong size."""
     tiles = {}
-    pending: list[Future[str | None]] = []
     try:
         for name, entry in dict(document["tiles"]).items():
             tiles[name] = map_array(case_dir, entry, populate=True)
             path, sha = case_dir / entry["file"], entry.get("sha256")
-            pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
+            opened.pending.append(executor.submit(_stale, path, sha, "benchmark summary"))
         summary = summary_from_document(document, tiles)
         lacking = [name for name in names if name in SUMMARIZED and name not in summary.stats]
         if lacking:
             raise ValueError(f"no stats of {', '.join(lacking)}")
-        return summary, [], pending
+        return summary
     except DataError as exc:
-        return None, [str(exc)], pending
+        opened.problems.append(str(exc))
     except (KeyError, TypeError, ValueError) as exc:
-        return None, [f"{case_dir / MANIFEST}: benchmark_summary: {exc}"], pending
+        opened.problems.append(f"{case_dir / MANIFEST}: benchmark_summary: {exc}")
+    return None
 
 
 class _LazyInputs(Mapping[str, np.ndarray]):
@@ -464,13 +442,11 @@ def selection(case: Case, block_mask: np.ndarray) -> Selection | None:
     return Selection(shape, rows)
 
 
-def _check_grads(
-    manifest: Manifest, grads: Mapping[str, np.ndarray] | None, names: tuple[str, ...] = GRAD_NAMES
-) -> None:
-    """Raise ValueError unless `grads` holds the tensors `names` (the op's: dq, dk, dv for the backward) of
+def _check_grads(manifest: Manifest, grads: Mapping[str, np.ndarray] | None) -> None:
+    """Raise ValueError unless `grads` holds the tensors of the manifest's op (dq, dk, dv for the backward) of
     the dtypes and shapes the manifest's `outputs` give."""
     outputs = manifest.outputs
-    for name in names:
+    for name in manifest.op.outputs:
         entry = outputs.get(name)
         if entry is None:
             continue  # the manifest's own problem: _open_arrays reports it
@@ -480,14 +456,9 @@ def _check_grads(
             raise ValueError(f"{name}: missing; expected {expected}")
         if not isinstance(array, np.ndarray):
             raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
-        got = f"{_dtype_name(array.dtype)} {list(array.shape)}"
+        dtype = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name  # the manifest's name
         if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
-            raise ValueError(f"{name}: expected {expected}, got {got}")
-
-
-def _dtype_name(dtype: np.dtype) -> str:
-    """Return the manifest name of a NumPy dtype (bfloat16 for ml_dtypes' type)."""
-    return "bfloat16" if dtype == numpy_dtype("bfloat16") else dtype.name
+            raise ValueError(f"{name}: expected {expected}, got {dtype} {list(array.shape)}")
 
 
 def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:

@@ -307,6 +307,10 @@ def inputs_differ(old: CaseResult, new: CaseResult) -> bool:
     return old.inputs_sha256 is not None and new.inputs_sha256 is not None and old.inputs_sha256 != new.inputs_sha256
 
 
+DRIFT_COUNTS = ("regressions", "worsened", "vanished", "appeared", "inputs_changed")
+"""The `Drift` lists the JSON report's drift summary counts, in its order."""
+
+
 def drift_document(drift: Drift) -> dict[str, Any]:
     """Return the `drift` object of the JSON report (the `regressions` list is `regressions_document`)."""
     night = drift.baseline
@@ -319,14 +323,7 @@ def drift_document(drift: Drift) -> dict[str, Any]:
             "devices": list(night.devices),
         },
         "margin": {"relative": drift.margin.relative, "absolute": drift.margin.absolute},
-        "summary": {
-            "compared": drift.compared,
-            "regressions": len(drift.regressions),
-            "worsened": len(drift.worsened),
-            "vanished": len(drift.vanished),
-            "appeared": len(drift.appeared),
-            "inputs_changed": len(drift.inputs_changed),
-        },
+        "summary": {"compared": drift.compared, **{key: len(getattr(drift, key)) for key in DRIFT_COUNTS}},
         "notes": list(drift.notes),
         "verdict_changes": [
             {"case": v.case, "old": v.old, "new": v.new, "worsened": v.worsened, "headline": v.headline}
@@ -458,12 +455,11 @@ def _series(name: str, by_night: Sequence[Mapping[str, CaseResult]], margin: Mar
         note = "inputs changed since the night before; " if changed else ""
         if check is None:
             points.append(Point(case.verdict, None, None, note + case.headline, changed))
-        elif case.verdict != PASS and case.headline and case.headline != check.detail:
-            # what failed that night (the bias check's score, say), then the charted value
-            detail = f"{note}{case.headline}; charted: {check.detail}"
-            points.append(Point(case.verdict, check.value, check.limit, detail, changed))
-        else:
-            points.append(Point(case.verdict, check.value, check.limit, note + check.detail, changed))
+            continue
+        detail = check.detail
+        if case.verdict != PASS and case.headline and case.headline != check.detail:
+            detail = f"{case.headline}; charted: {check.detail}"  # what failed that night (the bias check's score, say)
+        points.append(Point(case.verdict, check.value, check.limit, note + detail, changed))
     if followed is None:
         return Series(name, None, None, tuple(points), False)
     return Series(name, followed.tensor, followed.name, tuple(points), _rising(points, margin))

@@ -97,15 +97,14 @@ def judge_forward(
     usable = summary if summary is not None and summary.key == summary_key(case, settings) else None
     full = _geometry(case, "out")
     geom = only_rows(full, written)
-    none = np.zeros(full.rows, dtype=bool)
+    none = np.zeros(full.rows, dtype=bool)  # no row must be 0, none is padding; with softmax_lse_flag 0, none written
     out = judge_tensor(case, settings, geom, device["out"], golden["out"], benchmark, usable, (none, none))
-    out_rows = rows_written_check("out", full, device["out"], written.reshape(-1), forward.prefilled, case.dtype)
+    out_rows = rows_written_check(full, device["out"], written.reshape(-1), forward.prefilled, case.dtype)
     tensors = [replace(out, checks=(out_rows, *out.checks))]  # rows-written first: it decides a NaN row
     lse_geom = replace(_geometry(case, "lse"), shape=(*case.q_shape[:-1], 1), dim=1)
     lse_device = _lse_array(device["lse"], lse_geom, "device")
     if forward.softmax_lse_flag == 0:
-        flags = np.zeros(full.rows, dtype=bool)
-        check = rows_written_check("lse", lse_geom, lse_device, flags, forward.prefilled, "float32", flag_zero=True)
+        check = rows_written_check(lse_geom, lse_device, none, forward.prefilled, "float32", flag_zero=True)
         note = "lse not judged: softmax_lse_flag 0 (the forward leaves softmaxLse unwritten)"
         return tuple(tensors), (check,), (note,)
     bench_lse = benchmark.get("lse") if benchmark else None
@@ -114,7 +113,7 @@ def judge_forward(
     lse = _judge_lse(settings, only_rows(lse_geom, written), lse_device, gold, bench, forward.inner_precise)
     if tuple(device["lse"].shape) != lse_geom.shape:  # a squeezed lse: no trailing 1
         lse = replace(lse, shape=tuple(device["lse"].shape), axes=lse.axes[:-1])
-    lse_rows = rows_written_check("lse", lse_geom, lse_device, written.reshape(-1), forward.prefilled, "float32")
+    lse_rows = rows_written_check(lse_geom, lse_device, written.reshape(-1), forward.prefilled, "float32")
     tensors.append(replace(lse, checks=(lse_rows, *lse.checks)))
     return tuple(tensors), (), ()
 
@@ -150,7 +149,7 @@ def _judge_lse(
         shown = f"benchmark {fmt(ref)}" + (" floored" if ref < floor else "")
         detail = f" (device {fmt(dev)}, {shown}; floor {fmt(floor)}: {why}; limit {source})"
         checks.append(upper(key, "lse", dev / max(ref, floor), limit, label, detail=detail))
-    worst = _worst_elements(geom, dev_rows, device, golden, bench, "float32", err_thd=floor)
+    worst = _worst_elements(geom, dev_rows, device, golden, bench, params)
     return TensorResult(
         name="lse",
         shape=tuple(geom.shape),  # the query rows and a trailing 1 (lse_shape trailing_one)
@@ -168,13 +167,7 @@ def _judge_lse(
 
 
 def rows_written_check(
-    name: str,
-    geom: _Geometry,
-    values: np.ndarray,
-    written: np.ndarray,
-    prefilled: bool,
-    dtype: str,
-    flag_zero: bool = False,
+    geom: _Geometry, values: np.ndarray, written: np.ndarray, prefilled: bool, dtype: str, flag_zero: bool = False
 ) -> Check:
     """The `rows-written` check of one forward output: rows it must write hold finite values, and (when the
     device pre-filled the buffer) rows it must leave alone still hold the NaN prefill.
@@ -184,7 +177,7 @@ def rows_written_check(
         values: the device's array; `written`: bool per row (`written_rows`, flattened).
         flag_zero: lse with softmaxLseFlag 0: no row may be written.
     """
-    rows = geom.rows
+    name, rows = geom.name, geom.rows
     finite, prefill = _row_states(values.reshape(rows, -1), PREFILL_BITS.get(dtype) if prefilled else None)
     broken, touched = np.flatnonzero(written & ~finite), np.flatnonzero(~written & ~prefill)
     n_written = int(np.count_nonzero(written))
@@ -192,31 +185,26 @@ def rows_written_check(
     parts = []
     if broken.size:
         parts.append(
-            f"{broken.size} of {n_written} {NOT_WRITTEN} (never written?), first at {_where(geom, int(broken[0]))}"
+            f"{broken.size} of {n_written} {NOT_WRITTEN} (never written?), first at {geom.where(int(broken[0]))}"
         )
     if touched.size:
         why = " (softmax_lse_flag 0: lse must stay unwritten)" if flag_zero else ""
         parts.append(
             f"{touched.size} of {n_left} rows the forward must leave alone were written (not the NaN prefill){why}, "
-            f"first at {_where(geom, int(touched[0]))}"
+            f"first at {geom.where(int(touched[0]))}"
         )
     if parts:
         detail = f"{name} rows-written: " + "; ".join(parts)
         return Check("rows-written", name, float(broken.size + touched.size), 0.0, False, detail, math.inf)
-    if flag_zero:
-        text = (
-            f"all {rows} rows hold the NaN prefill (softmax_lse_flag 0: lse left unwritten)"
-            if prefilled
-            else "not checked: softmax_lse_flag 0 and run.json records no NaN prefill"
-        )
+    if flag_zero and prefilled:
+        text = f"all {rows} rows hold the NaN prefill (softmax_lse_flag 0: lse left unwritten)"
+    elif flag_zero:
+        text = "not checked: softmax_lse_flag 0 and run.json records no NaN prefill"
     else:
         text = f"{n_written} written rows finite"
         if n_left:
-            text += (
-                f"; {n_left} rows the forward leaves alone hold the NaN prefill"
-                if prefilled
-                else f"; {n_left} rows the forward leaves alone not checked (run.json records no NaN prefill)"
-            )
+            alone = "hold the NaN prefill" if prefilled else "not checked (run.json records no NaN prefill)"
+            text += f"; {n_left} rows the forward leaves alone {alone}"
     return Check("rows-written", name, 0.0, 0.0, True, f"{name} rows-written: {text}", 0.0)
 
 
@@ -235,8 +223,3 @@ def _row_states(values2d: np.ndarray, bits: int | None) -> tuple[np.ndarray, np.
         if bits is not None:
             prefill[start : start + step] = (chunk.view(unsigned) == unsigned(bits)).all(axis=1)
     return finite, prefill
-
-
-def _where(geom: _Geometry, row: int) -> str:
-    b, n, s = geom.locate(row)
-    return f"b={b} n={n} s={s} (q block {s // geom.block})"

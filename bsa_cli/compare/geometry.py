@@ -40,10 +40,6 @@ class _Geometry:
     def rows(self) -> int:
         return int(np.prod(self.shape[:-1], dtype=np.int64))
 
-    @property
-    def seq_axis(self) -> int:
-        return self.shape[2] if self.layout != "TND" else 0
-
     def seq_view(self, per_row: np.ndarray, batch: int) -> np.ndarray:
         """Return batch entry `batch` of a per-row array ([rows, ...]) as [heads, length, ...]."""
         length = self.lengths[batch]
@@ -80,6 +76,11 @@ class _Geometry:
         b, n = divmod(bn, self.heads)
         return b, n, s
 
+    def where(self, row: int) -> str:
+        """Name a row for a message: "b=0 n=1 s=17 (q block 0)"."""
+        b, n, s = self.locate(row)
+        return f"b={b} n={n} s={s} ({self.kind} block {s // self.block})"
+
     def index(self, row: int, col: int) -> tuple[tuple[int, ...], dict[str, int]]:
         """Return the layout index of an element and its named coordinates (with b and s for TND)."""
         b, n, s = self.locate(row)
@@ -90,18 +91,13 @@ class _Geometry:
 
 
 def _geometry(case: Case, name: str) -> _Geometry:
-    kind = "q" if name in Q_ROWS else "kv"
+    query = name in Q_ROWS
     spans = case.spans()
-    if kind == "q":
-        shape, heads = case.q_shape, case.num_heads
-        lengths = tuple(s.q_len for s in spans)
-        starts = tuple(s.q_start for s in spans)
-        block = case.block_shape[0]
-    else:
-        shape, heads = case.kv_shape, case.num_kv_heads
-        lengths = tuple(s.kv_len for s in spans)
-        starts = tuple(s.kv_start for s in spans)
-        block = case.block_shape[1]
+    shape, heads = (case.q_shape, case.num_heads) if query else (case.kv_shape, case.num_kv_heads)
+    lengths = tuple(s.q_len if query else s.kv_len for s in spans)
+    starts = tuple(s.q_start if query else s.kv_start for s in spans)
+    block = case.block_shape[0 if query else 1]
+    kind = "q" if query else "kv"
     return _Geometry(name, kind, case.layout, tuple(shape), heads, case.head_dim, max(block, 1), lengths, starts)
 
 
@@ -116,10 +112,8 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
     group = case.group_size
     result = {}
     geometries = {name: _geometry(case, name) for name in GRAD_NAMES}  # once: each walks every batch entry
-    for name in GRAD_NAMES:
-        geom = geometries[name]
-        zero = np.zeros(geom.rows, dtype=bool)
-        padding = np.zeros(geom.rows, dtype=bool)
+    for name, geom in geometries.items():
+        zero, padding = np.zeros(geom.rows, dtype=bool), np.zeros(geom.rows, dtype=bool)
         if geom.layout != "TND" and geom.rows:
             padding.reshape(case.batch, geom.heads, -1)[...] = True
         result[name] = (zero, padding)
@@ -127,8 +121,7 @@ def structural_rows(case: Case, block_mask: np.ndarray) -> dict[str, tuple[np.nd
         mask = mask_view(case, block_mask, span)  # [N1, nQ, nKV]
         empty = ~mask.any(axis=2)  # [N1, nQ]
         never = ~mask.reshape(case.num_kv_heads, group, *mask.shape[1:]).any(axis=(1, 2))  # [N2, nKV]
-        for name in GRAD_NAMES:
-            geom = geometries[name]
+        for name, geom in geometries.items():
             zero, padding = result[name]
             if geom.layout != "TND" and geom.rows:
                 geom.seq_view(padding, span.batch)[...] = False

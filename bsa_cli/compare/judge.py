@@ -18,34 +18,11 @@ from ..standards.base import Measured
 from ..store.manifest import GRAD_NAMES
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
-from .metrics import _measure, _Params, _params, _RowOut, paired_relative_sums
-from .results import ErrorStats, TensorResult
+from .metrics import _measure, _params, _RowOut, paired_relative_sums
+from .results import TensorResult
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 from .ulp import _MANTISSA_BITS
-
-
-def _bias(
-    dev_stats: ErrorStats,
-    bench_stats: ErrorStats,
-    arrays: tuple[np.ndarray, np.ndarray | None, np.ndarray],
-    geom: _Geometry,
-    params: _Params,
-    floor: float,
-) -> bias.Bias:
-    """The bias of one tensor (`bias.py`): from each side's sums, with the paired difference measured
-    when the two biases differ by more than `floor` and the benchmark's arrays are at hand."""
-    sides = []
-    for stats in (dev_stats, bench_stats):
-        mean, se = stats.bias, stats.bias_se
-        assert mean is not None and se is not None
-        sides.append(bias.RelativeSums.of(mean, se, stats.large_count))
-    device, bench, golden = arrays
-    pairs = None
-    if bench is not None and abs(sides[0].mean - sides[1].mean) > floor:
-        pairs = paired_relative_sums(device, bench, golden, geom, params)
-    ulp = bias.ulp_relative(_MANTISSA_BITS.get(params.io_dtype, 23))
-    return bias.estimate(sides[0], sides[1], ulp, pairs)
 
 
 def judge_tensors(
@@ -132,7 +109,17 @@ def judge_tensor(
     checks += settings.standard.checks(Measured(name, dev_stats, bench_stats, tile_max, extra), t)
     estimate = None
     if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:
-        estimate = _bias(dev_stats, bench_stats, (dev, bench, gold), geom, params, t["bias_floor"])
+        # The bias (`bias.py`) from each side's sums, with the paired difference measured when the two biases differ
+        # by more than the floor and the benchmark's arrays are at hand.
+        sides = []
+        for stats in (dev_stats, bench_stats):
+            assert stats.bias is not None and stats.bias_se is not None
+            sides.append(bias.RelativeSums.of(stats.bias, stats.bias_se, stats.large_count))
+        pairs = None
+        if bench is not None and abs(sides[0].mean - sides[1].mean) > t["bias_floor"]:
+            pairs = paired_relative_sums(dev, bench, gold, geom, params)
+        ulp = bias.ulp_relative(_MANTISSA_BITS.get(params.io_dtype, 23))
+        estimate = bias.estimate(sides[0], sides[1], ulp, pairs)
         checks.append(estimate.check(name, t["bias_z"], t["bias_floor"]))
     failed = not all(c.passed for c in checks)
     chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
@@ -144,7 +131,7 @@ def judge_tensor(
         device=dev_stats,
         benchmark=bench_stats,
         checks=tuple(checks),
-        worst=_worst_elements(geom, dev_rows, dev, gold, bench, case.dtype, err_thd=params.err_thd),
+        worst=_worst_elements(geom, dev_rows, dev, gold, bench, params),
         hot_blocks=_hot_blocks(block_map, spans, geom, keep_tiles=failed),
         block_map=block_map,
         extra=extra,

@@ -17,32 +17,26 @@ class _SpanTiles:
     """One batch entry's tile grid: ratio per (head, tile row, tile column) and which block each row is in."""
 
     starts: np.ndarray  # first position of each tile row
-    stops: np.ndarray
     block_of: np.ndarray  # block index of each tile row
     ratio: np.ndarray | None  # [heads, tile rows, tile cols]
 
 
 def _block_map(
-    geom: _Geometry,
-    device_rows: _RowOut,
-    bench_rows: _RowOut | None,
-    bench_rmse: float,
-    device_rmse: float,
-    tile_floor: float,
+    geom: _Geometry, device: _RowOut, bench: _RowOut | None, bench_rmse: float, device_rmse: float, tile_floor: float
 ) -> tuple[BlockMap, dict[int, _SpanTiles]]:
     """Aggregate per-row errors into blocks (and 16x16 tiles) of each batch entry."""
     batches = len(geom.lengths)
     max_blocks = max((-(-n // geom.block) for n in geom.lengths), default=0)
     shape = (batches, geom.heads, max_blocks)
     rmse = np.full(shape, np.nan)
-    rmse_bench = np.full(shape, np.nan) if bench_rows is not None else None
+    rmse_bench = np.full(shape, np.nan) if bench is not None else None
     max_abs = np.full(shape, np.nan)
     score = np.full(shape, np.nan)
     dim = geom.dim
     col_sizes = np.minimum(TILE, dim - np.arange(0, dim, TILE)).astype(np.float64)
     floor = max(tile_floor * bench_rmse, 1e-30)
     spans: dict[int, _SpanTiles] = {}
-    assert device_rows.max_abs is not None
+    assert device.max_abs is not None
     for b, length in enumerate(geom.lengths):
         if length == 0:
             continue
@@ -54,25 +48,25 @@ def _block_map(
         tile_stops = np.append(tile_starts[1:], length)
         block_of = np.repeat(np.arange(n_blocks), [len(tiles) for tiles in tiles_per_block])
         first_tile = np.searchsorted(tile_starts, block_starts)
-        dev_tiles = np.add.reduceat(geom.seq_view(device_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
+        dev_tiles = np.add.reduceat(geom.seq_view(device.tile_sse, b).astype(np.float64), tile_starts, axis=1)
         counts = (tile_stops - tile_starts)[:, None] * col_sizes[None, :]  # [tile rows, tile cols]
         block_rows = np.minimum(block_starts + geom.block, length) - block_starts
         dev_block = np.add.reduceat(dev_tiles.sum(axis=2), first_tile, axis=1)
         rmse[b, :, :n_blocks] = np.sqrt(dev_block / (block_rows * dim))
-        row_max = geom.seq_view(device_rows.max_abs, b)
+        row_max = geom.seq_view(device.max_abs, b)
         max_abs[b, :, :n_blocks] = np.maximum.reduceat(row_max, block_starts, axis=1)
         ratio = None
-        if bench_rows is not None and rmse_bench is not None:
-            bench_tiles = np.add.reduceat(geom.seq_view(bench_rows.tile_sse, b).astype(np.float64), tile_starts, axis=1)
+        if bench is not None and rmse_bench is not None:
+            bench_tiles = np.add.reduceat(geom.seq_view(bench.tile_sse, b).astype(np.float64), tile_starts, axis=1)
             bench_block = np.add.reduceat(bench_tiles.sum(axis=2), first_tile, axis=1)
             rmse_bench[b, :, :n_blocks] = np.sqrt(bench_block / (block_rows * dim))
             ratio = np.sqrt(dev_tiles / counts) / np.maximum(np.sqrt(bench_tiles / counts), floor)
             score[b, :, :n_blocks] = np.maximum.reduceat(ratio.max(axis=2), first_tile, axis=1)
         else:
             score[b, :, :n_blocks] = rmse[b, :, :n_blocks] / max(device_rmse, 1e-30)
-        nonfinite = np.isinf(max_abs[b, :, :n_blocks])  # rows with NaN/Inf (see _chunk)
+        nonfinite = np.isinf(max_abs[b, :, :n_blocks])  # rows with NaN/Inf (see _measure_array)
         score[b, :, :n_blocks][nonfinite] = np.inf
-        spans[b] = _SpanTiles(tile_starts, tile_stops, block_of, ratio)
+        spans[b] = _SpanTiles(tile_starts, block_of, ratio)
     block_map = BlockMap(geom.kind, geom.block, rmse, rmse_bench, max_abs, score)
     return block_map, spans
 
@@ -110,21 +104,14 @@ def _hot_blocks(
 
 
 def _worst_elements(
-    geom: _Geometry,
-    rows_out: _RowOut,
-    device: np.ndarray,
-    golden: np.ndarray,
-    bench: np.ndarray | None,
-    io_dtype: str,
-    count: int = TOP_K,
-    err_thd: float | None = None,
+    geom: _Geometry, out: _RowOut, device: np.ndarray, golden: np.ndarray, bench: np.ndarray | None, params: _Params
 ) -> tuple[WorstElement, ...]:
     """Return the elements of largest absolute error (at most one per row), worst first."""
-    assert rows_out.max_abs is not None and rows_out.argmax is not None
-    row_max = rows_out.max_abs
+    assert out.max_abs is not None and out.argmax is not None
+    row_max = out.max_abs
     if row_max.size == 0:
         return ()
-    k = min(count, row_max.size)
+    k = min(TOP_K, row_max.size)
     top = np.argpartition(row_max, row_max.size - k)[-k:]
     top = top[np.argsort(row_max[top])[::-1]]
     device2d = device.reshape(geom.rows, geom.dim)
@@ -134,13 +121,13 @@ def _worst_elements(
     for row in top:
         if row_max[row] < 0:
             break
-        col = int(rows_out.argmax[row])
+        col = int(out.argmax[row])
         value = device2d[row, col : col + 1]
         gold = np.asarray(golden2d[row, col : col + 1], dtype=np.float32)
         index, coords = geom.index(int(row), col)
         device_value = float(value.astype(np.float32)[0])
         benchmark = None if bench2d is None else float(bench2d[row, col].astype(np.float32))
-        ulp = ulp_error(device_value, float(gold[0]), io_dtype, err_thd)
+        ulp = ulp_error(device_value, float(gold[0]), params.io_dtype, params.err_thd)
         figures = (device_value, float(golden2d[row, col]), benchmark, float(row_max[row]), ulp)
         worst.append(WorstElement(index, coords, coords["s"] // geom.block, *figures))
     return tuple(worst)
@@ -156,26 +143,19 @@ def ulp_chart(
     """
     unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
     edges = np.asarray(ULP_CHART_EDGES, dtype=np.float64) / unit
-    counts: dict[str, np.ndarray] = {}
     golden2d = golden.reshape(geom.rows, geom.dim)
-    arrays = {"device": device, "benchmark": bench}
+
+    def count(values: np.ndarray) -> tuple[int, ...]:
+        total = np.zeros(len(edges) + 1, dtype=np.int64)
+        values2d = values.reshape(geom.rows, geom.dim)
+        for rows in _items(geom):
+            g = np.asarray(golden2d[rows], dtype=np.float32)
+            a = np.asarray(values2d[rows]).astype(np.float32)
+            power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
+            error = (np.abs(a - g) / power).astype(np.float64)
+            error = error[np.isfinite(error)]
+            total += np.bincount(np.searchsorted(edges, error, side="left"), minlength=len(edges) + 1)
+        return tuple(int(c) for c in total)
+
     with np.errstate(over="ignore", invalid="ignore"):
-        for label, values in arrays.items():
-            if values is None:
-                continue
-            total = np.zeros(len(edges) + 1, dtype=np.int64)
-            values2d = values.reshape(geom.rows, geom.dim)
-            for rows in _items(geom):
-                g = np.asarray(golden2d[rows], dtype=np.float32)
-                a = np.asarray(values2d[rows]).astype(np.float32)
-                power = _ulp_power(np.abs(g), params.io_dtype, err_thd=params.err_thd)
-                error = (np.abs(a - g) / power).astype(np.float64)
-                error = error[np.isfinite(error)]
-                total += np.bincount(np.searchsorted(edges, error, side="left"), minlength=len(edges) + 1)
-            counts[label] = total
-    bench_counts = counts.get("benchmark")
-    return UlpChart(
-        edges=ULP_CHART_EDGES,
-        device=tuple(int(c) for c in counts["device"]),
-        benchmark=None if bench_counts is None else tuple(int(c) for c in bench_counts),
-    )
+        return UlpChart(ULP_CHART_EDGES, count(device), None if bench is None else count(bench))

@@ -268,33 +268,6 @@ def _measure_chunk(
     return part
 
 
-def _chunk(
-    device: np.ndarray | None,
-    bench: np.ndarray | None,
-    golden: np.ndarray,
-    params: _Params,
-    device_out: _RowOut | None,
-    bench_out: _RowOut | None,
-    rows: slice | np.ndarray,
-) -> tuple[_Partial | None, _Partial | None]:
-    """Measure the tensor's rows `rows` (a range, or the rows themselves: `_items`) of the device and
-    benchmark arrays (either may be None) against the golden.
-
-    Arrays are [rows, D]: device and benchmark in the case dtype, golden float32 or float64. Non-finite
-    elements are counted, then judged as if equal to the golden (their error shows in the counts and the
-    structural check, not in every metric).
-    """
-    scratch = _take_scratch()
-    try:
-        # Overflowing squares and sums of a wild device (huge errors) are expected: they mean failure.
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-            shared = _shared(golden, params, scratch)
-            device_part = _measure_array(device, device_out, True, shared, params, rows, scratch)
-            return device_part, _measure_array(bench, bench_out, False, shared, params, rows, scratch)
-    finally:
-        _give_scratch(scratch)
-
-
 def _measure_array(
     values: np.ndarray | None,
     out: _RowOut | None,
@@ -304,7 +277,8 @@ def _measure_array(
     rows: slice | np.ndarray,
     scratch: _Scratch,
 ) -> _Partial | None:
-    """Measure one array of a chunk (the device's, or the benchmark's) against the shared golden."""
+    """Measure one array of a chunk (the device's, or the benchmark's: [rows, D] in the case dtype) against
+    the shared golden."""
     if values is None or out is None:
         return None
     a = _upcast(values, params.io_dtype, scratch)
@@ -356,20 +330,15 @@ def _measure_nonfinite(
     return part
 
 
-def _chunks(geom: _Geometry) -> list[tuple[int, int]]:
-    """Split the judged row segments of a tensor into work items of about CHUNK_ELEMENTS elements."""
-    step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
-    return [(r, min(r + step, stop)) for start, stop in geom.segments() for r in range(start, stop, step)]
-
-
 GATHER_BELOW = 4
 """Judged row ranges shorter on average than a chunk's rows / GATHER_BELOW are measured gathered (`_items`)."""
 
 
 def _items(geom: _Geometry) -> list[slice | np.ndarray]:
-    """Return the work items of a tensor's judged rows: row ranges (`_chunks`), or, where the judged rows
-    are many short ranges (the rows the forward writes, heads interleaved in TND), the rows themselves
-    gathered into index arrays of about CHUNK_ELEMENTS elements (thousands of tiny chunks cost seconds)."""
+    """Return the work items of a tensor's judged rows: its row segments split into ranges of about
+    CHUNK_ELEMENTS elements, or, where the judged rows are many short ranges (the rows the forward writes,
+    heads interleaved in TND), the rows themselves gathered into index arrays of about CHUNK_ELEMENTS
+    elements (thousands of tiny chunks cost seconds)."""
     step = max(1, CHUNK_ELEMENTS // max(geom.dim, 1))
     judged = geom.judged
     if judged is not None and len(judged) > 1:
@@ -377,7 +346,7 @@ def _items(geom: _Geometry) -> list[slice | np.ndarray]:
         if count < len(judged) * step / GATHER_BELOW:
             rows = np.concatenate([np.arange(start, stop, dtype=np.intp) for start, stop in judged])
             return [rows[i : i + step] for i in range(0, len(rows), step)]
-    return [slice(start, stop) for start, stop in _chunks(geom)]
+    return [slice(r, min(r + step, stop)) for start, stop in geom.segments() for r in range(start, stop, step)]
 
 
 def _measure(
@@ -404,17 +373,23 @@ def _measure(
         )
     bench_out = None if bench is None else _RowOut(np.zeros((rows, tiles), dtype=np.float32))
 
-    def work(rows: slice | np.ndarray) -> tuple[_Partial | None, _Partial | None]:
-        device_rows = None if device2d is None else device2d[rows]
-        bench_rows = None if bench2d is None else bench2d[rows]
-        return _chunk(device_rows, bench_rows, golden2d[rows], params, device_out, bench_out, rows)
-
     device_total, bench_total = _Partial(), _Partial()
-    for device_part, bench_part in map(work, _items(geom)):
-        if device_part is not None:
-            device_total.merge(device_part)
-        if bench_part is not None:
-            bench_total.merge(bench_part)
+    sides = ((device2d, device_out, device_total, True), (bench2d, bench_out, bench_total, False))
+    for item in _items(geom):  # the tensor's rows `item`: a range, or the rows themselves
+        # Non-finite elements are counted, then judged as if equal to the golden (their error shows in the
+        # counts and the structural check, not in every metric).
+        scratch = _take_scratch()
+        try:
+            # Overflowing squares and sums of a wild device (huge errors) are expected: they mean failure.
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+                shared = _shared(golden2d[item], params, scratch)
+                for values, out, total, full in sides:
+                    array = None if values is None else values[item]
+                    part = _measure_array(array, out, full, shared, params, item, scratch)
+                    if part is not None:
+                        total.merge(part)
+        finally:
+            _give_scratch(scratch)
     device_stats = None if device is None else device_total.stats(params, full=True)
     bench_stats = None if bench is None else bench_total.stats(params, full=False)
     return device_stats, device_out, device_total.nonfinite_rows, bench_stats, bench_out
@@ -442,11 +417,6 @@ def paired_relative_sums(
 
 def _params(case: Case, settings: Settings) -> _Params:
     t = settings.thresholds
-    return _Params(
-        io_dtype=case.dtype,
-        err_thd=t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"])),
-        small_thd=t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"])),
-        rtol=t["rtol"],
-        atol=t["atol"],
-        diff_thd=t["diff_thd"] if settings.msopst else None,
-    )
+    err_thd = t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"]))
+    small_thd = t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"]))
+    return _Params(case.dtype, err_thd, small_thd, t["rtol"], t["atol"], t["diff_thd"] if settings.msopst else None)

@@ -38,21 +38,20 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
     # out's rows skipped as well: the forward skipped rows (its diagnosis says why)
     unwritten = [] if _rows_unwritten(tensors, "out") else _rows_unwritten(tensors, "lse")
     if forward_params.get("softmax_lse_flag", 1) == 0:
-        evidence = (
-            "the backward read softmaxLse that the forward never wrote (softmax_lse_flag 0: torch_npu's default "
-            f"leaves lse unwritten, and the backward reads the buffer as it is): {names} fail"
+        why = (
+            "never wrote (softmax_lse_flag 0: torch_npu's default leaves lse unwritten, and the backward reads the "
+            "buffer as it is)"
         )
+    else:
+        why = f"did not write although softmax_lse_flag is 1 ({unwritten[0].detail})" if unwritten else ""
+    if why:
+        evidence = f"the backward read softmaxLse that the forward {why}: {names} fail"
         causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
-    elif unwritten:
-        evidence = (
-            f"the backward read softmaxLse that the forward did not write although softmax_lse_flag is 1 "
-            f"({unwritten[0].detail}): {names} fail"
-        )
-        causes.append(Cause("lse-unwritten", 1.0, evidence, failing, ()))
-    q_padding, kv_padding = (
-        _padding(case, case.actual_seq_lengths, case.q_seq_len),
-        _padding(case, case.actual_seq_lengths_kv, case.kv_seq_len),
+    sides = (
+        ("query rows", case.actual_seq_lengths, case.q_seq_len),
+        ("kv positions", case.actual_seq_lengths_kv, case.kv_seq_len),
     )
+    q_padding, kv_padding = (_padding(case, lengths, size) for _, lengths, size in sides)
     if q_padding or kv_padding:
         read = []
         if q_padding:
@@ -70,10 +69,7 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
         )
         where = tuple(
             f"batch {b}: {what} {n} to {size}"
-            for what, lengths, size in (
-                ("query rows", case.actual_seq_lengths, case.q_seq_len),
-                ("kv positions", case.actual_seq_lengths_kv, case.kv_seq_len),
-            )
+            for what, lengths, size in sides
             for b, n in enumerate(lengths or ())
             if n < size
         )
@@ -131,16 +127,14 @@ def expected_verdict(
     weak = [c for c in causes if c.kind == wanted and c.score < EXPECTED_EXPLAINS]
     if failed and forward_failed:  # a pitfall is the backward misreading a right forward, not a wrong forward
         text = f"fails, but the forward's out or lse fail too, which the pitfall is not ({must}): {message}"
-        return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
-    if failed and (wanted is None or wanted in named) and not weak:
+    elif failed and (wanted is None or wanted in named) and not weak:
         return None, f"fails as it must: {message}"
-    if failed and weak:
+    elif failed and weak:
         text = (
             f"fails, but {wanted} explains only {weak[0].score:.0%} of the gradients' error (expect.cause): "
             f"something else is wrong too: {message}"
         )
-        return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
-    if not failed:
+    elif not failed:
         text = f"passes, but {must} (expect.verdict FAIL)"
     else:
         found = ", ".join(named) if named else "no pair cause"

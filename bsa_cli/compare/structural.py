@@ -44,9 +44,8 @@ def _zero_check(
     if bad_count == 0:
         return Check(check, name, 0.0, 0.0, True, f"{name} {label}: all {total} elements 0", 0.0)
     assert first_bad is not None
-    b, n, s = geom.locate(first_bad)
-    where = f"first at b={b} n={n} s={s} ({'q' if geom.kind == 'q' else 'kv'} block {s // geom.block})"
-    text = f"{name} {label}: {bad_count} of {total} elements nonzero (largest |value| {_fmt(worst)}), {where}"
+    where = geom.where(first_bad)
+    text = f"{name} {label}: {bad_count} of {total} elements nonzero (largest |value| {_fmt(worst)}), first at {where}"
     return Check(check, name, float(bad_count), 0.0, False, text, math.inf)
 
 
@@ -84,10 +83,7 @@ def _structural_checks(
     checks = []
     bad = stats.nonfinite_mismatch
     if bad:
-        places = []
-        for row in nonfinite_rows[:3]:
-            b, n, s = geom.locate(row)
-            places.append(f"b={b} n={n} s={s} ({geom.kind} block {s // geom.block})")
+        places = [geom.where(row) for row in nonfinite_rows[:3]]
         elements = f"{bad} element{'s' if bad != 1 else ''} ({stats.nan_count} NaN, {stats.inf_count} Inf)"
         detail = f"{name} NaN/Inf where the golden is finite: {elements}, rows {', '.join(places)}"
         checks.append(Check("nonfinite", name, float(bad), 0.0, False, detail, math.inf))

@@ -230,43 +230,20 @@ def _judge_in_processes(
         while (index := take()) is not None:
             finish(index, _compare_case(*work[index], run, hashing, verify_inputs))
 
-    with worker_pool(processes - 1, blas_threads=1, ignore_interrupt=True) as pool:
-        feeder = _Feeder(feed, pool)
+    with worker_pool(processes - 1, blas_threads=1, ignore_interrupt=True) as pool, ThreadPoolExecutor(1) as feeding:
+        feeder = feeding.submit(feed, pool)  # its result re-raises what it raised (a worker's unexpected exception)
         try:
             with ThreadPoolExecutor(max_workers=HASH_THREADS) as hashing:
                 judge_here(hashing)
-                feeder.join()
+                feeder.result()
                 judge_here(hashing)  # cases handed back by a worker that died
         except BaseException:
-            stop.set()
-            feeder.join(reraise=False)
+            stop.set()  # the feeder hands out no more cases; leaving `feeding` waits for it
             raise
     missing = [str(work[i][0]) for i, result in enumerate(results) if result is None]
     if missing:
         raise RuntimeError(f"cases left unjudged: {', '.join(missing)}")
     return [result for result in results if result is not None]
-
-
-class _Feeder(threading.Thread):
-    """Runs `feed(pool)` on a thread; `join` re-raises what it raised (a worker's unexpected exception)."""
-
-    def __init__(self, feed: Callable[[ProcessPoolExecutor], None], pool: ProcessPoolExecutor) -> None:
-        super().__init__(daemon=True)
-        self._feed, self._pool = feed, pool
-        self._error: BaseException | None = None
-        self.start()
-
-    def run(self) -> None:
-        try:
-            self._feed(self._pool)
-        except BaseException as exc:  # handed to the joining thread
-            self._error = exc
-
-    def join(self, timeout: float | None = None, reraise: bool = True) -> None:
-        super().join(timeout)
-        if reraise and self._error is not None:
-            error, self._error = self._error, None
-            raise error
 
 
 def _output_bytes(output_dir: Path) -> int:

@@ -26,6 +26,7 @@ from ..store.manifest import GRAD_NAMES, Manifest
 from .case_files import (
     _check_grads,
     _LazyInputs,
+    _loaded_record,
     _open_arrays,
     _read_run_record,
     _read_status,
@@ -36,14 +37,13 @@ from .case_files import (
     run_forward_record,
     selection,
 )
-from .diagnose import diagnose
+from .diagnose import Diagnosis, diagnose
 from .diagnose.chain import PairInputs, as_forward_step, carried_from_forward, pick_tensors, score_padding
 from .diagnose.forward_diagnosis import diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
 from .pair import cause_checks, expected_verdict, pair_causes
 from .results import ERROR, FAIL, PASS, SKIP, CaseResult, Cause, Check, Hypothesis, TensorResult, Verdict
-from .summary import summary_key
 
 
 def _status_name(status: int | None) -> str:
@@ -152,8 +152,17 @@ class _Judging:
     verify_inputs: bool
     outcome: DeviceOutcome | None = None
 
-    def result(self, name: str, op: Op, verdict: Verdict, **fields: Any) -> CaseResult:
-        """Return the case's judged result, its time taken now."""
+    def finish(
+        self, name: str, op: Op, known: Mapping[str, Any], checks: list[Check], tensors: tuple[TensorResult, ...] = ()
+    ) -> CaseResult:
+        """Return the case's judged result (PASS or FAIL), its time taken now (`output_bytes` 0 unless known)."""
+        passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
+        passed = passed or bool(known.get("expected_failure"))  # a pair that fails as it must
+        note = release_note(known.get("release"), known.get("device_cann"))
+        if note:
+            known = {**known, "notes": (note, *known.get("notes", ()))}
+        verdict: Verdict = PASS if passed else FAIL
+        fields = {"checks": tuple(checks), "tensors": tensors, "output_bytes": 0, **known}
         return CaseResult(name=name, op=op, verdict=verdict, errors=(), **self._where(), **fields)
 
     def unjudged(self, name: str, op: Op, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
@@ -206,6 +215,7 @@ class _Record:
     prefilled: bool
     status: int
     status_message: str | None
+    fault_notes: tuple[str, ...] = ()  # what the run record says of a planted fault that did not apply
 
 
 def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
@@ -227,7 +237,7 @@ def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
         if not manifest.case.expect.ok or record.status != 0:
             if not manifest.case.expect.ok and known.get("fault"):
                 known["notes"] = (f"fault '{known['fault']}' not planted: the call is refused before any computation",)
-            return _finish(job, name, op, known, checks, (), 0)
+            return job.finish(name, op, known, checks)
         return _judge_outputs(job, manifest, settings, record, known, checks)
     except _Unjudged as stop:
         return job.unjudged(name, op, stop.errors, stop.verdict, **{**known, **stop.known})
@@ -294,9 +304,10 @@ def _files_record(job: _Judging, name: str) -> _Record:
     not_run = not_run_message(job.case_dir, output_dir)
     if not_run is not None:
         raise _Unjudged([not_run])
-    device = {"device": None, **_run_device_info(output_dir)}
+    record = _loaded_record(output_dir)
+    device = {"device": None, **_run_device_info(record)}
     problems, run_checks, inputs_run, outputs_run = _read_run_record(output_dir, (name, job.case_dir.name))
-    skipped, prefilled = run_forward_record(output_dir)
+    skipped, prefilled = run_forward_record(record)
     if skipped is not None and not problems:
         raise _Unjudged([skipped], SKIP, **device)
     if problems:
@@ -305,7 +316,8 @@ def _files_record(job: _Judging, name: str) -> _Record:
         status, status_message = _read_status(output_dir)
     except DataError as exc:
         raise _Unjudged([str(exc)], **device) from None
-    return _Record(device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message)
+    notes = recorded_fault_notes(record)
+    return _Record(device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message, notes)
 
 
 def _status_check(expect: Expect, status: int, message: str | None) -> Check:
@@ -328,7 +340,7 @@ def _judge_outputs(
     """Judge the outputs of a call that returned 0: the op's tensors, its causes, a failure's diagnosis."""
     case, op = manifest.case, manifest.op
     if job.outcome is not None:
-        _check_grads(manifest, job.outcome.grads, op.outputs)
+        _check_grads(manifest, job.outcome.grads)
     shapes = _shape_problems(case, manifest, job.case_dir / MANIFEST)  # cheap: before anything is hashed
     if shapes:
         raise _Unjudged(shapes)
@@ -343,11 +355,14 @@ def _judge_outputs(
     if stale:
         raise _Unjudged(stale)
     if known.get("fault"):
-        known["notes"] = recorded_fault_notes(job.output_dir) if job.output_dir is not None else ()
+        known["notes"] = record.fault_notes
     known["notes"] = (*known.get("notes", ()), *op_notes)
     known["kernel_notes"] = manifest.notes
+    inputs = _LazyInputs(job.case_dir, dict(manifest.entries("inputs")), opened.inputs)
+    inner_precise = int(manifest.forward_params.get("inner_precise", 0))
+    at = _Diagnosing(case, tensors, [], opened, inputs, inner_precise, record.prefilled)
     causes = pair_causes(case, manifest.forward_params, tensors) if op.pair else []
-    causes, padding = _scored_pair_causes(job.case_dir, manifest, case, tensors, opened, causes)
+    causes, padding = _scored_pair_causes(at, causes)
     known["notes"] = (*known["notes"], *padding)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks = [*checks, *cause_checks(causes), *op_checks]
@@ -355,30 +370,24 @@ def _judge_outputs(
     if failing:
         known["selection"] = selection(case, opened.block_mask)
     if failing or not all(c.passed for c in checks):
-        known.update(_diagnosis(job.case_dir, manifest, tensors, checks, opened, causes, record.prefilled))
+        known.update(_diagnosis(replace(at, checks=checks), op, causes))
     if op.pair:
         extra, known["expected_failure"] = _pair_verdict(case, checks, tensors, causes)
         checks += [extra] if extra is not None else []
-    output_bytes = sum(a.nbytes for a in opened.device.values())
-    return _finish(job, manifest.name, op, known, checks, tensors, output_bytes)
+    known["output_bytes"] = sum(a.nbytes for a in opened.device.values())
+    return job.finish(manifest.name, op, known, checks, tensors)
 
 
 def _open(job: _Judging, manifest: Manifest, settings: Settings, record: _Record) -> Any:
     """Return the case's arrays opened (mapped, their hashes checked in the job's pool), with the benchmark
     its standard needs."""
-    need_bench = settings.standard.needs_benchmark
-    key = summary_key(manifest.case, settings)
     device = job.outcome.grads if job.outcome is not None else None
-    opened = _open_arrays(
-        *(job.case_dir, job.output_dir, manifest, need_bench, job.pool, job.verify_inputs, record.inputs_run, key),
-        device=device,
-        outputs_run=record.outputs_run,
-        names=manifest.op.outputs,
-    )
+    where = (job.case_dir, job.output_dir, manifest, settings, job.pool, job.verify_inputs)
+    opened = _open_arrays(*where, record.inputs_run, device, record.outputs_run)
     if opened.problems:
         opened.stale()
         raise _Unjudged(opened.problems)
-    if need_bench and not opened.benchmark and opened.summary is None:
+    if settings.standard.needs_benchmark and not opened.benchmark and opened.summary is None:
         opened.stale()
         raise _Unjudged([f"{job.case_dir / MANIFEST}: no benchmark outputs, which standard {settings.label!r} needs"])
     assert opened.block_mask is not None
@@ -389,10 +398,10 @@ def _pair_verdict(
     case: Case, checks: list[Check], tensors: tuple[TensorResult, ...], causes: list[Cause]
 ) -> tuple[Check | None, str | None]:
     """Return a pair's expected-verdict check (if any) and what a pair that fails as it must says."""
-    failed = not all(c.passed for c in checks) or not all(t.passed for t in tensors)
-    message = "; ".join(c.detail for c in _failed_checks(checks, tensors))
-    forward_ok = all(t.passed for t in tensors if t.name in FORWARD_NAMES)
-    return expected_verdict(case.expect, failed, causes, message, not forward_ok)
+    every = [*checks, *(c for t in tensors for c in t.checks)]
+    failed = sorted((c for c in every if not c.passed), key=lambda c: -c.severity)  # as `CaseResult.message` has them
+    forward_failed = not all(t.passed for t in tensors if t.name in FORWARD_NAMES)
+    return expected_verdict(case.expect, bool(failed), causes, "; ".join(c.detail for c in failed), forward_failed)
 
 
 def _judge_op(
@@ -412,12 +421,6 @@ def _judge_op(
     if op.calls_backward:
         judged += judge_tensors(case, settings, *arrays, opened.summary)
     return judged, list(op_checks), notes
-
-
-def _failed_checks(checks: list[Check], tensors: tuple[TensorResult, ...]) -> list[Check]:
-    """The failed checks, most severe first (as `CaseResult.message` lists them)."""
-    every = [*checks, *(c for t in tensors for c in t.checks)]
-    return sorted((c for c in every if not c.passed), key=lambda c: -c.severity)
 
 
 @dataclass(frozen=True)
@@ -453,35 +456,23 @@ class _Diagnosing:
         return diagnose_forward(self.case, tensors, checked, *arrays, self.inputs, self.inner_precise, self.prefilled)
 
 
-def _diagnosis(
-    case_dir: Path,
-    manifest: Manifest,
-    tensors: tuple[TensorResult, ...],
-    checks: list[Check],
-    opened: Any,
-    causes: list[Cause] | None = None,
-    prefilled: bool = False,
-) -> dict[str, Any]:
-    """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed again: the
-    judgement already checked them or the run record answered for them).
+def _diagnosis(at: _Diagnosing, op: Op, causes: list[Cause]) -> dict[str, Any]:
+    """Return the `diagnosis` and `hypotheses` of a failing case (its inputs mapped, not hashed
+    again: the judgement already checked them or the run record answered for them).
 
     A forward folder: its out and lse (`diagnose_forward`). A pair: its causes first, then the forward's
     diagnosis when its out or lse fail, then dq, dk, dv: not diagnosed when the backward's right answer to
     the device's out and lse explains them (`carried_from_forward`), else as a backward's on what it read
     (the golden out and lse when the forward passes). docs/compare.md, "The forward and the pair".
     """
-    op = manifest.op
-    first = tuple(causes or ())
+    first = tuple(causes)
     tried = tuple(Hypothesis(c.kind, "the pair's pitfall", c.score, "explains: " + c.evidence) for c in first)
-    entries, inner_precise = dict(manifest.entries("inputs")), int(manifest.forward_params.get("inner_precise", 0))
     try:
-        inputs: Mapping[str, np.ndarray] = _LazyInputs(case_dir, entries, opened.inputs)
-        at = _Diagnosing(manifest.case, tensors, checks, opened, inputs, inner_precise, prefilled)
         with blas.one_thread_each(), np.errstate(all="ignore"):  # 1 thread: 100x faster; untrusted values
             if not op.calls_backward:
                 result = at.forward()
             elif not op.calls_forward:
-                result = diagnose(at.case, at.of(GRAD_NAMES), checks, *at.arrays(), inputs)
+                result = diagnose(at.case, at.of(GRAD_NAMES), at.checks, *at.arrays(), at.inputs)
             else:
                 result = _pair_diagnosis(at)
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the verdict stands
@@ -490,15 +481,7 @@ def _diagnosis(
     return {"diagnosis": (*first, *result.causes), "hypotheses": (*tried, *result.hypotheses)}
 
 
-@dataclass(frozen=True)
-class _Found:
-    """A pair's diagnosis: its causes and the hypotheses tried, as `diagnose` returns them."""
-
-    causes: list[Cause]
-    hypotheses: list[Hypothesis]
-
-
-def _pair_diagnosis(at: _Diagnosing) -> _Found:
+def _pair_diagnosis(at: _Diagnosing) -> Diagnosis:
     """Return a pair's causes and hypotheses: the forward step's, then its gradients' (docstring of
     `_diagnosis`)."""
     grads = at.of(GRAD_NAMES)
@@ -510,50 +493,28 @@ def _pair_diagnosis(at: _Diagnosing) -> _Found:
         found += [as_forward_step(c) for c in fwd.causes]
         notes += [replace(h, supposes="the forward: " + h.supposes) for h in fwd.hypotheses]
     if all(t.passed for t in grads):
-        return _Found(found, notes)
+        return Diagnosis(tuple(found), tuple(notes))
     dev_grads, gold_grads, bench_grads = at.arrays(GRAD_NAMES)
     read = PairInputs(at.inputs, at.opened.device if forward_failed else at.opened.golden)
     if forward_failed:
         carried = carried_from_forward(at.case, grads, dev_grads, gold_grads, bench_grads, read)
         notes.append(carried.hypothesis)
         if carried.explains:
-            return _Found(carried.attribute(found), notes)
+            return Diagnosis(tuple(carried.attribute(found)), tuple(notes))
     result = diagnose(at.case, grads, at.checks, dev_grads, gold_grads, bench_grads, read)
-    return _Found(found + list(result.causes), notes + list(result.hypotheses))
+    return Diagnosis((*found, *result.causes), (*notes, *result.hypotheses))
 
 
-def _scored_pair_causes(
-    case_dir: Path, manifest: Manifest, case: Case, tensors: tuple[TensorResult, ...], opened: Any, causes: list[Cause]
-) -> tuple[list[Cause], list[str]]:
+def _scored_pair_causes(at: _Diagnosing, causes: list[Cause]) -> tuple[list[Cause], list[str]]:
     """Score a pair's `padding-rows-read` by where the gradients' error is (`chain.score_padding`)."""
     if not any(c.kind == "padding-rows-read" for c in causes):
         return causes, []
-    inputs = PairInputs(_LazyInputs(case_dir, dict(manifest.entries("inputs")), opened.inputs), opened.device)
-    bench = pick_tensors(opened.benchmark, GRAD_NAMES) if opened.benchmark else None
-    dev, gold = pick_tensors(opened.device, GRAD_NAMES), pick_tensors(opened.golden, GRAD_NAMES)
+    dev, gold, bench = at.arrays(GRAD_NAMES)
     try:
         with blas.one_thread_each():
-            return score_padding(case, causes, tensors, dev, gold, bench, inputs)
+            return score_padding(at.case, causes, at.tensors, dev, gold, bench, PairInputs(at.inputs, at.opened.device))
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
         return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
-
-
-def _finish(
-    job: _Judging,
-    name: str,
-    op: Op,
-    known: Mapping[str, Any],
-    checks: list[Check],
-    tensors: tuple[TensorResult, ...],
-    output_bytes: int,
-) -> CaseResult:
-    passed = all(c.passed for c in checks) and all(t.passed for t in tensors)
-    passed = passed or bool(known.get("expected_failure"))  # a pair that fails as it must
-    note = release_note(known.get("release"), known.get("device_cann"))
-    if note:
-        known = {**known, "notes": (note, *known.get("notes", ()))}
-    verdict: Verdict = PASS if passed else FAIL
-    return job.result(name, op, verdict, checks=tuple(checks), tensors=tensors, output_bytes=output_bytes, **known)
 
 
 def release_note(release: str | None, device_cann: str | None) -> str | None:
