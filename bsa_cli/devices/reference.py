@@ -52,7 +52,6 @@ from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder, fres
 from .binary import ChildExit
 from .faults import (
     ALL_FAULTS,
-    FAULTS,
     effective_mask,
     fault_not_applied,
     fault_site,
@@ -62,18 +61,6 @@ from .faults import (
     plant_tile_noise,
 )
 from .reference_ops import Emulated, Unsupported, case_of, emulate_op, unsupported, write_outputs
-
-__all__ = [
-    "FAULTS",
-    "REFERENCE_DEVICE",
-    "ReferenceDevice",
-    "check_interface",
-    "emulate",
-    "emulate_case_dir",
-    "emulate_into",
-    "estimate_seconds",
-    "reporting",
-]
 
 REFERENCE_DEVICE = "reference (bsa emulate)"
 """How the built-in reference device is named in records and output: never presented as device results."""

@@ -199,21 +199,7 @@ class _CaseRun:
             problems.append(unmoved)
             outcome = "error"
         duration = time.monotonic() - clock
-        record = case_record(
-            name=self.name,
-            case_dir=self.case_dir,
-            output_dir=self.output_dir,
-            device_id=self.device_id,
-            options=self.options,
-            manifest=manifest,
-            attempts=self.attempts,
-            outcome=outcome,
-            problems=problems,
-            differences=self.differences,
-            started=started,
-            duration=duration,
-            skipped=skipped,
-        )
+        record = case_record(self, manifest, outcome, problems, started, duration, skipped)
         record["inputs"] = inputs_run
         return self._recorded(manifest, record, duration, skipped)
 
@@ -379,14 +365,7 @@ class _CaseRun:
         suffix = "" if index == 1 else f".run{index}"
         order_args, order_seed = self.device.run_order(self.options.seed, self.name, index, self.options.deterministic)
         argv = self.device.argv(self.case_dir, staging, self.device_id) + order_args
-        return Attempt(
-            index=index,
-            argv=argv,
-            staging=staging,
-            stdout_log=f"stdout{suffix}.log",
-            stderr_log=f"stderr{suffix}.log",
-            order_seed=order_seed,
-        )
+        return Attempt(index, argv, staging, f"stdout{suffix}.log", f"stderr{suffix}.log", order_seed=order_seed)
 
     def _attempt_problems(self, attempt: Attempt) -> list[str]:
         if attempt.interrupted:
@@ -505,24 +484,21 @@ def run_cases(
     for thread in workers:
         thread.start()
 
-    def drain() -> None:
+    def drain(timeout: float | None = None) -> None:
+        """Hand the waiting events to `on_event` (waiting up to `timeout` s for the first)."""
         while True:
             try:
-                event = events.get_nowait()
+                event = events.get(timeout=timeout) if timeout else events.get_nowait()
             except queue.Empty:
                 return
+            timeout = None
             if on_event is not None:
                 on_event(event)
 
     interrupted = False
     try:
         while any(t.is_alive() for t in workers):
-            try:
-                event = events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if on_event is not None:
-                on_event(event)
+            drain(0.1)
     except KeyboardInterrupt:
         interrupted = True
         cancel.cancel()
