@@ -158,7 +158,7 @@ def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
     """
     if attempt.exit_code != ChildExit.CANNOT_RUN or attempt.signal is not None or attempt.timed_out:
         return
-    head = _log_head(execution.output_dir / attempt.stderr_log, 4096)
+    head = software.read_head(execution.output_dir / attempt.stderr_log, 4096)
     first = [] if head is None else head.splitlines()[:1]
     if not first or not first[0].startswith(CANNOT_RUN_PREFIX) or not first[0][len(CANNOT_RUN_PREFIX) :].strip():
         return
@@ -169,15 +169,6 @@ def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
 def mark_prefill(attempt: Attempt, execution: Execution) -> None:
     """Record that the binary pre-filled the forward's outputs with NaN (its stdout line `PREFILL_LINE`,
     read from the first 64 KiB of its log)."""
-    head = _log_head(execution.output_dir / attempt.stdout_log, 65536)
+    head = software.read_head(execution.output_dir / attempt.stdout_log, 65536)
     if head is not None and PREFILL_LINE in head.splitlines():
         attempt.prefilled_outputs = "nan"
-
-
-def _log_head(path: Path, size: int) -> str | None:
-    """Return the first `size` bytes of a log as text, or None when it cannot be read."""
-    try:
-        with open(path, "rb") as log:
-            return log.read(size).decode("utf-8", "replace")
-    except OSError:
-        return None

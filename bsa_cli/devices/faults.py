@@ -345,16 +345,18 @@ def plant_nan_row(case: Case, dq: np.ndarray, site: Site | None) -> None:
         q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
 
 
-def plant_rows_swapped(case: Case, dq: np.ndarray, site: Site | None) -> None:
-    """Swap the first two rows of the site's query block (its one row and the row before it when it has one)."""
+def plant_rows_swapped(case: Case, site: Site | None, *tensors: np.ndarray) -> None:
+    """Swap the first two rows of the site's query block (its one row and the row before it when it has one) in
+    each tensor: query-shaped (dq, out), or an lse's rows (the query shape without D)."""
     if site is None:
         return
     first = site.q_block * case.block_shape[0]
-    rows = q_view(case, dq, site.span)[site.head]
     a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
     if a < 0:
         return
-    rows[[a, b]] = rows[[b, a]]
+    for tensor in tensors:
+        rows = (q_view if tensor.ndim == len(case.q_shape) else lse_view)(case, tensor, site.span)[site.head]
+        rows[[a, b]] = rows[[b, a]]
 
 
 def plant_tile_noise(

@@ -34,10 +34,9 @@ import numpy as np
 
 from ..core import blas
 from ..core.case import Case, numpy_dtype
-from ..core.layout import lse_view, q_view
 from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
 from ..golden import forward_case
-from .faults import FORWARD_FAULTS, fault_site, forward_selection
+from .faults import FORWARD_FAULTS, fault_site, forward_selection, plant_rows_swapped
 
 PIECE_ROWS = 128
 """Most query rows the forward kernel takes at once (a block row of X > 128 rows is cut into pieces)."""
@@ -50,9 +49,6 @@ LOG2E = float(np.log2(np.e))
 
 NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
 """The quiet NaN the output buffers are pre-filled with, per dtype (as the C++ harness fills them)."""
-
-OUTPUT_NAMES = ("out", "lse")
-"""The forward's outputs, as the manifest's outputs section names them."""
 
 
 def prefilled(shape: tuple[int, ...], dtype_name: str) -> np.ndarray:
@@ -242,7 +238,7 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
                         if write_lse:
                             lse_entry[head, rows] = lse32 * np.float32(LOG2E) if fault == "forward-lse-base2" else lse32
     if fault == "forward-rows-swapped":
-        _swap_rows(fcase, block_mask, out, lse_rows)
+        plant_rows_swapped(fcase, fault_site(fcase, block_mask), out, lse_rows)
     return {"out": out, "lse": lse}
 
 
@@ -266,19 +262,6 @@ def _noisy_tile(case: Case, query: np.ndarray, keys: np.ndarray, values: np.ndar
     noisy = out32.copy()
     noisy[:rows, col0 : col0 + 16] = exact + 8.0 * (rounded - exact)
     return noisy
-
-
-def _swap_rows(case: Case, block_mask: np.ndarray, out: np.ndarray, lse_rows: np.ndarray) -> None:
-    """Swap out's and lse's first two rows of the middle written query block (its row and the one before)."""
-    site = fault_site(case, block_mask)
-    if site is None:
-        return
-    first = site.q_block * case.block_shape[0]
-    a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
-    if a < 0:
-        return
-    for rows in (q_view(case, out, site.span)[site.head], lse_view(case, lse_rows, site.span)[site.head]):
-        rows[[a, b]] = rows[[b, a]]
 
 
 def backward_tensors(

@@ -353,7 +353,7 @@ def emulate(
     if fault in ("nan-row", "tile-noise", "rows-swapped"):
         site = fault_site(case, block_mask)
         if fault == "rows-swapped":
-            plant_rows_swapped(case, grads["dq"], site)
+            plant_rows_swapped(case, site, grads["dq"])
         elif fault == "nan-row":
             plant_nan_row(case, grads["dq"], site)
         elif site is not None:

@@ -96,14 +96,8 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     unwritten = unwritten_outputs(manifest)
     every = "all" if manifest.op.calls_forward else "all three"
     if first.status != other.status:
-        diffs.append(
-            {
-                "run": other.index,
-                "output": "status",
-                "matters": True,
-                "message": f"status differs: run 1 {first.status}, run {other.index} {other.status}",
-            }
-        )
+        message = f"status differs: run 1 {first.status}, run {other.index} {other.status}"
+        diffs.append({"run": other.index, "output": "status", "matters": True, "message": message})
     for name, entry in manifest.entries("outputs"):
         a, b = first.outputs.get(name), other.outputs.get(name)
         if (a or {}).get("sha256") == (b or {}).get("sha256"):
@@ -147,12 +141,5 @@ def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt, judge: Ru
     if failed is None:
         return []
     verdict, why = failed
-    return [
-        {
-            "run": attempt.index,
-            "output": "verdict",
-            "verdict": verdict,
-            "matters": True,
-            "message": f"run {attempt.index} is {verdict} by the standard: {why}",
-        }
-    ]
+    message = f"run {attempt.index} is {verdict} by the standard: {why}"
+    return [{"run": attempt.index, "output": "verdict", "verdict": verdict, "matters": True, "message": message}]

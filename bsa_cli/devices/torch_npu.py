@@ -53,7 +53,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +69,7 @@ from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, f
 from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
 from .process import spawn
 from .torch_npu_ops import (
+    BACKWARD_STATUS_PATTERN,
     TORCH_DTYPES,
     CannotRun,
     DeviceFailure,
@@ -87,9 +87,6 @@ TORCH_NPU_MODULE = "bsa_cli.devices.torch_npu"
 
 BINDING = "npu_block_sparse_attention_backward"
 """The torch_npu function this device calls."""
-
-STATUS_PATTERN = re.compile(r"call aclnnBlockSparseAttentionGrad failed, error code is (\d+)")
-"""How an aclnn status appears in the RuntimeError torch_npu raises (NPU_CHECK_ERROR after EXEC_NPU_CMD)."""
 
 CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
 """The manifest inputs in the binding's order (d_out first): the seven tensors, passed positionally."""
@@ -193,7 +190,7 @@ def plan_call(manifest: Manifest) -> Call:
 
 def aclnn_status(message: str) -> int | None:
     """Return the aclnn status an exception message from torch_npu carries, or None."""
-    found = STATUS_PATTERN.search(message)
+    found = BACKWARD_STATUS_PATTERN.search(message)  # NPU_CHECK_ERROR after EXEC_NPU_CMD
     return int(found.group(1)) if found else None
 
 
@@ -337,12 +334,23 @@ class TorchNpuDevice(ChildDevice):
 
     @classmethod
     def create(cls) -> TorchNpuDevice:
-        """Return the device once this Python finds torch and torch_npu (without importing them).
+        """Return the device once this Python finds torch and torch_npu, without importing them (the child
+        imports them).
 
         Raises:
             RunConfigError: naming the module that is missing and what to install.
         """
-        _check_torch_npu()
+        for module in ("torch", "torch_npu"):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                raise RunConfigError(
+                    f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
+                    "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
+                    "'On an Ascend host'), or run the C++ harness with --binary"
+                )
         return cls()
 
     @property
@@ -372,25 +380,6 @@ class TorchNpuDevice(ChildDevice):
         except (importlib.metadata.PackageNotFoundError, ValueError):
             return None  # unknown here: the child decides
         return torch_npu_ops.autograd_refusal(version)
-
-
-def _check_torch_npu() -> None:
-    """Check that this Python finds torch and torch_npu, without importing them (the child imports them).
-
-    Raises:
-        RunConfigError: naming the module that is missing and what to install.
-    """
-    for module in ("torch", "torch_npu"):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise RunConfigError(
-                f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
-                "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
-                "'On an Ascend host'), or run the C++ harness with --binary"
-            )
 
 
 if __name__ == "__main__":

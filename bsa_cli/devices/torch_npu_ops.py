@@ -114,16 +114,11 @@ def _int_list(values: Sequence[Any] | None) -> list[int] | None:
     return None if values is None else [_int(v) for v in values]
 
 
-def torch_version(text: str) -> tuple[int, int] | None:
-    """Return (major, minor) of a torch version string ("2.6.0+cpu" -> (2, 6)), or None."""
-    found = re.match(r"\s*(\d+)\.(\d+)", text or "")
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
 def autograd_refusal(version: str | None) -> str | None:
-    """Return why autograd cannot run with torch `version` (None: it can, or the version is unknown)."""
-    parsed = torch_version(version or "")
-    if parsed is None or parsed >= AUTOGRAD_SINCE:
+    """Return why autograd cannot run with torch `version` ("2.6.0+cpu": major 2, minor 6; None: it can, or the
+    version is unknown)."""
+    found = re.match(r"\s*(\d+)\.(\d+)", version or "")
+    if found is None or (int(found.group(1)), int(found.group(2))) >= AUTOGRAD_SINCE:
         return None
     return (
         f"autograd needs torch 2.6 or later (torch_npu registers the forward's gradient for v2.6 and newer, "
@@ -264,11 +259,8 @@ def plan_op(manifest: Manifest) -> OpPlan:
 
 def aclnn_status(message: str) -> int | None:
     """Return the aclnn status (the forward's or the backward's) an exception message from torch_npu carries."""
-    for pattern in (FORWARD_STATUS_PATTERN, BACKWARD_STATUS_PATTERN):
-        found = pattern.search(message)
-        if found:
-            return int(found.group(1))
-    return None
+    found = FORWARD_STATUS_PATTERN.search(message) or BACKWARD_STATUS_PATTERN.search(message)
+    return int(found.group(1)) if found else None
 
 
 # ---- tensors (torch is imported by the caller and passed in) --------------------------------------
