@@ -170,6 +170,7 @@ def _fp32_sum_of_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
+@blas.one_thread_each()  # small products: threads of BLAS only spin against other processes
 def run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None) -> dict[str, np.ndarray]:
     """Compute attentionOut and softmaxLse of a case as the forward kernel does, into NaN-filled buffers.
 
@@ -185,12 +186,7 @@ def run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None
         written only where the forward writes (lse only with softmax_lse_flag 1, and not with lse-not-written).
         Like the kernel it raises no floating-point warnings.
     """
-    with blas.one_thread_each():  # small products: threads of BLAS only spin against other processes
-        return _run_forward(case, tensors, fault if fault in FORWARD_FAULTS else None)
-
-
-def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None) -> dict[str, np.ndarray]:
-    """Compute `run_forward` (its fault a forward fault or None), BLAS already on one thread."""
+    fault = fault if fault in FORWARD_FAULTS else None
     io_dtype = numpy_dtype(case.dtype)
     out = prefilled(case.q_shape, case.dtype)
     lse = prefilled(case.lse_shape_dims, "float32")
@@ -202,6 +198,9 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
     fcase = forward_case(case)
     spans = {s.batch: s for s in fcase.spans()}
     group = case.num_heads // case.num_kv_heads
+    site = fault_site(fcase, block_mask) if fault == "forward-tile-noise" else None
+    # (batch, head, query block, first row) of the piece forward-tile-noise lands in: the middle written block
+    noisy_piece = None if site is None else (site.span.batch, site.head, site.q_block, site.q_block * x)
     for batch, q_start, q_len, kv_start, kv_len in _entries(case):
         if q_len == 0 or kv_len == 0:
             continue
@@ -230,9 +229,7 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
                         rows = slice(first, min(first + PIECE_ROWS, (q_block + 1) * x, q_len))
                         query32 = to_dtype(query[head, rows], io_dtype).astype(np.float32)
                         out32, lse32 = _piece(query32, key32, value32, positions, softmax, io_dtype, fault)
-                        if fault == "forward-tile-noise" and (batch, head, q_block, first) == _tile_site(
-                            case, block_mask
-                        ):
+                        if (batch, head, q_block, first) == noisy_piece:
                             out32 = _noisy_tile(case, query32, key32[positions], value32[positions], out32)
                         out_entry[head, rows] = to_dtype(out32, io_dtype, FORWARD_TIES)
                         if write_lse:
@@ -240,14 +237,6 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
     if fault == "forward-rows-swapped":
         plant_rows_swapped(fcase, fault_site(fcase, block_mask), out, lse_rows)
     return {"out": out, "lse": lse}
-
-
-def _tile_site(case: Case, block_mask: np.ndarray) -> tuple[int, int, int, int] | None:
-    """(batch, head, query block, first row) of the piece `forward-tile-noise` lands in: the middle written block."""
-    site = fault_site(forward_case(case), block_mask)
-    if site is None:
-        return None
-    return site.span.batch, site.head, site.q_block, site.q_block * case.block_shape[0]
 
 
 def _noisy_tile(case: Case, query: np.ndarray, keys: np.ndarray, values: np.ndarray, out32: np.ndarray) -> np.ndarray:

@@ -47,19 +47,9 @@ from ..core.streams import seeded
 from ..ops import interface
 from ..store import MANIFEST, load_manifest, read_array
 from ..store.manifest import Manifest
-from . import software
+from . import faults, software
 from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder, fresh_outputs, write_status
 from .binary import ChildExit
-from .faults import (
-    ALL_FAULTS,
-    effective_mask,
-    fault_not_applied,
-    fault_site,
-    kernel_scale,
-    plant_nan_row,
-    plant_rows_swapped,
-    plant_tile_noise,
-)
 from .reference_ops import Emulated, Unsupported, case_of, emulate_op, unsupported, write_outputs
 
 REFERENCE_DEVICE = "reference (bsa emulate)"
@@ -271,7 +261,7 @@ def _tile_grads(
     query = seq.query[rows]
     dout = seq.dout[rows]
     probs = query @ key.T
-    probs *= kernel_scale(case, fault)
+    probs *= faults.kernel_scale(case, fault)
     if fault == "lse-base2":
         probs *= _LOG2E
         probs -= seq.lse[rows, None]
@@ -321,8 +311,8 @@ def emulate(
         kernel it raises no floating-point warnings: an inf or NaN (a selected row with an infinite lse, a
         fault) just appears in the outputs, for the comparator to find.
     """
-    if fault is not None and fault not in ALL_FAULTS:
-        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(ALL_FAULTS)}")
+    if fault is not None and fault not in faults.ALL_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(faults.ALL_FAULTS)}")
     if fault == "heads-interleaved":
         return _emulate_interleaved(case, tensors, order_seed)
     io_dtype = numpy_dtype(case.dtype)
@@ -331,7 +321,7 @@ def emulate(
     lose_update = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
     dq, dk, dv = (np.zeros(shape, dtype=np.float32) for shape in (case.q_shape, case.kv_shape, case.kv_shape))
     spans = [span for span in case.spans() if span.q_len and span.kv_len]
-    masks = {span.batch: effective_mask(case, block_mask, span, fault) for span in spans}
+    masks = {span.batch: faults.effective_mask(case, block_mask, span, fault) for span in spans}
     ticker = _Ticker(case.name, sum(int(np.count_nonzero(m)) for m in masks.values())) if _REPORTERS else None
     for span in spans:
         seq = _load_sequence(case, tensors, span)
@@ -341,7 +331,7 @@ def emulate(
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
-    scale32 = kernel_scale(case, fault)
+    scale32 = faults.kernel_scale(case, fault)
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
@@ -351,13 +341,13 @@ def emulate(
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
     if fault in ("nan-row", "tile-noise", "rows-swapped"):
-        site = fault_site(case, block_mask)
+        site = faults.fault_site(case, block_mask)
         if fault == "rows-swapped":
-            plant_rows_swapped(case, site, grads["dq"])
+            faults.plant_rows_swapped(case, site, grads["dq"])
         elif fault == "nan-row":
-            plant_nan_row(case, grads["dq"], site)
+            faults.plant_nan_row(case, grads["dq"], site)
         elif site is not None:
-            plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
+            faults.plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
     return grads
 
 
@@ -423,7 +413,7 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     grads = emulate(case, tensors, fault, order_seed)  # on one BLAS thread (its decorator)
     write_outputs(paths, manifest, grads, str(case_dir / MANIFEST), "the case")
     write_status(output_dir, 0)
-    not_applied = fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
+    not_applied = faults.fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
     return Emulated(0, not_applied)
 
 
@@ -455,9 +445,9 @@ class ReferenceDevice:
         Raises:
             RunConfigError: an unknown fault.
         """
-        if fault is not None and fault not in ALL_FAULTS:
-            known = ", ".join(sorted(ALL_FAULTS)) or "none"
-            raise RunConfigError(f"unknown fault '{fault}'{suggest(fault, ALL_FAULTS)}; known faults: {known}")
+        if fault is not None and fault not in faults.ALL_FAULTS:
+            known = ", ".join(sorted(faults.ALL_FAULTS)) or "none"
+            raise RunConfigError(f"unknown fault '{fault}'{suggest(fault, faults.ALL_FAULTS)}; known faults: {known}")
         return cls(fault=fault)
 
     @property

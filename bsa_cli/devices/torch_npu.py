@@ -68,17 +68,7 @@ from . import software, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
 from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
 from .process import spawn
-from .torch_npu_ops import (
-    BACKWARD_STATUS_PATTERN,
-    TORCH_DTYPES,
-    CannotRun,
-    DeviceFailure,
-    NotExpressible,
-    TorchNpuMissing,
-    _int,
-    _int_list,
-    to_tensor,
-)
+from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, _int, _int_list, to_tensor
 
 TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
 """How the torch_npu device is named in records and output."""
@@ -170,7 +160,7 @@ def plan_call(manifest: Manifest) -> Call:
                 + (f" ({like.get('dtype')} {list(like.get('shape', ()))})" if like else " (null here)")
             )
     for input_name, entry in manifest.entries("inputs"):
-        if entry.get("dtype") not in TORCH_DTYPES:
+        if entry.get("dtype") not in torch_npu_ops.TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     q_lengths, kv_lengths = call_lengths(params)
     try:
@@ -190,7 +180,7 @@ def plan_call(manifest: Manifest) -> Call:
 
 def aclnn_status(message: str) -> int | None:
     """Return the aclnn status an exception message from torch_npu carries, or None."""
-    found = BACKWARD_STATUS_PATTERN.search(message)  # NPU_CHECK_ERROR after EXEC_NPU_CMD
+    found = torch_npu_ops.BACKWARD_STATUS_PATTERN.search(message)  # NPU_CHECK_ERROR after EXEC_NPU_CMD
     return int(found.group(1)) if found else None
 
 

@@ -210,14 +210,8 @@ def plan_op(manifest: Manifest) -> OpPlan:
         if entry.get("dtype") not in TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     descs = {name: (entry.get("dtype"), list(entry.get("shape") or ())) for name, entry in manifest.entries("inputs")}
-    q_shape = descs["query"][1]
-    wanted = {
-        "out": descs["query"],
-        "lse": ("float32", binding_lse_shape(q_shape)),
-        "dq": descs["query"],
-        "dk": descs["key"],
-        "dv": descs["value"],
-    }
+    wanted = {"out": descs["query"], "lse": ("float32", binding_lse_shape(descs["query"][1]))}
+    wanted |= {"dq": descs["query"], "dk": descs["key"], "dv": descs["value"]}
     for output in op.outputs:
         found = outputs.get(output)
         if found is None:
@@ -246,12 +240,9 @@ def plan_op(manifest: Manifest) -> OpPlan:
         if BACKWARD_BINDING in op.torch_npu_calls:
             bq, bkv = call_lengths(params)
             shared = ("q_input_layout", "kv_input_layout", "num_key_value_heads", "scale_value")
-            backward = {
-                "block_shape": forward.block_shape,
-                "actual_seq_lengths": _int_list(bq),
-                "actual_seq_lengths_kv": _int_list(bkv),
-                **{key: getattr(forward, key) for key in shared},  # the forward's, in the backward's order
-            }
+            lengths = {"actual_seq_lengths": _int_list(bq), "actual_seq_lengths_kv": _int_list(bkv)}
+            # the forward's own values, in the backward's order
+            backward = {"block_shape": forward.block_shape, **lengths, **{key: getattr(forward, key) for key in shared}}
     except (KeyError, TypeError, ValueError) as exc:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
     return OpPlan(op=op, forward=forward, backward=backward, outputs=op.outputs)
