@@ -188,11 +188,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     return False
 
 
-FORWARD_MASK_FAULTS = {
-    "forward-mask-transposed": "mask-transposed",
-    "forward-block-shift": "block-shift",
-    "forward-drop-tail-block": "drop-tail-block",
-}
+FORWARD_MASK_FAULTS = {f"forward-{name}": name for name in ("mask-transposed", "block-shift", "drop-tail-block")}
 """The forward's faults that read the mask otherwise, and the backward's fault (`effective_mask`) reading it so."""
 
 
@@ -372,11 +368,10 @@ def plant_tile_noise(
     kv_head = head // case.group_size
     selected = np.flatnonzero(mask_view(case, block_mask, span)[head, site.q_block])
     kv_pos = np.concatenate([np.arange(int(j) * y, min((int(j) + 1) * y, span.kv_len)) for j in selected])
-    key = kv_view(case, tensors["key"], span)[kv_head, kv_pos].astype(np.float64)
-    value = kv_view(case, tensors["value"], span)[kv_head, kv_pos].astype(np.float64)
-    query = q_view(case, tensors["query"], span)[head, rows].astype(np.float64)
-    dout = q_view(case, tensors["dout"], span)[head, rows].astype(np.float64)
-    out = q_view(case, tensors["attention_out"], span)[head, rows].astype(np.float64)
+    key, value = (kv_view(case, tensors[name], span)[kv_head, kv_pos].astype(np.float64) for name in ("key", "value"))
+    query, dout, out = (
+        q_view(case, tensors[name], span)[head, rows].astype(np.float64) for name in ("query", "dout", "attention_out")
+    )
     lse = lse_view(case, np.asarray(tensors["softmax_lse"]), span)[head, rows].astype(np.float64)
     probs = np.exp(case.kernel_scale * (query @ key.T) - lse[:, None])
     dscores = probs * (dout @ value.T - (dout * out).sum(axis=1, keepdims=True))

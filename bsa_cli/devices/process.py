@@ -84,12 +84,9 @@ def spawn(attempt: Attempt, execution: Execution) -> None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=0.05)
                     break
-                if execution.cancel.event.is_set():
-                    attempt.interrupted = True
-                    stop_group(proc)
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    attempt.timed_out = True
+                cancelled = execution.cancel.event.is_set()
+                if cancelled or (deadline is not None and time.monotonic() > deadline):
+                    attempt.interrupted, attempt.timed_out = cancelled, not cancelled
                     stop_group(proc)
                     break
         finally:

@@ -163,19 +163,14 @@ class _Sequence:
 
 def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: SequenceSpan) -> _Sequence:
     io_dtype = numpy_dtype(case.dtype)
-    dim = case.head_dim
-    dout = _io32(q_view(case, tensors["dout"], span), io_dtype).reshape(-1, dim)
-    out = _io32(q_view(case, tensors["attention_out"], span), io_dtype).reshape(-1, dim)
-    lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
-    return _Sequence(
-        query=_io32(q_view(case, tensors["query"], span), io_dtype).reshape(-1, dim),
-        dout=dout,
-        dsum=(dout * out).sum(axis=1, dtype=np.float32),
-        lse=lse.reshape(-1),
-        key=_io32(kv_view(case, tensors["key"], span), io_dtype),
-        value=_io32(kv_view(case, tensors["value"], span), io_dtype),
-        q_len=span.q_len,
+    query, dout, out = (
+        _io32(q_view(case, tensors[name], span), io_dtype).reshape(-1, case.head_dim)
+        for name in ("query", "dout", "attention_out")
     )
+    key, value = (_io32(kv_view(case, tensors[name], span), io_dtype) for name in ("key", "value"))
+    lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
+    dsum = (dout * out).sum(axis=1, dtype=np.float32)
+    return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len)
 
 
 _CHUNK_ROWS = 512

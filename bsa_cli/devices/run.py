@@ -180,7 +180,9 @@ class _CaseRun:
             return self._result(manifest, "error", [*problems, unwritable], None, time.monotonic() - clock)
         problems += _clear_stale(self.output_dir, manifest)
         outcome: Outcome = "error" if problems else "ok"
-        skipped = None if manifest is None or outcome != "ok" else self._skip_reason(manifest)
+        skipped = None
+        if manifest is not None and outcome == "ok":  # gen skipped its op, or the device cannot run the op
+            skipped = manifest.skip if manifest.skip is not None else self.device.unsupported(manifest)
         outcome = "skipped" if skipped is not None else outcome
         inputs_run = None
         if manifest is not None and outcome == "ok":
@@ -275,12 +277,6 @@ class _CaseRun:
             ]
             record["outcome"] = "error"
         return self._result(manifest, record["outcome"], record["problems"], record, duration, skipped)
-
-    def _skip_reason(self, manifest: Manifest) -> str | None:
-        """Return why this case folder is not run: gen skipped its op, or the device cannot run the op."""
-        if manifest.skip is not None:
-            return manifest.skip
-        return self.device.unsupported(manifest)
 
     def _moved(self, staging: Path | None = None) -> str | None:
         """Return why the folders of this run are no longer bsa's (checked after a binary exits, as before it
