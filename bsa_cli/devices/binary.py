@@ -69,9 +69,7 @@ class BinaryDevice(ChildDevice):
 
     @property
     def name(self) -> str:
-        if self.binary is not None:
-            return str(self.binary)
-        return shlex.split(self.cmd or "")[0]
+        return str(self.binary) if self.binary is not None else shlex.split(self.cmd or "")[0]
 
     @property
     def announcement(self) -> str:

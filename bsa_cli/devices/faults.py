@@ -147,14 +147,13 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
-    if name in REPEAT_FAULTS:  # one fixed order is only visible where two pairs add into one kv block
+    # One fixed order, or a lost update, shows only where two pairs add into one kv block.
+    if name in REPEAT_FAULTS or name == "race-lost-update":
         return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
     if name == "nan-row":
         return math.prod(case.q_shape) > 0
     if name == "no-gqa-sum" and case.group_size <= 1:
         return False
-    if name == "race-lost-update" and block_mask is not None:
-        return any(_shared_blocks(case, block_mask, span) for span in spans)
     if name in ("dk-no-scale", "dq-scaled-twice") and case.kernel_scale == 1.0:
         return False
     if name == "heads-interleaved" and not (case.group_size > 1 and case.num_kv_heads > 1):
@@ -174,8 +173,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
         if not mask.any():
             continue
         if name == "no-gqa-sum":
-            group = case.group_size
-            if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
+            if mask.reshape(case.num_kv_heads, case.group_size, *mask.shape[1:])[:, 1:].any():
                 return True
         elif name == "heads-interleaved":
             if mask[_moved_heads(case)].any():

@@ -201,9 +201,7 @@ def _sequence_grads(
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
     group = mask.shape[0] // kv_heads
-    dq = np.zeros_like(seq.query)
-    dk = np.zeros_like(seq.key)
-    dv = np.zeros_like(seq.value)
+    dq, dk, dv = (np.zeros_like(grad_of) for grad_of in (seq.query, seq.key, seq.value))
     block_rows = [np.arange(i * x, min((i + 1) * x, seq.q_len)) for i in range(mask.shape[1])]
     pairs_per_tile = max(1, _CHUNK_ROWS // x)
     lost = False
@@ -251,10 +249,8 @@ def _tile_grads(
     """
     io_dtype = numpy_dtype(case.dtype)
     rows = np.concatenate(pair_rows)
-    key = seq.key[kv_head, cols]
-    value = seq.value[kv_head, cols]
-    query = seq.query[rows]
-    dout = seq.dout[rows]
+    key, value = seq.key[kv_head, cols], seq.value[kv_head, cols]
+    query, dout = seq.query[rows], seq.dout[rows]
     probs = query @ key.T
     probs *= faults.kernel_scale(case, fault)
     if fault == "lse-base2":
@@ -477,9 +473,8 @@ class ReferenceDevice:
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         """Run the reference device in this process (same contract, same record). Ctrl-C stops it within
         one kv block (its progress calls look at the cancel flag): the case is recorded as interrupted."""
-        stdout = execution.output_dir / attempt.stdout_log
+        (execution.output_dir / attempt.stdout_log).write_text("")
         stderr = execution.output_dir / attempt.stderr_log
-        stdout.write_text("")
         cancelled = execution.cancel.event
 
         def stop_if_cancelled(_name: str, _fraction: float) -> None:
