@@ -170,18 +170,13 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
         return bool(spans)
     for span in spans:
         mask = mask_view(case, block_mask, span)
-        if not mask.any():
-            continue
-        if name == "no-gqa-sum":
-            if mask.reshape(case.num_kv_heads, case.group_size, *mask.shape[1:])[:, 1:].any():
-                return True
+        if name == "no-gqa-sum":  # the selection of the non-first heads of each group
+            mask = mask.reshape(case.num_kv_heads, case.group_size, *mask.shape[1:])[:, 1:]
         elif name == "heads-interleaved":
-            if mask[_moved_heads(case)].any():
-                return True
-        elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
-            if not np.array_equal(mask, effective_mask(case, block_mask, span, name)):
-                return True
-        else:
+            mask = mask[_moved_heads(case)]
+        elif name in ("drop-tail-block", "mask-transposed", "block-shift") and mask.any():
+            mask = mask != effective_mask(case, block_mask, span, name)  # where the fault reads another selection
+        if mask.any():
             return True
     return False
 

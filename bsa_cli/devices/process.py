@@ -57,8 +57,7 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
 def spawn(attempt: Attempt, execution: Execution) -> None:
     """Run `attempt.argv` in its own process group, its output into capped logs, until it exits, runs past
     the time limit, or the run is cancelled; record how it ended in `attempt`."""
-    env = dict(os.environ)
-    env.update(execution.env)
+    env = {**os.environ, **execution.env}
     deadline = None if execution.timeout is None else time.monotonic() + execution.timeout
     with (
         CappedLog(execution.output_dir / attempt.stdout_log) as out,

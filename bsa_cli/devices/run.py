@@ -427,8 +427,7 @@ def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Except
 
 def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) -> RunResult:
     """Run one case (with its repeats) and write its `run.json`; return the result."""
-    cancel = Cancel()
-    return _CaseRun(case_dir, options, options.device_ids[0] if device_id is None else device_id, cancel).run()
+    return _CaseRun(case_dir, options, options.device_ids[0] if device_id is None else device_id, Cancel()).run()
 
 
 def run_cases(

@@ -173,7 +173,7 @@ def from_torch_npu_log(log: Path | None) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": "torch_npu", **dict.fromkeys(TORCH_NPU_KEYS)}
     if log is None:
         return record
-    try:
+    with contextlib.suppress(Exception):  # a malformed line: the values stay null
         lines = [line for line in (read_head(log, LOG_MAX_BYTES) or "").splitlines() if line.startswith(MARKER)]
         if not lines or len(lines[-1]) > LINE_MAX_CHARS:
             return record
@@ -181,6 +181,4 @@ def from_torch_npu_log(log: Path | None) -> dict[str, Any]:
         if isinstance(found, dict):
             for key in TORCH_NPU_KEYS:
                 record[key] = clean(found.get(key), PATH_MAX_CHARS if key == "cann_source" else VALUE_MAX_CHARS)
-    except Exception:  # a malformed line: the values stay null
-        pass
     return record
