@@ -28,7 +28,7 @@ and the backward device; `forward_mask` is the mask as the forward receives it (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -214,10 +214,9 @@ def run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None
         for kv_head in range(case.num_kv_heads):
             key32 = to_dtype(key[kv_head], io_dtype).astype(np.float32)
             value32 = to_dtype(value[kv_head], io_dtype).astype(np.float32)
+            heads: Sequence[int] = range(kv_head * group, (kv_head + 1) * group)
             if fault == "forward-heads-interleaved":
                 heads = [n for n in range(case.num_heads) if n % case.num_kv_heads == kv_head]
-            else:
-                heads = list(range(kv_head * group, (kv_head + 1) * group))
             for head in heads:
                 for q_block in range(n_q):
                     blocks = np.flatnonzero(selection[head, q_block])

@@ -134,22 +134,15 @@ class CappedLog:
 
     def write(self, data: bytes) -> None:
         try:
-            self._write(data)
+            head = data[: max(0, LOG_HEAD_BYTES - self.head)]
+            self.file.write(head)
+            self.head += len(head)
+            self.tail += data[len(head) :]
+            extra = max(0, len(self.tail) - LOG_TAIL_BYTES)
+            del self.tail[:extra]
+            self.cut += extra
         except OSError:  # a full disk: the rest of the output is read and dropped, so the child never blocks
             self.cut += len(data)
-
-    def _write(self, data: bytes) -> None:
-        if self.head < LOG_HEAD_BYTES:
-            part = data[: LOG_HEAD_BYTES - self.head]
-            self.file.write(part)
-            self.head += len(part)
-            data = data[len(part) :]
-        if data:
-            self.tail += data
-            if len(self.tail) > LOG_TAIL_BYTES:
-                extra = len(self.tail) - LOG_TAIL_BYTES
-                del self.tail[:extra]
-                self.cut += extra
 
 
 class PipeReader(threading.Thread):

@@ -122,20 +122,17 @@ def case_record(
     if runs:
         runs[0]["output_dir"] = str(output_dir)  # its files were moved up there
     env = options.env(device_id)
+    device_record = {"name": device.name, "kind": device.kind, "id": device_id, "fault": device.fault}
+    device_record["fault_not_applied"] = first.fault_not_applied if first else None
+    if first and first.prefilled_outputs:
+        device_record["prefilled_outputs"] = first.prefilled_outputs
     return {
         "format": RUN_FORMAT,
         "tool": {"name": "bsa", "version": __version__},
         "case": run.name,
         "case_dir": str(run.case_dir),
         "output_dir": str(output_dir),
-        "device": {
-            "name": device.name,
-            "kind": device.kind,
-            "id": device_id,
-            "fault": device.fault,
-            "fault_not_applied": first.fault_not_applied if first else None,
-            **({"prefilled_outputs": first.prefilled_outputs} if first and first.prefilled_outputs else {}),
-        },
+        "device": device_record,
         "binary": device.binary_record,
         "command": first.argv if first else None,
         "env": env,

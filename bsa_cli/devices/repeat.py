@@ -31,9 +31,7 @@ ATOMIC_OUTPUTS = ("dk", "dv")
 
 def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
     """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
-    if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0:
-        return ("lse",)
-    return ()
+    return ("lse",) if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0 else ()
 
 
 def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:

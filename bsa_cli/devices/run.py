@@ -271,10 +271,8 @@ class _CaseRun:
         try:
             write_json_atomic(self.output_dir / RUN_RECORD, record)
         except OSError as exc:  # a full disk, or a folder in its place: the case ends without a record
-            record["problems"] = [
-                *record["problems"],
-                f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}",
-            ]
+            problem = f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}"
+            record["problems"] = [*record["problems"], problem]
             record["outcome"] = "error"
         return self._result(manifest, record["outcome"], record["problems"], record, duration, skipped)
 
