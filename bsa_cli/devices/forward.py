@@ -206,14 +206,12 @@ def run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None
             continue
         selection = forward_selection(fcase, block_mask, spans[batch], fault)  # [N1, nQ, nKV] as the kernel reads it
         query = _heads_major(case, tensors["query"], batch, q_start, q_len)
-        key = _heads_major(case, tensors["key"], batch, kv_start, kv_len)
-        value = _heads_major(case, tensors["value"], batch, kv_start, kv_len)
+        key, value = (_heads_major(case, tensors[name], batch, kv_start, kv_len) for name in ("key", "value"))
         out_entry = _heads_major(case, out, batch, q_start, q_len)
         lse_entry = _heads_major(case, lse_rows[..., None], batch, q_start, q_len)[..., 0]
         n_q = -(-q_len // x)
         for kv_head in range(case.num_kv_heads):
-            key32 = to_dtype(key[kv_head], io_dtype).astype(np.float32)
-            value32 = to_dtype(value[kv_head], io_dtype).astype(np.float32)
+            key32, value32 = (to_dtype(kv[kv_head], io_dtype).astype(np.float32) for kv in (key, value))
             heads: Sequence[int] = range(kv_head * group, (kv_head + 1) * group)
             if fault == "forward-heads-interleaved":
                 heads = [n for n in range(case.num_heads) if n % case.num_kv_heads == kv_head]

@@ -93,18 +93,18 @@ def spawn(attempt: Attempt, execution: Execution) -> None:
             signal_group(proc.pid, signal.SIGKILL)
             execution.cancel.discard(proc.pid)
             reader.finish(PIPE_DRAIN_S)
-    code = proc.returncode
-    if code is not None and code < 0 and execution.cancel.event.is_set() and not attempt.timed_out:
+    code = proc.returncode  # set: the process was waited for
+    if code < 0 and execution.cancel.event.is_set() and not attempt.timed_out:
         attempt.interrupted = True  # killed by the Ctrl-C handler before this worker saw the flag
-    if code is not None and code < 0 and not (attempt.timed_out or attempt.interrupted):
+    stopped = attempt.timed_out or attempt.interrupted
+    if code < 0 and not stopped:
         attempt.signal = signal_name(-code)
-    elif code is not None and code >= 0:
+    elif code >= 0:
         attempt.exit_code = code
-        if code != 0 and not (attempt.timed_out or attempt.interrupted):
-            status_hint = ""
-            if (attempt.staging / STATUS_FILE).is_file():
-                status_hint = " although it wrote status.txt (exit 0 once the status is recorded)"
-            attempt.problems.append(f"exited with code {code}{status_hint} (see {attempt.stderr_log})")
+        if code != 0 and not stopped:
+            wrote = (attempt.staging / STATUS_FILE).is_file()
+            hint = " although it wrote status.txt (exit 0 once the status is recorded)" if wrote else ""
+            attempt.problems.append(f"exited with code {code}{hint} (see {attempt.stderr_log})")
 
 
 class CappedLog:

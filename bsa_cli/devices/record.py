@@ -66,24 +66,18 @@ def check_outputs(staging: Path, manifest: Manifest, attempt: Attempt) -> None:
         except DataError as exc:
             attempt.problems.append(str(exc))
             continue
-        expected = expected_nbytes(entry)
+        expected, shape = expected_nbytes(entry), f"shape {list(entry['shape'])} {entry['dtype']}"
         if not path.is_file() or path.is_symlink():
             if attempt.status == 0:
                 kind = "missing" if not (path.exists() or path.is_symlink()) else "not a regular file"
-                attempt.problems.append(
-                    f"{entry['file']} {kind} (status 0 promises {expected} bytes, "
-                    f"shape {list(entry['shape'])} {entry['dtype']})"
-                )
+                attempt.problems.append(f"{entry['file']} {kind} (status 0 promises {expected} bytes, {shape})")
             continue
         size = path.stat().st_size
         digest = sha256_file(path) if size == expected else None  # an oversized file is not read
         attempt.outputs[name] = {"file": entry["file"], "bytes": size, "sha256": digest}
         if size != expected and attempt.status == 0:
             kind = "truncated" if size < expected else "oversized"
-            attempt.problems.append(
-                f"{entry['file']} {kind}: {size} bytes, expected {expected} "
-                f"(shape {list(entry['shape'])} {entry['dtype']})"
-            )
+            attempt.problems.append(f"{entry['file']} {kind}: {size} bytes, expected {expected} ({shape})")
 
 
 RUN_KEYS: tuple[str, ...] = ("started", "finished", "duration_s", "exit_code", "signal", "timed_out", "outcome")

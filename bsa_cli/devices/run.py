@@ -130,16 +130,13 @@ def _clear_stale(output_dir: Path, manifest: Manifest | None) -> list[str]:
     if not output_dir.is_dir():
         return []
     problems: list[str] = []
-    paths = [output_dir / STATUS_FILE, output_dir / RUN_RECORD]
-    paths += [output_dir / name for name in STALE_OUTPUT_FILES]
+    paths = [output_dir / name for name in (STATUS_FILE, RUN_RECORD, *STALE_OUTPUT_FILES)]
     for _, entry in manifest.entries("outputs") if manifest is not None else ():
         try:
             paths.append(inside_parent(output_dir, entry["file"]))
         except DataError as exc:
             problems.append(str(exc))
-    for path in output_dir.iterdir():
-        if _run_file(path.name):
-            paths.append(path)
+    paths += [path for path in output_dir.iterdir() if _run_file(path.name)]
     for path in dict.fromkeys(paths):
         try:
             if path.is_symlink() or path.is_file():
