@@ -84,14 +84,9 @@ class BinaryDevice(ChildDevice):
         manifest = str(case_dir / MANIFEST)
         if self.cmd is None:
             return [str(self.binary), manifest, str(output_dir)]
-        values = {
-            "binary": str(self.binary) if self.binary is not None else "",
-            "case_dir": str(case_dir),
-            "manifest": manifest,
-            "output_dir": str(output_dir),
-            "device_id": str(device_id),
-        }
-        return [token.format(**values) for token in shlex.split(self.cmd)]
+        binary = str(self.binary) if self.binary is not None else ""
+        values = (binary, str(case_dir), manifest, str(output_dir), str(device_id))  # in PLACEHOLDERS' order
+        return [token.format(**dict(zip(PLACEHOLDERS, values, strict=True))) for token in shlex.split(self.cmd)]
 
     def unsupported(self, manifest: Manifest) -> str | None:
         if manifest.op.autograd_only:

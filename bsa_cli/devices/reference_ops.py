@@ -139,9 +139,8 @@ def write_outputs(
         if value.dtype != expected or list(value.shape) != list(entry["shape"]):
             given = f"{value.dtype} {list(value.shape)}"
             raise DataError(where, f"outputs.{name}: {who} gives {given}, the entry says {expected} {entry['shape']}")
-        path = paths[name]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, array_bytes(value))
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(paths[name], array_bytes(value))
 
 
 def emulate_op(

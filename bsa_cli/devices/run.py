@@ -410,14 +410,9 @@ def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Except
     where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
     problem = f"bsa could not run this case: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
-    return RunResult(
-        name=Path(case_dir).name,
-        case_dir=Path(case_dir),
-        output_dir=output_dir_for(Path(case_dir), options.outputs_root),
-        outcome="error",
-        problems=(problem,),
-        device_id=device_id,
-    )
+    case_dir = Path(case_dir)
+    output_dir = output_dir_for(case_dir, options.outputs_root)
+    return RunResult(case_dir.name, case_dir, output_dir, "error", (problem,), device_id=device_id)
 
 
 def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) -> RunResult:
