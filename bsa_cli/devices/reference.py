@@ -477,17 +477,15 @@ class ReferenceDevice:
         stderr = execution.output_dir / attempt.stderr_log
         cancelled = execution.cancel.event
 
-        def stop_if_cancelled(_name: str, _fraction: float) -> None:
+        def stop_if_cancelled(*_progress: object) -> None:  # also a progress callback (case name, fraction)
             if cancelled.is_set():
                 raise _Stopped
 
         try:
-            if cancelled.is_set():
-                raise _Stopped
+            stop_if_cancelled()
             with reporting(stop_if_cancelled):
                 done = emulate_into(execution.case_dir, attempt.staging, self.fault, attempt.order_seed)
-            if cancelled.is_set():
-                raise _Stopped
+            stop_if_cancelled()
         except _Stopped:
             stderr.write_text("interrupted by Ctrl-C\n")
             attempt.interrupted = True

@@ -59,7 +59,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.case import MAX_TOKENS
 from ..core.errors import DataError
 from ..ops.interface import call_lengths
 from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
@@ -133,11 +132,7 @@ def plan_call(manifest: Manifest) -> Call:
     extra = sorted(set(inputs) - set(INPUT_NAMES))
     if extra:
         raise refuse(f"input {extra[0]} is passed, but the binding always passes a null attenMask")
-    if params.get("mask_type", 0) != 0:
-        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
+    torch_npu_ops.refuse_fixed(params, refuse)
     block_shape = params.get("block_shape")
     if not isinstance(block_shape, list) or len(block_shape) < 2:
         raise refuse(f"blockShape {block_shape!r}: the binding passes [128, 128] for a null or short block_shape")

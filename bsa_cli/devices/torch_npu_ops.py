@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,6 +129,15 @@ def autograd_refusal(version: str | None) -> str | None:
 # ---- the calls ----------------------------------------------------------------------------------------
 
 
+def refuse_fixed(params: Mapping[str, Any], refuse: Callable[[str], NotExpressible]) -> None:
+    """Refuse a case whose maskType or tokens are not what both bindings always pass (`refuse` words it)."""
+    if params.get("mask_type", 0) != 0:
+        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
+    for key in ("pre_tokens", "next_tokens"):
+        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
+            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
+
+
 def call_keywords(call: Any, *skipped: str) -> dict[str, Any]:
     """Return the fields of a call dataclass but `skipped`, in field order, by name (the binding's keywords)."""
     return {f.name: getattr(call, f.name) for f in dataclasses.fields(call) if f.name not in skipped}
@@ -193,11 +202,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
 
     if "atten_mask" in inputs or "block_table" in inputs:
         raise refuse("an attenMask or blockTable is passed, but the binding always passes null")
-    if params.get("mask_type", 0) != 0:
-        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
+    refuse_fixed(params, refuse)
     block_shape = params.get("block_shape")
     if not isinstance(block_shape, list):
         raise refuse(f"blockShape {block_shape!r}: the binding's block_shape is a required int[]")
