@@ -162,6 +162,5 @@ def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
 def mark_prefill(attempt: Attempt, execution: Execution) -> None:
     """Record that the binary pre-filled the forward's outputs with NaN (its stdout line `PREFILL_LINE`,
     read from the first 64 KiB of its log)."""
-    head = software.read_head(execution.output_dir / attempt.stdout_log, 65536)
-    if head is not None and PREFILL_LINE in head.splitlines():
+    if PREFILL_LINE in (software.read_head(execution.output_dir / attempt.stdout_log, 65536) or "").splitlines():
         attempt.prefilled_outputs = "nan"
