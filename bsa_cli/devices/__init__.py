@@ -10,25 +10,7 @@ with `faults` (its planted faults), `process` (child processes), `repeat` (--rep
 `run` (`run_cases`), `software` (run.json's `device_software`).
 """
 
-from .base import OUTCOMES, Device, DeviceKind, Outcome, RunConfigError
-from .config import DEVICE_KINDS, RunOptions, create, parse_device_ids, reference_faults
-from .run import RunEvent, RunResult, RunSummary, output_dir_for, run_case, run_cases
-
-__all__ = [
-    "DEVICE_KINDS",
-    "OUTCOMES",
-    "Device",
-    "DeviceKind",
-    "Outcome",
-    "RunConfigError",
-    "RunEvent",
-    "RunOptions",
-    "RunResult",
-    "RunSummary",
-    "create",
-    "output_dir_for",
-    "parse_device_ids",
-    "reference_faults",
-    "run_case",
-    "run_cases",
-]
+# The package's names, re-exported for its callers.
+from .base import OUTCOMES, Device, DeviceKind, Outcome, RunConfigError  # noqa: F401
+from .config import DEVICE_KINDS, RunOptions, create, parse_device_ids, reference_faults  # noqa: F401
+from .run import RunEvent, RunResult, RunSummary, output_dir_for, run_case, run_cases  # noqa: F401

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import tempfile
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
@@ -31,7 +30,7 @@ from typing import Any, Literal, Protocol
 
 from ..core.errors import BsaError
 from ..core.untrusted import inside_parent
-from ..store import check_output_dir
+from ..store import _replace_atomically, check_output_dir
 from ..store.manifest import Manifest
 
 DeviceKind = Literal["reference", "torch_npu", "binary"]
@@ -68,14 +67,7 @@ class RunConfigError(BsaError):
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write bytes through a temporary file in the same directory and an atomic rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _replace_atomically(path, data)  # as the store writes its own files
 
 
 def write_status(output_dir: Path, status: int, message: str | None = None) -> int:

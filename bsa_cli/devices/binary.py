@@ -69,9 +69,7 @@ class BinaryDevice(ChildDevice):
 
     @property
     def name(self) -> str:
-        if self.binary is not None:
-            return str(self.binary)
-        return shlex.split(self.cmd or "")[0]
+        return str(self.binary) if self.binary is not None else shlex.split(self.cmd or "")[0]
 
     @property
     def announcement(self) -> str:
@@ -86,14 +84,9 @@ class BinaryDevice(ChildDevice):
         manifest = str(case_dir / MANIFEST)
         if self.cmd is None:
             return [str(self.binary), manifest, str(output_dir)]
-        values = {
-            "binary": str(self.binary) if self.binary is not None else "",
-            "case_dir": str(case_dir),
-            "manifest": manifest,
-            "output_dir": str(output_dir),
-            "device_id": str(device_id),
-        }
-        return [token.format(**values) for token in shlex.split(self.cmd)]
+        binary = str(self.binary) if self.binary is not None else ""
+        values = (binary, str(case_dir), manifest, str(output_dir), str(device_id))  # in PLACEHOLDERS' order
+        return [token.format(**dict(zip(PLACEHOLDERS, values, strict=True))) for token in shlex.split(self.cmd)]
 
     def unsupported(self, manifest: Manifest) -> str | None:
         if manifest.op.autograd_only:
@@ -158,7 +151,7 @@ def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
     """
     if attempt.exit_code != ChildExit.CANNOT_RUN or attempt.signal is not None or attempt.timed_out:
         return
-    head = _log_head(execution.output_dir / attempt.stderr_log, 4096)
+    head = software.read_head(execution.output_dir / attempt.stderr_log, 4096)
     first = [] if head is None else head.splitlines()[:1]
     if not first or not first[0].startswith(CANNOT_RUN_PREFIX) or not first[0][len(CANNOT_RUN_PREFIX) :].strip():
         return
@@ -169,15 +162,5 @@ def mark_cannot_run(attempt: Attempt, execution: Execution) -> None:
 def mark_prefill(attempt: Attempt, execution: Execution) -> None:
     """Record that the binary pre-filled the forward's outputs with NaN (its stdout line `PREFILL_LINE`,
     read from the first 64 KiB of its log)."""
-    head = _log_head(execution.output_dir / attempt.stdout_log, 65536)
-    if head is not None and PREFILL_LINE in head.splitlines():
+    if PREFILL_LINE in (software.read_head(execution.output_dir / attempt.stdout_log, 65536) or "").splitlines():
         attempt.prefilled_outputs = "nan"
-
-
-def _log_head(path: Path, size: int) -> str | None:
-    """Return the first `size` bytes of a log as text, or None when it cannot be read."""
-    try:
-        with open(path, "rb") as log:
-            return log.read(size).decode("utf-8", "replace")
-    except OSError:
-        return None

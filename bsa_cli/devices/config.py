@@ -114,16 +114,12 @@ def parse_device_ids(text: str) -> tuple[int, ...]:
     ids: list[int] = []
     for part in (p.strip() for p in text.split(",")):
         try:
-            if "-" in part:
-                low, high = (int(x) for x in part.split("-", 1))
-                if low > high or low < 0:
-                    raise ValueError
-                ids.extend(range(low, high + 1))
-            else:
-                value = int(part)
-                if value < 0:
-                    raise ValueError
-                ids.append(value)
+            low, dash, high = part.partition("-")
+            first = int(low)
+            last = int(high) if dash else first
+            if first < 0 or first > last:
+                raise ValueError
+            ids.extend(range(first, last + 1))
         except ValueError:
             raise RunConfigError(f"--devices {text!r}: '{part}' is not a device id; write ids like 0,1,2") from None
     return tuple(ids)

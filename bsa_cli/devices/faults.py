@@ -147,14 +147,13 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
-    if name in REPEAT_FAULTS:  # one fixed order is only visible where two pairs add into one kv block
+    # One fixed order, or a lost update, shows only where two pairs add into one kv block.
+    if name in REPEAT_FAULTS or name == "race-lost-update":
         return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
     if name == "nan-row":
         return math.prod(case.q_shape) > 0
     if name == "no-gqa-sum" and case.group_size <= 1:
         return False
-    if name == "race-lost-update" and block_mask is not None:
-        return any(_shared_blocks(case, block_mask, span) for span in spans)
     if name in ("dk-no-scale", "dq-scaled-twice") and case.kernel_scale == 1.0:
         return False
     if name == "heads-interleaved" and not (case.group_size > 1 and case.num_kv_heads > 1):
@@ -171,28 +170,18 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
         return bool(spans)
     for span in spans:
         mask = mask_view(case, block_mask, span)
-        if not mask.any():
-            continue
-        if name == "no-gqa-sum":
-            group = case.group_size
-            if mask.reshape(case.num_kv_heads, group, *mask.shape[1:])[:, 1:].any():
-                return True
+        if name == "no-gqa-sum":  # the selection of the non-first heads of each group
+            mask = mask.reshape(case.num_kv_heads, case.group_size, *mask.shape[1:])[:, 1:]
         elif name == "heads-interleaved":
-            if mask[_moved_heads(case)].any():
-                return True
-        elif name in ("drop-tail-block", "mask-transposed", "block-shift"):
-            if not np.array_equal(mask, effective_mask(case, block_mask, span, name)):
-                return True
-        else:
+            mask = mask[_moved_heads(case)]
+        elif name in ("drop-tail-block", "mask-transposed", "block-shift") and mask.any():
+            mask = mask != effective_mask(case, block_mask, span, name)  # where the fault reads another selection
+        if mask.any():
             return True
     return False
 
 
-FORWARD_MASK_FAULTS = {
-    "forward-mask-transposed": "mask-transposed",
-    "forward-block-shift": "block-shift",
-    "forward-drop-tail-block": "drop-tail-block",
-}
+FORWARD_MASK_FAULTS = {f"forward-{name}": name for name in ("mask-transposed", "block-shift", "drop-tail-block")}
 """The forward's faults that read the mask otherwise, and the backward's fault (`effective_mask`) reading it so."""
 
 
@@ -345,16 +334,18 @@ def plant_nan_row(case: Case, dq: np.ndarray, site: Site | None) -> None:
         q_view(case, dq, site.span)[site.head, site.q_block * case.block_shape[0]] = np.nan
 
 
-def plant_rows_swapped(case: Case, dq: np.ndarray, site: Site | None) -> None:
-    """Swap the first two rows of the site's query block (its one row and the row before it when it has one)."""
+def plant_rows_swapped(case: Case, site: Site | None, *tensors: np.ndarray) -> None:
+    """Swap the first two rows of the site's query block (its one row and the row before it when it has one) in
+    each tensor: query-shaped (dq, out), or an lse's rows (the query shape without D)."""
     if site is None:
         return
     first = site.q_block * case.block_shape[0]
-    rows = q_view(case, dq, site.span)[site.head]
     a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
     if a < 0:
         return
-    rows[[a, b]] = rows[[b, a]]
+    for tensor in tensors:
+        rows = (q_view if tensor.ndim == len(case.q_shape) else lse_view)(case, tensor, site.span)[site.head]
+        rows[[a, b]] = rows[[b, a]]
 
 
 def plant_tile_noise(
@@ -370,11 +361,10 @@ def plant_tile_noise(
     kv_head = head // case.group_size
     selected = np.flatnonzero(mask_view(case, block_mask, span)[head, site.q_block])
     kv_pos = np.concatenate([np.arange(int(j) * y, min((int(j) + 1) * y, span.kv_len)) for j in selected])
-    key = kv_view(case, tensors["key"], span)[kv_head, kv_pos].astype(np.float64)
-    value = kv_view(case, tensors["value"], span)[kv_head, kv_pos].astype(np.float64)
-    query = q_view(case, tensors["query"], span)[head, rows].astype(np.float64)
-    dout = q_view(case, tensors["dout"], span)[head, rows].astype(np.float64)
-    out = q_view(case, tensors["attention_out"], span)[head, rows].astype(np.float64)
+    key, value = (kv_view(case, tensors[name], span)[kv_head, kv_pos].astype(np.float64) for name in ("key", "value"))
+    query, dout, out = (
+        q_view(case, tensors[name], span)[head, rows].astype(np.float64) for name in ("query", "dout", "attention_out")
+    )
     lse = lse_view(case, np.asarray(tensors["softmax_lse"]), span)[head, rows].astype(np.float64)
     probs = np.exp(case.kernel_scale * (query @ key.T) - lse[:, None])
     dscores = probs * (dout @ value.T - (dout * out).sum(axis=1, keepdims=True))

@@ -28,16 +28,15 @@ and the backward device; `forward_mask` is the mask as the forward receives it (
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ..core import blas
 from ..core.case import Case, numpy_dtype
-from ..core.layout import lse_view, q_view
 from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
 from ..golden import forward_case
-from .faults import FORWARD_FAULTS, fault_site, forward_selection
+from .faults import FORWARD_FAULTS, fault_site, forward_selection, plant_rows_swapped
 
 PIECE_ROWS = 128
 """Most query rows the forward kernel takes at once (a block row of X > 128 rows is cut into pieces)."""
@@ -50,9 +49,6 @@ LOG2E = float(np.log2(np.e))
 
 NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
 """The quiet NaN the output buffers are pre-filled with, per dtype (as the C++ harness fills them)."""
-
-OUTPUT_NAMES = ("out", "lse")
-"""The forward's outputs, as the manifest's outputs section names them."""
 
 
 def prefilled(shape: tuple[int, ...], dtype_name: str) -> np.ndarray:
@@ -174,6 +170,7 @@ def _fp32_sum_of_products(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore")
+@blas.one_thread_each()  # small products: threads of BLAS only spin against other processes
 def run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None = None) -> dict[str, np.ndarray]:
     """Compute attentionOut and softmaxLse of a case as the forward kernel does, into NaN-filled buffers.
 
@@ -189,12 +186,7 @@ def run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None
         written only where the forward writes (lse only with softmax_lse_flag 1, and not with lse-not-written).
         Like the kernel it raises no floating-point warnings.
     """
-    with blas.one_thread_each():  # small products: threads of BLAS only spin against other processes
-        return _run_forward(case, tensors, fault if fault in FORWARD_FAULTS else None)
-
-
-def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | None) -> dict[str, np.ndarray]:
-    """Compute `run_forward` (its fault a forward fault or None), BLAS already on one thread."""
+    fault = fault if fault in FORWARD_FAULTS else None
     io_dtype = numpy_dtype(case.dtype)
     out = prefilled(case.q_shape, case.dtype)
     lse = prefilled(case.lse_shape_dims, "float32")
@@ -206,23 +198,23 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
     fcase = forward_case(case)
     spans = {s.batch: s for s in fcase.spans()}
     group = case.num_heads // case.num_kv_heads
+    site = fault_site(fcase, block_mask) if fault == "forward-tile-noise" else None
+    # (batch, head, query block, first row) of the piece forward-tile-noise lands in: the middle written block
+    noisy_piece = None if site is None else (site.span.batch, site.head, site.q_block, site.q_block * x)
     for batch, q_start, q_len, kv_start, kv_len in _entries(case):
         if q_len == 0 or kv_len == 0:
             continue
         selection = forward_selection(fcase, block_mask, spans[batch], fault)  # [N1, nQ, nKV] as the kernel reads it
         query = _heads_major(case, tensors["query"], batch, q_start, q_len)
-        key = _heads_major(case, tensors["key"], batch, kv_start, kv_len)
-        value = _heads_major(case, tensors["value"], batch, kv_start, kv_len)
+        key, value = (_heads_major(case, tensors[name], batch, kv_start, kv_len) for name in ("key", "value"))
         out_entry = _heads_major(case, out, batch, q_start, q_len)
         lse_entry = _heads_major(case, lse_rows[..., None], batch, q_start, q_len)[..., 0]
         n_q = -(-q_len // x)
         for kv_head in range(case.num_kv_heads):
-            key32 = to_dtype(key[kv_head], io_dtype).astype(np.float32)
-            value32 = to_dtype(value[kv_head], io_dtype).astype(np.float32)
+            key32, value32 = (to_dtype(kv[kv_head], io_dtype).astype(np.float32) for kv in (key, value))
+            heads: Sequence[int] = range(kv_head * group, (kv_head + 1) * group)
             if fault == "forward-heads-interleaved":
                 heads = [n for n in range(case.num_heads) if n % case.num_kv_heads == kv_head]
-            else:
-                heads = list(range(kv_head * group, (kv_head + 1) * group))
             for head in heads:
                 for q_block in range(n_q):
                     blocks = np.flatnonzero(selection[head, q_block])
@@ -234,24 +226,14 @@ def _run_forward(case: Case, tensors: Mapping[str, np.ndarray], fault: str | Non
                         rows = slice(first, min(first + PIECE_ROWS, (q_block + 1) * x, q_len))
                         query32 = to_dtype(query[head, rows], io_dtype).astype(np.float32)
                         out32, lse32 = _piece(query32, key32, value32, positions, softmax, io_dtype, fault)
-                        if fault == "forward-tile-noise" and (batch, head, q_block, first) == _tile_site(
-                            case, block_mask
-                        ):
+                        if (batch, head, q_block, first) == noisy_piece:
                             out32 = _noisy_tile(case, query32, key32[positions], value32[positions], out32)
                         out_entry[head, rows] = to_dtype(out32, io_dtype, FORWARD_TIES)
                         if write_lse:
                             lse_entry[head, rows] = lse32 * np.float32(LOG2E) if fault == "forward-lse-base2" else lse32
     if fault == "forward-rows-swapped":
-        _swap_rows(fcase, block_mask, out, lse_rows)
+        plant_rows_swapped(fcase, fault_site(fcase, block_mask), out, lse_rows)
     return {"out": out, "lse": lse}
-
-
-def _tile_site(case: Case, block_mask: np.ndarray) -> tuple[int, int, int, int] | None:
-    """(batch, head, query block, first row) of the piece `forward-tile-noise` lands in: the middle written block."""
-    site = fault_site(forward_case(case), block_mask)
-    if site is None:
-        return None
-    return site.span.batch, site.head, site.q_block, site.q_block * case.block_shape[0]
 
 
 def _noisy_tile(case: Case, query: np.ndarray, keys: np.ndarray, values: np.ndarray, out32: np.ndarray) -> np.ndarray:
@@ -266,19 +248,6 @@ def _noisy_tile(case: Case, query: np.ndarray, keys: np.ndarray, values: np.ndar
     noisy = out32.copy()
     noisy[:rows, col0 : col0 + 16] = exact + 8.0 * (rounded - exact)
     return noisy
-
-
-def _swap_rows(case: Case, block_mask: np.ndarray, out: np.ndarray, lse_rows: np.ndarray) -> None:
-    """Swap out's and lse's first two rows of the middle written query block (its row and the one before)."""
-    site = fault_site(case, block_mask)
-    if site is None:
-        return
-    first = site.q_block * case.block_shape[0]
-    a, b = (first, first + 1) if first + 1 < site.span.q_len else (first - 1, first)
-    if a < 0:
-        return
-    for rows in (q_view(case, out, site.span)[site.head], lse_view(case, lse_rows, site.span)[site.head]):
-        rows[[a, b]] = rows[[b, a]]
 
 
 def backward_tensors(

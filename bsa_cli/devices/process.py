@@ -57,8 +57,7 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
 def spawn(attempt: Attempt, execution: Execution) -> None:
     """Run `attempt.argv` in its own process group, its output into capped logs, until it exits, runs past
     the time limit, or the run is cancelled; record how it ended in `attempt`."""
-    env = dict(os.environ)
-    env.update(execution.env)
+    env = {**os.environ, **execution.env}
     deadline = None if execution.timeout is None else time.monotonic() + execution.timeout
     with (
         CappedLog(execution.output_dir / attempt.stdout_log) as out,
@@ -84,12 +83,9 @@ def spawn(attempt: Attempt, execution: Execution) -> None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(timeout=0.05)
                     break
-                if execution.cancel.event.is_set():
-                    attempt.interrupted = True
-                    stop_group(proc)
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    attempt.timed_out = True
+                cancelled = execution.cancel.event.is_set()
+                if cancelled or (deadline is not None and time.monotonic() > deadline):
+                    attempt.interrupted, attempt.timed_out = cancelled, not cancelled
                     stop_group(proc)
                     break
         finally:
@@ -97,18 +93,18 @@ def spawn(attempt: Attempt, execution: Execution) -> None:
             signal_group(proc.pid, signal.SIGKILL)
             execution.cancel.discard(proc.pid)
             reader.finish(PIPE_DRAIN_S)
-    code = proc.returncode
-    if code is not None and code < 0 and execution.cancel.event.is_set() and not attempt.timed_out:
+    code = proc.returncode  # set: the process was waited for
+    if code < 0 and execution.cancel.event.is_set() and not attempt.timed_out:
         attempt.interrupted = True  # killed by the Ctrl-C handler before this worker saw the flag
-    if code is not None and code < 0 and not (attempt.timed_out or attempt.interrupted):
+    stopped = attempt.timed_out or attempt.interrupted
+    if code < 0 and not stopped:
         attempt.signal = signal_name(-code)
-    elif code is not None and code >= 0:
+    elif code >= 0:
         attempt.exit_code = code
-        if code != 0 and not (attempt.timed_out or attempt.interrupted):
-            status_hint = ""
-            if (attempt.staging / STATUS_FILE).is_file():
-                status_hint = " although it wrote status.txt (exit 0 once the status is recorded)"
-            attempt.problems.append(f"exited with code {code}{status_hint} (see {attempt.stderr_log})")
+        if code != 0 and not stopped:
+            wrote = (attempt.staging / STATUS_FILE).is_file()
+            hint = " although it wrote status.txt (exit 0 once the status is recorded)" if wrote else ""
+            attempt.problems.append(f"exited with code {code}{hint} (see {attempt.stderr_log})")
 
 
 class CappedLog:
@@ -138,22 +134,15 @@ class CappedLog:
 
     def write(self, data: bytes) -> None:
         try:
-            self._write(data)
+            head = data[: max(0, LOG_HEAD_BYTES - self.head)]
+            self.file.write(head)
+            self.head += len(head)
+            self.tail += data[len(head) :]
+            extra = max(0, len(self.tail) - LOG_TAIL_BYTES)
+            del self.tail[:extra]
+            self.cut += extra
         except OSError:  # a full disk: the rest of the output is read and dropped, so the child never blocks
             self.cut += len(data)
-
-    def _write(self, data: bytes) -> None:
-        if self.head < LOG_HEAD_BYTES:
-            part = data[: LOG_HEAD_BYTES - self.head]
-            self.file.write(part)
-            self.head += len(part)
-            data = data[len(part) :]
-        if data:
-            self.tail += data
-            if len(self.tail) > LOG_TAIL_BYTES:
-                extra = len(self.tail) - LOG_TAIL_BYTES
-                del self.tail[:extra]
-                self.cut += extra
 
 
 class PipeReader(threading.Thread):

@@ -8,9 +8,8 @@ without a record. `bsa compare` reads it back (`compare.case_files`).
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..core.errors import DataError, show
@@ -18,8 +17,10 @@ from ..core.untrusted import inside, parse_status, read_regular
 from ..store import expected_nbytes, sha256_file
 from ..store.manifest import Manifest
 from .base import STATUS_FILE, Attempt, Device, Outcome
-from .config import RunOptions
 from .repeat import noise
+
+if TYPE_CHECKING:
+    from .run import _CaseRun
 
 RUN_FORMAT = "bsa-run/1"
 RUN_RECORD = "run.json"
@@ -65,69 +66,49 @@ def check_outputs(staging: Path, manifest: Manifest, attempt: Attempt) -> None:
         except DataError as exc:
             attempt.problems.append(str(exc))
             continue
-        expected = expected_nbytes(entry)
+        expected, shape = expected_nbytes(entry), f"shape {list(entry['shape'])} {entry['dtype']}"
         if not path.is_file() or path.is_symlink():
             if attempt.status == 0:
                 kind = "missing" if not (path.exists() or path.is_symlink()) else "not a regular file"
-                attempt.problems.append(
-                    f"{entry['file']} {kind} (status 0 promises {expected} bytes, "
-                    f"shape {list(entry['shape'])} {entry['dtype']})"
-                )
+                attempt.problems.append(f"{entry['file']} {kind} (status 0 promises {expected} bytes, {shape})")
             continue
         size = path.stat().st_size
         digest = sha256_file(path) if size == expected else None  # an oversized file is not read
         attempt.outputs[name] = {"file": entry["file"], "bytes": size, "sha256": digest}
         if size != expected and attempt.status == 0:
             kind = "truncated" if size < expected else "oversized"
-            attempt.problems.append(
-                f"{entry['file']} {kind}: {size} bytes, expected {expected} "
-                f"(shape {list(entry['shape'])} {entry['dtype']})"
-            )
+            attempt.problems.append(f"{entry['file']} {kind}: {size} bytes, expected {expected} ({shape})")
+
+
+RUN_KEYS: tuple[str, ...] = ("started", "finished", "duration_s", "exit_code", "signal", "timed_out", "outcome")
+RUN_KEYS += ("status", "status_message", "outputs", "stdout_log", "stderr_log", "problems", "order_seed")
+"""The fields of an `Attempt` that run.json's `runs` entries hold after `run`, `command` and `output_dir`, in order."""
 
 
 def run_entry(attempt: Attempt) -> dict[str, Any]:
     """Return the entry of one run in run.json's `runs`."""
-    return {
-        "run": attempt.index,
-        "command": attempt.argv,
-        "output_dir": str(attempt.staging),
-        "started": attempt.started,
-        "finished": attempt.finished,
-        "duration_s": round(attempt.duration_s, 4),
-        "exit_code": attempt.exit_code,
-        "signal": attempt.signal,
-        "timed_out": attempt.timed_out,
-        "outcome": attempt.outcome,
-        "status": attempt.status,
-        "status_message": attempt.status_message,
-        "outputs": attempt.outputs,
-        "stdout_log": attempt.stdout_log,
-        "stderr_log": attempt.stderr_log,
-        "problems": attempt.problems,
-        "order_seed": attempt.order_seed,
-    }
+    entry = {"run": attempt.index, "command": attempt.argv, "output_dir": str(attempt.staging)}
+    entry.update((key, getattr(attempt, key)) for key in RUN_KEYS)
+    entry["duration_s"] = round(attempt.duration_s, 4)  # keeps its place among the keys
+    return entry
 
 
 def case_record(
-    *,
-    name: str,
-    case_dir: Path,
-    output_dir: Path,
-    device_id: int,
-    options: RunOptions,
+    run: _CaseRun,
     manifest: Manifest | None,
-    attempts: Sequence[Attempt],
     outcome: Outcome,
     problems: list[str],
-    differences: list[dict[str, Any]],
     started: str,
     duration: float,
     skipped: str | None = None,
 ) -> dict[str, Any]:
-    """Return the run.json of a case (without `inputs`, which the caller adds).
+    """Return the run.json of a case `run` ran (its attempts and differences), without `inputs`, which the
+    caller adds.
 
     `skipped` is why a case was not run (outcome "skipped"); `device.prefilled_outputs` appears only when
     the device pre-filled its output buffers (the reference device's forward: "nan")."""
+    attempts, differences, options = run.attempts, run.differences, run.options
+    output_dir, device_id = run.output_dir, run.device_id
     first = attempts[0] if attempts else None
     device: Device = options.device
     expect = None if manifest is None else {"status": manifest.expect_status, "name": manifest.expect_name}
@@ -135,20 +116,17 @@ def case_record(
     if runs:
         runs[0]["output_dir"] = str(output_dir)  # its files were moved up there
     env = options.env(device_id)
+    device_record = {"name": device.name, "kind": device.kind, "id": device_id, "fault": device.fault}
+    device_record["fault_not_applied"] = first.fault_not_applied if first else None
+    if first and first.prefilled_outputs:
+        device_record["prefilled_outputs"] = first.prefilled_outputs
     return {
         "format": RUN_FORMAT,
         "tool": {"name": "bsa", "version": __version__},
-        "case": name,
-        "case_dir": str(case_dir),
+        "case": run.name,
+        "case_dir": str(run.case_dir),
         "output_dir": str(output_dir),
-        "device": {
-            "name": device.name,
-            "kind": device.kind,
-            "id": device_id,
-            "fault": device.fault,
-            "fault_not_applied": first.fault_not_applied if first else None,
-            **({"prefilled_outputs": first.prefilled_outputs} if first and first.prefilled_outputs else {}),
-        },
+        "device": device_record,
         "binary": device.binary_record,
         "command": first.argv if first else None,
         "env": env,

@@ -47,33 +47,10 @@ from ..core.streams import seeded
 from ..ops import interface
 from ..store import MANIFEST, load_manifest, read_array
 from ..store.manifest import Manifest
-from . import software
+from . import faults, software
 from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder, fresh_outputs, write_status
 from .binary import ChildExit
-from .faults import (
-    ALL_FAULTS,
-    FAULTS,
-    effective_mask,
-    fault_not_applied,
-    fault_site,
-    kernel_scale,
-    plant_nan_row,
-    plant_rows_swapped,
-    plant_tile_noise,
-)
 from .reference_ops import Emulated, Unsupported, case_of, emulate_op, unsupported, write_outputs
-
-__all__ = [
-    "FAULTS",
-    "REFERENCE_DEVICE",
-    "ReferenceDevice",
-    "check_interface",
-    "emulate",
-    "emulate_case_dir",
-    "emulate_into",
-    "estimate_seconds",
-    "reporting",
-]
 
 REFERENCE_DEVICE = "reference (bsa emulate)"
 """How the built-in reference device is named in records and output: never presented as device results."""
@@ -186,19 +163,14 @@ class _Sequence:
 
 def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: SequenceSpan) -> _Sequence:
     io_dtype = numpy_dtype(case.dtype)
-    dim = case.head_dim
-    dout = _io32(q_view(case, tensors["dout"], span), io_dtype).reshape(-1, dim)
-    out = _io32(q_view(case, tensors["attention_out"], span), io_dtype).reshape(-1, dim)
-    lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
-    return _Sequence(
-        query=_io32(q_view(case, tensors["query"], span), io_dtype).reshape(-1, dim),
-        dout=dout,
-        dsum=(dout * out).sum(axis=1, dtype=np.float32),
-        lse=lse.reshape(-1),
-        key=_io32(kv_view(case, tensors["key"], span), io_dtype),
-        value=_io32(kv_view(case, tensors["value"], span), io_dtype),
-        q_len=span.q_len,
+    query, dout, out = (
+        _io32(q_view(case, tensors[name], span), io_dtype).reshape(-1, case.head_dim)
+        for name in ("query", "dout", "attention_out")
     )
+    key, value = (_io32(kv_view(case, tensors[name], span), io_dtype) for name in ("key", "value"))
+    lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
+    dsum = (dout * out).sum(axis=1, dtype=np.float32)
+    return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len)
 
 
 _CHUNK_ROWS = 512
@@ -229,9 +201,7 @@ def _sequence_grads(
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
     group = mask.shape[0] // kv_heads
-    dq = np.zeros_like(seq.query)
-    dk = np.zeros_like(seq.key)
-    dv = np.zeros_like(seq.value)
+    dq, dk, dv = (np.zeros_like(grad_of) for grad_of in (seq.query, seq.key, seq.value))
     block_rows = [np.arange(i * x, min((i + 1) * x, seq.q_len)) for i in range(mask.shape[1])]
     pairs_per_tile = max(1, _CHUNK_ROWS // x)
     lost = False
@@ -279,12 +249,10 @@ def _tile_grads(
     """
     io_dtype = numpy_dtype(case.dtype)
     rows = np.concatenate(pair_rows)
-    key = seq.key[kv_head, cols]
-    value = seq.value[kv_head, cols]
-    query = seq.query[rows]
-    dout = seq.dout[rows]
+    key, value = seq.key[kv_head, cols], seq.value[kv_head, cols]
+    query, dout = seq.query[rows], seq.dout[rows]
     probs = query @ key.T
-    probs *= kernel_scale(case, fault)
+    probs *= faults.kernel_scale(case, fault)
     if fault == "lse-base2":
         probs *= _LOG2E
         probs -= seq.lse[rows, None]
@@ -334,8 +302,8 @@ def emulate(
         kernel it raises no floating-point warnings: an inf or NaN (a selected row with an infinite lse, a
         fault) just appears in the outputs, for the comparator to find.
     """
-    if fault is not None and fault not in ALL_FAULTS:
-        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(ALL_FAULTS)}")
+    if fault is not None and fault not in faults.ALL_FAULTS:
+        raise ValueError(f"unknown fault {fault!r}: expected one of {', '.join(faults.ALL_FAULTS)}")
     if fault == "heads-interleaved":
         return _emulate_interleaved(case, tensors, order_seed)
     io_dtype = numpy_dtype(case.dtype)
@@ -344,7 +312,7 @@ def emulate(
     lose_update = fault == "race-lost-update" and (order_seed is None or order_seed % 2 == 1)
     dq, dk, dv = (np.zeros(shape, dtype=np.float32) for shape in (case.q_shape, case.kv_shape, case.kv_shape))
     spans = [span for span in case.spans() if span.q_len and span.kv_len]
-    masks = {span.batch: effective_mask(case, block_mask, span, fault) for span in spans}
+    masks = {span.batch: faults.effective_mask(case, block_mask, span, fault) for span in spans}
     ticker = _Ticker(case.name, sum(int(np.count_nonzero(m)) for m in masks.values())) if _REPORTERS else None
     for span in spans:
         seq = _load_sequence(case, tensors, span)
@@ -354,7 +322,7 @@ def emulate(
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
         kv_view(case, dv, span)[...] = dv_seq
-    scale32 = kernel_scale(case, fault)
+    scale32 = faults.kernel_scale(case, fault)
     dq *= scale32
     if fault != "dk-no-scale":
         dk *= scale32
@@ -364,13 +332,13 @@ def emulate(
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
     if fault in ("nan-row", "tile-noise", "rows-swapped"):
-        site = fault_site(case, block_mask)
+        site = faults.fault_site(case, block_mask)
         if fault == "rows-swapped":
-            plant_rows_swapped(case, grads["dq"], site)
+            faults.plant_rows_swapped(case, site, grads["dq"])
         elif fault == "nan-row":
-            plant_nan_row(case, grads["dq"], site)
+            faults.plant_nan_row(case, grads["dq"], site)
         elif site is not None:
-            plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
+            faults.plant_tile_noise(case, tensors, block_mask, grads["dq"], site)
     return grads
 
 
@@ -436,7 +404,7 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     grads = emulate(case, tensors, fault, order_seed)  # on one BLAS thread (its decorator)
     write_outputs(paths, manifest, grads, str(case_dir / MANIFEST), "the case")
     write_status(output_dir, 0)
-    not_applied = fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
+    not_applied = faults.fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
     return Emulated(0, not_applied)
 
 
@@ -468,9 +436,9 @@ class ReferenceDevice:
         Raises:
             RunConfigError: an unknown fault.
         """
-        if fault is not None and fault not in ALL_FAULTS:
-            known = ", ".join(sorted(ALL_FAULTS)) or "none"
-            raise RunConfigError(f"unknown fault '{fault}'{suggest(fault, ALL_FAULTS)}; known faults: {known}")
+        if fault is not None and fault not in faults.ALL_FAULTS:
+            known = ", ".join(sorted(faults.ALL_FAULTS)) or "none"
+            raise RunConfigError(f"unknown fault '{fault}'{suggest(fault, faults.ALL_FAULTS)}; known faults: {known}")
         return cls(fault=fault)
 
     @property
@@ -505,22 +473,19 @@ class ReferenceDevice:
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         """Run the reference device in this process (same contract, same record). Ctrl-C stops it within
         one kv block (its progress calls look at the cancel flag): the case is recorded as interrupted."""
-        stdout = execution.output_dir / attempt.stdout_log
+        (execution.output_dir / attempt.stdout_log).write_text("")
         stderr = execution.output_dir / attempt.stderr_log
-        stdout.write_text("")
         cancelled = execution.cancel.event
 
-        def stop_if_cancelled(_name: str, _fraction: float) -> None:
+        def stop_if_cancelled(*_progress: object) -> None:  # also a progress callback (case name, fraction)
             if cancelled.is_set():
                 raise _Stopped
 
         try:
-            if cancelled.is_set():
-                raise _Stopped
+            stop_if_cancelled()
             with reporting(stop_if_cancelled):
                 done = emulate_into(execution.case_dir, attempt.staging, self.fault, attempt.order_seed)
-            if cancelled.is_set():
-                raise _Stopped
+            stop_if_cancelled()
         except _Stopped:
             stderr.write_text("interrupted by Ctrl-C\n")
             attempt.interrupted = True

@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from ..core import blas
 from ..core.case import Case, numpy_dtype
 from ..core.errors import BsaError, DataError
 from ..ops import forward_interface, interface
@@ -140,9 +139,8 @@ def write_outputs(
         if value.dtype != expected or list(value.shape) != list(entry["shape"]):
             given = f"{value.dtype} {list(value.shape)}"
             raise DataError(where, f"outputs.{name}: {who} gives {given}, the entry says {expected} {entry['shape']}")
-        path = paths[name]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, array_bytes(value))
+        paths[name].parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(paths[name], array_bytes(value))
 
 
 def emulate_op(
@@ -170,15 +168,14 @@ def emulate_op(
     tensors = {name: read_array(case_dir, manifest.entry("inputs", name)) for name in op.inputs}
     mask = np.asarray(tensors["block_sparse_mask"])
     not_applied = None if fault is None else fault_not_applied(fault, case, mask, op)
-    with blas.one_thread_each():  # a forward fault plants itself here, a backward one is ignored
-        produced = run_forward(case, {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
+    # A forward fault plants itself here, a backward one is ignored (both steps run BLAS on one thread).
+    produced = run_forward(case, {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
     write_outputs(paths, manifest, produced, str(output_dir), "the reference device")
     if op.calls_backward:
         status, message = interface.check(params, backward_call(manifest), manifest.release)
         if status != 0:
             return Emulated(write_status(output_dir, status, f"backward: {message}"), None, PREFILL)
         backward_fault = None if fault in FORWARD_FAULTS else fault  # a backward fault plants itself here
-        with blas.one_thread_each():
-            grads = backward(case, backward_tensors(tensors, produced), backward_fault, order_seed)
+        grads = backward(case, backward_tensors(tensors, produced), backward_fault, order_seed)
         write_outputs(paths, manifest, grads, str(output_dir), "the reference device")
     return Emulated(write_status(output_dir, 0), not_applied, PREFILL)

@@ -31,9 +31,7 @@ ATOMIC_OUTPUTS = ("dk", "dv")
 
 def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
     """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
-    if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0:
-        return ("lse",)
-    return ()
+    return ("lse",) if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0 else ()
 
 
 def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:
@@ -96,14 +94,8 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     unwritten = unwritten_outputs(manifest)
     every = "all" if manifest.op.calls_forward else "all three"
     if first.status != other.status:
-        diffs.append(
-            {
-                "run": other.index,
-                "output": "status",
-                "matters": True,
-                "message": f"status differs: run 1 {first.status}, run {other.index} {other.status}",
-            }
-        )
+        message = f"status differs: run 1 {first.status}, run {other.index} {other.status}"
+        diffs.append({"run": other.index, "output": "status", "matters": True, "message": message})
     for name, entry in manifest.entries("outputs"):
         a, b = first.outputs.get(name), other.outputs.get(name)
         if (a or {}).get("sha256") == (b or {}).get("sha256"):
@@ -147,12 +139,5 @@ def judge_repeat(case_dir: Path, manifest: Manifest, attempt: Attempt, judge: Ru
     if failed is None:
         return []
     verdict, why = failed
-    return [
-        {
-            "run": attempt.index,
-            "output": "verdict",
-            "verdict": verdict,
-            "matters": True,
-            "message": f"run {attempt.index} is {verdict} by the standard: {why}",
-        }
-    ]
+    message = f"run {attempt.index} is {verdict} by the standard: {why}"
+    return [{"run": attempt.index, "output": "verdict", "verdict": verdict, "matters": True, "message": message}]

@@ -130,16 +130,13 @@ def _clear_stale(output_dir: Path, manifest: Manifest | None) -> list[str]:
     if not output_dir.is_dir():
         return []
     problems: list[str] = []
-    paths = [output_dir / STATUS_FILE, output_dir / RUN_RECORD]
-    paths += [output_dir / name for name in STALE_OUTPUT_FILES]
+    paths = [output_dir / name for name in (STATUS_FILE, RUN_RECORD, *STALE_OUTPUT_FILES)]
     for _, entry in manifest.entries("outputs") if manifest is not None else ():
         try:
             paths.append(inside_parent(output_dir, entry["file"]))
         except DataError as exc:
             problems.append(str(exc))
-    for path in output_dir.iterdir():
-        if _run_file(path.name):
-            paths.append(path)
+    paths += [path for path in output_dir.iterdir() if _run_file(path.name)]
     for path in dict.fromkeys(paths):
         try:
             if path.is_symlink() or path.is_file():
@@ -180,7 +177,9 @@ class _CaseRun:
             return self._result(manifest, "error", [*problems, unwritable], None, time.monotonic() - clock)
         problems += _clear_stale(self.output_dir, manifest)
         outcome: Outcome = "error" if problems else "ok"
-        skipped = None if manifest is None or outcome != "ok" else self._skip_reason(manifest)
+        skipped = None
+        if manifest is not None and outcome == "ok":  # gen skipped its op, or the device cannot run the op
+            skipped = manifest.skip if manifest.skip is not None else self.device.unsupported(manifest)
         outcome = "skipped" if skipped is not None else outcome
         inputs_run = None
         if manifest is not None and outcome == "ok":
@@ -199,21 +198,7 @@ class _CaseRun:
             problems.append(unmoved)
             outcome = "error"
         duration = time.monotonic() - clock
-        record = case_record(
-            name=self.name,
-            case_dir=self.case_dir,
-            output_dir=self.output_dir,
-            device_id=self.device_id,
-            options=self.options,
-            manifest=manifest,
-            attempts=self.attempts,
-            outcome=outcome,
-            problems=problems,
-            differences=self.differences,
-            started=started,
-            duration=duration,
-            skipped=skipped,
-        )
+        record = case_record(self, manifest, outcome, problems, started, duration, skipped)
         record["inputs"] = inputs_run
         return self._recorded(manifest, record, duration, skipped)
 
@@ -283,18 +268,10 @@ class _CaseRun:
         try:
             write_json_atomic(self.output_dir / RUN_RECORD, record)
         except OSError as exc:  # a full disk, or a folder in its place: the case ends without a record
-            record["problems"] = [
-                *record["problems"],
-                f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}",
-            ]
+            problem = f"cannot write {self.output_dir / RUN_RECORD}: {exc.strerror or exc}"
+            record["problems"] = [*record["problems"], problem]
             record["outcome"] = "error"
         return self._result(manifest, record["outcome"], record["problems"], record, duration, skipped)
-
-    def _skip_reason(self, manifest: Manifest) -> str | None:
-        """Return why this case folder is not run: gen skipped its op, or the device cannot run the op."""
-        if manifest.skip is not None:
-            return manifest.skip
-        return self.device.unsupported(manifest)
 
     def _moved(self, staging: Path | None = None) -> str | None:
         """Return why the folders of this run are no longer bsa's (checked after a binary exits, as before it
@@ -379,14 +356,7 @@ class _CaseRun:
         suffix = "" if index == 1 else f".run{index}"
         order_args, order_seed = self.device.run_order(self.options.seed, self.name, index, self.options.deterministic)
         argv = self.device.argv(self.case_dir, staging, self.device_id) + order_args
-        return Attempt(
-            index=index,
-            argv=argv,
-            staging=staging,
-            stdout_log=f"stdout{suffix}.log",
-            stderr_log=f"stderr{suffix}.log",
-            order_seed=order_seed,
-        )
+        return Attempt(index, argv, staging, f"stdout{suffix}.log", f"stderr{suffix}.log", order_seed=order_seed)
 
     def _attempt_problems(self, attempt: Attempt) -> list[str]:
         if attempt.interrupted:
@@ -440,20 +410,14 @@ def _unforeseen(case_dir: Path, options: RunOptions, device_id: int, exc: Except
     where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
     at = f" at {Path(where.filename).name}:{where.lineno}" if where else ""
     problem = f"bsa could not run this case: {type(exc).__name__}: {clip(str(exc))}{at} (a bug in bsa?)"
-    return RunResult(
-        name=Path(case_dir).name,
-        case_dir=Path(case_dir),
-        output_dir=output_dir_for(Path(case_dir), options.outputs_root),
-        outcome="error",
-        problems=(problem,),
-        device_id=device_id,
-    )
+    case_dir = Path(case_dir)
+    output_dir = output_dir_for(case_dir, options.outputs_root)
+    return RunResult(case_dir.name, case_dir, output_dir, "error", (problem,), device_id=device_id)
 
 
 def run_case(case_dir: Path, options: RunOptions, device_id: int | None = None) -> RunResult:
     """Run one case (with its repeats) and write its `run.json`; return the result."""
-    cancel = Cancel()
-    return _CaseRun(case_dir, options, options.device_ids[0] if device_id is None else device_id, cancel).run()
+    return _CaseRun(case_dir, options, options.device_ids[0] if device_id is None else device_id, Cancel()).run()
 
 
 def run_cases(
@@ -505,24 +469,21 @@ def run_cases(
     for thread in workers:
         thread.start()
 
-    def drain() -> None:
+    def drain(timeout: float | None = None) -> None:
+        """Hand the waiting events to `on_event` (waiting up to `timeout` s for the first)."""
         while True:
             try:
-                event = events.get_nowait()
+                event = events.get(timeout=timeout) if timeout else events.get_nowait()
             except queue.Empty:
                 return
+            timeout = None
             if on_event is not None:
                 on_event(event)
 
     interrupted = False
     try:
         while any(t.is_alive() for t in workers):
-            try:
-                event = events.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if on_event is not None:
-                on_event(event)
+            drain(0.1)
     except KeyboardInterrupt:
         interrupted = True
         cancel.cancel()

@@ -68,8 +68,9 @@ def clean(value: Any, limit: int = VALUE_MAX_CHARS) -> str | None:
     return value if len(value) <= limit and _VALUE.fullmatch(value) else None
 
 
-def _read_regular(path: Path, limit: int) -> bytes | None:
-    """Return the first `limit` bytes of `path` if it is a regular file (never blocks on a FIFO), else None."""
+def read_head(path: Path, limit: int) -> str | None:
+    """Return the first `limit` bytes of `path` as text if it is a regular file (never blocks on a FIFO), else
+    None."""
     try:  # no device, FIFO or socket is ever opened (opening one can block or act); checked again once open
         if not stat.S_ISREG(os.stat(path).st_mode):
             return None
@@ -79,7 +80,7 @@ def _read_regular(path: Path, limit: int) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
-        return os.read(fd, limit)
+        return os.read(fd, limit).decode("utf-8", "replace")
     except OSError:
         return None
     finally:
@@ -88,10 +89,7 @@ def _read_regular(path: Path, limit: int) -> bytes | None:
 
 def info_version(path: Path) -> str | None:
     """Return the `version=` value of a toolkit version file, or None."""
-    data = _read_regular(path, INFO_MAX_BYTES)
-    if data is None:
-        return None
-    for line in data.decode("utf-8", "replace").splitlines():
+    for line in (read_head(path, INFO_MAX_BYTES) or "").splitlines():
         key, sep, value = line.partition("=")
         if sep and key.strip() == "version":
             return clean(value)
@@ -175,17 +173,12 @@ def from_torch_npu_log(log: Path | None) -> dict[str, Any]:
     record: dict[str, Any] = {"kind": "torch_npu", **dict.fromkeys(TORCH_NPU_KEYS)}
     if log is None:
         return record
-    try:
-        data = _read_regular(log, LOG_MAX_BYTES)
-        if data is None:
-            return record
-        lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.startswith(MARKER)]
+    with contextlib.suppress(Exception):  # a malformed line: the values stay null
+        lines = [line for line in (read_head(log, LOG_MAX_BYTES) or "").splitlines() if line.startswith(MARKER)]
         if not lines or len(lines[-1]) > LINE_MAX_CHARS:
             return record
         found = json.loads(lines[-1][len(MARKER) :])
         if isinstance(found, dict):
             for key in TORCH_NPU_KEYS:
                 record[key] = clean(found.get(key), PATH_MAX_CHARS if key == "cann_source" else VALUE_MAX_CHARS)
-    except Exception:  # a malformed line: the values stay null
-        pass
     return record

@@ -53,14 +53,12 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-import re
 import sys
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..core.case import MAX_TOKENS
 from ..core.errors import DataError
 from ..ops.interface import call_lengths
 from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
@@ -69,16 +67,7 @@ from . import software, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
 from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
 from .process import spawn
-from .torch_npu_ops import (
-    TORCH_DTYPES,
-    CannotRun,
-    DeviceFailure,
-    NotExpressible,
-    TorchNpuMissing,
-    _int,
-    _int_list,
-    to_tensor,
-)
+from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, _int, _int_list, to_tensor
 
 TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
 """How the torch_npu device is named in records and output."""
@@ -87,9 +76,6 @@ TORCH_NPU_MODULE = "bsa_cli.devices.torch_npu"
 
 BINDING = "npu_block_sparse_attention_backward"
 """The torch_npu function this device calls."""
-
-STATUS_PATTERN = re.compile(r"call aclnnBlockSparseAttentionGrad failed, error code is (\d+)")
-"""How an aclnn status appears in the RuntimeError torch_npu raises (NPU_CHECK_ERROR after EXEC_NPU_CMD)."""
 
 CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
 """The manifest inputs in the binding's order (d_out first): the seven tensors, passed positionally."""
@@ -146,11 +132,7 @@ def plan_call(manifest: Manifest) -> Call:
     extra = sorted(set(inputs) - set(INPUT_NAMES))
     if extra:
         raise refuse(f"input {extra[0]} is passed, but the binding always passes a null attenMask")
-    if params.get("mask_type", 0) != 0:
-        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
+    torch_npu_ops.refuse_fixed(params, refuse)
     block_shape = params.get("block_shape")
     if not isinstance(block_shape, list) or len(block_shape) < 2:
         raise refuse(f"blockShape {block_shape!r}: the binding passes [128, 128] for a null or short block_shape")
@@ -173,7 +155,7 @@ def plan_call(manifest: Manifest) -> Call:
                 + (f" ({like.get('dtype')} {list(like.get('shape', ()))})" if like else " (null here)")
             )
     for input_name, entry in manifest.entries("inputs"):
-        if entry.get("dtype") not in TORCH_DTYPES:
+        if entry.get("dtype") not in torch_npu_ops.TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     q_lengths, kv_lengths = call_lengths(params)
     try:
@@ -193,7 +175,7 @@ def plan_call(manifest: Manifest) -> Call:
 
 def aclnn_status(message: str) -> int | None:
     """Return the aclnn status an exception message from torch_npu carries, or None."""
-    found = STATUS_PATTERN.search(message)
+    found = torch_npu_ops.BACKWARD_STATUS_PATTERN.search(message)  # NPU_CHECK_ERROR after EXEC_NPU_CMD
     return int(found.group(1)) if found else None
 
 
@@ -337,12 +319,23 @@ class TorchNpuDevice(ChildDevice):
 
     @classmethod
     def create(cls) -> TorchNpuDevice:
-        """Return the device once this Python finds torch and torch_npu (without importing them).
+        """Return the device once this Python finds torch and torch_npu, without importing them (the child
+        imports them).
 
         Raises:
             RunConfigError: naming the module that is missing and what to install.
         """
-        _check_torch_npu()
+        for module in ("torch", "torch_npu"):
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                raise RunConfigError(
+                    f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
+                    "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
+                    "'On an Ascend host'), or run the C++ harness with --binary"
+                )
         return cls()
 
     @property
@@ -372,25 +365,6 @@ class TorchNpuDevice(ChildDevice):
         except (importlib.metadata.PackageNotFoundError, ValueError):
             return None  # unknown here: the child decides
         return torch_npu_ops.autograd_refusal(version)
-
-
-def _check_torch_npu() -> None:
-    """Check that this Python finds torch and torch_npu, without importing them (the child imports them).
-
-    Raises:
-        RunConfigError: naming the module that is missing and what to install.
-    """
-    for module in ("torch", "torch_npu"):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            raise RunConfigError(
-                f"--device torch_npu: the module {module} is not installed for {sys.executable}; install "
-                "torch and the torch_npu release that matches it and your CANN toolkit (README.md, "
-                "'On an Ascend host'), or run the C++ harness with --binary"
-            )
 
 
 if __name__ == "__main__":

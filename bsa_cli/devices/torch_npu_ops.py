@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -114,16 +114,11 @@ def _int_list(values: Sequence[Any] | None) -> list[int] | None:
     return None if values is None else [_int(v) for v in values]
 
 
-def torch_version(text: str) -> tuple[int, int] | None:
-    """Return (major, minor) of a torch version string ("2.6.0+cpu" -> (2, 6)), or None."""
-    found = re.match(r"\s*(\d+)\.(\d+)", text or "")
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
 def autograd_refusal(version: str | None) -> str | None:
-    """Return why autograd cannot run with torch `version` (None: it can, or the version is unknown)."""
-    parsed = torch_version(version or "")
-    if parsed is None or parsed >= AUTOGRAD_SINCE:
+    """Return why autograd cannot run with torch `version` ("2.6.0+cpu": major 2, minor 6; None: it can, or the
+    version is unknown)."""
+    found = re.match(r"\s*(\d+)\.(\d+)", version or "")
+    if found is None or (int(found.group(1)), int(found.group(2))) >= AUTOGRAD_SINCE:
         return None
     return (
         f"autograd needs torch 2.6 or later (torch_npu registers the forward's gradient for v2.6 and newer, "
@@ -132,6 +127,15 @@ def autograd_refusal(version: str | None) -> str | None:
 
 
 # ---- the calls ----------------------------------------------------------------------------------------
+
+
+def refuse_fixed(params: Mapping[str, Any], refuse: Callable[[str], NotExpressible]) -> None:
+    """Refuse a case whose maskType or tokens are not what both bindings always pass (`refuse` words it)."""
+    if params.get("mask_type", 0) != 0:
+        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
+    for key in ("pre_tokens", "next_tokens"):
+        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
+            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
 
 
 def call_keywords(call: Any, *skipped: str) -> dict[str, Any]:
@@ -198,11 +202,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
 
     if "atten_mask" in inputs or "block_table" in inputs:
         raise refuse("an attenMask or blockTable is passed, but the binding always passes null")
-    if params.get("mask_type", 0) != 0:
-        raise refuse(f"maskType {params.get('mask_type')!r}: the binding always passes 0")
-    for key in ("pre_tokens", "next_tokens"):
-        if params.get(key, MAX_TOKENS) != MAX_TOKENS:
-            raise refuse(f"{key} {params.get(key)!r}: the binding always passes {MAX_TOKENS}")
+    refuse_fixed(params, refuse)
     block_shape = params.get("block_shape")
     if not isinstance(block_shape, list):
         raise refuse(f"blockShape {block_shape!r}: the binding's block_shape is a required int[]")
@@ -215,14 +215,8 @@ def plan_op(manifest: Manifest) -> OpPlan:
         if entry.get("dtype") not in TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     descs = {name: (entry.get("dtype"), list(entry.get("shape") or ())) for name, entry in manifest.entries("inputs")}
-    q_shape = descs["query"][1]
-    wanted = {
-        "out": descs["query"],
-        "lse": ("float32", binding_lse_shape(q_shape)),
-        "dq": descs["query"],
-        "dk": descs["key"],
-        "dv": descs["value"],
-    }
+    wanted = {"out": descs["query"], "lse": ("float32", binding_lse_shape(descs["query"][1]))}
+    wanted |= {"dq": descs["query"], "dk": descs["key"], "dv": descs["value"]}
     for output in op.outputs:
         found = outputs.get(output)
         if found is None:
@@ -251,12 +245,9 @@ def plan_op(manifest: Manifest) -> OpPlan:
         if BACKWARD_BINDING in op.torch_npu_calls:
             bq, bkv = call_lengths(params)
             shared = ("q_input_layout", "kv_input_layout", "num_key_value_heads", "scale_value")
-            backward = {
-                "block_shape": forward.block_shape,
-                "actual_seq_lengths": _int_list(bq),
-                "actual_seq_lengths_kv": _int_list(bkv),
-                **{key: getattr(forward, key) for key in shared},  # the forward's, in the backward's order
-            }
+            lengths = {"actual_seq_lengths": _int_list(bq), "actual_seq_lengths_kv": _int_list(bkv)}
+            # the forward's own values, in the backward's order
+            backward = {"block_shape": forward.block_shape, **lengths, **{key: getattr(forward, key) for key in shared}}
     except (KeyError, TypeError, ValueError) as exc:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
     return OpPlan(op=op, forward=forward, backward=backward, outputs=op.outputs)
@@ -264,11 +255,8 @@ def plan_op(manifest: Manifest) -> OpPlan:
 
 def aclnn_status(message: str) -> int | None:
     """Return the aclnn status (the forward's or the backward's) an exception message from torch_npu carries."""
-    for pattern in (FORWARD_STATUS_PATTERN, BACKWARD_STATUS_PATTERN):
-        found = pattern.search(message)
-        if found:
-            return int(found.group(1))
-    return None
+    found = FORWARD_STATUS_PATTERN.search(message) or BACKWARD_STATUS_PATTERN.search(message)
+    return int(found.group(1)) if found else None
 
 
 # ---- tensors (torch is imported by the caller and passed in) --------------------------------------
