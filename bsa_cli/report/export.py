@@ -39,19 +39,7 @@ EXPECT_MODULE = "bsa_msopst_expect.py"
 
 INPUT_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask")
 """The operator's tensor arguments, in its order, by manifest name."""
-OP_NAMES = {
-    "dout": "dout",
-    "query": "query",
-    "key": "key",
-    "value": "value",
-    "attention_out": "attentionOut",
-    "softmax_lse": "softmaxLse",
-    "block_sparse_mask": "blockSparseMask",
-    "atten_mask": "attenMask",
-    "dq": "dq",
-    "dk": "dk",
-    "dv": "dv",
-}
+OP_NAMES = {name: re.sub(r"_(\w)", lambda m: m[1].upper(), name) for name in (*INPUT_ORDER, *GRAD_NAMES)}
 """Manifest names -> the aclnn interface's argument names."""
 REQUIRED = {"atten_mask": False}
 

@@ -264,35 +264,6 @@ def standards_line(suite: SuiteResult) -> str:
     return ", ".join(f"{name} ({count})" for name, count in counts.most_common()) or "-"
 
 
-__all__ = [
-    "METRIC_ROWS",
-    "ERROR",
-    "FAIL",
-    "PASS",
-    "SKIP",
-    "device_lines",
-    "grouped",
-    "hot_rows",
-    "metric_rows",
-    "operator_of",
-    "plural",
-    "results_of",
-    "ops_of",
-    "query_axis",
-    "shows_ops",
-    "fmt",
-    "is_reference",
-    "planted_fault",
-    "provenance",
-    "standards_line",
-    "summary_line",
-    "where",
-    "worst_rows",
-    "without_asides",
-    "likely_line",
-]
-
-
 def likely_line(case: CaseResult) -> str | None:
     """The `likely:` line of a diagnosed failing case: its best cause with score and evidence (None for a case
     the diagnosis did not run on)."""

@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Drift, MetricChange
 from .formatting import fmt
 from .style import esc, html_table
-from .terminal import table_box
+from .terminal import titled_table
 
 CSS = """
 section.drift{margin:1em 0 1.2em}
@@ -46,14 +45,10 @@ def render_drift(drift: Drift, console: Console) -> None:
         title = f"regressions since {drift.baseline.label}"
         wide = max(len(c.case) for c in drift.regressions) + len("tensor check before now change limit passes") + 40
         if console.width >= wide:
-            table = Table(box=table_box(console), title=title, title_justify="left")
-            for column in ("case", "tensor", "check", "before", "now", "change", "limit", "passes"):
-                table.add_column(
-                    column,
-                    justify="right" if column in ("before", "now", "change", "limit") else "left",
-                    no_wrap=column in ("case", "check"),
-                    overflow="fold",
-                )
+            columns = ("case", "tensor", "check", "before", "now", "change", "limit", "passes")
+            table = titled_table(console, title, columns, columns[3:7], overflow="fold")
+            for column in table.columns:
+                column.no_wrap = column.header in ("case", "check")
             for c in drift.regressions:
                 passes = "yes" if c.passed else Text("no", style="bold red")
                 table.add_row(c.case, c.tensor, c.check, fmt(c.old), fmt(c.new), _delta(c), fmt(c.limit), passes)

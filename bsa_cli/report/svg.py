@@ -528,17 +528,3 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     verdict = f"difference {estimate.difference:+.3g} ± {estimate.difference_se:.2g}: {estimate.z:.3g} standard errors"
     out.append(_text(left, height - 8, verdict + (" (paired)" if estimate.paired else "")))
     return _svg(width, height, "".join(out), title)
-
-
-__all__ = [
-    "AT_BENCHMARK",
-    "NONFINITE",
-    "NOT_COMPUTED",
-    "Scale",
-    "bias_chart",
-    "heat_map",
-    "legend",
-    "tile_map",
-    "ulp_bins",
-    "ulp_chart",
-]
