@@ -9,7 +9,6 @@ map of each failing tensor, its hottest block's 16x16 tiles, and its ULP chart a
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -163,13 +162,6 @@ def _summary_table(suite: SuiteResult) -> str:
     return f'<table class="cases"><tr class="head">{head}</tr>{"".join(rows)}</table>'
 
 
-def _short_headline(case: CaseResult) -> str:
-    """A result's headline for a cell of the ops table without its notes (`formatting.short_headline`), at most
-    160 characters; the notes follow in the cell's smaller print."""
-    headline = short_headline(dataclasses.replace(case, notes=()))
-    return headline if len(headline) <= 160 else headline[:157] + "..."
-
-
 def _ops_table(suite: SuiteResult) -> str:
     """The summary of a suite with ops: one row per case, one cell per op (the verdict linking to the op's
     section, and what happened), the ops in `OPS` order; a case without an op shows a dash there."""
@@ -189,7 +181,8 @@ def _ops_table(suite: SuiteResult) -> str:
                 above[op] = None
                 cells.append('<td class="none" title="the case does not test this op">-</td>')
                 continue
-            what = _short_headline(result)
+            what = short_headline(dataclasses.replace(result, notes=()))  # the notes follow in smaller print
+            what = what if len(what) <= 160 else what[:157] + "..."
             reason = result.headline if result.verdict == SKIP else None
             if reason is not None and above.get(op) == reason:
                 what = "same reason as above"
@@ -222,17 +215,13 @@ def _siblings(case: CaseResult, suite: SuiteResult) -> str:
     return f'<p class="siblings">ops of {esc(case.case_name)}: {" ".join(links)}</p>'
 
 
+_RESULT = {True: '<span class="PASS">ok</span>', False: '<span class="FAIL">FAIL</span>'}
+
+
 def _checks_table(case: CaseResult, only_failed: bool) -> str:
     checks = sorted(case.all_checks, key=lambda c: (c.passed, -c.severity)) if only_failed else case.all_checks
     rows = [
-        [
-            esc(c.tensor or "-"),
-            esc(c.name),
-            esc(fmt(c.value)),
-            esc(fmt(c.limit)),
-            '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>',
-            esc(c.detail),
-        ]
+        [*(esc(x) for x in (c.tensor or "-", c.name, fmt(c.value), fmt(c.limit))), _RESULT[c.passed], esc(c.detail)]
         for c in checks
         if not (only_failed and c.passed)
     ]
@@ -259,11 +248,6 @@ def _worst_table(tensor: TensorResult) -> str:
     return f"<p class=sub>worst elements</p>{html_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
 
 
-def _tile_limit(case: CaseResult) -> float:
-    limit = case.settings.thresholds.get("tile_ratio", 3.0) if case.settings else 3.0
-    return limit if math.isfinite(limit) and limit > 1 else 3.0
-
-
 def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     failed = sorted((c for c in tensor.checks if not c.passed), key=lambda c: -c.severity)
     first = failed[0].detail if failed else ""
@@ -282,7 +266,7 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
             break
     block_map = tensor.block_map
     if block_map is not None and block_map.score.size:
-        limit = _tile_limit(case)
+        limit = case.settings.thresholds.get("tile_ratio", 3.0) if case.settings else 3.0
         scale = svg.Scale.for_scores(block_map.score.reshape(-1), limit)
         what = "worst 16x16 tile RMSE ratio" if block_map.rmse_benchmark is not None else "block RMSE / tensor RMSE"
         left = svg.heat_map(tensor, case.selection, limit) + svg.legend(scale, what)

@@ -188,7 +188,6 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
     panels, total = _panels(tensor, selection)
     if not panels:
         return ""
-    hot = tensor.hot_blocks[0] if tensor.hot_blocks else None
     n_q = max(len(p.rows) for p in panels)
     n_kv = max((len(p.rows[0]) if p.rows else 0) for p in panels)
     pool = 1
@@ -210,7 +209,7 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
     for index, panel in enumerate(panels):
         ox = (index % per_line) * (margin_left + panel_w + gap) + margin_left
         oy = title_h + (index // per_line) * (margin_top + panel_h + gap) + margin_top
-        parts.append(_panel_svg(tensor, block_map, panel, scale, (ox, oy), cell, pool, hot))
+        parts.append(_panel_svg(tensor, panel, scale, (ox, oy), cell, pool))
     kind = "query head" if block_map.axis == "q" else "kv head"
     title = f"{tensor.name}: error ratio per ({kind}, {axis_q}, {axis_kv})"
     if total > len(panels):
@@ -221,15 +220,11 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
 
 
 def _panel_svg(
-    tensor: TensorResult,
-    block_map: BlockMap,
-    panel: _Panel,
-    scale: Scale,
-    origin: tuple[float, float],
-    cell: float,
-    pool: int,
-    hot: HotBlock | None,
+    tensor: TensorResult, panel: _Panel, scale: Scale, origin: tuple[float, float], cell: float, pool: int
 ) -> str:
+    block_map = tensor.block_map
+    assert block_map is not None
+    hot = tensor.hot_blocks[0] if tensor.hot_blocks else None
     ox, oy = origin
     n_q = len(panel.rows)
     n_kv = len(panel.rows[0]) if panel.rows else 0

@@ -111,8 +111,9 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
         likely = likely_line(case)
         if likely:
             text = f"{text}\n{likely}"
+        standard = [] if one else [case.standard]
         if not with_ops:
-            table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), text)
+            table.add_row(case.name, _verdict_text(case.verdict), *standard, text)
             continue
         headline: str | Text = text
         first = index == 0 or cases[index - 1].case_name != case.case_name
@@ -125,14 +126,8 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             if before.get(case.headline) == case.op:  # the case above skipped this op for this reason too
                 headline = Text(f"{_SAME} the case above", style="dim")
             reasons[case.headline] = case.op
-        table.add_row(
-            case.case_name if first else "",
-            case.op,
-            _verdict_text(case.verdict),
-            *([] if one else [case.standard]),
-            headline,
-            end_section=last,
-        )
+        name = case.case_name if first else ""
+        table.add_row(name, case.op, _verdict_text(case.verdict), *standard, headline, end_section=last)
     return table
 
 
