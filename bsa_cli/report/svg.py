@@ -58,30 +58,27 @@ class Scale:
 
     def colour(self, score: float) -> str:
         """Return the fill of a computed cell of ratio `score`."""
-        if math.isnan(score):
+        if math.isnan(score) or score == math.inf:
             return NONFINITE
-        if math.isinf(score):
-            return NONFINITE if score > 0 else AT_BENCHMARK
-        if score <= 1.0:
+        if score <= 1.0:  # -inf too
             return AT_BENCHMARK
         if score < self.limit:
             return _mix(_LOW, math.log(score) / math.log(self.limit))
         return _mix(_HIGH, math.log(score / self.limit) / max(math.log(self.top / self.limit), 1e-12))
 
 
-def _defs() -> str:
-    return (
-        '<defs><pattern id="bsa-hatch" width="5" height="5" patternUnits="userSpaceOnUse" '
-        'patternTransform="rotate(45)"><rect width="5" height="5" fill="#fff"/>'
-        '<line x1="0" y1="0" x2="0" y2="5" stroke="#c4c4c4" stroke-width="1.6"/></pattern></defs>'
-    )
+_DEFS = (
+    '<defs><pattern id="bsa-hatch" width="5" height="5" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="5" height="5" fill="#fff"/>'
+    '<line x1="0" y1="0" x2="0" y2="5" stroke="#c4c4c4" stroke-width="1.6"/></pattern></defs>'
+)
 
 
 def _svg(width: float, height: float, body: str, label: str) -> str:
     return (
         f'<svg width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{esc(label)}" style="{SVG_FONT}">'
-        f"{_defs()}{body}</svg>"
+        f"{_DEFS}{body}</svg>"
     )
 
 
@@ -129,8 +126,8 @@ class _Panel:
     batch: int
     head: int  # query head (dq) or kv head (dk, dv)
     rows: list[str]  # selection rows of the panel: q blocks x kv blocks ("1", "0", "-")
-    scores: np.ndarray  # the tensor's block scores of this (batch, head): [blocks along its axis]
     heads: tuple[int, int]  # query heads the panel stands for (a kv head: its GQA group)
+    scores: np.ndarray  # the tensor's block scores of this (batch, head): [blocks along its axis]
 
 
 def _panel_rows(
@@ -164,10 +161,9 @@ def _panels(tensor: TensorResult, selection: Selection) -> tuple[list[_Panel], i
                 continue
             ranked.append((-float(np.max(np.where(np.isinf(finite), 1e300, finite))), b, n))
     chosen = sorted(sorted(ranked)[:MAX_PANELS], key=lambda item: (item[1], item[2]))
-    panels = []
-    for _, b, n in chosen:
-        rows, span = _panel_rows(selection, b, n, block_map.axis, group)
-        panels.append(_Panel(b, n, rows, block_map.score[b, n], span))
+    panels = [
+        _Panel(b, n, *_panel_rows(selection, b, n, block_map.axis, group), block_map.score[b, n]) for _, b, n in chosen
+    ]
     return panels, len(ranked)
 
 
@@ -460,10 +456,7 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
                 f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{esc(tip)}</title></rect>'
             )
         tx, ty = x0 + group_w / 2 - 3, top + plot_h + 10
-        out.append(
-            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" transform="rotate(-40 {tx:.1f} {ty:.1f})">'
-            f"{esc(label)}</text>"
-        )
+        out.append(_text(tx, ty, label, "end", f' transform="rotate(-40 {tx:.1f} {ty:.1f})"'))
     out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 14:.1f}" y2="{top + plot_h}" stroke="#555"/>')
     lx = left + 8
     for name, _, fill in series:

@@ -54,14 +54,10 @@ def _nice_step(span: float) -> float:
     return 10 * power
 
 
-def night_short(night: Night) -> str:
-    """The x-axis label of a night: month-day and time in UTC."""
-    return night.date.strftime("%m-%d %H:%M") if night.date else "undated"
-
-
 def chart(series: Series, nights: Sequence[Night]) -> str:
     """Return the SVG line chart of one case across the nights."""
     left, right, top, plot_h = 48.0, 56.0, 22.0, 130.0
+    bottom = top + plot_h
     step = max(28.0, min(70.0, 520.0 / max(len(nights), 1)))
     plot_w = step * max(len(nights) - 1, 1)
     width, height = left + plot_w + right + 20, top + plot_h + 58
@@ -78,30 +74,23 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
         return top + plot_h - plot_h * min(max(v, 0.0), y_top) / y_top
 
     out = []
-    ticks = int(round(y_top / tick))
-    for k in range(ticks + 1):
+    for k in range(int(round(y_top / tick)) + 1):
         v = k * tick
         y = y_of(v)
         out.append(f'<line x1="{left:.1f}" y1="{y:.1f}" x2="{width - right:.1f}" y2="{y:.1f}" stroke="#ececec"/>')
         out.append(f'<text x="{left - 4:.1f}" y="{y + 3.5:.1f}" text-anchor="end">{esc(fmt(v, 3))}</text>')
-    out.append(
-        f'<line class="axis" x1="{left:.1f}" y1="{top + plot_h:.1f}" x2="{width - right:.1f}" '
-        f'y2="{top + plot_h:.1f}" stroke="#555"/>'
-    )
-    out.append(
-        f'<line class="axis" x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{top + plot_h:.1f}" stroke="#555"/>'
-    )
+    for y1, x2 in ((bottom, width - right), (top, left)):  # the x axis, the y axis
+        out.append(f'<line class="axis" x1="{left:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{bottom:.1f}" stroke="#555"/>')
     out.append(_limit_line(series.points, x_of, y_of, left, width - right))
     label_every = max(1, math.ceil(34.0 / step))
     for i, night in enumerate(nights):
         if i % label_every == 0 or i == len(nights) - 1:
-            x, y = x_of(i), top + plot_h + 10
-            out.append(
-                f'<line x1="{x:.1f}" y1="{top + plot_h:.1f}" x2="{x:.1f}" y2="{top + plot_h + 3:.1f}" stroke="#555"/>'
-            )
+            x, y = x_of(i), bottom + 10
+            when = night.date.strftime("%m-%d %H:%M") if night.date else "undated"  # month-day and time in UTC
+            out.append(f'<line x1="{x:.1f}" y1="{bottom:.1f}" x2="{x:.1f}" y2="{bottom + 3:.1f}" stroke="#555"/>')
             out.append(
                 f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" transform="rotate(-35 {x:.1f} {y:.1f})">'
-                f"{esc(night_short(night))}</text>"
+                f"{esc(when)}</text>"
             )
     out.append(f'<text x="4" y="{top - 10:.1f}">{esc(series.label)}</text>')
     out.extend(_line(series.points, x_of, y_of))
