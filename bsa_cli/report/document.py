@@ -83,11 +83,7 @@ def _plain(value: Any) -> Any:
 def case_document(case: CaseResult) -> dict[str, Any]:
     """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
     document = _plain(case)
-    document["case"] = case.case_name
-    document["message"] = case.message
-    document["headline"] = case.headline
-    deciding = case.deciding
-    document["deciding"] = None if deciding is None else _plain(deciding)
+    document.update(case=case.case_name, message=case.message, headline=case.headline, deciding=_plain(case.deciding))
     for tensor, data in zip(case.tensors, document["tensors"], strict=True):
         data["passed"] = tensor.passed
     return document
@@ -177,9 +173,7 @@ def _load(tp: Any, data: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if data is None:
-            return None
-        return _load(args[0], data)
+        return None if data is None else _load(args[0], data)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise ValueError(f"expected an object for {tp.__name__}, got {data!r}")

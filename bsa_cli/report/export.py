@@ -16,7 +16,6 @@ Nothing here judges or runs anything; `export_cases` reads manifests and writes 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from ..core.errors import DataError
 from ..core.untrusted import read_regular
 from ..ops import interface
 from ..store import load_manifest, read_array
-from ..store.manifest import GRAD_NAMES, Manifest
+from ..store.manifest import GRAD_NAMES, Manifest, json_number
 from .files import write_text_atomic
 
 FORMATS = ("msopst", "atk")
@@ -162,15 +161,11 @@ def _atk_output(case_dir: Path, name: str, entry: Mapping[str, Any], golden: Map
 def _atk_standard(case: Any) -> dict[str, Any]:
     """The case's own standard in ATK's words where ATK has it (cv_fused_double_benchmark), else bsa's."""
     settings = case_settings(case)
-    thresholds = {key: _json_float(value) for key, value in settings.thresholds.items()}
+    thresholds = {key: json_number(value) for key, value in settings.thresholds.items()}  # never NaN
     standard = settings.standard
     if standard.atk_name is not None:
         return {"acc": {standard.atk_name: {atk: thresholds[bsa] for bsa, atk in standard.atk_keys.items()}}}
     return {"acc": {"bsa": {"standard": settings.label, "thresholds": thresholds}}}
-
-
-def _json_float(value: float) -> float | str:
-    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
 
 
 def expect_module(manifests: Sequence[tuple[Path, Manifest]]) -> str:

@@ -34,11 +34,10 @@ def case_report_text(case: CaseResult) -> str:
     if case.verdict in (ERROR, SKIP):
         lines.extend(case.errors)
         return "\n".join(lines)
-    for check in sorted(case.all_checks, key=lambda c: -c.severity):
-        if not check.passed:
-            lines.append(f"FAIL {check.detail}")
-    for rank, cause in enumerate(case.diagnosis, 1):
-        lines.append(f"likely #{rank}: {cause.kind} ({cause.score:.2f}): {cause.evidence}")
+    lines += [
+        f"FAIL {check.detail}" for check in sorted(case.all_checks, key=lambda c: -c.severity) if not check.passed
+    ]
+    lines += [f"likely #{rank}: {c.kind} ({c.score:.2f}): {c.evidence}" for rank, c in enumerate(case.diagnosis, 1)]
     for tensor in case.tensors:
         if tensor.passed:
             continue
@@ -79,16 +78,16 @@ def _metrics_text(case: CaseResult) -> str:
     ]
     for tensor in case.tensors:
         d, b = tensor.device, tensor.benchmark
-        lines.append(
+        text = (
             f"{tensor.name}: max_abs_err {fmt(d.max_abs_err)} rmse {fmt(d.rmse)} "
             f"max_rel_err {fmt(d.max_rel_err)} mean_rel_err {fmt(d.mean_rel_err)} cosine {fmt(d.cosine, 8)} "
             f"ulp_max {fmt(d.ulp_max, 3)}"
-            + (
-                f"; benchmark rmse {fmt(b.rmse)} max_rel_err {fmt(b.max_rel_err)} mean_rel_err {fmt(b.mean_rel_err)}"
-                if b
-                else ""
-            )
         )
+        if b:
+            text += (
+                f"; benchmark rmse {fmt(b.rmse)} max_rel_err {fmt(b.max_rel_err)} mean_rel_err {fmt(b.mean_rel_err)}"
+            )
+        lines.append(text)
     if not case.tensors:
         lines.append(case.message)
     return "\n".join(lines)
@@ -154,8 +153,9 @@ def junit_xml(suite: SuiteResult) -> str:
             likely = likely[:500]
             message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
         if case.verdict in _PROBLEMS:
-            tag = _PROBLEMS[case.verdict]
-            element = ET.SubElement(testcase, tag, message=_xml_text(message[:1000]), type=case.verdict)
+            element = ET.SubElement(
+                testcase, _PROBLEMS[case.verdict], message=_xml_text(message[:1000]), type=case.verdict
+            )
             element.text = _xml_text(case_report_text(case))
         elif case.verdict == SKIP:
             ET.SubElement(testcase, "skipped", message=_xml_text(message[:1000]))

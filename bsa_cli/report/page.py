@@ -108,12 +108,8 @@ is as it always was)."""
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
     verdict = suite.verdict  # nothing judged: SKIP, not a PASS
-    rows = [
-        ("date", esc(head.date)),
-        ("bsa", esc(head.version)),
-        ("host", esc(head.host)),
-        ("output folder", "<br>".join(esc(p) for p in head.out) or "-"),
-    ]
+    rows = [("date", esc(head.date)), ("bsa", esc(head.version)), ("host", esc(head.host))]
+    rows.append(("output folder", "<br>".join(esc(p) for p in head.out) or "-"))
     devices = []
     noun = "results" if shows_ops(suite.cases) else "cases"
     judged = len(suite.cases) - suite.count(SKIP)  # a SKIP has no outputs

@@ -158,11 +158,8 @@ def render_explanation(case: CaseResult, console: Console) -> None:
     else:
         console.print("no cause scores 0.2 or more: the errors are unexplained")
     console.print(f"hypotheses tried ({len(case.hypotheses)}), best first:")
-    for hypothesis in case.hypotheses:
-        console.print(
-            Text(f"  [{hypothesis.score:.2f}] {hypothesis.kind}: {hypothesis.supposes}: {hypothesis.outcome}"),
-            soft_wrap=True,
-        )
+    for h in case.hypotheses:
+        console.print(Text(f"  [{h.score:.2f}] {h.kind}: {h.supposes}: {h.outcome}"), soft_wrap=True)
 
 
 def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
