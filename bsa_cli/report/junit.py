@@ -148,8 +148,7 @@ def junit_xml(suite: SuiteResult) -> str:
         testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")
         _properties(testcase, _case_properties(case))
         message = "; ".join([*case.notes, case.message])
-        likely = likely_line(case)
-        if likely:  # after the failed checks, kept whole within the message's 1000 characters
+        if likely := likely_line(case):  # after the failed checks, kept whole within the message's 1000 characters
             likely = likely[:500]
             message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
         if case.verdict in _PROBLEMS:

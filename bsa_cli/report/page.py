@@ -111,17 +111,14 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
     rows = [("date", esc(head.date)), ("bsa", esc(head.version)), ("host", esc(head.host))]
     rows.append(("output folder", "<br>".join(esc(p) for p in head.out) or "-"))
     devices = []
-    noun = "results" if shows_ops(suite.cases) else "cases"
+    noun = ("judged " if suite.count(SKIP) else "") + ("results" if shows_ops(suite.cases) else "cases")
     judged = len(suite.cases) - suite.count(SKIP)  # a SKIP has no outputs
-    if suite.count(SKIP):
-        noun = f"judged {noun}"
     for text, count, warned in device_lines(suite):
         share = f" ({count} of {judged} {noun})" if judged > 1 else ""
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
     rows.append(("standard", esc(standards_line(suite))))
-    releases = releases_line(suite)
-    if releases:
+    if releases := releases_line(suite):
         rows.append(("release", esc(releases)))
     rows.append(("cases", f"{esc(summary_line(suite))}; exit code {suite.return_code}"))
     meta = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
@@ -224,24 +221,9 @@ def _checks_table(case: CaseResult, only_failed: bool) -> str:
     return html_table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
 
 
-def _metrics_table(tensors: Sequence[TensorResult]) -> str:
-    """Device / benchmark metrics of the given tensors, one column per tensor."""
-    rows = [[esc(cell) for cell in row] for row in metric_rows(tensors)]
-    headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
-    return html_table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
-
-
-def _hot_table(tensor: TensorResult) -> str:
-    kind = "query block i" if query_axis(tensor) else "kv block j"
-    rows = [[esc(cell) for cell in row] for row in hot_rows(tensor)]
-    headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
-    return f"<p class=sub>hot blocks</p>{html_table(headers, rows, numeric=tuple(range(0, 8)))}"
-
-
-def _worst_table(tensor: TensorResult) -> str:
-    rows = [[esc(cell) for cell in row] for row in worst_rows(tensor)]
-    headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
-    return f"<p class=sub>worst elements</p>{html_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int]) -> str:
+    """An HTML table of plain-text cells (`formatting`'s rows)."""
+    return html_table(headers, [[esc(cell) for cell in row] for row in rows], numeric=numeric)
 
 
 def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
@@ -274,9 +256,12 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
         parts.append(f'<div class="figs">{svg.ulp_chart(tensor, tensor.ulp_chart)}</div>')
     parts.append(bias_figure)
     if tensor.hot_blocks:
-        parts.append(_hot_table(tensor))
+        kind = "query block i" if query_axis(tensor) else "kv block j"
+        columns = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
+        parts.append(f"<p class=sub>hot blocks</p>{_text_table(columns, hot_rows(tensor), range(8))}")
     if tensor.worst:
-        parts.append(_worst_table(tensor))
+        headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
+        parts.append(f"<p class=sub>worst elements</p>{_text_table(headers, worst_rows(tensor), range(1, 6))}")
     return "".join(parts)
 
 
@@ -322,8 +307,9 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
             names = ", ".join(t.name for t in passing)
             parts.append(f'<p class="sub">{esc(names)} pass.</p>')
     more = [_checks_table(case, only_failed=False)]
-    if case.tensors:
-        more.append(_metrics_table(case.tensors))
+    if case.tensors:  # device / benchmark metrics, a column per tensor
+        headers = ["metric (device / benchmark)", *(t.name for t in case.tensors)]
+        more.append(_text_table(headers, metric_rows(case.tensors), range(1, len(case.tensors) + 1)))
     more.append(
         f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}; judged in {case.seconds:.2f} s</p>'
     )

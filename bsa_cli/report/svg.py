@@ -373,8 +373,7 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
     out.append(f'<rect x="{x0}" y="{y}" width="12" height="12" fill="none" stroke="#000" stroke-width="2.5"/>')
     out.append(f'<polygon points="{x0 + 16},{y + 6} {x0 + 23},{y + 1} {x0 + 23},{y + 11}" fill="#000"/>')
     out.append(_text(x0 + 28, y + 10, "the hottest block, where the worst 16x16 tile is"))
-    height = y + 20
-    return _svg(x0 + 320, height, "".join(out), "colour scale")
+    return _svg(x0 + 320, y + 20, "".join(out), "colour scale")
 
 
 # ---- the worst block's tiles ----------------------------------------------------------------------

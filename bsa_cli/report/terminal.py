@@ -108,8 +108,7 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
             text = short_headline(case, asides=not short)
-        likely = likely_line(case)
-        if likely:
+        if likely := likely_line(case):
             text = f"{text}\n{likely}"
         standard = [] if one else [case.standard]
         if not with_ops:
@@ -259,7 +258,6 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
                 console.print(_hot_table(case, tensor, console))
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
-    releases = releases_line(suite)
-    if releases:
+    if releases := releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
     console.print(Text(summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green
