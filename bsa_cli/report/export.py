@@ -71,9 +71,7 @@ def _value_range(case_dir: Path, entry: Mapping[str, Any]) -> list[float] | None
     """Return [min, max] of a tensor's finite values (read from its .bin), None when it holds none."""
     values = np.asarray(read_array(case_dir, entry), dtype=np.float64)
     finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return None
-    return [_number(float(finite.min())), _number(float(finite.max()))]
+    return [_number(float(finite.min())), _number(float(finite.max()))] if finite.size else None
 
 
 def _number(value: float) -> float | int:
@@ -264,10 +262,9 @@ def export_cases(
     expect_path = (out_dir / EXPECT_MODULE).resolve()
     for index, (case_dir, manifest) in enumerate(manifests, start=1):
         try:
-            if fmt == "msopst":
-                document: Any = msopst_case(case_dir, manifest, expect_path)
-            else:
-                document = atk_case(case_dir, manifest, index)
+            document: Any = (
+                msopst_case(case_dir, manifest, expect_path) if fmt == "msopst" else atk_case(case_dir, manifest, index)
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(str(case_dir / "case.json"), f"cannot export: {type(exc).__name__}: {exc}") from None
         path = out_dir / f"{manifest.name}.{fmt}.json"

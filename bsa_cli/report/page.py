@@ -229,8 +229,7 @@ def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: 
 def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     failed = sorted((c for c in tensor.checks if not c.passed), key=lambda c: -c.severity)
     first = failed[0].detail if failed else ""
-    badge = '<span class="badge FAIL">FAIL</span>'
-    parts = [f'<h3>{esc(tensor.name)} {badge} <span class="sub">{esc(first)}</span></h3>']
+    parts = [f'<h3>{esc(tensor.name)} <span class="badge FAIL">FAIL</span> <span class="sub">{esc(first)}</span></h3>']
     bias_figure = ""
     if tensor.bias is not None and any(c.name == "bias" for c in failed):
         floor = case.settings.thresholds.get("bias_floor", 2.0**-16) if case.settings else 2.0**-16
@@ -271,11 +270,8 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     is_open = " open" if case.verdict not in (PASS, SKIP) else ""
     standard = case.standard if case.verdict != SKIP else None  # no standard judged a SKIP
     facts = " · ".join(esc(x) for x in (case.dtype, case.layout, standard) if x and x != "-")
-    title = (
-        f'<b>{esc(case.case_name)}</b><span class="opname">{esc(case.op)}</span>'
-        if with_ops
-        else f"<b>{esc(case.name)}</b>"
-    )
+    opname = f'<span class="opname">{esc(case.op)}</span>' if with_ops else ""
+    title = f"<b>{esc(case.case_name if with_ops else case.name)}</b>{opname}"
     summary = (
         f'<summary><span class="badge {case.verdict}">{case.verdict}</span> {title} '
         f'<span class="sub">{facts}</span> — {esc(case.headline)}</summary>'
@@ -296,16 +292,14 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         parts.append(_checks_table(case, only_failed=True))
         if case.diagnosis:
             rows = [
-                [str(rank), esc(c.kind), f"{c.score:.2f}", esc(", ".join(c.tensors)), esc(c.evidence)]
-                for rank, c in enumerate(case.diagnosis, 1)
+                (str(n), c.kind, f"{c.score:.2f}", ", ".join(c.tensors), c.evidence)
+                for n, c in enumerate(case.diagnosis, 1)
             ]
-            parts.append("<h3>diagnosis: likely causes, best first</h3>")
-            parts.append(html_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
+            table = _text_table(("#", "kind", "score", "tensors", "evidence"), rows, (0, 2))
+            parts.append(f"<h3>diagnosis: likely causes, best first</h3>{table}")
         parts.extend(_failing_tensor(case, tensor) for tensor in case.tensors if not tensor.passed)
-        passing = [t for t in case.tensors if t.passed]
-        if passing:
-            names = ", ".join(t.name for t in passing)
-            parts.append(f'<p class="sub">{esc(names)} pass.</p>')
+        if passing := ", ".join(t.name for t in case.tensors if t.passed):
+            parts.append(f'<p class="sub">{esc(passing)} pass.</p>')
     more = [_checks_table(case, only_failed=False)]
     if case.tensors:  # device / benchmark metrics, a column per tensor
         headers = ["metric (device / benchmark)", *(t.name for t in case.tensors)]

@@ -62,11 +62,9 @@ def render_drift(drift: Drift, console: Console) -> None:
                     f"{_delta(change)}, limit {fmt(change.limit)}, {passes}"
                 )
                 console.print(Text(line, style="" if change.passed else "bold red"), soft_wrap=True)
-    for verdict in drift.verdicts:
-        style = "bold red" if verdict.worsened else "green" if verdict.new == PASS else ""
-        console.print(
-            Text(f"{verdict.case}: {verdict.old} -> {verdict.new}: {verdict.headline}", style=style), soft_wrap=True
-        )
+    for v in drift.verdicts:
+        style = "bold red" if v.worsened else "green" if v.new == PASS else ""
+        console.print(Text(f"{v.case}: {v.old} -> {v.new}: {v.headline}", style=style), soft_wrap=True)
     if drift.vanished:
         console.print(
             Text(f"vanished since the baseline: {', '.join(drift.vanished)}", style="bold red"), soft_wrap=True

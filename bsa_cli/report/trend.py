@@ -142,12 +142,10 @@ def _line(points: Sequence[Point | None], x_of, y_of) -> list[str]:  # type: ign
 
 def _marker(point: Point, night: Night, x: float, y_of, top: float, plot_h: float) -> str:  # type: ignore[no-untyped-def]
     colour = COLOURS.get(point.verdict, "#555")
-    what = f"{night.label}: {point.verdict}; {point.detail}"
-    tip = f"<title>{esc(what)}</title>"
+    tip = f"<title>{esc(f'{night.label}: {point.verdict}; {point.detail}')}</title>"
     if point.value is None or math.isnan(point.value):  # not measured that night (ERROR, or the check absent)
-        y = top + plot_h
         return (
-            f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" '
+            f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{top + plot_h:.1f}" r="4.5" fill="#fff" '
             f'stroke="{colour}" stroke-width="2">{tip}</circle>'
         )
     if math.isinf(point.value):  # off the chart: a triangle at the top
@@ -185,8 +183,7 @@ def _cases_table(trend: Trend) -> str:
     rows = []
     for series in shown_order(trend):
         measured = [v for v in series.values if v is not None]
-        first = fmt(measured[0]) if measured else "-"
-        last = fmt(measured[-1]) if measured else "-"
+        first, last = (fmt(measured[0]), fmt(measured[-1])) if measured else ("-", "-")
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
         cls = ' class="rising"' if series.rising else ""
         rows.append(
@@ -248,14 +245,8 @@ def render_trend(trend: Trend, console: Console) -> None:
     for series in trend.rising:
         measured = [v for v in series.values if v is not None]
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
-        console.print(
-            Text(
-                f"rising: {series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} "
-                f"(limit {fmt(limits[-1])})",
-                style="bold red",
-            ),
-            soft_wrap=True,
-        )
+        text = f"{series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} (limit {fmt(limits[-1])})"
+        console.print(Text(f"rising: {text}", style="bold red"), soft_wrap=True)
     rising = len(trend.rising)
     text = f"{_followed(trend)} over {plural(len(trend.nights), 'night')}: {rising} rising"
     console.print(Text(text, style="bold red" if rising else "bold green"))
