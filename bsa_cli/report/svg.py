@@ -145,10 +145,8 @@ def _panel_rows(
     return rows, (first, first + group - 1)
 
 
-def _panels(tensor: TensorResult, selection: Selection) -> tuple[list[_Panel], int]:
+def _panels(block_map: BlockMap, selection: Selection) -> tuple[list[_Panel], int]:
     """Return the panels to draw (the hottest MAX_PANELS, in (b, n) order) and how many there are in all."""
-    block_map = tensor.block_map
-    assert block_map is not None
     batches, heads, _ = block_map.score.shape
     query_heads = selection.shape[1]
     group = max(query_heads // max(heads, 1), 1) if block_map.axis == "kv" else 1
@@ -181,7 +179,7 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
     scale = Scale.for_scores(block_map.score.reshape(-1), limit)
     if selection is None:
         return _strip_map(tensor, block_map, scale)
-    panels, total = _panels(tensor, selection)
+    panels, total = _panels(block_map, selection)
     if not panels:
         return ""
     n_q = max(len(p.rows) for p in panels)
@@ -196,9 +194,8 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
     label_w = max(len(_panel_label(block_map.axis, p)) for p in panels) * 6.1 - margin_left + 6
     panel_w = max(cols * cell, label_w)  # the slot of a panel: its grid, or its label when that is longer
     per_line = max(1, min(len(panels), 4, int(640 // (panel_w + margin_left + gap)) or 1))
-    lines = math.ceil(len(panels) / per_line)
     width = max(per_line * (margin_left + panel_w + gap) + 8, 330)
-    height = title_h + lines * (margin_top + panel_h + gap)
+    height = title_h + math.ceil(len(panels) / per_line) * (margin_top + panel_h + gap)
     parts = []
     axis_q = "query block i" if pool == 1 else f"query blocks (x{pool})"
     axis_kv = "kv block j" if pool == 1 else f"kv blocks (x{pool})"
@@ -225,7 +222,6 @@ def _panel_svg(
     n_q = len(panel.rows)
     n_kv = len(panel.rows[0]) if panel.rows else 0
     rows, cols = math.ceil(n_q / pool), math.ceil(n_kv / pool)
-    size = block_map.block_size
     out = [_text(ox - 30, oy - 18, _panel_label(block_map.axis, panel), extra=' font-weight="bold"')]
     out.append(
         f'<rect x="{ox}" y="{oy}" width="{cols * cell:.1f}" height="{rows * cell:.1f}" '
@@ -235,8 +231,7 @@ def _panel_svg(
     what = "tile ratio" if block_map.rmse_benchmark is not None else "block RMSE / tensor RMSE"
     for r in range(rows):
         for c in range(cols):
-            cells = [panel.rows[i][c * pool : (c + 1) * pool] for i in range(r * pool, min((r + 1) * pool, n_q))]
-            flat = "".join(cells)
+            flat = "".join(panel.rows[i][c * pool : (c + 1) * pool] for i in range(r * pool, min((r + 1) * pool, n_q)))
             x, y = ox + c * cell, oy + r * cell
             q_range = (r * pool, min((r + 1) * pool, n_q) - 1)
             kv_range = (c * pool, min((c + 1) * pool, n_kv) - 1)
@@ -252,7 +247,7 @@ def _panel_svg(
             values = [float(panel.scores[k]) for k in blocks if k < len(panel.scores)]
             values = [v for v in values if not math.isnan(v)] or [math.nan]
             score = max(values, key=lambda v: (math.isinf(v) and v > 0, v if math.isfinite(v) else 0.0))
-            detail = _cell_detail(tensor, block_map, panel, blocks, size)
+            detail = _cell_detail(tensor, block_map, panel, blocks)
             tip = f"{where}: selected; {tensor.name} {what} {fmt(score, 4)}{detail}"
             out.append(_cell(x, y, cell, scale.colour(score), tip))
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
@@ -282,11 +277,11 @@ def _range(bounds: tuple[int, int]) -> str:
     return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
 
 
-def _cell_detail(tensor: TensorResult, block_map: BlockMap, panel: _Panel, blocks: range, size: int) -> str:
+def _cell_detail(tensor: TensorResult, block_map: BlockMap, panel: _Panel, blocks: range) -> str:
     """The figures of the block a single (unpooled) cell feeds: RMSE against the benchmark's, max abs error."""
     if len(blocks) != 1:
         return ""
-    k = blocks[0]
+    k, size = blocks[0], block_map.block_size
     b, n = panel.batch, panel.head
     rmse = float(block_map.rmse[b, n, k])
     text = f"; block {tensor.name} rows {k * size}-{(k + 1) * size - 1}: RMSE {fmt(rmse, 3)}"
