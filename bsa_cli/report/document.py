@@ -247,8 +247,7 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
                 f"of {', '.join(OPS)})"
             )
     names = Counter(case.name for case in cases)
-    twice = [name for name, count in names.items() if count > 1]
-    if twice:
+    if twice := [name for name, count in names.items() if count > 1]:
         raise ValueError(
             f"{origin}: malformed report (case {twice[0]!r} appears {names[twice[0]]} times; a report "
             "names each case once)"

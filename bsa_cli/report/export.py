@@ -86,10 +86,9 @@ def _function_name(case_name: str) -> str:
 def msopst_case(case_dir: Path, manifest: Manifest, expect_module: Path) -> list[dict[str, Any]]:
     """Return the msOpST test-case JSON (a list of one case) of a generated case."""
     case_dir = Path(case_dir).resolve()
-    params = manifest.params
     inputs = [_desc(name, entry) | {"value": str(case_dir / entry["file"])} for name, entry in _tensors(manifest)]
     outputs = [_desc(name, entry) for name, entry in manifest.entries("outputs")]
-    attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(params)]
+    attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(manifest.params)]
     ok = not manifest.is_negative
     document: dict[str, Any] = {
         "case_name": re.sub(r"\W", "_", manifest.name),

@@ -141,8 +141,7 @@ def junit_xml(suite: SuiteResult) -> str:
     testsuite = ET.SubElement(root, "testsuite", {"name": "bsa compare", **counts, "skipped": skipped, "time": seconds})
     reference = sum(is_reference(c) for c in suite.cases)
     faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
-    suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}
-    _properties(testsuite, suite_values)
+    _properties(testsuite, {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"})
     for case in grouped(suite.cases):
         classname, name = testcase_id(case)
         testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")

@@ -82,8 +82,7 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
         "Yes" if tensor.passed else "No",
         "; ".join([*case.notes, *failed]),
     ]
-    tensor_verdict = PASS if tensor.passed else "FAIL"
-    return row + [case.name, case.verdict, tensor_verdict, case.standard, case.headline]
+    return row + [case.name, case.verdict, PASS if tensor.passed else "FAIL", case.standard, case.headline]
 
 
 def _case_row(case: CaseResult) -> list[str]:

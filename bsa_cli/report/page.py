@@ -318,7 +318,6 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
 def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: Drift | None = None) -> str:
     """Return a self-contained HTML report (no script, no external file, font or link); with `drift`, a
     section comparing the run with a baseline report comes first."""
-    head = header or report_header(suite)
     with_ops = shows_ops(suite.cases)
     skip_in_drift = drift is not None and any(SKIP in (v.old, v.new) for v in drift.verdicts)
     extra = _OPS_CSS if with_ops or suite.count(SKIP) or skip_in_drift else ""
@@ -327,7 +326,7 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
         f"<title>bsa compare: {esc(summary_line(suite))}</title>",
         f"<style>{_CSS}{extra}{_DRIFT_CSS if drift else ''}</style></head><body>",
-        _header(suite, head),
+        _header(suite, header or report_header(suite)),
         "<main>",
         drift_html(drift) if drift is not None else "",
         _filters(suite),

@@ -88,9 +88,7 @@ def _rows(drift: Drift) -> list[MetricChange]:
         best = closest.get(key)
         if best is None or _share(change) > _share(best):
             closest[key] = change
-    for change in closest.values():
-        if (change.case, change.tensor, change.check) not in seen:
-            chosen.append(change)
+    chosen += [c for c in closest.values() if (c.case, c.tensor, c.check) not in seen]
     return chosen[:MAX_ROWS]
 
 
@@ -102,10 +100,9 @@ def drift_html(drift: Drift) -> str:
     """Return the drift section of the HTML report (a `<section class="drift">`)."""
     night = drift.baseline
     margin = f"+{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x the limit"
-    counts = drift.counts_line()
     parts = [
         f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
-        f"<p><b>{esc(counts)}</b></p>"
+        f"<p><b>{esc(drift.counts_line())}</b></p>"
         f'<p class="sub">baseline {esc(night.source)}: {esc(night.label)}; a regression grew by more than '
         f"{esc(margin)}</p>"
     ]
