@@ -195,11 +195,8 @@ def metric_rows(tensors: Sequence[TensorResult]) -> list[list[str]]:
     rows = []
     for key, label in METRIC_ROWS:
         digits = 7 if key == "cosine" else 4
-        cells = []
-        for tensor in tensors:
-            device = getattr(tensor.device, key)
-            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
-            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
+        pairs = [(getattr(t.device, key), None if t.benchmark is None else getattr(t.benchmark, key)) for t in tensors]
+        cells = [fmt(d, digits) if b is None else f"{fmt(d, digits)} / {fmt(b, digits)}" for d, b in pairs]
         if any(c != "-" for c in cells):
             rows.append([label, *cells])
     return rows
