@@ -120,17 +120,12 @@ def drift_html(drift: Drift) -> str:
     rows_html = []
     for change in _rows(drift):
         direction = "up" if change.delta > 0 else "down" if change.delta < 0 else ""
-        cells = [
-            ("", f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'),
-            ("", esc(change.tensor)),
-            ("", esc(change.check)),
-            ("num", esc(fmt(change.old))),
-            ("num", esc(fmt(change.new))),
-            (f"num {direction}".strip(), esc(_delta(change))),
-            ("num", esc(fmt(change.limit))),
-            ("flag", "REGRESSION" if change.regressed else ""),
-        ]
-        tds = "".join(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>" for cls, text in cells)
+        link = f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'
+        numbers = [fmt(change.old), fmt(change.new), _delta(change), fmt(change.limit)]
+        classes = ["num", "num", f"num {direction}".strip(), "num"]
+        tds = "".join(f"<td>{text}</td>" for text in (link, esc(change.tensor), esc(change.check)))
+        tds += "".join(f'<td class="{cls}">{esc(text)}</td>' for cls, text in zip(classes, numbers, strict=True))
+        tds += f'<td class="flag">{"REGRESSION" if change.regressed else ""}</td>'
         row_class = ' class="regressed"' if change.regressed else ""
         rows_html.append(f"<tr{row_class}>{tds}</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("case", "tensor", "check", "before", "now", "change", "limit", ""))
