@@ -150,18 +150,15 @@ def junit_xml(suite: SuiteResult) -> str:
         if likely := likely_line(case):  # after the failed checks, kept whole within the message's 1000 characters
             likely = likely[:500]
             message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
+        message = _xml_text(message[:1000])
         if case.verdict in _PROBLEMS:
-            element = ET.SubElement(
-                testcase, _PROBLEMS[case.verdict], message=_xml_text(message[:1000]), type=case.verdict
-            )
+            element = ET.SubElement(testcase, _PROBLEMS[case.verdict], message=message, type=case.verdict)
             element.text = _xml_text(case_report_text(case))
         elif case.verdict == SKIP:
-            ET.SubElement(testcase, "skipped", message=_xml_text(message[:1000]))
-        out = ET.SubElement(testcase, "system-out")
-        out.text = _xml_text(_metrics_text(case))
+            ET.SubElement(testcase, "skipped", message=message)
+        ET.SubElement(testcase, "system-out").text = _xml_text(_metrics_text(case))
     if reference:
-        out = ET.SubElement(testsuite, "system-out")
-        out.text = _xml_text(
+        ET.SubElement(testsuite, "system-out").text = _xml_text(
             f"REFERENCE RESULTS: the outputs of {reference} of {tests} cases come from the reference device "
             "(bsa emulate), not from hardware" + (f"; planted faults: {', '.join(faults)}" if faults else "")
         )
