@@ -164,8 +164,7 @@ def write_json(
     suite: SuiteResult, path: Path, header: ReportHeader | None = None, additions: Mapping[str, Any] | None = None
 ) -> None:
     """Write the JSON report to `path` (see `to_document`)."""
-    text = json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n"
-    write_text_atomic(Path(path), text)
+    write_text_atomic(Path(path), json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n")
 
 
 def _load(tp: Any, data: Any) -> Any:

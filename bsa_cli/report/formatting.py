@@ -151,8 +151,7 @@ def short_headline(case: CaseResult, asides: bool = False) -> str:
         return without_asides(headline)
     else:
         return headline  # why an op was skipped or not judged, whole (its status is in parentheses)
-    notes = list(case.notes)
-    text = "; ".join([*notes, main.removeprefix(f"{CLOSEST} ")])
+    text = "; ".join([*case.notes, main.removeprefix(f"{CLOSEST} ")])
     return text if asides else without_asides(text)
 
 

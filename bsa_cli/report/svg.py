@@ -53,8 +53,7 @@ class Scale:
         values = np.asarray(scores, dtype=np.float64)
         finite = values[np.isfinite(values)]
         limit = limit if math.isfinite(limit) and limit > 1 else 3.0
-        top = max(float(finite.max()) if finite.size else 0.0, 2 * limit)
-        return cls(limit, top)
+        return cls(limit, max(float(finite.max()) if finite.size else 0.0, 2 * limit))
 
     def colour(self, score: float) -> str:
         """Return the fill of a computed cell of ratio `score`."""
@@ -283,8 +282,7 @@ def _cell_detail(tensor: TensorResult, block_map: BlockMap, panel: _Panel, block
         return ""
     k, size = blocks[0], block_map.block_size
     b, n = panel.batch, panel.head
-    rmse = float(block_map.rmse[b, n, k])
-    text = f"; block {tensor.name} rows {k * size}-{(k + 1) * size - 1}: RMSE {fmt(rmse, 3)}"
+    text = f"; block {tensor.name} rows {k * size}-{(k + 1) * size - 1}: RMSE {fmt(float(block_map.rmse[b, n, k]), 3)}"
     if block_map.rmse_benchmark is not None:
         text += f" (benchmark {fmt(float(block_map.rmse_benchmark[b, n, k]), 3)})"
     return text + f", max abs err {fmt(float(block_map.max_abs_err[b, n, k]), 3)}"
@@ -443,8 +441,7 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
             count = values[i]
             h = plot_h * math.log10(count + 1) / decades
             x = x0 + k * bar_w
-            share = 100.0 * count / totals[name]
-            tip = f"{name}: {count} elements with ULP error {label} ({share:.3g}%)"
+            tip = f"{name}: {count} elements with ULP error {label} ({100.0 * count / totals[name]:.3g}%)"
             out.append(
                 f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w - 1:.1f}" height="{max(h, 0):.1f}" '
                 f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{esc(tip)}</title></rect>'
