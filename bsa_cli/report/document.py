@@ -95,9 +95,7 @@ def utc_date(date: str) -> str:
         moment = _dt.datetime.fromisoformat(date)
     except ValueError:
         return date
-    if moment.tzinfo is None:
-        return date
-    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
+    return date if moment.tzinfo is None else moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:

@@ -164,9 +164,7 @@ def without_asides(text: str) -> str:
 
 def query_axis(tensor: TensorResult) -> bool:
     """Whether a tensor's blocks are query blocks i (dq, and the forward's out and lse), not kv blocks j."""
-    if tensor.block_map is not None:
-        return tensor.block_map.axis == "q"
-    return tensor.name in ("dq", *FORWARD_TENSORS)
+    return tensor.block_map.axis == "q" if tensor.block_map is not None else tensor.name in ("dq", *FORWARD_TENSORS)
 
 
 def hot_rows(tensor: TensorResult) -> list[list[str]]:

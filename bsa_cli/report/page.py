@@ -169,8 +169,7 @@ def _ops_table(suite: SuiteResult) -> str:
         verdicts = " ".join(f"has-{v}" for v in dict.fromkeys(r.verdict for r in results.values()))
         cells = []
         for op in ops:
-            result = results.get(op)
-            if result is None:
+            if (result := results.get(op)) is None:
                 above[op] = None
                 cells.append('<td class="none" title="the case does not test this op">-</td>')
                 continue

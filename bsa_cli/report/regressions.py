@@ -65,10 +65,8 @@ def render_drift(drift: Drift, console: Console) -> None:
     for v in drift.verdicts:
         style = "bold red" if v.worsened else "green" if v.new == PASS else ""
         console.print(Text(f"{v.case}: {v.old} -> {v.new}: {v.headline}", style=style), soft_wrap=True)
-    if drift.vanished:
-        console.print(
-            Text(f"vanished since the baseline: {', '.join(drift.vanished)}", style="bold red"), soft_wrap=True
-        )
+    if vanished := ", ".join(drift.vanished):
+        console.print(Text(f"vanished since the baseline: {vanished}", style="bold red"), soft_wrap=True)
     if drift.appeared:
         console.print(Text(f"new since the baseline: {', '.join(drift.appeared)}"), soft_wrap=True)
     for note in drift.notes:
