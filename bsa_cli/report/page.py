@@ -236,10 +236,8 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     if failed and failed[0].name == "bias":  # the picture of what decided first
         parts.append(bias_figure)
         bias_figure = ""
-    for cause in case.diagnosis:  # the evidence next to the heat map it refers to
-        if tensor.name in cause.tensors:
-            parts.append(f'<p class="note">likely: {esc(cause.kind)} ({cause.score:.2f}): {esc(cause.evidence)}</p>')
-            break
+    if cause := next((c for c in case.diagnosis if tensor.name in c.tensors), None):  # next to its heat map
+        parts.append(f'<p class="note">likely: {esc(cause.kind)} ({cause.score:.2f}): {esc(cause.evidence)}</p>')
     block_map = tensor.block_map
     if block_map is not None and block_map.score.size:
         limit = case.settings.thresholds.get("tile_ratio", 3.0) if case.settings else 3.0
@@ -276,6 +274,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         f'<span class="sub">{facts}</span> — {esc(case.headline)}</summary>'
     )
     parts = [f'<section class="case v-{case.verdict}" id="case-{esc(case.name)}"><details{is_open}>{summary}']
+    folders = f"case {esc(case.case_dir)}, outputs {esc(case.output_dir)}"
     if with_ops and suite is not None:
         parts.append(_siblings(case, suite))
     parts.extend(f'<p class="note">{esc(note)}</p>' for note in case.notes)
@@ -283,9 +282,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     if case.verdict in (SKIP, ERROR):  # why it is not judged, or could not be
         items = "".join(f"<li>{esc(e)}</li>" for e in case.errors)
         listed = '<p class="sub">not judged:</p><ul class="skips">' if case.verdict == SKIP else '<ul class="errors">'
-        parts.append(
-            f'{listed}{items}</ul><p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>'
-        )
+        parts.append(f'{listed}{items}</ul><p class="sub">{folders}</p>')
         return "".join(parts) + "</details></section>"
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
@@ -303,9 +300,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     if case.tensors:  # device / benchmark metrics, a column per tensor
         headers = ["metric (device / benchmark)", *(t.name for t in case.tensors)]
         more.append(_text_table(headers, metric_rows(case.tensors), range(1, len(case.tensors) + 1)))
-    more.append(
-        f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}; judged in {case.seconds:.2f} s</p>'
-    )
+    more.append(f'<p class="sub">{folders}; judged in {case.seconds:.2f} s</p>')
     if case.verdict == PASS:
         parts.extend(more)
     else:

@@ -333,9 +333,8 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
     swatches of the special cells."""
     bar_x, bar_y, bar_w, bar_h = 8.0, 34.0, 240.0, 12.0
     steps = 60
-    top = scale.top
     out = [_text(bar_x, 11, f"{what} (1 = the benchmark's error; log scale)", extra=' font-weight="bold"')]
-    log_top = math.log(top)
+    log_top = math.log(scale.top)
     for i in range(steps):
         value = math.exp(log_top * (i + 0.5) / steps)
         out.append(
@@ -343,7 +342,7 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
             f'height="{bar_h}" fill="{scale.colour(value)}"/>'
         )
     out.append(f'<rect x="{bar_x}" y="{bar_y}" width="{bar_w}" height="{bar_h}" fill="none" stroke="#777"/>')
-    for value, label in ((1.0, "1"), (scale.limit, f"limit {fmt(scale.limit, 3)}"), (top, fmt(top, 3))):
+    for value, label in ((1.0, "1"), (scale.limit, f"limit {fmt(scale.limit, 3)}"), (scale.top, fmt(scale.top, 3))):
         x = bar_x + bar_w * math.log(value) / log_top if value > 1 else bar_x
         out.append(f'<line x1="{x:.1f}" y1="{bar_y - 3}" x2="{x:.1f}" y2="{bar_y + bar_h + 3}" stroke="#000"/>')
         if value == scale.limit:  # above the bar: it may sit close to 1 when the top is far
@@ -423,8 +422,7 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
         series.append(("benchmark", chart.benchmark, BENCHMARK_FILL))
     peak = max(max(values) for _, values, _ in series) or 1
     decades = max(1, math.ceil(math.log10(peak + 1)))
-    left, top, plot_h = 46.0, 34.0, 150.0
-    group_w = 28.0
+    left, top, plot_h, group_w = 46.0, 34.0, 150.0, 28.0
     width = left + group_w * len(labels) + 20
     height = top + plot_h + 74
     totals = {name: max(sum(values), 1) for name, values, _ in series}
