@@ -327,11 +327,10 @@ def night_from_document(document: Any, source: str) -> drift.Night:
         date = drift.parse_date(document.get("date"))
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
-    host = document.get("host")
     tool = document.get("tool")
     version = tool.get("version") if isinstance(tool, Mapping) else None
     devices = tuple(d["device"] for d in suite_devices(suite))
-    return drift.Night(source, date, _text_or_none(host), _text_or_none(version), devices, suite)
+    return drift.Night(source, date, _text_or_none(document.get("host")), _text_or_none(version), devices, suite)
 
 
 def _text_or_none(value: Any) -> str | None:
