@@ -11,9 +11,7 @@ and numbers), `files` (report paths checked up front, atomic writes).
 
 from __future__ import annotations
 
-from . import msprobe_csv
 from .document import (
-    SCHEMA,
     SCHEMA_MINOR,
     case_document,
     from_document,
@@ -25,26 +23,23 @@ from .document import (
     to_document,
     write_json,
 )
-from .files import ReportPathError, prepare_report_paths, write_text_atomic
-from .formatting import likely_line, summary_line
+from .files import ReportPathError, prepare_report_paths
+from .formatting import summary_line
 from .header import ReportHeader, report_header
-from .junit import case_report_text, junit_xml, testcase_id, write_junit
-from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, csv_text, write_csv
+from .junit import case_report_text, junit_xml, write_junit
+from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, write_csv
 from .page import html_report, write_html
-from .regressions import drift_html, render_drift
+from .regressions import render_drift
 from .terminal import render_explanation, render_terminal
 
 __all__ = [
     "MSPROBE_COLUMNS",
-    "SCHEMA",
     "SCHEMA_MINOR",
     "ReportHeader",
     "ReportPathError",
     "case_document",
     "case_report_text",
     "csv_rows",
-    "csv_text",
-    "drift_html",
     "from_document",
     "html_report",
     "junit_xml",
@@ -52,21 +47,16 @@ __all__ = [
     "merged_header",
     "night_from_document",
     "read_report",
-    "msprobe_csv",
     "prepare_report_paths",
     "render_drift",
-    "likely_line",
     "render_explanation",
     "render_terminal",
     "report_header",
     "suite_devices",
     "summary_line",
-    "svg",
-    "testcase_id",
     "to_document",
     "write_csv",
     "write_html",
     "write_json",
     "write_junit",
-    "write_text_atomic",
 ]

@@ -83,11 +83,7 @@ def _plain(value: Any) -> Any:
 def case_document(case: CaseResult) -> dict[str, Any]:
     """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
     document = _plain(case)
-    document["case"] = case.case_name
-    document["message"] = case.message
-    document["headline"] = case.headline
-    deciding = case.deciding
-    document["deciding"] = None if deciding is None else _plain(deciding)
+    document.update(case=case.case_name, message=case.message, headline=case.headline, deciding=_plain(case.deciding))
     for tensor, data in zip(case.tensors, document["tensors"], strict=True):
         data["passed"] = tensor.passed
     return document
@@ -99,9 +95,7 @@ def utc_date(date: str) -> str:
         moment = _dt.datetime.fromisoformat(date)
     except ValueError:
         return date
-    if moment.tzinfo is None:
-        return date
-    return moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
+    return date if moment.tzinfo is None else moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
@@ -168,8 +162,7 @@ def write_json(
     suite: SuiteResult, path: Path, header: ReportHeader | None = None, additions: Mapping[str, Any] | None = None
 ) -> None:
     """Write the JSON report to `path` (see `to_document`)."""
-    text = json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n"
-    write_text_atomic(Path(path), text)
+    write_text_atomic(Path(path), json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n")
 
 
 def _load(tp: Any, data: Any) -> Any:
@@ -177,9 +170,7 @@ def _load(tp: Any, data: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if data is None:
-            return None
-        return _load(args[0], data)
+        return None if data is None else _load(args[0], data)
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise ValueError(f"expected an object for {tp.__name__}, got {data!r}")
@@ -253,8 +244,7 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
                 f"of {', '.join(OPS)})"
             )
     names = Counter(case.name for case in cases)
-    twice = [name for name, count in names.items() if count > 1]
-    if twice:
+    if twice := [name for name, count in names.items() if count > 1]:
         raise ValueError(
             f"{origin}: malformed report (case {twice[0]!r} appears {names[twice[0]]} times; a report "
             "names each case once)"
@@ -337,11 +327,10 @@ def night_from_document(document: Any, source: str) -> drift.Night:
         date = drift.parse_date(document.get("date"))
     except ValueError as exc:
         raise ValueError(f"{source}: {exc}") from None
-    host = document.get("host")
     tool = document.get("tool")
     version = tool.get("version") if isinstance(tool, Mapping) else None
     devices = tuple(d["device"] for d in suite_devices(suite))
-    return drift.Night(source, date, _text_or_none(host), _text_or_none(version), devices, suite)
+    return drift.Night(source, date, _text_or_none(document.get("host")), _text_or_none(version), devices, suite)
 
 
 def _text_or_none(value: Any) -> str | None:

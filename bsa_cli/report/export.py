@@ -16,7 +16,6 @@ Nothing here judges or runs anything; `export_cases` reads manifests and writes 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -29,7 +28,7 @@ from ..core.errors import DataError
 from ..core.untrusted import read_regular
 from ..ops import interface
 from ..store import load_manifest, read_array
-from ..store.manifest import GRAD_NAMES, Manifest
+from ..store.manifest import GRAD_NAMES, Manifest, json_number
 from .files import write_text_atomic
 
 FORMATS = ("msopst", "atk")
@@ -39,19 +38,7 @@ EXPECT_MODULE = "bsa_msopst_expect.py"
 
 INPUT_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask")
 """The operator's tensor arguments, in its order, by manifest name."""
-OP_NAMES = {
-    "dout": "dout",
-    "query": "query",
-    "key": "key",
-    "value": "value",
-    "attention_out": "attentionOut",
-    "softmax_lse": "softmaxLse",
-    "block_sparse_mask": "blockSparseMask",
-    "atten_mask": "attenMask",
-    "dq": "dq",
-    "dk": "dk",
-    "dv": "dv",
-}
+OP_NAMES = {name: re.sub(r"_(\w)", lambda m: m[1].upper(), name) for name in (*INPUT_ORDER, *GRAD_NAMES)}
 """Manifest names -> the aclnn interface's argument names."""
 REQUIRED = {"atten_mask": False}
 
@@ -84,9 +71,7 @@ def _value_range(case_dir: Path, entry: Mapping[str, Any]) -> list[float] | None
     """Return [min, max] of a tensor's finite values (read from its .bin), None when it holds none."""
     values = np.asarray(read_array(case_dir, entry), dtype=np.float64)
     finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        return None
-    return [_number(float(finite.min())), _number(float(finite.max()))]
+    return [_number(float(finite.min())), _number(float(finite.max()))] if finite.size else None
 
 
 def _number(value: float) -> float | int:
@@ -101,10 +86,9 @@ def _function_name(case_name: str) -> str:
 def msopst_case(case_dir: Path, manifest: Manifest, expect_module: Path) -> list[dict[str, Any]]:
     """Return the msOpST test-case JSON (a list of one case) of a generated case."""
     case_dir = Path(case_dir).resolve()
-    params = manifest.params
     inputs = [_desc(name, entry) | {"value": str(case_dir / entry["file"])} for name, entry in _tensors(manifest)]
     outputs = [_desc(name, entry) for name, entry in manifest.entries("outputs")]
-    attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(params)]
+    attrs = [{"name": name, "type": kind, "value": value} for name, kind, value in _attributes(manifest.params)]
     ok = not manifest.is_negative
     document: dict[str, Any] = {
         "case_name": re.sub(r"\W", "_", manifest.name),
@@ -174,15 +158,11 @@ def _atk_output(case_dir: Path, name: str, entry: Mapping[str, Any], golden: Map
 def _atk_standard(case: Any) -> dict[str, Any]:
     """The case's own standard in ATK's words where ATK has it (cv_fused_double_benchmark), else bsa's."""
     settings = case_settings(case)
-    thresholds = {key: _json_float(value) for key, value in settings.thresholds.items()}
+    thresholds = {key: json_number(value) for key, value in settings.thresholds.items()}  # never NaN
     standard = settings.standard
     if standard.atk_name is not None:
         return {"acc": {standard.atk_name: {atk: thresholds[bsa] for bsa, atk in standard.atk_keys.items()}}}
     return {"acc": {"bsa": {"standard": settings.label, "thresholds": thresholds}}}
-
-
-def _json_float(value: float) -> float | str:
-    return value if math.isfinite(value) else ("inf" if value > 0 else "-inf")
 
 
 def expect_module(manifests: Sequence[tuple[Path, Manifest]]) -> str:
@@ -281,10 +261,9 @@ def export_cases(
     expect_path = (out_dir / EXPECT_MODULE).resolve()
     for index, (case_dir, manifest) in enumerate(manifests, start=1):
         try:
-            if fmt == "msopst":
-                document: Any = msopst_case(case_dir, manifest, expect_path)
-            else:
-                document = atk_case(case_dir, manifest, index)
+            document: Any = (
+                msopst_case(case_dir, manifest, expect_path) if fmt == "msopst" else atk_case(case_dir, manifest, index)
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(str(case_dir / "case.json"), f"cannot export: {type(exc).__name__}: {exc}") from None
         path = out_dir / f"{manifest.name}.{fmt}.json"

@@ -49,8 +49,7 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReportPathError(option, str(path), f"cannot create folder {parent}: {exc.strerror or exc}") from None
-        reason = target_problem(path)
-        if reason is not None:
+        if (reason := target_problem(path)) is not None:
             raise ReportPathError(option, str(path), reason)
         try:
             fd, probe = tempfile.mkstemp(dir=parent, prefix=f".{path.name}.", suffix=".probe")
@@ -102,8 +101,7 @@ def write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     if path.is_symlink():
         path = Path(os.path.realpath(path))
-    problem = target_problem(path)
-    if problem is not None:
+    if (problem := target_problem(path)) is not None:
         raise OSError(errno.EEXIST, problem, str(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -114,8 +112,7 @@ def write_text_atomic(path: Path, text: str) -> None:
                 handle.flush()
                 os.fsync(handle.fileno())  # a full disk shows here at the latest, not after the rename
             os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a report is an ordinary file
-            problem = target_problem(path)  # something else may have taken the path meanwhile
-            if problem is not None:
+            if (problem := target_problem(path)) is not None:  # something else may have taken the path meanwhile
                 raise OSError(errno.EEXIST, problem, str(path))
             os.replace(tmp, path)
         except OSError as exc:

@@ -151,8 +151,7 @@ def short_headline(case: CaseResult, asides: bool = False) -> str:
         return without_asides(headline)
     else:
         return headline  # why an op was skipped or not judged, whole (its status is in parentheses)
-    notes = list(case.notes)
-    text = "; ".join([*notes, main.removeprefix(f"{CLOSEST} ")])
+    text = "; ".join([*case.notes, main.removeprefix(f"{CLOSEST} ")])
     return text if asides else without_asides(text)
 
 
@@ -165,9 +164,7 @@ def without_asides(text: str) -> str:
 
 def query_axis(tensor: TensorResult) -> bool:
     """Whether a tensor's blocks are query blocks i (dq, and the forward's out and lse), not kv blocks j."""
-    if tensor.block_map is not None:
-        return tensor.block_map.axis == "q"
-    return tensor.name in ("dq", *FORWARD_TENSORS)
+    return tensor.block_map.axis == "q" if tensor.block_map is not None else tensor.name in ("dq", *FORWARD_TENSORS)
 
 
 def hot_rows(tensor: TensorResult) -> list[list[str]]:
@@ -195,11 +192,8 @@ def metric_rows(tensors: Sequence[TensorResult]) -> list[list[str]]:
     rows = []
     for key, label in METRIC_ROWS:
         digits = 7 if key == "cosine" else 4
-        cells = []
-        for tensor in tensors:
-            device = getattr(tensor.device, key)
-            bench = getattr(tensor.benchmark, key) if tensor.benchmark is not None else None
-            cells.append(fmt(device, digits) if bench is None else f"{fmt(device, digits)} / {fmt(bench, digits)}")
+        pairs = [(getattr(t.device, key), None if t.benchmark is None else getattr(t.benchmark, key)) for t in tensors]
+        cells = [fmt(d, digits) if b is None else f"{fmt(d, digits)} / {fmt(b, digits)}" for d, b in pairs]
         if any(c != "-" for c in cells):
             rows.append([label, *cells])
     return rows
@@ -262,35 +256,6 @@ def standards_line(suite: SuiteResult) -> str:
         case.standard for case in suite.cases if case.standard and case.standard != "-" and case.verdict != SKIP
     )
     return ", ".join(f"{name} ({count})" for name, count in counts.most_common()) or "-"
-
-
-__all__ = [
-    "METRIC_ROWS",
-    "ERROR",
-    "FAIL",
-    "PASS",
-    "SKIP",
-    "device_lines",
-    "grouped",
-    "hot_rows",
-    "metric_rows",
-    "operator_of",
-    "plural",
-    "results_of",
-    "ops_of",
-    "query_axis",
-    "shows_ops",
-    "fmt",
-    "is_reference",
-    "planted_fault",
-    "provenance",
-    "standards_line",
-    "summary_line",
-    "where",
-    "worst_rows",
-    "without_asides",
-    "likely_line",
-]
 
 
 def likely_line(case: CaseResult) -> str | None:

@@ -34,11 +34,10 @@ def case_report_text(case: CaseResult) -> str:
     if case.verdict in (ERROR, SKIP):
         lines.extend(case.errors)
         return "\n".join(lines)
-    for check in sorted(case.all_checks, key=lambda c: -c.severity):
-        if not check.passed:
-            lines.append(f"FAIL {check.detail}")
-    for rank, cause in enumerate(case.diagnosis, 1):
-        lines.append(f"likely #{rank}: {cause.kind} ({cause.score:.2f}): {cause.evidence}")
+    lines += [
+        f"FAIL {check.detail}" for check in sorted(case.all_checks, key=lambda c: -c.severity) if not check.passed
+    ]
+    lines += [f"likely #{rank}: {c.kind} ({c.score:.2f}): {c.evidence}" for rank, c in enumerate(case.diagnosis, 1)]
     for tensor in case.tensors:
         if tensor.passed:
             continue
@@ -79,16 +78,16 @@ def _metrics_text(case: CaseResult) -> str:
     ]
     for tensor in case.tensors:
         d, b = tensor.device, tensor.benchmark
-        lines.append(
+        text = (
             f"{tensor.name}: max_abs_err {fmt(d.max_abs_err)} rmse {fmt(d.rmse)} "
             f"max_rel_err {fmt(d.max_rel_err)} mean_rel_err {fmt(d.mean_rel_err)} cosine {fmt(d.cosine, 8)} "
             f"ulp_max {fmt(d.ulp_max, 3)}"
-            + (
-                f"; benchmark rmse {fmt(b.rmse)} max_rel_err {fmt(b.max_rel_err)} mean_rel_err {fmt(b.mean_rel_err)}"
-                if b
-                else ""
-            )
         )
+        if b:
+            text += (
+                f"; benchmark rmse {fmt(b.rmse)} max_rel_err {fmt(b.max_rel_err)} mean_rel_err {fmt(b.mean_rel_err)}"
+            )
+        lines.append(text)
     if not case.tensors:
         lines.append(case.message)
     return "\n".join(lines)
@@ -142,28 +141,24 @@ def junit_xml(suite: SuiteResult) -> str:
     testsuite = ET.SubElement(root, "testsuite", {"name": "bsa compare", **counts, "skipped": skipped, "time": seconds})
     reference = sum(is_reference(c) for c in suite.cases)
     faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
-    suite_values = {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"}
-    _properties(testsuite, suite_values)
+    _properties(testsuite, {"reference_results": str(reference), "planted_faults": ",".join(faults) or "none"})
     for case in grouped(suite.cases):
         classname, name = testcase_id(case)
         testcase = ET.SubElement(testsuite, "testcase", name=name, classname=classname, time=f"{case.seconds:.3f}")
         _properties(testcase, _case_properties(case))
         message = "; ".join([*case.notes, case.message])
-        likely = likely_line(case)
-        if likely:  # after the failed checks, kept whole within the message's 1000 characters
+        if likely := likely_line(case):  # after the failed checks, kept whole within the message's 1000 characters
             likely = likely[:500]
             message = f"{message[: 1000 - len(likely) - 2]}; {likely}"
+        message = _xml_text(message[:1000])
         if case.verdict in _PROBLEMS:
-            tag = _PROBLEMS[case.verdict]
-            element = ET.SubElement(testcase, tag, message=_xml_text(message[:1000]), type=case.verdict)
+            element = ET.SubElement(testcase, _PROBLEMS[case.verdict], message=message, type=case.verdict)
             element.text = _xml_text(case_report_text(case))
         elif case.verdict == SKIP:
-            ET.SubElement(testcase, "skipped", message=_xml_text(message[:1000]))
-        out = ET.SubElement(testcase, "system-out")
-        out.text = _xml_text(_metrics_text(case))
+            ET.SubElement(testcase, "skipped", message=message)
+        ET.SubElement(testcase, "system-out").text = _xml_text(_metrics_text(case))
     if reference:
-        out = ET.SubElement(testsuite, "system-out")
-        out.text = _xml_text(
+        ET.SubElement(testsuite, "system-out").text = _xml_text(
             f"REFERENCE RESULTS: the outputs of {reference} of {tests} cases come from the reference device "
             "(bsa emulate), not from hardware" + (f"; planted faults: {', '.join(faults)}" if faults else "")
         )

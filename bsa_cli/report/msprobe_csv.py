@@ -38,25 +38,9 @@ from .files import write_text_atomic
 from .formatting import grouped, operator_of, shows_ops
 
 MSPROBE_COLUMNS = (
-    "NPU Name",
-    "Bench Name",
-    "NPU Dtype",
-    "Bench Dtype",
-    "NPU Tensor Shape",
-    "Bench Tensor Shape",
-    "Cosine",
-    "MaxAbsErr",
-    "MaxRelativeErr",
-    "One Thousandth Err Ratio",
-    "Five Thousandths Err Ratio",
-    "NPU max",
-    "NPU min",
-    "NPU mean",
-    "NPU l2norm",
-    "Bench max",
-    "Bench min",
-    "Bench mean",
-    "Bench l2norm",
+    *(f"{side} {what}" for what in ("Name", "Dtype", "Tensor Shape") for side in ("NPU", "Bench")),
+    *("Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio"),
+    *(f"{side} {stat}" for side in ("NPU", "Bench") for stat in ("max", "min", "mean", "l2norm")),
     "Accuracy Reached or Not",
     "Err_message",
 )
@@ -98,8 +82,7 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
         "Yes" if tensor.passed else "No",
         "; ".join([*case.notes, *failed]),
     ]
-    tensor_verdict = PASS if tensor.passed else "FAIL"
-    return row + [case.name, case.verdict, tensor_verdict, case.standard, case.headline]
+    return row + [case.name, case.verdict, PASS if tensor.passed else "FAIL", case.standard, case.headline]
 
 
 def _case_row(case: CaseResult) -> list[str]:
@@ -119,10 +102,7 @@ def csv_rows(suite: SuiteResult) -> list[list[str]]:
     with_ops = shows_ops(suite.cases)
     rows: list[list[str]] = [[*MSPROBE_COLUMNS, *BSA_COLUMNS, *([OP_COLUMN] if with_ops else [])]]
     for case in grouped(suite.cases):
-        if case.tensors:
-            shown = [_tensor_row(case, tensor) for tensor in case.tensors]
-        else:
-            shown = [_case_row(case)]
+        shown = [_tensor_row(case, tensor) for tensor in case.tensors] or [_case_row(case)]
         rows.extend([*row, case.op] if with_ops else row for row in shown)
     return rows
 

@@ -9,7 +9,6 @@ map of each failing tensor, its hottest block's 16x16 tiles, and its ULP chart a
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -109,24 +108,17 @@ is as it always was)."""
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:
     verdict = suite.verdict  # nothing judged: SKIP, not a PASS
-    rows = [
-        ("date", esc(head.date)),
-        ("bsa", esc(head.version)),
-        ("host", esc(head.host)),
-        ("output folder", "<br>".join(esc(p) for p in head.out) or "-"),
-    ]
+    rows = [("date", esc(head.date)), ("bsa", esc(head.version)), ("host", esc(head.host))]
+    rows.append(("output folder", "<br>".join(esc(p) for p in head.out) or "-"))
     devices = []
-    noun = "results" if shows_ops(suite.cases) else "cases"
+    noun = ("judged " if suite.count(SKIP) else "") + ("results" if shows_ops(suite.cases) else "cases")
     judged = len(suite.cases) - suite.count(SKIP)  # a SKIP has no outputs
-    if suite.count(SKIP):
-        noun = f"judged {noun}"
     for text, count, warned in device_lines(suite):
         share = f" ({count} of {judged} {noun})" if judged > 1 else ""
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
     rows.append(("standard", esc(standards_line(suite))))
-    releases = releases_line(suite)
-    if releases:
+    if releases := releases_line(suite):
         rows.append(("release", esc(releases)))
     rows.append(("cases", f"{esc(summary_line(suite))}; exit code {suite.return_code}"))
     meta = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
@@ -163,13 +155,6 @@ def _summary_table(suite: SuiteResult) -> str:
     return f'<table class="cases"><tr class="head">{head}</tr>{"".join(rows)}</table>'
 
 
-def _short_headline(case: CaseResult) -> str:
-    """A result's headline for a cell of the ops table without its notes (`formatting.short_headline`), at most
-    160 characters; the notes follow in the cell's smaller print."""
-    headline = short_headline(dataclasses.replace(case, notes=()))
-    return headline if len(headline) <= 160 else headline[:157] + "..."
-
-
 def _ops_table(suite: SuiteResult) -> str:
     """The summary of a suite with ops: one row per case, one cell per op (the verdict linking to the op's
     section, and what happened), the ops in `OPS` order; a case without an op shows a dash there."""
@@ -184,12 +169,12 @@ def _ops_table(suite: SuiteResult) -> str:
         verdicts = " ".join(f"has-{v}" for v in dict.fromkeys(r.verdict for r in results.values()))
         cells = []
         for op in ops:
-            result = results.get(op)
-            if result is None:
+            if (result := results.get(op)) is None:
                 above[op] = None
                 cells.append('<td class="none" title="the case does not test this op">-</td>')
                 continue
-            what = _short_headline(result)
+            what = short_headline(dataclasses.replace(result, notes=()))  # the notes follow in smaller print
+            what = what if len(what) <= 160 else what[:157] + "..."
             reason = result.headline if result.verdict == SKIP else None
             if reason is not None and above.get(op) == reason:
                 what = "same reason as above"
@@ -222,53 +207,28 @@ def _siblings(case: CaseResult, suite: SuiteResult) -> str:
     return f'<p class="siblings">ops of {esc(case.case_name)}: {" ".join(links)}</p>'
 
 
+_RESULT = {True: '<span class="PASS">ok</span>', False: '<span class="FAIL">FAIL</span>'}
+
+
 def _checks_table(case: CaseResult, only_failed: bool) -> str:
     checks = sorted(case.all_checks, key=lambda c: (c.passed, -c.severity)) if only_failed else case.all_checks
     rows = [
-        [
-            esc(c.tensor or "-"),
-            esc(c.name),
-            esc(fmt(c.value)),
-            esc(fmt(c.limit)),
-            '<span class="PASS">ok</span>' if c.passed else '<span class="FAIL">FAIL</span>',
-            esc(c.detail),
-        ]
+        [*(esc(x) for x in (c.tensor or "-", c.name, fmt(c.value), fmt(c.limit))), _RESULT[c.passed], esc(c.detail)]
         for c in checks
         if not (only_failed and c.passed)
     ]
     return html_table(("tensor", "check", "value", "limit", "result", "detail"), rows, numeric=(2, 3))
 
 
-def _metrics_table(tensors: Sequence[TensorResult]) -> str:
-    """Device / benchmark metrics of the given tensors, one column per tensor."""
-    rows = [[esc(cell) for cell in row] for row in metric_rows(tensors)]
-    headers = ["metric (device / benchmark)", *(t.name for t in tensors)]
-    return html_table(headers, rows, numeric=tuple(range(1, len(tensors) + 1)))
-
-
-def _hot_table(tensor: TensorResult) -> str:
-    kind = "query block i" if query_axis(tensor) else "kv block j"
-    rows = [[esc(cell) for cell in row] for row in hot_rows(tensor)]
-    headers = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
-    return f"<p class=sub>hot blocks</p>{html_table(headers, rows, numeric=tuple(range(0, 8)))}"
-
-
-def _worst_table(tensor: TensorResult) -> str:
-    rows = [[esc(cell) for cell in row] for row in worst_rows(tensor)]
-    headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
-    return f"<p class=sub>worst elements</p>{html_table(headers, rows, numeric=(1, 2, 3, 4, 5))}"
-
-
-def _tile_limit(case: CaseResult) -> float:
-    limit = case.settings.thresholds.get("tile_ratio", 3.0) if case.settings else 3.0
-    return limit if math.isfinite(limit) and limit > 1 else 3.0
+def _text_table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int]) -> str:
+    """An HTML table of plain-text cells (`formatting`'s rows)."""
+    return html_table(headers, [[esc(cell) for cell in row] for row in rows], numeric=numeric)
 
 
 def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     failed = sorted((c for c in tensor.checks if not c.passed), key=lambda c: -c.severity)
     first = failed[0].detail if failed else ""
-    badge = '<span class="badge FAIL">FAIL</span>'
-    parts = [f'<h3>{esc(tensor.name)} {badge} <span class="sub">{esc(first)}</span></h3>']
+    parts = [f'<h3>{esc(tensor.name)} <span class="badge FAIL">FAIL</span> <span class="sub">{esc(first)}</span></h3>']
     bias_figure = ""
     if tensor.bias is not None and any(c.name == "bias" for c in failed):
         floor = case.settings.thresholds.get("bias_floor", 2.0**-16) if case.settings else 2.0**-16
@@ -276,13 +236,11 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
     if failed and failed[0].name == "bias":  # the picture of what decided first
         parts.append(bias_figure)
         bias_figure = ""
-    for cause in case.diagnosis:  # the evidence next to the heat map it refers to
-        if tensor.name in cause.tensors:
-            parts.append(f'<p class="note">likely: {esc(cause.kind)} ({cause.score:.2f}): {esc(cause.evidence)}</p>')
-            break
+    if cause := next((c for c in case.diagnosis if tensor.name in c.tensors), None):  # next to its heat map
+        parts.append(f'<p class="note">likely: {esc(cause.kind)} ({cause.score:.2f}): {esc(cause.evidence)}</p>')
     block_map = tensor.block_map
     if block_map is not None and block_map.score.size:
-        limit = _tile_limit(case)
+        limit = case.settings.thresholds.get("tile_ratio", 3.0) if case.settings else 3.0
         scale = svg.Scale.for_scores(block_map.score.reshape(-1), limit)
         what = "worst 16x16 tile RMSE ratio" if block_map.rmse_benchmark is not None else "block RMSE / tensor RMSE"
         left = svg.heat_map(tensor, case.selection, limit) + svg.legend(scale, what)
@@ -294,9 +252,12 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
         parts.append(f'<div class="figs">{svg.ulp_chart(tensor, tensor.ulp_chart)}</div>')
     parts.append(bias_figure)
     if tensor.hot_blocks:
-        parts.append(_hot_table(tensor))
+        kind = "query block i" if query_axis(tensor) else "kv block j"
+        columns = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
+        parts.append(f"<p class=sub>hot blocks</p>{_text_table(columns, hot_rows(tensor), range(8))}")
     if tensor.worst:
-        parts.append(_worst_table(tensor))
+        headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
+        parts.append(f"<p class=sub>worst elements</p>{_text_table(headers, worst_rows(tensor), range(1, 6))}")
     return "".join(parts)
 
 
@@ -306,16 +267,14 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     is_open = " open" if case.verdict not in (PASS, SKIP) else ""
     standard = case.standard if case.verdict != SKIP else None  # no standard judged a SKIP
     facts = " · ".join(esc(x) for x in (case.dtype, case.layout, standard) if x and x != "-")
-    title = (
-        f'<b>{esc(case.case_name)}</b><span class="opname">{esc(case.op)}</span>'
-        if with_ops
-        else f"<b>{esc(case.name)}</b>"
-    )
+    opname = f'<span class="opname">{esc(case.op)}</span>' if with_ops else ""
+    title = f"<b>{esc(case.case_name if with_ops else case.name)}</b>{opname}"
     summary = (
         f'<summary><span class="badge {case.verdict}">{case.verdict}</span> {title} '
         f'<span class="sub">{facts}</span> — {esc(case.headline)}</summary>'
     )
     parts = [f'<section class="case v-{case.verdict}" id="case-{esc(case.name)}"><details{is_open}>{summary}']
+    folders = f"case {esc(case.case_dir)}, outputs {esc(case.output_dir)}"
     if with_ops and suite is not None:
         parts.append(_siblings(case, suite))
     parts.extend(f'<p class="note">{esc(note)}</p>' for note in case.notes)
@@ -323,30 +282,25 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     if case.verdict in (SKIP, ERROR):  # why it is not judged, or could not be
         items = "".join(f"<li>{esc(e)}</li>" for e in case.errors)
         listed = '<p class="sub">not judged:</p><ul class="skips">' if case.verdict == SKIP else '<ul class="errors">'
-        parts.append(
-            f'{listed}{items}</ul><p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}</p>'
-        )
+        parts.append(f'{listed}{items}</ul><p class="sub">{folders}</p>')
         return "".join(parts) + "</details></section>"
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
         if case.diagnosis:
             rows = [
-                [str(rank), esc(c.kind), f"{c.score:.2f}", esc(", ".join(c.tensors)), esc(c.evidence)]
-                for rank, c in enumerate(case.diagnosis, 1)
+                (str(n), c.kind, f"{c.score:.2f}", ", ".join(c.tensors), c.evidence)
+                for n, c in enumerate(case.diagnosis, 1)
             ]
-            parts.append("<h3>diagnosis: likely causes, best first</h3>")
-            parts.append(html_table(["#", "kind", "score", "tensors", "evidence"], rows, numeric=(0, 2)))
+            table = _text_table(("#", "kind", "score", "tensors", "evidence"), rows, (0, 2))
+            parts.append(f"<h3>diagnosis: likely causes, best first</h3>{table}")
         parts.extend(_failing_tensor(case, tensor) for tensor in case.tensors if not tensor.passed)
-        passing = [t for t in case.tensors if t.passed]
-        if passing:
-            names = ", ".join(t.name for t in passing)
-            parts.append(f'<p class="sub">{esc(names)} pass.</p>')
+        if passing := ", ".join(t.name for t in case.tensors if t.passed):
+            parts.append(f'<p class="sub">{esc(passing)} pass.</p>')
     more = [_checks_table(case, only_failed=False)]
-    if case.tensors:
-        more.append(_metrics_table(case.tensors))
-    more.append(
-        f'<p class="sub">case {esc(case.case_dir)}, outputs {esc(case.output_dir)}; judged in {case.seconds:.2f} s</p>'
-    )
+    if case.tensors:  # device / benchmark metrics, a column per tensor
+        headers = ["metric (device / benchmark)", *(t.name for t in case.tensors)]
+        more.append(_text_table(headers, metric_rows(case.tensors), range(1, len(case.tensors) + 1)))
+    more.append(f'<p class="sub">{folders}; judged in {case.seconds:.2f} s</p>')
     if case.verdict == PASS:
         parts.extend(more)
     else:
@@ -358,7 +312,6 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
 def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: Drift | None = None) -> str:
     """Return a self-contained HTML report (no script, no external file, font or link); with `drift`, a
     section comparing the run with a baseline report comes first."""
-    head = header or report_header(suite)
     with_ops = shows_ops(suite.cases)
     skip_in_drift = drift is not None and any(SKIP in (v.old, v.new) for v in drift.verdicts)
     extra = _OPS_CSS if with_ops or suite.count(SKIP) or skip_in_drift else ""
@@ -367,7 +320,7 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
         '<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">',
         f"<title>bsa compare: {esc(summary_line(suite))}</title>",
         f"<style>{_CSS}{extra}{_DRIFT_CSS if drift else ''}</style></head><body>",
-        _header(suite, head),
+        _header(suite, header or report_header(suite)),
         "<main>",
         drift_html(drift) if drift is not None else "",
         _filters(suite),

@@ -11,14 +11,13 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, SKIP
 from ..compare.drift import Drift, MetricChange
 from .formatting import fmt
 from .style import esc, html_table
-from .terminal import table_box
+from .terminal import titled_table
 
 CSS = """
 section.drift{margin:1em 0 1.2em}
@@ -46,14 +45,10 @@ def render_drift(drift: Drift, console: Console) -> None:
         title = f"regressions since {drift.baseline.label}"
         wide = max(len(c.case) for c in drift.regressions) + len("tensor check before now change limit passes") + 40
         if console.width >= wide:
-            table = Table(box=table_box(console), title=title, title_justify="left")
-            for column in ("case", "tensor", "check", "before", "now", "change", "limit", "passes"):
-                table.add_column(
-                    column,
-                    justify="right" if column in ("before", "now", "change", "limit") else "left",
-                    no_wrap=column in ("case", "check"),
-                    overflow="fold",
-                )
+            columns = ("case", "tensor", "check", "before", "now", "change", "limit", "passes")
+            table = titled_table(console, title, columns, columns[3:7], overflow="fold")
+            for column in table.columns:
+                column.no_wrap = column.header in ("case", "check")
             for c in drift.regressions:
                 passes = "yes" if c.passed else Text("no", style="bold red")
                 table.add_row(c.case, c.tensor, c.check, fmt(c.old), fmt(c.new), _delta(c), fmt(c.limit), passes)
@@ -67,15 +62,11 @@ def render_drift(drift: Drift, console: Console) -> None:
                     f"{_delta(change)}, limit {fmt(change.limit)}, {passes}"
                 )
                 console.print(Text(line, style="" if change.passed else "bold red"), soft_wrap=True)
-    for verdict in drift.verdicts:
-        style = "bold red" if verdict.worsened else "green" if verdict.new == PASS else ""
-        console.print(
-            Text(f"{verdict.case}: {verdict.old} -> {verdict.new}: {verdict.headline}", style=style), soft_wrap=True
-        )
-    if drift.vanished:
-        console.print(
-            Text(f"vanished since the baseline: {', '.join(drift.vanished)}", style="bold red"), soft_wrap=True
-        )
+    for v in drift.verdicts:
+        style = "bold red" if v.worsened else "green" if v.new == PASS else ""
+        console.print(Text(f"{v.case}: {v.old} -> {v.new}: {v.headline}", style=style), soft_wrap=True)
+    if vanished := ", ".join(drift.vanished):
+        console.print(Text(f"vanished since the baseline: {vanished}", style="bold red"), soft_wrap=True)
     if drift.appeared:
         console.print(Text(f"new since the baseline: {', '.join(drift.appeared)}"), soft_wrap=True)
     for note in drift.notes:
@@ -95,9 +86,7 @@ def _rows(drift: Drift) -> list[MetricChange]:
         best = closest.get(key)
         if best is None or _share(change) > _share(best):
             closest[key] = change
-    for change in closest.values():
-        if (change.case, change.tensor, change.check) not in seen:
-            chosen.append(change)
+    chosen += [c for c in closest.values() if (c.case, c.tensor, c.check) not in seen]
     return chosen[:MAX_ROWS]
 
 
@@ -109,10 +98,9 @@ def drift_html(drift: Drift) -> str:
     """Return the drift section of the HTML report (a `<section class="drift">`)."""
     night = drift.baseline
     margin = f"+{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x the limit"
-    counts = drift.counts_line()
     parts = [
         f'<section class="drift" id="drift"><h2>Drift since the baseline</h2>'
-        f"<p><b>{esc(counts)}</b></p>"
+        f"<p><b>{esc(drift.counts_line())}</b></p>"
         f'<p class="sub">baseline {esc(night.source)}: {esc(night.label)}; a regression grew by more than '
         f"{esc(margin)}</p>"
     ]
@@ -130,17 +118,12 @@ def drift_html(drift: Drift) -> str:
     rows_html = []
     for change in _rows(drift):
         direction = "up" if change.delta > 0 else "down" if change.delta < 0 else ""
-        cells = [
-            ("", f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'),
-            ("", esc(change.tensor)),
-            ("", esc(change.check)),
-            ("num", esc(fmt(change.old))),
-            ("num", esc(fmt(change.new))),
-            (f"num {direction}".strip(), esc(_delta(change))),
-            ("num", esc(fmt(change.limit))),
-            ("flag", "REGRESSION" if change.regressed else ""),
-        ]
-        tds = "".join(f'<td class="{cls}">{text}</td>' if cls else f"<td>{text}</td>" for cls, text in cells)
+        link = f'<a href="#case-{esc(change.case)}">{esc(change.case)}</a>'
+        numbers = [fmt(change.old), fmt(change.new), _delta(change), fmt(change.limit)]
+        classes = ["num", "num", f"num {direction}".strip(), "num"]
+        tds = "".join(f"<td>{text}</td>" for text in (link, esc(change.tensor), esc(change.check)))
+        tds += "".join(f'<td class="{cls}">{esc(text)}</td>' for cls, text in zip(classes, numbers, strict=True))
+        tds += f'<td class="flag">{"REGRESSION" if change.regressed else ""}</td>'
         row_class = ' class="regressed"' if change.regressed else ""
         rows_html.append(f"<tr{row_class}>{tds}</tr>")
     head = "".join(f"<th>{h}</th>" for h in ("case", "tensor", "check", "before", "now", "change", "limit", ""))

@@ -53,35 +53,31 @@ class Scale:
         values = np.asarray(scores, dtype=np.float64)
         finite = values[np.isfinite(values)]
         limit = limit if math.isfinite(limit) and limit > 1 else 3.0
-        top = max(float(finite.max()) if finite.size else 0.0, 2 * limit)
-        return cls(limit, top)
+        return cls(limit, max(float(finite.max()) if finite.size else 0.0, 2 * limit))
 
     def colour(self, score: float) -> str:
         """Return the fill of a computed cell of ratio `score`."""
-        if math.isnan(score):
+        if math.isnan(score) or score == math.inf:
             return NONFINITE
-        if math.isinf(score):
-            return NONFINITE if score > 0 else AT_BENCHMARK
-        if score <= 1.0:
+        if score <= 1.0:  # -inf too
             return AT_BENCHMARK
         if score < self.limit:
             return _mix(_LOW, math.log(score) / math.log(self.limit))
         return _mix(_HIGH, math.log(score / self.limit) / max(math.log(self.top / self.limit), 1e-12))
 
 
-def _defs() -> str:
-    return (
-        '<defs><pattern id="bsa-hatch" width="5" height="5" patternUnits="userSpaceOnUse" '
-        'patternTransform="rotate(45)"><rect width="5" height="5" fill="#fff"/>'
-        '<line x1="0" y1="0" x2="0" y2="5" stroke="#c4c4c4" stroke-width="1.6"/></pattern></defs>'
-    )
+_DEFS = (
+    '<defs><pattern id="bsa-hatch" width="5" height="5" patternUnits="userSpaceOnUse" '
+    'patternTransform="rotate(45)"><rect width="5" height="5" fill="#fff"/>'
+    '<line x1="0" y1="0" x2="0" y2="5" stroke="#c4c4c4" stroke-width="1.6"/></pattern></defs>'
+)
 
 
 def _svg(width: float, height: float, body: str, label: str) -> str:
     return (
         f'<svg width="{width:.0f}" height="{height:.0f}" '
         f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" aria-label="{esc(label)}" style="{SVG_FONT}">'
-        f"{_defs()}{body}</svg>"
+        f"{_DEFS}{body}</svg>"
     )
 
 
@@ -129,8 +125,8 @@ class _Panel:
     batch: int
     head: int  # query head (dq) or kv head (dk, dv)
     rows: list[str]  # selection rows of the panel: q blocks x kv blocks ("1", "0", "-")
-    scores: np.ndarray  # the tensor's block scores of this (batch, head): [blocks along its axis]
     heads: tuple[int, int]  # query heads the panel stands for (a kv head: its GQA group)
+    scores: np.ndarray  # the tensor's block scores of this (batch, head): [blocks along its axis]
 
 
 def _panel_rows(
@@ -148,10 +144,8 @@ def _panel_rows(
     return rows, (first, first + group - 1)
 
 
-def _panels(tensor: TensorResult, selection: Selection) -> tuple[list[_Panel], int]:
+def _panels(block_map: BlockMap, selection: Selection) -> tuple[list[_Panel], int]:
     """Return the panels to draw (the hottest MAX_PANELS, in (b, n) order) and how many there are in all."""
-    block_map = tensor.block_map
-    assert block_map is not None
     batches, heads, _ = block_map.score.shape
     query_heads = selection.shape[1]
     group = max(query_heads // max(heads, 1), 1) if block_map.axis == "kv" else 1
@@ -164,10 +158,9 @@ def _panels(tensor: TensorResult, selection: Selection) -> tuple[list[_Panel], i
                 continue
             ranked.append((-float(np.max(np.where(np.isinf(finite), 1e300, finite))), b, n))
     chosen = sorted(sorted(ranked)[:MAX_PANELS], key=lambda item: (item[1], item[2]))
-    panels = []
-    for _, b, n in chosen:
-        rows, span = _panel_rows(selection, b, n, block_map.axis, group)
-        panels.append(_Panel(b, n, rows, block_map.score[b, n], span))
+    panels = [
+        _Panel(b, n, *_panel_rows(selection, b, n, block_map.axis, group), block_map.score[b, n]) for _, b, n in chosen
+    ]
     return panels, len(ranked)
 
 
@@ -185,10 +178,9 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
     scale = Scale.for_scores(block_map.score.reshape(-1), limit)
     if selection is None:
         return _strip_map(tensor, block_map, scale)
-    panels, total = _panels(tensor, selection)
+    panels, total = _panels(block_map, selection)
     if not panels:
         return ""
-    hot = tensor.hot_blocks[0] if tensor.hot_blocks else None
     n_q = max(len(p.rows) for p in panels)
     n_kv = max((len(p.rows[0]) if p.rows else 0) for p in panels)
     pool = 1
@@ -201,16 +193,15 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
     label_w = max(len(_panel_label(block_map.axis, p)) for p in panels) * 6.1 - margin_left + 6
     panel_w = max(cols * cell, label_w)  # the slot of a panel: its grid, or its label when that is longer
     per_line = max(1, min(len(panels), 4, int(640 // (panel_w + margin_left + gap)) or 1))
-    lines = math.ceil(len(panels) / per_line)
     width = max(per_line * (margin_left + panel_w + gap) + 8, 330)
-    height = title_h + lines * (margin_top + panel_h + gap)
+    height = title_h + math.ceil(len(panels) / per_line) * (margin_top + panel_h + gap)
     parts = []
     axis_q = "query block i" if pool == 1 else f"query blocks (x{pool})"
     axis_kv = "kv block j" if pool == 1 else f"kv blocks (x{pool})"
     for index, panel in enumerate(panels):
         ox = (index % per_line) * (margin_left + panel_w + gap) + margin_left
         oy = title_h + (index // per_line) * (margin_top + panel_h + gap) + margin_top
-        parts.append(_panel_svg(tensor, block_map, panel, scale, (ox, oy), cell, pool, hot))
+        parts.append(_panel_svg(tensor, panel, scale, (ox, oy), cell, pool))
     kind = "query head" if block_map.axis == "q" else "kv head"
     title = f"{tensor.name}: error ratio per ({kind}, {axis_q}, {axis_kv})"
     if total > len(panels):
@@ -221,20 +212,15 @@ def heat_map(tensor: TensorResult, selection: Selection | None, limit: float) ->
 
 
 def _panel_svg(
-    tensor: TensorResult,
-    block_map: BlockMap,
-    panel: _Panel,
-    scale: Scale,
-    origin: tuple[float, float],
-    cell: float,
-    pool: int,
-    hot: HotBlock | None,
+    tensor: TensorResult, panel: _Panel, scale: Scale, origin: tuple[float, float], cell: float, pool: int
 ) -> str:
+    block_map = tensor.block_map
+    assert block_map is not None
+    hot = tensor.hot_blocks[0] if tensor.hot_blocks else None
     ox, oy = origin
     n_q = len(panel.rows)
     n_kv = len(panel.rows[0]) if panel.rows else 0
     rows, cols = math.ceil(n_q / pool), math.ceil(n_kv / pool)
-    size = block_map.block_size
     out = [_text(ox - 30, oy - 18, _panel_label(block_map.axis, panel), extra=' font-weight="bold"')]
     out.append(
         f'<rect x="{ox}" y="{oy}" width="{cols * cell:.1f}" height="{rows * cell:.1f}" '
@@ -244,8 +230,7 @@ def _panel_svg(
     what = "tile ratio" if block_map.rmse_benchmark is not None else "block RMSE / tensor RMSE"
     for r in range(rows):
         for c in range(cols):
-            cells = [panel.rows[i][c * pool : (c + 1) * pool] for i in range(r * pool, min((r + 1) * pool, n_q))]
-            flat = "".join(cells)
+            flat = "".join(panel.rows[i][c * pool : (c + 1) * pool] for i in range(r * pool, min((r + 1) * pool, n_q)))
             x, y = ox + c * cell, oy + r * cell
             q_range = (r * pool, min((r + 1) * pool, n_q) - 1)
             kv_range = (c * pool, min((c + 1) * pool, n_kv) - 1)
@@ -261,7 +246,7 @@ def _panel_svg(
             values = [float(panel.scores[k]) for k in blocks if k < len(panel.scores)]
             values = [v for v in values if not math.isnan(v)] or [math.nan]
             score = max(values, key=lambda v: (math.isinf(v) and v > 0, v if math.isfinite(v) else 0.0))
-            detail = _cell_detail(tensor, block_map, panel, blocks, size)
+            detail = _cell_detail(tensor, block_map, panel, blocks)
             tip = f"{where}: selected; {tensor.name} {what} {fmt(score, 4)}{detail}"
             out.append(_cell(x, y, cell, scale.colour(score), tip))
     if hot is not None and hot.batch == panel.batch and hot.head == panel.head:
@@ -291,14 +276,13 @@ def _range(bounds: tuple[int, int]) -> str:
     return str(bounds[0]) if bounds[0] == bounds[1] else f"{bounds[0]}-{bounds[1]}"
 
 
-def _cell_detail(tensor: TensorResult, block_map: BlockMap, panel: _Panel, blocks: range, size: int) -> str:
+def _cell_detail(tensor: TensorResult, block_map: BlockMap, panel: _Panel, blocks: range) -> str:
     """The figures of the block a single (unpooled) cell feeds: RMSE against the benchmark's, max abs error."""
     if len(blocks) != 1:
         return ""
-    k = blocks[0]
+    k, size = blocks[0], block_map.block_size
     b, n = panel.batch, panel.head
-    rmse = float(block_map.rmse[b, n, k])
-    text = f"; block {tensor.name} rows {k * size}-{(k + 1) * size - 1}: RMSE {fmt(rmse, 3)}"
+    text = f"; block {tensor.name} rows {k * size}-{(k + 1) * size - 1}: RMSE {fmt(float(block_map.rmse[b, n, k]), 3)}"
     if block_map.rmse_benchmark is not None:
         text += f" (benchmark {fmt(float(block_map.rmse_benchmark[b, n, k]), 3)})"
     return text + f", max abs err {fmt(float(block_map.max_abs_err[b, n, k]), 3)}"
@@ -349,9 +333,8 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
     swatches of the special cells."""
     bar_x, bar_y, bar_w, bar_h = 8.0, 34.0, 240.0, 12.0
     steps = 60
-    top = scale.top
     out = [_text(bar_x, 11, f"{what} (1 = the benchmark's error; log scale)", extra=' font-weight="bold"')]
-    log_top = math.log(top)
+    log_top = math.log(scale.top)
     for i in range(steps):
         value = math.exp(log_top * (i + 0.5) / steps)
         out.append(
@@ -359,7 +342,7 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
             f'height="{bar_h}" fill="{scale.colour(value)}"/>'
         )
     out.append(f'<rect x="{bar_x}" y="{bar_y}" width="{bar_w}" height="{bar_h}" fill="none" stroke="#777"/>')
-    for value, label in ((1.0, "1"), (scale.limit, f"limit {fmt(scale.limit, 3)}"), (top, fmt(top, 3))):
+    for value, label in ((1.0, "1"), (scale.limit, f"limit {fmt(scale.limit, 3)}"), (scale.top, fmt(scale.top, 3))):
         x = bar_x + bar_w * math.log(value) / log_top if value > 1 else bar_x
         out.append(f'<line x1="{x:.1f}" y1="{bar_y - 3}" x2="{x:.1f}" y2="{bar_y + bar_h + 3}" stroke="#000"/>')
         if value == scale.limit:  # above the bar: it may sit close to 1 when the top is far
@@ -382,8 +365,7 @@ def legend(scale: Scale, what: str, past_length: bool = True) -> str:
     out.append(f'<rect x="{x0}" y="{y}" width="12" height="12" fill="none" stroke="#000" stroke-width="2.5"/>')
     out.append(f'<polygon points="{x0 + 16},{y + 6} {x0 + 23},{y + 1} {x0 + 23},{y + 11}" fill="#000"/>')
     out.append(_text(x0 + 28, y + 10, "the hottest block, where the worst 16x16 tile is"))
-    height = y + 20
-    return _svg(x0 + 320, height, "".join(out), "colour scale")
+    return _svg(x0 + 320, y + 20, "".join(out), "colour scale")
 
 
 # ---- the worst block's tiles ----------------------------------------------------------------------
@@ -440,8 +422,7 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
         series.append(("benchmark", chart.benchmark, BENCHMARK_FILL))
     peak = max(max(values) for _, values, _ in series) or 1
     decades = max(1, math.ceil(math.log10(peak + 1)))
-    left, top, plot_h = 46.0, 34.0, 150.0
-    group_w = 28.0
+    left, top, plot_h, group_w = 46.0, 34.0, 150.0, 28.0
     width = left + group_w * len(labels) + 20
     height = top + plot_h + 74
     totals = {name: max(sum(values), 1) for name, values, _ in series}
@@ -458,17 +439,13 @@ def ulp_chart(tensor: TensorResult, chart: UlpChart) -> str:
             count = values[i]
             h = plot_h * math.log10(count + 1) / decades
             x = x0 + k * bar_w
-            share = 100.0 * count / totals[name]
-            tip = f"{name}: {count} elements with ULP error {label} ({share:.3g}%)"
+            tip = f"{name}: {count} elements with ULP error {label} ({100.0 * count / totals[name]:.3g}%)"
             out.append(
                 f'<rect x="{x:.1f}" y="{top + plot_h - h:.1f}" width="{bar_w - 1:.1f}" height="{max(h, 0):.1f}" '
                 f'fill="{fill}" stroke="#555" stroke-width="0.4"><title>{esc(tip)}</title></rect>'
             )
         tx, ty = x0 + group_w / 2 - 3, top + plot_h + 10
-        out.append(
-            f'<text x="{tx:.1f}" y="{ty:.1f}" text-anchor="end" transform="rotate(-40 {tx:.1f} {ty:.1f})">'
-            f"{esc(label)}</text>"
-        )
+        out.append(_text(tx, ty, label, "end", f' transform="rotate(-40 {tx:.1f} {ty:.1f})"'))
     out.append(f'<line x1="{left}" y1="{top + plot_h}" x2="{width - 14:.1f}" y2="{top + plot_h}" stroke="#555"/>')
     lx = left + 8
     for name, _, fill in series:
@@ -528,17 +505,3 @@ def bias_chart(tensor: TensorResult, estimate: Bias, floor: float) -> str:
     verdict = f"difference {estimate.difference:+.3g} ± {estimate.difference_se:.2g}: {estimate.z:.3g} standard errors"
     out.append(_text(left, height - 8, verdict + (" (paired)" if estimate.paired else "")))
     return _svg(width, height, "".join(out), title)
-
-
-__all__ = [
-    "AT_BENCHMARK",
-    "NONFINITE",
-    "NOT_COMPUTED",
-    "Scale",
-    "bias_chart",
-    "heat_map",
-    "legend",
-    "tile_map",
-    "ulp_bins",
-    "ulp_chart",
-]

@@ -108,11 +108,11 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
             text = short_headline(case, asides=not short)
-        likely = likely_line(case)
-        if likely:
+        if likely := likely_line(case):
             text = f"{text}\n{likely}"
+        standard = [] if one else [case.standard]
         if not with_ops:
-            table.add_row(case.name, _verdict_text(case.verdict), *([] if one else [case.standard]), text)
+            table.add_row(case.name, _verdict_text(case.verdict), *standard, text)
             continue
         headline: str | Text = text
         first = index == 0 or cases[index - 1].case_name != case.case_name
@@ -125,14 +125,8 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             if before.get(case.headline) == case.op:  # the case above skipped this op for this reason too
                 headline = Text(f"{_SAME} the case above", style="dim")
             reasons[case.headline] = case.op
-        table.add_row(
-            case.case_name if first else "",
-            case.op,
-            _verdict_text(case.verdict),
-            *([] if one else [case.standard]),
-            headline,
-            end_section=last,
-        )
+        name = case.case_name if first else ""
+        table.add_row(name, case.op, _verdict_text(case.verdict), *standard, headline, end_section=last)
     return table
 
 
@@ -163,11 +157,8 @@ def render_explanation(case: CaseResult, console: Console) -> None:
     else:
         console.print("no cause scores 0.2 or more: the errors are unexplained")
     console.print(f"hypotheses tried ({len(case.hypotheses)}), best first:")
-    for hypothesis in case.hypotheses:
-        console.print(
-            Text(f"  [{hypothesis.score:.2f}] {hypothesis.kind}: {hypothesis.supposes}: {hypothesis.outcome}"),
-            soft_wrap=True,
-        )
+    for h in case.hypotheses:
+        console.print(Text(f"  [{h.score:.2f}] {h.kind}: {h.supposes}: {h.outcome}"), soft_wrap=True)
 
 
 def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
@@ -267,7 +258,6 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
                 console.print(_hot_table(case, tensor, console))
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
-    releases = releases_line(suite)
-    if releases:
+    if releases := releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
     console.print(Text(summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green

@@ -54,14 +54,10 @@ def _nice_step(span: float) -> float:
     return 10 * power
 
 
-def night_short(night: Night) -> str:
-    """The x-axis label of a night: month-day and time in UTC."""
-    return night.date.strftime("%m-%d %H:%M") if night.date else "undated"
-
-
 def chart(series: Series, nights: Sequence[Night]) -> str:
     """Return the SVG line chart of one case across the nights."""
     left, right, top, plot_h = 48.0, 56.0, 22.0, 130.0
+    bottom = top + plot_h
     step = max(28.0, min(70.0, 520.0 / max(len(nights), 1)))
     plot_w = step * max(len(nights) - 1, 1)
     width, height = left + plot_w + right + 20, top + plot_h + 58
@@ -78,30 +74,23 @@ def chart(series: Series, nights: Sequence[Night]) -> str:
         return top + plot_h - plot_h * min(max(v, 0.0), y_top) / y_top
 
     out = []
-    ticks = int(round(y_top / tick))
-    for k in range(ticks + 1):
+    for k in range(int(round(y_top / tick)) + 1):
         v = k * tick
         y = y_of(v)
         out.append(f'<line x1="{left:.1f}" y1="{y:.1f}" x2="{width - right:.1f}" y2="{y:.1f}" stroke="#ececec"/>')
         out.append(f'<text x="{left - 4:.1f}" y="{y + 3.5:.1f}" text-anchor="end">{esc(fmt(v, 3))}</text>')
-    out.append(
-        f'<line class="axis" x1="{left:.1f}" y1="{top + plot_h:.1f}" x2="{width - right:.1f}" '
-        f'y2="{top + plot_h:.1f}" stroke="#555"/>'
-    )
-    out.append(
-        f'<line class="axis" x1="{left:.1f}" y1="{top:.1f}" x2="{left:.1f}" y2="{top + plot_h:.1f}" stroke="#555"/>'
-    )
+    for y1, x2 in ((bottom, width - right), (top, left)):  # the x axis, the y axis
+        out.append(f'<line class="axis" x1="{left:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{bottom:.1f}" stroke="#555"/>')
     out.append(_limit_line(series.points, x_of, y_of, left, width - right))
     label_every = max(1, math.ceil(34.0 / step))
     for i, night in enumerate(nights):
         if i % label_every == 0 or i == len(nights) - 1:
-            x, y = x_of(i), top + plot_h + 10
-            out.append(
-                f'<line x1="{x:.1f}" y1="{top + plot_h:.1f}" x2="{x:.1f}" y2="{top + plot_h + 3:.1f}" stroke="#555"/>'
-            )
+            x, y = x_of(i), bottom + 10
+            when = night.date.strftime("%m-%d %H:%M") if night.date else "undated"  # month-day and time in UTC
+            out.append(f'<line x1="{x:.1f}" y1="{bottom:.1f}" x2="{x:.1f}" y2="{bottom + 3:.1f}" stroke="#555"/>')
             out.append(
                 f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="end" transform="rotate(-35 {x:.1f} {y:.1f})">'
-                f"{esc(night_short(night))}</text>"
+                f"{esc(when)}</text>"
             )
     out.append(f'<text x="4" y="{top - 10:.1f}">{esc(series.label)}</text>')
     out.extend(_line(series.points, x_of, y_of))
@@ -153,12 +142,10 @@ def _line(points: Sequence[Point | None], x_of, y_of) -> list[str]:  # type: ign
 
 def _marker(point: Point, night: Night, x: float, y_of, top: float, plot_h: float) -> str:  # type: ignore[no-untyped-def]
     colour = COLOURS.get(point.verdict, "#555")
-    what = f"{night.label}: {point.verdict}; {point.detail}"
-    tip = f"<title>{esc(what)}</title>"
+    tip = f"<title>{esc(f'{night.label}: {point.verdict}; {point.detail}')}</title>"
     if point.value is None or math.isnan(point.value):  # not measured that night (ERROR, or the check absent)
-        y = top + plot_h
         return (
-            f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{y:.1f}" r="4.5" fill="#fff" '
+            f'<circle class="point v-{esc(point.verdict)}" cx="{x:.1f}" cy="{top + plot_h:.1f}" r="4.5" fill="#fff" '
             f'stroke="{colour}" stroke-width="2">{tip}</circle>'
         )
     if math.isinf(point.value):  # off the chart: a triangle at the top
@@ -196,8 +183,7 @@ def _cases_table(trend: Trend) -> str:
     rows = []
     for series in shown_order(trend):
         measured = [v for v in series.values if v is not None]
-        first = fmt(measured[0]) if measured else "-"
-        last = fmt(measured[-1]) if measured else "-"
+        first, last = (fmt(measured[0]), fmt(measured[-1])) if measured else ("-", "-")
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
         cls = ' class="rising"' if series.rising else ""
         rows.append(
@@ -259,14 +245,8 @@ def render_trend(trend: Trend, console: Console) -> None:
     for series in trend.rising:
         measured = [v for v in series.values if v is not None]
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
-        console.print(
-            Text(
-                f"rising: {series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} "
-                f"(limit {fmt(limits[-1])})",
-                style="bold red",
-            ),
-            soft_wrap=True,
-        )
+        text = f"{series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} (limit {fmt(limits[-1])})"
+        console.print(Text(f"rising: {text}", style="bold red"), soft_wrap=True)
     rising = len(trend.rising)
     text = f"{_followed(trend)} over {plural(len(trend.nights), 'night')}: {rising} rising"
     console.print(Text(text, style="bold red" if rising else "bold green"))
