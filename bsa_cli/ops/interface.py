@@ -119,33 +119,32 @@ def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] 
     return list(itertools.accumulate(lengths)) if encoding == "cumulative" else list(lengths)
 
 
+PARAM_KEYS = tuple(
+    "layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len block_shape actual_seq_lengths "
+    "actual_seq_lengths_kv seq_lengths_encoding scale kernel_scale mask_type pre_tokens next_tokens lse_shape".split()
+)
+"""The parameters of a call that `case_params` records, in its order (`null_layouts` last, when given)."""
+
+
 def case_params(case: Case) -> dict[str, Any]:
     """Return the parameters of a case's call, as the operator receives them and a manifest's `params` records
     them: layouts (kv_layout defaults to layout), sizes, the block shape as a list (None for a null one), lengths
     in the case's `seq_lengths_encoding`, both scales, the attributes, and `null_layouts` when the call passes
     a layout as null. The rules read what they need of them (tests/spec/test_interface.py)."""
-    return {
-        "layout": case.layout,
-        "kv_layout": case.kv_layout or case.layout,
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "num_heads": case.num_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "q_seq_len": case.q_seq_len,
-        "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
-        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
-        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
-        "seq_lengths_encoding": case.seq_lengths_encoding,
-        "scale": case.scale,
-        "kernel_scale": case.kernel_scale,
-        "mask_type": case.mask_type,
-        "pre_tokens": case.pre_tokens,
-        "next_tokens": case.next_tokens,
-        "lse_shape": case.lse_shape,
-        **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
-    }
+    params = {key: getattr(case, key) for key in PARAM_KEYS}
+    params.update(
+        kv_layout=case.kv_layout or case.layout,
+        block_shape=list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
+        actual_seq_lengths=encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
+        actual_seq_lengths_kv=encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
+    )
+    if case.null_layouts:
+        params["null_layouts"] = list(case.null_layouts)
+    return params
+
+
+def _invalid(key: str, message: str) -> Violation:
+    return Violation(key, message, ACLNN_ERR_PARAM_INVALID)
 
 
 def _positive_int(value: Any) -> bool:
@@ -222,14 +221,14 @@ def violations(
         found.extend(tiling_refusals(params, tensors))
         return found
     # 2. dtypes.
-    found.extend(_query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
+    found.extend(query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
     lse = tensors.get("softmax_lse")
     if lse is not None and lse.get("dtype") != "float32":
         add("softmax_lse", f"dtype {lse.get('dtype')!r} is not float32")
     mask = tensors.get("block_sparse_mask")
     if mask is not None and mask.get("dtype") not in MASK_DTYPES:
         add("block_sparse_mask", f"dtype {mask.get('dtype')!r} is not bool or uint8")
-    found.extend(_query_dtype_rules(tensors, OUTPUTS, query_itself=False))
+    found.extend(query_dtype_rules(tensors, OUTPUTS, query_itself=False))
     # 3. shapes: TND compares dim 2 only; any other q layout string takes the BNSD branch.
     query = tensors.get("query")
     if query is not None:
@@ -264,9 +263,9 @@ def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
     if block_shape is None:
         return [Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)]
     if not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
-        return [Violation("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]", ACLNN_ERR_PARAM_INVALID)]
+        return [_invalid("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]")]
     if not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
-        return [Violation("block_shape", f"{block_shape!r}: X and Y must be positive", ACLNN_ERR_PARAM_INVALID)]
+        return [_invalid("block_shape", f"{block_shape!r}: X and Y must be positive")]
     return []
 
 
@@ -274,31 +273,27 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
     """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
     whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
     came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
-    found = _query_dtype_rules(tensors, ("key", "value"))
+    found = query_dtype_rules(tensors, ("key", "value"))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value not in TILING_LAYOUTS:
-            found.append(
-                Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", ACLNN_ERR_PARAM_INVALID)
-            )
+            found.append(_invalid(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only"))
     return found + _attribute_rules(params, tensors) + _tnd_length_rules(params) + _block_shape_rules(params)
 
 
-def _query_dtype_rules(
+def query_dtype_rules(
     tensors: Mapping[str, Mapping[str, Any]], same: tuple[str, ...], query_itself: bool = True
 ) -> list[Violation]:
     """query float16 or bfloat16 (with `query_itself`), and the tensors `same` of its dtype (161002)."""
     if "query" not in tensors:
         return []
-    q_dtype, invalid = tensors["query"].get("dtype"), ACLNN_ERR_PARAM_INVALID
+    q_dtype = tensors["query"].get("dtype")
     found = []
     if query_itself and q_dtype not in OP_DTYPES:
-        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
+        found.append(_invalid("query", f"dtype {q_dtype!r} is not float16 or bfloat16"))
     for name in same:
         if name in tensors and tensors[name].get("dtype") != q_dtype:
-            found.append(
-                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
-            )
+            found.append(_invalid(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}"))
     return found
 
 
@@ -312,19 +307,17 @@ def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[st
     for key in ("pre_tokens", "next_tokens"):
         if params.get(key, MAX_TOKENS) != MAX_TOKENS:
             found.append((key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported"))
-    return [Violation(key, message, ACLNN_ERR_PARAM_INVALID) for key, message in found]
+    return [_invalid(key, message) for key, message in found]
 
 
 def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
     """A TND query or key/value without its lengths (161002, every release)."""
     found = []
     if params.get("layout") == "TND" and params.get("actual_seq_lengths") is None:
-        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", ACLNN_ERR_PARAM_INVALID))
+        found.append(_invalid("actual_seq_lengths", "is null, but a TND query needs it"))
     kv_layout = params.get("kv_layout", params.get("layout"))
     if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
-        found.append(
-            Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", ACLNN_ERR_PARAM_INVALID)
-        )
+        found.append(_invalid("actual_seq_lengths_kv", "is null, but a TND key/value needs it"))
     return found
 
 
@@ -351,14 +344,10 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     if found:
         return found
     if layout == "BNSD" and (_dim(tensors.get("query"), 0) == 0 or _dim(tensors.get("query"), 2) == 0):
-        found.append(
-            Violation(
-                "query",
-                f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block "
-                "to work on (blockDim is 0)",
-                tiling,
-            )
+        message = (
+            f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block to work on (blockDim is 0)"
         )
+        found.append(Violation("query", message, tiling))
     head_axis = 1
     n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
     if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):
