@@ -28,8 +28,6 @@ from ..core.streams import check_streams, seeded, uniform, uniform01
 from . import stress
 from .stress import Adjust
 
-STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out")
-
 
 def rng(case: Case, stream: str) -> np.random.Generator:
     """Return the random generator of one named stream of a case."""

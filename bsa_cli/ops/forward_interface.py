@@ -98,10 +98,7 @@ def case_params_forward(case: Case) -> dict[str, Any]:
 
 def params_forward(params: Mapping[str, Any]) -> dict[str, Any]:
     """Return a manifest's `params` for the forward's rules: bsa's innerPrecise and softmaxLseFlag where absent."""
-    found = dict(params)
-    found.setdefault("inner_precise", INNER_PRECISE_DEFAULT)
-    found.setdefault("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT)
-    return found
+    return {"inner_precise": INNER_PRECISE_DEFAULT, "softmax_lse_flag": SOFTMAX_LSE_FLAG_DEFAULT, **params}
 
 
 def forward_tensors(case: Case) -> dict[str, dict[str, Any]]:
@@ -334,14 +331,10 @@ def _parse_required_tensors(params: Mapping[str, Any], tensors: Mapping[str, Map
     _, n_axis, b_axis, d_axis = _axes(params.get("layout"))
     query, key, value = _shape(tensors, "query"), _shape(tensors, "key"), _shape(tensors, "value")
     num_kv_heads = params.get("num_kv_heads")
-    if b_axis is not None and not (query[b_axis] == key[b_axis] == value[b_axis]):
-        return _refuse(
-            "key", f"B of query {query[b_axis]}, key {key[b_axis]}, value {value[b_axis]}: they must be equal"
-        )
-    if not (query[d_axis] == key[d_axis] == value[d_axis]):
-        return _refuse(
-            "key", f"D of query {query[d_axis]}, key {key[d_axis]}, value {value[d_axis]}: they must be equal"
-        )
+    for letter, axis in (("B", b_axis), ("D", d_axis)):
+        if axis is not None and not (query[axis] == key[axis] == value[axis]):
+            message = f"{letter} of query {query[axis]}, key {key[axis]}, value {value[axis]}: they must be equal"
+            return _refuse("key", message)
     if not (key[n_axis] == value[n_axis] == num_kv_heads):
         return _refuse(
             "num_kv_heads",

@@ -19,6 +19,7 @@ manifest's `inputs` and `outputs` entries), so a spec, a manifest and the refere
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,10 +55,7 @@ DETERMINISTIC_RELEASES = ("master",)
 
 def release_counts(releases: Iterable[str | None]) -> str:
     """Return e.g. "9.0.0 (11 cases), master (53 cases)" for the releases of some cases ("" for none)."""
-    counts: dict[str, int] = {}
-    for release in releases:
-        if release:
-            counts[release] = counts.get(release, 0) + 1
+    counts = Counter(release for release in releases if release)
     return ", ".join(f"{release} ({n} case{'s' if n != 1 else ''})" for release, n in sorted(counts.items()))
 
 
@@ -179,9 +177,8 @@ def undefined_behaviour(
             found.append(f"{name} is null: {release} reads its dtype without a null check")
     rank = 3 if params.get("layout") == "TND" else 4
     for name, desc in tensors.items():
-        if name in (*MANDATORY, *OUTPUTS) and name not in ("softmax_lse", "block_sparse_mask"):
-            if len(desc.get("shape") or ()) < rank:
-                found.append(f"{name} has rank {len(desc.get('shape') or ())}: the shape checks read dim {rank - 1}")
+        if name in ("query", *TND_DIM2_TENSORS) and len(desc.get("shape") or ()) < rank:
+            found.append(f"{name} has rank {len(desc.get('shape') or ())}: the shape checks read dim {rank - 1}")
     return found
 
 
@@ -229,22 +226,17 @@ def violations(
     if mask is not None and mask.get("dtype") not in MASK_DTYPES:
         add("block_sparse_mask", f"dtype {mask.get('dtype')!r} is not bool or uint8")
     found.extend(query_dtype_rules(tensors, OUTPUTS, query_itself=False))
-    # 3. shapes: TND compares dim 2 only; any other q layout string takes the BNSD branch.
-    query = tensors.get("query")
-    if query is not None:
-        if params.get("layout") == "TND":
-            for name in TND_DIM2_TENSORS:
-                if name in tensors and _dim(tensors[name], 2) != _dim(query, 2):
-                    add(name, f"dim 2 (D) {_dim(tensors[name], 2)} differs from query's {_dim(query, 2)}")
-        else:
-            for name in BNSD_BATCH_TENSORS:
-                if name in tensors and _dim(tensors[name], 0) != _dim(query, 0):
-                    add(name, f"dim 0 (B) {_dim(tensors[name], 0)} differs from query's {_dim(query, 0)}")
-            for first, second in BNSD_HEAD_DIM_PAIRS:
-                if first in tensors and second in tensors and _dim(tensors[first], 3) != _dim(tensors[second], 3):
-                    add(
-                        second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s {_dim(tensors[first], 3)}"
-                    )
+    # 3. shapes (with a query): TND compares dim 2 only; any other q layout string takes the BNSD branch.
+    if params.get("layout") == "TND":
+        compared = [(2, "D", "query", name) for name in TND_DIM2_TENSORS]
+    else:
+        compared = [(0, "B", "query", name) for name in BNSD_BATCH_TENSORS]
+        compared += [(3, "D", first, second) for first, second in BNSD_HEAD_DIM_PAIRS]
+    for axis, letter, first, second in compared if "query" in tensors else ():
+        if first in tensors and second in tensors:
+            this, other = _dim(tensors[second], axis), _dim(tensors[first], axis)
+            if this != other:
+                add(second, f"dim {axis} ({letter}) {this} differs from {first}'s {other}")
     # 4. attributes; 5. layouts and lengths.
     found.extend(_attribute_rules(params, tensors))
     found.extend(_tnd_length_rules(params))
