@@ -65,8 +65,7 @@ def release_of_cann(version: str | None) -> str | None:
     if not isinstance(version, str):
         return None
     for release in ("9.0.0", "9.1.0"):
-        major_minor = release.rsplit(".", 1)[0] + "."
-        if version.startswith(major_minor):
+        if version.startswith(release.rsplit(".", 1)[0] + "."):  # 9.0.x for 9.0.0
             return release
     return None
 
@@ -323,11 +322,10 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     visible in public code (the l0op discards the launcher's status); 561002 is the likely code.
     """
     tiling = ACLNN_ERR_INNER_TILING_ERROR
-    found = []
     layout = params.get("layout")
     if layout not in TILING_LAYOUTS:
-        found.append(Violation("layout", f"{layout!r}: the A2/A3 tiling supports TND and BNSD only", tiling))
-        return found
+        return [Violation("layout", f"{layout!r}: the A2/A3 tiling supports TND and BNSD only", tiling)]
+    found = []
     rank = 3 if layout == "TND" else 4
     for name in ("query", "key", *(("block_sparse_mask",) if layout == "BNSD" else ())):
         shape = (tensors.get(name) or {}).get("shape")
@@ -363,18 +361,16 @@ def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str
     semantic gap: with BNSD actual lengths shorter than S, the A2/A3 code computes over the whole S,
     so a golden that honours the lengths (the documentation's semantics) is not what it computes.
     """
-    notes = []
     if params.get("layout") == "BNSD" and bnsd_lengths == "honored":
         for key, full in (("actual_seq_lengths", "q_seq_len"), ("actual_seq_lengths_kv", "kv_seq_len")):
             lengths = params.get(key) or []
             if any(n < params.get(full, 0) for n in lengths):
-                notes.append(
+                return [
                     f"{key} {list(lengths)} shorter than {full} {params.get(full)} with bnsd_lengths: honored: "
                     "the A2/A3 kernel ignores BNSD lengths (computes over all S); use bnsd_lengths: ignored "
                     "to judge it on its own terms"
-                )
-                break
-    return notes
+                ]
+    return []
 
 
 def arch35_refusals(params: Mapping[str, Any]) -> list[str]:

@@ -33,7 +33,7 @@ from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
 from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
-from ..ops.interface import Call
+from ..ops.interface import BACKWARD_CALL, Call
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,
@@ -97,7 +97,7 @@ def build_case(
         name=name,
         source=str(path),
         layout=layout,
-        kv_layout=kv_layout if kv_layout is not None else None,
+        kv_layout=kv_layout,
         dtype=dtype,
         batch=batch,
         num_heads=num_heads,
@@ -383,9 +383,7 @@ def _fix_first(case: Case, v: interface.Violation) -> str | None:
 
 def _check_interface(r: _Reader, case: Case) -> Case:
     """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
-    params = interface.case_params(case)
-    tensors = case.tensor_descs()
-    undefined = interface.undefined_behaviour(params, tensors, case.release)
+    undefined = BACKWARD_CALL.undefined_behaviour(case)
     if undefined:
         key = "tensors" if case.tensors else "layout"
         key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else key
@@ -394,7 +392,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             f"{undefined[0]}: undefined behaviour, no status to expect (ops-transformer "
             f"{case.release} reads it unchecked)",
         )
-    broken = interface.violations(params, tensors, case.release)
+    broken = BACKWARD_CALL.violations(case)
     if case.expect.ok:
         if broken:
             v = broken[0]
@@ -405,7 +403,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
                 _fix_first(case, v)
                 or f"{v.message}: the operator returns {v.status}; set 'expect: {v.status}' for a negative case",
             )
-        warnings = (*interface.kernel_constraints(params, case.bnsd_lengths), *unreachable_kv_blocks(case))
+        warnings = (*BACKWARD_CALL.kernel_constraints(case), *unreachable_kv_blocks(case))
         return dataclasses.replace(case, warnings=tuple(warnings))
     if not broken:
         raise r.error(

@@ -354,13 +354,7 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         except (ValueError, TypeError, OverflowError):
             raise r.error("mask", "is a ragged nested list: every row needs the same length") from None
         source = "inline"
-    if (
-        array.dtype == object
-        or array.ndim not in (2, 3, 4)
-        or not (
-            array.dtype == bool or np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
-        )
-    ):
+    if array.ndim not in (2, 3, 4) or array.dtype.kind not in "biuf":  # bool, integers or floats
         raise r.error(
             "mask",
             f"needs 2 to 4 dimensions of 0/1 ([nQ, nKV], [N1, nQ, nKV] or [B, N1, nQ, nKV]), got shape "
