@@ -40,14 +40,13 @@ from .fields import (
     TENSORS,
     _block_shape,
     _compare,
-    _dtype_suggestion,
     _init,
     _null_layouts,
     _Reader,
     _release,
     _sparsity,
     _tensors,
-    dtype_name,
+    read_dtype,
     refuse_unknown,
 )
 from .ops_fields import (
@@ -87,7 +86,7 @@ def build_case(
     inner_precise = read_inner_precise(r, not expect.ok)
     softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
     layout, kv_layout, nulls = _layouts(r, raw)
-    dtype = _dtype(r)
+    dtype = read_dtype(r, "dtype", r.get("dtype", "float16"), "float16 (fp16), bfloat16 (bf16)")
     num_heads = r.integer("num_heads", minimum=1)
     num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
     head_dim = r.integer("head_dim", 128, minimum=1)
@@ -173,18 +172,6 @@ def _layouts(r: _Reader, raw: dict[str, Any]) -> tuple[Layout, Layout | None, tu
                 key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); allowed: BNSD, TND"
             )
     return layout, kv_layout, nulls
-
-
-def _dtype(r: _Reader) -> str:
-    raw_dtype = r.get("dtype", "float16")
-    dtype = dtype_name(raw_dtype)
-    if dtype is None:
-        raise r.error(
-            "dtype",
-            f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
-            "allowed: float16 (fp16), bfloat16 (bf16)",
-        )
-    return dtype
 
 
 Lengths = tuple[int, ...] | None

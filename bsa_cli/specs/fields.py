@@ -122,6 +122,14 @@ def _dtype_suggestion(value: Any, allowed: Iterable[str]) -> str:
     return suggest(word, names)
 
 
+def read_dtype(r: _Reader, key: str, value: Any, allowed: str) -> str:
+    """Return the dtype name that `value` names, or refuse it (with the likeliest name meant, and `allowed`)."""
+    dtype = dtype_name(value)
+    if dtype is None:
+        raise r.error(key, f"{show(value)} is not allowed{_dtype_suggestion(value, DTYPES)}; allowed: {allowed}")
+    return dtype
+
+
 def _suggest(value: Any, choices: Iterable[str]) -> str:
     """Return `suggest` for a string value ('' for anything else)."""
     return suggest(value, choices) if isinstance(value, str) else ""
@@ -240,12 +248,7 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
             raise r.error(key, f"{show(value)} is neither null (a null pointer) nor a mapping with dtype and/or shape")
         refuse_unknown(r, value, TENSOR_KEYS, f"{key}.")
         raw_dtype = value.get("dtype")
-        dtype = None if raw_dtype is None else dtype_name(raw_dtype)
-        if raw_dtype is not None and dtype is None:
-            raise r.error(
-                f"{key}.dtype",
-                f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; allowed: {', '.join(DTYPES)}",
-            )
+        dtype = None if raw_dtype is None else read_dtype(r, f"{key}.dtype", raw_dtype, ", ".join(DTYPES))
         shape = value.get("shape")
         if shape is not None:
             if not _ints(shape, 0, MAX_DIM) or len(shape) > 8:
