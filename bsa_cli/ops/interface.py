@@ -199,9 +199,8 @@ def violations(
     if release not in RELEASES:
         raise ValueError(f"release {release!r}: known releases are {', '.join(RELEASES)}")
     found: list[Violation] = []
-    invalid = ACLNN_ERR_PARAM_INVALID
 
-    def add(key: str, message: str, status: int = invalid) -> None:
+    def add(key: str, message: str, status: int = ACLNN_ERR_PARAM_INVALID) -> None:
         found.append(Violation(key, message, status))
 
     # 0. master (d42799fe6): a null qInputLayout or kvInputLayout first, before every other rule.
@@ -213,9 +212,7 @@ def violations(
         if name not in tensors:
             add(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR)
     if release == "9.0.0":
-        found.extend(_rules_9_0(params, tensors))
-        found.extend(tiling_refusals(params, tensors))
-        return found
+        return found + _rules_9_0(params, tensors) + tiling_refusals(params, tensors)
     # 2. dtypes.
     found.extend(query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
     lse = tensors.get("softmax_lse")
@@ -237,15 +234,12 @@ def violations(
             if this != other:
                 add(second, f"dim {axis} ({letter}) {this} differs from {first}'s {other}")
     # 4. attributes; 5. layouts and lengths.
-    found.extend(_attribute_rules(params, tensors))
-    found.extend(_tnd_length_rules(params))
+    found += _attribute_rules(params, tensors) + _tnd_length_rules(params)
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if (layout == "BNSD") != (kv_layout == "BNSD"):
         add("kv_layout", f"kvInputLayout {kv_layout!r} and qInputLayout {layout!r}: both BNSD or neither")
     # 6. ParseBlockShape (below).
-    found.extend(_block_shape_rules(params))
-    found.extend(tiling_refusals(params, tensors))
-    return found
+    return found + _block_shape_rules(params) + tiling_refusals(params, tensors)
 
 
 def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
