@@ -28,8 +28,6 @@ from ..core.streams import check_streams, seeded, uniform, uniform01
 from . import stress
 from .stress import Adjust
 
-STREAMS = ("query", "key", "value", "dout", "mask", "empty_rows", "attention_out")
-
 
 def rng(case: Case, stream: str) -> np.random.Generator:
     """Return the random generator of one named stream of a case."""
@@ -159,15 +157,9 @@ def pattern_mask(case: Case) -> np.ndarray:
     elif sparsity.pattern in DIAGONAL_PATTERNS and sparsity.causal_alignment == "top_left":
         grid = diagonal_grid(case, np.arange(n_q), n_kv)
     elif sparsity.pattern in DIAGONAL_PATTERNS:  # per batch entry: the diagonal follows its lengths
-        rows = np.arange(n_q)
-        diagonals: dict[tuple[int, int], np.ndarray] = {}
-        per_batch = []
-        for q_len, kv_len in zip(case.q_lengths(), case.kv_lengths(), strict=True):
-            key = (q_len, kv_len)
-            if key not in diagonals:
-                diagonals[key] = diagonal_blocks(case, q_len, kv_len, rows)
-            per_batch.append(diagonals[key])
-        grid = diagonal_grid(case, np.stack(per_batch), n_kv)[:, None]
+        pairs = list(zip(case.q_lengths(), case.kv_lengths(), strict=True))
+        diagonals = {pair: diagonal_blocks(case, *pair, np.arange(n_q)) for pair in set(pairs)}  # one per length pair
+        grid = diagonal_grid(case, np.stack([diagonals[pair] for pair in pairs]), n_kv)[:, None]
     elif sparsity.pattern == "random":
         draw_shape = shape if sparsity.per_head else (shape[0], 1, n_q, n_kv)
         grid = uniform01(rng(case, "mask"), draw_shape) < sparsity.density

@@ -91,21 +91,19 @@ class Op(str):
         autograd_only: bool = False,
     ) -> Op:
         op = super().__new__(cls, name)
-        fields = {
-            "inputs": inputs,
-            "outputs": outputs,
-            "calls_forward": calls_forward,
-            "calls_backward": calls_backward,
-            "pair": calls_forward and calls_backward,
-            "summary": summary,
-            "steps": steps,
-            "mask_dtype": mask_dtype,
-            "step_owner": step_owner,
-            "torch_npu_calls": torch_npu_calls,
-            "autograd_only": autograd_only,
-        }
-        for key, value in fields.items():
-            object.__setattr__(op, key, value)
+        vars(op).update(  # not through __setattr__: an op is frozen
+            inputs=inputs,
+            outputs=outputs,
+            calls_forward=calls_forward,
+            calls_backward=calls_backward,
+            pair=calls_forward and calls_backward,
+            summary=summary,
+            steps=steps,
+            mask_dtype=mask_dtype,
+            step_owner=step_owner,
+            torch_npu_calls=torch_npu_calls,
+            autograd_only=autograd_only,
+        )
         _BY_NAME[name] = op
         return op
 

@@ -98,10 +98,7 @@ def case_params_forward(case: Case) -> dict[str, Any]:
 
 def params_forward(params: Mapping[str, Any]) -> dict[str, Any]:
     """Return a manifest's `params` for the forward's rules: bsa's innerPrecise and softmaxLseFlag where absent."""
-    found = dict(params)
-    found.setdefault("inner_precise", INNER_PRECISE_DEFAULT)
-    found.setdefault("softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT)
-    return found
+    return {"inner_precise": INNER_PRECISE_DEFAULT, "softmax_lse_flag": SOFTMAX_LSE_FLAG_DEFAULT, **params}
 
 
 def forward_tensors(case: Case) -> dict[str, dict[str, Any]]:
@@ -223,59 +220,43 @@ def violations(
 
 def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
     """ValidateParams, ValidateAdditionalParams and MakeContiguous of aclnn_block_sparse_attention.cpp."""
-    found: list[Violation] = []
     invalid, nullptr = ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR
-    for name in ("query", "key", "value"):
-        if name not in tensors:
-            found.append(Violation(name, f"{name} is null", nullptr))
+    found = [Violation(name, f"{name} is null", nullptr) for name in ("query", "key", "value") if name not in tensors]
     if found:
         return found
-    q_dtype = tensors["query"].get("dtype")
-    if q_dtype not in interface.OP_DTYPES:
-        return [Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid)]
-    for name in ("key", "value"):
-        if tensors[name].get("dtype") != q_dtype:
-            found.append(
-                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
-            )
-    if found:
-        return found
+    found = interface.query_dtype_rules(tensors, ("key", "value"))
+    if found:  # a query of another dtype than float16 or bfloat16 alone: key and value are not compared then
+        return found[:1] if found[0].key == "query" else found
     nulls = interface.null_layouts(params)
     if nulls:
         names = " and ".join("qInputLayout" if key == "layout" else "kvInputLayout" for key in nulls)
-        return [Violation(nulls[0], f"{names} {'are' if len(nulls) > 1 else 'is'} null", nullptr)]
+        return _refuse(nulls[0], f"{names} {'are' if len(nulls) > 1 else 'is'} null", nullptr)
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if layout not in LAYOUTS:
-        return [Violation("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)]
+        return _refuse("layout", f"{layout!r}: qInputLayout is one of TND, BNSD, BSND", invalid)
     # The kv whitelist reads `kvLayout != "TND" && kvLayout != "BNSD" && qLayout != "BSND"` (sic): a BSND kv
     # layout is refused here unless the query is BSND, and with a BSND query any kv string passes it (the
     # equality rule below then refuses a different one: the same status).
     if kv_layout not in ("TND", "BNSD") and layout != "BSND":
-        return [
-            Violation(
-                "kv_layout", f"{kv_layout!r}: kvInputLayout is TND or BNSD (BSND only with a BSND query)", invalid
-            )
-        ]
+        return _refuse(
+            "kv_layout", f"{kv_layout!r}: kvInputLayout is TND or BNSD (BSND only with a BSND query)", invalid
+        )
     if layout != kv_layout:
-        return [
-            Violation("kv_layout", f"{kv_layout!r} differs from qInputLayout {layout!r}: they must be equal", invalid)
-        ]
+        return _refuse("kv_layout", f"{kv_layout!r} differs from qInputLayout {layout!r}: they must be equal", invalid)
     block_shape = params.get("block_shape")
     if block_shape is not None:
         if not isinstance(block_shape, (list, tuple)) or len(block_shape) != 2:
-            return [
-                Violation("block_shape", f"{_show(block_shape)}: a given blockShape holds two values [X, Y]", invalid)
-            ]
+            return _refuse("block_shape", f"{_show(block_shape)}: a given blockShape holds two values [X, Y]", invalid)
         if not all(_int(v) and v > 0 for v in block_shape):
-            return [Violation("block_shape", f"{_show(block_shape)}: X and Y must be positive", invalid)]
+            return _refuse("block_shape", f"{_show(block_shape)}: X and Y must be positive", invalid)
     inner_precise = params.get("inner_precise", INNER_PRECISE_DEFAULT)
     if inner_precise not in INNER_PRECISE_VALUES:
-        return [Violation("inner_precise", f"{inner_precise!r}: innerPrecise is 0, 1 or 4", invalid)]
+        return _refuse("inner_precise", f"{inner_precise!r}: innerPrecise is 0, 1 or 4", invalid)
     if "attention_out" not in tensors:
-        return [Violation("attention_out", "attentionOut is null", nullptr)]
+        return _refuse("attention_out", "attentionOut is null", nullptr)
     mask = _shape(tensors, "block_sparse_mask")
     if "block_sparse_mask" in tensors and len(mask) != 4:
-        return [Violation("block_sparse_mask", f"shape {mask}: a given blockSparseMask is 4-D", invalid)]
+        return _refuse("block_sparse_mask", f"shape {mask}: a given blockSparseMask is 4-D", invalid)
     return []
 
 
@@ -295,24 +276,23 @@ def _infershape_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[s
     rank, n_axis, b_axis, d_axis = _axes(layout)
     query, key, value = _shape(tensors, "query"), _shape(tensors, "key"), _shape(tensors, "value")
     if len(query) != rank:
-        return [Violation("query", f"shape {query}: a {layout} query has rank {rank}", status)]
+        return _refuse("query", f"shape {query}: a {layout} query has rank {rank}", status)
     for name, shape in (("key", key), ("value", value)):
         if len(shape) != rank:
-            return [Violation(name, f"shape {shape}: a {layout} {name} has rank {rank}", status)]
+            return _refuse(name, f"shape {shape}: a {layout} {name} has rank {rank}", status)
     num_kv_heads = params.get("num_kv_heads")
     if _int(num_kv_heads) and num_kv_heads != 0 and key[n_axis] != num_kv_heads:
-        return [
-            Violation("num_kv_heads", f"numKeyValueHeads {num_kv_heads} differs from key's N {key[n_axis]}", status)
-        ]
+        return _refuse("num_kv_heads", f"numKeyValueHeads {num_kv_heads} differs from key's N {key[n_axis]}", status)
     if b_axis is not None and value[b_axis] != key[b_axis]:
-        return [Violation("value", f"B {value[b_axis]} differs from key's {key[b_axis]}", status)]
+        return _refuse("value", f"B {value[b_axis]} differs from key's {key[b_axis]}", status)
     if value[d_axis] != key[d_axis]:
-        return [Violation("value", f"D {value[d_axis]} differs from key's {key[d_axis]}", status)]
+        return _refuse("value", f"D {value[d_axis]} differs from key's {key[d_axis]}", status)
     return []
 
 
-def _refuse(key: str, message: str) -> list[Violation]:
-    return [Violation(key, message, ACLNN_ERR_INNER_TILING_ERROR)]
+def _refuse(key: str, message: str, status: int = ACLNN_ERR_INNER_TILING_ERROR) -> list[Violation]:
+    """The one rule a call breaks (each stage stops at its first), by default a tiling refusal."""
+    return [Violation(key, message, status)]
 
 
 def _tiling_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
@@ -351,14 +331,10 @@ def _parse_required_tensors(params: Mapping[str, Any], tensors: Mapping[str, Map
     _, n_axis, b_axis, d_axis = _axes(params.get("layout"))
     query, key, value = _shape(tensors, "query"), _shape(tensors, "key"), _shape(tensors, "value")
     num_kv_heads = params.get("num_kv_heads")
-    if b_axis is not None and not (query[b_axis] == key[b_axis] == value[b_axis]):
-        return _refuse(
-            "key", f"B of query {query[b_axis]}, key {key[b_axis]}, value {value[b_axis]}: they must be equal"
-        )
-    if not (query[d_axis] == key[d_axis] == value[d_axis]):
-        return _refuse(
-            "key", f"D of query {query[d_axis]}, key {key[d_axis]}, value {value[d_axis]}: they must be equal"
-        )
+    for letter, axis in (("B", b_axis), ("D", d_axis)):
+        if axis is not None and not (query[axis] == key[axis] == value[axis]):
+            message = f"{letter} of query {query[axis]}, key {key[axis]}, value {value[axis]}: they must be equal"
+            return _refuse("key", message)
     if not (key[n_axis] == value[n_axis] == num_kv_heads):
         return _refuse(
             "num_kv_heads",

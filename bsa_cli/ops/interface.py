@@ -19,6 +19,7 @@ manifest's `inputs` and `outputs` entries), so a spec, a manifest and the refere
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -54,10 +55,7 @@ DETERMINISTIC_RELEASES = ("master",)
 
 def release_counts(releases: Iterable[str | None]) -> str:
     """Return e.g. "9.0.0 (11 cases), master (53 cases)" for the releases of some cases ("" for none)."""
-    counts: dict[str, int] = {}
-    for release in releases:
-        if release:
-            counts[release] = counts.get(release, 0) + 1
+    counts = Counter(release for release in releases if release)
     return ", ".join(f"{release} ({n} case{'s' if n != 1 else ''})" for release, n in sorted(counts.items()))
 
 
@@ -67,8 +65,7 @@ def release_of_cann(version: str | None) -> str | None:
     if not isinstance(version, str):
         return None
     for release in ("9.0.0", "9.1.0"):
-        major_minor = release.rsplit(".", 1)[0] + "."
-        if version.startswith(major_minor):
+        if version.startswith(release.rsplit(".", 1)[0] + "."):  # 9.0.x for 9.0.0
             return release
     return None
 
@@ -119,33 +116,32 @@ def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] 
     return list(itertools.accumulate(lengths)) if encoding == "cumulative" else list(lengths)
 
 
+PARAM_KEYS = tuple(
+    "layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len block_shape actual_seq_lengths "
+    "actual_seq_lengths_kv seq_lengths_encoding scale kernel_scale mask_type pre_tokens next_tokens lse_shape".split()
+)
+"""The parameters of a call that `case_params` records, in its order (`null_layouts` last, when given)."""
+
+
 def case_params(case: Case) -> dict[str, Any]:
     """Return the parameters of a case's call, as the operator receives them and a manifest's `params` records
     them: layouts (kv_layout defaults to layout), sizes, the block shape as a list (None for a null one), lengths
     in the case's `seq_lengths_encoding`, both scales, the attributes, and `null_layouts` when the call passes
     a layout as null. The rules read what they need of them (tests/spec/test_interface.py)."""
-    return {
-        "layout": case.layout,
-        "kv_layout": case.kv_layout or case.layout,
-        "dtype": case.dtype,
-        "batch": case.batch,
-        "num_heads": case.num_heads,
-        "num_kv_heads": case.num_kv_heads,
-        "head_dim": case.head_dim,
-        "q_seq_len": case.q_seq_len,
-        "kv_seq_len": case.kv_seq_len,
-        "block_shape": list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
-        "actual_seq_lengths": encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
-        "actual_seq_lengths_kv": encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
-        "seq_lengths_encoding": case.seq_lengths_encoding,
-        "scale": case.scale,
-        "kernel_scale": case.kernel_scale,
-        "mask_type": case.mask_type,
-        "pre_tokens": case.pre_tokens,
-        "next_tokens": case.next_tokens,
-        "lse_shape": case.lse_shape,
-        **({"null_layouts": list(case.null_layouts)} if case.null_layouts else {}),
-    }
+    params = {key: getattr(case, key) for key in PARAM_KEYS}
+    params.update(
+        kv_layout=case.kv_layout or case.layout,
+        block_shape=list(case.block_shape) if case.block_shape else None,  # () is a null blockShape
+        actual_seq_lengths=encode_lengths(case.actual_seq_lengths, case.seq_lengths_encoding),
+        actual_seq_lengths_kv=encode_lengths(case.actual_seq_lengths_kv, case.seq_lengths_encoding),
+    )
+    if case.null_layouts:
+        params["null_layouts"] = list(case.null_layouts)
+    return params
+
+
+def _invalid(key: str, message: str) -> Violation:
+    return Violation(key, message, ACLNN_ERR_PARAM_INVALID)
 
 
 def _positive_int(value: Any) -> bool:
@@ -180,9 +176,8 @@ def undefined_behaviour(
             found.append(f"{name} is null: {release} reads its dtype without a null check")
     rank = 3 if params.get("layout") == "TND" else 4
     for name, desc in tensors.items():
-        if name in (*MANDATORY, *OUTPUTS) and name not in ("softmax_lse", "block_sparse_mask"):
-            if len(desc.get("shape") or ()) < rank:
-                found.append(f"{name} has rank {len(desc.get('shape') or ())}: the shape checks read dim {rank - 1}")
+        if name in ("query", *TND_DIM2_TENSORS) and len(desc.get("shape") or ()) < rank:
+            found.append(f"{name} has rank {len(desc.get('shape') or ())}: the shape checks read dim {rank - 1}")
     return found
 
 
@@ -204,9 +199,8 @@ def violations(
     if release not in RELEASES:
         raise ValueError(f"release {release!r}: known releases are {', '.join(RELEASES)}")
     found: list[Violation] = []
-    invalid = ACLNN_ERR_PARAM_INVALID
 
-    def add(key: str, message: str, status: int = invalid) -> None:
+    def add(key: str, message: str, status: int = ACLNN_ERR_PARAM_INVALID) -> None:
         found.append(Violation(key, message, status))
 
     # 0. master (d42799fe6): a null qInputLayout or kvInputLayout first, before every other rule.
@@ -218,44 +212,34 @@ def violations(
         if name not in tensors:
             add(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR)
     if release == "9.0.0":
-        found.extend(_rules_9_0(params, tensors))
-        found.extend(tiling_refusals(params, tensors))
-        return found
+        return found + _rules_9_0(params, tensors) + tiling_refusals(params, tensors)
     # 2. dtypes.
-    found.extend(_query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
+    found.extend(query_dtype_rules(tensors, SAME_DTYPE_AS_QUERY))
     lse = tensors.get("softmax_lse")
     if lse is not None and lse.get("dtype") != "float32":
         add("softmax_lse", f"dtype {lse.get('dtype')!r} is not float32")
     mask = tensors.get("block_sparse_mask")
     if mask is not None and mask.get("dtype") not in MASK_DTYPES:
         add("block_sparse_mask", f"dtype {mask.get('dtype')!r} is not bool or uint8")
-    found.extend(_query_dtype_rules(tensors, OUTPUTS, query_itself=False))
-    # 3. shapes: TND compares dim 2 only; any other q layout string takes the BNSD branch.
-    query = tensors.get("query")
-    if query is not None:
-        if params.get("layout") == "TND":
-            for name in TND_DIM2_TENSORS:
-                if name in tensors and _dim(tensors[name], 2) != _dim(query, 2):
-                    add(name, f"dim 2 (D) {_dim(tensors[name], 2)} differs from query's {_dim(query, 2)}")
-        else:
-            for name in BNSD_BATCH_TENSORS:
-                if name in tensors and _dim(tensors[name], 0) != _dim(query, 0):
-                    add(name, f"dim 0 (B) {_dim(tensors[name], 0)} differs from query's {_dim(query, 0)}")
-            for first, second in BNSD_HEAD_DIM_PAIRS:
-                if first in tensors and second in tensors and _dim(tensors[first], 3) != _dim(tensors[second], 3):
-                    add(
-                        second, f"dim 3 (D) {_dim(tensors[second], 3)} differs from {first}'s {_dim(tensors[first], 3)}"
-                    )
+    found.extend(query_dtype_rules(tensors, OUTPUTS, query_itself=False))
+    # 3. shapes (with a query): TND compares dim 2 only; any other q layout string takes the BNSD branch.
+    if params.get("layout") == "TND":
+        compared = [(2, "D", "query", name) for name in TND_DIM2_TENSORS]
+    else:
+        compared = [(0, "B", "query", name) for name in BNSD_BATCH_TENSORS]
+        compared += [(3, "D", first, second) for first, second in BNSD_HEAD_DIM_PAIRS]
+    for axis, letter, first, second in compared if "query" in tensors else ():
+        if first in tensors and second in tensors:
+            this, other = _dim(tensors[second], axis), _dim(tensors[first], axis)
+            if this != other:
+                add(second, f"dim {axis} ({letter}) {this} differs from {first}'s {other}")
     # 4. attributes; 5. layouts and lengths.
-    found.extend(_attribute_rules(params, tensors))
-    found.extend(_tnd_length_rules(params))
+    found += _attribute_rules(params, tensors) + _tnd_length_rules(params)
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     if (layout == "BNSD") != (kv_layout == "BNSD"):
         add("kv_layout", f"kvInputLayout {kv_layout!r} and qInputLayout {layout!r}: both BNSD or neither")
     # 6. ParseBlockShape (below).
-    found.extend(_block_shape_rules(params))
-    found.extend(tiling_refusals(params, tensors))
-    return found
+    return found + _block_shape_rules(params) + tiling_refusals(params, tensors)
 
 
 def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
@@ -264,9 +248,9 @@ def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
     if block_shape is None:
         return [Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)]
     if not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
-        return [Violation("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]", ACLNN_ERR_PARAM_INVALID)]
+        return [_invalid("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]")]
     if not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
-        return [Violation("block_shape", f"{block_shape!r}: X and Y must be positive", ACLNN_ERR_PARAM_INVALID)]
+        return [_invalid("block_shape", f"{block_shape!r}: X and Y must be positive")]
     return []
 
 
@@ -274,31 +258,27 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
     """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
     whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
     came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
-    found = _query_dtype_rules(tensors, ("key", "value"))
+    found = query_dtype_rules(tensors, ("key", "value"))
     layout, kv_layout = params.get("layout"), params.get("kv_layout", params.get("layout"))
     for key, value in (("layout", layout), ("kv_layout", kv_layout)):
         if value not in TILING_LAYOUTS:
-            found.append(
-                Violation(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only", ACLNN_ERR_PARAM_INVALID)
-            )
+            found.append(_invalid(key, f"{value!r}: 9.0.x accepts the layouts TND and BNSD only"))
     return found + _attribute_rules(params, tensors) + _tnd_length_rules(params) + _block_shape_rules(params)
 
 
-def _query_dtype_rules(
+def query_dtype_rules(
     tensors: Mapping[str, Mapping[str, Any]], same: tuple[str, ...], query_itself: bool = True
 ) -> list[Violation]:
     """query float16 or bfloat16 (with `query_itself`), and the tensors `same` of its dtype (161002)."""
     if "query" not in tensors:
         return []
-    q_dtype, invalid = tensors["query"].get("dtype"), ACLNN_ERR_PARAM_INVALID
+    q_dtype = tensors["query"].get("dtype")
     found = []
     if query_itself and q_dtype not in OP_DTYPES:
-        found.append(Violation("query", f"dtype {q_dtype!r} is not float16 or bfloat16", invalid))
+        found.append(_invalid("query", f"dtype {q_dtype!r} is not float16 or bfloat16"))
     for name in same:
         if name in tensors and tensors[name].get("dtype") != q_dtype:
-            found.append(
-                Violation(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}", invalid)
-            )
+            found.append(_invalid(name, f"dtype {tensors[name].get('dtype')!r} differs from query's {q_dtype!r}"))
     return found
 
 
@@ -312,19 +292,17 @@ def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[st
     for key in ("pre_tokens", "next_tokens"):
         if params.get(key, MAX_TOKENS) != MAX_TOKENS:
             found.append((key, f"{params.get(key)!r}: only {MAX_TOKENS} is supported"))
-    return [Violation(key, message, ACLNN_ERR_PARAM_INVALID) for key, message in found]
+    return [_invalid(key, message) for key, message in found]
 
 
 def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
     """A TND query or key/value without its lengths (161002, every release)."""
     found = []
     if params.get("layout") == "TND" and params.get("actual_seq_lengths") is None:
-        found.append(Violation("actual_seq_lengths", "is null, but a TND query needs it", ACLNN_ERR_PARAM_INVALID))
+        found.append(_invalid("actual_seq_lengths", "is null, but a TND query needs it"))
     kv_layout = params.get("kv_layout", params.get("layout"))
     if kv_layout == "TND" and params.get("actual_seq_lengths_kv") is None:
-        found.append(
-            Violation("actual_seq_lengths_kv", "is null, but a TND key/value needs it", ACLNN_ERR_PARAM_INVALID)
-        )
+        found.append(_invalid("actual_seq_lengths_kv", "is null, but a TND key/value needs it"))
     return found
 
 
@@ -338,11 +316,10 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     visible in public code (the l0op discards the launcher's status); 561002 is the likely code.
     """
     tiling = ACLNN_ERR_INNER_TILING_ERROR
-    found = []
     layout = params.get("layout")
     if layout not in TILING_LAYOUTS:
-        found.append(Violation("layout", f"{layout!r}: the A2/A3 tiling supports TND and BNSD only", tiling))
-        return found
+        return [Violation("layout", f"{layout!r}: the A2/A3 tiling supports TND and BNSD only", tiling)]
+    found = []
     rank = 3 if layout == "TND" else 4
     for name in ("query", "key", *(("block_sparse_mask",) if layout == "BNSD" else ())):
         shape = (tensors.get(name) or {}).get("shape")
@@ -351,14 +328,10 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     if found:
         return found
     if layout == "BNSD" and (_dim(tensors.get("query"), 0) == 0 or _dim(tensors.get("query"), 2) == 0):
-        found.append(
-            Violation(
-                "query",
-                f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block "
-                "to work on (blockDim is 0)",
-                tiling,
-            )
+        message = (
+            f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block to work on (blockDim is 0)"
         )
+        found.append(Violation("query", message, tiling))
     head_axis = 1
     n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
     if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):
@@ -382,18 +355,16 @@ def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str
     semantic gap: with BNSD actual lengths shorter than S, the A2/A3 code computes over the whole S,
     so a golden that honours the lengths (the documentation's semantics) is not what it computes.
     """
-    notes = []
     if params.get("layout") == "BNSD" and bnsd_lengths == "honored":
         for key, full in (("actual_seq_lengths", "q_seq_len"), ("actual_seq_lengths_kv", "kv_seq_len")):
             lengths = params.get(key) or []
             if any(n < params.get(full, 0) for n in lengths):
-                notes.append(
+                return [
                     f"{key} {list(lengths)} shorter than {full} {params.get(full)} with bnsd_lengths: honored: "
                     "the A2/A3 kernel ignores BNSD lengths (computes over all S); use bnsd_lengths: ignored "
                     "to judge it on its own terms"
-                )
-                break
-    return notes
+                ]
+    return []
 
 
 def arch35_refusals(params: Mapping[str, Any]) -> list[str]:

@@ -33,21 +33,20 @@ from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
 from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
-from ..ops.interface import Call
+from ..ops.interface import BACKWARD_CALL, Call
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,
     TENSORS,
     _block_shape,
     _compare,
-    _dtype_suggestion,
     _init,
     _null_layouts,
     _Reader,
     _release,
     _sparsity,
     _tensors,
-    dtype_name,
+    read_dtype,
     refuse_unknown,
 )
 from .ops_fields import (
@@ -87,7 +86,7 @@ def build_case(
     inner_precise = read_inner_precise(r, not expect.ok)
     softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
     layout, kv_layout, nulls = _layouts(r, raw)
-    dtype = _dtype(r)
+    dtype = read_dtype(r, "dtype", r.get("dtype", "float16"), "float16 (fp16), bfloat16 (bf16)")
     num_heads = r.integer("num_heads", minimum=1)
     num_kv_heads = r.integer("num_kv_heads", num_heads, minimum=1)
     head_dim = r.integer("head_dim", 128, minimum=1)
@@ -97,7 +96,7 @@ def build_case(
         name=name,
         source=str(path),
         layout=layout,
-        kv_layout=kv_layout if kv_layout is not None else None,
+        kv_layout=kv_layout,
         dtype=dtype,
         batch=batch,
         num_heads=num_heads,
@@ -173,18 +172,6 @@ def _layouts(r: _Reader, raw: dict[str, Any]) -> tuple[Layout, Layout | None, tu
                 key, f"{show(value)} is not a layout string (up to 16 letters, digits or '_'); allowed: BNSD, TND"
             )
     return layout, kv_layout, nulls
-
-
-def _dtype(r: _Reader) -> str:
-    raw_dtype = r.get("dtype", "float16")
-    dtype = dtype_name(raw_dtype)
-    if dtype is None:
-        raise r.error(
-            "dtype",
-            f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; "
-            "allowed: float16 (fp16), bfloat16 (bf16)",
-        )
-    return dtype
 
 
 Lengths = tuple[int, ...] | None
@@ -383,9 +370,7 @@ def _fix_first(case: Case, v: interface.Violation) -> str | None:
 
 def _check_interface(r: _Reader, case: Case) -> Case:
     """Refuse interface violations the case does not expect; attach kernel-constraint warnings."""
-    params = interface.case_params(case)
-    tensors = case.tensor_descs()
-    undefined = interface.undefined_behaviour(params, tensors, case.release)
+    undefined = BACKWARD_CALL.undefined_behaviour(case)
     if undefined:
         key = "tensors" if case.tensors else "layout"
         key = "null_layouts" if case.null_layouts and "layout" in undefined[0] else key
@@ -394,7 +379,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
             f"{undefined[0]}: undefined behaviour, no status to expect (ops-transformer "
             f"{case.release} reads it unchecked)",
         )
-    broken = interface.violations(params, tensors, case.release)
+    broken = BACKWARD_CALL.violations(case)
     if case.expect.ok:
         if broken:
             v = broken[0]
@@ -405,7 +390,7 @@ def _check_interface(r: _Reader, case: Case) -> Case:
                 _fix_first(case, v)
                 or f"{v.message}: the operator returns {v.status}; set 'expect: {v.status}' for a negative case",
             )
-        warnings = (*interface.kernel_constraints(params, case.bnsd_lengths), *unreachable_kv_blocks(case))
+        warnings = (*BACKWARD_CALL.kernel_constraints(case), *unreachable_kv_blocks(case))
         return dataclasses.replace(case, warnings=tuple(warnings))
     if not broken:
         raise r.error(

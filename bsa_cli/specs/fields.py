@@ -39,64 +39,21 @@ from ..ops import interface
 from ..standards import validate_settings
 
 DTYPE_ALIASES = {
-    "fp16": "float16",
-    "half": "float16",
-    "f16": "float16",
-    "bf16": "bfloat16",
-    "bfloat": "bfloat16",
-    "fp32": "float32",
-    "float": "float32",
-    "single": "float32",
-    "f32": "float32",
-    "fp64": "float64",
-    "double": "float64",
-    "f64": "float64",
-    "u8": "uint8",
-    "i8": "int8",
-    "i32": "int32",
-    "int": "int32",
-    "i64": "int64",
-    "long": "int64",
+    **dict.fromkeys(("fp16", "half", "f16"), "float16"),
+    **dict.fromkeys(("bf16", "bfloat"), "bfloat16"),
+    **dict.fromkeys(("fp32", "float", "single", "f32"), "float32"),
+    **dict.fromkeys(("fp64", "double", "f64"), "float64"),
+    **{"u8": "uint8", "i8": "int8", "i32": "int32", "int": "int32", "i64": "int64", "long": "int64"},
     "boolean": "bool",
 }
 """Other names of spec dtypes; names are read case-insensitively, with an optional 'torch.' or 'np.' prefix."""
 PATTERNS = ("dense", "random", "causal", "sliding_window", "strided", "explicit")
 TENSORS = ("query", "key", "value", "dout")
-CASE_KEYS = (
-    "name",
-    "description",
-    "layout",
-    "kv_layout",
-    "dtype",
-    "batch",
-    "num_heads",
-    "num_kv_heads",
-    "head_dim",
-    "q_seq_len",
-    "kv_seq_len",
-    "actual_seq_lengths",
-    "actual_seq_lengths_kv",
-    "block_shape",
-    "scale",
-    "seed",
-    "sparsity",
-    "init",
-    "expect",
-    "seq_lengths_encoding",
-    "lse_shape",
-    "bnsd_lengths",
-    "empty_row_lse",
-    "mask_type",
-    "pre_tokens",
-    "next_tokens",
-    "tensors",
-    "compare",
-    "matrix",
-    "release",
-    "null_layouts",
-    "ops",
-    "inner_precise",
-    "softmax_lse_flag",
+CASE_KEYS = tuple(
+    "name description layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len "
+    "actual_seq_lengths actual_seq_lengths_kv block_shape scale seed sparsity init expect seq_lengths_encoding "
+    "lse_shape bnsd_lengths empty_row_lse mask_type pre_tokens next_tokens tensors compare matrix release "
+    "null_layouts ops inner_precise softmax_lse_flag".split()
 )
 TENSOR_KEYS = ("dtype", "shape")
 MAX_OVERRIDE_ELEMENTS = 1 << 26
@@ -165,9 +122,24 @@ def _dtype_suggestion(value: Any, allowed: Iterable[str]) -> str:
     return suggest(word, names)
 
 
+def read_dtype(r: _Reader, key: str, value: Any, allowed: str) -> str:
+    """Return the dtype name that `value` names, or refuse it (with the likeliest name meant, and `allowed`)."""
+    dtype = dtype_name(value)
+    if dtype is None:
+        raise r.error(key, f"{show(value)} is not allowed{_dtype_suggestion(value, DTYPES)}; allowed: {allowed}")
+    return dtype
+
+
 def _suggest(value: Any, choices: Iterable[str]) -> str:
     """Return `suggest` for a string value ('' for anything else)."""
     return suggest(value, choices) if isinstance(value, str) else ""
+
+
+def _ints(value: Any, low: int, high: float = math.inf) -> bool:
+    """Whether `value` is a list of integers (booleans are not) from `low` to `high`."""
+    return isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) and low <= v <= high for v in value
+    )
 
 
 _Word = TypeVar("_Word", bound=str)
@@ -205,11 +177,9 @@ class _Reader:
 
     def number(self, key: str, default: float | None = None) -> float:
         value = self.raw.get(key, default)
-        if isinstance(value, str) and value.strip().lower() in ("inf", "+inf", "-inf", "nan"):
-            return float(value)
         if isinstance(value, str):
             with contextlib.suppress(ValueError):
-                return float(value)  # '1e-3' and the like, when quoted
+                return float(value)  # '1e-3', 'inf', 'nan' and the like, when quoted
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise self.error(key, f"{show(value)} is not a number")
         try:
@@ -232,9 +202,7 @@ class _Reader:
         shared = _SHARED.get(("lengths", id(value)))
         if shared is not None:
             return shared  # type: ignore[no-any-return]
-        if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_DIM for v in value
-        ):
+        if not _ints(value, 0, MAX_DIM):
             raise self.error(key, f"{show(value)} is not a list of integers from 0 to {MAX_DIM} (one per batch)")
         if not value:
             raise self.error(key, "is empty: give one length per batch entry (at least one)")
@@ -280,19 +248,10 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
             raise r.error(key, f"{show(value)} is neither null (a null pointer) nor a mapping with dtype and/or shape")
         refuse_unknown(r, value, TENSOR_KEYS, f"{key}.")
         raw_dtype = value.get("dtype")
-        dtype = None if raw_dtype is None else dtype_name(raw_dtype)
-        if raw_dtype is not None and dtype is None:
-            raise r.error(
-                f"{key}.dtype",
-                f"{show(raw_dtype)} is not allowed{_dtype_suggestion(raw_dtype, DTYPES)}; allowed: {', '.join(DTYPES)}",
-            )
+        dtype = None if raw_dtype is None else read_dtype(r, f"{key}.dtype", raw_dtype, ", ".join(DTYPES))
         shape = value.get("shape")
         if shape is not None:
-            if (
-                not isinstance(shape, list)
-                or len(shape) > 8
-                or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM for d in shape)
-            ):
+            if not _ints(shape, 0, MAX_DIM) or len(shape) > 8:
                 raise r.error(
                     f"{key}.shape",
                     f"{show(shape)} is not a list of non-negative integers (up to 8, each at most {MAX_DIM})",
@@ -306,12 +265,7 @@ def _tensors(r: _Reader) -> tuple[TensorOverride, ...]:
 
 def _block_shape(r: _Reader, expect: Expect) -> tuple[int, ...]:
     value = r.get("block_shape", [128, 128])
-    valid = (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_DIM for v in value)
-    )
-    if valid:
+    if _ints(value, 1, MAX_DIM) and len(value) == 2:
         return tuple(value)
     if not expect.ok and value is None:
         return ()  # a negative case passing a null blockShape
@@ -355,9 +309,7 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     empty: float | tuple[int, ...]
     if isinstance(empty_rows, float) and 0.0 <= empty_rows <= 1.0:
         empty = empty_rows
-    elif isinstance(empty_rows, list) and all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in empty_rows
-    ):
+    elif _ints(empty_rows, 0):
         empty = tuple(empty_rows)
     elif empty_rows in ((), 0) and not isinstance(empty_rows, bool):
         empty = ()
@@ -405,13 +357,7 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         except (ValueError, TypeError, OverflowError):
             raise r.error("mask", "is a ragged nested list: every row needs the same length") from None
         source = "inline"
-    if (
-        array.dtype == object
-        or array.ndim not in (2, 3, 4)
-        or not (
-            array.dtype == bool or np.issubdtype(array.dtype, np.integer) or np.issubdtype(array.dtype, np.floating)
-        )
-    ):
+    if array.ndim not in (2, 3, 4) or array.dtype.kind not in "biuf":  # bool, integers or floats
         raise r.error(
             "mask",
             f"needs 2 to 4 dimensions of 0/1 ([nQ, nKV], [N1, nQ, nKV] or [B, N1, nQ, nKV]), got shape "
@@ -501,9 +447,8 @@ def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
 
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
     sub = _mapping(r, key, raw, DIST_KEYS, "distribution keys")
-    kind = sub.choice("distribution", ("normal", "uniform"), "normal")
     dist = Distribution(
-        kind=kind,
+        kind=sub.choice("distribution", ("normal", "uniform"), "normal"),
         mean=sub.number("mean", 0.0),
         std=sub.number("std", 1.0),
         low=sub.number("low", -1.0),

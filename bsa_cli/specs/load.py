@@ -85,15 +85,11 @@ def load_specs(
                 continue
             other = folded.get(case.name.casefold())
             if other is not None:
-                errors.append(
-                    SpecError(
-                        str(file),
-                        f"case name differs from {other!r} (in {seen[other]}) only in upper and lower case: on "
-                        "a case-insensitive file system (macOS, Windows) both are one folder; give distinct names",
-                        case=case.name,
-                        key="name",
-                    )
+                message = (
+                    f"case name differs from {other!r} (in {seen[other]}) only in upper and lower case: on "
+                    "a case-insensitive file system (macOS, Windows) both are one folder; give distinct names"
                 )
+                errors.append(SpecError(str(file), message, case=case.name, key="name"))
                 continue
             seen[case.name] = str(file)
             folded[case.name.casefold()] = case.name
@@ -175,13 +171,8 @@ def _load_spec_file(
         total += count
         if count > max_cases:
             sizes = " x ".join(str(len(v)) for v in matrix.values())
-            raise SpecError(
-                file,
-                f"its matrix of {sizes} values expands to {count} cases, more than the limit "
-                f"of {max_cases}; raise it with --max-cases",
-                case=label,
-                key="matrix",
-            )
+            message = f"its matrix of {sizes} values expands to {count} cases, more than the limit of {max_cases}"
+            raise SpecError(file, f"{message}; raise it with --max-cases", case=label, key="matrix")
         if total + before > max_cases:
             raise SpecError(
                 file,
