@@ -33,7 +33,7 @@ import numpy as np
 from .compare import HASH_THREADS, OP_TENSORS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
 from .core.case import ACLNN_STATUS, Case, numpy_dtype
 from .core.errors import DataError
-from .ops import OPS, Op, get, interface
+from .ops import Op, get, interface
 from .store import MANIFEST, load_manifest, read_array, select_cases
 from .store.manifest import Manifest
 
@@ -52,20 +52,6 @@ __all__ = [
     "to_numpy",
     "to_torch",
 ]
-
-OP_ARG_NAMES = (
-    "block_shape",
-    "actual_seq_lengths",
-    "actual_seq_lengths_kv",
-    "q_input_layout",
-    "kv_input_layout",
-    "num_key_value_heads",
-    "scale_value",
-)
-"""The non-tensor arguments of `torch_npu.npu_block_sparse_attention_backward`, in its order."""
-
-OP_INPUT_NAMES: dict[Op, tuple[str, ...]] = {op: op.inputs for op in OPS}
-"""The inputs a valid case folder of each op has (the forward and the pair compute out and lse themselves)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,7 +170,7 @@ def load_case(case_dir: str | Path) -> LoadedCase:
         entries = manifest.inputs
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(str(path), f"malformed manifest ({type(exc).__name__}: {exc})") from None
-    wanted = OP_INPUT_NAMES[manifest.op]
+    wanted = manifest.op.inputs
     if case.expect.ok and manifest.skip is None:
         missing = [name for name in wanted if entries.get(name) is None]
         if missing:

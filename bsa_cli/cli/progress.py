@@ -38,21 +38,13 @@ from . import output
 PLAIN_PROGRESS_S = 15.0
 """Least seconds between two progress lines when stderr is not a terminal (a log, a pipe)."""
 
-OUTCOME_STYLE = {
-    "ok": "green",
+OUTCOME_STYLE = dict.fromkeys(("ok", "generated", "PASS"), "green") | {
     "skipped": "dim",
-    "generated": "green",
-    "nondeterministic": "red",
-    "error": "red",
-    "crashed": "red",
-    "timeout": "red",
     "interrupted": "yellow",
-    "PASS": "green",
     "FAIL": "red",
-    "ERROR": "red",
     "SKIP": "cyan",
 }
-"""The colour of each outcome in a case's line."""
+"""The colour of each outcome in a case's line; red for any other (error, crashed, timeout, nondeterministic, ERROR)."""
 
 _Display = TypeVar("_Display", bound="ProgressDisplay")
 

@@ -40,9 +40,6 @@ __all__ = ["GRAD_NAMES", "INPUT_NAMES", "SECTIONS"]  # re-exported: the devices 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""
 
-OPTIONAL_INPUT_NAMES = ("atten_mask",)
-"""Inputs a case passes only to break a rule (a non-null attenMask); absent from a manifest otherwise."""
-
 Entries = Mapping[str, Mapping[str, Any] | None]
 """One section of array entries, as `store.check_manifest` has checked them."""
 
