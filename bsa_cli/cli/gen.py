@@ -20,26 +20,15 @@ from ..ops import DEFAULT_OPS, Op, folder_name, interface
 from ..ops.interface import DEFAULT_RELEASE
 from ..store import find_cases
 from ..store.manifest import params as case_params
-from . import output
+from . import options, output
 from .common import load_cases, refuse_oversized, show_kernel_path_notes, user_errors, warn_constraints
-from .options import (
-    GEN_OPS_HELP,
-    filter_option,
-    force_option,
-    jobs_option,
-    max_cases_option,
-    ops_option_for,
-    precision_option,
-    release_option,
-    shard_option,
-)
 from .progress import GenProgress, ProgressDisplay
 
 
 @click.command("validate")
 @click.argument("specs", nargs=-1)
-@max_cases_option
-@release_option
+@options.max_cases_option
+@options.release_option
 def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None) -> None:
     """Check case specs and print how many cases they expand to, and which operator release they expect."""
     cases = load_cases(specs, max_cases=max_cases, release=release)
@@ -184,9 +173,9 @@ def _table_width(table: Table) -> int:
 
 @click.command("list")
 @click.argument("specs", nargs=-1)
-@filter_option(metavar="TEXT")
-@shard_option
-@max_cases_option
+@options.filter_option(metavar="TEXT")
+@options.shard_option
+@options.max_cases_option
 def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: str | None, max_cases: int) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
@@ -208,14 +197,14 @@ def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: s
 @click.command("gen")
 @click.argument("specs", nargs=-1)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@precision_option
-@filter_option(metavar="TEXT")
-@shard_option
-@jobs_option
-@force_option
-@max_cases_option
-@release_option
-@ops_option_for(GEN_OPS_HELP)
+@options.precision_option
+@options.filter_option(metavar="TEXT")
+@options.shard_option
+@options.jobs_option
+@options.force_option
+@options.max_cases_option
+@options.release_option
+@options.ops_option_for(options.GEN_OPS_HELP)
 def gen_command(
     specs: tuple[str, ...],
     out_dir: str,
