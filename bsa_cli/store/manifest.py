@@ -399,12 +399,15 @@ MAX_PARAM = 2**31 - 1
 MAX_PARAM_ELEMENTS = 1 << 40
 """Most elements a tensor of a manifest's case may have (as a spec's)."""
 
+SIZE_PARAMS = ("batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len")
+"""The params every manifest gives, integers from 0 to MAX_PARAM: a `Case`'s fields of the same names."""
+
 
 def _check_params(p: Any, sem: Any) -> None:
     """Raise ValueError naming the first of a manifest's params that cannot describe a case."""
     if not isinstance(p, Mapping) or not isinstance(sem, Mapping):
         raise ValueError("params and semantics must be mappings")
-    for key in ("batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len"):
+    for key in SIZE_PARAMS:
         value = p.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PARAM:
             raise ValueError(f"params.{key}: {value!r:.60} is not an integer from 0 to {MAX_PARAM}")
@@ -454,14 +457,13 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         name=manifest["name"],
         source=manifest.get("spec", ""),
         layout=p["layout"],
-        kv_layout=p.get("kv_layout"),
         dtype=p["dtype"],
-        batch=p["batch"],
-        num_heads=p["num_heads"],
-        num_kv_heads=p["num_kv_heads"],
-        head_dim=p["head_dim"],
-        q_seq_len=p["q_seq_len"],
-        kv_seq_len=p["kv_seq_len"],
+        **{key: p[key] for key in SIZE_PARAMS},
+        kv_layout=p.get("kv_layout"),
+        lse_shape=p.get("lse_shape", "trailing_one"),
+        mask_type=p.get("mask_type", 0),
+        pre_tokens=p.get("pre_tokens", 2147483647),
+        next_tokens=p.get("next_tokens", 2147483647),
         actual_seq_lengths=decode_lengths(p.get("actual_seq_lengths"), encoding),
         actual_seq_lengths_kv=decode_lengths(p.get("actual_seq_lengths_kv"), encoding),
         block_shape=tuple(p["block_shape"] or ()),
@@ -470,14 +472,10 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         seed=manifest.get("generator", {}).get("seed", 0),
         expect=Expect(**manifest.get("expect", {})),
         seq_lengths_encoding=encoding,
-        lse_shape=p.get("lse_shape", "trailing_one"),
         bnsd_lengths=sem.get("bnsd_lengths", "honored"),
         release=release_of(manifest),
         null_layouts=tuple(n for n in ("q", "kv") if n in (p.get("null_layouts") or [])),
         empty_row_lse=float(empty_lse),
-        mask_type=p.get("mask_type", 0),
-        pre_tokens=p.get("pre_tokens", 2147483647),
-        next_tokens=p.get("next_tokens", 2147483647),
         compare=dict(manifest.get("compare") or {}),
         ops=(Manifest(manifest).op,),
         inner_precise=forward["inner_precise"],
