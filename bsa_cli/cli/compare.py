@@ -127,20 +127,17 @@ def compare_command(
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
     header = None
     if merge:
-        given = [
-            flag
-            for flag, value in (
-                ("--outputs-root", outputs_root),
-                ("--standard", settings.standard),
-                ("--threshold", settings.thresholds),
-                ("--padding", settings.padding),
-                ("--filter", filters),
-                ("--no-verify-inputs", no_verify_inputs),
-                ("--jobs", jobs),
-                ("--ops", ops),
-            )
-            if value
-        ]
+        flags = {
+            "--outputs-root": outputs_root,
+            "--standard": settings.standard,
+            "--threshold": settings.thresholds,
+            "--padding": settings.padding,
+            "--filter": filters,
+            "--no-verify-inputs": no_verify_inputs,
+            "--jobs": jobs,
+            "--ops": ops,
+        }
+        given = [flag for flag, value in flags.items() if value]
         if given:
             raise common.UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")
         common.prepare_reports(reports)
@@ -198,14 +195,8 @@ def _baseline_options(
 ) -> tuple[drift_.Margin, drift_.Night | None]:
     """Check --baseline, --fail-on-regression and --regression-margin, and read the baseline report."""
     if baseline is None:
-        given = [
-            flag
-            for flag, value in (
-                ("--fail-on-regression", fail_on_regression),
-                ("--regression-margin", regression_margin),
-            )
-            if value
-        ]
+        flags = {"--fail-on-regression": fail_on_regression, "--regression-margin": regression_margin}
+        given = [flag for flag, value in flags.items() if value]
         if given:
             raise common.UserError(
                 f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)"
