@@ -28,7 +28,6 @@ from ..ops import (
     forward_interface,
     get,
     interface,
-    split_folder_name,
 )
 from ..ops.base import BACKWARD_INPUTS as INPUT_NAMES
 from ..ops.base import GRAD_NAMES as GRAD_NAMES
@@ -72,11 +71,6 @@ class Manifest(Mapping[str, Any]):
     def op(self) -> Op:
         """The operator call this case folder tests (`op`; absent: the backward, as before ops existed)."""
         return find(self.raw.get("op", "backward")) or DEFAULT_OPS[0]
-
-    @property
-    def case_name(self) -> str:
-        """The name of the case this folder is one op of (`NAME` of `NAME@forward`)."""
-        return split_folder_name(self.name)[0]
 
     @property
     def skip(self) -> str | None:
@@ -147,10 +141,6 @@ class Manifest(Mapping[str, Any]):
         return self.section("inputs")
 
     @property
-    def golden(self) -> Entries:
-        return self.section("golden")
-
-    @property
     def outputs(self) -> Entries:
         return self.section("outputs")
 
@@ -200,7 +190,11 @@ class Manifest(Mapping[str, Any]):
 
     @property
     def release(self) -> str:
-        return release_of(self.raw)
+        """The release the case targets (`semantics.release`; a manifest written before bsa knew releases
+        followed master 3a280bcc, the 9.1.0 rules)."""
+        semantics = self.raw.get("semantics")
+        release = semantics.get("release") if isinstance(semantics, Mapping) else None
+        return release if release in interface.RELEASES else "9.1.0"
 
     @property
     def inputs_digest(self) -> str | None:
@@ -208,7 +202,12 @@ class Manifest(Mapping[str, Any]):
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return notes(self.raw)
+        """What `bsa gen` noted of a case's kernel precision path (fp16 overflow, values flushed to zero): at
+        most `MAX_NOTES` lines, each one clipped line, since the manifest is untrusted."""
+        found = self.raw.get("notes")
+        if not isinstance(found, list):
+            return ()
+        return tuple(clip(note, 300) for note in found[:MAX_NOTES])
 
     def call_tensors(self) -> dict[str, dict[str, Any]]:
         return call_tensors(self.raw)
@@ -320,14 +319,6 @@ MAX_NOTES = 8
 """Most `notes` lines a reader takes from a manifest (it is untrusted)."""
 
 
-def release_of(manifest: Mapping[str, Any]) -> str:
-    """Return the release a manifest's case targets (`semantics.release`; one written before bsa knew
-    releases followed master 3a280bcc, the 9.1.0 rules)."""
-    semantics = manifest.get("semantics")
-    release = semantics.get("release") if isinstance(semantics, Mapping) else None
-    return release if release in interface.RELEASES else "9.1.0"
-
-
 def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
     """Return one sha256 over the sha256 of every input file the manifest lists (name order), or None.
 
@@ -345,15 +336,6 @@ def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
             return None
         lines.append(f"{name} {digest[:64]}\n")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def notes(manifest: Mapping[str, Any]) -> tuple[str, ...]:
-    """Return what `bsa gen` noted of a case's kernel precision path (fp16 overflow, values flushed to
-    zero): at most `MAX_NOTES` lines, each one clipped line, since the manifest is untrusted."""
-    found = manifest.get("notes")
-    if not isinstance(found, list):
-        return ()
-    return tuple(clip(note, 300) for note in found[:MAX_NOTES])
 
 
 def build_manifest(
@@ -473,7 +455,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         expect=Expect(**manifest.get("expect", {})),
         seq_lengths_encoding=encoding,
         bnsd_lengths=sem.get("bnsd_lengths", "honored"),
-        release=release_of(manifest),
+        release=Manifest(manifest).release,
         null_layouts=tuple(n for n in ("q", "kv") if n in (p.get("null_layouts") or [])),
         empty_row_lse=float(empty_lse),
         compare=dict(manifest.get("compare") or {}),
