@@ -54,44 +54,30 @@ def release_line(cases: Sequence[Case], override: str | None) -> str:
     return f"operator release: {shown}, from {source}"
 
 
-LIST_COLUMNS = (
-    "case",
-    "layout",
-    "dtype",
-    "B",
-    "N1/N2",
-    "D",
-    "Sq/Skv",
-    "block",
-    "pattern",
-    "density",
-    "GFLOP",
-    "MiB in/out",
-    "gen s",
-    "ref s",
-    "GiB",
-    "expect",
-)
-"""The columns of `bsa list`, in order; `OPS_COLUMN` follows them where a case lists other ops than the
-backward alone (a suite of the backward alone shows what it always showed)."""
+LIST_COLUMNS: dict[str, int | None] = {
+    "case": None,
+    "layout": 10,
+    "dtype": 13,
+    "B": 8,
+    "N1/N2": 11,
+    "D": 9,
+    "Sq/Skv": 12,
+    "block": 2,
+    "pattern": 4,
+    "density": 5,
+    "GFLOP": 6,
+    "MiB in/out": 1,
+    "gen s": None,
+    "ref s": None,
+    "GiB": 7,
+    "expect": 3,
+}
+"""The columns of `bsa list`, in order, each with its place in the order a narrow terminal leaves columns out
+(1 first; None: never: case, gen s and ref s always stay). What a case is (layout, dtype, B, N1/N2, D, S)
+stays longer than what it costs besides time (density, FLOPs, memory). `OPS_COLUMN` follows them where a case
+lists other ops than the backward alone (a suite of the backward alone shows what it always showed)."""
 OPS_COLUMN = "ops"
-LIST_DROP_ORDER = (
-    "MiB in/out",
-    "block",
-    "expect",
-    "pattern",
-    "density",
-    "GFLOP",
-    "GiB",
-    "B",
-    "D",
-    "layout",
-    "N1/N2",
-    "Sq/Skv",
-    "dtype",
-)
-"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
-(layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
+LIST_DROP_ORDER = [column for _, column in sorted((place, column) for column, place in LIST_COLUMNS.items() if place)]
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 BACKWARD_SHARE = 10 / 14
 """Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
