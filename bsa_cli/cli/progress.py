@@ -67,16 +67,9 @@ class ProgressDisplay:
 
     def __enter__(self: _Display) -> _Display:
         if self.console.is_terminal:
+            bar = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Amount(), TimeElapsedColumn())
             self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                _Amount(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
+                *bar, TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True
             )
             self._progress.start()
         return self

@@ -67,14 +67,8 @@ def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
     the backward's: a case of the default ops keeps the fingerprint it had before ops existed.
     """
     fields = asdict(case)
-    fields.pop("source", None)
-    fields.pop("warnings", None)
-    for key in (
-        "ops",
-        "op_expect",
-        "skipped_ops",
-        *(() if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")),
-    ):
+    forward_params = () if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")
+    for key in ("source", "warnings", "ops", "op_expect", "skipped_ops", *forward_params):
         fields.pop(key)
     fields["expect"] = asdict(case.expect_of(op))
     if not get(op).is_default:
