@@ -354,11 +354,6 @@ def assert_passed(result: CaseResult) -> None:
 # ---- NumPy and torch ----------------------------------------------------------------------------
 
 
-def _is_torch_tensor(value: Any) -> bool:
-    """Whether `value` is a torch tensor, told without importing torch."""
-    return any(c.__name__ == "Tensor" and c.__module__.split(".")[0] == "torch" for c in type(value).__mro__)
-
-
 def to_numpy(value: Any, name: str = "array") -> np.ndarray:
     """Return a NumPy array of `value`: an array as it is, a torch tensor moved to the CPU.
 
@@ -369,7 +364,7 @@ def to_numpy(value: Any, name: str = "array") -> np.ndarray:
     """
     if isinstance(value, np.ndarray):
         return value
-    if not _is_torch_tensor(value):
+    if not any(c.__name__ == "Tensor" and c.__module__.split(".")[0] == "torch" for c in type(value).__mro__):
         raise TypeError(f"{name}: a {type(value).__name__}; expected a NumPy array or a torch tensor")
     import torch  # the caller's tensor has imported it already
 

@@ -136,7 +136,7 @@ def list_table(rows: Sequence[dict[str, str]], width: int) -> tuple[Table, list[
             shown.remove(column)
             hidden.append(column)
         table = _list_table(rows, shown)
-        if _table_width(table) <= width:
+        if Console(width=10_000, file=io.StringIO(), color_system=None).measure(table).maximum <= width:
             break
     return table, hidden
 
@@ -150,11 +150,6 @@ def _list_table(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> Table
     for row in rows:
         table.add_row(*(row[c] for c in columns))
     return table
-
-
-def _table_width(table: Table) -> int:
-    console = Console(width=10_000, file=io.StringIO(), color_system=None)
-    return console.measure(table).maximum
 
 
 @click.command("list")

@@ -84,7 +84,7 @@ def estimate(case: Case) -> Estimate:
     grad_elems = q_elems + 2 * kv_elems
     output_bytes = grad_elems * (4 + itemsize)  # golden float32 and benchmark in the case dtype
     density = counts.selected_blocks / counts.total_blocks if counts.total_blocks else 0.0
-    spans = _nonempty_spans(case)
+    spans = sum(count for (q_len, kv_len), count in _distinct_lengths(case) if q_len and kv_len)  # non-empty
     peak_memory = (
         BASE_MEMORY
         + input_bytes
@@ -150,10 +150,6 @@ _COUNTED: collections.deque[tuple[tuple[int, ...], tuple[int, ...], list[tuple[t
     collections.deque(maxlen=4)
 )
 """The last distinct-length counts, by the identity of the length tuples (cases of a matrix share them)."""
-
-
-def _nonempty_spans(case: Case) -> int:
-    return sum(count for (q_len, kv_len), count in _distinct_lengths(case) if q_len and kv_len)
 
 
 def pattern_counts(case: Case) -> MaskCounts:

@@ -522,8 +522,6 @@ def _exchange(first: Path, second: Path) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -244,11 +244,6 @@ params = interface.case_params
 """The op parameters of a case, as passed to aclnnBlockSparseAttentionGrad (`interface.case_params`)."""
 
 
-def op_params(case: Case, op: str) -> dict[str, Any]:
-    """Return the parameters of one op's call: `params`, and the forward's own where the op calls it."""
-    return forward_interface.case_params_forward(case) if get(op).calls_forward else params(case)
-
-
 def expect_record(expect: Expect) -> dict[str, Any]:
     """Return an op's `expect`: status and name, and the pair's verdict and cause only where set."""
     record: dict[str, Any] = {"status": expect.status, "name": expect.name}
@@ -358,7 +353,7 @@ def build_manifest(
         **({"op": op} if not get(op).is_default else {}),
         "spec": case.source,
         "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
-        "params": op_params(case, op),
+        "params": forward_interface.case_params_forward(case) if get(op).calls_forward else params(case),
         "semantics": semantics(case),
         "sparsity": sparsity_record(case),
         "inputs": dict(inputs),
