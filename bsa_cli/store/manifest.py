@@ -487,14 +487,10 @@ def flat_params(manifest: Mapping[str, Any]) -> str:
     if op is None or not op.is_default:
         lines.append(f"op {manifest['op']}")
     for key, value in manifest["params"].items():
-        if value is None:
-            text = "-"
-        elif isinstance(value, list):
+        if isinstance(value, list):
             text = " ".join(str(v) for v in value) if value else "-"
-        elif isinstance(value, float):
-            text = repr(value)
         else:
-            text = str(value)
+            text = "-" if value is None else str(value)  # a float as repr writes it, every digit
         lines.append(f"{key} {text}")
     lines.append(f"expect_status {manifest['expect']['status']}")
     for section, tag in (("inputs", "input"), ("golden", "golden"), ("outputs", "output")):
