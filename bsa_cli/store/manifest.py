@@ -28,6 +28,7 @@ from ..ops import (
     forward_interface,
     get,
     interface,
+    split_folder_name,
 )
 from ..ops.base import BACKWARD_INPUTS as INPUT_NAMES
 from ..ops.base import GRAD_NAMES as GRAD_NAMES
@@ -71,6 +72,11 @@ class Manifest(Mapping[str, Any]):
     def op(self) -> Op:
         """The operator call this case folder tests (`op`; absent: the backward, as before ops existed)."""
         return find(self.raw.get("op", "backward")) or DEFAULT_OPS[0]
+
+    @property
+    def case_name(self) -> str:
+        """The name of the case this folder is one op of (`NAME` of `NAME@forward`)."""
+        return split_folder_name(self.name)[0]
 
     @property
     def skip(self) -> str | None:
