@@ -105,15 +105,9 @@ def estimate(case: Case) -> Estimate:
         + SECONDS_PER_ROW * counts.active_rows
         + (SECONDS_PER_BLOCK if consecutive else SECONDS_PER_GATHERED_BLOCK) * counts.selected_blocks
     )
-    return Estimate(
-        flops=flops,
-        density=density,
-        input_bytes=input_bytes,
-        output_bytes=output_bytes,
-        peak_memory=int(peak_memory),
-        seconds=seconds if case.expect.ok else SECONDS_PER_CASE,
-        selected_blocks=int(counts.selected_blocks),
-    )
+    if not case.expect.ok:
+        seconds = SECONDS_PER_CASE
+    return Estimate(flops, density, input_bytes, output_bytes, int(peak_memory), seconds, int(counts.selected_blocks))
 
 
 def _working_memory(case: Case, q_elems: int, kv_elems: int, itemsize: int, density: float) -> int:
