@@ -44,11 +44,8 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("init", "logit_std"), None),
     (("expect", "verdict"), "PASS"),
     (("expect", "cause"), None),
-    (("ops",), ("backward",)),
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
-    (("op_expect",), ()),
-    (("skipped_ops",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")
