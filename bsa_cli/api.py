@@ -368,10 +368,7 @@ def to_numpy(value: Any, name: str = "array") -> np.ndarray:
         raise TypeError(f"{name}: a {type(value).__name__}; expected a NumPy array or a torch tensor")
     import torch  # the caller's tensor has imported it already
 
-    tensor = value.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    tensor = tensor.contiguous()
+    tensor = value.detach().cpu().contiguous()  # .cpu() of a CPU tensor is the tensor itself
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
     return tensor.numpy()
