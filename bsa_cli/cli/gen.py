@@ -211,8 +211,7 @@ def gen_command(
     spec_cases = load_cases(specs, max_cases=max_cases, release=release, ops=ops) if filters or shard_text else cases
     warn_other_cases(Path(out_dir), spec_cases)
     with ProgressDisplay() as display:
-        shown = GenProgress(display)
-        shown.generating(cases, estimates)
+        shown = GenProgress(display, cases, estimates)
 
         def done(case: Case, outcome: str, path: Path) -> None:
             shown.done(case, outcome, path)  # names the case's first folder

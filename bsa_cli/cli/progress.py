@@ -190,13 +190,12 @@ class GenProgress:
     """What `bsa gen` shows while `generate.generate_suite` writes a suite: the bar moving within each case,
     and a line per case naming its folder (or why it was skipped: current)."""
 
-    def __init__(self, display: ProgressDisplay) -> None:
+    def __init__(self, display: ProgressDisplay, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
+        """Start the gen phase of `cases` on `display`."""
         self.display = display
         self.skipped: list[str] = []
         """The names of the cases found current, in the order they were skipped."""
-
-    def generating(self, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
-        _gen_phase(self.display, cases, estimates)
+        _gen_phase(display, cases, estimates)
 
     def progress(self, case: Case, fraction: float) -> None:
         """`on_progress`: `fraction` of `case` is done."""
