@@ -33,7 +33,7 @@ import numpy as np
 from .compare import HASH_THREADS, OP_TENSORS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
 from .core.case import ACLNN_STATUS, Case, numpy_dtype
 from .core.errors import DataError
-from .ops import OPS, Op, get, interface
+from .ops import Op, get, interface
 from .store import MANIFEST, load_manifest, read_array, select_cases
 from .store.manifest import Manifest
 
@@ -52,20 +52,6 @@ __all__ = [
     "to_numpy",
     "to_torch",
 ]
-
-OP_ARG_NAMES = (
-    "block_shape",
-    "actual_seq_lengths",
-    "actual_seq_lengths_kv",
-    "q_input_layout",
-    "kv_input_layout",
-    "num_key_value_heads",
-    "scale_value",
-)
-"""The non-tensor arguments of `torch_npu.npu_block_sparse_attention_backward`, in its order."""
-
-OP_INPUT_NAMES: dict[Op, tuple[str, ...]] = {op: op.inputs for op in OPS}
-"""The inputs a valid case folder of each op has (the forward and the pair compute out and lse themselves)."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -184,7 +170,7 @@ def load_case(case_dir: str | Path) -> LoadedCase:
         entries = manifest.inputs
     except (KeyError, TypeError, ValueError) as exc:
         raise DataError(str(path), f"malformed manifest ({type(exc).__name__}: {exc})") from None
-    wanted = OP_INPUT_NAMES[manifest.op]
+    wanted = manifest.op.inputs
     if case.expect.ok and manifest.skip is None:
         missing = [name for name in wanted if entries.get(name) is None]
         if missing:
@@ -368,11 +354,6 @@ def assert_passed(result: CaseResult) -> None:
 # ---- NumPy and torch ----------------------------------------------------------------------------
 
 
-def _is_torch_tensor(value: Any) -> bool:
-    """Whether `value` is a torch tensor, told without importing torch."""
-    return any(c.__name__ == "Tensor" and c.__module__.split(".")[0] == "torch" for c in type(value).__mro__)
-
-
 def to_numpy(value: Any, name: str = "array") -> np.ndarray:
     """Return a NumPy array of `value`: an array as it is, a torch tensor moved to the CPU.
 
@@ -383,14 +364,11 @@ def to_numpy(value: Any, name: str = "array") -> np.ndarray:
     """
     if isinstance(value, np.ndarray):
         return value
-    if not _is_torch_tensor(value):
+    if not any(c.__name__ == "Tensor" and c.__module__.split(".")[0] == "torch" for c in type(value).__mro__):
         raise TypeError(f"{name}: a {type(value).__name__}; expected a NumPy array or a torch tensor")
     import torch  # the caller's tensor has imported it already
 
-    tensor = value.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    tensor = tensor.contiguous()
+    tensor = value.detach().cpu().contiguous()  # .cpu() of a CPU tensor is the tensor itself
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
     return tensor.numpy()

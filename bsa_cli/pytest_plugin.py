@@ -64,9 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Find the cases once, before collection; a bad folder, a filter matching nothing or an unknown op is a
     usage error."""
     config.addinivalue_line("markers", MARKER)
-    roots = config.getoption("bsa_cases")
-    patterns = config.getoption("bsa_filter")
-    ops_text = config.getoption("bsa_ops")
+    roots, patterns, ops_text = (config.getoption(name) for name in ("bsa_cases", "bsa_filter", "bsa_ops"))
     if not roots:
         for given, option in ((patterns, "--bsa-filter"), (ops_text, "--bsa-ops")):
             if given:
@@ -85,9 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except DataError as exc:
         raise pytest.UsageError(f"--bsa-cases: {exc}") from None
     folders = [(d, *split_folder_name(d.name)) for d in case_dirs]
-    first: dict[str, int] = {}
-    for index, (_, name, _) in enumerate(folders):
-        first.setdefault(name, index)
+    first = {name: index for index, name in enumerate(dict.fromkeys(name for _, name, _ in folders))}
     folders.sort(key=lambda f: (first[f[1]], OPS.index(f[2])))  # a case's ops side by side, in OPS order
     selected: list[tuple[Path, str]] = [(d, op) for d, _, op in folders if op in wanted]
     if not selected:

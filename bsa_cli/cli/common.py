@@ -15,6 +15,7 @@ import fnmatch
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -225,9 +226,10 @@ REPORT_KINDS = {"--json": "JSON", "--junit": "JUnit", "--html": "HTML", "--csv":
 """The report options and the names `wrote ... report` gives them."""
 
 
-def _write(kind: str, path: Path, writer: Callable[[SuiteResult, Path], None], suite: SuiteResult) -> None:
+def write_report(kind: str, path: Path, writer: Callable[[Any, Path], None], content: object) -> None:
+    """Write one report file (`kind`: its option), an unwritable one a usage error, and say so on stderr."""
     try:
-        writer(suite, path)
+        writer(content, path)
     except OSError as exc:
         raise UserError(f"cannot write {kind} {path}: {exc.strerror or exc}") from None
     output.info(f"wrote {REPORT_KINDS.get(kind, kind)} report {path}")
@@ -264,4 +266,4 @@ def write_reports(
     }
     for option, path in paths.items():
         if path is not None:
-            _write(option, path, writers[option], suite)
+            write_report(option, path, writers[option], suite)

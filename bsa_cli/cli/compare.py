@@ -13,27 +13,7 @@ from ..compare import drift as drift_
 from ..core.errors import DataError
 from ..core.untrusted import load_json, read_regular
 from ..ops import Op, split_folder_name
-from . import output
-from .common import (
-    UserError,
-    folders_of_cases,
-    ops_selected,
-    prepare_reports,
-    select_cases_or_suites,
-    user_errors,
-    write_reports,
-)
-from .options import (
-    SELECT_OPS_HELP,
-    ReportPaths,
-    SettingsOptions,
-    filter_option,
-    jobs_option_for,
-    ops_option_for,
-    report_options,
-    settings_options,
-    verbose_option,
-)
+from . import common, options, output
 
 REPORT_MAX_BYTES = 1 << 30
 """Largest JSON report `--merge` reads."""
@@ -45,10 +25,10 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
         try:
             documents.append((str(path), load_json(read_regular(Path(path), REPORT_MAX_BYTES))))
         except DataError as exc:
-            raise UserError(f"{path}: cannot read JSON report: {exc.message}") from None
+            raise common.UserError(f"{path}: cannot read JSON report: {exc.message}") from None
         except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            raise UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
-    with user_errors(ValueError):
+            raise common.UserError(f"{path}: not valid JSON: {str(exc)[:200]}") from None
+    with common.user_errors(ValueError):
         return report.merge(documents), report.merged_header(documents)
 
 
@@ -57,7 +37,7 @@ def load_baseline(path: Path) -> drift_.Night:
     try:
         return report.night_from_document(report.read_report(path), str(path))
     except ValueError as exc:
-        raise UserError(f"--baseline {exc}") from None
+        raise common.UserError(f"--baseline {exc}") from None
 
 
 _STANDARD_HELP = (
@@ -74,13 +54,13 @@ _STANDARD_HELP = (
     type=click.Path(path_type=Path, file_okay=False),
     help="Device outputs are in OUTPUTS_ROOT/<case> instead of each case's outputs/.",
 )
-@settings_options(
+@options.settings_options(
     standard=_STANDARD_HELP,
     threshold="Override one threshold of the standard (repeatable), e.g. rmse_ratio=1.5 or zero_atol=1e-6.",
     padding="BNSD padding past honored actual lengths: ignore it (default) or require zeros.",
 )
-@filter_option("Only cases whose directory name matches (repeatable).")
-@report_options
+@options.filter_option("Only cases whose directory name matches (repeatable).")
+@options.report_options
 @click.option("--merge", is_flag=True, help="PATHS are JSON reports of shards: merge them into one verdict and report.")
 @click.option(
     "--no-verify-inputs",
@@ -106,21 +86,23 @@ _STANDARD_HELP = (
     help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
     f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).",
 )
-@jobs_option_for("Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one.")
+@options.jobs_option_for(
+    "Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one."
+)
 @click.option(
     "--explain",
     metavar="CASE",
     help="Judge (or, with --merge, read) only case CASE and print its diagnosis's full reasoning: each "
     "hypothesis tried, what it explained, why the others were ruled out.",
 )
-@verbose_option
-@ops_option_for(SELECT_OPS_HELP)
+@options.verbose_option
+@options.ops_option_for(options.SELECT_OPS_HELP)
 def compare_command(
     paths: tuple[Path, ...],
     outputs_root: Path | None,
-    settings: SettingsOptions,
+    settings: options.SettingsOptions,
     filters: tuple[str, ...],
-    reports: ReportPaths,
+    reports: options.ReportPaths,
     merge: bool,
     no_verify_inputs: bool,
     baseline: Path | None,
@@ -145,34 +127,31 @@ def compare_command(
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
     header = None
     if merge:
-        given = [
-            flag
-            for flag, value in (
-                ("--outputs-root", outputs_root),
-                ("--standard", settings.standard),
-                ("--threshold", settings.thresholds),
-                ("--padding", settings.padding),
-                ("--filter", filters),
-                ("--no-verify-inputs", no_verify_inputs),
-                ("--jobs", jobs),
-                ("--ops", ops),
-            )
-            if value
-        ]
+        flags = {
+            "--outputs-root": outputs_root,
+            "--standard": settings.standard,
+            "--threshold": settings.thresholds,
+            "--padding": settings.padding,
+            "--filter": filters,
+            "--no-verify-inputs": no_verify_inputs,
+            "--jobs": jobs,
+            "--ops": ops,
+        }
+        given = [flag for flag, value in flags.items() if value]
         if given:
-            raise UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")
-        prepare_reports(reports)
+            raise common.UserError(f"--merge cannot be used with {', '.join(given)}: shard reports are already judged")
+        common.prepare_reports(reports)
         suite, header = _load_reports(paths)
     else:
         run = settings.run_settings()
-        case_dirs = ops_selected(select_cases_or_suites(paths, filters), ops)
+        case_dirs = common.ops_selected(common.select_cases_or_suites(paths, filters), ops)
         if explain is not None:
             case_dirs = _explained_dirs(case_dirs, explain)
-        missing = missing_cases(folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
+        missing = missing_cases(common.folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
         if ops is not None:  # a leftover of an op not asked for is not missing
             missing = [item for item in missing if split_folder_name(item[0])[1] in ops]
-        prepare_reports(reports)
-        with user_errors(ValueError):
+        common.prepare_reports(reports)
+        with common.user_errors(ValueError):
             suite = compare_suite(
                 case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs, missing=missing
             )
@@ -186,7 +165,7 @@ def compare_command(
     code = suite.return_code if drift is None else drift.return_code(suite.return_code, fail_on_regression)
     if drift is not None:
         report.render_drift(drift, output.stdout)
-    write_reports(suite, reports, () if merge else paths, header, drift, code)
+    common.write_reports(suite, reports, () if merge else paths, header, drift, code)
     if not merge:
         seconds = time.perf_counter() - started
         megabytes = suite.output_bytes / 1e6
@@ -199,7 +178,7 @@ def _explained_dirs(case_dirs: list[Path], name: str) -> list[Path]:
     """The case directory `--explain` names (its folder name), or a usage error."""
     found = [d for d in case_dirs if Path(d).name == name]
     if not found:
-        raise UserError(f"--explain {name}: no such case under the given folders")
+        raise common.UserError(f"--explain {name}: no such case under the given folders")
     return found[:1]
 
 
@@ -207,7 +186,7 @@ def _explained_suite(suite: SuiteResult, name: str) -> SuiteResult:
     """The suite cut to the case `--explain` names (by case name or folder), or a usage error."""
     found = [c for c in suite.cases if name in (c.name, Path(c.case_dir).name)]
     if not found:
-        raise UserError(f"--explain {name}: no such case in the reports")
+        raise common.UserError(f"--explain {name}: no such case in the reports")
     return SuiteResult(tuple(found[:1]), suite.seconds)
 
 
@@ -216,17 +195,13 @@ def _baseline_options(
 ) -> tuple[drift_.Margin, drift_.Night | None]:
     """Check --baseline, --fail-on-regression and --regression-margin, and read the baseline report."""
     if baseline is None:
-        given = [
-            flag
-            for flag, value in (
-                ("--fail-on-regression", fail_on_regression),
-                ("--regression-margin", regression_margin),
-            )
-            if value
-        ]
+        flags = {"--fail-on-regression": fail_on_regression, "--regression-margin": regression_margin}
+        given = [flag for flag, value in flags.items() if value]
         if given:
-            raise UserError(f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)")
+            raise common.UserError(
+                f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)"
+            )
         return drift_.Margin(), None
-    with user_errors(ValueError):
+    with common.user_errors(ValueError):
         margin = drift_.parse_margin(regression_margin) if regression_margin is not None else drift_.Margin()
     return margin, load_baseline(baseline)

@@ -20,26 +20,15 @@ from ..ops import DEFAULT_OPS, Op, folder_name, interface
 from ..ops.interface import DEFAULT_RELEASE
 from ..store import find_cases
 from ..store.manifest import params as case_params
-from . import output
+from . import options, output
 from .common import load_cases, refuse_oversized, show_kernel_path_notes, user_errors, warn_constraints
-from .options import (
-    GEN_OPS_HELP,
-    filter_option,
-    force_option,
-    jobs_option,
-    max_cases_option,
-    ops_option_for,
-    precision_option,
-    release_option,
-    shard_option,
-)
 from .progress import GenProgress, ProgressDisplay
 
 
 @click.command("validate")
 @click.argument("specs", nargs=-1)
-@max_cases_option
-@release_option
+@options.max_cases_option
+@options.release_option
 def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None) -> None:
     """Check case specs and print how many cases they expand to, and which operator release they expect."""
     cases = load_cases(specs, max_cases=max_cases, release=release)
@@ -65,44 +54,30 @@ def release_line(cases: Sequence[Case], override: str | None) -> str:
     return f"operator release: {shown}, from {source}"
 
 
-LIST_COLUMNS = (
-    "case",
-    "layout",
-    "dtype",
-    "B",
-    "N1/N2",
-    "D",
-    "Sq/Skv",
-    "block",
-    "pattern",
-    "density",
-    "GFLOP",
-    "MiB in/out",
-    "gen s",
-    "ref s",
-    "GiB",
-    "expect",
-)
-"""The columns of `bsa list`, in order; `OPS_COLUMN` follows them where a case lists other ops than the
-backward alone (a suite of the backward alone shows what it always showed)."""
+LIST_COLUMNS: dict[str, int | None] = {
+    "case": None,
+    "layout": 10,
+    "dtype": 13,
+    "B": 8,
+    "N1/N2": 11,
+    "D": 9,
+    "Sq/Skv": 12,
+    "block": 2,
+    "pattern": 4,
+    "density": 5,
+    "GFLOP": 6,
+    "MiB in/out": 1,
+    "gen s": None,
+    "ref s": None,
+    "GiB": 7,
+    "expect": 3,
+}
+"""The columns of `bsa list`, in order, each with its place in the order a narrow terminal leaves columns out
+(1 first; None: never: case, gen s and ref s always stay). What a case is (layout, dtype, B, N1/N2, D, S)
+stays longer than what it costs besides time (density, FLOPs, memory). `OPS_COLUMN` follows them where a case
+lists other ops than the backward alone (a suite of the backward alone shows what it always showed)."""
 OPS_COLUMN = "ops"
-LIST_DROP_ORDER = (
-    "MiB in/out",
-    "block",
-    "expect",
-    "pattern",
-    "density",
-    "GFLOP",
-    "GiB",
-    "B",
-    "D",
-    "layout",
-    "N1/N2",
-    "Sq/Skv",
-    "dtype",
-)
-"""Columns a narrow terminal leaves out, first to last; case, gen s and ref s always stay. What a case is
-(layout, dtype, B, N1/N2, D, S) stays longer than what it costs besides time (density, FLOPs, memory)."""
+LIST_DROP_ORDER = [column for _, column in sorted((place, column) for column, place in LIST_COLUMNS.items() if place)]
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
 BACKWARD_SHARE = 10 / 14
 """Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
@@ -161,7 +136,7 @@ def list_table(rows: Sequence[dict[str, str]], width: int) -> tuple[Table, list[
             shown.remove(column)
             hidden.append(column)
         table = _list_table(rows, shown)
-        if _table_width(table) <= width:
+        if Console(width=10_000, file=io.StringIO(), color_system=None).measure(table).maximum <= width:
             break
     return table, hidden
 
@@ -177,16 +152,11 @@ def _list_table(rows: Sequence[dict[str, str]], columns: Sequence[str]) -> Table
     return table
 
 
-def _table_width(table: Table) -> int:
-    console = Console(width=10_000, file=io.StringIO(), color_system=None)
-    return console.measure(table).maximum
-
-
 @click.command("list")
 @click.argument("specs", nargs=-1)
-@filter_option(metavar="TEXT")
-@shard_option
-@max_cases_option
+@options.filter_option(metavar="TEXT")
+@options.shard_option
+@options.max_cases_option
 def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: str | None, max_cases: int) -> None:
     """Show the expanded cases: shapes, density, FLOPs, bytes, estimated time and memory.
 
@@ -208,14 +178,14 @@ def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: s
 @click.command("gen")
 @click.argument("specs", nargs=-1)
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@precision_option
-@filter_option(metavar="TEXT")
-@shard_option
-@jobs_option
-@force_option
-@max_cases_option
-@release_option
-@ops_option_for(GEN_OPS_HELP)
+@options.precision_option
+@options.filter_option(metavar="TEXT")
+@options.shard_option
+@options.jobs_option
+@options.force_option
+@options.max_cases_option
+@options.release_option
+@options.ops_option_for(options.GEN_OPS_HELP)
 def gen_command(
     specs: tuple[str, ...],
     out_dir: str,
@@ -241,8 +211,7 @@ def gen_command(
     spec_cases = load_cases(specs, max_cases=max_cases, release=release, ops=ops) if filters or shard_text else cases
     warn_other_cases(Path(out_dir), spec_cases)
     with ProgressDisplay() as display:
-        shown = GenProgress(display)
-        shown.generating(cases, estimates)
+        shown = GenProgress(display, cases, estimates)
 
         def done(case: Case, outcome: str, path: Path) -> None:
             shown.done(case, outcome, path)  # names the case's first folder

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import textwrap
-from typing import TextIO
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -65,14 +65,8 @@ def warn(message: str) -> None:
     inside a word or path; one line where no terminal tells a width (a CI log)."""
     line = f"Warning: {message}"
     shown = terminal_width() if not stderr.is_terminal else stderr.width
-    lines = (
-        [line]
-        if shown is None
-        else textwrap.wrap(
-            line, shown, subsequent_indent=WARNING_INDENT, break_long_words=False, break_on_hyphens=False
-        )
-        or [line]
-    )
+    wrap: dict[str, Any] = {"subsequent_indent": WARNING_INDENT, "break_long_words": False, "break_on_hyphens": False}
+    lines = [line] if shown is None else textwrap.wrap(line, shown, **wrap) or [line]
     text = "\n".join(escape(part) for part in lines)
     stderr.print("[yellow]Warning:[/yellow]" + text[len("Warning:") :], markup=True, soft_wrap=True)
 

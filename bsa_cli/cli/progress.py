@@ -38,21 +38,13 @@ from . import output
 PLAIN_PROGRESS_S = 15.0
 """Least seconds between two progress lines when stderr is not a terminal (a log, a pipe)."""
 
-OUTCOME_STYLE = {
-    "ok": "green",
+OUTCOME_STYLE = dict.fromkeys(("ok", "generated", "PASS"), "green") | {
     "skipped": "dim",
-    "generated": "green",
-    "nondeterministic": "red",
-    "error": "red",
-    "crashed": "red",
-    "timeout": "red",
     "interrupted": "yellow",
-    "PASS": "green",
     "FAIL": "red",
-    "ERROR": "red",
     "SKIP": "cyan",
 }
-"""The colour of each outcome in a case's line."""
+"""The colour of each outcome in a case's line; red for any other (error, crashed, timeout, nondeterministic, ERROR)."""
 
 _Display = TypeVar("_Display", bound="ProgressDisplay")
 
@@ -75,16 +67,9 @@ class ProgressDisplay:
 
     def __enter__(self: _Display) -> _Display:
         if self.console.is_terminal:
+            bar = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Amount(), TimeElapsedColumn())
             self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("{task.description}"),
-                BarColumn(),
-                _Amount(),
-                TimeElapsedColumn(),
-                TextColumn("ETA"),
-                TimeRemainingColumn(),
-                console=self.console,
-                transient=True,
+                *bar, TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True
             )
             self._progress.start()
         return self
@@ -205,13 +190,12 @@ class GenProgress:
     """What `bsa gen` shows while `generate.generate_suite` writes a suite: the bar moving within each case,
     and a line per case naming its folder (or why it was skipped: current)."""
 
-    def __init__(self, display: ProgressDisplay) -> None:
+    def __init__(self, display: ProgressDisplay, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
+        """Start the gen phase of `cases` on `display`."""
         self.display = display
         self.skipped: list[str] = []
         """The names of the cases found current, in the order they were skipped."""
-
-    def generating(self, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
-        _gen_phase(self.display, cases, estimates)
+        _gen_phase(display, cases, estimates)
 
     def progress(self, case: Case, fraction: float) -> None:
         """`on_progress`: `fraction` of `case` is done."""

@@ -16,36 +16,7 @@ from ..devices import OUTCOMES, RunSummary, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
 from ..gen.schedule import estimate
 from ..ops import Op
-from . import output
-from .common import (
-    load_cases,
-    ops_selected,
-    prepare_reports,
-    refuse_oversized,
-    show_kernel_path_notes,
-    user_errors,
-    warn_constraints,
-    write_reports,
-)
-from .options import (
-    GEN_OPS_HELP,
-    SELECT_OPS_HELP,
-    DeviceOptions,
-    ReportPaths,
-    SettingsOptions,
-    device_options,
-    filter_option,
-    force_option,
-    jobs_option,
-    max_cases_option,
-    ops_option_for,
-    precision_option,
-    release_option,
-    report_options,
-    settings_options,
-    shard_option,
-    verbose_option,
-)
+from . import common, options, output
 from .progress import PipelineProgress, ProgressDisplay
 
 
@@ -64,15 +35,15 @@ def print_run_summary(summary: RunSummary) -> None:
 
 @click.command("run")
 @click.argument("cases", nargs=-1, required=True, type=click.Path(path_type=Path))
-@device_options
-@filter_option()
+@options.device_options
+@options.filter_option()
 @click.option(
     "--outputs-root", metavar="DIR", help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs."
 )
-@ops_option_for(SELECT_OPS_HELP)
+@options.ops_option_for(options.SELECT_OPS_HELP)
 def run_command(
     cases: tuple[Path, ...],
-    device: DeviceOptions,
+    device: options.DeviceOptions,
     filters: tuple[str, ...],
     outputs_root: str | None,
     ops: tuple[Op, ...] | None,
@@ -89,12 +60,12 @@ def run_command(
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
     run_options = device.run_options(outputs_root)
-    with user_errors():
+    with common.user_errors():
         case_dirs = store.select_cases(cases, filters)
-    case_dirs = ops_selected(case_dirs, ops)
+    case_dirs = common.ops_selected(case_dirs, ops)
     for case_dir, reason in pipeline.skipped_folders(case_dirs):
         output.info(f"skipped {case_dir.name}: {reason}")
-    with ProgressDisplay() as display, user_errors():
+    with ProgressDisplay() as display, common.user_errors():
         summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
     print_run_summary(summary)
     if summary.interrupted:
@@ -108,7 +79,7 @@ def run_command(
 def _list_faults(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    with user_errors():
+    with common.user_errors():
         faults = reference_faults()
     for name, description in faults.items():
         output.stdout.print(f"{name:<18} {description}", markup=False, soft_wrap=True)
@@ -152,7 +123,7 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     order_seed: int | None = seed if seed is not None else secrets.randbits(32)
     if (deterministic or os.environ.get(store.DETERMINISTIC_ENV) == "1") and fault != "deterministic-ignored":
         order_seed = None
-    with user_errors():
+    with common.user_errors():
         create(fault=fault)  # checks the fault name
         status = emulate_case_dir(case_dir, output_dir, fault=fault, order_seed=order_seed)
     suffix = f" (fault '{fault}' planted)" if fault else ""
@@ -172,26 +143,26 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     type=click.Path(file_okay=False, path_type=Path),
     help="Folder of the generated cases (cases already there and current are reused).",
 )
-@device_options
-@filter_option()
-@precision_option
-@jobs_option
-@shard_option
-@force_option
-@max_cases_option
-@release_option
-@ops_option_for(GEN_OPS_HELP)
-@settings_options(
+@options.device_options
+@options.filter_option()
+@options.precision_option
+@options.jobs_option
+@options.shard_option
+@options.force_option
+@options.max_cases_option
+@options.release_option
+@options.ops_option_for(options.GEN_OPS_HELP)
+@options.settings_options(
     standard="Judge every case by this standard (as bsa compare).",
     threshold="Override one threshold of the standard (repeatable), as bsa compare.",
     padding="BNSD padding rule, as bsa compare.",
 )
-@report_options
-@verbose_option
+@options.report_options
+@options.verbose_option
 def check_command(
     specs: tuple[str, ...],
     out: Path,
-    device: DeviceOptions,
+    device: options.DeviceOptions,
     filters: tuple[str, ...],
     precision: Precision,
     jobs: int | None,
@@ -199,8 +170,8 @@ def check_command(
     force: bool,
     max_cases: int,
     release: str | None,
-    settings: SettingsOptions,
-    reports: ReportPaths,
+    settings: options.SettingsOptions,
+    reports: options.ReportPaths,
     verbose: bool,
     ops: tuple[Op, ...] | None,
 ) -> None:
@@ -213,26 +184,26 @@ def check_command(
     """
     run_options = device.run_options()
     run_settings = settings.run_settings()
-    prepare_reports(reports)
+    common.prepare_reports(reports)
     try:
         with ProgressDisplay() as display:
-            cases = load_cases(specs, filters, shard_text, max_cases, release, ops)
-            warn_constraints(cases)
+            cases = common.load_cases(specs, filters, shard_text, max_cases, release, ops)
+            common.warn_constraints(cases)
             estimates = {case.name: estimate(case) for case in cases}
-            refuse_oversized(estimates, force)
-            with user_errors():
+            common.refuse_oversized(estimates, force)
+            with common.user_errors():
                 checked = pipeline.check_suite(
                     cases, out, run_options, run_settings, precision, jobs, PipelineProgress(display), estimates
                 )
             if checked.suite is None:
                 raise KeyboardInterrupt
             suite = checked.suite
-            show_kernel_path_notes(checked.case_dirs)
+            common.show_kernel_path_notes(checked.case_dirs)
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
-    write_reports(suite, reports, (out,))
+    common.write_reports(suite, reports, (out,))
     if run_options.device.reference_results:
         output.stdout.print(run_options.device.announcement, markup=False)
     raise click.exceptions.Exit(suite.return_code)

@@ -10,7 +10,7 @@ from ..compare import drift
 from ..report import night_from_document, prepare_report_paths, read_report
 from ..report.trend import render_trend, write_trend_html
 from . import output
-from .common import UserError, user_errors
+from .common import user_errors, write_report
 
 
 @click.command("trend")
@@ -43,8 +43,4 @@ def trend_command(reports: tuple[Path, ...], html_path: Path | None, regression_
         found = drift.trend(nights, margin)
     render_trend(found, output.stdout)
     if html_path is not None:
-        try:
-            write_trend_html(found, html_path)
-        except OSError as exc:
-            raise UserError(f"cannot write --html {html_path}: {exc.strerror or exc}") from None
-        output.info(f"wrote HTML report {html_path}")
+        write_report("--html", html_path, write_trend_html, found)

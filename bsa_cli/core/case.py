@@ -14,15 +14,8 @@ import ml_dtypes
 import numpy as np
 
 DTYPES: dict[str, Any] = {
-    "float16": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "float32": np.dtype(np.float32),
-    "float64": np.dtype(np.float64),
-    "uint8": np.dtype(np.uint8),
-    "int64": np.dtype(np.int64),
-    "int8": np.dtype(np.int8),
-    "int32": np.dtype(np.int32),
-    "bool": np.dtype(np.bool_),
+    name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name)
+    for name in ("float16", "bfloat16", "float32", "float64", "uint8", "int64", "int8", "int32", "bool")
 }
 """Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes)."""
 

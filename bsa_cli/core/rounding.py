@@ -32,7 +32,6 @@ import numpy as np
 Ties = Literal["even", "away"]
 """How a value halfway between two neighbours is rounded: to the even one, or away from zero."""
 
-TIES: tuple[Ties, ...] = ("even", "away")
 
 BACKWARD_TIES: Ties = "away"
 """The A2/A3 backward kernel's casts (P16, dS16, and dq/dk/dv at the end) use AscendC RoundMode::CAST_ROUND,

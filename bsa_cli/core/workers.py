@@ -51,9 +51,7 @@ def worker_pool(
     saved = {var: os.environ.get(var) for var in BLAS_THREAD_VARS}
     os.environ.update({var: threads for var in BLAS_THREAD_VARS})
     try:
-        context = multiprocessing.get_context("spawn")
-        start = (initializer, initargs)
-        with _Pool(jobs, context, ignore_interrupt, start) as pool:
+        with _Pool(jobs, multiprocessing.get_context("spawn"), ignore_interrupt, (initializer, initargs)) as pool:
             yield pool
     finally:
         for var, value in saved.items():

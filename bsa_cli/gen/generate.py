@@ -44,11 +44,8 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("init", "logit_std"), None),
     (("expect", "verdict"), "PASS"),
     (("expect", "cause"), None),
-    (("ops",), ("backward",)),
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
-    (("op_expect",), ()),
-    (("skipped_ops",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")
@@ -67,14 +64,8 @@ def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
     the backward's: a case of the default ops keeps the fingerprint it had before ops existed.
     """
     fields = asdict(case)
-    fields.pop("source", None)
-    fields.pop("warnings", None)
-    for key in (
-        "ops",
-        "op_expect",
-        "skipped_ops",
-        *(() if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")),
-    ):
+    forward_params = () if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")
+    for key in ("source", "warnings", "ops", "op_expect", "skipped_ops", *forward_params):
         fields.pop(key)
     fields["expect"] = asdict(case.expect_of(op))
     if not get(op).is_default:

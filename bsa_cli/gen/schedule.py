@@ -84,7 +84,7 @@ def estimate(case: Case) -> Estimate:
     grad_elems = q_elems + 2 * kv_elems
     output_bytes = grad_elems * (4 + itemsize)  # golden float32 and benchmark in the case dtype
     density = counts.selected_blocks / counts.total_blocks if counts.total_blocks else 0.0
-    spans = _nonempty_spans(case)
+    spans = sum(count for (q_len, kv_len), count in _distinct_lengths(case) if q_len and kv_len)  # non-empty
     peak_memory = (
         BASE_MEMORY
         + input_bytes
@@ -105,15 +105,9 @@ def estimate(case: Case) -> Estimate:
         + SECONDS_PER_ROW * counts.active_rows
         + (SECONDS_PER_BLOCK if consecutive else SECONDS_PER_GATHERED_BLOCK) * counts.selected_blocks
     )
-    return Estimate(
-        flops=flops,
-        density=density,
-        input_bytes=input_bytes,
-        output_bytes=output_bytes,
-        peak_memory=int(peak_memory),
-        seconds=seconds if case.expect.ok else SECONDS_PER_CASE,
-        selected_blocks=int(counts.selected_blocks),
-    )
+    if not case.expect.ok:
+        seconds = SECONDS_PER_CASE
+    return Estimate(flops, density, input_bytes, output_bytes, int(peak_memory), seconds, int(counts.selected_blocks))
 
 
 def _working_memory(case: Case, q_elems: int, kv_elems: int, itemsize: int, density: float) -> int:
@@ -150,10 +144,6 @@ _COUNTED: collections.deque[tuple[tuple[int, ...], tuple[int, ...], list[tuple[t
     collections.deque(maxlen=4)
 )
 """The last distinct-length counts, by the identity of the length tuples (cases of a matrix share them)."""
-
-
-def _nonempty_spans(case: Case) -> int:
-    return sum(count for (q_len, kv_len), count in _distinct_lengths(case) if q_len and kv_len)
 
 
 def pattern_counts(case: Case) -> MaskCounts:

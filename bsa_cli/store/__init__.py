@@ -517,13 +517,10 @@ def _exchange(first: Path, second: Path) -> bool:
     except (OSError, AttributeError):
         return False
     at_fdcwd = -100
-    result = renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE)
-    return result == 0
+    return renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE) == 0
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -40,9 +40,6 @@ __all__ = ["GRAD_NAMES", "INPUT_NAMES", "SECTIONS"]  # re-exported: the devices 
 FORMAT = "bsa-case/1"
 """The manifest's `format`: what case.json files this bsa reads and writes."""
 
-OPTIONAL_INPUT_NAMES = ("atten_mask",)
-"""Inputs a case passes only to break a rule (a non-null attenMask); absent from a manifest otherwise."""
-
 Entries = Mapping[str, Mapping[str, Any] | None]
 """One section of array entries, as `store.check_manifest` has checked them."""
 
@@ -150,10 +147,6 @@ class Manifest(Mapping[str, Any]):
         return self.section("inputs")
 
     @property
-    def golden(self) -> Entries:
-        return self.section("golden")
-
-    @property
     def outputs(self) -> Entries:
         return self.section("outputs")
 
@@ -203,7 +196,11 @@ class Manifest(Mapping[str, Any]):
 
     @property
     def release(self) -> str:
-        return release_of(self.raw)
+        """The release the case targets (`semantics.release`; a manifest written before bsa knew releases
+        followed master 3a280bcc, the 9.1.0 rules)."""
+        semantics = self.raw.get("semantics")
+        release = semantics.get("release") if isinstance(semantics, Mapping) else None
+        return release if release in interface.RELEASES else "9.1.0"
 
     @property
     def inputs_digest(self) -> str | None:
@@ -211,7 +208,12 @@ class Manifest(Mapping[str, Any]):
 
     @property
     def notes(self) -> tuple[str, ...]:
-        return notes(self.raw)
+        """What `bsa gen` noted of a case's kernel precision path (fp16 overflow, values flushed to zero): at
+        most `MAX_NOTES` lines, each one clipped line, since the manifest is untrusted."""
+        found = self.raw.get("notes")
+        if not isinstance(found, list):
+            return ()
+        return tuple(clip(note, 300) for note in found[:MAX_NOTES])
 
     def call_tensors(self) -> dict[str, dict[str, Any]]:
         return call_tensors(self.raw)
@@ -246,11 +248,6 @@ def json_number(value: float) -> str | float:
 
 params = interface.case_params
 """The op parameters of a case, as passed to aclnnBlockSparseAttentionGrad (`interface.case_params`)."""
-
-
-def op_params(case: Case, op: str) -> dict[str, Any]:
-    """Return the parameters of one op's call: `params`, and the forward's own where the op calls it."""
-    return forward_interface.case_params_forward(case) if get(op).calls_forward else params(case)
 
 
 def expect_record(expect: Expect) -> dict[str, Any]:
@@ -323,14 +320,6 @@ MAX_NOTES = 8
 """Most `notes` lines a reader takes from a manifest (it is untrusted)."""
 
 
-def release_of(manifest: Mapping[str, Any]) -> str:
-    """Return the release a manifest's case targets (`semantics.release`; one written before bsa knew
-    releases followed master 3a280bcc, the 9.1.0 rules)."""
-    semantics = manifest.get("semantics")
-    release = semantics.get("release") if isinstance(semantics, Mapping) else None
-    return release if release in interface.RELEASES else "9.1.0"
-
-
 def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
     """Return one sha256 over the sha256 of every input file the manifest lists (name order), or None.
 
@@ -348,15 +337,6 @@ def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
             return None
         lines.append(f"{name} {digest[:64]}\n")
     return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-def notes(manifest: Mapping[str, Any]) -> tuple[str, ...]:
-    """Return what `bsa gen` noted of a case's kernel precision path (fp16 overflow, values flushed to
-    zero): at most `MAX_NOTES` lines, each one clipped line, since the manifest is untrusted."""
-    found = manifest.get("notes")
-    if not isinstance(found, list):
-        return ()
-    return tuple(clip(note, 300) for note in found[:MAX_NOTES])
 
 
 def build_manifest(
@@ -379,7 +359,7 @@ def build_manifest(
         **({"op": op} if not get(op).is_default else {}),
         "spec": case.source,
         "generator": {"tool": "bsa", "version": __version__, "seed": case.seed},
-        "params": op_params(case, op),
+        "params": forward_interface.case_params_forward(case) if get(op).calls_forward else params(case),
         "semantics": semantics(case),
         "sparsity": sparsity_record(case),
         "inputs": dict(inputs),
@@ -402,12 +382,15 @@ MAX_PARAM = 2**31 - 1
 MAX_PARAM_ELEMENTS = 1 << 40
 """Most elements a tensor of a manifest's case may have (as a spec's)."""
 
+SIZE_PARAMS = ("batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len")
+"""The params every manifest gives, integers from 0 to MAX_PARAM: a `Case`'s fields of the same names."""
+
 
 def _check_params(p: Any, sem: Any) -> None:
     """Raise ValueError naming the first of a manifest's params that cannot describe a case."""
     if not isinstance(p, Mapping) or not isinstance(sem, Mapping):
         raise ValueError("params and semantics must be mappings")
-    for key in ("batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len"):
+    for key in SIZE_PARAMS:
         value = p.get(key)
         if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_PARAM:
             raise ValueError(f"params.{key}: {value!r:.60} is not an integer from 0 to {MAX_PARAM}")
@@ -457,14 +440,13 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         name=manifest["name"],
         source=manifest.get("spec", ""),
         layout=p["layout"],
-        kv_layout=p.get("kv_layout"),
         dtype=p["dtype"],
-        batch=p["batch"],
-        num_heads=p["num_heads"],
-        num_kv_heads=p["num_kv_heads"],
-        head_dim=p["head_dim"],
-        q_seq_len=p["q_seq_len"],
-        kv_seq_len=p["kv_seq_len"],
+        **{key: p[key] for key in SIZE_PARAMS},
+        kv_layout=p.get("kv_layout"),
+        lse_shape=p.get("lse_shape", "trailing_one"),
+        mask_type=p.get("mask_type", 0),
+        pre_tokens=p.get("pre_tokens", 2147483647),
+        next_tokens=p.get("next_tokens", 2147483647),
         actual_seq_lengths=decode_lengths(p.get("actual_seq_lengths"), encoding),
         actual_seq_lengths_kv=decode_lengths(p.get("actual_seq_lengths_kv"), encoding),
         block_shape=tuple(p["block_shape"] or ()),
@@ -473,14 +455,10 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         seed=manifest.get("generator", {}).get("seed", 0),
         expect=Expect(**manifest.get("expect", {})),
         seq_lengths_encoding=encoding,
-        lse_shape=p.get("lse_shape", "trailing_one"),
         bnsd_lengths=sem.get("bnsd_lengths", "honored"),
-        release=release_of(manifest),
+        release=Manifest(manifest).release,
         null_layouts=tuple(n for n in ("q", "kv") if n in (p.get("null_layouts") or [])),
         empty_row_lse=float(empty_lse),
-        mask_type=p.get("mask_type", 0),
-        pre_tokens=p.get("pre_tokens", 2147483647),
-        next_tokens=p.get("next_tokens", 2147483647),
         compare=dict(manifest.get("compare") or {}),
         ops=(Manifest(manifest).op,),
         inner_precise=forward["inner_precise"],
@@ -515,14 +493,10 @@ def flat_params(manifest: Mapping[str, Any]) -> str:
     if op is None or not op.is_default:
         lines.append(f"op {manifest['op']}")
     for key, value in manifest["params"].items():
-        if value is None:
-            text = "-"
-        elif isinstance(value, list):
+        if isinstance(value, list):
             text = " ".join(str(v) for v in value) if value else "-"
-        elif isinstance(value, float):
-            text = repr(value)
         else:
-            text = str(value)
+            text = "-" if value is None else str(value)  # a float as repr writes it, every digit
         lines.append(f"{key} {text}")
     lines.append(f"expect_status {manifest['expect']['status']}")
     for section, tag in (("inputs", "input"), ("golden", "golden"), ("outputs", "output")):
