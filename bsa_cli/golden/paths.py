@@ -35,27 +35,6 @@ Inputs = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray
 """dout (None for the forward), query, key, value and the block mask: of a case, or heads-major of a batch entry."""
 
 
-def _check_mask(block_mask: np.ndarray, heads: int, q_len: int, kv_len: int, block_shape: Sequence[int]) -> np.ndarray:
-    """Return `block_mask` as bool, after checking it is [N1, ceil(q_len/X), ceil(kv_len/Y)]."""
-    x, y = block_shape
-    expected = (heads, -(-q_len // x), -(-kv_len // y))
-    mask = np.asarray(block_mask)
-    if mask.shape != expected:
-        raise ValueError(
-            f"block_mask has shape {mask.shape}, expected {expected} for {heads} heads, "
-            f"q_len {q_len}, kv_len {kv_len} and block shape {tuple(block_shape)}"
-            " (cut it with layout.mask_view)"
-        )
-    return mask if mask.dtype == np.bool_ else mask != 0
-
-
-def _check_heads(num_heads: int, num_kv_heads: int) -> int:
-    """Return the GQA group size N1 / N2, after checking N1 is a multiple of N2."""
-    if num_kv_heads <= 0 or num_heads % num_kv_heads:
-        raise ValueError(f"query heads ({num_heads}) must be a positive multiple of kv heads ({num_kv_heads})")
-    return num_heads // num_kv_heads
-
-
 @dataclasses.dataclass
 class KernelRange:
     """What the kernel path's P and dS hold before they are rounded to the input dtype (`watching`).
@@ -124,14 +103,24 @@ class _Entry:
 
     @classmethod
     def of(cls, inputs: Inputs, block_shape: Sequence[int], scale: float) -> _Entry:
-        """Check one entry's shapes (GQA group, mask) and return it."""
+        """Check one entry's shapes (GQA group, the block mask [N1, ceil(q_len/X), ceil(kv_len/Y)]) and return it,
+        its mask as bool."""
         dout, query, key, value, block_mask = inputs
         heads, q_len = query.shape[:2]
         kv_heads, kv_len = key.shape[:2]
-        group = _check_heads(heads, kv_heads)
-        mask = _check_mask(block_mask, heads, q_len, kv_len, block_shape)
+        if kv_heads <= 0 or heads % kv_heads:  # N1 a multiple of N2: the GQA group size N1 / N2
+            raise ValueError(f"query heads ({heads}) must be a positive multiple of kv heads ({kv_heads})")
         x, y = block_shape
-        return cls(dout, query, key, value, mask, (x, y), scale, group, mask.shape[2] * y - kv_len)
+        expected = (heads, -(-q_len // x), -(-kv_len // y))
+        mask = np.asarray(block_mask)
+        if mask.shape != expected:
+            raise ValueError(
+                f"block_mask has shape {mask.shape}, expected {expected} for {heads} heads, "
+                f"q_len {q_len}, kv_len {kv_len} and block shape {tuple(block_shape)}"
+                " (cut it with layout.mask_view)"
+            )
+        mask = mask if mask.dtype == np.bool_ else mask != 0
+        return cls(dout, query, key, value, mask, (x, y), scale, heads // kv_heads, mask.shape[2] * y - kv_len)
 
 
 class _Path:
@@ -202,37 +191,9 @@ class _Golden(_Path):
     def tile(
         self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
     ) -> None:
-        e, precision = self.entry, self.block_dtype
-        assert e.dout is not None
-        query_scaled = np.asarray(e.query[head, rows], dtype=precision) * self.scale_cast
-        dout_rows = np.asarray(e.dout[head, rows], dtype=precision)
-        dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(self.out[head, rows], dtype=precision))
-        with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
-            lse_rows = np.asarray(self.lse[head, rows], dtype=precision)
-        probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
-        np.matmul(query_scaled, keys.T, out=probs)
-        for part in _chunks(probs.shape):
-            chunk = probs[part]
-            chunk -= lse_rows[part, None]
-            _mask_tail(chunk, selected, e.mask.shape[2], e.tail_pad)
-            np.exp(chunk, out=chunk)
-        self.finish_tile(head, rows, probs, dout_rows, query_scaled, dsum, selected, keys, values, scratch)
-
-    def finish_tile(
-        self,
-        head: int,
-        rows: slice,
-        exp_scores: np.ndarray,
-        dout: np.ndarray,
-        query_scaled: np.ndarray,
-        dsum: np.ndarray,
-        selected: np.ndarray,
-        keys: np.ndarray,
-        values: np.ndarray,
-        scratch: _Scratch,
-    ) -> None:
-        """Finish one tile from its P [rows, cols] (`exp_scores`, cast to the precision if it is float64):
-        add its dV and dK shares, write its dQ rows."""
+        """Compute the tile's P [rows, cols] (`scores`, cast to the precision if it is float64), add its dV and dK
+        shares, write its dQ rows."""
+        exp_scores, dout, query_scaled, dsum = self.scores(head, rows, selected, keys, scratch)
         precision = self.block_dtype
         probs = exp_scores
         if exp_scores.dtype != precision:
@@ -250,6 +211,26 @@ class _Golden(_Path):
         dq_rows = dscores @ keys
         dq_rows *= self.scale_cast
         self.dq[head, rows] = dq_rows
+
+    def scores(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, scratch: _Scratch
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Return the tile's P [rows, cols], its dout rows and scaled query rows, and its Dsum."""
+        e, precision = self.entry, self.block_dtype
+        assert e.dout is not None
+        query_scaled = np.asarray(e.query[head, rows], dtype=precision) * self.scale_cast
+        dout_rows = np.asarray(e.dout[head, rows], dtype=precision)
+        dsum = np.einsum("ij,ij->i", dout_rows, np.asarray(self.out[head, rows], dtype=precision))
+        with np.errstate(over="ignore"):  # a huge finite empty-row sentinel may overflow; never read
+            lse_rows = np.asarray(self.lse[head, rows], dtype=precision)
+        probs = scratch.get("probs", (query_scaled.shape[0], keys.shape[0]), precision)
+        np.matmul(query_scaled, keys.T, out=probs)
+        for part in _chunks(probs.shape):
+            chunk = probs[part]
+            chunk -= lse_rows[part, None]
+            _mask_tail(chunk, selected, e.mask.shape[2], e.tail_pad)
+            np.exp(chunk, out=chunk)
+        return probs, dout_rows, query_scaled, dsum
 
     def finish(self, kv_head: int) -> None:
         dim, kv_len = self.entry.key.shape[2], self.entry.key.shape[1]
@@ -281,9 +262,9 @@ class _ForwardGolden(_Golden):
             np.copyto(self.keys64, keys)
             np.copyto(self.values64, values)
 
-    def tile(
-        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
-    ) -> None:
+    def scores(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, scratch: _Scratch
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         e, precision = self.entry, self.block_dtype
         assert e.dout is not None
         query_rows = e.query[head, rows].astype(precision)  # a copy: scaled in place below
@@ -298,7 +279,7 @@ class _ForwardGolden(_Golden):
         dout_rows *= factor
         dsum *= factor[:, 0]
         query_rows *= self.scale_cast
-        self.finish_tile(head, rows, exp_scores, dout_rows, query_rows, dsum, selected, keys, values, scratch)
+        return exp_scores, dout_rows, query_rows, dsum
 
     def finish(self, kv_head: int) -> None:
         super().finish(kv_head)
