@@ -13,7 +13,7 @@ import multiprocessing
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from queue import Empty
 from typing import Any
@@ -200,14 +200,8 @@ UNDERFLOW_NOTE_SHARE = 0.01
 
 def kernel_path_record(kernel_range: golden.KernelRange) -> dict[str, Any]:
     """Return the range of the benchmark's P and dS before rounding, as the manifest records it."""
-    return {
-        "max_abs_probs": kernel_range.max_abs_probs,
-        "max_abs_dscores": kernel_range.max_abs_dscores,
-        "probs_nonzero": kernel_range.probs_nonzero,
-        "probs_flushed_to_zero": kernel_range.probs_flushed,
-        "dscores_nonzero": kernel_range.dscores_nonzero,
-        "dscores_flushed_to_zero": kernel_range.dscores_flushed,
-    }
+    names = [field.name for field in fields(kernel_range) if field.repr]  # its counts, in order (not its lock)
+    return {name.replace("flushed", "flushed_to_zero"): getattr(kernel_range, name) for name in names}
 
 
 def kernel_path_notes(

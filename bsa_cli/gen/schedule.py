@@ -73,10 +73,7 @@ def estimate(case: Case) -> Estimate:
     working buffers, and what every kv-head group and batch entry holds.
     """
     mask_elements = math.prod(case.mask_shape)
-    if mask_elements <= EXACT_MASK_ELEMENTS:
-        counts = mask_counts(case, make_mask(case))
-    else:
-        counts = pattern_counts(case)
+    counts = mask_counts(case, make_mask(case)) if mask_elements <= EXACT_MASK_ELEMENTS else pattern_counts(case)
     itemsize = numpy_dtype(case.dtype).itemsize if case.dtype in ("float16", "bfloat16") else 4
     q_elems = math.prod(case.q_shape)
     kv_elems = math.prod(case.kv_shape)
@@ -157,10 +154,8 @@ def pattern_counts(case: Case) -> MaskCounts:
     heads = case.num_heads
     n_q = case.num_q_blocks
     empty = sparsity.empty_rows
-    if isinstance(empty, float):
-        kept = 1.0 - (round(empty * n_q) / n_q if n_q else 0.0)
-    else:
-        kept = 1.0 - (len({r for r in empty if r < n_q}) / n_q if n_q else 0.0)
+    empty_count = round(empty * n_q) if isinstance(empty, float) else len({r for r in empty if r < n_q})
+    kept = 1.0 - (empty_count / n_q if n_q else 0.0)
     explicit_density = 0.0
     if sparsity.pattern == "explicit" and sparsity.explicit is not None:
         explicit_density = float(np.count_nonzero(sparsity.explicit)) / max(sparsity.explicit.size, 1)

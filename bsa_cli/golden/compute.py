@@ -183,10 +183,8 @@ def _case_entries(case: Case, inputs: Inputs) -> Iterator[tuple[SequenceSpan, _E
 def _case_walks(case: Case, inputs: Inputs, path: Callable[[SequenceSpan, _Entry], _Path]) -> list[_Task]:
     """Return one walk per batch entry (with query rows) and kv head of a case, with a path of its own from
     `path(span, entry)`."""
-    walks = []
-    for span, entry in _case_entries(case, inputs):
-        walks += _each_kv_head(entry, lambda: path(span, entry))  # noqa: B023 (called at once)
-    return walks
+    entries = _case_entries(case, inputs)
+    return [_Task(path(span, entry), kv_head) for span, entry in entries for kv_head in range(entry.key.shape[0])]
 
 
 def _forward_arrays(case: Case, rounded: bool = False) -> tuple[np.ndarray, np.ndarray]:
