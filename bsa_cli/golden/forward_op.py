@@ -108,10 +108,6 @@ class _Fp16Softmax(_Fp32Softmax):
         return round_float32(values, FLOAT16, FORWARD_TIES, out=values)
 
 
-def _softmax_of(inner_precise: int, scale: float) -> _Fp32Softmax:
-    return _Fp16Softmax(scale) if inner_precise == 1 else _Fp32Softmax(scale)
-
-
 def online_softmax_rows(
     query: np.ndarray,
     keys: np.ndarray,
@@ -127,7 +123,7 @@ def online_softmax_rows(
         query: [rows, D] float32 (values of the io dtype); keys, values: [cols, D] float32, real columns only.
         stack: columns per online-softmax step (the kernel's 512; tests pass others to show it matters).
     """
-    softmax = _softmax_of(inner_precise, scale)
+    softmax = _Fp16Softmax(scale) if inner_precise == 1 else _Fp32Softmax(scale)
     io_dtype = np.dtype(io_dtype)
     scores = softmax.scores(_fp32_product(query, keys.T))
     width = scores.shape[1]

@@ -120,10 +120,9 @@ def check_size(directory: Path, entry: Mapping[str, Any]) -> Path:
     check_entry(entry, str(path))
     expected = expected_nbytes(entry)
     shape_text = f"shape {list(entry['shape'])} {entry['dtype']}"
-    if not path.exists():
-        raise DataError(str(path), f"missing (expected {expected} bytes for {shape_text})")
     if not path.is_file():
-        raise DataError(str(path), f"not a regular file (expected {expected} bytes for {shape_text})")
+        problem = "missing" if not path.exists() else "not a regular file"
+        raise DataError(str(path), f"{problem} (expected {expected} bytes for {shape_text})")
     found = path.stat().st_size
     if found != expected:
         kind = "truncated" if found < expected else "oversized"

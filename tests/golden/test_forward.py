@@ -15,7 +15,7 @@ import pytest
 
 from bsa_cli import golden
 from bsa_cli.core.case import Case, numpy_dtype
-from bsa_cli.golden.forward_op import _softmax_of
+from bsa_cli.golden.forward_op import _Fp16Softmax
 from tests import helpers
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -195,7 +195,7 @@ def test_inner_precise_1_gives_an_lse_of_fp16_precision() -> None:
 
 
 def test_inner_precise_1_holds_the_scale_in_fp16() -> None:
-    softmax = _softmax_of(1, 0.17)
+    softmax = _Fp16Softmax(0.17)  # innerPrecise 1
     assert softmax.scale == np.float32(np.float16(0.17)) != np.float32(0.17)
 
 
