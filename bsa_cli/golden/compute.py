@@ -44,9 +44,10 @@ def _forward_rows(
     return out, np.full((heads, q_len), -np.inf, dtype=lse_dtype), np.ones((heads, q_len), dtype=bool)
 
 
-def _each_kv_head(entry: _Entry, path: Callable[[], _Path]) -> list[_Task]:
-    """Return one walk per kv head of `entry`, each with a path of its own from `path()`."""
-    return [_Task(path(), kv_head) for kv_head in range(entry.key.shape[0])]
+def _walk_entry(inputs: Inputs, block_shape: Sequence[int], scale: float, path: Callable[[_Entry], _Path]) -> None:
+    """Check one batch entry's inputs and walk each of its kv heads, with a path of its own from `path(entry)`."""
+    entry = _Entry.of(inputs, block_shape, scale)
+    _run([_Task(path(entry), kv_head) for kv_head in range(entry.key.shape[0])])
 
 
 def forward_sequence(
@@ -71,8 +72,7 @@ def forward_sequence(
         of the scaled scores over the selected positions; -inf on empty rows), and empty [N1, sq] bool.
     """
     out, lse, empty = _forward_rows(query)
-    entry = _Entry.of((None, query, key, value, block_mask), block_shape, scale)
-    _run(_each_kv_head(entry, lambda: _Forward(entry, out, lse, empty)))
+    _walk_entry((None, query, key, value, block_mask), block_shape, scale, lambda e: _Forward(e, out, lse, empty))
     return out, lse, empty
 
 
@@ -99,8 +99,7 @@ def backward_sequence(
         dq [N1, sq, D], dk and dv [N2, skv, D], all of `precision`.
     """
     grads = _zeros_grads(query.shape, key.shape, _check_precision(precision))
-    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
-    _run(_each_kv_head(entry, lambda: _Golden(entry, out, lse, grads)))
+    _walk_entry((dout, query, key, value, block_mask), block_shape, scale, lambda e: _Golden(e, out, lse, grads))
     return grads
 
 
@@ -125,8 +124,7 @@ def backward_sequence_kernel(
         dq, dk, dv of `io_dtype` (float16 or bfloat16).
     """
     grads = _zeros_grads(query.shape, key.shape, io_dtype)
-    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
-    _run(_each_kv_head(entry, lambda: _Kernel(entry, out, lse, grads)))
+    _walk_entry((dout, query, key, value, block_mask), block_shape, scale, lambda e: _Kernel(e, out, lse, grads))
     return grads
 
 
@@ -157,8 +155,8 @@ def forward_backward_sequence(
     precision = _check_precision(precision)
     out, lse, empty = _forward_rows(query, io_dtype, np.float32)
     grads = _zeros_grads(query.shape, key.shape, precision)
-    entry = _Entry.of((dout, query, key, value, block_mask), block_shape, scale)
-    _run(_each_kv_head(entry, lambda: _ForwardGolden(entry, out, lse, empty, grads)))
+    inputs = (dout, query, key, value, block_mask)
+    _walk_entry(inputs, block_shape, scale, lambda entry: _ForwardGolden(entry, out, lse, empty, grads))
     return (out, lse, empty, *grads)
 
 

@@ -308,9 +308,7 @@ def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     table: dict[str, dict[str, Any]] = {}
     for section in ("inputs", "outputs"):
         entries = manifest.get(section)
-        if not isinstance(entries, Mapping):
-            continue
-        for name, entry in entries.items():
+        for name, entry in entries.items() if isinstance(entries, Mapping) else ():
             if isinstance(entry, Mapping):
                 table[str(name)] = {"dtype": entry.get("dtype"), "shape": list(entry.get("shape") or ())}
     return table
