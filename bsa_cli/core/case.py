@@ -254,17 +254,12 @@ class Case:
 
     def tensor_descs(self) -> dict[str, dict[str, Any]]:
         """Return {name: {"dtype", "shape"}} of every non-null tensor of the call, overrides applied."""
+        q, kv = self.q_shape, self.kv_shape
+        shapes = {"dout": q, "query": q, "key": kv, "value": kv, "attention_out": q, "softmax_lse": self.lse_shape_dims}
+        shapes.update({"block_sparse_mask": self.mask_shape, "dq": q, "dk": kv, "dv": kv})
+        dtypes = {"softmax_lse": "float32", "block_sparse_mask": "uint8"}  # the others: the case dtype
         descs: dict[str, dict[str, Any]] = {
-            "dout": {"dtype": self.dtype, "shape": self.q_shape},
-            "query": {"dtype": self.dtype, "shape": self.q_shape},
-            "key": {"dtype": self.dtype, "shape": self.kv_shape},
-            "value": {"dtype": self.dtype, "shape": self.kv_shape},
-            "attention_out": {"dtype": self.dtype, "shape": self.q_shape},
-            "softmax_lse": {"dtype": "float32", "shape": self.lse_shape_dims},
-            "block_sparse_mask": {"dtype": "uint8", "shape": self.mask_shape},
-            "dq": {"dtype": self.dtype, "shape": self.q_shape},
-            "dk": {"dtype": self.dtype, "shape": self.kv_shape},
-            "dv": {"dtype": self.dtype, "shape": self.kv_shape},
+            name: {"dtype": dtypes.get(name, self.dtype), "shape": shape} for name, shape in shapes.items()
         }
         for item in self.tensors:
             if item.null:
