@@ -153,7 +153,7 @@ class Op(str):
             return None
         call, v = found
         who = f"{self.step_owner} {call.name} step" if self.step_owner else call.refuser
-        return f"{who} refuses {v.key} {v.message} ({call.stage(v.status)}, {v.status})"
+        return f"{who} refuses {v.key} {v.message} ({call.stages.get(v.status, 'aclnn')}, {v.status})"
 
 
 _BY_NAME: dict[str, Op] = {}

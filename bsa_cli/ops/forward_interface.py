@@ -209,13 +209,7 @@ def violations(
     """
     if release not in interface.RELEASES:
         raise ValueError(f"release {release!r}: known releases are {', '.join(interface.RELEASES)}")
-    found = _aclnn_rules(params, tensors)
-    if found:
-        return found
-    found = _infershape_rules(params, tensors)
-    if found:
-        return found
-    return _tiling_rules(params, tensors)
+    return _aclnn_rules(params, tensors) or _infershape_rules(params, tensors) or _tiling_rules(params, tensors)
 
 
 def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
@@ -261,12 +255,8 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
 
 
 def _axes(layout: Any) -> tuple[int, int, int | None, int]:
-    """Return (rank, N axis, B axis or None, D axis) of a layout."""
-    if layout == "TND":
-        return 3, 1, None, 2
-    if layout == "BSND":
-        return 4, 2, 0, 3
-    return 4, 1, 0, 3
+    """Return (rank, N axis, B axis or None, D axis) of a layout (one aclnn accepted: a string)."""
+    return {"TND": (3, 1, None, 2), "BSND": (4, 2, 0, 3)}.get(layout, (4, 1, 0, 3))
 
 
 def _infershape_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:

@@ -449,9 +449,6 @@ class Call:
     def kernel_constraints(self, case: Case) -> list[str]:
         return self.constraints(self.params(case), case.bnsd_lengths)
 
-    def stage(self, status: int) -> str:
-        return self.stages.get(status, "aclnn")
-
 
 BACKWARD_CALL = Call(
     name="backward",

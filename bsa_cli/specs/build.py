@@ -481,11 +481,12 @@ def _valid_ops(case: Case, statuses: dict[str, tuple[int, str]]) -> Judged:
     accepting = [op for op in case.ops if statuses[op][0] == 0]
     if not accepting:
         return [], [(op, f"{get(op).refusal(case)}; no op --ops asked for accepts it") for op in case.ops]
+    accepted = f"{' and '.join(f'the {op}' for op in accepting)} accept{'s' if len(accepting) == 1 else ''} it"
     op_expect: list[tuple[str, Expect]] = []
     skipped: list[tuple[str, str]] = []
     for op in case.ops:
         if statuses[op][0] != 0:
-            skipped.append((op, f"{get(op).refusal(case)}; {_accepted_by(accepting)}"))
+            skipped.append((op, f"{get(op).refusal(case)}; {accepted}"))  # "the backward and the chain accept it"
         elif judges_pair(case.expect) and not get(op).pair:
             op_expect.append((op, Expect()))
     return op_expect, skipped
@@ -513,9 +514,3 @@ def _negative_ops(r: _Reader, case: Case, statuses: dict[str, tuple[int, str]], 
             "breaks an interface rule",
         )
     return op_expect, skipped
-
-
-def _accepted_by(ops: list[str]) -> str:
-    """Return "the backward accepts it" / "the backward and the chain accept it"."""
-    names = " and ".join(f"the {op}" for op in ops)
-    return f"{names} accept{'s' if len(ops) == 1 else ''} it"

@@ -322,17 +322,7 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     if not isinstance(per_head, bool):
         raise sub.error("per_head", f"{show(per_head)} is not true or false")
     alignment = sub.choice("causal_alignment", ALIGNMENTS, "top_left")
-    return Sparsity(
-        pattern=pattern,
-        density=density,
-        window=window,
-        stride=stride,
-        explicit=explicit,
-        explicit_source=source,
-        empty_rows=empty,
-        per_head=per_head,
-        causal_alignment=alignment,
-    )
+    return Sparsity(pattern, density, window, stride, explicit, source, empty, per_head, alignment)
 
 
 def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
