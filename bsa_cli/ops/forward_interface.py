@@ -43,6 +43,7 @@ from .interface import (
     ACLNN_ERR_PARAM_INVALID,
     ACLNN_ERR_PARAM_NULLPTR,
     DEFAULT_RELEASE,
+    LENGTH_KEYS,
     Call,
     Violation,
 )
@@ -370,10 +371,7 @@ def _parse_lengths(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str,
             "actual_seq_lengths",
             f"{len(q_lengths)} and {len(kv_lengths)} entries for B = {batch}: one length per batch entry",
         )
-    for key_name, lengths, limit in (
-        ("actual_seq_lengths", q_lengths, max_q),
-        ("actual_seq_lengths_kv", kv_lengths, max_kv),
-    ):
+    for key_name, lengths, limit in zip(LENGTH_KEYS, (q_lengths, kv_lengths), (max_q, max_kv), strict=True):
         if any(n > limit for n in lengths):
             return _refuse(key_name, f"{_show(lengths)}: a length exceeds the tensor's S {limit}")
     return []
@@ -402,10 +400,8 @@ def _parse_sparse_pattern(params: Mapping[str, Any], tensors: Mapping[str, Mappi
         return _refuse("block_table", "blockTable is not null: the forward has no paged cache")
     q_lengths, kv_lengths = call_lengths(params)
     if params.get("layout") == "TND" and q_lengths is not None and kv_lengths is not None:
-        for key_name, lengths, tokens, tensor in (
-            ("actual_seq_lengths", q_lengths, _shape(tensors, "query")[0], "query"),
-            ("actual_seq_lengths_kv", kv_lengths, _shape(tensors, "key")[0], "key"),
-        ):
+        for key_name, lengths, tensor in zip(LENGTH_KEYS, (q_lengths, kv_lengths), ("query", "key"), strict=True):
+            tokens = _shape(tensors, tensor)[0]
             if sum(lengths) != tokens:
                 return _refuse(key_name, f"{_show(lengths)} sums to {sum(lengths)}, not {tensor}'s T {tokens}")
     return []

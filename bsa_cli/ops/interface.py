@@ -70,6 +70,8 @@ def release_of_cann(version: str | None) -> str | None:
     return None
 
 
+LENGTH_KEYS = ("actual_seq_lengths", "actual_seq_lengths_kv")
+
 LAYOUT_KEYS = {"q": "layout", "kv": "kv_layout"}
 """A case's null layouts (`null_layouts` in params: "q", "kv") and the parameter each stands for."""
 

@@ -33,7 +33,7 @@ from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
 from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
-from ..ops.interface import BACKWARD_CALL, Call
+from ..ops.interface import BACKWARD_CALL, LENGTH_KEYS, Call
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,
@@ -206,13 +206,10 @@ def _sizes(r: _Reader, raw: dict[str, Any], tnd: bool) -> tuple[int, int, int, L
         kv_seq_len = r.integer("kv_seq_len", q_seq_len, minimum=1)
         if kv_lengths is None and q_lengths is not None and kv_seq_len == q_seq_len and not kv_lengths_null:
             kv_lengths = q_lengths
-        for key, lengths, limit in (
-            ("actual_seq_lengths", q_lengths, q_seq_len),
-            ("actual_seq_lengths_kv", kv_lengths, kv_seq_len),
-        ):
+        for key, lengths, limit in zip(LENGTH_KEYS, (q_lengths, kv_lengths), (q_seq_len, kv_seq_len), strict=True):
             if lengths is not None and max(lengths, default=0) > limit:
                 raise r.error(key, f"{show(list(lengths))}: a length exceeds the sequence dimension {limit}")
-    for key, lengths in (("actual_seq_lengths", q_lengths), ("actual_seq_lengths_kv", kv_lengths)):
+    for key, lengths in zip(LENGTH_KEYS, (q_lengths, kv_lengths), strict=True):
         if lengths is not None and len(lengths) != batch:
             raise r.error(key, f"has {len(lengths)} entries, but batch is {batch}: give one length per batch")
     return batch, q_seq_len, kv_seq_len, q_lengths, kv_lengths
@@ -359,7 +356,7 @@ def _fix_first(case: Case, v: interface.Violation) -> str | None:
                 f"{show(value)} is not a layout the operator knows (did you mean '{value.upper()}'? layout "
                 f"strings are upper case); {negative}"
             )
-    if v.key in ("actual_seq_lengths", "actual_seq_lengths_kv") and "TND" in v.message and "is null" in v.message:
+    if v.key in LENGTH_KEYS and "TND" in v.message and "is null" in v.message:
         which = "query" if v.key == "actual_seq_lengths" else "key/value"
         return (
             f"{v.message}: add '{v.key}: [...]' to the case, one {which} length per batch entry (for example "
