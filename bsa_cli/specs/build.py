@@ -18,17 +18,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..core.case import (
-    BNSD_LENGTHS,
-    DTYPES,
-    LSE_SHAPES,
-    MAX_TOKENS,
-    SEQ_LENGTHS_ENCODINGS,
-    Case,
-    Distribution,
-    Expect,
-    Layout,
-)
+from ..core.case import BNSD_LENGTHS, DTYPES, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
 from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
@@ -283,13 +273,6 @@ def _check_sizes(r: _Reader, case: Case) -> None:
         raise r.error("actual_seq_lengths", "every length is 0: the case has nothing to compute or compare")
 
 
-def _magnitude(dist: Distribution) -> float:
-    """Return a bound that drawn values exceed only rarely: |mean| + 4 std, or the larger uniform bound."""
-    if dist.kind == "uniform":
-        return max(abs(dist.low), abs(dist.high))
-    return abs(dist.mean) + 4.0 * dist.std
-
-
 def _check_finite(r: _Reader, case: Case) -> None:
     """Refuse init values and scales with which the inputs or the golden cannot be finite.
 
@@ -313,7 +296,8 @@ def _check_finite(r: _Reader, case: Case) -> None:
         dist = getattr(init, tensor)
         if init.logit_std is not None and tensor in ("query", "key"):
             dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
-        size[tensor] = _magnitude(dist)
+        # a bound that drawn values exceed only rarely: the larger uniform bound, or |mean| + 4 std
+        size[tensor] = max(abs(dist.low), abs(dist.high)) if dist.kind == "uniform" else abs(dist.mean) + 4.0 * dist.std
         if dist.row_scale is not None:
             size[tensor] *= dist.row_scale.high
         if dist.outliers is not None:
