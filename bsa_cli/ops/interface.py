@@ -26,6 +26,11 @@ from typing import Any, Literal
 
 from ..core.case import MAX_TOKENS, Case, Layout
 
+Params = Mapping[str, Any]
+"""A call's parameters as a manifest's `params` records them (`case_params`)."""
+Tensors = Mapping[str, Mapping[str, Any]]
+"""A call's non-null tensors, {name: {"dtype", "shape"}} (`Case.tensor_descs`)."""
+
 ACLNN_SUCCESS = 0
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
@@ -155,15 +160,13 @@ def _dim(desc: Mapping[str, Any] | None, axis: int) -> Any:
     return shape[axis] if len(shape) > axis else None
 
 
-def null_layouts(params: Mapping[str, Any]) -> list[str]:
+def null_layouts(params: Params) -> list[str]:
     """Return the layout parameters a call passes as null pointers ("layout", "kv_layout")."""
     nulls = params.get("null_layouts") or []
     return [LAYOUT_KEYS[n] for n in ("q", "kv") if n in nulls]
 
 
-def undefined_behaviour(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> list[str]:
+def undefined_behaviour(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> list[str]:
     """Return what in a call `release` does not check before reading it (so no status can be expected).
 
     Before master's d42799fe6 a null layout string is read before any check; dq, dk and dv are read
@@ -183,9 +186,7 @@ def undefined_behaviour(
     return found
 
 
-def violations(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> list[Violation]:
+def violations(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> list[Violation]:
     """Return every interface rule that a call breaks, in the order `release` checks them.
 
     Args:
@@ -244,7 +245,7 @@ def violations(
     return found + _block_shape_rules(params) + tiling_refusals(params, tensors)
 
 
-def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
+def _block_shape_rules(params: Params) -> list[Violation]:
     """ParseBlockShape: null 161001; fewer than 2 values or a value <= 0 161002 (every release)."""
     block_shape = params.get("block_shape")
     if block_shape is None:
@@ -256,7 +257,7 @@ def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
     return []
 
 
-def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _rules_9_0(params: Params, tensors: Tensors) -> list[Violation]:
     """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
     whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
     came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
@@ -268,9 +269,7 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
     return found + _attribute_rules(params, tensors) + _tnd_length_rules(params) + _block_shape_rules(params)
 
 
-def query_dtype_rules(
-    tensors: Mapping[str, Mapping[str, Any]], same: tuple[str, ...], query_itself: bool = True
-) -> list[Violation]:
+def query_dtype_rules(tensors: Tensors, same: tuple[str, ...], query_itself: bool = True) -> list[Violation]:
     """query float16 or bfloat16 (with `query_itself`), and the tensors `same` of its dtype (161002)."""
     if "query" not in tensors:
         return []
@@ -284,7 +283,7 @@ def query_dtype_rules(
     return found
 
 
-def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _attribute_rules(params: Params, tensors: Tensors) -> list[Violation]:
     """A non-null attenMask, a maskType other than 0, tokens other than MAX_TOKENS (161002, every release)."""
     found = []
     if "atten_mask" in tensors:
@@ -297,7 +296,7 @@ def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[st
     return [_invalid(key, message) for key, message in found]
 
 
-def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
+def _tnd_length_rules(params: Params) -> list[Violation]:
     """A TND query or key/value without its lengths (161002, every release)."""
     found = []
     if params.get("layout") == "TND" and params.get("actual_seq_lengths") is None:
@@ -308,7 +307,7 @@ def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
     return found
 
 
-def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def tiling_refusals(params: Params, tensors: Tensors) -> list[Violation]:
     """Return what the A2/A3 tiling refuses in a call that passed `ValidateParams` (status 561002).
 
     It reads only the q layout (TND or BNSD), asks BNSD query, key and blockSparseMask of rank 4 and TND
@@ -346,7 +345,7 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     return found
 
 
-def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
+def kernel_constraints(params: Params, bnsd_lengths: str) -> list[str]:
     """Return warnings for a valid call whose golden the A2/A3 kernel will not match.
 
     `bnsd_lengths` is the case's (`honored` or `ignored`): what its golden assumes of BNSD lengths.
@@ -369,7 +368,7 @@ def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str
     return []
 
 
-def arch35_refusals(params: Mapping[str, Any]) -> list[str]:
+def arch35_refusals(params: Params) -> list[str]:
     """Return why the Ascend 950 (arch35) tiling would refuse a call that the A2/A3 tiling accepts.
 
     `op_host/arch35/block_sparse_attention_grad_tiling_arch35.cpp` (master 5778144): layouts BSND, BNSD or
@@ -392,7 +391,7 @@ def arch35_refusals(params: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
-def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+def call_lengths(params: Params) -> tuple[list[int] | None, list[int] | None]:
     """Return the actualSeqLengths and actualSeqLengthsKv to pass to the operator for manifest `params`.
 
     A BNSD case without lengths passes `[S] * B` (q and kv S), never a null list: the A2/A3
@@ -410,8 +409,6 @@ def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int]
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
 
 
-Params = Mapping[str, Any]
-Tensors = Mapping[str, Mapping[str, Any]]
 Step = Literal["forward", "backward"]
 
 

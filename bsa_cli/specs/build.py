@@ -39,14 +39,7 @@ from .fields import (
     read_dtype,
     refuse_unknown,
 )
-from .ops_fields import (
-    forward_keys_given,
-    judges_pair,
-    read_expect,
-    read_inner_precise,
-    read_ops,
-    read_softmax_lse_flag,
-)
+from .ops_fields import forward_keys_given, judges_pair, read_expect, read_forward_params, read_ops
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
 
@@ -73,8 +66,7 @@ def build_case(
     _check_ops_keys(r, case_ops, expect, override=ops is not None)
     case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
     calls_forward = any(get(op).calls_forward for op in case_ops)
-    inner_precise = read_inner_precise(r, not expect.ok)
-    softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
+    inner_precise, softmax_lse_flag = read_forward_params(r, not expect.ok)
     layout, kv_layout, nulls = _layouts(r, raw)
     dtype = read_dtype(r, "dtype", r.get("dtype", "float16"), "float16 (fp16), bfloat16 (bf16)")
     num_heads = r.integer("num_heads", minimum=1)
