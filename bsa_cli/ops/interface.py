@@ -333,8 +333,7 @@ def tiling_refusals(params: Params, tensors: Tensors) -> list[Violation]:
             f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block to work on (blockDim is 0)"
         )
         found.append(Violation("query", message, tiling))
-    head_axis = 1
-    n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
+    n1, n2 = _dim(tensors.get("query"), 1), _dim(tensors.get("key"), 1)  # N: dim 1 of TND and BNSD
     if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):
         found.append(Violation("num_kv_heads", f"N1={n1}, N2={n2}: the tiling needs N1 % N2 == 0 and N1 >= N2", tiling))
     if _dim(tensors.get("query"), 2 if layout == "TND" else 3) == 0:
