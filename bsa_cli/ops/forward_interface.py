@@ -53,16 +53,7 @@ from .interface import (
 ACLNN_ERR_INNER_NULLPTR = 561103
 """What GetWorkspaceSize returns when the forward's infershape fails (the l0op hands back null outputs)."""
 
-FORWARD_TENSORS = (
-    "query",
-    "key",
-    "value",
-    "block_sparse_mask",
-    "atten_mask",
-    "block_table",
-    "attention_out",
-    "softmax_lse",
-)
+FORWARD_TENSORS = tuple("query key value block_sparse_mask atten_mask block_table attention_out softmax_lse".split())
 """The forward's tensors in its parameter order (block_table and atten_mask only when a call passes them)."""
 
 FORWARD_MASK_DTYPE = "int8"

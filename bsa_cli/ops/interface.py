@@ -151,10 +151,6 @@ def _invalid(key: str, message: str) -> Violation:
     return Violation(key, message, ACLNN_ERR_PARAM_INVALID)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _dim(desc: Mapping[str, Any] | None, axis: int) -> Any:
     shape = list((desc or {}).get("shape") or ())
     return shape[axis] if len(shape) > axis else None
@@ -252,7 +248,7 @@ def _block_shape_rules(params: Params) -> list[Violation]:
         return [Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)]
     if not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
         return [_invalid("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]")]
-    if not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block_shape[:2]):
         return [_invalid("block_shape", f"{block_shape!r}: X and Y must be positive")]
     return []
 
