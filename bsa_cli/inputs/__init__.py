@@ -228,8 +228,7 @@ def make_mask(case: Case) -> np.ndarray:
             for b, n in np.ndindex(mask.shape[:2]):
                 mask[b, n, generator.choice(n_q, size=count, replace=False)] = False
     else:
-        rows = [r for r in empty_rows if r < n_q]
-        mask[:, :, rows] = False
+        mask[:, :, [r for r in empty_rows if r < n_q]] = False
     return mask.astype(np.uint8)
 
 

@@ -207,9 +207,7 @@ def violations(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE)
         for key in null_layouts(params):
             add(key, f"{'qInputLayout' if key == 'layout' else 'kvInputLayout'} is null")
     # 1. CheckMandatoryTensors: null inputs.
-    for name in MANDATORY:
-        if name not in tensors:
-            add(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR)
+    found += [Violation(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR) for name in MANDATORY if name not in tensors]
     if release == "9.0.0":
         return found + _rules_9_0(params, tensors) + tiling_refusals(params, tensors)
     # 2. dtypes.
@@ -395,12 +393,10 @@ def call_lengths(params: Params) -> tuple[list[int] | None, list[int] | None]:
     case without lengths is a negative case and passes null).
     """
     q_lengths, kv_lengths = params.get("actual_seq_lengths"), params.get("actual_seq_lengths_kv")
-    if params.get("layout") == "BNSD":
-        batch = params.get("batch")
-        if q_lengths is None and isinstance(batch, int):
-            q_lengths = [params.get("q_seq_len")] * batch
-        if kv_lengths is None and isinstance(batch, int):
-            kv_lengths = [params.get("kv_seq_len")] * batch
+    batch = params.get("batch")
+    if params.get("layout") == "BNSD" and isinstance(batch, int):
+        q_lengths = q_lengths if q_lengths is not None else [params.get("q_seq_len")] * batch
+        kv_lengths = kv_lengths if kv_lengths is not None else [params.get("kv_seq_len")] * batch
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
 
 

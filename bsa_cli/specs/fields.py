@@ -340,13 +340,11 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         return _SHARED[key]
     if isinstance(value, str):
         array = _read_npy(r, path, value)
-        source = value
     else:
         try:
             array = np.array(value)
         except (ValueError, TypeError, OverflowError):
             raise r.error("mask", "is a ragged nested list: every row needs the same length") from None
-        source = "inline"
     if array.ndim not in (2, 3, 4) or array.dtype.kind not in "biuf":  # bool, integers or floats
         raise r.error(
             "mask",
@@ -364,6 +362,7 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
             )
     selected = array != 0
     selected.setflags(write=False)
+    source = value if isinstance(value, str) else "inline"
     _SHARED[key] = (selected, source)
     return selected, source
 
