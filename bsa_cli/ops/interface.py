@@ -400,9 +400,6 @@ def call_lengths(params: Params) -> tuple[list[int] | None, list[int] | None]:
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
 
 
-Step = Literal["forward", "backward"]
-
-
 @dataclass(frozen=True)
 class Call:
     """One operator an op calls (the forward or the backward): how a case is seen as its call, its rules,
@@ -410,7 +407,7 @@ class Call:
 
     An op holds its calls in the order it makes them (`Op.steps`); specs, gen and devices ask the calls."""
 
-    name: Step
+    name: Literal["forward", "backward"]
     refuser: str
     """Who refuses a call of an op of this one step ("the A2/A3 forward")."""
     undefined_error: str

@@ -291,10 +291,9 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     for key in raw:
         users = PATTERN_KEYS.get(key)
         if users is not None and pattern not in users:
-            which = " or ".join(users)
             raise sub.error(
                 key,
-                f"pattern {show(pattern)} does not use it ({key} is for pattern {which}); remove "
+                f"pattern {show(pattern)} does not use it ({key} is for pattern {' or '.join(users)}); remove "
                 f"it, or set pattern: {users[0]}",
             )
     density = sub.number("density", 0.5)
