@@ -249,11 +249,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def _check_sizes(r: _Reader, case: Case) -> None:
     """Refuse a case whose tensors hold more than MAX_ELEMENTS elements, or that has nothing to compute."""
-    for what, shape in (
-        ("query", case.q_shape),
-        ("key and value", case.kv_shape),
-        ("block_sparse_mask", case.mask_shape),
-    ):
+    shapes = {"query": case.q_shape, "key and value": case.kv_shape, "block_sparse_mask": case.mask_shape}
+    for what, shape in shapes.items():
         count = math.prod(shape)
         if count > MAX_ELEMENTS:
             raise r.error(
