@@ -225,12 +225,10 @@ def make_mask(case: Case) -> np.ndarray:
         count = round(empty_rows * n_q)
         if count:
             generator = rng(case, "empty_rows")
-            for b in range(mask.shape[0]):
-                for n in range(mask.shape[1]):
-                    mask[b, n, generator.choice(n_q, size=count, replace=False)] = False
+            for b, n in np.ndindex(mask.shape[:2]):
+                mask[b, n, generator.choice(n_q, size=count, replace=False)] = False
     else:
-        rows = [r for r in empty_rows if r < n_q]
-        mask[:, :, rows] = False
+        mask[:, :, [r for r in empty_rows if r < n_q]] = False
     return mask.astype(np.uint8)
 
 

@@ -33,12 +33,6 @@ def spread(dist: Distribution) -> float:
     return dist.std if dist.kind == "normal" else (dist.high - dist.low) / math.sqrt(12.0)
 
 
-def sink_direction(case: Case, rng: Callable[[str], np.random.Generator]) -> np.ndarray:
-    """Return one unit vector u per kv head [N2, D]: the direction the queries share with the sink key."""
-    u = rng("sink").standard_normal((case.num_kv_heads, case.head_dim))
-    return u / np.linalg.norm(u, axis=1, keepdims=True)
-
-
 def query_spread(case: Case) -> float:
     """Return the std of the query values as drawn (`logit_std` decides it when given)."""
     return logit_std_spread(case) if case.init.logit_std is not None else spread(case.init.query)
@@ -104,7 +98,9 @@ def adjuster(
     sink_rows: np.ndarray | None = None
     length = 0.0
     if sink is not None:
-        direction = sink_direction(case, rng)
+        # one unit vector u per kv head [N2, D]: the direction the queries share with the sink key
+        u = rng("sink").standard_normal((case.num_kv_heads, case.head_dim))
+        direction = u / np.linalg.norm(u, axis=1, keepdims=True)
         heads, _ = _rows(case, name, shape)
         if name == "query":
             kv_head_of_row, length = heads // case.group_size, sink_query_shift(case)

@@ -1,8 +1,6 @@
 """Autograd: the chain through torch_npu's autograd (`npu_block_sparse_attention` with `requires_grad`
 inputs, then `out.backward(dout)`): only a torch_npu device runs it."""
 
-from __future__ import annotations
-
 from .base import AUTOGRAD_STEP, FORWARD_BINDING, FORWARD_OUTPUTS, GRAD_NAMES, Op
 from .forward_interface import FORWARD_CALL
 from .interface import BACKWARD_CALL

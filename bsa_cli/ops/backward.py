@@ -1,8 +1,6 @@
 """The backward: aclnnBlockSparseAttentionGrad on the golden's rounded attentionOut and softmaxLse (what bsa
 always tested; a case's default, with unchanged files)."""
 
-from __future__ import annotations
-
 from .base import BACKWARD_BINDING, BACKWARD_INPUTS, GRAD_NAMES, Op
 from .interface import BACKWARD_CALL
 

@@ -90,20 +90,10 @@ class Op(str):
         torch_npu_calls: tuple[str, ...] = (),
         autograd_only: bool = False,
     ) -> Op:
+        # each attribute (but pair) is the argument of its name; set in vars(), not through __setattr__: an op is frozen
+        given = {key: value for key, value in locals().items() if key in Op.__annotations__}
         op = super().__new__(cls, name)
-        vars(op).update(  # not through __setattr__: an op is frozen
-            inputs=inputs,
-            outputs=outputs,
-            calls_forward=calls_forward,
-            calls_backward=calls_backward,
-            pair=calls_forward and calls_backward,
-            summary=summary,
-            steps=steps,
-            mask_dtype=mask_dtype,
-            step_owner=step_owner,
-            torch_npu_calls=torch_npu_calls,
-            autograd_only=autograd_only,
-        )
+        vars(op).update(given, pair=calls_forward and calls_backward)
         _BY_NAME[name] = op
         return op
 
@@ -153,7 +143,7 @@ class Op(str):
             return None
         call, v = found
         who = f"{self.step_owner} {call.name} step" if self.step_owner else call.refuser
-        return f"{who} refuses {v.key} {v.message} ({call.stage(v.status)}, {v.status})"
+        return f"{who} refuses {v.key} {v.message} ({call.stages.get(v.status, 'aclnn')}, {v.status})"
 
 
 _BY_NAME: dict[str, Op] = {}

@@ -1,8 +1,6 @@
 """The chain: the forward, then the backward on the forward's OWN out and lse (what a training step does),
 each call with the dtypes it accepts."""
 
-from __future__ import annotations
-
 from .base import BACKWARD_BINDING, FORWARD_BINDING, FORWARD_OUTPUTS, GRAD_NAMES, Op
 from .forward_interface import FORWARD_CALL
 from .interface import BACKWARD_CALL

@@ -1,7 +1,5 @@
 """The forward: aclnnBlockSparseAttention on query, key, value and the mask: attentionOut and softmaxLse."""
 
-from __future__ import annotations
-
 from .base import FORWARD_BINDING, FORWARD_OUTPUTS, Op
 from .forward_interface import FORWARD_CALL, FORWARD_MASK_DTYPE
 

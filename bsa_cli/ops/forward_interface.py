@@ -43,23 +43,17 @@ from .interface import (
     ACLNN_ERR_PARAM_INVALID,
     ACLNN_ERR_PARAM_NULLPTR,
     DEFAULT_RELEASE,
+    LENGTH_KEYS,
     Call,
+    Params,
+    Tensors,
     Violation,
 )
 
 ACLNN_ERR_INNER_NULLPTR = 561103
 """What GetWorkspaceSize returns when the forward's infershape fails (the l0op hands back null outputs)."""
 
-FORWARD_TENSORS = (
-    "query",
-    "key",
-    "value",
-    "block_sparse_mask",
-    "atten_mask",
-    "block_table",
-    "attention_out",
-    "softmax_lse",
-)
+FORWARD_TENSORS = tuple("query key value block_sparse_mask atten_mask block_table attention_out softmax_lse".split())
 """The forward's tensors in its parameter order (block_table and atten_mask only when a call passes them)."""
 
 FORWARD_MASK_DTYPE = "int8"
@@ -96,7 +90,7 @@ def case_params_forward(case: Case) -> dict[str, Any]:
     }
 
 
-def params_forward(params: Mapping[str, Any]) -> dict[str, Any]:
+def params_forward(params: Params) -> dict[str, Any]:
     """Return a manifest's `params` for the forward's rules: bsa's innerPrecise and softmaxLseFlag where absent."""
     return {"inner_precise": INNER_PRECISE_DEFAULT, "softmax_lse_flag": SOFTMAX_LSE_FLAG_DEFAULT, **params}
 
@@ -128,7 +122,7 @@ def manifest_tensors(sections: Mapping[str, Mapping[str, Any]]) -> dict[str, dic
     return found
 
 
-def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+def call_lengths(params: Params) -> tuple[list[int] | None, list[int] | None]:
     """Return the actualSeqLengths and actualSeqLengthsKv the forward is passed: as the case has them.
 
     Unlike the backward (`interface.call_lengths`, which passes `[S] * B` for a BNSD case without lengths),
@@ -143,7 +137,7 @@ def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _shape(tensors: Mapping[str, Mapping[str, Any]], name: str) -> list[Any]:
+def _shape(tensors: Tensors, name: str) -> list[Any]:
     return list((tensors.get(name) or {}).get("shape") or ())
 
 
@@ -152,9 +146,7 @@ def _ceil_div(n: int, d: int) -> int:
     return 0 if n == 0 else -(-n // d)
 
 
-def undefined_behaviour(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> list[str]:
+def undefined_behaviour(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> list[str]:
     """Return what in a forward call has no status bsa can expect.
 
     A null softmaxLse with softmaxLseFlag 1 reaches `ViewCopy` into a null tensor after tiling; a mask of
@@ -170,7 +162,7 @@ def undefined_behaviour(
     return found
 
 
-def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
+def kernel_constraints(params: Params, bnsd_lengths: str) -> list[str]:
     """Return warnings for a valid forward call whose golden the A2/A3 forward will not match.
 
     The forward honours BNSD lengths (`call_lengths`: the tiling walks each batch entry's kv length), so a
@@ -191,9 +183,7 @@ def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str
     return []
 
 
-def violations(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> list[Violation]:
+def violations(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> list[Violation]:
     """Return the forward's rules a call breaks, in the order the forward checks them.
 
     Args:
@@ -209,16 +199,10 @@ def violations(
     """
     if release not in interface.RELEASES:
         raise ValueError(f"release {release!r}: known releases are {', '.join(interface.RELEASES)}")
-    found = _aclnn_rules(params, tensors)
-    if found:
-        return found
-    found = _infershape_rules(params, tensors)
-    if found:
-        return found
-    return _tiling_rules(params, tensors)
+    return _aclnn_rules(params, tensors) or _infershape_rules(params, tensors) or _tiling_rules(params, tensors)
 
 
-def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _aclnn_rules(params: Params, tensors: Tensors) -> list[Violation]:
     """ValidateParams, ValidateAdditionalParams and MakeContiguous of aclnn_block_sparse_attention.cpp."""
     invalid, nullptr = ACLNN_ERR_PARAM_INVALID, ACLNN_ERR_PARAM_NULLPTR
     found = [Violation(name, f"{name} is null", nullptr) for name in ("query", "key", "value") if name not in tensors]
@@ -261,15 +245,11 @@ def _aclnn_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
 
 
 def _axes(layout: Any) -> tuple[int, int, int | None, int]:
-    """Return (rank, N axis, B axis or None, D axis) of a layout."""
-    if layout == "TND":
-        return 3, 1, None, 2
-    if layout == "BSND":
-        return 4, 2, 0, 3
-    return 4, 1, 0, 3
+    """Return (rank, N axis, B axis or None, D axis) of a layout (one aclnn accepted: a string)."""
+    return {"TND": (3, 1, None, 2), "BSND": (4, 2, 0, 3)}.get(layout, (4, 1, 0, 3))
 
 
-def _infershape_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _infershape_rules(params: Params, tensors: Tensors) -> list[Violation]:
     """InferShapeBlockSparseAttention (block_sparse_attention_infershape.cpp): its failure is 561103."""
     status = ACLNN_ERR_INNER_NULLPTR
     layout = params.get("layout")
@@ -295,7 +275,7 @@ def _refuse(key: str, message: str, status: int = ACLNN_ERR_INNER_TILING_ERROR) 
     return [Violation(key, message, status)]
 
 
-def _tiling_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _tiling_rules(params: Params, tensors: Tensors) -> list[Violation]:
     """The A2/A3 refusals of block_sparse_attention_tiling.cpp (`GetBsaTiling`), in its order: 561002."""
     if params.get("layout") == "BSND":
         return _refuse("layout", "'BSND': the A2/A3 tiling takes TND and BNSD (only the 950 takes BSND)")
@@ -308,7 +288,7 @@ def _tiling_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, 
     )
 
 
-def _parse_attrs(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _parse_attrs(params: Params, tensors: Tensors) -> list[Violation]:
     """ParseAttrs: numKeyValueHeads, innerPrecise, the tokens, softmaxLseFlag."""
     if params.get("num_kv_heads") == 0:
         return _refuse("num_kv_heads", "numKeyValueHeads 0: the tiling needs the kv head count")
@@ -326,7 +306,7 @@ def _parse_attrs(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, A
     return []
 
 
-def _parse_required_tensors(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _parse_required_tensors(params: Params, tensors: Tensors) -> list[Violation]:
     """ParseRequiredTensors: B, D and N of query, key and value, and the head dim."""
     _, n_axis, b_axis, d_axis = _axes(params.get("layout"))
     query, key, value = _shape(tensors, "query"), _shape(tensors, "key"), _shape(tensors, "value")
@@ -348,7 +328,7 @@ def _parse_required_tensors(params: Mapping[str, Any], tensors: Mapping[str, Map
     return []
 
 
-def _extent(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> tuple[int, int, int]:
+def _extent(params: Params, tensors: Tensors) -> tuple[int, int, int]:
     """Return (B, max Sq, max Skv) as the tiling reads them: from the lengths (TND) or the shapes (BNSD)."""
     q_lengths, kv_lengths = call_lengths(params)
     if params.get("layout") == "TND":
@@ -357,7 +337,7 @@ def _extent(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]])
     return int(query[0]), int(query[2]), int(key[2])
 
 
-def _parse_lengths(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _parse_lengths(params: Params, tensors: Tensors) -> list[Violation]:
     """ParseOptionalTensors' lengths: TND both given and of one size; BNSD both or neither, B entries, each <= S."""
     q_lengths, kv_lengths = call_lengths(params)
     if params.get("layout") == "TND":
@@ -380,16 +360,13 @@ def _parse_lengths(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str,
             "actual_seq_lengths",
             f"{len(q_lengths)} and {len(kv_lengths)} entries for B = {batch}: one length per batch entry",
         )
-    for key_name, lengths, limit in (
-        ("actual_seq_lengths", q_lengths, max_q),
-        ("actual_seq_lengths_kv", kv_lengths, max_kv),
-    ):
+    for key_name, lengths, limit in zip(LENGTH_KEYS, (q_lengths, kv_lengths), (max_q, max_kv), strict=True):
         if any(n > limit for n in lengths):
             return _refuse(key_name, f"{_show(lengths)}: a length exceeds the tensor's S {limit}")
     return []
 
 
-def _parse_sparse_pattern(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _parse_sparse_pattern(params: Params, tensors: Tensors) -> list[Violation]:
     """ParseSparsePattern and the rest of ParseOptionalTensors: the mask, attenMask and blockTable; then
     ValidateTNDSeqlenSum."""
     if "block_sparse_mask" not in tensors:
@@ -412,16 +389,14 @@ def _parse_sparse_pattern(params: Mapping[str, Any], tensors: Mapping[str, Mappi
         return _refuse("block_table", "blockTable is not null: the forward has no paged cache")
     q_lengths, kv_lengths = call_lengths(params)
     if params.get("layout") == "TND" and q_lengths is not None and kv_lengths is not None:
-        for key_name, lengths, tokens, tensor in (
-            ("actual_seq_lengths", q_lengths, _shape(tensors, "query")[0], "query"),
-            ("actual_seq_lengths_kv", kv_lengths, _shape(tensors, "key")[0], "key"),
-        ):
+        for key_name, lengths, tensor in zip(LENGTH_KEYS, (q_lengths, kv_lengths), ("query", "key"), strict=True):
+            tokens = _shape(tensors, tensor)[0]
             if sum(lengths) != tokens:
                 return _refuse(key_name, f"{_show(lengths)} sums to {sum(lengths)}, not {tensor}'s T {tokens}")
     return []
 
 
-def _task_split(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _task_split(params: Params, tensors: Tensors) -> list[Violation]:
     """CalculateTaskSplit / CalculateWorkSpace: some query row to work on."""
     batch, max_q, _ = _extent(params, tensors)
     if batch == 0:

@@ -26,6 +26,11 @@ from typing import Any, Literal
 
 from ..core.case import MAX_TOKENS, Case, Layout
 
+Params = Mapping[str, Any]
+"""A call's parameters as a manifest's `params` records them (`case_params`)."""
+Tensors = Mapping[str, Mapping[str, Any]]
+"""A call's non-null tensors, {name: {"dtype", "shape"}} (`Case.tensor_descs`)."""
+
 ACLNN_SUCCESS = 0
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
@@ -69,6 +74,8 @@ def release_of_cann(version: str | None) -> str | None:
             return release
     return None
 
+
+LENGTH_KEYS = ("actual_seq_lengths", "actual_seq_lengths_kv")
 
 LAYOUT_KEYS = {"q": "layout", "kv": "kv_layout"}
 """A case's null layouts (`null_layouts` in params: "q", "kv") and the parameter each stands for."""
@@ -144,24 +151,18 @@ def _invalid(key: str, message: str) -> Violation:
     return Violation(key, message, ACLNN_ERR_PARAM_INVALID)
 
 
-def _positive_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value > 0
-
-
 def _dim(desc: Mapping[str, Any] | None, axis: int) -> Any:
     shape = list((desc or {}).get("shape") or ())
     return shape[axis] if len(shape) > axis else None
 
 
-def null_layouts(params: Mapping[str, Any]) -> list[str]:
+def null_layouts(params: Params) -> list[str]:
     """Return the layout parameters a call passes as null pointers ("layout", "kv_layout")."""
     nulls = params.get("null_layouts") or []
     return [LAYOUT_KEYS[n] for n in ("q", "kv") if n in nulls]
 
 
-def undefined_behaviour(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> list[str]:
+def undefined_behaviour(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> list[str]:
     """Return what in a call `release` does not check before reading it (so no status can be expected).
 
     Before master's d42799fe6 a null layout string is read before any check; dq, dk and dv are read
@@ -181,9 +182,7 @@ def undefined_behaviour(
     return found
 
 
-def violations(
-    params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]], release: str = DEFAULT_RELEASE
-) -> list[Violation]:
+def violations(params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> list[Violation]:
     """Return every interface rule that a call breaks, in the order `release` checks them.
 
     Args:
@@ -208,9 +207,7 @@ def violations(
         for key in null_layouts(params):
             add(key, f"{'qInputLayout' if key == 'layout' else 'kvInputLayout'} is null")
     # 1. CheckMandatoryTensors: null inputs.
-    for name in MANDATORY:
-        if name not in tensors:
-            add(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR)
+    found += [Violation(name, f"{name} is null", ACLNN_ERR_PARAM_NULLPTR) for name in MANDATORY if name not in tensors]
     if release == "9.0.0":
         return found + _rules_9_0(params, tensors) + tiling_refusals(params, tensors)
     # 2. dtypes.
@@ -242,19 +239,19 @@ def violations(
     return found + _block_shape_rules(params) + tiling_refusals(params, tensors)
 
 
-def _block_shape_rules(params: Mapping[str, Any]) -> list[Violation]:
+def _block_shape_rules(params: Params) -> list[Violation]:
     """ParseBlockShape: null 161001; fewer than 2 values or a value <= 0 161002 (every release)."""
     block_shape = params.get("block_shape")
     if block_shape is None:
         return [Violation("block_shape", "blockShape is null", ACLNN_ERR_PARAM_NULLPTR)]
     if not isinstance(block_shape, (list, tuple)) or len(block_shape) < 2:
         return [_invalid("block_shape", f"{block_shape!r} has fewer than 2 values [X, Y]")]
-    if not (_positive_int(block_shape[0]) and _positive_int(block_shape[1])):
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in block_shape[:2]):
         return [_invalid("block_shape", f"{block_shape!r}: X and Y must be positive")]
     return []
 
 
-def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _rules_9_0(params: Params, tensors: Tensors) -> list[Violation]:
     """The 9.0.x checks after the null inputs: query fp16/bf16, key and value of query's dtype, layouts in the
     whitelist TND/BNSD, TND with lengths, the attributes and blockShape. No other dtype or shape rule (those
     came with v9.1.0), so an int8 mask or a float16 lse passes aclnn there."""
@@ -266,9 +263,7 @@ def _rules_9_0(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any
     return found + _attribute_rules(params, tensors) + _tnd_length_rules(params) + _block_shape_rules(params)
 
 
-def query_dtype_rules(
-    tensors: Mapping[str, Mapping[str, Any]], same: tuple[str, ...], query_itself: bool = True
-) -> list[Violation]:
+def query_dtype_rules(tensors: Tensors, same: tuple[str, ...], query_itself: bool = True) -> list[Violation]:
     """query float16 or bfloat16 (with `query_itself`), and the tensors `same` of its dtype (161002)."""
     if "query" not in tensors:
         return []
@@ -282,7 +277,7 @@ def query_dtype_rules(
     return found
 
 
-def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def _attribute_rules(params: Params, tensors: Tensors) -> list[Violation]:
     """A non-null attenMask, a maskType other than 0, tokens other than MAX_TOKENS (161002, every release)."""
     found = []
     if "atten_mask" in tensors:
@@ -295,7 +290,7 @@ def _attribute_rules(params: Mapping[str, Any], tensors: Mapping[str, Mapping[st
     return [_invalid(key, message) for key, message in found]
 
 
-def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
+def _tnd_length_rules(params: Params) -> list[Violation]:
     """A TND query or key/value without its lengths (161002, every release)."""
     found = []
     if params.get("layout") == "TND" and params.get("actual_seq_lengths") is None:
@@ -306,7 +301,7 @@ def _tnd_length_rules(params: Mapping[str, Any]) -> list[Violation]:
     return found
 
 
-def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str, Any]]) -> list[Violation]:
+def tiling_refusals(params: Params, tensors: Tensors) -> list[Violation]:
     """Return what the A2/A3 tiling refuses in a call that passed `ValidateParams` (status 561002).
 
     It reads only the q layout (TND or BNSD), asks BNSD query, key and blockSparseMask of rank 4 and TND
@@ -332,8 +327,7 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
             f"shape {list(tensors['query']['shape'])}: B == 0 or Sq == 0 leaves no block to work on (blockDim is 0)"
         )
         found.append(Violation("query", message, tiling))
-    head_axis = 1
-    n1, n2 = _dim(tensors.get("query"), head_axis), _dim(tensors.get("key"), head_axis)
+    n1, n2 = _dim(tensors.get("query"), 1), _dim(tensors.get("key"), 1)  # N: dim 1 of TND and BNSD
     if isinstance(n1, int) and isinstance(n2, int) and not (n2 > 0 and n1 >= n2 and n1 % n2 == 0):
         found.append(Violation("num_kv_heads", f"N1={n1}, N2={n2}: the tiling needs N1 % N2 == 0 and N1 >= N2", tiling))
     if _dim(tensors.get("query"), 2 if layout == "TND" else 3) == 0:
@@ -344,7 +338,7 @@ def tiling_refusals(params: Mapping[str, Any], tensors: Mapping[str, Mapping[str
     return found
 
 
-def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str]:
+def kernel_constraints(params: Params, bnsd_lengths: str) -> list[str]:
     """Return warnings for a valid call whose golden the A2/A3 kernel will not match.
 
     `bnsd_lengths` is the case's (`honored` or `ignored`): what its golden assumes of BNSD lengths.
@@ -367,7 +361,7 @@ def kernel_constraints(params: Mapping[str, Any], bnsd_lengths: str) -> list[str
     return []
 
 
-def arch35_refusals(params: Mapping[str, Any]) -> list[str]:
+def arch35_refusals(params: Params) -> list[str]:
     """Return why the Ascend 950 (arch35) tiling would refuse a call that the A2/A3 tiling accepts.
 
     `op_host/arch35/block_sparse_attention_grad_tiling_arch35.cpp` (master 5778144): layouts BSND, BNSD or
@@ -390,7 +384,7 @@ def arch35_refusals(params: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
-def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int] | None]:
+def call_lengths(params: Params) -> tuple[list[int] | None, list[int] | None]:
     """Return the actualSeqLengths and actualSeqLengthsKv to pass to the operator for manifest `params`.
 
     A BNSD case without lengths passes `[S] * B` (q and kv S), never a null list: the A2/A3
@@ -399,18 +393,11 @@ def call_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[int]
     case without lengths is a negative case and passes null).
     """
     q_lengths, kv_lengths = params.get("actual_seq_lengths"), params.get("actual_seq_lengths_kv")
-    if params.get("layout") == "BNSD":
-        batch = params.get("batch")
-        if q_lengths is None and isinstance(batch, int):
-            q_lengths = [params.get("q_seq_len")] * batch
-        if kv_lengths is None and isinstance(batch, int):
-            kv_lengths = [params.get("kv_seq_len")] * batch
+    batch = params.get("batch")
+    if params.get("layout") == "BNSD" and isinstance(batch, int):
+        q_lengths = q_lengths if q_lengths is not None else [params.get("q_seq_len")] * batch
+        kv_lengths = kv_lengths if kv_lengths is not None else [params.get("kv_seq_len")] * batch
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
-
-
-Params = Mapping[str, Any]
-Tensors = Mapping[str, Mapping[str, Any]]
-Step = Literal["forward", "backward"]
 
 
 @dataclass(frozen=True)
@@ -420,7 +407,7 @@ class Call:
 
     An op holds its calls in the order it makes them (`Op.steps`); specs, gen and devices ask the calls."""
 
-    name: Step
+    name: Literal["forward", "backward"]
     refuser: str
     """Who refuses a call of an op of this one step ("the A2/A3 forward")."""
     undefined_error: str
@@ -448,9 +435,6 @@ class Call:
 
     def kernel_constraints(self, case: Case) -> list[str]:
         return self.constraints(self.params(case), case.bnsd_lengths)
-
-    def stage(self, status: int) -> str:
-        return self.stages.get(status, "aclnn")
 
 
 BACKWARD_CALL = Call(

@@ -12,16 +12,9 @@ expanded case -> `Case`: geometry, constraints, the interface rules, warnings), 
 the list of cases: `load_specs`).
 """
 
-from .build import build_case as build_case
-from .expand import deep_merge as deep_merge
-from .expand import expand_matrix as expand_matrix
 from .fields import CASE_KEYS as CASE_KEYS
-from .fields import DTYPE_ALIASES as DTYPE_ALIASES
 from .fields import dtype_name as dtype_name
 from .load import MAX_CASES as MAX_CASES
 from .load import SpecErrors as SpecErrors
-from .load import load_spec_file as load_spec_file
 from .load import load_specs as load_specs
-from .load import raise_spec_errors as raise_spec_errors
-from .load import spec_files as spec_files
 from .safe_yaml import read_yaml as read_yaml

@@ -18,22 +18,12 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..core.case import (
-    BNSD_LENGTHS,
-    DTYPES,
-    LSE_SHAPES,
-    MAX_TOKENS,
-    SEQ_LENGTHS_ENCODINGS,
-    Case,
-    Distribution,
-    Expect,
-    Layout,
-)
+from ..core.case import BNSD_LENGTHS, DTYPES, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
 from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
 from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
-from ..ops.interface import BACKWARD_CALL, Call
+from ..ops.interface import BACKWARD_CALL, LENGTH_KEYS, Call
 from .fields import (
     CASE_KEYS,
     INT64_LIMIT,
@@ -49,14 +39,7 @@ from .fields import (
     read_dtype,
     refuse_unknown,
 )
-from .ops_fields import (
-    forward_keys_given,
-    judges_pair,
-    read_expect,
-    read_inner_precise,
-    read_ops,
-    read_softmax_lse_flag,
-)
+from .ops_fields import forward_keys_given, judges_pair, read_expect, read_forward_params, read_ops
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
 
@@ -83,8 +66,7 @@ def build_case(
     _check_ops_keys(r, case_ops, expect, override=ops is not None)
     case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
     calls_forward = any(get(op).calls_forward for op in case_ops)
-    inner_precise = read_inner_precise(r, not expect.ok)
-    softmax_lse_flag = read_softmax_lse_flag(r, not expect.ok)
+    inner_precise, softmax_lse_flag = read_forward_params(r, not expect.ok)
     layout, kv_layout, nulls = _layouts(r, raw)
     dtype = read_dtype(r, "dtype", r.get("dtype", "float16"), "float16 (fp16), bfloat16 (bf16)")
     num_heads = r.integer("num_heads", minimum=1)
@@ -206,13 +188,10 @@ def _sizes(r: _Reader, raw: dict[str, Any], tnd: bool) -> tuple[int, int, int, L
         kv_seq_len = r.integer("kv_seq_len", q_seq_len, minimum=1)
         if kv_lengths is None and q_lengths is not None and kv_seq_len == q_seq_len and not kv_lengths_null:
             kv_lengths = q_lengths
-        for key, lengths, limit in (
-            ("actual_seq_lengths", q_lengths, q_seq_len),
-            ("actual_seq_lengths_kv", kv_lengths, kv_seq_len),
-        ):
+        for key, lengths, limit in zip(LENGTH_KEYS, (q_lengths, kv_lengths), (q_seq_len, kv_seq_len), strict=True):
             if lengths is not None and max(lengths, default=0) > limit:
                 raise r.error(key, f"{show(list(lengths))}: a length exceeds the sequence dimension {limit}")
-    for key, lengths in (("actual_seq_lengths", q_lengths), ("actual_seq_lengths_kv", kv_lengths)):
+    for key, lengths in zip(LENGTH_KEYS, (q_lengths, kv_lengths), strict=True):
         if lengths is not None and len(lengths) != batch:
             raise r.error(key, f"has {len(lengths)} entries, but batch is {batch}: give one length per batch")
     return batch, q_seq_len, kv_seq_len, q_lengths, kv_lengths
@@ -270,11 +249,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 def _check_sizes(r: _Reader, case: Case) -> None:
     """Refuse a case whose tensors hold more than MAX_ELEMENTS elements, or that has nothing to compute."""
-    for what, shape in (
-        ("query", case.q_shape),
-        ("key and value", case.kv_shape),
-        ("block_sparse_mask", case.mask_shape),
-    ):
+    shapes = {"query": case.q_shape, "key and value": case.kv_shape, "block_sparse_mask": case.mask_shape}
+    for what, shape in shapes.items():
         count = math.prod(shape)
         if count > MAX_ELEMENTS:
             raise r.error(
@@ -284,13 +260,6 @@ def _check_sizes(r: _Reader, case: Case) -> None:
             )
     if case.expect.ok and math.prod(case.q_shape) == 0 and math.prod(case.kv_shape) == 0:
         raise r.error("actual_seq_lengths", "every length is 0: the case has nothing to compute or compare")
-
-
-def _magnitude(dist: Distribution) -> float:
-    """Return a bound that drawn values exceed only rarely: |mean| + 4 std, or the larger uniform bound."""
-    if dist.kind == "uniform":
-        return max(abs(dist.low), abs(dist.high))
-    return abs(dist.mean) + 4.0 * dist.std
 
 
 def _check_finite(r: _Reader, case: Case) -> None:
@@ -316,7 +285,8 @@ def _check_finite(r: _Reader, case: Case) -> None:
         dist = getattr(init, tensor)
         if init.logit_std is not None and tensor in ("query", "key"):
             dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
-        size[tensor] = _magnitude(dist)
+        # a bound that drawn values exceed only rarely: the larger uniform bound, or |mean| + 4 std
+        size[tensor] = max(abs(dist.low), abs(dist.high)) if dist.kind == "uniform" else abs(dist.mean) + 4.0 * dist.std
         if dist.row_scale is not None:
             size[tensor] *= dist.row_scale.high
         if dist.outliers is not None:
@@ -359,7 +329,7 @@ def _fix_first(case: Case, v: interface.Violation) -> str | None:
                 f"{show(value)} is not a layout the operator knows (did you mean '{value.upper()}'? layout "
                 f"strings are upper case); {negative}"
             )
-    if v.key in ("actual_seq_lengths", "actual_seq_lengths_kv") and "TND" in v.message and "is null" in v.message:
+    if v.key in LENGTH_KEYS and "TND" in v.message and "is null" in v.message:
         which = "query" if v.key == "actual_seq_lengths" else "key/value"
         return (
             f"{v.message}: add '{v.key}: [...]' to the case, one {which} length per batch entry (for example "
@@ -481,11 +451,12 @@ def _valid_ops(case: Case, statuses: dict[str, tuple[int, str]]) -> Judged:
     accepting = [op for op in case.ops if statuses[op][0] == 0]
     if not accepting:
         return [], [(op, f"{get(op).refusal(case)}; no op --ops asked for accepts it") for op in case.ops]
+    accepted = f"{' and '.join(f'the {op}' for op in accepting)} accept{'s' if len(accepting) == 1 else ''} it"
     op_expect: list[tuple[str, Expect]] = []
     skipped: list[tuple[str, str]] = []
     for op in case.ops:
         if statuses[op][0] != 0:
-            skipped.append((op, f"{get(op).refusal(case)}; {_accepted_by(accepting)}"))
+            skipped.append((op, f"{get(op).refusal(case)}; {accepted}"))  # "the backward and the chain accept it"
         elif judges_pair(case.expect) and not get(op).pair:
             op_expect.append((op, Expect()))
     return op_expect, skipped
@@ -513,9 +484,3 @@ def _negative_ops(r: _Reader, case: Case, statuses: dict[str, tuple[int, str]], 
             "breaks an interface rule",
         )
     return op_expect, skipped
-
-
-def _accepted_by(ops: list[str]) -> str:
-    """Return "the backward accepts it" / "the backward and the chain accept it"."""
-    names = " and ".join(f"the {op}" for op in ops)
-    return f"{names} accept{'s' if len(ops) == 1 else ''} it"

@@ -291,10 +291,9 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     for key in raw:
         users = PATTERN_KEYS.get(key)
         if users is not None and pattern not in users:
-            which = " or ".join(users)
             raise sub.error(
                 key,
-                f"pattern {show(pattern)} does not use it ({key} is for pattern {which}); remove "
+                f"pattern {show(pattern)} does not use it ({key} is for pattern {' or '.join(users)}); remove "
                 f"it, or set pattern: {users[0]}",
             )
     density = sub.number("density", 0.5)
@@ -322,17 +321,7 @@ def _sparsity(r: _Reader, path: Path) -> Sparsity:
     if not isinstance(per_head, bool):
         raise sub.error("per_head", f"{show(per_head)} is not true or false")
     alignment = sub.choice("causal_alignment", ALIGNMENTS, "top_left")
-    return Sparsity(
-        pattern=pattern,
-        density=density,
-        window=window,
-        stride=stride,
-        explicit=explicit,
-        explicit_source=source,
-        empty_rows=empty,
-        per_head=per_head,
-        causal_alignment=alignment,
-    )
+    return Sparsity(pattern, density, window, stride, explicit, source, empty, per_head, alignment)
 
 
 def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
@@ -350,13 +339,11 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
         return _SHARED[key]
     if isinstance(value, str):
         array = _read_npy(r, path, value)
-        source = value
     else:
         try:
             array = np.array(value)
         except (ValueError, TypeError, OverflowError):
             raise r.error("mask", "is a ragged nested list: every row needs the same length") from None
-        source = "inline"
     if array.ndim not in (2, 3, 4) or array.dtype.kind not in "biuf":  # bool, integers or floats
         raise r.error(
             "mask",
@@ -374,6 +361,7 @@ def _explicit_mask(r: _Reader, path: Path) -> tuple[np.ndarray, str]:
             )
     selected = array != 0
     selected.setflags(write=False)
+    source = value if isinstance(value, str) else "inline"
     _SHARED[key] = (selected, source)
     return selected, source
 

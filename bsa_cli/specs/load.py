@@ -78,22 +78,20 @@ def load_specs(
             errors.append(exc)  # every file's errors are reported, in order
             continue
         for case in loaded:
-            if case.name in seen:
-                errors.append(
-                    SpecError(str(file), f"duplicate case name (also in {seen[case.name]})", case=case.name, key="name")
-                )
-                continue
             other = folded.get(case.name.casefold())
-            if other is not None:
+            if case.name in seen:
+                message = f"duplicate case name (also in {seen[case.name]})"
+            elif other is not None:
                 message = (
                     f"case name differs from {other!r} (in {seen[other]}) only in upper and lower case: on "
                     "a case-insensitive file system (macOS, Windows) both are one folder; give distinct names"
                 )
-                errors.append(SpecError(str(file), message, case=case.name, key="name"))
+            else:
+                seen[case.name] = str(file)
+                folded[case.name.casefold()] = case.name
+                cases.append(case)
                 continue
-            seen[case.name] = str(file)
-            folded[case.name.casefold()] = case.name
-            cases.append(case)
+            errors.append(SpecError(str(file), message, case=case.name, key="name"))
     raise_spec_errors(errors)
     return cases
 

@@ -59,22 +59,20 @@ def _forward_integer(r: _Reader, key: str, default: int, values: tuple[int, ...]
     return value
 
 
-def read_inner_precise(r: _Reader, negative: bool) -> int:
-    """Return `inner_precise:` (0, 1, 4; another integer only in a negative case)."""
-    allowed = (
+def read_forward_params(r: _Reader, negative: bool) -> tuple[int, int]:
+    """Return `inner_precise:` (0, 1, 4) and `softmax_lse_flag:` (0, 1), another integer only in a negative case."""
+    precise = (
         "0 (fp32 softmax, bsa's default), 1 (fp16 softmax, torch_npu's default), 4 (Ascend 950); another value "
         "only in a negative case (the aclnn returns 161002: set 'expect: 161002')"
     )
-    return _forward_integer(r, "inner_precise", INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, negative, allowed)
-
-
-def read_softmax_lse_flag(r: _Reader, negative: bool) -> int:
-    """Return `softmax_lse_flag:` (0, 1; another integer only in a negative case)."""
-    allowed = (
+    lse = (
         "1 (lse written, bsa's default), 0 (lse left unwritten, torch_npu's default); another value only in a "
         "negative case (the A2/A3 tiling refuses it: set 'expect: 561002')"
     )
-    return _forward_integer(r, "softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT, SOFTMAX_LSE_FLAG_VALUES, negative, allowed)
+    return (
+        _forward_integer(r, "inner_precise", INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, negative, precise),
+        _forward_integer(r, "softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT, SOFTMAX_LSE_FLAG_VALUES, negative, lse),
+    )
 
 
 def read_expect(r: _Reader) -> Expect:

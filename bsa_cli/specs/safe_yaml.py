@@ -124,7 +124,8 @@ def _check_nodes(file: str, root: yaml.Node) -> None:
         if isinstance(node, yaml.ScalarNode):
             sizes[key] = (1, 1)
             continue
-        children = _children(node)
+        pairs = isinstance(node, yaml.MappingNode)  # else a sequence: scalars are done above
+        children = [part for pair in node.value for part in pair] if pairs else list(node.value)
         if done:
             open_nodes.discard(key)
             size, height = 1, 1
@@ -152,11 +153,3 @@ def _check_nodes(file: str, root: yaml.Node) -> None:
         stack.extend(
             (child, False) for child in children if not isinstance(child, yaml.ScalarNode) and id(child) not in sizes
         )
-
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [part for pair in node.value for part in pair]
-    return []

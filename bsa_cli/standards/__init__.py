@@ -28,10 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..core.errors import suggest
-from . import allclose as allclose  # importing a standard's module defines its class, which registers it
-from . import double_benchmark as double_benchmark
-from . import fa_ratio as fa_ratio
-from . import single as single
+from . import allclose, double_benchmark, fa_ratio, single  # noqa: F401 (a module's class registers its standard)
 from .base import GENERAL_KEYS, STANDARDS, Standard, ThresholdNotApplicable
 from .double_benchmark import ERR_THD as ERR_THD
 from .double_benchmark import SMALL_VALUE_THD as SMALL_VALUE_THD
