@@ -173,8 +173,10 @@ def plan_call(manifest: Manifest) -> Call:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
 
 
-# The aclnn status an exception message from torch_npu carries, or None (the backward's, or the forward's).
-aclnn_status = torch_npu_ops.aclnn_status
+def aclnn_status(message: str) -> int | None:
+    """Return the aclnn status an exception message from torch_npu carries, or None."""
+    found = torch_npu_ops.BACKWARD_STATUS_PATTERN.search(message)  # NPU_CHECK_ERROR after EXEC_NPU_CMD
+    return int(found.group(1)) if found else None
 
 
 # ---- one case --------------------------------------------------------------------------------------
