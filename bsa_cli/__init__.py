@@ -12,26 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-_PUBLIC = {
-    "LoadedCase": "api",
-    "aclnn_status": "api",
-    "assert_passed": "api",
-    "case_dirs": "api",
-    "failure_message": "api",
-    "judge": "api",
-    "judge_status": "api",
-    "load_case": "api",
-    "to_numpy": "api",
-    "to_torch": "api",
-    "CaseResult": "compare",
-    "Check": "compare",
-    "RunSettings": "compare",
-    "SuiteResult": "compare",
-    "BsaError": "core.errors",
-    "DataError": "core.errors",
-}
-"""Public name -> the module (under bsa_cli) that defines it."""
-
 __all__ = [
     "BsaError",
     "CaseResult",
@@ -51,6 +31,16 @@ __all__ = [
     "to_numpy",
     "to_torch",
 ]
+
+# The public names bsa_cli.api does not define, by their module; the others come from bsa_cli.api.
+_DEFINED_OUTSIDE_API = {
+    "compare": ("CaseResult", "Check", "RunSettings", "SuiteResult"),
+    "core.errors": ("BsaError", "DataError"),
+}
+_PUBLIC = {name: "api" for name in __all__ if name != "__version__"} | {
+    name: module for module, names in _DEFINED_OUTSIDE_API.items() for name in names
+}
+"""Public name -> the module (under bsa_cli) that defines it."""
 
 if TYPE_CHECKING:
     from .api import (

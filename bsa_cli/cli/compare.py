@@ -32,14 +32,6 @@ def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHe
         return report.merge(documents), report.merged_header(documents)
 
 
-def load_baseline(path: Path) -> drift_.Night:
-    """Read `--baseline` (an earlier JSON report), or stop with a usage error naming the file."""
-    try:
-        return report.night_from_document(report.read_report(path), str(path))
-    except ValueError as exc:
-        raise common.UserError(f"--baseline {exc}") from None
-
-
 _STANDARD_HELP = (
     "Judge every case by this standard: "
     + ", ".join([*STANDARDS, *(f"{name}:{preset}" for name, s in STANDARDS.items() for preset in s.presets)])
@@ -145,8 +137,10 @@ def compare_command(
     else:
         run = settings.run_settings()
         case_dirs = common.ops_selected(common.select_cases_or_suites(paths, filters), ops)
-        if explain is not None:
-            case_dirs = _explained_dirs(case_dirs, explain)
+        if explain is not None:  # the case directory --explain names (its folder name)
+            case_dirs = [d for d in case_dirs if Path(d).name == explain][:1]
+            if not case_dirs:
+                raise common.UserError(f"--explain {explain}: no such case under the given folders")
         missing = missing_cases(common.folders_of_cases(paths), case_dirs, filters if explain is None else (explain,))
         if ops is not None:  # a leftover of an op not asked for is not missing
             missing = [item for item in missing if split_folder_name(item[0])[1] in ops]
@@ -155,8 +149,11 @@ def compare_command(
             suite = compare_suite(
                 case_dirs, outputs_root, run, verify_inputs=not no_verify_inputs, jobs=jobs, missing=missing
             )
-    if explain is not None:
-        suite = _explained_suite(suite, explain)
+    if explain is not None:  # the suite cut to the case --explain names (by case name or folder)
+        found = [c for c in suite.cases if explain in (c.name, Path(c.case_dir).name)]
+        if not found:
+            raise common.UserError(f"--explain {explain}: no such case in the reports")
+        suite = SuiteResult(tuple(found[:1]), suite.seconds)
     report.render_terminal(suite, output.stdout, verbose=verbose)
     if explain is not None:
         report.render_explanation(suite.cases[0], output.stdout)
@@ -174,22 +171,6 @@ def compare_command(
     click.get_current_context().exit(code)
 
 
-def _explained_dirs(case_dirs: list[Path], name: str) -> list[Path]:
-    """The case directory `--explain` names (its folder name), or a usage error."""
-    found = [d for d in case_dirs if Path(d).name == name]
-    if not found:
-        raise common.UserError(f"--explain {name}: no such case under the given folders")
-    return found[:1]
-
-
-def _explained_suite(suite: SuiteResult, name: str) -> SuiteResult:
-    """The suite cut to the case `--explain` names (by case name or folder), or a usage error."""
-    found = [c for c in suite.cases if name in (c.name, Path(c.case_dir).name)]
-    if not found:
-        raise common.UserError(f"--explain {name}: no such case in the reports")
-    return SuiteResult(tuple(found[:1]), suite.seconds)
-
-
 def _baseline_options(
     baseline: Path | None, fail_on_regression: bool, regression_margin: str | None
 ) -> tuple[drift_.Margin, drift_.Night | None]:
@@ -204,4 +185,7 @@ def _baseline_options(
         return drift_.Margin(), None
     with common.user_errors(ValueError):
         margin = drift_.parse_margin(regression_margin) if regression_margin is not None else drift_.Margin()
-    return margin, load_baseline(baseline)
+    try:  # the earlier JSON report, or a usage error naming the file
+        return margin, report.night_from_document(report.read_report(baseline), str(baseline))
+    except ValueError as exc:
+        raise common.UserError(f"--baseline {exc}") from None

@@ -35,7 +35,10 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
     warn_constraints(cases)
     negative = sum(not c.expect.ok for c in cases)
     output.stdout.print(f"{plural(len(cases), 'case')} OK ({negative} negative) in {plural(len(specs), 'spec path')}")
-    output.stdout.print(release_line(cases, release), soft_wrap=True)
+    # which operator release the cases' expected statuses follow, and where that came from
+    shown = interface.release_counts(case.release for case in cases) or "-"
+    source = "--release" if release else f"the specs' release: (default {DEFAULT_RELEASE})"
+    output.stdout.print(f"operator release: {shown}, from {source}", soft_wrap=True)
     outside = {c.name: interface.arch35_refusals(case_params(c)) for c in cases if c.expect.ok}
     outside = {name: reasons for name, reasons in outside.items() if reasons}
     if outside:
@@ -45,13 +48,6 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
             f"A2/A3 only (first: {first}: {'; '.join(reasons)})",
             soft_wrap=True,
         )
-
-
-def release_line(cases: Sequence[Case], override: str | None) -> str:
-    """Say which operator release the cases' expected statuses follow (and where that came from)."""
-    shown = interface.release_counts(case.release for case in cases) or "-"
-    source = "--release" if override else f"the specs' release: (default {DEFAULT_RELEASE})"
-    return f"operator release: {shown}, from {source}"
 
 
 LIST_COLUMNS: dict[str, int | None] = {

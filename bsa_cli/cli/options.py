@@ -259,9 +259,7 @@ class SettingsOptions:
 
     def run_settings(self) -> RunSettings:
         """Build and check the comparison settings, before any case is touched."""
-        settings = RunSettings(
-            standard=self.standard, thresholds=parse_thresholds(self.thresholds), padding=self.padding
-        )
+        settings = RunSettings(self.standard, parse_thresholds(self.thresholds), self.padding)
         with user_errors(ValueError):
             settings.validate()
         return settings

@@ -13,18 +13,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import rich.progress
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    SpinnerColumn,
-    Task,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 
 from .. import pipeline
@@ -287,10 +279,10 @@ def flop_text(flops: float) -> str:
     return f"{flops / scale:.3g} {unit}"
 
 
-class _Amount(ProgressColumn):
+class _Amount(rich.progress.ProgressColumn):
     """The bar's "done/total unit": cases, or FLOPs in the unit of the total (0.49/1.21 TFLOP)."""
 
-    def render(self, task: Task) -> Text:
+    def render(self, task: rich.progress.Task) -> Text:
         unit = task.fields.get("unit", "cases")
         if unit != "GFLOP":
             return Text(f"{task.completed:.4g}/{task.total or 0:.4g} {unit}")

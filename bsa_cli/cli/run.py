@@ -12,23 +12,12 @@ from .. import pipeline, report, store
 from ..core.case import Precision
 from ..core.errors import plural
 from ..core.exit_codes import ExitCode
-from ..devices import OUTCOMES, RunSummary, create, reference_faults
+from ..devices import OUTCOMES, create, reference_faults
 from ..devices.reference import REFERENCE_DEVICE, emulate_case_dir
 from ..gen.schedule import estimate
 from ..ops import Op
 from . import common, options, output
 from .progress import PipelineProgress, ProgressDisplay
-
-
-def print_run_summary(summary: RunSummary) -> None:
-    """Print the run's totals on stdout."""
-    counts = {o: summary.count(o) for o in OUTCOMES if summary.count(o)}
-    text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
-    line = f"ran {plural(len(summary.results), 'case')} on {summary.device.name}: {text}"
-    if summary.not_run:
-        line += f"; {len(summary.not_run)} not run (interrupted)"
-    output.stdout.print(line, markup=False, soft_wrap=True)
-
 
 # ---- bsa run -------------------------------------------------------------------------------------
 
@@ -67,7 +56,12 @@ def run_command(
         output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, common.user_errors():
         summary = pipeline.run_suite(case_dirs, run_options, PipelineProgress(display))
-    print_run_summary(summary)
+    counts = {o: summary.count(o) for o in OUTCOMES if summary.count(o)}  # the run's totals, on stdout
+    text = ", ".join(f"{n} {o}" for o, n in counts.items()) or "nothing ran"
+    line = f"ran {plural(len(summary.results), 'case')} on {summary.device.name}: {text}"
+    if summary.not_run:
+        line += f"; {len(summary.not_run)} not run (interrupted)"
+    output.stdout.print(line, markup=False, soft_wrap=True)
     if summary.interrupted:
         raise click.exceptions.Exit(ExitCode.INTERRUPTED)
     raise click.exceptions.Exit(summary.return_code)

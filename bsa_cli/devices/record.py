@@ -51,8 +51,7 @@ def read_status(staging: Path, attempt: Attempt) -> None:
     except ValueError:
         attempt.problems.append(f"{STATUS_FILE}: first line {show(first)} is not a decimal aclnn status")
         return
-    message = "\n".join(lines[1:]).strip()
-    attempt.status_message = message or None
+    attempt.status_message = "\n".join(lines[1:]).strip() or None
 
 
 def check_outputs(staging: Path, manifest: Manifest, attempt: Attempt) -> None:

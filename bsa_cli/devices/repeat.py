@@ -29,11 +29,6 @@ ATOMIC_OUTPUTS = ("dk", "dv")
 """Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2)."""
 
 
-def unwritten_outputs(manifest: Manifest) -> tuple[str, ...]:
-    """Return the outputs of an op folder that the operator leaves unwritten: lse with softmax_lse_flag 0."""
-    return ("lse",) if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0 else ()
-
-
 def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:
     """Return (elements that differ, elements, largest difference in ULPs) of two output files, or None.
 
@@ -91,7 +86,8 @@ def differences(manifest: Manifest, first: Attempt, other: Attempt, deterministi
     never a race.
     """
     diffs: list[dict[str, Any]] = []
-    unwritten = unwritten_outputs(manifest)
+    # the outputs the operator leaves unwritten: lse with softmax_lse_flag 0
+    unwritten = ("lse",) if manifest.op.calls_forward and manifest.forward_params["softmax_lse_flag"] == 0 else ()
     every = "all" if manifest.op.calls_forward else "all three"
     if first.status != other.status:
         message = f"status differs: run 1 {first.status}, run {other.index} {other.status}"

@@ -24,18 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .. import store
 from ..core.errors import DataError, clip
 from ..core.exit_codes import exit_code
 from ..core.untrusted import inside_parent
-from ..store import (
-    FLAT_PARAMS,
-    OUTPUTS_DIR,
-    check_output_dir,
-    load_manifest,
-    refresh_flat_params,
-    verify_inputs,
-    write_json_atomic,
-)
+from ..store import FLAT_PARAMS, check_output_dir, load_manifest, refresh_flat_params, verify_inputs, write_json_atomic
 from ..store.manifest import Manifest, flat_params
 from .base import STATUS_FILE, Attempt, Cancel, Device, Execution, Outcome, RunConfigError
 from .config import RunOptions
@@ -46,7 +39,7 @@ from .repeat import judge_repeat
 
 def output_dir_for(case_dir: Path, outputs_root: Path | None) -> Path:
     """Return where a case's device outputs go: `<case_dir>/outputs`, or `<outputs_root>/<case name>`."""
-    return Path(case_dir) / OUTPUTS_DIR if outputs_root is None else Path(outputs_root) / Path(case_dir).name
+    return Path(case_dir) / store.OUTPUTS_DIR if outputs_root is None else Path(outputs_root) / Path(case_dir).name
 
 
 @dataclass(frozen=True)

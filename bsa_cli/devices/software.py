@@ -96,10 +96,6 @@ def info_version(path: Path) -> str | None:
     return None
 
 
-def _arches() -> list[str]:
-    return list(dict.fromkeys(a for a in (platform.machine(), "aarch64", "x86_64") if a))
-
-
 def toolkit_cann(env: Mapping[str, str]) -> tuple[str | None, str | None]:
     """Return (the CANN version, the file it was read from) from the toolkit the environment names."""
     for variable in TOOLKIT_VARIABLES:
@@ -109,7 +105,7 @@ def toolkit_cann(env: Mapping[str, str]) -> tuple[str | None, str | None]:
         root = Path(value.strip())
         if variable == "ASCEND_OPP_PATH":
             root = root.parent
-        for arch in _arches():
+        for arch in dict.fromkeys(a for a in (platform.machine(), "aarch64", "x86_64") if a):
             path = root / f"{arch}-linux" / INFO_NAME
             version = info_version(path)
             if version is not None:

@@ -180,11 +180,6 @@ def forward_lengths(params: Mapping[str, Any]) -> tuple[list[int] | None, list[i
     return (list(q_lengths) if q_lengths is not None else None, list(kv_lengths) if kv_lengths is not None else None)
 
 
-def binding_lse_shape(q_shape: Sequence[int]) -> list[int]:
-    """Return the shape the binding allocates softmax_lse with for a query of `q_shape`."""
-    return [*q_shape[:3], 1] if len(q_shape) == 4 else [*q_shape[:2], 1]
-
-
 def plan_op(manifest: Manifest) -> OpPlan:
     """Return the calls that run a forward, chain or autograd case folder.
 
@@ -215,7 +210,8 @@ def plan_op(manifest: Manifest) -> OpPlan:
         if entry.get("dtype") not in TORCH_DTYPES:
             raise refuse(f"{input_name} has dtype {entry.get('dtype')!r}, which torch has no tensor for")
     descs = {name: (entry.get("dtype"), list(entry.get("shape") or ())) for name, entry in manifest.entries("inputs")}
-    wanted = {"out": descs["query"], "lse": ("float32", binding_lse_shape(descs["query"][1]))}
+    q_shape = descs["query"][1]  # the binding allocates softmax_lse as [d0, d1, d2, 1] (4-D query) or [d0, d1, 1]
+    wanted = {"out": descs["query"], "lse": ("float32", [*q_shape[:3], 1] if len(q_shape) == 4 else [*q_shape[:2], 1])}
     wanted |= {"dq": descs["query"], "dk": descs["key"], "dv": descs["value"]}
     for output in op.outputs:
         found = outputs.get(output)

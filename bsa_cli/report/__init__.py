@@ -11,7 +11,8 @@ and numbers), `files` (report paths checked up front, atomic writes).
 
 from __future__ import annotations
 
-from .document import (
+# The package's names, re-exported for its callers.
+from .document import (  # noqa: F401
     SCHEMA_MINOR,
     case_document,
     from_document,
@@ -23,40 +24,11 @@ from .document import (
     to_document,
     write_json,
 )
-from .files import ReportPathError, prepare_report_paths
-from .formatting import summary_line
-from .header import ReportHeader, report_header
-from .junit import case_report_text, junit_xml, write_junit
-from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, write_csv
-from .page import html_report, write_html
-from .regressions import render_drift
-from .terminal import render_explanation, render_terminal
-
-__all__ = [
-    "MSPROBE_COLUMNS",
-    "SCHEMA_MINOR",
-    "ReportHeader",
-    "ReportPathError",
-    "case_document",
-    "case_report_text",
-    "csv_rows",
-    "from_document",
-    "html_report",
-    "junit_xml",
-    "merge",
-    "merged_header",
-    "night_from_document",
-    "read_report",
-    "prepare_report_paths",
-    "render_drift",
-    "render_explanation",
-    "render_terminal",
-    "report_header",
-    "suite_devices",
-    "summary_line",
-    "to_document",
-    "write_csv",
-    "write_html",
-    "write_json",
-    "write_junit",
-]
+from .files import ReportPathError, prepare_report_paths  # noqa: F401
+from .formatting import summary_line  # noqa: F401
+from .header import ReportHeader, report_header  # noqa: F401
+from .junit import case_report_text, junit_xml, write_junit  # noqa: F401
+from .msprobe_csv import MSPROBE_COLUMNS, csv_rows, write_csv  # noqa: F401
+from .page import html_report, write_html  # noqa: F401
+from .regressions import render_drift  # noqa: F401
+from .terminal import render_explanation, render_terminal  # noqa: F401

@@ -8,18 +8,9 @@ from pathlib import Path
 
 from ..compare import ERROR, FAIL, SKIP, CaseResult, SuiteResult
 from ..ops import get
+from . import formatting
 from .files import write_text_atomic
-from .formatting import (
-    fmt,
-    grouped,
-    is_reference,
-    likely_line,
-    op_test_name,
-    planted_fault,
-    provenance,
-    query_axis,
-    where,
-)
+from .formatting import fmt, grouped, is_reference, likely_line, op_test_name, planted_fault, query_axis, where
 
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
@@ -63,7 +54,7 @@ def _provenance_text(case: CaseResult) -> str:
         fault = planted_fault(case)
         text = "REFERENCE RESULTS: outputs from the reference device (bsa emulate), not from hardware"
         return text + (f"; PLANTED FAULT '{fault}'" if fault else "")
-    return f"device: {provenance(case)}"
+    return f"device: {formatting.provenance(case)}"
 
 
 def _metrics_text(case: CaseResult) -> str:

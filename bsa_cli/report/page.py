@@ -14,24 +14,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult, Verdict
-from . import svg
+from . import formatting, svg
 from .files import write_text_atomic
-from .formatting import (
-    device_lines,
-    fmt,
-    grouped,
-    hot_rows,
-    metric_rows,
-    ops_of,
-    query_axis,
-    releases_line,
-    short_headline,
-    shows_ops,
-    standards_line,
-    summary_line,
-    without_asides,
-    worst_rows,
-)
+from .formatting import fmt, grouped, shows_ops, summary_line, worst_rows
 from .header import ReportHeader, report_header
 from .regressions import CSS as _DRIFT_CSS
 from .regressions import drift_html
@@ -113,12 +98,12 @@ def _header(suite: SuiteResult, head: ReportHeader) -> str:
     devices = []
     noun = ("judged " if suite.count(SKIP) else "") + ("results" if shows_ops(suite.cases) else "cases")
     judged = len(suite.cases) - suite.count(SKIP)  # a SKIP has no outputs
-    for text, count, warned in device_lines(suite):
+    for text, count, warned in formatting.device_lines(suite):
         share = f" ({count} of {judged} {noun})" if judged > 1 else ""
         devices.append(f'<span class="warn">{esc(text)}</span>{share}' if warned else f"{esc(text)}{share}")
     rows.append(("device", "<br>".join(devices) or "-"))
-    rows.append(("standard", esc(standards_line(suite))))
-    if releases := releases_line(suite):
+    rows.append(("standard", esc(formatting.standards_line(suite))))
+    if releases := formatting.releases_line(suite):
         rows.append(("release", esc(releases)))
     rows.append(("cases", f"{esc(summary_line(suite))}; exit code {suite.return_code}"))
     meta = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
@@ -158,7 +143,7 @@ def _summary_table(suite: SuiteResult) -> str:
 def _ops_table(suite: SuiteResult) -> str:
     """The summary of a suite with ops: one row per case, one cell per op (the verdict linking to the op's
     section, and what happened), the ops in `OPS` order; a case without an op shows a dash there."""
-    ops = ops_of(suite.cases)
+    ops = formatting.ops_of(suite.cases)
     by_case: dict[str, dict[str, CaseResult]] = {}
     for case in grouped(suite.cases):
         by_case.setdefault(case.case_name, {})[case.op] = case
@@ -173,13 +158,13 @@ def _ops_table(suite: SuiteResult) -> str:
                 above[op] = None
                 cells.append('<td class="none" title="the case does not test this op">-</td>')
                 continue
-            what = short_headline(dataclasses.replace(result, notes=()))  # the notes follow in smaller print
+            what = formatting.short_headline(dataclasses.replace(result, notes=()))  # the notes follow in smaller print
             what = what if len(what) <= 160 else what[:157] + "..."
             reason = result.headline if result.verdict == SKIP else None
             if reason is not None and above.get(op) == reason:
                 what = "same reason as above"
             above[op] = reason
-            notes = "".join(f'<span class="cellnote">{esc(without_asides(n))}</span>' for n in result.notes)
+            notes = "".join(f'<span class="cellnote">{esc(formatting.without_asides(n))}</span>' for n in result.notes)
             cells.append(
                 f'<td class="op v-{result.verdict}"><a href="#case-{esc(result.name)}" title="{esc(result.headline)}">'
                 f'<span class="badge {result.verdict}">{result.verdict}</span></a>'
@@ -252,9 +237,9 @@ def _failing_tensor(case: CaseResult, tensor: TensorResult) -> str:
         parts.append(f'<div class="figs">{svg.ulp_chart(tensor, tensor.ulp_chart)}</div>')
     parts.append(bias_figure)
     if tensor.hot_blocks:
-        kind = "query block i" if query_axis(tensor) else "kv block j"
+        kind = "query block i" if formatting.query_axis(tensor) else "kv block j"
         columns = ("b", "n", kind, "rows", "score", "rmse", "bench rmse", "max abs err", "worst 16x16 tile")
-        parts.append(f"<p class=sub>hot blocks</p>{_text_table(columns, hot_rows(tensor), range(8))}")
+        parts.append(f"<p class=sub>hot blocks</p>{_text_table(columns, formatting.hot_rows(tensor), range(8))}")
     if tensor.worst:
         headers = ("worst element", "device", "golden", "benchmark", "abs err", "ULP")
         parts.append(f"<p class=sub>worst elements</p>{_text_table(headers, worst_rows(tensor), range(1, 6))}")
@@ -299,7 +284,7 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
     more = [_checks_table(case, only_failed=False)]
     if case.tensors:  # device / benchmark metrics, a column per tensor
         headers = ["metric (device / benchmark)", *(t.name for t in case.tensors)]
-        more.append(_text_table(headers, metric_rows(case.tensors), range(1, len(case.tensors) + 1)))
+        more.append(_text_table(headers, formatting.metric_rows(case.tensors), range(1, len(case.tensors) + 1)))
     more.append(f'<p class="sub">{folders}; judged in {case.seconds:.2f} s</p>')
     if case.verdict == PASS:
         parts.extend(more)

@@ -15,22 +15,8 @@ from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, SKIP, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from .formatting import (
-    fmt,
-    grouped,
-    hot_rows,
-    is_reference,
-    likely_line,
-    metric_rows,
-    planted_fault,
-    plural,
-    query_axis,
-    releases_line,
-    short_headline,
-    shows_ops,
-    summary_line,
-    worst_rows,
-)
+from . import formatting
+from .formatting import fmt, grouped, hot_rows, short_headline, shows_ops, worst_rows
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold cyan"}
 
@@ -108,7 +94,7 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
             text = short_headline(case, asides=not short)
-        if likely := likely_line(case):
+        if likely := formatting.likely_line(case):
             text = f"{text}\n{likely}"
         standard = [] if one else [case.standard]
         if not with_ops:
@@ -204,7 +190,7 @@ def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Ta
 
 
 def _hot_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
-    kind = "query block i" if query_axis(tensor) else "kv block j"
+    kind = "query block i" if formatting.query_axis(tensor) else "kv block j"
     columns = ("b", "n", "block", "rows", "score", "rmse", "bench rmse", "max abs err", "worst tile")
     return titled_table(console, f"{case.name} {tensor.name}: hot blocks ({kind})", columns, columns, hot_rows(tensor))
 
@@ -215,21 +201,21 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
         " ".join(f"{label}:{count}" for label, count in zip(ULP_BUCKETS, t.device.ulp_histogram or (), strict=False))
         for t in case.tensors
     ]
-    rows = [*metric_rows(case.tensors), ["ULP histogram", *histograms]]
+    rows = [*formatting.metric_rows(case.tensors), ["ULP histogram", *histograms]]
     return titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names, rows)
 
 
 def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
     """Print the case table, details of failing and unjudged cases (every metric with `verbose`), a summary."""
     console.print(_case_table(suite, console))
-    reference = sum(1 for c in suite.cases if is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
+    reference = sum(1 for c in suite.cases if formatting.is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
     if reference:
-        faults = sorted({f for c in suite.cases if (f := planted_fault(c))})
+        faults = sorted({f for c in suite.cases if (f := formatting.planted_fault(c))})
         names = ", ".join(repr(f) for f in faults)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
         noun = "result" if shows_ops(suite.cases) else "case"
         console.print(
-            f"Note: the outputs of {plural(reference, noun)} come from the reference device "
+            f"Note: the outputs of {formatting.plural(reference, noun)} come from the reference device "
             f"(bsa emulate), not from hardware{planted}.",
             style="yellow",
         )
@@ -258,6 +244,6 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
                 console.print(_hot_table(case, tensor, console))
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
-    if releases := releases_line(suite):
+    if releases := formatting.releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
-    console.print(Text(summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green
+    console.print(Text(formatting.summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green
