@@ -155,14 +155,10 @@ def _read_run_record(
     if not isinstance(inputs, dict) or not all(isinstance(v, str) for v in inputs.values()):
         inputs = None
     outputs = record.get("outputs") if record else None
-    recorded = None
-    if isinstance(outputs, dict):
-        recorded = {
-            name: entry["sha256"]
-            for name, entry in outputs.items()
-            if isinstance(entry, dict) and isinstance(entry.get("sha256"), str)
-        }
-    return problems, checks, inputs, recorded
+    if not isinstance(outputs, dict):
+        return problems, checks, inputs, None
+    sha256 = {name: entry.get("sha256") for name, entry in outputs.items() if isinstance(entry, dict)}
+    return problems, checks, inputs, {name: sha for name, sha in sha256.items() if isinstance(sha, str)}
 
 
 def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str], list[Check], dict | None]:
@@ -197,9 +193,8 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         return [text + (": " + "; ".join(problems) if problems else "") + f" ({where})"], [], record
     if outcome == "nondeterministic":
         repeat = record.get("repeat") or {}
-        differences = repeat.get("differences") or []
-        if not isinstance(differences, list):
-            differences = []
+        differences = repeat.get("differences")
+        differences = differences if isinstance(differences, list) else []
         detail = "; ".join(
             ", ".join(f"{clip(k, 40)} {clip(v, 40)}" for k, v in list(d.items())[:6])
             for d in differences[:3]
@@ -466,12 +461,9 @@ def _shape_problems(case: Case, manifest: Manifest, where: Path) -> list[str]:
     shape, dk and dv key's. Checked before any file is hashed or read, so a manifest promising an 8 GiB
     golden for a small case costs nothing."""
     wanted = {"dq": list(case.q_shape), "dk": list(case.kv_shape), "dv": list(case.kv_shape), "out": list(case.q_shape)}
-    problems = []
-    for section in ("outputs", "golden", "benchmark"):
-        for grad, entry in manifest.entries(section):
-            if grad in wanted and list(entry["shape"]) != wanted[grad]:
-                problems.append(
-                    f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's "
-                    f"{wanted[grad]} (its params)"
-                )
-    return problems
+    return [
+        f"{where}: {section}.{grad}.shape {list(entry['shape'])} differs from the case's {wanted[grad]} (its params)"
+        for section in ("outputs", "golden", "benchmark")
+        for grad, entry in manifest.entries(section)
+        if grad in wanted and list(entry["shape"]) != wanted[grad]
+    ]

@@ -129,17 +129,15 @@ def _qualified_names(results: Sequence[CaseResult]) -> list[CaseResult]:
     counts = collections.Counter(result.name for result in results)
     if all(n == 1 for n in counts.values()):
         return list(results)
-    renamed = []
-    for result in results:
-        if counts[result.name] > 1 and result.case_dir:
-            suite = Path(result.case_dir).parent.name
-            result = dataclasses.replace(result, name=f"{suite}/{result.name}")
-        renamed.append(result)
+    renamed = [
+        dataclasses.replace(r, name=f"{Path(r.case_dir).parent.name}/{r.name}")
+        if counts[r.name] > 1 and r.case_dir
+        else r
+        for r in results
+    ]
     names = [r.name for r in renamed]
-    for index, result in enumerate(renamed):  # the same suite folder name twice: the case folder's whole path
-        if names.count(result.name) > 1:
-            renamed[index] = dataclasses.replace(result, name=str(result.case_dir))
-    return renamed
+    # the same suite folder name twice: the case folder's whole path
+    return [dataclasses.replace(r, name=str(r.case_dir)) if names.count(r.name) > 1 else r for r in renamed]
 
 
 def missing_cases(

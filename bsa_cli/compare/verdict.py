@@ -182,7 +182,6 @@ def _compare_case(
     Raises:
         RunThresholdError: as `compare_case`.
     """
-    case_dir = Path(case_dir)
     files = Path(output_dir) if output_dir is not None else case_dir / OUTPUTS_DIR
     job = _Judging(case_dir, files, time.perf_counter(), run or RunSettings(), pool, verify_inputs)
     try:
@@ -228,7 +227,16 @@ def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
         name, op = manifest.name, manifest.op
         known = {"dtype": manifest.case.dtype, "layout": manifest.case.layout}
         settings = _case_settings(job.case_dir, manifest, job.run)
-        known = _manifest_fields(manifest, settings)
+        known = {  # the result's fields the manifest and the settings give
+            "spec": manifest.spec,
+            "inputs_sha256": manifest.inputs_digest,
+            "release": manifest.release,
+            "standard": settings.label,
+            "settings": settings,
+            "dtype": manifest.case.dtype,
+            "layout": manifest.case.layout,
+            "expect_status": manifest.case.expect.status,
+        }
         if manifest.skip is not None:  # gen made no files: the op's operator refuses what another op accepts
             raise _Unjudged([manifest.skip], SKIP)
         record = _outcome_record(job.outcome) if job.outcome is not None else _files_record(job, name)
@@ -267,20 +275,6 @@ def _case_settings(case_dir: Path, manifest: Manifest, run: RunSettings) -> Sett
         raise RunThresholdError(f"case {manifest.name!r}: {exc}") from None
     except ValueError as exc:
         raise _Unjudged([f"{case_dir / MANIFEST}: compare settings: {exc}"]) from None
-
-
-def _manifest_fields(manifest: Manifest, settings: Settings) -> dict[str, Any]:
-    """Return the result's fields the manifest and the settings give."""
-    return {
-        "spec": manifest.spec,
-        "inputs_sha256": manifest.inputs_digest,
-        "release": manifest.release,
-        "standard": settings.label,
-        "settings": settings,
-        "dtype": manifest.case.dtype,
-        "layout": manifest.case.layout,
-        "expect_status": manifest.case.expect.status,
-    }
 
 
 def _outcome_record(outcome: DeviceOutcome) -> _Record:
@@ -412,12 +406,10 @@ def _judge_op(
     An op that calls the forward: out and lse on the rows it writes (`judge_forward`); one that calls the
     backward: dq, dk, dv (`judge_tensors`); the pair both, the forward step's out and lse first.
     """
-    judged: tuple[TensorResult, ...] = ()
-    op_checks: tuple[Check, ...] = ()
-    notes: tuple[str, ...] = ()
     arrays = (opened.device, opened.golden, opened.benchmark, opened.block_mask)
-    if op.calls_forward:
-        judged, op_checks, notes = judge_forward(case, settings, *arrays, forward, opened.summary)
+    judged, op_checks, notes = (
+        judge_forward(case, settings, *arrays, forward, opened.summary) if op.calls_forward else ((), (), ())
+    )
     if op.calls_backward:
         judged += judge_tensors(case, settings, *arrays, opened.summary)
     return judged, list(op_checks), notes
@@ -443,11 +435,7 @@ class _Diagnosing:
         device, golden, benchmark = self.opened.device, self.opened.golden, self.opened.benchmark or None
         if names is None:
             return device, golden, benchmark
-        return (
-            pick_tensors(device, names),
-            pick_tensors(golden, names),
-            pick_tensors(benchmark, names) if benchmark else None,
-        )
+        return pick_tensors(device, names), pick_tensors(golden, names), benchmark and pick_tensors(benchmark, names)
 
     def forward(self, pick: bool = False, checks: bool = True) -> Any:
         """Return the forward's diagnosis of out and lse (`pick`: the pair's arrays narrowed to them)."""

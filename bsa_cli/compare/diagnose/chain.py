@@ -121,8 +121,6 @@ def score_padding(
         The causes, `padding-rows-read` scored by the share it explains (dropped below `PADDING_EXPLAINS`), and
         notes (why it was dropped).
     """
-    if not any(c.kind == "padding-rows-read" for c in causes):
-        return list(causes), []
     grads = [t for t in tensors if t.name in GRAD_NAMES]
     blocks, values, share, ratios = _recomputed(case, grads, device, golden, benchmark, read)
     if not blocks.targets:

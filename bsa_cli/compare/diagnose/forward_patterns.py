@@ -371,8 +371,7 @@ def accumulation(ctx: ForwardContext, blocks: Sequence[QBlock], excess: Mapping[
     if counts.size < 4 or np.ptp(counts) == 0 or (values > 0).sum() < 0.5 * values.size:
         why = "not tried: the rows accumulate alike, or few blocks fail"
         return tried("accumulation-precision", supposes, 0.0, why)
-    rank_c = np.argsort(np.argsort(counts, kind="stable"), kind="stable").astype(float)
-    rank_v = np.argsort(np.argsort(values, kind="stable"), kind="stable").astype(float)
+    rank_c, rank_v = (np.argsort(np.argsort(a, kind="stable"), kind="stable").astype(float) for a in (counts, values))
     corr = float(np.corrcoef(rank_c, rank_v)[0, 1])
     text = f"the blocks' excess error and their selected kv blocks have rank correlation {corr:.2f}"
     if corr >= 0.6:

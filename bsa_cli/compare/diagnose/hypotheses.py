@@ -375,10 +375,7 @@ def fitted_head_map(
     n1, n2 = case.num_heads, case.num_kv_heads
     if n2 < 2:
         return []
-    picked: dict[int, Target] = {}
-    for target in targets:
-        if target.tensor == "dq":
-            picked.setdefault(target.head, target)
+    picked = {t.head: t for t in reversed(targets) if t.tensor == "dq"}  # reversed: a head's first target stays
     if n1 * n2 <= MAX_HEAD_FITS:
         for head in range(n1):
             if head in picked:

@@ -155,11 +155,10 @@ def _shifted_entries(case: Case, name: str, rows: _Rows, spans: Spans) -> tuple[
             # the rows the shift leaves behind (the first `shift` rows of a late entry, the last of an early
             # one), when the device left them zero: never written, as a shifted write leaves them
             shift = best[1]
-            behind = (
-                np.arange(start, start + min(shift, length))
-                if shift > 0
-                else np.arange(start + length + max(shift, -length), start + length)
-            )
+            if shift > 0:
+                behind = np.arange(start, start + min(shift, length))
+            else:
+                behind = np.arange(start + length + max(shift, -length), start + length)
             behind = behind[~rows.device[behind].any(axis=1)]
             explained[behind] = True
             words.append(f"{name} batch {batch}'s rows sit {best[1]:+d} rows off ({best[2].size} of {length} rows)")
@@ -437,15 +436,14 @@ def rows_permuted(case: Case, blocks: Blocks, golden: Arrays, spans: Spans) -> F
         why = f"ruled out: none of the first {SCREEN_ROWS} wrong rows of each failing block equals another golden row"
         return tried("rows-permuted", supposes, 0.0, why)
     found = _row_matches(case, blocks, golden, spans, WRONG_ROWS)
-    bad_total, where = found.bad_total, found.where
     # a row left zero whose golden row another device row holds: moved away (a swap with an empty row)
     moved = [err for at, err in found.emptied if at in found.sources]
     matched = found.matched + len(moved)
     energy_matched = found.energy_matched + sum(moved)
     share = energy_matched / found.energy_all if found.energy_all else 0.0  # the share of the wrong rows' error
     if matched >= 1 and share >= 0.5:
-        text = f"{matched} of {bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
-        text += "; ".join(where[:2])
-        return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, where[:4], "fits")
-    why = f"ruled out: {matched} of {bad_total} wrong rows equal another golden row"
+        text = f"{matched} of {found.bad_total} wrong rows of the failing blocks equal golden rows at other positions: "
+        text += "; ".join(found.where[:2])
+        return named("rows-permuted", supposes, 0.95 * share, text, blocks.failing, found.where[:4], "fits")
+    why = f"ruled out: {matched} of {found.bad_total} wrong rows equal another golden row"
     return tried("rows-permuted", supposes, 0.0, why)
