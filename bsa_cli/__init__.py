@@ -37,10 +37,10 @@ _DEFINED_OUTSIDE_API = {
     "compare": ("CaseResult", "Check", "RunSettings", "SuiteResult"),
     "core.errors": ("BsaError", "DataError"),
 }
+#: Public name -> the module (under bsa_cli) that defines it.
 _PUBLIC = {name: "api" for name in __all__ if name != "__version__"} | {
     name: module for module, names in _DEFINED_OUTSIDE_API.items() for name in names
 }
-"""Public name -> the module (under bsa_cli) that defines it."""
 
 if TYPE_CHECKING:
     from .api import (

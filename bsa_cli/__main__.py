@@ -10,9 +10,9 @@ import sys
 
 from .core.exit_codes import ExitCode  # enum alone: loads before NumPy
 
+#: Least address space (`ulimit -v`) bsa starts with: NumPy and OpenBLAS need about 250 MiB to load on a
+#: small machine, and OpenBLAS ends the process (exit code 1) where it cannot get its buffers.
 MIN_ADDRESS_SPACE = 384 << 20
-"""Least address space (`ulimit -v`) bsa starts with: NumPy and OpenBLAS need about 250 MiB to load on a
-small machine, and OpenBLAS ends the process (exit code 1) where it cannot get its buffers."""
 
 
 def _address_space_limit() -> int | None:

@@ -66,8 +66,8 @@ class LoadedCase:
     """
 
     dir: Path
+    #: The whole case.json (`manifest.Manifest`: its questions, and read-only mapping access to the JSON).
     manifest: Manifest = field(repr=False)
-    """The whole case.json (`manifest.Manifest`: its questions, and read-only mapping access to the JSON)."""
     inputs: Mapping[str, np.ndarray] = field(repr=False)
 
     @property
@@ -304,9 +304,9 @@ def _judge(case: LoadedCase, outcome: DeviceOutcome, settings: RunSettings | Non
         return judge_outcome(case.dir, outcome, case.manifest, settings, pool)
 
 
+#: An aclnn status in a message: 161xxx (parameters), 361xxx (runtime), 561xxx (inner), ... on its own,
+#: not part of a longer number, a time or a path.
 _STATUS = re.compile(r"(?<![\w.:/-])([1-5]61\d{3})(?!\w|[.:-]\d)")
-"""An aclnn status in a message: 161xxx (parameters), 361xxx (runtime), 561xxx (inner), ... on its own,
-not part of a longer number, a time or a path."""
 _PID = re.compile(r"\bPID\b\W*\d+", re.IGNORECASE)
 
 

@@ -24,8 +24,8 @@ import pytest
 if TYPE_CHECKING:
     from .api import LoadedCase
 
+#: The selected case folders, each with its op, a case's ops side by side.
 _CASE_DIRS = pytest.StashKey[list[tuple[Path, str]]]()
-"""The selected case folders, each with its op, a case's ops side by side."""
 
 SKIP_REASON = "no cases: run pytest with --bsa-cases OUT (a folder of cases written by `bsa gen`)"
 

@@ -42,8 +42,8 @@ from .gen import gen_command, list_command, validate_command
 from .run import check_command, emulate_command, run_command
 from .trend import trend_command
 
+#: Signals handled as Ctrl-C is (and ended with exit code 128 + the signal's number: 143 for SIGTERM).
 TERMINATING = (signal.SIGTERM, signal.SIGHUP)
-"""Signals handled as Ctrl-C is (and ended with exit code 128 + the signal's number: 143 for SIGTERM)."""
 
 
 class Terminated(KeyboardInterrupt):

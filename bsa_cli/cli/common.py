@@ -31,8 +31,8 @@ from ..specs import MAX_CASES, SpecErrors, load_specs
 from ..store import MANIFEST, find_cases, load_manifest, select_cases
 from . import output
 
+#: How deep below a folder without cases `bsa compare` looks for folders of suites.
 SUITE_DEPTH = 3
-"""How deep below a folder without cases `bsa compare` looks for folders of suites."""
 
 
 class UserError(click.ClickException):
@@ -222,8 +222,8 @@ def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
 # ---- reports (compare, check) ---------------------------------------------------------------------
 
 
+#: The report options and the names `wrote ... report` gives them.
 REPORT_KINDS = {"--json": "JSON", "--junit": "JUnit", "--html": "HTML", "--csv": "CSV"}
-"""The report options and the names `wrote ... report` gives them."""
 
 
 def write_report(kind: str, path: Path, writer: Callable[[Any, Path], None], content: object) -> None:

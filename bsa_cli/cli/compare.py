@@ -15,8 +15,8 @@ from ..core.untrusted import load_json, read_regular
 from ..ops import Op, split_folder_name
 from . import common, options, output
 
+#: Largest JSON report `--merge` reads.
 REPORT_MAX_BYTES = 1 << 30
-"""Largest JSON report `--merge` reads."""
 
 
 def _load_reports(paths: tuple[Path, ...]) -> tuple[SuiteResult, report.ReportHeader | None]:

@@ -50,6 +50,10 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
         )
 
 
+#: The columns of `bsa list`, in order, each with its place in the order a narrow terminal leaves columns out
+#: (1 first; None: never: case, gen s and ref s always stay). What a case is (layout, dtype, B, N1/N2, D, S)
+#: stays longer than what it costs besides time (density, FLOPs, memory). `OPS_COLUMN` follows them where a case
+#: lists other ops than the backward alone (a suite of the backward alone shows what it always showed).
 LIST_COLUMNS: dict[str, int | None] = {
     "case": None,
     "layout": 10,
@@ -68,16 +72,12 @@ LIST_COLUMNS: dict[str, int | None] = {
     "GiB": 7,
     "expect": 3,
 }
-"""The columns of `bsa list`, in order, each with its place in the order a narrow terminal leaves columns out
-(1 first; None: never: case, gen s and ref s always stay). What a case is (layout, dtype, B, N1/N2, D, S)
-stays longer than what it costs besides time (density, FLOPs, memory). `OPS_COLUMN` follows them where a case
-lists other ops than the backward alone (a suite of the backward alone shows what it always showed)."""
 OPS_COLUMN = "ops"
 LIST_DROP_ORDER = [column for _, column in sorted((place, column) for column, place in LIST_COLUMNS.items() if place)]
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16"}
+#: Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
+#: what the reference device computes.
 BACKWARD_SHARE = 10 / 14
-"""Backward FLOPs in a case's counted FLOPs (10 of the 14 per X x Y x D block pair, docs/operator.md section 6):
-what the reference device computes."""
 
 
 def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:

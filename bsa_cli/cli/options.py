@@ -23,8 +23,8 @@ from ..ops import OPS, Op, parse_ops
 from ..ops.interface import DEFAULT_RELEASE, RELEASES
 from .common import UserError, user_errors
 
+#: What a click option is to the command function it decorates.
 Decorator = Callable[[Any], Any]
-"""What a click option is to the command function it decorates."""
 
 
 def gathered(into: str, gather: Callable[..., object], options: Sequence[Decorator]) -> Decorator:
@@ -178,6 +178,7 @@ class DeviceOptions:
             )
 
 
+#: The options that choose and drive the device, as `device: DeviceOptions`.
 device_options = gathered(
     "device",
     DeviceOptions,
@@ -243,7 +244,6 @@ device_options = gathered(
         ),
     ],
 )
-"""The options that choose and drive the device, as `device: DeviceOptions`."""
 
 
 # ---- comparison settings and report files (compare, check) ---------------------------------------
@@ -296,8 +296,8 @@ def settings_options(standard: str, threshold: str, padding: str) -> Decorator:
     )
 
 
+#: The report files asked for, by option (`--json`, `--junit`, `--html`, `--csv`); None: not asked for.
 ReportPaths = dict[str, Path | None]
-"""The report files asked for, by option (`--json`, `--junit`, `--html`, `--csv`); None: not asked for."""
 
 
 def _report_paths(
@@ -306,14 +306,15 @@ def _report_paths(
     return {"--json": json_path, "--junit": junit_path, "--html": html_path, "--csv": csv_path}
 
 
+#: Each report option's help, in --help order.
 REPORT_HELP = {
     "--json": "Write everything measured as JSON (schema bsa-compare/1).",
     "--junit": "Write a JUnit XML report (one testcase per case; says when results are reference ones).",
     "--html": "Write a self-contained HTML report with pictures of every failing tensor.",
     "--csv": "Write msprobe's compare CSV (one row per tensor) with bsa's verdict columns.",
 }
-"""Each report option's help, in --help order."""
 
+#: --json, --junit, --html and --csv (report files; their folders are created), as `reports: ReportPaths`.
 report_options = gathered(
     "reports",
     _report_paths,
@@ -322,4 +323,3 @@ report_options = gathered(
         for flag, text in REPORT_HELP.items()
     ],
 )
-"""--json, --junit, --html and --csv (report files; their folders are created), as `reports: ReportPaths`."""

@@ -10,8 +10,8 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.markup import escape
 
+#: Width of tables written to a file or pipe with no terminal anywhere (CI logs).
 PIPE_WIDTH = 160
-"""Width of tables written to a file or pipe with no terminal anywhere (CI logs)."""
 
 
 def _columns() -> int | None:
@@ -56,8 +56,8 @@ def width() -> int:
     return stdout.width if stdout.is_terminal else terminal_width() or PIPE_WIDTH
 
 
+#: Indent of a wrapped warning's further lines.
 WARNING_INDENT = "  "
-"""Indent of a wrapped warning's further lines."""
 
 
 def warn(message: str) -> None:

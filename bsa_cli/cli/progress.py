@@ -27,16 +27,16 @@ from ..gen.schedule import Estimate
 from ..ops import split_folder_name
 from . import output
 
+#: Least seconds between two progress lines when stderr is not a terminal (a log, a pipe).
 PLAIN_PROGRESS_S = 15.0
-"""Least seconds between two progress lines when stderr is not a terminal (a log, a pipe)."""
 
+#: The colour of each outcome in a case's line; red for any other (error, crashed, timeout, nondeterministic, ERROR).
 OUTCOME_STYLE = dict.fromkeys(("ok", "generated", "PASS"), "green") | {
     "skipped": "dim",
     "interrupted": "yellow",
     "FAIL": "red",
     "SKIP": "cyan",
 }
-"""The colour of each outcome in a case's line; red for any other (error, crashed, timeout, nondeterministic, ERROR)."""
 
 _Display = TypeVar("_Display", bound="ProgressDisplay")
 
@@ -185,8 +185,8 @@ class GenProgress:
     def __init__(self, display: ProgressDisplay, cases: Sequence[Case], estimates: Mapping[str, Estimate]) -> None:
         """Start the gen phase of `cases` on `display`."""
         self.display = display
+        #: The names of the cases found current, in the order they were skipped.
         self.skipped: list[str] = []
-        """The names of the cases found current, in the order they were skipped."""
         _gen_phase(display, cases, estimates)
 
     def progress(self, case: Case, fraction: float) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+#: Elements per work item: small enough that a chunk's temporaries stay in cache, large enough to amortize.
 CHUNK_ELEMENTS = 1 << 17
-"""Elements per work item: small enough that a chunk's temporaries stay in cache, large enough to amortize."""
 
 
 _F16_MAGIC = np.float32(2.0**112)

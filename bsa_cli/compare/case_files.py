@@ -80,11 +80,11 @@ def _load_record(output_dir: Path) -> Any:
         raise DataError(str(path), f"not valid JSON ({show(str(exc), 100)})") from None
 
 
+#: Largest run.json read (one of `bsa run` is a few KiB).
 RUN_RECORD_MAX_BYTES = 16 << 20
-"""Largest run.json read (one of `bsa run` is a few KiB)."""
 
+#: Bytes of status.txt read (its status line and message).
 STATUS_MAX_BYTES = 64 << 10
-"""Bytes of status.txt read (its status line and message)."""
 
 
 def _run_device_info(record: Any) -> dict[str, Any]:

@@ -26,11 +26,11 @@ from ..core.exit_codes import ExitCode, exit_code
 from ..store.manifest import json_number
 from .results import ERROR, FAIL, PASS, CaseResult, Check, SuiteResult, Verdict
 
+#: A regression grows by more than this fraction of its old value (measured run-to-run noise: at most 4.5%).
 RELATIVE_MARGIN = 0.10
-"""A regression grows by more than this fraction of its old value (measured run-to-run noise: at most 4.5%)."""
 
+#: ...and by more than this fraction of the check's limit (measured noise: at most 1.5% of the limit).
 ABSOLUTE_MARGIN = 0.05
-"""...and by more than this fraction of the check's limit (measured noise: at most 1.5% of the limit)."""
 
 
 @dataclass(frozen=True)
@@ -123,9 +123,9 @@ def parse_date(text: Any) -> _dt.datetime | None:
 # ---- comparing with a baseline --------------------------------------------------------------------
 
 
+#: Checks whose value is a statistical score (the bias check's standard errors), not the size of an error:
+#: a margin on sizes means nothing for it, so only its verdict counts for drift.
 SCORES = frozenset({"bias"})
-"""Checks whose value is a statistical score (the bias check's standard errors), not the size of an error:
-a margin on sizes means nothing for it, so only its verdict counts for drift."""
 
 
 def ratio_checks(case: CaseResult) -> list[Check]:
@@ -307,8 +307,8 @@ def inputs_differ(old: CaseResult, new: CaseResult) -> bool:
     return old.inputs_sha256 is not None and new.inputs_sha256 is not None and old.inputs_sha256 != new.inputs_sha256
 
 
+#: The `Drift` lists the JSON report's drift summary counts, in its order.
 DRIFT_COUNTS = ("regressions", "worsened", "vanished", "appeared", "inputs_changed")
-"""The `Drift` lists the JSON report's drift summary counts, in its order."""
 
 
 def drift_document(drift: Drift) -> dict[str, Any]:

@@ -29,27 +29,27 @@ from .results import TensorResult
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 
+#: The forward's outputs, as the manifest names them.
 FORWARD_NAMES = ("out", "lse")
-"""The forward's outputs, as the manifest names them."""
 
+#: The floor of the benchmark's lse error (absolute, in the natural-log units of the scaled scores), by
+#: innerPrecise: 1 computes lse in fp16 (err_thd of float16, 2^-11), 0 in fp32 (err_thd of float32, 2^-14). An
+#: lse error of e is a relative error e in every probability the backward recomputes from it.
 LSE_FLOOR = {1: 2.0**-11, 0: 2.0**-14}
-"""The floor of the benchmark's lse error (absolute, in the natural-log units of the scaled scores), by
-innerPrecise: 1 computes lse in fp16 (err_thd of float16, 2^-11), 0 in fp32 (err_thd of float32, 2^-14). An
-lse error of e is a relative error e in every probability the backward recomputes from it."""
 
+#: The lse checks: each with the double-benchmark key whose limit it takes (the case's, with its preset,
+#: where its standard has that key), the default used under another standard, its label, and the metric
+#: (an `ErrorStats` field) it compares.
 LSE_LIMITS = {
     "lse_max_ratio": ("mare_ratio", 10.0, "max abs error ratio", "max_abs_err"),
     "lse_rmse_ratio": ("rmse_ratio", 2.0, "RMSE ratio", "rmse"),
 }
-"""The lse checks: each with the double-benchmark key whose limit it takes (the case's, with its preset,
-where its standard has that key), the default used under another standard, its label, and the metric
-(an `ErrorStats` field) it compares."""
 
+#: How `rows-written` says that rows the forward must write were not (the pair's `lse-unwritten` reads it).
 NOT_WRITTEN = "rows the forward must write hold NaN/Inf"
-"""How `rows-written` says that rows the forward must write were not (the pair's `lse-unwritten` reads it)."""
 
+#: The NaN a device pre-fills the forward's output buffers with, by dtype (run.json `prefilled_outputs: "nan"`).
 PREFILL_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
-"""The NaN a device pre-fills the forward's output buffers with, by dtype (run.json `prefilled_outputs: "nan"`)."""
 
 
 @dataclass(frozen=True)

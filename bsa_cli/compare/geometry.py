@@ -10,11 +10,11 @@ from ..core.case import Case
 from ..core.layout import mask_view
 from ..store.manifest import GRAD_NAMES
 
+#: Side of the cube unit's fractal: the tile the localized check and the hot-block map work in.
 TILE = 16
-"""Side of the cube unit's fractal: the tile the localized check and the hot-block map work in."""
 
+#: Tensors whose rows are query rows (the others, dk and dv, have kv rows).
 Q_ROWS = ("dq", "out", "lse")
-"""Tensors whose rows are query rows (the others, dk and dv, have kv rows)."""
 
 
 @dataclass(frozen=True)

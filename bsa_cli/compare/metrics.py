@@ -141,10 +141,10 @@ class _Partial:
         }
 
 
+#: The fields of `_Partial` that chunks add up: every one but its maxima, minima, ULP counts and rows.
 _SUMS = tuple(
     f.name for f in fields(_Partial) if f.name not in (*_Partial._MAXES, *_Partial._MINS, "ulp_over", "nonfinite_rows")
 )
-"""The fields of `_Partial` that chunks add up: every one but its maxima, minima, ULP counts and rows."""
 
 
 @dataclass
@@ -330,8 +330,8 @@ def _measure_nonfinite(
     return part
 
 
+#: Judged row ranges shorter on average than a chunk's rows / GATHER_BELOW are measured gathered (`_items`).
 GATHER_BELOW = 4
-"""Judged row ranges shorter on average than a chunk's rows / GATHER_BELOW are measured gathered (`_items`)."""
 
 
 def _items(geom: _Geometry) -> list[slice | np.ndarray]:

@@ -24,8 +24,8 @@ from ..store.manifest import GRAD_NAMES
 from .forward import NOT_WRITTEN
 from .results import Cause, Check, TensorResult
 
+#: The causes a failing chain is named by (docs/compare.md, "The forward and the pair").
 PAIR_CAUSES = ("lse-unwritten", "padding-rows-read")
-"""The causes a failing chain is named by (docs/compare.md, "The forward and the pair")."""
 
 
 def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence[TensorResult]) -> list[Cause]:
@@ -102,8 +102,8 @@ def cause_checks(causes: Sequence[Cause]) -> list[Check]:
     ]
 
 
+#: Score the expected cause must have for a pitfall case to fail as it must (below it, another error is there too).
 EXPECTED_EXPLAINS = 0.9
-"""Score the expected cause must have for a pitfall case to fail as it must (below it, another error is there too)."""
 
 
 def expected_verdict(

@@ -20,9 +20,9 @@ from ..standards.base import Check as Check
 from ..standards.base import fmt as _fmt  # noqa: F401 (moved with Check; structural.py imports it here)
 from ..standards.bias import Bias
 
+#: A case's verdict: PASS, FAIL, ERROR (it could not be judged), or SKIP (this op of the case is not judged:
+#: its operator refuses what another op accepts, or the device cannot run it; `errors` says why).
 Verdict = Literal["PASS", "FAIL", "ERROR", "SKIP"]
-"""A case's verdict: PASS, FAIL, ERROR (it could not be judged), or SKIP (this op of the case is not judged:
-its operator refuses what another op accepts, or the device cannot run it; `errors` says why)."""
 PASS: Final = "PASS"
 FAIL: Final = "FAIL"
 ERROR: Final = "ERROR"
@@ -82,10 +82,10 @@ class ErrorStats:
     golden_l2norm: float | None = None
 
 
+#: `ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them.
 MSPROBE_FIELDS = tuple(
     f.name for f in fields(ErrorStats) if f.name.startswith(("thousandth", "five_", "value_", "golden_"))
 )
-"""`ErrorStats` fields added for msprobe's CSV: a benchmark summary written before them may lack them."""
 
 
 @dataclass(frozen=True)
@@ -135,8 +135,8 @@ class BlockMap:
     score: np.ndarray
 
 
+#: Upper edges of the ULP-error chart's bins (the last bin holds everything above 1024 ULP).
 ULP_CHART_EDGES = (0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
-"""Upper edges of the ULP-error chart's bins (the last bin holds everything above 1024 ULP)."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +173,7 @@ class TensorResult:
         return all(c.passed for c in self.checks)
 
 
+#: A kind of cause a diagnosis names.
 DiagnosisKind = Literal[
     "non-finite",
     "not-written",
@@ -193,10 +194,9 @@ DiagnosisKind = Literal[
     "lse-unwritten",
     "padding-rows-read",
 ]
-"""A kind of cause a diagnosis names."""
+#: The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
+#: tests some of them (`diagnose.TESTED_KINDS`).
 DIAGNOSIS_KINDS: tuple[DiagnosisKind, ...] = get_args(DiagnosisKind)
-"""The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
-tests some of them (`diagnose.TESTED_KINDS`)."""
 
 
 @dataclass(frozen=True)
@@ -223,8 +223,8 @@ class Hypothesis:
     outcome: str
 
 
+#: Largest block mask (cells) a failing case's result keeps for its pictures.
 SELECTION_MAX_CELLS = 1 << 16
-"""Largest block mask (cells) a failing case's result keeps for its pictures."""
 
 
 @dataclass(frozen=True)
@@ -350,10 +350,10 @@ class CaseResult:
         return deciding.detail if deciding else ""
 
 
+#: How a PASS headline introduces its deciding check: the one nearest its limit.
 CLOSEST = "closest to its limit:"
-"""How a PASS headline introduces its deciding check: the one nearest its limit."""
+#: How the error of a case that no device has run begins (`CaseResult.not_run`).
 NOT_RUN = "not run yet: "
-"""How the error of a case that no device has run begins (`CaseResult.not_run`)."""
 
 
 @dataclass(frozen=True)

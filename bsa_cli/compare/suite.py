@@ -39,10 +39,10 @@ def _check_run_thresholds(case_dirs: Sequence[Path], run: RunSettings) -> None:
             raise ValueError(f"case {manifest.name!r}: {exc}") from None
 
 
+#: Device output bytes (384 MiB) from which a suite is judged in several processes by default. A worker
+#: takes about half a second to start: on the 2-core development machine, 300 MB of outputs took as long
+#: with two processes as with one, 600 MB 20-30% less.
 PARALLEL_MIN_BYTES = 384 << 20
-"""Device output bytes (384 MiB) from which a suite is judged in several processes by default. A worker
-takes about half a second to start: on the 2-core development machine, 300 MB of outputs took as long
-with two processes as with one, 600 MB 20-30% less."""
 
 
 def suite_jobs(case_dirs: Sequence[Path], outputs_root: Path | None, jobs: int | None) -> int:
@@ -65,8 +65,8 @@ def _judge_in_worker(case_dir: Path, output_dir: Path, run: RunSettings, verify_
         return _compare_case(case_dir, output_dir, run, hashing, verify_inputs)
 
 
+#: Threads hashing a case's golden, benchmark and input files while the metrics are measured.
 HASH_THREADS = 2
-"""Threads hashing a case's golden, benchmark and input files while the metrics are measured."""
 
 
 def compare_suite(

@@ -25,8 +25,8 @@ from .geometry import _geometry, only_rows
 from .metrics import _measure, _params
 from .results import MSPROBE_FIELDS, ErrorStats
 
+#: Version of the benchmark summary's arithmetic: a summary of another version is measured again.
 SUMMARY_FORMAT = 2
-"""Version of the benchmark summary's arithmetic: a summary of another version is measured again."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +94,8 @@ def summarize_benchmark(
     return BenchmarkSummary(summary_key(case, settings), stats, tiles)
 
 
+#: The tensors a benchmark summary can hold: those the case's standard judges.
 SUMMARIZED = ("out", *GRAD_NAMES)
-"""The tensors a benchmark summary can hold: those the case's standard judges."""
 
 
 def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:

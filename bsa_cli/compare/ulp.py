@@ -11,8 +11,8 @@ from .buffers import _floor_array
 _MANTISSA_BITS = {"float16": 10, "bfloat16": 7, "float32": 23}
 _MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126}
 ULP_EDGES = (0.5, 1.0)
+#: Labels of `ErrorStats.ulp_histogram`: element counts by ULP error (0.5 or less is correctly rounded).
 ULP_BUCKETS = ("<=0.5", "0.5-1", ">1")
-"""Labels of `ErrorStats.ulp_histogram`: element counts by ULP error (0.5 or less is correctly rounded)."""
 
 
 def _ulp_floor(io_dtype: str, err_thd: float | None) -> float:

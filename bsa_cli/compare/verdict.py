@@ -102,12 +102,12 @@ class DeviceOutcome:
     prefilled: bool = False
 
 
+#: The tensors a case folder of each op judges (its manifest's golden and outputs entries): the op's outputs.
 OP_TENSORS: dict[Op, tuple[str, ...]] = {op: op.outputs for op in OPS}
-"""The tensors a case folder of each op judges (its manifest's golden and outputs entries): the op's outputs."""
 
 
+#: The `output_dir` of a result judged from arrays in memory (`judge_outcome`).
 IN_MEMORY = "(in memory)"
-"""The `output_dir` of a result judged from arrays in memory (`judge_outcome`)."""
 
 
 def judge_outcome(

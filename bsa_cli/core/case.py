@@ -13,34 +13,35 @@ from typing import Any, Literal
 import ml_dtypes
 import numpy as np
 
+#: Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes).
 DTYPES: dict[str, Any] = {
     name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name)
     for name in ("float16", "bfloat16", "float32", "float64", "uint8", "int64", "int8", "int32", "bool")
 }
-"""Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes)."""
 
+#: A tensor layout the operator computes: BNSD ([B, N, S, D]: batch, heads, sequence, head dim) or TND ([T, N, D]:
+#: the tokens of every batch entry one after another, cut by the actual lengths). A negative case may carry
+#: another layout string (`spec` admits up to 16 letters, digits or '_'), which the operator refuses.
 Layout = Literal["BNSD", "TND"]
-"""A tensor layout the operator computes: BNSD ([B, N, S, D]: batch, heads, sequence, head dim) or TND ([T, N, D]:
-the tokens of every batch entry one after another, cut by the actual lengths). A negative case may carry
-another layout string (`spec` admits up to 16 letters, digits or '_'), which the operator refuses."""
 
+#: How the operator receives actual lengths: per batch entry, or cumulative end offsets without a leading 0.
 SeqLengthsEncoding = Literal["per_batch", "cumulative"]
-"""How the operator receives actual lengths: per batch entry, or cumulative end offsets without a leading 0."""
 SEQ_LENGTHS_ENCODINGS: tuple[SeqLengthsEncoding, ...] = ("per_batch", "cumulative")
+#: softmax_lse's shape: [.., 1] at the end, or without it.
 LseShape = Literal["trailing_one", "squeezed"]
-"""softmax_lse's shape: [.., 1] at the end, or without it."""
 LSE_SHAPES: tuple[LseShape, ...] = ("trailing_one", "squeezed")
+#: What a golden assumes of BNSD actual lengths: honored (doc: padding skipped), ignored (A2/A3 code: full S).
 BnsdLengths = Literal["honored", "ignored"]
-"""What a golden assumes of BNSD actual lengths: honored (doc: padding skipped), ignored (A2/A3 code: full S)."""
 BNSD_LENGTHS: tuple[BnsdLengths, ...] = ("honored", "ignored")
+#: The precision a golden is computed in.
 Precision = Literal["float32", "float64"]
-"""The precision a golden is computed in."""
 PRECISIONS: tuple[Precision, ...] = ("float32", "float64")
 DEFAULT_PRECISION: Precision = "float32"
 
+#: The only preTokens/nextTokens value the operator accepts.
 MAX_TOKENS = 2147483647
-"""The only preTokens/nextTokens value the operator accepts."""
 
+#: aclnn status names and codes that cases can expect.
 ACLNN_STATUS = {
     "ACLNN_SUCCESS": 0,
     "ACLNN_ERR_PARAM_NULLPTR": 161001,
@@ -48,8 +49,8 @@ ACLNN_STATUS = {
     "ACLNN_ERR_INNER_TILING_ERROR": 561002,
     "ACLNN_ERR_INNER_NULLPTR": 561103,  # the forward's infershape failures (forward_interface)
 }
-"""aclnn status names and codes that cases can expect."""
 
+#: Every tensor of the aclnn call, in its parameter order; `atten_mask` is absent (null) unless a case gives it.
 TENSOR_NAMES = (
     "dout",
     "query",
@@ -63,7 +64,6 @@ TENSOR_NAMES = (
     "dk",
     "dv",
 )
-"""Every tensor of the aclnn call, in its parameter order; `atten_mask` is absent (null) unless a case gives it."""
 
 
 @dataclass(frozen=True)
@@ -93,16 +93,16 @@ class Sparsity:
     density: float = 0.5  # random
     window: int = 1  # sliding_window, strided: blocks to the left of and including the diagonal
     stride: int = 4  # strided: every stride-th block column is also selected
+    #: explicit: bool array broadcastable to [B, N1, nQ, nKV] (one [nQ, nKV] map, per head, or per batch+head).
     explicit: np.ndarray | None = field(default=None, compare=False, hash=False)
-    """explicit: bool array broadcastable to [B, N1, nQ, nKV] (one [nQ, nKV] map, per head, or per batch+head)."""
     explicit_source: str | None = None  # file path or 'inline', for the manifest
     empty_rows: float | tuple[int, ...] = ()  # fraction of query-block rows, or their indices
     per_head: bool = True  # random pattern: draw each query head's mask separately
+    #: Patterns with a diagonal (causal, sliding_window, strided). top_left: query block i's diagonal is kv
+    #: block i (block indices, the same for every batch entry). bottom_right: the diagonal of each batch entry's
+    #: last query token is its last key token (query token t sees key tokens k <= t + Skv - Sq, per batch entry);
+    #: a block is kept when any of its keys is visible to any of its queries.
     causal_alignment: str = "top_left"  # top_left | bottom_right: where the diagonal of causal-like patterns sits
-    """Patterns with a diagonal (causal, sliding_window, strided). top_left: query block i's diagonal is kv
-    block i (block indices, the same for every batch entry). bottom_right: the diagonal of each batch entry's
-    last query token is its last key token (query token t sees key tokens k <= t + Skv - Sq, per batch entry);
-    a block is kept when any of its keys is visible to any of its queries."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +156,9 @@ class Init:
     value: Distribution = Distribution()
     dout: Distribution = Distribution()
     sink: Sink | None = None
+    #: Set: query and key are drawn normal(0, s) with s chosen so that scale * q.k has this std (peaked
+    #: softmax for tens, near-uniform for hundredths); None: their own distributions.
     logit_std: float | None = None
-    """Set: query and key are drawn normal(0, s) with s chosen so that scale * q.k has this std (peaked
-    softmax for tens, near-uniform for hundredths); None: their own distributions."""
 
 
 @dataclass(frozen=True)
@@ -215,20 +215,20 @@ class Case:
     mask_type: int = 0
     pre_tokens: int = MAX_TOKENS
     next_tokens: int = MAX_TOKENS
+    #: Tensors of the call passed null or with another dtype or shape (see `tensor_descs`).
     tensors: tuple[TensorOverride, ...] = ()
-    """Tensors of the call passed null or with another dtype or shape (see `tensor_descs`)."""
+    #: Per-case comparison settings from the spec (standard name, thresholds), passed through to the manifest.
     compare: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
-    """Per-case comparison settings from the spec (standard name, thresholds), passed through to the manifest."""
     warnings: tuple[str, ...] = ()  # kernel constraints this case is outside of
     release: str = "master"  # the operator release whose rules decide its expected status (interface.RELEASES)
     null_layouts: tuple[str, ...] = ()  # "q", "kv": layouts the call passes as null pointers (shapes follow layout)
     ops: tuple[str, ...] = ("backward",)  # the operator calls the case tests (bsa_cli/ops/: `Op`s), in OPS order
     inner_precise: int = 0  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
     softmax_lse_flag: int = 1  # the forward's softmaxLseFlag (1: lse written)
+    #: Ops whose expected status differs from `expect` (set by specs/build from each op's rules).
     op_expect: tuple[tuple[str, Expect], ...] = ()
-    """Ops whose expected status differs from `expect` (set by specs/build from each op's rules)."""
+    #: Ops the case lists that their operator refuses while another accepts the case: (op, why), not run.
     skipped_ops: tuple[tuple[str, str], ...] = ()
-    """Ops the case lists that their operator refuses while another accepts the case: (op, why), not run."""
 
     def expect_of(self, op: str) -> Expect:
         """Return what one op of the case must return (`op_expect`, else `expect`)."""

@@ -29,19 +29,19 @@ from typing import Literal
 import ml_dtypes
 import numpy as np
 
+#: How a value halfway between two neighbours is rounded: to the even one, or away from zero.
 Ties = Literal["even", "away"]
-"""How a value halfway between two neighbours is rounded: to the even one, or away from zero."""
 
 
+#: The A2/A3 backward kernel's casts (P16, dS16, and dq/dk/dv at the end) use AscendC RoundMode::CAST_ROUND,
+#: round half away from zero: ops-transformer master 5778144, attention/block_sparse_attention_grad/op_kernel/
+#: attn_infra/epilogue/block/block_epilogue_simply_softmax.hpp (P, dS) and block_epilogue_post.hpp (the final
+#: `Cast(dstLocal, srcLocal, RoundMode::CAST_ROUND, ...)` after the scale). The benchmark and the reference
+#: device round as the kernel does.
 BACKWARD_TIES: Ties = "away"
-"""The A2/A3 backward kernel's casts (P16, dS16, and dq/dk/dv at the end) use AscendC RoundMode::CAST_ROUND,
-round half away from zero: ops-transformer master 5778144, attention/block_sparse_attention_grad/op_kernel/
-attn_infra/epilogue/block/block_epilogue_simply_softmax.hpp (P, dS) and block_epilogue_post.hpp (the final
-`Cast(dstLocal, srcLocal, RoundMode::CAST_ROUND, ...)` after the scale). The benchmark and the reference
-device round as the kernel does."""
 
+#: The forward kernel casts with CAST_RINT (ties to even): the attention_out bsa writes is rounded so.
 FORWARD_TIES: Ties = "even"
-"""The forward kernel casts with CAST_RINT (ties to even): the attention_out bsa writes is rounded so."""
 
 FLOAT16 = np.dtype(np.float16)
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)

@@ -47,8 +47,8 @@ class StreamError(BsaError):
     """The installed NumPy draws other values than bsa's pinned streams: its inputs would differ."""
 
 
+#: sha256 of `_stream_digest()`'s draws as NumPy 1.24 to 2.4 give them (checked in CI on the oldest).
 KNOWN_STREAM_DIGEST = "d028f24b33e3e0788f6affbebc86874ce59b820ad812a54b0f2d4e8fe44de516"
-"""sha256 of `_stream_digest()`'s draws as NumPy 1.24 to 2.4 give them (checked in CI on the oldest)."""
 
 
 def _stream_digest() -> str:

@@ -19,8 +19,8 @@ from typing import Any
 from .errors import DataError
 from .errors import show as _show
 
+#: Longest case (folder) name: the file system's 255 bytes less room for bsa's temporary names around it.
 MAX_NAME_BYTES = 200
-"""Longest case (folder) name: the file system's 255 bytes less room for bsa's temporary names around it."""
 
 # ---- JSON and status lines read from untrusted files ----------------------------------------------------
 
@@ -38,10 +38,10 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return result
 
 
+#: Fewest bytes of JSON text per object or array bsa parses: a Python dict costs 64 bytes or more, so
+#: `[{}, {}, ...]` would cost 20 times its size to read; bsa's own files carry a hundred bytes or more per
+#: object. The bound keeps what a JSON file costs in memory within a few times its size.
 JSON_BYTES_PER_CONTAINER = 16
-"""Fewest bytes of JSON text per object or array bsa parses: a Python dict costs 64 bytes or more, so
-`[{}, {}, ...]` would cost 20 times its size to read; bsa's own files carry a hundred bytes or more per
-object. The bound keeps what a JSON file costs in memory within a few times its size."""
 
 
 def load_json(data: bytes | str) -> Any:
@@ -66,8 +66,8 @@ def load_json(data: bytes | str) -> Any:
         raise ValueError("nested too deeply") from None
 
 
+#: A status line: a decimal integer in ASCII digits (no '_', '+', spaces or other scripts' digits).
 STATUS_DIGITS = re.compile(r"-?[0-9]{1,19}")
-"""A status line: a decimal integer in ASCII digits (no '_', '+', spaces or other scripts' digits)."""
 
 
 def parse_status(first_line: str) -> int:

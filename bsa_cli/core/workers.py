@@ -121,8 +121,8 @@ class _Pool(ProcessPoolExecutor):
         return super().submit(fn, *args, **kwargs)
 
 
+#: How often a worker checks that the process that started it is alive (it ends within this once it is not).
 PARENT_POLL_S = 0.1
-"""How often a worker checks that the process that started it is alive (it ends within this once it is not)."""
 
 
 def _start(initializer: Callable[..., None] | None, initargs: tuple[Any, ...], parent: int) -> None:

@@ -33,12 +33,13 @@ from ..core.untrusted import inside_parent
 from ..store import _replace_atomically, check_output_dir
 from ..store.manifest import Manifest
 
+#: How records name the kind of device.
 DeviceKind = Literal["reference", "torch_npu", "binary"]
-"""How records name the kind of device."""
 
+#: How running one case ended (a key of `OUTCOMES`).
 Outcome = Literal["ok", "nondeterministic", "error", "crashed", "timeout", "interrupted", "skipped"]
-"""How running one case ended (a key of `OUTCOMES`)."""
 
+#: Outcome of running one case, and what each means. Only `ok` leaves a result `bsa compare` can judge.
 OUTCOMES: dict[Outcome, str] = {
     "ok": "ran and left a complete result: a status, and dq/dk/dv when the status is 0",
     "nondeterministic": "ran --repeat times and met a race that matters: the status or dq differed between runs "
@@ -51,14 +52,13 @@ OUTCOMES: dict[Outcome, str] = {
     "skipped": "not run: the case folder is an op gen skipped (its operator refuses the case), or an op this "
     "device cannot run (autograd needs torch_npu); run.json says why and compare reports it as SKIP",
 }
-"""Outcome of running one case, and what each means. Only `ok` leaves a result `bsa compare` can judge."""
 
+#: What asks one run for its dK/dV accumulation order (arguments added to its command line), and the seed of
+#: that order (None: one fixed order, or an order bsa does not choose).
 RunOrder = tuple[list[str], int | None]
-"""What asks one run for its dK/dV accumulation order (arguments added to its command line), and the seed of
-that order (None: one fixed order, or an order bsa does not choose)."""
 
+#: The file every device writes the aclnn status into (first line), with an optional message after it.
 STATUS_FILE = "status.txt"
-"""The file every device writes the aclnn status into (first line), with an optional message after it."""
 
 
 class RunConfigError(BsaError):

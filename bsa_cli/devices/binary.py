@@ -30,18 +30,18 @@ class ChildExit(enum.IntEnum):
     USAGE = ExitCode.USAGE  # bad arguments, an unreadable case, a call it cannot make, a module missing
     DEVICE = ExitCode.UNJUDGED  # the operator or device failed without an aclnn status
     WRITE = 4  # an output file could not be written
+    #: It cannot run the folder's op here (the C++ harness on autograd, the torch_npu child on autograd before
+    #: torch 2.6); the first line of its stderr is `CANNOT_RUN_PREFIX` + why.
     CANNOT_RUN = 5
-    """It cannot run the folder's op here (the C++ harness on autograd, the torch_npu child on autograd before
-    torch 2.6); the first line of its stderr is `CANNOT_RUN_PREFIX` + why."""
 
 
 CANNOT_RUN_PREFIX = "cannot run: "
+#: The stdout line of a binary that pre-filled the forward's out and lse with NaN before the call (the C++
+#: harness with its default --fill nan); run.json then records `device.prefilled_outputs: "nan"`.
 PREFILL_LINE = "bsa-prefilled-outputs: nan"
-"""The stdout line of a binary that pre-filled the forward's out and lse with NaN before the call (the C++
-harness with its default --fill nan); run.json then records `device.prefilled_outputs: "nan"`."""
 
+#: Names a --cmd template may use, as `{name}`.
 PLACEHOLDERS = ("binary", "case_dir", "manifest", "output_dir", "device_id")
-"""Names a --cmd template may use, as `{name}`."""
 
 
 @dataclass(frozen=True)

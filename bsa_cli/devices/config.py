@@ -16,12 +16,12 @@ from .faults import ALL_FAULTS
 from .reference import ReferenceDevice
 from .repeat import RunJudge
 
+#: Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd).
 DEVICE_KINDS: dict[DeviceKind, str] = {
     "reference": "the built-in reference device (bsa emulate), in this process: reference results",
     "torch_npu": "torch_npu's npu_block_sparse_attention_backward (and npu_block_sparse_attention for the forward, the "
     "chain and autograd), in a child process per case (an Ascend host)",
 }
-"""Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd)."""
 
 
 def create(
@@ -78,15 +78,15 @@ class RunOptions:
     repeat: int = 1
     timeout: float | None = None  # seconds per run of an external binary or torch_npu child; None: no limit
     outputs_root: Path | None = None  # None: <case_dir>/outputs; else <outputs_root>/<case name>
+    #: Seeds the reference device's dK/dV accumulation order, run by run (`order_seed`); None: a fresh one.
     seed: int | None = None
-    """Seeds the reference device's dK/dV accumulation order, run by run (`order_seed`); None: a fresh one."""
+    #: Ask the device for the operator's deterministic mode (all outputs bitwise reproducible): the C++ harness
+    #: sets ACL_OPT_DETERMINISTIC, the torch_npu child torch.use_deterministic_algorithms(True), the reference
+    #: device sums dK/dV in one fixed order; with --repeat every output must then be bitwise identical.
     deterministic: bool = False
-    """Ask the device for the operator's deterministic mode (all outputs bitwise reproducible): the C++ harness
-    sets ACL_OPT_DETERMINISTIC, the torch_npu child torch.use_deterministic_algorithms(True), the reference
-    device sums dK/dV in one fixed order; with --repeat every output must then be bitwise identical."""
+    #: Judges each run of a --repeat by the case's standard (`repeat.RunJudge`; `pipeline.run_suite` passes
+    #: compare's); None: repeats are compared with each other only.
     judge: RunJudge | None = field(default=None, compare=False)
-    """Judges each run of a --repeat by the case's standard (`repeat.RunJudge`; `pipeline.run_suite` passes
-    compare's); None: repeats are compared with each other only."""
 
     def __post_init__(self) -> None:
         if self.seed is None:

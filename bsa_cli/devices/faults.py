@@ -22,6 +22,8 @@ from ..golden import forward_case, written_rows
 from ..ops import Op, get
 from ..ops.backward import BACKWARD
 
+#: Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
+#: selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`.
 FAULTS: dict[str, str] = {
     "drop-tail-block": "the partial last block of a sequence is skipped: the kv tail block when "
     "Skv % Y != 0, else the q tail block when Sq % X != 0 (applies when such a tail block is selected)",
@@ -50,16 +52,16 @@ FAULTS: dict[str, str] = {
     "heads mapped to them (applies with N1 > N2 > 1)",
     "dq-scaled-twice": "dQ is multiplied by scale twice at the end (applies when scale != 1)",
 }
-"""Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
-selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`."""
 
+#: Faults that leave every single run as clean as the reference and show only between repeated runs.
 REPEAT_FAULTS: dict[str, str] = {
     "deterministic-ignored": "deterministic mode is ignored: dK/dV are summed in a run-dependent order although "
     "the run asked for one fixed order, so repeats differ in their last bits (shows only with --deterministic "
     "--repeat N; applies when a kv block is selected by two or more query blocks or heads)"
 }
-"""Faults that leave every single run as clean as the reference and show only between repeated runs."""
 
+#: Faults of the forward (`devices.forward.run_forward` plants them): they apply to the ops that call the
+#: forward (forward, chain, autograd), never to a backward folder; the faults above never to a forward folder.
 FORWARD_FAULTS: dict[str, str] = {
     "lse-not-written": "softmaxLse is left as the buffer held it (the NaN prefill) although softmax_lse_flag is 1 "
     "(applies with softmax_lse_flag 1 and a row the forward writes)",
@@ -85,14 +87,12 @@ FORWARD_FAULTS: dict[str, str] = {
     "forward-tile-noise": "in one 16x16 tile of out (the first rows of the middle written query block, the middle "
     "columns) each element's error against the float64 forward is made 8x larger (applies when a row is written)",
 }
-"""Faults of the forward (`devices.forward.run_forward` plants them): they apply to the ops that call the
-forward (forward, chain, autograd), never to a backward folder; the faults above never to a forward folder."""
 
+#: Every fault `bsa emulate --fault` and `bsa run --fault` accept.
 ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS}
-"""Every fault `bsa emulate --fault` and `bsa run --fault` accept."""
 
+#: Selected columns beyond which a row takes two online-softmax stacks of the forward.
 _LONG_ROW = 512
-"""Selected columns beyond which a row takes two online-softmax stacks of the forward."""
 
 
 def kernel_scale(case: Case, fault: str | None) -> np.float32:
@@ -181,8 +181,8 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     return False
 
 
+#: The forward's faults that read the mask otherwise, and the backward's fault (`effective_mask`) reading it so.
 FORWARD_MASK_FAULTS = {f"forward-{name}": name for name in ("mask-transposed", "block-shift", "drop-tail-block")}
-"""The forward's faults that read the mask otherwise, and the backward's fault (`effective_mask`) reading it so."""
 
 
 def forward_selection(case: Case, block_mask: np.ndarray, span: SequenceSpan, fault: str | None) -> np.ndarray:

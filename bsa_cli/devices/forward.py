@@ -38,17 +38,17 @@ from ..core.rounding import FLOAT16, FORWARD_TIES, round_float32, to_dtype
 from ..golden import forward_case
 from .faults import FORWARD_FAULTS, fault_site, forward_selection, plant_rows_swapped
 
+#: Most query rows the forward kernel takes at once (a block row of X > 128 rows is cut into pieces).
 PIECE_ROWS = 128
-"""Most query rows the forward kernel takes at once (a block row of X > 128 rows is cut into pieces)."""
 
+#: Most kv columns of a piece's concatenated selected blocks one online-softmax step takes.
 STACK_COLUMNS = 512
-"""Most kv columns of a piece's concatenated selected blocks one online-softmax step takes."""
 
+#: log2(e): a natural log times it is the base-2 log (`forward-lse-base2`).
 LOG2E = float(np.log2(np.e))
-"""log2(e): a natural log times it is the base-2 log (`forward-lse-base2`)."""
 
+#: The quiet NaN the output buffers are pre-filled with, per dtype (as the C++ harness fills them).
 NAN_BITS = {"float16": 0x7E00, "bfloat16": 0x7FC0, "float32": 0x7FC00000}
-"""The quiet NaN the output buffers are pre-filled with, per dtype (as the C++ harness fills them)."""
 
 
 def prefilled(shape: tuple[int, ...], dtype_name: str) -> np.ndarray:

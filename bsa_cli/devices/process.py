@@ -21,16 +21,16 @@ from typing import Any
 
 from .base import STATUS_FILE, Attempt, Execution
 
+#: Seconds between SIGTERM and SIGKILL when a process group is stopped.
 KILL_GRACE_S = 2.0
-"""Seconds between SIGTERM and SIGKILL when a process group is stopped."""
 
 LOG_HEAD_BYTES = 1 << 20
+#: A binary's stdout and stderr logs keep their first and last MiB; what lies between is cut (and counted).
 LOG_TAIL_BYTES = 1 << 20
-"""A binary's stdout and stderr logs keep their first and last MiB; what lies between is cut (and counted)."""
 
+#: Seconds to keep reading a binary's output after its process group ended (a descendant that left the
+#: group may hold the pipe open).
 PIPE_DRAIN_S = 2.0
-"""Seconds to keep reading a binary's output after its process group ended (a descendant that left the
-group may hold the pipe open)."""
 
 
 def signal_name(number: int) -> str:

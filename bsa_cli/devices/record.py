@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 RUN_FORMAT = "bsa-run/1"
 RUN_RECORD = "run.json"
 
+#: Bytes of status.txt read (its status line and message).
 STATUS_MAX_BYTES = 64 << 10
-"""Bytes of status.txt read (its status line and message)."""
 
 
 def now() -> str:
@@ -80,8 +80,8 @@ def check_outputs(staging: Path, manifest: Manifest, attempt: Attempt) -> None:
 
 
 RUN_KEYS: tuple[str, ...] = ("started", "finished", "duration_s", "exit_code", "signal", "timed_out", "outcome")
+#: The fields of an `Attempt` that run.json's `runs` entries hold after `run`, `command` and `output_dir`, in order.
 RUN_KEYS += ("status", "status_message", "outputs", "stdout_log", "stderr_log", "problems", "order_seed")
-"""The fields of an `Attempt` that run.json's `runs` entries hold after `run`, `command` and `output_dir`, in order."""
 
 
 def run_entry(attempt: Attempt) -> dict[str, Any]:

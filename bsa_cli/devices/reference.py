@@ -52,22 +52,22 @@ from .base import Attempt, DeviceKind, Execution, RunConfigError, RunOrder, fres
 from .binary import ChildExit
 from .reference_ops import Emulated, Unsupported, case_of, emulate_op, unsupported, write_outputs
 
+#: How the built-in reference device is named in records and output: never presented as device results.
 REFERENCE_DEVICE = "reference (bsa emulate)"
-"""How the built-in reference device is named in records and output: never presented as device results."""
 
 _LOG2E = np.float32(math.log2(math.e))
 
+#: Backward FLOPs per second of the reference device on the 2-core development machine (one BLAS thread),
+#: as measured by `benchmarks/reference_estimate.py` (CPU seconds, best of two rounds, in process as `bsa run`
+#: runs it): 14-33 GFLOP/s on MHA cases of 1k-16k tokens, the longest the slowest.
 REFERENCE_FLOPS_PER_SECOND = 25e9
-"""Backward FLOPs per second of the reference device on the 2-core development machine (one BLAS thread),
-as measured by `benchmarks/reference_estimate.py` (CPU seconds, best of two rounds, in process as `bsa run`
-runs it): 14-33 GFLOP/s on MHA cases of 1k-16k tokens, the longest the slowest."""
+#: How much faster per FLOP a GQA case runs (N1 > N2: 41-50 GFLOP/s measured, several query heads' rows
+#: in each product against a kv block).
 REFERENCE_GQA_SPEEDUP = 1.6
-"""How much faster per FLOP a GQA case runs (N1 > N2: 41-50 GFLOP/s measured, several query heads' rows
-in each product against a kv block)."""
+#: Seconds per selected (query head, query block, kv block) pair beyond its FLOPs: the per-block NumPy calls.
 REFERENCE_SECONDS_PER_PAIR = 2e-5
-"""Seconds per selected (query head, query block, kv block) pair beyond its FLOPs: the per-block NumPy calls."""
+#: Seconds per case beyond its blocks: the interface check, reading and checking the inputs, writing outputs.
 REFERENCE_SECONDS_PER_CASE = 0.02
-"""Seconds per case beyond its blocks: the interface check, reading and checking the inputs, writing outputs."""
 
 
 def estimate_seconds(flops_backward: float, pairs: int = 0, group: int = 1) -> float:
@@ -82,8 +82,8 @@ def estimate_seconds(flops_backward: float, pairs: int = 0, group: int = 1) -> f
 
 _REPORTERS: list[Callable[[str, float], None]] = []
 _REPORTERS_LOCK = threading.Lock()
+#: Least time between two progress calls of one case (the first and the last always come).
 PROGRESS_INTERVAL_S = 0.25
-"""Least time between two progress calls of one case (the first and the last always come)."""
 
 
 @contextmanager
@@ -173,8 +173,8 @@ def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: Sequence
     return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len)
 
 
+#: Query rows per tile of the kv-block-major loop: dK and dV of a kv block are summed tile by tile.
 _CHUNK_ROWS = 512
-"""Query rows per tile of the kv-block-major loop: dK and dV of a kv block are summed tile by tile."""
 
 
 def _sequence_grads(
@@ -342,8 +342,8 @@ def emulate(
     return grads
 
 
+#: The inputs with a query-head axis (axis 1 in BNSD [B, N1, ...], TND [T, N1, ...] and the mask).
 _Q_SIDE = ("query", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
-"""The inputs with a query-head axis (axis 1 in BNSD [B, N1, ...], TND [T, N1, ...] and the mask)."""
 
 
 def _emulate_interleaved(

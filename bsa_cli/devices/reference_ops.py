@@ -37,14 +37,14 @@ from .base import write_atomic, write_status
 from .faults import FORWARD_FAULTS, fault_not_applied
 from .forward import backward_tensors, forward_mask, run_forward
 
+#: Why the reference device does not run an autograd folder (run.json `skipped`).
 AUTOGRAD_REASON = "the reference device has no autograd: run it with --device torch_npu"
-"""Why the reference device does not run an autograd folder (run.json `skipped`)."""
 
+#: What the reference device pre-fills the forward's output buffers with (run.json `device.prefilled_outputs`).
 PREFILL = "nan"
-"""What the reference device pre-fills the forward's output buffers with (run.json `device.prefilled_outputs`)."""
 
+#: The backward step: `reference.emulate(case, tensors, fault, order_seed)` -> {"dq", "dk", "dv"}.
 Backward = Callable[[Case, Mapping[str, np.ndarray], "str | None", "int | None"], dict[str, np.ndarray]]
-"""The backward step: `reference.emulate(case, tensors, fault, order_seed)` -> {"dq", "dk", "dv"}."""
 
 
 class Unsupported(BsaError):

@@ -20,13 +20,13 @@ from ..core.case import numpy_dtype
 from ..store.manifest import Manifest
 from .base import Attempt
 
+#: Judges one run's outputs (the case folder, the run's folder) by the case's standard, as `bsa compare`
+#: would: None when they pass, else (verdict, why). The caller passes it (`RunOptions.judge`): judging is a
+#: layer above the devices.
 RunJudge = Callable[[Path, Path], "tuple[str, str] | None"]
-"""Judges one run's outputs (the case folder, the run's folder) by the case's standard, as `bsa compare`
-would: None when they pass, else (verdict, why). The caller passes it (`RunOptions.judge`): judging is a
-layer above the devices."""
 
+#: Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2).
 ATOMIC_OUTPUTS = ("dk", "dv")
-"""Outputs the kernel sums with fp32 atomic adds: not bitwise reproducible run to run (docs/operator.md section 2)."""
 
 
 def differing_elements(first: Path, other: Path, dtype_name: str) -> tuple[int, int, int] | None:

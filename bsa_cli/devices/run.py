@@ -101,8 +101,8 @@ class RunSummary:
         )
 
 
+#: Output files of every op (the backward's, the forward's) deleted before a case runs, whatever its manifest says.
 STALE_OUTPUT_FILES = ("dq.bin", "dk.bin", "dv.bin", "out.bin", "lse.bin")
-"""Output files of every op (the backward's, the forward's) deleted before a case runs, whatever its manifest says."""
 
 
 def _run_file(name: str) -> bool:

@@ -37,25 +37,25 @@ from typing import Any
 
 from .._version import __version__
 
+#: How the torch_npu child's stdout line that carries what it runs begins.
 MARKER = "bsa-device-software: "
-"""How the torch_npu child's stdout line that carries what it runs begins."""
 
+#: Variables naming the CANN toolkit, in the order they are tried (ASCEND_OPP_PATH names `<toolkit>/opp`).
 TOOLKIT_VARIABLES = ("ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_OPP_PATH")
-"""Variables naming the CANN toolkit, in the order they are tried (ASCEND_OPP_PATH names `<toolkit>/opp`)."""
 
 INFO_NAME = "ascend_toolkit_install.info"
+#: Bytes of the toolkit's version file read (it holds a few short lines).
 INFO_MAX_BYTES = 4096
-"""Bytes of the toolkit's version file read (it holds a few short lines)."""
+#: Bytes of the torch_npu child's stdout log searched for its line (it prints it before the call).
 LOG_MAX_BYTES = 64 << 10
-"""Bytes of the torch_npu child's stdout log searched for its line (it prints it before the call)."""
+#: Longest `bsa-device-software:` line read.
 LINE_MAX_CHARS = 2048
-"""Longest `bsa-device-software:` line read."""
+#: Longest value kept (a version string); a longer one is null.
 VALUE_MAX_CHARS = 64
-"""Longest value kept (a version string); a longer one is null."""
 PATH_MAX_CHARS = 4096
 
+#: What the torch_npu child reports (each a string or null).
 TORCH_NPU_KEYS = ("torch", "torch_npu", "cann", "cann_source")
-"""What the torch_npu child reports (each a string or null)."""
 
 _VALUE = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 

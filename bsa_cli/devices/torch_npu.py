@@ -69,19 +69,19 @@ from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
 from .process import spawn
 from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, _int, _int_list, to_tensor
 
+#: How the torch_npu device is named in records and output.
 TORCH_NPU_DEVICE = "torch_npu (torch_npu.npu_block_sparse_attention_backward)"
-"""How the torch_npu device is named in records and output."""
+#: The module each run of the torch_npu device executes (`python -m`), one child process per run.
 TORCH_NPU_MODULE = "bsa_cli.devices.torch_npu"
-"""The module each run of the torch_npu device executes (`python -m`), one child process per run."""
 
+#: The torch_npu function this device calls.
 BINDING = "npu_block_sparse_attention_backward"
-"""The torch_npu function this device calls."""
 
+#: The manifest inputs in the binding's order (d_out first): the seven tensors, passed positionally.
 CALL_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
-"""The manifest inputs in the binding's order (d_out first): the seven tensors, passed positionally."""
 
+#: The input each gradient is allocated like by the binding (`apply_tensor_without_format`).
 GRAD_OF = {"dq": "query", "dk": "key", "dv": "value"}
-"""The input each gradient is allocated like by the binding (`apply_tensor_without_format`)."""
 
 
 @dataclass(frozen=True)

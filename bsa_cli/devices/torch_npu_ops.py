@@ -65,19 +65,19 @@ from ..store import array_bytes
 from ..store.manifest import GRAD_NAMES, Manifest
 from .base import write_atomic, write_status
 
+#: How the forward's aclnn status appears in torch_npu's RuntimeError (NPU_CHECK_ERROR).
 FORWARD_STATUS_PATTERN = re.compile(r"call aclnnBlockSparseAttention failed, error code is (\d+)")
-"""How the forward's aclnn status appears in torch_npu's RuntimeError (NPU_CHECK_ERROR)."""
+#: How the backward's aclnn status appears in torch_npu's RuntimeError (NPU_CHECK_ERROR).
 BACKWARD_STATUS_PATTERN = re.compile(r"call aclnnBlockSparseAttentionGrad failed, error code is (\d+)")
-"""How the backward's aclnn status appears in torch_npu's RuntimeError (NPU_CHECK_ERROR)."""
 
+#: The first torch whose torch_npu has the forward's autograd formula (derivatives.yaml `version: [v2.6, newest]`).
 AUTOGRAD_SINCE = (2, 6)
-"""The first torch whose torch_npu has the forward's autograd formula (derivatives.yaml `version: [v2.6, newest]`)."""
 
+#: The forward's tensors, in the binding's order.
 FORWARD_INPUTS = ("query", "key", "value", "block_sparse_mask")
-"""The forward's tensors, in the binding's order."""
 
+#: Manifest dtypes this device can hand to torch (torch names them alike).
 TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "uint8", "int8", "int16", "int32", "int64", "bool")
-"""Manifest dtypes this device can hand to torch (torch names them alike)."""
 
 
 class NotExpressible(BsaError):

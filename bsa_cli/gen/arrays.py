@@ -26,8 +26,8 @@ from .settings import GenSettings
 
 DEFAULT_SETTINGS = GenSettings()
 
+#: Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward.
 _PASSES = 2
-"""Walks over the selected blocks per case: the forward with golden backward, then the kernel-faithful backward."""
 
 
 def compute_case(
@@ -84,10 +84,10 @@ class OpArrays:
     benchmark: dict[str, np.ndarray] = field(default_factory=dict)
     skip: str | None = None
     kernel_range: KernelRange | None = None
+    #: The mask's statistics (`inputs.mask_stats`) for an op folder's manifest; the backward's are its own.
     stats: dict[str, Any] = field(default_factory=dict)
-    """The mask's statistics (`inputs.mask_stats`) for an op folder's manifest; the backward's are its own."""
+    #: An op folder's mask as drawn (the forward's written rows for its benchmark summary); None: the backward.
     block_mask: np.ndarray | None = None
-    """An op folder's mask as drawn (the forward's written rows for its benchmark summary); None: the backward."""
 
 
 def compute_ops(case: Case, settings: GenSettings = DEFAULT_SETTINGS) -> dict[Op, OpArrays]:

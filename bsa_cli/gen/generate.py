@@ -38,6 +38,8 @@ from .arrays import compute_ops as compute_ops
 from .schedule import available_memory, estimate
 from .settings import GenSettings
 
+#: (path, default) of case fields added after fingerprints were first written: left out of the fingerprint
+#: at their default, so cases that do not use them keep the fingerprint they had.
 FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("sparsity", "causal_alignment"), "top_left"),
     (("init", "sink"), None),
@@ -52,8 +54,6 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
         for key in ("outliers", "row_scale")
     ),
 )
-"""(path, default) of case fields added after fingerprints were first written: left out of the fingerprint
-at their default, so cases that do not use them keep the fingerprint they had."""
 
 
 def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
@@ -194,8 +194,8 @@ def _write_case(case: Case, final_dir: Path, settings: GenSettings, op: Op, arra
         return writer.commit(manifest, flat_params(manifest))
 
 
+#: Share of the nonzero P or dS values of the kernel path flushed to zero from which the manifest notes it.
 UNDERFLOW_NOTE_SHARE = 0.01
-"""Share of the nonzero P or dS values of the kernel path flushed to zero from which the manifest notes it."""
 
 
 def kernel_path_record(kernel_range: golden.KernelRange) -> dict[str, Any]:
@@ -359,11 +359,11 @@ def _generate_in_processes(
             raise
 
 
+#: How often the progress of cases in worker processes is read.
 _PROGRESS_SECONDS = 0.25
-"""How often the progress of cases in worker processes is read."""
 
+#: In a worker process: the queue its cases' progress goes back through (None: not reported).
 _REPORTS: Any = None
-"""In a worker process: the queue its cases' progress goes back through (None: not reported)."""
 
 
 def _report_to(queue: Any) -> None:

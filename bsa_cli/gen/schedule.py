@@ -19,8 +19,8 @@ from ..core.case import Case, numpy_dtype
 from ..core.workers import cpu_count
 from ..inputs import DIAGONAL_PATTERNS, MaskCounts, diagonal_blocks, make_mask, mask_counts
 
+#: Effective rate of `bsa gen` (forward, golden and benchmark backward) on the 2-core development machine.
 GOLDEN_FLOPS_PER_SECOND = 40e9
-"""Effective rate of `bsa gen` (forward, golden and benchmark backward) on the 2-core development machine."""
 
 SHARD_RE = re.compile(r"^(\d+)/(\d+)$")
 
@@ -38,30 +38,30 @@ class Estimate:
     selected_blocks: int = 0  # (query head, query block, kv block) pairs the mask selects
 
 
+#: Masks up to this many elements are drawn to count what they select; larger ones are counted from
+#: their pattern (`pattern_counts`), so estimating never costs memory in proportion to the case.
 EXACT_MASK_ELEMENTS = 1 << 22
-"""Masks up to this many elements are drawn to count what they select; larger ones are counted from
-their pattern (`pattern_counts`), so estimating never costs memory in proportion to the case."""
 
+#: Resident memory of a `bsa gen` process before it holds any case (interpreter, NumPy, bsa).
 BASE_MEMORY = 64 << 20
-"""Resident memory of a `bsa gen` process before it holds any case (interpreter, NumPy, bsa)."""
 
+#: Memory per (kv-head group, non-empty batch entry): the views and partial results its walks keep.
 GROUP_SPAN_MEMORY = 5 << 10
-"""Memory per (kv-head group, non-empty batch entry): the views and partial results its walks keep."""
 
+#: Memory per batch entry (its span, lengths and per-sequence views), held for the whole case.
 SPAN_MEMORY = 3 << 10
-"""Memory per batch entry (its span, lengths and per-sequence views), held for the whole case."""
 
 SECONDS_PER_CASE = 0.02
+#: Time per (kv-head group, non-empty batch entry): the set-up of each walk over one sequence.
 SECONDS_PER_GROUP_SPAN = 1e-4
-"""Time per (kv-head group, non-empty batch entry): the set-up of each walk over one sequence."""
+#: Time per non-empty batch entry: its views and lengths, whatever its heads.
 SECONDS_PER_SPAN = 1e-4
-"""Time per non-empty batch entry: its views and lengths, whatever its heads."""
+#: Time per (batch entry, query head, query block) row that selects a block: the per-row NumPy calls.
 SECONDS_PER_ROW = 1.2e-4
-"""Time per (batch entry, query head, query block) row that selects a block: the per-row NumPy calls."""
 SECONDS_PER_BLOCK = 3e-7
+#: Time per selected block: sliced when a row's blocks are consecutive (dense, causal, sliding window),
+#: gathered and scattered one by one otherwise (random, strided, explicit).
 SECONDS_PER_GATHERED_BLOCK = 2e-6
-"""Time per selected block: sliced when a row's blocks are consecutive (dense, causal, sliding window),
-gathered and scattered one by one otherwise (random, strided, explicit)."""
 
 
 def estimate(case: Case) -> Estimate:
@@ -137,10 +137,10 @@ def _distinct_lengths(case: Case) -> list[tuple[tuple[int, int], int]]:
     return counted
 
 
+#: The last distinct-length counts, by the identity of the length tuples (cases of a matrix share them).
 _COUNTED: collections.deque[tuple[tuple[int, ...], tuple[int, ...], list[tuple[tuple[int, int], int]]]] = (
     collections.deque(maxlen=4)
 )
-"""The last distinct-length counts, by the identity of the length tuples (cases of a matrix share them)."""
 
 
 def pattern_counts(case: Case) -> MaskCounts:
@@ -192,8 +192,8 @@ def pattern_counts(case: Case) -> MaskCounts:
     return MaskCounts(selected_blocks=int(selected), total_blocks=int(total), cells=int(cells), active_rows=int(rows))
 
 
+#: Query-block rows of one batch entry counted one by one in `_diagonal_rows`; more are sampled evenly.
 _SAMPLED_ROWS = 4096
-"""Query-block rows of one batch entry counted one by one in `_diagonal_rows`; more are sampled evenly."""
 
 
 def _diagonal_rows(case: Case, q_len: int, kv_len: int) -> tuple[float, float, float]:
@@ -238,12 +238,12 @@ def _columns(n_q: int, kv_len: int, y: int, shift: int) -> float:
     return y * m * (m + 1) / 2 + (n - m) * kv_len
 
 
+#: Estimated work from which `-j auto` starts worker processes for several cases (each takes about half a
+#: second to start).
 AUTO_JOBS_MIN_SECONDS = 3.0
-"""Estimated work from which `-j auto` starts worker processes for several cases (each takes about half a
-second to start)."""
 
+#: Estimated work of a single case from which `-j auto` runs its walks in threads (they start at once).
 AUTO_THREADS_MIN_SECONDS = 0.2
-"""Estimated work of a single case from which `-j auto` runs its walks in threads (they start at once)."""
 
 
 def auto_jobs(jobs: int | None, estimates: list[Estimate]) -> int:

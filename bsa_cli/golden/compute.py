@@ -340,9 +340,9 @@ def golden_and_benchmark(
     return attention_out, softmax_lse, gold, bench
 
 
+#: Golden walks (each with its benchmark walk) made and run together; the next are made once they are done,
+#: so a case of many batch entries or kv heads never holds the walks of all of them at once.
 _WALKS_PER_ROUND = 64
-"""Golden walks (each with its benchmark walk) made and run together; the next are made once they are done,
-so a case of many batch entries or kv heads never holds the walks of all of them at once."""
 
 
 def _run_round(walks: list[tuple[_Task, _Task | None]], jobs: int) -> None:
@@ -352,11 +352,11 @@ def _run_round(walks: list[tuple[_Task, _Task | None]], jobs: int) -> None:
     _run([g for g, _ in walks] + [k for _, k in walks if k is not None], jobs)
 
 
+#: Arithmetic per query-block row (14 X Y D per selected block pair) from which walks run in threads.
+#:
+#: Below it a row's few dozen NumPy calls take longer than their arithmetic, and threads would only take
+#: turns at the interpreter (tiny blocks, head dims or sequences).
 _THREADS_MIN_ROW_FLOPS = 4e6
-"""Arithmetic per query-block row (14 X Y D per selected block pair) from which walks run in threads.
-
-Below it a row's few dozen NumPy calls take longer than their arithmetic, and threads would only take
-turns at the interpreter (tiny blocks, head dims or sequences)."""
 
 
 def _lanes(case: Case, block_mask: np.ndarray, jobs: int) -> int:

@@ -36,8 +36,8 @@ from .numerics import _Scratch, _to_io_fp32
 from .paths import _Entry, _KernelInputs, _Path
 from .walk import _run
 
+#: Most kv columns (of a row's concatenated selected blocks) one online-softmax step of the forward takes.
 STACK_COLUMNS = 512
-"""Most kv columns (of a row's concatenated selected blocks) one online-softmax step of the forward takes."""
 
 
 def forward_case(case: Case) -> Case:

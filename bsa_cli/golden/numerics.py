@@ -16,8 +16,8 @@ from numpy.typing import DTypeLike
 
 from ..core.rounding import to_dtype
 
+#: Most elements of one dK/dV share (selected columns x D) computed before it is added to its blocks.
 _PRODUCT_ELEMENTS = 1 << 20
-"""Most elements of one dK/dV share (selected columns x D) computed before it is added to its blocks."""
 
 
 def _padded_blocks(tensor: np.ndarray, block: int, dtype: DTypeLike) -> np.ndarray:
@@ -32,8 +32,8 @@ def _padded_blocks(tensor: np.ndarray, block: int, dtype: DTypeLike) -> np.ndarr
 class _Scratch:
     """Named work buffers reused from one block row to the next instead of fresh allocations."""
 
+    #: Most elements a buffer grows by beyond the request (growing rows, as in a causal mask, reallocate rarely).
     SLACK = 1 << 21
-    """Most elements a buffer grows by beyond the request (growing rows, as in a causal mask, reallocate rarely)."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, np.ndarray] = {}
@@ -65,13 +65,13 @@ def _gather(blocks: np.ndarray, selected: np.ndarray, scratch: _Scratch, name: s
     return gathered.reshape(-1, dim)
 
 
+#: Most elements of the row chunks in which a tile's elementwise steps run, chunk after chunk.
+#:
+#: It bounds the temporaries of those steps (the float16 rounding's) on wide tiles (long causal rows: up to
+#: `_TILE_ELEMENTS`); a tile of typical width is one chunk (smaller chunks only add NumPy calls, which
+#: threads then take turns to make). Elementwise steps and row reductions give the same values in any chunks;
+#: the products still take whole tiles.
 _CHUNK_ELEMENTS = 1 << 18
-"""Most elements of the row chunks in which a tile's elementwise steps run, chunk after chunk.
-
-It bounds the temporaries of those steps (the float16 rounding's) on wide tiles (long causal rows: up to
-`_TILE_ELEMENTS`); a tile of typical width is one chunk (smaller chunks only add NumPy calls, which
-threads then take turns to make). Elementwise steps and row reductions give the same values in any chunks;
-the products still take whole tiles."""
 
 
 def _chunks(shape: tuple[int, ...]) -> list[slice]:
@@ -87,8 +87,8 @@ def _mask_tail(scores: np.ndarray, selected: np.ndarray, n_kv_blocks: int, tail_
         scores[:, -tail_pad:] = -np.inf
 
 
+#: Block size (Y * D elements) from which adding block by block beats one fancy-indexed add.
 _SCATTER_LOOP_MIN = 4096
-"""Block size (Y * D elements) from which adding block by block beats one fancy-indexed add."""
 
 
 def _scatter_add(blocks: np.ndarray, selected: np.ndarray, contribution: np.ndarray) -> None:

@@ -28,11 +28,11 @@ import numpy as np
 from ..core.rounding import BACKWARD_TIES, FORWARD_TIES, round_float32, to_dtype
 from .numerics import _add_products, _chunks, _mask_tail, _padded_blocks, _Scratch, _to_io_fp32
 
+#: dq, dk, dv (of a batch entry, a case, or a view of either).
 Grads = tuple[np.ndarray, np.ndarray, np.ndarray]
-"""dq, dk, dv (of a batch entry, a case, or a view of either)."""
 
+#: dout (None for the forward), query, key, value and the block mask: of a case, or heads-major of a batch entry.
 Inputs = tuple[np.ndarray | None, np.ndarray, np.ndarray, np.ndarray, np.ndarray]
-"""dout (None for the forward), query, key, value and the block mask: of a case, or heads-major of a batch entry."""
 
 
 @dataclasses.dataclass
@@ -131,8 +131,8 @@ class _Path:
     paths read them.
     """
 
+    #: Dtype of the padded key and value blocks the walk gathers for `tile`.
     block_dtype: np.dtype
-    """Dtype of the padded key and value blocks the walk gathers for `tile`."""
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray) -> None:
         self.entry, self.out, self.lse = entry, out, lse

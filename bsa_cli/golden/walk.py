@@ -24,20 +24,20 @@ from ..core import blas
 from .numerics import _gather, _Scratch
 from .paths import _Entry, _Path
 
+#: Most query rows x selected columns one score tile holds (64 MiB in float64); wider block rows go in row groups.
+#:
+#: Rows are independent in the forward (same products, same row sums), so out and lse do not depend on the cut
+#: (checked bit for bit on OpenBLAS: tiles of `_MIN_TILE_ROWS` rows or more of such wide rows keep to its regular
+#: gemm path); the backward then sums a row's dK/dV share group by group.
 _TILE_ELEMENTS = 1 << 23
-"""Most query rows x selected columns one score tile holds (64 MiB in float64); wider block rows go in row groups.
-
-Rows are independent in the forward (same products, same row sums), so out and lse do not depend on the cut
-(checked bit for bit on OpenBLAS: tiles of `_MIN_TILE_ROWS` rows or more of such wide rows keep to its regular
-gemm path); the backward then sums a row's dK/dV share group by group."""
 
 
+#: What hears a finished block row's selected pairs (`reporting`), if anything does.
 Reporter = Callable[[int], None] | None
-"""What hears a finished block row's selected pairs (`reporting`), if anything does."""
 
 
+#: Fewest query rows in a tile: thinner products may take other BLAS code paths (gemv, small-matrix kernels).
 _MIN_TILE_ROWS = 16
-"""Fewest query rows in a tile: thinner products may take other BLAS code paths (gemv, small-matrix kernels)."""
 
 
 def _selected_rows(

@@ -35,8 +35,8 @@ def rng(case: Case, stream: str) -> np.random.Generator:
     return seeded([case.seed, zlib.crc32(stream.encode())])
 
 
+#: Values drawn (in float64) at a time: a stream gives the same values in chunks as in one go.
 _DRAW_CHUNK = 1 << 20
-"""Values drawn (in float64) at a time: a stream gives the same values in chunks as in one go."""
 
 
 def draw(
@@ -110,8 +110,8 @@ def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
     return result
 
 
+#: Patterns built around a diagonal, which `causal_alignment` places.
 DIAGONAL_PATTERNS = ("causal", "sliding_window", "strided")
-"""Patterns built around a diagonal, which `causal_alignment` places."""
 
 ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -242,8 +242,8 @@ class MaskCounts:
     active_rows: int  # (batch, head, query block) rows that select at least one block
 
 
+#: Mask elements counted at a time (bounds the temporaries of `mask_counts` to a few MiB).
 _CHUNK_ELEMENTS = 1 << 20
-"""Mask elements counted at a time (bounds the temporaries of `mask_counts` to a few MiB)."""
 
 
 def mask_counts(case: Case, mask: np.ndarray) -> MaskCounts:

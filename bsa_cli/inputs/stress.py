@@ -18,8 +18,8 @@ import numpy as np
 from ..core.case import Case, Distribution
 from ..core.streams import uniform
 
+#: Changes a chunk of float64 values in place, given the flat index of its first element.
 Adjust = Callable[[np.ndarray, int], None]
-"""Changes a chunk of float64 values in place, given the flat index of its first element."""
 
 
 def logit_std_spread(case: Case) -> float:

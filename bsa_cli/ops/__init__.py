@@ -31,17 +31,17 @@ from .forward import FORWARD
 from .forward_interface import FORWARD_CALL
 from .interface import BACKWARD_CALL, Call
 
+#: Every op, in the order reports show them.
 OPS: Final[tuple[Op, ...]] = (FORWARD, BACKWARD, CHAIN, AUTOGRAD)
-"""Every op, in the order reports show them."""
 
+#: What a case tests unless it says `ops:`: the backward alone, as bsa always did.
 DEFAULT_OPS: Final[tuple[Op, ...]] = (BACKWARD,)
-"""What a case tests unless it says `ops:`: the backward alone, as bsa always did."""
 
+#: Every operator the ops call (`Op.steps`), in the order a spec's undefined behaviour and warnings are read.
 CALLS: Final[tuple[Call, ...]] = (BACKWARD_CALL, FORWARD_CALL)
-"""Every operator the ops call (`Op.steps`), in the order a spec's undefined behaviour and warnings are read."""
 
+#: Ops that call the forward (so the forward's rules and parameters apply).
 FORWARD_OPS: Final[tuple[Op, ...]] = tuple(op for op in OPS if op.calls_forward)
-"""Ops that call the forward (so the forward's rules and parameters apply)."""
 
 
 def folder_name(case_name: str, op: str) -> str:

@@ -13,34 +13,34 @@ if TYPE_CHECKING:
     from ..core.case import Case
     from .interface import Call, Violation
 
+#: Between a case's name and its op in the folder of an op other than the backward.
 SEPARATOR: Final = "@"
-"""Between a case's name and its op in the folder of an op other than the backward."""
 
+#: bsa's innerPrecise for the forward: 0 (fp32 softmax; the only value the A2/A3 forward takes for bf16).
+#: torch_npu's `npu_block_sparse_attention` defaults to 1 (`BINDING_DEFAULTS`).
 INNER_PRECISE_DEFAULT: Final = 0
-"""bsa's innerPrecise for the forward: 0 (fp32 softmax; the only value the A2/A3 forward takes for bf16).
-torch_npu's `npu_block_sparse_attention` defaults to 1 (`BINDING_DEFAULTS`)."""
 
+#: bsa's softmaxLseFlag for the forward: 1 (lse written, as the backward needs it). torch_npu defaults to 0,
+#: which leaves lse unwritten (`BINDING_DEFAULTS`).
 SOFTMAX_LSE_FLAG_DEFAULT: Final = 1
-"""bsa's softmaxLseFlag for the forward: 1 (lse written, as the backward needs it). torch_npu defaults to 0,
-which leaves lse unwritten (`BINDING_DEFAULTS`)."""
 
+#: torch_npu's defaults for the forward's own parameters (op-plugin op_plugin_functions.yaml, master 517f2e7d).
 BINDING_DEFAULTS: Final = {"inner_precise": 1, "softmax_lse_flag": 0}
-"""torch_npu's defaults for the forward's own parameters (op-plugin op_plugin_functions.yaml, master 517f2e7d)."""
 
+#: innerPrecise values the forward's aclnn accepts (4 only on Ascend 950).
 INNER_PRECISE_VALUES: Final = (0, 1, 4)
-"""innerPrecise values the forward's aclnn accepts (4 only on Ascend 950)."""
 
+#: The inputs of the backward's call, in its manifest's order.
 BACKWARD_INPUTS: Final = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
-"""The inputs of the backward's call, in its manifest's order."""
 GRAD_NAMES: Final = ("dq", "dk", "dv")
+#: torch_npu's function of the forward.
 FORWARD_BINDING: Final = "npu_block_sparse_attention"
-"""torch_npu's function of the forward."""
+#: torch_npu's function of the backward.
 BACKWARD_BINDING: Final = "npu_block_sparse_attention_backward"
-"""torch_npu's function of the backward."""
+#: The backward through torch's autograd (torch_npu's derivatives.yaml link).
 AUTOGRAD_STEP: Final = "out.backward(dout)"
-"""The backward through torch's autograd (torch_npu's derivatives.yaml link)."""
+#: The forward's outputs (attentionOut, softmaxLse) in the folders of the ops that call it.
 FORWARD_OUTPUTS: Final = ("out", "lse")
-"""The forward's outputs (attentionOut, softmaxLse) in the folders of the ops that call it."""
 
 
 class Op(str):
@@ -65,13 +65,13 @@ class Op(str):
     calls_backward: bool
     pair: bool
     summary: str
+    #: The operators it calls, in order (`interface.BACKWARD_CALL`, `forward_interface.FORWARD_CALL`): whose
+    #: interface rules, undefined behaviour and kernel constraints apply to it.
     steps: tuple[Call, ...]
-    """The operators it calls, in order (`interface.BACKWARD_CALL`, `forward_interface.FORWARD_CALL`): whose
-    interface rules, undefined behaviour and kernel constraints apply to it."""
+    #: The mask dtype its call passes whatever the case's (the forward's int8), or None: the case's.
     mask_dtype: str | None
-    """The mask dtype its call passes whatever the case's (the forward's int8), or None: the case's."""
+    #: Whose steps its refusals name ("the chain's": "the chain's forward step refuses ..."); "" for one step.
     step_owner: str
-    """Whose steps its refusals name ("the chain's": "the chain's forward step refuses ..."); "" for one step."""
     torch_npu_calls: tuple[str, ...]
     autograd_only: bool
 
@@ -146,8 +146,8 @@ class Op(str):
         return f"{who} refuses {v.key} {v.message} ({call.stages.get(v.status, 'aclnn')}, {v.status})"
 
 
+#: Every op by its name, as each op's module defines it.
 _BY_NAME: dict[str, Op] = {}
-"""Every op by its name, as each op's module defines it."""
 
 
 def get(name: str) -> Op:

@@ -16,10 +16,10 @@ from typing import Any
 from ..core.case import Case, TensorOverride
 from . import OPS, find, get, split_folder_name
 
+#: The manifest's sections of array entries {name: {file, dtype, shape, sha256}} (a null tensor: None).
 SECTIONS = ("inputs", "golden", "benchmark", "outputs")
-"""The manifest's sections of array entries {name: {file, dtype, shape, sha256}} (a null tensor: None)."""
+#: The forward's outputs by the names of the backward's inputs they are (`Case.tensor_descs`, overrides).
 CALL_NAMES = {"out": "attention_out", "lse": "softmax_lse"}
-"""The forward's outputs by the names of the backward's inputs they are (`Case.tensor_descs`, overrides)."""
 
 
 def op_case(case: Case, op: str) -> Case:

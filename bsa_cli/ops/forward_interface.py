@@ -50,34 +50,34 @@ from .interface import (
     Violation,
 )
 
+#: What GetWorkspaceSize returns when the forward's infershape fails (the l0op hands back null outputs).
 ACLNN_ERR_INNER_NULLPTR = 561103
-"""What GetWorkspaceSize returns when the forward's infershape fails (the l0op hands back null outputs)."""
 
+#: The forward's tensors in its parameter order (block_table and atten_mask only when a call passes them).
 FORWARD_TENSORS = tuple("query key value block_sparse_mask atten_mask block_table attention_out softmax_lse".split())
-"""The forward's tensors in its parameter order (block_table and atten_mask only when a call passes them)."""
 
+#: The mask dtype the forward registers (`block_sparse_attention_def.cpp`): the case's mask bytes as int8.
 FORWARD_MASK_DTYPE = "int8"
-"""The mask dtype the forward registers (`block_sparse_attention_def.cpp`): the case's mask bytes as int8."""
 
+#: Layout strings aclnn accepts (the A2/A3 tiling refuses BSND: only the 950 takes it).
 LAYOUTS = ("TND", "BNSD", "BSND")
-"""Layout strings aclnn accepts (the A2/A3 tiling refuses BSND: only the 950 takes it)."""
 
+#: D values the tiling accepts ("temporary regulations of D").
 HEAD_DIMS = (64, 128)
-"""D values the tiling accepts ("temporary regulations of D")."""
 
+#: The A2/A3 tiling asks Y % 128 == 0 (the 950: 16).
 Y_ALIGNMENT = 128
-"""The A2/A3 tiling asks Y % 128 == 0 (the 950: 16)."""
 
+#: What the tiling uses for a null blockShape (aclnn passes a null one on).
 DEFAULT_BLOCK_SHAPE = (128, 128)
-"""What the tiling uses for a null blockShape (aclnn passes a null one on)."""
 
+#: Which part of the forward returns each status (skip reasons name it).
 STAGES = {
     ACLNN_ERR_PARAM_NULLPTR: "aclnn",
     ACLNN_ERR_PARAM_INVALID: "aclnn",
     ACLNN_ERR_INNER_NULLPTR: "infershape",
     ACLNN_ERR_INNER_TILING_ERROR: "tiling",
 }
-"""Which part of the forward returns each status (skip reasons name it)."""
 
 
 def case_params_forward(case: Case) -> dict[str, Any]:
@@ -412,6 +412,7 @@ def _show(value: Any) -> str:
     return str(list(value)) if isinstance(value, (list, tuple)) else repr(value)
 
 
+#: aclnnBlockSparseAttention.
 FORWARD_CALL = Call(
     name="forward",
     refuser="the A2/A3 forward",
@@ -424,6 +425,5 @@ FORWARD_CALL = Call(
     constraints=kernel_constraints,
     stages=STAGES,
 )
-"""aclnnBlockSparseAttention."""
 
 check = FORWARD_CALL.check

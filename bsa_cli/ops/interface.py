@@ -26,22 +26,23 @@ from typing import Any, Literal
 
 from ..core.case import MAX_TOKENS, Case, Layout
 
+#: A call's parameters as a manifest's `params` records them (`case_params`).
 Params = Mapping[str, Any]
-"""A call's parameters as a manifest's `params` records them (`case_params`)."""
+#: A call's non-null tensors, {name: {"dtype", "shape"}} (`Case.tensor_descs`).
 Tensors = Mapping[str, Mapping[str, Any]]
-"""A call's non-null tensors, {name: {"dtype", "shape"}} (`Case.tensor_descs`)."""
 
 ACLNN_SUCCESS = 0
 ACLNN_ERR_PARAM_NULLPTR = 161001
 ACLNN_ERR_PARAM_INVALID = 161002
 ACLNN_ERR_INNER_TILING_ERROR = 561002
 
+#: The operator releases whose rules bsa knows (a case's `release:`; `--release` overrides).
 RELEASES = ("9.0.0", "9.1.0", "master")
-"""The operator releases whose rules bsa knows (a case's `release:`; `--release` overrides)."""
 
+#: The release a case targets unless it says otherwise: the newest public code.
 DEFAULT_RELEASE = "master"
-"""The release a case targets unless it says otherwise: the newest public code."""
 
+#: The rule set `violations` follows for each release, as manifests record it (`semantics.interface`).
 RULES_BY_RELEASE = {
     "9.0.0": "ops-transformer 9.0.0 (cannmirror/ops-transformer release branch): aclnn null, query dtype, "
     "key/value dtype, layout whitelist (TND/BNSD) checks + A2/A3 (arch22) tiling",
@@ -50,12 +51,11 @@ RULES_BY_RELEASE = {
     "master": "ops-transformer master 5778144: null layouts first (d42799fe6), aclnn ValidateParams + A2/A3 "
     "(arch22) tiling; deterministic mode (8ba7ee217 / e6d22a23e)",
 }
-"""The rule set `violations` follows for each release, as manifests record it (`semantics.interface`)."""
 
 RULES = RULES_BY_RELEASE[DEFAULT_RELEASE]
 
+#: Releases whose A2/A3 tiling has the deterministic mode (`GetDeterministic()`, master since 2026-08-04).
 DETERMINISTIC_RELEASES = ("master",)
-"""Releases whose A2/A3 tiling has the deterministic mode (`GetDeterministic()`, master since 2026-08-04)."""
 
 
 def release_counts(releases: Iterable[str | None]) -> str:
@@ -77,19 +77,20 @@ def release_of_cann(version: str | None) -> str | None:
 
 LENGTH_KEYS = ("actual_seq_lengths", "actual_seq_lengths_kv")
 
+#: A case's null layouts (`null_layouts` in params: "q", "kv") and the parameter each stands for.
 LAYOUT_KEYS = {"q": "layout", "kv": "kv_layout"}
-"""A case's null layouts (`null_layouts` in params: "q", "kv") and the parameter each stands for."""
 
 OP_DTYPES = ("float16", "bfloat16")
 MASK_DTYPES = ("bool", "uint8")
 TILING_LAYOUTS: tuple[Layout, ...] = ("TND", "BNSD")
 
+#: Tensors a null pointer of which is 161001, in the order `CheckMandatoryTensors` reads them.
 MANDATORY = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask")
-"""Tensors a null pointer of which is 161001, in the order `CheckMandatoryTensors` reads them."""
 
 SAME_DTYPE_AS_QUERY = ("key", "value", "attention_out", "dout")
 OUTPUTS = ("dq", "dk", "dv")
 
+#: Non-TND layouts: pairs of tensors whose dim 3 (D) must be equal. q and v are not compared.
 BNSD_HEAD_DIM_PAIRS = (
     ("query", "key"),
     ("value", "attention_out"),
@@ -98,13 +99,12 @@ BNSD_HEAD_DIM_PAIRS = (
     ("key", "dk"),
     ("value", "dv"),
 )
-"""Non-TND layouts: pairs of tensors whose dim 3 (D) must be equal. q and v are not compared."""
 
+#: Non-TND layouts: tensors whose dim 0 must equal query's.
 BNSD_BATCH_TENSORS = ("key", "value", "attention_out", "dout", "softmax_lse", "dq", "dk", "dv")
-"""Non-TND layouts: tensors whose dim 0 must equal query's."""
 
+#: TND: tensors whose dim 2 (D) must equal query's; nothing else of the shapes is checked.
 TND_DIM2_TENSORS = ("key", "value", "attention_out", "dout", "dq", "dk", "dv")
-"""TND: tensors whose dim 2 (D) must equal query's; nothing else of the shapes is checked."""
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,11 @@ def encode_lengths(lengths: tuple[int, ...] | None, encoding: str) -> list[int] 
     return list(itertools.accumulate(lengths)) if encoding == "cumulative" else list(lengths)
 
 
+#: The parameters of a call that `case_params` records, in its order (`null_layouts` last, when given).
 PARAM_KEYS = tuple(
     "layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len block_shape actual_seq_lengths "
     "actual_seq_lengths_kv seq_lengths_encoding scale kernel_scale mask_type pre_tokens next_tokens lse_shape".split()
 )
-"""The parameters of a call that `case_params` records, in its order (`null_layouts` last, when given)."""
 
 
 def case_params(case: Case) -> dict[str, Any]:
@@ -408,19 +408,19 @@ class Call:
     An op holds its calls in the order it makes them (`Op.steps`); specs, gen and devices ask the calls."""
 
     name: Literal["forward", "backward"]
+    #: Who refuses a call of an op of this one step ("the A2/A3 forward").
     refuser: str
-    """Who refuses a call of an op of this one step ("the A2/A3 forward")."""
+    #: The error of a case with undefined behaviour ({first}: the first, {ops}, {release}).
     undefined_error: str
-    """The error of a case with undefined behaviour ({first}: the first, {ops}, {release})."""
+    #: The skip reason of an op with undefined behaviour under `--ops` ({first}).
     undefined_skip: str
-    """The skip reason of an op with undefined behaviour under `--ops` ({first})."""
     params: Callable[[Case], dict[str, Any]]
     tensors: Callable[[Case], dict[str, dict[str, Any]]]
     rules: Callable[[Params, Tensors, str], list[Violation]]
     undefined: Callable[[Params, Tensors, str], list[str]]
     constraints: Callable[[Params, str], list[str]]
+    #: Which part of the operator returns a status (skip reasons name it; "aclnn" when absent).
     stages: Mapping[int, str]
-    """Which part of the operator returns a status (skip reasons name it; "aclnn" when absent)."""
 
     def check(self, params: Params, tensors: Tensors, release: str = DEFAULT_RELEASE) -> tuple[int, str]:
         """Return the status of a call under `release` and a message: the first broken rule, or (0, "")."""
@@ -437,6 +437,7 @@ class Call:
         return self.constraints(self.params(case), case.bnsd_lengths)
 
 
+#: aclnnBlockSparseAttentionGrad.
 BACKWARD_CALL = Call(
     name="backward",
     refuser="the backward",
@@ -450,6 +451,5 @@ BACKWARD_CALL = Call(
     constraints=kernel_constraints,
     stages={ACLNN_ERR_INNER_TILING_ERROR: "tiling"},
 )
-"""aclnnBlockSparseAttentionGrad."""
 
 check = BACKWARD_CALL.check

@@ -33,24 +33,24 @@ from .files import write_text_atomic
 from .formatting import is_op
 from .header import ReportHeader, report_header
 
+#: The verdicts a report's case may have; a report with another is malformed.
 VERDICTS = (PASS, FAIL, ERROR, SKIP)
-"""The verdicts a report's case may have; a report with another is malformed."""
 
+#: The JSON report format; a reader refuses any other.
 SCHEMA = "bsa-compare/1"
-"""The JSON report format; a reader refuses any other."""
 
+#: Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`).
 REPORT_MAX_BYTES = 1 << 30
-"""Largest JSON report read as a baseline or a night of `bsa trend` (as `bsa compare --merge`)."""
 
+#: Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
+#: baseline, `drift` and `regressions`); 2 added `inputs_sha256` per case and `drift.inputs_changed`; 3 added
+#: `diagnosis` (a failing case's likely causes: `{kind, score, evidence, tensors, where}`) and `hypotheses`
+#: (every hypothesis the diagnosis tried: `{kind, supposes, score, outcome}`) per case; 4 added `op` (the
+#: operator call judged: forward, backward, chain, autograd; `name` is the case folder, `NAME@op` for ops other
+#: than the backward), `case` (the case's name) and `expected_failure` (a pair that fails as it must: a PASS)
+#: per case, the verdict SKIP (its `errors` say why) and `summary.skipped`; a document without `schema_minor`
+#: is minor 0, a case without `op` judges the backward.
 SCHEMA_MINOR = 4
-"""Keys added within "bsa-compare/1": 1 added `schema_minor`, `date`, `host`, `devices` (and, with a
-baseline, `drift` and `regressions`); 2 added `inputs_sha256` per case and `drift.inputs_changed`; 3 added
-`diagnosis` (a failing case's likely causes: `{kind, score, evidence, tensors, where}`) and `hypotheses`
-(every hypothesis the diagnosis tried: `{kind, supposes, score, outcome}`) per case; 4 added `op` (the
-operator call judged: forward, backward, chain, autograd; `name` is the case folder, `NAME@op` for ops other
-than the backward), `case` (the case's name) and `expected_failure` (a pair that fails as it must: a PASS)
-per case, the verdict SKIP (its `errors` say why) and `summary.skipped`; a document without `schema_minor`
-is minor 0, a case without `op` judges the backward."""
 
 
 def _map_cells(array: np.ndarray) -> Any:

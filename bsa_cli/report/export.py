@@ -36,10 +36,10 @@ OP_TYPE = "BlockSparseAttentionGrad"
 ACLNN_NAME = "aclnnBlockSparseAttentionGrad"
 EXPECT_MODULE = "bsa_msopst_expect.py"
 
+#: The operator's tensor arguments, in its order, by manifest name.
 INPUT_ORDER = ("dout", "query", "key", "value", "attention_out", "softmax_lse", "block_sparse_mask", "atten_mask")
-"""The operator's tensor arguments, in its order, by manifest name."""
+#: Manifest names -> the aclnn interface's argument names.
 OP_NAMES = {name: re.sub(r"_(\w)", lambda m: m[1].upper(), name) for name in (*INPUT_ORDER, *GRAD_NAMES)}
-"""Manifest names -> the aclnn interface's argument names."""
 REQUIRED = {"atten_mask": False}
 
 
@@ -204,8 +204,8 @@ def expect_module(manifests: Sequence[tuple[Path, Manifest]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Largest `<case>.msopst.json` of an earlier export read back (one case is a few KiB).
 EARLIER_CASE_MAX_BYTES = 4 << 20
-"""Largest `<case>.msopst.json` of an earlier export read back (one case is a few KiB)."""
 
 
 def earlier_msopst_cases(

@@ -13,6 +13,7 @@ from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorRe
 from ..ops import OPS, Op, get
 from ..ops.interface import release_counts
 
+#: Rows of the metrics tables: ErrorStats field, label.
 METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("max_abs_err", "max abs error"),
     ("mean_abs_err", "mean abs error"),
@@ -34,7 +35,6 @@ METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("bias", "relative bias (signed)"),
     ("bias_se", "relative bias, standard error"),
 )
-"""Rows of the metrics tables: ErrorStats field, label."""
 
 
 def fmt(value: float | int | None, digits: int = 4) -> str:
@@ -114,11 +114,11 @@ def ops_of(cases: Sequence[CaseResult]) -> tuple[Op, ...]:
     return tuple(op for op in OPS if op in present)
 
 
+#: The aclnn operator each op calls (the pair calls both: `operator_of`).
 OPERATORS: dict[str, str] = {"forward": "aclnnBlockSparseAttention", "backward": "aclnnBlockSparseAttentionGrad"}
-"""The aclnn operator each op calls (the pair calls both: `operator_of`)."""
 
+#: The forward's outputs, as a result's tensors name them (the pair's out and lse too).
 FORWARD_TENSORS = ("out", "lse")
-"""The forward's outputs, as a result's tensors name them (the pair's out and lse too)."""
 
 
 def operator_of(op: str, tensor: str | None = None) -> str:
@@ -132,8 +132,8 @@ def operator_of(op: str, tensor: str | None = None) -> str:
     return f"{OPERATORS['forward']}+{OPERATORS['backward']}"
 
 
+#: A parenthesised aside in a check's or a note's text: `(device 0.00073, benchmark ..., err_thd ...)`.
 _PARENTHESES = re.compile(r" \([^()]*\)")
-"""A parenthesised aside in a check's or a note's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
 
 
 def short_headline(case: CaseResult, asides: bool = False) -> str:

@@ -112,8 +112,8 @@ def testcase_id(case: CaseResult) -> tuple[str, str]:
     return f"bsa.{spec}", op_test_name(case.case_name, case.op)
 
 
+#: The element of a testcase that failed or could not be judged.
 _PROBLEMS: dict[str, str] = {FAIL: "failure", ERROR: "error"}
-"""The element of a testcase that failed or could not be judged."""
 
 
 def junit_xml(suite: SuiteResult) -> str:

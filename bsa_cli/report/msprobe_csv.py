@@ -37,6 +37,7 @@ from ..compare.results import MSPROBE_FIELDS
 from .files import write_text_atomic
 from .formatting import grouped, operator_of, shows_ops
 
+#: msprobe's compare result header (real data mode).
 MSPROBE_COLUMNS = (
     *(f"{side} {what}" for what in ("Name", "Dtype", "Tensor Shape") for side in ("NPU", "Bench")),
     *("Cosine", "MaxAbsErr", "MaxRelativeErr", "One Thousandth Err Ratio", "Five Thousandths Err Ratio"),
@@ -44,17 +45,16 @@ MSPROBE_COLUMNS = (
     "Accuracy Reached or Not",
     "Err_message",
 )
-"""msprobe's compare result header (real data mode)."""
 
+#: The columns bsa adds after msprobe's.
 BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check")
-"""The columns bsa adds after msprobe's."""
 
+#: The last column where a suite has ops other than the backward: forward, backward, chain, autograd.
 OP_COLUMN = "bsa Op"
-"""The last column where a suite has ops other than the backward: forward, backward, chain, autograd."""
 
 NA = "N/A"
+#: The backward's operator, in the names of a backward result's rows (`formatting.operator_of` for the others).
 OP = "aclnnBlockSparseAttentionGrad"
-"""The backward's operator, in the names of a backward result's rows (`formatting.operator_of` for the others)."""
 
 
 def _number(value: float | int | None) -> str:

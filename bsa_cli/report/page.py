@@ -64,6 +64,8 @@ ul.errors li{color:var(--error)}
 """
 )
 
+#: The rules a page needs only when it shows ops other than the backward or a SKIP (a backward-only suite's page
+#: is as it always was).
 _OPS_CSS = """
 :root{--skip:#6a6f78}
 .SKIP{color:var(--skip);font-weight:700}.badge.SKIP{background:var(--skip);color:#fff}
@@ -87,8 +89,6 @@ table.ops td.none{color:#999;text-align:center}
 p.siblings{font-size:.88em;margin:.2em 0 .5em}p.siblings a,p.siblings b{margin-right:.9em;text-decoration:none}
 ul.skips li{color:var(--skip)}
 """
-"""The rules a page needs only when it shows ops other than the backward or a SKIP (a backward-only suite's page
-is as it always was)."""
 
 
 def _header(suite: SuiteResult, head: ReportHeader) -> str:

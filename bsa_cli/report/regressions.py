@@ -27,8 +27,8 @@ table.drift tr.regressed td.flag{color:var(--fail);font-weight:700}
 td.up{color:var(--fail)}td.down{color:var(--pass)}
 """
 
+#: Rows of the HTML drift table (regressions first); the JSON report holds every change.
 MAX_ROWS = 400
-"""Rows of the HTML drift table (regressions first); the JSON report holds every change."""
 
 
 def _delta(change: MetricChange) -> str:

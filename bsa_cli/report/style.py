@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
+#: The rules every bsa page starts from (the compare report, the trend page); each adds its own.
 BASE_CSS = """
 :root{--fail:#b3001b;--error:#8a1a8a;--pass:#16702a;--line:#d6d6d6}
 body{font-family:system-ui,-apple-system,"Segoe UI",sans-serif;margin:0;color:#1d1d1d;background:#fff}
@@ -16,10 +17,9 @@ td,th{border:1px solid var(--line);padding:.18em .5em;text-align:left;vertical-a
 th{background:#f1f1f1;font-weight:600}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 """
-"""The rules every bsa page starts from (the compare report, the trend page); each adds its own."""
 
+#: The font of every inline SVG picture.
 SVG_FONT = "font-family:ui-monospace,Menlo,Consolas,monospace;font-size:10px"
-"""The font of every inline SVG picture."""
 
 
 def esc(value: object) -> str:

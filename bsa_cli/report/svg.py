@@ -28,10 +28,10 @@ NONFINITE = "#1b0a2a"
 CELL_STROKE = "#8a8a8a"
 _LOW = ((255, 243, 176), (253, 174, 97))  # just above the benchmark's error .. just below the limit
 _HIGH = ((244, 109, 67), (120, 0, 30))  # the limit .. the top of the scale
+#: Heat-map panels (batch entry, head) drawn per tensor: the hottest, in (b, n) order.
 MAX_PANELS = 8
-"""Heat-map panels (batch entry, head) drawn per tensor: the hottest, in (b, n) order."""
+#: Cells drawn per tensor heat map; larger grids are pooled (each cell covers f x f blocks).
 MAX_CELLS = 6000
-"""Cells drawn per tensor heat map; larger grids are pooled (each cell covers f x f blocks)."""
 
 
 def _mix(pair: tuple[tuple[int, int, int], tuple[int, int, int]], t: float) -> str:

@@ -55,16 +55,16 @@ def _case_table(suite: SuiteResult, console: Console) -> Table:
     return _verdict_table(suite, console, short=short)
 
 
+#: Longest case name a table with ops keeps on one line (its op rows leave the column's other lines empty).
 CASE_WHOLE = 32
-"""Longest case name a table with ops keeps on one line (its op rows leave the column's other lines empty)."""
+#: What the deciding-check column's heading adds where passing lines are short (they leave out that they name
+#: the check closest to its limit).
 SHORT_NOTE = " (of a PASS: the check closest to its limit)"
-"""What the deciding-check column's heading adds where passing lines are short (they leave out that they name
-the check closest to its limit)."""
+#: What a SKIP row says when an op above it in the same case (or this op of the case above) was skipped for the
+#: same reason.
 _SAME = "not judged: same reason as"
-"""What a SKIP row says when an op above it in the same case (or this op of the case above) was skipped for the
-same reason."""
+#: The numbers in parentheses at the end of a check's text: `(device 0.00073, benchmark ..., err_thd ...)`.
 _DETAIL = re.compile(r" \([^()]*\)$")
-"""The numbers in parentheses at the end of a check's text: `(device 0.00073, benchmark ..., err_thd ...)`."""
 
 
 def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:

@@ -43,12 +43,12 @@ from .ops_fields import forward_keys_given, judges_pair, read_expect, read_forwa
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
 
+#: Most elements of one tensor (query, key/value or the block mask) of a case: beyond any real case, and
+#: far enough from int64 overflow that every size and cost bsa computes stays exact.
 MAX_ELEMENTS = 1 << 40
-"""Most elements of one tensor (query, key/value or the block mask) of a case: beyond any real case, and
-far enough from int64 overflow that every size and cost bsa computes stays exact."""
 
+#: What a layout string may be (a negative case may pass one the operator rejects).
 LAYOUT_RE = re.compile(r"^[A-Za-z0-9_]{1,16}\Z")
-"""What a layout string may be (a negative case may pass one the operator rejects)."""
 
 
 def build_case(
@@ -428,8 +428,8 @@ def _undefined_ops(r: _Reader, case: Case, override: bool) -> dict[str, str]:
     return found
 
 
+#: What `_check_ops` makes of each op: (its op_expect, its skipped ops).
 Judged = tuple[list[tuple[str, Expect]], list[tuple[str, str]]]
-"""What `_check_ops` makes of each op: (its op_expect, its skipped ops)."""
 
 
 def _every_op_refuses(r: _Reader, case: Case, statuses: dict[str, tuple[int, str]]) -> Case:

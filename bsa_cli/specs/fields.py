@@ -38,6 +38,7 @@ from ..inputs import ALIGNMENTS
 from ..ops import interface
 from ..standards import validate_settings
 
+#: Other names of spec dtypes; names are read case-insensitively, with an optional 'torch.' or 'np.' prefix.
 DTYPE_ALIASES = {
     **dict.fromkeys(("fp16", "half", "f16"), "float16"),
     **dict.fromkeys(("bf16", "bfloat"), "bfloat16"),
@@ -46,7 +47,6 @@ DTYPE_ALIASES = {
     **{"u8": "uint8", "i8": "int8", "i32": "int32", "int": "int32", "i64": "int64", "long": "int64"},
     "boolean": "bool",
 }
-"""Other names of spec dtypes; names are read case-insensitively, with an optional 'torch.' or 'np.' prefix."""
 PATTERNS = ("dense", "random", "causal", "sliding_window", "strided", "explicit")
 TENSORS = ("query", "key", "value", "dout")
 CASE_KEYS = tuple(
@@ -56,9 +56,11 @@ CASE_KEYS = tuple(
     "null_layouts ops inner_precise softmax_lse_flag".split()
 )
 TENSOR_KEYS = ("dtype", "shape")
+#: Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data.
 MAX_OVERRIDE_ELEMENTS = 1 << 26
-"""Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data."""
 SPARSITY_KEYS = ("pattern", "density", "window", "stride", "mask", "empty_rows", "per_head", "causal_alignment")
+#: Sparsity keys that only some patterns use (`pattern` and `empty_rows` apply to every pattern); another
+#: pattern refuses them, so a key that would change nothing is never written unseen.
 PATTERN_KEYS = {
     "density": ("random",),
     "per_head": ("random",),
@@ -67,27 +69,25 @@ PATTERN_KEYS = {
     "causal_alignment": ("causal", "sliding_window", "strided"),
     "mask": ("explicit",),
 }
-"""Sparsity keys that only some patterns use (`pattern` and `empty_rows` apply to every pattern); another
-pattern refuses them, so a key that would change nothing is never written unseen."""
 DIST_KEYS = ("distribution", "mean", "std", "low", "high", "outliers", "row_scale")
+#: Keys that shape a distribution (what `init.logit_std` decides for query and key).
 SHAPE_KEYS = ("distribution", "mean", "std", "low", "high")
-"""Keys that shape a distribution (what `init.logit_std` decides for query and key)."""
 INIT_KEYS = (*DIST_KEYS, *("query", "key", "value", "dout"), "sink", "logit_std")
 OUTLIER_KEYS = ("fraction", "factor", "axis")
 ROW_SCALE_KEYS = ("low", "high")
 SINK_KEYS = ("token", "strength")
+#: Largest explicit mask (.npy) read.
 MAX_MASK_BYTES = 256 << 20
-"""Largest explicit mask (.npy) read."""
 
+#: Largest size, length, head count, window or stride (the kernel's tiling counts in 32 bits).
 MAX_DIM = 2**31 - 1
-"""Largest size, length, head count, window or stride (the kernel's tiling counts in 32 bits)."""
 
+#: Integers passed to the operator (seed, mask_type, pre/next_tokens) lie in [-2^63, 2^63).
 INT64_LIMIT = 2**63
-"""Integers passed to the operator (seed, mask_type, pre/next_tokens) lie in [-2^63, 2^63)."""
 
+#: Values converted while one spec file loads, by file or by the YAML value's identity: explicit masks and
+#: length lists. Cases of one matrix (or of shared defaults) share them instead of each holding a copy.
 _SHARED: dict[Any, Any] = {}
-"""Values converted while one spec file loads, by file or by the YAML value's identity: explicit masks and
-length lists. Cases of one matrix (or of shared defaults) share them instead of each holding a copy."""
 
 
 def _key(key: Any) -> str:

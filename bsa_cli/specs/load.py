@@ -24,8 +24,8 @@ from .safe_yaml import read_yaml
 FILE_KEYS = ("cases", "defaults", "matrix")
 
 
+#: Default limit on the cases a set of specs may expand to (`--max-cases` raises it).
 MAX_CASES = 10_000
-"""Default limit on the cases a set of specs may expand to (`--max-cases` raises it)."""
 
 
 class SpecErrors(SpecError):

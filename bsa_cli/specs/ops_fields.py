@@ -26,8 +26,8 @@ from .fields import INT64_LIMIT, _expect, _Reader, _suggest, refuse_unknown
 
 EXPECT_KEYS = ("status", "verdict", "cause")
 VERDICTS = ("PASS", "FAIL")
+#: A cause is one lower-case word, hyphens allowed: `lse-unwritten`, `padding-rows-read`.
 CAUSE_RE = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*\Z")
-"""A cause is one lower-case word, hyphens allowed: `lse-unwritten`, `padding-rows-read`."""
 
 SOFTMAX_LSE_FLAG_VALUES = (0, 1)
 

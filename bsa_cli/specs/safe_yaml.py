@@ -17,14 +17,14 @@ import yaml
 from ..core.errors import DataError, SpecError, show
 from ..core.untrusted import read_regular
 
+#: Largest spec file read (4 MiB): specs are a few KiB; large explicit masks belong in .npy files.
 MAX_SPEC_BYTES = 4 << 20
-"""Largest spec file read (4 MiB): specs are a few KiB; large explicit masks belong in .npy files."""
 
+#: Most values (scalars, lists, mappings) a spec may hold once its YAML aliases are expanded.
 MAX_YAML_VALUES = 500_000
-"""Most values (scalars, lists, mappings) a spec may hold once its YAML aliases are expanded."""
 
+#: Deepest nesting of lists and mappings in a spec.
 MAX_YAML_DEPTH = 32
-"""Deepest nesting of lists and mappings in a spec."""
 
 
 class _SpecLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 from .base import Check, Measured, Resolved, Standard, fmt, upper
 
+#: The preset of msOpST's form.
 MSOPST = "msopst"
-"""The preset of msOpST's form."""
 
 
 class Allclose(Standard):

@@ -22,16 +22,17 @@ from ..core.errors import suggest
 if TYPE_CHECKING:
     import numpy as np
 
+#: Default `bias_z` of the standards that run the bias check (`bias.py`): standard errors a bias must
+#: exceed to count as certain.
 BIAS_Z = 5.0
-"""Default `bias_z` of the standards that run the bias check (`bias.py`): standard errors a bias must
-exceed to count as certain."""
 
+#: Default `bias_floor`: the relative bias float32 accumulation cannot reach.
 BIAS_FLOOR = 2.0**-16
-"""Default `bias_floor`: the relative bias float32 accumulation cannot reach."""
 
+#: torch.testing.assert_close defaults (rtol, atol) per dtype.
 ALLCLOSE_TOL = {"float16": (1e-3, 1e-5), "bfloat16": (1.6e-2, 1e-5), "float32": (1.3e-6, 1e-5)}
-"""torch.testing.assert_close defaults (rtol, atol) per dtype."""
 
+#: Threshold keys every standard accepts.
 GENERAL_KEYS: dict[str, str] = {
     "zero_atol": "largest |value| allowed where the output must be 0 (empty rows, never-selected kv "
     "positions, zero padding); default 0 (exactly 0); inf turns those checks off",
@@ -41,13 +42,12 @@ GENERAL_KEYS: dict[str, str] = {
     "under double-benchmark; inf, the default of the other standards, turns the check off)",
     "bias_floor": "relative systematic error the bias check never fails below (default 2^-16)",
 }
-"""Threshold keys every standard accepts."""
 
+#: A tensor's errors against the golden, as `compare.results.ErrorStats` holds them (a layer above this one).
 Stats = Any
-"""A tensor's errors against the golden, as `compare.results.ErrorStats` holds them (a layer above this one)."""
 
+#: Resolved thresholds, and where each comes from ("default", "preset", "case", "cli").
 Resolved = tuple[dict[str, float], dict[str, str]]
-"""Resolved thresholds, and where each comes from ("default", "preset", "case", "cli")."""
 
 
 def by_dtype(table: Mapping[str, Any], dtype: str) -> Any:
@@ -115,8 +115,8 @@ class Measured:
     extra: Mapping[str, float] = field(default_factory=dict)  # what the standard's `measure` returned
 
 
+#: The comparison standards by name, in the order help and messages list them (`Standard.rank`).
 STANDARDS: dict[str, Standard] = {}
-"""The comparison standards by name, in the order help and messages list them (`Standard.rank`)."""
 
 
 class Standard(str, metaclass=ABCMeta):

@@ -43,11 +43,11 @@ from .base import BIAS_FLOOR as BIAS_FLOOR
 from .base import BIAS_Z as BIAS_Z
 from .base import Check, fmt
 
+#: The benchmark's bias within this many of its standard errors: the precision path shows no bias.
 PATH_Z = 4.0
-"""The benchmark's bias within this many of its standard errors: the precision path shows no bias."""
 
+#: Fewest large elements for which the check judges a tensor.
 MIN_COUNT = 256
-"""Fewest large elements for which the check judges a tensor."""
 
 
 @dataclass

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 
 from .base import BIAS_Z, Check, Measured, Standard, fmt, upper
 
+#: ATK's err_thd: the floor of benchmark errors, and the |golden| above which relative errors count.
 ERR_THD = {"float16": 2.0**-11, "bfloat16": 2.0**-8, "float32": 2.0**-14}
-"""ATK's err_thd: the floor of benchmark errors, and the |golden| above which relative errors count."""
+#: ATK's small-value rule: an element with |golden| <= err_thd is an error when |a - g| exceeds this.
 SMALL_VALUE_THD = {"float16": 2.0**-16, "bfloat16": 2.0**-16, "float32": 2.0**-30}
-"""ATK's small-value rule: an element with |golden| <= err_thd is an error when |a - g| exceeds this."""
 
 
 class DoubleBenchmark(Standard):

@@ -10,8 +10,8 @@ from .base import Check, Measured, Standard, fmt, upper
 if TYPE_CHECKING:
     import numpy as np
 
+#: Golden elements rounded at a time for the ULP floor (8 x compare's CHUNK_ELEMENTS).
 CHUNK = 1 << 20
-"""Golden elements rounded at a time for the ULP floor (8 x compare's CHUNK_ELEMENTS)."""
 
 
 class FaRatio(Standard):

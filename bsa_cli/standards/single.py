@@ -9,8 +9,8 @@ from collections.abc import Mapping
 
 from .base import Check, Measured, Resolved, Standard, upper
 
+#: The single-reference standard's T per dtype.
 SINGLE_T = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-13}
-"""The single-reference standard's T per dtype."""
 
 
 class Single(Standard):

@@ -48,23 +48,23 @@ MANIFEST = "case.json"
 FLAT_PARAMS = "case.txt"
 OUTPUTS_DIR = "outputs"
 
+#: Set to 1 in a device's environment when `bsa run --deterministic` asks for the operator's deterministic
+#: mode (the binary contract: the C++ harness then sets ACL_OPT_DETERMINISTIC, the torch_npu child
+#: torch.use_deterministic_algorithms(True)).
 DETERMINISTIC_ENV = "BSA_DETERMINISTIC"
-"""Set to 1 in a device's environment when `bsa run --deterministic` asks for the operator's deterministic
-mode (the binary contract: the C++ harness then sets ACL_OPT_DETERMINISTIC, the torch_npu child
-torch.use_deterministic_algorithms(True))."""
 
+#: Files of an output directory that belong to the contract or to `bsa run`, never to an `outputs` entry
+#: (nor are `stdout*.log`, `stderr*.log` and `.run-*`).
 RESERVED_OUTPUT_NAMES = ("status.txt", "run.json")
-"""Files of an output directory that belong to the contract or to `bsa run`, never to an `outputs` entry
-(nor are `stdout*.log`, `stderr*.log` and `.run-*`)."""
 
+#: Largest `case.json` read (a generated one is a few KiB).
 MAX_MANIFEST_BYTES = 64 << 20
-"""Largest `case.json` read (a generated one is a few KiB)."""
 
+#: Largest array a manifest entry may promise (16 TiB): beyond any real case, and far from int64 overflow.
 MAX_ARRAY_BYTES = 1 << 44
-"""Largest array a manifest entry may promise (16 TiB): beyond any real case, and far from int64 overflow."""
 
+#: Names of the temporary folders `CaseWriter` makes (with the pid of their writer since bsa 0.1.0).
 _LEFTOVER_RE = re.compile(r"^\.(.+)\.(partial|old)-(?:(\d+)-)?[A-Za-z0-9_]+\Z")
-"""Names of the temporary folders `CaseWriter` makes (with the pid of their writer since bsa 0.1.0)."""
 
 
 def sha256_file(path: Path) -> str:
@@ -160,9 +160,9 @@ def map_read_only(fileno: int, populate: bool = False) -> mmap.mmap:
     return mmap.mmap(fileno, 0, access=mmap.ACCESS_READ)
 
 
+#: Largest file mapped up front: a larger one is faulted in as it is read, so a file that does not fit in
+#: free memory is not read twice (and an interrupt is not held up by one long mapping call).
 POPULATE_MAX_BYTES = 256 << 20
-"""Largest file mapped up front: a larger one is faulted in as it is read, so a file that does not fit in
-free memory is not read twice (and an interrupt is not held up by one long mapping call)."""
 
 
 def read_array(directory: Path, entry: Mapping[str, Any], *, verify: bool = True) -> np.ndarray:
@@ -398,8 +398,8 @@ def _replace_atomically(path: Path, data: bytes, mode: int | None = None) -> Non
         raise
 
 
+#: Largest case.txt read back (one of `bsa gen` is a few KiB).
 FLAT_PARAMS_MAX_BYTES = 1 << 20
-"""Largest case.txt read back (one of `bsa gen` is a few KiB)."""
 
 
 def refresh_flat_params(case_dir: Path, text: str) -> bool:

@@ -37,11 +37,11 @@ from ..ops.folders import SECTIONS as SECTIONS
 
 __all__ = ["GRAD_NAMES", "INPUT_NAMES", "SECTIONS"]  # re-exported: the devices and api read them here
 
+#: The manifest's `format`: what case.json files this bsa reads and writes.
 FORMAT = "bsa-case/1"
-"""The manifest's `format`: what case.json files this bsa reads and writes."""
 
+#: One section of array entries, as `store.check_manifest` has checked them.
 Entries = Mapping[str, Mapping[str, Any] | None]
-"""One section of array entries, as `store.check_manifest` has checked them."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -246,8 +246,8 @@ def json_number(value: float) -> str | float:
     return value
 
 
+#: The op parameters of a case, as passed to aclnnBlockSparseAttentionGrad (`interface.case_params`).
 params = interface.case_params
-"""The op parameters of a case, as passed to aclnnBlockSparseAttentionGrad (`interface.case_params`)."""
 
 
 def expect_record(expect: Expect) -> dict[str, Any]:
@@ -314,8 +314,8 @@ def call_tensors(manifest: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return table
 
 
+#: Most `notes` lines a reader takes from a manifest (it is untrusted).
 MAX_NOTES = 8
-"""Most `notes` lines a reader takes from a manifest (it is untrusted)."""
 
 
 def inputs_digest(manifest: Mapping[str, Any]) -> str | None:
@@ -374,14 +374,14 @@ def build_manifest(
     return document
 
 
+#: Largest size a manifest's params may give (as a spec's).
 MAX_PARAM = 2**31 - 1
-"""Largest size a manifest's params may give (as a spec's)."""
 
+#: Most elements a tensor of a manifest's case may have (as a spec's).
 MAX_PARAM_ELEMENTS = 1 << 40
-"""Most elements a tensor of a manifest's case may have (as a spec's)."""
 
+#: The params every manifest gives, integers from 0 to MAX_PARAM: a `Case`'s fields of the same names.
 SIZE_PARAMS = ("batch", "num_heads", "num_kv_heads", "head_dim", "q_seq_len", "kv_seq_len")
-"""The params every manifest gives, integers from 0 to MAX_PARAM: a `Case`'s fields of the same names."""
 
 
 def _check_params(p: Any, sem: Any) -> None:

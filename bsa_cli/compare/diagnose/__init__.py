@@ -37,17 +37,17 @@ from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
 from .views import Arrays
 
+#: Kinds of the vocabulary this module never names yet.
 UNTESTED_KINDS: tuple[str, ...] = ()
-"""Kinds of the vocabulary this module never names yet."""
 
+#: The kinds of `results.DIAGNOSIS_KINDS` this module tests.
 TESTED_KINDS = tuple(kind for kind in DIAGNOSIS_KINDS if kind not in UNTESTED_KINDS)
-"""The kinds of `results.DIAGNOSIS_KINDS` this module tests."""
 
+#: A rows-permuted or tile-local pattern scoring this much skips the recomputed hypotheses.
 LOCAL = 0.8
-"""A rows-permuted or tile-local pattern scoring this much skips the recomputed hypotheses."""
+#: A recomputed hypothesis explaining this share of the error ends the search: the later ones are not
+#: tried (`--explain` says so).
 EXPLAINED = 0.98
-"""A recomputed hypothesis explaining this share of the error ends the search: the later ones are not
-tried (`--explain` says so)."""
 
 
 @dataclass(frozen=True)
@@ -270,6 +270,7 @@ def _patterns(f: _Failure) -> Findings:
     )
 
 
+#: The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`).
 _PATTERNS = (
     ("scale", "a gradient off by a constant factor"),
     ("not-written", "blocks left zero (never written)"),
@@ -278,13 +279,12 @@ _PATTERNS = (
     ("accumulation-precision", "error growing with the number of blocks accumulated per row (dq) or column (dk/dv)"),
     ("tile-local", "errors confined to one or two 128-row pieces (blocks of at most 128 rows)"),
 )
-"""The pattern hypotheses tried after the recomputed ones (their `supposes`, for `--explain`)."""
 
+#: The placement hypotheses, tried when no recomputed hypothesis explains the error and it is not local.
 _PLACEMENTS = (
     ("layout", "another layout or dtype reading of the outputs"),
     ("length-boundary", "errors at or past the actual sequence lengths (padding rows written, a batch entry shifted)"),
 )
-"""The placement hypotheses, tried when no recomputed hypothesis explains the error and it is not local."""
 
 
 def _values(blocks: Blocks, v: Variant, value: Callable[..., np.ndarray], some: Rows) -> tuple[float, list[np.ndarray]]:

@@ -22,9 +22,9 @@ from .hypotheses import NULL, Context, recompute
 from .scoring import Blocks, gather_blocks
 from .views import Arrays
 
+#: Share of the gradients' excess error the backward recomputed from the device's out and lse must explain
+#: for the error to be the forward's (the backward then is not diagnosed).
 CARRIED = 0.9
-"""Share of the gradients' excess error the backward recomputed from the device's out and lse must explain
-for the error to be the forward's (the backward then is not diagnosed)."""
 
 CARRIED_SUPPOSES = "the backward is right given the forward's out and lse as written (dq, dk, dv recomputed from them)"
 
@@ -98,9 +98,9 @@ def _recomputed(
     return blocks, values, share, ratios
 
 
+#: Share of the failing gradients' excess error the backward recomputed with the padding rows read must
+#: explain for `padding-rows-read` to be named.
 PADDING_EXPLAINS = 0.5
-"""Share of the failing gradients' excess error the backward recomputed with the padding rows read must
-explain for `padding-rows-read` to be named."""
 
 
 def score_padding(
@@ -156,8 +156,8 @@ def pick_tensors(arrays: Arrays, names: tuple[str, ...]) -> dict[str, np.ndarray
     return {n: arrays[n] for n in names if n in arrays}
 
 
+#: The inputs a pair's backward reads from its forward: the forward's output of each.
 _FROM_FORWARD = {"attention_out": "out", "softmax_lse": "lse"}
-"""The inputs a pair's backward reads from its forward: the forward's output of each."""
 
 
 class PairInputs(Arrays):

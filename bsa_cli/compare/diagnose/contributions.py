@@ -28,15 +28,15 @@ from .findings import Findings, scored, tried
 from .hypotheses import NULL, Context, Pair, Target, partial
 from .scoring import Blocks
 
+#: Pairs a block is fitted on at most; a block selected by more is not fitted (its fit says so).
 MAX_CANDIDATES = 128
-"""Pairs a block is fitted on at most; a block selected by more is not fitted (its fit says so)."""
+#: A candidate's coefficient is well determined when its partial's energy is this many times the block's
+#: benchmark error energy (its error is then about 0.01); the others keep the mask's value. A real pair's
+#: partial is some 1e5 to 1e7 times the rounding noise of an fp16/bf16 block.
 STRONG = 1e4
-"""A candidate's coefficient is well determined when its partial's energy is this many times the block's
-benchmark error energy (its error is then about 0.01); the others keep the mask's value. A real pair's
-partial is some 1e5 to 1e7 times the rounding noise of an fp16/bf16 block."""
+#: A well-determined coefficient within this of 0 or 1 reads as a pair left out or added. Tight, so that a
+#: gradient off by a constant factor (dq times scale: coefficients 0.09 for D 128) is not read as pairs left out.
 INTEGRAL = 0.05
-"""A well-determined coefficient within this of 0 or 1 reads as a pair left out or added. Tight, so that a
-gradient off by a constant factor (dq times scale: coefficients 0.09 for D 128) is not read as pairs left out."""
 
 
 @dataclass(frozen=True)
@@ -161,8 +161,8 @@ def _shift(ctx: Context, added: tuple[Pair, ...], left_out: tuple[Pair, ...]) ->
     return ""
 
 
+#: A device block holding less than this share of its golden's energy is left (nearly) empty.
 EMPTY = 1e-6
-"""A device block holding less than this share of its golden's energy is left (nearly) empty."""
 
 
 def _left_empty(blocks: Blocks, target: Target) -> bool:

@@ -17,14 +17,14 @@ from ..results import Cause, DiagnosisKind, Hypothesis
 if TYPE_CHECKING:
     from .hypotheses import Reading, Variant
 
+#: A cause's kind (`results.DIAGNOSIS_KINDS` as a type).
 Kind = DiagnosisKind
-"""A cause's kind (`results.DIAGNOSIS_KINDS` as a type)."""
 
 
+#: Causes scoring less are not listed in the diagnosis (`--explain` still shows them).
 MIN_SCORE = 0.2
-"""Causes scoring less are not listed in the diagnosis (`--explain` still shows them)."""
+#: Causes listed in a diagnosis, best first.
 MAX_CAUSES = 3
-"""Causes listed in a diagnosis, best first."""
 
 
 @dataclass(frozen=True)

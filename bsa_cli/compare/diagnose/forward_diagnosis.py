@@ -44,21 +44,21 @@ from .hypotheses import Variant, applies, changed_blocks
 from .patterns import never_written
 from .views import Arrays, falls
 
+#: Failing query blocks recomputed (the worst by excess error, out and lse together).
 MAX_TARGETS = 3
-"""Failing query blocks recomputed (the worst by excess error, out and lse together)."""
+#: A recomputed hypothesis explaining this share ranks the local patterns below it (it explains values).
 EXPLAINED = 0.9
-"""A recomputed hypothesis explaining this share ranks the local patterns below it (it explains values)."""
+#: A recomputed hypothesis explaining this share ends the search (the later ones read "not tried").
 DONE = 0.98
-"""A recomputed hypothesis explaining this share ends the search (the later ones read "not tried")."""
+#: Share of the worst failing block's excess error a hypothesis must explain to be tried on every target.
 SCREENED = 0.3
-"""Share of the worst failing block's excess error a hypothesis must explain to be tried on every target."""
 
 
+#: Kinds only a backward's gradients can show (dK/dV's group sum, Dsum, the atomic adds).
 GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race")
-"""Kinds only a backward's gradients can show (dK/dV's group sum, Dsum, the atomic adds)."""
 
+#: The kinds of the vocabulary the forward's diagnosis can name: all but the gradients' and the pair's.
 FORWARD_KINDS = tuple(k for k in DIAGNOSIS_KINDS if k not in (*GRADIENT_KINDS, *PAIR_CAUSES))
-"""The kinds of the vocabulary the forward's diagnosis can name: all but the gradients' and the pair's."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from ...core.layout import lse_view, q_view
 from .hypotheses import HEAD_READINGS, MASK_READINGS, STACK, MaskReading, Reading, Variant, positions
 from .views import SAMPLE_ROWS, Some, Spans, noise_floor, sample_rows, share_of
 
+#: The forward's recomputed hypotheses, tried in this order.
 FORWARD_VARIANTS = (
     Variant("tail-block", "the partial last kv block (Skv % Y) is skipped", mask="drop-tail"),
     *MASK_READINGS,
@@ -40,7 +41,6 @@ FORWARD_VARIANTS = (
         stacks="no-rescale",
     ),
 )
-"""The forward's recomputed hypotheses, tried in this order."""
 
 
 @dataclass(frozen=True)
@@ -133,8 +133,8 @@ def _softmax(ctx: ForwardContext, v: Variant, target: QBlock, some: Some) -> tup
     return accumulator / row_sum[:, None], np.log(row_sum), row_max
 
 
+#: A hypothesis's values of query blocks: each side's (out, lse) as the sides are ordered.
 Values = Mapping[QBlock, tuple[np.ndarray, ...]]
-"""A hypothesis's values of query blocks: each side's (out, lse) as the sides are ordered."""
 
 
 # ---- the device's, benchmark's and golden's blocks, and the scoring ------------------------------------

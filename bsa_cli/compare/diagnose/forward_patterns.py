@@ -24,16 +24,16 @@ from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side
 from .hypotheses import Variant
 from .views import Arrays, Spans, dtype_eps, falls, noise_floor
 
+#: Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`.
 LOCAL = 0.9
-"""Share of out's excess error one or two tiles (or one piece) must hold to be `tile-local`."""
+#: Written rows of out (evenly spread) the layout readings are scored on.
 LAYOUT_ROWS = 4096
-"""Written rows of out (evenly spread) the layout readings are scored on."""
+#: Rows of out looked up among the golden's rows for `rows-permuted`.
 WORST_ROWS = 32
-"""Rows of out looked up among the golden's rows for `rows-permuted`."""
 TILE = 16
+#: Blocks of out (the worst by excess error) whose tiles and pieces `tile-local` looks at: two tiles or a
+#: piece holding 90% of the error lie in them.
 TILE_BLOCKS = 8
-"""Blocks of out (the worst by excess error) whose tiles and pieces `tile-local` looks at: two tiles or a
-piece holding 90% of the error lie in them."""
 
 
 def row_words(case: Case, written: np.ndarray, flat: int) -> str:
@@ -46,13 +46,13 @@ def row_words(case: Case, written: np.ndarray, flat: int) -> str:
     return f"batch {b} head {n} row {s} (q block {s // x})"
 
 
+#: The forward's patterns on out's values, tried after the recomputed hypotheses (for `--explain`).
 FORWARD_PATTERNS = (
     ("rows-permuted", "out rows written at other rows' places (device rows equal golden rows elsewhere)"),
     ("tile-local", "errors confined to one or two 16x16 tiles (or one 128-row piece) of out"),
     ("layout", "another layout or dtype reading of out"),
     ("accumulation-precision", "error growing with the number of kv blocks a query block row accumulates"),
 )
-"""The forward's patterns on out's values, tried after the recomputed hypotheses (for `--explain`)."""
 
 
 def fits(
@@ -173,6 +173,7 @@ def written_alone(
     return found
 
 
+#: Rows written that the forward must leave alone: past the actual lengths, or of a block row selecting none.
 _WRITTEN_ALONE: tuple[tuple[Kind, str, str], ...] = (
     (
         "length-boundary",
@@ -185,7 +186,6 @@ _WRITTEN_ALONE: tuple[tuple[Kind, str, str], ...] = (
         "rows of query blocks that select no kv block written (computed although the mask selects nothing there)",
     ),
 )
-"""Rows written that the forward must leave alone: past the actual lengths, or of a block row selecting none."""
 
 
 def _at_prefill(case: Case, name: str, dev: np.ndarray) -> np.ndarray:

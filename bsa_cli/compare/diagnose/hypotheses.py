@@ -23,8 +23,8 @@ from .views import Arrays, Held, InputRows, Some, Spans
 
 LOG2E = math.log2(math.e)
 
+#: How a kernel reads the block mask ("": as the operator says; `read_mask`).
 MaskReading = Literal["", "transposed", "kv+1", "kv-1", "q+1", "drop-tail"]
-"""How a kernel reads the block mask ("": as the operator says; `read_mask`)."""
 
 
 @dataclass(frozen=True)
@@ -47,25 +47,25 @@ class Variant:
     head_map: tuple[int, ...] = ()  # fitted: the kv head each query head reads (and whose dK/dV it adds into)
 
 
+#: The operator's semantics.
 NULL = Variant("", "")
-"""The operator's semantics."""
+#: Columns of one online-softmax step of the forward (its 512-column stacks).
 STACK = 512
-"""Columns of one online-softmax step of the forward (its 512-column stacks)."""
 
 
 SHIFTED = "reads the selection of block {} (mask shifted by one block)"
+#: The misreadings of the mask every op's diagnosis recomputes (after its tail-block).
 MASK_READINGS = (
     Variant("block-selection", "the block mask read transposed ([.., j, i])", mask="transposed"),
     Variant("block-selection", "kv block j " + SHIFTED.format("j - 1"), mask="kv+1"),
     Variant("block-selection", "kv block j " + SHIFTED.format("j + 1"), mask="kv-1"),
     Variant("block-selection", "query block i reads the selection of block i - 1", mask="q+1"),
 )
-"""The misreadings of the mask every op's diagnosis recomputes (after its tail-block)."""
+#: The misreadings of the GQA head mapping every op's diagnosis recomputes.
 HEAD_READINGS = (
     Variant("gqa-head-mapping", "query head n reads kv head n % N2 (interleaved, not n // G)", heads="interleaved"),
     Variant("gqa-head-mapping", "query head n reads kv head n // G + 1 (one kv head off)", heads="next"),
 )
-"""The misreadings of the GQA head mapping every op's diagnosis recomputes."""
 
 VARIANTS = (
     Variant("tail-block", "the partial last blocks (Skv % Y, else Sq % X) are skipped", mask="drop-tail"),
@@ -311,8 +311,8 @@ def block_of(case: Case, array: np.ndarray, target: Target, spans: Spans) -> np.
     return np.asarray(view[target.block * size : min((target.block + 1) * size, length)], dtype=np.float64)
 
 
+#: Rows of the worst failing dq block with a golden that the lse fit needs at least.
 FIT_ROWS = 8
-"""Rows of the worst failing dq block with a golden that the lse fit needs at least."""
 
 
 @np.errstate(over="ignore", invalid="ignore", divide="ignore")
@@ -359,8 +359,8 @@ def fitted_variants(ctx: Context, target: Target, dev: np.ndarray, null: np.ndar
     return out
 
 
+#: Query head x kv head recomputations the head-map fit makes at most (one dq block each).
 MAX_HEAD_FITS = 64
-"""Query head x kv head recomputations the head-map fit makes at most (one dq block each)."""
 
 
 def fitted_head_map(

@@ -350,8 +350,8 @@ def tile_local(case: Case, blocks: Blocks) -> Findings:
     return tried("tile-local", supposes, 0.0, f"ruled out: the 4 worst tiles hold {share:.0%} of the excess error")
 
 
+#: The kernel cuts a block's rows (X for dq, Y for dk/dv) into pieces of this many rows.
 PIECE = 128
-"""The kernel cuts a block's rows (X for dq, Y for dk/dv) into pieces of this many rows."""
 
 
 def piece_local(case: Case, blocks: Blocks) -> Findings:

@@ -28,8 +28,8 @@ from .scoring import Blocks
 from .views import Arrays, Spans
 from .views import noise_floor as _floor
 
+#: A layout or length-boundary cause explaining this share of the excess error ends the search.
 PLACED = 0.9
-"""A layout or length-boundary cause explaining this share of the excess error ends the search."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +201,8 @@ def length_boundary(
     return 0.0, tried("length-boundary", supposes, 0.0, why)
 
 
+#: The other layouts a tensor's bytes may have been written in: (what it supposes, the axes' order, whether
+#: the bytes were written in that order (read back by it), or read with those axes transposed).
 _LAYOUTS = {
     "TND": (
         ("written in [N, T, D] order, read as TND", (1, 0, 2), True),
@@ -214,8 +216,6 @@ _LAYOUTS = {
         ("written as NBSD ([N, B, S, D]), read as BNSD", (1, 0, 2, 3), True),
     ),
 }
-"""The other layouts a tensor's bytes may have been written in: (what it supposes, the axes' order, whether
-the bytes were written in that order (read back by it), or read with those axes transposed)."""
 
 
 def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
@@ -238,8 +238,8 @@ def _read(a: np.ndarray, order: tuple[int, ...], written: bool) -> np.ndarray:
     return a.transpose(order).reshape(a.shape)
 
 
+#: Elements a layout reading is first tried on (evenly spread): a wrong reading misses nearly all of them.
 SAMPLE = 2048
-"""Elements a layout reading is first tried on (evenly spread): a wrong reading misses nearly all of them."""
 
 
 def _reading_share(
@@ -332,10 +332,10 @@ def layout(
     return best, found
 
 
+#: Wrong rows per failing block `rows_permuted` tries first.
 SCREEN_ROWS = 8
-"""Wrong rows per failing block `rows_permuted` tries first."""
+#: Wrong rows per failing block `rows_permuted` matches at most.
 WRONG_ROWS = 32
-"""Wrong rows per failing block `rows_permuted` matches at most."""
 
 
 @dataclass

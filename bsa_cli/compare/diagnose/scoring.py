@@ -20,21 +20,21 @@ from ..results import TensorResult
 from .hypotheses import NULL, Context, Target, Variant, block_of, recompute
 from .views import SAMPLE_ROWS, Arrays, falls, noise_floor, sample_rows, share_of
 
+#: Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
+#: adds its worst, so that a hypothesis that would break it is scored down.
 MAX_TARGETS = 3
-"""Failing blocks recomputed per failing tensor (the worst by the block map's score); a passing tensor
-adds its worst, so that a hypothesis that would break it is scored down."""
 
 # `views.SAMPLE_ROWS`: rows of the screen block a hypothesis is tried on first, when the block has more than
 # twice as many: the 16 holding the most excess error (where a cause shows) and 16 evenly spread over the others (where
 # a cause that spreads its error shows too). A hypothesis must explain `SAMPLED` of their error to be tried
 # on the whole block: a wrong one explains nearly none of it, the true one nearly all, so the sample rules
 # out the many wrong ones at a fraction of the cost and the whole block decides as before.
+#: The share of the sampled rows' excess error a hypothesis must explain to be tried on the whole block.
 SAMPLED = 0.3
-"""The share of the sampled rows' excess error a hypothesis must explain to be tried on the whole block."""
 
+#: Rows of some target blocks (`Blocks.sample_of`) a hypothesis was recomputed on; a block not in it, on
+#: all its rows. Its score then weighs each sampled row by the rows it stands for (`Blocks.weights_of`).
 Rows = Mapping[Target, np.ndarray]
-"""Rows of some target blocks (`Blocks.sample_of`) a hypothesis was recomputed on; a block not in it, on
-all its rows. Its score then weighs each sampled row by the rows it stands for (`Blocks.weights_of`)."""
 
 
 @dataclass

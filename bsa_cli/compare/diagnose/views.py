@@ -19,20 +19,20 @@ import numpy as np
 from ...core.case import Case, SequenceSpan
 from ...core.layout import kv_view, lse_view, q_view
 
+#: Inputs of the key's shape (kv_view, blocks of Y rows); the others have the query's (blocks of X rows).
 KV_SIDE = ("key", "value")
-"""Inputs of the key's shape (kv_view, blocks of Y rows); the others have the query's (blocks of X rows)."""
 
+#: What a `Held` keeps at most (bytes): past it, it forgets everything and starts again.
 HELD_BYTES = 256 << 20
-"""What a `Held` keeps at most (bytes): past it, it forgets everything and starts again."""
+#: Arrays by name: a case's inputs, or its outputs (device, golden, benchmark).
 Arrays = Mapping[str, np.ndarray]
-"""Arrays by name: a case's inputs, or its outputs (device, golden, benchmark)."""
+#: A case's sequence spans by batch entry.
 Spans = Mapping[int, SequenceSpan]
-"""A case's sequence spans by batch entry."""
+#: Some rows of a block (their indices within it), or None: all its rows.
 Some = np.ndarray | None
-"""Some rows of a block (their indices within it), or None: all its rows."""
 
+#: Rows of a block a hypothesis is tried on first (`sample_rows`), when the block has more than twice as many.
 SAMPLE_ROWS = 32
-"""Rows of a block a hypothesis is tried on first (`sample_rows`), when the block has more than twice as many."""
 
 
 def dtype_eps(case: Case) -> float:
