@@ -30,7 +30,7 @@ from typing import Any, Literal, Protocol
 
 from ..core.errors import BsaError
 from ..core.untrusted import inside_parent
-from ..store import _replace_atomically, check_output_dir
+from ..store import check_output_dir, replace_atomically
 from ..store.manifest import Manifest
 
 #: How records name the kind of device.
@@ -67,7 +67,7 @@ class RunConfigError(BsaError):
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Write bytes through a temporary file in the same directory and an atomic rename."""
-    _replace_atomically(path, data)  # as the store writes its own files
+    replace_atomically(path, data)  # as the store writes its own files
 
 
 def write_status(output_dir: Path, status: int, message: str | None = None) -> int:

@@ -380,10 +380,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON to `path` through a temporary file in the same directory and an atomic rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _replace_atomically(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
+    replace_atomically(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
 
 
-def _replace_atomically(path: Path, data: bytes, mode: int | None = None) -> None:
+def replace_atomically(path: Path, data: bytes, mode: int | None = None) -> None:
     """Write `data` to `path` through a temporary file in the same directory (made with `mode`, else
     mkstemp's own) and an atomic rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -421,7 +421,7 @@ def refresh_flat_params(case_dir: Path, text: str) -> bool:
             pass  # too large, unreadable: written again
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(21, "a folder is where case.txt belongs", str(path))
-    _replace_atomically(path, data, 0o644)
+    replace_atomically(path, data, 0o644)
     return True
 
 
