@@ -116,6 +116,7 @@ def compare_command(
     3 a case could not be judged.
     """
     started = time.perf_counter()
+    common.refuse_writing_inputs(reports, [*paths, baseline, outputs_root])
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
     header = None
     if merge:

@@ -9,7 +9,7 @@ import click
 from ..core.errors import plural
 from ..report.export import EXPECT_MODULE, FORMATS, export_cases
 from . import output
-from .common import UserError, select_cases_or_suites, user_errors
+from .common import UserError, refuse_writing_inputs, select_cases_or_suites, user_errors
 from .options import filter_option
 
 
@@ -38,6 +38,7 @@ def export_command(paths: tuple[Path, ...], fmt: str, out_dir: Path, filters: tu
     exported cases break. msOpST cases get their expected outputs from bsa's golden through
     bsa_msopst_expect.py, written beside them. docs/export.md lists every field and how it is filled.
     """
+    refuse_writing_inputs({"-o": out_dir}, paths)
     case_dirs = select_cases_or_suites(paths, filters)
 
     def earlier(kept: list[str], lost: list[str]) -> None:

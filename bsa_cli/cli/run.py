@@ -49,9 +49,14 @@ def run_command(
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
     run_options = device.run_options(outputs_root)
+    common.refuse_writing_inputs({"--outputs-root": outputs_root}, cases)
     with common.user_errors():
         case_dirs = store.select_cases(cases, filters)
     case_dirs = common.ops_selected(case_dirs, ops)
+    if outputs_root is not None:  # each case's outputs go to OUTPUTS_ROOT/<name>: never a case folder
+        for case_dir in case_dirs:
+            where = Path(outputs_root) / case_dir.name
+            common.refuse_writing_inputs({"--outputs-root": where}, [case_dir], device_outputs=True)
     for case_dir, reason in pipeline.skipped_folders(case_dirs):
         output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, common.user_errors():
@@ -114,6 +119,7 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     is written, whatever it is.
     """
     case_dir = manifest if manifest.is_dir() else manifest.parent
+    common.refuse_writing_inputs({"OUTPUT_DIR": output_dir}, [manifest, case_dir / "case.json"], device_outputs=True)
     order_seed: int | None = seed if seed is not None else secrets.randbits(32)
     if (deterministic or os.environ.get(store.DETERMINISTIC_ENV) == "1") and fault != "deterministic-ignored":
         order_seed = None
@@ -178,6 +184,7 @@ def check_command(
     """
     run_options = device.run_options()
     run_settings = settings.run_settings()
+    common.refuse_writing_inputs({**reports, "-o": out}, specs)
     common.prepare_reports(reports)
     try:
         with ProgressDisplay() as display:

@@ -468,7 +468,37 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     for what, shape in (("query", case.q_shape), ("key", case.kv_shape), ("mask", case.mask_shape)):
         if math.prod(shape) > MAX_PARAM_ELEMENTS:
             raise ValueError(f"params: {what} of shape {list(shape)} is beyond bsa's limits")
+    _check_geometry(case, Manifest(manifest))
     return case
+
+
+def _check_geometry(case: Case, manifest: Manifest) -> None:
+    """Hold a manifest's case to the rules a spec's is held to (specs/build.py), so that what bsa judges
+    is a case gen could have written: actual lengths within their sequence dimension and a finite scale
+    for every case; a case meant to pass, and not skipped, breaks none of its operator calls' interface
+    rules (a negative case breaks one on purpose; its status alone is judged).
+
+    Raises:
+        ValueError: naming the param and the rule, as `bsa validate` would.
+    """
+    for key, lengths, limit in (
+        ("actual_seq_lengths", case.actual_seq_lengths, case.q_seq_len),
+        ("actual_seq_lengths_kv", case.actual_seq_lengths_kv, case.kv_seq_len),
+    ):
+        if lengths is not None and max(lengths, default=0) > limit:
+            shown = clip(list(lengths), 60)
+            raise ValueError(f"params.{key}: {shown}: a length exceeds the sequence dimension {limit}")
+    if not math.isfinite(case.scale):
+        raise ValueError(f"params.scale: {case.scale} is not a finite number")
+    if not case.expect.ok or manifest.skip is not None:
+        return
+    for call in manifest.op.steps:
+        broken = [*call.undefined_behaviour(case), *(f"{v.key} {v.message}" for v in call.violations(case))]
+        if broken:
+            raise ValueError(
+                f"params: {broken[0]}: the {call.name} refuses it or leaves it undefined, yet the case expects "
+                "status 0 (`bsa validate` refuses such a spec)"
+            )
 
 
 def _overrides(manifest: Mapping[str, Any]) -> tuple[TensorOverride, ...]:
