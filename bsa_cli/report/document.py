@@ -26,7 +26,8 @@ import numpy as np
 
 from .._version import __version__
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, drift
-from ..core.errors import DataError
+from ..compare.results import SELECTION_MAX_CELLS, BlockMap, HotBlock, Selection, TensorResult, UlpChart
+from ..core.errors import DataError, show
 from ..core.untrusted import load_json, read_regular
 from ..ops import OPS, Op
 from ..standards.base import Standard
@@ -288,7 +289,7 @@ def _reader(tp: Any) -> _Reader:
         return _tuple_reader(args)
     if origin in (Mapping, dict) or tp in (dict, Mapping):
         value = _reader(args[1]) if len(args) == 2 else (lambda data: data)
-        return lambda data: {k: _step(value, v, f"[{k[:40]!r}]") for k, v in _object(data).items()}
+        return lambda data: {k: _step(value, v, f".{show(k, 40)}" if not k.isidentifier() else f".{k}") for k, v in _object(data).items()}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_reader(tp)
     raise TypeError(f"no report reader for the type {tp!r}")  # a result field of a new type: a bug in bsa
@@ -328,8 +329,63 @@ def _tuple_reader(args: tuple[Any, ...]) -> _Reader:
     return fixed
 
 
+def _rule(holds: bool, problem: str) -> None:
+    if not holds:
+        raise _Malformed(problem)
+
+
+def _check_tensor(tensor: TensorResult) -> None:
+    axes = tensor.axes
+    _rule(len(tensor.shape) == len(axes), f"shape {list(tensor.shape)} and axes {list(axes)} differ in length")
+    _rule(all(c.tensor == tensor.name for c in tensor.checks), f"a check of tensor {tensor.name!r} names another")
+    for i, worst in enumerate(tensor.worst):
+        needs = [*axes, *(("b", "s") if "t" in worst.coords else ())]
+        placed = len(worst.index) == len(axes) and all(a in worst.coords for a in needs)
+        _rule(placed, f"worst[{i}] does not place its element on the axes {', '.join(needs)}")
+
+
+def _check_block_map(block_map: BlockMap) -> None:
+    maps = (block_map.rmse, block_map.rmse_benchmark, block_map.max_abs_err, block_map.score)
+    arrays = [a for a in maps if a is not None]
+    alike = all(a.ndim == 3 and a.shape == arrays[0].shape for a in arrays)
+    _rule(alike, "expected maps of one shape [B, heads, blocks]")
+    _rule(block_map.axis in ("q", "kv") and block_map.block_size > 0, "expected axis 'q' or 'kv', a block_size > 0")
+
+
+def _check_hot_block(block: HotBlock) -> None:
+    _rule(block.tiles is None or block.tiles.ndim == 2, "expected tiles of two dimensions")
+
+
+def _check_selection(selection: Selection) -> None:
+    shape = selection.shape
+    fits = len(shape) == 4 and min(shape) >= 0 and math.prod(shape) <= SELECTION_MAX_CELLS
+    _rule(fits, f"expected a mask shape [B, N1, nQ, nKV] of at most {SELECTION_MAX_CELLS} cells")
+    rows = selection.rows
+    alike = len(rows) == math.prod(shape[:3]) and all(len(r) == shape[3] and set(r) <= set("01-") for r in rows)
+    _rule(alike, "expected one row of '0', '1' and '-' per batch entry, head and query block")
+
+
+def _check_ulp_chart(chart: UlpChart) -> None:
+    bins = len(chart.edges) + 1
+    sides = [chart.device, *([chart.benchmark] if chart.benchmark is not None else [])]
+    counted = all(len(counts) == bins and min(counts, default=0) >= 0 for counts in sides)
+    _rule(counted, f"expected {bins} counts of at least 0 per side")
+
+
+def _check_case(case: CaseResult) -> None:
+    sizes = math.isfinite(case.seconds) and case.seconds >= 0 and case.output_bytes >= 0
+    _rule(sizes, "expected seconds and output_bytes of at least 0")
+
+
 #: Rules beyond the types of a result's fields, by result type: what the renderers rely on.
-_CHECKS: dict[type, typing.Callable[[Any], None]] = {}
+_CHECKS: dict[type, typing.Callable[[Any], None]] = {
+    TensorResult: _check_tensor,
+    BlockMap: _check_block_map,
+    HotBlock: _check_hot_block,
+    Selection: _check_selection,
+    UlpChart: _check_ulp_chart,
+    CaseResult: _check_case,
+}
 
 
 def _dataclass_reader(tp: type) -> _Reader:
@@ -368,11 +424,13 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
     """
     if not isinstance(document, Mapping) or document.get("schema") != SCHEMA:
         found = document.get("schema") if isinstance(document, Mapping) else None
-        raise ValueError(f"{origin}: schema {found!r} is not {SCHEMA!r} (write it with `bsa compare --json`)")
+        raise ValueError(f"{origin}: schema {show(found)} is not {SCHEMA!r} (write it with `bsa compare --json`)")
     try:
         cases = _step(_reader(tuple[CaseResult, ...]), document.get("cases"), "cases")
         summary = _step(_object, document.get("summary", {}), "summary")
         seconds = _step(_read_float, summary.get("seconds", 0.0), "summary.seconds")
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise _Malformed("expected a number of at least 0", "summary.seconds")
     except _Malformed as exc:
         raise ValueError(f"{origin}: malformed report ({exc.path}: {exc.problem})") from None
     names = Counter(case.name for case in cases)

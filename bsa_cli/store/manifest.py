@@ -472,6 +472,10 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     return case
 
 
+#: Largest finite float32: the operator takes scaleValue as a float.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _check_geometry(case: Case, manifest: Manifest) -> None:
     """Hold a manifest's case to the rules a spec's is held to (specs/build.py), so that what bsa judges
     is a case gen could have written: actual lengths within their sequence dimension and a finite scale
@@ -488,8 +492,8 @@ def _check_geometry(case: Case, manifest: Manifest) -> None:
         if lengths is not None and max(lengths, default=0) > limit:
             shown = clip(list(lengths), 60)
             raise ValueError(f"params.{key}: {shown}: a length exceeds the sequence dimension {limit}")
-    if not math.isfinite(case.scale):
-        raise ValueError(f"params.scale: {case.scale} is not a finite number")
+    if not abs(case.scale) <= FLOAT32_MAX:  # NaN too
+        raise ValueError(f"params.scale: {case.scale} is not a number float32 holds (the operator's scaleValue)")
     if not case.expect.ok or manifest.skip is not None:
         return
     for call in manifest.op.steps:
