@@ -289,10 +289,15 @@ def _reader(tp: Any) -> _Reader:
         return _tuple_reader(args)
     if origin in (Mapping, dict) or tp in (dict, Mapping):
         value = _reader(args[1]) if len(args) == 2 else (lambda data: data)
-        return lambda data: {k: _step(value, v, f".{show(k, 40)}" if not k.isidentifier() else f".{k}") for k, v in _object(data).items()}
+        return lambda data: {k: _step(value, v, _key_step(k)) for k, v in _object(data).items()}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         return _dataclass_reader(tp)
     raise TypeError(f"no report reader for the type {tp!r}")  # a result field of a new type: a bug in bsa
+
+
+def _key_step(key: str) -> str:
+    """Name a mapping's key in a field's path: `.mare_ratio`, or its repr when it is not a plain name."""
+    return f".{key}" if key.isidentifier() else f".{show(key, 40)}"
 
 
 def _object(data: Any) -> Mapping[str, Any]:
