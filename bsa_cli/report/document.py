@@ -198,9 +198,10 @@ def _kind(data: Any) -> str:
 
 
 def _read_float(data: Any) -> float:
-    if type(data) is float or (type(data) is int and -INT_LIMIT <= data < INT_LIMIT):
+    # isinstance, not type(): a document made in memory (`to_document`) holds str and float subclasses
+    if isinstance(data, float) or (_is_int(data) and -INT_LIMIT <= data < INT_LIMIT):
         return float(data)
-    if data in NON_FINITE and type(data) is str:
+    if isinstance(data, str) and data in NON_FINITE:
         return float(data)
     raise _Malformed(f"expected a number, got {_kind(data) if not isinstance(data, str) else repr(data[:40])}")
 
@@ -210,14 +211,18 @@ NON_FINITE = ("inf", "-inf", "nan")
 
 
 def _read_int(data: Any) -> int:
-    if type(data) is int and -INT_LIMIT <= data < INT_LIMIT:
-        return data
-    raise _Malformed(f"expected an integer, got {_kind(data) if type(data) is not int else 'one beyond int64'}")
+    if _is_int(data) and -INT_LIMIT <= data < INT_LIMIT:
+        return int(data)
+    raise _Malformed(f"expected an integer, got {'one beyond int64' if _is_int(data) else _kind(data)}")
+
+
+def _is_int(data: Any) -> bool:
+    return isinstance(data, int) and not isinstance(data, bool)
 
 
 def _simple(kind: type) -> _Reader:
     def read(data: Any) -> Any:
-        if type(data) is not kind:
+        if not isinstance(data, kind) or (kind is not bool and isinstance(data, bool)):
             raise _Malformed(f"expected {_kind(kind())}, got {_kind(data)}")
         return data
 
@@ -226,14 +231,15 @@ def _simple(kind: type) -> _Reader:
 
 def _read_cells(data: Any) -> np.ndarray:
     """Read a block map's cells: nested lists of numbers, null (NaN) and the non-finite strings, rectangular."""
-    if type(data) is not list:
+    if not isinstance(data, list):
         raise _Malformed(f"expected a list of cells, got {_kind(data)}")
     level, depth = data, 1
-    while level and all(type(v) is list for v in level):  # flattened one level at a time: C loops, not calls
+    while level and all(isinstance(v, list) for v in level):  # flattened one level at a time: C loops, not calls
         level, depth = [v for row in level for v in row], depth + 1
     kinds = set(map(type, level))
-    words = {v for v in level if type(v) is str}
-    if not kinds <= {int, float, str, type(None)} or not words <= set(NON_FINITE):
+    words = {v for v in level if isinstance(v, str)}
+    cells = all(k is type(None) or (issubclass(k, (int, float, str)) and not issubclass(k, bool)) for k in kinds)
+    if not cells or not words <= set(NON_FINITE):
         raise _Malformed("expected numbers, null, 'inf', '-inf' or 'nan' as cells, nested alike")
     try:
         array = np.array(data, dtype=np.float64)  # null becomes NaN, "inf" inf
@@ -280,7 +286,7 @@ def _reader(tp: Any) -> _Reader:
         allowed = frozenset(args)
 
         def literal(data: Any) -> Any:
-            if type(data) is not str or data not in allowed:
+            if not isinstance(data, str) or data not in allowed:
                 raise _Malformed(f"expected one of {', '.join(map(str, args))}, got {_show_value(data)}")
             return data
 
@@ -318,7 +324,7 @@ def _tuple_reader(args: tuple[Any, ...]) -> _Reader:
         item = _reader(args[0])
 
         def many(data: Any) -> tuple[Any, ...]:
-            if type(data) is not list:
+            if not isinstance(data, list):
                 raise _Malformed(f"expected a list, got {_kind(data)}")
             return tuple([_step(item, v, f"[{i}]") for i, v in enumerate(data)])
 
@@ -326,8 +332,8 @@ def _tuple_reader(args: tuple[Any, ...]) -> _Reader:
     readers = [_reader(a) for a in args]
 
     def fixed(data: Any) -> tuple[Any, ...]:
-        if type(data) is not list or len(data) != len(readers):
-            size = f" of {len(data)}" if type(data) is list else ""
+        if not isinstance(data, list) or len(data) != len(readers):
+            size = f" of {len(data)}" if isinstance(data, list) else ""
             raise _Malformed(f"expected a list of {len(readers)}, got {_kind(data)}{size}")
         return tuple([_step(r, v, f"[{i}]") for i, (r, v) in enumerate(zip(readers, data, strict=True))])
 
