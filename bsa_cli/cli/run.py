@@ -49,14 +49,14 @@ def run_command(
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
     """
     run_options = device.run_options(outputs_root)
-    common.refuse_writing_inputs({"--outputs-root": outputs_root}, cases)
     with common.user_errors():
         case_dirs = store.select_cases(cases, filters)
     case_dirs = common.ops_selected(case_dirs, ops)
-    if outputs_root is not None:  # each case's outputs go to OUTPUTS_ROOT/<name>: never a case folder
-        for case_dir in case_dirs:
+    if outputs_root is not None:  # each case's outputs go to OUTPUTS_ROOT/<name>: never inside a case folder
+        for case_dir in case_dirs:  # (OUTPUTS_ROOT/<name> being the case folder itself: run_suite says so)
             where = Path(outputs_root) / case_dir.name
-            common.refuse_writing_inputs({"--outputs-root": where}, [case_dir], device_outputs=True)
+            if where.resolve() != case_dir.resolve():
+                common.refuse_writing_inputs({"--outputs-root": where}, [], device_outputs=True)
     for case_dir, reason in pipeline.skipped_folders(case_dirs):
         output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, common.user_errors():

@@ -325,7 +325,7 @@ def test_every_output_option_naming_an_input_is_refused_before_anything(
     trials.append(("export", victim, "--format", "atk", "-o", victim))
     trials.append(("emulate", victim / "p", victim / "p"))
     trials.append(("emulate", victim / "p", victim / "p" / "inputs"))
-    trials.append(("run", victim / "p", "--outputs-root", victim))
+    trials.append(("run", victim / "p", "--outputs-root", victim / "p" / "inputs"))
     before = {p: p.read_bytes() for p in [night, *victim.rglob("*")] if p.is_file()}
     listing = sorted(victim.rglob("*"))
     for args in trials:
