@@ -439,7 +439,7 @@ def test_the_issue_s_contradictions_name_the_param(generated_spec: Callable[...,
     source = generated_spec({"cases": [{**BASE, "name": "p"}]})
     for key, value, words in (
         ("actual_seq_lengths", [300], "params.actual_seq_lengths: [300]: a length exceeds the sequence dimension"),
-        ("block_shape", [0, 0], "X and Y must be positive"),
+        ("block_shape", [0, 0], "a case expecting status 0 has X, Y > 0"),
     ):
         case_dir = tmp_path / key / "p"
         shutil.copytree(source / "p", case_dir)
