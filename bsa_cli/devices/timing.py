@@ -109,7 +109,13 @@ def record(timing: Timing, times: Mapping[str, list[float]] | None, not_timed: s
     why = not_timed if not steps else None
     if not steps and why is None:
         why = f"the device printed no `{TIME_PREFIX.strip()}` lines: it was not timed"
-    return {"method": METHOD if steps else None, "warmup": timing.warmup, "runs": timing.runs, "steps": steps, "not_timed": why}
+    return {
+        "method": METHOD if steps else None,
+        "warmup": timing.warmup,
+        "runs": timing.runs,
+        "steps": steps,
+        "not_timed": why,
+    }
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:
