@@ -8,7 +8,8 @@
 #   git bisect run /path/to/bsa/scripts/bisect_kernel.sh
 #
 #   BSA_BUILD     shell command that builds (and installs) the kernel and the harness at this commit
-#   BSA_DEVICE    bsa run's device options, split on spaces (--binary B, --device torch_npu, --cmd ...)
+#   BSA_DEVICE    bsa run's device options, as a shell would split them (--binary B, --device torch_npu,
+#                 --cmd 'TEMPLATE')
 #   BSA_OUT       cases written once by `bsa gen` before bisecting (gen does not depend on the kernel)
 #   BSA_BASELINE  `bsa compare --json` report of the good commit, made with `bsa run --time`
 #   BSA           how to call bsa (default: bsa); BSA_RUN_OPTIONS more `bsa run` options (default:
@@ -20,14 +21,16 @@
 set -u
 : "${BSA:=bsa}" "${BSA_RUN_OPTIONS:=--time}" "${BSA_COMPARE_OPTIONS:=}"
 sh -c "$BSA_BUILD" >&2 || exit 125
-# shellcheck disable=SC2086  # the options are lists of words on purpose
-$BSA run "$BSA_OUT" $BSA_DEVICE $BSA_RUN_OPTIONS >&2
+eval "set -- $BSA_DEVICE $BSA_RUN_OPTIONS"  # options quoted as on a command line
+# shellcheck disable=SC2086  # $BSA is a command of several words on purpose (python -m bsa_cli)
+$BSA run "$BSA_OUT" "$@" >&2
 case $? in
 0 | 1) ;;   # 1: repeated runs differed, which bsa compare judges
 *) exit 125 ;;
 esac
+eval "set -- $BSA_COMPARE_OPTIONS"
 # shellcheck disable=SC2086
-$BSA compare "$BSA_OUT" --baseline "$BSA_BASELINE" $BSA_COMPARE_OPTIONS >&2
+$BSA compare "$BSA_OUT" --baseline "$BSA_BASELINE" "$@" >&2
 case $? in
 0) exit 0 ;;
 1 | 4) exit 1 ;;
