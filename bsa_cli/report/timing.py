@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from ..compare import CaseResult, SuiteResult
 from ..compare.results import StepTime
+from .style import esc, html_table
 
 #: The columns of a kernel-time table, in order (terminal, HTML, CSV).
 COLUMNS = ("case", "step", "median us", "spread us", "runs", "TFLOP/s")
@@ -82,3 +83,57 @@ def total_rows(cases: Sequence[CaseResult]) -> list[list[str]]:
         ]
         for total in totals(cases)
     ]
+
+
+#: Width in pixels of the longest bar of the HTML report's kernel-time chart.
+BAR_WIDTH = 360
+#: Height in pixels of one bar (one step of one case) and the gap after it.
+BAR_HEIGHT, BAR_GAP = 14, 4
+
+
+def chart(suite: SuiteResult) -> str:
+    """Return an SVG bar chart of each timed step's median time (its spread as a whisker), longest first."""
+    bars = sorted(((c.name, t) for c in timed(suite) for t in c.kernel_time), key=lambda bar: -bar[1].median_us)
+    if not bars:
+        return ""
+    longest = max(t.median_us + t.spread_us / 2 for _, t in bars) or 1.0
+    label_width, height = 260, len(bars) * (BAR_HEIGHT + BAR_GAP)
+    parts = []
+    for index, (name, time) in enumerate(bars):
+        y = index * (BAR_HEIGHT + BAR_GAP)
+        width = BAR_WIDTH * time.median_us / longest
+        half = BAR_WIDTH * time.spread_us / 2 / longest
+        tflops = "" if time.tflops is None else f", {time.tflops:.3g} TFLOP/s"
+        tip = esc(f"{name} {time.step}: median {time.median_us:.1f} us, spread {time.spread_us:.1f} us{tflops}")
+        parts.append(
+            f'<text x="{label_width - 6}" y="{y + BAR_HEIGHT - 3}" text-anchor="end" font-size="11">'
+            f"{esc(name)} {esc(time.step)}</text>"
+            f'<rect x="{label_width}" y="{y}" width="{width:.1f}" height="{BAR_HEIGHT}" fill="#4a78b5">'
+            f"<title>{tip}</title></rect>"
+            f'<line x1="{label_width + width - half:.1f}" x2="{label_width + width + half:.1f}" '
+            f'y1="{y + BAR_HEIGHT / 2}" y2="{y + BAR_HEIGHT / 2}" stroke="#222"/>'
+            f'<text x="{label_width + width + half + 4:.1f}" y="{y + BAR_HEIGHT - 3}" font-size="11">'
+            f"{time.median_us:.1f} us</text>"
+        )
+    total = label_width + BAR_WIDTH + 80
+    label = "median kernel time per case and step"
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{total}" height="{height}" role="img" '
+        f'aria-label="{label}">{"".join(parts)}</svg>'
+    )
+
+
+def timing_html(suite: SuiteResult) -> str:
+    """Return the HTML report's kernel-time section (nothing when no case was timed): the chart, then the
+    table of `COLUMNS` with the suite's totals."""
+    cases = timed(suite)
+    notes = "".join(f"<p>{esc(note)}.</p>" for note in untimed_notes(suite))
+    if not cases:
+        return f'<section class="kernel-time"><h2>Kernel time</h2>{notes}</section>' if notes else ""
+    cells = [[esc(cell) for cell in row] for row in [*rows(suite), *total_rows(cases)]]
+    table = html_table(COLUMNS, cells, numeric=(2, 3, 4, 5))
+    return (
+        '<section class="kernel-time"><h2>Kernel time</h2><p>bsa run --time: device events around each call, '
+        "median of the timed calls; TFLOP/s on the FLOPs of bsa's cost model.</p>"
+        f"{chart(suite)}{table}{notes}</section>"
+    )
