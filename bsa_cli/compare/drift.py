@@ -464,10 +464,40 @@ class Series:
 class Trend:
     nights: tuple[Night, ...]  # ordered by date
     series: tuple[Series, ...]  # by case name
+    #: Each timed call across the nights (`bsa run --time`): its first and last night compared as
+    #: `time_changes` compares a run with its baseline.
+    times: tuple[TimeSeries, ...] = ()
 
     @property
     def rising(self) -> tuple[Series, ...]:
         return tuple(s for s in self.series if s.rising)
+
+
+@dataclass(frozen=True)
+class TimeSeries:
+    """One timed call of a case across the nights: its median per night (None: not timed that night), and the
+    change from the first timed night to the last."""
+
+    case: str
+    step: str
+    medians: tuple[float | None, ...]
+    last: TimeChange  # first timed night against the last
+
+
+def time_series(nights: Sequence[Night], threshold: float = TIME_THRESHOLD) -> tuple[TimeSeries, ...]:
+    """Return every call timed in at least two of the (ordered) nights."""
+    by_night = [{(c.name, t.step): t for c in night.suite.cases for t in c.kernel_time} for night in nights]
+    found = []
+    for case, step in sorted({key for night in by_night for key in night}):
+        times = [night.get((case, step)) for night in by_night]
+        measured = [t for t in times if t is not None]
+        if len(measured) >= 2:
+            first, last = measured[0], measured[-1]
+            spread = max(first.spread_us, last.spread_us)
+            regressed = last.median_us > first.median_us * (1 + threshold) + spread
+            change = TimeChange(case, step, first.median_us, last.median_us, spread, regressed)
+            found.append(TimeSeries(case, step, tuple(None if t is None else t.median_us for t in times), change))
+    return tuple(found)
 
 
 def order_nights(nights: Iterable[Night]) -> tuple[Night, ...]:
@@ -497,7 +527,7 @@ def trend(nights: Sequence[Night], margin: Margin | None = None) -> Trend:
     ordered = order_nights(nights)
     by_night = [{case.name: case for case in night.suite.cases} for night in ordered]
     series = [_series(name, by_night, margin) for name in sorted({name for cases in by_night for name in cases})]
-    return Trend(ordered, tuple(series))
+    return Trend(ordered, tuple(series), time_series(ordered))
 
 
 def _series(name: str, by_night: Sequence[Mapping[str, CaseResult]], margin: Margin) -> Series:

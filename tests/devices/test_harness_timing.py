@@ -192,3 +192,17 @@ def test_bisect_finds_the_commit_that_made_the_kernel_slower(builds, cases, tmp_
         [*git, "bisect", "run", str(REPO / "scripts" / "bisect_kernel.sh")], capture_output=True, text=True, env=env
     )
     assert f"{commits[4]} is the first bad commit" in result.stdout, result.stdout + result.stderr
+
+
+def test_trend_follows_the_kernel_time_across_nights(builds, cases, tmp_path):
+    script = device_script(tmp_path)
+    reports = []
+    for night, micros in enumerate((FAST, SLIGHT, SLOW)):
+        reports.append(tmp_path / f"night{night}.json")
+        code, output = timed_report(cases, script, builds[micros], reports[-1])
+        assert code == 0, output
+    code, output = bsa("trend", *map(str, reports), "--html", str(tmp_path / "trend.html"))
+
+    assert code == 0, output
+    assert "slower: t backward 100.0 us -> 120.0 us (+20.0%)" in output
+    assert "Kernel time (median per night)" in (tmp_path / "trend.html").read_text()
