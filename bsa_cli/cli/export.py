@@ -63,7 +63,9 @@ def export_command(
 
     try:
         with user_errors():
-            written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier, on_run=run_lines)
+            written = export_cases(
+                case_dirs, fmt, out_dir, on_earlier=earlier, on_run=run_lines, on_skipped=output.info
+            )
     except OSError as exc:
         raise UserError(f"cannot write in {out_dir}: {exc.strerror or exc}") from None
     output.stdout.print(

@@ -451,15 +451,22 @@ from .ttk import Ttk  # noqa: E402  (it builds on the classes above)
 EXPORT_FORMATS: dict[str, ExportFormat] = {f.name: f for f in (Msopst(), Atk(), Ttk())}
 
 
-def _exported(case_dirs: Sequence[Path], fmt: ExportFormat) -> list[Exported]:
+def _exported(case_dirs: Sequence[Path], fmt: ExportFormat, on_skipped: Callable[[str], None]) -> list[Exported]:
     """Return the cases to export, checked: every folder's op is one call the formats hold, its name is
-    unique in the export and distinct once sanitized.
+    unique in the export and distinct once sanitized. A folder gen skipped (its operator refuses the case:
+    no files) is left out, and `on_skipped` told why.
 
     Raises:
         DataError: a manifest is missing or malformed, a folder is of an op no format holds, or two cases
             share a name.
     """
-    loaded = [(Path(case_dir).resolve(), load_manifest(Path(case_dir))) for case_dir in case_dirs]
+    loaded = []
+    for case_dir in case_dirs:
+        manifest = load_manifest(Path(case_dir))
+        if manifest.skip is not None:
+            on_skipped(f"{manifest.name}: not exported, gen skipped it ({manifest.skip})")
+        else:
+            loaded.append((Path(case_dir).resolve(), manifest))
     seen: dict[str, Path] = {}
     for case_dir, manifest in loaded:
         if manifest.name in seen:
@@ -492,6 +499,7 @@ def export_cases(
     out_dir: Path,
     on_earlier: Callable[[list[str], list[str]], None] | None = None,
     on_run: Callable[[list[str]], None] | None = None,
+    on_skipped: Callable[[str], None] | None = None,
 ) -> list[Path]:
     """Write every case in format `fmt` (`EXPORT_FORMATS`) into `out_dir`; return the files written.
 
@@ -499,7 +507,8 @@ def export_cases(
     cannot be exported leaves `out_dir` as it was, and a link in `out_dir` named like a file of the export
     is replaced, never written through. msOpST's expect module keeps the functions of cases an earlier
     msOpST export wrote into `out_dir` (`earlier_msopst_cases`), so their case files still work;
-    `on_earlier(kept names, problems)` is told which; `on_run(lines)` how to run the export (TTK's commands).
+    `on_earlier(kept names, problems)` is told which; `on_run(lines)` how to run the export (TTK's commands),
+    `on_skipped(line)` each folder gen skipped (left out).
 
     Raises:
         ValueError: an unknown format.
@@ -510,7 +519,7 @@ def export_cases(
         raise ValueError(f"unknown format {fmt!r}; formats: {', '.join(EXPORT_FORMATS)}")
     export = EXPORT_FORMATS[fmt]
     out_dir = Path(out_dir)
-    cases = _exported(case_dirs, export)
+    cases = _exported(case_dirs, export, on_skipped or (lambda line: None))
     try:
         files = export.files(cases, out_dir, on_earlier or (lambda kept, lost: None))
     except (KeyError, TypeError, ValueError) as exc:

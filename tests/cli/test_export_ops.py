@@ -214,3 +214,12 @@ def test_distinct_names_refuses_what_it_cannot_tell_apart():
     assert found["a_b"] == "a_b" and found["c"] == "c" and len(set(found.values())) == 4
     with pytest.raises(ValueError, match="one name once sanitized"):
         distinct_names(["a-b", "a_b", found["a-b"]])
+
+
+def test_a_folder_gen_skipped_is_left_out_and_said(generated_spec, tmp_path):
+    skipped = generated_spec({"cases": [{**BASE, "name": "y64", "block_shape": [64, 64]}]}, "--ops", "forward,backward")
+    assert load_manifest(skipped / "y64@forward").skip is not None  # the A2/A3 forward refuses Y = 64
+    result = export(skipped, "atk", tmp_path / "atk")
+    assert result.exit_code == 0, result.output
+    assert "y64@forward: not exported, gen skipped it" in result.stderr
+    assert [p.name for p in (tmp_path / "atk").iterdir()] == ["y64.atk.json"]
