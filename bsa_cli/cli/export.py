@@ -57,19 +57,23 @@ def export_command(
         for problem in lost:
             output.warn(problem)
 
+    skipped: list[str] = []
+
+    def skip(line: str) -> None:
+        skipped.append(line)
+        output.info(line)
+
     def run_lines(lines: list[str]) -> None:
         for line in lines:
             output.info(f"run: {line}")
 
     try:
         with user_errors():
-            written = export_cases(
-                case_dirs, fmt, out_dir, on_earlier=earlier, on_run=run_lines, on_skipped=output.info
-            )
+            written = export_cases(case_dirs, fmt, out_dir, on_earlier=earlier, on_run=run_lines, on_skipped=skip)
     except OSError as exc:
         raise UserError(f"cannot write in {out_dir}: {exc.strerror or exc}") from None
     output.stdout.print(
-        f"exported {plural(len(case_dirs), 'case')} as {fmt} into {out_dir} ({len(written)} files)",
+        f"exported {plural(len(case_dirs) - len(skipped), 'case')} as {fmt} into {out_dir} ({len(written)} files)",
         markup=False,
         soft_wrap=True,
     )

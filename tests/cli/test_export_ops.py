@@ -223,3 +223,4 @@ def test_a_folder_gen_skipped_is_left_out_and_said(generated_spec, tmp_path):
     assert result.exit_code == 0, result.output
     assert "y64@forward: not exported, gen skipped it" in result.stderr
     assert [p.name for p in (tmp_path / "atk").iterdir()] == ["y64.atk.json"]
+    assert result.stdout.startswith("exported 1 case as atk")
