@@ -34,7 +34,7 @@ from ..store import check_output_dir, replace_atomically
 from ..store.manifest import Manifest
 
 #: How records name the kind of device.
-DeviceKind = Literal["reference", "torch_npu", "binary"]
+DeviceKind = Literal["reference", "torch_npu", "cann_ops_transformer", "binary"]
 
 #: How running one case ended (a key of `OUTCOMES`).
 Outcome = Literal["ok", "nondeterministic", "error", "crashed", "timeout", "interrupted", "skipped"]

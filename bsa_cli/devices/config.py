@@ -22,6 +22,8 @@ DEVICE_KINDS: dict[DeviceKind, str] = {
     "reference": "the built-in reference device (bsa emulate), in this process: reference results",
     "torch_npu": "torch_npu's npu_block_sparse_attention_backward (and npu_block_sparse_attention for the forward, the "
     "chain and autograd), in a child process per case (an Ascend host)",
+    "cann_ops_transformer": "ops-transformer's own PyTorch entry cann_ops_transformer.block_sparse_attention, for "
+    "forward folders (the forward alone), in a child process per case (an Ascend host)",
 }
 
 
@@ -49,11 +51,15 @@ def create(
             f"--device {kind} cannot be used with {given}: --binary/--cmd run an external binary, "
             "--device runs a built-in one; give one of them"
         )
-    if kind == "torch_npu":
+    if kind in ("torch_npu", "cann_ops_transformer"):
         if fault is not None:
             raise RunConfigError(
-                "--fault plants a fault in the reference device; it cannot be used with --device torch_npu"
+                f"--fault plants a fault in the reference device; it cannot be used with --device {kind}"
             )
+        if kind == "cann_ops_transformer":
+            from .cann_ops_transformer import CannOpsTransformerDevice
+
+            return CannOpsTransformerDevice.create()
         from .torch_npu import TorchNpuDevice
 
         return TorchNpuDevice.create()
