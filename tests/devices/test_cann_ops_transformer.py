@@ -93,3 +93,20 @@ def test_the_device_needs_its_package(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(STANDIN))
     result = invoke("run", tmp_path, "--device", "cann_ops_transformer")
     assert result.exit_code == 2 and "cann_ops_transformer is not installed" in result.stderr
+
+
+def test_timed_runs_time_the_entrys_forward_and_a_slower_one_regresses(generated, tmp_path, cot_env, monkeypatch):
+    """The torch_npu stand-in's clock moves a known time per forward, which the entry's call makes."""
+    out = copy_of(generated, tmp_path) / "cot@forward"
+    monkeypatch.setenv("TORCH_NPU_STANDIN_FORWARD_US", "40")
+    timed = ("run", out, "--device", "cann_ops_transformer", "--time", "--time-runs", "3", "--warmup", "1")
+    assert invoke(*timed).exit_code == 0
+    steps = run_record(out)["timing"]["steps"]
+    assert list(steps) == ["forward"] and steps["forward"]["times_us"] == [40.0] * 3
+    assert invoke("compare", out, "--json", tmp_path / "fast.json").exit_code == 0
+
+    monkeypatch.setenv("TORCH_NPU_STANDIN_FORWARD_US", "60")  # 50% slower
+    assert invoke(*timed).exit_code == 0
+    compared = invoke("compare", out, "--baseline", tmp_path / "fast.json")
+    assert compared.exit_code == 4, compared.output
+    assert "kernel 40.0 us -> 60.0 us (+50.0%" in compared.output
