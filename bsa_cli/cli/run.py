@@ -152,6 +152,7 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     padding="BNSD padding rule, as bsa compare.",
 )
 @options.report_options
+@options.baseline_options
 @options.verbose_option
 def check_command(
     specs: tuple[str, ...],
@@ -166,6 +167,7 @@ def check_command(
     release: str | None,
     settings: options.SettingsOptions,
     reports: options.ReportPaths,
+    baseline: options.BaselineOptions,
     verbose: bool,
     ops: tuple[Op, ...] | None,
 ) -> None:
@@ -173,11 +175,14 @@ def check_command(
 
     SPECS are case spec files or folders. Cases already in OUT with current inputs are not generated
     again. Without --binary, --cmd or --device torch_npu the built-in reference device runs them
-    (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
-    2 usage or spec error, 3 a case could not be judged; 130 interrupted.
+    (reference results, not device results). --baseline compares the verdict with an earlier report as
+    `bsa compare --baseline` does. Exit code as `bsa compare`: 0 all pass, 1 a case failed, 2 usage or spec
+    error, 3 a case could not be judged, 4 every case passed but a kernel is slower than in --baseline;
+    130 interrupted.
     """
     run_options = device.run_options()
     run_settings = settings.run_settings()
+    margin, night = baseline.night()
     common.prepare_reports(reports)
     try:
         with ProgressDisplay() as display:
@@ -197,10 +202,12 @@ def check_command(
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
     report.render_terminal(suite, output.stdout, verbose=verbose)
-    common.write_reports(suite, reports, (out,))
+    drift, code = baseline.judge(suite, margin, night)
+    # without --baseline the reports are as before (compare's JSON records its exit code; check's did not)
+    common.write_reports(suite, reports, (out,), drift=drift, exit_code=None if drift is None else code)
     if run_options.device.reference_results:
         output.stdout.print(run_options.device.announcement, markup=False)
-    raise click.exceptions.Exit(suite.return_code)
+    raise click.exceptions.Exit(code)
 
 
 __all__ = ["check_command", "emulate_command", "run_command"]

@@ -309,6 +309,25 @@ def test_check_with_a_planted_fault_fails(spec_file, tmp_path):
     assert "with fault 'dk-no-scale': reference results, not device results" in result.stdout
 
 
+def test_check_compares_with_a_baseline_as_compare_does(spec_file, tmp_path):
+    """The good night's report, then a night with a planted fault: check --baseline reports the drift."""
+    out, good = tmp_path / "out", tmp_path / "good.json"
+    assert invoke("check", spec_file, "-o", out, "--filter", "t-bnsd-*", "--json", good).exit_code == 0
+
+    bad = ("check", spec_file, "-o", out, "--filter", "t-bnsd-*", "--fault", "dk-no-scale", "--baseline", good)
+    result = invoke(*bad, "--fail-on-regression", "--json", tmp_path / "bad.json")
+
+    assert result.exit_code == 1, result.output
+    assert "t-bnsd-tail: PASS -> FAIL" in result.stdout
+    document = json.loads((tmp_path / "bad.json").read_text())
+    assert document["exit_code"] == 1 and document["drift"]["summary"]["compared"] == 1
+    clean = invoke("check", spec_file, "-o", out, "--filter", "t-bnsd-*", "--baseline", good, "--fail-on-regression")
+    assert clean.exit_code == 0, clean.output
+    unused = invoke("check", spec_file, "-o", tmp_path / "never", "--time-threshold", "0.2", "--fail-on-regression")
+    assert unused.exit_code == 2 and "--fail-on-regression needs --baseline OLD.json" in unused.stderr
+    assert not (tmp_path / "never").exists()  # refused before anything was generated
+
+
 def test_check_with_a_crashing_binary_cannot_judge_that_case(tmp_path):
     spec = tmp_path / "s.yaml"
     cases = [{**SPEC["cases"][0], "name": "good"}, {**SPEC["cases"][0], "name": "crash"}]
