@@ -50,6 +50,7 @@ each after an untimed forward), as docs/run.md's "Timed runs" says.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -365,6 +366,8 @@ def time_calls(torch: Any, step: str, call: Callable[[], Any], prepare: Callable
     if not runs:
         return
     print(f"bsa-timing: {step} warmup {warmup} runs {runs}")
+    with contextlib.suppress(Exception):  # the SoC name (Ascend/torchair reads it so); none is no failure
+        print(f"{timing.CHIP_PREFIX}{torch.npu.get_device_name()}")
     try:
         start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
         for index in range(warmup + runs):

@@ -179,6 +179,8 @@ class _Event:
 
 npu = types.ModuleType("torch.npu")
 npu.Event = _Event  # type: ignore[attr-defined]
+#: The chip's SoC name, as torch.npu.get_device_name() gives it: $TORCH_NPU_STANDIN_CHIP, else Ascend910B2.
+npu.get_device_name = lambda device=None: os.environ.get("TORCH_NPU_STANDIN_CHIP", "Ascend910B2")  # type: ignore[attr-defined]
 npu.set_device = _set_device  # type: ignore[attr-defined]
 npu.synchronize = _synchronize  # type: ignore[attr-defined]
 npu.device_count = _device_count  # type: ignore[attr-defined]
