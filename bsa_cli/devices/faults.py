@@ -22,6 +22,7 @@ from ..core.rounding import to_dtype
 from ..golden import forward_case, written_rows
 from ..ops import Op, get
 from ..ops.backward import BACKWARD
+from ..ops.base import FORWARD_OUTPUTS
 
 #: Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
 #: selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`.
@@ -98,11 +99,8 @@ GUARD_FAULTS: dict[str, str] = {
     "lse-write-past-end": "the forward writes 8 elements past the end of softmaxLse (a tail row stored one row too "
     "far): out and lse are right, only the guard zone after lse shows it (applies to every forward)",
 }
-#: The output each guard fault writes past the end of, and the step (forward or backward) that writes it.
-PAST_END_OF: dict[str, tuple[str, str]] = {
-    "dk-write-past-end": ("dk", "backward"),
-    "lse-write-past-end": ("lse", "forward"),
-}
+#: The output each guard fault writes past the end of (a forward output: the fault is the forward step's).
+PAST_END_OF: dict[str, str] = {"dk-write-past-end": "dk", "lse-write-past-end": "lse"}
 
 ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS, **GUARD_FAULTS}
 
@@ -168,7 +166,7 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
     if name in GUARD_FAULTS:  # any element of the tensor it writes past
-        return math.prod(case.kv_shape if PAST_END_OF[name][0] == "dk" else case.q_shape[:-1]) > 0
+        return math.prod(case.q_shape[:-1] if _is_forwards(name) else case.kv_shape) > 0
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
     # One fixed order, or a lost update, shows only where two pairs add into one kv block.
     if name in REPEAT_FAULTS or name == "race-lost-update":
@@ -315,7 +313,7 @@ def _fault_step(name: str, op: Op) -> bool:
 
 def _is_forwards(name: str) -> bool:
     """Say whether a fault plants itself in the forward (a forward fault, or a guard fault past a forward output)."""
-    return name in FORWARD_FAULTS or PAST_END_OF.get(name, ("", ""))[1] == "forward"
+    return name in FORWARD_FAULTS or PAST_END_OF.get(name) in FORWARD_OUTPUTS
 
 
 def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
@@ -412,7 +410,7 @@ def guard_writes(fault: str | None, outputs: Mapping[str, np.ndarray]) -> dict[s
         data = np.ascontiguousarray(output).reshape(-1).view(np.uint8)
         buffer = np.full(2 * GUARD_BYTES + data.size, 0xFF, dtype=np.uint8)
         buffer[GUARD_BYTES : GUARD_BYTES + data.size] = data
-        if fault in PAST_END_OF and PAST_END_OF[fault][0] == name:
+        if fault in PAST_END_OF and PAST_END_OF[fault] == name:
             end = GUARD_BYTES + data.size
             buffer[end : end + PAST_END_ELEMENTS * output.itemsize] = 0
         for origin, zone in ((-GUARD_BYTES, buffer[:GUARD_BYTES]), (data.size, buffer[GUARD_BYTES + data.size :])):
