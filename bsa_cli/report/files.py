@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import BsaError
+from ..store import umask
 
 
 @dataclass
@@ -111,7 +112,7 @@ def write_text_atomic(path: Path, text: str) -> None:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())  # a full disk shows here at the latest, not after the rename
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a report is an ordinary file
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes the file private; a report is an ordinary file
             if (problem := target_problem(path)) is not None:  # something else may have taken the path meanwhile
                 raise OSError(errno.EEXIST, problem, str(path))
             os.replace(tmp, path)
@@ -122,9 +123,3 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
