@@ -126,6 +126,10 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
 
 # ---- bsa check -----------------------------------------------------------------------------------
 
+#: The reports `bsa check` writes into OUT unless --json or --html names another file: the terminal shows a line
+#: per case, these everything (the HTML report's pictures, the JSON for `bsa run --failed` and `bsa trend`).
+CHECK_REPORTS = {"--json": "report.json", "--html": "report.html"}
+
 
 @click.command("check")
 @click.argument("specs", nargs=-1, required=True)
@@ -173,11 +177,16 @@ def check_command(
 
     SPECS are case spec files or folders. Cases already in OUT with current inputs are not generated
     again. Without --binary, --cmd or --device torch_npu the built-in reference device runs them
-    (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
-    2 usage or spec error, 3 a case could not be judged; 130 interrupted.
+    (reference results, not device results). The terminal shows a line per case (every check and metric
+    with -v); the full reports go to OUT/report.html and OUT/report.json unless --html or --json names
+    another file. Exit code as `bsa compare`: 0 all pass, 1 a case failed, 2 usage or spec error, 3 a case
+    could not be judged; 130 interrupted.
     """
     run_options = device.run_options()
     run_settings = settings.run_settings()
+    reports = {
+        flag: path or (out / CHECK_REPORTS[flag] if flag in CHECK_REPORTS else None) for flag, path in reports.items()
+    }
     common.prepare_reports(reports)
     try:
         with ProgressDisplay() as display:
@@ -196,10 +205,8 @@ def check_command(
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
-    report.render_terminal(suite, output.stdout, verbose=verbose)
-    common.write_reports(suite, reports, (out,))
-    if run_options.device.reference_results:
-        output.stdout.print(run_options.device.announcement, markup=False)
+    report.render_terminal(suite, output.stdout, verbose=verbose, device_named=True)  # the run's first line named it
+    common.write_reports(suite, reports, (out,))  # "wrote ... report PATH": the last lines, the HTML one last
     raise click.exceptions.Exit(suite.return_code)
 
 

@@ -43,7 +43,7 @@ def _verdict_text(verdict: str) -> Text:
     return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
 
 
-def _case_table(suite: SuiteResult, console: Console) -> Table:
+def _case_table(suite: SuiteResult, console: Console, verbose: bool = True) -> Table:
     """One row per case; the standard goes in the title when every judged case has the same one (a column
     repeating one value only narrows the deciding check). Where the rows do not fit the console's width, a
     passing case's line leaves out its numbers in parentheses (the JSON and HTML reports keep them)."""
@@ -52,7 +52,7 @@ def _case_table(suite: SuiteResult, console: Console) -> Table:
     passing = dataclasses.replace(suite, cases=tuple(shortened))
     measure = Console(width=10_000, file=io.StringIO(), color_system=None).measure
     short = bool(passing.cases) and measure(_verdict_table(passing, console, short=False)).maximum > console.width
-    return _verdict_table(suite, console, short=short)
+    return _verdict_table(suite, console, short=short, verbose=verbose)
 
 
 #: Longest case name a table with ops keeps on one line (its op rows leave the column's other lines empty).
@@ -67,9 +67,14 @@ _SAME = "not judged: same reason as"
 _DETAIL = re.compile(r" \([^()]*\)$")
 
 
-def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
+def _verdict_table(suite: SuiteResult, console: Console, short: bool, verbose: bool = True) -> Table:
     """One row per result; with ops other than the backward, a case's ops side by side in `OPS` order under
-    its name (an op column; the name on the first row of the case, a line between cases)."""
+    its name (an op column; the name on the first row of the case, a line between cases). Without `verbose`
+    a failing row says what failed without its parenthesised numbers, and its likely cause by name and score
+    (`formatting.likely_cause`); the evidence is in the verbose report and the HTML one.
+
+    A column of its own per case (a measured value, a time) goes next to "verdict": the deciding check is the
+    one column that folds."""
     standards = sorted({c.standard for c in suite.cases if c.standard not in ("-", "") and c.verdict != SKIP})
     one = len(standards) <= 1
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
@@ -94,7 +99,9 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
             text = short_headline(case, asides=not short)
-        if likely := formatting.likely_line(case):
+        elif case.verdict == FAIL and not verbose:
+            text = short_headline(case)
+        if likely := (formatting.likely_line(case) if verbose else formatting.likely_cause(case)):
             text = f"{text}\n{likely}"
         standard = [] if one else [case.standard]
         if not with_ops:
@@ -205,11 +212,13 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
     return titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names, rows)
 
 
-def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
-    """Print the case table, details of failing and unjudged cases (every metric with `verbose`), a summary."""
-    console.print(_case_table(suite, console))
+def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False, device_named: bool = False) -> None:
+    """Print the case table (a line per result: its verdict, what decided it, its likely cause) and a summary;
+    with `verbose`, between them the details of failing and unjudged cases and every metric. `device_named`: the
+    command already said who produced the outputs (`bsa check`, `bsa run`), so the report does not again."""
+    console.print(_case_table(suite, console, verbose))
     reference = sum(1 for c in suite.cases if formatting.is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
-    if reference:
+    if reference and not device_named:
         faults = sorted({f for c in suite.cases if (f := formatting.planted_fault(c))})
         names = ", ".join(repr(f) for f in faults)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
@@ -222,27 +231,24 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
     for case in grouped(suite.cases):
         if case.not_run or case.verdict == SKIP:  # the table's line says it (what to type, why not judged)
             continue
-        if case.verdict == ERROR:
+        if case.verdict == ERROR:  # whole, unfolded: its paths (a log, a record) are copied from here
             console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
             for error in case.errors:
                 console.print(Text(f"  {error}"), soft_wrap=True)
             continue
-        if case.verdict == PASS and not verbose:
+        if not verbose:  # a failure's detail: -v, and the HTML report
             continue
-        console.print(_checks_table(case, console, only_failed=not verbose))
-        if verbose and case.diagnosis:
+        console.print(_checks_table(case, console, only_failed=False))
+        if case.diagnosis:
             console.print(_diagnosis_table(case, console))
-        if verbose or any(c.name == "bias" and not c.passed for c in case.all_checks):
-            if any(t.bias is not None for t in case.tensors):
-                console.print(_bias_table(case, console))
+        if any(t.bias is not None for t in case.tensors):
+            console.print(_bias_table(case, console))
         for tensor in case.tensors:
-            if tensor.passed and not verbose:
-                continue
             if tensor.worst:
                 console.print(_worst_table(case, tensor, console))
             if tensor.hot_blocks:
                 console.print(_hot_table(case, tensor, console))
-        if verbose and case.tensors:
+        if case.tensors:
             console.print(_metrics_table(case, console))
     if releases := formatting.releases_line(suite):
         console.print(Text(releases), soft_wrap=True)

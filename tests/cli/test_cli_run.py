@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ from rich.console import Console
 from bsa_cli import devices
 from bsa_cli.cli import main
 from bsa_cli.cli.progress import ProgressDisplay
-from tests.helpers import SPEC, fake_device, invoke, run_record, write_case_dir
+from tests.helpers import REPO, SPEC, fake_device, invoke, run_record, write_case_dir
 
 
 @pytest.fixture(scope="module")
@@ -262,8 +265,11 @@ def test_check_generates_runs_and_compares_the_suite_with_the_reference_device(s
     result = invoke("check", spec_file, "-o", out, "--json", tmp_path / "report.json")
 
     assert result.exit_code == 0, result.output
-    assert "4 cases: 4 passed, 0 failed, 0 errors" in result.stdout
-    assert result.stdout.rstrip().endswith("device: reference (bsa emulate): reference results, not device results")
+    assert result.stdout.rstrip().endswith("4 cases: 4 passed, 0 failed, 0 errors")
+    device = "device: reference (bsa emulate): reference results, not device results"
+    assert result.stderr.count(device) == 1 and "reference device" not in result.stdout  # named once
+    assert result.stderr.rstrip().endswith(f"wrote HTML report {out / 'report.html'}")  # --json named another file
+    assert not (out / "report.json").exists()
     phases = [line.split()[:2] for line in result.stderr.splitlines() if line.startswith(("gen ", "run ", "compare "))]
     assert phases == [["gen", "generated"]] * 4 + [["run", "ok"]] * 4  # verdicts once: in the table only
     for name in ("t-bnsd-tail", "t-tnd-gqa", "t-neg-dtype", "t-neg-tnd"):
@@ -306,7 +312,33 @@ def test_check_with_a_planted_fault_fails(spec_file, tmp_path):
     assert result.exit_code == 1, result.output
     assert ": 0 passed, 1 failed, 0 errors" in result.stdout
     assert "| t-bnsd-tail | FAIL " in result.stdout and "FAIL" not in result.stderr
-    assert "with fault 'dk-no-scale': reference results, not device results" in result.stdout
+    assert "with fault 'dk-no-scale': reference results, not device results" in result.stderr
+    assert "likely: " in result.stdout and "worst elements" not in result.stdout  # the detail: -v, and the HTML
+    verbose = invoke("check", spec_file, "-o", tmp_path / "out", "--fault", "dk-no-scale", "--filter", "t-bnsd-*", "-v")
+    assert "worst elements" in verbose.stdout
+
+
+def test_a_failing_check_leads_with_a_line_per_case_and_ends_with_where_the_report_is(spec_file, tmp_path):
+    """At 80 columns a failing case is its row (what failed, its likely cause) and nothing more: no checks,
+    worst elements or hot blocks; the summary ends stdout and the reports written into OUT end stderr."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "bsa_cli", "check", spec_file, "-o", out, "--fault", "block-shift"]
+    env = {**os.environ, "COLUMNS": "80"}  # the consoles take their width when bsa starts: a process of its own
+
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    failed = [line for line in lines if "| FAIL " in line]
+    assert failed and result.stdout.count("likely: ") == len(failed)
+    assert len(lines) <= 8 + 4 * 4  # title, box, heading, rules, summaries; four lines at most per case
+    assert lines[-1].endswith(f"{len(failed)} failed, 0 errors")
+    assert result.stderr.rstrip().splitlines()[-2:] == [
+        f"wrote JSON report {out / 'report.json'}",
+        f"wrote HTML report {out / 'report.html'}",
+    ]
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
 
 
 def test_check_with_a_crashing_binary_cannot_judge_that_case(tmp_path):
