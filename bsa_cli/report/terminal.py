@@ -30,13 +30,35 @@ def titled_table(
     console: Console, title: str, columns: Sequence[str], right: Sequence[str], rows: Iterable[Any] = (), **options: Any
 ) -> Table:
     """Return a table titled on the left, its `columns` added (those in `right` right-aligned) with `options`,
-    and its `rows`."""
-    table = Table(box=table_box(console), title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="right" if column in right else "left", **options)
-    for row in rows:
-        table.add_row(*row)
+    and its `rows`.
+
+    Without an `overflow` option (prose that may fold) no cell is wrapped or cut: where the table is wider
+    than the console, its last columns are left out, and its caption names them (as `bsa list` does).
+    """
+    rows = [tuple(row) for row in rows]
+    kept = len(columns)
+    while True:
+        table = Table(box=table_box(console), title=title, title_justify="left", caption_justify="left")
+        for column in columns[:kept]:
+            table.add_column(
+                column, justify="right" if column in right else "left", no_wrap="overflow" not in options, **options
+            )
+        for row in rows:
+            table.add_row(*row[:kept])
+        if "overflow" in options or kept <= 2 or _natural_width(table) <= console.width:
+            break
+        kept -= 1
+    if kept < len(columns):
+        left_out = ", ".join(columns[kept:])
+        table.caption = (
+            f"left out at {console.width} columns: {left_out} (all of them: a wider terminal, or the HTML report)"
+        )
     return table
+
+
+def _natural_width(table: Table) -> int:
+    """The width `table` takes with room enough for every cell on one line."""
+    return Console(width=10_000, file=io.StringIO(), color_system=None).measure(table).maximum
 
 
 def _verdict_text(verdict: str) -> Text:
@@ -156,13 +178,18 @@ def render_explanation(case: CaseResult, console: Console) -> None:
 
 def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
     columns = ("tensor", "check", "value", "limit", "result")
-    table = titled_table(console, f"{case.name}: checks", columns, ("value", "limit"))
-    for check in case.all_checks:
-        if only_failed and check.passed:
-            continue
-        result = Text("ok", style="green") if check.passed else Text("FAIL", style="bold red")
-        table.add_row(check.tensor or "-", check.name, fmt(check.value), fmt(check.limit), result)
-    return table
+    rows = [
+        (
+            check.tensor or "-",
+            check.name,
+            fmt(check.value),
+            fmt(check.limit),
+            Text("ok", style="green") if check.passed else Text("FAIL", style="bold red"),
+        )
+        for check in case.all_checks
+        if not (only_failed and check.passed)
+    ]
+    return titled_table(console, f"{case.name}: checks", columns, ("value", "limit"), rows)
 
 
 def _short(value: float, digits: int) -> str:
@@ -175,12 +202,8 @@ def _bias_table(case: CaseResult, console: Console) -> Table:
     """Each tensor's estimated systematic error, relative and in ULPs, with standard errors (`compare.bias`);
     the checks table says which failed."""
     columns = ("tensor", "device", "in ULP", "benchmark", "z bench", "z 0")
-    table = titled_table(console, f"{case.name}: bias (signed, relative to the golden)", columns, columns[1:])
-    for tensor in case.tensors:
-        e = tensor.bias
-        if e is None:
-            continue
-        table.add_row(
+    rows = [
+        (
             tensor.name,
             f"{_short(e.device, 3)}±{_short(e.device_se, 2)[1:]}",
             f"{_short(e.in_ulp(e.device), 2)}±{_short(e.in_ulp(e.device_se), 2)[1:]}",
@@ -188,7 +211,10 @@ def _bias_table(case: CaseResult, console: Console) -> Table:
             fmt(e.z, 3),
             fmt(e.device_z, 3),
         )
-    return table
+        for tensor in case.tensors
+        if (e := tensor.bias) is not None
+    ]
+    return titled_table(console, f"{case.name}: bias (signed, relative to the golden)", columns, columns[1:], rows)
 
 
 def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
@@ -209,7 +235,8 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
         for t in case.tensors
     ]
     rows = [*formatting.metric_rows(case.tensors), ["ULP histogram", *histograms]]
-    return titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names, rows)
+    title = f"{case.name}: metrics (device / benchmark)"  # the histograms fold at their spaces, never in a number
+    return titled_table(console, title, ("metric", *names), names, rows, overflow="fold")
 
 
 def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False, device_named: bool = False) -> None:

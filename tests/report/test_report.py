@@ -53,6 +53,19 @@ def test_terminal_report_leads_with_a_line_per_case_and_keeps_the_detail_for_ver
     assert verbose.rstrip().endswith("4 cases: 2 passed, 1 failed, 1 error")
 
 
+@pytest.mark.parametrize("width", [56, 80])
+def test_no_number_is_cut_at_a_narrow_width_a_column_is_left_out_and_named(width):
+    """Every detail table through a fixed-width console: a cell is whole or its column is left out, and the
+    caption says which (before, rich cut `4.14e-05` to `4.14e-…` and wrapped `where` mid-cell)."""
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    report.render_terminal(sample_suite(), console, verbose=True)
+    text = console.file.getvalue()
+    assert "…" not in text
+    assert all(len(line.rstrip()) <= width for line in text.splitlines() if line.startswith(("|", "+")))
+    assert "| b=0,n=1,s=70,d=33 i=2 |" in text  # the worst element's place, on one line
+    assert f"left out at {width} columns: " in text  # the hot blocks' table is 84 wide
+
+
 def test_a_command_that_named_the_device_gets_no_note_of_it():
     console = Console(file=io.StringIO(), width=100, color_system=None)
     report.render_terminal(sample_suite(), console, device_named=True)
