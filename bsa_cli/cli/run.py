@@ -30,12 +30,27 @@ from .progress import PipelineProgress, ProgressDisplay
     "--outputs-root", metavar="DIR", help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs."
 )
 @options.ops_option_for(options.SELECT_OPS_HELP)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Run only the cases without a complete result of their current inputs (what a run cut short by "
+    "Ctrl-C left to do).",
+)
+@click.option(
+    "--failed",
+    "failed_report",
+    metavar="REPORT.json",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Run only the cases a JSON report (--json; `bsa check` writes OUT/report.json) says FAIL or ERROR.",
+)
 def run_command(
     cases: tuple[Path, ...],
     device: options.DeviceOptions,
     filters: tuple[str, ...],
     outputs_root: str | None,
     ops: tuple[Op, ...] | None,
+    resume: bool,
+    failed_report: Path | None,
 ) -> None:
     """Run a device (default: the reference device) on every case under CASES.
 
@@ -52,6 +67,15 @@ def run_command(
     with common.user_errors():
         case_dirs = store.select_cases(cases, filters)
     case_dirs = common.ops_selected(case_dirs, ops)
+    if failed_report is not None:
+        with common.user_errors(ValueError):
+            failed = pipeline.failed_in_report(report.read_report(failed_report), str(failed_report))
+        case_dirs = [case_dir for case_dir in case_dirs if case_dir.name in failed]
+        output.info(f"--failed: {plural(len(case_dirs), 'case')} of those {failed_report} says FAIL or ERROR")
+    if resume:
+        done = set(pipeline.completed(case_dirs, None if outputs_root is None else Path(outputs_root)))
+        case_dirs = [case_dir for case_dir in case_dirs if case_dir not in done]
+        output.info(f"--resume: {plural(len(done), 'case')} already complete, {len(case_dirs)} to run")
     for case_dir, reason in pipeline.skipped_folders(case_dirs):
         output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, common.user_errors():

@@ -451,3 +451,43 @@ def test_repeat_help_says_dq_is_bitwise_and_dk_dv_noise_is_reported(command: str
         "the standard, marks the case nondeterministic; dk/dv may differ in their last bits (fp32 atomic adds), "
         "which is reported as repeat-noise, not failed."
     ) in text
+
+
+# ---- a run cut short, run again --------------------------------------------------------------------
+
+
+def _ran(result) -> list[str]:
+    return [line.split()[2] for line in result.stderr.splitlines() if line.startswith("run      ")]
+
+
+def test_resume_runs_only_the_cases_without_a_complete_result_of_their_inputs(out) -> None:
+    """A case whose run left no record (Ctrl-C before it ended) or ran on other inputs runs again; a case
+    with a complete record is left as it is."""
+    assert invoke("run", out).exit_code == 0
+    (out / "t-bnsd-tail" / "outputs" / "run.json").unlink()  # cut short: no record
+    record = json.loads((out / "t-tnd-gqa" / "outputs" / "run.json").read_text())
+    record["inputs"]["query"] = "0" * 64  # run on inputs gen has replaced since
+    (out / "t-tnd-gqa" / "outputs" / "run.json").write_text(json.dumps(record))
+    kept = (out / "t-neg-dtype" / "outputs" / "run.json").read_bytes()
+
+    result = invoke("run", out, "--resume")
+
+    assert result.exit_code == 0, result.output
+    assert sorted(_ran(result)) == ["t-bnsd-tail", "t-tnd-gqa"]
+    assert "--resume: 2 cases already complete, 2 to run" in result.stderr
+    assert (out / "t-neg-dtype" / "outputs" / "run.json").read_bytes() == kept
+    assert invoke("run", out, "--resume").stderr.count("run      ") == 0  # all complete now
+
+
+def test_failed_runs_only_the_cases_a_report_says_failed(out, tmp_path) -> None:
+    report = tmp_path / "report.json"
+    verdicts = {"t-bnsd-tail": "FAIL", "t-tnd-gqa": "PASS", "t-neg-dtype": "ERROR", "t-neg-tnd": "SKIP"}
+    report.write_text(json.dumps({"cases": [{"name": n, "verdict": v} for n, v in verdicts.items()]}))
+
+    result = invoke("run", out, "--failed", report)
+
+    assert result.exit_code == 0, result.output
+    assert sorted(_ran(result)) == ["t-bnsd-tail", "t-neg-dtype"]
+    report.write_text("{}")
+    refused = invoke("run", out, "--failed", report)
+    assert refused.exit_code == 2 and f"Error: {report}: not a bsa JSON report" in refused.stderr
