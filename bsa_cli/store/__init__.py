@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..core.case import DTYPES, numpy_dtype
-from ..core.errors import DataError, plural
+from ..core.errors import DataError, filter_hint, plural
 from ..core.errors import show as _show
 from ..core.untrusted import MAX_NAME_BYTES, check_relative, entry_path, inside, is_case_name, load_json, read_regular
 from ..ops.folders import op_problem
@@ -344,8 +344,9 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = (), option: st
         selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
         if not selected:
             shown = " or ".join(repr(p) for p in patterns)
+            hint = filter_hint(patterns, [p.name for p in found])
             raise DataError(
-                ", ".join(str(r) for r in roots), f"{option} {shown} matches none of {plural(len(found), 'case')}"
+                ", ".join(str(r) for r in roots), f"{option} {shown} matches none of {plural(len(found), 'case')}{hint}"
             )
         found = selected
     return found

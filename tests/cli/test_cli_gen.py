@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from bsa_cli.cli import main
 from bsa_cli.gen import generate
 from bsa_cli.store import read_array
+from tests.helpers import CASES, invoke
 
 CASE = {
     "name": "tiny",
@@ -301,3 +302,11 @@ def test_gen_of_a_filtered_share_does_not_warn_of_the_spec_s_other_cases(runner:
     assert runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "tiny"]).exit_code == 0
     result = runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "two"])
     assert result.exit_code == 0 and "Warning" not in result.stderr
+
+
+def test_a_filter_matching_nothing_names_the_cases_it_may_have_meant(tmp_path):
+    smoke = CASES / "smoke.yaml"
+    result = invoke("list", smoke, "--filter", "smoke-bnsd-random")
+    assert result.exit_code == 2
+    assert "--filter 'smoke-bnsd-random*' takes smoke-bnsd-random.fp16, smoke-bnsd-random.bf16" in result.stderr
+    assert "(closest: smoke-tnd-varlen)" in invoke("gen", smoke, "-o", tmp_path, "--filter", "smoke-tnd-varln").stderr
