@@ -50,6 +50,8 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReportPathError(option, str(path), f"cannot create folder {parent}: {exc.strerror or exc}") from None
+        if is_character_device(path):
+            continue  # written into, as every Unix tool does (/dev/null, /dev/stdout)
         if (reason := target_problem(path)) is not None:
             raise ReportPathError(option, str(path), reason)
         try:
@@ -69,12 +71,20 @@ _KINDS = (
 )
 
 
+def is_character_device(path: Path) -> bool:
+    """Whether `path` names a character device (through links): /dev/null, a terminal, /dev/stdout."""
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def target_problem(path: Path) -> str | None:
     """Return why a report cannot be written at `path` (None: it is a new path or a regular file).
 
     A report replaces only a regular file (through a symbolic link: the file it points to, the link
-    stays): never a device such as /dev/null, a FIFO, a socket or a folder, which a rename would turn
-    into a regular file.
+    stays): never a block device, a FIFO, a socket or a folder, which a rename would turn into a regular
+    file. A character device (/dev/null) is written into instead (`is_character_device`).
     """
     try:
         info = os.stat(path)  # follows links: what the path names
@@ -100,6 +110,10 @@ def write_text_atomic(path: Path, text: str) -> None:
             report cannot be written (a full disk: ENOSPC), with the path as its filename.
     """
     path = Path(path)
+    if is_character_device(path):  # written into, never replaced by a file
+        with open(path, "w", encoding="utf-8", newline="") as device:
+            device.write(text)
+        return
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if (problem := target_problem(path)) is not None:
