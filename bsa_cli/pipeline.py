@@ -106,7 +106,9 @@ def check_suite(
         return CheckResult(tuple(case_dirs), summary, None)
     progress.judging(case_dirs)
     try:
-        suite = compare_suite(case_dirs, None, settings, on_case=progress.judged, jobs=jobs)
+        # judged and reported in the order `bsa compare OUT` gives them (`store.find_cases`: by folder name)
+        judged = sorted(case_dirs, key=lambda case_dir: case_dir.name)
+        suite = compare_suite(judged, None, settings, on_case=progress.judged, jobs=jobs)
     except ValueError as exc:  # a run threshold that does not apply to a case's standard
         raise BsaError(str(exc)) from None
     return CheckResult(tuple(case_dirs), summary, suite)

@@ -491,3 +491,13 @@ def test_failed_runs_only_the_cases_a_report_says_failed(out, tmp_path) -> None:
     report.write_text("{}")
     refused = invoke("run", out, "--failed", report)
     assert refused.exit_code == 2 and f"Error: {report}: not a bsa JSON report" in refused.stderr
+
+
+def test_check_and_compare_list_the_cases_in_one_order(spec_file, tmp_path) -> None:
+    def names(stdout: str) -> list[str]:
+        return [line.split("|")[1].strip() for line in stdout.splitlines() if line.startswith("| t-")]
+
+    checked = invoke("check", spec_file, "-o", tmp_path / "out")
+    compared = invoke("compare", tmp_path / "out")
+
+    assert names(checked.stdout) == names(compared.stdout) == ["t-bnsd-tail", "t-neg-dtype", "t-neg-tnd", "t-tnd-gqa"]
