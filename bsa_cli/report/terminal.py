@@ -230,6 +230,10 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         if case.verdict == PASS and not verbose:
             continue
         console.print(_checks_table(case, console, only_failed=not verbose))
+        figures = "; ".join(formatting.tensor_figures(t) for t in case.tensors)
+        for line in (figures, formatting.side_line(case)):
+            if line:
+                console.print(Text(f"  {line}"), soft_wrap=True)
         if verbose and case.diagnosis:
             console.print(_diagnosis_table(case, console))
         if verbose or any(c.name == "bias" and not c.passed for c in case.all_checks):
@@ -244,6 +248,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
                 console.print(_hot_table(case, tensor, console))
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
+    if differ := formatting.differ_line(suite):
+        console.print(Text(differ), soft_wrap=True)
     if releases := formatting.releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
     console.print(Text(formatting.summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green
