@@ -271,6 +271,30 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class Recheck:
+    """A narrowly failing case judged again over reseeded runs (`compare.recheck`): how many runs were judged,
+    the median of their ratios (deciding severity, 1 at the limit), its bootstrap 95% interval, the verdict
+    and why, and each run's ratio in seed order."""
+
+    runs: int
+    median: float
+    lower: float
+    upper: float
+    passed: bool
+    why: str
+    ratios: tuple[float, ...]
+
+    @property
+    def text(self) -> str:
+        """One line: the runs, the interval and the verdict."""
+        verdict = "PASS" if self.passed else "FAIL"
+        return (
+            f"recheck over {self.runs} reseeded runs: median ratio {_fmt(self.median)}, 95% interval "
+            f"[{_fmt(self.lower)}, {_fmt(self.upper)}]: {verdict}, {self.why}"
+        )
+
+
+@dataclass(frozen=True)
 class CaseResult:
     """The verdict of one case: PASS, FAIL or ERROR (could not be judged), with everything measured."""
 
@@ -305,6 +329,7 @@ class CaseResult:
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
     op: Op = BACKWARD  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
     expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
+    recheck: Recheck | None = None  # a narrow failure judged again over reseeded runs (`bsa check --recheck`)
 
     @classmethod
     def unjudged(cls, name: str, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:

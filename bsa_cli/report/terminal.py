@@ -233,7 +233,7 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         figures = "; ".join(formatting.tensor_figures(t) for t in case.tensors)
         for line in (figures, formatting.side_line(case)):
             if line:
-                console.print(Text(f"  {line}"), soft_wrap=True)
+                console.print(Text(f"  {line}"))
         if verbose and case.diagnosis:
             console.print(_diagnosis_table(case, console))
         if verbose or any(c.name == "bias" and not c.passed for c in case.all_checks):
@@ -249,7 +249,7 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
     if differ := formatting.differ_line(suite):
-        console.print(Text(differ), soft_wrap=True)
+        console.print(Text(differ))
     if releases := formatting.releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
     console.print(Text(formatting.summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green
