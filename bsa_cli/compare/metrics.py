@@ -54,6 +54,7 @@ class _Partial:
     dot_gg: float = 0.0
     sum_signed_rel: float = 0.0  # signed relative errors (a - g) / g over large values: the bias check
     sum_signed_rel_sq: float = 0.0
+    sum_balance: float = 0.0  # (a - g) / max(1, |g|): the error balance (device only)
     mismatch: int = 0
     side_mismatch: tuple[int, ...] = ()  # elements beyond each of `_Params.side_tolerances`
     max_abs_golden: float = 0.0  # the golden where the error is `max_abs` (device only)
@@ -114,6 +115,7 @@ class _Partial:
             mismatch_ratio=self.mismatch / count if full else None,
             side_mismatch_counts=self.side_mismatch if full else None,
             max_abs_golden=self.max_abs_golden if full else None,
+            error_balance=self.sum_balance / count if full else None,
             small_value_count=self.small,
             small_value_err_count=self.small_err,
             nan_count=self.nan,
@@ -226,6 +228,11 @@ def _measure_chunk(
     flat_rel = work.reshape(-1)
     part.sum_signed_rel = float(np.dot(flat_rel, _floor_array(1.0, flat_rel.shape)))
     part.sum_signed_rel_sq = float(np.dot(flat_rel, flat_rel))
+    if full:
+        balance = np.maximum(s.abs_golden, np.float32(1.0), out=scratch.get("balance", np.float32, a.shape))
+        np.divide(diff, balance, out=balance)
+        flat_balance = balance.reshape(-1)
+        part.sum_balance = float(np.dot(flat_balance, _floor_array(1.0, flat_balance.shape)))
     abs_diff = np.abs(diff, out=diff)
     part.sum_abs = float(abs_diff.sum())
     np.abs(work, out=work)  # ATK's relative error, 0 on small values

@@ -63,6 +63,9 @@ class ErrorStats:
     # where the error is largest (mixed tolerance's ULP anchor): the device's only.
     side_mismatch_counts: tuple[int, ...] | None = None
     max_abs_golden: float | None = None
+    # The error balance (EB) of CANN's test helpers: mean((a - g) / max(1, |g|)), a signed systematic error that
+    # does not vanish on small goldens (docs/compare.md, "Error balance").
+    error_balance: float | None = None
     ulp_max: float | None = None
     ulp_mean: float | None = None
     ulp_histogram: tuple[int, ...] | None = None
@@ -91,7 +94,7 @@ MSPROBE_FIELDS = tuple(
     f.name for f in fields(ErrorStats) if f.name.startswith(("thousandth", "five_", "value_", "golden_"))
 )
 #: `ErrorStats` fields of the device alone: a benchmark summary leaves them out (its bytes stay as they were).
-DEVICE_ONLY_FIELDS = (*MSPROBE_FIELDS, "side_mismatch_counts", "max_abs_golden")
+DEVICE_ONLY_FIELDS = (*MSPROBE_FIELDS, "side_mismatch_counts", "max_abs_golden", "error_balance")
 
 
 @dataclass(frozen=True)

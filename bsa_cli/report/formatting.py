@@ -34,6 +34,7 @@ METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("msopst_max_err", "msOpST max error"),
     ("bias", "relative bias (signed)"),
     ("bias_se", "relative bias, standard error"),
+    ("error_balance", "error balance (EB)"),
 )
 
 

@@ -100,11 +100,13 @@ def craft(golden: np.ndarray, dtype: str, plant: str) -> np.ndarray:
 
 
 @pytest.fixture(scope="module")
-def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
-    """Crafted folders for each dtype, op and plant, judged by one `bsa compare`: (root, report, expected)."""
+def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict, dict]:
+    """Crafted folders for each dtype, op and plant, judged by one `bsa compare`: (root, report, expected verdicts,
+    expected error balances)."""
     root = tmp_path_factory.mktemp("mixed")
     bases = tmp_path_factory.mktemp("bases")
     expected: dict[str, dict[str, tuple[bool, Fraction, float]]] = {}
+    balances: dict[tuple[str, str], float] = {}
     for dtype in TABLE:
         case = make_case(f"mt-{dtype}", dtype=dtype, head_dim=32, q_seq_len=64, kv_seq_len=64)
         for op, tensors in JUDGED.items():
@@ -123,14 +125,21 @@ def judged(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, dict]:
                     device = craft(golden, dtype, plant)
                     (folder / "outputs" / f"{name}.bin").write_bytes(device.tobytes())
                     expected.setdefault(folder.name, {})[name] = independent_judge(device, golden, dtype)
+                    balances[(folder.name, name)] = error_balance(device, golden)
     report = root.parent / f"{root.name}.json"
     result = invoke("compare", root, "--standard", "mixed-tolerance", "--json", report)
     assert result.exit_code in (0, 1), result.output
-    return root, json.loads(report.read_text()), expected
+    return root, json.loads(report.read_text()), expected, balances
 
 
-def test_crafted_outputs_get_the_verdict_of_the_document(judged: tuple[Path, dict, dict]) -> None:
-    _, report, expected = judged
+def error_balance(device: np.ndarray, golden: np.ndarray) -> float:
+    """EB as CANN's test helpers compute it: mean((a - g) / max(1, |g|))."""
+    d, g = device.astype(np.float64), golden.astype(np.float64)
+    return float(np.mean((d - g) / np.maximum(np.abs(g), 1.0)))
+
+
+def test_crafted_outputs_get_the_verdict_of_the_document(judged: tuple[Path, dict, dict, dict]) -> None:
+    _, report, expected, _ = judged
     cases = {c["name"]: c for c in report["cases"]}
     assert set(cases) == set(expected)
     for name, tensors in expected.items():
@@ -150,8 +159,8 @@ def test_crafted_outputs_get_the_verdict_of_the_document(judged: tuple[Path, dic
         assert case["verdict"] == ("PASS" if must_pass else "FAIL"), (name, case["message"])
 
 
-def test_each_report_shows_the_other_standards_verdict(judged: tuple[Path, dict, dict]) -> None:
-    _, report, _ = judged
+def test_each_report_shows_the_other_standards_verdict(judged: tuple[Path, dict, dict, dict]) -> None:
+    _, report, _, _ = judged
     differ = set(report["summary"]["verdicts_differ"])
     for case in report["cases"]:
         assert set(case["side_verdicts"]) == {"double-benchmark"}, case["name"]
@@ -161,6 +170,17 @@ def test_each_report_shows_the_other_standards_verdict(judged: tuple[Path, dict,
     assert above and set(above) <= differ
     for case in above.values():
         assert case["side_verdicts"] == {"double-benchmark": "FAIL"} and case["verdict"] == "PASS"
+
+
+def test_every_tensor_reports_its_error_balance(judged: tuple[Path, dict, dict, dict]) -> None:
+    _, report, _, balances = judged
+    for case in report["cases"]:
+        for data in case["tensors"]:
+            if (case["name"], data["name"]) in balances:
+                expected = balances[(case["name"], data["name"])]
+                assert data["device"]["error_balance"] == pytest.approx(expected, rel=1e-4, abs=1e-9)
+    # the planted errors are all upwards: a positive balance the reference outputs do not have
+    assert all(b > 0 for (name, _), b in balances.items() if "ratio-below" in name)
 
 
 def test_bfloat16_limit_is_32_ulp_where_that_is_above_x() -> None:

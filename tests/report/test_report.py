@@ -135,6 +135,7 @@ STATS_KEYS = {
     "mismatch_ratio",
     "side_mismatch_counts",
     "max_abs_golden",
+    "error_balance",
     "ulp_max",
     "ulp_mean",
     "ulp_histogram",
