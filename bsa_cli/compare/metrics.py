@@ -113,7 +113,7 @@ class _Partial:
             cosine=min(cosine, 1.0) if full else None,
             mismatch_count=self.mismatch if full else None,
             mismatch_ratio=self.mismatch / count if full else None,
-            side_mismatch_counts=self.side_mismatch if full else None,
+            side_mismatch_counts=(self.side_mismatch or (0,) * len(params.side_tolerances)) if full else None,
             max_abs_golden=self.max_abs_golden if full else None,
             error_balance=self.sum_balance / count if full else None,
             small_value_count=self.small,
