@@ -99,6 +99,8 @@ class MixedTolerance(Standard):
     presets = {name: {} for name in PRESETS}
     own_defaults = {"required_ratio": REQUIRED_RATIO, "ulp_factor": ULP_FACTOR}
     side_by_side = True
+    # TTK's mixed is this standard, but with its own table (ttk/core_modules/comparison/resolve.py at 36750932)
+    ttk_note = "TTK's mixed reads its own table (opbase adbe441's numbers, ULP at 1.0), not this case's preset"
     recheck_margin = 2.0  # the 2-ULP note: twice the tolerance is what the document itself allows
     rank = 0.5
 
