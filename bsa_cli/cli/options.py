@@ -197,7 +197,7 @@ device_options = gathered(
             "device_kind",
             type=click.Choice(list(DEVICE_KINDS)),
             help="Built-in device: reference (the default: the reference device, reference results) or "
-            "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
+            "torch_npu (its npu_block_sparse_attention_backward on an Ascend host, one child process "
             "per case) or cann_ops_transformer (ops-transformer's own forward entry, forward folders only). "
             "Not with --binary or --cmd.",
         ),

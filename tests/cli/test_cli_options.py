@@ -74,6 +74,7 @@ def test_gathered_options_keep_their_order_in_help() -> None:
         "--regression-margin",
         "--time-threshold",
         "--verbose",
+        "--recheck",
     ]
 
 
