@@ -65,7 +65,7 @@ from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
 from ..store.manifest import INPUT_NAMES, Manifest
 from . import software, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
-from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
+from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run, mark_device_lines
 from .process import spawn
 from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, _int, _int_list, to_tensor
 
@@ -270,7 +270,9 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     grads = torch_npu_ops.backward_grads(lambda: binding(*args, **call.keywords()), torch, "(dq, dk, dv)")
     if isinstance(grads, torch_npu_ops.Refusal):
         return torch_npu_ops.refused(output_dir, grads)
-    return torch_npu_ops.written(torch, output_dir, manifest, grads)
+    status = torch_npu_ops.written(torch, output_dir, manifest, grads)
+    torch_npu_ops.time_calls(torch, "backward", lambda: binding(*args, **call.keywords()))
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -348,6 +350,7 @@ class TorchNpuDevice(ChildDevice):
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
         mark_cannot_run(attempt, execution)  # the child's exit 5: autograd before torch 2.6
+        mark_device_lines(attempt, execution)  # its timed calls (--time)
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.from_torch_npu_log(stdout_log)

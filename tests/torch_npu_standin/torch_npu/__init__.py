@@ -149,7 +149,38 @@ def _synchronize(device: Any = None) -> None:
         )
 
 
+#: The stand-in's device clock in microseconds: each backward call advances it by $TORCH_NPU_STANDIN_KERNEL_US
+#: (default 100), each forward call by $TORCH_NPU_STANDIN_FORWARD_US (default 40), and an `Event` records it,
+#: so a timed run reports a known time per call (and a forward timed into a backward shows).
+_clock = {"us": 0.0}
+
+
+def _kernel_ran(variable: str = "TORCH_NPU_STANDIN_KERNEL_US", default: str = "100") -> None:
+    _clock["us"] += float(os.environ.get(variable, default))
+
+
+class _Event:
+    """torch.npu.Event(enable_timing=True): record() stamps the stand-in's clock."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.enable_timing, self.stamp = enable_timing, None
+
+    def record(self, stream: Any = None) -> None:
+        self.stamp = _clock["us"]
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:
+        if not (self.enable_timing and end.enable_timing) or self.stamp is None or end.stamp is None:
+            raise RuntimeError("elapsed_time: both events must be recorded with enable_timing=True")
+        return (end.stamp - self.stamp) / 1000.0
+
+
 npu = types.ModuleType("torch.npu")
+npu.Event = _Event  # type: ignore[attr-defined]
+#: The chip's SoC name, as torch.npu.get_device_name() gives it: $TORCH_NPU_STANDIN_CHIP, else Ascend910B2.
+npu.get_device_name = lambda device=None: os.environ.get("TORCH_NPU_STANDIN_CHIP", "Ascend910B2")  # type: ignore[attr-defined]
 npu.set_device = _set_device  # type: ignore[attr-defined]
 npu.synchronize = _synchronize  # type: ignore[attr-defined]
 npu.device_count = _device_count  # type: ignore[attr-defined]
@@ -441,6 +472,7 @@ def _npu_block_sparse_attention_backward(
         q_input_layout,
         scale_value,
     )
+    _kernel_ran()
     if fault == "wrong-dtype":
         grads = tuple(g.float() for g in grads)  # type: ignore[assignment]
     for grad in grads:
@@ -566,6 +598,7 @@ def _npu_block_sparse_attention(
         inner_precise,
         flag,
     )
+    _kernel_ran("TORCH_NPU_STANDIN_FORWARD_US", "40")
     for tensor in (out, lse):
         setattr(tensor, _ON_NPU, True)
     return out, lse
