@@ -319,8 +319,8 @@ def _reader(tp: Any) -> _Reader:
 
 
 def _key_step(key: str) -> str:
-    """Name a mapping's key in a field's path: `.mare_ratio`, or its repr when it is not a plain name."""
-    return f".{key}" if key.isidentifier() else f".{show(key, 40)}"
+    """Name a mapping's key in a field's path: `.mare_ratio`, `.mixed-tolerance` (cut to 40 characters)."""
+    return f".{key[:40]}"
 
 
 def _object(data: Any) -> Mapping[str, Any]:
