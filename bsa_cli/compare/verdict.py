@@ -508,28 +508,30 @@ def _scored_pair_causes(at: _Diagnosing, causes: list[Cause]) -> tuple[list[Caus
 
 def _scored_scale_mismatch(at: _Diagnosing, causes: list[Cause], scale: float) -> tuple[list[Cause], list[str]]:
     """Score `scale-mismatch` by whether dq, dk, dv are the backward's right answer, at the `scale` it was
-    called with, to the device's out and lse (`chain.carried_from_forward` on the case at that scale): the
-    steps' scales explain the gradients only where the backward did what it was told."""
+    called with, to the device's out and lse (`chain.carried_from_forward` on the case at that scale, each
+    failing gradient apart; the score is the least share): the steps' scales explain the gradients only where
+    the backward did what it was told."""
     if not any(c.kind == "scale-mismatch" for c in causes):
         return causes, []
     dev, gold, bench = at.arrays(GRAD_NAMES)
-    at_scale = replace(at.case, scale=scale)
+    at_scale, read = replace(at.case, scale=scale), PairInputs(at.inputs, at.opened.device)
     try:
         with blas.one_thread_each(), np.errstate(all="ignore"):  # untrusted values
-            carried = carried_from_forward(
-                at_scale, at.of(GRAD_NAMES), dev, gold, bench, PairInputs(at.inputs, at.opened.device)
-            )
+            each = [
+                carried_from_forward(at_scale, [t], dev, gold, bench, read) for t in at.of(GRAD_NAMES) if not t.passed
+            ]
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
         return causes, [f"scale-mismatch not scored: {type(exc).__name__}: {exc}"]
-    words = f"the backward at {scale:.4g} recomputed from the device's out and lse: {carried.text}"
+    share = min((c.share for c in each), default=0.0)
+    words = f"the backward at {scale:.4g} recomputed from the device's out and lse: " + "; ".join(c.text for c in each)
     kept, notes = [], []
     for cause in causes:
         if cause.kind != "scale-mismatch":
             kept.append(cause)
-        elif carried.share >= SCALE_MISMATCH_EXPLAINS:
-            kept.append(replace(cause, score=round(carried.share, 4), evidence=f"{cause.evidence} ({words})"))
+        elif share >= SCALE_MISMATCH_EXPLAINS:
+            kept.append(replace(cause, score=round(share, 4), evidence=f"{cause.evidence} ({words})"))
         else:
-            notes.append(f"scale-mismatch not named: it explains {carried.share:.0%} of the gradients' error ({words})")
+            notes.append(f"scale-mismatch not named: it explains {share:.0%} of a gradient's error ({words})")
     return kept, notes
 
 
