@@ -460,6 +460,8 @@ def _valid_ops(case: Case, statuses: dict[str, tuple[int, str]]) -> Judged:
             skipped.append((op, f"{get(op).refusal(case)}; {accepted}"))  # "the backward and the chain accept it"
         elif judges_pair(case.expect) and not get(op).pair:
             op_expect.append((op, Expect()))
+        elif judges_pair(case.expect) and case.step_scales and not get(op).scales_per_step:
+            op_expect.append((op, Expect()))  # autograd hands the forward's scale on: the steps' scales are not its
     return op_expect, skipped
 
 
