@@ -26,7 +26,7 @@ import numpy as np
 from ..core.case import Case, Expect
 from ..store.manifest import GRAD_NAMES
 from .forward import NOT_WRITTEN
-from .results import Cause, Check, TensorResult
+from .results import EXPECTED_VERDICT, Cause, Check, TensorResult
 
 #: The causes a failing chain is named by (docs/compare.md, "The forward and the pair"), each with whether its
 #: pitfall may fail the forward step's out and lse too (a forward called at another scale than the case means).
@@ -173,4 +173,4 @@ def expected_verdict(
     else:
         found = ", ".join(named) if named else "no pair cause"
         text = f"fails, but for {found}, not {wanted} (expect.cause): {message}"
-    return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
+    return Check(EXPECTED_VERDICT, None, 1.0, None, False, text, math.inf), None

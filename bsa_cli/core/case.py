@@ -124,9 +124,10 @@ class RowScale:
 
 @dataclass(frozen=True)
 class Distribution:
-    """Values of one input tensor: normal(mean, std) or uniform(low, high), with optional stress shapes."""
+    """Values of one input tensor: normal(mean, std), uniform(low, high) or noisy (normal, 0.1% of the values
+    x1000), with optional stress shapes."""
 
-    kind: str = "normal"  # normal | uniform
+    kind: str = "normal"  # normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`)
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0

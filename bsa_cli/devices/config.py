@@ -15,6 +15,7 @@ from .binary import BinaryDevice
 from .faults import ALL_FAULTS
 from .reference import ReferenceDevice
 from .repeat import RunJudge
+from .timing import Timing
 
 #: Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd).
 DEVICE_KINDS: dict[DeviceKind, str] = {
@@ -93,6 +94,8 @@ class RunOptions:
     #: Judges each run of a --repeat by the case's standard (`repeat.RunJudge`; `pipeline.run_suite` passes
     #: compare's); None: repeats are compared with each other only.
     judge: RunJudge | None = field(default=None, compare=False)
+    #: `bsa run --time`: the device child times its operator calls (`timing.Timing`); None: not timed.
+    timing: Timing | None = None
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -108,7 +111,8 @@ class RunOptions:
 
     def env(self, device_id: int) -> dict[str, str]:
         """Return the variables bsa sets for a run on `device_id`."""
-        return {"ASCEND_DEVICE_ID": str(device_id), **({DETERMINISTIC_ENV: "1"} if self.deterministic else {})}
+        env = {"ASCEND_DEVICE_ID": str(device_id), **({DETERMINISTIC_ENV: "1"} if self.deterministic else {})}
+        return {**env, **(self.timing.env() if self.timing is not None else {})}
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:
