@@ -110,7 +110,7 @@ def build_case(
         ops=case_ops,
         inner_precise=inner_precise if calls_forward else Case.inner_precise,
         softmax_lse_flag=softmax_lse_flag if calls_forward else Case.softmax_lse_flag,
-        step_scales=step_scales if any(get(op).scales_per_step for op in case_ops) else (),
+        step_scales=step_scales,  # read by the ops that call each step themselves (`Op.scales_per_step`)
     )
     _check_sizes(r, case)
     _check_finite(r, case)
