@@ -100,7 +100,13 @@ def judge_tensor(
         raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs of {name}")
     assert dev_stats is not None and dev_rows is not None
     block_map, spans = _block_map(
-        geom, dev_rows, bench_rows, bench_stats.rmse if bench_stats else 0.0, dev_stats.rmse, t.get("tile_floor", 0.1)
+        geom,
+        dev_rows,
+        bench_rows,
+        bench_stats.rmse if bench_stats else 0.0,
+        dev_stats.rmse,
+        t.get("tile_floor", 0.1),
+        params.small_thd,
     )
     ratios = [float(s.ratio.max()) for s in spans.values() if s.ratio is not None and s.ratio.size]
     tile_max = None if bench_rows is None else max(ratios, default=0.0)
