@@ -126,7 +126,7 @@ class RowScale:
 class Distribution:
     """Values of one input tensor: normal(mean, std) or uniform(low, high), with optional stress shapes."""
 
-    kind: str = "normal"  # normal | uniform
+    kind: str = "normal"  # normal | uniform | exact (integers and halves in [low, high])
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0

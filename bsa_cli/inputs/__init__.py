@@ -50,6 +50,10 @@ def draw(
         count = min(_DRAW_CHUNK, flat.size - first)
         if dist.kind == "uniform":
             values = uniform(generator, dist.low, dist.high, count)
+        elif dist.kind == "exact":  # k / 2 for an integer k in [2 low, 2 high], each equally likely
+            values = np.floor(uniform(generator, 2.0 * dist.low, 2.0 * dist.high + 1.0, count))
+            np.minimum(values, 2.0 * dist.high, out=values)  # uniform's rounding may reach the open end
+            values /= 2.0
         else:
             values = generator.standard_normal(size=count)
             values *= dist.std

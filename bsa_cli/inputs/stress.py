@@ -30,7 +30,7 @@ def logit_std_spread(case: Case) -> float:
 
 def spread(dist: Distribution) -> float:
     """Return the standard deviation of a distribution."""
-    return dist.std if dist.kind == "normal" else (dist.high - dist.low) / math.sqrt(12.0)
+    return dist.std if dist.kind == "normal" else (dist.high - dist.low) / math.sqrt(12.0)  # uniform, exact
 
 
 def query_spread(case: Case) -> float:

@@ -286,7 +286,8 @@ def _check_finite(r: _Reader, case: Case) -> None:
         if init.logit_std is not None and tensor in ("query", "key"):
             dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
         # a bound that drawn values exceed only rarely: the larger uniform bound, or |mean| + 4 std
-        size[tensor] = max(abs(dist.low), abs(dist.high)) if dist.kind == "uniform" else abs(dist.mean) + 4.0 * dist.std
+        bounded = dist.kind != "normal"  # uniform and exact values lie in [low, high]
+        size[tensor] = max(abs(dist.low), abs(dist.high)) if bounded else abs(dist.mean) + 4.0 * dist.std
         if dist.row_scale is not None:
             size[tensor] *= dist.row_scale.high
         if dist.outliers is not None:
