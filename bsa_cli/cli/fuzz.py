@@ -56,8 +56,7 @@ class _Progress(fuzzing.FuzzProgress):
             output.info(self.line(result))
 
     def found(self, result: fuzzing.FuzzResult, failure: fuzzing.Failure, repeat: bool) -> None:
-        if repeat:
-            output.info(f"fuzz: {failure.repro} seen again ({failure.repeats} repeats)")
+        if repeat:  # counted; the progress line and the summary show them
             return
         output.info(
             f"fuzz: FAIL {failure.repro} ({failure.diagnosis}): {failure.headline}; first {failure.first_case} "

@@ -20,7 +20,7 @@ from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
 from .metrics import _measure, _params, _RowOut, paired_relative_sums
 from .results import TensorResult
-from .structural import _structural_checks
+from .structural import _structural_checks, batch_consistency_check
 from .summary import BenchmarkSummary, summary_key
 from .ulp import _MANTISSA_BITS
 
@@ -112,6 +112,9 @@ def judge_tensor(
     tile_max = None if bench_rows is None else max(ratios, default=0.0)
     extra = settings.standard.measure(gold, case.dtype, t)
     checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
+    consistency = batch_consistency_check(name, case, dev)
+    if consistency is not None:
+        checks.append(consistency)
     checks += settings.standard.checks(Measured(name, dev_stats, bench_stats, tile_max, extra), t)
     estimate = None
     if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:

@@ -225,6 +225,9 @@ class Case:
     ops: tuple[str, ...] = ("backward",)  # the operator calls the case tests (bsa_cli/ops/: `Op`s), in OPS order
     inner_precise: int = 0  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
     softmax_lse_flag: int = 1  # the forward's softmaxLseFlag (1: lse written)
+    #: (copy, source) batch entries: entry `copy` holds exactly entry `source`'s sequence (inputs and mask), so
+    #: a device must give it bit-identical gradients (the batch-consistency check, TTK's --dl 3).
+    copies: tuple[tuple[int, int], ...] = ()
     #: Ops whose expected status differs from `expect` (set by specs/build from each op's rules).
     op_expect: tuple[tuple[str, Expect], ...] = ()
     #: Ops the case lists that their operator refuses while another accepts the case: (op, why), not run.

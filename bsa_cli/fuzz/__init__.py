@@ -50,6 +50,7 @@ class FuzzSettings:
     bounds: Bounds = Bounds()
     max_cases: int | None = None
     device_words: str = ""
+    max_shrink_runs: int = MAX_SHRINK_RUNS
 
 
 @dataclass
@@ -233,11 +234,11 @@ def _shrink(runner: _Runner, raw: dict[str, Any], case: Case, tried: Tried, judg
     steps = runs = 0
     improved = True
     seen: set[str] = {json.dumps(raw, sort_keys=True)}
-    while improved and runs < MAX_SHRINK_RUNS:
+    while improved and runs < settings.max_shrink_runs:
         improved = False
         for candidate in candidates(best_raw):
             key = json.dumps({**candidate, "name": ""}, sort_keys=True)
-            if key in seen or runs >= MAX_SHRINK_RUNS:
+            if key in seen or runs >= settings.max_shrink_runs:
                 continue
             seen.add(key)
             candidate["name"] = f"{repro}.s{runs + 1:03d}"

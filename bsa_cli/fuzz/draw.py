@@ -19,7 +19,7 @@ from ..core.errors import SpecError
 from ..core.streams import seeded, uniform01
 from ..gen.schedule import estimate
 from ..ops import Op
-from ..specs.build import build_case
+from ..specs import build_alone
 
 #: The name a fuzz case's spec is built under (errors never reach a user: a refused draw is drawn again).
 FUZZ_SPEC = Path("fuzz.yaml")
@@ -166,7 +166,7 @@ def _sparsity(stream: _Stream) -> dict[str, Any]:
 def build(raw: dict[str, Any], release: str | None, ops: tuple[Op, ...] | None) -> Case | None:
     """Return the case the spec rules make of `raw`, or None where they refuse it (the oracle of legality)."""
     try:
-        return build_case(FUZZ_SPEC, raw, release=release, ops=ops)
+        return build_alone(FUZZ_SPEC, raw, release=release, ops=ops)
     except SpecError:
         return None
 

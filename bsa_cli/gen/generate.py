@@ -48,6 +48,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("expect", "cause"), None),
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
+    (("copies",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")

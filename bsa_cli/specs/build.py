@@ -110,6 +110,7 @@ def build_case(
         softmax_lse_flag=softmax_lse_flag if calls_forward else Case.softmax_lse_flag,
     )
     _check_sizes(r, case)
+    case = _copies(r, case)
     _check_finite(r, case)
     _check_mask(r, case)
     if all(get(op).is_default for op in case.ops) and not judges_pair(case.expect):
@@ -260,6 +261,29 @@ def _check_sizes(r: _Reader, case: Case) -> None:
             )
     if case.expect.ok and math.prod(case.q_shape) == 0 and math.prod(case.kv_shape) == 0:
         raise r.error("actual_seq_lengths", "every length is 0: the case has nothing to compute or compare")
+
+
+def _copies(r: _Reader, case: Case) -> Case:
+    """Read `copies: [[copy, source], ...]`: batch entries that hold another entry's sequence, of equal lengths."""
+    raw = r.get("copies", None)
+    if raw is None:
+        return case
+    spans = case.spans()
+    allowed = f"a list of [copy, source] pairs of batch entries 0..{len(spans) - 1} with equal lengths"
+    if not isinstance(raw, list) or not raw:
+        raise r.error("copies", f"{show(raw)} is not {allowed}")
+    pairs: list[tuple[int, int]] = []
+    for pair in raw:
+        ok = isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+        if not ok or not all(0 <= v < len(spans) for v in pair) or pair[0] == pair[1]:
+            raise r.error("copies", f"{show(pair)} is not a pair [copy, source] of batch entries 0..{len(spans) - 1}")
+        copy, source = pair
+        if (spans[copy].q_len, spans[copy].kv_len) != (spans[source].q_len, spans[source].kv_len):
+            raise r.error("copies", f"{show(pair)}: entries {copy} and {source} have other lengths; {allowed}")
+        if copy in {c for c, _ in pairs} or copy in {s for _, s in pairs} or source in {c for c, _ in pairs}:
+            raise r.error("copies", f"{show(pair)}: an entry is a copy once, and a copy is no source")
+        pairs.append((copy, source))
+    return dataclasses.replace(case, copies=tuple(pairs))
 
 
 def _check_finite(r: _Reader, case: Case) -> None:

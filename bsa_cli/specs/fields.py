@@ -53,7 +53,7 @@ CASE_KEYS = tuple(
     "name description layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len "
     "actual_seq_lengths actual_seq_lengths_kv block_shape scale seed sparsity init expect seq_lengths_encoding "
     "lse_shape bnsd_lengths empty_row_lse mask_type pre_tokens next_tokens tensors compare matrix release "
-    "null_layouts ops inner_precise softmax_lse_flag".split()
+    "null_layouts ops inner_precise softmax_lse_flag copies".split()
 )
 TENSOR_KEYS = ("dtype", "shape")
 #: Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data.
