@@ -206,6 +206,14 @@ def fuzz(settings: FuzzSettings, progress: FuzzProgress | None = None) -> FuzzRe
                 tried.repeat_of = repeat.repro
                 progress.found(result, repeat, repeat=True)
                 continue
+            wider = _wider(result.failures, failure)
+            if wider is not None:  # the same failure with fewer features: the better repro, under the old name
+                failure.repro, failure.repeats = wider.repro, wider.repeats + 1
+                failure.repro_params["name"] = wider.repro
+                result.failures[result.failures.index(wider)] = failure
+                write_repro(settings, failure)
+                progress.found(result, failure, repeat=True)
+                continue
             result.failures.append(failure)
             write_repro(settings, failure)
             progress.found(result, failure, repeat=False)
@@ -221,6 +229,14 @@ def _known(failures: list[Failure], diagnosis: str, held: frozenset[str]) -> Fai
     for failure in failures:
         if failure.diagnosis == diagnosis and set(failure.features) <= held:
             return failure
+    return None
+
+
+def _wider(failures: list[Failure], failure: Failure) -> Failure | None:
+    """Return the earlier failure of the same diagnosis whose repro holds every feature of `failure`'s and more."""
+    for earlier in failures:
+        if earlier.diagnosis == failure.diagnosis and set(failure.features) < set(earlier.features):
+            return earlier
     return None
 
 

@@ -35,6 +35,8 @@ GROUP_WEIGHTS = (4, 2, 2, 2)
 PATTERNS = ("dense", "random", "causal", "sliding_window", "strided")
 #: Value distributions drawn for all four inputs.
 DISTRIBUTIONS = ("normal", "uniform", "exact")
+#: Share of the draws of two or more batch entries that hold copies of a sequence (`copies`).
+COPIES_SHARE = 0.2
 #: Size classes: share of the draws, and the most estimated seconds (`bsa gen`) a case of the class may cost.
 SIZE_CLASSES = ((0.75, 0.05), (0.2, 0.4), (0.05, 2.0))
 #: Draws tried for one case before its lengths are cut down to fit its size class.
@@ -139,6 +141,8 @@ def draw_raw(stream: _Stream, bounds: Bounds, name: str, seq_cap: int) -> dict[s
         raw["q_seq_len"] = boundary_length(stream, x, most, zero=False)
         if stream.unit() < 0.3:
             raw["kv_seq_len"] = boundary_length(stream, y, most, zero=False)
+    if batch >= 2 and stream.unit() < COPIES_SHARE:
+        _add_copies(raw)
     raw["sparsity"] = _sparsity(stream)
     dist = stream.pick(DISTRIBUTIONS, (3, 1, 2))
     if dist == "uniform":
@@ -146,6 +150,20 @@ def draw_raw(stream: _Stream, bounds: Bounds, name: str, seq_cap: int) -> dict[s
     elif dist == "exact":
         raw["init"] = {"distribution": "exact", "low": -2.0, "high": 2.0}
     return raw
+
+
+def _add_copies(raw: dict[str, Any]) -> None:
+    """Make the last batch entry a copy of the first (BNSD), or append the sequences again in reverse order as
+    copies (TND: a permutation), for the batch-consistency check."""
+    lengths = raw.get("actual_seq_lengths")
+    if lengths is None:
+        raw["copies"] = [[raw["batch"] - 1, 0]]
+        return
+    count = len(lengths)
+    raw["actual_seq_lengths"] = lengths + lengths[::-1]
+    if raw.get("actual_seq_lengths_kv") is not None:
+        raw["actual_seq_lengths_kv"] = raw["actual_seq_lengths_kv"] + raw["actual_seq_lengths_kv"][::-1]
+    raw["copies"] = [[count + i, count - 1 - i] for i in range(count)]
 
 
 def _sparsity(stream: _Stream) -> dict[str, Any]:

@@ -29,7 +29,7 @@ def _with(raw: dict[str, Any], **changes: Any) -> dict[str, Any]:
 def _shorter(length: int, block: int) -> list[int]:
     """Shorter lengths to try for one sequence, shortest first, keeping a tail's remainder where it can."""
     tail = length % block
-    options = [1, tail, block + tail if length > block + tail else 0, length // 2, length - block, length - 1]
+    options = [1, 2, tail, block + tail if length > block + tail else 0, length // 2, length - block, length - 1]
     return sorted({n for n in options if 0 < n < length})
 
 
@@ -54,14 +54,24 @@ def _fewer_entries(raw: dict[str, Any]) -> Iterator[dict[str, Any]]:
     lengths = raw.get("actual_seq_lengths")
     if lengths is not None and raw.get("layout") == "TND":
         kv = raw.get("actual_seq_lengths_kv")
-        for keep in ([0], [len(lengths) - 1]) if len(lengths) > 1 else ():
-            yield _with(raw, actual_seq_lengths=[lengths[i] for i in keep], actual_seq_lengths_kv=_pick(kv, keep))
-        for drop in range(len(lengths)) if len(lengths) > 1 else ():
-            keep = [i for i in range(len(lengths)) if i != drop]
-            yield _with(raw, actual_seq_lengths=[lengths[i] for i in keep], actual_seq_lengths_kv=_pick(kv, keep))
+        keeps = [[0], [len(lengths) - 1]] if len(lengths) > 1 else []
+        keeps += [[i for i in range(len(lengths)) if i != drop] for drop in range(len(lengths)) if len(lengths) > 1]
+        for keep in keeps:
+            yield _with(
+                raw,
+                actual_seq_lengths=[lengths[i] for i in keep],
+                actual_seq_lengths_kv=_pick(kv, keep),
+                copies=_kept_copies(raw.get("copies"), keep),
+            )
     elif raw.get("batch", 1) > 1:
-        yield _with(raw, batch=1)
-        yield _with(raw, batch=raw["batch"] - 1)
+        for batch in (1, raw["batch"] - 1):
+            yield _with(raw, batch=batch, copies=_kept_copies(raw.get("copies"), list(range(batch))))
+
+
+def _kept_copies(copies: list[list[int]] | None, keep: list[int]) -> list[list[int]] | None:
+    """The copies among the kept entries, renumbered (None when none is left)."""
+    kept = [[keep.index(c), keep.index(s)] for c, s in copies or [] if c in keep and s in keep]
+    return kept or None
 
 
 def _pick(values: list[int] | None, keep: list[int]) -> list[int] | None:
@@ -131,5 +141,7 @@ def _simpler_values(raw: dict[str, Any]) -> Iterator[dict[str, Any]]:
                 actual_seq_lengths=None,
                 actual_seq_lengths_kv=None,
             )
+    if raw.get("copies") is not None:
+        yield _with(raw, copies=None)
     if raw.get("seed", 0) != 0:
         yield _with(raw, seed=0)
