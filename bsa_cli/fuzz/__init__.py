@@ -210,6 +210,9 @@ def fuzz(settings: FuzzSettings, progress: FuzzProgress | None = None) -> FuzzRe
             if wider is not None:  # the same failure with fewer features: the better repro, under the old name
                 failure.repro, failure.repeats = wider.repro, wider.repeats + 1
                 failure.repro_params["name"] = wider.repro
+                # first seen with the earlier one
+                failure.first_case, failure.first_params = wider.first_case, wider.first_params
+                failure.first_flops, failure.found_after_s = wider.first_flops, wider.found_after_s
                 result.failures[result.failures.index(wider)] = failure
                 write_repro(settings, failure)
                 progress.found(result, failure, repeat=True)
@@ -224,18 +227,25 @@ def fuzz(settings: FuzzSettings, progress: FuzzProgress | None = None) -> FuzzRe
     return result
 
 
+def _tensors(diagnosis: str) -> str:
+    """The failing tensors of a diagnosis (`not-written:dq` -> `dq`): the part that does not change with the shape
+    a fault is met in (one fault reads as not-written on one shape and block-selection on another)."""
+    return diagnosis.partition(":")[2]
+
+
 def _known(failures: list[Failure], diagnosis: str, held: frozenset[str]) -> Failure | None:
-    """Return the earlier failure of the same diagnosis whose repro's features the new case holds."""
+    """Return the earlier failure of the same failing tensors whose repro's features the new case holds."""
     for failure in failures:
-        if failure.diagnosis == diagnosis and set(failure.features) <= held:
+        if _tensors(failure.diagnosis) == _tensors(diagnosis) and set(failure.features) <= held:
             return failure
     return None
 
 
 def _wider(failures: list[Failure], failure: Failure) -> Failure | None:
-    """Return the earlier failure of the same diagnosis whose repro holds every feature of `failure`'s and more."""
+    """Return the earlier failure of the same failing tensors whose repro holds every feature of `failure`'s and
+    more."""
     for earlier in failures:
-        if earlier.diagnosis == failure.diagnosis and set(failure.features) < set(earlier.features):
+        if _tensors(earlier.diagnosis) == _tensors(failure.diagnosis) and set(failure.features) < set(earlier.features):
             return earlier
     return None
 
