@@ -222,6 +222,7 @@ def fuzz(settings: FuzzSettings, progress: FuzzProgress | None = None) -> FuzzRe
             progress.found(result, failure, repeat=False)
     except KeyboardInterrupt:
         result.interrupted = True
+    _fold(settings, result)
     result.seconds = runner.elapsed()
     write_record(settings, result)
     return result
@@ -239,6 +240,26 @@ def _known(failures: list[Failure], diagnosis: str, held: frozenset[str]) -> Fai
         if _tensors(failure.diagnosis) == _tensors(diagnosis) and set(failure.features) <= held:
             return failure
     return None
+
+
+def _fold(settings: FuzzSettings, result: FuzzResult) -> None:
+    """Fold each failure into one of the same failing tensors whose repro holds fewer of its features (found after
+    it): the later, smaller repro stands for both, and the folded one's repro file goes."""
+    for failure in list(result.failures):
+        narrower = [
+            other
+            for other in result.failures
+            if other is not failure
+            and _tensors(other.diagnosis) == _tensors(failure.diagnosis)
+            and set(other.features) < set(failure.features)
+        ]
+        if narrower:
+            narrower[0].repeats += failure.repeats + 1
+            result.failures.remove(failure)
+            for tried in result.tried:
+                if tried.repeat_of == failure.repro:
+                    tried.repeat_of = narrower[0].repro
+            (settings.out / "repro" / f"{failure.repro}.yaml").unlink(missing_ok=True)
 
 
 def _wider(failures: list[Failure], failure: Failure) -> Failure | None:
