@@ -142,7 +142,7 @@ def draw_raw(stream: _Stream, bounds: Bounds, name: str, seq_cap: int) -> dict[s
         if stream.unit() < 0.3:
             raw["kv_seq_len"] = boundary_length(stream, y, most, zero=False)
     if batch >= 2 and stream.unit() < COPIES_SHARE:
-        _add_copies(raw)
+        _add_copies(raw, bounds.batch)
     raw["sparsity"] = _sparsity(stream)
     dist = stream.pick(DISTRIBUTIONS, (3, 1, 2))
     if dist == "uniform":
@@ -152,14 +152,19 @@ def draw_raw(stream: _Stream, bounds: Bounds, name: str, seq_cap: int) -> dict[s
     return raw
 
 
-def _add_copies(raw: dict[str, Any]) -> None:
-    """Make the last batch entry a copy of the first (BNSD), or append the sequences again in reverse order as
-    copies (TND: a permutation), for the batch-consistency check."""
+def _add_copies(raw: dict[str, Any], most: int) -> None:
+    """Make the last batch entry a copy of the first (BNSD, and TND where doubling would pass `most` entries), or
+    append the sequences again in reverse order as copies (TND: a permutation), for the batch-consistency check."""
     lengths = raw.get("actual_seq_lengths")
-    if lengths is None:
-        raw["copies"] = [[raw["batch"] - 1, 0]]
+    count = len(lengths) if lengths is not None else raw["batch"]
+    if lengths is None or 2 * count > most:
+        if lengths is not None:
+            lengths[-1] = lengths[0]
+            kv = raw.get("actual_seq_lengths_kv")
+            if kv is not None:
+                kv[-1] = kv[0]
+        raw["copies"] = [[count - 1, 0]]
         return
-    count = len(lengths)
     raw["actual_seq_lengths"] = lengths + lengths[::-1]
     if raw.get("actual_seq_lengths_kv") is not None:
         raw["actual_seq_lengths_kv"] = raw["actual_seq_lengths_kv"] + raw["actual_seq_lengths_kv"][::-1]

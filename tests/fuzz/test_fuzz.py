@@ -79,8 +79,8 @@ def _settings(out: Path, fault: str | None, max_cases: int, seed: int) -> FuzzSe
 
 
 def test_a_planted_fault_is_found_shrunk_and_reproduced_by_bsa_check(tmp_path: Path) -> None:
-    # seed 39's first case is BNSD, batch 4, Sq = 65 with 64-row blocks, dense: a tail of one row
-    result = fuzz(_settings(tmp_path / "fz", "tail-row-unwritten", max_cases=1, seed=39))
+    # seed 56's first case is BNSD, Sq = 65 with 64-row blocks, dense, GQA 2: a tail of one row
+    result = fuzz(_settings(tmp_path / "fz", "tail-row-unwritten", max_cases=1, seed=56))
     assert result.return_code == 1 and result.failures
     failure = result.failures[0]
     assert failure.repro_flops * 10 <= failure.first_flops and failure.shrink_steps >= 1
@@ -90,7 +90,7 @@ def test_a_planted_fault_is_found_shrunk_and_reproduced_by_bsa_check(tmp_path: P
     assert {"params", "flops", "verdict", "diagnosis"} <= set(record["cases"][0])
     repro = tmp_path / "fz" / "repro" / f"{failure.repro}.yaml"
     text = repro.read_text()
-    assert "--seed 39" in text and "first failing case" in text
+    assert "--seed 56" in text and "first failing case" in text
     assert yaml.safe_load(text)["cases"][0]["name"] == failure.repro
     report = tmp_path / "r.json"
     again = invoke("check", repro, "-o", tmp_path / "again", "--fault", "tail-row-unwritten", "--json", report)
