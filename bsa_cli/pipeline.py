@@ -14,6 +14,8 @@ from pathlib import Path
 
 from . import devices, store
 from .compare import CaseResult, RunSettings, SuiteResult, compare_case, compare_suite
+from .compare.recheck import bootstrap, fails_narrowly, run_ratio
+from .compare.results import Verdict
 from .core.case import DEFAULT_PRECISION, Case, Precision
 from .core.errors import BsaError
 from .gen.generate import generate_suite
@@ -110,6 +112,51 @@ def check_suite(
     except ValueError as exc:  # a run threshold that does not apply to a case's standard
         raise BsaError(str(exc)) from None
     return CheckResult(tuple(case_dirs), summary, suite)
+
+
+#: The folder of OUT that holds the reseeded cases of `bsa check --recheck` (hidden: `bsa compare OUT` skips it).
+RECHECK_FOLDER = ".recheck"
+
+
+def recheck_suite(
+    suite: SuiteResult,
+    cases: Sequence[Case],
+    out: Path,
+    runs: int,
+    options: devices.RunOptions,
+    settings: RunSettings,
+    precision: Precision = DEFAULT_PRECISION,
+    jobs: int | None = None,
+    progress: CheckProgress | None = None,
+) -> SuiteResult:
+    """Judge each case of `suite` that fails narrowly (`compare.recheck`) again over `runs` reseeded runs.
+
+    The case, with seed + 1 ... seed + runs and only the op that failed, is generated into OUT/.recheck/
+    (reusing runs already there), run and judged; the bootstrap interval of the runs' ratios decides its verdict,
+    and its `recheck` holds the interval and the runs.
+    """
+    progress = progress or CheckProgress()
+    by_name = {case.name: case for case in cases}
+    results = []
+    for result in suite.cases:
+        case = by_name.get(result.case_name)
+        if case is None or not fails_narrowly(result):
+            results.append(result)
+            continue
+        reseeded = [
+            replace(case, name=f"{case.name}.recheck{i}", seed=case.seed + i, ops=(result.op,))
+            for i in range(1, runs + 1)
+        ]
+        gen_jobs = auto_jobs(jobs, [estimate(c) for c in reseeded])
+        case_dirs = generate_suite(reseeded, out / RECHECK_FOLDER, GenSettings(precision, gen_jobs), skip_current=True)
+        summary = run_suite(case_dirs, options, progress)
+        if summary.interrupted:
+            raise KeyboardInterrupt
+        judged = compare_suite(case_dirs, None, settings, jobs=jobs)
+        check = bootstrap([run_ratio(c) for c in judged.cases])
+        verdict: Verdict = "PASS" if check.passed else "FAIL"
+        results.append(replace(result, verdict=verdict, recheck=check, notes=(*result.notes, check.text)))
+    return SuiteResult(tuple(results), suite.seconds)
 
 
 def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> devices.RunSummary:

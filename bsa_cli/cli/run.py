@@ -153,6 +153,15 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
 )
 @options.report_options
 @options.verbose_option
+@click.option(
+    "--recheck",
+    "recheck",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Judge a case that fails narrowly again over N reseeded runs, by the bootstrap interval of their median "
+    "ratio (the commercial standard's recheck; fewer than 200 runs fail). 0: no recheck.",
+)
 def check_command(
     specs: tuple[str, ...],
     out: Path,
@@ -168,6 +177,7 @@ def check_command(
     reports: options.ReportPaths,
     verbose: bool,
     ops: tuple[Op, ...] | None,
+    recheck: int,
 ) -> None:
     """Generate, run and compare in one command: the main job.
 
@@ -192,6 +202,12 @@ def check_command(
             if checked.suite is None:
                 raise KeyboardInterrupt
             suite = checked.suite
+            if recheck:
+                with common.user_errors():
+                    shown = PipelineProgress(display)
+                    suite = pipeline.recheck_suite(
+                        suite, cases, out, recheck, run_options, run_settings, precision, jobs, shown
+                    )
             common.show_kernel_path_notes(checked.case_dirs)
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")

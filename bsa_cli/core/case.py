@@ -124,9 +124,12 @@ class RowScale:
 
 @dataclass(frozen=True)
 class Distribution:
-    """Values of one input tensor: normal(mean, std) or uniform(low, high), with optional stress shapes."""
+    """Values of one input tensor: normal(mean, std), uniform(low, high) or noisy (normal, 0.1% of the values
+    x1000), with optional stress shapes."""
 
-    kind: str = "normal"  # normal | uniform | exact (integers and halves in [low, high])
+    #: normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`) | exact
+    #: (the integers and halves in [low, high])
+    kind: str = "normal"
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0

@@ -69,9 +69,10 @@ PATTERN_KEYS = {
     "causal_alignment": ("causal", "sliding_window", "strided"),
     "mask": ("explicit",),
 }
-#: Value distributions: normal(mean, std), uniform(low, high), and exact: the integers and halves in [low, high],
-#: each equally likely, which float16 and bfloat16 hold exactly (the forward's products are then exact).
-DISTRIBUTIONS = ("normal", "uniform", "exact")
+#: Value distributions: normal(mean, std), uniform(low, high), noisy (normal with the commercial standard's
+#: outliers), and exact: the integers and halves in [low, high], each equally likely, which float16 and bfloat16
+#: hold exactly (the forward's products are then exact).
+DISTRIBUTIONS = ("normal", "uniform", "noisy", "exact")
 #: Largest |low| or |high| of exact values: every half up to it is exact in bfloat16 (8 significant bits).
 EXACT_LIMIT = 64.0
 DIST_KEYS = ("distribution", "mean", "std", "low", "high", "outliers", "row_scale")

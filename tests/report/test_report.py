@@ -92,6 +92,8 @@ CASE_KEYS = {
     "op",
     "case",
     "expected_failure",
+    "recheck",
+    "side_verdicts",
 }
 TENSOR_KEYS = {
     "name",
@@ -109,6 +111,9 @@ TENSOR_KEYS = {
     "golden_dtype",
     "bias",
     "passed",
+    "sides",
+    "matched_ratio",
+    "max_abs_error",
 }
 STATS_KEYS = {
     "count",
@@ -128,6 +133,9 @@ STATS_KEYS = {
     "cosine",
     "mismatch_count",
     "mismatch_ratio",
+    "side_mismatch_counts",
+    "max_abs_golden",
+    "error_balance",
     "ulp_max",
     "ulp_mean",
     "ulp_histogram",
@@ -161,7 +169,7 @@ def test_json_schema_is_stable():
         "summary",
         "cases",
     }
-    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 4 and document["exit_code"] == 3
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 5 and document["exit_code"] == 3
     reference = "reference (bsa emulate)"
     assert document["devices"] == [
         {"device": reference, "kind": None, "name": reference, "fault": None, "binary_sha256": None, "cases": 4}
@@ -174,6 +182,7 @@ def test_json_schema_is_stable():
         "skipped": 0,
         "output_bytes": 3000,
         "seconds": 1.5,
+        "verdicts_differ": [],
     }
     for case_data in document["cases"]:
         assert set(case_data) == CASE_KEYS
