@@ -239,7 +239,7 @@ def features(case: Case) -> frozenset[str]:
     """The boundary features a case holds beyond the simplest case (BNSD, fp16, MHA, a small odd D, square
     blocks, two batch entries, full blocks), by which one failure's repro is told from another's: TND, bf16,
     a GQA group, a head dim the kernel tiles apart, a non-square block, a third batch entry, a tail of one row,
-    an empty sequence between others."""
+    an empty sequence between others, copies of a sequence."""
     x, y = case.block_shape
     spans = case.spans()
     found = set()
@@ -260,4 +260,6 @@ def features(case: Case) -> frozenset[str]:
     lengths = [s.q_len for s in spans]
     if any(not n for n in lengths[1:-1]):
         found.add("empty-between")
+    if case.copies:
+        found.add("copies")
     return frozenset(found)
