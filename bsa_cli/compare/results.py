@@ -220,6 +220,7 @@ DiagnosisKind = Literal[
     "layout",
     "lse-unwritten",
     "padding-rows-read",
+    "scale-mismatch",
 ]
 #: The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 #: tests some of them (`diagnose.TESTED_KINDS`).
@@ -283,6 +284,8 @@ class StepTime:
     runs: int  # timed calls kept
     outliers_dropped: int
     flops: float | None = None  # the call's FLOPs in bsa's cost model (`Manifest.flops`), None when unknown
+    chip: str | None = None  # the chip it ran on, as the device named it (run.json `timing.chip`)
+    peak_tflops: float | None = None  # that chip's FP16/BF16 peak (`core.chips`), None when bsa has no figure
 
     @property
     def tflops(self) -> float | None:
@@ -290,6 +293,12 @@ class StepTime:
         if self.flops is None or self.median_us <= 0:
             return None
         return self.flops / self.median_us / 1e6
+
+    @property
+    def peak_share(self) -> float | None:
+        """The achieved TFLOP/s as a fraction of the chip's peak (None without either)."""
+        tflops = self.tflops
+        return None if tflops is None or not self.peak_tflops else tflops / self.peak_tflops
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -228,6 +229,9 @@ class Case:
     ops: tuple[str, ...] = ("backward",)  # the operator calls the case tests (bsa_cli/ops/: `Op`s), in OPS order
     inner_precise: int = 0  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
     softmax_lse_flag: int = 1  # the forward's softmaxLseFlag (1: lse written)
+    #: The scaleValue a chain's step ("forward", "backward") is called with where it is not `scale` (the function
+    #: meant, which the golden computes): `(("forward", 1.0),)` is a forward left at cann_ops_transformer's default.
+    step_scales: tuple[tuple[str, float], ...] = ()
     #: (copy, source) batch entries: entry `copy` holds exactly entry `source`'s sequence (inputs and mask), so
     #: a device must give it bit-identical gradients (the batch-consistency check, TTK's --dl 3).
     copies: tuple[tuple[int, int], ...] = ()
@@ -239,6 +243,10 @@ class Case:
     def expect_of(self, op: str) -> Expect:
         """Return what one op of the case must return (`op_expect`, else `expect`)."""
         return dict(self.op_expect).get(op, self.expect)
+
+    def step_scale(self, step: str) -> float:
+        """Return the scaleValue a chain's step ("forward", "backward") is called with (`step_scales`, else `scale`)."""
+        return dict(self.step_scales).get(step, self.scale)
 
     def skip_reason(self, op: str) -> str | None:
         """Return why the case does not run `op` (its operator refuses what another accepts), or None."""
@@ -289,6 +297,15 @@ class Case:
         dims = [d if isinstance(d, int) and d > 0 else 128 for d in self.block_shape[:2]]
         dims += [128] * (2 - len(dims))
         return dims[0], dims[1]
+
+    def as_called(self) -> Case:
+        """Return this case with the block shape an op that accepts it computes with (`mask_block_shape`):
+        the same case unless a negative case's blockShape is null (the forward reads 128 x 128) or holds more
+        than [X, Y] (the backward reads the first two). The golden, the devices and judging compute with it;
+        the manifest keeps the blockShape as passed."""
+        if self.block_shape == self.mask_block_shape:
+            return self
+        return dataclasses.replace(self, block_shape=self.mask_block_shape)
 
     @property
     def num_q_blocks(self) -> int:

@@ -7,8 +7,9 @@ the forward's own out and lse), as the binary contract asks of an op folder (`Ma
 * chain: the forward on the mask bytes as int8 (the forward's registered dtype), then the backward's
   interface check on the tensors the backward receives (the forward's out and lse, the mask in the
   manifest's dtype) and the backward (`backward`, the reference device's `emulate`) on them, writing out,
-  lse, dq, dk, dv; the status is the first nonzero one (the forward's, then the backward's). A backward
-  that refuses leaves the forward's out and lse written (as a device would) and no gradients.
+  lse, dq, dk, dv, each step at the scale it is called with (`Manifest.step_scales`); the status is the
+  first nonzero one (the forward's, then the backward's). A backward that refuses leaves the forward's out
+  and lse written (as a device would) and no gradients.
 * autograd: not here (torch_npu's autograd link): `Unsupported`, and `ReferenceDevice.unsupported` says so
   before anything runs.
 
@@ -34,7 +35,7 @@ from ..ops import forward_interface, interface
 from ..store import MANIFEST, array_bytes, read_array
 from ..store.manifest import Manifest
 from .base import write_atomic, write_status
-from .faults import FORWARD_FAULTS, fault_not_applied
+from .faults import FORWARD_FAULTS, fault_not_applied, guard_writes
 from .forward import backward_tensors, forward_mask, run_forward
 
 #: Why the reference device does not run an autograd folder (run.json `skipped`).
@@ -60,7 +61,7 @@ class Emulated:
     status: int
     fault_not_applied: str | None = None
     prefilled_outputs: str | None = None
-    #: run.json's `guards` (`faults.guard_writes`): the zones around the backward's outputs; None: not kept.
+    #: run.json's `guards` (`faults.guard_writes`): the zones around the outputs written; None: not kept.
     guards: dict[str, Any] | None = None
 
 
@@ -170,14 +171,19 @@ def emulate_op(
     tensors = {name: read_array(case_dir, manifest.entry("inputs", name)) for name in op.inputs}
     mask = np.asarray(tensors["block_sparse_mask"])
     not_applied = None if fault is None else fault_not_applied(fault, case, mask, op)
+    # each step at the scaleValue it is called with: a chain's `params.<step>_scale`, else the case's
+    scaled = {step: dataclasses.replace(case, scale=scale) for step, scale in manifest.step_scales.items()}
     # A forward fault plants itself here, a backward one is ignored (both steps run BLAS on one thread).
-    produced = run_forward(case, {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
+    produced = run_forward(scaled["forward"], {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
     write_outputs(paths, manifest, produced, str(output_dir), "the reference device")
+    written = dict(produced)  # every output written gets guard zones, as the harness gives them on the device
     if op.calls_backward:
         status, message = interface.check(params, backward_call(manifest), manifest.release)
         if status != 0:
-            return Emulated(write_status(output_dir, status, f"backward: {message}"), None, PREFILL)
+            status = write_status(output_dir, status, f"backward: {message}")
+            return Emulated(status, None, PREFILL, guard_writes(fault, written))
         backward_fault = None if fault in FORWARD_FAULTS else fault  # a backward fault plants itself here
-        grads = backward(case, backward_tensors(tensors, produced), backward_fault, order_seed)
+        grads = backward(scaled["backward"], backward_tensors(tensors, produced), backward_fault, order_seed)
         write_outputs(paths, manifest, grads, str(output_dir), "the reference device")
-    return Emulated(write_status(output_dir, 0), not_applied, PREFILL)
+        written.update(grads)
+    return Emulated(write_status(output_dir, 0), not_applied, PREFILL, guard_writes(fault, written))

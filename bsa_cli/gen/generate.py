@@ -48,6 +48,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("expect", "cause"), None),
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
+    (("step_scales",), ()),
     (("copies",), ()),
     *(
         (("init", tensor, key), None)
@@ -66,7 +67,8 @@ def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
     """
     fields = asdict(case)
     forward_params = () if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")
-    for key in ("source", "warnings", "ops", "op_expect", "skipped_ops", *forward_params):
+    step_scales = () if get(op).scales_per_step else ("step_scales",)  # only a chain's folder calls them
+    for key in ("source", "warnings", "ops", "op_expect", "skipped_ops", *forward_params, *step_scales):
         fields.pop(key)
     fields["expect"] = asdict(case.expect_of(op))
     if not get(op).is_default:
@@ -167,7 +169,7 @@ def _write_case(case: Case, final_dir: Path, settings: GenSettings, op: Op, arra
         summary = None
         if bench:  # out over the forward's written rows (the mask), dq, dk, dv; lse is measured when judged
             masked = () if arrays.block_mask is None else (arrays.block_mask,)
-            summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench, *masked)
+            summary = compare.summarize_benchmark(case.as_called(), compare.case_settings(case), gold, bench, *masked)
         entries = pending()
         inputs = {name: entries[f"inputs/{name}.bin"] for name in tensors}
         golden_entries = {name: entries[f"golden/{name}.bin"] for name in gold}

@@ -93,6 +93,7 @@ def case_document(case: CaseResult) -> dict[str, Any]:
             del document[key]
     for time, data in zip(case.kernel_time, document.get("kernel_time", ()), strict=True):
         data["tflops"] = json_number(time.tflops) if time.tflops is not None else None
+        data["peak_share"] = json_number(time.peak_share) if time.peak_share is not None else None
     for tensor, data in zip(case.tensors, document["tensors"], strict=True):
         data["passed"] = tensor.passed
         data.update(matched_ratio=_plain(tensor.matched_ratio), max_abs_error=_plain(tensor.max_abs_error))

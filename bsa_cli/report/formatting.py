@@ -293,6 +293,16 @@ def standards_line(suite: SuiteResult) -> str:
     return ", ".join(f"{name} ({count})" for name, count in counts.most_common()) or "-"
 
 
+def likely_cause(case: CaseResult) -> str | None:
+    """The `likely:` line of a diagnosed failing case in short: its best cause and score (`likely_line` has
+    the evidence too)."""
+    if case.verdict != FAIL or not case.hypotheses:
+        return None
+    if not case.diagnosis:
+        return f"likely: unexplained (bsa compare --explain {case.name})"
+    return f"likely: {case.diagnosis[0].kind} ({case.diagnosis[0].score:.2f})"
+
+
 def likely_line(case: CaseResult) -> str | None:
     """The `likely:` line of a diagnosed failing case: its best cause with score and evidence (None for a case
     the diagnosis did not run on)."""

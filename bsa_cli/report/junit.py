@@ -109,6 +109,7 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
         values[f"kernel_{time.step}_median_us"] = f"{time.median_us:.3f}"
         values[f"kernel_{time.step}_spread_us"] = f"{time.spread_us:.3f}"
         values[f"kernel_{time.step}_tflops"] = None if time.tflops is None else f"{time.tflops:.4g}"
+        values[f"kernel_{time.step}_peak_share"] = None if time.peak_share is None else f"{time.peak_share:.4g}"
     return {name: str(value) for name, value in values.items() if value or name == "standard"}
 
 

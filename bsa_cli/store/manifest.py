@@ -21,6 +21,7 @@ from ..core.errors import clip
 from ..ops import (
     DEFAULT_OPS,
     INNER_PRECISE_DEFAULT,
+    PAIR_STEPS,
     SOFTMAX_LSE_FLAG_DEFAULT,
     Op,
     find,
@@ -95,6 +96,12 @@ class Manifest(Mapping[str, Any]):
             if isinstance(value, int) and not isinstance(value, bool):
                 found[key] = value
         return found
+
+    @property
+    def step_scales(self) -> dict[str, float]:
+        """The scaleValue each step of a chain is called with (`params.forward_scale`, `params.backward_scale`;
+        where absent, `params.scale`: the function meant, which the golden computes)."""
+        return {step: float(self.params.get(f"{step}_scale", self.params["scale"])) for step in PAIR_STEPS}
 
     @property
     def spec(self) -> Any:
@@ -227,12 +234,13 @@ class Manifest(Mapping[str, Any]):
 
     @cached_property
     def case(self) -> Case:
-        """The case's geometry (`case_from_manifest`), built once.
+        """The case's geometry (`case_from_manifest`, with the block shape its op computes with:
+        `Case.as_called`), built once.
 
         Raises:
             ValueError: a param cannot describe a case.
         """
-        return case_from_manifest(self.raw)
+        return case_from_manifest(self.raw).as_called()
 
 
 def decode_lengths(values: list[int] | None, encoding: str) -> tuple[int, ...] | None:
@@ -361,7 +369,7 @@ def build_manifest(
     An op folder other than the backward's adds `op`, and the forward's parameters where the op calls it;
     a skipped op (`skip`: why) has no outputs.
     """
-    document = {
+    document: dict[str, Any] = {
         "format": FORMAT,
         "name": folder_name(case.name, op),
         **({"op": op} if not get(op).is_default else {}),
@@ -379,6 +387,8 @@ def build_manifest(
         "warnings": list(case.warnings),
         "stats": dict(stats),
     }
+    if get(op).scales_per_step and case.step_scales:  # case.txt: `forward_scale X` and `backward_scale Y`
+        document["params"].update({f"{step}_scale": case.step_scale(step) for step in PAIR_STEPS})
     if skip is not None:
         document["skip"] = skip
     return document
@@ -425,6 +435,9 @@ def _check_params(p: Any, sem: Any) -> None:
         raise ValueError(f"params.block_shape: {block_shape!r:.60} is not null or a list of integers")
     if not isinstance(p.get("scale"), (int, float)) or isinstance(p.get("scale"), bool):
         raise ValueError(f"params.scale: {p.get('scale')!r:.60} is not a number")
+    for key in (f"{step}_scale" for step in PAIR_STEPS if f"{step}_scale" in p):
+        if not isinstance(p[key], (int, float)) or isinstance(p[key], bool) or not math.isfinite(p[key]):
+            raise ValueError(f"params.{key}: {p[key]!r:.60} is not a finite number")
     empty = sem.get("empty_row_lse", "inf")
     if not (isinstance(empty, (int, float)) and not isinstance(empty, bool)) and empty not in ("inf", "-inf", "nan"):
         raise ValueError(f"semantics.empty_row_lse: {empty!r:.60} is not a number, 'inf', '-inf' or 'nan'")

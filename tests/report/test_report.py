@@ -39,14 +39,37 @@ def test_terminal_report_verbose_snapshot(snapshot):
     snapshot("terminal_verbose.txt", render(sample_suite(), verbose=True))
 
 
-def test_terminal_report_shows_failures_hot_blocks_and_summary():
+def test_terminal_report_leads_with_a_line_per_case_and_keeps_the_detail_for_verbose():
+    """A failure's checks, worst elements and hot blocks are behind -v (and in the HTML report); an unjudged
+    case's errors stay whole (their paths are copied from there); the summary is the last line."""
     text = render(sample_suite())
-    assert "edge-tile dq: hot blocks (query block i)" in text
-    assert "edge-tile dk: hot blocks" not in text  # passing tensors stay quiet
-    assert "b=0,n=1,s=70,d=33 i=2" in text
+    assert "| edge-tile    | FAIL    | dq worst 16x16 tile RMSE ratio 5 > 3" in text
+    assert "hot blocks" not in text and "worst elements" not in text and ": checks" not in text
     assert "edge-missing: could not be judged" in text
     assert "come from the reference device (bsa emulate), not from hardware" in text
     assert text.rstrip().endswith("4 cases: 2 passed, 1 failed, 1 error")
+    verbose = render(sample_suite(), verbose=True)
+    assert "edge-tile dq: hot blocks (query block i)" in verbose and "b=0,n=1,s=70,d=33 i=2" in verbose
+    assert verbose.rstrip().endswith("4 cases: 2 passed, 1 failed, 1 error")
+
+
+@pytest.mark.parametrize("width", [56, 80])
+def test_no_number_is_cut_at_a_narrow_width_a_column_is_left_out_and_named(width):
+    """Every detail table through a fixed-width console: a cell is whole or its column is left out, and the
+    caption says which (before, rich cut `4.14e-05` to `4.14e-…` and wrapped `where` mid-cell)."""
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    report.render_terminal(sample_suite(), console, verbose=True)
+    text = console.file.getvalue()
+    assert "…" not in text
+    assert all(len(line.rstrip()) <= width for line in text.splitlines() if line.startswith(("|", "+")))
+    assert "| b=0,n=1,s=70,d=33 i=2 |" in text  # the worst element's place, on one line
+    assert f"left out at {width} columns: " in text  # the hot blocks' table is 84 wide
+
+
+def test_a_command_that_named_the_device_gets_no_note_of_it():
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    report.render_terminal(sample_suite(), console, device_named=True)
+    assert "reference device" not in console.file.getvalue()
 
 
 def test_terminal_output_is_plain_text_without_a_tty():
