@@ -40,6 +40,7 @@ from ..core.exit_codes import ExitCode, signal_exit
 from .common import UserError
 from .compare import compare_command
 from .export import export_command
+from .fuzz import fuzz_command
 from .gen import gen_command, list_command, validate_command
 from .run import check_command, emulate_command, run_command
 from .trend import trend_command
@@ -144,6 +145,7 @@ for _command in (
     run_command,
     emulate_command,
     check_command,
+    fuzz_command,
     compare_command,
     export_command,
     trend_command,
