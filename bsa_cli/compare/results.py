@@ -193,6 +193,7 @@ DiagnosisKind = Literal[
     "layout",
     "lse-unwritten",
     "padding-rows-read",
+    "no-information",
 ]
 #: The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 #: tests some of them (`diagnose.TESTED_KINDS`).

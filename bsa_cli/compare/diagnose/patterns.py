@@ -8,7 +8,7 @@ column accumulates, a constant factor. (Rows that equal golden rows elsewhere: `
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,74 @@ def never_written(failing: Sequence[TensorResult]) -> Findings:
         return Findings()
     text = f"{', '.join(zero)} all zero where the golden is not, as if never written"
     return named("not-written", "an output never written", 1.0, text, zero)
+
+
+#: Per dtype: the smallest normal magnitude and the largest finite one (values below the first are
+#: subnormal; a tensor all at the second is saturated).
+_RANGE = {
+    "float16": (2.0**-14, 65504.0),
+    "bfloat16": (2.0**-126, 3.3895313892515355e38),
+    "float32": (2.0**-126, 3.4028234663852886e38),
+}
+#: Elements a tensor needs for its correlation with the golden to say anything.
+UNCORRELATED_MIN = 256
+#: A tensor whose values correlate with the golden's less than this (in magnitude) carries no information
+#: about it: random values of any size give about 1/sqrt(n), a wrong kernel's values a real share.
+UNCORRELATED = 0.05
+
+NO_INFORMATION = "the outputs carry no information about the golden (constant, degenerate or random values)"
+
+
+def no_information(values: Mapping[str, tuple[np.ndarray, np.ndarray]], correlation: bool = False) -> Findings:
+    """no-information: failing tensors whose values say nothing about the golden, so that no cause is fitted
+    to them: one value everywhere (not zero: `never_written`'s), every value subnormal or at the dtype's
+    largest finite magnitude, or (with `correlation`, once placements are ruled out: a transposed tensor is
+    uncorrelated too) values uncorrelated with the golden. `values`: per tensor (device, golden), the
+    judged elements. Named (score 1) when every tensor of `values` is so."""
+    words = []
+    for name, (device, golden) in values.items():
+        why = _uninformative(np.asarray(device), np.asarray(golden, dtype=np.float64), correlation)
+        if why is None:
+            return Findings()
+        words.append(f"{name} {why}")
+    if not words:
+        return Findings()
+    text = f"{'; '.join(words)}: nothing about the golden to fit a cause to"
+    return named("no-information", NO_INFORMATION, 1.0, text, list(values), verb="fits")
+
+
+def _uninformative(device: np.ndarray, golden: np.ndarray, correlation: bool) -> str | None:
+    """Why a tensor's values carry no information about its golden, or None."""
+    tiny, big = _RANGE.get(device.dtype.name, (0.0, math.inf))
+    dev = np.asarray(device, dtype=np.float64).reshape(-1)
+    gold = golden.reshape(-1)
+    usable = np.isfinite(dev) & np.isfinite(gold)
+    dev, gold = dev[usable], gold[usable]
+    if dev.size < 2 or np.unique(gold).size <= 2:  # a golden of so few values: no degenerate device is told apart
+        return None
+    magnitude = np.abs(dev)
+    if not magnitude.any():
+        return None  # all zero: never_written's
+    if np.unique(dev).size == 1:
+        what = (
+            ", subnormal"
+            if magnitude[0] < tiny
+            else ", the dtype's largest finite magnitude"
+            if magnitude[0] >= big
+            else ""
+        )
+        return f"holds one value everywhere ({dev[0]:.4g}{what})"
+    if np.all(magnitude < tiny) and float(np.abs(gold).max()) >= tiny:
+        return f"holds only subnormal values and zeros (at most {float(magnitude.max()):.3g})"
+    if np.all(magnitude >= big / 2):
+        return f"holds only values at the dtype's largest magnitude ({float(magnitude.max()):.4g})"
+    if correlation and dev.size >= UNCORRELATED_MIN and float(dev.std()) > 0 and float(gold.std()) > 0:
+        r = float(np.corrcoef(dev, gold)[0, 1])
+        if abs(r) < UNCORRELATED:
+            return (
+                f"is uncorrelated with the golden (correlation {r:.3f} over {dev.size} elements), as random values are"
+            )
+    return None
 
 
 def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blocks: Blocks) -> Findings:
@@ -156,6 +224,9 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     # within 4x): values unrelated to the golden, or a few blocks wrong, are fitted by a factor near 0,
     # which removes the golden's part of the error and explains nothing.
     noise = all(ratios.get(n, math.inf) <= 4 * max(1.0, abs(f)) for n, f in off.items())
+    # ... and explain the device's values themselves: tiny values unrelated to the golden leave tiny errors too
+    # (a factor near 0 then "leaves noise" while fitting nothing of the values).
+    noise = noise and all(_fits_values(blocks, n, f) for n, f in off.items())
     # Blocks the device left all zero fit a factor 0, with no error left: not-written's, not a scale.
     zero = [n for n in off if not any(blocks.data[t][0].any() for t in blocks.targets if t.tensor == n)]
     if share >= 0.5 and (is_named or noise) and not zero:
@@ -164,6 +235,19 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
         why = ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
         found = tried("scale", supposes, share, f"ruled out: explains {share:.0%}{why if share >= 0.5 else ''}: {text}")
     return share if is_named else 0.0, found
+
+
+#: Share of a tensor's own energy (in its target blocks) a fitted factor of no name may leave unexplained.
+FACTOR_RESIDUAL = 0.25
+
+
+def _fits_values(blocks: Blocks, name: str, factor: float) -> bool:
+    """Whether `factor` x golden accounts for a failing tensor's values in its target blocks (the residual
+    energy at most `FACTOR_RESIDUAL` of theirs)."""
+    data = [blocks.data[t] for t in blocks.targets if t.tensor == name]
+    own = sum(float((np.nan_to_num(dev) ** 2).sum()) for dev, _, _, _ in data)
+    left = sum(float((np.nan_to_num(dev - factor * null) ** 2).sum()) for dev, _, null, _ in data)
+    return own > 0 and left <= FACTOR_RESIDUAL * own
 
 
 def zero_blocks(blocks: Blocks) -> Findings:
