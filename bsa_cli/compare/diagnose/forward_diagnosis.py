@@ -55,7 +55,7 @@ SCREENED = 0.3
 
 
 #: Kinds only a backward's gradients can show (dK/dV's group sum, Dsum, the atomic adds).
-GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race")
+GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race", "partial-missing")
 
 #: The kinds of the vocabulary the forward's diagnosis can name: all but the gradients' and the pair's.
 FORWARD_KINDS = tuple(k for k in DIAGNOSIS_KINDS if k not in (*GRADIENT_KINDS, *PAIR_CAUSES))

@@ -135,7 +135,8 @@ def _uninformative(device: np.ndarray, golden: np.ndarray, correlation: bool) ->
         r = float(np.corrcoef(dev, gold)[0, 1])
         if abs(r) < UNCORRELATED:
             return (
-                f"is uncorrelated with the golden (correlation {r:.3f} over {dev.size} elements), as random values are"
+                f"is uncorrelated with the golden (correlation {r:.3f} over {dev.size} elements): random, or "
+                "dominated by terms unrelated to it"
             )
     return None
 
@@ -145,11 +146,42 @@ def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blo
     words = [f"{result.name} {result.bias.describe()}" for result in failing if result.bias is not None]
     text = "a systematic relative error below the ratio standards' resolution: " + "; ".join(words)
     names = tuple(t.name for t in failing)
+    factor = _factor_bias(case, blocks, names)
+    if factor.causes:  # a constant factor below the dtype's resolution biases as a rounding path does
+        text += f" (not told apart from a constant factor: {factor.causes[0].evidence})"
     found = named("precision-bias", "a systematic bias of the precision path", 0.7, text, names, verb="fits")
+    found += factor
     for v in (v for v in VARIANTS if v.kind == "scale"):  # the scale held in the case dtype
         why = applies(ctx, v)
         found += tried(v.kind, v.supposes, 0.0, why) if why is not None else _scale_bias(case, ctx, blocks, v, names)
     return found
+
+
+def _factor_bias(case: Case, blocks: Blocks, names: Sequence[str]) -> Findings:
+    """A constant factor per biased tensor (least squares), scored by the share of each one's relative bias it
+    removes (the least): named beside precision-bias, at its score, when it removes 90%: the outputs cannot
+    tell a gradient scaled by 1 + 2^-8 from a precision path rounding the same way."""
+    thd = dtype_eps(case)
+    supposes = "a gradient off by a constant factor below the dtype's resolution"
+    share, parts = 1.0, []
+    for name in names:
+        data = [blocks.data[t] for t in blocks.targets if t.tensor == name]
+        dev, bench, null = [d[0] for d in data], [d[1] for d in data], [d[2] for d in data]
+        den = sum(float((g * g).sum()) for g in null)
+        if den <= 0:
+            continue
+        factor = sum(float((d * g).sum()) for d, g in zip(dev, null, strict=True)) / den
+        own = _relative_bias(bench, null, thd) if all(b is not None for b in bench) else 0.0
+        null_bias = _relative_bias(dev, null, thd) - own
+        hyp_bias = _relative_bias(dev, [factor * g for g in null], thd) - own
+        if null_bias == 0:
+            continue
+        share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
+        parts.append(f"{name} = {_scale_factor_words(factor, case.kernel_scale)} x golden")
+    text = f"{', '.join(parts)} removes {share:.0%} of the bias"
+    if not parts or share < 0.9:
+        return tried("scale", supposes, share if parts else 0.0, f"ruled out: {text if parts else 'no bias'}")
+    return named("scale", supposes, 0.7, f"{text}; a rounding bias of the precision path would give the same", names)
 
 
 def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Sequence[str]) -> Findings:
@@ -195,7 +227,13 @@ def _scale_factor_words(factor: float, scale: float) -> str:
     for words, value in named.items():
         if value != 1 and abs(factor / value - 1) < 0.01:
             return f"{factor:.4g} (= {words})"
+    if 0 < abs(factor - 1) < 0.01:  # near 1: its distance as a power of two (1 + 2^-8: a few ULPs of fp16)
+        return f"{factor:.6g} (1 {'+' if factor > 1 else '-'} 2^{math.log2(abs(factor - 1)):.3g})"
     return f"{factor:.4g}"
+
+
+#: A fitted factor this close to 1 is rounding, not a factor (fp16's epsilon is 2^-10; 1 + 2^-8 is a factor).
+FACTOR_RESOLUTION = 2.0**-9
 
 
 def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
@@ -212,10 +250,10 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
             factors[name] = num / den
     values = [blocks.data[t][2] * factors.get(t.tensor, 1.0) for t in blocks.targets]
     share, ratios = blocks.explained(values)
-    off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
+    off = {n: f for n, f in factors.items() if abs(f - 1) > FACTOR_RESOLUTION}
     supposes = "a gradient off by a constant factor"
     if not off:
-        why = "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
+        why = "ruled out: the least-squares factor of every failing tensor is within 2^-9 of 1"
         return 0.0, tried("scale", supposes, 0.0, why)
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
