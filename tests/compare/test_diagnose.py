@@ -98,7 +98,7 @@ def test_smoke_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
     assert {fault for fault, _ in table} >= set(TRUE_KIND) - {"heads-interleaved"}  # smoke has no N1 > N2 > 1
 
 
-@pytest.mark.slow  # about 70 s: 35 cases, 15 faults
+@pytest.mark.slow  # about 70 s: 35 cases, 18 faults
 def test_edge_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
     table, missed = _confusion(generated_suite, tmp_path, "edge")
     assert missed == []
@@ -208,7 +208,7 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     )
     assert failed.exit_code == 1
     lines = failed.output.splitlines()
-    start = lines.index("hypotheses tried (25), best first:")
+    start = lines.index("hypotheses tried (26), best first:")
     tried = lines[start + 1 :]
     assert tried[0].startswith(
         "  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "

@@ -21,7 +21,7 @@ files, no printing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
@@ -172,7 +172,19 @@ def _explained(f: _Failure, found: Findings) -> Findings:
     found += fitted
     if share >= EXPLAINED:
         return found + not_tried(_PATTERNS, "not tried: the fitted block pairs already explain the error")
-    return found + _patterns(f)
+    return _not_told_apart(found + _patterns(f))
+
+
+def _not_told_apart(found: Findings) -> Findings:
+    """Blocks left zero whose only pair the other gradients take (`contributions._empty_sum`): not-written and
+    partial-missing read the same, so not-written (first, as the pattern that needs no fit) says so too."""
+    missing = next((c for c in found.causes if c.kind == "partial-missing" and "not-written" in c.evidence), None)
+    unwritten = max((c for c in found.causes if c.kind == "not-written"), key=lambda c: c.score, default=None)
+    if missing is None or unwritten is None:
+        return found
+    note = " (not told apart from partial-missing: a sum skipping those blocks' only pair reads the same)"
+    tied = (replace(unwritten, evidence=unwritten.evidence + note), replace(missing, score=unwritten.score))
+    return Findings((*tied, *(c for c in found.causes if c not in (unwritten, missing))), found.tried)
 
 
 def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -> Iterator[Variant]:

@@ -107,11 +107,15 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
         dev, noise = dev[some], noise * some.size / dev.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
         parts = np.stack([partial(ctx, p, target.tensor, some) for p in pairs])  # [n, rows, D]
-    if not np.isfinite(parts).all():
-        return f"{target.words()}: a candidate's partial overflows, not fitted"
-    flat = parts.reshape(len(pairs), -1)
     mask = ctx.mask("", target.batch)
     selected = np.array([bool(mask[p.head, p.q_block, p.kv_block]) for p in pairs])
+    finite = np.isfinite(parts).reshape(len(pairs), -1).all(axis=1)
+    if not finite[selected].all():
+        return f"{target.words()}: a selected pair's partial overflows, not fitted"
+    # a pair the mask does not select that overflows (a row selecting nothing, its lse -inf) is no candidate:
+    # a device adding it would hold NaN/Inf, and this block holds none
+    pairs, parts, selected = [p for p, f in zip(pairs, finite, strict=True) if f], parts[finite], selected[finite]
+    flat = parts.reshape(len(pairs), -1)
     coef, *_ = np.linalg.lstsq(flat.T, dev.reshape(-1), rcond=None)
     strong = (flat * flat).sum(axis=1) >= STRONG * noise
     read = np.round(coef)
@@ -192,7 +196,9 @@ def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
             fits.append(fitted)
     if fits and all(_left_empty(blocks, f.target) for f in fits):  # nothing written: not a misreading
         tensors = {f.target.tensor for f in fits}
-        if "dq" not in blocks.failing and len(tensors) == 1 and not set(blocks.failing) - tensors:
+        sources = {(p.batch, p.head, p.q_block) for f in fits for p in f.left_out}
+        alone = all(len(f.left_out) == 1 for f in fits) and len(sources) == 1  # each block's one pair, one source
+        if alone and "dq" not in blocks.failing and len(tensors) == 1 and not set(blocks.failing) - tensors:
             return 0.0, _empty_sum(blocks, fits, next(iter(tensors)))
         reason = "every block the fit reads differently is left zero, or near (not-written's, or a factor's)"
         return 0.0, tried("block-selection", supposes, 0.0, f"ruled out: {reason}")
@@ -217,9 +223,9 @@ def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
 
 
 def _empty_sum(blocks: Blocks, fits: list[Fit], tensor: str) -> Findings:
-    """One gradient's blocks left zero where they hold only the partials of pairs the other gradients take:
-    never written there, or its sum skipping those pairs; the outputs cannot tell which (`not-written`'s
-    score, 0.8, and its kind named in the words)."""
+    """One gradient's blocks left zero whose only pair (the same query block in each) the other gradients
+    take: never written there, or its sum skipping that query block's partials; the outputs cannot tell
+    which (`not-written`'s score, 0.8; `diagnose` says so in not-written's words too)."""
     left_out = tuple(dict.fromkeys(p for f in fits for p in f.left_out))
     name = {"dk": "dK", "dv": "dV"}[tensor]
     where = tuple(f.target.words() for f in fits)[:3]
