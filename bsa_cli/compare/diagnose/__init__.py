@@ -128,8 +128,11 @@ def _explained(f: _Failure, found: Findings) -> Findings:
     local_found = rows_permuted(f.case, f.blocks, f.golden, f.ctx.spans)
     local_found += patterns.tile_local(f.case, f.blocks) + patterns.piece_local(f.case, f.blocks)
     local = next((c for c in local_found.causes if c.score >= LOCAL), None)
-    unrelated = patterns.no_information(_judged(f.case, f.failing, f.device, f.golden, f.ctx.spans), correlation=True)
-    if local is not None and unrelated.causes:  # values unrelated to the golden everywhere are not a local error
+
+    def unrelated() -> Findings:  # values unrelated to the golden (whole tensors: asked only where it matters)
+        return patterns.no_information(_judged(f.case, f.failing, f.device, f.golden, f.ctx.spans), correlation=True)
+
+    if local is not None and unrelated().causes:  # values unrelated to the golden everywhere are no local error
         local, local_found = None, Findings((), local_found.tried)
     found += local_found
     # A named constant factor (the scale missing, doubled; the sign flipped): cheap, fitted first. Its cause
@@ -165,9 +168,10 @@ def _explained(f: _Failure, found: Findings) -> Findings:
         return found + not_tried(left, f"not tried: '{explained}' already explains the error")
     found += fit
     # values unrelated to the golden (placements ruled out above: a transposed tensor is unrelated too)
-    if unrelated.causes:  # nothing fitted or placed explains them: their causes so far fit noise
+    blank = unrelated()
+    if blank.causes:  # nothing fitted or placed explains them: their causes so far fit noise
         found = Findings(tuple(c for c in found.causes if c.kind == "non-finite"), found.tried)
-        return found + unrelated + not_tried(_PATTERNS, f"not tried: {patterns.NO_INFORMATION}")
+        return found + blank + not_tried(_PATTERNS, f"not tried: {patterns.NO_INFORMATION}")
     share, fitted = contributions_fit(f.ctx, f.blocks) if factor < EXPLAINED else (0.0, Findings())
     found += fitted
     if share >= EXPLAINED:
