@@ -343,7 +343,8 @@ def _bounded(
 def _gives_a_factor(v: Variant) -> bool:
     """Whether a hypothesis can make a gradient a constant factor off: lse misread (P scaled row by row, by
     one factor where lse is the same in every row), or part of a GQA group summed (heads alike)."""
-    return bool(v.lse or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
+    # lse read as the row's max scales each row by its own softmax sum: no one factor
+    return bool(v.lse not in ("", "row-max") or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
 
 
 def _judged(
