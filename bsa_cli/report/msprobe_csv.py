@@ -47,10 +47,16 @@ MSPROBE_COLUMNS = (
 )
 
 #: The columns bsa adds after msprobe's.
-BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check")
+BSA_COLUMNS = (
+    *("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check"),
+    *("bsa Matched Ratio", "bsa Max Abs Error", "bsa Other Verdicts"),
+)
 
 #: The last column where a suite has ops other than the backward: forward, backward, chain, autograd.
 OP_COLUMN = "bsa Op"
+#: The columns after those where a case was timed (`bsa run --time`): the median time and achieved TFLOP/s of
+#: the call that wrote the row's tensor (out, lse: the forward; dq, dk, dv and a status row: the last call).
+TIME_COLUMNS = ("bsa Kernel Median us", "bsa Kernel TFLOP/s")
 
 NA = "N/A"
 #: The backward's operator, in the names of a backward result's rows (`formatting.operator_of` for the others).
@@ -82,7 +88,14 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
         "Yes" if tensor.passed else "No",
         "; ".join([*case.notes, *failed]),
     ]
-    return row + [case.name, case.verdict, PASS if tensor.passed else "FAIL", case.standard, case.headline]
+    verdict = PASS if tensor.passed else "FAIL"
+    ratio, largest = _number(tensor.matched_ratio), _number(tensor.max_abs_error)
+    return row + [case.name, case.verdict, verdict, case.standard, case.headline, ratio, largest, _sides(case)]
+
+
+def _sides(case: CaseResult) -> str:
+    """The side-by-side standards' verdicts: "double-benchmark PASS"."""
+    return "; ".join(f"{label} {verdict}" for label, verdict in case.side_verdicts.items()) or NA
 
 
 def _case_row(case: CaseResult) -> list[str]:
@@ -93,18 +106,31 @@ def _case_row(case: CaseResult) -> list[str]:
     reached = NA if case.verdict == SKIP else "Yes" if case.verdict == PASS else "No"
     status = f"{operator_of(case.op)}/{case.name}/status"
     row = [status, f"expected/{case.name}/status", dtype, dtype, NA, NA, *([NA] * 13), reached, message]
-    return row + [case.name, case.verdict, case.verdict, case.standard, case.headline]
+    return row + [case.name, case.verdict, case.verdict, case.standard, case.headline, NA, NA, _sides(case)]
 
 
 def csv_rows(suite: SuiteResult) -> list[list[str]]:
     """Return the CSV's rows, header first: one per tensor of each result (one per result without tensors),
     a case's ops side by side."""
     with_ops = shows_ops(suite.cases)
-    rows: list[list[str]] = [[*MSPROBE_COLUMNS, *BSA_COLUMNS, *([OP_COLUMN] if with_ops else [])]]
+    timed = any(case.kernel_time for case in suite.cases)
+    header = [*MSPROBE_COLUMNS, *BSA_COLUMNS, *([OP_COLUMN] if with_ops else []), *(TIME_COLUMNS if timed else ())]
+    rows: list[list[str]] = [header]
     for case in grouped(suite.cases):
-        shown = [_tensor_row(case, tensor) for tensor in case.tensors] or [_case_row(case)]
-        rows.extend([*row, case.op] if with_ops else row for row in shown)
+        shown: list[tuple[list[str], str | None]] = [(_tensor_row(case, t), t.name) for t in case.tensors]
+        shown = shown or [(_case_row(case), None)]
+        for row, tensor in shown:
+            rows.append([*row, *([case.op] if with_ops else []), *(_time_cells(case, tensor) if timed else [])])
     return rows
+
+
+def _time_cells(case: CaseResult, tensor: str | None) -> list[str]:
+    """The time columns of a row: the step that wrote `tensor` (None: a status row, the last step)."""
+    step = "forward" if tensor in ("out", "lse") else "backward"
+    times = [t for t in case.kernel_time if t.step == step] or list(case.kernel_time[-1:])
+    if not times:
+        return [NA, NA]
+    return [_number(times[0].median_us), _number(times[0].tflops)]
 
 
 def csv_text(suite: SuiteResult) -> str:
