@@ -27,6 +27,9 @@ class _Dtypes(Mapping[str, np.dtype]):
             raise KeyError(name)
         return rounding.bfloat16() if name == "bfloat16" else np.dtype(name)
 
+    def __contains__(self, name: object) -> bool:  # by name: Mapping's would look the dtype up
+        return name in self._names
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 

@@ -399,4 +399,4 @@ def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Cas
 
 
 def _dtype_name(array: np.ndarray) -> str:
-    return "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
+    return "bfloat16" if rounding.is_bfloat16(array.dtype) else array.dtype.name
