@@ -16,14 +16,15 @@ and the floors, measured in a process of their own in the same round:
   floor run the kernel path's alone: what the reference device must do
 gen's and compare's shares are of the floor, run's of the floor run.
 
-Usage: python benchmarks/perf.py [--base REV] [--rounds N] [--quick]
+Usage: python benchmarks/perf.py [--base REV] [--rounds N] [--quick] [--cpu]
        python benchmarks/perf.py --rounding      (all 2**32 float32 patterns, today's rounding vs bc5c210's)
 
 Case: B 1, N 4, S 8192, D 128, fp16, 128x128 blocks, random density 0.2 (the nightly suite's
 nightly-random-8k.fp16); --quick: S 4096. Every process runs with BLAS on one thread (`ONE_THREAD`) and
 the environment as it is (say, PYTHONDONTWRITEBYTECODE). Measurements run in rounds, one of each per round,
 and each keeps its best round, so a burst of load on the shared machine cannot fall on one side of a ratio
-only; the load average is printed before and after.
+only; the load average is printed before and after. --cpu measures CPU time (user + system: of each child
+process, of the floor's calls) instead of wall time, which a machine busy with other work inflates least.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -68,6 +70,7 @@ rng = np.random.default_rng(0)
 q32, k32, v32, do32 = (rng.standard_normal((heads, seq, dim), dtype=np.float32) * 0.5 for _ in range(4))
 q64, k64, v64 = q32.astype(np.float64), k32.astype(np.float64), v32.astype(np.float64)
 spent = {"forward": 0.0, "golden": 0.0, "kernel": 0.0}
+clock = time.process_time if sys.argv[2] == "cpu" else time.perf_counter
 for h in range(heads):
     for r, row in enumerate(mask[h]):
         sel = np.flatnonzero(row)
@@ -77,21 +80,21 @@ for h in range(heads):
         K64, V64, K32, V32 = k64[h, cols], v64[h, cols], k32[h, cols], v32[h, cols]
         rows = slice(r * x, (r + 1) * x)
         qa, qb, do = q64[h, rows], q32[h, rows], do32[h, rows]
-        start = time.perf_counter()
+        start = clock()
         s = qa @ K64.T
         np.exp(s - s.max(axis=1, keepdims=True), out=s)
         out = s @ V64
-        middle = time.perf_counter()
+        middle = clock()
         p = s.astype(np.float32)
-        resumed = time.perf_counter()
+        resumed = clock()
         dp = do @ V32.T
         dv, dk, dq = p.T @ do, dp.T @ qb, dp @ K32
-        golden = time.perf_counter()
+        golden = clock()
         s32 = qb @ K32.T
         np.exp(s32, out=s32)
         dp32 = do @ V32.T
         dv, dq, dk = s32.T @ do, dp32 @ K32, dp32.T @ qb
-        end = time.perf_counter()
+        end = clock()
         spent["forward"] += middle - start
         spent["golden"] += golden - resumed
         spent["kernel"] += end - golden
@@ -107,32 +110,39 @@ def export(rev: str, into: Path) -> Path:
     return into
 
 
-def timed(code: Path, args: list[str]) -> float:
-    """Return the wall time of `python -m bsa_cli ARGS` with the bsa of `code` (exit 0 or 1: a verdict)."""
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(code: Path, args: list[str], cpu: bool) -> float:
+    """Return the wall (or CPU) time of `python -m bsa_cli ARGS` with the bsa of `code` (exit 0 or 1: a verdict)."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(code)}
-    start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "bsa_cli", *args], env=env, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
+    start, start_cpu = time.perf_counter(), children_cpu()
+    command = [sys.executable, "-m", "bsa_cli", *args]  # in `code`: `-m` looks in the working folder first
+    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True)
+    seconds = children_cpu() - start_cpu if cpu else time.perf_counter() - start
     if done.returncode not in (0, 1):
         raise SystemExit(f"bsa {' '.join(args)} ({code}): exit {done.returncode}\n{done.stderr}")
     return seconds
 
 
-def one_round(codes: dict[str, Path], spec: Path, work: Path) -> dict[str, float]:
+def one_round(codes: dict[str, Path], spec: Path, work: Path, cpu: bool) -> dict[str, float]:
     """Measure every command with every code, and the floors, once; return {what: seconds}."""
     env = {**os.environ, **ONE_THREAD, "PYTHONPATH": str(CHECKOUT)}
-    floor = subprocess.run([sys.executable, "-c", FLOOR, str(spec)], env=env, capture_output=True, text=True)
+    clock = "cpu" if cpu else "wall"
+    floor = subprocess.run([sys.executable, "-c", FLOOR, str(spec), clock], env=env, capture_output=True, text=True)
     if floor.returncode:
         raise SystemExit(floor.stderr)
     times: dict[str, float] = json.loads(floor.stdout)
     for label, code in codes.items():
         out = work / label
         shutil.rmtree(out, ignore_errors=True)
-        times[f"{label} gen"] = timed(code, ["gen", str(spec), "-j", "1", "-o", str(out)])
-        times[f"{label} run"] = timed(code, ["run", str(out)])
-        times[f"{label} compare"] = timed(code, ["compare", str(out)])
-        times[f"{label} --help"] = timed(code, ["--help"])
-        times[f"{label} gen --help"] = timed(code, ["gen", "--help"])
+        times[f"{label} gen"] = timed(code, ["gen", str(spec), "-j", "1", "-o", str(out)], cpu)
+        times[f"{label} run"] = timed(code, ["run", str(out)], cpu)
+        times[f"{label} compare"] = timed(code, ["compare", str(out)], cpu)
+        times[f"{label} --help"] = timed(code, ["--help"], cpu)
+        times[f"{label} gen --help"] = timed(code, ["gen", "--help"], cpu)
     return times
 
 
@@ -149,10 +159,11 @@ def commands(args: argparse.Namespace) -> None:
         print(f"load average before: {load()} ({os.cpu_count()} CPUs)", flush=True)
         best: dict[str, float] = {}
         for number in range(args.rounds):
-            for what, seconds in one_round(codes, spec, work).items():
+            for what, seconds in one_round(codes, spec, work, args.cpu).items():
                 best[what] = min(best.get(what, np.inf), seconds)
             print(f"round {number + 1} done, load average {load()}", flush=True)
-    print(f"floor {best['floor']:.2f} s, floor run {best['floor run']:.2f} s (best of {args.rounds} rounds)")
+    clock = "CPU time (user + system)" if args.cpu else "wall time"
+    print(f"{clock}, best of {args.rounds} rounds: floor {best['floor']:.2f} s, floor run {best['floor run']:.2f} s")
     print(f"{'':18}{'base ' + args.base:>22}{'now':>22}")
     for what in ("gen", "run", "compare", "--help", "gen --help"):
         floor = best["floor run"] if what == "run" else best["floor"]
@@ -200,6 +211,7 @@ def main() -> None:
     parser.add_argument("--base", default="bc5c210")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="S 4096 instead of 8192")
+    parser.add_argument("--cpu", action="store_true", help="CPU time (user + system) instead of wall time")
     parser.add_argument("--rounding", action="store_true", help="check the rounding on all 2**32 float32 patterns")
     args = parser.parse_args()
     if args.rounding:

@@ -38,7 +38,8 @@ def bsa(code: Path, *args: str, usage_error_ok: bool = False) -> int:
     """Run the bsa of `code` (a checkout) with `args` and return its exit code: 0 and 1 (a case failed) are
     answers, 2 (a usage error) too where `usage_error_ok`."""
     env = dict(os.environ, PYTHONPATH=str(code))
-    done = subprocess.run([sys.executable, "-m", "bsa_cli", *args], env=env, capture_output=True, text=True)
+    command = [sys.executable, "-m", "bsa_cli", *args]  # in `code`: `-m` looks in the working folder first
+    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True)
     if done.returncode not in ((0, 1, 2) if usage_error_ok else (0, 1)):
         raise SystemExit(f"bsa {' '.join(args)}: exit {done.returncode}\n{done.stderr}")
     return done.returncode
