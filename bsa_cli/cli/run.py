@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .. import pipeline, report, store
+from .. import pipeline, store
 from ..core.case import Precision
 from ..core.errors import plural
 from ..core.exit_codes import ExitCode
@@ -196,6 +196,8 @@ def check_command(
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
+    from .. import report  # here: `bsa run` and `bsa emulate` write no report
+
     report.render_terminal(suite, output.stdout, verbose=verbose)
     common.write_reports(suite, reports, (out,))
     if run_options.device.reference_results:
