@@ -126,6 +126,19 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+class _Loaded(dict[str, click.Command]):
+    """The group's commands: a command's module is imported when the command is first looked up (only then:
+    each command loads what it uses)."""
+
+    def __missing__(self, name: str) -> click.Command:
+        if name not in COMMANDS:
+            raise KeyError(name)
+        module, attribute, _ = COMMANDS[name]
+        command: click.Command = getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+        self[name] = command
+        return command
+
+
 class _Commands(click.Group):
     """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr (SIGTERM
     and SIGHUP: the same handling, exit code 143 and 129); a file that cannot be read or written (a full
@@ -148,13 +161,12 @@ class _Commands(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands = _Loaded()
+
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        """Import the command's module (only now: each command loads what it uses) and return the command."""
-        if cmd_name not in COMMANDS:
-            return None
-        module, name, _ = COMMANDS[cmd_name]
-        command: click.Command = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        return command
+        return self.commands[cmd_name] if cmd_name in COMMANDS else None
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """List the commands with their lines of `COMMANDS`, cut as click cuts a command's help, importing none."""
