@@ -27,7 +27,6 @@
 //                           says bool or, for a negative case, int8; same bytes either way)
 
 #include <cerrno>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -435,28 +434,44 @@ using TensorPtr = std::unique_ptr<aclTensor, TensorDeleter>;
 using IntArrayPtr = std::unique_ptr<aclIntArray, IntArrayDeleter>;
 
 // A device tensor: its buffer, its contiguous ND aclTensor, and what it holds.
+// Bytes of the guard zone before and after each output (cuDNN frontend's tests surround buffers the same way):
+// filled with kGuardByte, they must read back unchanged after the call, or the kernel wrote outside the tensor.
+// 64 KiB covers a whole 128x128 fp32 tile written one block too far, and keeps the tensor 512-byte aligned.
+constexpr size_t kGuardBytes = 64 << 10;
+constexpr unsigned char kGuardByte = 0xFF;  // NaN in float16, bfloat16 and float32: no result looks like it
+
+// A device tensor: its buffer, its contiguous ND aclTensor, and what it holds. A guarded one (an output) lies
+// kGuardBytes into its buffer, with kGuardBytes of guard zone after it.
 struct DeviceTensor {
     ArraySpec spec;
     DtypeInfo dtype{ACL_DT_UNDEFINED, 0};
     DeviceBuffer buffer;
     TensorPtr tensor;
+    size_t guard = 0;
 
     size_t bytes() const { return ElementCount(spec.dims) * dtype.size; }
+    void *data() const { return buffer.get() == nullptr ? nullptr : static_cast<char *>(buffer.get()) + guard; }
 };
 
-std::unique_ptr<DeviceTensor> MakeTensor(const ArraySpec &spec, const std::string &dtypeOverride = "")
+std::unique_ptr<DeviceTensor> MakeTensor(const ArraySpec &spec, const std::string &dtypeOverride = "",
+                                         bool guarded = false)
 {
     auto result = std::make_unique<DeviceTensor>();
     result->spec = spec;
     result->dtype = Dtype(dtypeOverride.empty() ? spec.dtype : dtypeOverride);
-    result->buffer = DeviceBuffer(result->bytes());
+    result->guard = guarded ? kGuardBytes : 0;
+    result->buffer = DeviceBuffer(result->bytes() + 2 * result->guard);
+    if (guarded) {
+        CheckAcl(aclrtMemset(result->buffer.get(), result->buffer.size(), kGuardByte, result->buffer.size()),
+                 "aclrtMemset (guard zones)");
+    }
     const std::vector<int64_t> &dims = spec.dims;
     std::vector<int64_t> strides(dims.size(), 1);
     for (size_t i = dims.size(); i-- > 1;) {
         strides[i - 1] = strides[i] * dims[i];
     }
     aclTensor *tensor = aclCreateTensor(dims.data(), dims.size(), result->dtype.acl, strides.data(), 0, ACL_FORMAT_ND,
-                                        dims.data(), dims.size(), result->buffer.get());
+                                        dims.data(), dims.size(), result->data());
     if (tensor == nullptr) {
         throw HarnessError(kExitRuntime, "aclCreateTensor failed for " + spec.name + ": " + RecentAclMessage());
     }
@@ -507,11 +522,25 @@ struct Options {
     bool deterministic = false;  // --deterministic, or BSA_DETERMINISTIC=1 (what `bsa run --deterministic` sets)
     std::string fill = "nan";
     std::string maskDtype;  // empty: the dtype of the case's block_sparse_mask input line
+    int timeRuns = 0;       // --time-runs N or BSA_TIME_RUNS: timed calls after the judged one (0: not timed)
+    int timeWarmup = 0;     // --warmup N or BSA_TIME_WARMUP: untimed calls before the timed ones
 };
 
 const char *kUsage =
     "usage: bsa_grad_harness [--device N] [--deterministic] [--fill nan|zero|none] [--mask-dtype uint8|bool] "
-    "<case_dir>/case.json <output_dir>\n";
+    "[--time-runs N] [--warmup N] <case_dir>/case.json <output_dir>\n";
+
+// A count of calls: a non-negative integer of at most 100000.
+int CallCount(const std::string &text, const char *what)
+{
+    char *end = nullptr;
+    errno = 0;
+    const long value = std::strtol(text.c_str(), &end, 10);
+    if (errno != 0 || end == text.c_str() || *end != '\0' || value < 0 || value > 100000) {
+        throw HarnessError(kExitBadInput, std::string(what) + " must be a whole number from 0 to 100000, not '" + text + "'");
+    }
+    return static_cast<int>(value);
+}
 
 Options ParseArgs(int argc, char **argv)
 {
@@ -521,6 +550,12 @@ Options ParseArgs(int argc, char **argv)
     }
     if (const char *env = std::getenv("BSA_DETERMINISTIC")) {
         options.deterministic = std::string(env) == "1";
+    }
+    if (const char *env = std::getenv("BSA_TIME_RUNS")) {
+        options.timeRuns = CallCount(env, "BSA_TIME_RUNS");
+    }
+    if (const char *env = std::getenv("BSA_TIME_WARMUP")) {
+        options.timeWarmup = CallCount(env, "BSA_TIME_WARMUP");
     }
     std::vector<std::string> positional;
     for (int i = 1; i < argc; ++i) {
@@ -545,6 +580,10 @@ Options ParseArgs(int argc, char **argv)
             if (options.maskDtype != "uint8" && options.maskDtype != "bool") {
                 throw HarnessError(kExitBadInput, "--mask-dtype must be uint8 or bool");
             }
+        } else if (arg == "--time-runs") {
+            options.timeRuns = CallCount(value("--time-runs"), "--time-runs");
+        } else if (arg == "--warmup") {
+            options.timeWarmup = CallCount(value("--warmup"), "--warmup");
         } else if (arg == "-h" || arg == "--help") {
             std::cout << kUsage;
             std::exit(kExitOk);
@@ -578,6 +617,105 @@ std::vector<char> LayoutBuffer(const std::string &layout)
     return buffer;
 }
 
+// ---- guard zones and timing ------------------------------------------------------------------------------
+
+long long FloorDiv(long long value, long long by) { return value >= 0 ? value / by : -((-value + by - 1) / by); }
+
+// Reads back both guard zones of a guarded output and prints, for each zone the call wrote into,
+//     bsa-guard-write: NAME OFFSET COUNT
+// OFFSET the first changed element counted from the tensor's first one (negative: before it; the tensor's
+// size or more: after it), COUNT the elements from there to the last changed one in that zone.
+void CheckGuards(const char *name, const DeviceTensor &tensor)
+{
+    if (tensor.guard == 0) {
+        return;
+    }
+    std::vector<unsigned char> zone(tensor.guard);
+    const long long element = static_cast<long long>(tensor.dtype.size);
+    for (const bool before : {true, false}) {
+        const size_t start = before ? 0 : tensor.guard + tensor.bytes();
+        CheckAcl(aclrtMemcpy(zone.data(), zone.size(), static_cast<char *>(tensor.buffer.get()) + start, zone.size(),
+                             ACL_MEMCPY_DEVICE_TO_HOST),
+                 "aclrtMemcpy (guard zone)");
+        long long first = -1, last = -1;
+        for (size_t i = 0; i < zone.size(); ++i) {
+            if (zone[i] != kGuardByte) {
+                first = first < 0 ? static_cast<long long>(i) : first;
+                last = static_cast<long long>(i);
+            }
+        }
+        if (first < 0) {
+            continue;
+        }
+        const long long origin = before ? -static_cast<long long>(tensor.guard) : static_cast<long long>(tensor.bytes());
+        const long long firstElement = FloorDiv(origin + first, element);
+        const long long lastElement = FloorDiv(origin + last, element);
+        std::cout << "bsa-guard-write: " << name << " " << firstElement << " " << lastElement - firstElement + 1
+                  << std::endl;
+    }
+}
+
+// A device event that records a timestamp: ACL_EVENT_TIME_LINE (0x00000008U, acl_rt.h), which
+// aclrtEventElapsedTime requires of both its events (CANN AscendCL API reference, aclrtCreateEventWithFlag).
+class TimingEvent {
+public:
+    TimingEvent() { CheckAcl(aclrtCreateEventWithFlag(&event_, ACL_EVENT_TIME_LINE), "aclrtCreateEventWithFlag"); }
+    ~TimingEvent() { aclrtDestroyEvent(event_); }
+    TimingEvent(const TimingEvent &) = delete;
+    TimingEvent &operator=(const TimingEvent &) = delete;
+    aclrtEvent get() const { return event_; }
+
+private:
+    aclrtEvent event_ = nullptr;
+};
+
+// Times one operator step (docs/run.md, "Timed runs"): options.timeWarmup untimed calls, then
+// options.timeRuns calls, each between two events recorded on the stream, printing for each timed call
+//     bsa-time-us: STEP MICROSECONDS
+// `call(startClock, stopClock)` makes one whole call: refilling its outputs, the first phase and the workspace
+// before startClock(), only the second phase (the kernel launch) between the two; stopClock() waits for the
+// end event, so the call may free its workspace after it.
+template <typename Call>
+void TimeStep(const Options &options, aclrtStream stream, const char *step, Call call)
+{
+    if (options.timeRuns <= 0) {
+        return;
+    }
+    std::cout << "bsa-timing: " << step << " warmup " << options.timeWarmup << " runs " << options.timeRuns << std::endl;
+    TimingEvent start, end;
+    for (int i = 0; i < options.timeWarmup + options.timeRuns; ++i) {
+        auto startClock = [&] { CheckAcl(aclrtRecordEvent(start.get(), stream), "aclrtRecordEvent"); };
+        auto stopClock = [&] {
+            CheckAcl(aclrtRecordEvent(end.get(), stream), "aclrtRecordEvent");
+            CheckAcl(aclrtSynchronizeEvent(end.get()), "aclrtSynchronizeEvent");
+        };
+        call(startClock, stopClock);
+        float ms = 0.0f;
+        CheckAcl(aclrtEventElapsedTime(&ms, start.get(), end.get()), "aclrtEventElapsedTime");
+        if (i >= options.timeWarmup) {
+            std::cout << "bsa-time-us: " << step << " " << static_cast<double>(ms) * 1000.0 << std::endl;
+        }
+    }
+}
+
+// Fill an output before a call: bytes 0xFF (NaN) or zero, or nothing (--fill).
+void FillOutput(const DeviceTensor &tensor, const std::string &fill)
+{
+    if (fill != "none" && tensor.bytes() > 0) {
+        const int32_t byte = fill == "nan" ? 0xFF : 0;
+        CheckAcl(aclrtMemset(tensor.data(), tensor.bytes(), byte, tensor.bytes()), "aclrtMemset");
+    }
+}
+
+// A nonzero status of a timed call (the judged call of the same case returned 0): the device failed.
+void CheckTimedStatus(aclnnStatus status, const char *what)
+{
+    if (status != 0) {
+        throw HarnessError(kExitRuntime, std::string("timed call: ") + what + " returned " + std::to_string(status) +
+                                             " after the judged call returned 0: " + RecentAclMessage());
+    }
+}
+
 // ---- the forward and the chain -------------------------------------------------------------------------
 
 #ifndef BSA_NO_FORWARD
@@ -592,14 +730,14 @@ std::vector<char> ReadInput(const std::string &caseDir, const ArraySpec &array)
 // tensor's dtype (float16 0x7E00, bfloat16 0x7FC0, float32 0x7FC00000), zero bytes, or nothing.
 void Prefill(const DeviceTensor &tensor, const std::string &fill)
 {
-    if (fill == "none" || tensor.buffer.size() == 0) {
+    if (fill == "none" || tensor.bytes() == 0) {
         return;
     }
     if (fill == "zero") {
-        CheckAcl(aclrtMemset(tensor.buffer.get(), tensor.buffer.size(), 0, tensor.buffer.size()), "aclrtMemset");
+        CheckAcl(aclrtMemset(tensor.data(), tensor.bytes(), 0, tensor.bytes()), "aclrtMemset");
         return;
     }
-    std::vector<char> host(tensor.buffer.size());
+    std::vector<char> host(tensor.bytes());
     if (tensor.dtype.acl == ACL_FLOAT) {
         const uint32_t nan = 0x7FC00000u;
         for (size_t i = 0; i + 4 <= host.size(); i += 4) {
@@ -613,7 +751,7 @@ void Prefill(const DeviceTensor &tensor, const std::string &fill)
     } else {
         std::memset(host.data(), 0xFF, host.size());  // a negative case's other dtype: bytes 0xFF
     }
-    CheckAcl(aclrtMemcpy(tensor.buffer.get(), tensor.buffer.size(), host.data(), host.size(),
+    CheckAcl(aclrtMemcpy(tensor.data(), tensor.bytes(), host.data(), host.size(),
                          ACL_MEMCPY_HOST_TO_DEVICE),
              "aclrtMemcpy (prefill)");
 }
@@ -623,7 +761,7 @@ std::unique_ptr<DeviceTensor> Upload(const ArraySpec &spec, const std::vector<ch
 {
     auto tensor = MakeTensor(spec, dtypeOverride);
     if (!data.empty()) {
-        CheckAcl(aclrtMemcpy(tensor->buffer.get(), tensor->buffer.size(), data.data(), data.size(),
+        CheckAcl(aclrtMemcpy(tensor->data(), tensor->bytes(), data.data(), data.size(),
                              ACL_MEMCPY_HOST_TO_DEVICE),
                  "aclrtMemcpy (host to device)");
     }
@@ -634,7 +772,7 @@ void Download(const DeviceTensor &tensor, const std::string &outputDir)
 {
     std::vector<char> data(tensor.bytes());
     if (!data.empty()) {
-        CheckAcl(aclrtMemcpy(data.data(), data.size(), tensor.buffer.get(), tensor.buffer.size(),
+        CheckAcl(aclrtMemcpy(data.data(), data.size(), tensor.data(), tensor.bytes(),
                              ACL_MEMCPY_DEVICE_TO_HOST),
                  "aclrtMemcpy (device to host)");
     }
@@ -706,17 +844,16 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
         if (it == spec.outputs.end()) {
             continue;
         }
-        auto tensor = MakeTensor(it->second);
+        auto tensor = MakeTensor(it->second, "", true);  // guarded: a write outside it shows
         const bool forwardOutput = std::string(name) == "out" || std::string(name) == "lse";
         if (forwardOutput) {
             Prefill(*tensor, options.fill);
-        } else if (options.fill != "none" && tensor->buffer.size() > 0) {
-            const int32_t byte = options.fill == "nan" ? 0xFF : 0;
-            CheckAcl(aclrtMemset(tensor->buffer.get(), tensor->buffer.size(), byte, tensor->buffer.size()),
-                     "aclrtMemset");
+        } else {
+            FillOutput(*tensor, options.fill);
         }
         outputs[name] = std::move(tensor);
     }
+    std::cout << "bsa-guard-zones: " << kGuardBytes << std::endl;
     auto output = [&](const char *name) -> aclTensor * {
         auto it = outputs.find(name);
         return it == outputs.end() ? nullptr : it->second->tensor.get();
@@ -759,14 +896,44 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
     const int64_t preTokens = spec.IntParam("pre_tokens");
     const int64_t nextTokens = spec.IntParam("next_tokens");
 
+    auto forwardFirstPhase = [&](uint64_t *workspaceSize, aclOpExecutor **executor) {
+        return aclnnBlockSparseAttentionGetWorkspaceSize(
+            input("query"), input("key"), input("value"), input("block_sparse_mask"), input("atten_mask"),
+            blockShape.get(), qLengths.get(), kvLengths.get(), input("block_table"),
+            nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
+            scale, spec.IntParamOr("inner_precise", 0), 0 /* blockSize: no paged cache */, preTokens, nextTokens,
+            spec.IntParamOr("softmax_lse_flag", 1), output("out"), output("lse"), workspaceSize, executor);
+    };
+    // The forward's timed calls (after the judged ones, whose outputs are written by then): out and lse
+    // filled again before each, as before the judged call.
+    auto timeForward = [&] {
+        TimeStep(options, session.stream(), "forward", [&](auto startClock, auto stopClock) {
+            for (const char *name : {"out", "lse"}) {
+                if (outputs.count(name)) {
+                    Prefill(*outputs[name], options.fill);
+                }
+            }
+            uint64_t size = 0;
+            ExecutorGuard timed;
+            CheckTimedStatus(forwardFirstPhase(&size, timed.out()), "aclnnBlockSparseAttentionGetWorkspaceSize");
+            DeviceBuffer workspace(static_cast<size_t>(size));
+            startClock();
+            const aclnnStatus launched = aclnnBlockSparseAttention(workspace.get(), size, timed.release(),
+                                                                   session.stream());
+            stopClock();
+            CheckTimedStatus(launched, "aclnnBlockSparseAttention");
+        });
+    };
+    auto checkGuards = [&](std::initializer_list<const char *> names) {
+        for (const char *name : names) {
+            if (outputs.count(name)) {
+                CheckGuards(name, *outputs[name]);
+            }
+        }
+    };
     uint64_t workspaceSize = 0;
     ExecutorGuard executor;
-    aclnnStatus status = aclnnBlockSparseAttentionGetWorkspaceSize(
-        input("query"), input("key"), input("value"), input("block_sparse_mask"), input("atten_mask"),
-        blockShape.get(), qLengths.get(), kvLengths.get(), input("block_table"),
-        nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
-        scale, spec.IntParamOr("inner_precise", 0), 0 /* blockSize: no paged cache */, preTokens, nextTokens,
-        spec.IntParamOr("softmax_lse_flag", 1), output("out"), output("lse"), &workspaceSize, executor.out());
+    aclnnStatus status = forwardFirstPhase(&workspaceSize, executor.out());
     if (status != 0) {
         const std::string message = "aclnnBlockSparseAttentionGetWorkspaceSize: " + RecentAclMessage();
         std::cout << message << " (status " << status << ")" << std::endl;
@@ -791,6 +958,8 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
         }
     }
     if (!chain) {
+        checkGuards({"out", "lse"});
+        timeForward();
         WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete output files
         return kExitOk;
     }
@@ -824,14 +993,16 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
     };
     IntArrayPtr bqLengths = backwardLengths("actual_seq_lengths", "q_seq_len", "actualSeqLengths");
     IntArrayPtr bkvLengths = backwardLengths("actual_seq_lengths_kv", "kv_seq_len", "actualSeqLengthsKv");
+    auto backwardFirstPhase = [&](uint64_t *workspaceSize, aclOpExecutor **executor) {
+        return aclnnBlockSparseAttentionGradGetWorkspaceSize(
+            input("dout"), input("query"), input("key"), input("value"), output("out"), output("lse"),
+            mask->tensor.get(), nullptr, blockShape.get(), bqLengths.get(), bkvLengths.get(),
+            nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
+            scale, preTokens, nextTokens, output("dq"), output("dk"), output("dv"), workspaceSize, executor);
+    };
     uint64_t gradWorkspaceSize = 0;
     ExecutorGuard gradExecutor;
-    status = aclnnBlockSparseAttentionGradGetWorkspaceSize(
-        input("dout"), input("query"), input("key"), input("value"), output("out"), output("lse"),
-        mask->tensor.get(), nullptr, blockShape.get(), bqLengths.get(), bkvLengths.get(),
-        nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
-        scale, preTokens, nextTokens, output("dq"), output("dk"), output("dv"), &gradWorkspaceSize,
-        gradExecutor.out());
+    status = backwardFirstPhase(&gradWorkspaceSize, gradExecutor.out());
     if (status != 0) {
         const std::string message = "aclnnBlockSparseAttentionGradGetWorkspaceSize: " + RecentAclMessage();
         std::cout << message << " (status " << status << ")" << std::endl;
@@ -854,6 +1025,26 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
             Download(*outputs[name], options.outputDir);
         }
     }
+    checkGuards({"out", "lse", "dq", "dk", "dv"});
+    // Each step of the chain timed apart: the backward's timed calls read the judged forward's out and lse,
+    // which the forward's timed calls (after them) write again with the same call.
+    TimeStep(options, session.stream(), "backward", [&](auto startClock, auto stopClock) {
+        for (const char *name : {"dq", "dk", "dv"}) {
+            if (outputs.count(name)) {
+                FillOutput(*outputs[name], options.fill);
+            }
+        }
+        uint64_t size = 0;
+        ExecutorGuard timed;
+        CheckTimedStatus(backwardFirstPhase(&size, timed.out()), "aclnnBlockSparseAttentionGradGetWorkspaceSize");
+        DeviceBuffer workspace(static_cast<size_t>(size));
+        startClock();
+        const aclnnStatus launched = aclnnBlockSparseAttentionGrad(workspace.get(), size, timed.release(),
+                                                                   session.stream());
+        stopClock();
+        CheckTimedStatus(launched, "aclnnBlockSparseAttentionGrad");
+    });
+    timeForward();
     WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete output files
     return kExitOk;
 #endif
@@ -909,7 +1100,7 @@ int Run(const Options &options)
         auto tensor = MakeTensor(it->second, isMask ? options.maskDtype : "");
         const std::vector<char> &data = host[name];
         if (!data.empty()) {
-            CheckAcl(aclrtMemcpy(tensor->buffer.get(), tensor->buffer.size(), data.data(), data.size(),
+            CheckAcl(aclrtMemcpy(tensor->data(), tensor->bytes(), data.data(), data.size(),
                                  ACL_MEMCPY_HOST_TO_DEVICE),
                      "aclrtMemcpy (host to device)");
         }
@@ -922,14 +1113,11 @@ int Run(const Options &options)
 
     std::map<std::string, std::unique_ptr<DeviceTensor>> grads;
     for (const char *name : {"dq", "dk", "dv"}) {
-        auto tensor = MakeTensor(spec.outputs.at(name));
-        if (options.fill != "none" && tensor->buffer.size() > 0) {
-            const int32_t byte = options.fill == "nan" ? 0xFF : 0;
-            CheckAcl(aclrtMemset(tensor->buffer.get(), tensor->buffer.size(), byte, tensor->buffer.size()),
-                     "aclrtMemset");
-        }
+        auto tensor = MakeTensor(spec.outputs.at(name), "", true);  // guarded: a write outside it shows
+        FillOutput(*tensor, options.fill);
         grads[name] = std::move(tensor);
     }
+    std::cout << "bsa-guard-zones: " << kGuardBytes << std::endl;
 
     std::vector<int64_t> values;
     IntArrayPtr blockShape = spec.ListParam("block_shape", &values) ? MakeIntArray(values, "blockShape") : nullptr;
@@ -960,17 +1148,21 @@ int Run(const Options &options)
         }
     }
 
+    const int64_t numKvHeads = spec.IntParam("num_kv_heads"), maskType = spec.IntParam("mask_type");
+    const double scale = spec.DoubleParam("scale");
+    const int64_t preTokens = spec.IntParam("pre_tokens"), nextTokens = spec.IntParam("next_tokens");
+    auto firstPhase = [&](uint64_t *workspaceSize, aclOpExecutor **executor) {
+        return aclnnBlockSparseAttentionGradGetWorkspaceSize(
+            input("dout"), input("query"), input("key"), input("value"), input("attention_out"),
+            input("softmax_lse"), input("block_sparse_mask"),
+            input("atten_mask") /* null unless a negative case gives one */, blockShape.get(), qLengths.get(),
+            kvLengths.get(), nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(),
+            numKvHeads, maskType, scale, preTokens, nextTokens, grads["dq"]->tensor.get(), grads["dk"]->tensor.get(),
+            grads["dv"]->tensor.get(), workspaceSize, executor);
+    };
     uint64_t workspaceSize = 0;
     ExecutorGuard executor;
-    aclnnStatus status = aclnnBlockSparseAttentionGradGetWorkspaceSize(
-        input("dout"), input("query"), input("key"), input("value"), input("attention_out"), input("softmax_lse"),
-        input("block_sparse_mask"), input("atten_mask") /* null unless a negative case gives one */, blockShape.get(),
-        qLengths.get(),
-        kvLengths.get(), nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(),
-        spec.IntParam("num_kv_heads"), spec.IntParam("mask_type"),
-        spec.DoubleParam("scale"), spec.IntParam("pre_tokens"), spec.IntParam("next_tokens"),
-        grads["dq"]->tensor.get(), grads["dk"]->tensor.get(), grads["dv"]->tensor.get(), &workspaceSize,
-        executor.out());
+    aclnnStatus status = firstPhase(&workspaceSize, executor.out());
     if (status != 0) {
         const std::string message = "aclnnBlockSparseAttentionGradGetWorkspaceSize: " + RecentAclMessage();
         std::cout << message << " (status " << status << ")" << std::endl;
@@ -979,30 +1171,46 @@ int Run(const Options &options)
     }
     std::cout << "workspace " << workspaceSize << " bytes" << std::endl;
 
-    DeviceBuffer workspace(static_cast<size_t>(workspaceSize));
-    const auto start = std::chrono::steady_clock::now();
-    status = aclnnBlockSparseAttentionGrad(workspace.get(), workspaceSize, executor.release(), session.stream());
-    if (status != 0) {
-        const std::string message = "aclnnBlockSparseAttentionGrad: " + RecentAclMessage();
-        std::cout << message << " (status " << status << ")" << std::endl;
-        WriteStatus(options.outputDir, status, message);
-        return kExitOk;
+    {
+        DeviceBuffer workspace(static_cast<size_t>(workspaceSize));
+        status = aclnnBlockSparseAttentionGrad(workspace.get(), workspaceSize, executor.release(), session.stream());
+        if (status != 0) {
+            const std::string message = "aclnnBlockSparseAttentionGrad: " + RecentAclMessage();
+            std::cout << message << " (status " << status << ")" << std::endl;
+            WriteStatus(options.outputDir, status, message);
+            return kExitOk;
+        }
+        CheckAcl(aclrtSynchronizeStream(session.stream()), "aclrtSynchronizeStream");
     }
-    CheckAcl(aclrtSynchronizeStream(session.stream()), "aclrtSynchronizeStream");
-    const double elapsedMs =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-    std::cout << "kernel " << elapsedMs << " ms (launch and sync)" << std::endl;
 
     for (const char *name : {"dq", "dk", "dv"}) {
         const DeviceTensor &grad = *grads[name];
         std::vector<char> data(grad.bytes());
         if (!data.empty()) {
-            CheckAcl(aclrtMemcpy(data.data(), data.size(), grad.buffer.get(), grad.buffer.size(),
-                                 ACL_MEMCPY_DEVICE_TO_HOST),
+            CheckAcl(aclrtMemcpy(data.data(), data.size(), grad.data(), grad.bytes(), ACL_MEMCPY_DEVICE_TO_HOST),
                      "aclrtMemcpy (device to host)");
         }
         WriteFile(Inside(options.outputDir, grad.spec.file, false), data.data(), data.size());
     }
+    for (const char *name : {"dq", "dk", "dv"}) {
+        CheckGuards(name, *grads[name]);
+    }
+    // The timed calls come after the judged one, whose outputs are already written: nothing they do changes
+    // what is judged. The backward writes none of its inputs, so only its outputs are filled again.
+    TimeStep(options, session.stream(), "backward", [&](auto startClock, auto stopClock) {
+        for (const char *name : {"dq", "dk", "dv"}) {
+            FillOutput(*grads[name], options.fill);
+        }
+        uint64_t size = 0;
+        ExecutorGuard timed;
+        CheckTimedStatus(firstPhase(&size, timed.out()), "aclnnBlockSparseAttentionGradGetWorkspaceSize");
+        DeviceBuffer workspace(static_cast<size_t>(size));
+        startClock();
+        const aclnnStatus launched = aclnnBlockSparseAttentionGrad(workspace.get(), size, timed.release(),
+                                                                   session.stream());
+        stopClock();
+        CheckTimedStatus(launched, "aclnnBlockSparseAttentionGrad");
+    });
     WriteStatus(options.outputDir, 0, "");  // last: a status of 0 promises complete gradient files
     return kExitOk;
 }

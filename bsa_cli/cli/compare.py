@@ -78,6 +78,15 @@ _STANDARD_HELP = (
     help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
     f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).",
 )
+@click.option(
+    "--time-threshold",
+    type=click.FloatRange(min=0),
+    default=drift_.TIME_THRESHOLD,
+    show_default=True,
+    metavar="FRACTION",
+    help="With --baseline and timed runs (bsa run --time) on both sides: a call whose median kernel time grew "
+    "by more than FRACTION beyond the runs' spread is slower; exit code 4 when nothing else failed.",
+)
 @options.jobs_option_for(
     "Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one."
 )
@@ -100,6 +109,7 @@ def compare_command(
     baseline: Path | None,
     fail_on_regression: bool,
     regression_margin: str | None,
+    time_threshold: float,
     jobs: int | None,
     explain: str | None,
     verbose: bool,
@@ -113,7 +123,7 @@ def compare_command(
     that cannot be written stops the command before any case is judged.
 
     Exit code: 0 all cases pass, 1 a case failed (or, with --fail-on-regression, drifted), 2 usage error,
-    3 a case could not be judged.
+    3 a case could not be judged, 4 every case passed but a kernel is slower than in --baseline.
     """
     started = time.perf_counter()
     margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
@@ -158,7 +168,7 @@ def compare_command(
     if explain is not None:
         report.render_explanation(suite.cases[0], output.stdout)
     devices = tuple(d["device"] for d in report.suite_devices(suite))
-    drift = None if night is None else drift_.compare_with_baseline(suite, night, margin, devices)
+    drift = None if night is None else drift_.compare_with_baseline(suite, night, margin, devices, time_threshold)
     code = suite.return_code if drift is None else drift.return_code(suite.return_code, fail_on_regression)
     if drift is not None:
         report.render_drift(drift, output.stdout)

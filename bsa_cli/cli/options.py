@@ -18,6 +18,7 @@ import click
 
 from ..compare import RunSettings
 from ..devices import DEVICE_KINDS, DeviceKind, RunOptions, create, parse_device_ids
+from ..devices.timing import MAX_RUNS, Timing
 from ..gen.generate import PRECISIONS
 from ..ops import OPS, Op, parse_ops
 from ..ops.interface import DEFAULT_RELEASE, RELEASES
@@ -162,6 +163,9 @@ class DeviceOptions:
     repeat: int
     deterministic: bool
     timeout: float
+    time: bool = False
+    time_runs: int = 20
+    warmup: int = 3
 
     def run_options(self, outputs_root: str | None = None) -> RunOptions:
         """Build the runner's options (`outputs_root`: `bsa run --outputs-root`), turning configuration
@@ -175,6 +179,7 @@ class DeviceOptions:
                 timeout=self.timeout,
                 outputs_root=Path(outputs_root) if outputs_root else None,
                 deterministic=self.deterministic,
+                timing=Timing(self.time_runs, self.warmup) if self.time else None,
             )
 
 
@@ -189,7 +194,8 @@ device_options = gathered(
             type=click.Choice(list(DEVICE_KINDS)),
             help="Built-in device: reference (the default: the reference device, reference results) or "
             "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
-            "per case). Not with --binary or --cmd.",
+            "per case) or cann_ops_transformer (ops-transformer's own forward entry, forward folders only). "
+            "Not with --binary or --cmd.",
         ),
         click.option(
             "--binary",
@@ -241,6 +247,29 @@ device_options = gathered(
             metavar="SECONDS",
             help="Kill a binary's (or a torch_npu child's) whole process group after this long (not applied "
             "to the reference device, which runs in-process).",
+        ),
+        click.option(
+            "--time",
+            is_flag=True,
+            help="Time the operator on the device: after the judged call, --warmup untimed calls and --time-runs "
+            "calls timed with device events (the C++ harness, torch_npu); run.json and the reports give the "
+            "median. The reference device records no time. See docs/run.md, 'Timed runs'.",
+        ),
+        click.option(
+            "--time-runs",
+            type=click.IntRange(min=1, max=MAX_RUNS),
+            default=20,
+            show_default=True,
+            metavar="N",
+            help="Timed calls per case with --time.",
+        ),
+        click.option(
+            "--warmup",
+            type=click.IntRange(min=0, max=MAX_RUNS),
+            default=3,
+            show_default=True,
+            metavar="N",
+            help="Untimed calls before the timed ones with --time.",
         ),
     ],
 )

@@ -27,7 +27,7 @@ from ..core.untrusted import entry_path, inside, load_json, parse_status, read_r
 from ..standards import Settings
 from ..store import MANIFEST, map_array, map_read_only, sha256_file
 from ..store.manifest import Manifest
-from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection
+from .results import NOT_RUN, SELECTION_MAX_CELLS, Check, Selection, StepTime
 from .summary import SUMMARIZED, BenchmarkSummary, summary_from_document, summary_key
 
 STATUS_FILE = "status.txt"
@@ -104,7 +104,31 @@ def _run_device_info(record: Any) -> dict[str, Any]:
         info["binary_sha256"] = clip(binary["sha256"])
     if isinstance(software, dict) and isinstance(software.get("cann"), str):
         info["device_cann"] = clip(software["cann"], 64)
+    info.update(_run_timing(record.get("timing")))
     return info
+
+
+#: The keys of a step in run.json's `timing.steps` that a `StepTime` takes, in its order.
+_STEP_KEYS = ("median_us", "spread_us", "kept", "outliers_dropped")
+
+
+def _run_timing(timing: Any) -> dict[str, Any]:
+    """Return the `CaseResult` fields kernel_time and untimed that run.json's `timing` gives (those it gives)."""
+    if not isinstance(timing, dict):
+        return {}
+    steps = timing.get("steps")
+    found = []
+    for step in ("forward", "backward"):
+        entry = steps.get(step) if isinstance(steps, dict) else None
+        values: list[Any] = [entry.get(k) for k in _STEP_KEYS] if isinstance(entry, dict) else []
+        if len(values) == len(_STEP_KEYS) and all(_is_number(v) and v >= 0 for v in values):
+            found.append(StepTime(step, float(values[0]), float(values[1]), int(values[2]), int(values[3])))
+    why = timing.get("not_timed")
+    return {"kernel_time": tuple(found), **({"untimed": clip(why, 300)} if isinstance(why, str) and why else {})}
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _loaded_record(output_dir: Path) -> Any:
@@ -203,6 +227,7 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         )
         text = f"repeated runs differ ({clip(repeat.get('count', '?'), 20)} runs){': ' + detail if detail else ''}"
         return [], [Check("deterministic", None, float(len(differences) or 1), 0.0, False, text, math.inf)], record
+    guards = guard_checks(record)
     noise = (record.get("repeat") or {}).get("noise")
     if outcome == "ok" and isinstance(noise, dict) and noise:
         parts = [
@@ -213,8 +238,33 @@ def _run_record_checks(output_dir: Path, names: Sequence[str]) -> tuple[list[str
         ]
         count = clip(record["repeat"].get("count"), 20)
         text = f"dq bitwise identical over {count} runs; atomic-add noise: " + "; ".join(parts)
-        return [], [Check("repeat-noise", None, float(len(parts)), None, True, text)], record
-    return [], [], record
+        return [], [Check("repeat-noise", None, float(len(parts)), None, True, text), *guards], record
+    return [], guards, record
+
+
+def guard_checks(record: dict[str, Any]) -> list[Check]:
+    """Return a failed `guard-zones` check for each zone around an output that the device wrote into (run.json
+    `guards.writes`: the C++ harness's `bsa-guard-write` lines, the reference device's own zones); none when
+    the zones were untouched or not kept."""
+    guards = record.get("guards")
+    if not isinstance(guards, dict):
+        return []
+    writes = guards.get("writes")
+    checks = []
+    for write in writes[:20] if isinstance(writes, list) else []:
+        if not isinstance(write, dict) or not isinstance(write.get("tensor"), str):
+            continue
+        offset, elements = write.get("offset"), write.get("elements")
+        if not (isinstance(offset, int) and isinstance(elements, int)) or isinstance(offset, bool):
+            continue
+        tensor = clip(write["tensor"], 16)
+        where = "before its first element" if offset < 0 else "past its end"
+        text = (
+            f"{tensor} written outside the tensor, {where}: {elements} element(s) from element offset {offset} "
+            f"(guard zones of {clip(guards.get('bytes'), 20)} bytes around each output)"
+        )
+        checks.append(Check("guard-zones", tensor, float(elements), 0.0, False, text, math.inf))
+    return checks
 
 
 _VERIFIED: dict[tuple[object, ...], str] = {}

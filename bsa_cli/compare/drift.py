@@ -32,6 +32,10 @@ RELATIVE_MARGIN = 0.10
 #: ...and by more than this fraction of the check's limit (measured noise: at most 1.5% of the limit).
 ABSOLUTE_MARGIN = 0.05
 
+#: A kernel's median time regressed when it grew by more than this fraction of the baseline's median beyond
+#: the larger spread (interquartile range) of the two runs (ascend-forge flags a regression over 10% too).
+TIME_THRESHOLD = 0.10
+
 
 @dataclass(frozen=True)
 class Margin:
@@ -186,6 +190,37 @@ class VerdictChange:
 
 
 @dataclass(frozen=True)
+class TimeChange:
+    """One operator call's median kernel time in the baseline and now (`bsa run --time` on both nights)."""
+
+    case: str
+    step: str  # forward | backward
+    old_us: float
+    new_us: float
+    spread_us: float  # the larger interquartile range of the two runs
+    regressed: bool
+
+    @property
+    def change(self) -> float:
+        """The relative change of the median, +0.2 for 20% slower."""
+        return self.new_us / self.old_us - 1 if self.old_us > 0 else math.inf
+
+
+def time_changes(suite: SuiteResult, baseline: SuiteResult, threshold: float) -> tuple[TimeChange, ...]:
+    """Return each timed call of a case in both runs, regressed when `new > old * (1 + threshold) + spread`."""
+    before = {(c.name, t.step): t for c in baseline.cases for t in c.kernel_time}
+    changes = []
+    for case in suite.cases:
+        for time in case.kernel_time:
+            old = before.get((case.name, time.step))
+            if old is not None:
+                spread = max(old.spread_us, time.spread_us)
+                regressed = time.median_us > old.median_us * (1 + threshold) + spread
+                changes.append(TimeChange(case.name, time.step, old.median_us, time.median_us, spread, regressed))
+    return tuple(changes)
+
+
+@dataclass(frozen=True)
 class Drift:
     """This run against a baseline report: every metric's change, regressions, verdict changes, vanished
     and appeared cases."""
@@ -199,6 +234,13 @@ class Drift:
     compared: int = 0  # cases in both
     notes: tuple[str, ...] = field(default=())  # e.g. the device differs from the baseline's
     inputs_changed: tuple[str, ...] = ()  # in both, on other input bytes: their figures are not drift
+    times: tuple[TimeChange, ...] = ()  # kernel times of the calls timed in both runs
+    time_threshold: float = TIME_THRESHOLD
+
+    @property
+    def slower(self) -> tuple[TimeChange, ...]:
+        """The kernel time regressions, the largest first: reported apart from precision (exit code 4)."""
+        return tuple(sorted((t for t in self.times if t.regressed), key=lambda t: -t.change))
 
     @property
     def regressions(self) -> tuple[MetricChange, ...]:
@@ -221,7 +263,7 @@ class Drift:
         a run that would exit 0 exits 1 when there are problems (a higher code is kept)."""
         regressed = fail_on_regression and self.problems > 0
         failed = suite_code == ExitCode.FAILED or regressed
-        return int(exit_code(unjudged=suite_code == ExitCode.UNJUDGED, failed=failed))
+        return int(exit_code(unjudged=suite_code == ExitCode.UNJUDGED, failed=failed, slower=bool(self.slower)))
 
     def counts_line(self) -> str:
         """E.g. "35 cases compared, 1 regression, 0 passed before and not now, 0 vanished, 0 appeared"."""
@@ -232,6 +274,8 @@ class Drift:
             f"{len(self.vanished)} vanished",
             f"{len(self.appeared)} appeared",
         ]
+        if self.times:  # only runs timed on both nights compare times
+            parts.append(f"{len(self.slower)} of {_count(len(self.times), 'timed call')} slower")
         return ", ".join(parts)
 
     def summary_line(self) -> str:
@@ -249,7 +293,11 @@ def _growth(change: MetricChange) -> float:
 
 
 def compare_with_baseline(
-    suite: SuiteResult, baseline: Night, margin: Margin | None = None, devices: Sequence[str] = ()
+    suite: SuiteResult,
+    baseline: Night,
+    margin: Margin | None = None,
+    devices: Sequence[str] = (),
+    time_threshold: float = TIME_THRESHOLD,
 ) -> Drift:
     """Compare this run's results with a baseline report's, case by case (by name), tensor by tensor and
     check by check (by name); checks without a positive limit (structural ones) are left to the verdict.
@@ -299,7 +347,8 @@ def compare_with_baseline(
         )
     compared = sum(1 for name in now if name in before)
     cases = (tuple(changes), tuple(verdicts), vanished, appeared, compared)
-    return Drift(baseline, margin, *cases, tuple(notes), tuple(inputs_changed))
+    times = time_changes(suite, baseline.suite, time_threshold)
+    return Drift(baseline, margin, *cases, tuple(notes), tuple(inputs_changed), times, time_threshold)
 
 
 def inputs_differ(old: CaseResult, new: CaseResult) -> bool:
@@ -333,7 +382,25 @@ def drift_document(drift: Drift) -> dict[str, Any]:
         "appeared": list(drift.appeared),
         "inputs_changed": list(drift.inputs_changed),
         "changes": [_change_document(c) for c in drift.changes],
+        **({"kernel_time": _times_document(drift)} if drift.times else {}),
     }
+
+
+def _times_document(drift: Drift) -> dict[str, Any]:
+    """Return the drift's kernel times: the threshold, and every call timed in both runs."""
+    changes = [
+        {
+            "case": t.case,
+            "step": t.step,
+            "old_us": json_number(t.old_us),
+            "new_us": json_number(t.new_us),
+            "change": json_number(t.change),
+            "spread_us": json_number(t.spread_us),
+            "regressed": t.regressed,
+        }
+        for t in drift.times
+    ]
+    return {"threshold": drift.time_threshold, "slower": len(drift.slower), "changes": changes}
 
 
 def regressions_document(drift: Drift) -> list[dict[str, Any]]:
@@ -397,10 +464,40 @@ class Series:
 class Trend:
     nights: tuple[Night, ...]  # ordered by date
     series: tuple[Series, ...]  # by case name
+    #: Each timed call across the nights (`bsa run --time`): its first and last night compared as
+    #: `time_changes` compares a run with its baseline.
+    times: tuple[TimeSeries, ...] = ()
 
     @property
     def rising(self) -> tuple[Series, ...]:
         return tuple(s for s in self.series if s.rising)
+
+
+@dataclass(frozen=True)
+class TimeSeries:
+    """One timed call of a case across the nights: its median per night (None: not timed that night), and the
+    change from the first timed night to the last."""
+
+    case: str
+    step: str
+    medians: tuple[float | None, ...]
+    last: TimeChange  # first timed night against the last
+
+
+def time_series(nights: Sequence[Night], threshold: float = TIME_THRESHOLD) -> tuple[TimeSeries, ...]:
+    """Return every call timed in at least two of the (ordered) nights."""
+    by_night = [{(c.name, t.step): t for c in night.suite.cases for t in c.kernel_time} for night in nights]
+    found = []
+    for case, step in sorted({key for night in by_night for key in night}):
+        times = [night.get((case, step)) for night in by_night]
+        measured = [t for t in times if t is not None]
+        if len(measured) >= 2:
+            first, last = measured[0], measured[-1]
+            spread = max(first.spread_us, last.spread_us)
+            regressed = last.median_us > first.median_us * (1 + threshold) + spread
+            change = TimeChange(case, step, first.median_us, last.median_us, spread, regressed)
+            found.append(TimeSeries(case, step, tuple(None if t is None else t.median_us for t in times), change))
+    return tuple(found)
 
 
 def order_nights(nights: Iterable[Night]) -> tuple[Night, ...]:
@@ -430,7 +527,7 @@ def trend(nights: Sequence[Night], margin: Margin | None = None) -> Trend:
     ordered = order_nights(nights)
     by_night = [{case.name: case for case in night.suite.cases} for night in ordered]
     series = [_series(name, by_night, margin) for name in sorted({name for cases in by_night for name in cases})]
-    return Trend(ordered, tuple(series))
+    return Trend(ordered, tuple(series), time_series(ordered))
 
 
 def _series(name: str, by_night: Sequence[Mapping[str, CaseResult]], margin: Margin) -> Series:

@@ -247,6 +247,25 @@ class Selection:
 
 
 @dataclass(frozen=True)
+class StepTime:
+    """The kernel time of one operator call of a case, as run.json's `timing` records it (`bsa run --time`)."""
+
+    step: str  # forward | backward
+    median_us: float  # median of the timed calls left after Tukey's fences
+    spread_us: float  # their interquartile range
+    runs: int  # timed calls kept
+    outliers_dropped: int
+    flops: float | None = None  # the call's FLOPs in bsa's cost model (`Manifest.flops`), None when unknown
+
+    @property
+    def tflops(self) -> float | None:
+        """Achieved TFLOP/s: the call's FLOPs over its median time (None without FLOPs or time)."""
+        if self.flops is None or self.median_us <= 0:
+            return None
+        return self.flops / self.median_us / 1e6
+
+
+@dataclass(frozen=True)
 class CaseResult:
     """The verdict of one case: PASS, FAIL or ERROR (could not be judged), with everything measured."""
 
@@ -281,6 +300,8 @@ class CaseResult:
     hypotheses: tuple[Hypothesis, ...] = ()  # every hypothesis the diagnosis tried, for `--explain`
     op: Op = BACKWARD  # the operator call this result judges (bsa_cli/ops.py); `name` is its folder
     expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
+    kernel_time: tuple[StepTime, ...] = ()  # each call's time of a `bsa run --time` (run.json `timing`)
+    untimed: str | None = None  # why a `bsa run --time` recorded no time (the reference device), else None
 
     @classmethod
     def unjudged(cls, name: str, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:

@@ -241,6 +241,8 @@ def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
             raise _Unjudged([manifest.skip], SKIP)
         record = _outcome_record(job.outcome) if job.outcome is not None else _files_record(job, name)
         known.update(record.device, status=record.status, status_message=record.status_message)
+        if known.get("kernel_time"):  # each timed call with its FLOPs, for its TFLOP/s
+            known["kernel_time"] = tuple(replace(t, flops=manifest.flops(t.step)) for t in known["kernel_time"])
         checks = [*record.checks, _status_check(manifest.case.expect, record.status, record.status_message)]
         if not manifest.case.expect.ok or record.status != 0:
             if not manifest.case.expect.ok and known.get("fault"):

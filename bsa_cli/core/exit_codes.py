@@ -2,7 +2,8 @@
 
 0 every case passed; 1 a case failed (a judgement, a nondeterministic rerun, a regression asked to fail);
 2 a usage error or a bad spec or user file (raised before any case runs); 3 a case could not be judged
-(missing outputs, a harness error, a case never run); 130 interrupted by Ctrl-C (SIGTERM and SIGHUP end
+(missing outputs, a harness error, a case never run); 4 every case passed but a case's kernel is slower than
+in the baseline report (`bsa compare --baseline` on timed runs); 130 interrupted by Ctrl-C (SIGTERM and SIGHUP end
 with 128 + their number: 143 and 129).
 """
 
@@ -18,16 +19,19 @@ class ExitCode(enum.IntEnum):
     FAILED = 1
     USAGE = 2
     UNJUDGED = 3
+    SLOWER = 4
     INTERRUPTED = 130
 
 
-def exit_code(*, unjudged: bool = False, failed: bool = False) -> ExitCode:
+def exit_code(*, unjudged: bool = False, failed: bool = False, slower: bool = False) -> ExitCode:
     """Return the exit code of a command's results: a case that could not be judged outranks a failure,
-    which outranks a pass."""
+    which outranks a kernel time regression (`slower`), which outranks a pass."""
     if unjudged:
         return ExitCode.UNJUDGED
     if failed:
         return ExitCode.FAILED
+    if slower:
+        return ExitCode.SLOWER
     return ExitCode.PASSED
 
 

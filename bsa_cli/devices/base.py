@@ -34,7 +34,7 @@ from ..store import check_output_dir, replace_atomically
 from ..store.manifest import Manifest
 
 #: How records name the kind of device.
-DeviceKind = Literal["reference", "torch_npu", "binary"]
+DeviceKind = Literal["reference", "torch_npu", "cann_ops_transformer", "binary"]
 
 #: How running one case ended (a key of `OUTCOMES`).
 Outcome = Literal["ok", "nondeterministic", "error", "crashed", "timeout", "interrupted", "skipped"]
@@ -119,6 +119,8 @@ class Attempt:
     fault_not_applied: str | None = None  # the reference device: why its planted fault left this case clean
     prefilled_outputs: str | None = None  # what the device pre-filled the outputs with ("nan"), None: not pre-filled
     skipped: str | None = None  # why the device did not run the op after all (a torch_npu child: torch < 2.6)
+    times: dict[str, list[float]] | None = None  # microseconds of each timed call, by step (`timing.read_lines`)
+    guards: dict[str, Any] | None = None  # run.json's `guards`: the zones kept around the outputs; None: none kept
 
     @property
     def outcome(self) -> Outcome:
@@ -197,6 +199,10 @@ class Device(Protocol):
         """Whether it reports progress within a case (see `reporting`)."""
 
     @property
+    def untimed(self) -> str | None:
+        """Why `bsa run --time` records no kernel time of it (the reference device is no device), or None."""
+
+    @property
     def announcement(self) -> str:
         """The line that says, before a run, which device runs."""
 
@@ -239,6 +245,7 @@ class ChildDevice:
     reference_results = False
     seeded = False
     reports_progress = False
+    untimed = None
 
     def run_order(self, seed: int | None, case_name: str, index: int, deterministic: bool) -> RunOrder:
         return [], None  # the NPU's atomic adds choose their own order

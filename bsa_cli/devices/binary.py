@@ -17,7 +17,7 @@ from ..core.errors import suggest
 from ..core.exit_codes import ExitCode
 from ..store import MANIFEST, sha256_file
 from ..store.manifest import Manifest
-from . import software
+from . import software, timing
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError
 from .process import spawn
 
@@ -97,6 +97,7 @@ class BinaryDevice(ChildDevice):
         spawn(attempt, execution)
         mark_cannot_run(attempt, execution)
         mark_prefill(attempt, execution)
+        mark_device_lines(attempt, execution)
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.binary({**os.environ, **env})
@@ -164,3 +165,11 @@ def mark_prefill(attempt: Attempt, execution: Execution) -> None:
     read from the first 64 KiB of its log)."""
     if PREFILL_LINE in (software.read_head(execution.output_dir / attempt.stdout_log, 65536) or "").splitlines():
         attempt.prefilled_outputs = "nan"
+
+
+def mark_device_lines(attempt: Attempt, execution: Execution) -> None:
+    """Record the times of the timed calls and the guard zones a child reported on its stdout
+    (`timing.read_lines`: `bsa-time-us:`, `bsa-guard-zones:`, `bsa-guard-write:` lines)."""
+    text = software.read_head(execution.output_dir / attempt.stdout_log, timing.LOG_MAX_BYTES) or ""
+    times, guards = timing.read_lines(text)
+    attempt.times, attempt.guards = times or None, guards

@@ -15,12 +15,15 @@ from .binary import BinaryDevice
 from .faults import ALL_FAULTS
 from .reference import ReferenceDevice
 from .repeat import RunJudge
+from .timing import Timing
 
 #: Built-in devices `--device` chooses between (an external binary is chosen with --binary or --cmd).
 DEVICE_KINDS: dict[DeviceKind, str] = {
     "reference": "the built-in reference device (bsa emulate), in this process: reference results",
     "torch_npu": "torch_npu's npu_block_sparse_attention_backward (and npu_block_sparse_attention for the forward, the "
     "chain and autograd), in a child process per case (an Ascend host)",
+    "cann_ops_transformer": "ops-transformer's own PyTorch entry cann_ops_transformer.block_sparse_attention, for "
+    "forward folders (the forward alone), in a child process per case (an Ascend host)",
 }
 
 
@@ -48,11 +51,15 @@ def create(
             f"--device {kind} cannot be used with {given}: --binary/--cmd run an external binary, "
             "--device runs a built-in one; give one of them"
         )
-    if kind == "torch_npu":
+    if kind in ("torch_npu", "cann_ops_transformer"):
         if fault is not None:
             raise RunConfigError(
-                "--fault plants a fault in the reference device; it cannot be used with --device torch_npu"
+                f"--fault plants a fault in the reference device; it cannot be used with --device {kind}"
             )
+        if kind == "cann_ops_transformer":
+            from .cann_ops_transformer import CannOpsTransformerDevice
+
+            return CannOpsTransformerDevice.create()
         from .torch_npu import TorchNpuDevice
 
         return TorchNpuDevice.create()
@@ -87,6 +94,8 @@ class RunOptions:
     #: Judges each run of a --repeat by the case's standard (`repeat.RunJudge`; `pipeline.run_suite` passes
     #: compare's); None: repeats are compared with each other only.
     judge: RunJudge | None = field(default=None, compare=False)
+    #: `bsa run --time`: the device child times its operator calls (`timing.Timing`); None: not timed.
+    timing: Timing | None = None
 
     def __post_init__(self) -> None:
         if self.seed is None:
@@ -102,7 +111,8 @@ class RunOptions:
 
     def env(self, device_id: int) -> dict[str, str]:
         """Return the variables bsa sets for a run on `device_id`."""
-        return {"ASCEND_DEVICE_ID": str(device_id), **({DETERMINISTIC_ENV: "1"} if self.deterministic else {})}
+        env = {"ASCEND_DEVICE_ID": str(device_id), **({DETERMINISTIC_ENV: "1"} if self.deterministic else {})}
+        return {**env, **(self.timing.env() if self.timing is not None else {})}
 
 
 def parse_device_ids(text: str) -> tuple[int, ...]:

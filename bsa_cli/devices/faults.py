@@ -12,6 +12,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,20 @@ FORWARD_FAULTS: dict[str, str] = {
 }
 
 #: Every fault `bsa emulate --fault` and `bsa run --fault` accept.
-ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS}
+#: Faults that leave every output right and write outside one: only the guard zones around the outputs show
+#: them (`guard_writes`; the C++ harness keeps such zones on the device, docs/run.md "Guard zones").
+GUARD_FAULTS: dict[str, str] = {
+    "dk-write-past-end": "the backward writes 8 elements past the end of dk (a tail tile stored one row too far): "
+    "dq, dk and dv are right, only the guard zone after dk shows it (applies to every backward)"
+}
+
+ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS, **GUARD_FAULTS}
+
+#: Bytes of the guard zone the reference device keeps before and after each output, filled with bytes 0xFF
+#: (NaN in float16, bfloat16 and float32), as the C++ harness does on the device with 64 KiB.
+GUARD_BYTES = 4096
+#: Elements dk-write-past-end writes, with zero bytes, from dk's end on.
+PAST_END_ELEMENTS = 8
 
 #: Selected columns beyond which a row takes two online-softmax stacks of the forward.
 _LONG_ROW = 512
@@ -146,6 +160,8 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
         return False
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
+    if name in GUARD_FAULTS:
+        return math.prod(case.kv_shape) > 0
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
     # One fixed order, or a lost update, shows only where two pairs add into one kv block.
     if name in REPEAT_FAULTS or name == "race-lost-update":
@@ -372,3 +388,24 @@ def plant_tile_noise(
     tile = q_view(case, dq, span)[head, rows, cols]
     error = tile.astype(np.float64) - golden
     tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
+
+
+def guard_writes(fault: str | None, grads: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Play the guard zones around each output: place it between two zones of `GUARD_BYTES` bytes 0xFF, let
+    the fault write past dk's end (dk-write-past-end), and return run.json's `guards`: the zones' size and
+    each zone written (tensor, first element written counted from the tensor's first, elements up to the
+    last one written), as the C++ harness reports them (`devices.timing`)."""
+    writes = []
+    for name, grad in grads.items():
+        data = np.ascontiguousarray(grad).reshape(-1).view(np.uint8)
+        buffer = np.full(2 * GUARD_BYTES + data.size, 0xFF, dtype=np.uint8)
+        buffer[GUARD_BYTES : GUARD_BYTES + data.size] = data
+        if fault == "dk-write-past-end" and name == "dk":
+            end = GUARD_BYTES + data.size
+            buffer[end : end + PAST_END_ELEMENTS * grad.itemsize] = 0
+        for origin, zone in ((-GUARD_BYTES, buffer[:GUARD_BYTES]), (data.size, buffer[GUARD_BYTES + data.size :])):
+            changed = np.flatnonzero(zone != 0xFF)
+            if changed.size:
+                first, last = (origin + int(changed[0])) // grad.itemsize, (origin + int(changed[-1])) // grad.itemsize
+                writes.append({"tensor": name, "offset": first, "elements": last - first + 1})
+    return {"bytes": GUARD_BYTES, "writes": writes}

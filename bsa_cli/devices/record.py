@@ -16,6 +16,7 @@ from ..core.errors import DataError, show
 from ..core.untrusted import inside, parse_status, read_regular
 from ..store import expected_nbytes, sha256_file
 from ..store.manifest import Manifest
+from . import timing
 from .base import STATUS_FILE, Attempt, Device, Outcome
 from .repeat import noise
 
@@ -119,6 +120,11 @@ def case_record(
     device_record["fault_not_applied"] = first.fault_not_applied if first else None
     if first and first.prefilled_outputs:
         device_record["prefilled_outputs"] = first.prefilled_outputs
+    extra: dict[str, Any] = {}  # what only some runs record: the guard zones kept, the times of a timed run
+    if first and first.guards is not None:
+        extra["guards"] = first.guards
+    if options.timing is not None and outcome != "skipped":
+        extra["timing"] = timing.record(options.timing, first.times if first else None, device.untimed)
     return {
         "format": RUN_FORMAT,
         "tool": {"name": "bsa", "version": __version__},
@@ -151,4 +157,5 @@ def case_record(
             "seed": options.seed if device.seeded else None,
         },
         "runs": runs,
+        **extra,
     }

@@ -405,7 +405,7 @@ def emulate_into(case_dir: Path, output_dir: Path, fault: str | None = None, ord
     write_outputs(paths, manifest, grads, str(case_dir / MANIFEST), "the case")
     write_status(output_dir, 0)
     not_applied = faults.fault_not_applied(fault, case, tensors["block_sparse_mask"]) if fault is not None else None
-    return Emulated(0, not_applied)
+    return Emulated(0, not_applied, guards=faults.guard_writes(fault, grads))
 
 
 # ---- the device ---------------------------------------------------------------------------------------
@@ -428,6 +428,10 @@ class ReferenceDevice:
     seeded = True
     reports_progress = True
     binary_record = None
+    #: What run.json's `timing.not_timed` says of it under `bsa run --time`.
+    untimed = (
+        "the reference device is not a device: it computes on this host's CPU in NumPy, so it records no kernel time"
+    )
 
     @classmethod
     def create(cls, fault: str | None = None) -> ReferenceDevice:
@@ -506,6 +510,7 @@ class ReferenceDevice:
         attempt.exit_code = ChildExit.STATUS
         attempt.fault_not_applied = done.fault_not_applied
         attempt.prefilled_outputs = done.prefilled_outputs
+        attempt.guards = done.guards
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.reference()

@@ -60,6 +60,8 @@ class Emulated:
     status: int
     fault_not_applied: str | None = None
     prefilled_outputs: str | None = None
+    #: run.json's `guards` (`faults.guard_writes`): the zones around the backward's outputs; None: not kept.
+    guards: dict[str, Any] | None = None
 
 
 def unsupported(manifest: Manifest) -> str | None:

@@ -63,9 +63,9 @@ from ..core.errors import DataError
 from ..ops.interface import call_lengths
 from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
 from ..store.manifest import INPUT_NAMES, Manifest
-from . import software, torch_npu_ops
+from . import software, timing, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
-from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
+from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run, mark_device_lines
 from .process import spawn
 from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, _int, _int_list, to_tensor
 
@@ -270,7 +270,36 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     grads = torch_npu_ops.backward_grads(lambda: binding(*args, **call.keywords()), torch, "(dq, dk, dv)")
     if isinstance(grads, torch_npu_ops.Refusal):
         return torch_npu_ops.refused(output_dir, grads)
-    return torch_npu_ops.written(torch, output_dir, manifest, grads)
+    status = torch_npu_ops.written(torch, output_dir, manifest, grads)
+    try:
+        time_calls(torch, "backward", lambda: binding(*args, **call.keywords()))
+    except Exception as exc:
+        raise DeviceFailure(f"a timed call failed after the judged one passed: {type(exc).__name__}: {exc}") from None
+    return status
+
+
+def time_calls(torch: Any, step: str, call: Any) -> None:
+    """Time `call` as `bsa run --time` asks ($BSA_TIME_RUNS timed calls after $BSA_TIME_WARMUP untimed ones;
+    none without it): each timed call between two `torch.npu.Event(enable_timing=True)` recorded on the current
+    stream, torch_npu's counterpart of torch.cuda.Event, printing one `bsa-time-us:` line per call. The call
+    writes none of its inputs; its outputs are new tensors from the caching allocator, inside the timing."""
+    runs, warmup = (_count(os.environ.get(name)) for name in (timing.RUNS_ENV, timing.WARMUP_ENV))
+    if not runs:
+        return
+    print(f"bsa-timing: {step} warmup {warmup} runs {runs}")
+    start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+    for index in range(warmup + runs):
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        if index >= warmup:
+            print(f"{timing.TIME_PREFIX}{step} {start.elapsed_time(end) * 1000:.3f}", flush=True)
+
+
+def _count(text: str | None) -> int:
+    """A count of calls from the environment: a whole number from 0 to `timing.MAX_RUNS`, else 0."""
+    return int(text) if text is not None and text.isdigit() and int(text) <= timing.MAX_RUNS else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -348,6 +377,7 @@ class TorchNpuDevice(ChildDevice):
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
         mark_cannot_run(attempt, execution)  # the child's exit 5: autograd before torch 2.6
+        mark_device_lines(attempt, execution)  # its timed calls (--time)
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.from_torch_npu_log(stdout_log)

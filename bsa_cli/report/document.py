@@ -29,6 +29,7 @@ from ..core.errors import DataError
 from ..core.untrusted import load_json, read_regular
 from ..ops import OPS
 from ..store.manifest import json_number
+from . import timing
 from .files import write_text_atomic
 from .formatting import is_op
 from .header import ReportHeader, report_header
@@ -84,6 +85,11 @@ def case_document(case: CaseResult) -> dict[str, Any]:
     """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
     document = _plain(case)
     document.update(case=case.case_name, message=case.message, headline=case.headline, deciding=_plain(case.deciding))
+    for key in ("kernel_time", "untimed"):  # only a timed run's report holds them
+        if not document[key]:
+            del document[key]
+    for time, data in zip(case.kernel_time, document.get("kernel_time", ()), strict=True):
+        data["tflops"] = json_number(time.tflops) if time.tflops is not None else None
     for tensor, data in zip(case.tensors, document["tensors"], strict=True):
         data["passed"] = tensor.passed
     return document
@@ -154,6 +160,11 @@ def to_document(
         },
         "cases": [case_document(c) for c in suite.cases],
     }
+    if timed := timing.timed(suite):
+        document["kernel_time"] = [
+            {**_plain(total), "tflops": None if total.tflops is None else json_number(total.tflops)}
+            for total in timing.totals(timed)
+        ]
     document.update(additions or {})
     return document
 

@@ -101,6 +101,10 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
         "dtype": case.dtype,
         "op": None if get(case.op).is_default else case.op,
     }
+    for time in case.kernel_time:  # a timed run: each step's median and achieved TFLOP/s
+        values[f"kernel_{time.step}_median_us"] = f"{time.median_us:.3f}"
+        values[f"kernel_{time.step}_spread_us"] = f"{time.spread_us:.3f}"
+        values[f"kernel_{time.step}_tflops"] = None if time.tflops is None else f"{time.tflops:.4g}"
     return {name: str(value) for name, value in values.items() if value or name == "standard"}
 
 

@@ -51,6 +51,9 @@ BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", 
 
 #: The last column where a suite has ops other than the backward: forward, backward, chain, autograd.
 OP_COLUMN = "bsa Op"
+#: The columns after those where a case was timed (`bsa run --time`): the median time and achieved TFLOP/s of
+#: the call that wrote the row's tensor (out, lse: the forward; dq, dk, dv and a status row: the last call).
+TIME_COLUMNS = ("bsa Kernel Median us", "bsa Kernel TFLOP/s")
 
 NA = "N/A"
 #: The backward's operator, in the names of a backward result's rows (`formatting.operator_of` for the others).
@@ -100,11 +103,24 @@ def csv_rows(suite: SuiteResult) -> list[list[str]]:
     """Return the CSV's rows, header first: one per tensor of each result (one per result without tensors),
     a case's ops side by side."""
     with_ops = shows_ops(suite.cases)
-    rows: list[list[str]] = [[*MSPROBE_COLUMNS, *BSA_COLUMNS, *([OP_COLUMN] if with_ops else [])]]
+    timed = any(case.kernel_time for case in suite.cases)
+    header = [*MSPROBE_COLUMNS, *BSA_COLUMNS, *([OP_COLUMN] if with_ops else []), *(TIME_COLUMNS if timed else ())]
+    rows: list[list[str]] = [header]
     for case in grouped(suite.cases):
-        shown = [_tensor_row(case, tensor) for tensor in case.tensors] or [_case_row(case)]
-        rows.extend([*row, case.op] if with_ops else row for row in shown)
+        shown: list[tuple[list[str], str | None]] = [(_tensor_row(case, t), t.name) for t in case.tensors]
+        shown = shown or [(_case_row(case), None)]
+        for row, tensor in shown:
+            rows.append([*row, *([case.op] if with_ops else []), *(_time_cells(case, tensor) if timed else [])])
     return rows
+
+
+def _time_cells(case: CaseResult, tensor: str | None) -> list[str]:
+    """The time columns of a row: the step that wrote `tensor` (None: a status row, the last step)."""
+    step = "forward" if tensor in ("out", "lse") else "backward"
+    times = [t for t in case.kernel_time if t.step == step] or list(case.kernel_time[-1:])
+    if not times:
+        return [NA, NA]
+    return [_number(times[0].median_us), _number(times[0].tflops)]
 
 
 def csv_text(suite: SuiteResult) -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, TensorResult, Verdict
-from . import formatting, svg
+from . import formatting, svg, timing
 from .files import write_text_atomic
 from .formatting import fmt, grouped, shows_ops, summary_line, worst_rows
 from .header import ReportHeader, report_header
@@ -310,6 +310,7 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
         drift_html(drift) if drift is not None else "",
         _filters(suite),
         _summary_table(suite),
+        timing.timing_html(suite),
     ]
     parts.extend(_case_section(case, suite, with_ops) for case in grouped(suite.cases))
     parts.append("</main></body></html>\n")

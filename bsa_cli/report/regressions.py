@@ -69,10 +69,16 @@ def render_drift(drift: Drift, console: Console) -> None:
         console.print(Text(f"vanished since the baseline: {vanished}", style="bold red"), soft_wrap=True)
     if drift.appeared:
         console.print(Text(f"new since the baseline: {', '.join(drift.appeared)}"), soft_wrap=True)
+    for t in drift.slower:
+        line = (
+            f"{t.case} {t.step}: kernel {t.old_us:.1f} us -> {t.new_us:.1f} us ({100 * t.change:+.1f}%; threshold "
+            f"+{100 * drift.time_threshold:g}% beyond the runs' spread of {t.spread_us:.1f} us): slower"
+        )
+        console.print(Text(line, style="bold red"), soft_wrap=True)
     for note in drift.notes:
         console.print(Text(f"Note: {note}", style="yellow"), soft_wrap=True)
     margin = f"margin: +{100 * drift.margin.relative:g}% and +{drift.margin.absolute:g} x limit"
-    style = "bold red" if drift.problems else "bold green"
+    style = "bold red" if drift.problems or drift.slower else "bold green"
     console.print(Text(f"{drift.summary_line()} ({margin})", style=style), soft_wrap=True)
 
 

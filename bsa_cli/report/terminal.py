@@ -15,7 +15,7 @@ from rich.text import Text
 
 from ..compare import ERROR, FAIL, PASS, SKIP, ULP_BUCKETS, CaseResult, SuiteResult, TensorResult
 from ..compare.results import CLOSEST
-from . import formatting
+from . import formatting, timing
 from .formatting import fmt, grouped, hot_rows, short_headline, shows_ops, worst_rows
 
 VERDICT_STYLE = {PASS: "bold green", FAIL: "bold red", ERROR: "bold magenta", SKIP: "bold cyan"}
@@ -244,6 +244,12 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
                 console.print(_hot_table(case, tensor, console))
         if verbose and case.tensors:
             console.print(_metrics_table(case, console))
+    if timed := timing.timed(suite):
+        title = "Kernel time (bsa run --time: device events, median of the timed calls; TFLOP/s on bsa's FLOPs)"
+        rows = [*timing.rows(suite), *timing.total_rows(timed)]
+        console.print(titled_table(console, title, timing.COLUMNS, timing.COLUMNS[2:], rows))
+    for note in timing.untimed_notes(suite):
+        console.print(Text(f"Kernel time: {note}."), style="yellow", soft_wrap=True)
     if releases := formatting.releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
     console.print(Text(formatting.summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green

@@ -226,6 +226,7 @@ def trend_html(trend: Trend) -> str:
             _nights_table(nights),
             "<h2>Cases</h2>",
             _cases_table(trend),
+            _times_table(trend),
             '<div class="charts">',
             *figures,
             "</div></main></body></html>\n",
@@ -247,6 +248,32 @@ def render_trend(trend: Trend, console: Console) -> None:
         limits = [p.limit for p in series.points if p is not None and p.limit is not None]
         text = f"{series.case} {series.label} {fmt(measured[0])} -> {fmt(measured[-1])} (limit {fmt(limits[-1])})"
         console.print(Text(f"rising: {text}", style="bold red"), soft_wrap=True)
+    for times in trend.times:
+        change, style = times.last, "bold red" if times.last.regressed else ""
+        word = "slower" if change.regressed else "kernel time"
+        moved = f"{change.old_us:.1f} us -> {change.new_us:.1f} us ({100 * change.change:+.1f}%)"
+        text = f"{word}: {times.case} {times.step} {moved}"
+        console.print(Text(text, style=style), soft_wrap=True)
     rising = len(trend.rising)
     text = f"{_followed(trend)} over {plural(len(trend.nights), 'night')}: {rising} rising"
+    if trend.times:
+        text += f", {sum(t.last.regressed for t in trend.times)} of {plural(len(trend.times), 'timed call')} slower"
     console.print(Text(text, style="bold red" if rising else "bold green"))
+
+
+def _times_table(trend: Trend) -> str:
+    """The kernel times across the nights (`bsa run --time`): each timed call's median per night."""
+    if not trend.times:
+        return ""
+    headers = ("case", "step", *(f"night {i} us" for i in range(1, len(trend.nights) + 1)), "first -> last")
+    rows = [
+        [
+            esc(t.case),
+            esc(t.step),
+            *("-" if m is None else f"{m:.1f}" for m in t.medians),
+            f"{100 * t.last.change:+.1f}%" + (" slower" if t.last.regressed else ""),
+        ]
+        for t in trend.times
+    ]
+    numeric = tuple(range(2, len(headers)))
+    return "<h2>Kernel time (median per night)</h2>" + html_table(headers, rows, numeric=numeric)

@@ -27,6 +27,17 @@ class Allclose(Standard):
     presets = {MSOPST: {"diff_thd": 0.01, "pct_thd": 0.05, "max_diff": 0.1}}
     own_defaults = {"mismatch": 0.0}
     rank = 2
+    ttk_compare = "close"
+
+    def ttk_fields(self, thresholds: Mapping[str, float], outputs: int) -> dict[str, str]:
+        """TTK's close: per output (rtol, ptol) and one atol. msOpST's form (diff_thd absolute below 1, relative
+        above) reads as rtol = atol = diff_thd, which bounds it within a factor of 2; max_diff has no column."""
+        if "diff_thd" in thresholds:
+            rtol, ptol, atol = thresholds["diff_thd"], thresholds["pct_thd"], thresholds["diff_thd"]
+        else:
+            rtol, ptol, atol = thresholds["rtol"], thresholds["mismatch"], thresholds["atol"]
+        pairs = ((float(rtol), float(ptol)),) * outputs
+        return {"precision_tolerances": repr(pairs), "absolute_precision": repr(float(atol))}
 
     def defaults(self, dtype: str, preset: str | None = None) -> dict[str, float]:
         values = super().defaults(dtype, preset)

@@ -140,6 +140,9 @@ class Standard(str, metaclass=ABCMeta):
         bias_z: its default `bias_z` (inf: the bias check is off unless asked for).
         atk_name, atk_keys: ATK's name of the standard and of its limits (bsa key -> ATK key), for export;
             None where ATK has no such standard (export then writes bsa's own).
+        ttk_compare, ttk_note: TTK's compare method closest to it (`--compare`, hicann/ops-test-kit
+            docs/Precision_Comparison.md 36750932), and how TTK's judges otherwise ("" where it is its rule);
+            `ttk_fields` the CSV's tolerance columns that method reads, for export.
         rank: where lists of standards put it, lowest first.
     """
 
@@ -152,6 +155,8 @@ class Standard(str, metaclass=ABCMeta):
     bias_z: ClassVar[float] = math.inf
     atk_name: ClassVar[str | None] = None
     atk_keys: ClassVar[Mapping[str, str]] = {}
+    ttk_compare: ClassVar[str] = "mixed"
+    ttk_note: ClassVar[str] = ""
     rank: ClassVar[float] = math.inf
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -167,6 +172,11 @@ class Standard(str, metaclass=ABCMeta):
 
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return get, (str(self),)  # unpickled as the one standard of that name (worker processes)
+
+    def ttk_fields(self, thresholds: Mapping[str, float], outputs: int) -> dict[str, str]:
+        """Return TTK's CSV tolerance columns (`precision_tolerances`, `absolute_precision`) for a case of
+        `outputs` outputs judged by `thresholds`; none by default (TTK's mixed reads no CSV column)."""
+        return {}
 
     @property
     def threshold_keys(self) -> list[str]:

@@ -24,6 +24,7 @@ class FaRatio(Standard):
     needs_benchmark = True
     own_defaults = {"k": 3.0, "floor_factor": 2.0}
     rank = 3
+    ttk_note = "TTK has no rule against a benchmark's max error: judged by TTK's mixed tolerance instead"
 
     def measure(self, golden: np.ndarray, dtype: str, thresholds: Mapping[str, float]) -> dict[str, float]:
         """The ULP floor: floor_factor x max |(g + 0.3) - 0.3 - g|, all in the case dtype."""

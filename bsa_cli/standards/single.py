@@ -22,6 +22,8 @@ class Single(Standard):
     }
     own_defaults = {"mere": SINGLE_T, "mare": {dtype: 10 * t for dtype, t in SINGLE_T.items()}}
     rank = 1
+    # TTK's stat_rel_err is this rule with these T (ops-test-kit docs/Precision_Comparison.md 36750932)
+    ttk_compare = "stat_rel_err"
 
     def finish(self, thresholds: dict[str, float], origin: dict[str, str], preset: str | None) -> Resolved:
         if origin.get("mare") in ("case", "cli"):

@@ -194,6 +194,13 @@ class Manifest(Mapping[str, Any]):
         """The backward's FLOPs as gen estimated them (`stats.flops_backward`)."""
         return float(self.raw["stats"]["flops_backward"])
 
+    def flops(self, step: str) -> float | None:
+        """The FLOPs of one operator call, `forward` or `backward`, as gen counted them from the mask
+        (`stats.flops_forward`, `stats.flops_backward`: docs/operator.md section 6); None when not recorded."""
+        stats = self.raw.get("stats")
+        value = stats.get(f"flops_{step}") if isinstance(stats, Mapping) else None
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
     @property
     def release(self) -> str:
         """The release the case targets (`semantics.release`; a manifest written before bsa knew releases

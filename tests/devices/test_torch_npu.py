@@ -605,3 +605,22 @@ def test_without_deterministic_mode_the_standin_moves_dk_dv_last_bits(tmp_path, 
         rec = run_record(tmp_path / "out" / "noisy")
         assert rec["outcome"] == "ok" and rec["deterministic"] is bool(flags)
         assert set(rec["repeat"]["noise"]) <= {"dk", "dv"} and bool(rec["repeat"]["noise"]) is noisy
+
+
+def test_timed_runs_through_torch_npu_report_the_kernel_time_and_a_slower_one_regresses(out, with_standin, monkeypatch):
+    """The stand-in's events read its clock, which each backward call advances by a known time."""
+    out = out / "tn-tnd-gqa"
+    monkeypatch.setenv("TORCH_NPU_STANDIN_KERNEL_US", "250")
+    run = invoke("run", out, "--device", "torch_npu", "--time", "--time-runs", "4", "--warmup", "1")
+    assert run.exit_code == 0, run.output
+    timing = run_record(out)["timing"]
+    assert timing["steps"]["backward"]["times_us"] == [250.0] * 4 and timing["not_timed"] is None
+    assert "bsa-timing: backward warmup 1 runs 4" in (out / "outputs" / "stdout.log").read_text()
+    report = out.parent / "fast.json"
+    assert invoke("compare", out, "--json", report).exit_code == 0
+
+    monkeypatch.setenv("TORCH_NPU_STANDIN_KERNEL_US", "300")  # 20% slower
+    assert invoke("run", out, "--device", "torch_npu", "--time", "--time-runs", "4", "--warmup", "1").exit_code == 0
+    compared = invoke("compare", out, "--baseline", report)
+    assert compared.exit_code == 4, compared.output
+    assert "kernel 250.0 us -> 300.0 us (+20.0%" in compared.output

@@ -7,6 +7,11 @@
 // (the live count of each), so a test can check the harness frees everything on every path.
 // FAKE_ACL_FAIL=<function>:<n> makes the n-th call of that function fail (error 507899, or nullptr).
 // FAKE_ACLNN_RUN_STATUS=<code> makes aclnnBlockSparseAttentionGrad return that status.
+// Time: each operator call (backward or forward) advances a fake device clock by FAKE_ACL_KERNEL_US
+// microseconds (the environment's, else the build's -DFAKE_ACL_KERNEL_US, else 100), which events record;
+// FAKE_ACL_SLOW_CALL=<n> makes the n-th call take ten times as long (an outlier).
+// FAKE_ACL_WRITE_PAST_END=<output>:<count> makes the backward write <count> elements of zero bytes past the
+// end of dq, dk or dv (a kernel that writes outside its tensor, for the harness's guard zones).
 
 #include <algorithm>
 #include <cmath>
@@ -42,15 +47,19 @@ namespace {
 
 constexpr aclError kFakeError = 507899;
 
+#ifndef FAKE_ACL_KERNEL_US
+#define FAKE_ACL_KERNEL_US 100
+#endif
+
 struct Counters {
-    long init = 0, device = 0, streams = 0, buffers = 0, tensors = 0, intArrays = 0, executors = 0;
+    long init = 0, device = 0, streams = 0, buffers = 0, tensors = 0, intArrays = 0, executors = 0, events = 0;
     std::map<std::string, long> calls;
     ~Counters()
     {
         std::fprintf(stderr,
                      "fake_acl report: init=%ld device=%ld streams=%ld buffers=%ld tensors=%ld int_arrays=%ld "
-                     "executors=%ld\n",
-                     init, device, streams, buffers, tensors, intArrays, executors);
+                     "executors=%ld events=%ld\n",
+                     init, device, streams, buffers, tensors, intArrays, executors, events);
     }
 };
 Counters counters;
@@ -95,6 +104,24 @@ size_t Bytes(const aclTensor *tensor)
             return count;
     }
 }
+
+// The fake device clock, in microseconds: an operator call advances it (`Launched`), an event records it.
+double deviceClockUs = 0.0;
+long operatorCalls = 0;
+
+void Launched()
+{
+    double micros = FAKE_ACL_KERNEL_US;
+    if (const char *text = std::getenv("FAKE_ACL_KERNEL_US")) {
+        micros = std::atof(text);
+    }
+    const char *slow = std::getenv("FAKE_ACL_SLOW_CALL");
+    deviceClockUs += ++operatorCalls == (slow ? std::atol(slow) : -1) ? 10 * micros : micros;
+}
+
+struct FakeEvent {
+    double stampUs = -1.0;  // -1: never recorded
+};
 
 aclnnStatus Reject(aclnnStatus status, const char *why)
 {
@@ -176,6 +203,43 @@ aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)
         return kFakeError;
     }
     std::memset(devPtr, value, count);
+    return ACL_SUCCESS;
+}
+
+aclError aclrtCreateEventWithFlag(aclrtEvent *event, uint32_t flag)
+{
+    if (ShouldFail("aclrtCreateEventWithFlag") || flag != ACL_EVENT_TIME_LINE) {
+        return kFakeError;
+    }
+    *event = new FakeEvent;
+    ++counters.events;
+    return ACL_SUCCESS;
+}
+aclError aclrtDestroyEvent(aclrtEvent event)
+{
+    delete static_cast<FakeEvent *>(event);
+    --counters.events;
+    return ACL_SUCCESS;
+}
+aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream)
+{
+    if (ShouldFail("aclrtRecordEvent") || event == nullptr || stream == nullptr) {
+        return kFakeError;
+    }
+    static_cast<FakeEvent *>(event)->stampUs = deviceClockUs;
+    return ACL_SUCCESS;
+}
+aclError aclrtSynchronizeEvent(aclrtEvent event)
+{
+    return ShouldFail("aclrtSynchronizeEvent") || event == nullptr ? kFakeError : ACL_SUCCESS;
+}
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent)
+{
+    const auto *start = static_cast<FakeEvent *>(startEvent), *end = static_cast<FakeEvent *>(endEvent);
+    if (ShouldFail("aclrtEventElapsedTime") || start->stampUs < 0 || end->stampUs < 0) {
+        return kFakeError;
+    }
+    *ms = static_cast<float>((end->stampUs - start->stampUs) / 1000.0);
     return ACL_SUCCESS;
 }
 
@@ -384,6 +448,19 @@ aclnnStatus aclnnBlockSparseAttentionGrad(void *workspace, uint64_t workspaceSiz
     for (int i = 0; i < 3; ++i) {
         std::memcpy(run.outputs[i]->data, run.inputs[i]->data, Bytes(run.inputs[i]));
     }
+    if (const char *past = std::getenv("FAKE_ACL_WRITE_PAST_END")) {
+        const std::string text(past);
+        const size_t colon = text.find(':');
+        const std::string name = text.substr(0, colon);
+        const long count = colon == std::string::npos ? 1 : std::atol(text.c_str() + colon + 1);
+        const int index = name == "dq" ? 0 : name == "dk" ? 1 : name == "dv" ? 2 : -1;
+        if (index >= 0) {
+            aclTensor *out = run.outputs[index];
+            const size_t element = out->dtype == ACL_FLOAT ? 4 : 2;  // dq, dk, dv are float16, bfloat16 or float32
+            std::memset(static_cast<char *>(out->data) + Bytes(out), 0, static_cast<size_t>(count) * element);
+        }
+    }
+    Launched();
     return 0;
 }
 
@@ -753,6 +830,7 @@ aclnnStatus aclnnBlockSparseAttention(void *workspace, uint64_t workspaceSize, a
         qStart += qLen;
         kvStart += kvLen;
     }
+    Launched();
     return 0;
 }
 

@@ -33,7 +33,7 @@ def test_smoke_and_chain_with_forward_backward_and_chain_pass_on_the_reference_d
     code, cases = _check(tmp_path, CASES / "smoke.yaml", CASES / "chain.yaml", "--ops", "forward,backward,chain")
     assert code == 0
     verdicts = Counter((case["op"], case["verdict"]) for case in cases)
-    assert verdicts == {("forward", "PASS"): 12, ("backward", "PASS"): 13, ("chain", "PASS"): 12,
+    assert verdicts == {("forward", "PASS"): 13, ("backward", "PASS"): 14, ("chain", "PASS"): 13,
                         ("forward", "SKIP"): 1, ("chain", "SKIP"): 1}  # fmt: skip
     by_name = {case["name"]: case for case in cases}
     for name, headline in PITFALLS.items():

@@ -28,6 +28,9 @@ typedef enum {
     ACL_OPT_STRONG_CONSISTENCY = 2,
 } aclSysParamOpt;
 
+// aclrtCreateEventWithFlag's flag: the event records a timestamp (aclrtEventElapsedTime needs it).
+#define ACL_EVENT_TIME_LINE 0x00000008U
+
 aclError aclInit(const char *configPath);
 aclError aclFinalize();
 aclError aclrtSetDevice(int32_t deviceId);
@@ -40,6 +43,11 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy);
 aclError aclrtFree(void *devPtr);
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind);
 aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count);
+aclError aclrtCreateEventWithFlag(aclrtEvent *event, uint32_t flag);
+aclError aclrtDestroyEvent(aclrtEvent event);
+aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream);
+aclError aclrtSynchronizeEvent(aclrtEvent event);
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent);
 
 #ifdef __cplusplus
 }

@@ -12,6 +12,7 @@ extern "C" {
 
 typedef int aclError;
 typedef void *aclrtStream;
+typedef void *aclrtEvent;
 
 static const int ACL_SUCCESS = 0;
 

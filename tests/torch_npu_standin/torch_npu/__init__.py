@@ -149,7 +149,35 @@ def _synchronize(device: Any = None) -> None:
         )
 
 
+#: The stand-in's device clock in microseconds: each backward call advances it by $TORCH_NPU_STANDIN_KERNEL_US
+#: (default 100), and an `Event` records it, so a timed run reports a known time per call.
+_clock = {"us": 0.0}
+
+
+def _kernel_ran() -> None:
+    _clock["us"] += float(os.environ.get("TORCH_NPU_STANDIN_KERNEL_US", "100"))
+
+
+class _Event:
+    """torch.npu.Event(enable_timing=True): record() stamps the stand-in's clock."""
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        self.enable_timing, self.stamp = enable_timing, None
+
+    def record(self, stream: Any = None) -> None:
+        self.stamp = _clock["us"]
+
+    def synchronize(self) -> None:
+        pass
+
+    def elapsed_time(self, end: _Event) -> float:
+        if not (self.enable_timing and end.enable_timing) or self.stamp is None or end.stamp is None:
+            raise RuntimeError("elapsed_time: both events must be recorded with enable_timing=True")
+        return (end.stamp - self.stamp) / 1000.0
+
+
 npu = types.ModuleType("torch.npu")
+npu.Event = _Event  # type: ignore[attr-defined]
 npu.set_device = _set_device  # type: ignore[attr-defined]
 npu.synchronize = _synchronize  # type: ignore[attr-defined]
 npu.device_count = _device_count  # type: ignore[attr-defined]
@@ -441,6 +469,7 @@ def _npu_block_sparse_attention_backward(
         q_input_layout,
         scale_value,
     )
+    _kernel_ran()
     if fault == "wrong-dtype":
         grads = tuple(g.float() for g in grads)  # type: ignore[assignment]
     for grad in grads:
