@@ -100,7 +100,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "export": (
         "export",
         "export_command",
-        "Write each case under PATHS (folders written by `bsa gen`) as an msOpST or ATK test case.",
+        "Write each case under PATHS (folders written by `bsa gen`) as an msOpST, ATK or TTK test case.",
     ),
     "gen": (
         "gen",
