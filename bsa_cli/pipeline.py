@@ -14,8 +14,10 @@ from pathlib import Path
 
 from . import devices, store
 from .compare import CaseResult, RunSettings, SuiteResult, compare_case, compare_suite
+from .compare.recheck import bootstrap, fails_narrowly, run_ratio
+from .compare.results import Verdict
 from .core.case import DEFAULT_PRECISION, Case, Precision
-from .core.errors import BsaError
+from .core.errors import BsaError, DataError
 from .gen.generate import generate_suite
 from .gen.schedule import Estimate, auto_jobs, estimate
 from .gen.settings import GenSettings
@@ -106,10 +108,57 @@ def check_suite(
         return CheckResult(tuple(case_dirs), summary, None)
     progress.judging(case_dirs)
     try:
-        suite = compare_suite(case_dirs, None, settings, on_case=progress.judged, jobs=jobs)
+        # judged and reported in the order `bsa compare OUT` gives them (`store.find_cases`: by folder name)
+        judged = sorted(case_dirs, key=lambda case_dir: case_dir.name)
+        suite = compare_suite(judged, None, settings, on_case=progress.judged, jobs=jobs)
     except ValueError as exc:  # a run threshold that does not apply to a case's standard
         raise BsaError(str(exc)) from None
     return CheckResult(tuple(case_dirs), summary, suite)
+
+
+#: The folder of OUT that holds the reseeded cases of `bsa check --recheck` (hidden: `bsa compare OUT` skips it).
+RECHECK_FOLDER = ".recheck"
+
+
+def recheck_suite(
+    suite: SuiteResult,
+    cases: Sequence[Case],
+    out: Path,
+    runs: int,
+    options: devices.RunOptions,
+    settings: RunSettings,
+    precision: Precision = DEFAULT_PRECISION,
+    jobs: int | None = None,
+    progress: CheckProgress | None = None,
+) -> SuiteResult:
+    """Judge each case of `suite` that fails narrowly (`compare.recheck`) again over `runs` reseeded runs.
+
+    The case, with seed + 1 ... seed + runs and only the op that failed, is generated into OUT/.recheck/
+    (reusing runs already there), run and judged; the bootstrap interval of the runs' ratios decides its verdict,
+    and its `recheck` holds the interval and the runs.
+    """
+    progress = progress or CheckProgress()
+    by_name = {case.name: case for case in cases}
+    results = []
+    for result in suite.cases:
+        case = by_name.get(result.case_name)
+        if case is None or not fails_narrowly(result):
+            results.append(result)
+            continue
+        reseeded = [
+            replace(case, name=f"{case.name}.recheck{i}", seed=case.seed + i, ops=(result.op,))
+            for i in range(1, runs + 1)
+        ]
+        gen_jobs = auto_jobs(jobs, [estimate(c) for c in reseeded])
+        case_dirs = generate_suite(reseeded, out / RECHECK_FOLDER, GenSettings(precision, gen_jobs), skip_current=True)
+        summary = run_suite(case_dirs, options, progress)
+        if summary.interrupted:
+            raise KeyboardInterrupt
+        judged = compare_suite(case_dirs, None, settings, jobs=jobs)
+        check = bootstrap([run_ratio(c) for c in judged.cases])
+        verdict: Verdict = "PASS" if check.passed else "FAIL"
+        results.append(replace(result, verdict=verdict, recheck=check, notes=(*result.notes, check.text)))
+    return SuiteResult(tuple(results), suite.seconds)
 
 
 def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: CheckProgress) -> devices.RunSummary:
@@ -125,6 +174,39 @@ def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: 
     progress.running(case_dirs, options.device, flops)
     with options.device.reporting(progress.progress):
         return devices.run_cases(case_dirs, options, on_event=progress.on_run_event)
+
+
+def completed(case_dirs: Sequence[Path], outputs_root: Path | None = None) -> list[Path]:
+    """Return the case folders that hold a complete result of their inputs as they are now (`bsa run
+    --resume` leaves them be): a run.json whose outcome is ok (the device's status and outputs checked, the
+    files moved into place) and whose inputs' sha256 are the manifest's (a case generated again since is run
+    again). A run Ctrl-C cut short records no such result."""
+    from .compare.case_files import RUN_RECORD, RUN_RECORD_MAX_BYTES
+    from .core.untrusted import inside, load_json, read_regular
+
+    done = []
+    for case_dir, manifest in _readable(case_dirs):
+        output_dir = devices.output_dir_for(case_dir, outputs_root)
+        try:
+            record = load_json(read_regular(inside(output_dir, RUN_RECORD), RUN_RECORD_MAX_BYTES))
+        except (BsaError, ValueError, RecursionError):
+            continue
+        inputs = {name: entry.get("sha256") for name, entry in manifest.entries("inputs") if entry.get("sha256")}
+        if isinstance(record, dict) and record.get("outcome") == "ok" and record.get("inputs") == inputs:
+            done.append(case_dir)
+    return done
+
+
+def failed_in_report(document: object, where: str) -> set[str]:
+    """Return the case folders a JSON report (`--json`, schema bsa-compare/1) says FAIL or ERROR.
+
+    Raises:
+        DataError: the document is not such a report.
+    """
+    cases = document.get("cases") if isinstance(document, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in cases):
+        raise DataError(where, "not a bsa JSON report (written by --json): no list of cases with names")
+    return {c["name"] for c in cases if c.get("verdict") in ("FAIL", "ERROR")}
 
 
 def judge_run(case_dir: Path, run_dir: Path) -> tuple[str, str] | None:

@@ -4,7 +4,8 @@ Installing bsa registers it (entry point `pytest11`); docs/api.md documents it. 
 the `bsa_case` fixture is parametrized over the case folders under `--bsa-cases` (every case, or
 those matching `--bsa-filter`), one per (case, op): a case's ops side by side in `OPS` order, with test
 ids `NAME` for the backward and `NAME[op]` for the others (`--bsa-ops LIST` keeps some ops; a test marked
-`@pytest.mark.bsa_ops("forward", ...)` gets only the folders of those ops). It receives each folder loaded
+`@pytest.mark.bsa_ops("forward", ...)` gets only the folders of those ops, an unmarked one only the backward's).
+`--bsa-cases OUT` and `--bsa-cases=OUT` give the same test ids. It receives each folder loaded
 (`bsa_cli.api.load_case`; its op is `bsa_case.op`); a folder that gen wrote for an op its operator
 refuses (the manifest's `skip`) is skipped with the reason. Without `--bsa-cases` such a test is skipped.
 A failing verdict fails the test through `bsa_cli.assert_passed(result)`, whose message starts with the
@@ -57,7 +58,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-MARKER = "bsa_ops(*ops): run this test only on the case folders of these ops (forward, backward, chain, autograd)"
+MARKER = (
+    "bsa_ops(*ops): run this test only on the case folders of these ops (forward, backward, chain, autograd); "
+    "a test without it runs on the backward's folders only"
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """Root `--bsa-cases OUT` (a space) where `--bsa-cases=OUT` is rooted.
+
+    pytest fixes its rootdir before it loads this plugin, so it took OUT for a test path and rooted the run
+    at the common folder of OUT and the tests (ids `../bsa::test[...]`, JUnit classnames empty). Its
+    arguments are parsed again now that the option is known: the rootdir and ini file are found anew from
+    the test paths alone, unless --rootdir was given. pytest offers no public way to do this
+    (`determine_setup`, pytest 8 and 9): with another signature the rootdir stays as it was.
+    """
+    ns = early_config.known_args_namespace
+    if not getattr(ns, "bsa_cases", None) or getattr(ns, "rootdir", None):
+        return
+    from _pytest.config.findpaths import determine_setup
+
+    try:
+        rootpath, inipath, inicfg, *_ = determine_setup(
+            inifile=ns.inifilename,
+            override_ini=ns.override_ini,
+            args=ns.file_or_dir,
+            rootdir_cmd_arg=None,
+            invocation_dir=early_config.invocation_params.dir,
+        )
+    except TypeError:
+        return
+    if rootpath != early_config.rootpath:
+        early_config._rootpath, early_config._inipath, early_config._inicfg = rootpath, inipath, inicfg
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -111,7 +144,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not folders:
         return
     marker = metafunc.definition.get_closest_marker("bsa_ops")
-    if marker is not None:
+    if marker is None:  # a backward test would fail on a forward folder (no dout): the others are asked for
+        from .ops import DEFAULT_OPS
+
+        folders = [(d, op) for d, op in folders if op in DEFAULT_OPS]
+    else:
         from .ops import OPS
         from .report.formatting import is_op
 
@@ -130,7 +167,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     )
 
 
-NO_FOLDER = "no case folder of the ops of this test's bsa_ops marker under --bsa-cases"
+NO_FOLDER = (
+    "no case folder of this test's ops under --bsa-cases (without a marker: the backward's; mark a test "
+    "@pytest.mark.bsa_ops('forward', 'chain', ...) to run it on other ops' folders)"
+)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..core.case import Case
-from ..core.errors import BsaError, DataError, SpecError, plural
+from ..core.errors import BsaError, DataError, SpecError, filter_hint, plural
 from ..core.exit_codes import ExitCode
 from ..gen.schedule import Estimate, machine_memory, parse_shard, shard
 from ..ops import OPS, Op, split_folder_name
@@ -75,9 +75,11 @@ def load_cases(
     with user_errors():
         cases = load_specs(specs, max_cases, release, None if ops is None else tuple(ops))
     if filters:
+        names = [c.name for c in cases]
         cases = [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) for p in filters)]
         if not cases:
-            raise UserError(f"--filter {' '.join(map(repr, filters))} matches no case")
+            hint = filter_hint(filters, names)
+            raise UserError(f"--filter {' '.join(map(repr, filters))} matches no case{hint}")
     if shard_text:
         with user_errors(ValueError):
             index, count = parse_shard(shard_text)

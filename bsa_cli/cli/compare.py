@@ -9,7 +9,6 @@ import click
 
 from .. import report
 from ..compare import STANDARDS, SuiteResult, compare_suite, missing_cases
-from ..compare import drift as drift_
 from ..core.errors import DataError
 from ..core.untrusted import load_json, read_regular
 from ..ops import Op, split_folder_name
@@ -59,34 +58,7 @@ _STANDARD_HELP = (
     is_flag=True,
     help="Hash only the inputs the judge reads (the block mask), not query/key/value/dout/out.",
 )
-@click.option(
-    "--baseline",
-    type=click.Path(path_type=Path, dir_okay=False),
-    metavar="OLD.json",
-    help="Compare with an earlier JSON report: each ratio's change, regressions, verdict changes, "
-    "vanished and new cases (terminal, --json, --html).",
-)
-@click.option(
-    "--fail-on-regression",
-    is_flag=True,
-    help="With --baseline: exit 1 (instead of 0) on a regression, a case gone from PASS to FAIL or "
-    "ERROR, or a vanished case.",
-)
-@click.option(
-    "--regression-margin",
-    metavar="REL,ABS",
-    help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
-    f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).",
-)
-@click.option(
-    "--time-threshold",
-    type=click.FloatRange(min=0),
-    default=drift_.TIME_THRESHOLD,
-    show_default=True,
-    metavar="FRACTION",
-    help="With --baseline and timed runs (bsa run --time) on both sides: a call whose median kernel time grew "
-    "by more than FRACTION beyond the runs' spread is slower; exit code 4 when nothing else failed.",
-)
+@options.baseline_options
 @options.jobs_option_for(
     "Processes judging cases side by side; auto: one per CPU when the outputs reach 384 MiB, else one."
 )
@@ -106,10 +78,7 @@ def compare_command(
     reports: options.ReportPaths,
     merge: bool,
     no_verify_inputs: bool,
-    baseline: Path | None,
-    fail_on_regression: bool,
-    regression_margin: str | None,
-    time_threshold: float,
+    baseline: options.BaselineOptions,
     jobs: int | None,
     explain: str | None,
     verbose: bool,
@@ -126,7 +95,7 @@ def compare_command(
     3 a case could not be judged, 4 every case passed but a kernel is slower than in --baseline.
     """
     started = time.perf_counter()
-    margin, night = _baseline_options(baseline, fail_on_regression, regression_margin)
+    margin, night = baseline.night()
     header = None
     if merge:
         flags = {
@@ -167,11 +136,7 @@ def compare_command(
     report.render_terminal(suite, output.stdout, verbose=verbose)
     if explain is not None:
         report.render_explanation(suite.cases[0], output.stdout)
-    devices = tuple(d["device"] for d in report.suite_devices(suite))
-    drift = None if night is None else drift_.compare_with_baseline(suite, night, margin, devices, time_threshold)
-    code = suite.return_code if drift is None else drift.return_code(suite.return_code, fail_on_regression)
-    if drift is not None:
-        report.render_drift(drift, output.stdout)
+    drift, code = baseline.judge(suite, margin, night)
     common.write_reports(suite, reports, () if merge else paths, header, drift, code)
     if not merge:
         seconds = time.perf_counter() - started
@@ -179,23 +144,3 @@ def compare_command(
         rate = f" ({megabytes / seconds:.0f} MB/s)" if seconds > 0 and megabytes >= 1 else ""
         output.info(f"judged {megabytes:.1f} MB of device outputs in {seconds:.2f} s{rate}")
     click.get_current_context().exit(code)
-
-
-def _baseline_options(
-    baseline: Path | None, fail_on_regression: bool, regression_margin: str | None
-) -> tuple[drift_.Margin, drift_.Night | None]:
-    """Check --baseline, --fail-on-regression and --regression-margin, and read the baseline report."""
-    if baseline is None:
-        flags = {"--fail-on-regression": fail_on_regression, "--regression-margin": regression_margin}
-        given = [flag for flag, value in flags.items() if value]
-        if given:
-            raise common.UserError(
-                f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)"
-            )
-        return drift_.Margin(), None
-    with common.user_errors(ValueError):
-        margin = drift_.parse_margin(regression_margin) if regression_margin is not None else drift_.Margin()
-    try:  # the earlier JSON report, or a usage error naming the file
-        return margin, report.night_from_document(report.read_report(baseline), str(baseline))
-    except ValueError as exc:
-        raise common.UserError(f"--baseline {exc}") from None

@@ -17,6 +17,7 @@ from ..gen.generate import generate_suite
 from ..gen.schedule import auto_jobs, estimate
 from ..gen.settings import GenSettings
 from ..ops import DEFAULT_OPS, Op, folder_name, interface
+from ..ops.forward_interface import HEAD_DIMS
 from ..ops.interface import DEFAULT_RELEASE
 from ..store import find_cases
 from ..store.manifest import params as case_params
@@ -39,6 +40,14 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
     shown = interface.release_counts(case.release for case in cases) or "-"
     source = "--release" if release else f"the specs' release: (default {DEFAULT_RELEASE})"
     output.stdout.print(f"operator release: {shown}, from {source}", soft_wrap=True)
+    callers = {c.name: interface.callers_refusals(case_params(c), HEAD_DIMS) for c in cases if c.expect.ok}
+    callers = {name: reasons for name, reasons in callers.items() if reasons}
+    if callers:
+        first, reasons = next(iter(callers.items()))
+        output.warn(
+            f"{plural(len(callers), 'valid case')} beyond the D torch_npu and the forward take, for a --binary "
+            f"alone (first: {first}: {'; '.join(reasons)})"
+        )
     outside = {c.name: interface.arch35_refusals(case_params(c)) for c in cases if c.expect.ok}
     outside = {name: reasons for name, reasons in outside.items() if reasons}
     if outside:

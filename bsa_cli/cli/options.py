@@ -2,7 +2,8 @@
 
 Options that travel together reach their command as one argument: `device_options` as a `DeviceOptions`
 (`run`, `check`), `settings_options` as a `SettingsOptions` (`compare`, `check`), `report_options` as the
-report paths by option (`compare`, `check`). Their order in `--help` is the order they are listed in here.
+report paths by option (`compare`, `check`), `baseline_options` as a `BaselineOptions` (`compare`, `check`).
+Their order in `--help` is the order they are listed in here.
 """
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ from typing import Any
 
 import click
 
-from ..compare import RunSettings
+from .. import report
+from ..compare import RunSettings, SuiteResult
+from ..compare import drift as drift_
 from ..devices import DEVICE_KINDS, DeviceKind, RunOptions, create, parse_device_ids
 from ..devices.timing import MAX_RUNS, Timing
 from ..gen.generate import PRECISIONS
 from ..ops import OPS, Op, parse_ops
 from ..ops.interface import DEFAULT_RELEASE, RELEASES
+from . import output
 from .common import UserError, user_errors
 
 #: What a click option is to the command function it decorates.
@@ -193,7 +197,7 @@ device_options = gathered(
             "device_kind",
             type=click.Choice(list(DEVICE_KINDS)),
             help="Built-in device: reference (the default: the reference device, reference results) or "
-            "torch_npu (torch_npu.npu_block_sparse_attention_backward on an Ascend host, one child process "
+            "torch_npu (its npu_block_sparse_attention_backward on an Ascend host, one child process "
             "per case) or cann_ops_transformer (ops-transformer's own forward entry, forward folders only). "
             "Not with --binary or --cmd.",
         ),
@@ -350,5 +354,84 @@ report_options = gathered(
     [
         click.option(flag, f"{flag[2:]}_path", type=click.Path(path_type=Path, dir_okay=False), help=text)
         for flag, text in REPORT_HELP.items()
+    ],
+)
+
+
+# ---- an earlier report to compare with (compare, check) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class BaselineOptions:
+    """--baseline and the options that only go with it, as given (`baseline_options`)."""
+
+    baseline: Path | None
+    fail_on_regression: bool
+    regression_margin: str | None
+    time_threshold: float
+
+    def night(self) -> tuple[drift_.Margin, drift_.Night | None]:
+        """Check the options and read the baseline report (None without --baseline), before any case is touched."""
+        if self.baseline is None:
+            flags = {"--fail-on-regression": self.fail_on_regression, "--regression-margin": self.regression_margin}
+            given = [flag for flag, value in flags.items() if value]
+            if given:
+                raise UserError(
+                    f"{', '.join(given)} needs --baseline OLD.json (an earlier `bsa compare --json` report)"
+                )
+            return drift_.Margin(), None
+        with user_errors(ValueError):
+            margin = drift_.parse_margin(self.regression_margin) if self.regression_margin else drift_.Margin()
+        try:  # the earlier JSON report, or a usage error naming the file
+            return margin, report.night_from_document(report.read_report(self.baseline), str(self.baseline))
+        except ValueError as exc:
+            raise UserError(f"--baseline {exc}") from None
+
+    def judge(
+        self, suite: SuiteResult, margin: drift_.Margin, night: drift_.Night | None
+    ) -> tuple[drift_.Drift | None, int]:
+        """Print the suite's drift from the baseline night and return it with the exit code it makes (the
+        suite's own without a baseline)."""
+        if night is None:
+            return None, suite.return_code
+        devices = tuple(d["device"] for d in report.suite_devices(suite))
+        drift = drift_.compare_with_baseline(suite, night, margin, devices, self.time_threshold)
+        report.render_drift(drift, output.stdout)
+        return drift, drift.return_code(suite.return_code, self.fail_on_regression)
+
+
+#: --baseline, --fail-on-regression, --regression-margin, --time-threshold, as `baseline: BaselineOptions`.
+baseline_options = gathered(
+    "baseline",
+    BaselineOptions,
+    [
+        click.option(
+            "--baseline",
+            type=click.Path(path_type=Path, dir_okay=False),
+            metavar="OLD.json",
+            help="Compare with an earlier JSON report: each ratio's change, regressions, verdict changes, "
+            "vanished and new cases, slower kernels (terminal, --json, --html).",
+        ),
+        click.option(
+            "--fail-on-regression",
+            is_flag=True,
+            help="With --baseline: exit 1 (instead of 0) on a regression, a case gone from PASS to FAIL or "
+            "ERROR, or a vanished case.",
+        ),
+        click.option(
+            "--regression-margin",
+            metavar="REL,ABS",
+            help=f"With --baseline: a regression grows by more than REL of its old value and ABS of its limit "
+            f"(default {drift_.RELATIVE_MARGIN},{drift_.ABSOLUTE_MARGIN}).",
+        ),
+        click.option(
+            "--time-threshold",
+            type=click.FloatRange(min=0),
+            default=drift_.TIME_THRESHOLD,
+            show_default=True,
+            metavar="FRACTION",
+            help="With --baseline and timed runs (bsa run --time) on both sides: a call whose median kernel time "
+            "grew by more than FRACTION beyond the runs' spread is slower; exit code 4 when nothing else failed.",
+        ),
     ],
 )

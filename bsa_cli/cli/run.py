@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from .. import pipeline, store
+from .. import pipeline, report, store
 from ..core.case import Precision
 from ..core.errors import plural
 from ..core.exit_codes import ExitCode
@@ -30,12 +30,27 @@ from .progress import PipelineProgress, ProgressDisplay
     "--outputs-root", metavar="DIR", help="Write case <name>'s outputs to DIR/<name> instead of <case_dir>/outputs."
 )
 @options.ops_option_for(options.SELECT_OPS_HELP)
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Run only the cases without a complete result of their current inputs (what a run cut short by "
+    "Ctrl-C left to do).",
+)
+@click.option(
+    "--failed",
+    "failed_report",
+    metavar="REPORT.json",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Run only the cases a JSON report (--json; `bsa check` writes OUT/report.json) says FAIL or ERROR.",
+)
 def run_command(
     cases: tuple[Path, ...],
     device: options.DeviceOptions,
     filters: tuple[str, ...],
     outputs_root: str | None,
     ops: tuple[Op, ...] | None,
+    resume: bool,
+    failed_report: Path | None,
 ) -> None:
     """Run a device (default: the reference device) on every case under CASES.
 
@@ -52,6 +67,15 @@ def run_command(
     with common.user_errors():
         case_dirs = store.select_cases(cases, filters)
     case_dirs = common.ops_selected(case_dirs, ops)
+    if failed_report is not None:
+        with common.user_errors(ValueError):
+            failed = pipeline.failed_in_report(report.read_report(failed_report), str(failed_report))
+        case_dirs = [case_dir for case_dir in case_dirs if case_dir.name in failed]
+        output.info(f"--failed: {plural(len(case_dirs), 'case')} of those {failed_report} says FAIL or ERROR")
+    if resume:
+        done = set(pipeline.completed(case_dirs, None if outputs_root is None else Path(outputs_root)))
+        case_dirs = [case_dir for case_dir in case_dirs if case_dir not in done]
+        output.info(f"--resume: {plural(len(done), 'case')} already complete, {len(case_dirs)} to run")
     for case_dir, reason in pipeline.skipped_folders(case_dirs):
         output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, common.user_errors():
@@ -126,6 +150,10 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
 
 # ---- bsa check -----------------------------------------------------------------------------------
 
+#: The reports `bsa check` writes into OUT unless --json or --html names another file: the terminal shows a line
+#: per case, these everything (the HTML report's pictures, the JSON for `bsa run --failed` and `bsa trend`).
+CHECK_REPORTS = {"--json": "report.json", "--html": "report.html"}
+
 
 @click.command("check")
 @click.argument("specs", nargs=-1, required=True)
@@ -152,7 +180,17 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     padding="BNSD padding rule, as bsa compare.",
 )
 @options.report_options
+@options.baseline_options
 @options.verbose_option
+@click.option(
+    "--recheck",
+    "recheck",
+    type=click.IntRange(min=0),
+    default=0,
+    metavar="N",
+    help="Judge a case that fails narrowly again over N reseeded runs, by the bootstrap interval of their median "
+    "ratio (the commercial standard's recheck; fewer than 200 runs fail). 0: no recheck.",
+)
 def check_command(
     specs: tuple[str, ...],
     out: Path,
@@ -166,18 +204,27 @@ def check_command(
     release: str | None,
     settings: options.SettingsOptions,
     reports: options.ReportPaths,
+    baseline: options.BaselineOptions,
     verbose: bool,
     ops: tuple[Op, ...] | None,
+    recheck: int,
 ) -> None:
     """Generate, run and compare in one command: the main job.
 
     SPECS are case spec files or folders. Cases already in OUT with current inputs are not generated
     again. Without --binary, --cmd or --device torch_npu the built-in reference device runs them
-    (reference results, not device results). Exit code as `bsa compare`: 0 all pass, 1 a case failed,
-    2 usage or spec error, 3 a case could not be judged; 130 interrupted.
+    (reference results, not device results). The terminal shows a line per case (every check and metric
+    with -v); the full reports go to OUT/report.html and OUT/report.json unless --html or --json names
+    another file. --baseline compares the verdict with an earlier report as `bsa compare --baseline` does.
+    Exit code as `bsa compare`: 0 all pass, 1 a case failed, 2 usage or spec error, 3 a case could not be
+    judged, 4 every case passed but a kernel is slower than in --baseline; 130 interrupted.
     """
     run_options = device.run_options()
     run_settings = settings.run_settings()
+    margin, night = baseline.night()
+    reports = {
+        flag: path or (out / CHECK_REPORTS[flag] if flag in CHECK_REPORTS else None) for flag, path in reports.items()
+    }
     common.prepare_reports(reports)
     try:
         with ProgressDisplay() as display:
@@ -192,17 +239,22 @@ def check_command(
             if checked.suite is None:
                 raise KeyboardInterrupt
             suite = checked.suite
+            if recheck:
+                with common.user_errors():
+                    shown = PipelineProgress(display)
+                    suite = pipeline.recheck_suite(
+                        suite, cases, out, recheck, run_options, run_settings, precision, jobs, shown
+                    )
             common.show_kernel_path_notes(checked.case_dirs)
     except KeyboardInterrupt:
         output.info("interrupted: finished cases keep their files and run records")
         raise click.exceptions.Exit(ExitCode.INTERRUPTED) from None
-    from .. import report  # here: `bsa run` and `bsa emulate` write no report
-
-    report.render_terminal(suite, output.stdout, verbose=verbose)
-    common.write_reports(suite, reports, (out,))
-    if run_options.device.reference_results:
-        output.stdout.print(run_options.device.announcement, markup=False)
-    raise click.exceptions.Exit(suite.return_code)
+    report.render_terminal(suite, output.stdout, verbose=verbose, device_named=True)  # the run's first line named it
+    drift, code = baseline.judge(suite, margin, night)
+    # without --baseline the reports are as before (compare's JSON records its exit code; check's did not)
+    exit_code = None if drift is None else code
+    common.write_reports(suite, reports, (out,), drift=drift, exit_code=exit_code)  # "wrote ... report PATH" last
+    raise click.exceptions.Exit(code)
 
 
 __all__ = ["check_command", "emulate_command", "run_command"]

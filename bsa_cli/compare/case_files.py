@@ -21,6 +21,7 @@ import numpy as np
 
 from ..core import rounding
 from ..core.case import Case, numpy_dtype
+from ..core.chips import peak_tflops
 from ..core.errors import DataError, clip, show
 from ..core.layout import mask_view
 from ..core.untrusted import entry_path, inside, load_json, parse_status, read_regular
@@ -117,12 +118,15 @@ def _run_timing(timing: Any) -> dict[str, Any]:
     if not isinstance(timing, dict):
         return {}
     steps = timing.get("steps")
+    raw = timing.get("chip")  # a SoC name, as `devices.timing.read_chip` takes it
+    chip = raw if isinstance(raw, str) and raw.isidentifier() and len(raw) <= 32 else None
     found = []
     for step in ("forward", "backward"):
         entry = steps.get(step) if isinstance(steps, dict) else None
         values: list[Any] = [entry.get(k) for k in _STEP_KEYS] if isinstance(entry, dict) else []
         if len(values) == len(_STEP_KEYS) and all(_is_number(v) and v >= 0 for v in values):
-            found.append(StepTime(step, float(values[0]), float(values[1]), int(values[2]), int(values[3])))
+            median, spread, kept, dropped = float(values[0]), float(values[1]), int(values[2]), int(values[3])
+            found.append(StepTime(step, median, spread, kept, dropped, chip=chip, peak_tflops=peak_tflops(chip)))
     why = timing.get("not_timed")
     return {"kernel_time": tuple(found), **({"untimed": clip(why, 300)} if isinstance(why, str) and why else {})}
 

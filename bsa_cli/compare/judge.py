@@ -7,19 +7,20 @@ standard (its `Standard.checks`, bsa_cli/standards) and the bias check, and loca
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 
 import numpy as np
 
 from ..core.case import Case
-from ..standards import Settings, bias
+from ..standards import Settings, bias, side_settings
 from ..standards.base import Measured
 from ..store.manifest import GRAD_NAMES
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
 from .metrics import _measure, _params, _RowOut, paired_relative_sums
-from .results import TensorResult
+from .results import Check, TensorResult
 from .structural import _structural_checks
 from .summary import BenchmarkSummary, summary_key
 from .ulp import _MANTISSA_BITS
@@ -78,7 +79,8 @@ def judge_tensor(
         rows: (rows that must be 0, padding rows) of the tensor (`structural_rows`).
     """
     t = settings.thresholds
-    params = _params(case, settings)
+    sides = side_settings(case.dtype, case.compare or None, settings)
+    params = _params(case, settings, sides)
     name = geom.name
     bench = benchmark.get(name) if benchmark else None
     for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
@@ -105,22 +107,26 @@ def judge_tensor(
     ratios = [float(s.ratio.max()) for s in spans.values() if s.ratio is not None and s.ratio.size]
     tile_max = None if bench_rows is None else max(ratios, default=0.0)
     extra = settings.standard.measure(gold, case.dtype, t)
-    checks = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
-    checks += settings.standard.checks(Measured(name, dev_stats, bench_stats, tile_max, extra), t)
+    structural = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
+    judged = Measured(name, dev_stats, bench_stats, tile_max, extra, case.dtype)
+    checks = structural + settings.standard.checks(judged, t)
     estimate = None
-    if math.isfinite(t["bias_z"]) and bench_stats is not None and bench_stats.bias is not None:
+    bias_wanted = any(math.isfinite(s.thresholds["bias_z"]) for s in (settings, *sides))
+    if bias_wanted and bench_stats is not None and bench_stats.bias is not None:
         # The bias (`bias.py`) from each side's sums, with the paired difference measured when the two biases differ
         # by more than the floor and the benchmark's arrays are at hand.
-        sides = []
+        both = []
         for stats in (dev_stats, bench_stats):
             assert stats.bias is not None and stats.bias_se is not None
-            sides.append(bias.RelativeSums.of(stats.bias, stats.bias_se, stats.large_count))
+            both.append(bias.RelativeSums.of(stats.bias, stats.bias_se, stats.large_count))
         pairs = None
-        if bench is not None and abs(sides[0].mean - sides[1].mean) > t["bias_floor"]:
+        if bench is not None and abs(both[0].mean - both[1].mean) > t["bias_floor"]:
             pairs = paired_relative_sums(dev, bench, gold, geom, params)
         ulp = bias.ulp_relative(_MANTISSA_BITS.get(params.io_dtype, 23))
-        estimate = bias.estimate(sides[0], sides[1], ulp, pairs)
-        checks.append(estimate.check(name, t["bias_z"], t["bias_floor"]))
+        estimate = bias.estimate(both[0], both[1], ulp, pairs)
+        if math.isfinite(t["bias_z"]):
+            checks.append(estimate.check(name, t["bias_z"], t["bias_floor"]))
+    others = {s.label: _side_checks(case, s, i, structural, judged, gold, estimate) for i, s in enumerate(sides)}
     failed = not all(c.passed for c in checks)
     chart = ulp_chart(dev, bench, gold, geom, params) if failed else None
     return TensorResult(
@@ -137,5 +143,33 @@ def judge_tensor(
         extra=extra,
         ulp_chart=chart,
         golden_dtype=str(gold.dtype),
-        bias=estimate,
+        bias=estimate if math.isfinite(t["bias_z"]) else None,
+        sides=others,
     )
+
+
+def _side_checks(
+    case: Case,
+    side: Settings,
+    index: int,
+    structural: list[Check],
+    measured: Measured,
+    gold: np.ndarray,
+    estimate: bias.Bias | None,
+) -> tuple[Check, ...]:
+    """The checks a side-by-side standard makes of a tensor: the same structural checks, its own on the same
+    measurement (mismatches counted at its tolerances), and its bias check; none of its own without the
+    benchmark it needs (the side verdict is then the structural checks' alone)."""
+    stats = measured.device
+    counts = stats.side_mismatch_counts
+    assert counts is not None
+    mismatched = counts[index]
+    stats = dataclasses.replace(stats, mismatch_count=mismatched, mismatch_ratio=mismatched / max(stats.count, 1))
+    t = side.thresholds
+    if side.standard.needs_benchmark and measured.bench is None:
+        return tuple(structural)
+    extra = side.standard.measure(gold, case.dtype, t)
+    own = side.standard.checks(dataclasses.replace(measured, device=stats, extra=extra, dtype=case.dtype), t)
+    if estimate is not None and math.isfinite(t["bias_z"]):
+        own.append(estimate.check(measured.tensor, t["bias_z"], t["bias_floor"]))
+    return (*structural, *own)

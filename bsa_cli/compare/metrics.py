@@ -33,6 +33,7 @@ class _Params:
     rtol: float
     atol: float
     diff_thd: float | None  # msOpST form
+    side_tolerances: tuple[tuple[float, float], ...] = ()  # (rtol, atol) of each side-by-side standard
 
 
 @dataclass
@@ -53,7 +54,10 @@ class _Partial:
     dot_gg: float = 0.0
     sum_signed_rel: float = 0.0  # signed relative errors (a - g) / g over large values: the bias check
     sum_signed_rel_sq: float = 0.0
+    sum_balance: float = 0.0  # (a - g) / max(1, |g|): the error balance (device only)
     mismatch: int = 0
+    side_mismatch: tuple[int, ...] = ()  # elements beyond each of `_Params.side_tolerances`
+    max_abs_golden: float = 0.0  # the golden where the error is `max_abs` (device only)
     small: int = 0
     small_err: int = 0
     nan: int = 0
@@ -78,6 +82,10 @@ class _Partial:
     _MINS = ("value_min", "golden_min")
 
     def merge(self, other: _Partial) -> None:
+        if other.max_abs > self.max_abs:
+            self.max_abs_golden = other.max_abs_golden
+        mine = self.side_mismatch or (0,) * len(other.side_mismatch)
+        self.side_mismatch = tuple(a + b for a, b in zip(mine, other.side_mismatch, strict=True))
         for names, pick in ((_SUMS, lambda a, b: a + b), (self._MAXES, max), (self._MINS, min)):
             for name in names:
                 setattr(self, name, pick(getattr(self, name), getattr(other, name)))
@@ -105,6 +113,9 @@ class _Partial:
             cosine=min(cosine, 1.0) if full else None,
             mismatch_count=self.mismatch if full else None,
             mismatch_ratio=self.mismatch / count if full else None,
+            side_mismatch_counts=(self.side_mismatch or (0,) * len(params.side_tolerances)) if full else None,
+            max_abs_golden=self.max_abs_golden if full else None,
+            error_balance=self.sum_balance / count if full else None,
             small_value_count=self.small,
             small_value_err_count=self.small_err,
             nan_count=self.nan,
@@ -143,7 +154,10 @@ class _Partial:
 
 #: The fields of `_Partial` that chunks add up: every one but its maxima, minima, ULP counts and rows.
 _SUMS = tuple(
-    f.name for f in fields(_Partial) if f.name not in (*_Partial._MAXES, *_Partial._MINS, "ulp_over", "nonfinite_rows")
+    f.name
+    for f in fields(_Partial)
+    if f.name
+    not in (*_Partial._MAXES, *_Partial._MINS, "ulp_over", "nonfinite_rows", "side_mismatch", "max_abs_golden")
 )
 
 
@@ -214,6 +228,11 @@ def _measure_chunk(
     flat_rel = work.reshape(-1)
     part.sum_signed_rel = float(np.dot(flat_rel, _floor_array(1.0, flat_rel.shape)))
     part.sum_signed_rel_sq = float(np.dot(flat_rel, flat_rel))
+    if full:
+        balance = np.maximum(s.abs_golden, np.float32(1.0), out=scratch.get("balance", np.float32, a.shape))
+        np.divide(diff, balance, out=balance)
+        flat_balance = balance.reshape(-1)
+        part.sum_balance = float(np.dot(flat_balance, _floor_array(1.0, flat_balance.shape)))
     abs_diff = np.abs(diff, out=diff)
     part.sum_abs = float(abs_diff.sum())
     np.abs(work, out=work)  # ATK's relative error, 0 on small values
@@ -229,6 +248,9 @@ def _measure_chunk(
         out.argmax[rows] = arg
         out.max_abs[rows] = row_max
         part.max_abs = float(row_max.max(initial=0.0))
+        if row_max.size:
+            worst = int(row_max.argmax())
+            part.max_abs_golden = float(s.golden[worst, arg[worst]])
     else:
         part.max_abs = float(abs_diff.max(initial=0.0))
     if not full:
@@ -251,6 +273,12 @@ def _measure_chunk(
     np.multiply(s.abs_golden, np.float32(params.rtol), out=work)
     work += np.float32(params.atol)
     part.mismatch = int(np.count_nonzero(np.greater(abs_diff, work, out=flags)))
+    sides = []
+    for rtol, atol in params.side_tolerances:
+        np.multiply(s.abs_golden, np.float32(rtol), out=work)
+        work += np.float32(atol)
+        sides.append(int(np.count_nonzero(np.greater(abs_diff, work, out=flags))))
+    part.side_mismatch = tuple(sides)
     np.divide(abs_diff, _ulp_power(s.abs_golden, params.io_dtype, work, params.err_thd), out=work)  # ULP / 2^m
     unit = 2.0 ** _MANTISSA_BITS.get(params.io_dtype, 23)
     part.ulp_sum = float(work.sum()) * unit
@@ -415,8 +443,11 @@ def paired_relative_sums(
     return sums
 
 
-def _params(case: Case, settings: Settings) -> _Params:
+def _params(case: Case, settings: Settings, sides: tuple[Settings, ...] = ()) -> _Params:
+    """The measuring parameters of a case under `settings`, counting mismatches at each of `sides`' tolerances too."""
     t = settings.thresholds
     err_thd = t.get("err_thd", ERR_THD.get(case.dtype, ERR_THD["float32"]))
     small_thd = t.get("small_value_thd", SMALL_VALUE_THD.get(case.dtype, SMALL_VALUE_THD["float32"]))
-    return _Params(case.dtype, err_thd, small_thd, t["rtol"], t["atol"], t["diff_thd"] if settings.msopst else None)
+    diff_thd = t["diff_thd"] if settings.msopst else None
+    tolerances = tuple((side.thresholds["rtol"], side.thresholds["atol"]) for side in sides)
+    return _Params(case.dtype, err_thd, small_thd, t["rtol"], t["atol"], diff_thd, tolerances)

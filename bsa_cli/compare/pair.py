@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from ..core.case import Case, Expect
 from ..store.manifest import GRAD_NAMES
 from .forward import NOT_WRITTEN
-from .results import Cause, Check, TensorResult
+from .results import EXPECTED_VERDICT, Cause, Check, TensorResult
 
 #: The causes a failing chain is named by (docs/compare.md, "The forward and the pair").
 PAIR_CAUSES = ("lse-unwritten", "padding-rows-read")
@@ -139,4 +139,4 @@ def expected_verdict(
     else:
         found = ", ".join(named) if named else "no pair cause"
         text = f"fails, but for {found}, not {wanted} (expect.cause): {message}"
-    return Check("expected-verdict", None, 1.0, None, False, text, math.inf), None
+    return Check(EXPECTED_VERDICT, None, 1.0, None, False, text, math.inf), None

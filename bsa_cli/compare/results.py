@@ -59,6 +59,13 @@ class ErrorStats:
     cosine: float | None = None
     mismatch_count: int | None = None
     mismatch_ratio: float | None = None
+    # Mismatches at each side-by-side standard's rtol/atol (`standards.side_settings`), and the golden value
+    # where the error is largest (mixed tolerance's ULP anchor): the device's only.
+    side_mismatch_counts: tuple[int, ...] | None = None
+    max_abs_golden: float | None = None
+    # The error balance (EB) of CANN's test helpers: mean((a - g) / max(1, |g|)), a signed systematic error that
+    # does not vanish on small goldens (docs/compare.md, "Error balance").
+    error_balance: float | None = None
     ulp_max: float | None = None
     ulp_mean: float | None = None
     ulp_histogram: tuple[int, ...] | None = None
@@ -86,6 +93,8 @@ class ErrorStats:
 MSPROBE_FIELDS = tuple(
     f.name for f in fields(ErrorStats) if f.name.startswith(("thousandth", "five_", "value_", "golden_"))
 )
+#: `ErrorStats` fields of the device alone: a benchmark summary leaves them out (its bytes stay as they were).
+DEVICE_ONLY_FIELDS = (*MSPROBE_FIELDS, "side_mismatch_counts", "max_abs_golden", "error_balance")
 
 
 @dataclass(frozen=True)
@@ -167,10 +176,28 @@ class TensorResult:
     ulp_chart: UlpChart | None = None  # failing tensors only
     golden_dtype: str | None = None  # float32, or float64 for a golden generated with --precision float64
     bias: Bias | None = None  # the bias check's estimate (`bias.py`), where the check ran
+    #: The checks each side-by-side standard that does not decide makes of it, by its label
+    #: (`standards.side_settings`): what that standard's verdict would be.
+    sides: Mapping[str, tuple[Check, ...]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
         return all(c.passed for c in self.checks)
+
+    def passed_by(self, label: str) -> bool:
+        """Whether a side-by-side standard passes it (its own checks where it has none of that standard's)."""
+        return all(c.passed for c in self.sides.get(label, self.checks))
+
+    @property
+    def matched_ratio(self) -> float | None:
+        """Mixed tolerance's matched ratio (its `matched_ratio` check, deciding or side by side), if judged."""
+        every = (*self.checks, *(c for checks in self.sides.values() for c in checks))
+        return next((c.value for c in every if c.name == "matched_ratio"), None)
+
+    @property
+    def max_abs_error(self) -> float:
+        """The largest absolute error over the judged finite elements."""
+        return self.device.max_abs_err
 
 
 #: A kind of cause a diagnosis names.
@@ -256,6 +283,8 @@ class StepTime:
     runs: int  # timed calls kept
     outliers_dropped: int
     flops: float | None = None  # the call's FLOPs in bsa's cost model (`Manifest.flops`), None when unknown
+    chip: str | None = None  # the chip it ran on, as the device named it (run.json `timing.chip`)
+    peak_tflops: float | None = None  # that chip's FP16/BF16 peak (`core.chips`), None when bsa has no figure
 
     @property
     def tflops(self) -> float | None:
@@ -263,6 +292,36 @@ class StepTime:
         if self.flops is None or self.median_us <= 0:
             return None
         return self.flops / self.median_us / 1e6
+
+    @property
+    def peak_share(self) -> float | None:
+        """The achieved TFLOP/s as a fraction of the chip's peak (None without either)."""
+        tflops = self.tflops
+        return None if tflops is None or not self.peak_tflops else tflops / self.peak_tflops
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """A narrowly failing case judged again over reseeded runs (`compare.recheck`): how many runs were judged,
+    the median of their ratios (deciding severity, 1 at the limit), its bootstrap 95% interval, the verdict
+    and why, and each run's ratio in seed order."""
+
+    runs: int
+    median: float
+    lower: float
+    upper: float
+    passed: bool
+    why: str
+    ratios: tuple[float, ...]
+
+    @property
+    def text(self) -> str:
+        """One line: the runs, the interval and the verdict."""
+        verdict = "PASS" if self.passed else "FAIL"
+        return (
+            f"recheck over {self.runs} reseeded runs: median ratio {_fmt(self.median)}, 95% interval "
+            f"[{_fmt(self.lower)}, {_fmt(self.upper)}]: {verdict}, {self.why}"
+        )
 
 
 @dataclass(frozen=True)
@@ -302,6 +361,7 @@ class CaseResult:
     expected_failure: str | None = None  # a pair that must fail did, for its cause: "fails as it must: ..." (a PASS)
     kernel_time: tuple[StepTime, ...] = ()  # each call's time of a `bsa run --time` (run.json `timing`)
     untimed: str | None = None  # why a `bsa run --time` recorded no time (the reference device), else None
+    recheck: Recheck | None = None  # a narrow failure judged again over reseeded runs (`bsa check --recheck`)
 
     @classmethod
     def unjudged(cls, name: str, errors: Sequence[str], verdict: Verdict = ERROR, **known: Any) -> CaseResult:
@@ -346,6 +406,26 @@ class CaseResult:
         return "; ".join([*self.notes, main] if main else self.notes)
 
     @property
+    def side_verdicts(self) -> dict[str, Verdict]:
+        """The verdict each side-by-side standard that does not decide would give (a judged case only): its
+        checks of the tensors with the case-level ones; a pair that must fail passes when it fails."""
+        if self.verdict not in (PASS, FAIL):
+            return {}
+        labels = dict.fromkeys(label for t in self.tensors for label in t.sides)
+        case_checks = [c for c in self.checks if c.name != EXPECTED_VERDICT]
+        must_fail = self.expected_failure is not None or len(case_checks) < len(self.checks)
+        verdicts: dict[str, Verdict] = {}
+        for label in labels:
+            passed = all(c.passed for c in case_checks) and all(t.passed_by(label) for t in self.tensors)
+            verdicts[label] = PASS if passed != must_fail else FAIL
+        return verdicts
+
+    @property
+    def verdicts_differ(self) -> bool:
+        """Whether a side-by-side standard's verdict differs from the deciding one."""
+        return any(v != self.verdict for v in self.side_verdicts.values())
+
+    @property
     def all_checks(self) -> tuple[Check, ...]:
         return self.checks + tuple(c for t in self.tensors for c in t.checks)
 
@@ -371,6 +451,8 @@ class CaseResult:
         return deciding.detail if deciding else ""
 
 
+#: The name of a pair's expected-verdict check (`compare.pair.expected_verdict`).
+EXPECTED_VERDICT = "expected-verdict"
 #: How a PASS headline introduces its deciding check: the one nearest its limit.
 CLOSEST = "closest to its limit:"
 #: How the error of a case that no device has run begins (`CaseResult.not_run`).

@@ -23,7 +23,7 @@ from ..store.manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _geometry, only_rows
 from .metrics import _measure, _params
-from .results import MSPROBE_FIELDS, ErrorStats
+from .results import DEVICE_ONLY_FIELDS, ErrorStats
 
 #: Version of the benchmark summary's arithmetic: a summary of another version is measured again.
 SUMMARY_FORMAT = 2
@@ -108,7 +108,7 @@ def summary_document(summary: BenchmarkSummary) -> dict[str, Any]:
 
     # msprobe's figures are the device's only: left out (not null), a summary stays readable by a bsa before them
     stats = {
-        name: {k: plain(v) for k, v in asdict(s).items() if not (k in MSPROBE_FIELDS and v is None)}
+        name: {k: plain(v) for k, v in asdict(s).items() if not (k in DEVICE_ONLY_FIELDS and v is None)}
         for name, s in summary.stats.items()
     }
     return {"key": dict(summary.key), "stats": stats}
@@ -135,7 +135,7 @@ _BENCHMARK_FIELDS = {f.name: f.type for f in dataclasses.fields(ErrorStats)}
 
 def _stats_fields(data: Mapping[str, Any]) -> dict[str, Any]:
     """Check and convert a benchmark's `ErrorStats` fields from JSON; ValueError names the first bad one."""
-    optional = {*MSPROBE_FIELDS, "bias", "bias_se"}
+    optional = {*DEVICE_ONLY_FIELDS, "bias", "bias_se"}
     wrong = (set(_BENCHMARK_FIELDS) - optional - set(data)) | (set(data) - set(_BENCHMARK_FIELDS))
     if wrong:  # msprobe's figures may be absent (the device's only); the bias's are absent before format 2
         raise ValueError(f"fields {sorted(wrong)} missing or unknown")

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Iterator, Mapping
@@ -147,9 +148,10 @@ class RowScale:
 
 @dataclass(frozen=True)
 class Distribution:
-    """Values of one input tensor: normal(mean, std) or uniform(low, high), with optional stress shapes."""
+    """Values of one input tensor: normal(mean, std), uniform(low, high) or noisy (normal, 0.1% of the values
+    x1000), with optional stress shapes."""
 
-    kind: str = "normal"  # normal | uniform
+    kind: str = "normal"  # normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`)
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0
@@ -306,6 +308,15 @@ class Case:
         dims = [d if isinstance(d, int) and d > 0 else 128 for d in self.block_shape[:2]]
         dims += [128] * (2 - len(dims))
         return dims[0], dims[1]
+
+    def as_called(self) -> Case:
+        """Return this case with the block shape an op that accepts it computes with (`mask_block_shape`):
+        the same case unless a negative case's blockShape is null (the forward reads 128 x 128) or holds more
+        than [X, Y] (the backward reads the first two). The golden, the devices and judging compute with it;
+        the manifest keeps the blockShape as passed."""
+        if self.block_shape == self.mask_block_shape:
+            return self
+        return dataclasses.replace(self, block_shape=self.mask_block_shape)
 
     @property
     def num_q_blocks(self) -> int:

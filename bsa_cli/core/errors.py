@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 import reprlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,19 @@ def suggest(word: str, choices: Iterable[str]) -> str:
     """Return ' (did you mean 'x'?)' for the closest choice, or '' when none is close."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def filter_hint(patterns: Sequence[str], names: Sequence[str]) -> str:
+    """Return what a `--filter` that matched none of `names` may have meant: the names it starts (a matrix
+    appends its values: `smoke-bnsd-random` is `smoke-bnsd-random.fp16`, ...), else the closest ones; '' when
+    none is close."""
+    for pattern in patterns:
+        longer = [name for name in names if name.startswith(f"{pattern}.")]
+        if longer:
+            shown = ", ".join(longer[:3]) + (", ..." if len(longer) > 3 else "")
+            return f" (a matrix adds its values to a name: --filter '{pattern}*' takes {shown})"
+    close = list(dict.fromkeys(c for p in patterns for c in difflib.get_close_matches(p, list(names), n=3, cutoff=0.6)))
+    return f" (closest: {', '.join(close[:3])})" if close else ""
 
 
 def plural(count: int, noun: str, nouns: str | None = None) -> str:

@@ -121,6 +121,7 @@ class Attempt:
     skipped: str | None = None  # why the device did not run the op after all (a torch_npu child: torch < 2.6)
     times: dict[str, list[float]] | None = None  # microseconds of each timed call, by step (`timing.read_lines`)
     guards: dict[str, Any] | None = None  # run.json's `guards`: the zones kept around the outputs; None: none kept
+    chip: str | None = None  # the chip the timed calls ran on, as the device names it (`timing.read_chip`)
 
     @property
     def outcome(self) -> Outcome:

@@ -168,8 +168,8 @@ def mark_prefill(attempt: Attempt, execution: Execution) -> None:
 
 
 def mark_device_lines(attempt: Attempt, execution: Execution) -> None:
-    """Record the times of the timed calls and the guard zones a child reported on its stdout
-    (`timing.read_lines`: `bsa-time-us:`, `bsa-guard-zones:`, `bsa-guard-write:` lines)."""
+    """Record the times of the timed calls, the chip and the guard zones a child reported on its stdout
+    (`timing.read_lines`: `bsa-time-us:`, `bsa-guard-zones:`, `bsa-guard-write:` lines; `timing.read_chip`)."""
     text = software.read_head(execution.output_dir / attempt.stdout_log, timing.LOG_MAX_BYTES) or ""
     times, guards = timing.read_lines(text)
-    attempt.times, attempt.guards = times or None, guards
+    attempt.times, attempt.guards, attempt.chip = times or None, guards, timing.read_chip(text)

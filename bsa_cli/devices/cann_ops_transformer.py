@@ -43,7 +43,7 @@ from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
 from ..store.manifest import Manifest
 from . import software, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
-from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run
+from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run, mark_device_lines
 from .process import spawn
 from .torch_npu import import_torch_npu, prepare_environment
 from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, to_tensor
@@ -118,7 +118,11 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     except Exception as exc:
         raise DeviceFailure(f"cannot place the inputs on NPU {device_id}: {type(exc).__name__}: {exc}") from None
     print(f"op forward: {PACKAGE}.{ENTRY} (mask as int8, scale_value {keywords['scale_value']!r} given)")
-    result = torch_npu_ops._call(ENTRY, lambda: entry(q, k, v, mask, block_shape, **keywords), torch)
+
+    def call() -> Any:
+        return entry(q, k, v, mask, block_shape, **keywords)
+
+    result = torch_npu_ops._call(ENTRY, call, torch)
     if isinstance(result, torch_npu_ops.Refusal):
         return torch_npu_ops.refused(output_dir, result)
     out, lse = torch_npu_ops._tensors(result, 2, ENTRY)
@@ -127,7 +131,9 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
         print("return_softmax_lse=False: the entry returns no lse; lse.bin holds NaN (judged by nobody)")
         entry_lse = manifest.entry("outputs", "lse")
         lse = torch.full([int(n) for n in entry_lse["shape"]], float("nan"), dtype=torch.float32)
-    return torch_npu_ops.written(torch, output_dir, manifest, {"out": out, "lse": lse})
+    status = torch_npu_ops.written(torch, output_dir, manifest, {"out": out, "lse": lse})
+    torch_npu_ops.time_calls(torch, "forward", call)  # --time: the entry's call, as the torch_npu device times
+    return status
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -197,6 +203,7 @@ class CannOpsTransformerDevice(ChildDevice):
     def execute(self, attempt: Attempt, execution: Execution) -> None:
         spawn(attempt, execution)
         mark_cannot_run(attempt, execution)
+        mark_device_lines(attempt, execution)  # its timed calls (--time)
 
     def software(self, stdout_log: Path | None, env: Mapping[str, str]) -> dict[str, Any]:
         return software.from_torch_npu_log(stdout_log)

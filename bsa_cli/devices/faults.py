@@ -22,6 +22,7 @@ from ..core.rounding import to_dtype
 from ..golden import forward_case, written_rows
 from ..ops import Op, get
 from ..ops.backward import BACKWARD
+from ..ops.base import FORWARD_OUTPUTS
 
 #: Planted faults: name -> what the faulty kernel does. Faults that change nothing where no block is
 #: selected (all but nan-row) apply only to cases with at least one selected block; see `fault_applies`.
@@ -94,8 +95,12 @@ FORWARD_FAULTS: dict[str, str] = {
 #: them (`guard_writes`; the C++ harness keeps such zones on the device, docs/run.md "Guard zones").
 GUARD_FAULTS: dict[str, str] = {
     "dk-write-past-end": "the backward writes 8 elements past the end of dk (a tail tile stored one row too far): "
-    "dq, dk and dv are right, only the guard zone after dk shows it (applies to every backward)"
+    "dq, dk and dv are right, only the guard zone after dk shows it (applies to every backward)",
+    "lse-write-past-end": "the forward writes 8 elements past the end of softmaxLse (a tail row stored one row too "
+    "far): out and lse are right, only the guard zone after lse shows it (applies to every forward)",
 }
+#: The output each guard fault writes past the end of (a forward output: the fault is the forward step's).
+PAST_END_OF: dict[str, str] = {"dk-write-past-end": "dk", "lse-write-past-end": "lse"}
 
 ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS, **GUARD_FAULTS}
 
@@ -160,8 +165,8 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
         return False
     if name in FORWARD_FAULTS:
         return _forward_fault_applies(name, case, block_mask)
-    if name in GUARD_FAULTS:
-        return math.prod(case.kv_shape) > 0
+    if name in GUARD_FAULTS:  # any element of the tensor it writes past
+        return math.prod(case.q_shape[:-1] if _is_forwards(name) else case.kv_shape) > 0
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
     # One fixed order, or a lost update, shows only where two pairs add into one kv block.
     if name in REPEAT_FAULTS or name == "race-lost-update":
@@ -277,7 +282,7 @@ def fault_not_applied(name: str, case: Case, block_mask: np.ndarray | None = Non
     if fault_applies(name, case, block_mask, op):
         return None
     if not _fault_step(name, get(op)):
-        step, other = ("forward", "backward") if name in FORWARD_FAULTS else ("backward", "forward")
+        step, other = ("forward", "backward") if _is_forwards(name) else ("backward", "forward")
         return (
             f"fault '{name}' is a fault of the {step}: it does not apply to a {other} folder (the reference "
             "device computed it without the fault)"
@@ -303,7 +308,12 @@ def _rows_to_swap(case: Case, block_mask: np.ndarray | None, spans: list[Sequenc
 
 def _fault_step(name: str, op: Op) -> bool:
     """Say whether the op calls the step a fault plants itself in (a forward fault in the forward)."""
-    return op.calls_forward if name in FORWARD_FAULTS else op.calls_backward
+    return op.calls_forward if _is_forwards(name) else op.calls_backward
+
+
+def _is_forwards(name: str) -> bool:
+    """Say whether a fault plants itself in the forward (a forward fault, or a guard fault past a forward output)."""
+    return name in FORWARD_FAULTS or PAST_END_OF.get(name) in FORWARD_OUTPUTS
 
 
 def _shared_blocks(case: Case, block_mask: np.ndarray, span: SequenceSpan) -> bool:
@@ -390,22 +400,23 @@ def plant_tile_noise(
     tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
 
 
-def guard_writes(fault: str | None, grads: Mapping[str, np.ndarray]) -> dict[str, Any]:
+def guard_writes(fault: str | None, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Play the guard zones around each output: place it between two zones of `GUARD_BYTES` bytes 0xFF, let
-    the fault write past dk's end (dk-write-past-end), and return run.json's `guards`: the zones' size and
-    each zone written (tensor, first element written counted from the tensor's first, elements up to the
-    last one written), as the C++ harness reports them (`devices.timing`)."""
+    a guard fault write past the end of its tensor (`PAST_END_OF`), and return run.json's `guards`: the
+    zones' size and each zone written (tensor, first element written counted from the tensor's first,
+    elements up to the last one written), as the C++ harness reports them (`devices.timing`)."""
     writes = []
-    for name, grad in grads.items():
-        data = np.ascontiguousarray(grad).reshape(-1).view(np.uint8)
+    for name, output in outputs.items():
+        data = np.ascontiguousarray(output).reshape(-1).view(np.uint8)
         buffer = np.full(2 * GUARD_BYTES + data.size, 0xFF, dtype=np.uint8)
         buffer[GUARD_BYTES : GUARD_BYTES + data.size] = data
-        if fault == "dk-write-past-end" and name == "dk":
+        if fault in PAST_END_OF and PAST_END_OF[fault] == name:
             end = GUARD_BYTES + data.size
-            buffer[end : end + PAST_END_ELEMENTS * grad.itemsize] = 0
+            buffer[end : end + PAST_END_ELEMENTS * output.itemsize] = 0
         for origin, zone in ((-GUARD_BYTES, buffer[:GUARD_BYTES]), (data.size, buffer[GUARD_BYTES + data.size :])):
             changed = np.flatnonzero(zone != 0xFF)
             if changed.size:
-                first, last = (origin + int(changed[0])) // grad.itemsize, (origin + int(changed[-1])) // grad.itemsize
+                size = output.itemsize
+                first, last = (origin + int(changed[0])) // size, (origin + int(changed[-1])) // size
                 writes.append({"tensor": name, "offset": first, "elements": last - first + 1})
     return {"bytes": GUARD_BYTES, "writes": writes}

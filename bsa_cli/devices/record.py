@@ -124,7 +124,8 @@ def case_record(
     if first and first.guards is not None:
         extra["guards"] = first.guards
     if options.timing is not None and outcome != "skipped":
-        extra["timing"] = timing.record(options.timing, first.times if first else None, device.untimed)
+        chip = first.chip if first else None
+        extra["timing"] = timing.record(options.timing, first.times if first else None, device.untimed, chip)
     return {
         "format": RUN_FORMAT,
         "tool": {"name": "bsa", "version": __version__},

@@ -34,7 +34,7 @@ from ..ops import forward_interface, interface
 from ..store import MANIFEST, array_bytes, read_array
 from ..store.manifest import Manifest
 from .base import write_atomic, write_status
-from .faults import FORWARD_FAULTS, fault_not_applied
+from .faults import FORWARD_FAULTS, fault_not_applied, guard_writes
 from .forward import backward_tensors, forward_mask, run_forward
 
 #: Why the reference device does not run an autograd folder (run.json `skipped`).
@@ -60,7 +60,7 @@ class Emulated:
     status: int
     fault_not_applied: str | None = None
     prefilled_outputs: str | None = None
-    #: run.json's `guards` (`faults.guard_writes`): the zones around the backward's outputs; None: not kept.
+    #: run.json's `guards` (`faults.guard_writes`): the zones around the outputs written; None: not kept.
     guards: dict[str, Any] | None = None
 
 
@@ -173,11 +173,14 @@ def emulate_op(
     # A forward fault plants itself here, a backward one is ignored (both steps run BLAS on one thread).
     produced = run_forward(case, {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
     write_outputs(paths, manifest, produced, str(output_dir), "the reference device")
+    written = dict(produced)  # every output written gets guard zones, as the harness gives them on the device
     if op.calls_backward:
         status, message = interface.check(params, backward_call(manifest), manifest.release)
         if status != 0:
-            return Emulated(write_status(output_dir, status, f"backward: {message}"), None, PREFILL)
+            status = write_status(output_dir, status, f"backward: {message}")
+            return Emulated(status, None, PREFILL, guard_writes(fault, written))
         backward_fault = None if fault in FORWARD_FAULTS else fault  # a backward fault plants itself here
         grads = backward(case, backward_tensors(tensors, produced), backward_fault, order_seed)
         write_outputs(paths, manifest, grads, str(output_dir), "the reference device")
-    return Emulated(write_status(output_dir, 0), not_applied, PREFILL)
+        written.update(grads)
+    return Emulated(write_status(output_dir, 0), not_applied, PREFILL, guard_writes(fault, written))

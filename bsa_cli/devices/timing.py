@@ -4,6 +4,7 @@
 The lines of the binary contract (read from the first `LOG_MAX_BYTES` of the child's stdout log):
 
     bsa-time-us: STEP MICROSECONDS        one per timed call; STEP is `forward` or `backward`
+    bsa-chip: NAME                        the chip the calls ran on, as the device names it (`Ascend910B2`)
     bsa-guard-zones: BYTES                the outputs had guard zones of BYTES before and after them
     bsa-guard-write: TENSOR OFFSET COUNT  the call wrote outside TENSOR: COUNT elements from element OFFSET
                                           (negative: before its first element; its size or more: after it)
@@ -21,6 +22,7 @@ RUNS_ENV = "BSA_TIME_RUNS"
 WARMUP_ENV = "BSA_TIME_WARMUP"
 
 TIME_PREFIX = "bsa-time-us: "
+CHIP_PREFIX = "bsa-chip: "
 GUARD_ZONES_PREFIX = "bsa-guard-zones: "
 GUARD_WRITE_PREFIX = "bsa-guard-write: "
 
@@ -84,6 +86,16 @@ def read_lines(text: str) -> tuple[dict[str, list[float]], dict[str, Any] | None
     return times, guards
 
 
+def read_chip(text: str) -> str | None:
+    """Return the chip a child's stdout names (its first `bsa-chip:` line: a SoC name of letters, digits and
+    `_`, at most 32 characters), or None."""
+    for line in text.splitlines():
+        if line.startswith(CHIP_PREFIX):
+            name = line[len(CHIP_PREFIX) :].strip()
+            return name if name.isidentifier() and len(name) <= 32 else None
+    return None
+
+
 def summarize(times: list[float]) -> dict[str, Any]:
     """Return one step's record: every time, the median and spread (interquartile range) of those inside
     Tukey's fences (`FENCE_IQR`), and how many were left out."""
@@ -102,9 +114,12 @@ def summarize(times: list[float]) -> dict[str, Any]:
     }
 
 
-def record(timing: Timing, times: Mapping[str, list[float]] | None, not_timed: str | None) -> dict[str, Any]:
-    """Return run.json's `timing`: how the times were taken and each step's summary; `not_timed` says why there
-    are none (the reference device, a binary that printed no time lines)."""
+def record(
+    timing: Timing, times: Mapping[str, list[float]] | None, not_timed: str | None, chip: str | None = None
+) -> dict[str, Any]:
+    """Return run.json's `timing`: how the times were taken, the chip they ran on (None: the device did not
+    say) and each step's summary; `not_timed` says why there are none (the reference device, a binary that
+    printed no time lines)."""
     steps = {step: summarize(list(times[step])) for step in STEPS if times and times.get(step)}
     why = not_timed if not steps else None
     if not steps and why is None:
@@ -113,6 +128,7 @@ def record(timing: Timing, times: Mapping[str, list[float]] | None, not_timed: s
         "method": METHOD if steps else None,
         "warmup": timing.warmup,
         "runs": timing.runs,
+        "chip": chip if steps else None,
         "steps": steps,
         "not_timed": why,
     }

@@ -63,7 +63,7 @@ from ..core.errors import DataError
 from ..ops.interface import call_lengths
 from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
 from ..store.manifest import INPUT_NAMES, Manifest
-from . import software, timing, torch_npu_ops
+from . import software, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
 from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run, mark_device_lines
 from .process import spawn
@@ -271,35 +271,8 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     if isinstance(grads, torch_npu_ops.Refusal):
         return torch_npu_ops.refused(output_dir, grads)
     status = torch_npu_ops.written(torch, output_dir, manifest, grads)
-    try:
-        time_calls(torch, "backward", lambda: binding(*args, **call.keywords()))
-    except Exception as exc:
-        raise DeviceFailure(f"a timed call failed after the judged one passed: {type(exc).__name__}: {exc}") from None
+    torch_npu_ops.time_calls(torch, "backward", lambda: binding(*args, **call.keywords()))
     return status
-
-
-def time_calls(torch: Any, step: str, call: Any) -> None:
-    """Time `call` as `bsa run --time` asks ($BSA_TIME_RUNS timed calls after $BSA_TIME_WARMUP untimed ones;
-    none without it): each timed call between two `torch.npu.Event(enable_timing=True)` recorded on the current
-    stream, torch_npu's counterpart of torch.cuda.Event, printing one `bsa-time-us:` line per call. The call
-    writes none of its inputs; its outputs are new tensors from the caching allocator, inside the timing."""
-    runs, warmup = (_count(os.environ.get(name)) for name in (timing.RUNS_ENV, timing.WARMUP_ENV))
-    if not runs:
-        return
-    print(f"bsa-timing: {step} warmup {warmup} runs {runs}")
-    start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
-    for index in range(warmup + runs):
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        if index >= warmup:
-            print(f"{timing.TIME_PREFIX}{step} {start.elapsed_time(end) * 1000:.3f}", flush=True)
-
-
-def _count(text: str | None) -> int:
-    """A count of calls from the environment: a whole number from 0 to `timing.MAX_RUNS`, else 0."""
-    return int(text) if text is not None and text.isdigit() and int(text) <= timing.MAX_RUNS else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

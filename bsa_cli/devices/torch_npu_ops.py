@@ -42,11 +42,17 @@ both (the forward accepts both-or-neither; the A2/A3 backward reads `actualSeqLe
 autograd hands it the forward's lengths). A case giving one list and not the other passes exactly that.
 
 The child never pre-fills outputs (the binding allocates them): run.json records no `prefilled_outputs`.
+
+`bsa run --time`: after the outputs are written, `time_calls` times the forward and the backward apart
+(the backward alone, the chain's backward on the judged forward's out and lse, autograd's `out.backward`
+each after an untimed forward), as docs/run.md's "Timed runs" says.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +69,7 @@ from ..ops.base import AUTOGRAD_STEP, BACKWARD_BINDING, FORWARD_BINDING
 from ..ops.interface import call_lengths
 from ..store import array_bytes
 from ..store.manifest import GRAD_NAMES, Manifest
+from . import timing
 from .base import write_atomic, write_status
 
 #: How the forward's aclnn status appears in torch_npu's RuntimeError (NPU_CHECK_ERROR).
@@ -345,6 +352,44 @@ def written(torch: Any, output_dir: Path, manifest: Manifest, returned: Mapping[
     return write_status(output_dir, 0)
 
 
+def time_calls(torch: Any, step: str, call: Callable[[], Any], prepare: Callable[[], Any] | None = None) -> None:
+    """Time `call` as `bsa run --time` asks ($BSA_TIME_RUNS timed calls after $BSA_TIME_WARMUP untimed ones;
+    none without it): each timed call between two `torch.npu.Event(enable_timing=True)` recorded on the current
+    stream, torch_npu's counterpart of torch.cuda.Event, printing one `bsa-time-us:` line per call. `prepare`
+    runs before each call, outside the events (autograd's forward, whose graph each backward consumes). The
+    call writes none of its inputs; its outputs are new tensors from the caching allocator, inside the timing.
+
+    Raises:
+        DeviceFailure: a timed call failed (after the judged one passed).
+    """
+    runs, warmup = (_count(os.environ.get(name)) for name in (timing.RUNS_ENV, timing.WARMUP_ENV))
+    if not runs:
+        return
+    print(f"bsa-timing: {step} warmup {warmup} runs {runs}")
+    with contextlib.suppress(Exception):  # the SoC name (Ascend/torchair reads it so); none is no failure
+        print(f"{timing.CHIP_PREFIX}{torch.npu.get_device_name()}")
+    try:
+        start, end = torch.npu.Event(enable_timing=True), torch.npu.Event(enable_timing=True)
+        for index in range(warmup + runs):
+            if prepare is not None:
+                prepare()
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            if index >= warmup:
+                print(f"{timing.TIME_PREFIX}{step} {start.elapsed_time(end) * 1000:.3f}", flush=True)
+    except Exception as exc:
+        raise DeviceFailure(
+            f"a timed {step} call failed after the judged one passed: {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _count(text: str | None) -> int:
+    """A count of calls from the environment: a whole number from 0 to `timing.MAX_RUNS`, else 0."""
+    return int(text) if text is not None and text.isdigit() and int(text) <= timing.MAX_RUNS else 0
+
+
 def backward_grads(call: Any, torch: Any, wanted: str = "") -> dict[str, Any] | Refusal:
     """Call the backward binding (`call()`); return dq, dk, dv, or the `Refusal` it failed with."""
     grads = _call(BACKWARD_BINDING, call, torch)
@@ -396,17 +441,25 @@ def run_op(
     print(f"op {op}: {FORWARD_BINDING} (mask as {mask_dtype}){steps}")
     call = plan.forward
     query, key, value = (tensors[n] for n in ("query", "key", "value"))
-    result = _call(
-        FORWARD_BINDING, lambda: forward(query, key, value, forward_mask, call.block_shape, **call.keywords()), torch
-    )
+
+    def run_forward() -> Any:
+        return forward(query, key, value, forward_mask, call.block_shape, **call.keywords())
+
+    result = _call(FORWARD_BINDING, run_forward, torch)
     if isinstance(result, Refusal):
         return refused(output_dir, result)
     out, lse = _tensors(result, 2, FORWARD_BINDING)
     returned = {"out": out, "lse": lse}
+    timed_backward: Callable[[], Any] | None = None
+    prepare: Callable[[], Any] | None = None
     if BACKWARD_BINDING in op.torch_npu_calls:
         keywords = plan.backward or {}
         mask = tensors["block_sparse_mask"]  # the manifest's dtype: the backward's
-        grads = backward_grads(lambda: backward(tensors["dout"], query, key, value, out, lse, mask, **keywords), torch)
+
+        def timed_backward() -> Any:
+            return backward(tensors["dout"], query, key, value, out, lse, mask, **keywords)
+
+        grads = backward_grads(timed_backward, torch)
         if isinstance(grads, Refusal):
             return refused(output_dir, grads)
         returned.update(grads)
@@ -418,4 +471,20 @@ def run_op(
             if source.grad is None:
                 raise DeviceFailure(f"{AUTOGRAD_STEP} left no {grad_name}: the forward has no gradient here")
             returned[grad_name] = source.grad
-    return written(torch, output_dir, manifest, {output: returned[output] for output in plan.outputs})
+        # Each out.backward consumes its forward's graph: an untimed forward (and cleared .grad, so no
+        # accumulation is timed) comes before each timed backward.
+        graph: dict[str, Any] = {}
+
+        def prepare() -> None:
+            for source in (query, key, value):
+                source.grad = None
+            graph["out"] = run_forward()[0]
+
+        def timed_backward() -> Any:
+            return graph["out"].backward(tensors["dout"])
+
+    status = written(torch, output_dir, manifest, {output: returned[output] for output in plan.outputs})
+    time_calls(torch, "forward", run_forward)
+    if timed_backward is not None:
+        time_calls(torch, "backward", timed_backward, prepare)
+    return status

@@ -123,7 +123,7 @@ def each_op(case: Case, settings: GenSettings = DEFAULT_SETTINGS) -> Iterator[tu
             yield op, OpArrays(skip=reason, stats=stats)
         elif not op.calls_forward:
             kernel_range = golden.KernelRange()
-            arrays = _backward_arrays(case, tensors, mask, settings, progress, kernel_range)
+            arrays = _backward_arrays(case.as_called(), tensors, mask, settings, progress, kernel_range)
             yield op, OpArrays(*arrays, kernel_range=kernel_range)
         else:
             called = {name: tensors[name] for name in op.inputs if name in tensors}
@@ -131,9 +131,9 @@ def each_op(case: Case, settings: GenSettings = DEFAULT_SETTINGS) -> Iterator[tu
             if not case.expect_of(op).ok:
                 yield op, OpArrays(inputs, stats=stats)
             elif not op.calls_backward:
-                yield op, _forward_arrays(case, op, tensors, mask, settings, progress, inputs, stats)
+                yield op, _forward_arrays(case.as_called(), op, tensors, mask, settings, progress, inputs, stats)
             else:
-                pair = pair or _pair_arrays(case, tensors, mask, settings, progress)
+                pair = pair or _pair_arrays(case.as_called(), tensors, mask, settings, progress)
                 yield op, OpArrays(inputs, pair.golden, pair.benchmark, None, pair.kernel_range, stats, mask)
 
 

@@ -166,7 +166,7 @@ def _write_case(case: Case, final_dir: Path, settings: GenSettings, op: Op, arra
         summary = None
         if bench:  # out over the forward's written rows (the mask), dq, dk, dv; lse is measured when judged
             masked = () if arrays.block_mask is None else (arrays.block_mask,)
-            summary = compare.summarize_benchmark(case, compare.case_settings(case), gold, bench, *masked)
+            summary = compare.summarize_benchmark(case.as_called(), compare.case_settings(case), gold, bench, *masked)
         entries = pending()
         inputs = {name: entries[f"inputs/{name}.bin"] for name in tensors}
         golden_entries = {name: entries[f"golden/{name}.bin"] for name in gold}

@@ -30,7 +30,7 @@ def logit_std_spread(case: Case) -> float:
 
 def spread(dist: Distribution) -> float:
     """Return the standard deviation of a distribution."""
-    return dist.std if dist.kind == "normal" else (dist.high - dist.low) / math.sqrt(12.0)
+    return (dist.high - dist.low) / math.sqrt(12.0) if dist.kind == "uniform" else dist.std
 
 
 def query_spread(case: Case) -> float:
@@ -72,6 +72,20 @@ def _sink_rows(case: Case, shape: tuple[int, ...]) -> np.ndarray:
     return (positions == token) & (lengths[batch] > token)
 
 
+#: The commercial standard's noisy ("离群点") distribution: k = max(1, floor(n / NOISE_EVERY)) distinct positions of a
+#: tensor's n values, drawn uniformly, scaled by NOISE_FACTOR (opbase docs/zh/ops_precision_standard/
+#: commercial_standard.md at 56922c3e667df071af471d78d938b6158a012343, section 5.1.2: "随机0.1%的值乘以1000").
+NOISE_FACTOR = 1000.0
+#: Values per noisy position (0.1%).
+NOISE_EVERY = 1000
+
+
+def noisy_positions(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """The sorted flat positions a noisy distribution scales: k = max(1, n // 1000), distinct."""
+    count = math.prod(shape)
+    return np.sort(rng.choice(count, size=max(1, count // NOISE_EVERY), replace=False))
+
+
 def adjuster(
     case: Case, name: str, shape: tuple[int, ...], dtype: np.dtype, rng: Callable[[str], np.random.Generator]
 ) -> Adjust | None:
@@ -79,8 +93,9 @@ def adjuster(
     init = case.init
     dist: Distribution = getattr(init, name)
     sink = init.sink if name in ("query", "key") else None
-    if dist.outliers is None and dist.row_scale is None and sink is None:
+    if dist.outliers is None and dist.row_scale is None and sink is None and dist.kind != "noisy":
         return None
+    noisy = noisy_positions(shape, rng(f"{name}.noisy")) if dist.kind == "noisy" else None
     dim = shape[-1]
     n_rows = math.prod(shape[:-1])
     row_factor = np.ones(n_rows)
@@ -110,6 +125,9 @@ def adjuster(
     largest = rounding.largest(dtype)
 
     def adjust(values: np.ndarray, first: int) -> None:
+        if noisy is not None:
+            hits = noisy[np.searchsorted(noisy, first) : np.searchsorted(noisy, first + values.size)]
+            values[hits - first] *= NOISE_FACTOR
         index = np.arange(first, first + values.size)
         rows, channels = index // dim, index % dim
         values *= row_factor[rows]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -359,6 +359,23 @@ def kernel_constraints(params: Params, bnsd_lengths: str) -> list[str]:
                     "to judge it on its own terms"
                 ]
     return []
+
+
+#: The largest D torch_npu's binding passes on: op-plugin (github.com/Ascend/op-plugin master 517f2e7d, the
+#: binding last changed in c0f67e98) `BlockSparseAttentionBackwardKernelNpuOpApi.cpp` checks
+#: query.size(-1) <= 128 before aclnn (bsa_cli/devices/torch_npu.py).
+TORCH_NPU_MAX_HEAD_DIM = 128
+
+
+def callers_refusals(params: Params, forward_head_dims: Sequence[int]) -> list[str]:
+    """Return why torch_npu's binding (`TORCH_NPU_MAX_HEAD_DIM`) and the forward (whose tiling takes
+    `forward_head_dims`; its out and lse are what the backward receives in training) would both refuse a call
+    the A2/A3 backward accepts, for its D: such a case runs on a --binary alone."""
+    head_dim = params.get("head_dim")
+    if not isinstance(head_dim, int) or head_dim <= TORCH_NPU_MAX_HEAD_DIM:
+        return []
+    dims = " or ".join(map(str, forward_head_dims))
+    return [f"D = {head_dim}: torch_npu takes D <= {TORCH_NPU_MAX_HEAD_DIM}, the forward D {dims}"]
 
 
 def arch35_refusals(params: Params) -> list[str]:

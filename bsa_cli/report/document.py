@@ -50,8 +50,10 @@ REPORT_MAX_BYTES = 1 << 30
 #: operator call judged: forward, backward, chain, autograd; `name` is the case folder, `NAME@op` for ops other
 #: than the backward), `case` (the case's name) and `expected_failure` (a pair that fails as it must: a PASS)
 #: per case, the verdict SKIP (its `errors` say why) and `summary.skipped`; a document without `schema_minor`
-#: is minor 0, a case without `op` judges the backward.
-SCHEMA_MINOR = 4
+#: is minor 0, a case without `op` judges the backward; 5 added per tensor `matched_ratio` and `max_abs_error`
+#: (mixed tolerance's), `sides` (the checks of each side-by-side standard that does not decide), per case
+#: `side_verdicts` ({standard label: PASS|FAIL}) and `summary.verdicts_differ` (the cases whose verdicts differ).
+SCHEMA_MINOR = 5
 
 
 def _map_cells(array: np.ndarray) -> Any:
@@ -85,13 +87,16 @@ def case_document(case: CaseResult) -> dict[str, Any]:
     """Return one case as a JSON-ready dict, with its derived `message` and `deciding` check."""
     document = _plain(case)
     document.update(case=case.case_name, message=case.message, headline=case.headline, deciding=_plain(case.deciding))
+    document["side_verdicts"] = case.side_verdicts
     for key in ("kernel_time", "untimed"):  # only a timed run's report holds them
         if not document[key]:
             del document[key]
     for time, data in zip(case.kernel_time, document.get("kernel_time", ()), strict=True):
         data["tflops"] = json_number(time.tflops) if time.tflops is not None else None
+        data["peak_share"] = json_number(time.peak_share) if time.peak_share is not None else None
     for tensor, data in zip(case.tensors, document["tensors"], strict=True):
         data["passed"] = tensor.passed
+        data.update(matched_ratio=_plain(tensor.matched_ratio), max_abs_error=_plain(tensor.max_abs_error))
     return document
 
 
@@ -157,6 +162,7 @@ def to_document(
             "skipped": suite.count(SKIP),
             "output_bytes": suite.output_bytes,
             "seconds": round(suite.seconds, 3),
+            "verdicts_differ": [c.name for c in suite.cases if c.verdicts_differ],
         },
         "cases": [case_document(c) for c in suite.cases],
     }

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.errors import BsaError
+from ..store import umask
 
 
 @dataclass
@@ -49,6 +50,8 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
             parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ReportPathError(option, str(path), f"cannot create folder {parent}: {exc.strerror or exc}") from None
+        if is_character_device(path):
+            continue  # written into, as every Unix tool does (/dev/null, /dev/stdout)
         if (reason := target_problem(path)) is not None:
             raise ReportPathError(option, str(path), reason)
         try:
@@ -68,12 +71,20 @@ _KINDS = (
 )
 
 
+def is_character_device(path: Path) -> bool:
+    """Whether `path` names a character device (through links): /dev/null, a terminal, /dev/stdout."""
+    try:
+        return stat.S_ISCHR(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def target_problem(path: Path) -> str | None:
     """Return why a report cannot be written at `path` (None: it is a new path or a regular file).
 
     A report replaces only a regular file (through a symbolic link: the file it points to, the link
-    stays): never a device such as /dev/null, a FIFO, a socket or a folder, which a rename would turn
-    into a regular file.
+    stays): never a block device, a FIFO, a socket or a folder, which a rename would turn into a regular
+    file. A character device (/dev/null) is written into instead (`is_character_device`).
     """
     try:
         info = os.stat(path)  # follows links: what the path names
@@ -99,6 +110,10 @@ def write_text_atomic(path: Path, text: str) -> None:
             report cannot be written (a full disk: ENOSPC), with the path as its filename.
     """
     path = Path(path)
+    if is_character_device(path):  # written into, never replaced by a file
+        with open(path, "w", encoding="utf-8", newline="") as device:
+            device.write(text)
+        return
     if path.is_symlink():
         path = Path(os.path.realpath(path))
     if (problem := target_problem(path)) is not None:
@@ -111,7 +126,7 @@ def write_text_atomic(path: Path, text: str) -> None:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())  # a full disk shows here at the latest, not after the rename
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a report is an ordinary file
+            os.chmod(tmp, 0o666 & ~umask())  # mkstemp makes the file private; a report is an ordinary file
             if (problem := target_problem(path)) is not None:  # something else may have taken the path meanwhile
                 raise OSError(errno.EEXIST, problem, str(path))
             os.replace(tmp, path)
@@ -122,9 +137,3 @@ def write_text_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

@@ -34,6 +34,7 @@ METRIC_ROWS: tuple[tuple[str, str], ...] = (
     ("msopst_max_err", "msOpST max error"),
     ("bias", "relative bias (signed)"),
     ("bias_se", "relative bias, standard error"),
+    ("error_balance", "error balance (EB)"),
 )
 
 
@@ -196,7 +197,41 @@ def metric_rows(tensors: Sequence[TensorResult]) -> list[list[str]]:
         cells = [fmt(d, digits) if b is None else f"{fmt(d, digits)} / {fmt(b, digits)}" for d, b in pairs]
         if any(c != "-" for c in cells):
             rows.append([label, *cells])
+        if key == "max_abs_err" and any(t.matched_ratio is not None for t in tensors):
+            rows.append(["matched ratio (mixed tolerance)", *(fmt(t.matched_ratio, 6) for t in tensors)])
     return rows
+
+
+def side_line(case: CaseResult) -> str | None:
+    """Return the verdicts the side-by-side standards that did not decide would give, with the first check each
+    fails: "double-benchmark: FAIL (dq MARE ratio 12 > 10 ...)"; None for a case not judged."""
+    verdicts = case.side_verdicts
+    if not verdicts:
+        return None
+    parts = []
+    for label, verdict in verdicts.items():
+        failed = [c for t in case.tensors for c in t.sides.get(label, t.checks) if not c.passed]
+        worst = max(failed, key=lambda c: c.severity).detail if failed else None
+        parts.append(f"{label}: {verdict}" + (f" ({worst})" if worst else ""))
+    return "other standards: " + "; ".join(parts)
+
+
+def tensor_figures(tensor: TensorResult) -> str:
+    """Return a tensor's matched ratio (mixed tolerance) and largest absolute error in words."""
+    ratio = "" if tensor.matched_ratio is None else f"matched ratio {fmt(tensor.matched_ratio, 6)}, "
+    return f"{tensor.name} {ratio}max abs error {fmt(tensor.max_abs_error)}"
+
+
+def differ_line(suite: SuiteResult) -> str | None:
+    """Return the cases whose side-by-side verdicts differ from the deciding one, or None where none does."""
+    differ = [c for c in suite.cases if c.verdicts_differ]
+    if not differ:
+        return None
+    cases = ", ".join(
+        f"{c.name} ({c.standard} {c.verdict}, " + ", ".join(f"{k} {v}" for k, v in c.side_verdicts.items()) + ")"
+        for c in differ
+    )
+    return f"verdicts differ between standards in {plural(len(differ), 'result')}: {cases}"
 
 
 def releases_line(suite: SuiteResult) -> str | None:
@@ -256,6 +291,16 @@ def standards_line(suite: SuiteResult) -> str:
         case.standard for case in suite.cases if case.standard and case.standard != "-" and case.verdict != SKIP
     )
     return ", ".join(f"{name} ({count})" for name, count in counts.most_common()) or "-"
+
+
+def likely_cause(case: CaseResult) -> str | None:
+    """The `likely:` line of a diagnosed failing case in short: its best cause and score (`likely_line` has
+    the evidence too)."""
+    if case.verdict != FAIL or not case.hypotheses:
+        return None
+    if not case.diagnosis:
+        return f"likely: unexplained (bsa compare --explain {case.name})"
+    return f"likely: {case.diagnosis[0].kind} ({case.diagnosis[0].score:.2f})"
 
 
 def likely_line(case: CaseResult) -> str | None:

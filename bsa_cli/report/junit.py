@@ -72,13 +72,16 @@ def _metrics_text(case: CaseResult) -> str:
         text = (
             f"{tensor.name}: max_abs_err {fmt(d.max_abs_err)} rmse {fmt(d.rmse)} "
             f"max_rel_err {fmt(d.max_rel_err)} mean_rel_err {fmt(d.mean_rel_err)} cosine {fmt(d.cosine, 8)} "
-            f"ulp_max {fmt(d.ulp_max, 3)}"
+            f"ulp_max {fmt(d.ulp_max, 3)} matched_ratio {fmt(tensor.matched_ratio, 6)} "
+            f"max_abs_error {fmt(tensor.max_abs_error)}"
         )
         if b:
             text += (
                 f"; benchmark rmse {fmt(b.rmse)} max_rel_err {fmt(b.max_rel_err)} mean_rel_err {fmt(b.mean_rel_err)}"
             )
         lines.append(text)
+    if side := formatting.side_line(case):
+        lines.append(side)
     if not case.tensors:
         lines.append(case.message)
     return "\n".join(lines)
@@ -100,11 +103,13 @@ def _case_properties(case: CaseResult) -> dict[str, str]:
         "release": case.release,
         "dtype": case.dtype,
         "op": None if get(case.op).is_default else case.op,
+        "side_verdicts": ", ".join(f"{k} {v}" for k, v in case.side_verdicts.items()),
     }
     for time in case.kernel_time:  # a timed run: each step's median and achieved TFLOP/s
         values[f"kernel_{time.step}_median_us"] = f"{time.median_us:.3f}"
         values[f"kernel_{time.step}_spread_us"] = f"{time.spread_us:.3f}"
         values[f"kernel_{time.step}_tflops"] = None if time.tflops is None else f"{time.tflops:.4g}"
+        values[f"kernel_{time.step}_peak_share"] = None if time.peak_share is None else f"{time.peak_share:.4g}"
     return {name: str(value) for name, value in values.items() if value or name == "standard"}
 
 

@@ -47,7 +47,10 @@ MSPROBE_COLUMNS = (
 )
 
 #: The columns bsa adds after msprobe's.
-BSA_COLUMNS = ("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check")
+BSA_COLUMNS = (
+    *("bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check"),
+    *("bsa Matched Ratio", "bsa Max Abs Error", "bsa Other Verdicts"),
+)
 
 #: The last column where a suite has ops other than the backward: forward, backward, chain, autograd.
 OP_COLUMN = "bsa Op"
@@ -85,7 +88,14 @@ def _tensor_row(case: CaseResult, tensor: TensorResult) -> list[str]:
         "Yes" if tensor.passed else "No",
         "; ".join([*case.notes, *failed]),
     ]
-    return row + [case.name, case.verdict, PASS if tensor.passed else "FAIL", case.standard, case.headline]
+    verdict = PASS if tensor.passed else "FAIL"
+    ratio, largest = _number(tensor.matched_ratio), _number(tensor.max_abs_error)
+    return row + [case.name, case.verdict, verdict, case.standard, case.headline, ratio, largest, _sides(case)]
+
+
+def _sides(case: CaseResult) -> str:
+    """The side-by-side standards' verdicts: "double-benchmark PASS"."""
+    return "; ".join(f"{label} {verdict}" for label, verdict in case.side_verdicts.items()) or NA
 
 
 def _case_row(case: CaseResult) -> list[str]:
@@ -96,7 +106,7 @@ def _case_row(case: CaseResult) -> list[str]:
     reached = NA if case.verdict == SKIP else "Yes" if case.verdict == PASS else "No"
     status = f"{operator_of(case.op)}/{case.name}/status"
     row = [status, f"expected/{case.name}/status", dtype, dtype, NA, NA, *([NA] * 13), reached, message]
-    return row + [case.name, case.verdict, case.verdict, case.standard, case.headline]
+    return row + [case.name, case.verdict, case.verdict, case.standard, case.headline, NA, NA, _sides(case)]
 
 
 def csv_rows(suite: SuiteResult) -> list[list[str]]:

@@ -269,6 +269,8 @@ def _case_section(case: CaseResult, suite: SuiteResult | None = None, with_ops: 
         listed = '<p class="sub">not judged:</p><ul class="skips">' if case.verdict == SKIP else '<ul class="errors">'
         parts.append(f'{listed}{items}</ul><p class="sub">{folders}</p>')
         return "".join(parts) + "</details></section>"
+    figures = "; ".join(formatting.tensor_figures(t) for t in case.tensors)
+    parts.extend(f'<p class="sub">{esc(line)}</p>' for line in (figures, formatting.side_line(case)) if line)
     if case.verdict == FAIL:
         parts.append(_checks_table(case, only_failed=True))
         if case.diagnosis:
@@ -312,6 +314,8 @@ def html_report(suite: SuiteResult, header: ReportHeader | None = None, drift: D
         _summary_table(suite),
         timing.timing_html(suite),
     ]
+    if differ := formatting.differ_line(suite):
+        parts.append(f'<p class="note">{esc(differ)}</p>')
     parts.extend(_case_section(case, suite, with_ops) for case in grouped(suite.cases))
     parts.append("</main></body></html>\n")
     return "\n".join(parts)

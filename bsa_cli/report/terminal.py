@@ -30,20 +30,42 @@ def titled_table(
     console: Console, title: str, columns: Sequence[str], right: Sequence[str], rows: Iterable[Any] = (), **options: Any
 ) -> Table:
     """Return a table titled on the left, its `columns` added (those in `right` right-aligned) with `options`,
-    and its `rows`."""
-    table = Table(box=table_box(console), title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column, justify="right" if column in right else "left", **options)
-    for row in rows:
-        table.add_row(*row)
+    and its `rows`.
+
+    Without an `overflow` option (prose that may fold) no cell is wrapped or cut: where the table is wider
+    than the console, its last columns are left out, and its caption names them (as `bsa list` does).
+    """
+    rows = [tuple(row) for row in rows]
+    kept = len(columns)
+    while True:
+        table = Table(box=table_box(console), title=title, title_justify="left", caption_justify="left")
+        for column in columns[:kept]:
+            table.add_column(
+                column, justify="right" if column in right else "left", no_wrap="overflow" not in options, **options
+            )
+        for row in rows:
+            table.add_row(*row[:kept])
+        if "overflow" in options or kept <= 2 or _natural_width(table) <= console.width:
+            break
+        kept -= 1
+    if kept < len(columns):
+        left_out = ", ".join(columns[kept:])
+        table.caption = (
+            f"left out at {console.width} columns: {left_out} (all of them: a wider terminal, or the HTML report)"
+        )
     return table
+
+
+def _natural_width(table: Table) -> int:
+    """The width `table` takes with room enough for every cell on one line."""
+    return Console(width=10_000, file=io.StringIO(), color_system=None).measure(table).maximum
 
 
 def _verdict_text(verdict: str) -> Text:
     return Text(verdict, style=VERDICT_STYLE.get(verdict, ""))
 
 
-def _case_table(suite: SuiteResult, console: Console) -> Table:
+def _case_table(suite: SuiteResult, console: Console, verbose: bool = True) -> Table:
     """One row per case; the standard goes in the title when every judged case has the same one (a column
     repeating one value only narrows the deciding check). Where the rows do not fit the console's width, a
     passing case's line leaves out its numbers in parentheses (the JSON and HTML reports keep them)."""
@@ -52,7 +74,7 @@ def _case_table(suite: SuiteResult, console: Console) -> Table:
     passing = dataclasses.replace(suite, cases=tuple(shortened))
     measure = Console(width=10_000, file=io.StringIO(), color_system=None).measure
     short = bool(passing.cases) and measure(_verdict_table(passing, console, short=False)).maximum > console.width
-    return _verdict_table(suite, console, short=short)
+    return _verdict_table(suite, console, short=short, verbose=verbose)
 
 
 #: Longest case name a table with ops keeps on one line (its op rows leave the column's other lines empty).
@@ -67,9 +89,14 @@ _SAME = "not judged: same reason as"
 _DETAIL = re.compile(r" \([^()]*\)$")
 
 
-def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
+def _verdict_table(suite: SuiteResult, console: Console, short: bool, verbose: bool = True) -> Table:
     """One row per result; with ops other than the backward, a case's ops side by side in `OPS` order under
-    its name (an op column; the name on the first row of the case, a line between cases)."""
+    its name (an op column; the name on the first row of the case, a line between cases). Without `verbose`
+    a failing row says what failed without its parenthesised numbers, and its likely cause by name and score
+    (`formatting.likely_cause`); the evidence is in the verbose report and the HTML one.
+
+    A column of its own per case (a measured value, a time) goes next to "verdict": the deciding check is the
+    one column that folds."""
     standards = sorted({c.standard for c in suite.cases if c.standard not in ("-", "") and c.verdict != SKIP})
     one = len(standards) <= 1
     title = f"bsa compare: standard {standards[0]}" if len(standards) == 1 else "bsa compare"
@@ -94,7 +121,9 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool) -> Table:
             text = _DETAIL.sub("", text.removeprefix(f"{CLOSEST} "))
         elif case.verdict == PASS and case.expected_failure:  # a pair failing as it must: by its cause
             text = short_headline(case, asides=not short)
-        if likely := formatting.likely_line(case):
+        elif case.verdict == FAIL and not verbose:
+            text = short_headline(case)
+        if likely := (formatting.likely_line(case) if verbose else formatting.likely_cause(case)):
             text = f"{text}\n{likely}"
         standard = [] if one else [case.standard]
         if not with_ops:
@@ -149,13 +178,18 @@ def render_explanation(case: CaseResult, console: Console) -> None:
 
 def _checks_table(case: CaseResult, console: Console, only_failed: bool) -> Table:
     columns = ("tensor", "check", "value", "limit", "result")
-    table = titled_table(console, f"{case.name}: checks", columns, ("value", "limit"))
-    for check in case.all_checks:
-        if only_failed and check.passed:
-            continue
-        result = Text("ok", style="green") if check.passed else Text("FAIL", style="bold red")
-        table.add_row(check.tensor or "-", check.name, fmt(check.value), fmt(check.limit), result)
-    return table
+    rows = [
+        (
+            check.tensor or "-",
+            check.name,
+            fmt(check.value),
+            fmt(check.limit),
+            Text("ok", style="green") if check.passed else Text("FAIL", style="bold red"),
+        )
+        for check in case.all_checks
+        if not (only_failed and check.passed)
+    ]
+    return titled_table(console, f"{case.name}: checks", columns, ("value", "limit"), rows)
 
 
 def _short(value: float, digits: int) -> str:
@@ -168,12 +202,8 @@ def _bias_table(case: CaseResult, console: Console) -> Table:
     """Each tensor's estimated systematic error, relative and in ULPs, with standard errors (`compare.bias`);
     the checks table says which failed."""
     columns = ("tensor", "device", "in ULP", "benchmark", "z bench", "z 0")
-    table = titled_table(console, f"{case.name}: bias (signed, relative to the golden)", columns, columns[1:])
-    for tensor in case.tensors:
-        e = tensor.bias
-        if e is None:
-            continue
-        table.add_row(
+    rows = [
+        (
             tensor.name,
             f"{_short(e.device, 3)}±{_short(e.device_se, 2)[1:]}",
             f"{_short(e.in_ulp(e.device), 2)}±{_short(e.in_ulp(e.device_se), 2)[1:]}",
@@ -181,7 +211,10 @@ def _bias_table(case: CaseResult, console: Console) -> Table:
             fmt(e.z, 3),
             fmt(e.device_z, 3),
         )
-    return table
+        for tensor in case.tensors
+        if (e := tensor.bias) is not None
+    ]
+    return titled_table(console, f"{case.name}: bias (signed, relative to the golden)", columns, columns[1:], rows)
 
 
 def _worst_table(case: CaseResult, tensor: TensorResult, console: Console) -> Table:
@@ -202,14 +235,17 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
         for t in case.tensors
     ]
     rows = [*formatting.metric_rows(case.tensors), ["ULP histogram", *histograms]]
-    return titled_table(console, f"{case.name}: metrics (device / benchmark)", ("metric", *names), names, rows)
+    title = f"{case.name}: metrics (device / benchmark)"  # the histograms fold at their spaces, never in a number
+    return titled_table(console, title, ("metric", *names), names, rows, overflow="fold")
 
 
-def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False) -> None:
-    """Print the case table, details of failing and unjudged cases (every metric with `verbose`), a summary."""
-    console.print(_case_table(suite, console))
+def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False, device_named: bool = False) -> None:
+    """Print the case table (a line per result: its verdict, what decided it, its likely cause) and a summary;
+    with `verbose`, between them the details of failing and unjudged cases and every metric. `device_named`: the
+    command already said who produced the outputs (`bsa check`, `bsa run`), so the report does not again."""
+    console.print(_case_table(suite, console, verbose))
     reference = sum(1 for c in suite.cases if formatting.is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
-    if reference:
+    if reference and not device_named:
         faults = sorted({f for c in suite.cases if (f := formatting.planted_fault(c))})
         names = ", ".join(repr(f) for f in faults)
         planted = f"; planted fault{'s' if len(faults) > 1 else ''} {names}" if faults else ""
@@ -222,27 +258,30 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
     for case in grouped(suite.cases):
         if case.not_run or case.verdict == SKIP:  # the table's line says it (what to type, why not judged)
             continue
-        if case.verdict == ERROR:
+        if case.verdict == ERROR:  # whole, unfolded: its paths (a log, a record) are copied from here
             console.print(Text(f"{case.name}: could not be judged", style=VERDICT_STYLE[ERROR]))
             for error in case.errors:
                 console.print(Text(f"  {error}"), soft_wrap=True)
             continue
-        if case.verdict == PASS and not verbose:
+        figures = "; ".join(formatting.tensor_figures(t) for t in case.tensors)
+        lines = [line for line in (figures, formatting.side_line(case)) if line]
+        if not verbose:  # a failure's detail: -v, and the HTML report; its figures stay, a line each
+            for line in lines if case.verdict == FAIL else ():
+                console.print(Text(f"{case.name}: {line}"))  # wrapped at its spaces, never in a number
             continue
-        console.print(_checks_table(case, console, only_failed=not verbose))
-        if verbose and case.diagnosis:
+        console.print(_checks_table(case, console, only_failed=False))
+        for line in lines:
+            console.print(Text(f"  {line}"))
+        if case.diagnosis:
             console.print(_diagnosis_table(case, console))
-        if verbose or any(c.name == "bias" and not c.passed for c in case.all_checks):
-            if any(t.bias is not None for t in case.tensors):
-                console.print(_bias_table(case, console))
+        if any(t.bias is not None for t in case.tensors):
+            console.print(_bias_table(case, console))
         for tensor in case.tensors:
-            if tensor.passed and not verbose:
-                continue
             if tensor.worst:
                 console.print(_worst_table(case, tensor, console))
             if tensor.hot_blocks:
                 console.print(_hot_table(case, tensor, console))
-        if verbose and case.tensors:
+        if case.tensors:
             console.print(_metrics_table(case, console))
     if timed := timing.timed(suite):
         title = "Kernel time (bsa run --time: device events, median of the timed calls; TFLOP/s on bsa's FLOPs)"
@@ -250,6 +289,8 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False)
         console.print(titled_table(console, title, timing.COLUMNS, timing.COLUMNS[2:], rows))
     for note in timing.untimed_notes(suite):
         console.print(Text(f"Kernel time: {note}."), style="yellow", soft_wrap=True)
+    if differ := formatting.differ_line(suite):
+        console.print(Text(differ))
     if releases := formatting.releases_line(suite):
         console.print(Text(releases), soft_wrap=True)
     console.print(Text(formatting.summary_line(suite), style=VERDICT_STYLE[suite.verdict]))  # nothing judged: no green

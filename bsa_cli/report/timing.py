@@ -1,6 +1,7 @@
 """The kernel's speed in reports (`bsa run --time`): per case and step its median time, spread and achieved
-TFLOP/s on the FLOPs of bsa's cost model (docs/operator.md section 6, forward and backward apart), and the
-suite's totals. Every report format takes its rows from here."""
+TFLOP/s on the FLOPs of bsa's cost model (docs/operator.md section 6, forward and backward apart) with its
+share of the chip's peak (`core.chips`, where the run named a chip bsa has a figure for), and the suite's
+totals. Every report format takes its rows from here."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ..compare.results import StepTime
 from .style import esc, html_table
 
 #: The columns of a kernel-time table, in order (terminal, HTML, CSV).
-COLUMNS = ("case", "step", "median us", "spread us", "runs", "TFLOP/s")
+COLUMNS = ("case", "step", "median us", "spread us", "runs", "TFLOP/s", "of peak")
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ def step_row(case: CaseResult, time: StepTime) -> list[str]:
         f"{time.spread_us:.1f}",
         runs,
         "-" if tflops is None else f"{tflops:.3g}",
+        "-" if time.peak_share is None else f"{time.peak_share:.1%} of {time.chip}",
     ]
 
 
@@ -80,6 +82,7 @@ def total_rows(cases: Sequence[CaseResult]) -> list[list[str]]:
             "",
             "",
             "-" if total.tflops is None else f"{total.tflops:.3g}",
+            "",
         ]
         for total in totals(cases)
     ]
@@ -131,9 +134,10 @@ def timing_html(suite: SuiteResult) -> str:
     if not cases:
         return f'<section class="kernel-time"><h2>Kernel time</h2>{notes}</section>' if notes else ""
     cells = [[esc(cell) for cell in row] for row in [*rows(suite), *total_rows(cases)]]
-    table = html_table(COLUMNS, cells, numeric=(2, 3, 4, 5))
+    table = html_table(COLUMNS, cells, numeric=(2, 3, 4, 5, 6))
     return (
         '<section class="kernel-time"><h2>Kernel time</h2><p>bsa run --time: device events around each call, '
-        "median of the timed calls; TFLOP/s on the FLOPs of bsa's cost model.</p>"
+        "median of the timed calls; TFLOP/s on the FLOPs of bsa's cost model, and its share of the chip's FP16/BF16 "
+        "peak where bsa knows the chip's (bsa_cli/core/chips.py).</p>"
         f"{chart(suite)}{table}{notes}</section>"
     )

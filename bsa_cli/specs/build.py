@@ -291,6 +291,8 @@ def _check_finite(r: _Reader, case: Case) -> None:
             size[tensor] *= dist.row_scale.high
         if dist.outliers is not None:
             size[tensor] *= max(1.0, dist.outliers.factor)
+        if dist.kind == "noisy":
+            size[tensor] *= stress.NOISE_FACTOR
         if init.sink is not None and tensor == "query":
             size[tensor] += stress.sink_query_shift(case)
         if init.sink is not None and tensor == "key":

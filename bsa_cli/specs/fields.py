@@ -436,7 +436,7 @@ def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
     sub = _mapping(r, key, raw, DIST_KEYS, "distribution keys")
     dist = Distribution(
-        kind=sub.choice("distribution", ("normal", "uniform"), "normal"),
+        kind=sub.choice("distribution", ("normal", "uniform", "noisy"), "normal"),
         mean=sub.number("mean", 0.0),
         std=sub.number("std", 1.0),
         low=sub.number("low", -1.0),

@@ -4,6 +4,8 @@ Standards, one `Standard` subclass each (docs/compare.md documents them for user
 section 4 has the sources):
 
 * `double-benchmark` (default, `double_benchmark.py`): CANN/ATK, the device's errors over the benchmark's;
+* `mixed-tolerance` (`mixed_tolerance.py`): opbase's open standard, the matched ratio within atol + rtol |g|
+  and the largest absolute error, a preset per document version;
 * `single` (`single.py`): MERE < T and MARE < 10 T;
 * `allclose` (`allclose.py`): at most a fraction `mismatch` of elements with |a - g| > atol + rtol |g|; or
   msOpST's form (`allclose:msopst`, or any of diff_thd / pct_thd / max_diff given);
@@ -28,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from ..core.errors import suggest
-from . import allclose, double_benchmark, fa_ratio, single  # noqa: F401 (a module's class registers its standard)
+from . import allclose, double_benchmark, fa_ratio, mixed_tolerance, single  # noqa: F401 (a module's class registers its standard)
 from .base import GENERAL_KEYS, STANDARDS, Standard, ThresholdNotApplicable
 from .double_benchmark import ERR_THD as ERR_THD
 from .double_benchmark import SMALL_VALUE_THD as SMALL_VALUE_THD
@@ -171,6 +173,20 @@ def resolve_settings(dtype: str, case_settings: Mapping[str, Any] | None, run: R
     padding = run.padding or case_settings.get("padding") or "ignore"
     origin["padding"] = "cli" if run.padding else "case" if case_settings.get("padding") else "default"
     return Settings(standard, preset, thresholds, cast(Padding, padding), origin)
+
+
+def side_settings(dtype: str, case_settings: Mapping[str, Any] | None, settings: Settings) -> tuple[Settings, ...]:
+    """Return the settings of each side-by-side standard (`Standard.side_by_side`) other than the one that
+    decides: as `--standard NAME` would resolve them for the case (its own thresholds where its spec names that
+    standard), with the deciding settings' padding and general keys."""
+    sides = []
+    for standard in STANDARDS.values():
+        if standard.side_by_side and standard != settings.standard:
+            side = resolve_settings(dtype, case_settings, RunSettings(standard=str(standard)))
+            general = {k: v for k, v in settings.thresholds.items() if k in ("zero_atol", "bias_floor")}
+            thresholds = {**side.thresholds, **general}
+            sides.append(Settings(standard, side.preset, thresholds, settings.padding, side.origin))
+    return tuple(sides)
 
 
 def case_settings(case: Case) -> Settings:

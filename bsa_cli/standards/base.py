@@ -113,6 +113,7 @@ class Measured:
     bench: Stats | None  # None where no benchmark was measured (a standard that does not need one)
     tile_max: float | None = None  # the worst 16x16 tile's RMSE ratio; None without the benchmark
     extra: Mapping[str, float] = field(default_factory=dict)  # what the standard's `measure` returned
+    dtype: str | None = None  # the tensor's dtype (float16, bfloat16, float32)
 
 
 #: The comparison standards by name, in the order help and messages list them (`Standard.rank`).
@@ -144,6 +145,10 @@ class Standard(str, metaclass=ABCMeta):
             docs/Precision_Comparison.md 36750932), and how TTK's judges otherwise ("" where it is its rule);
             `ttk_fields` the CSV's tolerance columns that method reads, for export.
         rank: where lists of standards put it, lowest first.
+        side_by_side: reports show its verdict beside the deciding standard's, whichever that is (issue 30:
+            a team moving between double-benchmark and mixed tolerance sees which cases change).
+        recheck_margin: a failing case whose failed checks are all its own, each at most this many times its
+            limit (`Check.severity`), fails narrowly: `bsa check --recheck` reruns it (docs/compare.md).
     """
 
     name: ClassVar[str]
@@ -158,6 +163,8 @@ class Standard(str, metaclass=ABCMeta):
     ttk_compare: ClassVar[str] = "mixed"
     ttk_note: ClassVar[str] = ""
     rank: ClassVar[float] = math.inf
+    side_by_side: ClassVar[bool] = False
+    recheck_margin: ClassVar[float] = 1.0
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..core.case import DTYPES, numpy_dtype
-from ..core.errors import DataError, plural
+from ..core.errors import DataError, filter_hint, plural
 from ..core.errors import show as _show
 from ..core.untrusted import MAX_NAME_BYTES, check_relative, entry_path, inside, is_case_name, load_json, read_regular
 from ..ops.folders import op_problem
@@ -344,8 +344,9 @@ def select_cases(roots: Sequence[Path], patterns: Sequence[str] = (), option: st
         selected = [p for p in found if any(fnmatch.fnmatchcase(p.name, pat) for pat in patterns)]
         if not selected:
             shown = " or ".join(repr(p) for p in patterns)
+            hint = filter_hint(patterns, [p.name for p in found])
             raise DataError(
-                ", ".join(str(r) for r in roots), f"{option} {shown} matches none of {plural(len(found), 'case')}"
+                ", ".join(str(r) for r in roots), f"{option} {shown} matches none of {plural(len(found), 'case')}{hint}"
             )
         found = selected
     return found
@@ -383,15 +384,28 @@ def write_json_atomic(path: Path, data: Any) -> None:
     replace_atomically(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
 
 
+def umask() -> int:
+    """Return the process's umask without changing it (read from /proc where it can be: setting and
+    restoring it would race with the threads that write files meanwhile)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def replace_atomically(path: Path, data: bytes, mode: int | None = None) -> None:
-    """Write `data` to `path` through a temporary file in the same directory (made with `mode`, else
-    mkstemp's own) and an atomic rename."""
+    """Write `data` to `path` through a temporary file in the same directory and an atomic rename; the file
+    gets `mode`, else what `open` would give a new file under the umask (mkstemp's own is owner-only)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        if mode is not None:
-            os.chmod(tmp, mode)
+        os.chmod(tmp, 0o666 & ~umask() if mode is None else mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -421,7 +435,7 @@ def refresh_flat_params(case_dir: Path, text: str) -> bool:
             pass  # too large, unreadable: written again
     if path.is_dir() and not path.is_symlink():
         raise IsADirectoryError(21, "a folder is where case.txt belongs", str(path))
-    replace_atomically(path, data, 0o644)
+    replace_atomically(path, data)
     return True
 
 
@@ -545,6 +559,9 @@ class CaseWriter:
         self.final_dir.parent.mkdir(parents=True, exist_ok=True)
         prefix = f".{self.final_dir.name}.partial-{os.getpid()}-"
         self.dir = Path(tempfile.mkdtemp(dir=self.final_dir.parent, prefix=prefix))
+        # mkdtemp's folder is owner-only; renamed into place it is the case folder, which others (a device
+        # account, a colleague) read as the umask allows.
+        os.chmod(self.dir, 0o777 & ~umask())
 
     def __enter__(self) -> CaseWriter:
         return self

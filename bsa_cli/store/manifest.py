@@ -227,12 +227,13 @@ class Manifest(Mapping[str, Any]):
 
     @cached_property
     def case(self) -> Case:
-        """The case's geometry (`case_from_manifest`), built once.
+        """The case's geometry (`case_from_manifest`, with the block shape its op computes with:
+        `Case.as_called`), built once.
 
         Raises:
             ValueError: a param cannot describe a case.
         """
-        return case_from_manifest(self.raw)
+        return case_from_manifest(self.raw).as_called()
 
 
 def decode_lengths(values: list[int] | None, encoding: str) -> tuple[int, ...] | None:

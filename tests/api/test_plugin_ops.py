@@ -33,9 +33,14 @@ TEST_FILE = """
 import pytest
 
 
+@pytest.mark.bsa_ops("forward", "backward", "chain")
 def test_every_op(bsa_case):
     assert bsa_case.manifest.op in ("forward", "backward", "chain")
     assert bsa_case.name.startswith("p-bnsd")
+
+
+def test_unmarked(bsa_case):
+    assert bsa_case.manifest.op == "backward"
 
 
 @pytest.mark.bsa_ops("forward", "chain")
@@ -92,13 +97,24 @@ def test_each_op_folder_is_a_test_named_after_its_case_and_op(pytester: pytest.P
             "test_mine.py::test_every_op[[]p-bnsd[]] PASSED*",
             "test_mine.py::test_every_op[[]p-bnsd[[]chain[]][]] SKIPPED*",
             "test_mine.py::test_every_op[[]p-bnsd-long[]] PASSED*",
+            "test_mine.py::test_unmarked[[]p-bnsd[]] PASSED*",  # an unmarked test: the backward's folders only
+            "test_mine.py::test_unmarked[[]p-bnsd-long[]] PASSED*",
             "test_mine.py::test_forward_ops[[]p-bnsd[[]forward[]][]] PASSED*",
             "test_mine.py::test_forward_ops[[]p-bnsd[[]chain[]][]] SKIPPED*",
             "test_mine.py::test_autograd[[]no-folder[]] SKIPPED*",
         ]
     )
     assert f"test_mine.py:4: p-bnsd@chain: not judged: {Y64}" in result.stdout.str()
-    result.assert_outcomes(passed=4, skipped=3)
+    result.assert_outcomes(passed=6, skipped=3)
+
+
+def test_an_unmarked_test_on_folders_of_other_ops_only_is_skipped_naming_the_marker(
+    pytester: pytest.Pytester, suite: Path
+) -> None:
+    pytester.makepyfile(test_mine=TEST_FILE)
+    result = pytester.runpytest(f"--bsa-cases={suite}", "--bsa-ops", "forward", "-rs", "-k", "unmarked")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED * no case folder of this test's ops *@pytest.mark.bsa_ops('forward'*"])
 
 
 def test_bsa_ops_keeps_the_folders_of_some_ops(pytester: pytest.Pytester, suite: Path) -> None:

@@ -83,6 +83,23 @@ def test_cases_become_tests_named_after_them_and_reference_outputs_pass(pytester
     assert all(f'name="test_backward[{name}]"' in junit for name in NAMES)
 
 
+def test_bsa_cases_with_a_space_gives_the_ids_and_classnames_of_bsa_cases_with_an_equals_sign(
+    pytester: pytest.Pytester, suite: Path
+) -> None:
+    """pytest roots a run before it knows a plugin's options: `--bsa-cases OUT` made OUT a test path, and the
+    ids `../bsa::test_backward[...]` with an empty JUnit classname."""
+    pytester.makepyfile(test_mine=TEST_FILE.format(fault=None))
+    runs = {}
+    for form, args in (("space", ["--bsa-cases", str(suite)]), ("equals", [f"--bsa-cases={suite}"])):
+        junit = pytester.path / f"{form}.xml"
+        result = pytester.runpytest(*args, "-v", f"--junitxml={junit}")
+        result.assert_outcomes(passed=3)
+        cases = ET.parse(junit).getroot().iter("testcase")
+        runs[form] = sorted((case.get("classname"), case.get("name")) for case in cases)
+        result.stdout.fnmatch_lines([f"test_mine.py::test_backward[[]{name}[]] PASSED*" for name in NAMES])
+    assert runs["space"] == runs["equals"] == [("test_mine", f"test_backward[{name}]") for name in NAMES]
+
+
 def test_a_planted_fault_fails_the_test_with_the_deciding_check(pytester: pytest.Pytester, suite: Path) -> None:
     pytester.makepyfile(test_mine=TEST_FILE.format(fault="dk-no-scale"))
     result = pytester.runpytest(f"--bsa-cases={suite}")

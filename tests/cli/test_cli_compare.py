@@ -61,10 +61,10 @@ def test_all_pass_exits_0_with_the_table_on_stdout_and_timing_on_stderr(out):
     assert "judged" not in result.stdout
 
 
-def test_a_failing_case_exits_1_and_shows_its_hot_blocks(out):
+def test_a_failing_case_exits_1_and_shows_its_hot_blocks_with_verbose(out):
     case = make_case("b-gqa", num_heads=4, num_kv_heads=1)
     write_outputs(out / "b-gqa" / "outputs", case, make_inputs(case), fault="dk-no-scale")
-    result = invoke(out, "--junit", out / "r.xml")
+    result = invoke(out, "--junit", out / "r.xml", "-v")
     assert result.exit_code == 1
     assert "b-gqa dk: hot blocks (kv block j)" in result.stdout
     assert "4 cases: 3 passed, 1 failed, 0 errors" in result.stdout

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from bsa_cli.cli import main
 from bsa_cli.gen import generate
 from bsa_cli.store import read_array
+from tests.helpers import CASES, invoke
 
 CASE = {
     "name": "tiny",
@@ -301,3 +302,25 @@ def test_gen_of_a_filtered_share_does_not_warn_of_the_spec_s_other_cases(runner:
     assert runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "tiny"]).exit_code == 0
     result = runner.invoke(main, ["gen", path, "-o", str(out), "--filter", "two"])
     assert result.exit_code == 0 and "Warning" not in result.stderr
+
+
+def test_a_filter_matching_nothing_names_the_cases_it_may_have_meant(tmp_path):
+    smoke = CASES / "smoke.yaml"
+    result = invoke("list", smoke, "--filter", "smoke-bnsd-random")
+    assert result.exit_code == 2
+    assert "--filter 'smoke-bnsd-random*' takes smoke-bnsd-random.fp16, smoke-bnsd-random.bf16" in result.stderr
+    assert "(closest: smoke-tnd-varlen)" in invoke("gen", smoke, "-o", tmp_path, "--filter", "smoke-tnd-varln").stderr
+
+
+def test_validate_warns_of_a_head_dim_beyond_torch_npu_and_the_forward(tmp_path):
+    spec = tmp_path / "d.yaml"
+    case = {**CASE, "block_shape": [32, 32]}
+    spec.write_text(
+        yaml.safe_dump(
+            {"cases": [{**case, "name": "d512", "head_dim": 512}, {**case, "name": "d128", "head_dim": 128}]}
+        )
+    )
+    result = invoke("validate", spec)
+    assert result.exit_code == 0, result.output
+    assert "1 valid case beyond the D torch_npu and the forward take, for a --binary alone" in result.stderr
+    assert "(first: d512: D = 512: torch_npu takes D <= 128, the forward D 64 or 128)" in result.stderr

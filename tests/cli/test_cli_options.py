@@ -69,7 +69,12 @@ def test_gathered_options_keep_their_order_in_help() -> None:
         "--junit",
         "--html",
         "--csv",
+        "--baseline",
+        "--fail-on-regression",
+        "--regression-margin",
+        "--time-threshold",
         "--verbose",
+        "--recheck",
     ]
 
 

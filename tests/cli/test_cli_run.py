@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +19,7 @@ from rich.console import Console
 from bsa_cli import devices
 from bsa_cli.cli import main
 from bsa_cli.cli.progress import ProgressDisplay
-from tests.helpers import SPEC, fake_device, invoke, run_record, write_case_dir
+from tests.helpers import REPO, SPEC, fake_device, invoke, run_record, write_case_dir
 
 
 @pytest.fixture(scope="module")
@@ -262,8 +265,11 @@ def test_check_generates_runs_and_compares_the_suite_with_the_reference_device(s
     result = invoke("check", spec_file, "-o", out, "--json", tmp_path / "report.json")
 
     assert result.exit_code == 0, result.output
-    assert "4 cases: 4 passed, 0 failed, 0 errors" in result.stdout
-    assert result.stdout.rstrip().endswith("device: reference (bsa emulate): reference results, not device results")
+    assert result.stdout.rstrip().endswith("4 cases: 4 passed, 0 failed, 0 errors")
+    device = "device: reference (bsa emulate): reference results, not device results"
+    assert result.stderr.count(device) == 1 and "reference device" not in result.stdout  # named once
+    assert result.stderr.rstrip().endswith(f"wrote HTML report {out / 'report.html'}")  # --json named another file
+    assert not (out / "report.json").exists()
     phases = [line.split()[:2] for line in result.stderr.splitlines() if line.startswith(("gen ", "run ", "compare "))]
     assert phases == [["gen", "generated"]] * 4 + [["run", "ok"]] * 4  # verdicts once: in the table only
     for name in ("t-bnsd-tail", "t-tnd-gqa", "t-neg-dtype", "t-neg-tnd"):
@@ -306,7 +312,55 @@ def test_check_with_a_planted_fault_fails(spec_file, tmp_path):
     assert result.exit_code == 1, result.output
     assert ": 0 passed, 1 failed, 0 errors" in result.stdout
     assert "| t-bnsd-tail | FAIL " in result.stdout and "FAIL" not in result.stderr
-    assert "with fault 'dk-no-scale': reference results, not device results" in result.stdout
+    assert "with fault 'dk-no-scale': reference results, not device results" in result.stderr
+    assert "likely: " in result.stdout and "worst elements" not in result.stdout  # the detail: -v, and the HTML
+    verbose = invoke("check", spec_file, "-o", tmp_path / "out", "--fault", "dk-no-scale", "--filter", "t-bnsd-*", "-v")
+    assert "worst elements" in verbose.stdout
+
+
+def test_a_failing_check_leads_with_a_line_per_case_and_ends_with_where_the_report_is(spec_file, tmp_path):
+    """At 80 columns a failing case is its row (what failed, its likely cause) and nothing more: no checks,
+    worst elements or hot blocks; the summary ends stdout and the reports written into OUT end stderr."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "bsa_cli", "check", spec_file, "-o", out, "--fault", "block-shift"]
+    env = {**os.environ, "COLUMNS": "80"}  # the consoles take their width when bsa starts: a process of its own
+
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    failed = [line for line in lines if "| FAIL " in line]
+    assert failed and result.stdout.count("likely: ") == len(failed)
+    assert not any(detail in result.stdout for detail in (": checks", "worst elements", "hot blocks"))
+    # title, box, heading, rules, summaries; four lines at most per case; a failing case's figures and the
+    # other standards' verdicts, wrapped (issue 32 item 2 asks them to become columns of the table)
+    assert len(lines) <= 8 + 4 * 4 + 4 * len(failed)
+    assert lines[-1].endswith(f"{len(failed)} failed, 0 errors")
+    assert result.stderr.rstrip().splitlines()[-2:] == [
+        f"wrote JSON report {out / 'report.json'}",
+        f"wrote HTML report {out / 'report.html'}",
+    ]
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_check_compares_with_a_baseline_as_compare_does(spec_file, tmp_path):
+    """The good night's report, then a night with a planted fault: check --baseline reports the drift."""
+    out, good = tmp_path / "out", tmp_path / "good.json"
+    assert invoke("check", spec_file, "-o", out, "--filter", "t-bnsd-*", "--json", good).exit_code == 0
+
+    bad = ("check", spec_file, "-o", out, "--filter", "t-bnsd-*", "--fault", "dk-no-scale", "--baseline", good)
+    result = invoke(*bad, "--fail-on-regression", "--json", tmp_path / "bad.json")
+
+    assert result.exit_code == 1, result.output
+    assert "t-bnsd-tail: PASS -> FAIL" in result.stdout
+    document = json.loads((tmp_path / "bad.json").read_text())
+    assert document["exit_code"] == 1 and document["drift"]["summary"]["compared"] == 1
+    clean = invoke("check", spec_file, "-o", out, "--filter", "t-bnsd-*", "--baseline", good, "--fail-on-regression")
+    assert clean.exit_code == 0, clean.output
+    unused = invoke("check", spec_file, "-o", tmp_path / "never", "--time-threshold", "0.2", "--fail-on-regression")
+    assert unused.exit_code == 2 and "--fail-on-regression needs --baseline OLD.json" in unused.stderr
+    assert not (tmp_path / "never").exists()  # refused before anything was generated
 
 
 def test_check_with_a_crashing_binary_cannot_judge_that_case(tmp_path):
@@ -419,3 +473,53 @@ def test_repeat_help_says_dq_is_bitwise_and_dk_dv_noise_is_reported(command: str
         "the standard, marks the case nondeterministic; dk/dv may differ in their last bits (fp32 atomic adds), "
         "which is reported as repeat-noise, not failed."
     ) in text
+
+
+# ---- a run cut short, run again --------------------------------------------------------------------
+
+
+def _ran(result) -> list[str]:
+    return [line.split()[2] for line in result.stderr.splitlines() if line.startswith("run      ")]
+
+
+def test_resume_runs_only_the_cases_without_a_complete_result_of_their_inputs(out) -> None:
+    """A case whose run left no record (Ctrl-C before it ended) or ran on other inputs runs again; a case
+    with a complete record is left as it is."""
+    assert invoke("run", out).exit_code == 0
+    (out / "t-bnsd-tail" / "outputs" / "run.json").unlink()  # cut short: no record
+    record = json.loads((out / "t-tnd-gqa" / "outputs" / "run.json").read_text())
+    record["inputs"]["query"] = "0" * 64  # run on inputs gen has replaced since
+    (out / "t-tnd-gqa" / "outputs" / "run.json").write_text(json.dumps(record))
+    kept = (out / "t-neg-dtype" / "outputs" / "run.json").read_bytes()
+
+    result = invoke("run", out, "--resume")
+
+    assert result.exit_code == 0, result.output
+    assert sorted(_ran(result)) == ["t-bnsd-tail", "t-tnd-gqa"]
+    assert "--resume: 2 cases already complete, 2 to run" in result.stderr
+    assert (out / "t-neg-dtype" / "outputs" / "run.json").read_bytes() == kept
+    assert invoke("run", out, "--resume").stderr.count("run      ") == 0  # all complete now
+
+
+def test_failed_runs_only_the_cases_a_report_says_failed(out, tmp_path) -> None:
+    report = tmp_path / "report.json"
+    verdicts = {"t-bnsd-tail": "FAIL", "t-tnd-gqa": "PASS", "t-neg-dtype": "ERROR", "t-neg-tnd": "SKIP"}
+    report.write_text(json.dumps({"cases": [{"name": n, "verdict": v} for n, v in verdicts.items()]}))
+
+    result = invoke("run", out, "--failed", report)
+
+    assert result.exit_code == 0, result.output
+    assert sorted(_ran(result)) == ["t-bnsd-tail", "t-neg-dtype"]
+    report.write_text("{}")
+    refused = invoke("run", out, "--failed", report)
+    assert refused.exit_code == 2 and f"Error: {report}: not a bsa JSON report" in refused.stderr
+
+
+def test_check_and_compare_list_the_cases_in_one_order(spec_file, tmp_path) -> None:
+    def names(stdout: str) -> list[str]:
+        return [line.split("|")[1].strip() for line in stdout.splitlines() if line.startswith("| t-")]
+
+    checked = invoke("check", spec_file, "-o", tmp_path / "out")
+    compared = invoke("compare", tmp_path / "out")
+
+    assert names(checked.stdout) == names(compared.stdout) == ["t-bnsd-tail", "t-neg-dtype", "t-neg-tnd", "t-tnd-gqa"]

@@ -238,3 +238,12 @@ def test_piped_stdout_takes_the_width_of_the_terminal_on_stderr(monkeypatch):
         monkeypatch.setattr(sys, "__stderr__", io.StringIO())
         assert output.terminal_width() is None and output._width(io.StringIO()) == output.PIPE_WIDTH
     os.close(leader)
+
+
+@pytest.mark.parametrize("command", ["run", "check"])
+def test_help_at_80_columns_keeps_every_name_whole(command):
+    """click breaks a word longer than the help column: `npu_block_sparse_attention_backward` came out split."""
+    result = CliRunner().invoke(main, [command, "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert "npu_block_sparse_attention_backward" in result.output
+    assert all(len(line) <= 80 for line in result.output.splitlines())

@@ -21,7 +21,7 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 
 def test_the_standards_in_the_order_help_lists_them() -> None:
-    assert list(STANDARDS) == ["double-benchmark", "single", "allclose", "fa-ratio"]
+    assert list(STANDARDS) == ["double-benchmark", "mixed-tolerance", "single", "allclose", "fa-ratio"]
     assert standards.DEFAULT_STANDARD in STANDARDS
     assert all(isinstance(s, Standard) and s == name and s.name == name for name, s in STANDARDS.items())
 

@@ -52,6 +52,7 @@ COMPARE_ORDER = (
     "verdict",
     "suite",
     "drift",
+    "recheck",
 )
 """The modules of bsa_cli/compare, from the pure core outwards: each imports only modules before it."""
 

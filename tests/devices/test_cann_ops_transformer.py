@@ -93,3 +93,31 @@ def test_the_device_needs_its_package(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(STANDIN))
     result = invoke("run", tmp_path, "--device", "cann_ops_transformer")
     assert result.exit_code == 2 and "cann_ops_transformer is not installed" in result.stderr
+
+
+def test_timed_runs_time_the_entrys_forward_and_a_slower_one_regresses(generated, tmp_path, cot_env, monkeypatch):
+    """The torch_npu stand-in's clock moves a known time per forward, which the entry's call makes; its chip
+    (torch.npu.get_device_name()) is Ascend910B2, whose peak bsa has (353 TFLOP/s), then one it has none for."""
+    out = copy_of(generated, tmp_path) / "cot@forward"
+    monkeypatch.setenv("TORCH_NPU_STANDIN_FORWARD_US", "40")
+    timed = ("run", out, "--device", "cann_ops_transformer", "--time", "--time-runs", "3", "--warmup", "1")
+    assert invoke(*timed).exit_code == 0
+    timing = run_record(out)["timing"]
+    assert list(timing["steps"]) == ["forward"] and timing["steps"]["forward"]["times_us"] == [40.0] * 3
+    assert timing["chip"] == "Ascend910B2"
+    fast = invoke("compare", out, "--json", tmp_path / "fast.json")
+    assert fast.exit_code == 0
+    (time,) = json.loads((tmp_path / "fast.json").read_text())["cases"][0]["kernel_time"]
+    flops = load_manifest(out).flops("forward")
+    assert time["chip"] == "Ascend910B2" and time["peak_tflops"] == 353.0
+    assert time["peak_share"] == pytest.approx(flops / 40e-6 / 1e12 / 353.0)
+    assert f"{time['peak_share']:.1%} of Ascend910B2" in fast.output
+
+    monkeypatch.setenv("TORCH_NPU_STANDIN_FORWARD_US", "60")  # 50% slower, on a chip without a known peak
+    monkeypatch.setenv("TORCH_NPU_STANDIN_CHIP", "Ascend910B4")
+    assert invoke(*timed).exit_code == 0
+    compared = invoke("compare", out, "--baseline", tmp_path / "fast.json", "--json", tmp_path / "slow.json")
+    assert compared.exit_code == 4, compared.output
+    assert "kernel 40.0 us -> 60.0 us (+50.0%" in compared.output
+    (time,) = json.loads((tmp_path / "slow.json").read_text())["cases"][0]["kernel_time"]
+    assert (time["chip"], time["peak_tflops"], time["peak_share"]) == ("Ascend910B4", None, None)

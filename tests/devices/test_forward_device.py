@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -210,6 +213,35 @@ def test_the_chain_is_the_forward_then_the_backward_on_its_own_outputs() -> None
     flag0 = dataclasses.replace(case, softmax_lse_flag=0)
     unwritten = reference.emulate(flag0, device_forward.backward_tensors(t, device_forward.run_forward(flag0, t)))
     assert np.isnan(unwritten["dq"].astype(np.float32)).any()
+
+
+#: A forward the A2/A3 forward accepts (D 64, Y 128), tested as a forward, a chain and a backward folder.
+GUARDED = {
+    "defaults": {"layout": "BNSD", "dtype": "fp16", "batch": 1, "num_heads": 2, "num_kv_heads": 1, "head_dim": 64},
+    "cases": [{"name": "g", "q_seq_len": 128, "kv_seq_len": 256, "block_shape": [64, 128], "seed": 4}],
+}
+
+
+def test_a_write_past_lse_shows_in_its_guard_zone_alone(generated_spec, tmp_path: Path) -> None:
+    """lse-write-past-end leaves out and lse right: the forward and the chain fail by the guard zone after lse
+    (its 2 x 128 elements, then 8 more); the backward folder, which writes no lse, is clean; without it all pass."""
+    out = Path(shutil.copytree(generated_spec(GUARDED, "--ops", "forward,chain,backward"), tmp_path / "out"))
+    assert helpers.invoke("run", out, "--fault", "lse-write-past-end").exit_code == 0
+    result = helpers.invoke("compare", out, "--json", tmp_path / "r.json")
+
+    assert result.exit_code == 1, result.output
+    verdicts = {case["name"]: case for case in json.loads((tmp_path / "r.json").read_text())["cases"]}
+    for name in ("g@forward", "g@chain"):
+        (guard,) = [c for c in verdicts[name]["checks"] if c["name"] == "guard-zones"]
+        assert verdicts[name]["verdict"] == "FAIL" and guard["tensor"] == "lse"
+        assert "lse written outside the tensor, past its end: 8 element(s) from element offset 256" in guard["detail"]
+        others = [c for c in verdicts[name]["checks"] if c["name"] != "guard-zones" and not c["passed"]]
+        assert others == []  # the outputs themselves are right
+    assert verdicts["g"]["verdict"] == "PASS"
+    assert "fault of the forward" in (helpers.run_record(out / "g")["device"]["fault_not_applied"] or "")
+
+    assert helpers.invoke("run", out).exit_code == 0
+    assert helpers.invoke("compare", out).exit_code == 0
 
 
 def test_stack_off_by_one_on_a_row_of_513_columns_drops_its_last_column() -> None:

@@ -162,9 +162,15 @@ def test_the_reference_devices_planted_write_past_the_end_shows_in_reports(cases
 
 
 def test_bisect_finds_the_commit_that_made_the_kernel_slower(builds, cases, tmp_path):
-    """A kernel repository of six commits: 100 us, 100, one that does not build, 100, 120 (the culprit), 120."""
+    """A kernel repository of six commits: 100 us, 100, one that does not build, 100, 120 (the culprit), 120.
+    The good commit's report and every step are one `bsa check` each, on the cases `cases` generated."""
     script = device_script(tmp_path)
-    code, output = timed_report(cases, script, builds[FAST], tmp_path / "good.json")
+    timed, spec, good = (
+        ("--time", "--time-runs", "3", "--warmup", "1"),
+        str(tmp_path / "t.yaml"),
+        tmp_path / "good.json",
+    )
+    code, output = bsa("check", spec, "-o", str(cases), "--cmd", cmd(script, builds[FAST]), *timed, "--json", str(good))
     assert code == 0, output
     repo = tmp_path / "kernel"
     repo.mkdir()
@@ -182,9 +188,10 @@ def test_bisect_finds_the_commit_that_made_the_kernel_slower(builds, cases, tmp_
         # The build: the fake runtime built for the commit's kernel time (no such build: the commit is broken).
         "BSA_BUILD": f'cp {builds[FAST].parent}/harness-"$(cat kernel_us)" harness',
         "BSA_DEVICE": "--cmd " + shlex.quote(cmd(script, repo / "harness")),
-        "BSA_RUN_OPTIONS": "--time --time-runs 3 --warmup 1",
+        "BSA_CHECK_OPTIONS": " ".join(timed),
+        "BSA_SPECS": spec,
         "BSA_OUT": str(cases),
-        "BSA_BASELINE": str(tmp_path / "good.json"),
+        "BSA_BASELINE": str(good),
         "PYTHONPATH": str(REPO),
     }
     subprocess.run([*git, "bisect", "start", commits[5], commits[0]], check=True, capture_output=True)
@@ -192,6 +199,7 @@ def test_bisect_finds_the_commit_that_made_the_kernel_slower(builds, cases, tmp_
         [*git, "bisect", "run", str(REPO / "scripts" / "bisect_kernel.sh")], capture_output=True, text=True, env=env
     )
     assert f"{commits[4]} is the first bad commit" in result.stdout, result.stdout + result.stderr
+    assert "t backward: kernel 100.0 us -> 120.0 us (+20.0%" in result.stderr  # bsa check --baseline said why
 
 
 def test_trend_follows_the_kernel_time_across_nights(builds, cases, tmp_path):

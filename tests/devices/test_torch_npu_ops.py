@@ -178,6 +178,28 @@ def test_autograd_gives_what_the_chain_gives(ran):
         assert np.array_equal(output(ran, "auto", tensor), output(ran, "chain", tensor), equal_nan=True), tensor
 
 
+def test_timed_runs_time_the_forward_and_the_backward_apart(tmp_path, monkeypatch):
+    """The stand-in's clock moves 40 us per forward and 250 us per backward: a forward timed into the
+    backward (autograd needs a new forward before each out.backward) would read 290."""
+    for name in ("chain", "auto"):  # a forward folder's call is the chain's forward (and cann_ops_transformer's)
+        case, op, options = CASES[name]
+        build_op_folder(tmp_path, case, op, mask_of(case), **options)
+    standin_env(monkeypatch)
+    monkeypatch.setenv("TORCH_NPU_STANDIN_FORWARD_US", "40")
+    monkeypatch.setenv("TORCH_NPU_STANDIN_KERNEL_US", "250")
+
+    result = invoke("run", tmp_path, "--device", "torch_npu", "--time", "--time-runs", "2", "--warmup", "1")
+
+    assert result.exit_code == 0, result.output
+    steps = {name: run_record(folder(tmp_path, name))["timing"]["steps"] for name in ("chain", "auto")}
+    assert {name: {step: s["times_us"] for step, s in timed.items()} for name, timed in steps.items()} == {
+        "chain": {"forward": [40.0, 40.0], "backward": [250.0, 250.0]},
+        "auto": {"forward": [40.0, 40.0], "backward": [250.0, 250.0]},
+    }
+    stdout = (folder(tmp_path, "auto") / "outputs" / "stdout.log").read_text()
+    assert "bsa-timing: forward warmup 1 runs 2" in stdout and "bsa-timing: backward warmup 1 runs 2" in stdout
+
+
 # ---- what the device cannot run ------------------------------------------------------------------------
 
 

@@ -54,6 +54,23 @@ def test_outlier_tokens_scale_exactly_the_chosen_rows() -> None:
     assert np.array_equal(stressed[~scaled], plain[~scaled])  # the other rows are the base draw, bit for bit
 
 
+def test_noisy_values_are_the_normal_draw_with_one_in_a_thousand_scaled_by_1000() -> None:
+    """The commercial standard's noisy distribution: k = max(1, n // 1000) distinct positions x1000, the rest the
+    normal draw bit for bit (so specs without it keep their bytes)."""
+    plain = make_tensors(make_case())
+    noisy = make_tensors(make_case(init=Init(query=Distribution(kind="noisy"), dout=Distribution(kind="noisy"))))
+    for name in ("query", "dout"):
+        base, drawn = plain[name].astype(np.float64).ravel(), noisy[name].astype(np.float64).ravel()
+        changed = np.flatnonzero(base != drawn)
+        assert changed.size == base.size // 1000
+        assert np.allclose(drawn[changed], 1000 * base[changed], rtol=2**-10)
+    for name in ("key", "value"):
+        assert np.array_equal(plain[name], noisy[name])
+    assert not np.array_equal(
+        np.flatnonzero(plain["query"] != noisy["query"]), np.flatnonzero(plain["dout"] != noisy["dout"])
+    )
+
+
 def test_outlier_channels_scale_the_same_dimensions_of_every_token() -> None:
     plain = rows_of(make_tensors(make_case())["value"])
     case = make_case(init=Init(value=Distribution(outliers=Outliers(fraction=0.1, factor=10.0, axis="channel"))))
@@ -169,6 +186,8 @@ def test_spec_reads_every_stress_key(tmp_path: Path) -> None:
         ({"logit_std": 0}, "init.logit_std", "0.0 is not allowed; allowed: a finite number > 0"),
         ({"logit_std": 20, "key": {"std": 2}}, "init.key.std", "logit_std sets the distribution of query and key"),
         ({"query": {"outliers": {"factor": 30000}}}, "init.query", "beyond float16's largest number"),
+        ({"key": {"distribution": "noisy", "std": 20}}, "init.key", "beyond float16's largest number"),
+        ({"key": {"distribution": "noise"}}, "init.key.distribution", "allowed: normal, uniform, noisy"),
     ],
 )
 def test_bad_stress_keys_name_the_key_and_what_is_allowed(tmp_path: Path, init: dict, key: str, fragment: str) -> None:

@@ -39,14 +39,37 @@ def test_terminal_report_verbose_snapshot(snapshot):
     snapshot("terminal_verbose.txt", render(sample_suite(), verbose=True))
 
 
-def test_terminal_report_shows_failures_hot_blocks_and_summary():
+def test_terminal_report_leads_with_a_line_per_case_and_keeps_the_detail_for_verbose():
+    """A failure's checks, worst elements and hot blocks are behind -v (and in the HTML report); an unjudged
+    case's errors stay whole (their paths are copied from there); the summary is the last line."""
     text = render(sample_suite())
-    assert "edge-tile dq: hot blocks (query block i)" in text
-    assert "edge-tile dk: hot blocks" not in text  # passing tensors stay quiet
-    assert "b=0,n=1,s=70,d=33 i=2" in text
+    assert "| edge-tile    | FAIL    | dq worst 16x16 tile RMSE ratio 5 > 3" in text
+    assert "hot blocks" not in text and "worst elements" not in text and ": checks" not in text
     assert "edge-missing: could not be judged" in text
     assert "come from the reference device (bsa emulate), not from hardware" in text
     assert text.rstrip().endswith("4 cases: 2 passed, 1 failed, 1 error")
+    verbose = render(sample_suite(), verbose=True)
+    assert "edge-tile dq: hot blocks (query block i)" in verbose and "b=0,n=1,s=70,d=33 i=2" in verbose
+    assert verbose.rstrip().endswith("4 cases: 2 passed, 1 failed, 1 error")
+
+
+@pytest.mark.parametrize("width", [56, 80])
+def test_no_number_is_cut_at_a_narrow_width_a_column_is_left_out_and_named(width):
+    """Every detail table through a fixed-width console: a cell is whole or its column is left out, and the
+    caption says which (before, rich cut `4.14e-05` to `4.14e-…` and wrapped `where` mid-cell)."""
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    report.render_terminal(sample_suite(), console, verbose=True)
+    text = console.file.getvalue()
+    assert "…" not in text
+    assert all(len(line.rstrip()) <= width for line in text.splitlines() if line.startswith(("|", "+")))
+    assert "| b=0,n=1,s=70,d=33 i=2 |" in text  # the worst element's place, on one line
+    assert f"left out at {width} columns: " in text  # the hot blocks' table is 84 wide
+
+
+def test_a_command_that_named_the_device_gets_no_note_of_it():
+    console = Console(file=io.StringIO(), width=100, color_system=None)
+    report.render_terminal(sample_suite(), console, device_named=True)
+    assert "reference device" not in console.file.getvalue()
 
 
 def test_terminal_output_is_plain_text_without_a_tty():
@@ -92,6 +115,8 @@ CASE_KEYS = {
     "op",
     "case",
     "expected_failure",
+    "recheck",
+    "side_verdicts",
 }
 TENSOR_KEYS = {
     "name",
@@ -109,6 +134,9 @@ TENSOR_KEYS = {
     "golden_dtype",
     "bias",
     "passed",
+    "sides",
+    "matched_ratio",
+    "max_abs_error",
 }
 STATS_KEYS = {
     "count",
@@ -128,6 +156,9 @@ STATS_KEYS = {
     "cosine",
     "mismatch_count",
     "mismatch_ratio",
+    "side_mismatch_counts",
+    "max_abs_golden",
+    "error_balance",
     "ulp_max",
     "ulp_mean",
     "ulp_histogram",
@@ -161,7 +192,7 @@ def test_json_schema_is_stable():
         "summary",
         "cases",
     }
-    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 4 and document["exit_code"] == 3
+    assert document["schema"] == "bsa-compare/1" and document["schema_minor"] == 5 and document["exit_code"] == 3
     reference = "reference (bsa emulate)"
     assert document["devices"] == [
         {"device": reference, "kind": None, "name": reference, "fault": None, "binary_sha256": None, "cases": 4}
@@ -174,6 +205,7 @@ def test_json_schema_is_stable():
         "skipped": 0,
         "output_bytes": 3000,
         "seconds": 1.5,
+        "verdicts_differ": [],
     }
     for case_data in document["cases"]:
         assert set(case_data) == CASE_KEYS

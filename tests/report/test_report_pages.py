@@ -253,7 +253,8 @@ def test_csv_has_msprobe_columns_then_bsa_verdict_and_deciding_check():
         "Five Thousandths Err Ratio",
     ]
     assert header[19:21] == ["Accuracy Reached or Not", "Err_message"]
-    assert header[21:] == ["bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check"]
+    assert header[21:26] == ["bsa Case", "bsa Verdict", "bsa Tensor Verdict", "bsa Standard", "bsa Deciding Check"]
+    assert header[26:] == ["bsa Matched Ratio", "bsa Max Abs Error", "bsa Other Verdicts"]
     by_name = {row[0]: dict(zip(header, row, strict=True)) for row in rows[1:]}
     dq = by_name["aclnnBlockSparseAttentionGrad/edge-tile/dq"]
     assert dq["Bench Name"] == "golden/edge-tile/dq" and dq["NPU Dtype"] == "float16"

@@ -692,7 +692,26 @@ def _special(path: Path, kind: str) -> None:
     os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(1, {"null": 3, "full": 7}[kind]))
 
 
-@pytest.mark.parametrize("kind", ["null", "full", "fifo"])
+@pytest.mark.parametrize("option", ["--json", "--junit", "--html", "--csv"])
+def test_a_report_into_a_character_device_is_written_into_it(option: str, generated: Path, tmp_path: Path) -> None:
+    """`--junit /dev/null` writes into the device, as every Unix tool does, and never replaces it with a file;
+    a device that refuses the write (/dev/full) is one `Error:` line naming it."""
+    for kind, code in (("null", 3), ("full", 2)):  # 3: case p has no outputs, so it is not judged
+        target = tmp_path / kind / "target"
+        target.parent.mkdir()
+        _special(target, kind)
+        before = os.lstat(target)
+        result = _invoke(["compare", str(generated / "p"), option, str(target)])
+        assert result.exit_code == code, result.output + result.stderr
+        if kind == "full":
+            errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
+            assert len(errors) == 1 and "No space left on device" in errors[0] and str(target) in errors[0]
+        after = os.lstat(target)
+        assert stat.S_ISCHR(after.st_mode) and after.st_ino == before.st_ino
+        assert os.listdir(target.parent) == ["target"]
+
+
+@pytest.mark.parametrize("kind", ["fifo"])
 @pytest.mark.parametrize("option", ["--json", "--junit", "--html", "--csv"])
 def test_report_target_that_is_not_a_regular_file_is_refused(
     option: str, kind: str, generated: Path, tmp_path: Path
@@ -710,7 +729,7 @@ def test_report_target_that_is_not_a_regular_file_is_refused(
     assert os.listdir(target.parent) == ["target"]
 
 
-@pytest.mark.parametrize("kind", ["null", "fifo"])
+@pytest.mark.parametrize("kind", ["fifo"])  # a character device is written into (as a compare report)
 def test_trend_html_target_that_is_not_a_regular_file_is_refused(kind: str, tmp_path: Path) -> None:
     target = tmp_path / "target"
     _special(target, kind)

@@ -150,12 +150,13 @@ def _synchronize(device: Any = None) -> None:
 
 
 #: The stand-in's device clock in microseconds: each backward call advances it by $TORCH_NPU_STANDIN_KERNEL_US
-#: (default 100), and an `Event` records it, so a timed run reports a known time per call.
+#: (default 100), each forward call by $TORCH_NPU_STANDIN_FORWARD_US (default 40), and an `Event` records it,
+#: so a timed run reports a known time per call (and a forward timed into a backward shows).
 _clock = {"us": 0.0}
 
 
-def _kernel_ran() -> None:
-    _clock["us"] += float(os.environ.get("TORCH_NPU_STANDIN_KERNEL_US", "100"))
+def _kernel_ran(variable: str = "TORCH_NPU_STANDIN_KERNEL_US", default: str = "100") -> None:
+    _clock["us"] += float(os.environ.get(variable, default))
 
 
 class _Event:
@@ -178,6 +179,8 @@ class _Event:
 
 npu = types.ModuleType("torch.npu")
 npu.Event = _Event  # type: ignore[attr-defined]
+#: The chip's SoC name, as torch.npu.get_device_name() gives it: $TORCH_NPU_STANDIN_CHIP, else Ascend910B2.
+npu.get_device_name = lambda device=None: os.environ.get("TORCH_NPU_STANDIN_CHIP", "Ascend910B2")  # type: ignore[attr-defined]
 npu.set_device = _set_device  # type: ignore[attr-defined]
 npu.synchronize = _synchronize  # type: ignore[attr-defined]
 npu.device_count = _device_count  # type: ignore[attr-defined]
@@ -595,6 +598,7 @@ def _npu_block_sparse_attention(
         inner_precise,
         flag,
     )
+    _kernel_ran("TORCH_NPU_STANDIN_FORWARD_US", "40")
     for tensor in (out, lse):
         setattr(tensor, _ON_NPU, True)
     return out, lse
