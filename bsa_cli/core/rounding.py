@@ -44,8 +44,10 @@ BACKWARD_TIES: Ties = "away"
 #: The forward kernel casts with CAST_RINT (ties to even): the attention_out bsa writes is rounded so.
 FORWARD_TIES: Ties = "even"
 
+#: float16, NumPy's own (bfloat16 is ml_dtypes', loaded when needed: `bfloat16()`).
 FLOAT16 = np.dtype(np.float16)
 
+#: float16's largest finite value.
 _FLOAT16_MAX = 65504.0
 #: Least magnitude that rounds to inf: halfway from 65504 to 2**16 (a tie, and 2**16 is the even neighbour).
 _FLOAT16_INF_FROM = 65520.0
