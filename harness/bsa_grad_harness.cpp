@@ -146,6 +146,12 @@ struct CaseSpec {
         return value;
     }
 
+    // A chain step's own scaleValue (`forward_scale`, `backward_scale`: the case's step_scales), else `scale`.
+    double DoubleParamOr(const std::string &key, double fallback) const
+    {
+        return params.count(key) ? DoubleParam(key) : fallback;
+    }
+
     // A list parameter: nullptr-equivalent (false) when written as "-".
     bool ListParam(const std::string &key, std::vector<int64_t> *values) const
     {
@@ -892,7 +898,7 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
     }
     const int64_t numKvHeads = spec.IntParam("num_kv_heads");
     const int64_t maskType = spec.IntParam("mask_type");
-    const double scale = spec.DoubleParam("scale");
+    const double scale = spec.DoubleParamOr("forward_scale", spec.DoubleParam("scale"));
     const int64_t preTokens = spec.IntParam("pre_tokens");
     const int64_t nextTokens = spec.IntParam("next_tokens");
 
@@ -993,12 +999,13 @@ int RunForwardOp(const Options &options, const std::string &caseDir, const CaseS
     };
     IntArrayPtr bqLengths = backwardLengths("actual_seq_lengths", "q_seq_len", "actualSeqLengths");
     IntArrayPtr bkvLengths = backwardLengths("actual_seq_lengths_kv", "kv_seq_len", "actualSeqLengthsKv");
+    const double backwardScale = spec.DoubleParamOr("backward_scale", spec.DoubleParam("scale"));
     auto backwardFirstPhase = [&](uint64_t *workspaceSize, aclOpExecutor **executor) {
         return aclnnBlockSparseAttentionGradGetWorkspaceSize(
             input("dout"), input("query"), input("key"), input("value"), output("out"), output("lse"),
             mask->tensor.get(), nullptr, blockShape.get(), bqLengths.get(), bkvLengths.get(),
             nullQLayout ? nullptr : qLayout.data(), nullKvLayout ? nullptr : kvLayout.data(), numKvHeads, maskType,
-            scale, preTokens, nextTokens, output("dq"), output("dk"), output("dv"), workspaceSize, executor);
+            backwardScale, preTokens, nextTokens, output("dq"), output("dk"), output("dv"), workspaceSize, executor);
     };
     uint64_t gradWorkspaceSize = 0;
     ExecutorGuard gradExecutor;

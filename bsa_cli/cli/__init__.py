@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import io
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -139,6 +141,15 @@ class _Loaded(dict[str, click.Command]):
         return command
 
 
+def _escape_unencodable() -> None:
+    """Let stdout and stderr write what their encoding cannot as escapes (`\\udcff`: a folder name of non-UTF-8
+    bytes; an ASCII terminal), never end a command with UnicodeEncodeError."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            with contextlib.suppress(ValueError, OSError):  # a closed or detached stream
+                stream.reconfigure(errors="backslashreplace")
+
+
 class _Commands(click.Group):
     """The command group: Ctrl-C in any command ends it with exit code 130 and one line on stderr (SIGTERM
     and SIGHUP: the same handling, exit code 143 and 129); a file that cannot be read or written (a full
@@ -146,6 +157,7 @@ class _Commands(click.Group):
     traceback."""
 
     def invoke(self, ctx: click.Context) -> object:
+        _escape_unencodable()
         with _signals_as_interrupts():
             try:
                 return self._invoke(ctx)

@@ -20,7 +20,7 @@ none imports `bsa_cli.report` or the CLI):
 * `summary.py`    the benchmark measured once at `bsa gen` and reused by every judgement;
 * `judge.py`      `judge_tensors`: the pure core; it measures, the case's standard checks (`judge_tensor`: one tensor);
 * `forward.py`    the forward's out and lse judged on the rows it writes, and the `rows-written` check;
-* `pair.py`       the pair's causes (`lse-unwritten`, `padding-rows-read`) and its expected verdict;
+* `pair.py`       the pair's causes (`lse-unwritten`, `padding-rows-read`, `scale-mismatch`) and its expected verdict;
 * `diagnose/`     a failing case's likely causes, hypotheses recomputed on its failing blocks (`diagnose`);
 * `case_files.py` reading a case and an output directory: status, run record, hashes, mapped arrays, and
   outputs given in memory checked against the manifest;

@@ -8,7 +8,9 @@ chain's gradients fail:
   the buffer as it is (the NaN prefill, or uninitialised memory on a real NPU); or a forward that left
   lse rows unwritten although the flag is 1 (its `rows-written` check says so);
 * `padding-rows-read`: BNSD actual lengths below S with `bnsd_lengths: ignored`: the backward computes over
-  the full S and reads the padding rows' out and lse, which the forward leaves unwritten.
+  the full S and reads the padding rows' out and lse, which the forward leaves unwritten;
+* `scale-mismatch`: the chain's two calls are given two scales (`step_scales`: a forward from
+  cann_ops_transformer left at its default 1.0, a backward given D^-0.5): the gradients are of another function.
 
 A case of cases/chain.yaml may expect the pair to fail for a cause (`expect.verdict: FAIL`, `expect.cause`):
 it then passes when it fails naming that cause, and fails when it passes or fails for another.
@@ -19,17 +21,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from ..core.case import Case, Expect
 from ..store.manifest import GRAD_NAMES
 from .forward import NOT_WRITTEN
 from .results import EXPECTED_VERDICT, Cause, Check, TensorResult
 
-#: The causes a failing chain is named by (docs/compare.md, "The forward and the pair").
-PAIR_CAUSES = ("lse-unwritten", "padding-rows-read")
+#: The causes a failing chain is named by (docs/compare.md, "The forward and the pair"), each with whether its
+#: pitfall may fail the forward step's out and lse too (a forward called at another scale than the case means).
+PAIR_CAUSES = {"lse-unwritten": False, "padding-rows-read": False, "scale-mismatch": True}
 
 
-def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence[TensorResult]) -> list[Cause]:
-    """Return the pair's causes that explain failing gradients of a chain (none when dq, dk, dv pass)."""
+def pair_causes(
+    case: Case,
+    forward_params: Mapping[str, int],
+    tensors: Sequence[TensorResult],
+    step_scales: Mapping[str, float] | None = None,
+) -> list[Cause]:
+    """Return the pair's causes that explain failing gradients of a chain (none when dq, dk, dv pass);
+    `step_scales`: the scaleValue each step was called with (`Manifest.step_scales`; None: the case's)."""
     failing = tuple(t.name for t in tensors if t.name in GRAD_NAMES and not t.passed)
     if not failing:
         return []
@@ -74,7 +85,28 @@ def pair_causes(case: Case, forward_params: Mapping[str, int], tensors: Sequence
             if n < size
         )
         causes.append(Cause("padding-rows-read", 1.0, evidence, failing, where))
+    mismatch = _scale_mismatch(case, step_scales or {}, names)
+    if mismatch:
+        causes.append(Cause("scale-mismatch", 1.0, mismatch, failing, ()))
     return causes
+
+
+#: Share of each failing gradient's excess error the backward at its own scale, recomputed from the device's out
+#: and lse, must explain for `scale-mismatch` to be named (a backward wrong in another way is not laid to it).
+#: The share is of squared error: 0.99 leaves a tenth of the error; a backward also off by a factor 2 leaves more.
+SCALE_MISMATCH_EXPLAINS = 0.99
+
+
+def _scale_mismatch(case: Case, step_scales: Mapping[str, float], names: str) -> str:
+    """Return the evidence of `scale-mismatch` (the steps called with scales the kernel holds apart), or ""."""
+    forward, backward = (step_scales.get(step, case.scale) for step in ("forward", "backward"))
+    if float(np.float32(forward)) == float(np.float32(backward)):  # the kernels compute with float(scaleValue)
+        return ""
+    meant = f"; the case means {case.scale:.4g}" if case.scale not in (forward, backward) else ""
+    return (
+        f"the forward ran at scale {forward:.4g}, the backward at {backward:.4g} (the scaleValue each call was "
+        f"given{meant}): the gradients are of another function: {names} fail"
+    )
 
 
 def _rows_unwritten(tensors: Sequence[TensorResult], name: str) -> list[Check]:
@@ -112,7 +144,8 @@ def expected_verdict(
     """Apply a chain's expected verdict (`expect.verdict`, `expect.cause`) to how it was judged.
 
     The expectation is met when the chain fails, its forward step's out and lse pass (a pitfall is the
-    backward misreading a right forward) and the expected cause is named with a score of at least
+    backward misreading a right forward; `PAIR_CAUSES` says which pitfalls may fail the forward too) and the
+    expected cause is named with a score of at least
     `EXPECTED_EXPLAINS` (below it, something else is wrong too).
 
     Returns:
@@ -125,7 +158,8 @@ def expected_verdict(
     named = [c.kind for c in causes]
     must = f"must fail naming {wanted}" if wanted else "must fail"
     weak = [c for c in causes if c.kind == wanted and c.score < EXPECTED_EXPLAINS]
-    if failed and forward_failed:  # a pitfall is the backward misreading a right forward, not a wrong forward
+    # a pitfall is the backward misreading a right forward, not a wrong forward (but a forward at another scale)
+    if failed and forward_failed and not PAIR_CAUSES.get(wanted or "", False):
         text = f"fails, but the forward's out or lse fail too, which the pitfall is not ({must}): {message}"
     elif failed and (wanted is None or wanted in named) and not weak:
         return None, f"fails as it must: {message}"

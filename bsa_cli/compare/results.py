@@ -220,6 +220,7 @@ DiagnosisKind = Literal[
     "layout",
     "lse-unwritten",
     "padding-rows-read",
+    "scale-mismatch",
 ]
 #: The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 #: tests some of them (`diagnose.TESTED_KINDS`).

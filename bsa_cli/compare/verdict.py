@@ -42,7 +42,7 @@ from .diagnose.chain import PairInputs, as_forward_step, carried_from_forward, p
 from .diagnose.forward_diagnosis import diagnose_forward
 from .forward import FORWARD_NAMES, ForwardSettings, judge_forward
 from .judge import judge_tensors
-from .pair import cause_checks, expected_verdict, pair_causes
+from .pair import SCALE_MISMATCH_EXPLAINS, cause_checks, expected_verdict, pair_causes
 from .results import ERROR, FAIL, PASS, SKIP, CaseResult, Cause, Check, Hypothesis, TensorResult, Verdict
 
 
@@ -357,9 +357,10 @@ def _judge_outputs(
     inputs = _LazyInputs(job.case_dir, dict(manifest.entries("inputs")), opened.inputs)
     inner_precise = int(manifest.forward_params.get("inner_precise", 0))
     at = _Diagnosing(case, tensors, [], opened, inputs, inner_precise, record.prefilled)
-    causes = pair_causes(case, manifest.forward_params, tensors) if op.pair else []
+    causes = pair_causes(case, manifest.forward_params, tensors, manifest.step_scales) if op.pair else []
     causes, padding = _scored_pair_causes(at, causes)
-    known["notes"] = (*known["notes"], *padding)
+    causes, scales = _scored_scale_mismatch(at, causes, manifest.step_scales["backward"])
+    known["notes"] = (*known["notes"], *padding, *scales)
     causes.sort(key=lambda c: c.kind != case.expect.cause)  # the cause a pitfall case expects leads its message
     checks = [*checks, *cause_checks(causes), *op_checks]
     failing = not all(t.passed for t in tensors)
@@ -505,6 +506,35 @@ def _scored_pair_causes(at: _Diagnosing, causes: list[Cause]) -> tuple[list[Caus
             return score_padding(at.case, causes, at.tensors, dev, gold, bench, PairInputs(at.inputs, at.opened.device))
     except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
         return causes, [f"padding-rows-read not scored: {type(exc).__name__}: {exc}"]
+
+
+def _scored_scale_mismatch(at: _Diagnosing, causes: list[Cause], scale: float) -> tuple[list[Cause], list[str]]:
+    """Score `scale-mismatch` by whether dq, dk, dv are the backward's right answer, at the `scale` it was
+    called with, to the device's out and lse (`chain.carried_from_forward` on the case at that scale, each
+    failing gradient apart; the score is the least share): the steps' scales explain the gradients only where
+    the backward did what it was told."""
+    if not any(c.kind == "scale-mismatch" for c in causes):
+        return causes, []
+    dev, gold, bench = at.arrays(GRAD_NAMES)
+    at_scale, read = replace(at.case, scale=scale), PairInputs(at.inputs, at.opened.device)
+    try:
+        with blas.one_thread_each(), np.errstate(all="ignore"):  # untrusted values
+            each = [
+                carried_from_forward(at_scale, [t], dev, gold, bench, read) for t in at.of(GRAD_NAMES) if not t.passed
+            ]
+    except (DataError, ValueError, IndexError, KeyError, FloatingPointError) as exc:  # the parameters still name it
+        return causes, [f"scale-mismatch not scored: {type(exc).__name__}: {exc}"]
+    share = min((c.share for c in each), default=0.0)
+    words = f"the backward at {scale:.4g} recomputed from the device's out and lse: " + "; ".join(c.text for c in each)
+    kept, notes = [], []
+    for cause in causes:
+        if cause.kind != "scale-mismatch":
+            kept.append(cause)
+        elif share >= SCALE_MISMATCH_EXPLAINS:
+            kept.append(replace(cause, score=round(share, 4), evidence=f"{cause.evidence} ({words})"))
+        else:
+            notes.append(f"scale-mismatch not named: it explains {share:.0%} of a gradient's error ({words})")
+    return kept, notes
 
 
 def release_note(release: str | None, device_cann: str | None) -> str | None:

@@ -250,6 +250,9 @@ class Case:
     ops: tuple[str, ...] = ("backward",)  # the operator calls the case tests (bsa_cli/ops/: `Op`s), in OPS order
     inner_precise: int = 0  # the forward's innerPrecise (0 fp32 softmax, 1 fp16)
     softmax_lse_flag: int = 1  # the forward's softmaxLseFlag (1: lse written)
+    #: The scaleValue a chain's step ("forward", "backward") is called with where it is not `scale` (the function
+    #: meant, which the golden computes): `(("forward", 1.0),)` is a forward left at cann_ops_transformer's default.
+    step_scales: tuple[tuple[str, float], ...] = ()
     #: Ops whose expected status differs from `expect` (set by specs/build from each op's rules).
     op_expect: tuple[tuple[str, Expect], ...] = ()
     #: Ops the case lists that their operator refuses while another accepts the case: (op, why), not run.
@@ -258,6 +261,10 @@ class Case:
     def expect_of(self, op: str) -> Expect:
         """Return what one op of the case must return (`op_expect`, else `expect`)."""
         return dict(self.op_expect).get(op, self.expect)
+
+    def step_scale(self, step: str) -> float:
+        """Return the scaleValue a chain's step ("forward", "backward") is called with (`step_scales`, else `scale`)."""
+        return dict(self.step_scales).get(step, self.scale)
 
     def skip_reason(self, op: str) -> str | None:
         """Return why the case does not run `op` (its operator refuses what another accepts), or None."""

@@ -495,7 +495,7 @@ class ReferenceDevice:
             attempt.interrupted = True
             return
         except (BsaError, OSError) as exc:
-            stderr.write_text(f"Error: {exc}\n")
+            stderr.write_text(f"Error: {exc}\n", errors="backslashreplace")
             attempt.exit_code = ChildExit.USAGE
             if isinstance(exc, OSError):
                 attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")

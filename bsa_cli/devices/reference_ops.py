@@ -7,8 +7,9 @@ the forward's own out and lse), as the binary contract asks of an op folder (`Ma
 * chain: the forward on the mask bytes as int8 (the forward's registered dtype), then the backward's
   interface check on the tensors the backward receives (the forward's out and lse, the mask in the
   manifest's dtype) and the backward (`backward`, the reference device's `emulate`) on them, writing out,
-  lse, dq, dk, dv; the status is the first nonzero one (the forward's, then the backward's). A backward
-  that refuses leaves the forward's out and lse written (as a device would) and no gradients.
+  lse, dq, dk, dv, each step at the scale it is called with (`Manifest.step_scales`); the status is the
+  first nonzero one (the forward's, then the backward's). A backward that refuses leaves the forward's out
+  and lse written (as a device would) and no gradients.
 * autograd: not here (torch_npu's autograd link): `Unsupported`, and `ReferenceDevice.unsupported` says so
   before anything runs.
 
@@ -170,8 +171,10 @@ def emulate_op(
     tensors = {name: read_array(case_dir, manifest.entry("inputs", name)) for name in op.inputs}
     mask = np.asarray(tensors["block_sparse_mask"])
     not_applied = None if fault is None else fault_not_applied(fault, case, mask, op)
+    # each step at the scaleValue it is called with: a chain's `params.<step>_scale`, else the case's
+    scaled = {step: dataclasses.replace(case, scale=scale) for step, scale in manifest.step_scales.items()}
     # A forward fault plants itself here, a backward one is ignored (both steps run BLAS on one thread).
-    produced = run_forward(case, {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
+    produced = run_forward(scaled["forward"], {**tensors, "block_sparse_mask": forward_mask(mask)}, fault)
     write_outputs(paths, manifest, produced, str(output_dir), "the reference device")
     written = dict(produced)  # every output written gets guard zones, as the harness gives them on the device
     if op.calls_backward:
@@ -180,7 +183,7 @@ def emulate_op(
             status = write_status(output_dir, status, f"backward: {message}")
             return Emulated(status, None, PREFILL, guard_writes(fault, written))
         backward_fault = None if fault in FORWARD_FAULTS else fault  # a backward fault plants itself here
-        grads = backward(case, backward_tensors(tensors, produced), backward_fault, order_seed)
+        grads = backward(scaled["backward"], backward_tensors(tensors, produced), backward_fault, order_seed)
         write_outputs(paths, manifest, grads, str(output_dir), "the reference device")
         written.update(grads)
     return Emulated(write_status(output_dir, 0), not_applied, PREFILL, guard_writes(fault, written))

@@ -238,7 +238,7 @@ def plan_op(manifest: Manifest) -> OpPlan:
             q_input_layout=layout,
             kv_input_layout=str(params.get("kv_layout", layout)),
             num_key_value_heads=_int(params.get("num_kv_heads")),
-            scale_value=float(params["scale"]),
+            scale_value=manifest.step_scales["forward"],
             inner_precise=_int(forward_params["inner_precise"]),
             actual_seq_lengths=_int_list(q_lengths),
             actual_seq_lengths_kv=_int_list(kv_lengths),
@@ -247,10 +247,11 @@ def plan_op(manifest: Manifest) -> OpPlan:
         backward = None
         if BACKWARD_BINDING in op.torch_npu_calls:
             bq, bkv = call_lengths(params)
-            shared = ("q_input_layout", "kv_input_layout", "num_key_value_heads", "scale_value")
+            shared = ("q_input_layout", "kv_input_layout", "num_key_value_heads")
             lengths = {"actual_seq_lengths": _int_list(bq), "actual_seq_lengths_kv": _int_list(bkv)}
-            # the forward's own values, in the backward's order
+            # the forward's own values, in the backward's order; the scale its own (a chain's `step_scales`)
             backward = {"block_shape": forward.block_shape, **lengths, **{key: getattr(forward, key) for key in shared}}
+            backward["scale_value"] = manifest.step_scales["backward"]
     except (KeyError, TypeError, ValueError) as exc:
         raise refuse(f"a value the binding takes as int, int list or float is {exc}") from None
     return OpPlan(op=op, forward=forward, backward=backward, outputs=op.outputs)

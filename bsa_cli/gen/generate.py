@@ -48,6 +48,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("expect", "cause"), None),
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
+    (("step_scales",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")
@@ -65,7 +66,8 @@ def fingerprint(case: Case, precision: Precision, op: str = "backward") -> str:
     """
     fields = asdict(case)
     forward_params = () if get(op).calls_forward else ("inner_precise", "softmax_lse_flag")
-    for key in ("source", "warnings", "ops", "op_expect", "skipped_ops", *forward_params):
+    step_scales = () if get(op).scales_per_step else ("step_scales",)  # only a chain's folder calls them
+    for key in ("source", "warnings", "ops", "op_expect", "skipped_ops", *forward_params, *step_scales):
         fields.pop(key)
     fields["expect"] = asdict(case.expect_of(op))
     if not get(op).is_default:

@@ -24,6 +24,7 @@ from .backward import BACKWARD
 from .base import BINDING_DEFAULTS as BINDING_DEFAULTS
 from .base import INNER_PRECISE_DEFAULT as INNER_PRECISE_DEFAULT
 from .base import INNER_PRECISE_VALUES as INNER_PRECISE_VALUES
+from .base import PAIR_STEPS as PAIR_STEPS
 from .base import SEPARATOR, Op, find, get
 from .base import SOFTMAX_LSE_FLAG_DEFAULT as SOFTMAX_LSE_FLAG_DEFAULT
 from .chain import CHAIN

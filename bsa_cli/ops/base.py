@@ -39,6 +39,8 @@ FORWARD_BINDING: Final = "npu_block_sparse_attention"
 BACKWARD_BINDING: Final = "npu_block_sparse_attention_backward"
 #: The backward through torch's autograd (torch_npu's derivatives.yaml link).
 AUTOGRAD_STEP: Final = "out.backward(dout)"
+#: A pair's steps, each a call of its own in a chain (`Case.step_scales`; a chain folder's `params.<step>_scale`).
+PAIR_STEPS: Final = ("forward", "backward")
 #: The forward's outputs (attentionOut, softmaxLse) in the folders of the ops that call it.
 FORWARD_OUTPUTS: Final = ("out", "lse")
 
@@ -57,6 +59,8 @@ class Op(str):
             `out.backward(dout)`: torch's autograd link).
         autograd_only: it runs only through torch's autograd: a device without it (the reference device,
             a C++ harness) cannot run it.
+        scales_per_step: its forward and backward are two calls, each given its own scaleValue (a case's
+            `step_scales`); autograd hands the forward's to the backward (op-plugin derivatives.yaml, 517f2e7d).
     """
 
     inputs: tuple[str, ...]
@@ -74,6 +78,7 @@ class Op(str):
     step_owner: str
     torch_npu_calls: tuple[str, ...]
     autograd_only: bool
+    scales_per_step: bool
 
     def __new__(
         cls,
@@ -89,6 +94,7 @@ class Op(str):
         step_owner: str = "",
         torch_npu_calls: tuple[str, ...] = (),
         autograd_only: bool = False,
+        scales_per_step: bool = False,
     ) -> Op:
         # each attribute (but pair) is the argument of its name; set in vars(), not through __setattr__: an op is frozen
         given = {key: value for key, value in locals().items() if key in Op.__annotations__}

@@ -15,4 +15,5 @@ CHAIN = Op(
     steps=(FORWARD_CALL, BACKWARD_CALL),
     step_owner="the chain's",
     torch_npu_calls=(FORWARD_BINDING, BACKWARD_BINDING),
+    scales_per_step=True,
 )

@@ -15,8 +15,6 @@ import re
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..core import rounding
 from ..core.case import BNSD_LENGTHS, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
 from ..core.errors import SpecError, show
@@ -26,6 +24,7 @@ from ..ops import CALLS, FORWARD_OPS, OPS, Op, get, interface
 from ..ops.interface import BACKWARD_CALL, LENGTH_KEYS, Call
 from .fields import (
     CASE_KEYS,
+    FLOAT32_MAX,
     INT64_LIMIT,
     TENSORS,
     _block_shape,
@@ -38,8 +37,9 @@ from .fields import (
     _tensors,
     read_dtype,
     refuse_unknown,
+    scale_value,
 )
-from .ops_fields import forward_keys_given, judges_pair, read_expect, read_forward_params, read_ops
+from .ops_fields import forward_keys_given, judges_pair, read_expect, read_forward_params, read_ops, read_step_scales
 
 NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+\Z")  # \Z: `$` would also match before a final newline
 
@@ -67,6 +67,7 @@ def build_case(
     case_ops = tuple(op for op in OPS if op in ops) if ops is not None else case_ops
     calls_forward = any(get(op).calls_forward for op in case_ops)
     inner_precise, softmax_lse_flag = read_forward_params(r, not expect.ok)
+    step_scales = read_step_scales(r)
     layout, kv_layout, nulls = _layouts(r, raw)
     dtype = read_dtype(r, "dtype", r.get("dtype", "float16"), "float16 (fp16), bfloat16 (bf16)")
     num_heads = r.integer("num_heads", minimum=1)
@@ -108,6 +109,7 @@ def build_case(
         ops=case_ops,
         inner_precise=inner_precise if calls_forward else Case.inner_precise,
         softmax_lse_flag=softmax_lse_flag if calls_forward else Case.softmax_lse_flag,
+        step_scales=step_scales,  # read by the ops that call each step themselves (`Op.scales_per_step`)
     )
     _check_sizes(r, case)
     _check_finite(r, case)
@@ -198,14 +200,7 @@ def _sizes(r: _Reader, raw: dict[str, Any], tnd: bool) -> tuple[int, int, int, L
 
 
 def _scale(r: _Reader, head_dim: int) -> float:
-    scale = r.number("scale", 1.0 / math.sqrt(head_dim))
-    if not math.isfinite(scale):
-        raise r.error("scale", f"{show(scale)} must be a finite number")
-    if abs(scale) > FLOAT32_MAX:
-        raise r.error(
-            "scale", f"{show(scale)} overflows float32 (the kernel receives float(scale)): the golden cannot be finite"
-        )
-    return scale
+    return scale_value(r, "scale", 1.0 / math.sqrt(head_dim))
 
 
 def _check_mask(r: _Reader, case: Case) -> None:
@@ -236,15 +231,19 @@ def _check_ops_keys(r: _Reader, ops: tuple[Op, ...], expect: Expect, override: b
                 f"is the forward's parameter, but the case's ops are {', '.join(ops)}: add an op that calls the "
                 f"forward ({', '.join(FORWARD_OPS)}) to 'ops:', or remove it",
             )
+    if "step_scales" in r.raw and not any(get(op).scales_per_step for op in ops):
+        steps = ", ".join(op for op in OPS if get(op).scales_per_step)
+        raise r.error(
+            "step_scales",
+            f"is the scale of each step of a pair of separate calls, but the case's ops are {', '.join(ops)}: add "
+            f"{steps} to 'ops:', or remove it (autograd hands the forward's scale to the backward)",
+        )
     if judges_pair(expect) and not any(get(op).pair for op in ops):
         raise r.error(
             "expect",
             f"verdict and cause judge the pair, but the case's ops are {', '.join(ops)}: add chain or autograd "
             "to 'ops:', or expect a status only",
         )
-
-
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _check_sizes(r: _Reader, case: Case) -> None:
@@ -305,14 +304,15 @@ def _check_finite(r: _Reader, case: Case) -> None:
                 "finite",
             )
     d = case.head_dim
-    scores = abs(case.scale) * d * size["query"] * size["key"]
+    scale = max(abs(s) for s in (case.scale, *dict(case.step_scales).values()))  # a chain step's own scale too
+    scores = scale * d * size["query"] * size["key"]
     dscores = 2.0 * d * size["dout"] * size["value"]
-    grads = abs(case.scale) * max(case.q_seq_len, case.kv_seq_len) * dscores * max(size["key"], size["query"])
+    grads = scale * max(case.q_seq_len, case.kv_seq_len) * dscores * max(size["key"], size["query"])
     for what, bound in (("scores scale*q.k", scores), ("dP = dout.v", dscores), ("dq and dk", grads)):
         if bound > FLOAT32_MAX:
             raise r.error(
                 "init",
-                f"with these values and scale {case.scale:.3g}, {what} may reach {bound:.3g}, "
+                f"with these values and scale {scale:.3g}, {what} may reach {bound:.3g}, "
                 "beyond float32's largest number: the golden cannot be finite; use a smaller scale or "
                 "init",
             )
@@ -461,6 +461,8 @@ def _valid_ops(case: Case, statuses: dict[str, tuple[int, str]]) -> Judged:
             skipped.append((op, f"{get(op).refusal(case)}; {accepted}"))  # "the backward and the chain accept it"
         elif judges_pair(case.expect) and not get(op).pair:
             op_expect.append((op, Expect()))
+        elif judges_pair(case.expect) and case.step_scales and not get(op).scales_per_step:
+            op_expect.append((op, Expect()))  # autograd hands the forward's scale on: the steps' scales are not its
     return op_expect, skipped
 
 

@@ -53,7 +53,7 @@ CASE_KEYS = tuple(
     "name description layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len "
     "actual_seq_lengths actual_seq_lengths_kv block_shape scale seed sparsity init expect seq_lengths_encoding "
     "lse_shape bnsd_lengths empty_row_lse mask_type pre_tokens next_tokens tensors compare matrix release "
-    "null_layouts ops inner_precise softmax_lse_flag".split()
+    "null_layouts ops inner_precise softmax_lse_flag step_scales".split()
 )
 TENSOR_KEYS = ("dtype", "shape")
 #: Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data.
@@ -405,6 +405,22 @@ def _mapping(r: _Reader, key: str, raw: Any, keys: tuple[str, ...], what: str) -
         raise r.error(key, f"{show(raw)} is not a mapping of {what}")
     refuse_unknown(r, raw, keys, f"{key}.")
     return r.nested(key, raw)
+
+
+#: The largest float32: a scaleValue beyond it overflows the float the kernel receives.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def scale_value(r: _Reader, key: str, default: float) -> float:
+    """Return a scaleValue (`scale`, a chain step's in `step_scales`): a finite double whose float32 is finite."""
+    scale = r.number(key, default)
+    if not math.isfinite(scale):
+        raise r.error(key, f"{show(scale)} must be a finite number")
+    if abs(scale) > FLOAT32_MAX:
+        raise r.error(
+            key, f"{show(scale)} overflows float32 (the kernel receives float(scale)): the golden cannot be finite"
+        )
+    return scale
 
 
 def _positive(r: _Reader, key: str, default: float, what: str) -> float:

@@ -7,6 +7,11 @@
   binding defaults to 1); another integer only in a negative case (`expect:` a status).
 - `softmax_lse_flag`: the forward's softmaxLseFlag, 0 or 1 (default 1, bsa's; torch_npu's binding defaults to
   0, which leaves lse unwritten); another integer only in a negative case.
+- `step_scales`: `{forward: X, backward: Y}`, the scaleValue each step of the chain is called with where it is not
+  `scale` (the function meant, which the golden computes; either step may be left out): a training step that
+  takes the forward from one entry point and the backward from another, each with its own scale
+  (`{forward: 1.0}`: cann_ops_transformer's default). Only with `chain` in `ops:` (autograd hands the forward's
+  scale to the backward).
 - `expect`: a status as before (`ok`, a code or its name), or a mapping `{status, verdict, cause}`: `verdict`
   PASS or FAIL and `cause` (a word such as `lse-unwritten`) say what judging the pair (chain, autograd) must
   conclude; they mean nothing to other ops (a spec error when its own ops list no pair op).
@@ -21,8 +26,17 @@ from typing import Any
 
 from ..core.case import Expect
 from ..core.errors import show
-from ..ops import DEFAULT_OPS, INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, OPS, SOFTMAX_LSE_FLAG_DEFAULT, Op, find
-from .fields import INT64_LIMIT, _expect, _Reader, _suggest, refuse_unknown
+from ..ops import (
+    DEFAULT_OPS,
+    INNER_PRECISE_DEFAULT,
+    INNER_PRECISE_VALUES,
+    OPS,
+    PAIR_STEPS,
+    SOFTMAX_LSE_FLAG_DEFAULT,
+    Op,
+    find,
+)
+from .fields import INT64_LIMIT, _expect, _mapping, _Reader, _suggest, refuse_unknown, scale_value
 
 EXPECT_KEYS = ("status", "verdict", "cause")
 VERDICTS = ("PASS", "FAIL")
@@ -73,6 +87,17 @@ def read_forward_params(r: _Reader, negative: bool) -> tuple[int, int]:
         _forward_integer(r, "inner_precise", INNER_PRECISE_DEFAULT, INNER_PRECISE_VALUES, negative, precise),
         _forward_integer(r, "softmax_lse_flag", SOFTMAX_LSE_FLAG_DEFAULT, SOFTMAX_LSE_FLAG_VALUES, negative, lse),
     )
+
+
+def read_step_scales(r: _Reader) -> tuple[tuple[str, float], ...]:
+    """Return `step_scales:` as `Case.step_scales` holds it ((step, scale) in PAIR_STEPS order; () when absent)."""
+    raw = r.get("step_scales")
+    if raw is None:
+        return ()
+    sub = _mapping(r, "step_scales", raw, PAIR_STEPS, "a chain's steps to the scaleValue each is called with")
+    if not raw:
+        raise r.error("step_scales", "is empty: give the scale of the forward, the backward or both (forward: 1.0)")
+    return tuple((step, scale_value(sub, step, 0.0)) for step in PAIR_STEPS if step in raw)
 
 
 def read_expect(r: _Reader) -> Expect:

@@ -21,6 +21,7 @@ from ..core.errors import clip
 from ..ops import (
     DEFAULT_OPS,
     INNER_PRECISE_DEFAULT,
+    PAIR_STEPS,
     SOFTMAX_LSE_FLAG_DEFAULT,
     Op,
     find,
@@ -95,6 +96,12 @@ class Manifest(Mapping[str, Any]):
             if isinstance(value, int) and not isinstance(value, bool):
                 found[key] = value
         return found
+
+    @property
+    def step_scales(self) -> dict[str, float]:
+        """The scaleValue each step of a chain is called with (`params.forward_scale`, `params.backward_scale`;
+        where absent, `params.scale`: the function meant, which the golden computes)."""
+        return {step: float(self.params.get(f"{step}_scale", self.params["scale"])) for step in PAIR_STEPS}
 
     @property
     def spec(self) -> Any:
@@ -359,7 +366,7 @@ def build_manifest(
     An op folder other than the backward's adds `op`, and the forward's parameters where the op calls it;
     a skipped op (`skip`: why) has no outputs.
     """
-    document = {
+    document: dict[str, Any] = {
         "format": FORMAT,
         "name": folder_name(case.name, op),
         **({"op": op} if not get(op).is_default else {}),
@@ -377,6 +384,8 @@ def build_manifest(
         "warnings": list(case.warnings),
         "stats": dict(stats),
     }
+    if get(op).scales_per_step and case.step_scales:  # case.txt: `forward_scale X` and `backward_scale Y`
+        document["params"].update({f"{step}_scale": case.step_scale(step) for step in PAIR_STEPS})
     if skip is not None:
         document["skip"] = skip
     return document
@@ -423,6 +432,9 @@ def _check_params(p: Any, sem: Any) -> None:
         raise ValueError(f"params.block_shape: {block_shape!r:.60} is not null or a list of integers")
     if not isinstance(p.get("scale"), (int, float)) or isinstance(p.get("scale"), bool):
         raise ValueError(f"params.scale: {p.get('scale')!r:.60} is not a number")
+    for key in (f"{step}_scale" for step in PAIR_STEPS if f"{step}_scale" in p):
+        if not isinstance(p[key], (int, float)) or isinstance(p[key], bool) or not math.isfinite(p[key]):
+            raise ValueError(f"params.{key}: {p[key]!r:.60} is not a finite number")
     empty = sem.get("empty_row_lse", "inf")
     if not (isinstance(empty, (int, float)) and not isinstance(empty, bool)) and empty not in ("inf", "-inf", "nan"):
         raise ValueError(f"semantics.empty_row_lse: {empty!r:.60} is not a number, 'inf', '-inf' or 'nan'")
@@ -476,7 +488,45 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     for what, shape in (("query", case.q_shape), ("key", case.kv_shape), ("mask", case.mask_shape)):
         if math.prod(shape) > MAX_PARAM_ELEMENTS:
             raise ValueError(f"params: {what} of shape {list(shape)} is beyond bsa's limits")
+    _check_geometry(case, Manifest(manifest))
     return case
+
+
+#: Largest finite float32: the operator takes scaleValue as a float.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_geometry(case: Case, manifest: Manifest) -> None:
+    """Hold a manifest's case to the rules a spec's is held to (specs/build.py), so that what bsa judges
+    is a case gen could have written: actual lengths within their sequence dimension and a finite scale
+    for every case; a case meant to pass, and not skipped, breaks none of its operator calls' interface
+    rules (a negative case breaks one on purpose; its status alone is judged).
+
+    Raises:
+        ValueError: naming the param and the rule, as `bsa validate` would.
+    """
+    for key, lengths, limit in (
+        ("actual_seq_lengths", case.actual_seq_lengths, case.q_seq_len),
+        ("actual_seq_lengths_kv", case.actual_seq_lengths_kv, case.kv_seq_len),
+    ):
+        if lengths is not None and max(lengths, default=0) > limit:
+            shown = clip(list(lengths), 60)
+            raise ValueError(f"params.{key}: {shown}: a length exceeds the sequence dimension {limit}")
+    if not abs(case.scale) <= FLOAT32_MAX:  # NaN too
+        raise ValueError(f"params.scale: {case.scale} is not a number float32 holds (the operator's scaleValue)")
+    if not case.expect.ok or manifest.skip is not None:
+        return
+    if len(case.block_shape) < 2 or min(case.block_shape) <= 0:
+        raise ValueError(f"params.block_shape: {list(case.block_shape)}: a case expecting status 0 has X, Y > 0")
+    if not manifest.op.is_default:  # the other ops' folders follow `Case.op_expect`, which gen worked out
+        return
+    call = interface.BACKWARD_CALL
+    broken = [*call.undefined_behaviour(case), *(f"{v.key} {v.message}" for v in call.violations(case))]
+    if broken:  # what specs/build.py's _check_interface refuses in a backward case expecting status 0
+        raise ValueError(
+            f"params: {broken[0]}: the backward refuses it or leaves it undefined, yet the case expects status 0 "
+            "(`bsa validate` refuses such a spec)"
+        )
 
 
 def _overrides(manifest: Mapping[str, Any]) -> tuple[TensorOverride, ...]:

@@ -188,6 +188,21 @@ def test_the_chain_hands_the_forwards_device_outputs_to_the_backward(ran):
     assert "fake op: actualSeqLengths [300] actualSeqLengthsKv [384]" in stdout
 
 
+def test_the_chain_calls_each_step_at_its_own_scale(harness, tmp_path):
+    """`step_scales` (case.txt `forward_scale`, `backward_scale`): each call gets its own; without them both
+    get `scale`."""
+    spec = {"defaults": {**DEFAULTS, "q_seq_len": 128, "ops": ["chain"]}, "cases": [
+        {"name": "hf-scales", "step_scales": {"forward": 1.0}},
+        {"name": "hf-one-scale"},
+    ]}  # fmt: skip
+    out = generate(tmp_path, spec)
+    for name, forward in (("hf-scales", "1"), ("hf-one-scale", "0.125")):
+        done = run_harness(harness, out / f"{name}@chain", tmp_path / name)
+        assert done.returncode == 0, done.stderr
+        assert f"fake forward: scaleValue {forward}\n" in done.stdout
+        assert "fake op: scaleValue 0.125\n" in done.stdout
+
+
 def test_an_int8_mask_into_the_chains_backward_is_refused_after_the_forward_wrote(ran):
     outputs = ran / "hf-int8-chain@chain" / "outputs"
 

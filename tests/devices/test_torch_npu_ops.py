@@ -261,6 +261,19 @@ def test_plan_op_passes_the_forwards_keywords(tmp_path):
     assert tnd.outputs == ("out", "lse", "dq", "dk", "dv")
 
 
+def test_plan_op_calls_each_step_of_a_chain_at_its_own_scale(tmp_path):
+    """A chain folder's `params.forward_scale` and `backward_scale` (what gen writes for `step_scales`, as in
+    cases/chain.yaml's chain-scale-forward-default): each step called with its own."""
+    manifest = store.load_manifest(build_op_folder(tmp_path, make("c"), "chain"))
+    manifest.raw["params"].update(forward_scale=1.0, backward_scale=0.125)
+    plan = plan_op(manifest)
+
+    assert plan.forward.scale_value == 1.0
+    assert plan.backward is not None and plan.backward["scale_value"] == 0.125
+    plain = plan_op(store.load_manifest(build_op_folder(tmp_path, make("d"), "chain")))
+    assert plain.forward.scale_value == 0.125 and plain.backward is not None and plain.backward["scale_value"] == 0.125
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [

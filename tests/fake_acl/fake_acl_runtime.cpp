@@ -314,7 +314,7 @@ aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     int64_t nextTokens, aclTensor *dq, aclTensor *dk, aclTensor *dv, uint64_t *workspaceSize,
     aclOpExecutor **executor)
 {
-    (void)numKeyValueHeads, (void)scaleValue;
+    (void)numKeyValueHeads;
     // The checks of ops-transformer master (5778144) in their order: a null layout first (d42799fe6),
     // ValidateParams (op_host/op_api/aclnn_block_sparse_attention_grad.cpp), then the A2/A3 tiling (561002).
     // Written apart from bsa_cli/ops/interface.py on purpose: running the negative suite through the harness and
@@ -421,6 +421,7 @@ aclnnStatus aclnnBlockSparseAttentionGradGetWorkspaceSize(
     // What a run received, for the tests: the lengths (BNSD without lengths must still get [S] * B).
     std::printf("fake op: actualSeqLengths %s actualSeqLengthsKv %s\n", Join(actualSeqLengthsOptional).c_str(),
                 Join(actualSeqLengthsKvOptional).c_str());
+    std::printf("fake op: scaleValue %.17g\n", scaleValue);  // a chain's backward_scale reaches it
     if (ShouldFail("aclnnBlockSparseAttentionGradGetWorkspaceSize")) {
         return Reject(161002, "fake: forced failure");
     }
@@ -740,6 +741,7 @@ aclnnStatus aclnnBlockSparseAttentionGetWorkspaceSize(
     }
     std::printf("fake forward: actualSeqLengths %s actualSeqLengthsKv %s\n", Join(actualSeqLengthsOptional).c_str(),
                 Join(actualSeqLengthsKvOptional).c_str());
+    std::printf("fake forward: scaleValue %.17g\n", scaleValue);  // a chain's forward_scale reaches it
     *workspaceSize = 4096;
     auto *run = new ForwardExecutor{
         {query, key, value, blockSparseMaskOptional, attentionOut, softmaxLseOptional, tnd, x, y, qLengths,

@@ -384,6 +384,10 @@ def test_chain_yaml_builds_with_every_op() -> None:
     by_name = {case.name: case for case in cases}
     assert by_name["chain-lse-flag-0"].expect_of("forward") == Expect()
     assert by_name["chain-lse-flag-0"].expect_of("autograd").cause == "lse-unwritten"
+    assert by_name["chain-scale-forward-default"].expect_of("chain").cause == "scale-mismatch"
+    assert by_name["chain-scale-forward-default"].expect_of("autograd") == Expect()  # one scale for both steps
+    alone = load_specs([REPO / "cases" / "chain.yaml"], ops=(ops.get("autograd"),))  # `--ops autograd`
+    assert next(c for c in alone if c.name == "chain-scale-forward-default").expect_of("autograd") == Expect()
     assert [op for op, _ in by_name["chain-y64-backward-only"].skipped_ops] == ["forward", "chain", "autograd"]
     assert by_name["chain-y64-backward-only"].skip_reason("autograd").startswith("autograd's forward step refuses")
 

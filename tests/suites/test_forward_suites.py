@@ -55,4 +55,6 @@ def test_every_chain_pitfall_is_a_named_case() -> None:
         "chain-inner-precise-1-fp16",
         "chain-y64-backward-only",
         "chain-mask-bool",
+        "chain-scale-forward-default",
+        "chain-scale-both-explicit",
     } <= names
