@@ -104,6 +104,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "export_command",
         "Write each case under PATHS (folders written by `bsa gen`) as an msOpST, ATK or TTK test case.",
     ),
+    "fuzz": (
+        "fuzz",
+        "fuzz_command",
+        "Draw cases the operator accepts and check each on a device; shrink each failure to a repro.",
+    ),
     "gen": (
         "gen",
         "gen_command",

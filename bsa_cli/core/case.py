@@ -151,7 +151,9 @@ class Distribution:
     """Values of one input tensor: normal(mean, std), uniform(low, high) or noisy (normal, 0.1% of the values
     x1000), with optional stress shapes."""
 
-    kind: str = "normal"  # normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`)
+    #: normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`) | exact
+    #: (the integers and halves in [low, high])
+    kind: str = "normal"
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0
@@ -253,6 +255,9 @@ class Case:
     #: The scaleValue a chain's step ("forward", "backward") is called with where it is not `scale` (the function
     #: meant, which the golden computes): `(("forward", 1.0),)` is a forward left at cann_ops_transformer's default.
     step_scales: tuple[tuple[str, float], ...] = ()
+    #: (copy, source) batch entries: entry `copy` holds exactly entry `source`'s sequence (inputs and mask), so
+    #: a device must give it bit-identical gradients (the batch-consistency check, TTK's --dl 3).
+    copies: tuple[tuple[int, int], ...] = ()
     #: Ops whose expected status differs from `expect` (set by specs/build from each op's rules).
     op_expect: tuple[tuple[str, Expect], ...] = ()
     #: Ops the case lists that their operator refuses while another accepts the case: (op, why), not run.

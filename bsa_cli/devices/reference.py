@@ -159,6 +159,7 @@ class _Sequence:
     key: np.ndarray  # [N2, skv, D] float32
     value: np.ndarray  # [N2, skv, D] float32
     q_len: int
+    batch: int
 
 
 def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: SequenceSpan) -> _Sequence:
@@ -170,7 +171,7 @@ def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: Sequence
     key, value = (_io32(kv_view(case, tensors[name], span), io_dtype) for name in ("key", "value"))
     lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
     dsum = (dout * out).sum(axis=1, dtype=np.float32)
-    return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len)
+    return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len, span.batch)
 
 
 #: Query rows per tile of the kv-block-major loop: dK and dV of a kv block are summed tile by tile.
@@ -207,7 +208,9 @@ def _sequence_grads(
     lost = False
     for kv_head in range(kv_heads):
         group_mask = mask[kv_head * group : (kv_head + 1) * group]  # [G, nQ, nKV]
-        for block in range(mask.shape[2]):
+        # batch-order: entries of odd index sum dQ over kv blocks from the last (a split of its own)
+        backwards = fault == "batch-order" and seq.batch % 2 == 1
+        for block in reversed(range(mask.shape[2])) if backwards else range(mask.shape[2]):
             members, q_blocks = np.nonzero(group_mask[:, :, block])
             cols = slice(block * y, min((block + 1) * y, kv_len))
             partials: list[tuple[np.ndarray, np.ndarray]] = []
@@ -331,6 +334,8 @@ def emulate(
     grads = {name: to_dtype(grad, io_dtype, BACKWARD_TIES) for name, grad in (("dq", dq), ("dk", dk), ("dv", dv))}
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
+    if fault in faults.SHAPE_FAULTS:
+        faults.plant_shape_fault(case, grads, fault)
     if fault in ("nan-row", "tile-noise", "rows-swapped"):
         site = faults.fault_site(case, block_mask)
         if fault == "rows-swapped":

@@ -49,6 +49,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
     (("step_scales",), ()),
+    (("copies",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")

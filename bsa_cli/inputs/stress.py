@@ -30,7 +30,7 @@ def logit_std_spread(case: Case) -> float:
 
 def spread(dist: Distribution) -> float:
     """Return the standard deviation of a distribution."""
-    return (dist.high - dist.low) / math.sqrt(12.0) if dist.kind == "uniform" else dist.std
+    return (dist.high - dist.low) / math.sqrt(12.0) if dist.kind in ("uniform", "exact") else dist.std
 
 
 def query_spread(case: Case) -> float:

@@ -275,7 +275,7 @@ def expect_record(expect: Expect) -> dict[str, Any]:
 
 def semantics(case: Case) -> dict[str, Any]:
     """Return what the golden assumes where the operator's documentation and kernel differ."""
-    return {
+    record: dict[str, Any] = {
         "interface": interface.RULES_BY_RELEASE[case.release],
         "release": case.release,
         "bnsd_lengths": case.bnsd_lengths,
@@ -283,6 +283,9 @@ def semantics(case: Case) -> dict[str, Any]:
         "q_lengths": list(case.q_lengths()),
         "kv_lengths": list(case.kv_lengths()),
     }
+    if case.copies:  # only then: a case without copies keeps its bytes
+        record["copies"] = [list(pair) for pair in case.copies]
+    return record
 
 
 def sparsity_record(case: Case) -> dict[str, Any]:
@@ -440,6 +443,18 @@ def _check_params(p: Any, sem: Any) -> None:
         raise ValueError(f"semantics.empty_row_lse: {empty!r:.60} is not a number, 'inf', '-inf' or 'nan'")
 
 
+def _copies(raw: Any, batch: Any) -> tuple[tuple[int, int], ...]:
+    """Return `semantics.copies` checked: [copy, source] pairs of distinct batch entries."""
+    if not isinstance(raw, list) or not isinstance(batch, int):
+        raise ValueError("semantics.copies: not a list of [copy, source] pairs")
+    pairs = []
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int and 0 <= v < batch for v in pair)):
+            raise ValueError(f"semantics.copies: {pair!r:.60} is not a pair of batch entries below {batch}")
+        pairs.append((pair[0], pair[1]))
+    return tuple(pairs)
+
+
 def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     """Rebuild the geometry of a case (shapes, lengths, semantics) from its manifest.
 
@@ -481,6 +496,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         ops=(Manifest(manifest).op,),
         inner_precise=forward["inner_precise"],
         softmax_lse_flag=forward["softmax_lse_flag"],
+        copies=_copies(sem.get("copies", []), p["batch"]),
     )
     for lengths in (case.actual_seq_lengths, case.actual_seq_lengths_kv):
         if lengths is not None and any(n < 0 for n in lengths):

@@ -27,6 +27,7 @@ NOT_NEEDED = {
     "compare": (),
     "run": (),  # run reads a report (--failed), check writes them
     "export": (),
+    "fuzz": (),
 }
 
 PROBE = """
