@@ -213,9 +213,25 @@ def to_dtype(values: np.ndarray, dtype: np.dtype, ties: Ties = "even") -> np.nda
         return values.astype(dtype)
     if values.dtype == FLOAT16 or is_bfloat16(values.dtype):  # one 16-bit type to the other: exactly through float32
         values = values.astype(np.float32)
+    flat = np.ascontiguousarray(values).reshape(-1)
+    result = np.empty(flat.shape, dtype)
+    bits = result.view(np.uint16)
+    for start in range(0, flat.size, _SLICE):  # element by element: the same bits in any slicing
+        part = slice(start, start + _SLICE)
+        bits[part] = _to_16bit(flat[part], dtype, ties).view(np.uint16)
+    return result.reshape(values.shape)
+
+
+#: Elements rounded at a time by `to_dtype`: its temporaries (a few arrays of this size) stay in cache; a
+#: whole gradient at once made each a fresh array of megabytes, and rounding several times slower.
+_SLICE = 1 << 16
+
+
+def _to_16bit(values: np.ndarray, dtype: np.dtype, ties: Ties) -> np.ndarray:
+    """Return 1-d contiguous `values` (float64, float32) as `dtype` (float16 or bfloat16) by `to_dtype`'s rules."""
     if dtype == FLOAT16:
         if values.dtype == np.float64:
-            rounded = _MAGIC64.round(np.ascontiguousarray(values), ties).astype(np.float32)  # exact: float16 values
+            rounded = _MAGIC64.round(values, ties).astype(np.float32)  # exact: float16 values
         else:
             rounded = _MAGIC32.round(np.ascontiguousarray(values, dtype=np.float32), ties)
         return _float16_of(rounded)
