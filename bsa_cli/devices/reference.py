@@ -164,18 +164,24 @@ class _Sequence:
 
 def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: SequenceSpan) -> _Sequence:
     io_dtype = numpy_dtype(case.dtype)
-    query, dout, out = (
-        _io32(q_view(case, tensors[name], span), io_dtype).reshape(-1, case.head_dim)
-        for name in ("query", "dout", "attention_out")
+    query, dout = (
+        _io32(q_view(case, tensors[name], span), io_dtype).reshape(-1, case.head_dim) for name in ("query", "dout")
     )
+    out = q_view(case, tensors["attention_out"], span).reshape(-1, case.head_dim)  # upcast slice by slice below
     key, value = (_io32(kv_view(case, tensors[name], span), io_dtype) for name in ("key", "value"))
     lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
-    dsum = (dout * out).sum(axis=1, dtype=np.float32)
+    dsum = np.empty(len(dout), dtype=np.float32)
+    for first in range(0, len(dout), _DSUM_ROWS):  # each row's own sum: the same bits in any slicing
+        rows = slice(first, first + _DSUM_ROWS)
+        dsum[rows] = (dout[rows] * _io32(out[rows], io_dtype)).sum(axis=1, dtype=np.float32)
     return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len, span.batch)
 
 
 #: Query rows per tile of the kv-block-major loop: dK and dV of a kv block are summed tile by tile.
 _CHUNK_ROWS = 512
+
+#: Rows per slice of dsum's product: its temporaries stay in cache instead of two sequence-sized arrays.
+_DSUM_ROWS = 1024
 
 
 def _sequence_grads(
@@ -204,7 +210,7 @@ def _sequence_grads(
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
     group = mask.shape[0] // kv_heads
-    dq, dk, dv = (np.zeros_like(grad_of) for grad_of in (seq.query, seq.key, seq.value))
+    dq, dk, dv = (np.zeros(grad_of.shape, np.float32) for grad_of in (seq.query, seq.key, seq.value))
     block_rows = [np.arange(i * x, min((i + 1) * x, seq.q_len)) for i in range(mask.shape[1])]
     pairs_per_tile = max(1, _CHUNK_ROWS // x)
     lost = False
@@ -273,14 +279,16 @@ def _tile_grads(
     if fault != "no-dsum":
         dscores -= seq.dsum[rows, None]
     dscores *= probs
-    dscores_io = round_float32(dscores, io_dtype, BACKWARD_TIES)
-    probs_io = round_float32(probs, io_dtype, BACKWARD_TIES)
-    dq[rows] += dscores_io @ key  # rows are distinct within one kv block
+    dscores_io = round_float32(dscores, io_dtype, BACKWARD_TIES, out=dscores)
+    probs_io = round_float32(probs, io_dtype, BACKWARD_TIES, out=probs)
+    dq_tile = dscores_io @ key
     partials = []
     start = 0
     for pair, counted in zip(pair_rows, in_sum, strict=True):
         part = slice(start, start + len(pair))
         start += len(pair)
+        if len(pair):  # a pair's rows are consecutive: a slice, not a fancy gather and scatter
+            dq[pair[0] : pair[-1] + 1] += dq_tile[part]
         if counted:
             partials.append((dscores_io[part].T @ query[part], probs_io[part].T @ dout[part]))
     return partials
