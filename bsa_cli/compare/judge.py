@@ -19,7 +19,7 @@ from ..standards.base import Measured
 from ..store.manifest import GRAD_NAMES
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
-from .metrics import _measure, _params, _RowOut, paired_relative_sums
+from .metrics import _measure, _params, _RowOut, noise_params, paired_relative_sums
 from .results import Check, TensorResult
 from .structural import _structural_checks, batch_consistency_check
 from .summary import BenchmarkSummary, summary_key
@@ -80,8 +80,8 @@ def judge_tensor(
     """
     t = settings.thresholds
     sides = side_settings(case.dtype, case.compare or None, settings)
-    params = _params(case, settings, sides)
     name = geom.name
+    params = noise_params(_params(case, settings, sides), case, name, gold)
     bench = benchmark.get(name) if benchmark else None
     for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
         if array is not None and tuple(array.shape) != geom.shape:
