@@ -15,13 +15,10 @@ import fnmatch
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import report
-from ..compare import SuiteResult
-from ..compare.drift import Drift, drift_document, regressions_document
 from ..core.case import Case
 from ..core.errors import BsaError, DataError, SpecError, filter_hint, plural
 from ..core.exit_codes import ExitCode
@@ -30,6 +27,11 @@ from ..ops import OPS, Op, folder_name, split_folder_name
 from ..specs import MAX_CASES, SpecErrors, load_specs
 from ..store import MANIFEST, find_cases, load_manifest, output_problem, select_cases
 from . import output
+
+if TYPE_CHECKING:  # the reports' modules load with the commands that write reports (not gen's)
+    from .. import report
+    from ..compare import SuiteResult
+    from ..compare.drift import Drift
 
 #: How deep below a folder without cases `bsa compare` looks for folders of suites.
 SUITE_DEPTH = 3
@@ -252,6 +254,8 @@ def write_report(kind: str, path: Path, writer: Callable[[Any, Path], None], con
 
 def prepare_reports(paths: dict[str, Path | None]) -> None:
     """Create the report files' folders and check they can be written, before any case is judged."""
+    from .. import report
+
     with user_errors():  # report.ReportPathError
         report.prepare_report_paths(paths)
 
@@ -267,6 +271,9 @@ def write_reports(
     """Write the reports asked for by --json, --junit, --html and --csv (with a baseline's `drift` in JSON and
     HTML; `exit_code` replaces the suite's in JSON when --fail-on-regression changed it; `header`: the merged
     shards' date and hosts, default now and here)."""
+    from .. import report
+    from ..compare.drift import drift_document, regressions_document
+
     header = header or report.report_header(suite, out)
     additions: dict[str, object] = {}
     if drift is not None:

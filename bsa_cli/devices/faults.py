@@ -53,6 +53,14 @@ FAULTS: dict[str, str] = {
     "heads-interleaved": "query head n reads kv head n % N2 instead of n // (N1 / N2), and dK/dV sum the query "
     "heads mapped to them (applies with N1 > N2 > 1)",
     "dq-scaled-twice": "dQ is multiplied by scale twice at the end (applies when scale != 1)",
+    # The classes a fuzzer meets that the diagnosis must name (issue 31, item 3).
+    "lse-row-max": "softmaxLse read as each row's largest scaled score over its selected columns, the log-sum "
+    "term never added (the forward's final normalisation skipped): P = exp(S - max S), each row's P too large by "
+    "its softmax sum",
+    "dv-slightly-scaled": "dV is multiplied by 1 + 2^-8 at the end: a small constant factor, neither a named scale "
+    "nor rounding noise",
+    "dk-missing-q-block": "dK leaves out the partial of one (query head, query block), the middle one with a "
+    "selection, in every kv block that block selects; dQ and dV take it",
 }
 
 #: Faults that leave every single run as clean as the reference and show only between repeated runs.
@@ -438,6 +446,27 @@ def fault_site(case: Case, block_mask: np.ndarray) -> Site | None:
         heads, blocks = np.nonzero(mask_view(case, block_mask, span).any(axis=2))
         sites.extend(Site(span, int(h), int(i)) for h, i in zip(heads, blocks, strict=True))
     return sites[len(sites) // 2] if sites else None
+
+
+def row_max_scores(case: Case, query: np.ndarray, key: np.ndarray, mask: np.ndarray, scale: np.float32) -> np.ndarray:
+    """The lse-row-max fault's lse of one batch entry: each query row's largest scaled score over the columns
+    its (kernel-read) selection holds, float32 [N1 * sq] (heads-major rows, as `query` [N1 * sq, D]; `key`
+    [N2, skv, D], `mask` [N1, nQ, nKV]); the true lse where a row selects nothing."""
+    x, y = case.block_shape
+    heads, n_q, n_kv = mask.shape
+    q_len, kv_len = query.shape[0] // heads, key.shape[1]
+    found = np.full(query.shape[0], -np.inf, dtype=np.float32)
+    for head in range(heads):
+        for block in range(n_q):
+            rows = slice(head * q_len + block * x, head * q_len + min((block + 1) * x, q_len))
+            cols = np.concatenate(
+                [np.arange(j * y, min((j + 1) * y, kv_len)) for j in np.flatnonzero(mask[head, block])]
+                or [np.zeros(0, dtype=np.int64)]
+            )
+            if cols.size:
+                scores = (query[rows] @ key[head // case.group_size, cols].T) * scale
+                found[rows] = scores.max(axis=1)
+    return found
 
 
 def plant_nan_row(case: Case, dq: np.ndarray, site: Site | None) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..core import rounding
 from ..core.case import Case, Distribution, numpy_dtype
 from ..core.layout import kv_view, lse_view, q_view
 from ..core.rounding import to_dtype
@@ -127,7 +128,7 @@ def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
         array = tensors.get(name)
         if array is not None and array.shape == shape:
             result[name] = to_dtype(array, dtype)
-        elif np.issubdtype(dtype, np.floating) or dtype == numpy_dtype("bfloat16"):
+        elif np.issubdtype(dtype, np.floating) or rounding.is_bfloat16(dtype):
             result[name] = draw(case, name, shape, Distribution(), dtype)
         else:
             result[name] = (uniform01(rng(case, name), shape) < 0.5).astype(dtype)

@@ -15,9 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
-
-from ..core.case import BNSD_LENGTHS, DTYPES, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
+from ..core import rounding
+from ..core.case import BNSD_LENGTHS, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
 from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
@@ -295,7 +294,7 @@ def _check_finite(r: _Reader, case: Case) -> None:
     """
     if case.dtype not in ("float16", "bfloat16", "float32", "float64"):
         return  # a negative case of another dtype: the operator rejects it before reading values
-    largest = float(ml_dtypes.finfo(DTYPES[case.dtype]).max)
+    largest = rounding.largest(case.dtype)
     size = {}
     init = case.init
     if (init.sink is not None or init.logit_std is not None) and case.kernel_scale == 0:
