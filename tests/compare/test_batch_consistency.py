@@ -95,7 +95,8 @@ def test_copies_of_other_lengths_are_refused(tmp_path: Path) -> None:
 
 def test_a_deterministic_run_holds_dk_and_dv_copies_to_the_same_bits(tmp_path: Path) -> None:
     # Deterministic mode sums dK/dV in one fixed order, so copies must agree there too; deterministic-ignored
-    # (a run-dependent order despite the mode) makes copy 2's dk differ from its source in the last bits.
+    # (a run-dependent order despite the mode, seeded by the case name and run index) makes a copy's dk or dv differ
+    # from its source's in the last bits.
     (tmp_path / "clean").mkdir()
     (tmp_path / "ignored").mkdir()
     code, cases = _check(tmp_path / "clean", "--deterministic")
@@ -109,4 +110,4 @@ def test_a_deterministic_run_holds_dk_and_dv_copies_to_the_same_bits(tmp_path: P
     code, cases = _check(tmp_path / "ignored", "--deterministic", "--fault", "deterministic-ignored")
     assert code == 1
     failed = {c["tensor"] for c in _checks(cases["copies-bnsd"], "batch_consistency") if not c["passed"]}
-    assert "dk" in failed and "dq" not in failed
+    assert failed and failed <= {"dk", "dv"}
