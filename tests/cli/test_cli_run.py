@@ -333,9 +333,13 @@ def test_a_failing_check_leads_with_a_line_per_case_and_ends_with_where_the_repo
     failed = [line for line in lines if "| FAIL " in line]
     assert failed and result.stdout.count("likely: ") == len(failed)
     assert not any(detail in result.stdout for detail in (": checks", "worst elements", "hot blocks"))
-    # title, box, heading, rules, summaries; four lines at most per case; a failing case's figures and the
-    # other standards' verdicts, wrapped (issue 32 item 2 asks them to become columns of the table)
-    assert len(lines) <= 8 + 4 * 4 + 4 * len(failed)
+    # title, box, heading, rules, summaries; four lines at most per case: the figures and the other standards'
+    # checks are -v's, the other standards' verdicts a line of the row
+    assert len(lines) <= 8 + 4 * 4
+    assert "matched ratio" not in result.stdout and "max abs error" not in result.stdout
+    assert result.stdout.count("also mixed-tolerance: FAIL") == len(failed)
+    verbose = subprocess.run([*command, "-v"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert "matched ratio" in verbose.stdout and "other standards: mixed-tolerance: FAIL (" in verbose.stdout
     assert lines[-1].endswith(f"{len(failed)} failed, 0 errors")
     assert result.stderr.rstrip().splitlines()[-2:] == [
         f"wrote JSON report {out / 'report.json'}",
