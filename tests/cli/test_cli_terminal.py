@@ -174,6 +174,38 @@ def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monke
     assert text.startswith("run      big 50%; run 45% of 100 GFLOP, ETA ")
 
 
+def test_an_op_folders_run_line_never_breaks_inside_its_detail_at_80_columns():
+    """`run ok smoke-bnsd-random.fp16@forward  status 0, 0.02 s, device 0` is 82 characters: a terminal would
+    break it inside a number. A line that does not fit aligned gives up the alignment, then puts the detail whole
+    on a line of its own (issue 32 item 4)."""
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    names = ["smoke-bnsd-random.fp16@forward", "smoke-bnsd-random.fp16"]
+    with ProgressDisplay(console) as display:
+        display.phase("run", 2, names)
+        display.case("ok", names[0], "status 0, 0.02 s, device 0")
+        display.case("ok", names[1], "status 0, 0.02 s, device 0")
+    lines = console.file.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines == [
+        "run      ok               smoke-bnsd-random.fp16@forward",
+        "                          status 0, 0.02 s, device 0",
+        "run      ok               smoke-bnsd-random.fp16  status 0, 0.02 s, device 0",
+    ]
+
+
+def test_the_progress_bar_keeps_its_amount_and_unit_on_one_line_at_80_columns():
+    console = Console(file=io.StringIO(), width=80, color_system=None, force_terminal=True)
+    with ProgressDisplay(console) as display:
+        display.phase("run", 2, ["a", "b"], {"a": 4.9e11, "b": 7.2e11})
+        display.running("smoke-bnsd-random.fp16@forward on device 0")
+        display.progress("a", 1.0)
+        assert display._progress is not None
+        text = Console(file=io.StringIO(), width=80, color_system=None)
+        text.print(display._progress.get_renderable())
+        lines = text.file.getvalue().splitlines()
+    assert len(lines) == 1 and "0.49/1.21 TFLOP" in lines[0], lines
+
+
 def test_run_on_the_reference_device_weighs_the_bar_by_backward_flops(tmp_path, spec_file):
     from bsa_cli.pipeline import backward_flops
 
