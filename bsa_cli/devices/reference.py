@@ -78,6 +78,28 @@ def estimate_seconds(flops_backward: float, pairs: int = 0, group: int = 1) -> f
     return REFERENCE_SECONDS_PER_CASE + pairs * REFERENCE_SECONDS_PER_PAIR + flops_backward / rate
 
 
+#: Resident memory of a `bsa run` process on the reference device before it holds any case (interpreter,
+#: NumPy, bsa), as `schedule.BASE_MEMORY` is gen's.
+REFERENCE_BASE_MEMORY = 64 << 20
+
+
+def estimate_peak_memory(case: Case, input_bytes: int) -> int:
+    """Return the reference device's estimated peak memory in bytes for `case`, from what `emulate` holds at
+    once: the inputs as read (`input_bytes`, gen's estimate), the float32 dq/dk/dv, one sequence's float32
+    query/dout/key/value with its own float32 gradients, one kv block's dK and dV partials (every query block of
+    the group: a dense row), one tile's products, and the outputs in the case dtype."""
+    itemsize = numpy_dtype(case.dtype).itemsize
+    grads = math.prod(case.q_shape) + 2 * math.prod(case.kv_shape)
+    spans = [span for span in case.spans() if span.q_len and span.kv_len] or [case.spans()[0]]
+    q_len, kv_len = max(s.q_len for s in spans), max(s.kv_len for s in spans)
+    x, y = case.mask_block_shape
+    group = case.num_heads // max(case.num_kv_heads, 1)
+    sequence = 2 * (2 * case.num_heads * q_len + 2 * case.num_kv_heads * kv_len) * case.head_dim * 4
+    partials = group * math.ceil(q_len / x) * 2 * y * case.head_dim * 4
+    tile = 4 * _CHUNK_ROWS * max(y, case.head_dim) * 4  # scores, probs, their rounded copies
+    return REFERENCE_BASE_MEMORY + input_bytes + grads * (4 + itemsize) + sequence + partials + tile
+
+
 # ---- progress ---------------------------------------------------------------------------------------
 
 _REPORTERS: list[Callable[[str, float], None]] = []

@@ -48,9 +48,19 @@ def test_list_fits_the_width_and_keeps_every_name_and_number_whole(width):
 def test_list_at_80_columns_says_what_it_left_out_and_keeps_the_estimates():
     text = list_output(80, REPO / "cases" / "nightly.yaml")
     assert "gen s" in text and "ref s" in text and "nightly-causal-16k" in text
-    assert "left out at 80 columns: MiB in/out, block, expect, pattern, density, GFLOP, GiB" in " ".join(text.split())
+    left = "left out at 80 columns: MiB in/out, block, expect, pattern, density, GFLOP, B, D, layout"
+    assert left in " ".join(text.split())
     header = text.splitlines()[1].split()
-    assert header == ["case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "gen", "s", "ref", "s"]  # what a case is
+    # what a case is, and what it costs: time and memory, gen's and the reference device's (issue 32 item 6)
+    assert header == ["case", "dtype", "N1/N2", "Sq/Skv", "gen", "s", "ref", "s", "GiB", "ref", "GiB"]
+    (total,) = [line for line in text.splitlines() if line.startswith("total: ")]
+    rows = text.splitlines()[3:10]
+    gen_s, ref_s = (sum(float(row.split()[column]) for row in rows) for column in (4, 5))
+    gen_gib, ref_gib = (max((row.split()[column] for row in rows), key=float) for column in (6, 7))
+    match = re.fullmatch(r"total: gen (\S+) s, ref (\S+) s; largest case: gen (\S+) GiB, ref (\S+) GiB", total)
+    assert match and len(total) <= 80, total  # the sums and largest of the columns above, whole
+    assert float(match[1]) == pytest.approx(gen_s, rel=0.05) and float(match[2]) == pytest.approx(ref_s, rel=0.05)
+    assert (match[3], match[4]) == (gen_gib, ref_gib)
     wide = list_output(200, REPO / "cases" / "nightly.yaml")
     assert "left out" not in wide and all(column in wide for column in LIST_COLUMNS)
 
