@@ -181,7 +181,8 @@ def completed(case_dirs: Sequence[Path], options: devices.RunOptions) -> list[Pa
     them be unless --all): a run.json whose outcome is ok (the device's status and outputs checked, the files
     moved into place), whose inputs' sha256 are the manifest's (a case generated again since runs again), whose
     device is this run's (its name and fault, the binary's path and sha256: a rebuilt kernel runs again), with
-    the same --repeat and --deterministic, and whose outputs are all there as recorded (bytes and sha256). A
+    the same --repeat and --deterministic, and whose outputs are the manifest's, all there as recorded (bytes
+    and sha256). A
     timed run (--time) finds nothing complete. A run Ctrl-C cut short records no such result."""
     from .compare.case_files import RUN_RECORD, RUN_RECORD_MAX_BYTES
     from .core.untrusted import inside, load_json, read_regular
@@ -207,14 +208,18 @@ def completed(case_dirs: Sequence[Path], options: devices.RunOptions) -> list[Pa
             and isinstance(record.get("repeat"), dict)
             and record["repeat"].get("count") == options.repeat
         )
-        if same_run and _outputs_as_recorded(output_dir, record.get("outputs")):
+        expected = {name: entry.get("file") for name, entry in manifest.entries("outputs")}
+        if same_run and _outputs_as_recorded(output_dir, record.get("outputs"), expected):
             done.append(case_dir)
     return done
 
 
-def _outputs_as_recorded(output_dir: Path, outputs: object) -> bool:
-    """Whether every output a run record lists is in `output_dir` with its recorded size and sha256."""
+def _outputs_as_recorded(output_dir: Path, outputs: object, expected: Mapping[str, object]) -> bool:
+    """Whether a run record lists the outputs the manifest names now (`expected`: name -> file), each in
+    `output_dir` with its recorded size and sha256."""
     if not isinstance(outputs, dict):
+        return False
+    if {name: entry.get("file") if isinstance(entry, dict) else None for name, entry in outputs.items()} != expected:
         return False
     for entry in outputs.values():
         if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
