@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .compare import HASH_THREADS, OP_TENSORS, PASS, CaseResult, DeviceOutcome, RunSettings, judge_outcome
+from .core import rounding
 from .core.case import ACLNN_STATUS, Case, numpy_dtype
 from .core.errors import DataError
 from .ops import Op, get, interface
@@ -382,6 +383,6 @@ def to_torch(array: np.ndarray) -> torch.Tensor:
     import torch
 
     array = np.array(array, order="C", copy=True)  # owned and writable: torch shares its memory
-    if array.dtype == numpy_dtype("bfloat16"):
+    if rounding.is_bfloat16(array.dtype):
         return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
     return torch.from_numpy(array)

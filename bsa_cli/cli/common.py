@@ -12,24 +12,26 @@ one way. This module imports no other module of the CLI but `output`.
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import report
-from ..compare import SuiteResult
-from ..compare.drift import Drift, drift_document, regressions_document
 from ..core.case import Case
 from ..core.errors import BsaError, DataError, SpecError, filter_hint, plural
 from ..core.exit_codes import ExitCode
 from ..gen.schedule import Estimate, machine_memory, parse_shard, shard
-from ..ops import OPS, Op, split_folder_name
+from ..ops import OPS, Op, folder_name, split_folder_name
 from ..specs import MAX_CASES, SpecErrors, load_specs
-from ..store import MANIFEST, find_cases, load_manifest, select_cases
+from ..store import MANIFEST, find_cases, load_manifest, output_problem, select_cases
 from . import output
+
+if TYPE_CHECKING:  # the reports' modules load with the commands that write reports (not gen's)
+    from .. import report
+    from ..compare import SuiteResult
+    from ..compare.drift import Drift
 
 #: How deep below a folder without cases `bsa compare` looks for folders of suites.
 SUITE_DEPTH = 3
@@ -90,7 +92,8 @@ def select_ops(case_dirs: Sequence[Path], ops: Sequence[Op] | None) -> tuple[lis
     line for each case that has no folder of a requested op (that op of it is not taken).
 
     A case is the folders of one name in one folder of cases; the line names the ops it has and the
-    `bsa gen --ops` that adds the missing one.
+    `bsa gen --ops` that adds the missing one. An op's folder is looked for on disk, not only among
+    `case_dirs`: one that --filter left out is not missing.
     """
     if ops is None:
         return list(case_dirs), []
@@ -99,7 +102,8 @@ def select_ops(case_dirs: Sequence[Path], ops: Sequence[Op] | None) -> tuple[lis
         name, op = split_folder_name(Path(case_dir).name)
         by_case.setdefault((Path(case_dir).parent, name), []).append(op)
     notes = []
-    for (_, name), present in by_case.items():
+    for (parent, name), present in by_case.items():
+        present += [o for o in OPS if o not in present and (parent / folder_name(name, o) / MANIFEST).is_file()]
         for op in ops:
             if op not in present:
                 has = ", ".join(o for o in OPS if o in present)
@@ -228,6 +232,17 @@ def folders_of_cases(paths: Sequence[Path]) -> list[Path]:
 REPORT_KINDS = {"--json": "JSON", "--junit": "JUnit", "--html": "HTML", "--csv": "CSV"}
 
 
+def refuse_writing_inputs(
+    outputs: Mapping[str, Path | str | None], inputs: Sequence[Path | str | None], *, device_outputs: bool = False
+) -> None:
+    """Stop the command before anything is read or written when an output option (option -> path; None: not
+    given) names an input, or lies in a case folder (`store.output_problem`)."""
+    given = [Path(p) for p in inputs if p is not None]
+    for option, path in outputs.items():
+        if path is not None and (problem := output_problem(Path(path), given, device_outputs=device_outputs)):
+            raise UserError(f"{option} {path}: {problem}")
+
+
 def write_report(kind: str, path: Path, writer: Callable[[Any, Path], None], content: object) -> None:
     """Write one report file (`kind`: its option), an unwritable one a usage error, and say so on stderr."""
     try:
@@ -239,6 +254,8 @@ def write_report(kind: str, path: Path, writer: Callable[[Any, Path], None], con
 
 def prepare_reports(paths: dict[str, Path | None]) -> None:
     """Create the report files' folders and check they can be written, before any case is judged."""
+    from .. import report
+
     with user_errors():  # report.ReportPathError
         report.prepare_report_paths(paths)
 
@@ -254,6 +271,9 @@ def write_reports(
     """Write the reports asked for by --json, --junit, --html and --csv (with a baseline's `drift` in JSON and
     HTML; `exit_code` replaces the suite's in JSON when --fail-on-regression changed it; `header`: the merged
     shards' date and hosts, default now and here)."""
+    from .. import report
+    from ..compare.drift import drift_document, regressions_document
+
     header = header or report.report_header(suite, out)
     additions: dict[str, object] = {}
     if drift is not None:

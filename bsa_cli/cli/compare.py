@@ -95,6 +95,7 @@ def compare_command(
     3 a case could not be judged, 4 every case passed but a kernel is slower than in --baseline.
     """
     started = time.perf_counter()
+    common.refuse_writing_inputs(reports, [*paths, baseline.baseline, outputs_root])
     margin, night = baseline.night()
     header = None
     if merge:

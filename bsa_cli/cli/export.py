@@ -10,7 +10,7 @@ from ..core.errors import plural
 from ..ops import Op
 from ..report.export import EXPECT_MODULE, EXPORT_FORMATS, export_cases
 from . import output
-from .common import UserError, ops_selected, select_cases_or_suites, user_errors
+from .common import UserError, ops_selected, refuse_writing_inputs, select_cases_or_suites, user_errors
 from .options import SELECT_OPS_HELP, filter_option, ops_option_for
 
 
@@ -45,6 +45,7 @@ def export_command(
     bsa_msopst_expect.py, written beside them. The export is written whole or not at all, and replaces
     links named like its files. docs/export.md lists every field and how it is filled.
     """
+    refuse_writing_inputs({"-o": out_dir}, paths)
     case_dirs = ops_selected(select_cases_or_suites(paths, filters), ops)
 
     def earlier(kept: list[str], lost: list[str]) -> None:

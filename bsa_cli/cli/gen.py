@@ -22,7 +22,14 @@ from ..ops.interface import DEFAULT_RELEASE
 from ..store import find_cases
 from ..store.manifest import params as case_params
 from . import options, output
-from .common import load_cases, refuse_oversized, show_kernel_path_notes, user_errors, warn_constraints
+from .common import (
+    load_cases,
+    refuse_oversized,
+    refuse_writing_inputs,
+    show_kernel_path_notes,
+    user_errors,
+    warn_constraints,
+)
 from .progress import GenProgress, ProgressDisplay
 
 
@@ -237,6 +244,7 @@ def gen_command(
     Each op a case tests (`ops:` in the spec, or --ops) is a case folder of its own: OUT/NAME for the
     backward, OUT/NAME@forward, OUT/NAME@chain, OUT/NAME@autograd for the others.
     """
+    refuse_writing_inputs({"-o": out_dir}, specs)
     cases = load_cases(specs, filters, shard_text, max_cases, release, ops)
     warn_constraints(cases)
     estimates = {case.name: estimate(case) for case in cases}

@@ -17,7 +17,6 @@ from typing import Any
 
 import click
 
-from .. import report
 from ..compare import RunSettings, SuiteResult
 from ..compare import drift as drift_
 from ..devices import DEVICE_KINDS, DeviceKind, RunOptions, create, parse_device_ids
@@ -382,6 +381,8 @@ class BaselineOptions:
             return drift_.Margin(), None
         with user_errors(ValueError):
             margin = drift_.parse_margin(self.regression_margin) if self.regression_margin else drift_.Margin()
+        from .. import report  # here: the commands without --baseline (gen, list, validate) load no report module
+
         try:  # the earlier JSON report, or a usage error naming the file
             return margin, report.night_from_document(report.read_report(self.baseline), str(self.baseline))
         except ValueError as exc:
@@ -394,6 +395,8 @@ class BaselineOptions:
         suite's own without a baseline)."""
         if night is None:
             return None, suite.return_code
+        from .. import report
+
         devices = tuple(d["device"] for d in report.suite_devices(suite))
         drift = drift_.compare_with_baseline(suite, night, margin, devices, self.time_threshold)
         report.render_drift(drift, output.stdout)

@@ -72,6 +72,11 @@ def run_command(
     with common.user_errors():
         case_dirs = store.select_cases(cases, filters)
     case_dirs = common.ops_selected(case_dirs, ops)
+    if outputs_root is not None:  # each case's outputs go to OUTPUTS_ROOT/<name>: never inside a case folder
+        for case_dir in case_dirs:  # (OUTPUTS_ROOT/<name> being the case folder itself: run_suite says so)
+            where = Path(outputs_root) / case_dir.name
+            if where.resolve() != case_dir.resolve():
+                common.refuse_writing_inputs({"--outputs-root": where}, [], device_outputs=True)
     if failed_report is not None:
         with common.user_errors(ValueError):
             failed = pipeline.failed_in_report(report.read_report(failed_report), str(failed_report))
@@ -145,6 +150,7 @@ def emulate_command(manifest: Path, output_dir: Path, fault: str | None, seed: i
     is written, whatever it is.
     """
     case_dir = manifest if manifest.is_dir() else manifest.parent
+    common.refuse_writing_inputs({"OUTPUT_DIR": output_dir}, [manifest, case_dir / "case.json"], device_outputs=True)
     order_seed: int | None = seed if seed is not None else secrets.randbits(32)
     if (deterministic or os.environ.get(store.DETERMINISTIC_ENV) == "1") and fault != "deterministic-ignored":
         order_seed = None
@@ -228,6 +234,7 @@ def check_command(
     """
     run_options = device.run_options()
     run_settings = settings.run_settings()
+    common.refuse_writing_inputs({**reports, "-o": out}, [*specs, baseline.baseline])
     margin, night = baseline.night()
     reports = {
         flag: path or (out / CHECK_REPORTS[flag] if flag in CHECK_REPORTS else None) for flag, path in reports.items()

@@ -10,7 +10,7 @@ from ..compare import drift
 from ..report import night_from_document, prepare_report_paths, read_report
 from ..report.trend import render_trend, write_trend_html
 from . import output
-from .common import user_errors, write_report
+from .common import refuse_writing_inputs, user_errors, write_report
 
 
 @click.command("trend")
@@ -36,6 +36,7 @@ def trend_command(reports: tuple[Path, ...], html_path: Path | None, regression_
     Exit code: 0 (also when cases rise: use `bsa compare --baseline --fail-on-regression` to gate), 2 a
     report cannot be read.
     """
+    refuse_writing_inputs({"--html": html_path}, reports)
     with user_errors(ValueError):  # and report.ReportPathError, a BsaError
         margin = drift.parse_margin(regression_margin) if regression_margin is not None else drift.Margin()
         prepare_report_paths({"--html": html_path})

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ..core import rounding
 from ..core.case import Case, numpy_dtype
 from ..core.chips import peak_tflops
 from ..core.errors import DataError, clip, show
@@ -505,7 +506,7 @@ def _check_grads(manifest: Manifest, grads: Mapping[str, np.ndarray] | None) -> 
             raise ValueError(f"{name}: missing; expected {expected}")
         if not isinstance(array, np.ndarray):
             raise ValueError(f"{name}: a {type(array).__name__}, not a NumPy array; expected {expected}")
-        dtype = "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name  # the manifest's name
+        dtype = "bfloat16" if rounding.is_bfloat16(array.dtype) else array.dtype.name  # the manifest's name
         if array.dtype != numpy_dtype(entry["dtype"]) or list(array.shape) != list(entry["shape"]):
             raise ValueError(f"{name}: expected {expected}, got {dtype} {list(array.shape)}")
 

@@ -121,7 +121,10 @@ def parse_date(text: Any) -> _dt.datetime | None:
         raise ValueError(f"date {text[:40]!r} is not ISO 8601 (e.g. 2026-11-30T02:00:00+00:00)") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=_dt.timezone.utc)
-    return moment.astimezone(_dt.timezone.utc)
+    try:
+        return moment.astimezone(_dt.timezone.utc)
+    except OverflowError:  # 0001-01-01T00:00:00+14:00 is a moment before year 1 in UTC
+        raise ValueError(f"date {text[:40]!r} is beyond the years 1 to 9999 in UTC") from None
 
 
 # ---- comparing with a baseline --------------------------------------------------------------------

@@ -21,7 +21,7 @@ from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
 from .metrics import _measure, _params, _RowOut, paired_relative_sums
 from .results import Check, TensorResult
-from .structural import _structural_checks
+from .structural import _structural_checks, batch_consistency_check
 from .summary import BenchmarkSummary, summary_key
 from .ulp import _MANTISSA_BITS
 
@@ -102,12 +102,21 @@ def judge_tensor(
         raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs of {name}")
     assert dev_stats is not None and dev_rows is not None
     block_map, spans = _block_map(
-        geom, dev_rows, bench_rows, bench_stats.rmse if bench_stats else 0.0, dev_stats.rmse, t.get("tile_floor", 0.1)
+        geom,
+        dev_rows,
+        bench_rows,
+        bench_stats.rmse if bench_stats else 0.0,
+        dev_stats.rmse,
+        t.get("tile_floor", 0.1),
+        params.small_thd,
     )
     ratios = [float(s.ratio.max()) for s in spans.values() if s.ratio is not None and s.ratio.size]
     tile_max = None if bench_rows is None else max(ratios, default=0.0)
     extra = settings.standard.measure(gold, case.dtype, t)
     structural = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
+    consistency = batch_consistency_check(name, case, dev)
+    if consistency is not None:
+        structural.append(consistency)
     judged = Measured(name, dev_stats, bench_stats, tile_max, extra, case.dtype)
     checks = structural + settings.standard.checks(judged, t)
     estimate = None

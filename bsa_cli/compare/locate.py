@@ -22,9 +22,19 @@ class _SpanTiles:
 
 
 def _block_map(
-    geom: _Geometry, device: _RowOut, bench: _RowOut | None, bench_rmse: float, device_rmse: float, tile_floor: float
+    geom: _Geometry,
+    device: _RowOut,
+    bench: _RowOut | None,
+    bench_rmse: float,
+    device_rmse: float,
+    tile_floor: float,
+    noise_floor: float = 0.0,
 ) -> tuple[BlockMap, dict[int, _SpanTiles]]:
-    """Aggregate per-row errors into blocks (and 16x16 tiles) of each batch entry."""
+    """Aggregate per-row errors into blocks (and 16x16 tiles) of each batch entry.
+
+    A tile's benchmark RMSE is floored at `tile_floor` x the tensor's and at `noise_floor`, the absolute error
+    the standard never counts (`small_value_thd`): where the true gradient is exactly 0 (a row that sees one
+    key: dP - Dsum cancels), every side's error is float32 rounding noise and their ratio means nothing."""
     batches = len(geom.lengths)
     max_blocks = max((-(-n // geom.block) for n in geom.lengths), default=0)
     shape = (batches, geom.heads, max_blocks)
@@ -34,7 +44,7 @@ def _block_map(
     score = np.full(shape, np.nan)
     dim = geom.dim
     col_sizes = np.minimum(TILE, dim - np.arange(0, dim, TILE)).astype(np.float64)
-    floor = max(tile_floor * bench_rmse, 1e-30)
+    floor = max(tile_floor * bench_rmse, noise_floor, 1e-30)
     spans: dict[int, _SpanTiles] = {}
     assert device.max_abs is not None
     for b, length in enumerate(geom.lengths):

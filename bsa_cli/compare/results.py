@@ -221,6 +221,8 @@ DiagnosisKind = Literal[
     "lse-unwritten",
     "padding-rows-read",
     "scale-mismatch",
+    "no-information",
+    "partial-missing",
 ]
 #: The fixed vocabulary of a diagnosis's causes (docs/compare.md, "Diagnosis"); `compare.diagnose`
 #: tests some of them (`diagnose.TESTED_KINDS`).

@@ -11,6 +11,8 @@ import math
 
 import numpy as np
 
+from ..core.case import Case
+from ..core.layout import q_view
 from ..standards import Settings
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry
@@ -56,7 +58,9 @@ def _all_zero_check(name: str, values: np.ndarray, stats: ErrorStats) -> Check |
     headline such as "tile ratio 4214" would hide what happened. The metrics tell the case for free
     (the cosine of a zero vector with a nonzero golden is exactly 0); only then are the values read.
     """
-    if stats.cosine != 0.0 or stats.large_count + stats.small_value_count == 0:
+    # Only a golden whose zeros would be errors counts: a true gradient of exactly 0 that the golden carries as
+    # float32 rounding noise (|g| <= small_value_thd everywhere) is not "never written" when the device writes 0.
+    if stats.cosine != 0.0 or stats.large_count + stats.small_value_err_count == 0:
         return None
     flat = values.reshape(-1)
     step = CHUNK_ELEMENTS * 8
@@ -99,3 +103,31 @@ def _structural_checks(
             padding = "padding past the actual length"
             found.append(_zero_check(name, "padding", padding, values, padding_rows, geom, zero_atol))
     return checks + [check for check in found if check is not None]
+
+
+def batch_consistency_check(name: str, case: Case, values: np.ndarray) -> Check | None:
+    """Return whether each copy of a sequence in the batch (`case.copies`) got its source's dq (or out) bit for bit
+    (TTK's --dl 3): no golden needed, and no tolerance, since the kernel saw the same inputs. None without copies,
+    and for dk and dv, which atomic adds sum in an order of the run (as `--repeat` allows)."""
+    if not case.copies or name in ("dk", "dv"):
+        return None
+    spans = case.spans()
+    view = q_view
+    differing, first = 0, None
+    total = 0
+    for copy, source in case.copies:
+        got, want = view(case, values, spans[copy]), view(case, values, spans[source])
+        bits = np.dtype(f"u{values.dtype.itemsize}")
+        unequal = np.ascontiguousarray(got).view(bits) != np.ascontiguousarray(want).view(bits)
+        total += unequal.size
+        if unequal.any():
+            differing += int(np.count_nonzero(unequal))
+            first = first or (copy, source)
+    if first is None:
+        pairs = ", ".join(f"{c}={s}" for c, s in case.copies)
+        return Check("batch_consistency", name, 0.0, 0.0, True, f"{name} copies bit-identical (entries {pairs})", 0.0)
+    detail = (
+        f"{name} of batch entry {first[0]} differs from its copy, entry {first[1]}, though both saw the same "
+        f"sequence: {differing} of {total} elements not bit-identical"
+    )
+    return Check("batch_consistency", name, float(differing), 0.0, False, detail, math.inf)

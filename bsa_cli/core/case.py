@@ -8,17 +8,40 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import ml_dtypes
 import numpy as np
 
-#: Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes).
-DTYPES: dict[str, Any] = {
-    name: np.dtype(ml_dtypes.bfloat16 if name == "bfloat16" else name)
-    for name in ("float16", "bfloat16", "float32", "float64", "uint8", "int64", "int8", "int32", "bool")
-}
+from . import rounding
+
+
+class _Dtypes(Mapping[str, np.dtype]):
+    """Dtype names and their NumPy dtypes; bfloat16's (ml_dtypes') is loaded when it is first looked up."""
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self._names = names
+
+    def __getitem__(self, name: str) -> np.dtype:
+        if name not in self._names:
+            raise KeyError(name)
+        return rounding.bfloat16() if name == "bfloat16" else np.dtype(name)
+
+    def __contains__(self, name: object) -> bool:  # by name: Mapping's would look the dtype up
+        return name in self._names
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+#: Dtype names used in specs and manifests, and their NumPy dtypes (bfloat16 from ml_dtypes, loaded when used).
+DTYPES: Mapping[str, np.dtype] = _Dtypes(
+    ("float16", "bfloat16", "float32", "float64", "uint8", "int64", "int8", "int32", "bool")
+)
 
 #: A tensor layout the operator computes: BNSD ([B, N, S, D]: batch, heads, sequence, head dim) or TND ([T, N, D]:
 #: the tokens of every batch entry one after another, cut by the actual lengths). A negative case may carry
@@ -128,7 +151,9 @@ class Distribution:
     """Values of one input tensor: normal(mean, std), uniform(low, high) or noisy (normal, 0.1% of the values
     x1000), with optional stress shapes."""
 
-    kind: str = "normal"  # normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`)
+    #: normal | uniform | noisy (normal, then the commercial standard's outliers: `inputs.stress`) | exact
+    #: (the integers and halves in [low, high])
+    kind: str = "normal"
     mean: float = 0.0
     std: float = 1.0
     low: float = -1.0
@@ -230,6 +255,9 @@ class Case:
     #: The scaleValue a chain's step ("forward", "backward") is called with where it is not `scale` (the function
     #: meant, which the golden computes): `(("forward", 1.0),)` is a forward left at cann_ops_transformer's default.
     step_scales: tuple[tuple[str, float], ...] = ()
+    #: (copy, source) batch entries: entry `copy` holds exactly entry `source`'s sequence (inputs and mask), so
+    #: a device must give it bit-identical gradients (the batch-consistency check, TTK's --dl 3).
+    copies: tuple[tuple[int, int], ...] = ()
     #: Ops whose expected status differs from `expect` (set by specs/build from each op's rules).
     op_expect: tuple[tuple[str, Expect], ...] = ()
     #: Ops the case lists that their operator refuses while another accepts the case: (op, why), not run.

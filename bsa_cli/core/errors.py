@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -80,9 +81,22 @@ def show(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 3] + "..."
 
 
+#: What untrusted text must not carry to a terminal or page: control characters (C0 but tab and newline,
+#: DEL, C1: ESC sequences recolour or rewrite the terminal) and lone surrogates (no encoding can write them).
+UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """Return `text` with its `UNPRINTABLE` characters written as Python escapes (`\\x1b`, `\\ud800`)."""
+    if not UNPRINTABLE.search(text):
+        return text
+    return UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
+
 def clip(value: Any, width: int = 200) -> str:
-    """Return untrusted text as one line of at most `width` characters (anything else as `show` renders it)."""
+    """Return untrusted text as one printable line of at most `width` characters (whitespace folded, control
+    characters escaped: `printable`); anything else as `show` renders it."""
     if not isinstance(value, str):
         return show(value, width)
-    text = " ".join(value[: width * 4].split())
+    text = printable(" ".join(value[: width * 4].split()))
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .errors import DataError
+from .errors import printable as _printable
 from .errors import show as _show
 
 #: Longest case (folder) name: the file system's 255 bytes less room for bsa's temporary names around it.
@@ -61,9 +62,29 @@ def load_json(data: bytes | str) -> Any:
             f"{JSON_BYTES_PER_CONTAINER} bytes, which no file of bsa holds"
         )
     try:
-        return json.loads(raw, object_pairs_hook=_no_duplicates)
+        value = json.loads(raw, object_pairs_hook=_no_duplicates)
+        return _printable_strings(value) if MAY_BE_UNPRINTABLE.search(raw) else value
     except RecursionError:
         raise ValueError("nested too deeply") from None
+
+
+#: JSON text that may hold an `errors.UNPRINTABLE` character in a string: its escape (`\u001b`, `\r`,
+#: `\ud800`), a raw DEL or a raw C1 character. Most files hold none, and cost no walk over their strings.
+MAY_BE_UNPRINTABLE = re.compile(
+    rb"\\u00[0-1][0-9a-fA-F]|\\u00[7-9][0-9a-fA-F]|\\u[dD][89a-fA-F][0-9a-fA-F]{2}|\\[bfr]|\x7f|\xc2[\x80-\x9f]"
+)
+
+
+def _printable_strings(value: Any) -> Any:
+    """Return parsed JSON with every string (keys too) `errors.printable`: whatever a case folder or report
+    holds, what bsa shows or writes of it carries no control character and encodes (no lone surrogate)."""
+    if isinstance(value, str):
+        return _printable(value)
+    if isinstance(value, list):
+        return [_printable_strings(v) for v in value]
+    if isinstance(value, dict):
+        return {_printable(k): _printable_strings(v) for k, v in value.items()}
+    return value
 
 
 #: A status line: a decimal integer in ASCII digits (no '_', '+', spaces or other scripts' digits).

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +53,14 @@ FAULTS: dict[str, str] = {
     "heads-interleaved": "query head n reads kv head n % N2 instead of n // (N1 / N2), and dK/dV sum the query "
     "heads mapped to them (applies with N1 > N2 > 1)",
     "dq-scaled-twice": "dQ is multiplied by scale twice at the end (applies when scale != 1)",
+    # The classes a fuzzer meets that the diagnosis must name (issue 31, item 3).
+    "lse-row-max": "softmaxLse read as each row's largest scaled score over its selected columns, the log-sum "
+    "term never added (the forward's final normalisation skipped): P = exp(S - max S), each row's P too large by "
+    "its softmax sum",
+    "dv-slightly-scaled": "dV is multiplied by 1 + 2^-8 at the end: a small constant factor, neither a named scale "
+    "nor rounding noise",
+    "dk-missing-q-block": "dK leaves out the partial of one (query head, query block), the middle one with a "
+    "selection, in every kv block that block selects; dQ and dV take it",
 }
 
 #: Faults that leave every single run as clean as the reference and show only between repeated runs.
@@ -90,7 +98,76 @@ FORWARD_FAULTS: dict[str, str] = {
     "columns) each element's error against the float64 forward is made 8x larger (applies when a row is written)",
 }
 
-#: Every fault `bsa emulate --fault` and `bsa run --fault` accept.
+
+@dataclass(frozen=True)
+class ShapeFault:
+    """A backward fault that shows only in one shape, as data: where it strikes (a batch entry of a case),
+    which gradients, which part of an entry's heads-major view [heads, rows, D] (`region`), and the factor
+    that part is left times (0: never written). `bsa fuzz` must find these: no shipped suite holds the shape."""
+
+    description: str
+    strikes: Callable[[Case, SequenceSpan], bool]
+    tensors: tuple[str, ...]
+    region: Callable[[Case, SequenceSpan], tuple[slice, slice, slice]]
+    factor: Callable[[Case], float] = lambda case: 0.0
+
+
+_ALL = (slice(None), slice(None), slice(None))
+
+
+def _after_empty(case: Case, span: SequenceSpan) -> bool:
+    """Whether the entry before `span` is an empty sequence between others (not the first entry)."""
+    spans = case.spans()
+    return span.batch >= 2 and spans[span.batch - 1].q_len == 0
+
+
+#: Faults of shapes no shipped suite holds (issue 31): each strikes one boundary only.
+SHAPE_FAULTS: dict[str, ShapeFault] = {
+    "tail-row-unwritten": ShapeFault(
+        "the last query row of a sequence one row past a block (Sq % X == 1) is never written: its dq stays 0 "
+        "(applies when a sequence's length leaves a tail of one row)",
+        lambda case, span: span.q_len % case.block_shape[0] == 1,
+        ("dq",),
+        lambda case, span: (slice(None), slice(span.q_len - 1, span.q_len), slice(None)),
+    ),
+    "batch-past-second": ShapeFault(
+        "dK of batch entries past the second is not multiplied by scale (a scale table of two entries) "
+        "(applies with three or more batch entries and scale != 1)",
+        lambda case, span: span.batch >= 2,
+        ("dk",),
+        lambda case, span: _ALL,
+        lambda case: 1.0 / float(np.float32(case.kernel_scale)),
+    ),
+    "gqa8-head-unwritten": ShapeFault(
+        "with 8 query heads per kv head, dq of the last query head of each group is never written "
+        "(applies with N1 / N2 == 8)",
+        lambda case, span: case.group_size == 8,
+        ("dq",),
+        lambda case, span: (slice(7, None, 8), slice(None), slice(None)),
+    ),
+    "nonsquare-d64-half": ShapeFault(
+        "with a non-square block and D = 64, the second half of dk's head dim is never written "
+        "(applies when X != Y and D == 64)",
+        lambda case, span: case.block_shape[0] != case.block_shape[1] and case.head_dim == 64,
+        ("dk",),
+        lambda case, span: (slice(None), slice(None), slice(32, None)),
+    ),
+    "after-empty-skipped": ShapeFault(
+        "the sequence after a zero-length sequence between others is skipped: its dq, dk, dv stay 0 "
+        "(applies to TND with an empty sequence that is not the first)",
+        _after_empty,
+        ("dq", "dk", "dv"),
+        lambda case, span: _ALL,
+    ),
+}
+
+#: Faults only the batch-consistency check sees: every output within the standard's tolerance.
+CONSISTENCY_FAULTS: dict[str, str] = {
+    "batch-order": "batch entries of odd index sum dQ over their kv blocks from the last (a split of their own), so "
+    "two copies of one sequence, one at an odd index and one at an even, differ in dq's last bits (applies to a "
+    "case with `copies` of such a pair whose rows select three or more kv blocks)"
+}
+
 #: Faults that leave every output right and write outside one: only the guard zones around the outputs show
 #: them (`guard_writes`; the C++ harness keeps such zones on the device, docs/run.md "Guard zones").
 GUARD_FAULTS: dict[str, str] = {
@@ -102,7 +179,15 @@ GUARD_FAULTS: dict[str, str] = {
 #: The output each guard fault writes past the end of (a forward output: the fault is the forward step's).
 PAST_END_OF: dict[str, str] = {"dk-write-past-end": "dk", "lse-write-past-end": "lse"}
 
-ALL_FAULTS: dict[str, str] = {**FAULTS, **REPEAT_FAULTS, **FORWARD_FAULTS, **GUARD_FAULTS}
+#: Every fault `bsa emulate --fault` and `bsa run --fault` accept.
+ALL_FAULTS: dict[str, str] = {
+    **FAULTS,
+    **CONSISTENCY_FAULTS,
+    **REPEAT_FAULTS,
+    **FORWARD_FAULTS,
+    **GUARD_FAULTS,
+    **{name: fault.description for name, fault in SHAPE_FAULTS.items()},
+}
 
 #: Bytes of the guard zone the reference device keeps before and after each output, filled with bytes 0xFF
 #: (NaN in float16, bfloat16 and float32), as the C++ harness does on the device with 64 KiB.
@@ -168,6 +253,18 @@ def fault_applies(name: str, case: Case, block_mask: np.ndarray | None = None, o
     if name in GUARD_FAULTS:  # any element of the tensor it writes past
         return math.prod(case.q_shape[:-1] if _is_forwards(name) else case.kv_shape) > 0
     spans = [s for s in case.spans() if s.q_len and s.kv_len]
+    if name in CONSISTENCY_FAULTS:
+        parted = {c for pair in case.copies if (pair[0] - pair[1]) % 2 for c in pair}
+        copied = [s for s in spans if s.batch in parted]
+        if block_mask is None:
+            return bool(copied)
+        return any((mask_view(case, block_mask, span).sum(axis=2) >= 3).any() for span in copied)
+    if name in SHAPE_FAULTS:
+        fault = SHAPE_FAULTS[name]
+        struck = [s for s in spans if fault.strikes(case, s)]
+        if fault.factor(case) == 1.0:
+            return False
+        return any(mask_view(case, block_mask, s).any() for s in struck) if block_mask is not None else bool(struck)
     # One fixed order, or a lost update, shows only where two pairs add into one kv block.
     if name in REPEAT_FAULTS or name == "race-lost-update":
         return any(_shared_blocks(case, block_mask, span) for span in spans) if block_mask is not None else bool(spans)
@@ -351,6 +448,27 @@ def fault_site(case: Case, block_mask: np.ndarray) -> Site | None:
     return sites[len(sites) // 2] if sites else None
 
 
+def row_max_scores(case: Case, query: np.ndarray, key: np.ndarray, mask: np.ndarray, scale: np.float32) -> np.ndarray:
+    """The lse-row-max fault's lse of one batch entry: each query row's largest scaled score over the columns
+    its (kernel-read) selection holds, float32 [N1 * sq] (heads-major rows, as `query` [N1 * sq, D]; `key`
+    [N2, skv, D], `mask` [N1, nQ, nKV]); the true lse where a row selects nothing."""
+    x, y = case.block_shape
+    heads, n_q, n_kv = mask.shape
+    q_len, kv_len = query.shape[0] // heads, key.shape[1]
+    found = np.full(query.shape[0], -np.inf, dtype=np.float32)
+    for head in range(heads):
+        for block in range(n_q):
+            rows = slice(head * q_len + block * x, head * q_len + min((block + 1) * x, q_len))
+            cols = np.concatenate(
+                [np.arange(j * y, min((j + 1) * y, kv_len)) for j in np.flatnonzero(mask[head, block])]
+                or [np.zeros(0, dtype=np.int64)]
+            )
+            if cols.size:
+                scores = (query[rows] @ key[head // case.group_size, cols].T) * scale
+                found[rows] = scores.max(axis=1)
+    return found
+
+
 def plant_nan_row(case: Case, dq: np.ndarray, site: Site | None) -> None:
     """Write NaN into the first row of the site's query block (the first dq row without a site)."""
     if site is None:
@@ -398,6 +516,18 @@ def plant_tile_noise(
     tile = q_view(case, dq, span)[head, rows, cols]
     error = tile.astype(np.float64) - golden
     tile[...] = to_dtype(golden + 5.0 * error, dq.dtype)
+
+
+def plant_shape_fault(case: Case, grads: Mapping[str, np.ndarray], name: str) -> None:
+    """Plant shape fault `name` in the gradients (in place): its region of every batch entry it strikes."""
+    fault = SHAPE_FAULTS[name]
+    factor = fault.factor(case)
+    for span in case.spans():
+        if not (span.q_len and span.kv_len and fault.strikes(case, span)):
+            continue
+        for tensor in fault.tensors:
+            view = (q_view if tensor == "dq" else kv_view)(case, grads[tensor], span)[fault.region(case, span)]
+            view[...] = to_dtype(view.astype(np.float32) * np.float32(factor), view.dtype)
 
 
 def guard_writes(fault: str | None, outputs: Mapping[str, np.ndarray]) -> dict[str, Any]:

@@ -187,6 +187,7 @@ class _Sequence:
     key: np.ndarray  # [N2, skv, D] float32
     value: np.ndarray  # [N2, skv, D] float32
     q_len: int
+    batch: int
 
 
 def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: SequenceSpan) -> _Sequence:
@@ -198,7 +199,7 @@ def _load_sequence(case: Case, tensors: Mapping[str, np.ndarray], span: Sequence
     key, value = (_io32(kv_view(case, tensors[name], span), io_dtype) for name in ("key", "value"))
     lse = np.ascontiguousarray(lse_view(case, np.asarray(tensors["softmax_lse"]), span), dtype=np.float32)
     dsum = (dout * out).sum(axis=1, dtype=np.float32)
-    return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len)
+    return _Sequence(query, dout, dsum, lse.reshape(-1), key, value, span.q_len, span.batch)
 
 
 #: Query rows per tile of the kv-block-major loop: dK and dV of a kv block are summed tile by tile.
@@ -213,6 +214,7 @@ def _sequence_grads(
     order: np.random.Generator | None,
     lose_update: bool,
     ticker: _Ticker | None = None,
+    dk_skipped: tuple[int, int] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """Return one batch entry's unscaled fp32 dq [N1*sq, D], dk and dv [N2, skv, D], kv-block major, and
     whether it lost a partial.
@@ -224,7 +226,8 @@ def _sequence_grads(
     one by one, as the kernel's atomic adds do: in (head, block) order, or in the order `order`
     permutes them into, which changes the last bits whenever three or more pairs meet in a block.
     With `lose_update` (race-lost-update fault, while no partial is lost yet) the first block that two or
-    more partials meet in loses its last add.
+    more partials meet in loses its last add. With `dk_skipped` (query head, query block: the dk-missing-q-block
+    fault) that pair's dK partials are never added.
     """
     x, y = case.block_shape
     kv_heads, kv_len, _ = seq.key.shape
@@ -235,7 +238,9 @@ def _sequence_grads(
     lost = False
     for kv_head in range(kv_heads):
         group_mask = mask[kv_head * group : (kv_head + 1) * group]  # [G, nQ, nKV]
-        for block in range(mask.shape[2]):
+        # batch-order: entries of odd index sum dQ over kv blocks from the last (a split of its own)
+        backwards = fault == "batch-order" and seq.batch % 2 == 1
+        for block in reversed(range(mask.shape[2])) if backwards else range(mask.shape[2]):
             members, q_blocks = np.nonzero(group_mask[:, :, block])
             cols = slice(block * y, min((block + 1) * y, kv_len))
             partials: list[tuple[np.ndarray, np.ndarray]] = []
@@ -247,7 +252,11 @@ def _sequence_grads(
                 ]
                 # no-gqa-sum: only the first query head of the group reaches dK and dV.
                 in_sum = members[tile] == 0 if fault == "no-gqa-sum" else np.ones(len(rows), dtype=bool)
-                partials += _tile_grads(seq, rows, in_sum, kv_head, cols, case, fault, dq)
+                tile_partials = _tile_grads(seq, rows, in_sum, kv_head, cols, case, fault, dq)
+                for index, (m, i) in enumerate(zip(members[tile], q_blocks[tile], strict=True)):
+                    if (kv_head * group + int(m), int(i)) == dk_skipped:
+                        tile_partials[index] = (np.zeros_like(tile_partials[index][0]), tile_partials[index][1])
+                partials += tile_partials
             if ticker is not None:
                 ticker.add(int(members.size))
             sequence = list(range(len(partials)) if order is None else order.permutation(len(partials)))
@@ -342,10 +351,14 @@ def emulate(
     spans = [span for span in case.spans() if span.q_len and span.kv_len]
     masks = {span.batch: faults.effective_mask(case, block_mask, span, fault) for span in spans}
     ticker = _Ticker(case.name, sum(int(np.count_nonzero(m)) for m in masks.values())) if _REPORTERS else None
+    site = faults.fault_site(case, block_mask) if fault == "dk-missing-q-block" else None
     for span in spans:
         seq = _load_sequence(case, tensors, span)
         mask = masks[span.batch]
-        dq_seq, dk_seq, dv_seq, lost = _sequence_grads(seq, mask, case, fault, order, lose_update, ticker)
+        if fault == "lse-row-max":
+            seq.lse = faults.row_max_scores(case, seq.query, seq.key, mask, faults.kernel_scale(case, fault))
+        skipped = (site.head, site.q_block) if site is not None and site.span.batch == span.batch else None
+        dq_seq, dk_seq, dv_seq, lost = _sequence_grads(seq, mask, case, fault, order, lose_update, ticker, skipped)
         lose_update = lose_update and not lost
         q_view(case, dq, span)[...] = dq_seq.reshape(case.num_heads, span.q_len, case.head_dim)
         kv_view(case, dk, span)[...] = dk_seq
@@ -356,9 +369,13 @@ def emulate(
         dk *= scale32
     if fault == "dq-scaled-twice":
         dq *= scale32
+    if fault == "dv-slightly-scaled":
+        dv *= np.float32(1 + 2**-8)
     grads = {name: to_dtype(grad, io_dtype, BACKWARD_TIES) for name, grad in (("dq", dq), ("dk", dk), ("dv", dv))}
     if fault == "stale-output":
         return {name: np.zeros_like(grad) for name, grad in grads.items()}
+    if fault in faults.SHAPE_FAULTS:
+        faults.plant_shape_fault(case, grads, fault)
     if fault in ("nan-row", "tile-noise", "rows-swapped"):
         site = faults.fault_site(case, block_mask)
         if fault == "rows-swapped":
@@ -523,7 +540,7 @@ class ReferenceDevice:
             attempt.interrupted = True
             return
         except (BsaError, OSError) as exc:
-            stderr.write_text(f"Error: {exc}\n")
+            stderr.write_text(f"Error: {exc}\n", errors="backslashreplace")
             attempt.exit_code = ChildExit.USAGE
             if isinstance(exc, OSError):
                 attempt.problems.append(f"the reference device could not write its outputs: {exc.strerror or exc}")

@@ -18,11 +18,11 @@ from pathlib import Path
 from queue import Empty
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from .. import compare, golden
 from .._version import __version__
+from ..core import rounding
 from ..core.case import PRECISIONS as PRECISIONS
 from ..core.case import Case, Precision, numpy_dtype
 from ..core.errors import DataError
@@ -49,6 +49,7 @@ FINGERPRINT_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("inner_precise",), 0),
     (("softmax_lse_flag",), 1),
     (("step_scales",), ()),
+    (("copies",), ()),
     *(
         (("init", tensor, key), None)
         for tensor in ("query", "key", "value", "dout")
@@ -215,7 +216,7 @@ def kernel_path_notes(
     gradient that is not finite where the golden is."""
     notes = []
     dtype = numpy_dtype(case.dtype)
-    largest = float(ml_dtypes.finfo(dtype).max)
+    largest = rounding.largest(dtype)
     for name, what in (("dscores", "dS"), ("probs", "P")):
         top = getattr(kernel_range, f"max_abs_{name}")
         if top > largest:
@@ -401,4 +402,4 @@ def _pass_on(queue: Any, running: Mapping[str, Case], on_progress: Callable[[Cas
 
 
 def _dtype_name(array: np.ndarray) -> str:
-    return "bfloat16" if array.dtype == numpy_dtype("bfloat16") else array.dtype.name
+    return "bfloat16" if rounding.is_bfloat16(array.dtype) else array.dtype.name

@@ -16,7 +16,7 @@ from numpy.typing import DTypeLike
 
 from ..core.case import Case, SequenceSpan, numpy_dtype
 from ..core.layout import kv_view, lse_view, mask_view, q_view
-from .paths import Grads, Inputs, _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
+from .paths import Grads, Inputs, _Both, _Entry, _Forward, _ForwardGolden, _Golden, _Kernel, _Path
 from .walk import _run, _SharedBlocks, _Task, _Tiles
 
 # ---- one batch entry ----------------------------------------------------------------------------
@@ -304,7 +304,8 @@ def golden_and_benchmark(
     """Compute what `bsa gen` writes: `forward_backward`'s out, lse and golden, and the kernel-faithful benchmark.
 
     The benchmark is `backward_kernel` of the rounded out and lse, bit for bit. Its walk over a kv head
-    follows the golden's tile by tile; with `jobs` > 1 the walks run in up to `jobs` threads, largest first,
+    follows the golden's tile by tile (on one thread, where both read the same float32 blocks, it is the
+    golden's walk itself: `_Both`); with `jobs` > 1 the walks run in up to `jobs` threads, largest first,
     when the case's rows carry enough arithmetic to share (`_THREADS_MIN_ROW_FLOPS`). Without `benchmark`
     only the golden walks run (`forward_backward`) and the benchmark is ().
 
@@ -327,7 +328,10 @@ def golden_and_benchmark(
         for kv_head in range(case.num_kv_heads):
             golden_walk = _Task(_ForwardGolden(entry, out, lse, empty, gold_views), kv_head)
             kernel_walk = None
-            if bench_views is not None:
+            if bench_views is not None and jobs == 1 and io_inputs and precision == np.float32:
+                # one walk: each row's blocks gathered once for both (the same float32 values)
+                golden_walk.path = _Both(golden_walk.path, _Kernel(entry, out, lse, bench_views))
+            elif bench_views is not None:
                 golden_walk.announce = _Tiles()
                 kernel_walk = _Task(_Kernel(entry, out, lse, bench_views), kv_head, after=golden_walk.announce)
                 if io_inputs and precision == np.float32:  # both walks read float32 blocks of the same values

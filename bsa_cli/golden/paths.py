@@ -356,6 +356,42 @@ class _Kernel(_KernelInputs):
             self.seen = KernelRange()
 
 
+class _Both(_Path):
+    """Two paths that read the same padded blocks (the golden, then the benchmark of its out and lse) in one walk:
+    each block row is gathered once for both, and each tile runs the first path's, then the second's.
+
+    Each path computes what it would in a walk of its own, in the same order (the second reads the out and lse
+    rows the first has just written, as its own walk would after waiting for them); they take turns with the
+    walk's work buffers, as no buffer a tile uses outlives it but the row's gathered (shared) blocks.
+    """
+
+    def __init__(self, first: _Path, second: _Path) -> None:
+        super().__init__(first.entry, first.out, first.lse)
+        self.paths = (first, second)
+        self.block_dtype = first.block_dtype
+
+    def blocks(self, tensor: np.ndarray) -> np.ndarray:
+        return self.paths[0].blocks(tensor)
+
+    def start(self, kv_head: int, key_blocks: np.ndarray) -> None:
+        for path in self.paths:
+            path.start(kv_head, key_blocks)
+
+    def row(self, keys: np.ndarray, values: np.ndarray, scratch: _Scratch) -> None:
+        for path in self.paths:
+            path.row(keys, values, scratch)
+
+    def tile(
+        self, head: int, rows: slice, selected: np.ndarray, keys: np.ndarray, values: np.ndarray, scratch: _Scratch
+    ) -> None:
+        for path in self.paths:
+            path.tile(head, rows, selected, keys, values, scratch)
+
+    def finish(self, kv_head: int) -> None:
+        for path in self.paths:
+            path.finish(kv_head)
+
+
 def _accumulator(grad: np.ndarray, key_blocks: np.ndarray) -> np.ndarray:
     """Return zeroed [nKV, Y, D] accumulators for one kv head's [skv, D] gradient `grad` (zero-filled, as callers
     make it): `grad` itself, seen as blocks, when it has no padding and the blocks' dtype (no second copy of it)."""

@@ -22,7 +22,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..core import rounding
 from ..core.case import Case, Distribution, numpy_dtype
+from ..core.layout import kv_view, lse_view, q_view
 from ..core.rounding import to_dtype
 from ..core.streams import check_streams, seeded, uniform, uniform01
 from . import stress
@@ -50,6 +52,10 @@ def draw(
         count = min(_DRAW_CHUNK, flat.size - first)
         if dist.kind == "uniform":
             values = uniform(generator, dist.low, dist.high, count)
+        elif dist.kind == "exact":  # k / 2 for an integer k in [2 low, 2 high], each equally likely
+            values = np.floor(uniform(generator, 2.0 * dist.low, 2.0 * dist.high + 1.0, count))
+            np.minimum(values, 2.0 * dist.high, out=values)  # uniform's rounding may reach the open end
+            values /= 2.0
         else:
             values = generator.standard_normal(size=count)
             values *= dist.std
@@ -82,9 +88,28 @@ def make_tensors(case: Case, jobs: int = 1) -> dict[str, np.ndarray]:
         return draw(case, name, shape, dist, dtype, adjust)
 
     if jobs <= 1:
-        return {name: draw_one(name) for name in streams}
+        return copy_sequences(case, {name: draw_one(name) for name in streams})
     with ThreadPoolExecutor(min(jobs, len(streams))) as pool:  # NumPy draws and casts without the GIL
-        return dict(zip(streams, pool.map(draw_one, streams), strict=True))
+        return copy_sequences(case, dict(zip(streams, pool.map(draw_one, streams), strict=True)))
+
+
+def copy_sequences(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Make each `case.copies` entry hold its source entry's sequence, in place, in every tensor given (query-
+    or key-shaped in the case layout, the lse, or the [B, N1, nQ, nKV] mask); return the tensors."""
+    if not case.copies:
+        return tensors
+    spans = case.spans()
+    for name, tensor in tensors.items():
+        for copy, source in case.copies:
+            if name == "block_sparse_mask":
+                tensor[copy] = tensor[source]
+            elif name in ("key", "value"):
+                kv_view(case, tensor, spans[copy])[...] = kv_view(case, tensor, spans[source])
+            elif name == "softmax_lse":
+                lse_view(case, tensor, spans[copy])[...] = lse_view(case, tensor, spans[source])
+            else:
+                q_view(case, tensor, spans[copy])[...] = q_view(case, tensor, spans[source])
+    return tensors
 
 
 def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -103,7 +128,7 @@ def call_inputs(case: Case, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
         array = tensors.get(name)
         if array is not None and array.shape == shape:
             result[name] = to_dtype(array, dtype)
-        elif np.issubdtype(dtype, np.floating) or dtype == numpy_dtype("bfloat16"):
+        elif np.issubdtype(dtype, np.floating) or rounding.is_bfloat16(dtype):
             result[name] = draw(case, name, shape, Distribution(), dtype)
         else:
             result[name] = (uniform01(rng(case, name), shape) < 0.5).astype(dtype)
@@ -229,7 +254,7 @@ def make_mask(case: Case) -> np.ndarray:
                 mask[b, n, generator.choice(n_q, size=count, replace=False)] = False
     else:
         mask[:, :, [r for r in empty_rows if r < n_q]] = False
-    return mask.astype(np.uint8)
+    return copy_sequences(case, {"block_sparse_mask": mask.astype(np.uint8)})["block_sparse_mask"]
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import ml_dtypes
 import numpy as np
 
+from ..core import rounding
 from ..core.case import Case, Distribution
 from ..core.streams import uniform
 
@@ -30,7 +30,7 @@ def logit_std_spread(case: Case) -> float:
 
 def spread(dist: Distribution) -> float:
     """Return the standard deviation of a distribution."""
-    return (dist.high - dist.low) / math.sqrt(12.0) if dist.kind == "uniform" else dist.std
+    return (dist.high - dist.low) / math.sqrt(12.0) if dist.kind in ("uniform", "exact") else dist.std
 
 
 def query_spread(case: Case) -> float:
@@ -122,7 +122,7 @@ def adjuster(
         else:
             kv_head_of_row, length = heads, sink_key_length(case)
             sink_rows = _sink_rows(case, shape)
-    largest = float(ml_dtypes.finfo(dtype).max)
+    largest = rounding.largest(dtype)
 
     def adjust(values: np.ndarray, first: int) -> None:
         if noisy is not None:

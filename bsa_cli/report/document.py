@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 import json
 import math
 import types
@@ -25,9 +26,11 @@ import numpy as np
 
 from .._version import __version__
 from ..compare import ERROR, FAIL, PASS, SKIP, CaseResult, SuiteResult, drift
-from ..core.errors import DataError
+from ..compare.results import SELECTION_MAX_CELLS, BlockMap, HotBlock, Selection, TensorResult, UlpChart
+from ..core.errors import DataError, show
 from ..core.untrusted import load_json, read_regular
-from ..ops import OPS
+from ..ops import OPS, Op
+from ..standards.base import Standard
 from ..store.manifest import json_number
 from . import timing
 from .files import write_text_atomic
@@ -104,9 +107,9 @@ def utc_date(date: str) -> str:
     """Return an ISO 8601 date with an offset as the same moment in UTC (a date without one is kept)."""
     try:
         moment = _dt.datetime.fromisoformat(date)
-    except ValueError:
+        return date if moment.tzinfo is None else moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
+    except (ValueError, OverflowError):  # OverflowError: a moment beyond year 1 to 9999 in UTC
         return date
-    return date if moment.tzinfo is None else moment.astimezone(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def suite_devices(suite: SuiteResult) -> list[dict[str, Any]]:
@@ -182,57 +185,263 @@ def write_json(
     write_text_atomic(Path(path), json.dumps(to_document(suite, header, additions), indent=1, allow_nan=False) + "\n")
 
 
-def _load(tp: Any, data: Any) -> Any:
-    """Build a value of type `tp` from JSON data (the inverse of `_plain`)."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        return None if data is None else _load(args[0], data)
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(data, Mapping):
-            raise ValueError(f"expected an object for {tp.__name__}, got {data!r}")
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            if f.name in data:
-                kwargs[f.name] = _load(hints[f.name], data[f.name])
-            elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{tp.__name__}: missing key {f.name!r}")
-        return tp(**kwargs)
-    if origin is tuple:
-        if not isinstance(data, list):
-            raise ValueError(f"expected a list, got {type(data).__name__}")
-        items = typing.get_args(tp)
-        if len(items) == 2 and items[1] is Ellipsis:
-            return tuple(_load(items[0], v) for v in data)
-        return tuple(_load(a, v) for a, v in zip(items, data, strict=True))
-    if origin in (Mapping, dict, typing.Mapping) or tp in (dict, Mapping):
-        if not isinstance(data, Mapping):
-            raise ValueError(f"expected an object, got {type(data).__name__}")
-        pair = typing.get_args(tp)
-        value_type = pair[1] if len(pair) == 2 else Any
-        return {k: _load(value_type, v) for k, v in data.items()}
-    if tp is np.ndarray:
-        return np.array(_cells_back(data), dtype=np.float64)
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, (int, float, str)):
-            raise ValueError(f"expected a number, got {type(data).__name__}")
-        if isinstance(data, str) and data not in ("inf", "-inf", "nan"):
-            raise ValueError(f"expected a number, got {data[:40]!r}")
-        return float(data)  # also "inf", "-inf", "nan"
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise ValueError(f"expected an integer, got {type(data).__name__}")
+class _Malformed(ValueError):
+    """A report's value is not what its field holds; `path` names the field (`cases[0].tensors[1].rmse`)."""
+
+    def __init__(self, problem: str, path: str = "") -> None:
+        super().__init__(problem)
+        self.problem, self.path = problem, path
+
+    def within(self, step: str) -> _Malformed:
+        """Return the error one level up: `step` (".name" or "[3]") before its field's path."""
+        return _Malformed(self.problem, step + self.path)
+
+
+#: Reads one JSON value as a field of a result type; raises _Malformed.
+_Reader = typing.Callable[[Any], Any]
+
+#: Largest integer a report's field may hold (int64: counts, sizes, statuses, indices).
+INT_LIMIT = 1 << 63
+
+
+def _kind(data: Any) -> str:
+    """Name a JSON value's type as JSON does, for an error message."""
+    if data is None:
+        return "null"
+    if isinstance(data, bool):
+        return "a boolean"
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object"}
+    return next((name for kind, name in names.items() if isinstance(data, kind)), type(data).__name__)
+
+
+def _read_float(data: Any) -> float:
+    # isinstance, not type(): a document made in memory (`to_document`) holds str and float subclasses
+    if isinstance(data, float) or (_is_int(data) and -INT_LIMIT <= data < INT_LIMIT):
+        return float(data)
+    if isinstance(data, str) and data in NON_FINITE:
+        return float(data)
+    raise _Malformed(f"expected a number, got {_kind(data) if not isinstance(data, str) else repr(data[:40])}")
+
+
+#: The strings a report writes for the numbers JSON lacks (`json_number`).
+NON_FINITE = ("inf", "-inf", "nan")
+
+
+def _read_int(data: Any) -> int:
+    if _is_int(data) and -INT_LIMIT <= data < INT_LIMIT:
+        return int(data)
+    raise _Malformed(f"expected an integer, got {'one beyond int64' if _is_int(data) else _kind(data)}")
+
+
+def _is_int(data: Any) -> bool:
+    return isinstance(data, int) and not isinstance(data, bool)
+
+
+def _simple(kind: type) -> _Reader:
+    def read(data: Any) -> Any:
+        if not isinstance(data, kind) or (kind is not bool and isinstance(data, bool)):
+            raise _Malformed(f"expected {_kind(kind())}, got {_kind(data)}")
         return data
-    if tp in (str, bool) and not isinstance(data, tp):
-        raise ValueError(f"expected {tp.__name__}, got {type(data).__name__}")
+
+    return read
+
+
+def _read_cells(data: Any) -> np.ndarray:
+    """Read a block map's cells: nested lists of numbers, null (NaN) and the non-finite strings, rectangular."""
+    if not isinstance(data, list):
+        raise _Malformed(f"expected a list of cells, got {_kind(data)}")
+    level, depth = data, 1
+    while level and all(isinstance(v, list) for v in level):  # flattened one level at a time: C loops, not calls
+        level, depth = [v for row in level for v in row], depth + 1
+    kinds = set(map(type, level))
+    words = {v for v in level if isinstance(v, str)}
+    cells = all(k is type(None) or (issubclass(k, (int, float, str)) and not issubclass(k, bool)) for k in kinds)
+    if not cells or not words <= set(NON_FINITE):
+        raise _Malformed("expected numbers, null, 'inf', '-inf' or 'nan' as cells, nested alike")
+    try:
+        array = np.array(data, dtype=np.float64)  # null becomes NaN, "inf" inf
+    except (ValueError, TypeError, OverflowError):
+        raise _Malformed("expected cells nested alike (every row of one length)") from None
+    if array.ndim != depth:
+        raise _Malformed("expected cells nested alike (every row of one length)")
+    return array
+
+
+def _read_op(data: Any) -> Any:
+    if not is_op(data):
+        raise _Malformed(f"expected an op, one of {', '.join(OPS)}, got {_show_value(data)}")
     return data
 
 
-def _cells_back(data: Any) -> Any:
-    if isinstance(data, list):
-        return [_cells_back(v) for v in data]
-    return math.nan if data is None else float(data)
+def _show_value(data: Any) -> str:
+    return repr(data[:40]) if isinstance(data, str) else _kind(data)
+
+
+#: Readers of the types a result's fields have that are not built from their structure.
+_READERS: dict[Any, _Reader] = {
+    float: _read_float,
+    int: _read_int,
+    str: _simple(str),
+    bool: _simple(bool),
+    np.ndarray: _read_cells,
+    Op: _read_op,
+    Standard: _simple(str),  # a report of another bsa may name a standard this one lacks
+}
+
+
+@functools.cache
+def _reader(tp: Any) -> _Reader:
+    """Return the reader of JSON values of type `tp` (a result dataclass or a field's type), built once per
+    type: reading a report costs a few calls per value, not the type's introspection per record."""
+    if tp in _READERS:
+        return _READERS[tp]
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = _reader(next(a for a in args if a is not type(None)))
+        return lambda data: None if data is None else inner(data)
+    if origin is typing.Literal:
+        allowed = frozenset(args)
+
+        def literal(data: Any) -> Any:
+            if not isinstance(data, str) or data not in allowed:
+                raise _Malformed(f"expected one of {', '.join(map(str, args))}, got {_show_value(data)}")
+            return data
+
+        return literal
+    if origin is tuple:
+        return _tuple_reader(args)
+    if origin in (Mapping, dict) or tp in (dict, Mapping):
+        value = _reader(args[1]) if len(args) == 2 else (lambda data: data)
+        return lambda data: {k: _step(value, v, _key_step(k)) for k, v in _object(data).items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _dataclass_reader(tp)
+    raise TypeError(f"no report reader for the type {tp!r}")  # a result field of a new type: a bug in bsa
+
+
+def _key_step(key: str) -> str:
+    """Name a mapping's key in a field's path: `.mare_ratio`, `.mixed-tolerance` (cut to 40 characters)."""
+    return f".{key[:40]}"
+
+
+def _object(data: Any) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise _Malformed(f"expected an object, got {_kind(data)}")
+    return data
+
+
+def _step(read: _Reader, data: Any, step: str) -> Any:
+    try:
+        return read(data)
+    except _Malformed as exc:
+        raise exc.within(step) from None
+
+
+def _tuple_reader(args: tuple[Any, ...]) -> _Reader:
+    if len(args) == 2 and args[1] is Ellipsis:
+        item = _reader(args[0])
+
+        def many(data: Any) -> tuple[Any, ...]:
+            if not isinstance(data, list):
+                raise _Malformed(f"expected a list, got {_kind(data)}")
+            return tuple([_step(item, v, f"[{i}]") for i, v in enumerate(data)])
+
+        return many
+    readers = [_reader(a) for a in args]
+
+    def fixed(data: Any) -> tuple[Any, ...]:
+        if not isinstance(data, list) or len(data) != len(readers):
+            size = f" of {len(data)}" if isinstance(data, list) else ""
+            raise _Malformed(f"expected a list of {len(readers)}, got {_kind(data)}{size}")
+        return tuple([_step(r, v, f"[{i}]") for i, (r, v) in enumerate(zip(readers, data, strict=True))])
+
+    return fixed
+
+
+def _rule(holds: bool, problem: str) -> None:
+    if not holds:
+        raise _Malformed(problem)
+
+
+def _check_tensor(tensor: TensorResult) -> None:
+    axes = tensor.axes
+    _rule(len(tensor.shape) == len(axes), f"shape {list(tensor.shape)} and axes {list(axes)} differ in length")
+    _rule(all(c.tensor == tensor.name for c in tensor.checks), f"a check of tensor {tensor.name!r} names another")
+    for i, worst in enumerate(tensor.worst):
+        needs = [*axes, *(("b", "s") if "t" in worst.coords else ())]
+        placed = len(worst.index) == len(axes) and all(a in worst.coords for a in needs)
+        _rule(placed, f"worst[{i}] does not place its element on the axes {', '.join(needs)}")
+
+
+def _check_block_map(block_map: BlockMap) -> None:
+    maps = (block_map.rmse, block_map.rmse_benchmark, block_map.max_abs_err, block_map.score)
+    arrays = [a for a in maps if a is not None]
+    alike = all(a.ndim == 3 and a.shape == arrays[0].shape for a in arrays)
+    _rule(alike, "expected maps of one shape [B, heads, blocks]")
+    _rule(block_map.axis in ("q", "kv") and block_map.block_size > 0, "expected axis 'q' or 'kv', a block_size > 0")
+
+
+def _check_hot_block(block: HotBlock) -> None:
+    _rule(block.tiles is None or block.tiles.ndim == 2, "expected tiles of two dimensions")
+
+
+def _check_selection(selection: Selection) -> None:
+    shape = selection.shape
+    fits = len(shape) == 4 and min(shape) >= 0 and math.prod(shape) <= SELECTION_MAX_CELLS
+    _rule(fits, f"expected a mask shape [B, N1, nQ, nKV] of at most {SELECTION_MAX_CELLS} cells")
+    rows = selection.rows
+    alike = len(rows) == math.prod(shape[:3]) and all(len(r) == shape[3] and set(r) <= set("01-") for r in rows)
+    _rule(alike, "expected one row of '0', '1' and '-' per batch entry, head and query block")
+
+
+def _check_ulp_chart(chart: UlpChart) -> None:
+    bins = len(chart.edges) + 1
+    sides = [chart.device, *([chart.benchmark] if chart.benchmark is not None else [])]
+    counted = all(len(counts) == bins and min(counts, default=0) >= 0 for counts in sides)
+    _rule(counted, f"expected {bins} counts of at least 0 per side")
+
+
+def _check_case(case: CaseResult) -> None:
+    sizes = math.isfinite(case.seconds) and case.seconds >= 0 and case.output_bytes >= 0
+    _rule(sizes, "expected seconds and output_bytes of at least 0")
+
+
+#: Rules beyond the types of a result's fields, by result type: what the renderers rely on.
+_CHECKS: dict[type, typing.Callable[[Any], None]] = {
+    TensorResult: _check_tensor,
+    BlockMap: _check_block_map,
+    HotBlock: _check_hot_block,
+    Selection: _check_selection,
+    UlpChart: _check_ulp_chart,
+    CaseResult: _check_case,
+}
+
+
+def _dataclass_reader(tp: type) -> _Reader:
+    hints = typing.get_type_hints(tp)
+    fields = [
+        (f.name, _reader(hints[f.name]), f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        for f in dataclasses.fields(tp)
+    ]
+    check = _CHECKS.get(tp)
+
+    def read(data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise _Malformed(f"expected an object ({tp.__name__}), got {_kind(data)}")
+        values = {}
+        for name, field_reader, required in fields:
+            if name in data:
+                values[name] = _step(field_reader, data[name], f".{name}")
+            elif required:
+                raise _Malformed(f"missing key {name!r} of {tp.__name__}")
+        try:
+            value = tp(**values)
+        except (TypeError, ValueError) as exc:  # a result type's own rule (__post_init__)
+            raise _Malformed(str(exc)[:200]) from None
+        if check is not None:
+            check(value)
+        return value
+
+    return read
 
 
 def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteResult:
@@ -243,23 +452,15 @@ def from_document(document: Mapping[str, Any], origin: str = "report") -> SuiteR
     """
     if not isinstance(document, Mapping) or document.get("schema") != SCHEMA:
         found = document.get("schema") if isinstance(document, Mapping) else None
-        raise ValueError(f"{origin}: schema {found!r} is not {SCHEMA!r} (write it with `bsa compare --json`)")
+        raise ValueError(f"{origin}: schema {show(found)} is not {SCHEMA!r} (write it with `bsa compare --json`)")
     try:
-        cases = tuple(_load(CaseResult, c) for c in document["cases"])
-        seconds = float(document.get("summary", {}).get("seconds", 0.0))
-    except (KeyError, TypeError, ValueError, AttributeError, OverflowError, RecursionError) as exc:
-        raise ValueError(f"{origin}: malformed report ({type(exc).__name__}: {str(exc)[:200]})") from None
-    for case in cases:
-        if case.verdict not in VERDICTS:
-            raise ValueError(
-                f"{origin}: malformed report (case {case.name!r} has the verdict {case.verdict[:40]!r}; "
-                f"a verdict is one of {', '.join(VERDICTS)})"
-            )
-        if not is_op(case.op):
-            raise ValueError(
-                f"{origin}: malformed report (case {case.name!r} has the op {str(case.op)[:40]!r}; an op is one "
-                f"of {', '.join(OPS)})"
-            )
+        cases = _step(_reader(tuple[CaseResult, ...]), document.get("cases"), "cases")
+        summary = _step(_object, document.get("summary", {}), "summary")
+        seconds = _step(_read_float, summary.get("seconds", 0.0), "summary.seconds")
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise _Malformed("expected a number of at least 0", "summary.seconds")
+    except _Malformed as exc:
+        raise ValueError(f"{origin}: malformed report ({exc.path}: {exc.problem})") from None
     names = Counter(case.name for case in cases)
     if twice := [name for name, count in names.items() if count > 1]:
         raise ValueError(
@@ -343,7 +544,7 @@ def night_from_document(document: Any, source: str) -> drift.Night:
     try:
         date = drift.parse_date(document.get("date"))
     except ValueError as exc:
-        raise ValueError(f"{source}: {exc}") from None
+        raise ValueError(f"{source}: malformed report (field 'date': {exc})") from None
     tool = document.get("tool")
     version = tool.get("version") if isinstance(tool, Mapping) else None
     devices = tuple(d["device"] for d in suite_devices(suite))

@@ -40,8 +40,9 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
             continue
         path = Path(path)
         resolved = path.resolve()
-        if resolved in seen:
-            raise ReportPathError(option, str(path), f"is also the {seen[resolved]} report; give each its own file")
+        twin = next((p for p in seen if p == resolved or _same_file(p, resolved)), None)  # a hard link too
+        if twin is not None:
+            raise ReportPathError(option, str(path), f"is also the {seen[twin]} report; give each its own file")
         seen[resolved] = option
         if path.is_dir():
             raise ReportPathError(option, str(path), "is a folder; give a file name, e.g. report.html inside it")
@@ -60,6 +61,13 @@ def prepare_report_paths(paths: Mapping[str, Path | None]) -> None:
             raise ReportPathError(option, str(path), f"cannot write in {parent}: {exc.strerror or exc}") from None
         os.close(fd)
         os.unlink(probe)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one does not exist yet
+        return False
 
 
 _KINDS = (
@@ -122,7 +130,8 @@ def write_text_atomic(path: Path, text: str) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         try:
-            with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            # backslashreplace: a folder name of non-UTF-8 bytes (\udcff) is written as its escape
+            with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace", newline="") as handle:
                 handle.write(text)
                 handle.flush()
                 os.fsync(handle.fileno())  # a full disk shows here at the latest, not after the rename

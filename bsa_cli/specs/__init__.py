@@ -16,5 +16,6 @@ from .fields import CASE_KEYS as CASE_KEYS
 from .fields import dtype_name as dtype_name
 from .load import MAX_CASES as MAX_CASES
 from .load import SpecErrors as SpecErrors
+from .load import build_alone as build_alone
 from .load import load_specs as load_specs
 from .safe_yaml import read_yaml as read_yaml

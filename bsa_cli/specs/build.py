@@ -15,9 +15,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-import ml_dtypes
-
-from ..core.case import BNSD_LENGTHS, DTYPES, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
+from ..core import rounding
+from ..core.case import BNSD_LENGTHS, LSE_SHAPES, MAX_TOKENS, SEQ_LENGTHS_ENCODINGS, Case, Expect, Layout
 from ..core.errors import SpecError, show
 from ..core.untrusted import MAX_NAME_BYTES, is_case_name
 from ..inputs import fit_explicit, stress, unreachable_kv_blocks
@@ -113,6 +112,7 @@ def build_case(
         step_scales=step_scales,  # read by the ops that call each step themselves (`Op.scales_per_step`)
     )
     _check_sizes(r, case)
+    case = _copies(r, case)
     _check_finite(r, case)
     _check_mask(r, case)
     if all(get(op).is_default for op in case.ops) and not judges_pair(case.expect):
@@ -262,6 +262,29 @@ def _check_sizes(r: _Reader, case: Case) -> None:
         raise r.error("actual_seq_lengths", "every length is 0: the case has nothing to compute or compare")
 
 
+def _copies(r: _Reader, case: Case) -> Case:
+    """Read `copies: [[copy, source], ...]`: batch entries that hold another entry's sequence, of equal lengths."""
+    raw = r.get("copies", None)
+    if raw is None:
+        return case
+    spans = case.spans()
+    allowed = f"a list of [copy, source] pairs of batch entries 0..{len(spans) - 1} with equal lengths"
+    if not isinstance(raw, list) or not raw:
+        raise r.error("copies", f"{show(raw)} is not {allowed}")
+    pairs: list[tuple[int, int]] = []
+    for pair in raw:
+        ok = isinstance(pair, list) and len(pair) == 2 and all(type(v) is int for v in pair)
+        if not ok or not all(0 <= v < len(spans) for v in pair) or pair[0] == pair[1]:
+            raise r.error("copies", f"{show(pair)} is not a pair [copy, source] of batch entries 0..{len(spans) - 1}")
+        copy, source = pair
+        if (spans[copy].q_len, spans[copy].kv_len) != (spans[source].q_len, spans[source].kv_len):
+            raise r.error("copies", f"{show(pair)}: entries {copy} and {source} have other lengths; {allowed}")
+        if copy in {c for c, _ in pairs} or copy in {s for _, s in pairs} or source in {c for c, _ in pairs}:
+            raise r.error("copies", f"{show(pair)}: an entry is a copy once, and a copy is no source")
+        pairs.append((copy, source))
+    return dataclasses.replace(case, copies=tuple(pairs))
+
+
 def _check_finite(r: _Reader, case: Case) -> None:
     """Refuse init values and scales with which the inputs or the golden cannot be finite.
 
@@ -271,7 +294,7 @@ def _check_finite(r: _Reader, case: Case) -> None:
     """
     if case.dtype not in ("float16", "bfloat16", "float32", "float64"):
         return  # a negative case of another dtype: the operator rejects it before reading values
-    largest = float(ml_dtypes.finfo(DTYPES[case.dtype]).max)
+    largest = rounding.largest(case.dtype)
     size = {}
     init = case.init
     if (init.sink is not None or init.logit_std is not None) and case.kernel_scale == 0:
@@ -286,7 +309,8 @@ def _check_finite(r: _Reader, case: Case) -> None:
         if init.logit_std is not None and tensor in ("query", "key"):
             dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
         # a bound that drawn values exceed only rarely: the larger uniform bound, or |mean| + 4 std
-        size[tensor] = max(abs(dist.low), abs(dist.high)) if dist.kind == "uniform" else abs(dist.mean) + 4.0 * dist.std
+        bounded = dist.kind != "normal"  # uniform and exact values lie in [low, high]
+        size[tensor] = max(abs(dist.low), abs(dist.high)) if bounded else abs(dist.mean) + 4.0 * dist.std
         if dist.row_scale is not None:
             size[tensor] *= dist.row_scale.high
         if dist.outliers is not None:

@@ -53,7 +53,7 @@ CASE_KEYS = tuple(
     "name description layout kv_layout dtype batch num_heads num_kv_heads head_dim q_seq_len kv_seq_len "
     "actual_seq_lengths actual_seq_lengths_kv block_shape scale seed sparsity init expect seq_lengths_encoding "
     "lse_shape bnsd_lengths empty_row_lse mask_type pre_tokens next_tokens tensors compare matrix release "
-    "null_layouts ops inner_precise softmax_lse_flag step_scales".split()
+    "null_layouts ops inner_precise softmax_lse_flag step_scales copies".split()
 )
 TENSOR_KEYS = ("dtype", "shape")
 #: Largest tensor a `tensors:` shape override may ask for (elements): negative cases need no big data.
@@ -69,6 +69,12 @@ PATTERN_KEYS = {
     "causal_alignment": ("causal", "sliding_window", "strided"),
     "mask": ("explicit",),
 }
+#: Value distributions: normal(mean, std), uniform(low, high), noisy (normal with the commercial standard's
+#: outliers), and exact: the integers and halves in [low, high], each equally likely, which float16 and bfloat16
+#: hold exactly (the forward's products are then exact).
+DISTRIBUTIONS = ("normal", "uniform", "noisy", "exact")
+#: Largest |low| or |high| of exact values: every half up to it is exact in bfloat16 (8 significant bits).
+EXACT_LIMIT = 64.0
 DIST_KEYS = ("distribution", "mean", "std", "low", "high", "outliers", "row_scale")
 #: Keys that shape a distribution (what `init.logit_std` decides for query and key).
 SHAPE_KEYS = ("distribution", "mean", "std", "low", "high")
@@ -452,7 +458,7 @@ def _row_scale(r: _Reader, key: str, raw: Any) -> RowScale:
 def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
     sub = _mapping(r, key, raw, DIST_KEYS, "distribution keys")
     dist = Distribution(
-        kind=sub.choice("distribution", ("normal", "uniform", "noisy"), "normal"),
+        kind=sub.choice("distribution", DISTRIBUTIONS, "normal"),
         mean=sub.number("mean", 0.0),
         std=sub.number("std", 1.0),
         low=sub.number("low", -1.0),
@@ -464,6 +470,14 @@ def _distribution(r: _Reader, key: str, raw: Mapping[str, Any]) -> Distribution:
         raise sub.error("std", f"{dist.std} is negative")
     if dist.low > dist.high:
         raise sub.error("low", f"low {dist.low} is above high {dist.high}")
+    if dist.kind == "exact":
+        for bound in ("low", "high"):
+            value = getattr(dist, bound)
+            if value * 2 != round(value * 2) or abs(value) > EXACT_LIMIT:
+                shown = show(raw.get(bound, value))
+                raise sub.error(bound, f"{shown} is not a half-integer within +-{EXACT_LIMIT:g} (exact values)")
+        if raw.get("outliers") is not None or raw.get("row_scale") is not None:
+            raise r.error(key, "exact values stay exact only without outliers or row_scale; drop one or the other")
     if raw.get("outliers") is not None:
         dist = dataclasses.replace(dist, outliers=_outliers(sub, "outliers", raw["outliers"]))
     if raw.get("row_scale") is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from ..core.case import Case
 from ..core.errors import DataError, SpecError, show
@@ -118,6 +119,18 @@ def spec_files(paths: Iterable[str | Path]) -> list[Path]:
         else:
             raise SpecError(str(path), "no such spec file or folder")
     return files
+
+
+def build_alone(path: Path, raw: dict[str, Any], release: str | None = None, ops: tuple[Op, ...] | None = None) -> Case:
+    """Validate one raw case mapping on its own, as a spec file of that one case would (a case `bsa fuzz` drew).
+
+    Raises:
+        SpecError: the case breaks a rule.
+    """
+    try:
+        return build_case(path, raw, release=release, ops=ops)
+    finally:
+        _SHARED.clear()  # what the readers share is keyed by the ids of this mapping's values
 
 
 def load_spec_file(

@@ -300,6 +300,44 @@ def check_manifest(manifest: Mapping[str, Any], where: str) -> None:
         seen.add(normal)
 
 
+def _same(a: Path, b: Path) -> bool:
+    """Whether two paths name one file or folder: the same resolved path, or (through a hard link or a
+    symbolic link) the same device and inode."""
+    try:
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
+    except (OSError, ValueError):  # a path that does not exist (yet), or holds a NUL
+        return False
+
+
+def case_folder_of(path: Path) -> Path | None:
+    """Return the case folder (one holding case.json) that `path` is or lies in, links followed; None if none."""
+    try:
+        real = Path(os.path.realpath(path))
+        return next((folder for folder in (real, *real.parents) if (folder / MANIFEST).is_file()), None)
+    except (OSError, ValueError):
+        return None
+
+
+def output_problem(output: Path, inputs: Sequence[Path], *, device_outputs: bool = False) -> str | None:
+    """Return why bsa must not write `output` (a report file, or a folder it writes into), or None.
+
+    It must not be one of `inputs` (the same file or folder, also through a symbolic or hard link), nor
+    lie inside a case folder, whose files bsa reads; with `device_outputs` (a device's outputs folder)
+    the case folder's outputs/ is where it belongs.
+    """
+    for given in inputs:
+        if _same(output, given):
+            return f"is the input {given} (the same file); bsa never writes over what it reads"
+    case_dir = case_folder_of(output)
+    if case_dir is None:
+        return None
+    inner = Path(os.path.realpath(output)).relative_to(case_dir).parts
+    if device_outputs and inner[:1] == ("outputs",):
+        return None
+    where = "its outputs/ folder" if device_outputs else "another folder"
+    return f"lies inside the case folder {case_dir}, whose files bsa reads; write it in {where}"
+
+
 def find_cases(root: Path) -> list[Path]:
     """Return the case directories under `root` (itself, or its subdirectories holding case.json), sorted.
 

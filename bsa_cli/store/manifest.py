@@ -275,7 +275,7 @@ def expect_record(expect: Expect) -> dict[str, Any]:
 
 def semantics(case: Case) -> dict[str, Any]:
     """Return what the golden assumes where the operator's documentation and kernel differ."""
-    return {
+    record: dict[str, Any] = {
         "interface": interface.RULES_BY_RELEASE[case.release],
         "release": case.release,
         "bnsd_lengths": case.bnsd_lengths,
@@ -283,6 +283,9 @@ def semantics(case: Case) -> dict[str, Any]:
         "q_lengths": list(case.q_lengths()),
         "kv_lengths": list(case.kv_lengths()),
     }
+    if case.copies:  # only then: a case without copies keeps its bytes
+        record["copies"] = [list(pair) for pair in case.copies]
+    return record
 
 
 def sparsity_record(case: Case) -> dict[str, Any]:
@@ -440,6 +443,18 @@ def _check_params(p: Any, sem: Any) -> None:
         raise ValueError(f"semantics.empty_row_lse: {empty!r:.60} is not a number, 'inf', '-inf' or 'nan'")
 
 
+def _copies(raw: Any, batch: Any) -> tuple[tuple[int, int], ...]:
+    """Return `semantics.copies` checked: [copy, source] pairs of distinct batch entries."""
+    if not isinstance(raw, list) or not isinstance(batch, int):
+        raise ValueError("semantics.copies: not a list of [copy, source] pairs")
+    pairs = []
+    for pair in raw:
+        if not (isinstance(pair, list) and len(pair) == 2 and all(type(v) is int and 0 <= v < batch for v in pair)):
+            raise ValueError(f"semantics.copies: {pair!r:.60} is not a pair of batch entries below {batch}")
+        pairs.append((pair[0], pair[1]))
+    return tuple(pairs)
+
+
 def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     """Rebuild the geometry of a case (shapes, lengths, semantics) from its manifest.
 
@@ -481,6 +496,7 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
         ops=(Manifest(manifest).op,),
         inner_precise=forward["inner_precise"],
         softmax_lse_flag=forward["softmax_lse_flag"],
+        copies=_copies(sem.get("copies", []), p["batch"]),
     )
     for lengths in (case.actual_seq_lengths, case.actual_seq_lengths_kv):
         if lengths is not None and any(n < 0 for n in lengths):
@@ -488,7 +504,45 @@ def case_from_manifest(manifest: Mapping[str, Any]) -> Case:
     for what, shape in (("query", case.q_shape), ("key", case.kv_shape), ("mask", case.mask_shape)):
         if math.prod(shape) > MAX_PARAM_ELEMENTS:
             raise ValueError(f"params: {what} of shape {list(shape)} is beyond bsa's limits")
+    _check_geometry(case, Manifest(manifest))
     return case
+
+
+#: Largest finite float32: the operator takes scaleValue as a float.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _check_geometry(case: Case, manifest: Manifest) -> None:
+    """Hold a manifest's case to the rules a spec's is held to (specs/build.py), so that what bsa judges
+    is a case gen could have written: actual lengths within their sequence dimension and a finite scale
+    for every case; a case meant to pass, and not skipped, breaks none of its operator calls' interface
+    rules (a negative case breaks one on purpose; its status alone is judged).
+
+    Raises:
+        ValueError: naming the param and the rule, as `bsa validate` would.
+    """
+    for key, lengths, limit in (
+        ("actual_seq_lengths", case.actual_seq_lengths, case.q_seq_len),
+        ("actual_seq_lengths_kv", case.actual_seq_lengths_kv, case.kv_seq_len),
+    ):
+        if lengths is not None and max(lengths, default=0) > limit:
+            shown = clip(list(lengths), 60)
+            raise ValueError(f"params.{key}: {shown}: a length exceeds the sequence dimension {limit}")
+    if not abs(case.scale) <= FLOAT32_MAX:  # NaN too
+        raise ValueError(f"params.scale: {case.scale} is not a number float32 holds (the operator's scaleValue)")
+    if not case.expect.ok or manifest.skip is not None:
+        return
+    if len(case.block_shape) < 2 or min(case.block_shape) <= 0:
+        raise ValueError(f"params.block_shape: {list(case.block_shape)}: a case expecting status 0 has X, Y > 0")
+    if not manifest.op.is_default:  # the other ops' folders follow `Case.op_expect`, which gen worked out
+        return
+    call = interface.BACKWARD_CALL
+    broken = [*call.undefined_behaviour(case), *(f"{v.key} {v.message}" for v in call.violations(case))]
+    if broken:  # what specs/build.py's _check_interface refuses in a backward case expecting status 0
+        raise ValueError(
+            f"params: {broken[0]}: the backward refuses it or leaves it undefined, yet the case expects status 0 "
+            "(`bsa validate` refuses such a spec)"
+        )
 
 
 def _overrides(manifest: Mapping[str, Any]) -> tuple[TensorOverride, ...]:

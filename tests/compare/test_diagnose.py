@@ -40,8 +40,21 @@ TRUE_KIND = {
     "rows-swapped": "rows-permuted",
     "heads-interleaved": "gqa-head-mapping",
     "dq-scaled-twice": "scale",
+    "lse-row-max": "softmax-lse",
+    "dv-slightly-scaled": "scale",
+    "dk-missing-q-block": "partial-missing",
 }
 """The kind each fault of the reference device is (docs/compare.md, "Diagnosis")."""
+
+
+def named_first(result: compare.CaseResult, kind: str) -> bool:
+    """Whether the first cause is `kind`, or is tied with a cause of `kind` and says the evidence cannot tell
+    them apart (a factor of 1 + 2^-8 below bf16's resolution biases as a rounding path does)."""
+    if not result.diagnosis:
+        return False
+    first = result.diagnosis[0]
+    tied = [c.kind for c in result.diagnosis if c.score == first.score]
+    return first.kind == kind or ("not told apart from" in first.evidence and kind in tied)
 
 
 def test_every_fault_has_a_true_kind_of_the_vocabulary():
@@ -71,7 +84,7 @@ def _confusion(
             result = compare.compare_case(case_dir, output_dir, workers=1)
             top = result.diagnosis[0].kind if result.diagnosis else "-"
             table[(fault, top)] = table.get((fault, top), 0) + 1
-            if result.verdict != compare.FAIL or top != TRUE_KIND[fault]:
+            if result.verdict != compare.FAIL or not named_first(result, TRUE_KIND[fault]):
                 missed.append(
                     f"{case_dir.name} {fault}: {result.verdict}, top {top}: "
                     f"{[(c.kind, c.score) for c in result.diagnosis]}"
@@ -85,7 +98,7 @@ def test_smoke_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
     assert {fault for fault, _ in table} >= set(TRUE_KIND) - {"heads-interleaved"}  # smoke has no N1 > N2 > 1
 
 
-@pytest.mark.slow  # about 70 s: 35 cases, 15 faults
+@pytest.mark.slow  # about 70 s: 35 cases, 18 faults
 def test_edge_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
     table, missed = _confusion(generated_suite, tmp_path, "edge")
     assert missed == []
@@ -195,7 +208,7 @@ def test_explain_prints_every_hypothesis_and_a_pass_gets_none(tmp_path):
     )
     assert failed.exit_code == 1
     lines = failed.output.splitlines()
-    start = lines.index("hypotheses tried (25), best first:")
+    start = lines.index("hypotheses tried (26), best first:")
     tried = lines[start + 1 :]
     assert tried[0].startswith(
         "  [1.00] softmax-lse: P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log: "
@@ -428,7 +441,8 @@ def test_stress_suite_every_fault_names_its_true_kind(generated_suite, tmp_path)
                 assert result.diagnosis == () and fault == "rows-swapped"
             elif (case_dir.name, fault) in STRESS_UNEXPLAINED:
                 unexplained.add((case_dir.name, fault))
-                assert top in ("-", "non-finite"), (case_dir.name, fault, top)  # no wrong cause named
+                # no wrong cause named: values dominated by terms far beyond the golden carry nothing of it
+                assert top in ("-", "non-finite", "no-information"), (case_dir.name, fault, top)
             elif top != TRUE_KIND[fault]:
                 missed.append(f"{case_dir.name} {fault}: top {top}: {[(c.kind, c.score) for c in result.diagnosis]}")
     assert missed == []

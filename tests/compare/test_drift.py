@@ -249,7 +249,10 @@ def test_appeared_cases_do_not_fail(nights, tmp_path):
         ("{", "--baseline {path}: not valid JSON: "),
         ('{"schema": "bsa-run/1"}', "--baseline {path}: schema 'bsa-run/1' is not 'bsa-compare/1'"),
         ('{"schema": "bsa-compare/1", "cases": [{"name": 1}]}', "--baseline {path}: malformed report"),
-        ('{"schema": "bsa-compare/1", "cases": [], "date": "yesterday"}', "--baseline {path}: date 'yesterday' is not"),
+        (
+            '{"schema": "bsa-compare/1", "cases": [], "date": "yesterday"}',
+            "--baseline {path}: malformed report (field 'date': date 'yesterday' is not",
+        ),
         ("[" * 100_000 + "]" * 100_000, "--baseline {path}: not valid JSON"),
         (b"\xff\xfe", "--baseline {path}: not valid JSON"),
     ],

@@ -21,7 +21,7 @@ CLI = "bsa_cli.cli"
 """The command line: the `bsa` group (bsa_cli/cli/__init__.py) and, below it, the command modules and the
 modules they share (common, options, output, progress)."""
 
-COMMAND_MODULES = {f"{CLI}.{name}" for name in ("compare", "export", "gen", "run", "trend")}
+COMMAND_MODULES = {f"{CLI}.{name}" for name in ("compare", "export", "fuzz", "gen", "run", "trend")}
 """Modules that define click commands; the group, `bsa_cli.cli`, adds them to `bsa`."""
 
 COMPARE_ORDER = (
@@ -70,6 +70,7 @@ LAYERS = (
     "gen",
     "report",
     "pipeline",
+    "fuzz",
     "api",
     "pytest_plugin",
     "cli",

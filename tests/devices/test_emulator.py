@@ -15,7 +15,7 @@ from bsa_cli.core.case import Case, numpy_dtype
 from bsa_cli.core.errors import DataError
 from bsa_cli.core.layout import kv_view, lse_view, mask_view, q_view
 from bsa_cli.devices.base import STATUS_FILE
-from bsa_cli.devices.faults import FAULTS, applicable_faults, fault_applies
+from bsa_cli.devices.faults import FAULTS, applicable_faults, fault_applies, fault_site
 from bsa_cli.devices.reference import emulate, emulate_case_dir
 from bsa_cli.store import manifest
 from tests.helpers import case_factory
@@ -356,12 +356,56 @@ def test_scale_rounded_shifts_dq_by_the_scale_rounding_error():
     assert relative_error(faulty["dq"], reference["dq"]) < 10 * TOLERANCE[case.dtype]
 
 
+def test_dv_slightly_scaled_is_dv_times_one_plus_two_to_the_minus_8_and_nothing_else():
+    """The small factor a fuzzer meets (issue 31): dV is 1 + 2^-8 times the clean one, to dV's rounding; dQ and dK
+    are the clean ones bit for bit."""
+    case, tensors = fault_case()
+    clean, faulty = emulate(case, tensors), emulate(case, tensors, "dv-slightly-scaled")
+    assert np.array_equal(faulty["dq"], clean["dq"]) and np.array_equal(faulty["dk"], clean["dk"])
+    f, c = faulty["dv"].astype(np.float64), clean["dv"].astype(np.float64) * (1 + 2**-8)
+    large = np.abs(c) > 1e-2
+    assert np.allclose(f, c, rtol=2.0**-10, atol=1e-3) and abs(float(np.mean(f[large] / c[large])) - 1) < 2.0**-12
+
+
+def test_dk_missing_q_block_changes_only_dk_and_only_where_the_site_block_adds_into_it():
+    """dK leaves out one (query head, query block)'s partials: dQ and dV are the clean ones bit for bit, and dK
+    changes exactly in the kv blocks that pair selects."""
+    case, tensors = fault_case()
+    clean, faulty = emulate(case, tensors), emulate(case, tensors, "dk-missing-q-block")
+    assert np.array_equal(faulty["dq"], clean["dq"]) and np.array_equal(faulty["dv"], clean["dv"])
+    site = fault_site(case, tensors["block_sparse_mask"])
+    assert site is not None
+    y = case.block_shape[1]
+    selected = set(np.flatnonzero(mask_view(case, tensors["block_sparse_mask"], site.span)[site.head, site.q_block]))
+    dk_f, dk_c = (kv_view(case, a, site.span)[site.head // case.group_size] for a in (faulty["dk"], clean["dk"]))
+    moved = {int(j) // y for j in np.flatnonzero((dk_f != dk_c).any(axis=1))}
+    assert moved and moved <= selected
+
+
+def test_lse_row_max_is_the_backward_given_each_rows_largest_score_as_lse():
+    """lse-row-max equals the clean emulation run on an lse replaced by each row's largest scaled score over its
+    selected columns (the forward's running max, the log-sum never added)."""
+    case, tensors = fault_case()
+    q = tensors["query"].astype(np.float64)
+    k = np.repeat(tensors["key"].astype(np.float64), case.group_size, axis=1)
+    x, y = case.block_shape
+    mask = np.repeat(np.repeat(tensors["block_sparse_mask"] != 0, x, axis=2), y, axis=3)
+    mask = mask[:, :, : case.q_seq_len, : case.kv_seq_len]
+    scores = np.where(mask, case.kernel_scale * q @ k.transpose(0, 1, 3, 2), -np.inf).max(axis=3)
+    lse = np.asarray(tensors["softmax_lse"], dtype=np.float32).copy().reshape(scores.shape)
+    lse = np.where(np.isfinite(scores), scores, lse).astype(np.float32)
+    told = emulate(case, {**tensors, "softmax_lse": lse.reshape(np.asarray(tensors["softmax_lse"]).shape)})
+    faulty = emulate(case, tensors, "lse-row-max")
+    for name in GRADS:
+        assert relative_error(faulty[name], told[name].astype(np.float64)) < TOLERANCE[case.dtype], name
+
+
 def changed(faulty: np.ndarray, clean: np.ndarray) -> bool:
     faulty32, clean32 = faulty.astype(np.float32), clean.astype(np.float32)
     return bool(np.any((faulty32 != clean32) | np.isnan(faulty32)))
 
 
-@pytest.mark.parametrize("fault", [f for f in FAULTS if f not in ("tile-noise", "scale-rounded")])
+@pytest.mark.parametrize("fault", [f for f in FAULTS if f not in ("tile-noise", "scale-rounded", "dv-slightly-scaled")])
 def test_every_fault_changes_the_outputs_substantially(fault):
     case, tensors = fault_case()
     assert fault_applies(fault, case, tensors["block_sparse_mask"])

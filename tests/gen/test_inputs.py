@@ -12,6 +12,7 @@ from bsa_cli import inputs
 from bsa_cli.core.case import Distribution, Init, Sparsity
 from bsa_cli.inputs import make_mask, make_tensors, mask_stats
 from tests.helpers import case_factory
+from tests.helpers.cli import invoke
 
 make_case = case_factory(
     name="c",
@@ -130,3 +131,55 @@ def test_tensors_drawn_in_chunks_and_threads_are_the_stream_drawn_in_one_go(
         else:
             whole = generator.standard_normal(size=shape) * dist.std + dist.mean
         assert tensors[name].tobytes() == whole.astype(tensors[name].dtype).tobytes(), name
+
+
+def test_exact_values_are_integers_and_halves_that_both_dtypes_hold_exactly() -> None:
+    exact = Distribution(kind="exact", low=-3.0, high=2.5)
+    for dtype in ("float16", "bfloat16"):
+        tensors = make_tensors(make_case(dtype=dtype, init=Init(query=exact, key=exact, value=exact, dout=exact)))
+        query = tensors["query"].astype(np.float64)
+        assert set(np.unique(query * 2)) == set(range(-6, 6))  # every half in [low, high], none outside
+        key = tensors["key"].astype(np.float64)
+        # The forward's products are exact: scores summed in float32 equal those summed in float64.
+        scores32 = tensors["query"][0, 0].astype(np.float32) @ tensors["key"][0, 0].astype(np.float32).T
+        assert np.array_equal(scores32.astype(np.float64), query[0, 0] @ key[0, 0].T)
+    # The default distribution is drawn as before: a spec without `exact` keeps its bytes.
+    assert make_tensors(make_case())["query"].tobytes() == make_tensors(make_case(init=Init()))["query"].tobytes()
+
+
+EXACT_SPEC = """
+cases:
+  - name: exact
+    layout: BNSD
+    dtype: fp16
+    batch: 1
+    num_heads: 2
+    q_seq_len: 64
+    head_dim: 32
+    block_shape: [32, 32]
+    scale: 0.125
+    init: {distribution: exact, low: -2, high: 2}
+"""
+
+
+def test_exact_inputs_pass_clean_and_show_a_tile_of_kernel_error(tmp_path) -> None:
+    spec = tmp_path / "exact.yaml"
+    spec.write_text(EXACT_SPEC)
+    assert invoke("check", spec, "-o", tmp_path / "out").exit_code == 0
+    planted = invoke("check", spec, "-o", tmp_path / "out", "--fault", "tile-noise")
+    assert planted.exit_code == 1 and "dq worst 16x16 tile RMSE ratio" in planted.output
+
+
+@pytest.mark.parametrize(
+    ("init", "message"),
+    [
+        ("{distribution: exact, low: -2.25}", "key 'init.low': -2.25 is not a half-integer within +-64"),
+        ("{distribution: exact, high: 65}", "key 'init.high': 65 is not a half-integer within +-64"),
+        ("{distribution: exact, row_scale: {low: 1, high: 2}}", "exact values stay exact only without outliers"),
+    ],
+)
+def test_exact_values_refuse_bounds_and_shapes_that_are_not_exact(tmp_path, init: str, message: str) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text(EXACT_SPEC.replace("{distribution: exact, low: -2, high: 2}", init))
+    result = invoke("validate", spec)
+    assert result.exit_code == 2 and message in result.output, result.output

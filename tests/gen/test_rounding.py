@@ -170,13 +170,59 @@ def test_the_benchmark_and_the_reference_device_round_the_backward_half_away_fro
             assert np.abs(values[0][moved] - values[1][moved]).max() <= 2.0**-9 * scale
 
 
-def test_numpy_s_half_cast_is_used_only_where_it_gives_bsa_s_bits(monkeypatch) -> None:
+def edge_sample() -> np.ndarray:
+    """float32 bit patterns where a rounding goes wrong if it does: every pattern within 4 of each float16 and
+    bfloat16 tie and of each value (subnormals, the smallest normals, the overflow edge 65504..65536 whole),
+    zeros, infinities, NaNs with payloads in both signs and both quiet bits, float32 subnormals, and 2**18
+    random patterns."""
+    rng = np.random.default_rng(34)
+    centres = [tie_classes(fmt).view(np.uint32) for fmt in FORMATS]
+    near = np.concatenate([c.astype(np.int64)[:, None] + np.arange(-4, 5) for c in centres]).reshape(-1)
+    edge = np.arange(0x477FE000, 0x47800001)  # 65504 .. 65536, every float32 between
+    nans = rng.integers(1, 1 << 23, 4096) | rng.integers(0, 2, 4096) << 22 | 0x7F800000
+    small = np.arange(0, 1 << 16)  # float32 subnormals
+    specials = np.array([0, 0x7F800000, 0x7F7FFFFF, 0x00800000, 0x33000000, 0x33000001, 0x32FFFFFF])
+    positive = np.concatenate([near, edge, nans, small, specials, rng.integers(0, 1 << 31, 1 << 18)])
+    positive = np.clip(positive, 0, 0x7FFFFFFF).astype(np.uint32)
+    return np.concatenate([positive, positive | np.uint32(0x80000000)])
+
+
+@pytest.mark.parametrize("ties", ["even", "away"])
+@pytest.mark.parametrize("fmt", ["float16", "bfloat16"])
+def test_the_same_bits_as_the_rounding_of_bc5c210_on_the_edges(fmt: str, ties: str) -> None:
+    """Today's vectorized rounding gives the bits bc5c210's did (benchmarks/perf.py checks all 2**32 patterns)."""
+    from tests import rounding_bc5c210 as before
+
+    values = edge_sample().view(np.float32)
+    with np.errstate(all="ignore"):
+        want = before.round_float32(values, DTYPE[fmt], ties).view(np.uint32)
+        got = round_float32(values, DTYPE[fmt], ties).view(np.uint32)
+        assert np.array_equal(got, want), f"{(got != want).sum()} differ, first {values[got != want][:3]}"
+        for source in (values, values.astype(np.float64)):
+            want = before.to_dtype(source, DTYPE[fmt], ties).view(np.uint16)
+            got = to_dtype(source, DTYPE[fmt], ties).view(np.uint16)
+            assert np.array_equal(got, want), f"{source.dtype}: {(got != want).sum()} differ"
+        in_place = values.copy()
+        assert round_float32(in_place, DTYPE[fmt], ties, out=in_place) is in_place
+        assert np.array_equal(in_place.view(np.uint32), round_float32(values, DTYPE[fmt], ties).view(np.uint32))
+
+
+def test_a_rounding_that_misses_ties_or_the_overflow_edge_is_caught(monkeypatch) -> None:
+    """The comparison above fails on a rounding a little wrong: ties to even where away is asked, or no inf."""
     from bsa_cli.core import rounding
 
-    assert rounding._numpy_half_cast_is_bsa_s()  # this NumPy's float64 -> float16 cast is bsa's rule
-    exponents = np.random.default_rng(8).integers(-26, 17, 300_000)
-    values = np.random.default_rng(9).standard_normal(300_000) * 2.0**exponents
-    fast = to_dtype(values, FLOAT16).view(np.uint16)
-    monkeypatch.setattr(rounding, "_numpy_half_cast_is_bsa_s", lambda: False)  # as with a NumPy that differs
-    own = to_dtype(values, FLOAT16).view(np.uint16)
-    assert np.array_equal(fast, own)
+    values = edge_sample().view(np.float32)
+    with np.errstate(all="ignore"):
+        right = rounding.round_float32(values, FLOAT16, "away").view(np.uint32)
+        wrong_ties = rounding._MAGIC32.round(values, "even").view(np.uint32)
+        monkeypatch.setattr(rounding, "_FLOAT16_INF_FROM", 1e9)
+        wrong_edge = rounding.round_float32(values, FLOAT16, "away").view(np.uint32)
+    assert not np.array_equal(right, wrong_ties) and not np.array_equal(right, wrong_edge)
+
+
+def test_largest_finite_values_without_ml_dtypes() -> None:
+    from bsa_cli.core.rounding import largest
+
+    for fmt in FORMATS:
+        assert largest(fmt) == largest(DTYPE[fmt]) == float(ml_dtypes.finfo(DTYPE[fmt]).max)
+    assert largest("float32") == float(np.finfo(np.float32).max)

@@ -904,10 +904,30 @@ def _twin_folders(box: Sandbox) -> list[str]:
 
 ROUND2_NAMES = [
     # ---- item 8: reports are checked against their schema ----
-    Trial("merge-verdict-lol", _judged_report(_verdict("lol")), 2, "has the verdict 'lol'"),
-    Trial("merge-verdict-lowercase", _judged_report(_verdict("pass")), 2, "has the verdict 'pass'"),
-    Trial("merge-verdict-empty", _judged_report(_verdict("")), 2, "has the verdict ''"),
-    Trial("baseline-verdict-lol", _judged_report(_verdict("lol"), "baseline"), 2, "has the verdict 'lol'"),
+    Trial(
+        "merge-verdict-lol",
+        _judged_report(_verdict("lol")),
+        2,
+        "verdict: expected one of PASS, FAIL, ERROR, SKIP, got 'lol'",
+    ),
+    Trial(
+        "merge-verdict-lowercase",
+        _judged_report(_verdict("pass")),
+        2,
+        "verdict: expected one of PASS, FAIL, ERROR, SKIP, got 'pass'",
+    ),
+    Trial(
+        "merge-verdict-empty",
+        _judged_report(_verdict("")),
+        2,
+        "verdict: expected one of PASS, FAIL, ERROR, SKIP, got ''",
+    ),
+    Trial(
+        "baseline-verdict-lol",
+        _judged_report(_verdict("lol"), "baseline"),
+        2,
+        "verdict: expected one of PASS, FAIL, ERROR, SKIP, got 'lol'",
+    ),
     Trial(
         "merge-output-bytes-text",
         _judged_report(lambda d: d["cases"][0].update(output_bytes="12")),

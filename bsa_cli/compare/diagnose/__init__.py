@@ -21,12 +21,13 @@ files, no printing.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import numpy as np
 
 from ...core.case import Case
+from ...core.layout import kv_view, q_view
 from ...store.manifest import GRAD_NAMES
 from ..results import DIAGNOSIS_KINDS, Cause, Check, TensorResult
 from . import hypotheses, patterns
@@ -35,7 +36,7 @@ from .findings import Diagnosis, Findings, Search, Trial, named, not_tried, scor
 from .hypotheses import VARIANTS, Context, Target, Variant, applies, recompute
 from .placement import PLACED, layout, length_boundary, rows_permuted
 from .scoring import MAX_TARGETS, SAMPLED, Blocks, Rows, gather_blocks
-from .views import Arrays
+from .views import Arrays, Spans
 
 #: Kinds of the vocabulary this module never names yet.
 UNTESTED_KINDS: tuple[str, ...] = ()
@@ -102,6 +103,9 @@ def diagnose(
     found += unwritten
     if unwritten.causes and all(_structural_only(t) for t in failing):
         return found.ranked()
+    blank = patterns.no_information(_judged(case, failing, device, golden, spans))
+    if blank.causes:  # nothing to fit a cause to
+        return (found + blank).ranked()
     bias_only = all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing)
     blocks = gather_blocks(case, ctx, tensors, device, golden, benchmark, 4 * MAX_TARGETS if bias_only else MAX_TARGETS)
     if bias_only:
@@ -124,6 +128,12 @@ def _explained(f: _Failure, found: Findings) -> Findings:
     local_found = rows_permuted(f.case, f.blocks, f.golden, f.ctx.spans)
     local_found += patterns.tile_local(f.case, f.blocks) + patterns.piece_local(f.case, f.blocks)
     local = next((c for c in local_found.causes if c.score >= LOCAL), None)
+
+    def unrelated() -> Findings:  # values unrelated to the golden (whole tensors: asked only where it matters)
+        return patterns.no_information(_judged(f.case, f.failing, f.device, f.golden, f.ctx.spans), correlation=True)
+
+    if local is not None and unrelated().causes:  # values unrelated to the golden everywhere are no local error
+        local, local_found = None, Findings((), local_found.tried)
     found += local_found
     # A named constant factor (the scale missing, doubled; the sign flipped): cheap, fitted first. Its cause
     # is kept for after the recomputed hypotheses (lse in base 2 or ignored, with lse the same in every row,
@@ -157,11 +167,28 @@ def _explained(f: _Failure, found: Findings) -> Findings:
         left = [(k, s) for k, s in _PATTERNS if not any(h.supposes == s for h in found.tried)]
         return found + not_tried(left, f"not tried: '{explained}' already explains the error")
     found += fit
+    # values unrelated to the golden (placements ruled out above: a transposed tensor is unrelated too)
+    blank = unrelated()
+    if blank.causes:  # nothing fitted or placed explains them: their causes so far fit noise
+        found = Findings(tuple(c for c in found.causes if c.kind == "non-finite"), found.tried)
+        return found + blank + not_tried(_PATTERNS, f"not tried: {patterns.NO_INFORMATION}")
     share, fitted = contributions_fit(f.ctx, f.blocks) if factor < EXPLAINED else (0.0, Findings())
     found += fitted
     if share >= EXPLAINED:
         return found + not_tried(_PATTERNS, "not tried: the fitted block pairs already explain the error")
-    return found + _patterns(f)
+    return _not_told_apart(found + _patterns(f))
+
+
+def _not_told_apart(found: Findings) -> Findings:
+    """Blocks left zero whose only pair the other gradients take (`contributions._empty_sum`): not-written and
+    partial-missing read the same, so not-written (first, as the pattern that needs no fit) says so too."""
+    missing = next((c for c in found.causes if c.kind == "partial-missing" and "not-written" in c.evidence), None)
+    unwritten = max((c for c in found.causes if c.kind == "not-written"), key=lambda c: c.score, default=None)
+    if missing is None or unwritten is None:
+        return found
+    note = " (not told apart from partial-missing: a sum skipping those blocks' only pair reads the same)"
+    tied = (replace(unwritten, evidence=unwritten.evidence + note), replace(missing, score=unwritten.score))
+    return Findings((*tied, *(c for c in found.causes if c not in (unwritten, missing))), found.tried)
 
 
 def _variants(f: _Failure, search: Search, local: Cause | None, factor: float) -> Iterator[Variant]:
@@ -316,7 +343,25 @@ def _bounded(
 def _gives_a_factor(v: Variant) -> bool:
     """Whether a hypothesis can make a gradient a constant factor off: lse misread (P scaled row by row, by
     one factor where lse is the same in every row), or part of a GQA group summed (heads alike)."""
-    return bool(v.lse or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
+    # lse read as the row's max scales each row by its own softmax sum: no one factor
+    return bool(v.lse not in ("", "row-max") or v.lse_factor != 1.0 or v.lse_offset != 0.0 or v.group)
+
+
+def _judged(
+    case: Case, failing: Sequence[TensorResult], device: Arrays, golden: Arrays, spans: Spans
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each failing tensor's (device, golden) values at the positions its batch entries hold (no padding)."""
+    values = {}
+    for result in failing:
+        view = q_view if result.name == "dq" else kv_view
+        dev, gold = (
+            [view(case, np.asarray(a[result.name]), s).reshape(-1) for s in spans.values()] for a in (device, golden)
+        )
+        values[result.name] = (
+            np.concatenate(dev) if dev else np.zeros(0),
+            np.concatenate(gold) if gold else np.zeros(0),
+        )
+    return values
 
 
 def _structural_only(result: TensorResult) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .findings import Findings, scored, tried
+from .findings import Findings, named, scored, tried
 from .hypotheses import NULL, Context, Pair, Target, partial
 from .scoring import Blocks
 
@@ -107,11 +107,15 @@ def fit_block(ctx: Context, blocks: Blocks, target: Target) -> Fit | str:
         dev, noise = dev[some], noise * some.size / dev.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
         parts = np.stack([partial(ctx, p, target.tensor, some) for p in pairs])  # [n, rows, D]
-    if not np.isfinite(parts).all():
-        return f"{target.words()}: a candidate's partial overflows, not fitted"
-    flat = parts.reshape(len(pairs), -1)
     mask = ctx.mask("", target.batch)
     selected = np.array([bool(mask[p.head, p.q_block, p.kv_block]) for p in pairs])
+    finite = np.isfinite(parts).reshape(len(pairs), -1).all(axis=1)
+    if not finite[selected].all():
+        return f"{target.words()}: a selected pair's partial overflows, not fitted"
+    # a pair the mask does not select that overflows (a row selecting nothing, its lse -inf) is no candidate:
+    # a device adding it would hold NaN/Inf, and this block holds none
+    pairs, parts, selected = [p for p, f in zip(pairs, finite, strict=True) if f], parts[finite], selected[finite]
+    flat = parts.reshape(len(pairs), -1)
     coef, *_ = np.linalg.lstsq(flat.T, dev.reshape(-1), rcond=None)
     strong = (flat * flat).sum(axis=1) >= STRONG * noise
     read = np.round(coef)
@@ -178,7 +182,8 @@ def _words(pairs: tuple[Pair, ...], limit: int = 2) -> str:
 def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
     """Fit the failing target blocks as sums of whole block pairs; name the pairs a misread selection adds
     or leaves out (block-selection; tail-block when only partial last blocks are left out; gqa-group-sum
-    when dq is right and whole query heads are left out of their group's dK/dV). Returns the share of the
+    when dq is right and whole query heads are left out of their group's dK/dV; partial-missing when only dK or
+    only dV leaves pairs out, the other gradients right). Returns the share of the
     excess error explained (0 when ruled out), and the findings."""
     supposes = "the selection read wrongly in some other way: pairs added or left out (fitted per block)"
     fits: list[Fit] = []
@@ -190,6 +195,11 @@ def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
         elif fitted.added or fitted.left_out:
             fits.append(fitted)
     if fits and all(_left_empty(blocks, f.target) for f in fits):  # nothing written: not a misreading
+        tensors = {f.target.tensor for f in fits}
+        sources = {(p.batch, p.head, p.q_block) for f in fits for p in f.left_out}
+        alone = all(len(f.left_out) == 1 for f in fits) and len(sources) == 1  # each block's one pair, one source
+        if alone and "dq" not in blocks.failing and len(tensors) == 1 and not set(blocks.failing) - tensors:
+            return 0.0, _empty_sum(blocks, fits, next(iter(tensors)))
         reason = "every block the fit reads differently is left zero, or near (not-written's, or a factor's)"
         return 0.0, tried("block-selection", supposes, 0.0, f"ruled out: {reason}")
     if not fits:
@@ -212,12 +222,51 @@ def contributions_fit(ctx: Context, blocks: Blocks) -> tuple[float, Findings]:
     return (share if share >= 0.5 else 0.0), scored(kind, supposes, share, text, blocks.failing, where, evidence=text)
 
 
+def _empty_sum(blocks: Blocks, fits: list[Fit], tensor: str) -> Findings:
+    """One gradient's blocks left zero whose only pair (the same query block in each) the other gradients
+    take: never written there, or its sum skipping that query block's partials; the outputs cannot tell
+    which (`not-written`'s score, 0.8; `diagnose` says so in not-written's words too)."""
+    left_out = tuple(dict.fromkeys(p for f in fits for p in f.left_out))
+    name = {"dk": "dK", "dv": "dV"}[tensor]
+    where = tuple(f.target.words() for f in fits)[:3]
+    text = (
+        f"{name} leaves out selected pairs {_words(left_out)} (dQ and {'dV' if tensor == 'dk' else 'dK'} take them), "
+        f"the only ones of the blocks it leaves zero ({where[0]}): not told apart from not-written (the blocks "
+        f"never written), which reads the same"
+    )
+    supposes = "one gradient's sum leaving out pairs the others take"
+    return named("partial-missing", supposes, 0.8, text, (tensor,), where, verb="fits")
+
+
+def _one_sum(tensor: str, left_out: tuple[Pair, ...]) -> str:
+    """How to say that one gradient's sum (dK or dV) leaves out pairs the others take: as one (query head,
+    query block) skipped, or, for one pair in one kv block, not told apart from a lost update of its add."""
+    name = {"dk": "dK", "dv": "dV"}[tensor]
+    other = "dV" if tensor == "dk" else "dK"
+    sources = {(p.batch, p.head, p.q_block) for p in left_out}
+    if len(left_out) == 1:
+        return (
+            f"{name} alone leaves out one pair's partial ({other} and dQ take it): not told apart from a lost update "
+            f"of {name}'s add (accumulation-race), which repeated runs (--repeat) would show"
+        )
+    if len(sources) == 1:
+        batch, head, block = next(iter(sources))
+        return (
+            f"{name} leaves out the partials of batch {batch} query head {head} query block {block} in every kv block "
+            f"it selects ({other} and dQ take them: the selection is read right, {name}'s sum skips them)"
+        )
+    return f"{name} alone leaves out the partials of selected pairs ({other} and dQ take them)"
+
+
 def _kind(
     ctx: Context, blocks: Blocks, fits: list[Fit], added: tuple[Pair, ...], left_out: tuple[Pair, ...]
 ) -> tuple[str | None, str]:
     """The kind the fitted pairs point to and how to say it (None: a lost update, the race pattern's)."""
     kv_only = "dq" not in blocks.failing
     blocks_hit = {(f.target.batch, f.target.head, f.target.block) for f in fits}
+    tensors = {f.target.tensor for f in fits}
+    if kv_only and not added and len(tensors) == 1 and not set(blocks.failing) - tensors:
+        return "partial-missing", _one_sum(next(iter(tensors)), left_out)
     if kv_only and not added and len(blocks_hit) <= 2 and all(len(f.left_out) <= 1 for f in fits):
         return None, "one pair's partial missing in a shared kv block"
     if not added and all(_tail(ctx, p) for p in left_out):

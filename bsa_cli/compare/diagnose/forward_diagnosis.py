@@ -41,7 +41,7 @@ from .findings import Diagnosis, Findings, Kind, Search, Trial, named, not_tried
 from .forward_hypotheses import FORWARD_VARIANTS, ForwardContext, QBlock, Scorer, Side, per_entry, recompute_forward
 from .forward_patterns import FORWARD_PATTERNS, LOCAL, predicts_unwritten
 from .hypotheses import Variant, applies, changed_blocks
-from .patterns import never_written
+from .patterns import NO_INFORMATION, never_written, no_information
 from .views import Arrays, falls
 
 #: Failing query blocks recomputed (the worst by excess error, out and lse together).
@@ -55,7 +55,7 @@ SCREENED = 0.3
 
 
 #: Kinds only a backward's gradients can show (dK/dV's group sum, Dsum, the atomic adds).
-GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race")
+GRADIENT_KINDS = ("gqa-group-sum", "softmax-grad", "accumulation-race", "partial-missing")
 
 #: The kinds of the vocabulary the forward's diagnosis can name: all but the gradients' and the pair's.
 FORWARD_KINDS = tuple(k for k in DIAGNOSIS_KINDS if k not in (*GRADIENT_KINDS, *PAIR_CAUSES))
@@ -75,6 +75,7 @@ class _Failure:
     excess: dict[QBlock, float]
     out_excess: dict[QBlock, float]
     targets: list[QBlock]
+    values: dict[str, tuple[np.ndarray, np.ndarray]]  # the failing outputs' written rows: (device, golden)
 
     @property
     def any_left(self) -> bool:
@@ -135,6 +136,10 @@ def diagnose_forward(
     if prefilled:
         found += forward_patterns.written_alone(fcase, tensors, checks, arrays, written)
     found += never_written(failing)
+    values = {n: (arrays[n][written], gold[n][written]) for n in names}  # the rows the forward writes
+    blank = no_information(values)
+    if blank.causes:  # nothing to fit a cause to
+        return (found + blank).ranked()
     if failing and all(all(c.passed or c.name == "bias" for c in t.checks) for t in failing):
         detail = "; ".join(c.detail for t in failing for c in t.checks if not c.passed)
         return (found + named("precision-bias", "a systematic relative bias alone", 1.0, detail, names)).ranked()
@@ -151,7 +156,7 @@ def diagnose_forward(
     blocks = forward_hypotheses.query_blocks(ctx, written)
     excess, out_excess = forward_hypotheses.block_excess(scorer, blocks)
     targets = sorted((b for b in blocks if excess[b] > 0), key=lambda b: -excess[b])[:MAX_TARGETS]
-    f = _Failure(ctx, names, scorer, written, left, blocks, excess, out_excess, targets)
+    f = _Failure(ctx, names, scorer, written, left, blocks, excess, out_excess, targets, values)
     if not targets:
         return _unwritten_only(f, found).ranked()
     return _explained(f, found, arrays["out"] if "out" in arrays else None, gold.get("out"), benchmark).ranked()
@@ -191,6 +196,14 @@ def _explained(
     local += forward_patterns.tile_local(f.ctx.case, f.scorer, side, f.blocks, f.out_excess)
     if best < EXPLAINED:
         local += forward_patterns.layout(f.ctx.case, out, gold, benchmark, f.written)
+        # values unrelated to the golden everywhere (placements ruled out: a transposed out is unrelated too):
+        # no fit or local pattern (rows matched by chance among tiny values) is a cause of them
+        if not any(c.score >= EXPLAINED for c in local.causes if c.kind == "layout"):
+            blank = no_information(f.values, correlation=True)
+            if blank.causes:
+                found = Findings(tuple(c for c in found.causes if c.kind in ("non-finite", "not-written")), found.tried)
+                reason = f"not tried: {NO_INFORMATION}"
+                return found + Findings((), local.tried) + blank + not_tried(FORWARD_PATTERNS, reason)
         local += forward_patterns.accumulation(f.ctx, f.blocks, f.excess)
     causes = local.causes
     moved = max((c.score for c in causes if c.kind in ("rows-permuted", "length-boundary")), default=0.0)
@@ -198,7 +211,11 @@ def _explained(
         causes = tuple(replace(c, score=min(c.score, 0.9 * moved)) if c.kind == "tile-local" else c for c in causes)
     if best >= EXPLAINED:  # a hypothesis that explains the values outranks where the errors are
         causes = tuple(replace(c, score=min(c.score, 0.8 * best)) for c in causes)
-    return found + Findings(causes, local.tried)
+    found += Findings(causes, local.tried)
+    laid = max((c for c in causes if c.kind == "layout"), key=lambda c: c.score, default=None)
+    if laid is not None and laid.score >= EXPLAINED:  # the values are right, at the wrong place: NaN/Inf follow
+        found = found.follows("non-finite", "layout", 0.9, exact=True)
+    return found
 
 
 def _why_not(f: _Failure, search: Search) -> Callable[[Variant], str | None]:
@@ -229,7 +246,7 @@ def _test(f: _Failure) -> Callable[[Variant], Trial]:
         changed = [b for b in changed if b not in targets and b not in controls]
         blocks = [*targets, *controls, *changed]
         values.update({target: f.pick(*recompute_forward(ctx, v, target)) for target in blocks[1:]})
-        share, ratios = scorer.explained(blocks, values)
+        share, ratios = scorer.explained(blocks, values, each=f.names)
         text = f"under the hypothesis, {falls(ratios, f.names)}"
         tensors = tuple(n for n in f.names if n in ratios) or tuple(f.names)
         symptom = share >= EXPLAINED and bool(v.mask) and f.any_left

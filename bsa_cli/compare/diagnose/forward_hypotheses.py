@@ -226,17 +226,24 @@ class Scorer:
         return sum(max(e / n - 1.0, 0.0) for e, n in energies.values())
 
     def explained(
-        self, targets: Sequence[QBlock], values: Values, some: Some = None
+        self, targets: Sequence[QBlock], values: Values, some: Some = None, each: Sequence[str] = ()
     ) -> tuple[float, dict[str, tuple[float, float]]]:
         """(share of the excess error removed, each side's error in benchmark units under the hypothesis and
-        without it); of the targets' rows `some` (a block's: the values are of those rows)."""
+        without it); of the targets' rows `some` (a block's: the values are of those rows). With `each` (the
+        failing sides), the share is at most each of theirs: a hypothesis explains the error only when it
+        explains every failing side's (lse fitted while out's error stays as it was explains nothing)."""
         null = self._energies(targets, None, some)
         hyp = self._energies(targets, values, some)
         null_excess = self._excess(null)
         if null_excess <= 0:
             return 0.0, {}
         ratios = {n: (math.sqrt(hyp[n][0] / hyp[n][1]), math.sqrt(null[n][0] / null[n][1])) for n in hyp}
-        return share_of(self._excess(hyp), null_excess), ratios
+        share = share_of(self._excess(hyp), null_excess)
+        for name in each:
+            side_null = self._excess({name: null[name]}) if name in null else 0.0
+            if side_null > 0:
+                share = min(share, share_of(self._excess({name: hyp[name]}), side_null))
+        return share, ratios
 
 
 def per_entry(case: Case, array: np.ndarray, spans: Spans, lse: bool) -> dict[int, np.ndarray]:

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...core.case import Case, numpy_dtype
+from ...core.case import Case
 from ...core.layout import lse_view
 from ..forward import PREFILL_BITS
 from ..results import Cause, Check, Hypothesis, TensorResult
+from . import placement
 from .findings import Findings, Kind, named, tried
 from .forward_hypotheses import ForwardContext, QBlock, Scorer, Side
 from .hypotheses import Variant
@@ -85,7 +86,7 @@ def fits(
             golds = [scorer.block(other, target)[1] for other in scorer.sides]
             golds[index] = factor * golds[index] + offset
             values[target] = tuple(g[:, 0] if o.name == "lse" else g for o, g in zip(scorer.sides, golds, strict=True))
-        share, ratios = scorer.explained(scored, values)
+        share, ratios = scorer.explained(scored, values, each=names)
         text = f"{words}: {falls(ratios, names)}"
         if share >= 0.9:
             found += named(
@@ -314,20 +315,22 @@ def _local(supposes: str, share: float, text: str, where: tuple[str, ...]) -> Fi
 
 
 def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | None, written: np.ndarray) -> Findings:
-    """layout: out read as another 16-bit dtype's bits, or with S and N (BNSD) / T and N (TND) swapped."""
-    dev = dev.reshape(case.q_shape)
+    """layout: out's bytes read as the backward's gradients are (`placement.readings`): as the other 16-bit
+    dtype's bits, or in another axis order (BNSD: written BSND, S and N read transposed, BNDS, NBSD; TND:
+    written NTD, T and N read transposed, TDN)."""
+    dev = np.ascontiguousarray(dev.reshape(case.q_shape))
     d = case.head_dim
+    index = np.arange(dev.size).reshape(dev.shape)
     readings: list[tuple[str, np.ndarray]] = []
-    if dev.dtype.itemsize == 2:
-        other = "float16" if case.dtype == "bfloat16" else "bfloat16"
-        readings.append((f"out's bits read as {other}", dev.view(numpy_dtype(other))))
-    flat = np.ascontiguousarray(dev).reshape(-1)
-    if case.layout == "TND":
-        t, n, _ = case.q_shape
-        readings.append(("out written [N, T, D] (T and N swapped)", flat.reshape(n, t, d).transpose(1, 0, 2)))
-    else:
-        b, n, s, _ = case.q_shape
-        readings.append(("out written [B, S, N, D] (BSND, not BNSD)", flat.reshape(b, s, n, d).transpose(0, 2, 1, 3)))
+    found = Findings()
+    for supposes, read in placement.readings(case):
+        if "bits" in supposes:
+            if dev.dtype.itemsize != 2:
+                continue
+        elif np.array_equal(read(index), index):
+            found += tried("layout", f"out {supposes}", 0.0, "not tried: the same reading in this case")
+            continue
+        readings.append((f"out {supposes}", read(dev)))
     picked = np.flatnonzero(written.reshape(-1))  # the written rows, at most LAYOUT_ROWS evenly spread
     if picked.size > LAYOUT_ROWS:
         picked = picked[np.linspace(0, picked.size - 1, LAYOUT_ROWS).astype(np.int64)]
@@ -342,7 +345,6 @@ def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | No
         bench = rows_of(np.asarray(benchmark["out"]).reshape(case.q_shape))
         noise = float(np.where(rows, (bench - gold64) ** 2, 0.0).sum())
     noise = max(noise, noise_floor(case, float(np.where(rows, gold64 * gold64, 0.0).sum())))
-    found = Findings()
     with np.errstate(invalid="ignore", over="ignore"):
         base = rows_of(dev)
         null = float(np.where(rows & np.isfinite(base), (base - gold64) ** 2, 0.0).sum())
@@ -352,7 +354,8 @@ def layout(case: Case, dev: np.ndarray, gold: np.ndarray, benchmark: Arrays | No
             usable = rows & np.isfinite(value)
             energy = float(np.where(usable, (value - gold64) ** 2, 0.0).sum())
             coverage = usable.sum() / max(int(rows.sum()), 1)
-            share = 0.0 if null_excess <= 0 else max(0.0, 1.0 - max(energy / noise - 1.0, 0.0) / null_excess) * coverage
+            share = 0.0 if null_excess <= 0 else max(0.0, 1.0 - max(energy / noise - 1.0, 0.0) / null_excess)
+            share = float(share * coverage)
             text = f"read so, out's error is {math.sqrt(energy / noise):.3g}x the benchmark's "
             text += f"(from {math.sqrt(null / noise):.3g}x)"
             if share >= 0.5:

@@ -37,7 +37,8 @@ class Variant:
     mask: MaskReading = ""
     heads: Literal["", "interleaved", "next"] = ""
     group: Literal["", "first", "not-last"] = ""
-    lse: Literal["", "base2", "ignored", "no-max"] = ""  # ignored: the backward's reading; no-max: the forward's
+    # ignored, row-max (each row's largest score in lse's place): the backward's readings; no-max: the forward's
+    lse: Literal["", "base2", "ignored", "row-max", "no-max"] = ""
     dsum: Literal["", "none", "negated"] = ""
     scale: Literal["", "rounded", "missing", "twice"] = ""
     stacks: Literal["", "no-rescale", "off-by-one"] = ""  # the forward's online softmax
@@ -75,6 +76,11 @@ VARIANTS = (
     Variant("gqa-group-sum", "dK/dV leave out the last query head of each GQA group", group="not-last"),
     Variant("softmax-lse", "P recomputed as exp2(S log2(e) - lse): lse read as a base-2 log", lse="base2"),
     Variant("softmax-lse", "P recomputed as exp(S): lse ignored", lse="ignored"),
+    Variant(
+        "softmax-lse",
+        "P recomputed as exp(S - max S): lse read as each row's largest score (the log-sum term never added)",
+        lse="row-max",
+    ),
     Variant("softmax-grad", "Dsum omitted: dS = P dP", dsum="none"),
     Variant("softmax-grad", "Dsum added instead of subtracted: dS = P (dP + Dsum)", dsum="negated"),
     Variant("scale", "scaleValue held in the case dtype (scores, dQ and dK)", scale="rounded"),
@@ -155,6 +161,21 @@ class Context(Reading):
             held = self.shared.put(key, query @ key_rows.T, dout @ value_rows.T)
         return held
 
+    def row_max(self, v: Variant, pair: Pair, kv_head: int, q_some: Some) -> np.ndarray:
+        """Each row's largest scaled score over the kv blocks the variant selects for its query block (rows
+        `q_some`), [rows, 1]: the lse-row-max reading's lse (the row's own lse where it selects nothing)."""
+        rows = None if q_some is None else q_some.tobytes()
+        key = ("row-max", v.mask, self.scale(v), pair.batch, pair.head, pair.q_block, kv_head, rows)
+        held = self.shared.get(key)
+        if held is None:
+            found = self.block_rows("lse", pair.batch, pair.head, pair.q_block, q_some).copy()
+            best = np.full(found.shape, -np.inf)
+            for j in np.flatnonzero(self.mask(v.mask, pair.batch)[pair.head, pair.q_block]):
+                product, _ = self.products(replace(pair, kv_block=int(j)), kv_head, q_some, None)
+                best = np.maximum(best, self.scale(v) * product.max(axis=1))
+            held = self.shared.put(key, np.where(np.isfinite(best), best, found)[:, None])
+        return held[0]
+
     def in_sum(self, variant: Variant, head: int) -> bool:
         member = head % self.case.group_size
         return {"first": member == 0, "not-last": member != self.case.group_size - 1}.get(variant.group, True)
@@ -210,6 +231,8 @@ def score_grads(
         probs = np.exp2(scores * LOG2E - lse)
     elif v.lse == "ignored":
         probs = np.exp(scores)
+    elif v.lse == "row-max":
+        probs = np.exp(scores - ctx.row_max(v, pair, kv_head, q_some))
     else:  # fitted: lse_factor lse + lse_offset (1 lse + 0 exactly lse)
         probs = np.exp(scores - (v.lse_factor * lse + v.lse_offset))
     dsum = ctx.block_rows("dsum", pair.batch, pair.head, pair.q_block, q_some)[:, None]

@@ -8,7 +8,7 @@ column accumulates, a constant factor. (Rows that equal golden rows elsewhere: `
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -72,16 +72,137 @@ def never_written(failing: Sequence[TensorResult]) -> Findings:
     return named("not-written", "an output never written", 1.0, text, zero)
 
 
+#: Per dtype: the smallest normal magnitude and the largest finite one (values below the first are
+#: subnormal; a tensor all at the second is saturated).
+_RANGE = {
+    "float16": (2.0**-14, 65504.0),
+    "bfloat16": (2.0**-126, 3.3895313892515355e38),
+    "float32": (2.0**-126, 3.4028234663852886e38),
+}
+#: Elements a tensor needs for its correlation with the golden to say anything.
+UNCORRELATED_MIN = 256
+#: A tensor whose values correlate with the golden's less than this (in magnitude) carries no information
+#: about it: random values of any size give about 1/sqrt(n), a wrong kernel's values a real share.
+UNCORRELATED = 0.05
+
+NO_INFORMATION = "the outputs carry no information about the golden (constant, degenerate or random values)"
+
+
+def no_information(values: Mapping[str, tuple[np.ndarray, np.ndarray]], correlation: bool = False) -> Findings:
+    """no-information: failing tensors whose values say nothing about the golden, so that no cause is fitted
+    to them: one value everywhere (not zero: `never_written`'s), every value subnormal or at the dtype's
+    largest finite magnitude, or (with `correlation`, once placements are ruled out: a transposed tensor is
+    uncorrelated too) values uncorrelated with the golden. `values`: per tensor (device, golden), the
+    judged elements. Named (score 1) when every tensor of `values` is so."""
+    words = []
+    for name, (device, golden) in values.items():
+        why = _uninformative(np.asarray(device), np.asarray(golden), correlation)
+        if why is None:
+            return Findings()
+        words.append(f"{name} {why}")
+    if not words:
+        return Findings()
+    text = f"{'; '.join(words)}: nothing about the golden to fit a cause to"
+    return named("no-information", NO_INFORMATION, 1.0, text, list(values), verb="fits")
+
+
+#: Evenly spread elements a tensor is first read on (the whole tensor only when they look degenerate), and
+#: its correlation with the golden measured on (about 0.004 of noise).
+NO_INFORMATION_SAMPLE = 1 << 16
+
+
+def _uninformative(device: np.ndarray, golden: np.ndarray, correlation: bool) -> str | None:
+    """Why a tensor's values carry no information about its golden, or None. Read on `NO_INFORMATION_SAMPLE`
+    evenly spread elements first: values of several magnitudes there end the degenerate checks."""
+    tiny, big = _RANGE.get(device.dtype.name, (0.0, math.inf))
+    step = max(1, device.size // NO_INFORMATION_SAMPLE)
+    some = np.asarray(device.reshape(-1)[::step], dtype=np.float64)
+    magnitude = np.abs(some[np.isfinite(some)])
+    if (
+        magnitude.size >= 2
+        and magnitude.max() >= tiny
+        and magnitude.min() < big / 2
+        and np.ptp(some[np.isfinite(some)]) > 0
+    ):
+        return _uncorrelated(device.reshape(-1)[::step], golden.reshape(-1)[::step]) if correlation else None
+    dev, gold = device.reshape(-1), golden.reshape(-1)
+    usable = np.isfinite(dev) & np.isfinite(gold)
+    if not usable.all():
+        dev, gold = dev[usable], gold[usable]
+    if dev.size < 2:
+        return None
+    g_lo, g_hi = float(gold.min()), float(gold.max())
+    if g_lo == g_hi or not np.any((gold > g_lo) & (gold < g_hi)):  # a golden of two values or fewer
+        return None
+    lo, hi = float(dev.min()), float(dev.max())
+    if lo == hi:
+        if lo == 0:
+            return None  # all zero: never_written's
+        what = ", subnormal" if abs(lo) < tiny else ", the dtype's largest finite magnitude" if abs(lo) >= big else ""
+        return f"holds one value everywhere ({lo:.4g}{what})"
+    if max(abs(lo), abs(hi)) < tiny and max(abs(g_lo), abs(g_hi)) >= tiny:
+        return f"holds only subnormal values and zeros (at most {max(abs(lo), abs(hi)):.3g})"
+    if (lo >= big / 2 or hi <= -big / 2 or float(np.abs(dev).min()) >= big / 2) and math.isfinite(big):
+        return f"holds only values at the dtype's largest magnitude ({max(abs(lo), abs(hi)):.4g})"
+    return _uncorrelated(dev[::step], gold[::step]) if correlation else None
+
+
+def _uncorrelated(device: np.ndarray, golden: np.ndarray) -> str | None:
+    """Why values are unrelated to the golden (their correlation under `UNCORRELATED`), or None."""
+    usable = np.isfinite(device) & np.isfinite(golden)
+    d, g = np.asarray(device[usable], dtype=np.float64), np.asarray(golden[usable], dtype=np.float64)
+    if d.size < UNCORRELATED_MIN:
+        return None
+    d, g = d - d.mean(), g - g.mean()
+    norm = math.sqrt(float(d @ d) * float(g @ g))
+    r = float(d @ g) / norm if norm > 0 else 0.0
+    if abs(r) >= UNCORRELATED:
+        return None
+    words = f"is uncorrelated with the golden (correlation {r:.3f} over {d.size} elements)"
+    return words + ": random, or dominated by terms unrelated to it"
+
+
 def diagnose_bias(case: Case, ctx: Context, failing: Sequence[TensorResult], blocks: Blocks) -> Findings:
     """A failure of the bias check alone: a precision bias, or the scale held in the case dtype."""
     words = [f"{result.name} {result.bias.describe()}" for result in failing if result.bias is not None]
     text = "a systematic relative error below the ratio standards' resolution: " + "; ".join(words)
     names = tuple(t.name for t in failing)
+    factor = _factor_bias(case, blocks, names)
+    if factor.causes:  # a constant factor below the dtype's resolution biases as a rounding path does
+        text += f" (not told apart from a constant factor: {factor.causes[0].evidence})"
     found = named("precision-bias", "a systematic bias of the precision path", 0.7, text, names, verb="fits")
+    found += factor
     for v in (v for v in VARIANTS if v.kind == "scale"):  # the scale held in the case dtype
         why = applies(ctx, v)
         found += tried(v.kind, v.supposes, 0.0, why) if why is not None else _scale_bias(case, ctx, blocks, v, names)
     return found
+
+
+def _factor_bias(case: Case, blocks: Blocks, names: Sequence[str]) -> Findings:
+    """A constant factor per biased tensor (least squares), scored by the share of each one's relative bias it
+    removes (the least): named beside precision-bias, at its score, when it removes 90%: the outputs cannot
+    tell a gradient scaled by 1 + 2^-8 from a precision path rounding the same way."""
+    thd = dtype_eps(case)
+    supposes = "a gradient off by a constant factor below the dtype's resolution"
+    share, parts = 1.0, []
+    for name in names:
+        data = [blocks.data[t] for t in blocks.targets if t.tensor == name]
+        dev, bench, null = [d[0] for d in data], [d[1] for d in data], [d[2] for d in data]
+        den = sum(float((g * g).sum()) for g in null)
+        if den <= 0:
+            continue
+        factor = sum(float((d * g).sum()) for d, g in zip(dev, null, strict=True)) / den
+        own = _relative_bias(bench, null, thd) if all(b is not None for b in bench) else 0.0
+        null_bias = _relative_bias(dev, null, thd) - own
+        hyp_bias = _relative_bias(dev, [factor * g for g in null], thd) - own
+        if null_bias == 0:
+            continue
+        share = min(share, max(0.0, 1.0 - abs(hyp_bias) / abs(null_bias)))
+        parts.append(f"{name} = {_scale_factor_words(factor, case.kernel_scale)} x golden")
+    text = f"{', '.join(parts)} removes {share:.0%} of the bias"
+    if not parts or share < 0.9:
+        return tried("scale", supposes, share if parts else 0.0, f"ruled out: {text if parts else 'no bias'}")
+    return named("scale", supposes, 0.7, f"{text}; a rounding bias of the precision path would give the same", names)
 
 
 def _scale_bias(case: Case, ctx: Context, blocks: Blocks, v: Variant, names: Sequence[str]) -> Findings:
@@ -127,7 +248,13 @@ def _scale_factor_words(factor: float, scale: float) -> str:
     for words, value in named.items():
         if value != 1 and abs(factor / value - 1) < 0.01:
             return f"{factor:.4g} (= {words})"
+    if 0 < abs(factor - 1) < 0.01:  # near 1: its distance as a power of two (1 + 2^-8: a few ULPs of fp16)
+        return f"{factor:.6g} (1 {'+' if factor > 1 else '-'} 2^{math.log2(abs(factor - 1)):.3g})"
     return f"{factor:.4g}"
+
+
+#: A fitted factor this close to 1 is rounding, not a factor (fp16's epsilon is 2^-10; 1 + 2^-8 is a factor).
+FACTOR_RESOLUTION = 2.0**-9
 
 
 def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
@@ -144,10 +271,10 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
             factors[name] = num / den
     values = [blocks.data[t][2] * factors.get(t.tensor, 1.0) for t in blocks.targets]
     share, ratios = blocks.explained(values)
-    off = {n: f for n, f in factors.items() if abs(f - 1) > 0.01}
+    off = {n: f for n, f in factors.items() if abs(f - 1) > FACTOR_RESOLUTION}
     supposes = "a gradient off by a constant factor"
     if not off:
-        why = "ruled out: the least-squares factor of every failing tensor is within 1% of 1"
+        why = "ruled out: the least-squares factor of every failing tensor is within 2^-9 of 1"
         return 0.0, tried("scale", supposes, 0.0, why)
     fits = ", ".join(f"{n} = {_scale_factor_words(f, case.kernel_scale)} x golden" for n, f in off.items())
     text = f"{fits}; under the hypothesis, {blocks.falls(ratios)}"
@@ -156,6 +283,9 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
     # within 4x): values unrelated to the golden, or a few blocks wrong, are fitted by a factor near 0,
     # which removes the golden's part of the error and explains nothing.
     noise = all(ratios.get(n, math.inf) <= 4 * max(1.0, abs(f)) for n, f in off.items())
+    # ... and explain the device's values themselves: tiny values unrelated to the golden leave tiny errors too
+    # (a factor near 0 then "leaves noise" while fitting nothing of the values).
+    noise = noise and all(_fits_values(blocks, n, f) for n, f in off.items())
     # Blocks the device left all zero fit a factor 0, with no error left: not-written's, not a scale.
     zero = [n for n in off if not any(blocks.data[t][0].any() for t in blocks.targets if t.tensor == n)]
     if share >= 0.5 and (is_named or noise) and not zero:
@@ -164,6 +294,19 @@ def scale_fit(case: Case, blocks: Blocks) -> tuple[float, Findings]:
         why = ", and a factor of no name must leave only rounding noise (4x the benchmark's), of blocks not all zero"
         found = tried("scale", supposes, share, f"ruled out: explains {share:.0%}{why if share >= 0.5 else ''}: {text}")
     return share if is_named else 0.0, found
+
+
+#: Share of a tensor's own energy (in its target blocks) a fitted factor of no name may leave unexplained.
+FACTOR_RESIDUAL = 0.25
+
+
+def _fits_values(blocks: Blocks, name: str, factor: float) -> bool:
+    """Whether `factor` x golden accounts for a failing tensor's values in its target blocks (the residual
+    energy at most `FACTOR_RESIDUAL` of theirs)."""
+    data = [blocks.data[t] for t in blocks.targets if t.tensor == name]
+    own = sum(float((np.nan_to_num(dev) ** 2).sum()) for dev, _, _, _ in data)
+    left = sum(float((np.nan_to_num(dev - factor * null) ** 2).sum()) for dev, _, null, _ in data)
+    return own > 0 and left <= FACTOR_RESIDUAL * own
 
 
 def zero_blocks(blocks: Blocks) -> Findings:

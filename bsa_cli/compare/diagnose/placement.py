@@ -218,7 +218,7 @@ _LAYOUTS = {
 }
 
 
-def _readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
+def readings(case: Case) -> list[tuple[str, Callable[[np.ndarray], np.ndarray]]]:
     """The other readings of a tensor's bytes: (what it supposes, the golden-shaped array it gives)."""
     other = "bfloat16" if case.dtype == "float16" else "float16"
     other_type = numpy_dtype(other)
@@ -299,7 +299,7 @@ def layout(
         sample[name] = _reference(case, arrays[name][at], golden[name][at], bench)
     index = np.arange(arrays[names[0]].size).reshape(arrays[names[0]].shape)
     whole: dict[str, tuple[np.ndarray, float, float]] = {}
-    for supposes, read in _readings(case):
+    for supposes, read in readings(case):
         if "bits" in supposes:
             if any(a.dtype.itemsize != 2 for a in arrays.values()):
                 continue

@@ -1,0 +1,1 @@
+"""bsa fuzz: the case sequence, shrinking, the shape faults it finds, repros `bsa check` reproduces."""
