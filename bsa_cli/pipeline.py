@@ -176,25 +176,64 @@ def run_suite(case_dirs: Sequence[Path], options: devices.RunOptions, progress: 
         return devices.run_cases(case_dirs, options, on_event=progress.on_run_event)
 
 
-def completed(case_dirs: Sequence[Path], outputs_root: Path | None = None) -> list[Path]:
-    """Return the case folders that hold a complete result of their inputs as they are now (`bsa run
-    --resume` leaves them be): a run.json whose outcome is ok (the device's status and outputs checked, the
-    files moved into place) and whose inputs' sha256 are the manifest's (a case generated again since is run
-    again). A run Ctrl-C cut short records no such result."""
+def completed(case_dirs: Sequence[Path], options: devices.RunOptions) -> list[Path]:
+    """Return the case folders that hold a complete result of this run as it would be now (`bsa run` leaves
+    them be unless --all): a run.json whose outcome is ok (the device's status and outputs checked, the files
+    moved into place), whose inputs' sha256 are the manifest's (a case generated again since runs again), whose
+    device is this run's (its name and fault, the binary's path and sha256: a rebuilt kernel runs again), with
+    the same --repeat and --deterministic, and whose outputs are the manifest's, all there as recorded (bytes
+    and sha256). A
+    timed run (--time) finds nothing complete. A run Ctrl-C cut short records no such result."""
     from .compare.case_files import RUN_RECORD, RUN_RECORD_MAX_BYTES
     from .core.untrusted import inside, load_json, read_regular
 
+    if options.timing is not None:
+        return []
+    device = options.device
     done = []
     for case_dir, manifest in _readable(case_dirs):
-        output_dir = devices.output_dir_for(case_dir, outputs_root)
+        output_dir = devices.output_dir_for(case_dir, options.outputs_root)
         try:
             record = load_json(read_regular(inside(output_dir, RUN_RECORD), RUN_RECORD_MAX_BYTES))
         except (BsaError, ValueError, RecursionError):
             continue
         inputs = {name: entry.get("sha256") for name, entry in manifest.entries("inputs") if entry.get("sha256")}
-        if isinstance(record, dict) and record.get("outcome") == "ok" and record.get("inputs") == inputs:
+        same_run = isinstance(record, dict) and (
+            record.get("outcome") == "ok"
+            and record.get("inputs") == inputs
+            and isinstance(record.get("device"), dict)
+            and record["device"].get("name") == device.name
+            and record.get("binary") == device.binary_record
+            and record.get("deterministic") == options.deterministic
+            and isinstance(record.get("repeat"), dict)
+            and record["repeat"].get("count") == options.repeat
+        )
+        expected = {name: entry.get("file") for name, entry in manifest.entries("outputs")}
+        if same_run and _outputs_as_recorded(output_dir, record.get("outputs"), expected):
             done.append(case_dir)
     return done
+
+
+def _outputs_as_recorded(output_dir: Path, outputs: object, expected: Mapping[str, object]) -> bool:
+    """Whether a run record lists the outputs the manifest names now (`expected`: name -> file), each in
+    `output_dir` with its recorded size and sha256."""
+    if not isinstance(outputs, dict):
+        return False
+    files = {name: entry.get("file") if isinstance(entry, dict) else None for name, entry in outputs.items()}
+    if files and files != expected:  # none: an ok record of a case the op refuses as expected writes none
+        return False
+    for entry in outputs.values():
+        if not isinstance(entry, dict) or not isinstance(entry.get("file"), str):
+            return False
+        path = output_dir / entry["file"]
+        try:
+            if not path.is_file() or path.stat().st_size != entry.get("bytes"):
+                return False
+            if store.sha256_file(path) != entry.get("sha256"):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def failed_in_report(document: object, where: str) -> set[str]:

@@ -14,7 +14,7 @@ from rich.table import Table
 from ..core.case import Case, Precision
 from ..core.errors import BsaError, plural
 from ..gen.generate import generate_suite
-from ..gen.schedule import auto_jobs, estimate
+from ..gen.schedule import Estimate, auto_jobs, estimate
 from ..gen.settings import GenSettings
 from ..ops import DEFAULT_OPS, Op, folder_name, interface
 from ..ops.forward_interface import HEAD_DIMS
@@ -68,7 +68,8 @@ def validate_command(specs: tuple[str, ...], max_cases: int, release: str | None
 
 #: The columns of `bsa list`, in order, each with its place in the order a narrow terminal leaves columns out
 #: (1 first; None: never: case, gen s and ref s always stay). What a case is (layout, dtype, B, N1/N2, D, S)
-#: stays longer than what it costs besides time (density, FLOPs, memory). `OPS_COLUMN` follows them where a case
+#: stays longer than what it costs besides time and memory (density, FLOPs); gen's and the reference device's
+#: peak memory stay longest (what a machine must have for the suite). `OPS_COLUMN` follows them where a case
 #: lists other ops than the backward alone (a suite of the backward alone shows what it always showed).
 LIST_COLUMNS: dict[str, int | None] = {
     "case": None,
@@ -85,7 +86,8 @@ LIST_COLUMNS: dict[str, int | None] = {
     "MiB in/out": 1,
     "gen s": None,
     "ref s": None,
-    "GiB": 7,
+    "GiB": 15,
+    "ref GiB": 14,
     "expect": 3,
 }
 OPS_COLUMN = "ops"
@@ -98,12 +100,12 @@ BACKWARD_SHARE = 10 / 14
 
 def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
     """Return the cells of `bsa list`, one mapping per case (column -> text)."""
-    from ..devices.reference import estimate_seconds
+    from ..devices.reference import estimate_peak_memory
 
     rows = []
     for case in cases:
         e = estimate(case)
-        ref = estimate_seconds(e.flops * BACKWARD_SHARE, e.selected_blocks, case.num_heads // max(case.num_kv_heads, 1))
+        ref = _reference_seconds(case, e)
         rows.append(
             {
                 "case": case.name,
@@ -121,11 +123,21 @@ def list_rows(cases: Sequence[Case]) -> list[dict[str, str]]:
                 "gen s": _seconds(e.seconds),
                 "ref s": _seconds(ref) if case.expect.ok else "0",
                 "GiB": f"{e.peak_memory / 2**30:.2g}",
+                "ref GiB": f"{estimate_peak_memory(case, e.input_bytes) / 2**30:.2g}" if case.expect.ok else "0",
                 "expect": "ok" if case.expect.ok else str(case.expect.status),
                 OPS_COLUMN: ",".join(case.ops),
             }
         )
     return rows
+
+
+def _reference_seconds(case: Case, e: Estimate) -> float:
+    """The reference device's estimated seconds for `case` (0 for a case the op refuses)."""
+    from ..devices.reference import estimate_seconds
+
+    if not case.expect.ok:
+        return 0.0
+    return estimate_seconds(e.flops * BACKWARD_SHARE, e.selected_blocks, case.num_heads // max(case.num_kv_heads, 1))
 
 
 def _seconds(value: float) -> str:
@@ -183,8 +195,25 @@ def list_command(specs: tuple[str, ...], filters: tuple[str, ...], shard_text: s
     table, hidden = list_table(list_rows(cases), width)
     output.stdout.print(plural(len(cases), "case"), soft_wrap=True)
     output.stdout.print(table, soft_wrap=True, crop=False)
+    output.stdout.print(total_line(cases), width=width)
     if hidden:
         output.stdout.print(f"left out at {width} columns: {', '.join(hidden)}", width=width)
+
+
+def total_line(cases: Sequence[Case]) -> str:
+    """The suite's line under `bsa list`'s table: gen's and the reference device's seconds summed, and the
+    largest peak memory of each (one case at a time: `-j N` runs N cases of gen at once)."""
+    from ..devices.reference import estimate_peak_memory
+
+    estimates = [(case, estimate(case)) for case in cases]  # the count is the table's first line
+    gen_s = sum(e.seconds for _, e in estimates)
+    ref_s = sum(_reference_seconds(c, e) for c, e in estimates)
+    gen_peak = max((e.peak_memory for _, e in estimates), default=0)
+    ref_peak = max((estimate_peak_memory(c, e.input_bytes) for c, e in estimates if c.expect.ok), default=0)
+    return (
+        f"total: gen {_seconds(gen_s)} s, ref {_seconds(ref_s)} s; "
+        f"largest case: gen {gen_peak / 2**30:.2g} GiB, ref {ref_peak / 2**30:.2g} GiB"
+    )
 
 
 @click.command("gen")

@@ -17,6 +17,7 @@ import rich.progress
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 from rich.text import Text
 
 from .. import pipeline
@@ -29,6 +30,10 @@ from . import output
 
 #: Least seconds between two progress lines when stderr is not a terminal (a log, a pipe).
 PLAIN_PROGRESS_S = 15.0
+
+#: Columns the progress bar keeps for all but its description: spinner, a 12-column bar, "0.49/1.21 TFLOP",
+#: elapsed, "ETA", remaining, and the spaces between them.
+BAR_FIXED = 52
 
 #: The colour of each outcome in a case's line; red for any other (error, crashed, timeout, nondeterministic, ERROR).
 OUTCOME_STYLE = dict.fromkeys(("ok", "generated", "PASS"), "green") | {
@@ -59,10 +64,17 @@ class ProgressDisplay:
 
     def __enter__(self: _Display) -> _Display:
         if self.console.is_terminal:
-            bar = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), _Amount(), TimeElapsedColumn())
-            self._progress = Progress(
-                *bar, TextColumn("ETA"), TimeRemainingColumn(), console=self.console, transient=True
+            # One line at any width: the figures never wrap; the description (what runs now) is what gets cut.
+            description = Column(no_wrap=True, overflow="ellipsis", max_width=max(self.console.width - BAR_FIXED, 8))
+            whole = Column(no_wrap=True)
+            figures = (
+                _Amount(table_column=whole),
+                TimeElapsedColumn(table_column=whole),
+                TextColumn("ETA", table_column=whole),
+                TimeRemainingColumn(table_column=whole),
             )
+            columns = (SpinnerColumn(), TextColumn("{task.description}", table_column=description), BarColumn(12))
+            self._progress = Progress(*columns, *figures, console=self.console, transient=True)
             self._progress.start()
         return self
 
@@ -124,8 +136,14 @@ class ProgressDisplay:
         """Print one finished case and advance the bar."""
         style = OUTCOME_STYLE.get(outcome, "red")
         line = f"{self._label:<8} [{style}]{outcome:<16}[/{style}] {escape(name)}"
+        head = len(f"{self._label:<8} {outcome:<16} {name}")
+        aligned = " " * max(self._width - len(name), 0) + "  "
+        if detail and head + len(aligned) + len(detail) > self.console.width:
+            aligned = "  "  # a name as long as the longest does not fit: the detail follows it unaligned
+        if detail and head + len(aligned) + len(detail) > self.console.width:
+            aligned = "\n" + " " * (8 + 1 + 16 + 1)  # whole on a line of its own under the name, never broken
         if detail:
-            line += " " * max(self._width - len(name), 0) + f"  [dim]{escape(detail)}[/dim]"
+            line += f"{aligned}[dim]{escape(detail)}[/dim]"
         self.console.print(line, soft_wrap=True, highlight=False)
         for problem in problems:
             self.console.print(f"         {escape(problem)}", soft_wrap=True, highlight=False, style="red")

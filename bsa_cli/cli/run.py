@@ -33,9 +33,9 @@ from .progress import PipelineProgress, ProgressDisplay
 @click.option(
     "--resume",
     is_flag=True,
-    help="Run only the cases without a complete result of their current inputs (what a run cut short by "
-    "Ctrl-C left to do).",
+    help="Run only the cases without a complete result of this run (the default; kept for scripts that say it).",
 )
+@click.option("--all", "run_all", is_flag=True, help="Run every case, those with a complete result of this run too.")
 @click.option(
     "--failed",
     "failed_report",
@@ -50,6 +50,7 @@ def run_command(
     outputs_root: str | None,
     ops: tuple[Op, ...] | None,
     resume: bool,
+    run_all: bool,
     failed_report: Path | None,
 ) -> None:
     """Run a device (default: the reference device) on every case under CASES.
@@ -59,6 +60,10 @@ def run_command(
 
     A case that tests several ops is a folder per op (NAME, NAME@forward, ...); --ops takes only those
     ops' folders. Op folders gen skipped (their operator refuses what another op accepts) are never run.
+
+    A case that already holds a complete result of this run (its record of outcome ok, of the inputs as they
+    are now, of the same device, binary, --repeat and --deterministic, its outputs as recorded) is left as it
+    is, so a run cut short by Ctrl-C goes on where it stopped; --all runs every case again.
 
     Exit code: 0 every case left a complete result, 1 outputs differed across --repeat runs, 2 usage
     error, 3 a case crashed, timed out or left missing or malformed outputs, 130 interrupted.
@@ -77,10 +82,12 @@ def run_command(
             failed = pipeline.failed_in_report(report.read_report(failed_report), str(failed_report))
         case_dirs = [case_dir for case_dir in case_dirs if case_dir.name in failed]
         output.info(f"--failed: {plural(len(case_dirs), 'case')} of those {failed_report} says FAIL or ERROR")
-    if resume:
-        done = set(pipeline.completed(case_dirs, None if outputs_root is None else Path(outputs_root)))
+    if resume and run_all:
+        raise click.UsageError("--resume and --all: choose one (--resume is the default)")
+    done = set() if run_all else set(pipeline.completed(case_dirs, run_options))
+    if done:  # a first run says nothing of it
         case_dirs = [case_dir for case_dir in case_dirs if case_dir not in done]
-        output.info(f"--resume: {plural(len(done), 'case')} already complete, {len(case_dirs)} to run")
+        output.info(f"{plural(len(done), 'case')} already complete, {len(case_dirs)} to run (--all runs every case)")
     for case_dir, reason in pipeline.skipped_folders(case_dirs):
         output.info(f"skipped {case_dir.name}: {reason}")
     with ProgressDisplay() as display, common.user_errors():

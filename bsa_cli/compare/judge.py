@@ -19,7 +19,7 @@ from ..standards.base import Measured
 from ..store.manifest import GRAD_NAMES
 from .geometry import TILE, _Geometry, _geometry, structural_rows
 from .locate import _block_map, _hot_blocks, _worst_elements, ulp_chart
-from .metrics import _measure, _params, _RowOut, paired_relative_sums
+from .metrics import _measure, _params, _RowOut, noise_params, paired_relative_sums
 from .results import Check, TensorResult
 from .structural import _structural_checks, batch_consistency_check
 from .summary import BenchmarkSummary, summary_key
@@ -34,6 +34,7 @@ def judge_tensors(
     benchmark: Mapping[str, np.ndarray] | None,
     block_mask: np.ndarray,
     summary: BenchmarkSummary | None = None,
+    deterministic: bool = False,
 ) -> tuple[TensorResult, ...]:
     """Judge dq, dk, dv of a valid case: metrics, the standard's checks, structural checks, block maps.
 
@@ -46,6 +47,7 @@ def judge_tensors(
         block_mask: the case's blockSparseMask input.
         summary: the benchmark measured against this golden beforehand (`summarize_benchmark`); used
             instead of measuring `benchmark` again when its key matches these settings.
+        deterministic: the run asked for deterministic mode (`batch_consistency_check` then judges dk, dv too).
 
     Raises:
         ValueError: the standard needs a benchmark and none is given, or shapes do not match the case.
@@ -55,7 +57,17 @@ def judge_tensors(
         raise ValueError(f"standard {settings.label!r} needs the benchmark (kernel-faithful) outputs")
     rows = structural_rows(case, block_mask)
     return tuple(
-        judge_tensor(case, settings, _geometry(case, name), device[name], golden[name], benchmark, usable, rows[name])
+        judge_tensor(
+            case,
+            settings,
+            _geometry(case, name),
+            device[name],
+            golden[name],
+            benchmark,
+            usable,
+            rows[name],
+            deterministic,
+        )
         for name in GRAD_NAMES
     )
 
@@ -69,6 +81,7 @@ def judge_tensor(
     benchmark: Mapping[str, np.ndarray] | None,
     usable: BenchmarkSummary | None,
     rows: tuple[np.ndarray, np.ndarray],
+    deterministic: bool = False,
 ) -> TensorResult:
     """Judge one tensor by the case's standard (`judge_tensors` for dq, dk, dv; the forward's out too).
 
@@ -77,11 +90,12 @@ def judge_tensor(
         benchmark: the benchmark arrays by name (this tensor's may be absent when `usable` stands for it).
         usable: a benchmark summary whose key matches these settings, or None.
         rows: (rows that must be 0, padding rows) of the tensor (`structural_rows`).
+        deterministic: the run asked for deterministic mode (`batch_consistency_check`).
     """
     t = settings.thresholds
     sides = side_settings(case.dtype, case.compare or None, settings)
-    params = _params(case, settings, sides)
     name = geom.name
+    params = noise_params(_params(case, settings, sides), case, name, gold)
     bench = benchmark.get(name) if benchmark else None
     for label, array in (("device", dev), ("golden", gold), ("benchmark", bench)):
         if array is not None and tuple(array.shape) != geom.shape:
@@ -114,7 +128,7 @@ def judge_tensor(
     tile_max = None if bench_rows is None else max(ratios, default=0.0)
     extra = settings.standard.measure(gold, case.dtype, t)
     structural = _structural_checks(name, geom, dev, dev_stats, nonfinite_rows, rows, settings)
-    consistency = batch_consistency_check(name, case, dev)
+    consistency = batch_consistency_check(name, case, dev, deterministic)
     if consistency is not None:
         structural.append(consistency)
     judged = Measured(name, dev_stats, bench_stats, tile_max, extra, case.dtype)

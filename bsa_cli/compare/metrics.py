@@ -9,12 +9,14 @@ maps and the worst elements (`locate.py`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field, fields
 
 import numpy as np
 
 from ..core.case import Case
+from ..ops.base import ACCUMULATES_OVER
 from ..standards import ERR_THD, SMALL_VALUE_THD, Settings
 from ..standards.bias import RelativeSums, relative_errors
 from .buffers import CHUNK_ELEMENTS, _floor_array, _give_scratch, _Scratch, _take_scratch, _upcast
@@ -441,6 +443,28 @@ def paired_relative_sums(
             d = device2d[item].astype(np.float64)
             sums.add(*relative_errors(d - bench2d[item], golden2d[item], params.err_thd))
     return sums
+
+
+def accumulation_length(case: Case, tensor: str) -> int:
+    """How many products one element of `tensor` sums (`ACCUMULATES_OVER`); 1 for a tensor not listed."""
+    axis = ACCUMULATES_OVER.get(tensor)
+    if axis == "kv":
+        return max(case.kv_lengths(), default=1)
+    if axis == "q":
+        return max(case.q_lengths(), default=1) * case.group_size
+    return 1
+
+
+def noise_params(params: _Params, case: Case, tensor: str, golden: np.ndarray) -> _Params:
+    """`params` for one tensor: where its golden is noise-level everywhere (no |g| > err_thd, as where a row sees
+    one key and dq, dk are exactly 0 but every side carries float32 cancellation noise), the small-value bound
+    grows with the float32 rounding of a sum of n products, sqrt(n) (the standard's bound is one rounding's).
+    Anywhere else the standard's bound stands, so a tensor with any real value is judged as before."""
+    with np.errstate(invalid="ignore"):
+        peak = max(float(golden.max(initial=0.0)), -float(golden.min(initial=0.0)))
+    if not peak <= params.err_thd:  # NaN in the golden: the standard's bound
+        return params
+    return dataclasses.replace(params, small_thd=params.small_thd * math.sqrt(accumulation_length(case, tensor)))
 
 
 def _params(case: Case, settings: Settings, sides: tuple[Settings, ...] = ()) -> _Params:

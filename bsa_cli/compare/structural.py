@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from ..core.case import Case
-from ..core.layout import q_view
+from ..core.layout import kv_view, q_view
 from ..standards import Settings
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _Geometry
@@ -105,14 +105,19 @@ def _structural_checks(
     return checks + [check for check in found if check is not None]
 
 
-def batch_consistency_check(name: str, case: Case, values: np.ndarray) -> Check | None:
-    """Return whether each copy of a sequence in the batch (`case.copies`) got its source's dq (or out) bit for bit
-    (TTK's --dl 3): no golden needed, and no tolerance, since the kernel saw the same inputs. None without copies,
-    and for dk and dv, which atomic adds sum in an order of the run (as `--repeat` allows)."""
-    if not case.copies or name in ("dk", "dv"):
+#: Gradients that atomic adds sum in an order of the run (as `--repeat` allows): bit-identical across copies only
+#: when the run asked for deterministic mode (its fixed-order sum, ops-transformer master's `GetDeterministic()`).
+RUN_ORDERED = ("dk", "dv")
+
+
+def batch_consistency_check(name: str, case: Case, values: np.ndarray, deterministic: bool = False) -> Check | None:
+    """Return whether each copy of a sequence in the batch (`case.copies`) got its source's dq (or out; dk and dv
+    too in a `deterministic` run) bit for bit (TTK's --dl 3): no golden needed, and no tolerance, since the kernel saw
+    the same inputs. None without copies, and for `RUN_ORDERED` gradients of a run that is not deterministic."""
+    if not case.copies or (name in RUN_ORDERED and not deterministic):
         return None
     spans = case.spans()
-    view = q_view
+    view = kv_view if name in RUN_ORDERED else q_view
     differing, first = 0, None
     total = 0
     for copy, source in case.copies:

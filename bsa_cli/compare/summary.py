@@ -22,7 +22,7 @@ from ..standards import Settings
 from ..store.manifest import GRAD_NAMES, json_number
 from .buffers import CHUNK_ELEMENTS
 from .geometry import _geometry, only_rows
-from .metrics import _measure, _params
+from .metrics import _measure, _params, noise_params
 from .results import DEVICE_ONLY_FIELDS, ErrorStats
 
 #: Version of the benchmark summary's arithmetic: a summary of another version is measured again.
@@ -88,7 +88,8 @@ def summarize_benchmark(
             if block_mask is None:
                 raise ValueError("out: summarizing the forward's benchmark needs the block mask (its written rows)")
             geom = only_rows(geom, written_rows(case, block_mask))
-        _, _, _, bench_stats, bench_rows = _measure(None, benchmark[name], golden[name], geom, params)
+        tensor_params = noise_params(params, case, name, golden[name])
+        _, _, _, bench_stats, bench_rows = _measure(None, benchmark[name], golden[name], geom, tensor_params)
         assert bench_stats is not None and bench_rows is not None
         stats[name], tiles[name] = bench_stats, bench_rows.tile_sse
     return BenchmarkSummary(summary_key(case, settings), stats, tiles)

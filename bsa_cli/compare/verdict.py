@@ -215,6 +215,7 @@ class _Record:
     status: int
     status_message: str | None
     fault_notes: tuple[str, ...] = ()  # what the run record says of a planted fault that did not apply
+    deterministic: bool = False  # run.json says the run asked for deterministic mode (dk/dv copies then bit-equal)
 
 
 def _judge_case(job: _Judging, manifest: Manifest | None) -> CaseResult:
@@ -313,7 +314,10 @@ def _files_record(job: _Judging, name: str) -> _Record:
     except DataError as exc:
         raise _Unjudged([str(exc)], **device) from None
     notes = recorded_fault_notes(record)
-    return _Record(device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message, notes)
+    deterministic = isinstance(record, dict) and record.get("deterministic") is True
+    return _Record(
+        device, tuple(run_checks), inputs_run, outputs_run, prefilled, status, status_message, notes, deterministic
+    )
 
 
 def _status_check(expect: Expect, status: int, message: str | None) -> Check:
@@ -343,7 +347,7 @@ def _judge_outputs(
     opened = _open(job, manifest, settings, record)
     forward = ForwardSettings(prefilled=record.prefilled, **manifest.forward_params)
     try:
-        tensors, op_checks, op_notes = _judge_op(op, case, settings, opened, forward)
+        tensors, op_checks, op_notes = _judge_op(op, case, settings, opened, forward, record.deterministic)
     except ValueError as exc:
         opened.stale()
         raise _Unjudged([f"{job.case_dir}: {exc}"]) from None
@@ -402,19 +406,20 @@ def _pair_verdict(
 
 
 def _judge_op(
-    op: Op, case: Case, settings: Any, opened: Any, forward: ForwardSettings
+    op: Op, case: Case, settings: Any, opened: Any, forward: ForwardSettings, deterministic: bool
 ) -> tuple[tuple[TensorResult, ...], list[Check], tuple[str, ...]]:
     """Judge the tensors of a case folder's op: (tensors, case-level checks, notes).
 
     An op that calls the forward: out and lse on the rows it writes (`judge_forward`); one that calls the
-    backward: dq, dk, dv (`judge_tensors`); the pair both, the forward step's out and lse first.
+    backward: dq, dk, dv (`judge_tensors`); the pair both, the forward step's out and lse first. `deterministic`:
+    the run asked for deterministic mode (the batch-consistency check then holds dk and dv to it too).
     """
     arrays = (opened.device, opened.golden, opened.benchmark, opened.block_mask)
     judged, op_checks, notes = (
         judge_forward(case, settings, *arrays, forward, opened.summary) if op.calls_forward else ((), (), ())
     )
     if op.calls_backward:
-        judged += judge_tensors(case, settings, *arrays, opened.summary)
+        judged += judge_tensors(case, settings, *arrays, opened.summary, deterministic)
     return judged, list(op_checks), notes
 
 

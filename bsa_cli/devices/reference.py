@@ -78,6 +78,34 @@ def estimate_seconds(flops_backward: float, pairs: int = 0, group: int = 1) -> f
     return REFERENCE_SECONDS_PER_CASE + pairs * REFERENCE_SECONDS_PER_PAIR + flops_backward / rate
 
 
+#: Resident memory of a `bsa run` process on the reference device before it holds any case (interpreter,
+#: NumPy, bsa), as `schedule.BASE_MEMORY` is gen's.
+REFERENCE_BASE_MEMORY = 64 << 20
+
+
+def estimate_peak_memory(case: Case, input_bytes: int) -> int:
+    """Return the reference device's estimated peak memory in bytes for `case`, from what `emulate` holds at
+    once: the inputs as read (`input_bytes`, gen's estimate), the float32 dq/dk/dv, one sequence's float32
+    query/dout/key/value with its own float32 gradients, one kv block's dK and dV partials (every query block of
+    the group: a dense row), one tile's products, the sequence's attention_out in float32 (for dsum), the
+    rounding of the largest gradient to the case dtype (two float32 temporaries) and the outputs in the case
+    dtype. Measured (`/usr/bin/time` max RSS of `bsa run` on one case, 2-core development machine): 0.35 GiB
+    for nightly-random-8k.fp16 (estimate 0.35), 0.53 for nightly-tail-varlen (0.49), 0.57 for
+    nightly-window-32k (0.66): within 16%, an upper bound where few query blocks select a kv block."""
+    itemsize = numpy_dtype(case.dtype).itemsize
+    grads = math.prod(case.q_shape) + 2 * math.prod(case.kv_shape)
+    spans = [span for span in case.spans() if span.q_len and span.kv_len] or [case.spans()[0]]
+    q_len, kv_len = max(s.q_len for s in spans), max(s.kv_len for s in spans)
+    x, y = case.mask_block_shape
+    group = case.num_heads // max(case.num_kv_heads, 1)
+    sequence = 2 * (2 * case.num_heads * q_len + 2 * case.num_kv_heads * kv_len) * case.head_dim * 4
+    partials = group * math.ceil(q_len / x) * 2 * y * case.head_dim * 4
+    tile = 4 * _CHUNK_ROWS * max(y, case.head_dim) * 4  # scores, probs, their rounded copies
+    out32 = case.num_heads * q_len * case.head_dim * 4
+    rounding = 2 * max(math.prod(case.q_shape), math.prod(case.kv_shape)) * 4
+    return REFERENCE_BASE_MEMORY + input_bytes + grads * (4 + itemsize) + sequence + partials + tile + out32 + rounding
+
+
 # ---- progress ---------------------------------------------------------------------------------------
 
 _REPORTERS: list[Callable[[str, float], None]] = []

@@ -33,6 +33,9 @@ INNER_PRECISE_VALUES: Final = (0, 1, 4)
 #: The inputs of the backward's call, in its manifest's order.
 BACKWARD_INPUTS: Final = ("query", "key", "value", "dout", "attention_out", "softmax_lse", "block_sparse_mask")
 GRAD_NAMES: Final = ("dq", "dk", "dv")
+#: What one element of each gradient sums over (dq = dS K over the keys; dk = dS^T Q and dv = P^T dO over the
+#: query rows of every query head of its group): "kv" the keys, "q" the query rows times the group size.
+ACCUMULATES_OVER: Final = {"dq": "kv", "dk": "q", "dv": "q"}
 #: torch_npu's function of the forward.
 FORWARD_BINDING: Final = "npu_block_sparse_attention"
 #: torch_npu's function of the backward.

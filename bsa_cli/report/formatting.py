@@ -216,6 +216,13 @@ def side_line(case: CaseResult) -> str | None:
     return "other standards: " + "; ".join(parts)
 
 
+def side_mark(case: CaseResult) -> str | None:
+    """Return the verdicts of the side-by-side standards that did not decide, without their checks: "also
+    mixed-tolerance: FAIL" (the terminal's default row; `side_line` has the checks); None for a case not judged."""
+    verdicts = case.side_verdicts
+    return "also " + ", ".join(f"{label}: {v}" for label, v in verdicts.items()) if verdicts else None
+
+
 def tensor_figures(tensor: TensorResult) -> str:
     """Return a tensor's matched ratio (mixed tolerance) and largest absolute error in words."""
     ratio = "" if tensor.matched_ratio is None else f"matched ratio {fmt(tensor.matched_ratio, 6)}, "

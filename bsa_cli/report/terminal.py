@@ -125,6 +125,9 @@ def _verdict_table(suite: SuiteResult, console: Console, short: bool, verbose: b
             text = short_headline(case)
         if likely := (formatting.likely_line(case) if verbose else formatting.likely_cause(case)):
             text = f"{text}\n{likely}"
+        agreed = case.verdict == PASS and not case.verdicts_differ  # a PASS every standard gives says nothing new
+        if not verbose and not agreed and (mark := formatting.side_mark(case)):  # -v prints them with their checks
+            text = f"{text}\n{mark}"
         standard = [] if one else [case.standard]
         if not with_ops:
             table.add_row(case.name, _verdict_text(case.verdict), *standard, text)
@@ -240,8 +243,9 @@ def _metrics_table(case: CaseResult, console: Console) -> Table:
 
 
 def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False, device_named: bool = False) -> None:
-    """Print the case table (a line per result: its verdict, what decided it, its likely cause) and a summary;
-    with `verbose`, between them the details of failing and unjudged cases and every metric. `device_named`: the
+    """Print the case table (a line per result: its verdict, what decided it, its likely cause, the other
+    standards' verdicts) and a summary; with `verbose`, between them the details of failing and unjudged cases,
+    their figures, the other standards' checks and every metric. `device_named`: the
     command already said who produced the outputs (`bsa check`, `bsa run`), so the report does not again."""
     console.print(_case_table(suite, console, verbose))
     reference = sum(1 for c in suite.cases if formatting.is_reference(c) and c.verdict != SKIP)  # a SKIP has no outputs
@@ -263,12 +267,10 @@ def render_terminal(suite: SuiteResult, console: Console, verbose: bool = False,
             for error in case.errors:
                 console.print(Text(f"  {error}"), soft_wrap=True)
             continue
+        if not verbose:  # a failure's detail and figures: -v, and the HTML and JSON reports
+            continue
         figures = "; ".join(formatting.tensor_figures(t) for t in case.tensors)
         lines = [line for line in (figures, formatting.side_line(case)) if line]
-        if not verbose:  # a failure's detail: -v, and the HTML report; its figures stay, a line each
-            for line in lines if case.verdict == FAIL else ():
-                console.print(Text(f"{case.name}: {line}"))  # wrapped at its spaces, never in a number
-            continue
         console.print(_checks_table(case, console, only_failed=False))
         for line in lines:
             console.print(Text(f"  {line}"))

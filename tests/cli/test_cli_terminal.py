@@ -48,9 +48,19 @@ def test_list_fits_the_width_and_keeps_every_name_and_number_whole(width):
 def test_list_at_80_columns_says_what_it_left_out_and_keeps_the_estimates():
     text = list_output(80, REPO / "cases" / "nightly.yaml")
     assert "gen s" in text and "ref s" in text and "nightly-causal-16k" in text
-    assert "left out at 80 columns: MiB in/out, block, expect, pattern, density, GFLOP, GiB" in " ".join(text.split())
+    left = "left out at 80 columns: MiB in/out, block, expect, pattern, density, GFLOP, B, D, layout"
+    assert left in " ".join(text.split())
     header = text.splitlines()[1].split()
-    assert header == ["case", "layout", "dtype", "B", "N1/N2", "D", "Sq/Skv", "gen", "s", "ref", "s"]  # what a case is
+    # what a case is, and what it costs: time and memory, gen's and the reference device's (issue 32 item 6)
+    assert header == ["case", "dtype", "N1/N2", "Sq/Skv", "gen", "s", "ref", "s", "GiB", "ref", "GiB"]
+    (total,) = [line for line in text.splitlines() if line.startswith("total: ")]
+    rows = text.splitlines()[3:10]
+    gen_s, ref_s = (sum(float(row.split()[column]) for row in rows) for column in (4, 5))
+    gen_gib, ref_gib = (max((row.split()[column] for row in rows), key=float) for column in (6, 7))
+    match = re.fullmatch(r"total: gen (\S+) s, ref (\S+) s; largest case: gen (\S+) GiB, ref (\S+) GiB", total)
+    assert match and len(total) <= 80, total  # the sums and largest of the columns above, whole
+    assert float(match[1]) == pytest.approx(gen_s, rel=0.05) and float(match[2]) == pytest.approx(ref_s, rel=0.05)
+    assert (match[3], match[4]) == (gen_gib, ref_gib)
     wide = list_output(200, REPO / "cases" / "nightly.yaml")
     assert "left out" not in wide and all(column in wide for column in LIST_COLUMNS)
 
@@ -172,6 +182,38 @@ def test_progress_lines_without_a_terminal_give_the_phase_share_and_an_eta(monke
         display.progress("big", 0.5)
     text = console.file.getvalue()
     assert text.startswith("run      big 50%; run 45% of 100 GFLOP, ETA ")
+
+
+def test_an_op_folders_run_line_never_breaks_inside_its_detail_at_80_columns():
+    """`run ok smoke-bnsd-random.fp16@forward  status 0, 0.02 s, device 0` is 82 characters: a terminal would
+    break it inside a number. A line that does not fit aligned gives up the alignment, then puts the detail whole
+    on a line of its own (issue 32 item 4)."""
+    console = Console(file=io.StringIO(), width=80, color_system=None)
+    names = ["smoke-bnsd-random.fp16@forward", "smoke-bnsd-random.fp16"]
+    with ProgressDisplay(console) as display:
+        display.phase("run", 2, names)
+        display.case("ok", names[0], "status 0, 0.02 s, device 0")
+        display.case("ok", names[1], "status 0, 0.02 s, device 0")
+    lines = console.file.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines == [
+        "run      ok               smoke-bnsd-random.fp16@forward",
+        "                          status 0, 0.02 s, device 0",
+        "run      ok               smoke-bnsd-random.fp16  status 0, 0.02 s, device 0",
+    ]
+
+
+def test_the_progress_bar_keeps_its_amount_and_unit_on_one_line_at_80_columns():
+    console = Console(file=io.StringIO(), width=80, color_system=None, force_terminal=True)
+    with ProgressDisplay(console) as display:
+        display.phase("run", 2, ["a", "b"], {"a": 4.9e11, "b": 7.2e11})
+        display.running("smoke-bnsd-random.fp16@forward on device 0")
+        display.progress("a", 1.0)
+        assert display._progress is not None
+        text = Console(file=io.StringIO(), width=80, color_system=None)
+        text.print(display._progress.get_renderable())
+        lines = text.file.getvalue().splitlines()
+    assert len(lines) == 1 and "0.49/1.21 TFLOP" in lines[0], lines
 
 
 def test_run_on_the_reference_device_weighs_the_bar_by_backward_flops(tmp_path, spec_file):

@@ -91,3 +91,23 @@ def test_copies_of_other_lengths_are_refused(tmp_path: Path) -> None:
     spec.write_text(SPEC.replace("copies: [[2, 1], [3, 0]]", "copies: [[1, 0]]"))
     result = invoke("validate", spec)
     assert result.exit_code == 2 and "[1, 0]: entries 1 and 0 have other lengths" in result.output, result.output
+
+
+def test_a_deterministic_run_holds_dk_and_dv_copies_to_the_same_bits(tmp_path: Path) -> None:
+    # Deterministic mode sums dK/dV in one fixed order, so copies must agree there too; deterministic-ignored
+    # (a run-dependent order despite the mode, seeded by the case name and run index) makes a copy's dk or dv differ
+    # from its source's in the last bits.
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "ignored").mkdir()
+    code, cases = _check(tmp_path / "clean", "--deterministic")
+    assert code == 0
+    for case in cases.values():
+        assert {c["tensor"]: c["passed"] for c in _checks(case, "batch_consistency")} == {
+            "dq": True,
+            "dk": True,
+            "dv": True,
+        }
+    code, cases = _check(tmp_path / "ignored", "--deterministic", "--fault", "deterministic-ignored")
+    assert code == 1
+    failed = {c["tensor"] for c in _checks(cases["copies-bnsd"], "batch_consistency") if not c["passed"]}
+    assert failed and failed <= {"dk", "dv"}

@@ -137,20 +137,26 @@ def test_empty_rows_and_unselected_kv_are_checked_when_the_mask_has_them(tmp_pat
 
 
 def test_unusual_shapes_pass_when_clean(tmp_path):
-    for case in (
-        make_case("d40", head_dim=40),  # D not a multiple of 16: partial tile columns
-        make_case(
-            "no-queries",
-            layout="TND",
-            batch=2,
-            actual_seq_lengths=(0, 0),
-            actual_seq_lengths_kv=(0, 5),
-            q_seq_len=0,
-            kv_seq_len=5,
-        ),
-    ):
-        result = compare.compare_case(build_case(tmp_path, case))
-        assert result.verdict == PASS, result.message
+    case = make_case("d40", head_dim=40)  # D not a multiple of 16: partial tile columns
+    result = compare.compare_case(build_case(tmp_path, case))
+    assert result.verdict == PASS, result.message
+
+
+def test_a_case_folder_expecting_success_where_the_backward_refuses_is_malformed(tmp_path):
+    # No query tokens at all: the backward's tiling refuses it, so a case.json that expects status 0 contradicts
+    # the interface rules (as `bsa validate` says of the spec) and is not judged as if it were right.
+    case = make_case(
+        "no-queries",
+        layout="TND",
+        batch=2,
+        actual_seq_lengths=(0, 0),
+        actual_seq_lengths_kv=(0, 5),
+        q_seq_len=0,
+        kv_seq_len=5,
+    )
+    result = compare.compare_case(build_case(tmp_path, case))
+    assert result.verdict == "ERROR"
+    assert "no query tokens" in result.message
 
 
 def test_float64_golden_is_judged_like_float32(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from bsa_cli import compare, devices
-from bsa_cli.compare import ERROR, FAIL, PASS
+from bsa_cli.compare import ERROR, FAIL, PASS, metrics
 from bsa_cli.devices import faults
 from tests.helpers import build_case, check, make_case, make_inputs, write_outputs
 from tests.helpers.cli import invoke
@@ -199,6 +199,48 @@ def test_rows_that_see_one_key_pass_where_the_true_gradient_is_exactly_zero(tmp_
     verdicts = {case["name"]: case["verdict"] for case in json.loads(report.read_text())["cases"]}
     assert len(verdicts) == 20 and set(verdicts.values()) == {"PASS"}, (result.output, verdicts)
     assert result.exit_code == 0
+
+
+#: The fuzzer's clean false alarms (seed 3): one key, many query rows, so dk = sum over the rows of dS q = 0 exactly
+#: and every side's dk is float32 cancellation noise summed over 432 (and 92 x 8 GQA) rows, past small_value_thd.
+MANY_ROWS_ONE_KEY_SPEC = """
+cases:
+  - {name: causal-d256, layout: BNSD, dtype: float16, num_heads: 1, head_dim: 256, block_shape: [64, 128],
+     seed: 1814392655, batch: 1, q_seq_len: 432, kv_seq_len: 1, sparsity: {pattern: causal}}
+  - {name: gqa8-d128, layout: BNSD, dtype: float16, num_heads: 8, num_kv_heads: 1, head_dim: 128,
+     block_shape: [32, 64], seed: 0, batch: 1, q_seq_len: 92, kv_seq_len: 1, sparsity: {pattern: dense}}
+"""
+
+
+def test_many_rows_on_one_key_pass_where_dk_is_noise_summed_over_the_rows(tmp_path):
+    # Before the bound grew with the accumulation length both failed dk's small_value_ratio (4 > 2, 3 > 2).
+    spec = tmp_path / "many.yaml"
+    spec.write_text(MANY_ROWS_ONE_KEY_SPEC)
+    report = tmp_path / "report.json"
+    result = invoke("check", spec, "-o", tmp_path / "out", "-j", "1", "--json", report)
+    verdicts = {case["name"]: case["verdict"] for case in json.loads(report.read_text())["cases"]}
+    assert verdicts == {"causal-d256": "PASS", "gqa8-d128": "PASS"}, result.output
+    assert result.exit_code == 0
+
+
+def test_many_rows_on_one_key_still_fail_a_real_dk_fault(tmp_path):
+    # no-dsum (dS = P dP) gives dk a real value where the true dk is 0: the noise-level bound must not hide it.
+    case = make_case("one-key", q_seq_len=96, kv_seq_len=1, block_shape=(32, 32), head_dim=64)
+    result = compare.compare_case(build_case(tmp_path, case, fault="no-dsum"), workers=1)
+    assert result.verdict == FAIL
+    assert any(c.tensor == "dk" and not c.passed for c in result.all_checks)
+
+
+def test_the_small_value_bound_grows_only_where_the_golden_is_noise_level_everywhere():
+    case = make_case("one-key", num_heads=8, num_kv_heads=2, q_seq_len=100, kv_seq_len=1, head_dim=64)
+    params = metrics._params(case, compare.resolve_settings(case.dtype, None, compare.RunSettings()))
+    noise = np.full((1, 2, 1, 64), params.err_thd / 2, dtype=np.float32)
+    signal = noise.copy()
+    signal[0, 0, 0, 0] = params.err_thd * 2  # one real value: the standard's bound stands
+    grown = metrics.noise_params(params, case, "dk", noise)
+    assert grown.small_thd == pytest.approx(params.small_thd * np.sqrt(100 * 4))  # rows x group size
+    assert metrics.noise_params(params, case, "dq", noise).small_thd == pytest.approx(params.small_thd)
+    assert metrics.noise_params(params, case, "dk", signal) == params
 
 
 def test_rows_that_see_one_key_still_fail_a_gradient_that_is_not_noise(tmp_path):

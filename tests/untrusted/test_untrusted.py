@@ -150,7 +150,7 @@ def test_an_outputs_link_is_never_followed(out: Path, tmp_path: Path, with_binar
     device = tmp_path / "device.sh"
     device.write_text("#!/bin/sh\nprintf '161002\\n' > \"$2/status.txt\"\n")
     device.chmod(0o755)
-    result = invoke("run", out, *(["--binary", device] if with_binary else []))
+    result = invoke("run", out, "--all", *(["--binary", device] if with_binary else []))
     assert result.exit_code == 3
     assert "outputs: is a symbolic link" in result.stderr
     assert "1 ok" in result.stdout  # the other case ran
@@ -272,7 +272,7 @@ def test_a_full_disk_during_run_is_recorded_per_case(out: Path, monkeypatch: pyt
     from bsa_cli.devices import reference_ops
 
     monkeypatch.setattr(reference_ops, "write_atomic", enospc)  # where the reference device writes its outputs
-    result = invoke("run", out)
+    result = invoke("run", out, "--all")  # the cases have complete results of an earlier run
     assert result.exit_code == 3 and "Traceback" not in result.output
     assert "could not write its outputs: No space left on device" in result.stderr
     assert json.loads((out / "a" / "outputs" / "run.json").read_text())["outcome"] == "error"
