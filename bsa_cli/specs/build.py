@@ -309,7 +309,7 @@ def _check_finite(r: _Reader, case: Case) -> None:
         if init.logit_std is not None and tensor in ("query", "key"):
             dist = dataclasses.replace(dist, kind="normal", mean=0.0, std=stress.logit_std_spread(case))
         # a bound that drawn values exceed only rarely: the larger uniform bound, or |mean| + 4 std
-        bounded = dist.kind != "normal"  # uniform and exact values lie in [low, high]
+        bounded = dist.kind in ("uniform", "exact")  # these lie in [low, high]; normal and noisy by mean and std
         size[tensor] = max(abs(dist.low), abs(dist.high)) if bounded else abs(dist.mean) + 4.0 * dist.std
         if dist.row_scale is not None:
             size[tensor] *= dist.row_scale.high

@@ -173,9 +173,9 @@ def test_terminal_likely_line_json_and_junit_carry_the_diagnosis(tmp_path):
     runner = CliRunner()
     report, junit = tmp_path / "r.json", tmp_path / "r.xml"
     result = runner.invoke(
-        main, ["compare", str(case_dir), "--json", str(report), "--junit", str(junit)], terminal_width=400
+        main, ["compare", str(case_dir), "-v", "--json", str(report), "--junit", str(junit)], terminal_width=400
     )
-    assert result.exit_code == 1
+    assert result.exit_code == 1  # -v: the likely cause with its evidence (the default view names the cause only)
     likely = "likely: not-written (1.00): dq, dk, dv all zero where the golden is not, as if never written"
     lines = result.output.splitlines()
     assert lines[4].split("|")[3].strip().startswith("dq is all zero, as if never written, where the golden is not")
