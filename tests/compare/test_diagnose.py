@@ -421,6 +421,9 @@ hypothesis is 3e-4 to 3e-3 of dv away (the dtype's rounding), 1 to 1e8 of dq and
 stress suite")."""
 
 
+STRESS_PASSING = {("rows-swapped", "stress-dout-mixed.bf16"), ("tile-noise", "stress-uniform.fp16")}
+
+
 @pytest.mark.slow  # about 25 s: 12 cases, 6 faults
 def test_stress_suite_every_fault_names_its_true_kind(generated_suite, tmp_path):
     table: dict[tuple[str, str], int] = {}
@@ -437,8 +440,10 @@ def test_stress_suite_every_fault_names_its_true_kind(generated_suite, tmp_path)
             result = compare.compare_case(case_dir, output_dir, workers=1)
             top = result.diagnosis[0].kind if result.diagnosis else "-"
             table[(fault, top)] = table.get((fault, top), 0) + 1
-            if result.verdict == compare.PASS:  # a swap of two small rows (mixed dout rows, bf16) passes
-                assert result.diagnosis == () and fault == "rows-swapped"
+            # Passes: a swap of two small rows (mixed dout rows, bf16); tile noise on stress-uniform.fp16, whose
+            # gradients (RMS about 1e-6) lie below err_thd, so the tile check's floor at small_value_thd hides it.
+            if result.verdict == compare.PASS:
+                assert result.diagnosis == () and (fault, case_dir.name) in STRESS_PASSING, (fault, case_dir.name)
             elif (case_dir.name, fault) in STRESS_UNEXPLAINED:
                 unexplained.add((case_dir.name, fault))
                 # no wrong cause named: values dominated by terms far beyond the golden carry nothing of it
