@@ -39,18 +39,19 @@ def run() -> None:
         )
     try:
         from .cli import main
+
+        main()  # a command loads NumPy and BLAS as it starts (`bsa --help` loads neither)
     except MemoryError:
         _refuse(
             "out of memory while loading bsa's libraries (NumPy, BLAS): raise the memory or "
             "address-space limit (ulimit -v)"
         )
-    except (ImportError, OSError) as exc:
+    except ImportError as exc:  # an OSError of a command is its own one-line error (cli._Commands)
         reason = " ".join(str(exc).split())[:300]
         _refuse(
             f"cannot load bsa's libraries: {type(exc).__name__}: {reason} (too little memory for them? "
             "check ulimit -v; a package missing? reinstall bsa)"
         )
-    main()
 
 
 if __name__ == "__main__":

@@ -133,6 +133,8 @@ class _Path:
 
     #: Dtype of the padded key and value blocks the walk gathers for `tile`.
     block_dtype: np.dtype
+    #: The walks whose work this path does: progress counts a row once for each.
+    walks = 1
 
     def __init__(self, entry: _Entry, out: np.ndarray, lse: np.ndarray) -> None:
         self.entry, self.out, self.lse = entry, out, lse
@@ -368,6 +370,7 @@ class _Both(_Path):
     def __init__(self, first: _Path, second: _Path) -> None:
         super().__init__(first.entry, first.out, first.lse)
         self.paths = (first, second)
+        self.walks = first.walks + second.walks
         self.block_dtype = first.block_dtype
 
     def blocks(self, tensor: np.ndarray) -> np.ndarray:

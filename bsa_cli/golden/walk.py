@@ -161,6 +161,10 @@ class _Task:
         return int(entry.mask[self.kv_head * entry.group : (self.kv_head + 1) * entry.group].sum())
 
 
+def _report_walks(report: Callable[[int], None], walks: int, pairs: int) -> None:
+    report(pairs * walks)
+
+
 def _walk(task: _Task, report: Reporter, stop: threading.Event | None = None) -> None:
     """Hand every tile of one kv head's selected rows to the task's path, then let it write its results."""
     path, kv_head = task.path, task.kv_head
@@ -174,6 +178,8 @@ def _walk(task: _Task, report: Reporter, stop: threading.Event | None = None) ->
             return path.blocks(entry.key[kv_head]), path.blocks(entry.value[kv_head])
 
         blocks = build() if task.shared is None else task.shared.get(build)
+        if report is not None and path.walks > 1:
+            report = functools.partial(_report_walks, report, path.walks)
         path.start(kv_head, blocks[0])
         scratch = _Scratch()
         tiles = 0
