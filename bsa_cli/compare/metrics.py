@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from ..core.case import Case
+from ..core.layout import kv_view, q_view
 from ..ops.base import ACCUMULATES_OVER
 from ..standards import ERR_THD, SMALL_VALUE_THD, Settings
 from ..standards.bias import RelativeSums, relative_errors
@@ -36,6 +37,8 @@ class _Params:
     atol: float
     diff_thd: float | None  # msOpST form
     side_tolerances: tuple[tuple[float, float], ...] = ()  # (rtol, atol) of each side-by-side standard
+    #: The small-value bound per tensor row where batch entries differ (`noise_params`), else None: small_thd.
+    small_thd_rows: np.ndarray | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -242,7 +245,8 @@ def _measure_chunk(
     part.max_rel = float(work.max(initial=0.0))
     part.large = s.large_count
     part.small = diff.size - s.large_count
-    flags = np.greater(abs_diff, np.float32(params.small_thd), out=scratch.get("flags", np.bool_, a.shape))
+    bound = np.float32(params.small_thd) if params.small_thd_rows is None else params.small_thd_rows[rows][:, None]
+    flags = np.greater(abs_diff, bound, out=scratch.get("flags", np.bool_, a.shape))
     part.small_err = int(np.count_nonzero(np.greater(flags, s.large, out=flags)))
     if out.max_abs is not None and out.argmax is not None:
         arg = abs_diff.argmax(axis=1)
@@ -456,15 +460,33 @@ def accumulation_length(case: Case, tensor: str) -> int:
 
 
 def noise_params(params: _Params, case: Case, tensor: str, golden: np.ndarray) -> _Params:
-    """`params` for one tensor: where its golden is noise-level everywhere (no |g| > err_thd, as where a row sees
-    one key and dq, dk are exactly 0 but every side carries float32 cancellation noise), the small-value bound
-    grows with the float32 rounding of a sum of n products, sqrt(n) (the standard's bound is one rounding's).
-    Anywhere else the standard's bound stands, so a tensor with any real value is judged as before."""
-    with np.errstate(invalid="ignore"):
-        peak = max(float(golden.max(initial=0.0)), -float(golden.min(initial=0.0)))
-    if not peak <= params.err_thd:  # NaN in the golden: the standard's bound
+    """`params` for one tensor: where its golden is noise-level (no |g| > err_thd, as where a row sees one key and
+    dq, dk are exactly 0 but every side carries float32 cancellation noise), the small-value bound grows with the
+    float32 rounding of a sum of n products, sqrt(n) (the standard's bound is one rounding's). That holds for the
+    whole tensor, or for the rows of each batch entry whose golden is noise-level everywhere (a varlen entry of one
+    key beside entries of real values); anywhere else the standard's bound stands."""
+    peak = _peak(golden)
+    if peak <= params.err_thd:
+        return dataclasses.replace(params, small_thd=params.small_thd * math.sqrt(accumulation_length(case, tensor)))
+    axis = ACCUMULATES_OVER.get(tensor)
+    if axis is None or not math.isfinite(peak):  # NaN in the golden: the standard's bound
         return params
-    return dataclasses.replace(params, small_thd=params.small_thd * math.sqrt(accumulation_length(case, tensor)))
+    view = q_view if axis == "kv" else kv_view  # dq is query-shaped and sums over keys; dk, dv the other way
+    rows = np.full((*golden.shape[:-1], 1), params.small_thd, dtype=np.float32)
+    grown = False
+    for span in case.spans():
+        entry = view(case, golden, span)
+        if entry.size and _peak(entry) <= params.err_thd:
+            terms = span.kv_len if axis == "kv" else span.q_len * case.group_size
+            view(case, rows, span)[...] = params.small_thd * math.sqrt(max(terms, 1))
+            grown = True
+    return dataclasses.replace(params, small_thd_rows=rows.reshape(-1)) if grown else params
+
+
+def _peak(golden: np.ndarray) -> float:
+    """Largest |g| (NaN where the golden holds NaN)."""
+    with np.errstate(invalid="ignore"):
+        return max(float(golden.max(initial=0.0)), -float(golden.min(initial=0.0)))
 
 
 def _params(case: Case, settings: Settings, sides: tuple[Settings, ...] = ()) -> _Params:

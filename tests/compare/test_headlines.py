@@ -223,6 +223,48 @@ def test_many_rows_on_one_key_pass_where_dk_is_noise_summed_over_the_rows(tmp_pa
     assert result.exit_code == 0
 
 
+#: A clean 10-minute fuzz (seed 7): one varlen entry of 239 rows on one key (its dk is noise) beside an entry of
+#: real values, so the tensor as a whole is not noise-level: dk's small-value ratio read 17 > 2.
+ONE_KEY_ENTRY_SPEC = """
+cases:
+  - {name: one-key-entry, layout: TND, dtype: float16, num_heads: 1, num_kv_heads: 1, head_dim: 256,
+     block_shape: [128, 128], seed: 1432625415, actual_seq_lengths: [239, 1], actual_seq_lengths_kv: [1, 239],
+     sparsity: {pattern: causal}}
+"""
+
+
+def test_an_entry_of_many_rows_on_one_key_passes_beside_entries_of_real_values(tmp_path):
+    spec = tmp_path / "entry.yaml"
+    spec.write_text(ONE_KEY_ENTRY_SPEC)
+    report = tmp_path / "report.json"
+    result = invoke("check", spec, "-o", tmp_path / "out", "-j", "1", "--json", report)
+    assert [case["verdict"] for case in json.loads(report.read_text())["cases"]] == ["PASS"], result.output
+    faulty = invoke("check", spec, "-o", tmp_path / "faulty", "-j", "1", "--fault", "no-dsum")
+    assert faulty.exit_code == 1, faulty.output  # a real dk where the entry's true dk is 0 still fails
+
+
+def test_the_small_value_bound_grows_per_entry_only_where_that_entry_is_noise_level():
+    case = make_case(
+        "varlen",
+        layout="TND",
+        batch=2,
+        actual_seq_lengths=(100, 3),
+        actual_seq_lengths_kv=(1, 5),
+        q_seq_len=100,
+        kv_seq_len=5,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
+    params = metrics._params(case, compare.resolve_settings(case.dtype, None, compare.RunSettings()))
+    golden = np.full(case.kv_shape, params.err_thd / 2, dtype=np.float32)
+    golden[1:] = params.err_thd * 2  # the second entry (kv rows 1..5) holds real values
+    grown = metrics.noise_params(params, case, "dk", golden)
+    assert grown.small_thd == params.small_thd and grown.small_thd_rows is not None
+    assert grown.small_thd_rows[0] == pytest.approx(params.small_thd * np.sqrt(100 * 2))  # rows x group size
+    assert np.all(grown.small_thd_rows[1:] == np.float32(params.small_thd))
+
+
 def test_many_rows_on_one_key_still_fail_a_real_dk_fault(tmp_path):
     # no-dsum (dS = P dP) gives dk a real value where the true dk is 0: the noise-level bound must not hide it.
     case = make_case("one-key", q_seq_len=96, kv_seq_len=1, block_shape=(32, 32), head_dim=64)
