@@ -109,5 +109,7 @@ def test_a_deterministic_run_holds_dk_and_dv_copies_to_the_same_bits(tmp_path: P
         }
     code, cases = _check(tmp_path / "ignored", "--deterministic", "--fault", "deterministic-ignored")
     assert code == 1
-    failed = {c["tensor"] for c in _checks(cases["copies-bnsd"], "batch_consistency") if not c["passed"]}
+    # A seeded order may happen to leave one case's copies bit-equal (seen once in CI for copies-bnsd): across the
+    # two cases the fault must show, and only ever in dk or dv.
+    failed = {c["tensor"] for case in cases.values() for c in _checks(case, "batch_consistency") if not c["passed"]}
     assert failed and failed <= {"dk", "dv"}
