@@ -38,15 +38,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..core.errors import DataError
 from ..store import DETERMINISTIC_ENV, MANIFEST, load_manifest, read_array
 from ..store.manifest import Manifest
 from . import software, torch_npu_ops
 from .base import Attempt, ChildDevice, DeviceKind, Execution, RunConfigError, fresh_outputs
-from .binary import CANNOT_RUN_PREFIX, ChildExit, mark_cannot_run, mark_device_lines
+from .binary import mark_cannot_run, mark_device_lines
 from .process import spawn
-from .torch_npu import import_torch_npu, prepare_environment
-from .torch_npu_ops import CannotRun, DeviceFailure, NotExpressible, TorchNpuMissing, to_tensor
+from .torch_npu import child_main, import_torch_npu, prepare_environment
+from .torch_npu_ops import DeviceFailure, NotExpressible, TorchNpuMissing, to_tensor
 
 #: The package and function this device calls.
 PACKAGE = "cann_ops_transformer"
@@ -138,32 +137,7 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the device on the case named on the command line; return the exit code."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 2 or args[0].startswith("-"):
-        print(f"usage: {sys.executable} -m {MODULE} <case_dir>/case.json <output_dir>", file=sys.stderr)
-        return ChildExit.USAGE
-    manifest, output_dir = Path(args[0]), Path(args[1])
-    case_dir = manifest if manifest.is_dir() else manifest.parent
-    try:
-        device_id = int(os.environ.get("ASCEND_DEVICE_ID", "0"))
-    except ValueError:
-        print(f"Error: ASCEND_DEVICE_ID={os.environ['ASCEND_DEVICE_ID']!r} is not a device id", file=sys.stderr)
-        return ChildExit.USAGE
-    try:
-        run_case(case_dir, output_dir, device_id)
-    except CannotRun as exc:
-        print(f"{CANNOT_RUN_PREFIX}{exc}", file=sys.stderr)
-        return ChildExit.CANNOT_RUN
-    except (DataError, NotExpressible, TorchNpuMissing) as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return ChildExit.USAGE
-    except DeviceFailure as exc:
-        print(f"Error: {exc}", file=sys.stderr)
-        return ChildExit.DEVICE
-    except OSError as exc:
-        print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
-        return ChildExit.WRITE
-    return ChildExit.STATUS
+    return child_main(argv, MODULE, run_case)
 
 
 @dataclass(frozen=True)

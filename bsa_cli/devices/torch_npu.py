@@ -54,7 +54,7 @@ import importlib.metadata
 import importlib.util
 import os
 import sys
-from collections.abc import Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -275,11 +275,12 @@ def run_case(case_dir: Path, output_dir: Path, device_id: int) -> int:
     return status
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the device on the case named on the command line; return the exit code."""
+def child_main(argv: Sequence[str] | None, module: str, run: Callable[[Path, Path, int], object]) -> int:
+    """Run a torch child device (`module`, whose `run` does one case) on the case named on the command line;
+    return the exit code (`ChildExit`)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0].startswith("-"):
-        print(f"usage: {sys.executable} -m {TORCH_NPU_MODULE} <case_dir>/case.json <output_dir>", file=sys.stderr)
+        print(f"usage: {sys.executable} -m {module} <case_dir>/case.json <output_dir>", file=sys.stderr)
         return ChildExit.USAGE
     manifest, output_dir = Path(args[0]), Path(args[1])
     case_dir = manifest if manifest.is_dir() else manifest.parent
@@ -289,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: ASCEND_DEVICE_ID={os.environ['ASCEND_DEVICE_ID']!r} is not a device id", file=sys.stderr)
         return ChildExit.USAGE
     try:
-        run_case(case_dir, output_dir, device_id)
+        run(case_dir, output_dir, device_id)
     except CannotRun as exc:
         print(f"{CANNOT_RUN_PREFIX}{exc}", file=sys.stderr)
         return ChildExit.CANNOT_RUN
@@ -305,6 +306,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Error: cannot write the outputs into {output_dir}: {exc.strerror or exc}", file=sys.stderr)
         return ChildExit.WRITE
     return ChildExit.STATUS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the device on the case named on the command line; return the exit code."""
+    return child_main(argv, TORCH_NPU_MODULE, run_case)
 
 
 # ---- the device, as `bsa run` sees it ----------------------------------------------------------------
